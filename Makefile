@@ -1,0 +1,63 @@
+# fracspawner developer commands. Each target does its own set-up and is quick when already set up.
+SHELL := /bin/bash
+PY ?= python3
+VENV := .venv
+BIN := $(VENV)/bin
+STAMPS := .stamps
+export PATH := $(CURDIR)/node_modules/.bin:$(CURDIR)/$(BIN):$(PATH)
+
+.PHONY: help setup test lint demo bench docs clean system-deps
+
+help:
+	@echo "make demo   - devcluster + JupyterHub with FracSpawner on http://127.0.0.1:8000"
+	@echo "make test   - ruff + the whole test suite (installs everything it needs)"
+	@echo "make bench  - benchmarks, results in benchmarks/results/"
+	@echo "make docs   - Sphinx docs (warnings are errors) in docs/_build/html"
+
+# --- set-up -------------------------------------------------------------------------------
+$(BIN)/python:
+	$(PY) -m venv $(VENV)
+	$(BIN)/pip install -q --upgrade pip
+
+$(STAMPS)/venv: pyproject.toml | $(BIN)/python
+	$(BIN)/pip install -q -e '.[test,docs]'
+	@mkdir -p $(STAMPS) && touch $@
+
+node_modules/.bin/configurable-http-proxy: package.json
+	npm install --no-audit --no-fund --loglevel=error
+	@touch $@
+
+# Debian packages the tests use: chromium (picker browser tests), prometheus (culler tests).
+$(STAMPS)/system-deps:
+	@missing=""; \
+	command -v chromium >/dev/null || missing="$$missing chromium"; \
+	command -v prometheus >/dev/null || missing="$$missing prometheus"; \
+	if [ -n "$$missing" ]; then \
+	  SUDO=$$( [ "$$(id -u)" = 0 ] || echo sudo ); \
+	  $$SUDO apt-get update -qq && DEBIAN_FRONTEND=noninteractive $$SUDO apt-get install -y -qq $$missing; \
+	fi
+	@mkdir -p $(STAMPS) && touch $@
+
+setup: $(STAMPS)/venv node_modules/.bin/configurable-http-proxy $(STAMPS)/system-deps
+
+system-deps: $(STAMPS)/system-deps
+
+# --- commands -----------------------------------------------------------------------------
+lint: $(STAMPS)/venv
+	$(BIN)/ruff check fracspawner tests benchmarks docs
+	$(BIN)/ruff format --check fracspawner tests benchmarks
+
+test: setup lint
+	$(BIN)/python -m pytest $(PYTEST_ARGS)
+
+demo: $(STAMPS)/venv node_modules/.bin/configurable-http-proxy
+	$(BIN)/fracspawner demo
+
+bench: setup
+	$(BIN)/python -m benchmarks $(BENCH_ARGS)
+
+docs: $(STAMPS)/venv
+	$(BIN)/sphinx-build -W --keep-going -b html docs docs/_build/html
+
+clean:
+	rm -rf $(VENV) node_modules $(STAMPS) docs/_build .devcluster .demo
