@@ -1,0 +1,70 @@
+"""Server-side rendering of the spawn form from the offer model (works without JavaScript)."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from functools import lru_cache
+from typing import Any
+
+from jinja2 import Environment, PackageLoader, select_autoescape
+
+from .slices import SliceError, parse_slice
+
+
+@lru_cache(maxsize=1)
+def _env() -> Environment:
+    # autoescape: every user- or admin-supplied string (pool names, image names, reasons) is escaped
+    return Environment(
+        loader=PackageLoader("fracspawner", "templates"),
+        autoescape=select_autoescape(default=True, default_for_string=True),
+        trim_blocks=True,
+        lstrip_blocks=True,
+    )
+
+
+def _canonical(spec: Any) -> str | None:
+    try:
+        return str(parse_slice(spec, step=16))
+    except SliceError:
+        return None
+
+
+def group_offers(model: Mapping[str, Any]) -> list[dict[str, Any]]:
+    """Offers grouped by mode, then by spec across pools: one radio per spec, pools listed."""
+    groups: dict[str, dict[str, Any]] = {
+        m["id"]: {"id": m["id"], "label": m["label"], "specs": {}} for m in model["modes"]
+    }
+    for pool in model["pools"]:
+        for offer in pool["offers"]:
+            group = groups.get(offer["mode"])
+            if group is None:  # a mode only offered by pools the user may not use
+                continue
+            entry = group["specs"].setdefault(
+                offer["spec"], {"spec": offer["spec"], "label": offer["label"], "pools": []}
+            )
+            entry["pools"].append({"pool": pool, "offer": offer})
+    result = []
+    for group in groups.values():
+        specs = list(group["specs"].values())
+        for entry in specs:
+            entry["allowed"] = any(p["offer"]["allowed"] for p in entry["pools"])
+        result.append({**group, "specs": specs})
+    return result
+
+
+def render_form(model: Mapping[str, Any], *, profile_html: str = "", service_url: str = "") -> str:
+    previous = model.get("previous") or {}
+    selected_gpu = _canonical(previous.get("gpu")) or "none"
+    # JSON for the picker script; '<' escaped so no string can close the <script> element
+    model_json = json.dumps(model, separators=(",", ":")).replace("<", "\\u003c")
+    return _env().get_template("gpu_form.html").render(
+        model=model,
+        groups=group_offers(model),
+        selected_gpu=selected_gpu,
+        selected_pool=previous.get("pool") or "",
+        selected_image=previous.get("image") or "",
+        profile_html=profile_html,
+        service_url=service_url,
+        model_json=model_json,
+    )

@@ -1,0 +1,161 @@
+"""The offer model: what one user may choose right now, as plain JSON-able data.
+
+The server-rendered form and the picker's JSON endpoint both render this one model, so the
+page without JavaScript and the live picker can never disagree about what is allowed.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from .backends import plan_slice
+from .catalog import AccessRule, Catalog, Pool
+from .options import OPTION_KEYS, allowed_pools
+from .slices import Slice
+
+MODE_LABELS = {
+    "fraction": "Fraction of a GPU",
+    "memory": "GPU memory",
+    "mig": "MIG profile",
+    "whole": "Whole GPUs",
+}
+BACKEND_NAMES = {
+    "mig-mixed": "MIG",
+    "mig-single": "MIG",
+    "gke-mig": "GKE MIG",
+    "hami": "HAMi",
+    "mps": "MPS",
+    "gke-mps": "GKE MPS",
+    "runai": "Run:ai",
+    "kai": "KAI",
+    "clearml-image": "ClearML",
+    "clearml-injector": "ClearML",
+    "volcano": "Volcano vGPU",
+    "timeslicing": "time-slicing",
+    "gke-timesharing": "GKE time-sharing",
+    "whole": "a whole GPU",
+}
+_EPSILON = 1e-9
+
+
+def _gib(mib: int) -> str:
+    gib = mib / 1024
+    return f"{gib:.0f} GiB" if abs(gib - round(gib)) < 0.05 else f"{gib:.1f} GiB"
+
+
+def summary(offer: Slice, pool: Pool, memory_mib: int, gpu_equivalent: float, enforced: bool) -> str:
+    """One line a person can check before pressing Start.
+
+    '1/4 of an H100-80GB: 20 GiB, ~33 SMs, HAMi-enforced'
+    """
+    model = pool.gpu.name
+    if offer.kind == "fraction":
+        what = f"{offer} of {'an' if model[:1] in 'AEIOUH' else 'a'} {model}"
+    elif offer.kind == "memory":
+        what = f"{offer} of {'an' if model[:1] in 'AEIOUH' else 'a'} {model}"
+    elif offer.kind == "mig":
+        what = f"MIG {offer.profile} on {'an' if model[:1] in 'AEIOUH' else 'a'} {model}"
+    else:
+        what = f"{offer.count} × {model}"
+    parts = [_gib(memory_mib)]
+    if pool.gpu.sms:
+        parts.append(f"~{round(pool.gpu.sms * gpu_equivalent)} SMs")
+    backend = BACKEND_NAMES.get(pool.backend, pool.backend)
+    if offer.kind == "whole":
+        parts.append("dedicated")
+    elif enforced:
+        parts.append(f"{backend}-enforced")
+    else:
+        parts.append(f"shared via {backend}, memory not isolated")
+    return f"{what}: {', '.join(parts)}"
+
+
+def build_offer_model(
+    catalog: Catalog,
+    *,
+    rule: AccessRule,
+    used_gpu: float,
+    capacity: Any = None,
+    admin: bool = False,
+    previous: Mapping[str, Any] | None = None,
+    stale: bool = False,
+) -> dict[str, Any]:
+    """Everything the picker shows, for one user, from caches only (no API call)."""
+    may_use = {p.name for p in allowed_pools(catalog, rule, admin=admin)}
+    limit = None if admin else rule.max_gpu
+    remaining = None if limit is None else max(limit - used_gpu, 0.0)
+    pools: list[dict[str, Any]] = []
+    modes: list[str] = []
+    for pool in catalog.pools.values():
+        pool_allowed = pool.name in may_use
+        offers = []
+        for offer in pool.offers:
+            plan = plan_slice(offer, pool, None)
+            counts = capacity.get(pool.name, str(offer)) if capacity is not None else None
+            free = counts.free if counts else None
+            total = counts.total if counts else None
+            reason = None
+            if not pool_allowed:
+                reason = "Your access rules do not include this pool."
+            elif remaining is not None and plan.gpu_equivalent > remaining + _EPSILON:
+                reason = (
+                    f"Needs {plan.gpu_equivalent:g} GPU; your quota has {remaining:g} left."
+                )
+            elif free == 0:
+                reason = "None free right now."
+            mode = offer.kind
+            if pool_allowed and mode not in modes:
+                modes.append(mode)
+            offers.append(
+                {
+                    "spec": str(offer),
+                    "label": offer.label,
+                    "mode": mode,
+                    "gpu_equivalent": round(plan.gpu_equivalent, 6),
+                    "memory_mib": plan.memory_mib,
+                    "free": free,
+                    "total": total,
+                    "note": counts.note if counts else "",
+                    "allowed": reason is None,
+                    "reason": reason,
+                    "summary": summary(offer, pool, plan.memory_mib, plan.gpu_equivalent, plan.enforced),
+                }
+            )
+        pools.append(
+            {
+                "name": pool.name,
+                "display_name": pool.display_name,
+                "description": pool.description,
+                "gpu_model": pool.gpu.name,
+                "gpu_memory_mib": pool.gpu.memory_mib,
+                "backend": pool.backend,
+                "backend_name": BACKEND_NAMES.get(pool.backend, pool.backend),
+                "allowed": pool_allowed,
+                "reason": None if pool_allowed else "Your access rules do not include this pool.",
+                "offers": offers,
+            }
+        )
+    order = list(MODE_LABELS)
+    modes.sort(key=order.index)
+    previous = {k: v for k, v in (previous or {}).items() if k in OPTION_KEYS}
+    return {
+        "quota": {
+            "max_gpu": limit,
+            "used_gpu": round(used_gpu, 6),
+            "remaining_gpu": None if remaining is None else round(remaining, 6),
+        },
+        "modes": [{"id": m, "label": MODE_LABELS[m]} for m in modes],
+        "pools": pools,
+        "images": [
+            {
+                "name": img.name,
+                "display_name": img.display_name,
+                "description": img.description,
+                "default": img.default,
+            }
+            for img in catalog.images.values()
+        ],
+        "previous": previous,
+        "stale": stale,
+    }

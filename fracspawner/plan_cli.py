@@ -1,0 +1,108 @@
+"""`fracspawner plan`: the pod manifest a spawn would create, without a cluster.
+
+It runs FracSpawner's own code path (validation, clean baseline, PodPlan, kubespawner's
+make_pod), so what it prints is what the spawner would send to the Kubernetes API.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import sys
+import tempfile
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+# A kube config that is read but never contacted: KubeSpawner loads one when it is built.
+_PLACEHOLDER_KUBECONFIG = """\
+apiVersion: v1
+kind: Config
+clusters: [{name: plan, cluster: {server: "http://127.0.0.1:9"}}]
+users: [{name: plan, user: {}}]
+contexts: [{name: plan, context: {cluster: plan, user: plan, namespace: default}}]
+current-context: plan
+"""
+
+
+class _User:
+    """The minimum of jupyterhub.user.User that building a pod needs."""
+
+    def __init__(self, name: str, groups: list[str], admin: bool) -> None:
+        self.name = name
+        self.id = 1
+        self.url = f"/user/{name}/"
+        self.groups = groups
+        self.admin = admin
+        self.escaped_name = name
+
+
+async def build_manifest(
+    catalog: str, options: dict[str, Any], *, user: str = "alice", groups: list[str] | None = None,
+    admin: bool = False, config: dict[str, Any] | None = None,
+) -> dict[str, Any]:
+    """The camelCase pod manifest FracSpawner would create for these user_options."""
+    from kubernetes_asyncio.client import ApiClient
+    from traitlets.config import Config
+
+    from .spawner import FracSpawner
+
+    cfg = Config(config or {})
+    cfg.FracSpawner.catalog_file = str(Path(catalog).resolve())
+    cfg.FracSpawner.live_capacity = False
+    with tempfile.TemporaryDirectory() as tmp:
+        kubeconfig = Path(tmp) / "kubeconfig"
+        kubeconfig.write_text(_PLACEHOLDER_KUBECONFIG)
+        old = os.environ.get("KUBECONFIG")
+        os.environ["KUBECONFIG"] = str(kubeconfig)
+        try:
+            spawner = FracSpawner(_mock=True, config=cfg, user=_User(user, groups or [], admin))
+        finally:
+            if old is None:
+                os.environ.pop("KUBECONFIG", None)
+            else:
+                os.environ["KUBECONFIG"] = old
+    spawner.user_options = options
+    await spawner.load_user_options()
+    pod = await spawner.get_pod_manifest()
+    async with ApiClient() as api:
+        return api.sanitize_for_serialization(pod)
+
+
+def main(argv: list[str]) -> int:
+    parser = argparse.ArgumentParser(
+        prog="fracspawner plan",
+        description="Print the pod manifest a spawn would create for user alice (no cluster needed).",
+    )
+    parser.add_argument("--catalog", required=True, help="catalog YAML file")
+    parser.add_argument("--gpu", required=True, help='the slice: "1/4", "10GiB", "mig-1g.10gb", "1", "none"')
+    parser.add_argument("--pool", default=None, help="a catalog pool (default: fracspawner picks)")
+    parser.add_argument("--image", default=None, help="a catalog image name (default: the default)")
+    parser.add_argument("--user", default="alice", help="user name (default: alice)")
+    parser.add_argument("--group", action="append", default=[], help="a group of the user")
+    parser.add_argument("-o", "--output", choices=["yaml", "json"], default="yaml")
+    args = parser.parse_args(argv)
+    options = {"gpu": args.gpu}
+    if args.pool:
+        options["pool"] = args.pool
+    if args.image:
+        options["image"] = args.image
+    if not Path(args.catalog).is_file():
+        print(f"fracspawner plan: catalog file not found: {args.catalog}", file=sys.stderr)
+        return 2
+    try:
+        manifest = asyncio.run(
+            build_manifest(args.catalog, options, user=args.user, groups=args.group)
+        )
+    except Exception as exc:  # one line, no traceback: this is a user-facing command
+        message = getattr(exc, "log_message", None) or str(exc)
+        print(f"fracspawner plan: {' '.join(str(message).split())}", file=sys.stderr)
+        return 2
+    if args.output == "json":
+        print(json.dumps(manifest, indent=2, sort_keys=True))
+    else:
+        print(yaml.safe_dump(manifest, sort_keys=False), end="")
+    return 0
