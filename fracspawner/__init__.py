@@ -1,11 +1,15 @@
 """fracspawner: a KubeSpawner for GPU slices (fractions, memory sizes, MIG profiles)."""
 
+from __future__ import annotations
+
+from typing import Any
+
 from ._version import __version__
 
-__all__ = ["FracSpawner", "__version__"]
+__all__ = ["FracSpawner", "__version__", "configure"]
 
 
-def __getattr__(name: str):
+def __getattr__(name: str) -> Any:
     # Import the spawner lazily: `fracspawner plan`, the devcluster and the notebook extension
     # must not pay for importing JupyterHub and kubespawner.
     if name == "FracSpawner":
@@ -13,3 +17,26 @@ def __getattr__(name: str):
 
         return FracSpawner
     raise AttributeError(name)
+
+
+def configure(c: Any, *, catalog_file: str | None = None, catalog: dict | None = None) -> None:
+    """Use FracSpawner with a catalog, validating the catalog NOW (at hub start-up).
+
+    In jupyterhub_config.py (or z2jh's hub.extraConfig)::
+
+        import fracspawner
+        fracspawner.configure(c, catalog_file="/etc/jupyterhub/catalog.yaml")
+
+    A bad catalog raises `CatalogError` naming the key, so the hub refuses to start instead of
+    failing at the first spawn.
+    """
+    from .catalog import Catalog
+
+    if (catalog_file is None) == (catalog is None):
+        raise ValueError("fracspawner.configure: give exactly one of catalog_file= or catalog=")
+    Catalog.load(catalog_file if catalog_file is not None else catalog)
+    c.JupyterHub.spawner_class = "fracspawner"
+    if catalog_file is not None:
+        c.FracSpawner.catalog_file = str(catalog_file)
+    else:
+        c.FracSpawner.catalog = catalog
