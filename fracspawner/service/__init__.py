@@ -1,0 +1,1 @@
+"""The fracspawner JupyterHub service (live offers for the picker)."""

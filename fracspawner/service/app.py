@@ -1,0 +1,119 @@
+"""The fracspawner JupyterHub service: live offers for the picker, as JSON.
+
+`GET /services/fracspawner/api/offers` answers the logged-in user's offer model (the same
+model the spawn form is rendered from): pools they may use, free/total counts from the node
+and pod watches, their remaining quota. Authentication is JupyterHub's HubOAuth, so a user only
+ever sees their own rules and usage.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import sys
+from typing import Any
+
+from jupyterhub.services.auth import HubOAuthCallbackHandler, HubOAuthenticated
+from jupyterhub.utils import url_path_join
+from tornado import web
+from tornado.httpserver import HTTPServer
+from tornado.log import app_log, enable_pretty_logging
+
+from ..catalog import Catalog
+from ..offers import build_offer_model
+
+
+class OffersHandler(HubOAuthenticated, web.RequestHandler):
+    """The offer model for the current user."""
+
+    def initialize(self, catalog: Catalog, watcher: Any) -> None:
+        self.catalog = catalog
+        self.watcher = watcher
+
+    def check_xsrf_cookie(self) -> None:  # GET only; nothing to protect
+        return None
+
+    @web.authenticated
+    async def get(self) -> None:
+        user = self.current_user
+        name = user["name"]
+        groups = user.get("groups") or []
+        capacity = None
+        used = 0.0
+        if self.watcher is not None:
+            await self.watcher.start()
+            capacity = self.watcher.snapshot()
+            used = self.watcher.usage_by_user().get(name, 0.0)
+        model = build_offer_model(
+            self.catalog,
+            rule=self.catalog.rule_for(name, groups),
+            used_gpu=used,
+            capacity=capacity,
+            admin=bool(user.get("admin")),
+        )
+        self.set_header("Content-Type", "application/json")
+        self.set_header("Cache-Control", "no-store")
+        self.finish(json.dumps(model))
+
+
+class HealthHandler(web.RequestHandler):
+    def get(self) -> None:
+        self.finish({"status": "ok"})
+
+
+def make_app(catalog: Catalog, watcher: Any, prefix: str) -> web.Application:
+    return web.Application(
+        [
+            (url_path_join(prefix, "api/offers"), OffersHandler, {"catalog": catalog, "watcher": watcher}),
+            (url_path_join(prefix, "health"), HealthHandler),
+            (url_path_join(prefix, "oauth_callback"), HubOAuthCallbackHandler),
+        ],
+        cookie_secret=os.urandom(32),
+    )
+
+
+async def serve(catalog_path: str, live_capacity: bool) -> None:
+    catalog = Catalog.load(catalog_path)
+    watcher = None
+    if live_capacity:
+        from kubespawner.clients import load_config
+
+        from ..capacity import CapacityWatcher
+
+        load_config()
+        watcher = CapacityWatcher.shared(catalog)
+        await watcher.start()
+    prefix = os.environ.get("JUPYTERHUB_SERVICE_PREFIX", "/services/fracspawner/")
+    url = os.environ.get("JUPYTERHUB_SERVICE_URL", "http://127.0.0.1:10101")
+    from urllib.parse import urlparse
+
+    parsed = urlparse(url)
+    server = HTTPServer(make_app(catalog, watcher, prefix))
+    server.listen(parsed.port or 80, parsed.hostname or "127.0.0.1")
+    app_log.info("fracspawner service on %s%s", url.rstrip("/"), prefix)
+    await asyncio.Event().wait()
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        prog="python -m fracspawner.service",
+        description="Live offers for the GPU picker, as a JupyterHub service.",
+    )
+    parser.add_argument(
+        "--catalog", default=os.environ.get("FRACSPAWNER_CATALOG"), help="catalog YAML file"
+    )
+    parser.add_argument(
+        "--no-live-capacity", action="store_true", help="do not watch nodes and pods"
+    )
+    args = parser.parse_args(argv)
+    if not args.catalog:
+        print("fracspawner service: --catalog or $FRACSPAWNER_CATALOG is required", file=sys.stderr)
+        return 2
+    enable_pretty_logging()
+    try:
+        asyncio.run(serve(args.catalog, not args.no_live_capacity))
+    except KeyboardInterrupt:
+        pass
+    return 0
