@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 from collections.abc import Mapping
 from functools import lru_cache
+from pathlib import Path
 from typing import Any
 
 from jinja2 import Environment, PackageLoader, select_autoescape
@@ -53,6 +54,16 @@ def group_offers(model: Mapping[str, Any]) -> list[dict[str, Any]]:
     return result
 
 
+@lru_cache(maxsize=1)
+def picker_assets() -> tuple[str, str]:
+    """(css, js) of the picker: packaged under fracspawner/static, or frontend/ in a checkout."""
+    here = Path(__file__).resolve().parent
+    for folder in (here / "static", here.parent / "frontend"):
+        if (folder / "picker.js").exists():
+            return (folder / "picker.css").read_text(), (folder / "picker.js").read_text()
+    return "", ""
+
+
 def render_form(model: Mapping[str, Any], *, profile_html: str = "", service_url: str = "") -> str:
     previous = model.get("previous") or {}
     selected_gpu = _canonical(previous.get("gpu")) or "none"
@@ -67,4 +78,6 @@ def render_form(model: Mapping[str, Any], *, profile_html: str = "", service_url
         profile_html=profile_html,
         service_url=service_url,
         model_json=model_json,
+        picker_css=picker_assets()[0],
+        picker_js=picker_assets()[1],
     )

@@ -51,6 +51,8 @@ def hub_config(
     hub_port: int,
     proxy_api_port: int,
     admin_token: str,
+    service_port: int,
+    kubeconfig: str,
     password: str | None = None,
     extra: str = "",
 ) -> str:
@@ -83,7 +85,18 @@ c.JupyterHub.cookie_secret_file = "{state_dir}/jupyterhub_cookie_secret"
 c.JupyterHub.pid_file = "{state_dir}/jupyterhub.pid"
 c.ConfigurableHTTPProxy.pid_file = "{state_dir}/proxy.pid"
 c.JupyterHub.cleanup_servers = True
-c.JupyterHub.services = [{{"name": "local-admin", "api_token": {admin_token!r}}}]
+c.JupyterHub.services = [
+    {{"name": "local-admin", "api_token": {admin_token!r}}},
+    {{
+        # live counts for the picker; see docs/admin-guide.md
+        "name": "fracspawner",
+        "url": "http://127.0.0.1:{service_port}",
+        "command": [{sys.executable!r}, "-m", "fracspawner.service", "--catalog", {str(catalog_file)!r}],
+        "environment": {{"KUBECONFIG": {kubeconfig!r}}},
+        "oauth_no_confirm": True,
+        "oauth_client_allowed_scopes": ["read:users:groups!user"],
+    }},
+]
 c.JupyterHub.load_roles = [
     {{
         "name": "local-admin",
@@ -216,6 +229,8 @@ def start_hub(
             hub_port=free_port(),
             proxy_api_port=free_port(),
             admin_token=admin_token,
+            service_port=free_port(),
+            kubeconfig=str(kubeconfig),
             password=password,
             extra=extra_config,
         )
