@@ -1,0 +1,50 @@
+"""The culler's Prometheus metrics, in a registry of its own (one per culler instance)."""
+
+from __future__ import annotations
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+
+
+class CullerMetrics:
+    def __init__(self) -> None:
+        self.registry = CollectorRegistry()
+        self.culls = Counter(
+            "fracspawner_culls",
+            "Servers stopped and kernels shut down by the culler, by reason and pool.",
+            ["reason", "pool"],
+            registry=self.registry,
+        )
+        self.reclaimed = Counter(
+            "fracspawner_reclaimed_gpu_memory_mib",
+            "GPU memory (MiB) held by the servers and kernels the culler ended.",
+            ["pool"],
+            registry=self.registry,
+        )
+        self.failsafe = Counter(
+            "fracspawner_culler_gpu_failsafe",
+            "Decisions made without fresh GPU data: only the plain idle timeout applied.",
+            ["pool"],
+            registry=self.registry,
+        )
+        self.cycle_duration = Histogram(
+            "fracspawner_culler_cycle_duration_seconds",
+            "Time one culling cycle took.",
+            buckets=(0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300),
+            registry=self.registry,
+        )
+        self.last_cycle = Gauge(
+            "fracspawner_culler_last_cycle_timestamp_seconds",
+            "Unix time the last culling cycle finished.",
+            registry=self.registry,
+        )
+        self.servers = Gauge(
+            "fracspawner_culler_servers",
+            "Ready servers seen in the last cycle.",
+            registry=self.registry,
+        )
+        self.source_up = Gauge(
+            "fracspawner_culler_gpu_source_up",
+            "1 if the GPU source answered in the last cycle, else 0.",
+            ["source"],
+            registry=self.registry,
+        )

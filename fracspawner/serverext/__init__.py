@@ -1,0 +1,34 @@
+"""fracspawner's jupyter-server extension: GPU use per kernel, and GPU work counted as activity.
+
+Enabled automatically by `jupyter-config/jupyter_server_config.d/fracspawner.json` when installed
+with `pip install fracspawner[notebook]`; or with
+`--ServerApp.jpserver_extensions='{"fracspawner.serverext": True}'`.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from .handlers import GpuHandler
+from .monitor import SETTINGS_KEY, GpuMonitor
+
+__all__ = ["GpuMonitor", "GpuHandler", "SETTINGS_KEY"]
+
+
+def _jupyter_server_extension_points() -> list[dict[str, str]]:
+    return [{"module": "fracspawner.serverext"}]
+
+
+def _load_jupyter_server_extension(serverapp: Any) -> None:
+    web_app = serverapp.web_app
+    monitor = GpuMonitor(parent=serverapp, settings=web_app.settings, log=serverapp.log)
+    web_app.settings["fracspawner_gpu_monitor"] = monitor
+    base_url = web_app.settings["base_url"].rstrip("/")
+    web_app.add_handlers(".*$", [(f"{base_url}/api/fracspawner/gpu", GpuHandler)])
+    # the task ends with the server's event loop: module extensions get no unload hook
+    serverapp.io_loop.add_callback(monitor.start)
+    serverapp.log.info(
+        "fracspawner: GPU monitor loaded (source %s, every %ss)",
+        monitor.source.name if monitor.source else "none",
+        monitor.poll_interval,
+    )
