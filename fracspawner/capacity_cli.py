@@ -1,0 +1,135 @@
+"""`fracspawner capacity`: free/total per pool and offer from the current kube context.
+
+One list of nodes and one of pods, then the same pure counting the spawn form uses.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import sys
+from typing import Any
+
+from .capacity_count import Capacity, OfferCapacity, compute_capacity
+
+PROG = "fracspawner capacity"
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog=PROG, description=__doc__.splitlines()[0])
+    parser.add_argument(
+        "--catalog", help="catalog YAML (default: $FRACSPAWNER_CATALOG)", metavar="FILE"
+    )
+    parser.add_argument(
+        "--kubeconfig",
+        metavar="PATH",
+        help="kubeconfig file (default: $KUBECONFIG, ~/.kube/config, or in-cluster config)",
+    )
+    parser.add_argument("-o", "--output", choices=("table", "json"), default="table")
+    return parser
+
+
+async def list_cluster(kubeconfig: str | None) -> tuple[list[dict], list[dict]]:
+    """All nodes and all pods, as raw API dicts (one list call each)."""
+    from kubernetes_asyncio import client
+
+    api_client = client.ApiClient(await _load_config(kubeconfig))
+    async with api_client:
+        v1 = client.CoreV1Api(api_client)
+        nodes = await v1.list_node(_preload_content=False)
+        pods = await v1.list_pod_for_all_namespaces(_preload_content=False)
+        out = []
+        for response in (nodes, pods):
+            body = await response.read()
+            if not response.ok:
+                raise client.ApiException(status=response.status, reason=response.reason)
+            out.append(json.loads(body).get("items") or [])
+    return out[0], out[1]
+
+
+async def _load_config(kubeconfig: str | None) -> Any:
+    from kubernetes_asyncio import client, config
+
+    configuration = client.Configuration()
+    if kubeconfig is None and os.environ.get("KUBERNETES_SERVICE_HOST"):
+        config.load_incluster_config(client_configuration=configuration)
+    else:
+        await config.load_kube_config(config_file=kubeconfig, client_configuration=configuration)
+    return configuration
+
+
+def _counts(c: OfferCapacity) -> str:
+    if c.free is None or c.total is None:
+        return "unknown"
+    return f"{c.free}/{c.total}"
+
+
+def render_table(catalog: Any, capacity: Capacity) -> str:
+    rows = [("POOL", "OFFER", "FREE/TOTAL", "NOTE")]
+    for name, pool in catalog.pools.items():
+        for offer in pool.offers:
+            c = capacity.get(name, str(offer))
+            rows.append((name, str(offer), _counts(c), c.note))
+    widths = [max(len(r[i]) for r in rows) for i in range(3)]
+    lines = [
+        "  ".join([*(cell.ljust(w) for cell, w in zip(r[:3], widths, strict=True)), r[3]]).rstrip()
+        for r in rows
+    ]
+    lines.append(f"({capacity.nodes_seen} nodes seen)")
+    return "\n".join(lines)
+
+
+def render_json(catalog: Any, capacity: Capacity) -> str:
+    pools = {
+        name: {
+            str(o): {
+                "free": capacity.get(name, str(o)).free,
+                "total": capacity.get(name, str(o)).total,
+                "note": capacity.get(name, str(o)).note,
+            }
+            for o in pool.offers
+        }
+        for name, pool in catalog.pools.items()
+    }
+    return json.dumps({"nodes_seen": capacity.nodes_seen, "pools": pools}, indent=2)
+
+
+def _one_line(exc: BaseException) -> str:
+    status = getattr(exc, "status", None)
+    if status:
+        text = f"HTTP {status} {getattr(exc, 'reason', '') or ''}".strip()
+    else:
+        text = str(exc).strip() or type(exc).__name__
+    return text.splitlines()[0]
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = _parser().parse_args(argv)
+    path = args.catalog or os.environ.get("FRACSPAWNER_CATALOG")
+    if not path:
+        print(
+            f"{PROG}: no catalog: pass --catalog FILE or set FRACSPAWNER_CATALOG", file=sys.stderr
+        )
+        return 2
+    try:
+        from .catalog import Catalog
+
+        catalog = Catalog.load(path)
+    except Exception as exc:  # any catalog problem: one line, no traceback
+        print(f"{PROG}: bad catalog {path}: {_one_line(exc)}", file=sys.stderr)
+        return 2
+    try:
+        nodes, pods = asyncio.run(list_cluster(args.kubeconfig))
+    except Exception as exc:
+        print(f"{PROG}: cannot read nodes and pods: {_one_line(exc)}", file=sys.stderr)
+        return 1
+    capacity = compute_capacity(catalog, nodes, pods)
+    render = render_json if args.output == "json" else render_table
+    print(render(catalog, capacity))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
