@@ -1,0 +1,163 @@
+"""The culler's decision function, on its own: facts + policy + now -> Decision."""
+
+from __future__ import annotations
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from fracspawner.culler.app import DefaultPolicy
+from fracspawner.culler.decide import (
+    GpuFacts,
+    KernelFacts,
+    Rules,
+    ServerFacts,
+    decide_kernel,
+    decide_server,
+)
+
+NOW = 1_000_000.0
+M, H = 60.0, 3600.0
+POLICY = DefaultPolicy(kernel_gpu_idle=30 * M, server_gpu_idle=2 * H, server_idle=8 * H, max_age=None)
+
+
+def server(idle: float, *, gpu: str | None = "1/4", started_ago: float = 24 * H, **kw) -> ServerFacts:
+    opts = {"gpu": gpu, "pool": "h100"} if gpu else {}
+    return ServerFacts(
+        user=kw.pop("user", "alice"),
+        user_options=opts,
+        started=NOW - started_ago,
+        last_activity=NOW - idle,
+        **kw,
+    )
+
+
+def gpu_facts(idle_for: float, *, age: float = 10.0, memory: float = 4096.0, **kw) -> GpuFacts:
+    return GpuFacts("prometheus", NOW - age, memory, idle_for, **kw)
+
+
+@pytest.mark.parametrize(
+    ("idle", "gpu_idle_for", "action", "reason"),
+    [
+        (3 * H, 3 * H, "stop", "gpu_idle"),  # both idle past server_gpu_idle
+        (3 * H, 10.0, "keep", "gpu_busy"),  # silent training loop: messages idle, GPU busy
+        (30 * M, 3 * H, "keep", "active"),  # GPU idle but the user is around
+        (9 * H, 0.0, "keep", "gpu_busy"),  # busy GPU outlasts even server_idle
+        (2 * H, 2 * H, "stop", "gpu_idle"),  # exactly at the limit
+    ],
+)
+def test_gpu_server(idle, gpu_idle_for, action, reason):
+    d = decide_server(server(idle), gpu_facts(gpu_idle_for), POLICY, NOW)
+    assert (d.action, d.reason) == (action, reason), d.message
+
+
+@pytest.mark.parametrize("gpu", [None, gpu_facts(0.0, age=10 * H)], ids=["missing", "stale"])
+def test_failsafe_without_gpu_data_only_plain_timeout(gpu):
+    # idle past server_gpu_idle but not server_idle: no GPU data, so not culled
+    d = decide_server(server(3 * H), gpu, POLICY, NOW)
+    assert (d.action, d.reason, d.gpu_failsafe) == ("keep", "active", True)
+    assert "not culled on GPU grounds" in d.message
+    # past server_idle the plain timeout still applies
+    d = decide_server(server(9 * H), gpu, POLICY, NOW)
+    assert (d.action, d.reason, d.gpu_failsafe) == ("stop", "idle", True)
+
+
+def test_cpu_server_plain_timeout():
+    assert decide_server(server(7 * H, gpu=None), None, POLICY, NOW).action == "keep"
+    d = decide_server(server(8 * H, gpu=None), None, POLICY, NOW)
+    assert (d.action, d.reason, d.gpu_failsafe) == ("stop", "idle", False)
+
+
+def test_gpu_memory_without_slice_counts_as_holding_gpu():
+    d = decide_server(server(3 * H, gpu=None), gpu_facts(3 * H, memory=512), POLICY, NOW)
+    assert d.reason == "gpu_idle"
+    d = decide_server(server(3 * H, gpu=None), gpu_facts(3 * H, memory=0), POLICY, NOW)
+    assert (d.action, d.reason) == ("keep", "active")
+
+
+def test_server_last_activity_from_extension_wins_over_hub():
+    # the hub's value was refreshed by the culler's own requests through the proxy
+    facts = gpu_facts(3 * H, server_last_activity=NOW - 3 * H)
+    assert decide_server(server(5.0), facts, POLICY, NOW).reason == "gpu_idle"
+
+
+def test_max_age_even_when_busy():
+    policy = DefaultPolicy(30 * M, 2 * H, 8 * H, max_age=12 * H)
+    d = decide_server(server(0.0, started_ago=13 * H), gpu_facts(0.0), policy, NOW)
+    assert (d.action, d.reason) == ("stop", "max_age")
+
+
+def test_disabled_rules():
+    policy = DefaultPolicy(None, None, None, None)
+    assert decide_server(server(100 * H), gpu_facts(100 * H), policy, NOW).action == "keep"
+    # server_gpu_idle off: a GPU server falls back to server_idle, still GPU-protected
+    policy = DefaultPolicy(None, None, 8 * H, None)
+    assert decide_server(server(9 * H), gpu_facts(9 * H), policy, NOW).reason == "idle"
+    assert decide_server(server(9 * H), gpu_facts(1 * H), policy, NOW).reason == "gpu_busy"
+
+
+@pytest.mark.parametrize(
+    ("facts", "rules", "reason"),
+    [
+        (server(9 * H, user="root"), Rules(exempt_users=frozenset({"root"})), "exempt"),
+        (server(9 * H, groups=("staff",)), Rules(exempt_groups=frozenset({"staff"})), "exempt"),
+        (server(9 * H, name="gpu"), Rules(cull_named_servers=False), "excluded"),
+        (server(9 * H), Rules(cull_default_servers=False), "excluded"),
+        (server(9 * H, pending="spawn"), Rules(), "not_ready"),
+        (server(9 * H, ready=False), Rules(), "not_ready"),
+    ],
+)
+def test_kept_regardless(facts, rules, reason):
+    d = decide_server(facts, gpu_facts(9 * H), POLICY, NOW, rules)
+    assert (d.action, d.reason) == ("keep", reason)
+
+
+def test_named_server_culled_when_allowed():
+    assert decide_server(server(9 * H, name="gpu"), None, POLICY, NOW).action == "stop"
+
+
+def kernel(msg_idle: float, gpu_idle_for: float | None, *, state="idle", memory=2048.0):
+    return KernelFacts("k1", NOW - msg_idle, state, memory, gpu_idle_for)
+
+
+@pytest.mark.parametrize(
+    ("k", "action", "reason"),
+    [
+        (kernel(31 * M, 31 * M), "shutdown", "kernel_gpu_idle"),
+        (kernel(31 * M, 5.0), "keep", "gpu_busy"),  # silent GPU work
+        (kernel(5.0, 31 * M), "keep", "active"),  # the user just ran a cell
+        (kernel(31 * M, 31 * M, memory=0), "keep", "no_gpu_memory"),
+        (kernel(31 * M, None), "keep", "gpu_unknown"),  # MIG: utilisation unknown
+        (kernel(31 * M, 31 * M, state="busy"), "keep", "executing"),
+    ],
+)
+def test_kernel(k, action, reason):
+    d = decide_kernel(k, POLICY, NOW)
+    assert (d.action, d.reason) == (action, reason), d.message
+
+
+def test_kernel_busy_culled_when_asked_and_off_when_disabled():
+    k = kernel(31 * M, 31 * M, state="busy")
+    assert decide_kernel(k, POLICY, NOW, Rules(cull_busy_kernels=True)).action == "shutdown"
+    assert decide_kernel(k, DefaultPolicy(None, 2 * H, 8 * H, None), NOW).reason == "disabled"
+
+
+durations = st.floats(min_value=0, max_value=48 * H)
+optional = st.one_of(st.none(), st.floats(min_value=1, max_value=24 * H))
+
+
+@given(
+    idle=durations,
+    gpu_idle=durations,
+    age=durations,
+    stale=st.booleans(),
+    policy=st.builds(DefaultPolicy, optional, optional, optional, st.none()),
+)
+def test_never_culled_while_gpu_busy_within_its_window(idle, gpu_idle, age, stale, policy):
+    facts = None if stale else gpu_facts(gpu_idle, age=age % 300)
+    d = decide_server(server(idle), facts, policy, NOW)
+    if d.cull and facts is not None:
+        window = policy.server_gpu_idle if policy.server_gpu_idle is not None else policy.server_idle
+        assert gpu_idle >= window
+    if d.cull and facts is None:  # without GPU data only the plain timeout can cull
+        assert d.reason == "idle" and idle >= policy.server_idle

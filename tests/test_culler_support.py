@@ -1,0 +1,289 @@
+"""Real parts for the culler and extension tests (no tests here): a jupyter server, a kernel
+client, a dcgm-exporter stand-in the test controls, and Prometheus from Debian's package."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import threading
+import time
+import urllib.error
+import urllib.parse
+import urllib.request
+import uuid
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from fracspawner.localhub import free_port
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+def wait_for(check, timeout: float = 30, what: str = "condition", every: float = 0.2) -> Any:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        result = check()
+        if result:
+            return result
+        time.sleep(every)
+    raise TimeoutError(f"timed out waiting for {what}")
+
+
+def http(method: str, url: str, token: str | None = None, body: Any = None) -> tuple[int, Any]:
+    data = None if body is None else json.dumps(body).encode()
+    req = urllib.request.Request(url, data=data, method=method)
+    if token:
+        req.add_header("Authorization", f"token {token}")
+    try:
+        with urllib.request.urlopen(req, timeout=30) as resp:
+            raw, status = resp.read(), resp.status
+    except urllib.error.HTTPError as exc:
+        raw, status = exc.read(), exc.code
+    try:
+        return status, json.loads(raw) if raw else None
+    except ValueError:
+        return status, raw.decode(errors="replace")
+
+
+# --- a jupyter server with the extension, no hub -----------------------------------------
+class JupyterServer:
+    def __init__(self, tmp: Path, gpu_file: Path, entitlement: int | None = 10240):
+        self.tmp, self.gpu_file = tmp, gpu_file
+        self.token = uuid.uuid4().hex
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        config = tmp / "config"
+        config.mkdir(exist_ok=True)
+        # poll fast; the extension itself is enabled by the repository's auto-enable file
+        (config / "jupyter_server_config.json").write_text(
+            json.dumps({"GpuMonitor": {"poll_interval": 0.2, "unavailable_retry": 0.2}})
+        )
+        env = dict(os.environ)
+        env.update(
+            FRACSPAWNER_GPU_SOURCE=f"sim:{gpu_file}",
+            JUPYTER_CONFIG_DIR=str(config),
+            JUPYTER_CONFIG_PATH=str(REPO / "jupyter-config"),
+            JUPYTER_RUNTIME_DIR=str(tmp / "runtime"),
+            JUPYTER_DATA_DIR=str(tmp / "data"),
+        )
+        if entitlement is not None:
+            env["FRACSPAWNER_GPU_MEMORY_MIB"] = str(entitlement)
+        self.log = open(tmp / "server.log", "wb")  # noqa: SIM115
+        self.process = subprocess.Popen(
+            [
+                sys.executable, "-m", "jupyter_server", "--allow-root", "--no-browser",
+                "--ServerApp.ip=127.0.0.1", f"--ServerApp.port={self.port}",
+                "--ServerApp.port_retries=0", f"--IdentityProvider.token={self.token}",
+                f"--ServerApp.root_dir={tmp}",
+            ],
+            env=env, stdout=self.log, stderr=subprocess.STDOUT, start_new_session=True,
+        )  # fmt: skip
+        wait_for(self._up, 60, "jupyter server")
+
+    def _up(self) -> bool:
+        if self.process.poll() is not None:
+            raise RuntimeError(f"jupyter server exited:\n{self.logs()}")
+        try:
+            return self.api("GET", "/api/status")[0] == 200
+        except OSError:
+            return False
+
+    def api(self, method: str, path: str, body: Any = None, token: str | None = "") -> tuple:
+        return http(method, self.url + path, self.token if token == "" else token, body)
+
+    def gpu(self) -> dict:
+        status, body = self.api("GET", "/api/fracspawner/gpu")
+        assert status == 200, body
+        return body
+
+    def logs(self) -> str:
+        return (self.tmp / "server.log").read_text(errors="replace")[-4000:]
+
+    def stop(self) -> None:
+        if self.process.poll() is None:
+            self.process.send_signal(signal.SIGTERM)  # jupyter server shuts its kernels down
+            try:
+                self.process.wait(20)
+            except subprocess.TimeoutExpired:
+                os.killpg(self.process.pid, signal.SIGKILL)
+                self.process.wait(5)
+        self.log.close()
+
+
+async def execute(server_url: str, token: str, kernel_id: str, code: str, wait: bool = True) -> str:
+    """Run code in a kernel over the websocket (protocol v5 JSON); return its stdout."""
+    from tornado.websocket import websocket_connect
+
+    ws_url = server_url.replace("http", "ws", 1).rstrip("/") + f"/api/kernels/{kernel_id}/channels"
+    from tornado.httpclient import HTTPRequest
+
+    conn = await websocket_connect(HTTPRequest(ws_url, headers={"Authorization": f"token {token}"}))
+    msg_id = uuid.uuid4().hex
+    conn.write_message(
+        json.dumps(
+            {
+                "header": {
+                    "msg_id": msg_id, "msg_type": "execute_request", "username": "test",
+                    "session": uuid.uuid4().hex, "version": "5.3", "date": "",
+                },
+                "parent_header": {}, "metadata": {}, "channel": "shell", "buffers": [],
+                "content": {"code": code, "silent": False, "store_history": False,
+                            "user_expressions": {}, "allow_stdin": False, "stop_on_error": True},
+            }
+        )
+    )  # fmt: skip
+    out = []
+    if not wait:  # return once the kernel said it is busy with this request
+        while True:
+            msg = json.loads(await conn.read_message())
+            if msg["parent_header"].get("msg_id") == msg_id and msg["msg_type"] == "status":
+                conn.close()
+                return ""
+    while True:
+        raw = await conn.read_message()
+        if raw is None:
+            raise RuntimeError("kernel websocket closed")
+        msg = json.loads(raw)
+        if msg["parent_header"].get("msg_id") != msg_id:
+            continue
+        if msg["msg_type"] == "stream":
+            out.append(msg["content"]["text"])
+        elif msg["msg_type"] == "error":
+            raise RuntimeError("\n".join(msg["content"]["traceback"]))
+        elif msg["msg_type"] == "status" and msg["content"]["execution_state"] == "idle":
+            conn.close()
+            return "".join(out)
+
+
+# --- dcgm-exporter stand-in and Prometheus -----------------------------------------------
+class DcgmExporter:
+    """Serves dcgm-exporter-format metrics for the pods the test sets (on loopback)."""
+
+    def __init__(self) -> None:
+        self.pods: dict[tuple[str, str], tuple[float, float]] = {}  # -> (util %, memory MiB)
+        exporter = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def do_GET(self) -> None:  # noqa: N802
+                body = exporter.render().encode()
+                self.send_response(200)
+                self.send_header("Content-Type", "text/plain; version=0.0.4")
+                self.send_header("Content-Length", str(len(body)))
+                self.end_headers()
+                self.wfile.write(body)
+
+            def log_message(self, *args: Any) -> None:
+                pass
+
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.port = self.server.server_address[1]
+        self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
+        self.thread.start()
+
+    def set(self, pod: str, util: float, memory: float, namespace: str = "default") -> None:
+        self.pods[(namespace, pod)] = (util, memory)
+
+    def render(self) -> str:
+        lines = [
+            "# HELP DCGM_FI_DEV_GPU_UTIL GPU utilization (in %).",
+            "# TYPE DCGM_FI_DEV_GPU_UTIL gauge",
+        ]
+        rows = list(self.pods.items())
+        for i, ((ns, pod), (util, _)) in enumerate(rows):
+            lines.append(f"DCGM_FI_DEV_GPU_UTIL{{{self._labels(i, ns, pod)}}} {util}")
+        lines += [
+            "# HELP DCGM_FI_DEV_FB_USED Framebuffer memory used (in MiB).",
+            "# TYPE DCGM_FI_DEV_FB_USED gauge",
+        ]
+        for i, ((ns, pod), (_, mem)) in enumerate(rows):
+            lines.append(f"DCGM_FI_DEV_FB_USED{{{self._labels(i, ns, pod)}}} {mem}")
+        return "\n".join(lines) + "\n"
+
+    @staticmethod
+    def _labels(i: int, ns: str, pod: str) -> str:
+        return (
+            f'gpu="{i % 8}",UUID="GPU-00000000-0000-0000-0000-{i:012d}",device="nvidia{i % 8}",'
+            f'modelName="NVIDIA H100 80GB HBM3",Hostname="gpu-node-{i // 8}",'
+            f'container="notebook",namespace="{ns}",pod="{pod}"'
+        )
+
+    def stop(self) -> None:
+        self.server.shutdown()
+        self.server.server_close()
+
+
+class Prometheus:
+    """Debian's prometheus on a loopback port, scraping the exporter every second.
+
+    The scrape target carries its own `pod`/`namespace` labels, as a ServiceMonitor's target does,
+    so the exporter's labels arrive as `exported_pod`/`exported_namespace`.
+    """
+
+    def __init__(self, tmp: Path, exporter_port: int):
+        binary = shutil.which("prometheus") or "/usr/bin/prometheus"
+        if not Path(binary).exists():
+            pytest.skip("prometheus not installed (make system-deps installs Debian's package)")
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        config = tmp / "prometheus.yml"
+        config.write_text(
+            "global: {scrape_interval: 1s, evaluation_interval: 1s}\n"
+            "scrape_configs:\n"
+            "  - job_name: dcgm-exporter\n"
+            "    static_configs:\n"
+            f"      - targets: ['127.0.0.1:{exporter_port}']\n"
+            "        labels: {pod: dcgm-exporter-x7k2p, namespace: gpu-operator}\n"
+        )
+        self.log = open(tmp / "prometheus.log", "wb")  # noqa: SIM115
+        self.process = subprocess.Popen(
+            [
+                binary, f"--config.file={config}", f"--storage.tsdb.path={tmp / 'data'}",
+                f"--web.listen-address=127.0.0.1:{self.port}",
+            ],
+            stdout=self.log, stderr=subprocess.STDOUT, start_new_session=True,
+        )  # fmt: skip
+        wait_for(self._ready, 60, "prometheus ready")
+
+    def _ready(self) -> bool:
+        if self.process.poll() is not None:
+            raise RuntimeError(Path(self.log.name).read_text(errors="replace")[-3000:])
+        try:
+            return http("GET", self.url + "/-/ready")[0] == 200
+        except OSError:
+            return False
+
+    def query(self, promql: str) -> list:
+        status, body = http(
+            "GET", self.url + "/api/v1/query?" + urllib.parse.urlencode({"query": promql})
+        )
+        assert status == 200, body
+        return body["data"]["result"]
+
+    def wait_scraped(self, n: int = 3) -> None:
+        """Until the exporter has been scraped n times (so windows have data in them)."""
+        wait_for(
+            lambda: (
+                self.query('count_over_time(up{job="dcgm-exporter"}[1m])')
+                and float(self.query('count_over_time(up{job="dcgm-exporter"}[1m])')[0]["value"][1])
+                >= n
+            ),
+            60,
+            "scrapes",
+        )
+
+    def stop(self) -> None:
+        if self.process.poll() is None:
+            self.process.terminate()
+            try:
+                self.process.wait(20)
+            except subprocess.TimeoutExpired:
+                self.process.kill()
+                self.process.wait(5)
+        self.log.close()
