@@ -184,6 +184,8 @@ def _types(value: str | None) -> tuple[str, ...]:
 
 
 def _type_allowed(req: HamiRequest, device_type: str) -> bool:
+    if not req.use_types and not req.nouse_types:
+        return True
     kind = device_type.upper()
     if req.use_types and not any(t in kind for t in req.use_types):
         return False

@@ -8,7 +8,7 @@ import pytest
 
 from fracspawner import capacity_hami as hami
 from fracspawner.capacity_count import gpu_usage_by_user
-from fracspawner.capacity_kube import is_ready, pod_requests, taints_tolerated
+from fracspawner.capacity_kube import is_ready, pod_requests, quantity, taints_tolerated
 
 # A node as HAMi's device plugin registers it, in both formats HAMi has written.
 LEGACY_REGISTER = (
@@ -170,3 +170,16 @@ def test_gpu_usage_by_user_sums_active_pods_and_ignores_malformed(caplog):
         usage = gpu_usage_by_user(pods)
     assert usage == {"alice@example.org": 0.75, "bob": 0.0}
     assert "malformed" in caplog.text and "lots" in caplog.text
+
+
+@pytest.mark.parametrize(
+    "text, value",
+    [("4", 4), ("500m", 0.5), ("10Gi", 10 * 1024**3), ("1e3", 1000), ("2k", 2000), (".5", 0.5)],
+)
+def test_quantities_parse_like_the_api_server(text, value):
+    assert float(quantity(text)) == value
+
+
+@pytest.mark.parametrize("text", ["", "x", "1.2.3", "5 Gi", True])
+def test_malformed_quantities_are_none(text):
+    assert quantity(text) is None
