@@ -1,0 +1,118 @@
+"""Spawn-form render time on a large cluster: FracSpawner vs plain KubeSpawner, same run.
+
+A devcluster serves a topology of 1,000 GPU nodes and 20,000 pods. FracSpawner renders its
+form from the node/pod watch caches (live free/total per pool and offer, quota, reasons);
+plain KubeSpawner renders an equivalent static `profile_list` (one profile per pool and offer,
+no counts). We report the median server-side render time of each, the ratio, and the number of
+Kubernetes API requests made per render (counted at the HTTP client; must be 0).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import statistics
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+RENDERS = 30
+
+
+class _User:
+    def __init__(self, name: str) -> None:
+        self.name = name
+        self.id = 1
+        self.url = f"/user/{name}/"
+        self.groups: list[str] = []
+        self.admin = False
+        self.escaped_name = name
+
+
+def _count_requests() -> dict[str, int]:
+    """Count every HTTP request kubernetes_asyncio sends (the only way the spawner reaches k8s)."""
+    from kubernetes_asyncio.client import rest
+
+    counter = {"n": 0}
+    original = rest.RESTClientObject.request
+
+    async def counting(self, *args, **kwargs):
+        counter["n"] += 1
+        return await original(self, *args, **kwargs)
+
+    rest.RESTClientObject.request = counting
+    return counter
+
+
+async def _median_render(render, n: int) -> float:
+    times = []
+    for _ in range(n):
+        started = time.perf_counter()
+        html = render()
+        if asyncio.iscoroutine(html):
+            html = await html
+        times.append(time.perf_counter() - started)
+        assert html
+    return statistics.median(times)
+
+
+async def _bench(kubeconfig: Path, catalog: dict[str, Any]) -> dict[str, Any]:
+    os.environ["KUBECONFIG"] = str(kubeconfig)
+    from kubespawner import KubeSpawner
+    from traitlets.config import Config
+
+    from fracspawner.spawner import FracSpawner
+
+    cfg = Config()
+    cfg.FracSpawner.catalog = catalog
+    frac = FracSpawner(_mock=True, config=cfg, user=_User("alice"))
+    counter = _count_requests()
+    started = time.perf_counter()
+    await frac._render_options_form_async(frac)  # first render: starts the node + pod watches
+    warmup = time.perf_counter() - started
+    watcher = frac._capacity_watcher()
+    pods_seen = sum(1 for _ in watcher.pods())
+    await asyncio.sleep(1)
+    before = counter["n"]
+    frac_median = await _median_render(lambda: frac._render_options_form_async(frac), RENDERS)
+    frac_calls = (counter["n"] - before) / RENDERS
+
+    profiles = [
+        {
+            "display_name": f"{pool['display_name']}: {offer}",
+            "slug": f"{name}-{i}",
+            "kubespawner_override": {"extra_resource_limits": {"nvidia.com/gpu": "1"}},
+        }
+        for name, pool in catalog["pools"].items()
+        for i, offer in enumerate(pool["offers"])
+    ]
+    plain = KubeSpawner(_mock=True, user=_User("alice"))
+    plain.profile_list = profiles
+    before = counter["n"]
+    plain_median = await _median_render(lambda: plain._render_options_form(profiles), RENDERS)
+    plain_calls = (counter["n"] - before) / RENDERS
+    await watcher.stop()
+    return {
+        "renders": RENDERS,
+        "pods_in_cache": pods_seen,
+        "fracspawner_first_render_s": round(warmup, 4),
+        "fracspawner_median_render_ms": round(frac_median * 1000, 3),
+        "kubespawner_profile_list_median_render_ms": round(plain_median * 1000, 3),
+        "ratio_fracspawner_to_kubespawner": round(frac_median / plain_median, 2),
+        "k8s_api_requests_per_render_fracspawner": frac_calls,
+        "k8s_api_requests_per_render_kubespawner": plain_calls,
+    }
+
+
+def run(results_dir: Path) -> dict[str, Any]:
+    from fracspawner.devcluster.testing import devcluster_process
+    from fracspawner.devcluster.topology import generate_large
+
+    from .large_catalog import catalog_for_large_topology
+
+    topology = generate_large(nodes=1000, pods=20000, seed=0)
+    with tempfile.TemporaryDirectory() as tmp, devcluster_process(topology, Path(tmp)) as cluster:
+        result = asyncio.run(_bench(cluster.kubeconfig, catalog_for_large_topology()))
+    result["topology"] = {"nodes": 1000, "pods": 20000}
+    return result

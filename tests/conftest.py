@@ -1,0 +1,74 @@
+"""Shared fixtures: the demo catalog, a devcluster subprocess and a real JupyterHub on it."""
+
+from __future__ import annotations
+
+import copy
+import os
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+import yaml
+
+REPO = Path(__file__).resolve().parent.parent
+DEMO_CATALOG = REPO / "examples" / "catalogs" / "demo.yaml"
+DEMO_TOPOLOGY = REPO / "fracspawner" / "devcluster" / "topologies" / "demo.yaml"
+
+# The tests start jupyterhub-singleuser and configurable-http-proxy from this environment.
+os.environ["PATH"] = os.pathsep.join(
+    [str(Path(sys.executable).parent), str(REPO / "node_modules" / ".bin"), os.environ["PATH"]]
+)
+
+
+@pytest.fixture(scope="session")
+def demo_catalog_dict() -> dict:
+    return yaml.safe_load(DEMO_CATALOG.read_text())
+
+
+@pytest.fixture
+def catalog_dict(demo_catalog_dict: dict) -> dict:
+    """A fresh, mutable copy of the demo catalog."""
+    return copy.deepcopy(demo_catalog_dict)
+
+
+@pytest.fixture(scope="session")
+def demo_topology_dict() -> dict:
+    return yaml.safe_load(DEMO_TOPOLOGY.read_text())
+
+
+@pytest.fixture(scope="module")
+def devcluster(tmp_path_factory: pytest.TempPathFactory, request) -> Iterator:
+    """A devcluster subprocess on the demo topology (a module may override `topology`)."""
+    from fracspawner.devcluster.testing import devcluster_process
+
+    topology = getattr(request.module, "TOPOLOGY", None) or yaml.safe_load(
+        DEMO_TOPOLOGY.read_text()
+    )
+    with devcluster_process(topology, tmp_path_factory.mktemp("devcluster")) as cluster:
+        yield cluster
+
+
+@pytest.fixture(scope="module")
+def hub(devcluster, tmp_path_factory: pytest.TempPathFactory, request) -> Iterator:
+    """A real JupyterHub + proxy with FracSpawner on the module's devcluster."""
+    from fracspawner.localhub import start_hub
+
+    state = tmp_path_factory.mktemp("hub")
+    catalog = getattr(request.module, "CATALOG", None)
+    catalog_file = DEMO_CATALOG
+    if catalog is not None:
+        catalog_file = state / "catalog.yaml"
+        catalog_file.write_text(yaml.safe_dump(catalog))
+    running = start_hub(
+        state_dir=state,
+        kubeconfig=devcluster.kubeconfig,
+        catalog_file=catalog_file,
+        extra_config=getattr(request.module, "HUB_EXTRA_CONFIG", ""),
+    )
+    try:
+        yield running
+    finally:
+        running.stop()
+        if request.session.testsfailed:
+            print("---- jupyterhub log (tail) ----\n" + running.log()[-6000:])

@@ -1,0 +1,156 @@
+"""Helpers for the end-to-end tests: pods in devcluster, a logged-in browser-less session."""
+
+from __future__ import annotations
+
+import re
+import socket
+import time
+from pathlib import Path
+from typing import Any
+
+import requests
+
+from fracspawner.localhub import LocalHub, http_json
+
+
+def pods(cluster: Any, **labels: str) -> list[dict]:
+    selector = ",".join(f"{k}={v}" for k, v in labels.items())
+    status, body = http_json(
+        "GET", f"{cluster.url}/api/v1/namespaces/default/pods?labelSelector={selector}"
+    )
+    assert status == 200, body
+    return body["items"]
+
+
+def server_pods(cluster: Any, user: str, server: str = "") -> list[dict]:
+    return pods(cluster, **{"hub.jupyter.org/username": user, "hub.jupyter.org/servername": server})
+
+
+def the_pod(cluster: Any, user: str, server: str = "") -> dict:
+    found = server_pods(cluster, user, server)
+    assert len(found) == 1, f"expected one pod for {user}/{server}, found {len(found)}"
+    return found[0]
+
+
+def container(pod: dict) -> dict:
+    return pod["spec"]["containers"][0]
+
+
+def env_of(pod: dict) -> dict[str, str]:
+    return {e["name"]: e.get("value", "") for e in container(pod).get("env", [])}
+
+
+def gpu_keys(pod: dict) -> dict[str, str]:
+    """Every resource limit that is not cpu/memory/ephemeral storage."""
+    limits = container(pod).get("resources", {}).get("limits", {}) or {}
+    return {k: v for k, v in limits.items() if k not in ("cpu", "memory", "ephemeral-storage")}
+
+
+def fracspawner_marks(pod: dict) -> dict[str, str]:
+    meta = pod["metadata"]
+    marks = {**(meta.get("labels") or {}), **(meta.get("annotations") or {})}
+    return {k: v for k, v in marks.items() if k.startswith("fracspawner.io/")}
+
+
+def spawn(hub: LocalHub, user: str, options: dict, server: str = "") -> tuple[int, Any]:
+    path = f"/users/{user}/servers/{server}" if server else f"/users/{user}/server"
+    return hub.api("POST", path, {"user_options": options}, timeout=60)
+
+
+def stop(hub: LocalHub, user: str, server: str = "", cluster: Any = None) -> None:
+    path = f"/users/{user}/servers/{server}" if server else f"/users/{user}/server"
+    status, body = hub.api("DELETE", path, timeout=60)
+    assert status in (202, 204), (status, body)
+    hub.wait_stopped(user, server)
+    if cluster is not None:
+        wait_until(lambda: not server_pods(cluster, user, server), what=f"pod of {user} deleted")
+
+
+def wait_until(check, timeout: float = 60, what: str = "condition") -> Any:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        result = check()
+        if result:
+            return result
+        time.sleep(0.3)
+    raise TimeoutError(f"timed out waiting for {what}")
+
+
+def ensure_group(hub: LocalHub, group: str, *users: str) -> None:
+    for user in users:
+        hub.api("POST", f"/users/{user}", {})
+    hub.api("POST", f"/groups/{group}", {})
+    status, body = hub.api("POST", f"/groups/{group}/users", {"users": list(users)})
+    assert status == 200, body
+
+
+def processes_of_user(user: str) -> list[int]:
+    """PIDs whose environment says they serve this JupyterHub user (notebooks, kernels)."""
+    found = []
+    needle = f"JUPYTERHUB_USER={user}".encode()
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            env = (entry / "environ").read_bytes().split(b"\0")
+        except OSError:
+            continue
+        if needle in env:
+            found.append(int(entry.name))
+    return found
+
+
+def port_open(ip: str, port: int) -> bool:
+    with socket.socket() as s:
+        s.settimeout(1)
+        return s.connect_ex((ip, port)) == 0
+
+
+class Browserless:
+    """A logged-in user session against the hub's HTML pages (login, spawn form)."""
+
+    def __init__(self, hub: LocalHub, user: str, password: str = "any") -> None:
+        self.hub = hub
+        self.session = requests.Session()
+        page = self.session.get(f"{hub.url}/hub/login", timeout=30)
+        page.raise_for_status()
+        response = self.session.post(
+            f"{hub.url}/hub/login",
+            data={"username": user, "password": password, "_xsrf": self.xsrf()},
+            timeout=30,
+            allow_redirects=True,
+        )
+        response.raise_for_status()
+
+    def xsrf(self) -> str:
+        return self.session.cookies.get("_xsrf", "")
+
+    def spawn_form(self, server: str = "") -> str:
+        user = self.user_name()
+        url = f"{self.hub.url}/hub/spawn/{user}" + (f"/{server}" if server else "")
+        response = self.session.get(url, timeout=60)
+        response.raise_for_status()
+        return response.text
+
+    def submit(self, data: dict[str, str], server: str = "") -> requests.Response:
+        user = self.user_name()
+        url = f"{self.hub.url}/hub/spawn/{user}" + (f"/{server}" if server else "")
+        return self.session.post(url, data={**data, "_xsrf": self.xsrf()}, timeout=90)
+
+    def user_name(self) -> str:
+        response = self.session.get(f"{self.hub.url}/hub/api/user", timeout=30,
+                                    headers={"X-XSRFToken": self.xsrf()})
+        response.raise_for_status()
+        return response.json()["name"]
+
+
+def error_on_page(html: str) -> str:
+    """The error message JupyterHub shows on the spawn form, as text."""
+    match = re.search(r'class="alert alert-danger"[^>]*>(.*?)</div>', html, re.S)
+    return re.sub(r"\s+", " ", re.sub(r"<[^>]+>", "", match.group(1))).strip() if match else ""
+
+
+def kill_leftovers_check(user: str) -> None:
+    left = processes_of_user(user)
+    assert not left, f"processes of {user} left behind: {left}"
+
