@@ -287,3 +287,125 @@ class Prometheus:
                 self.process.kill()
                 self.process.wait(5)
         self.log.close()
+
+
+# --- a real JupyterHub with local single-user servers (no Kubernetes) ----------------------
+CULLER_SCOPES = [
+    "list:users",
+    "read:users:activity",
+    "read:servers",
+    "delete:servers",
+    "access:servers",
+]
+
+
+class LocalProcessHub:
+    """JupyterHub + configurable-http-proxy + jupyterhub-singleuser servers as local processes,
+    each with the extension (enabled by the repository's auto-enable file) on a simulated GPU."""
+
+    def __init__(self, tmp: Path, gpu_file: Path):
+        from fracspawner.localhub import find_proxy
+
+        self.tmp = tmp
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.admin_token, self.culler_token = uuid.uuid4().hex, uuid.uuid4().hex
+        config_dir = tmp / "server-config"
+        config_dir.mkdir(exist_ok=True)
+        (config_dir / "jupyter_server_config.json").write_text(
+            json.dumps({"GpuMonitor": {"poll_interval": 0.2, "unavailable_retry": 0.2}})
+        )
+        singleuser_env = {
+            "FRACSPAWNER_GPU_SOURCE": f"sim:{gpu_file}",
+            "JUPYTER_CONFIG_PATH": os.pathsep.join([str(config_dir), str(REPO / "jupyter-config")]),
+            "PATH": os.environ["PATH"],
+            # `make` installs fracspawner into the venv; a bare checkout may not have it
+            "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")])),
+        }
+        (tmp / "jupyterhub_config.py").write_text(
+            f"""
+c = get_config()  # noqa
+c.JupyterHub.ip = "127.0.0.1"
+c.JupyterHub.port = {self.port}
+c.JupyterHub.hub_port = {free_port()}
+c.ConfigurableHTTPProxy.api_url = "http://127.0.0.1:{free_port()}"
+c.ConfigurableHTTPProxy.command = [{find_proxy()!r}]
+c.JupyterHub.db_url = "sqlite:///{tmp}/jupyterhub.sqlite"
+c.JupyterHub.cookie_secret_file = "{tmp}/cookie_secret"
+c.JupyterHub.pid_file = "{tmp}/jupyterhub.pid"
+c.ConfigurableHTTPProxy.pid_file = "{tmp}/proxy.pid"
+c.JupyterHub.authenticator_class = "dummy"
+c.Authenticator.allow_all = True
+c.JupyterHub.allow_named_servers = True
+c.JupyterHub.spawner_class = "simple"
+c.SimpleLocalProcessSpawner.home_dir_template = "{tmp}/home/{{username}}"
+c.Spawner.args = ["--allow-root"]
+c.Spawner.environment = {singleuser_env!r}
+c.JupyterHub.services = [
+    {{"name": "admin", "api_token": {self.admin_token!r}}},
+    {{"name": "culler", "api_token": {self.culler_token!r}}},
+]
+c.JupyterHub.load_roles = [
+    {{"name": "admin-svc", "scopes": ["admin:users", "admin:servers", "access:servers",
+      "list:users", "read:users"], "services": ["admin"]}},
+    {{"name": "culler", "scopes": {CULLER_SCOPES!r}, "services": ["culler"]}},
+]
+"""
+        )
+        self.log = open(tmp / "hub.log", "wb")  # noqa: SIM115
+        self.process = subprocess.Popen(
+            [sys.executable, "-m", "jupyterhub", "-f", str(tmp / "jupyterhub_config.py")],
+            cwd=tmp, stdout=self.log, stderr=subprocess.STDOUT, start_new_session=True,
+        )  # fmt: skip
+        wait_for(self._up, 60, "jupyterhub")
+
+    @property
+    def api_url(self) -> str:
+        return self.url + "/hub/api"
+
+    def _up(self) -> bool:
+        if self.process.poll() is not None:
+            raise RuntimeError(self.logs())
+        try:
+            return self.api("GET", "/")[0] == 200
+        except OSError:
+            return False
+
+    def api(self, method: str, path: str, body: Any = None) -> tuple[int, Any]:
+        return http(method, self.api_url + path, self.admin_token, body)
+
+    def server_api(self, user: str, method: str, path: str, body: Any = None, server: str = ""):
+        base = f"{self.url}/user/{user}/" + (f"{server}/" if server else "")
+        return http(method, base + path.lstrip("/"), self.admin_token, body)
+
+    def spawn(self, user: str, options: dict, server: str = "") -> dict:
+        self.api("POST", f"/users/{user}", {})
+        path = f"/users/{user}/servers/{server}" if server else f"/users/{user}/server"
+        status, body = self.api("POST", path, options)
+        assert status in (201, 202), body
+        return wait_for(lambda: self.ready(user, server), 60, f"{user}/{server} ready")
+
+    def ready(self, user: str, server: str = "") -> dict | None:
+        status, model = self.api("GET", f"/users/{user}")
+        s = (model.get("servers") or {}).get(server) if status == 200 else None
+        return s if s and s.get("ready") else None
+
+    def running(self, user: str, server: str = "") -> bool:
+        status, model = self.api("GET", f"/users/{user}")
+        return status == 200 and server in (model.get("servers") or {})
+
+    def logs(self) -> str:
+        return (self.tmp / "hub.log").read_text(errors="replace")[-5000:]
+
+    def stop(self) -> None:
+        if self.process.poll() is None:
+            self.process.send_signal(signal.SIGTERM)  # cleanup_servers stops the servers
+            try:
+                self.process.wait(30)
+            except subprocess.TimeoutExpired:
+                pass
+        try:
+            os.killpg(self.process.pid, signal.SIGKILL)  # the proxy, should it be left
+        except ProcessLookupError:
+            pass
+        self.log.close()
