@@ -144,6 +144,15 @@ class _CountingReflector(ResourceReflector):
                 await w.close()
         self.log.info("%s watcher stopped", self.kind)
 
+    async def stop(self) -> None:
+        """Cancel the watch and wait for it (kubespawner's stop re-raises the task's
+        CancelledError into the caller)."""
+        self._stopping = True
+        task, self.watch_task = self.watch_task, None
+        if task is not None and not task.done():
+            task.cancel()
+            await asyncio.wait([task], timeout=5)
+
 
 class NodeReflector(_CountingReflector):
     """All nodes of the cluster (cluster-scoped list+watch: ClusterRole on nodes)."""
@@ -226,14 +235,20 @@ class CapacityWatcher:
         nodes = pods = None
         try:
             nodes, pods = NodeReflector(parent=None), PodReflector(parent=None)
-            await asyncio.gather(nodes.start(), pods.start())
+            results = await asyncio.gather(nodes.start(), pods.start(), return_exceptions=True)
+            for result in results:
+                if isinstance(result, BaseException):
+                    raise result
             self._nodes, self._pods = nodes, pods
             self._failed_at = None
-        except Exception:
-            self.log.exception("Cannot watch nodes and pods; GPU capacity shows as unknown")
+        except Exception as exc:
+            # kubespawner's start() already logged the traceback
+            self.log.error("Cannot watch nodes and pods (%s); GPU capacity shows as unknown", exc)
             self._failed_at = time.monotonic()
             for reflector in (nodes, pods):
                 if reflector is not None:
+                    if reflector.first_load_future.done():
+                        reflector.first_load_future.exception()  # retrieved: no asyncio warning
                     await reflector.stop()
             raise
         finally:
