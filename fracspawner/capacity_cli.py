@@ -120,6 +120,9 @@ def main(argv: list[str] | None = None) -> int:
     except Exception as exc:  # any catalog problem: one line, no traceback
         print(f"{PROG}: bad catalog {path}: {_one_line(exc)}", file=sys.stderr)
         return 2
+    if args.kubeconfig and not os.path.isfile(args.kubeconfig):
+        print(f"{PROG}: no such kubeconfig: {args.kubeconfig}", file=sys.stderr)
+        return 2
     try:
         nodes, pods = asyncio.run(list_cluster(args.kubeconfig))
     except Exception as exc:
