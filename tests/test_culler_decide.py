@@ -18,10 +18,14 @@ from fracspawner.culler.decide import (
 
 NOW = 1_000_000.0
 M, H = 60.0, 3600.0
-POLICY = DefaultPolicy(kernel_gpu_idle=30 * M, server_gpu_idle=2 * H, server_idle=8 * H, max_age=None)
+POLICY = DefaultPolicy(
+    kernel_gpu_idle=30 * M, server_gpu_idle=2 * H, server_idle=8 * H, max_age=None
+)
 
 
-def server(idle: float, *, gpu: str | None = "1/4", started_ago: float = 24 * H, **kw) -> ServerFacts:
+def server(
+    idle: float, *, gpu: str | None = "1/4", started_ago: float = 24 * H, **kw
+) -> ServerFacts:
     opts = {"gpu": gpu, "pool": "h100"} if gpu else {}
     return ServerFacts(
         user=kw.pop("user", "alice"),
@@ -60,6 +64,20 @@ def test_failsafe_without_gpu_data_only_plain_timeout(gpu):
     # past server_idle the plain timeout still applies
     d = decide_server(server(9 * H), gpu, POLICY, NOW)
     assert (d.action, d.reason, d.gpu_failsafe) == ("stop", "idle", True)
+
+
+def test_too_short_gpu_history_is_missing_data_not_busy():
+    # no busy sample, but the series covers 10 minutes of a 2 h window (a gap, a new exporter)
+    short = gpu_facts(10 * M, covered_for=10 * M)
+    d = decide_server(server(3 * H), short, POLICY, NOW)
+    assert (d.action, d.reason, d.gpu_failsafe) == ("keep", "active", True)
+    d = decide_server(server(9 * H), short, POLICY, NOW)
+    assert (d.action, d.reason, d.gpu_failsafe) == ("stop", "idle", True)
+    # a busy sample seen 10 minutes ago within 3 h of history: busy
+    assert (
+        decide_server(server(9 * H), gpu_facts(10 * M, covered_for=3 * H), POLICY, NOW).reason
+        == "gpu_busy"
+    )
 
 
 def test_cpu_server_plain_timeout():
@@ -157,7 +175,9 @@ def test_never_culled_while_gpu_busy_within_its_window(idle, gpu_idle, age, stal
     facts = None if stale else gpu_facts(gpu_idle, age=age % 300)
     d = decide_server(server(idle), facts, policy, NOW)
     if d.cull and facts is not None:
-        window = policy.server_gpu_idle if policy.server_gpu_idle is not None else policy.server_idle
+        window = (
+            policy.server_gpu_idle if policy.server_gpu_idle is not None else policy.server_idle
+        )
         assert gpu_idle >= window
     if d.cull and facts is None:  # without GPU data only the plain timeout can cull
         assert d.reason == "idle" and idle >= policy.server_idle

@@ -62,7 +62,7 @@ async def test_one_query_for_every_pod(prometheus, exporter):
     assert set(got) == {"jupyter-alice", "jupyter-bob", "jupyter-carol--gpu"}
     alice, bob = got["jupyter-alice"], got["jupyter-bob"]
     assert (alice.memory_mib, alice.idle_for) == (10240, 6)  # idle over the longest window
-    assert (bob.memory_mib, bob.idle_for) == (20480, 0)  # busy
+    assert (bob.memory_mib, bob.idle_for, bob.busy_seen) == (20480, 0, True)  # busy
     assert alice.source == "prometheus" and alice.observed_at > 0
 
 
@@ -119,6 +119,8 @@ def test_gap_in_samples_is_never_idle():
         for part, v in [("mem", "100"), ("seen:0", "50"), ("max:60:0", "0"), ("count:60:0", "1")]
     ]
     cfg = DcgmConfig(scrape_interval=30.0, min_coverage=0.8)
-    assert parse_result(result, cfg, [60])[("j", "p")].idle_for == 0
+    facts = parse_result(result, cfg, [60])[("j", "p")]
+    assert (facts.idle_for, facts.covered_for, facts.busy_seen) == (0, 0, False)
     result[-1]["value"] = [0, "2"]
-    assert parse_result(result, cfg, [60])[("j", "p")].idle_for == 60
+    facts = parse_result(result, cfg, [60])[("j", "p")]
+    assert (facts.idle_for, facts.busy_seen) == (60, False)

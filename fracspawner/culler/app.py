@@ -105,18 +105,18 @@ class Culler(Application):
         "policy; a server's pool is its user_options['pool']. Without it the defaults below apply.",
     )
     kernel_gpu_idle = Unicode(
-        "30m",
+        "1800",
         config=True,
         help="Without a catalog: kernels holding GPU memory idle this long are shut down "
         "(seconds or '30m'; '' off).",
     )
     server_gpu_idle = Unicode(
-        "2h",
+        "7200",
         config=True,
         help="Without a catalog: servers holding a GPU idle this long are stopped ('' off).",
     )
     server_idle = Unicode(
-        "8h",
+        "28800",
         config=True,
         help="Without a catalog: servers without a GPU idle this long are stopped ('' off).",
     )
@@ -360,12 +360,15 @@ class Culler(Application):
         """Two sources' facts on one server: the more cautious reading of each field."""
         if a is None or b is None:
             return a or b
+        # the shorter idle time wins, with the coverage that goes with it
+        short = min((a, b), key=lambda f: (f.idle_for, -(f.covered_for or float("inf"))))
         return GpuFacts(
             source=f"{a.source}+{b.source}",
             observed_at=min(a.observed_at, b.observed_at),
             memory_mib=max(a.memory_mib, b.memory_mib),
-            idle_for=min(a.idle_for, b.idle_for),
+            idle_for=short.idle_for,
             server_last_activity=b.server_last_activity or a.server_last_activity,
+            covered_for=short.covered_for,
         )
 
     # --- one cycle ----------------------------------------------------------------------------

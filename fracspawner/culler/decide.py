@@ -69,6 +69,14 @@ class GpuFacts:
     # the server's own last activity (from the extension), unaffected by the culler's requests
     # through the proxy, which do refresh the hub's value
     server_last_activity: float | None = None
+    # how far back the data reaches. idle_for < covered_for: busy was SEEN idle_for ago;
+    # idle_for == covered_for: no busy sample, but too little history to say more (a gap,
+    # a young series), which counts as missing data. None: unbounded.
+    covered_for: float | None = None
+
+    @property
+    def busy_seen(self) -> bool:
+        return self.covered_for is None or self.idle_for < self.covered_for
 
 
 @dataclass(frozen=True)
@@ -161,6 +169,14 @@ def decide_server(
     else:
         window = policy.server_idle
     if holds_gpu and window is not None and gpu.idle_for < window:
+        if not gpu.busy_seen:
+            return _plain_idle(
+                server,
+                idle,
+                policy,
+                note=f"GPU data covers only {fmt(gpu.covered_for)} of {fmt(window)}: not culled "
+                "on GPU grounds, plain idle timeout only",
+            )
         return Decision(
             "keep",
             "gpu_busy",

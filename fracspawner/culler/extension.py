@@ -46,6 +46,7 @@ def parse_report(report: dict) -> ExtensionReport:
         memory_mib=float(report.get("gpu_memory_mib") or 0.0),
         idle_for=max(0.0, observed - idle_since(report.get("last_gpu_activity"))),
         server_last_activity=ts(report.get("server_last_activity")),
+        covered_for=max(0.0, observed - started),
     )
     kernels = [
         KernelFacts(

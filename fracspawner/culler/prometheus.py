@@ -81,7 +81,7 @@ def parse_result(
         seen = [parts[f"seen:{i}"] for i in range(len(metrics)) if f"seen:{i}" in parts]
         if not seen:  # memory but no utilisation: activity unknown, so no facts at all
             continue
-        idle_for = 0.0
+        idle_for, covered_for = 0.0, None
         for w in sorted(set(windows)):
             peaks = [
                 parts[f"max:{w}:{i}"] * scale
@@ -90,15 +90,21 @@ def parse_result(
             ]
             counts = [parts.get(f"count:{w}:{i}", 0.0) for i in range(len(metrics))]
             covered = max(counts, default=0.0) * cfg.scrape_interval >= cfg.min_coverage * w
-            if peaks and max(peaks) < cfg.busy_threshold and covered:
-                idle_for = float(w)
-            else:
-                break  # busy or a gap within w: every longer window holds it too
+            if peaks and max(peaks) >= cfg.busy_threshold:
+                covered_for = float(w)  # busy seen within w
+                break
+            if not covered:  # a gap within w: no more is known
+                covered_for = idle_for
+                break
+            idle_for = float(w)  # every longer window holds the same busy sample or gap
+        if covered_for is None:  # idle over every window: known back to the longest one
+            covered_for = idle_for
         facts[key] = GpuFacts(
             source="prometheus",
             observed_at=max(seen),
             memory_mib=parts.get("mem", 0.0),
             idle_for=idle_for,
+            covered_for=covered_for,
         )
     return facts
 
