@@ -171,13 +171,26 @@ async def bench_cycle(results_dir: Path) -> dict:
             "http_requests": hub.requests,
             "stopped": len(hub.deleted),
         }
-        for label, prometheus_url in (
-            ("fracspawner_culler", ""),
-            ("fracspawner_culler_with_prometheus", prom.url),
+        for label, prometheus_url, timeouts in (
+            # same plain timeout as jupyterhub-idle-culler: the same servers are stopped
+            (
+                "fracspawner_culler_timeout_3600",
+                "",
+                {"server_idle": "3600", "server_gpu_idle": "3600"},
+            ),
+            ("fracspawner_culler", "", {}),
+            ("fracspawner_culler_with_prometheus", prom.url, {}),
         ):
             hub.requests, hub.deleted = 0, []
-            c = Culler(url=url, api_token="token", concurrency=10, api_page_size=MAX_PAGE,
-                       prometheus_url=prometheus_url, log_level=logging.WARNING)  # fmt: skip
+            c = Culler(
+                url=url,
+                api_token="token",
+                concurrency=10,
+                api_page_size=MAX_PAGE,
+                prometheus_url=prometheus_url,
+                log_level=logging.WARNING,
+                **timeouts,
+            )
             t0 = time.perf_counter()
             result = await c.cull_once()
             out[label] = {
