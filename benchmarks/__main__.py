@@ -41,7 +41,14 @@ def main(argv: list[str]) -> int:
             continue
         result.setdefault("wall_seconds", round(time.perf_counter() - started, 2))
         (RESULTS / f"{name}.json").write_text(json.dumps(result, indent=2, default=str) + "\n")
-        summary += ["", f"## {name}", "", "```json", json.dumps(result, indent=2, default=str), "```"]
+        summary += [
+            "",
+            f"## {name}",
+            "",
+            "```json",
+            json.dumps(result, indent=2, default=str),
+            "```",
+        ]
         print(json.dumps(result, indent=2, default=str), flush=True)
     (RESULTS / "summary.md").write_text("\n".join(summary) + "\n")
     return 1 if failed else 0

@@ -7,8 +7,14 @@ import sys
 
 # sub-command -> (module, one-line help). Each module has `main(argv: list[str]) -> int`.
 COMMANDS: dict[str, tuple[str, str]] = {
-    "demo": ("fracspawner.demo", "devcluster + JupyterHub with FracSpawner on http://127.0.0.1:8000"),
-    "devcluster": ("fracspawner.devcluster.cli", "the local Kubernetes stand-in, in the foreground"),
+    "demo": (
+        "fracspawner.demo",
+        "devcluster + JupyterHub with FracSpawner on http://127.0.0.1:8000",
+    ),
+    "devcluster": (
+        "fracspawner.devcluster.cli",
+        "the local Kubernetes stand-in, in the foreground",
+    ),
     "plan": ("fracspawner.plan_cli", "print the pod a spawn would create, without a cluster"),
     "capacity": ("fracspawner.capacity_cli", "free/total per pool and offer from a kube context"),
     "culler": ("fracspawner.culler.__main__", "the GPU-aware idle culler service"),

@@ -36,8 +36,20 @@ def start_devcluster(topology: Path, state_dir: Path, timeout: float = 60) -> su
     kubeconfig = state_dir / "kubeconfig"
     log = open(state_dir / "devcluster.log", "w")  # noqa: SIM115 - lives as long as the process
     proc = subprocess.Popen(
-        [sys.executable, "-m", "fracspawner", "devcluster", "--topology", str(topology),
-         "--port", "0", "--kubeconfig", str(kubeconfig), "--state-dir", str(state_dir / "cluster")],
+        [
+            sys.executable,
+            "-m",
+            "fracspawner",
+            "devcluster",
+            "--topology",
+            str(topology),
+            "--port",
+            "0",
+            "--kubeconfig",
+            str(kubeconfig),
+            "--state-dir",
+            str(state_dir / "cluster"),
+        ],
         stdout=subprocess.PIPE,
         stderr=log,
         text=True,

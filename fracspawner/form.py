@@ -69,15 +69,19 @@ def render_form(model: Mapping[str, Any], *, profile_html: str = "", service_url
     selected_gpu = _canonical(previous.get("gpu")) or "none"
     # JSON for the picker script; '<' escaped so no string can close the <script> element
     model_json = json.dumps(model, separators=(",", ":")).replace("<", "\\u003c")
-    return _env().get_template("gpu_form.html").render(
-        model=model,
-        groups=group_offers(model),
-        selected_gpu=selected_gpu,
-        selected_pool=previous.get("pool") or "",
-        selected_image=previous.get("image") or "",
-        profile_html=profile_html,
-        service_url=service_url,
-        model_json=model_json,
-        picker_css=picker_assets()[0],
-        picker_js=picker_assets()[1],
+    return (
+        _env()
+        .get_template("gpu_form.html")
+        .render(
+            model=model,
+            groups=group_offers(model),
+            selected_gpu=selected_gpu,
+            selected_pool=previous.get("pool") or "",
+            selected_image=previous.get("image") or "",
+            profile_html=profile_html,
+            service_url=service_url,
+            model_json=model_json,
+            picker_css=picker_assets()[0],
+            picker_js=picker_assets()[1],
+        )
     )

@@ -44,7 +44,9 @@ def _gib(mib: int) -> str:
     return f"{gib:.0f} GiB" if abs(gib - round(gib)) < 0.05 else f"{gib:.1f} GiB"
 
 
-def summary(offer: Slice, pool: Pool, memory_mib: int, gpu_equivalent: float, enforced: bool) -> str:
+def summary(
+    offer: Slice, pool: Pool, memory_mib: int, gpu_equivalent: float, enforced: bool
+) -> str:
     """One line a person can check before pressing Start.
 
     '1/4 of an H100-80GB: 20 GiB, ~33 SMs, HAMi-enforced'
@@ -99,9 +101,7 @@ def build_offer_model(
             if not pool_allowed:
                 reason = "Your access rules do not include this pool."
             elif remaining is not None and plan.gpu_equivalent > remaining + _EPSILON:
-                reason = (
-                    f"Needs {plan.gpu_equivalent:g} GPU; your quota has {remaining:g} left."
-                )
+                reason = f"Needs {plan.gpu_equivalent:g} GPU; your quota has {remaining:g} left."
             elif free == 0:
                 reason = "None free right now."
             mode = offer.kind
@@ -119,7 +119,9 @@ def build_offer_model(
                     "note": counts.note if counts else "",
                     "allowed": reason is None,
                     "reason": reason,
-                    "summary": summary(offer, pool, plan.memory_mib, plan.gpu_equivalent, plan.enforced),
+                    "summary": summary(
+                        offer, pool, plan.memory_mib, plan.gpu_equivalent, plan.enforced
+                    ),
                 }
             )
         pools.append(

@@ -41,8 +41,13 @@ class _User:
 
 
 async def build_manifest(
-    catalog: str, options: dict[str, Any], *, user: str = "alice", groups: list[str] | None = None,
-    admin: bool = False, config: dict[str, Any] | None = None,
+    catalog: str,
+    options: dict[str, Any],
+    *,
+    user: str = "alice",
+    groups: list[str] | None = None,
+    admin: bool = False,
+    config: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
     """The camelCase pod manifest FracSpawner would create for these user_options."""
     from kubernetes_asyncio.client import ApiClient
@@ -75,10 +80,12 @@ async def build_manifest(
 def main(argv: list[str]) -> int:
     parser = argparse.ArgumentParser(
         prog="fracspawner plan",
-        description="Print the pod manifest a spawn would create for user alice (no cluster needed).",
+        description="Print the pod a spawn would create for user alice (no cluster needed).",
     )
     parser.add_argument("--catalog", required=True, help="catalog YAML file")
-    parser.add_argument("--gpu", required=True, help='the slice: "1/4", "10GiB", "mig-1g.10gb", "1", "none"')
+    parser.add_argument(
+        "--gpu", required=True, help='the slice: "1/4", "10GiB", "mig-1g.10gb", "1", "none"'
+    )
     parser.add_argument("--pool", default=None, help="a catalog pool (default: fracspawner picks)")
     parser.add_argument("--image", default=None, help="a catalog image name (default: the default)")
     parser.add_argument("--user", default="alice", help="user name (default: alice)")

@@ -138,8 +138,9 @@ class Browserless:
         return self.session.post(url, data={**data, "_xsrf": self.xsrf()}, timeout=90)
 
     def user_name(self) -> str:
-        response = self.session.get(f"{self.hub.url}/hub/api/user", timeout=30,
-                                    headers={"X-XSRFToken": self.xsrf()})
+        response = self.session.get(
+            f"{self.hub.url}/hub/api/user", timeout=30, headers={"X-XSRFToken": self.xsrf()}
+        )
         response.raise_for_status()
         return response.json()["name"]
 
@@ -153,4 +154,3 @@ def error_on_page(html: str) -> str:
 def kill_leftovers_check(user: str) -> None:
     left = processes_of_user(user)
     assert not left, f"processes of {user} left behind: {left}"
-

@@ -66,7 +66,11 @@ class HealthHandler(web.RequestHandler):
 def make_app(catalog: Catalog, watcher: Any, prefix: str) -> web.Application:
     return web.Application(
         [
-            (url_path_join(prefix, "api/offers"), OffersHandler, {"catalog": catalog, "watcher": watcher}),
+            (
+                url_path_join(prefix, "api/offers"),
+                OffersHandler,
+                {"catalog": catalog, "watcher": watcher},
+            ),
             (url_path_join(prefix, "health"), HealthHandler),
             (url_path_join(prefix, "oauth_callback"), HubOAuthCallbackHandler),
         ],
