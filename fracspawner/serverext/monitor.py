@@ -203,7 +203,7 @@ class GpuMonitor(LoggingConfigurable):
         km = self.settings.get("kernel_manager")
         try:
             kernel = km.get_kernel(kernel_id)
-        except (KeyError, AttributeError):
+        except Exception:  # gone since the last reading (jupyter-server raises HTTPError 404)
             return {}
         return {
             "execution_state": getattr(kernel, "execution_state", None),
@@ -219,6 +219,7 @@ class GpuMonitor(LoggingConfigurable):
                 "server_last_activity": isoformat(server_last_activity),
             }
         sample = self.sample
+        live = self._kernel_ids()  # kernels shut down since the last reading are left out
         return {
             "available": True,
             "source": sample.source,
@@ -251,6 +252,7 @@ class GpuMonitor(LoggingConfigurable):
                     "last_gpu_activity": isoformat(k.last_gpu_activity),
                 }
                 for kid, k in sorted(self.kernels.items())
+                if kid in live
             ],
             "processes": [
                 {
