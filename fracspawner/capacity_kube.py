@@ -8,9 +8,8 @@ dicts the API returns (what the reflectors store), never kubernetes client model
 from __future__ import annotations
 
 import math
-import re
 from collections.abc import Iterable, Mapping
-from decimal import Decimal, InvalidOperation
+from decimal import Decimal
 from functools import lru_cache
 from typing import Any
 
@@ -21,35 +20,23 @@ _BLOCKING_EFFECTS = frozenset({"NoSchedule", "NoExecute"})
 _NATIVE_RESOURCES = frozenset({"cpu", "memory", "ephemeral-storage", "pods"})
 
 
-# k8s.io/apimachinery resource.Quantity suffixes (binarySI, decimalSI; decimalExponent below)
-_SUFFIXES = {
-    **{s: Decimal(1024) ** (i + 1) for i, s in enumerate(("Ki", "Mi", "Gi", "Ti", "Pi", "Ei"))},
-    **{"n": Decimal("1e-9"), "u": Decimal("1e-6"), "m": Decimal("1e-3"), "": Decimal(1)},
-    **{s: Decimal(1000) ** (i + 1) for i, s in enumerate(("k", "M", "G", "T", "P", "E"))},
-}
-_QUANTITY = re.compile(r"^([+-]?(?:\d+\.?\d*|\.\d+))([eE][+-]?\d+|[KMGTPE]i|[numkMGTPE]?)$")
-
-
 @lru_cache(maxsize=4096)
 def quantity(value: Any) -> Decimal | None:
     """A resource quantity ("4", "500m", "10Gi", "1e3", 3) as a Decimal; None when malformed.
 
-    Own parser: `kubernetes.utils.parse_quantity` would import the whole sync client (seconds).
-    Cached: a cluster repeats the same few quantity strings on thousands of pods.
+    Parsed by the kubernetes client's own `parse_quantity` (imported on first use: it pulls in
+    the sync client, about a second, once per process). Cached: a cluster repeats the same few
+    quantity strings on thousands of pods.
     """
-    if isinstance(value, bool):
+    if isinstance(value, bool) or value is None:
         return None
-    if isinstance(value, (int, float)):
-        return Decimal(str(value))
-    match = _QUANTITY.match(str(value).strip())
-    if not match:
-        return None
-    number, suffix = match.groups()
+    if isinstance(value, str) and any(c.isspace() for c in value.strip()):
+        return None  # the apiserver rejects "5 Gi"; parse_quantity would accept it
+    from kubernetes.utils.quantity import parse_quantity
+
     try:
-        if suffix[:1] in ("e", "E"):
-            return Decimal(number) * Decimal(10) ** int(suffix[1:])
-        return Decimal(number) * _SUFFIXES[suffix]
-    except (InvalidOperation, ValueError):
+        return parse_quantity(value)
+    except (ValueError, TypeError, ArithmeticError):
         return None
 
 
