@@ -1,0 +1,96 @@
+"""PodPlan (what a GPU slice puts on a pod) and the Backend base class.
+
+A backend maps a Slice on a Pool to the Kubernetes keys ONE sharing technology expects. It is
+pure: no I/O, no spawner state. `fracspawner.backends.plan_slice` adds what every GPU pod
+carries (the CONTRACT labels and annotations, soft caps, the pool's node selector).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, ClassVar
+
+from ..slices import Slice, SliceError
+
+if TYPE_CHECKING:
+    from ..catalog import Pool
+
+@dataclass(frozen=True)
+class PodPlan:
+    """Everything a slice puts on a pod. Plain data; the spawner applies it onto its traits."""
+
+    limits: Mapping[str, str] = field(default_factory=dict, hash=False)
+    requests: Mapping[str, str] = field(default_factory=dict, hash=False)
+    labels: Mapping[str, str] = field(default_factory=dict, hash=False)
+    annotations: Mapping[str, str] = field(default_factory=dict, hash=False)
+    env: Mapping[str, str] = field(default_factory=dict, hash=False)
+    node_selector: Mapping[str, str] = field(default_factory=dict, hash=False)
+    tolerations: tuple[Mapping[str, Any], ...] = field(default=(), hash=False)
+    scheduler_name: str | None = None
+    image: str | None = None
+    #: camelCase pod spec keys, as kubespawner's extra_pod_config (e.g. {"hostPID": True})
+    extra_pod_config: Mapping[str, Any] = field(default_factory=dict, hash=False)
+    extra_container_config: Mapping[str, Any] = field(default_factory=dict, hash=False)
+    gpu_equivalent: float = 0.0
+    memory_mib: int = 0
+    notes: tuple[str, ...] = ()
+    #: whether the backend hard-isolates GPU memory (a process cannot exceed memory_mib)
+    enforced: bool = False
+
+
+def gpu_limit(count: int | str = 1, resource: str = "nvidia.com/gpu") -> dict[str, str]:
+    return {resource: str(count)}
+
+
+class Backend:
+    """One GPU-sharing technology. Subclasses set the class attributes and `plan`."""
+
+    name: ClassVar[str] = ""
+    #: does the technology hard-limit GPU memory to the slice?
+    enforces_memory: ClassVar[bool] = False
+    #: the Slice kinds it can serve: "fraction", "memory", "mig", "whole"
+    modes: ClassVar[frozenset[str]] = frozenset()
+    #: one line for docs and errors
+    summary: ClassVar[str] = ""
+
+    def check_pool(self, pool: Pool) -> None:
+        """Raise ValueError if the pool's settings cannot work with this backend."""
+
+    def check_offer(self, s: Slice, pool: Pool) -> None:
+        """Raise SliceError if this backend cannot serve `s` on `pool`."""
+        if s.kind not in self.modes:
+            kinds = ", ".join(sorted(self.modes))
+            raise SliceError(f"{s}: the {self.name} backend serves only {kinds} slices")
+        if s.kind == "mig":
+            assert s.profile is not None
+            pool.gpu.mig_profile(s.profile)  # raises SliceError naming the model's profiles
+        if s.kind == "memory":
+            assert s.memory_mib is not None
+            if s.memory_mib >= pool.gpu.memory_mib:
+                raise SliceError(
+                    f"{s}: a {pool.gpu.name} has {pool.gpu.memory_mib} MiB; "
+                    'offer whole GPUs ("1") instead of all of its memory'
+                )
+
+    def enforced(self, pool: Pool) -> bool:
+        """Whether GPU memory is hard-limited on this pool (a pool option may say so)."""
+        return self.enforces_memory
+
+    def plan(self, s: Slice, pool: Pool) -> PodPlan:
+        """The backend-specific keys for `s` on `pool` (check_offer has passed)."""
+        raise NotImplementedError
+
+    def __repr__(self) -> str:
+        return f"<{type(self).__name__} {self.name!r}>"
+
+
+def option(pool: Pool, key: str, default: Any = None) -> Any:
+    """A backend setting from the pool's `options` mapping."""
+    return pool.options.get(key, default) if pool.options else default
+
+
+def decimal(value: float) -> str:
+    """Plain decimal text with a point: 0.25 -> '0.25', 1/3 -> '0.333333'."""
+    text = f"{value:.6f}".rstrip("0")
+    return text + "0" if text.endswith(".") else text

@@ -1,0 +1,130 @@
+"""ClearML fractional GPUs: the enterprise injector and the open-source limited images.
+
+Sources: allegroai/clearml-fractional-gpu README (images, hostPID, drivers) and
+allegroai/clearml-docs (fractional GPU injector "Usage": the label and its valid values; the
+agent k8s glue example pairing the label with an `nvidia.com/gpu: 1` limit).
+
+- clearml-injector: pod LABEL `clearml-injector/fraction` with exactly one of "0.0625",
+  "0.125", "0.250", "0.375", "0.500", "0.625", "0.750", "0.875", or whole GPUs "1.000", "2.000";
+  the injector hard-limits memory. Pool option `gpu_limit: one | eighths | none` — the
+  `nvidia.com/gpu` limit to add: 1 shared device (default, as in the docs' example), the number
+  of eighths (injectors before 1.3.0 on time-slicing with 8 replicas), or none.
+- clearml-image: the container image itself carries a driver-level memory limit:
+  `clearml/fractional-gpu:<os>-<cuda>-<size>` with size 2gb/4gb/8gb/12gb. A slice gets the
+  smallest image holding it. The pod MUST run with `hostPID: true` (otherwise the limit applies
+  to the whole node). The plan SETS the image: users' image choice does not apply on such pools.
+  Pool options: `os` (u22, u20), `cuda` (cu12.3, cu11.7, cu11.1), `repository`.
+"""
+
+from __future__ import annotations
+
+from fractions import Fraction
+from typing import TYPE_CHECKING
+
+from ..slices import Slice, SliceError, slice_memory_mib
+from .base import Backend, PodPlan, gpu_limit, option
+
+if TYPE_CHECKING:
+    from ..catalog import Pool
+
+LABEL = "clearml-injector/fraction"
+#: the exact strings the injector accepts (clearml-docs, fractional GPU injector "Usage")
+INJECTOR_VALUES: dict[Fraction, str] = {
+    Fraction(1, 16): "0.0625",
+    Fraction(1, 8): "0.125",
+    Fraction(1, 4): "0.250",
+    Fraction(3, 8): "0.375",
+    Fraction(1, 2): "0.500",
+    Fraction(5, 8): "0.625",
+    Fraction(3, 4): "0.750",
+    Fraction(7, 8): "0.875",
+}
+#: image sizes in GiB (clearml-fractional-gpu README, "Containers" table)
+IMAGE_SIZES_GIB = (2, 4, 8, 12)
+#: (os, cuda) variants published for every size (same table)
+IMAGE_VARIANTS = frozenset(
+    {("u22", "cu12.3"), ("u20", "cu12.3"), ("u22", "cu11.7"), ("u20", "cu11.1")}
+)
+
+
+class ClearmlInjectorBackend(Backend):
+    name = "clearml-injector"
+    enforces_memory = True
+    modes = frozenset({"fraction", "whole"})
+    summary = "ClearML fractional GPU injector: clearml-injector/fraction label"
+
+    def check_pool(self, pool: Pool) -> None:
+        if option(pool, "gpu_limit", "one") not in ("one", "eighths", "none"):
+            raise ValueError("options.gpu_limit: use one, eighths or none")
+
+    def check_offer(self, s: Slice, pool: Pool) -> None:
+        super().check_offer(s, pool)
+        if s.kind == "fraction" and s.fraction not in INJECTOR_VALUES:
+            raise SliceError(
+                f"{s}: the ClearML injector takes only multiples of 1/8 and 1/16 "
+                f"({', '.join(INJECTOR_VALUES.values())})"
+            )
+        if s.kind == "fraction" and option(pool, "gpu_limit", "one") == "eighths":
+            assert s.fraction is not None
+            if (s.fraction * 8).denominator != 1:
+                raise SliceError(f"{s}: gpu_limit eighths needs multiples of 1/8")
+
+    def plan(self, s: Slice, pool: Pool) -> PodPlan:
+        if s.kind == "whole":
+            return PodPlan(labels={LABEL: f"{s.count}.000"}, limits=gpu_limit(s.count))
+        assert s.fraction is not None
+        mode = option(pool, "gpu_limit", "one")
+        limits = {}
+        if mode == "one":
+            limits = gpu_limit(1)
+        elif mode == "eighths":
+            limits = gpu_limit(int(s.fraction * 8))
+        return PodPlan(labels={LABEL: INJECTOR_VALUES[s.fraction]}, limits=limits)
+
+
+def image_size_gib(memory_mib: int) -> int | None:
+    """The smallest published image size holding `memory_mib`, or None."""
+    for size in IMAGE_SIZES_GIB:
+        if size * 1024 >= memory_mib:
+            return size
+    return None
+
+
+class ClearmlImageBackend(Backend):
+    name = "clearml-image"
+    enforces_memory = True
+    modes = frozenset({"memory", "fraction"})
+    summary = "ClearML fractional-gpu images: memory limit in the image, hostPID"
+
+    def check_pool(self, pool: Pool) -> None:
+        variant = (option(pool, "os", "u22"), option(pool, "cuda", "cu12.3"))
+        if variant not in IMAGE_VARIANTS:
+            known = ", ".join(f"{o}/{c}" for o, c in sorted(IMAGE_VARIANTS))
+            raise ValueError(f"options.os/cuda: no image {variant[0]}-{variant[1]}; use {known}")
+
+    def check_offer(self, s: Slice, pool: Pool) -> None:
+        super().check_offer(s, pool)
+        mib = slice_memory_mib(s, pool.gpu)
+        if image_size_gib(mib) is None:
+            raise SliceError(
+                f"{s} ({mib} MiB) is more than the largest ClearML image "
+                f"({IMAGE_SIZES_GIB[-1]} GiB)"
+            )
+
+    def plan(self, s: Slice, pool: Pool) -> PodPlan:
+        mib = slice_memory_mib(s, pool.gpu)
+        size = image_size_gib(mib)
+        assert size is not None
+        repository = option(pool, "repository", "clearml/fractional-gpu")
+        variant = f"{option(pool, 'os', 'u22')}-{option(pool, 'cuda', 'cu12.3')}"
+        image = f"{repository}:{variant}-{size}gb"
+        notes = ()
+        if size * 1024 != mib:
+            notes = (f"{s} served by the {size} GiB image ({image})",)
+        return PodPlan(
+            limits=gpu_limit(1, option(pool, "resource", "nvidia.com/gpu")),
+            image=image,
+            extra_pod_config={"hostPID": True},
+            memory_mib=size * 1024,
+            notes=notes,
+        )

@@ -1,0 +1,21 @@
+"""Whole GPUs, no sharing: `nvidia.com/gpu: N` (Kubernetes "Schedule GPUs" docs)."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from ..slices import Slice
+from .base import Backend, PodPlan, gpu_limit, option
+
+if TYPE_CHECKING:
+    from ..catalog import Pool
+
+
+class WholeGpuBackend(Backend):
+    name = "whole"
+    enforces_memory = True  # nobody else is on the device
+    modes = frozenset({"whole"})
+    summary = "whole GPUs, no sharing"
+
+    def plan(self, s: Slice, pool: Pool) -> PodPlan:
+        return PodPlan(limits=gpu_limit(s.count, option(pool, "resource", "nvidia.com/gpu")))

@@ -1,0 +1,409 @@
+"""The catalog: GPU pools and their offers, images, access rules and idle policy.
+
+`Catalog.load` takes a YAML path or a dict (the same structure), validates it against the JSON
+Schema shipped next to this module (`catalog.schema.json`) and then checks what a schema cannot
+say (an offer the pool's backend cannot serve, a MIG profile the GPU lacks, unknown pool names
+in access rules, image defaults). Every problem raises `CatalogError` with a message that starts
+with the path of the offending key: `pools.h100.offers[3]: "0.3" is not a multiple of 1/8`.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from functools import lru_cache
+from pathlib import Path
+from types import MappingProxyType
+from typing import Any
+
+import yaml
+
+from .gpumodels import GpuModel, MigProfile, lookup_model
+from .slices import Slice, SliceError, parse_slice
+
+SCHEMA_PATH = Path(__file__).with_name("catalog.schema.json")
+
+
+class CatalogError(ValueError):
+    """A catalog problem; the message starts with the path of the offending key."""
+
+
+# --------------------------------------------------------------------------- data
+@dataclass(frozen=True)
+class IdlePolicy:
+    """Idle limits in seconds; None turns a check off."""
+
+    kernel_gpu_idle: float | None = None
+    server_gpu_idle: float | None = None
+    server_idle: float | None = None
+    max_age: float | None = None
+
+
+@dataclass(frozen=True)
+class Image:
+    name: str
+    display_name: str
+    image: str
+    default: bool
+    description: str = ""
+
+
+@dataclass(frozen=True)
+class AccessRule:
+    pools: tuple[str, ...] | None = None  # None: every pool
+    max_gpu: float | None = None  # GPU-equivalents across a user's servers; None: unlimited
+
+
+@dataclass(frozen=True)
+class Pool:
+    name: str
+    display_name: str
+    description: str
+    gpu: GpuModel
+    backend: str
+    node_selector: Mapping[str, str] = field(hash=False)
+    tolerations: tuple[Mapping[str, Any], ...] = field(hash=False)
+    offers: tuple[Slice, ...]
+    replicas: int | None
+    options: Mapping[str, Any] = field(hash=False)
+    default_image: str | None = None
+    idle: IdlePolicy | None = None  # this pool's policy (catalog idle with the pool's overrides)
+
+
+@dataclass(frozen=True)
+class Catalog:
+    pools: Mapping[str, Pool] = field(hash=False)
+    images: Mapping[str, Image] = field(hash=False)
+    access_default: AccessRule
+    access_groups: Mapping[str, AccessRule] = field(hash=False)
+    access_users: Mapping[str, AccessRule] = field(hash=False)
+    idle: IdlePolicy
+    fraction_step: int = 8
+
+    @classmethod
+    def load(cls, source: str | os.PathLike[str] | Mapping[str, Any]) -> Catalog:
+        """Load a catalog from a YAML file path or a dict; raise CatalogError naming the path."""
+        if isinstance(source, Mapping):
+            data: Any = source
+        else:
+            data = load_yaml(Path(source))
+        return build_catalog(data)
+
+    def rule_for(self, username: str, groups: Iterable[str]) -> AccessRule:
+        """A users entry wins; else the union of the user's group rules; else the default."""
+        if username in self.access_users:
+            return self.access_users[username]
+        rules = [self.access_groups[g] for g in groups if g in self.access_groups]
+        if not rules:
+            return self.access_default
+        if any(r.pools is None for r in rules):
+            pools: tuple[str, ...] | None = None
+        else:
+            names = {p for r in rules for p in r.pools or ()}
+            pools = tuple(n for n in self.pools if n in names)  # catalog order
+        if any(r.max_gpu is None for r in rules):
+            max_gpu = None
+        else:
+            max_gpu = max(r.max_gpu for r in rules if r.max_gpu is not None)
+        return AccessRule(pools=pools, max_gpu=max_gpu)
+
+    def default_image(self, pool: Pool | None) -> Image | None:
+        """The pool's default image, else the catalog's default (first image if none marked)."""
+        if pool is not None and pool.default_image:
+            return self.images[pool.default_image]
+        for image in self.images.values():
+            if image.default:
+                return image
+        return next(iter(self.images.values()), None)
+
+    def idle_for(self, pool_name: str | None) -> IdlePolicy:
+        """The idle policy of a pool (its overrides on the catalog's); the catalog's otherwise."""
+        pool = self.pools.get(pool_name) if pool_name else None
+        if pool is not None and pool.idle is not None:
+            return pool.idle
+        return self.idle
+
+
+# --------------------------------------------------------------------------- durations
+_DURATION = re.compile(r"^\s*([0-9]+(?:\.[0-9]+)?)\s*(s|m|h|d|w)?\s*$", re.IGNORECASE)
+_SECONDS = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 604800}
+
+
+def parse_duration(text: object) -> float | None:
+    """'90s', '30m', '2h', '1d', '1w' or seconds -> seconds; 0, 'off', '' or None -> None (off)."""
+    if text is None or isinstance(text, bool):
+        if text is None:
+            return None
+        raise ValueError(f"{text!r} is not a duration; use e.g. 30m, 2h, 1d or 0 for off")
+    if isinstance(text, (int, float)):
+        seconds = float(text)
+    else:
+        value = str(text).strip()
+        if value.lower() in ("", "off", "none", "never"):
+            return None
+        match = _DURATION.match(value)
+        if not match:
+            raise ValueError(f"{text!r} is not a duration; use e.g. 90s, 30m, 2h, 1d or 0 for off")
+        seconds = float(match.group(1)) * _SECONDS[(match.group(2) or "s").lower()]
+    if seconds != seconds or seconds < 0 or seconds == float("inf"):
+        raise ValueError(f"{text!r} is not a duration; use e.g. 30m, 2h, 1d or 0 for off")
+    return seconds or None
+
+
+# --------------------------------------------------------------------------- YAML
+class _UniqueKeyLoader(yaml.SafeLoader):
+    """SafeLoader that refuses duplicate keys (PyYAML silently keeps the last one)."""
+
+
+def _construct_mapping(loader: _UniqueKeyLoader, node: yaml.MappingNode, deep: bool = False):
+    loader.flatten_mapping(node)
+    seen: dict[Any, Any] = {}
+    for key_node, _ in node.value:
+        key = loader.construct_object(key_node, deep=deep)
+        if key in seen:
+            line = key_node.start_mark.line + 1
+            raise CatalogError(f"duplicate key {key!r} (line {line})")
+        seen[key] = True
+    return loader.construct_mapping(node, deep=deep)
+
+
+_UniqueKeyLoader.add_constructor(
+    yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG,
+    _construct_mapping,  # type: ignore[arg-type]
+)
+
+
+def load_yaml(path: Path) -> Any:
+    try:
+        text = path.read_text(encoding="utf-8")
+    except OSError as exc:
+        raise CatalogError(f"{path}: cannot read the catalog: {exc.strerror or exc}") from None
+    try:
+        return yaml.load(text, Loader=_UniqueKeyLoader)  # noqa: S506 - a SafeLoader subclass
+    except CatalogError as exc:
+        raise CatalogError(f"{path}: {exc}") from None
+    except yaml.YAMLError as exc:
+        raise CatalogError(f"{path}: not valid YAML: {exc}") from None
+
+
+# --------------------------------------------------------------------------- validation
+@lru_cache(maxsize=1)
+def schema() -> dict[str, Any]:
+    """The catalog's JSON Schema (shipped in the package)."""
+    return json.loads(SCHEMA_PATH.read_text(encoding="utf-8"))
+
+
+def _path(parts: Iterable[Any]) -> str:
+    out = ""
+    for part in parts:
+        if isinstance(part, int):
+            out += f"[{part}]"
+        else:
+            out += ("." if out else "") + str(part)
+    return out or "(catalog)"
+
+
+def _schema_check(data: Any) -> None:
+    import jsonschema
+
+    validator = jsonschema.Draft202012Validator(schema())
+    errors = sorted(validator.iter_errors(data), key=lambda e: (len(e.absolute_path), e.message))
+    if not errors:
+        return
+    # the deepest error is the most specific one (oneOf reports its branches below it)
+    best = jsonschema.exceptions.best_match(errors)
+    message = best.message
+    if best.validator == "additionalProperties" and "were unexpected" in message:
+        message = message.replace("Additional properties are not allowed", "unknown key(s)")
+    elif (
+        best.validator == "pattern"
+        and best.absolute_path
+        and "propertyNames" in str(best.schema_path)
+    ):
+        message = f"{best.instance!r} is not a valid name (letters, digits, '-', '_', '.')"
+    raise CatalogError(f"{_path(best.absolute_path)}: {message}")
+
+
+def _idle(raw: Mapping[str, Any] | None, base: IdlePolicy, where: str) -> IdlePolicy:
+    values = {}
+    for key in ("kernel_gpu_idle", "server_gpu_idle", "server_idle", "max_age"):
+        if raw is not None and key in raw:
+            try:
+                values[key] = parse_duration(raw[key])
+            except ValueError as exc:
+                raise CatalogError(f"{where}.{key}: {exc}") from None
+        else:
+            values[key] = getattr(base, key)
+    return IdlePolicy(**values)
+
+
+def _gpu_model(raw: Any, where: str) -> GpuModel:
+    if isinstance(raw, str):
+        model = lookup_model(raw)
+        if model is None:
+            from .gpumodels import GPU_MODELS
+
+            raise CatalogError(
+                f"{where}: unknown GPU model {raw!r}; built-in models: {', '.join(GPU_MODELS)} "
+                "(or describe it: {name, memory_mib, mig_profiles})"
+            )
+        return model
+    profiles: dict[str, MigProfile] = {}
+    for name, spec in (raw.get("mig_profiles") or {}).items():
+        try:
+            parsed = parse_slice(f"mig-{name}")
+        except SliceError as exc:
+            raise CatalogError(f"{where}.mig_profiles.{name}: {exc}") from None
+        assert parsed.profile is not None
+        compute = int(parsed.profile.split("g.", 1)[0])
+        if "compute_slices" in spec and spec["compute_slices"] != compute:
+            raise CatalogError(
+                f"{where}.mig_profiles.{name}.compute_slices: {spec['compute_slices']} "
+                f"contradicts the profile name ({compute} compute slices)"
+            )
+        if parsed.profile in profiles:
+            raise CatalogError(f"{where}.mig_profiles.{name}: duplicate profile {parsed.profile}")
+        profiles[parsed.profile] = MigProfile(
+            name=parsed.profile,
+            compute_slices=compute,
+            memory_mib=int(spec["memory_mib"]),
+            max_instances=int(spec.get("max_instances", 7 // compute)),
+            sms=spec.get("sms"),
+        )
+    return GpuModel(
+        name=str(raw.get("name") or "custom"),
+        memory_mib=int(raw["memory_mib"]),
+        sms=raw.get("sms"),
+        mig_profiles=MappingProxyType(profiles),
+        product=raw.get("product"),
+    )
+
+
+def _pool(name: str, raw: Mapping[str, Any], step: int, idle: IdlePolicy) -> Pool:
+    from .backends import get_backend
+
+    where = f"pools.{name}"
+    gpu = _gpu_model(raw["gpu"], f"{where}.gpu")
+    try:
+        backend = get_backend(raw["backend"])
+    except ValueError as exc:
+        raise CatalogError(f"{where}.backend: {exc}") from None
+    offers: list[Slice] = []
+    for i, value in enumerate(raw["offers"]):
+        try:
+            offer = parse_slice(value, step=step)
+        except SliceError as exc:
+            raise CatalogError(f"{where}.offers[{i}]: {exc}") from None
+        if offer.kind == "none":
+            raise CatalogError(f"{where}.offers[{i}]: 'none' is not a GPU offer")
+        if offer in offers:
+            raise CatalogError(f"{where}.offers[{i}]: duplicate offer {offer}")
+        offers.append(offer)
+    pool = Pool(
+        name=name,
+        display_name=raw.get("display_name") or name,
+        description=raw.get("description", ""),
+        gpu=gpu,
+        backend=backend.name,
+        node_selector=MappingProxyType(dict(raw.get("node_selector") or {})),
+        tolerations=tuple(MappingProxyType(dict(t)) for t in raw.get("tolerations") or ()),
+        offers=tuple(offers),
+        replicas=raw.get("replicas"),
+        options=MappingProxyType(dict(raw.get("options") or {})),
+        default_image=raw.get("default_image"),
+        idle=_idle(raw["idle"], idle, f"{where}.idle") if "idle" in raw else None,
+    )
+    try:
+        backend.check_pool(pool)
+    except (SliceError, ValueError) as exc:
+        raise CatalogError(f"{where}: {exc}") from None
+    for i, offer in enumerate(pool.offers):
+        try:
+            backend.check_offer(offer, pool)
+        except SliceError as exc:
+            raise CatalogError(f"{where}.offers[{i}]: {exc}") from None
+    return pool
+
+
+def _rule(raw: Mapping[str, Any] | None, pools: Mapping[str, Pool], where: str) -> AccessRule:
+    if raw is None:
+        return AccessRule()
+    if "pools" not in raw and "max_gpu" not in raw:
+        return AccessRule()
+    names = raw.get("pools", "all")
+    if names == "all":
+        chosen = None
+    else:
+        for i, n in enumerate(names):
+            if n not in pools:
+                raise CatalogError(
+                    f"{where}.pools[{i}]: unknown pool {n!r}; pools: {', '.join(pools) or 'none'}"
+                )
+        chosen = tuple(names)
+    max_gpu = raw.get("max_gpu")
+    return AccessRule(pools=chosen, max_gpu=None if max_gpu is None else float(max_gpu))
+
+
+def build_catalog(data: Any) -> Catalog:
+    """Validate a catalog dict (schema, then semantics) and build the Catalog."""
+    _schema_check(data)
+    step = data.get("fraction_step", 8)
+    idle = _idle(data.get("idle"), IdlePolicy(), "idle")
+
+    pools = {name: _pool(name, raw, step, idle) for name, raw in data["pools"].items()}
+
+    images: dict[str, Image] = {}
+    defaults = []
+    for name, raw in data["images"].items():
+        images[name] = Image(
+            name=name,
+            display_name=raw.get("display_name") or name,
+            image=raw["image"],
+            default=bool(raw.get("default", False)),
+            description=raw.get("description", ""),
+        )
+        if images[name].default:
+            defaults.append(name)
+    if len(defaults) > 1:
+        raise CatalogError(
+            f"images.{defaults[1]}.default: only one image may be the default "
+            f"({defaults[0]} already is)"
+        )
+    for name, pool in pools.items():
+        if pool.default_image is not None and pool.default_image not in images:
+            raise CatalogError(
+                f"pools.{name}.default_image: unknown image {pool.default_image!r}; "
+                f"images: {', '.join(images)}"
+            )
+
+    access = data.get("access")
+    if access is None:
+        default = AccessRule()  # no access section: everyone may take everything
+    elif "default" not in access:
+        # an access section without a default must not hand everything to everyone else
+        default = AccessRule(pools=(), max_gpu=0.0)
+    else:
+        default = _rule(access["default"], pools, "access.default")
+    access = access or {}
+    return Catalog(
+        pools=MappingProxyType(pools),
+        images=MappingProxyType(images),
+        access_default=default,
+        access_groups=MappingProxyType(
+            {
+                g: _rule(r, pools, f"access.groups.{g}")
+                for g, r in (access.get("groups") or {}).items()
+            }
+        ),
+        access_users=MappingProxyType(
+            {
+                u: _rule(r, pools, f"access.users.{u}")
+                for u, r in (access.get("users") or {}).items()
+            }
+        ),
+        idle=idle,
+        fraction_step=step,
+    )
