@@ -11,7 +11,8 @@ run-ai/runai-cli cmd/util/const.go (RUNAI_QUEUE_LABEL "runai/queue", "gpu-fracti
 Run:ai enforces GPU memory; KAI alone does not (only with HAMi's kai-resource-isolator, see
 pool option `enforced: true`).
 
-Pool options: `queue` (the project/queue name), `queue_label` (override the label key).
+Pool options: `queue` (the project/queue name; without it the namespace or a webhook must
+supply the label), `queue_label` (override the label key), `enforced` (kai only).
 """
 
 from __future__ import annotations
@@ -36,15 +37,11 @@ class RunaiBackend(Backend):
     scheduler = "runai-scheduler"
     queue_label = "runai/queue"
 
-    def check_pool(self, pool: Pool) -> None:
-        if not option(pool, "queue"):
-            raise ValueError(
-                f"options.queue: the {self.name} scheduler only schedules pods of a queue "
-                "(project); name it"
-            )
-
     def plan(self, s: Slice, pool: Pool) -> PodPlan:
-        labels = {option(pool, "queue_label", self.queue_label): str(option(pool, "queue"))}
+        # a pod is scheduled only in a queue (project); without the option, the queue comes
+        # from elsewhere (Run:ai derives it from a project's namespace, or a webhook sets it)
+        queue = option(pool, "queue")
+        labels = {option(pool, "queue_label", self.queue_label): str(queue)} if queue else {}
         if s.kind == "whole":
             return PodPlan(limits=gpu_limit(s.count), labels=labels, scheduler_name=self.scheduler)
         if s.kind == "fraction":
