@@ -503,15 +503,7 @@ def test_arbitrary_gpu_values_never_plan_what_the_pool_does_not_offer(spec, inde
         assert not plan.limits and not plan.labels
         return
     assert tuple(sorted(gpu_keys(plan).items())) in offered
-    assert (
-        parse_slice(
-            plan.labels["fracspawner.io/gpu"]
-            .replace("Gi", "GiB")
-            .replace("Mi", "MiB")
-            .replace(".me", "+me")
-        )
-        in pool.offers
-    )
+    assert plan.labels["fracspawner.io/gpu"] in {o.label for o in pool.offers}
 
 
 @pytest.mark.parametrize("pool", POOLS, ids=[p.name for p in POOLS])
