@@ -11,7 +11,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from .backends import plan_slice
+from .backends import plan_slice, resolve_offer
 from .backends.base import PodPlan
 from .catalog import AccessRule, Catalog, Image, Pool
 from .slices import Slice, SliceError, parse_slice
@@ -41,28 +41,11 @@ def _fmt_gpu(value: float) -> str:
 
 
 def offer_for(pool: Pool, requested: Slice) -> Slice | None:
-    """The pool offer that serves `requested`, or None.
-
-    An exact offer wins. On MIG pools a fraction or memory request resolves to the smallest
-    offered profile that holds it (like Run:ai's dynamic MIG).
-    """
-    if requested in pool.offers:
-        return requested
-    if pool.backend.startswith(("mig-", "gke-mig")) and requested.kind in ("fraction", "memory"):
-        from .slices import gpu_equivalent, slice_memory_mib
-
-        need_mem = slice_memory_mib(requested, pool.gpu)
-        need_eq = gpu_equivalent(requested, pool.gpu)
-        fitting = [
-            o
-            for o in pool.offers
-            if o.kind == "mig"
-            and slice_memory_mib(o, pool.gpu) >= need_mem
-            and (requested.kind == "memory" or gpu_equivalent(o, pool.gpu) + _EPSILON >= need_eq)
-        ]
-        if fitting:
-            return min(fitting, key=lambda o: (slice_memory_mib(o, pool.gpu), str(o)))
-    return None
+    """The pool offer that serves `requested` (MIG pools resolve sizes to a profile), or None."""
+    try:
+        return resolve_offer(requested, pool)[0]
+    except SliceError:
+        return None
 
 
 def allowed_pools(catalog: Catalog, rule: AccessRule, *, admin: bool = False) -> list[Pool]:

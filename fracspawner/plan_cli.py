@@ -9,9 +9,10 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
-import os
 import sys
 import tempfile
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -26,6 +27,28 @@ users: [{name: plan, user: {}}]
 contexts: [{name: plan, context: {cluster: plan, user: plan, namespace: default}}]
 current-context: plan
 """
+
+
+@contextmanager
+def use_kubeconfig(path: Path) -> Iterator[None]:
+    """Point kubernetes_asyncio at `path` (it reads $KUBECONFIG once, at import time)."""
+    from kubernetes_asyncio.config import kube_config
+
+    old = kube_config.KUBE_CONFIG_DEFAULT_LOCATION
+    kube_config.KUBE_CONFIG_DEFAULT_LOCATION = str(path)
+    try:
+        yield
+    finally:
+        kube_config.KUBE_CONFIG_DEFAULT_LOCATION = old
+
+
+class _Hub:
+    """What a z2jh hub looks like to its spawners (the values land in the pod's env)."""
+
+    url = "http://hub:8081/hub/"
+    api_url = "http://hub:8081/hub/api"
+    base_url = "/hub/"
+    public_host = ""
 
 
 class _User:
@@ -61,15 +84,10 @@ async def build_manifest(
     with tempfile.TemporaryDirectory() as tmp:
         kubeconfig = Path(tmp) / "kubeconfig"
         kubeconfig.write_text(_PLACEHOLDER_KUBECONFIG)
-        old = os.environ.get("KUBECONFIG")
-        os.environ["KUBECONFIG"] = str(kubeconfig)
-        try:
-            spawner = FracSpawner(_mock=True, config=cfg, user=_User(user, groups or [], admin))
-        finally:
-            if old is None:
-                os.environ.pop("KUBECONFIG", None)
-            else:
-                os.environ["KUBECONFIG"] = old
+        with use_kubeconfig(kubeconfig):
+            spawner = FracSpawner(
+                _mock=True, config=cfg, user=_User(user, groups or [], admin), hub=_Hub()
+            )
     spawner.user_options = options
     await spawner.load_user_options()
     pod = await spawner.get_pod_manifest()
@@ -90,6 +108,11 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--image", default=None, help="a catalog image name (default: the default)")
     parser.add_argument("--user", default="alice", help="user name (default: alice)")
     parser.add_argument("--group", action="append", default=[], help="a group of the user")
+    parser.add_argument(
+        "--check-access",
+        action="store_true",
+        help="apply the user's access rules and quota (default: plan as an admin would spawn)",
+    )
     parser.add_argument("-o", "--output", choices=["yaml", "json"], default="yaml")
     args = parser.parse_args(argv)
     options = {"gpu": args.gpu}
@@ -102,7 +125,13 @@ def main(argv: list[str]) -> int:
         return 2
     try:
         manifest = asyncio.run(
-            build_manifest(args.catalog, options, user=args.user, groups=args.group)
+            build_manifest(
+                args.catalog,
+                options,
+                user=args.user,
+                groups=args.group,
+                admin=not args.check_access,
+            )
         )
     except Exception as exc:  # one line, no traceback: this is a user-facing command
         message = getattr(exc, "log_message", None) or str(exc)

@@ -19,7 +19,7 @@ from kubespawner import KubeSpawner
 from tornado import web
 from traitlets import Bool, Dict, Enum, Unicode, default
 
-from .backends import RESERVED_ENV
+from .backends import is_reserved_env, safe_env
 from .catalog import AccessRule, Catalog, CatalogError
 from .form import render_form
 from .offers import build_offer_model
@@ -255,12 +255,10 @@ class FracSpawner(KubeSpawner):
         """Put a validated Choice's PodPlan onto the traits kubespawner builds the pod from."""
         plan = choice.plan
         self.choice = choice
-        env = {k: v for k, v in self.environment.items() if not _reserved(k)}
-        dropped = sorted(set(self.environment) - set(env))
+        dropped = sorted(k for k in self.environment if is_reserved_env(k))
         if dropped:
             self.log.warning("Dropped reserved GPU env from config: %s", ", ".join(dropped))
-        env.update(plan.env)
-        self.environment = env
+        self.environment = safe_env(self.environment, plan)
         self.extra_container_config = _without_reserved_env(self.extra_container_config)
         if plan.limits:
             self.extra_resource_limits = {**self.extra_resource_limits, **plan.limits}
@@ -312,14 +310,8 @@ class FracSpawner(KubeSpawner):
         return words + "."
 
 
-def _reserved(name: str) -> bool:
-    return name in RESERVED_ENV or any(
-        name.startswith(p.rstrip("*")) for p in RESERVED_ENV if p.endswith("*")
-    )
-
-
 def _without_reserved_env(container_config: Mapping[str, Any]) -> dict[str, Any]:
     config = dict(container_config)
     if isinstance(config.get("env"), list):
-        config["env"] = [e for e in config["env"] if not _reserved(str(e.get("name", "")))]
+        config["env"] = [e for e in config["env"] if not is_reserved_env(str(e.get("name", "")))]
     return config
