@@ -86,10 +86,10 @@ class Catalog:
     @classmethod
     def load(cls, source: str | os.PathLike[str] | Mapping[str, Any]) -> Catalog:
         """Load a catalog from a YAML file path or a dict; raise CatalogError naming the path."""
-        if isinstance(source, Mapping):
-            data: Any = source
+        if isinstance(source, (str, os.PathLike)):
+            data: Any = load_yaml(Path(source))
         else:
-            data = load_yaml(Path(source))
+            data = source  # a dict; anything else fails the schema check with a message
         return build_catalog(data)
 
     def rule_for(self, username: str, groups: Iterable[str]) -> AccessRule:
@@ -216,7 +216,7 @@ def _schema_check(data: Any) -> None:
     # the deepest error is the most specific one (oneOf reports its branches below it)
     best = jsonschema.exceptions.best_match(errors)
     message = best.message
-    if best.validator == "additionalProperties" and "were unexpected" in message:
+    if best.validator == "additionalProperties" and "unexpected)" in message:
         message = message.replace("Additional properties are not allowed", "unknown key(s)")
     elif (
         best.validator == "pattern"

@@ -13,6 +13,7 @@ The GPU model table lives in `gpumodels.py`; it is re-exported here.
 
 from __future__ import annotations
 
+import json
 import math
 import re
 from dataclasses import dataclass
@@ -118,6 +119,11 @@ class Slice:
 NONE = Slice("none")
 
 
+def _q(value: object) -> str:
+    """Quote a user's value for a message: text in double quotes ("0.3"), others as repr."""
+    return json.dumps(value) if isinstance(value, str) else repr(value)
+
+
 def _decimal(f: Fraction) -> str:
     """Exact decimal of a fraction with a power-of-two denominator: 1/8 -> '0.125'."""
     text = f"{float(f):.6f}".rstrip("0").rstrip(".")
@@ -131,33 +137,33 @@ def _check_step(step: int) -> None:
 
 def _fraction_slice(value: Fraction, raw: object, step: int, max_whole: int) -> Slice:
     if value <= 0:
-        raise SliceError(f"{raw!r} is not positive; use {ALLOWED_HELP}")
+        raise SliceError(f"{_q(raw)} is not positive; use {ALLOWED_HELP}")
     if value.denominator == 1:
         return _whole_slice(value.numerator, raw, max_whole)
     if value > 1:
         raise SliceError(
-            f"{raw!r}: a fraction must be below 1 and more than one GPU must be whole GPUs "
+            f"{_q(raw)}: a fraction must be below 1 and more than one GPU must be whole GPUs "
             f'("1", "2", ...)'
         )
     if (value * step).denominator != 1:
-        raise SliceError(f"{raw!r} is not a multiple of 1/{step}")
+        raise SliceError(f"{_q(raw)} is not a multiple of 1/{step}")
     return Slice("fraction", fraction=value)
 
 
 def _whole_slice(n: int, raw: object, max_whole: int) -> Slice:
     if n < 1:
-        raise SliceError(f"{raw!r} is not positive; use {ALLOWED_HELP}")
+        raise SliceError(f"{_q(raw)} is not positive; use {ALLOWED_HELP}")
     if n > max_whole:
-        raise SliceError(f"{raw!r}: at most {max_whole} whole GPUs")
+        raise SliceError(f"{_q(raw)}: at most {max_whole} whole GPUs")
     return Slice("whole", count=n)
 
 
 def _parse_number(value: Real, step: int, max_whole: int) -> Slice:
     if isinstance(value, float):
         if not math.isfinite(value):
-            raise SliceError(f"{value!r} is not a number of GPUs; use {ALLOWED_HELP}")
+            raise SliceError(f"{_q(value)} is not a number of GPUs; use {ALLOWED_HELP}")
         if abs(value) > 1e6:
-            raise SliceError(f"{value!r}: at most {max_whole} whole GPUs")
+            raise SliceError(f"{_q(value)}: at most {max_whole} whole GPUs")
         # repr() is the shortest round-tripping text: 0.1 -> Fraction(1, 10), not 0.1000...055
         return _fraction_slice(Fraction(repr(value)), value, step, max_whole)
     n = int(value)  # int and other integral Reals
@@ -181,7 +187,7 @@ def parse_slice(value: object, *, step: int = 8, max_whole: int = 16) -> Slice:
     if value is None:
         return NONE
     if isinstance(value, bool):  # bool is an int subclass; True is not "1 GPU"
-        raise SliceError(f"{value!r} is not a GPU slice; use {ALLOWED_HELP}")
+        raise SliceError(f"{_q(value)} is not a GPU slice; use {ALLOWED_HELP}")
     if isinstance(value, Real):
         return _parse_number(value, step, max_whole)
     if not isinstance(value, str):
@@ -189,7 +195,7 @@ def parse_slice(value: object, *, step: int = 8, max_whole: int = 16) -> Slice:
         raise SliceError(f"a GPU slice must be text, not {kind}; use {ALLOWED_HELP}")
     text = value.strip()
     if len(text) > _MAX_LEN:
-        raise SliceError(f"{text[:_MAX_LEN]!r}... is too long; use {ALLOWED_HELP}")
+        raise SliceError(f"{_q(text[:_MAX_LEN])}... is too long; use {ALLOWED_HELP}")
     if text == "" or text.lower() == "none":
         return NONE
     if _WHOLE.match(text):
@@ -200,33 +206,34 @@ def parse_slice(value: object, *, step: int = 8, max_whole: int = 16) -> Slice:
     if ratio:
         numerator, denominator = int(ratio.group(1)), int(ratio.group(2))
         if denominator == 0:
-            raise SliceError(f"{value!r}: division by zero")
+            raise SliceError(f"{_q(value)}: division by zero")
         return _fraction_slice(Fraction(numerator, denominator), value, step, max_whole)
     mig = _MIG.match(text)
     if mig:
         compute, memory, me = mig.groups()
         if compute not in ("1", "2", "3", "4", "7"):
-            raise SliceError(f"{value!r}: MIG profiles have 1, 2, 3, 4 or 7 compute slices")
+            raise SliceError(f"{_q(value)}: MIG profiles have 1, 2, 3, 4 or 7 compute slices")
         return Slice("mig", profile=f"{compute}g.{memory}gb" + ("+me" if me else ""))
     memory = _MEMORY.match(text)
     if memory:
         amount, unit = memory.groups()
         factor = _UNITS_MIB.get(unit.lower())
         if factor is None:
-            raise SliceError(f"{value!r}: unknown memory unit {unit!r}; use GiB or MiB")
+            raise SliceError(f"{_q(value)}: unknown memory unit {unit!r}; use GiB or MiB")
         mib = Fraction(amount) * factor
         if mib.denominator != 1:
-            raise SliceError(f"{value!r} is not a whole number of MiB")
+            raise SliceError(f"{_q(value)} is not a whole number of MiB")
         if mib <= 0:
-            raise SliceError(f"{value!r} is not positive; use {ALLOWED_HELP}")
+            raise SliceError(f"{_q(value)} is not positive; use {ALLOWED_HELP}")
         if mib > MAX_MEMORY_MIB:
-            raise SliceError(f"{value!r} is more memory than any GPU has")
+            raise SliceError(f"{_q(value)} is more memory than any GPU has")
         return Slice("memory", memory_mib=int(mib))
     if text.lower().startswith("mig-"):
         raise SliceError(
-            f"{value!r} is not a MIG profile; MIG profiles look like mig-1g.10gb or mig-1g.10gb+me"
+            f"{_q(value)} is not a MIG profile; MIG profiles look like mig-1g.10gb "
+            "or mig-1g.10gb+me"
         )
-    raise SliceError(f"{value!r} is not a GPU slice; use {ALLOWED_HELP}")
+    raise SliceError(f"{_q(value)} is not a GPU slice; use {ALLOWED_HELP}")
 
 
 def gpu_equivalent(s: Slice, model: GpuModel) -> float:
