@@ -259,7 +259,7 @@ class FracSpawner(KubeSpawner):
         if dropped:
             self.log.warning("Dropped reserved GPU env from config: %s", ", ".join(dropped))
         self.environment = safe_env(self.environment, plan)
-        self.extra_container_config = _without_reserved_env(self.extra_container_config)
+        self.extra_container_config = _container_config(self.extra_container_config, plan.env)
         if plan.limits:
             self.extra_resource_limits = {**self.extra_resource_limits, **plan.limits}
         if plan.requests:
@@ -310,8 +310,23 @@ class FracSpawner(KubeSpawner):
         return words + "."
 
 
-def _without_reserved_env(container_config: Mapping[str, Any]) -> dict[str, Any]:
-    config = dict(container_config)
-    if isinstance(config.get("env"), list):
-        config["env"] = [e for e in config["env"] if not is_reserved_env(str(e.get("name", "")))]
+def _container_config(config: Mapping[str, Any], plan_env: Mapping[str, str]) -> dict[str, Any]:
+    """extra_container_config without reserved env, keeping the plan's env in force.
+
+    kubespawner lets `extra_container_config["env"]` REPLACE the container's whole env list,
+    so when an admin sets it, the plan's entries are appended (they win) and an emptied list is
+    dropped rather than wiping the JUPYTERHUB_* variables.
+    """
+    config = dict(config)
+    if not isinstance(config.get("env"), list):
+        return config
+    env = [
+        e
+        for e in config["env"]
+        if not is_reserved_env(str(e.get("name", ""))) and e.get("name") not in plan_env
+    ]
+    if env:
+        config["env"] = env + [{"name": k, "value": v} for k, v in plan_env.items()]
+    else:
+        del config["env"]
     return config

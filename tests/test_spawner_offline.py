@@ -1,0 +1,231 @@
+"""FracSpawner's own code path without a cluster: `fracspawner plan`, the clean baseline,
+reserved env, kubespawner profile_list interplay, the rendered form."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import kubernetes_validate
+import pytest
+import yaml
+
+from fracspawner.catalog import Catalog
+from fracspawner.plan_cli import build_manifest
+from tests.conftest import DEMO_CATALOG, REPO
+
+K8S_VERSION = "1.33.0"
+EXAMPLES = sorted((REPO / "examples" / "catalogs").glob("*.yaml"))
+
+
+def every_offer():
+    for path in EXAMPLES:
+        catalog = Catalog.load(path)
+        for pool in catalog.pools.values():
+            for offer in pool.offers:
+                yield pytest.param(
+                    path, pool.name, str(offer), id=f"{path.stem}-{pool.name}-{offer}"
+                )
+
+
+def gpu_limits(manifest: dict) -> dict:
+    limits = manifest["spec"]["containers"][0]["resources"].get("limits") or {}
+    return {k: v for k, v in limits.items() if k not in ("cpu", "memory")}
+
+
+@pytest.mark.parametrize(("path", "pool", "offer"), list(every_offer()))
+async def test_spawner_pod_for_every_example_offer_is_a_valid_pod(path, pool, offer):
+    manifest = await build_manifest(str(path), {"gpu": offer, "pool": pool}, admin=True)
+    kubernetes_validate.validate(manifest, K8S_VERSION, strict=True)
+    meta = manifest["metadata"]
+    assert meta["labels"]["fracspawner.io/pool"] == pool
+    assert float(meta["annotations"]["fracspawner.io/gpu-equivalent"]) > 0
+    env = {e["name"]: e.get("value") for e in manifest["spec"]["containers"][0]["env"]}
+    assert int(env["FRACSPAWNER_GPU_MEMORY_MIB"]) == int(
+        meta["annotations"]["fracspawner.io/gpu-memory-mib"]
+    )
+    # a GPU reaches the pod through a resource limit or a scheduler-read annotation/label
+    marks = {**meta["annotations"], **meta["labels"]}
+    assert (
+        gpu_limits(manifest)
+        or {"gpu-fraction", "gpu-memory"} & set(marks)
+        or any(k.startswith("clearml-injector/") for k in marks)
+    )
+
+
+def _spawner(config: dict):
+    """A FracSpawner as JupyterHub keeps one per server: the same object across spawns."""
+    from traitlets.config import Config
+
+    from fracspawner.plan_cli import _PLACEHOLDER_KUBECONFIG, _Hub, _User, use_kubeconfig
+    from fracspawner.spawner import FracSpawner
+
+    cfg = Config(config)
+    cfg.FracSpawner.catalog_file = str(DEMO_CATALOG)
+    cfg.FracSpawner.live_capacity = False
+    kubeconfig = Path(__file__).parent / ".placeholder-kubeconfig"
+    kubeconfig.write_text(_PLACEHOLDER_KUBECONFIG)
+    try:
+        with use_kubeconfig(kubeconfig):
+            return FracSpawner(
+                _mock=True, config=cfg, user=_User("lee", ["ml-research"], False), hub=_Hub()
+            )
+    finally:
+        kubeconfig.unlink()
+
+
+PROFILES = [
+    {
+        "display_name": "Small",
+        "slug": "small",
+        "default": True,
+        "kubespawner_override": {"cpu_limit": 1},
+    },
+    {
+        "display_name": "GPU box (legacy profile)",
+        "slug": "gpu-box",
+        "kubespawner_override": {
+            "extra_resource_limits": {"nvidia.com/gpu": "1"},
+            "node_selector": {"legacy-gpu": "yes"},
+            "tolerations": [
+                {"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}
+            ],
+            "environment": {"CUDA_DISABLE_CONTROL": "true"},
+        },
+    },
+]
+
+
+async def test_gpu_spawn_then_failed_then_cpu_spawn_leaves_no_gpu_behind():
+    """kubespawner#546 on one spawner object: GPU profile + MIG slice, a refused spawn, CPU."""
+    from tornado.web import HTTPError
+
+    spawner = _spawner({"KubeSpawner": {"profile_list": PROFILES, "node_selector": {"zone": "a"}}})
+    spawner.user_options = {"profile": "gpu-box", "gpu": "mig-1g.10gb", "pool": "a100-mig"}
+    await spawner.load_user_options()
+    pod = await spawner.get_pod_manifest()
+    assert pod.spec.containers[0].resources.limits["nvidia.com/mig-1g.10gb"] == "1"
+    assert pod.spec.node_selector["legacy-gpu"] == "yes"
+    # the profile's bypass env never reaches the pod, not even from admin config
+    assert "CUDA_DISABLE_CONTROL" not in {e.name for e in pod.spec.containers[0].env}
+
+    spawner.user_options = {"profile": "gpu-box", "gpu": "mig-7g.80gb", "pool": "a100-mig"}
+    with pytest.raises(HTTPError) as info:
+        await spawner.load_user_options()
+    assert info.value.status_code == 400
+
+    spawner.user_options = {"gpu": "none"}
+    await spawner.load_user_options()
+    pod = await spawner.get_pod_manifest()
+    limits = pod.spec.containers[0].resources.limits or {}
+    assert not [k for k in limits if "nvidia" in k]
+    assert pod.spec.node_selector == {"zone": "a"}
+    assert not pod.spec.tolerations or not [t for t in pod.spec.tolerations if "nvidia" in t.key]
+    assert not [k for k in pod.metadata.labels if k.startswith("fracspawner.io/")]
+    assert not [k for k in pod.metadata.annotations if k.startswith("fracspawner.io/")]
+    assert pod.spec.containers[0].image == "quay.io/jupyter/pytorch-notebook:cuda12-latest"
+
+
+async def test_reserved_env_is_dropped_from_config_and_the_backend_wins():
+    spawner = _spawner(
+        {
+            "KubeSpawner": {
+                "environment": {
+                    "CUDA_DISABLE_CONTROL": "true",
+                    "CUDA_DEVICE_MEMORY_LIMIT_0": "80g",
+                    "LD_PRELOAD": "/x.so",
+                    "MY_SETTING": "kept",
+                },
+                "extra_container_config": {"env": [{"name": "CUDA_DISABLE_CONTROL", "value": "1"}]},
+            }
+        }
+    )
+    spawner.user_options = {"gpu": "1/4", "pool": "h100"}
+    await spawner.load_user_options()
+    pod = await spawner.get_pod_manifest()
+    env = {e.name: e.value for e in pod.spec.containers[0].env}
+    assert env["MY_SETTING"] == "kept"
+    assert not {"CUDA_DISABLE_CONTROL", "CUDA_DEVICE_MEMORY_LIMIT_0", "LD_PRELOAD"} & set(env)
+    assert env["FRACSPAWNER_GPU_MEMORY_MIB"] == "20480"
+
+
+async def test_profile_list_without_gpu_keys_still_validates_profile():
+    from tornado.web import HTTPError
+
+    spawner = _spawner({"KubeSpawner": {"profile_list": PROFILES}})
+    spawner.user_options = {"profile": "no-such-profile", "gpu": "none"}
+    with pytest.raises(HTTPError) as info:
+        await spawner.load_user_options()
+    assert info.value.status_code == 400 and "no-such-profile" in info.value.log_message
+
+
+def run_plan(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [sys.executable, "-m", "fracspawner", "plan", *args],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+
+
+def test_plan_cli_prints_the_pod_as_yaml_and_json():
+    result = run_plan("--catalog", str(DEMO_CATALOG), "--gpu", "mig-1g.10gb")
+    assert result.returncode == 0, result.stderr
+    pod = yaml.safe_load(result.stdout)
+    assert pod["kind"] == "Pod" and pod["metadata"]["labels"]["hub.jupyter.org/username"] == "alice"
+    assert pod["spec"]["containers"][0]["resources"]["limits"] == {"nvidia.com/mig-1g.10gb": "1"}
+    result = run_plan("--catalog", str(DEMO_CATALOG), "--gpu", "1/4", "--pool", "t4", "-o", "json")
+    assert json.loads(result.stdout)["spec"]["nodeSelector"]["nvidia.com/gpu.replicas"] == "4"
+
+
+@pytest.mark.parametrize(
+    "args, words",
+    [
+        (["--gpu", "0.3"], "not a multiple of 1/8"),
+        (["--gpu", "1/4", "--pool", "nope"], "unknown pool 'nope'"),
+        (["--gpu", "mig-1g.10gb", "--check-access"], "no pool you may use offers"),
+        (["--gpu", "1/4", "--image", "nope"], "unknown image"),
+    ],
+)
+def test_plan_cli_bad_input_is_one_line_and_exit_2(args, words):
+    result = run_plan("--catalog", str(DEMO_CATALOG), *args)
+    assert result.returncode == 2
+    assert words in result.stderr
+    assert len(result.stderr.strip().splitlines()) == 1 and "Traceback" not in result.stderr
+
+
+def test_plan_cli_bad_catalog(tmp_path):
+    bad = tmp_path / "bad.yaml"
+    data = yaml.safe_load(DEMO_CATALOG.read_text())
+    data["pools"]["h100"]["offers"][0] = "0.3"
+    bad.write_text(yaml.safe_dump(data))
+    result = run_plan("--catalog", str(bad), "--gpu", "1/4")
+    assert result.returncode == 2 and "pools.h100.offers[0]" in result.stderr
+    result = run_plan("--catalog", str(tmp_path / "missing.yaml"), "--gpu", "1/4")
+    assert result.returncode == 2 and "not found" in result.stderr
+
+
+def test_form_escapes_every_catalog_string():
+    from fracspawner.form import render_form
+    from fracspawner.offers import build_offer_model
+
+    data = yaml.safe_load(DEMO_CATALOG.read_text())
+    data["pools"]["h100"]["display_name"] = "<script>window.__xss=1</script>H100"
+    data["images"]["pytorch"]["description"] = '"><img src=x onerror=alert(1)>'
+    catalog = Catalog.load(data)
+    model = build_offer_model(
+        catalog,
+        rule=catalog.rule_for("x", []),
+        used_gpu=0,
+        previous={"gpu": "</script><script>alert(1)</script>"},
+    )
+    html = render_form(model)
+    assert "<script>window.__xss" not in html
+    assert "&lt;script&gt;window.__xss=1&lt;/script&gt;H100" in html
+    assert "<img src=x" not in html
+    # the embedded JSON cannot close its <script> element
+    embedded = html.split('id="fracspawner-model">', 1)[1].split("</script>", 1)[0]
+    assert "<" not in embedded
+    assert json.loads(embedded)["pools"][1]["display_name"].startswith("<script>")
