@@ -16,6 +16,7 @@ from ..slices import Slice, SliceError
 if TYPE_CHECKING:
     from ..catalog import Pool
 
+
 @dataclass(frozen=True)
 class PodPlan:
     """Everything a slice puts on a pod. Plain data; the spawner applies it onto its traits."""
