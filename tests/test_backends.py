@@ -130,6 +130,20 @@ FACTS = [
         "10GiB",
         {"limits": {"nvidia.com/gpu": "1", "nvidia.com/gpumem": "10240"}},
     ),
+    # HAMi pkg/device/nvidia/device.go: "Coresreq=100 indicates it want this card exclusively"
+    (
+        "hami",
+        "H100-80GB",
+        {},
+        "1",
+        {
+            "limits": {
+                "nvidia.com/gpu": "1",
+                "nvidia.com/gpumem-percentage": "100",
+                "nvidia.com/gpucores": "100",
+            }
+        },
+    ),
     # HAMi: nvidia.com/gpumem-percentage (0-100) instead of MiB
     (
         "hami",

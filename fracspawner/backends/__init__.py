@@ -57,7 +57,9 @@ BUILTIN_BACKENDS: dict[str, str] = {
 #: user-controlled config; a trailing '*' is a prefix. The backend's own values always win.
 RESERVED_ENV: frozenset[str] = frozenset(
     {
-        # HAMi-core (Project-HAMi/HAMi-core src/multiprocess, docs): enforcement switches/limits
+        # HAMi (docs/config.md "Container configs"; HAMi-core README): CUDA_DISABLE_CONTROL
+        # turns enforcement off, GPU_CORE_UTILIZATION_POLICY=disable ignores gpucores, the
+        # limits themselves are CUDA_DEVICE_MEMORY_LIMIT[_i] / CUDA_DEVICE_SM_LIMIT
         "CUDA_DISABLE_CONTROL",
         "CUDA_DEVICE_MEMORY_LIMIT*",
         "CUDA_DEVICE_SM_LIMIT",

@@ -77,7 +77,8 @@ class HamiBackend(Backend):
     def plan(self, s: Slice, pool: Pool) -> PodPlan:
         limits: dict[str, str] = {}
         if s.kind == "whole":
-            # exclusive devices: all memory, all SMs (gpucores 100 = nobody else on the device)
+            # exclusive devices: HAMi's fit check treats gpucores 100 as "wants this card
+            # exclusively" (pkg/device/nvidia/device.go), and all of its memory
             limits = {GPU: str(s.count), GPUMEM_PERCENT: "100", GPUCORES: "100"}
         else:
             limits[GPU] = "1"
