@@ -275,6 +275,10 @@ class CapacityWatcher:
     def pods(self) -> Iterable[dict[str, Any]]:
         return list(self._pods.resources.values()) if self._pods is not None else []
 
+    def pod(self, namespace: str, name: str) -> dict[str, Any] | None:
+        """One cached pod, or None."""
+        return self._pods.resources.get(f"{namespace}/{name}") if self._pods is not None else None
+
     def snapshot(self) -> Capacity:
         """Free/total per pool and offer from the caches; recomputed only after a change."""
         key = self._version(self._nodes, self._pods)

@@ -20,6 +20,7 @@ from tornado import web
 from traitlets import Bool, Dict, Enum, Unicode, default
 
 from .backends import is_reserved_env, safe_env
+from .capacity_count import gpu_usage_by_user
 from .catalog import AccessRule, Catalog, CatalogError
 from .form import render_form
 from .offers import build_offer_model
@@ -144,20 +145,10 @@ class FracSpawner(KubeSpawner):
         if watcher is None:
             return None, 0.0
         await watcher.start()
-        usage = 0.0
-        for pod in watcher.pods():
-            meta = pod.get("metadata", {})
-            annotations = meta.get("annotations") or {}
-            if annotations.get("hub.jupyter.org/username") != self.user.name:
-                continue
-            if meta.get("name") == self.pod_name and meta.get("namespace") == self.namespace:
-                continue  # this server's own (old) pod does not count against its new spawn
-            if (pod.get("status") or {}).get("phase") in ("Succeeded", "Failed"):
-                continue
-            try:
-                usage += float(annotations.get("fracspawner.io/gpu-equivalent", 0) or 0)
-            except ValueError:
-                self.log.warning("Ignoring malformed gpu-equivalent on pod %s", meta.get("name"))
+        usage = watcher.usage_by_user().get(self.user.name, 0.0)
+        own = watcher.pod(self.namespace, self.pod_name)
+        if own is not None:  # this server's old pod does not count against its new spawn
+            usage -= gpu_usage_by_user([own]).get(self.user.name, 0.0)
         return watcher.snapshot(), usage
 
     def _profile_keys(self) -> tuple[str, ...]:
