@@ -57,6 +57,8 @@ def hub_config(
     extra: str = "",
 ) -> str:
     """A jupyterhub_config.py for FracSpawner on a devcluster (KUBECONFIG comes from the env)."""
+    # devcluster "pods" run as this user; in a real pod the image's non-root user runs them
+    root_line = 'c.KubeSpawner.args = ["--ServerApp.allow_root=True"]' if os.geteuid() == 0 else ""
     password_line = (
         f"c.DummyAuthenticator.password = {password!r}" if password else "# any password works"
     )
@@ -112,6 +114,7 @@ c.KubeSpawner.cmd = ["jupyterhub-singleuser"]
 c.KubeSpawner.start_timeout = 120
 c.KubeSpawner.http_timeout = 90
 c.KubeSpawner.namespace = "default"
+{root_line}
 {extra}
 """
 

@@ -53,6 +53,7 @@ def fracspawner_marks(pod: dict) -> dict[str, str]:
 
 
 def spawn(hub: LocalHub, user: str, options: dict, server: str = "") -> tuple[int, Any]:
+    hub.api("POST", f"/users/{user}", {})  # 201, or 409 when the user exists
     path = f"/users/{user}/servers/{server}" if server else f"/users/{user}/server"
     return hub.api("POST", path, {"user_options": options}, timeout=60)
 

@@ -1,0 +1,63 @@
+"""`fracspawner devcluster --topology FILE [--port N] [--kubeconfig PATH]`, in the foreground."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import logging
+import signal
+import sys
+from pathlib import Path
+
+from .cluster import DevCluster
+
+
+async def _serve(args: argparse.Namespace) -> None:
+    cluster = DevCluster(
+        args.topology,
+        host=args.host,
+        port=args.port,
+        state_dir=args.state_dir,
+        kubeconfig=args.kubeconfig,
+    )
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(sig, stop.set)
+    await cluster.start()
+    try:
+        print(f"devcluster ready: {cluster.url} kubeconfig={cluster.kubeconfig_path}", flush=True)
+        await stop.wait()
+    finally:
+        await cluster.stop()
+
+
+def main(argv: list[str]) -> int:
+    parser = argparse.ArgumentParser(
+        prog="fracspawner devcluster",
+        description="A local Kubernetes stand-in with simulated GPU nodes (for demos and tests).",
+    )
+    parser.add_argument("--topology", required=True, type=Path, help="topology YAML file")
+    parser.add_argument("--host", default="127.0.0.1", help="address to listen on")
+    parser.add_argument("--port", type=int, default=0, help="port (0: pick a free one)")
+    parser.add_argument(
+        "--kubeconfig",
+        type=Path,
+        default=Path(".devcluster/kubeconfig"),
+        help="where to write the kubeconfig",
+    )
+    parser.add_argument(
+        "--state-dir", type=Path, default=Path(".devcluster"), help="pod home directories and logs"
+    )
+    parser.add_argument("--log-level", default="WARNING")
+    args = parser.parse_args(argv)
+    logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(name)s %(message)s")
+    if not args.topology.is_file():
+        print(f"fracspawner devcluster: topology not found: {args.topology}", file=sys.stderr)
+        return 2
+    try:
+        asyncio.run(_serve(args))
+    except (ValueError, OSError) as exc:
+        print(f"fracspawner devcluster: {exc}", file=sys.stderr)
+        return 2
+    return 0

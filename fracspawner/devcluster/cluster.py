@@ -1,0 +1,449 @@
+"""DevCluster: the store, validation, the scheduler and the kubelet behind one HTTP API."""
+
+from __future__ import annotations
+
+import asyncio
+import copy
+import logging
+import socket
+import uuid
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+import kubernetes_validate
+
+from . import scheduler
+from .kubelet import Kubelet, port_open
+from .store import KINDS, ApiError, Store, now_iso
+from .topology import load_topology
+
+log = logging.getLogger("devcluster")
+
+#: Kubernetes version whose OpenAPI schemas validate every object (kubernetes-validate).
+K8S_VERSION = "1.33.0"
+#: schedulerName values this stand-in schedules for. A real cluster runs these schedulers
+#: beside the default one; here one scheduler plays all of them so the demo's pools work.
+SERVED_SCHEDULERS = frozenset(
+    {"", "default-scheduler", "hami-scheduler", "volcano", "kai-scheduler", "runai-scheduler"}
+)
+
+
+def validate(obj: Mapping[str, Any]) -> None:
+    """422 Invalid naming the field, like the apiserver, for anything the schema refuses."""
+    try:
+        kubernetes_validate.validate(dict(obj), K8S_VERSION, strict=True)
+    except kubernetes_validate.ValidationError as exc:
+        path = "".join(f"[{p}]" if isinstance(p, int) else f".{p}" for p in exc.path).lstrip(".")
+        kind = obj.get("kind", "object")
+        name = (obj.get("metadata") or {}).get("name", "")
+        raise ApiError(
+            422,
+            "Invalid",
+            f'{kind} "{name}" is invalid: {path or "<root>"}: {exc.message}',
+            {"name": name, "kind": kind, "causes": [{"field": path, "message": exc.message}]},
+        ) from None
+
+
+def merge_patch(target: Any, patch: Any) -> Any:
+    """RFC 7386 JSON merge patch (also what strategic merge does for labels/annotations)."""
+    if not isinstance(patch, Mapping):
+        return copy.deepcopy(patch)
+    result = dict(target) if isinstance(target, Mapping) else {}
+    for key, value in patch.items():
+        if key.startswith("$"):  # strategic-merge directives ($patch, $retainKeys): ignored
+            continue
+        if value is None:
+            result.pop(key, None)
+        else:
+            result[key] = merge_patch(result.get(key), value)
+    return result
+
+
+def json_patch(target: Any, operations: list[Mapping[str, Any]]) -> Any:
+    doc = copy.deepcopy(target)
+    for op in operations:
+        parts = [p.replace("~1", "/").replace("~0", "~") for p in op["path"].split("/")[1:]]
+        parent = doc
+        for part in parts[:-1]:
+            parent = parent[int(part)] if isinstance(parent, list) else parent[part]
+        last = parts[-1] if parts else ""
+        kind = op["op"]
+        if kind in ("add", "replace"):
+            if isinstance(parent, list):
+                index = len(parent) if last == "-" else int(last)
+                if kind == "add":
+                    parent.insert(index, op["value"])
+                else:
+                    parent[index] = op["value"]
+            else:
+                parent[last] = op["value"]
+        elif kind == "remove":
+            del parent[int(last) if isinstance(parent, list) else last]
+        else:
+            raise ApiError(422, "Invalid", f"unsupported json patch operation {kind!r}")
+    return doc
+
+
+class DevCluster:
+    """A local Kubernetes stand-in: `async with DevCluster(topology) as cluster:`."""
+
+    def __init__(
+        self,
+        topology: dict | str | Path,
+        *,
+        host: str = "127.0.0.1",
+        port: int = 0,
+        state_dir: Path | str = Path(".devcluster"),
+        kubeconfig: Path | str | None = None,
+    ) -> None:
+        self.topology = load_topology(topology)
+        self.host = host
+        self.port = port
+        self.state_dir = Path(state_dir).resolve()
+        self.kubeconfig_path = Path(kubeconfig) if kubeconfig else self.state_dir / "kubeconfig"
+        self.store = Store()
+        self.kubelet = Kubelet(self.state_dir, self.topology.get("images") or {})
+        self.served = SERVED_SCHEDULERS | set(self.topology.get("schedulers") or [])
+        self._server: Any = None
+        self._tasks: set[asyncio.Task] = set()
+        self._reschedule = asyncio.Event()
+        self._scheduler_task: asyncio.Task | None = None
+        self.url = ""
+
+    # ---------------------------------------------------------------- lifecycle
+    async def start(self) -> DevCluster:
+        from tornado.httpserver import HTTPServer
+
+        from .api import make_app
+        from .kubeconfig import write_kubeconfig
+
+        for ns in ("default", "kube-system", "kube-public"):
+            self.store.load("namespaces", {"metadata": {"name": ns}, "status": {"phase": "Active"}})
+        for ns in self.topology.get("namespaces") or []:
+            self.store.load("namespaces", {"metadata": {"name": ns}, "status": {"phase": "Active"}})
+        for node in self.topology["nodes"]:
+            self.store.load("nodes", node)
+        for pod in self.topology.get("pods") or []:
+            self.store.load("pods", pod)
+        self.state_dir.mkdir(parents=True, exist_ok=True)
+        sock = socket.socket()
+        sock.bind((self.host, self.port))
+        sock.listen(128)
+        sock.setblocking(False)
+        self.port = sock.getsockname()[1]
+        self._server = HTTPServer(make_app(self), idle_connection_timeout=3600)
+        self._server.add_sockets([sock])
+        self.url = f"http://{self.host}:{self.port}"
+        write_kubeconfig(self.kubeconfig_path, self.url)
+        self.store.listeners.append(self._on_change)
+        self._scheduler_task = asyncio.ensure_future(self._scheduler_loop())
+        return self
+
+    async def stop(self) -> None:
+        if self._scheduler_task:
+            self._scheduler_task.cancel()
+        for task in list(self._tasks):
+            task.cancel()
+        self.kubelet.kill_all()
+        if self._server is not None:
+            self._server.stop()
+            await self._server.close_all_connections()
+        for w in list(self.store.watches):
+            w.queue.put_nowait(None)
+
+    async def __aenter__(self) -> DevCluster:
+        return await self.start()
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.stop()
+
+    # ---------------------------------------------------------------- direct accessors
+    def get(self, plural: str, namespace: str | None, name: str) -> dict[str, Any]:
+        return copy.deepcopy(self.store.get(plural, namespace, name))
+
+    def list(self, plural: str, namespace: str | None = None) -> list[dict[str, Any]]:
+        return [copy.deepcopy(e.obj) for e in self.store.entries(plural, namespace)]
+
+    def add_node(self, node: dict[str, Any]) -> dict[str, Any]:
+        from .topology import normalise_node
+
+        return self.create("nodes", None, normalise_node(node))
+
+    def events_for(self, namespace: str, pod_name: str) -> list[dict[str, Any]]:
+        return [
+            copy.deepcopy(e.obj)
+            for e in self.store.entries("events", namespace)
+            if e.obj.get("involvedObject", {}).get("name") == pod_name
+        ]
+
+    # ---------------------------------------------------------------- API operations
+    def create(self, plural: str, namespace: str | None, body: dict[str, Any]) -> dict[str, Any]:
+        kind = KINDS[plural][0]
+        body = copy.deepcopy(body)
+        body.setdefault("apiVersion", "v1")
+        body.setdefault("kind", kind)
+        if body["kind"] != kind:
+            raise ApiError(400, "BadRequest", f"the body's kind {body['kind']} is not {kind}")
+        if plural == "pods":
+            body.pop("status", None)
+        validate(body)
+        if plural == "pods":
+            body["spec"].setdefault("schedulerName", "default-scheduler")
+            body["spec"].setdefault("restartPolicy", "Always")
+            body["status"] = {"phase": "Pending", "qosClass": "BestEffort"}
+        obj = self.store.create(plural, namespace, body)
+        return obj
+
+    def patch(
+        self, plural: str, namespace: str | None, name: str, patch: Any, content_type: str
+    ) -> dict[str, Any]:
+        current = self.store.get(plural, namespace, name)
+        if "json-patch" in content_type:
+            updated = json_patch(current, patch)
+        else:
+            updated = merge_patch(current, patch)
+        meta = updated.setdefault("metadata", {})
+        for fixed in ("name", "namespace", "uid", "creationTimestamp"):
+            if fixed in current["metadata"]:
+                meta[fixed] = current["metadata"][fixed]
+        validate(
+            {k: v for k, v in updated.items() if k != "status"} if plural == "pods" else updated
+        )
+        self.store.update(plural, updated)
+        if plural == "nodes":
+            self._reschedule.set()
+        return updated
+
+    async def delete(
+        self, plural: str, namespace: str | None, name: str, grace: float | None
+    ) -> dict[str, Any]:
+        obj = self.store.get(plural, namespace, name)
+        if plural != "pods":
+            return self.store.remove(plural, namespace, name)
+        if grace is None:
+            grace = obj["spec"].get("terminationGracePeriodSeconds", 30)
+        running = (obj["metadata"].get("namespace"), name) in self.kubelet.running
+        if not running or grace == 0:
+            await self.kubelet.stop(obj["metadata"]["namespace"], name, 0)
+            return self.store.remove(plural, namespace, name)
+        if not obj["metadata"].get("deletionTimestamp"):
+            obj = copy.deepcopy(obj)
+            obj["metadata"]["deletionTimestamp"] = now_iso()
+            obj["metadata"]["deletionGracePeriodSeconds"] = int(grace)
+            self.store.update("pods", obj)
+            self._spawn(self._terminate(obj["metadata"]["namespace"], name, grace))
+        return obj
+
+    async def _terminate(self, namespace: str, name: str, grace: float) -> None:
+        await self.kubelet.stop(namespace, name, grace)
+        try:
+            self.store.remove("pods", namespace, name)
+        except ApiError:
+            pass
+
+    # ---------------------------------------------------------------- scheduling
+    def _on_change(self, plural: str, kind: str, obj: dict[str, Any]) -> None:
+        if plural == "pods" and (kind == "DELETED" or not obj["spec"].get("nodeName")):
+            self._reschedule.set()
+        elif plural == "nodes":
+            self._reschedule.set()
+
+    def _spawn(self, coro: Any) -> None:
+        task = asyncio.ensure_future(coro)
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    async def _scheduler_loop(self) -> None:
+        while True:
+            await self._reschedule.wait()
+            self._reschedule.clear()
+            try:
+                self.schedule_pending()
+            except Exception:
+                log.exception("scheduling failed")
+            await asyncio.sleep(0.05)
+
+    def schedule_pending(self) -> None:
+        pods = [e.obj for e in self.store.entries("pods", None)]
+        pending = [
+            p
+            for p in pods
+            if not p["spec"].get("nodeName")
+            and p["status"].get("phase") == "Pending"
+            and not p["metadata"].get("deletionTimestamp")
+            and p["spec"].get("schedulerName", "") in self.served
+        ]
+        if not pending:
+            return
+        nodes = [e.obj for e in self.store.entries("nodes", None)]
+        usage = scheduler.usage_by_node(pods)
+        for pod in sorted(pending, key=lambda p: p["metadata"]["resourceVersion"]):
+            node, message = scheduler.schedule(pod, nodes, usage)
+            if node is None:
+                self._unschedulable(pod, message)
+                continue
+            node_use = usage.setdefault(node, {})
+            for k, v in scheduler.pod_requests(pod).items():
+                node_use[k] = node_use.get(k, 0) + v
+            node_use["pods"] = node_use.get("pods", 0) + 1
+            self._bind(pod, node)
+
+    def _condition(self, pod: dict[str, Any], type_: str, status: str, **extra: str) -> None:
+        conditions = [c for c in pod["status"].get("conditions") or [] if c["type"] != type_]
+        conditions.append(
+            {"type": type_, "status": status, "lastTransitionTime": now_iso(), **extra}
+        )
+        pod["status"]["conditions"] = conditions
+
+    def _unschedulable(self, pod: dict[str, Any], message: str) -> None:
+        current = next(
+            (c for c in pod["status"].get("conditions") or [] if c["type"] == "PodScheduled"), {}
+        )
+        if current.get("message") == message:
+            return  # nothing new to say
+        pod = copy.deepcopy(pod)
+        self._condition(pod, "PodScheduled", "False", reason="Unschedulable", message=message)
+        self.store.update("pods", pod)
+        self.event(pod, "Warning", "FailedScheduling", message, "default-scheduler")
+
+    def event(
+        self, pod: Mapping[str, Any], type_: str, reason: str, message: str, component: str
+    ) -> None:
+        meta = pod["metadata"]
+        now = now_iso()
+        self.store.create(
+            "events",
+            meta["namespace"],
+            {
+                "metadata": {"name": f"{meta['name']}.{uuid.uuid4().hex[:16]}"},
+                "involvedObject": {
+                    "kind": "Pod",
+                    "apiVersion": "v1",
+                    "name": meta["name"],
+                    "namespace": meta["namespace"],
+                    "uid": meta["uid"],
+                },
+                "reason": reason,
+                "message": message,
+                "type": type_,
+                "source": {"component": component},
+                "reportingComponent": component,
+                "firstTimestamp": now,
+                "lastTimestamp": now,
+                "count": 1,
+            },
+        )
+
+    def _bind(self, pod: dict[str, Any], node: str) -> None:
+        pod = copy.deepcopy(pod)
+        pod["spec"]["nodeName"] = node
+        pod["status"]["hostIP"] = "127.0.0.1"
+        pod["status"]["hostIPs"] = [{"ip": "127.0.0.1"}]
+        self._condition(pod, "PodScheduled", "True")
+        self.store.update("pods", pod)
+        meta = pod["metadata"]
+        self.event(
+            pod,
+            "Normal",
+            "Scheduled",
+            f"Successfully assigned {meta['namespace']}/{meta['name']} to {node}",
+            "default-scheduler",
+        )
+        self._spawn(self._run_pod(meta["namespace"], meta["name"]))
+
+    # ---------------------------------------------------------------- kubelet
+    def _current(self, namespace: str, name: str) -> dict[str, Any] | None:
+        try:
+            return copy.deepcopy(self.store.get("pods", namespace, name))
+        except ApiError:
+            return None
+
+    async def _run_pod(self, namespace: str, name: str) -> None:
+        pod = self._current(namespace, name)
+        if pod is None:
+            return
+        container = pod["spec"]["containers"][0]
+        try:
+            running = await self.kubelet.start(pod)
+        except RuntimeError as exc:
+            pod = self._current(namespace, name)
+            if pod is not None:
+                pod["status"]["phase"] = "Failed"
+                pod["status"]["message"] = str(exc)
+                self.store.update("pods", pod)
+                self.event(pod, "Warning", "Failed", str(exc), "kubelet")
+            return
+        started = now_iso()
+        pod = self._current(namespace, name)
+        if pod is None:
+            await self.kubelet.stop(namespace, name, 0)
+            return
+        status = pod["status"]
+        status.update(
+            {
+                "phase": "Running",
+                "podIP": running.ip,
+                "podIPs": [{"ip": running.ip}],
+                "startTime": started,
+            }
+        )
+        self._condition(pod, "Initialized", "True")
+        self._condition(pod, "ContainersReady", "False", reason="ContainersNotReady")
+        self._condition(pod, "Ready", "False", reason="ContainersNotReady")
+        status["containerStatuses"] = [
+            {
+                "name": container["name"],
+                "image": container.get("image", ""),
+                "imageID": "",
+                "ready": False,
+                "started": True,
+                "restartCount": 0,
+                "state": {"running": {"startedAt": started}},
+            }
+        ]
+        self.store.update("pods", pod)
+        self.event(pod, "Normal", "Started", f"Started container {container['name']}", "kubelet")
+        ports = [p.get("containerPort") for p in container.get("ports") or []]
+        process = running.process
+        ready = not ports
+        while process.returncode is None:
+            if not ready and await asyncio.to_thread(port_open, running.ip, int(ports[0])):
+                ready = True
+            if ready:
+                pod = self._current(namespace, name)
+                if pod is None:
+                    return
+                pod["status"]["containerStatuses"][0]["ready"] = True
+                self._condition(pod, "ContainersReady", "True")
+                self._condition(pod, "Ready", "True")
+                self.store.update("pods", pod)
+                break
+            try:
+                await asyncio.wait_for(process.wait(), 0.2)
+            except asyncio.TimeoutError:
+                pass
+        code = await process.wait()
+        pod = self._current(namespace, name)
+        if pod is None or pod["metadata"].get("deletionTimestamp"):
+            return  # deletion in progress: the pod disappears, no status to report
+        await self.kubelet.stop(namespace, name, 0)
+        policy = pod["spec"].get("restartPolicy", "Always")
+        pod["status"]["phase"] = "Succeeded" if code == 0 and policy != "Always" else "Failed"
+        pod["status"]["containerStatuses"][0].update(
+            {
+                "ready": False,
+                "started": False,
+                "state": {
+                    "terminated": {
+                        "exitCode": code,
+                        "reason": "Completed" if code == 0 else "Error",
+                        "startedAt": started,
+                        "finishedAt": now_iso(),
+                    }
+                },
+            }
+        )
+        self._condition(pod, "ContainersReady", "False", reason="PodCompleted")
+        self._condition(pod, "Ready", "False", reason="PodCompleted")
+        self.store.update("pods", pod)

@@ -1,0 +1,166 @@
+"""A kubelet that runs a bound pod's container command as a real local process.
+
+All "pods" share the host's network, so each gets its own loopback address (127.0.0.N) and the
+kubelet rewrites `0.0.0.0` in env values and args to that address: a server told to listen on
+all interfaces inside its pod listens on the pod's own IP here. Images are not pulled: the
+command runs from the current Python environment.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import socket
+import sys
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+#: What runs for a container with no command/args: jupyter docker-stacks images start
+#: jupyterhub-singleuser by default. Overridable per image with the topology's `images:` map.
+DEFAULT_COMMAND = ["jupyterhub-singleuser"]
+
+
+@dataclass
+class Running:
+    process: asyncio.subprocess.Process
+    ip: str
+    log_path: Path
+    waiter: asyncio.Task | None = None
+
+
+class IpPool:
+    """127.0.0.2 ... 127.0.254.254, one per running pod."""
+
+    def __init__(self) -> None:
+        self.used: set[str] = set()
+        self.next = 2
+
+    def take(self) -> str:
+        for _ in range(256 * 254):
+            n = self.next
+            self.next = self.next + 1 if self.next < 254 * 256 else 2
+            ip = f"127.0.{n // 256}.{n % 256}"
+            if n % 256 in (0, 255) or ip in self.used:
+                continue
+            self.used.add(ip)
+            return ip
+        raise RuntimeError("no free loopback address")
+
+    def give(self, ip: str) -> None:
+        self.used.discard(ip)
+
+
+def _field_ref(pod: Mapping[str, Any], path: str, ip: str) -> str:
+    if path == "status.podIP":
+        return ip
+    value: Any = pod
+    for part in path.split("."):
+        value = value.get(part, {}) if isinstance(value, Mapping) else {}
+    return value if isinstance(value, str) else ""
+
+
+def container_env(pod: Mapping[str, Any], container: Mapping[str, Any], ip: str) -> dict[str, str]:
+    env: dict[str, str] = {}
+    for item in container.get("env") or []:
+        if "value" in item:
+            env[item["name"]] = str(item["value"]).replace("0.0.0.0", ip)
+        elif field_ref := (item.get("valueFrom") or {}).get("fieldRef"):
+            env[item["name"]] = _field_ref(pod, field_ref.get("fieldPath", ""), ip)
+    return env
+
+
+def container_command(container: Mapping[str, Any], images: Mapping[str, list[str]]) -> list[str]:
+    command = list(container.get("command") or [])
+    args = list(container.get("args") or [])
+    if not command:
+        command = list(images.get(container.get("image", ""), DEFAULT_COMMAND)) if not args else []
+    return command + args
+
+
+class Kubelet:
+    def __init__(self, state_dir: Path, images: Mapping[str, list[str]] | None = None) -> None:
+        self.state_dir = state_dir
+        self.images = dict(images or {})
+        self.ips = IpPool()
+        self.running: dict[tuple[str, str], Running] = {}
+
+    def pod_dir(self, namespace: str, name: str) -> Path:
+        return self.state_dir / "pods" / namespace / name
+
+    async def start(self, pod: Mapping[str, Any]) -> Running:
+        meta = pod["metadata"]
+        key = (meta["namespace"], meta["name"])
+        container = pod["spec"]["containers"][0]
+        ip = self.ips.take()
+        home = self.pod_dir(*key) / "home"
+        home.mkdir(parents=True, exist_ok=True)
+        log_path = self.pod_dir(*key) / "container.log"
+        env = {
+            "PATH": os.pathsep.join([str(Path(sys.executable).parent), os.environ.get("PATH", "")]),
+            "HOME": str(home),
+            "LANG": os.environ.get("LANG", "C.UTF-8"),
+            "HOSTNAME": meta["name"],
+            "KUBERNETES_SERVICE_HOST": "127.0.0.1",
+        }
+        for passthrough in ("PYTHONPATH", "JUPYTER_CONFIG_PATH", "FRACSPAWNER_GPU_SOURCE"):
+            if passthrough in os.environ:
+                env[passthrough] = os.environ[passthrough]
+        env.update(container_env(pod, container, ip))
+        command = [c.replace("0.0.0.0", ip) for c in container_command(container, self.images)]
+        workdir = container.get("workingDir")
+        cwd = workdir if workdir and Path(workdir).is_dir() else str(home)
+        with open(log_path, "ab") as log:
+            try:
+                process = await asyncio.create_subprocess_exec(
+                    *command,
+                    env=env,
+                    cwd=cwd,
+                    stdout=log,
+                    stderr=log,
+                    stdin=asyncio.subprocess.DEVNULL,
+                    start_new_session=True,
+                )
+            except OSError as exc:
+                self.ips.give(ip)
+                raise RuntimeError(f"failed to start {command[:1]}: {exc}") from exc
+        running = Running(process, ip, log_path)
+        self.running[key] = running
+        return running
+
+    async def stop(self, namespace: str, name: str, grace: float) -> None:
+        running = self.running.pop((namespace, name), None)
+        if running is None:
+            return
+        process = running.process
+        if process.returncode is None:
+            _signal_group(process.pid, signal.SIGTERM)
+            try:
+                await asyncio.wait_for(process.wait(), timeout=max(grace, 0))
+            except asyncio.TimeoutError:
+                pass
+        _signal_group(process.pid, signal.SIGKILL)  # also children that outlived the leader
+        if process.returncode is None:
+            await process.wait()
+        self.ips.give(running.ip)
+
+    def kill_all(self) -> None:
+        for running in list(self.running.values()):
+            _signal_group(running.process.pid, signal.SIGKILL)
+            self.ips.give(running.ip)
+        self.running.clear()
+
+
+def _signal_group(pid: int, sig: int) -> None:
+    try:
+        os.killpg(pid, sig)
+    except (ProcessLookupError, PermissionError):
+        pass
+
+
+def port_open(ip: str, port: int) -> bool:
+    with socket.socket() as s:
+        s.settimeout(0.2)
+        return s.connect_ex((ip, port)) == 0

@@ -1,0 +1,180 @@
+"""A scheduler that filters nodes the way kube-scheduler's default plugins do.
+
+Filter order follows the default profile (NodeUnschedulable, TaintToleration, NodeAffinity,
+NodeResourcesFit); a node fails on its first failing filter, except resources, where every
+insufficient resource is reported. The message matches kube-scheduler's FitError:
+reasons "<count> <reason>" sorted as strings, then the preemption sentence
+(kubernetes pkg/scheduler/framework/types.go, FitError.Error()).
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Iterable, Mapping
+from decimal import Decimal
+from typing import Any
+
+from kubernetes.utils.quantity import parse_quantity
+
+NATIVE = ("cpu", "memory", "ephemeral-storage")
+
+
+def quantity(value: Any) -> Decimal:
+    try:
+        return parse_quantity(value)
+    except (ValueError, TypeError):
+        return Decimal(0)
+
+
+def pod_requests(pod: Mapping[str, Any]) -> dict[str, Decimal]:
+    """Effective requests: sum over containers, max with each init container.
+
+    For extended resources a limit without a request implies the request (they must be equal).
+    """
+
+    def container_requests(c: Mapping[str, Any]) -> dict[str, Decimal]:
+        resources = c.get("resources") or {}
+        requests = {k: quantity(v) for k, v in (resources.get("requests") or {}).items()}
+        for k, v in (resources.get("limits") or {}).items():
+            requests.setdefault(k, quantity(v))
+        return requests
+
+    spec = pod.get("spec") or {}
+    total: dict[str, Decimal] = {}
+    for c in spec.get("containers") or []:
+        for k, v in container_requests(c).items():
+            total[k] = total.get(k, Decimal(0)) + v
+    for c in spec.get("initContainers") or []:
+        for k, v in container_requests(c).items():
+            total[k] = max(total.get(k, Decimal(0)), v)
+    return total
+
+
+def holds_resources(pod: Mapping[str, Any]) -> bool:
+    return bool((pod.get("spec") or {}).get("nodeName")) and (pod.get("status") or {}).get(
+        "phase"
+    ) not in ("Succeeded", "Failed")
+
+
+def _tolerates(tolerations: Iterable[Mapping[str, Any]], taint: Mapping[str, Any]) -> bool:
+    for t in tolerations:
+        if t.get("effect") and t["effect"] != taint.get("effect"):
+            continue
+        if t.get("operator") == "Exists":
+            if not t.get("key") or t["key"] == taint.get("key"):
+                return True
+        elif t.get("key") == taint.get("key") and (t.get("value") or "") == (
+            taint.get("value") or ""
+        ):
+            return True
+    return False
+
+
+def _term_matches(term: Mapping[str, Any], labels: Mapping[str, str]) -> bool:
+    for expr in term.get("matchExpressions") or []:
+        key, op, values = expr.get("key"), expr.get("operator"), expr.get("values") or []
+        value = labels.get(key)
+        if op == "In" and value not in values:
+            return False
+        if op == "NotIn" and value in values:
+            return False
+        if op == "Exists" and key not in labels:
+            return False
+        if op == "DoesNotExist" and key in labels:
+            return False
+        if op in ("Gt", "Lt"):
+            try:
+                ok = int(value) > int(values[0]) if op == "Gt" else int(value) < int(values[0])
+            except (TypeError, ValueError, IndexError):
+                ok = False
+            if not ok:
+                return False
+    return True
+
+
+def _affinity_ok(pod: Mapping[str, Any], labels: Mapping[str, str]) -> bool:
+    spec = pod.get("spec") or {}
+    for k, v in (spec.get("nodeSelector") or {}).items():
+        if labels.get(k) != v:
+            return False
+    required = ((spec.get("affinity") or {}).get("nodeAffinity") or {}).get(
+        "requiredDuringSchedulingIgnoredDuringExecution"
+    ) or {}
+    terms = required.get("nodeSelectorTerms") or []
+    return not terms or any(_term_matches(t, labels) for t in terms)
+
+
+def node_failures(
+    pod: Mapping[str, Any], node: Mapping[str, Any], used: Mapping[str, Decimal]
+) -> list[str]:
+    """Why `pod` does not fit `node` (empty: it fits)."""
+    if (node.get("spec") or {}).get("unschedulable"):
+        return ["node(s) were unschedulable"]
+    tolerations = (pod.get("spec") or {}).get("tolerations") or []
+    for taint in (node.get("spec") or {}).get("taints") or []:
+        if taint.get("effect") in ("NoSchedule", "NoExecute") and not _tolerates(
+            tolerations, taint
+        ):
+            return [
+                f"node(s) had untolerated taint {{{taint.get('key')}: {taint.get('value', '')}}}"
+            ]
+    labels = (node.get("metadata") or {}).get("labels") or {}
+    if not _affinity_ok(pod, labels):
+        return ["node(s) didn't match Pod's node affinity/selector"]
+    allocatable = (node.get("status") or {}).get("allocatable") or {}
+    failures = []
+    for resource, amount in sorted(pod_requests(pod).items()):
+        if amount <= 0:
+            continue
+        have = quantity(allocatable.get(resource, 0)) - used.get(resource, Decimal(0))
+        if amount > have:
+            failures.append(f"Insufficient {resource}")
+    pods_allowed = quantity(allocatable.get("pods", 110))
+    if used.get("pods", Decimal(0)) + 1 > pods_allowed:
+        failures.append("Too many pods")
+    return failures
+
+
+def usage_by_node(pods: Iterable[Mapping[str, Any]]) -> dict[str, dict[str, Decimal]]:
+    usage: dict[str, dict[str, Decimal]] = {}
+    for pod in pods:
+        if not holds_resources(pod):
+            continue
+        node_use = usage.setdefault(pod["spec"]["nodeName"], {})
+        for k, v in pod_requests(pod).items():
+            node_use[k] = node_use.get(k, Decimal(0)) + v
+        node_use["pods"] = node_use.get("pods", Decimal(0)) + 1
+    return usage
+
+
+def schedule(
+    pod: Mapping[str, Any],
+    nodes: list[Mapping[str, Any]],
+    usage: Mapping[str, Mapping[str, Decimal]],
+) -> tuple[str | None, str]:
+    """(node name, "") for the first fitting node in least-allocated order, else (None, message)."""
+    reasons: Counter[str] = Counter()
+    fitting = []
+    for node in nodes:
+        name = node["metadata"]["name"]
+        failures = node_failures(pod, node, usage.get(name, {}))
+        if failures:
+            reasons.update(failures)
+        else:
+            fitting.append(name)
+    if fitting:
+        # spread like the default LeastAllocated score: fewest pods first, then name
+        return min(fitting, key=lambda n: (usage.get(n, {}).get("pods", 0), n)), ""
+    return None, fit_error(len(nodes), reasons)
+
+
+def fit_error(num_nodes: int, reasons: Counter[str]) -> str:
+    parts = sorted(f"{count} {reason}" for reason, count in reasons.items())
+    message = f"0/{num_nodes} nodes are available"
+    if parts:
+        message += ": " + ", ".join(parts)
+    message += "."
+    return (
+        message + f" preemption: 0/{num_nodes} nodes are available: {num_nodes} Preemption is not "
+        "helpful for scheduling."
+    )

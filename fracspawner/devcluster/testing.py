@@ -1,0 +1,151 @@
+"""`devcluster_process`: the devcluster in a subprocess, for tests, benchmarks and the demo."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+READY = re.compile(r"devcluster ready: (\S+) kubeconfig=(\S+)")
+
+
+@dataclass
+class DevClusterProcess:
+    url: str
+    kubeconfig: Path
+    state_dir: Path
+    process: subprocess.Popen
+
+    def client(self) -> _Client:
+        return _Client(self.url)
+
+
+class _Client:
+    """A tiny synchronous JSON client for assertions in tests."""
+
+    def __init__(self, url: str) -> None:
+        self.url = url
+
+    def request(
+        self, method: str, path: str, body: Any = None, content_type: str = "application/json"
+    ) -> tuple[int, Any]:
+        data = None if body is None else json.dumps(body).encode()
+        req = urllib.request.Request(self.url + path, data=data, method=method)
+        if data is not None:
+            req.add_header("Content-Type", content_type)
+        try:
+            with urllib.request.urlopen(req, timeout=30) as resp:
+                return resp.status, json.loads(resp.read() or b"null")
+        except urllib.error.HTTPError as exc:
+            return exc.code, json.loads(exc.read() or b"null")
+
+    def get(self, path: str) -> Any:
+        status, body = self.request("GET", path)
+        assert status == 200, (status, body)
+        return body
+
+    def pods(self, namespace: str = "default", **params: str) -> list[dict]:
+        query = "&".join(f"{k}={urllib.request.quote(v)}" for k, v in params.items())
+        return self.get(f"/api/v1/namespaces/{namespace}/pods?{query}")["items"]
+
+
+def _pod_processes(state_dir: Path) -> list[int]:
+    """Processes of the devcluster's pods: their HOME is under the state dir (kernels too)."""
+    needle = f"HOME={state_dir.resolve()}/".encode()
+    found = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            env = (entry / "environ").read_bytes()
+        except OSError:
+            continue
+        if any(item.startswith(needle) for item in env.split(b"\0")):
+            found.append(int(entry.name))
+    return found
+
+
+@contextmanager
+def devcluster_process(
+    topology: Mapping[str, Any] | str | Path, tmp_path: Path, *, timeout: float = 30
+) -> Iterator[DevClusterProcess]:
+    """Run `python -m fracspawner devcluster` in its own process group; stop it on exit and
+    check that none of its processes (pods' processes included) is left behind."""
+    tmp_path = Path(tmp_path)
+    tmp_path.mkdir(parents=True, exist_ok=True)
+    if isinstance(topology, Mapping):
+        topo_file = tmp_path / "topology.yaml"
+        topo_file.write_text(yaml.safe_dump(dict(topology)))
+    else:
+        topo_file = Path(topology)
+    kubeconfig = tmp_path / "kubeconfig"
+    state_dir = tmp_path / "state"
+    log_path = tmp_path / "devcluster.log"
+    log = open(log_path, "w")  # noqa: SIM115 - closed below
+    process = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "fracspawner",
+            "devcluster",
+            "--topology",
+            str(topo_file),
+            "--port",
+            "0",
+            "--kubeconfig",
+            str(kubeconfig),
+            "--state-dir",
+            str(state_dir),
+        ],
+        stdout=subprocess.PIPE,
+        stderr=log,
+        text=True,
+        start_new_session=True,
+        env={**os.environ, "PYTHONUNBUFFERED": "1"},
+    )
+    try:
+        url = None
+        deadline = time.monotonic() + timeout
+        assert process.stdout is not None
+        while time.monotonic() < deadline:
+            line = process.stdout.readline()
+            if not line and process.poll() is not None:
+                break
+            if match := READY.search(line or ""):
+                url = match.group(1)
+                break
+        if url is None:
+            process.kill()
+            raise RuntimeError(f"devcluster did not start:\n{log_path.read_text()[-3000:]}")
+        yield DevClusterProcess(url, kubeconfig, state_dir, process)
+    finally:
+        if process.poll() is None:
+            process.send_signal(signal.SIGTERM)
+            try:
+                process.wait(20)
+            except subprocess.TimeoutExpired:
+                pass
+        left = _pod_processes(state_dir)
+        for pid in left:
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+        if process.poll() is None:
+            process.kill()
+            process.wait(5)
+        log.close()
+        assert not left, f"devcluster left pod processes behind: {left}"
