@@ -88,6 +88,8 @@
     return found ? found.offer.mode : "none";
   }
 
+  let currentMode = "none";
+
   function setMode(modeId, userAction) {
     for (const [id, button] of Object.entries(tabButtons)) {
       const on = id === modeId;
@@ -101,10 +103,12 @@
     if (modeId === "none") {
       document.getElementById("fs-gpu-none").checked = true;
     } else if (modeOf(selectedGpu()) !== modeId) {
-      // pick the first size the user can take in this mode
+      // pick the first size the user can take in this mode; when there is none, fall back to
+      // "no GPU" so a hidden size from another mode is never submitted behind the user's back
       const first = root.querySelector(`fieldset.fs-mode[data-mode="${modeId}"] input[name="gpu"]:not([disabled])`);
-      if (first) first.checked = true;
+      (first || document.getElementById("fs-gpu-none")).checked = true;
     }
+    currentMode = modeId;
     render();
   }
 
@@ -118,8 +122,14 @@
 
   function render() {
     const spec = selectedGpu();
-    poolCards.replaceChildren();
     const options = spec === "none" ? [] : offersFor(spec);
+    // a pool chosen for an earlier size may not serve this one: the server would refuse it
+    if (poolSelect.value && !options.some((o) => o.pool.name === poolSelect.value && o.offer.allowed)) {
+      poolSelect.value = "";
+    }
+    // cards are rebuilt on every change and refresh: keep keyboard focus on the same card
+    const focusedPool = poolCards.contains(document.activeElement) ? document.activeElement.dataset.pool : null;
+    poolCards.replaceChildren();
     if (options.length) poolCards.appendChild(el("p", { class: "fs-pool-cards-title small" }, "Pools that can serve it:"));
     for (const { pool, offer } of options) {
       const chosen = poolSelect.value === pool.name;
@@ -145,11 +155,16 @@
         render();
       });
       poolCards.appendChild(card);
+      if (focusedPool === pool.name) card.focus();
     }
     summaryLine.textContent = summaryText(spec, options);
   }
 
   function summaryText(spec, options) {
+    if (spec === "none" && currentMode !== "none") {
+      const label = (model.modes.find((m) => m.id === currentMode) || {}).label || currentMode;
+      return `Nothing under “${label}” is available to you (the reason is under each size). Start now gives a CPU-only server.`;
+    }
     if (spec === "none") return "You will get: a CPU-only server (no GPU).";
     const usable = options.filter((o) => o.offer.allowed);
     let pick = usable.find((o) => o.pool.name === poolSelect.value);
@@ -206,7 +221,8 @@
   root.addEventListener("change", (event) => {
     if (event.target.name === "gpu" || event.target === poolSelect) render();
   });
-  setMode(modeOf(selectedGpu()), false);
+  currentMode = modeOf(selectedGpu());
+  setMode(currentMode, false);
   render();
   if (apiUrl) {
     refresh();
