@@ -148,7 +148,7 @@ class Browserless:
 
 def error_on_page(html: str) -> str:
     """The error message JupyterHub shows on the spawn form, as text."""
-    match = re.search(r'class="alert alert-danger"[^>]*>(.*?)</div>', html, re.S)
+    match = re.search(r'class="spawn-error-msg alert alert-danger"[^>]*>(.*?)</p>', html, re.S)
     return re.sub(r"\s+", " ", re.sub(r"<[^>]+>", "", match.group(1))).strip() if match else ""
 
 
