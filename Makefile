@@ -27,11 +27,13 @@ node_modules/.bin/configurable-http-proxy: package.json
 	npm install --no-audit --no-fund --loglevel=error
 	@touch $@
 
-# Debian packages the tests use: chromium (picker browser tests), prometheus (culler tests).
+# Debian packages the tests use: chromium (picker browser tests), prometheus (culler tests),
+# kubectl (devcluster conformance; Debian's package is kubernetes-client).
 $(STAMPS)/system-deps:
 	@missing=""; \
 	command -v chromium >/dev/null || missing="$$missing chromium"; \
 	command -v prometheus >/dev/null || missing="$$missing prometheus"; \
+	command -v kubectl >/dev/null || missing="$$missing kubernetes-client"; \
 	if [ -n "$$missing" ]; then \
 	  SUDO=$$( [ "$$(id -u)" = 0 ] || echo sudo ); \
 	  $$SUDO apt-get update -qq && DEBIAN_FRONTEND=noninteractive $$SUDO apt-get install -y -qq $$missing; \

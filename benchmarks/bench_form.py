@@ -83,7 +83,7 @@ async def _bench(kubeconfig: Path, catalog: dict[str, Any]) -> dict[str, Any]:
     for i in range(5):
         version = watcher._version(watcher._nodes, watcher._pods)
         await _create_pod(kubeconfig, f"bench-change-{i}")
-        while watcher._version(watcher._nodes, watcher._pods) == version:  # noqa: ASYNC110
+        while watcher._version(watcher._nodes, watcher._pods) == version:
             await asyncio.sleep(0.01)
         before = counter["n"]
         after_change.append(await _median_render(lambda: frac._render_options_form_async(frac), 1))
