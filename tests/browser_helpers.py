@@ -147,3 +147,14 @@ def free_count(text: str) -> int:
     match = re.search(r"(\d+) of (\d+) free", text)
     assert match, f"no 'N of M free' in {text!r}"
     return int(match.group(1))
+
+
+def stop_all_servers(hub: Any, cluster: Any) -> None:
+    """Stop every server of every user, so one failed test leaves nothing for the next."""
+    from tests.e2e_helpers import stop
+
+    status, users = hub.api("GET", "/users")
+    assert status == 200, users
+    for user in users:
+        for server in (user.get("servers") or {}).keys():
+            stop(hub, user["name"], server, cluster=cluster)

@@ -24,6 +24,7 @@ from tests.browser_helpers import (
     new_page,
     open_spawn_form,
     posted_fields,
+    stop_all_servers,
     tab_to,
     wait_for_lab,
 )
@@ -32,7 +33,6 @@ from tests.e2e_helpers import (
     ensure_group,
     server_pods,
     spawn,
-    stop,
     the_pod,
 )
 
@@ -55,6 +55,12 @@ REFRESH_WAIT_MS = 30_000
 def browser():
     with chromium() as launched:
         yield launched
+
+
+@pytest.fixture(autouse=True)
+def _clean_servers(hub, devcluster):
+    yield
+    stop_all_servers(hub, devcluster)
 
 
 def _tab(page, mode: str):
@@ -147,7 +153,6 @@ def test_each_mode_shows_live_counts_and_spawn_lands_in_jupyterlab(hub, devclust
     page.locator('input[name="gpu"][value="mig-1g.10gb"]').check()
     assert free_count(badge_text(page, "a100-mig")) == before - 1
     page.close()
-    stop(hub, "mira", cluster=devcluster)
 
 
 def test_refused_choice_shows_its_message_and_disabled_options_say_why(hub, devcluster, browser):
@@ -186,7 +191,6 @@ def test_refused_choice_shows_its_message_and_disabled_options_say_why(hub, devc
     reason = page.locator('.fs-choice:has(input[value="1/4"]) li[data-pool=h100] .fs-reason')
     assert "your quota has 0.125 left" in reason.inner_text()
     page.close()
-    stop(hub, "dana", "side", cluster=devcluster)
 
 
 def test_counts_refresh_and_are_announced_then_marked_stale(hub, devcluster, browser):
@@ -233,8 +237,6 @@ def test_counts_refresh_and_are_announced_then_marked_stale(hub, devcluster, bro
     wait_for_lab(page, hub.url, "erin")
     assert _labels(the_pod(devcluster, "erin"))["fracspawner.io/gpu"] == "0.125"
     page.close()
-    stop(hub, "olga", cluster=devcluster)
-    stop(hub, "erin", cluster=devcluster)
 
 
 def test_keyboard_only_spawn(hub, devcluster, browser):
@@ -273,7 +275,6 @@ def test_keyboard_only_spawn(hub, devcluster, browser):
     assert _labels(pod)["fracspawner.io/gpu"] == "20Gi"
     assert _labels(pod)["fracspawner.io/pool"] == "h100"
     page.close()
-    stop(hub, "kira", cluster=devcluster)
 
 
 def test_spawn_with_javascript_disabled(hub, devcluster, browser):
@@ -302,7 +303,6 @@ def test_spawn_with_javascript_disabled(hub, devcluster, browser):
     assert _labels(pod)["fracspawner.io/gpu"] == "0.125"
     assert _labels(pod)["fracspawner.io/pool"] == "h100"
     page.close()
-    stop(hub, "noah", cluster=devcluster)
 
 
 @pytest.mark.parametrize("scheme", ["light", "dark"])
