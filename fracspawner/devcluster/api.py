@@ -156,7 +156,9 @@ class Collection(Base):
                 if left <= 0:
                     break
                 try:
-                    line = await asyncio.wait_for(w.queue.get(), timeout=min(left, 10))
+                    line = await asyncio.wait_for(
+                        w.queue.get(), timeout=min(left, self.cluster.bookmark_interval)
+                    )
                 except asyncio.TimeoutError:
                     if bookmarks:
                         kind = KINDS[plural][0]

@@ -88,6 +88,10 @@ def json_patch(target: Any, operations: list[Mapping[str, Any]]) -> Any:
 class DevCluster:
     """A local Kubernetes stand-in: `async with DevCluster(topology) as cluster:`."""
 
+    #: seconds of silence after which a watch that allows bookmarks gets one (the apiserver
+    #: sends them about once a minute; shorter here so clients resume from recent versions)
+    bookmark_interval: float = 10.0
+
     def __init__(
         self,
         topology: dict | str | Path,

@@ -10,10 +10,11 @@ from __future__ import annotations
 
 import asyncio
 import os
+import random
 import signal
 import socket
 import sys
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -32,18 +33,24 @@ class Running:
 
 
 class IpPool:
-    """127.0.0.2 ... 127.0.254.254, one per running pod."""
+    """127.0.0.2 ... 127.0.254.254, one per running pod.
 
-    def __init__(self) -> None:
+    Several devclusters may share a machine (a demo beside a test run, parallel test runs), and
+    they cannot see each other's pods: each starts at a random address, and an address where a
+    container port is already taken is skipped, so a pod never answers on another's socket.
+    """
+
+    def __init__(self, seed: int | None = None) -> None:
         self.used: set[str] = set()
-        self.next = 2
+        self.next = random.Random(seed).randrange(2, 254 * 256)
 
-    def take(self) -> str:
+    def take(self, ports: Iterable[int] = ()) -> str:
+        ports = list(ports)
         for _ in range(256 * 254):
             n = self.next
             self.next = self.next + 1 if self.next < 254 * 256 else 2
             ip = f"127.0.{n // 256}.{n % 256}"
-            if n % 256 in (0, 255) or ip in self.used:
+            if n % 256 in (0, 255) or ip in self.used or not ports_free(ip, ports):
                 continue
             self.used.add(ip)
             return ip
@@ -51,6 +58,17 @@ class IpPool:
 
     def give(self, ip: str) -> None:
         self.used.discard(ip)
+
+
+def ports_free(ip: str, ports: Iterable[int]) -> bool:
+    """Whether nothing listens on `ip` at any of `ports` (a test bind, like the process's own)."""
+    for port in ports:
+        with socket.socket() as s:
+            try:
+                s.bind((ip, port))
+            except OSError:
+                return False
+    return True
 
 
 def _field_ref(pod: Mapping[str, Any], path: str, ip: str) -> str:
@@ -94,7 +112,8 @@ class Kubelet:
         meta = pod["metadata"]
         key = (meta["namespace"], meta["name"])
         container = pod["spec"]["containers"][0]
-        ip = self.ips.take()
+        ports = [int(p["containerPort"]) for p in container.get("ports") or []]
+        ip = self.ips.take(ports)
         home = self.pod_dir(*key) / "home"
         home.mkdir(parents=True, exist_ok=True)
         log_path = self.pod_dir(*key) / "container.log"
@@ -142,13 +161,15 @@ class Kubelet:
             except asyncio.TimeoutError:
                 pass
         _signal_group(process.pid, signal.SIGKILL)  # also children that outlived the leader
+        _kill_escaped(self.pod_dir(namespace, name) / "home")
         if process.returncode is None:
             await process.wait()
         self.ips.give(running.ip)
 
     def kill_all(self) -> None:
-        for running in list(self.running.values()):
+        for (namespace, name), running in list(self.running.items()):
             _signal_group(running.process.pid, signal.SIGKILL)
+            _kill_escaped(self.pod_dir(namespace, name) / "home")
             self.ips.give(running.ip)
         self.running.clear()
 
@@ -158,6 +179,27 @@ def _signal_group(pid: int, sig: int) -> None:
         os.killpg(pid, sig)
     except (ProcessLookupError, PermissionError):
         pass
+
+
+def _kill_escaped(home: Path) -> None:
+    """SIGKILL what a pod started outside its process group, as a container's cgroup would.
+
+    jupyter_client starts kernels with start_new_session=True (launcher.py), so a notebook's
+    kernels are not in the server's process group; they still carry the pod's HOME.
+    """
+    needle = f"HOME={home}".encode()
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            environ = (entry / "environ").read_bytes()
+        except OSError:
+            continue
+        if needle in environ.split(b"\0"):
+            try:
+                os.kill(int(entry.name), signal.SIGKILL)
+            except ProcessLookupError:
+                pass
 
 
 def port_open(ip: str, port: int) -> bool:

@@ -1,0 +1,251 @@
+"""devcluster behaviours that need its knobs or a big topology: an in-process DevCluster per test
+(it starts in milliseconds), driven through kubernetes_asyncio; plus `devcluster_process`'s own
+promise that nothing it started outlives it."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import signal
+import socket
+import sys
+import time
+import urllib.error
+import urllib.request
+from collections import Counter, deque
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import pytest
+from kubernetes_asyncio import client, watch
+from kubernetes_asyncio.client.rest import ApiException
+
+from fracspawner.devcluster import DevCluster
+from fracspawner.devcluster.kubelet import IpPool
+from fracspawner.devcluster.testing import devcluster_process
+from fracspawner.devcluster.topology import generate_large
+
+pytestmark = pytest.mark.e2e
+
+ONE_NODE = {"nodes": [{"name": "node-1", "capacity": {"cpu": "4", "memory": "8Gi"}}]}
+
+
+@pytest.fixture
+async def cluster(tmp_path: Path, request) -> AsyncIterator[DevCluster]:
+    topology = getattr(request, "param", ONE_NODE)
+    async with DevCluster(topology, state_dir=tmp_path / "state") as running:
+        yield running
+
+
+@pytest.fixture
+async def api(cluster: DevCluster) -> AsyncIterator[client.CoreV1Api]:
+    config = client.Configuration(host=cluster.url)
+    async with client.ApiClient(config) as api_client:
+        yield client.CoreV1Api(api_client)
+
+
+def configmap(name: str) -> dict:
+    return {"metadata": {"name": name}, "data": {"k": name}}
+
+
+async def collect(stream: watch.Watch) -> list[dict]:
+    return [{"type": e["type"], **e["raw_object"]} async for e in stream]
+
+
+def alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    with open(f"/proc/{pid}/stat") as f:
+        return f.read().split(") ", 1)[1][0] != "Z"
+
+
+async def wait_for(probe, what: str, timeout: float = 20):
+    deadline = time.monotonic() + timeout
+    while not (result := await probe()):
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out waiting for {what}")
+        await asyncio.sleep(0.05)
+    return result
+
+
+# ---------------------------------------------------------------- watch history
+async def test_watch_from_a_compacted_version_is_410_expired(cluster, api):
+    cluster.store.history = deque(maxlen=3)  # keep only the last 3 events, like a compacted etcd
+    versions = []
+    for i in range(6):
+        created = await api.create_namespaced_config_map("default", configmap(f"cm-{i}"))
+        versions.append(created.metadata.resource_version)
+
+    with pytest.raises(ApiException) as info:
+        await collect(
+            watch.Watch().stream(
+                api.list_namespaced_config_map,
+                "default",
+                resource_version=versions[0],
+                timeout_seconds=1,
+            )
+        )
+    assert info.value.status == 410 and "Expired" in info.value.reason
+
+    # the same over plain HTTP: a Status object
+    url = (
+        f"{cluster.url}/api/v1/namespaces/default/configmaps?watch=1&resourceVersion={versions[0]}"
+    )
+    with pytest.raises(urllib.error.HTTPError) as http:
+        await asyncio.to_thread(urllib.request.urlopen, url, timeout=5)
+    status = json.loads(http.value.read())
+    assert http.value.code == 410
+    assert (status["kind"], status["status"], status["reason"], status["code"]) == (
+        "Status",
+        "Failure",
+        "Expired",
+        410,
+    )
+    assert status["message"].startswith(f"too old resource version: {versions[0]}")
+
+    # a version still inside the window resumes with exactly what came after it
+    events = await collect(
+        watch.Watch().stream(
+            api.list_namespaced_config_map,
+            "default",
+            resource_version=versions[4],
+            timeout_seconds=1,
+        )
+    )
+    assert [(e["type"], e["metadata"]["name"]) for e in events] == [("ADDED", "cm-5")]
+
+
+async def test_bookmarks_only_when_allowed(cluster, api):
+    cluster.bookmark_interval = 0.2
+    await api.create_namespaced_config_map("default", configmap("marked"))
+    rv = str(cluster.store.rv)
+
+    def stream(**kwargs) -> watch.Watch:
+        return watch.Watch().stream(
+            api.list_namespaced_config_map,
+            "default",
+            resource_version=rv,
+            timeout_seconds=1,
+            **kwargs,
+        )
+
+    with_bookmarks = await collect(stream(allow_watch_bookmarks=True))
+    assert with_bookmarks and {e["type"] for e in with_bookmarks} == {"BOOKMARK"}
+    assert with_bookmarks[0]["kind"] == "ConfigMap"
+    assert with_bookmarks[0]["metadata"]["resourceVersion"] == rv
+    assert await collect(stream()) == []  # the watch simply ends after timeoutSeconds
+
+
+async def test_bad_selectors_are_400(api):
+    for kwargs in ({"label_selector": "a in b"}, {"field_selector": "spec.bogus=1"}):
+        with pytest.raises(ApiException) as info:
+            await api.list_namespaced_pod("default", **kwargs)
+        assert info.value.status == 400
+        assert json.loads(info.value.body)["reason"] == "BadRequest"
+
+
+# ---------------------------------------------------------------- a 20,000-pod cluster
+LARGE = generate_large(nodes=1000, pods=20000)
+
+
+@pytest.mark.parametrize("cluster", [LARGE], indirect=True)
+async def test_large_topology_loads_and_lists(cluster, api):
+    async def listed(method, *args, **kwargs) -> list[dict]:
+        # kubespawner's reflectors list with _preload_content=False and parse the JSON themselves
+        resp = await method(*args, _preload_content=False, **kwargs)
+        return json.loads(await resp.read())["items"]
+
+    pods = await listed(api.list_pod_for_all_namespaces)
+    assert len(pods) == 20000
+    assert len({p["metadata"]["name"] for p in pods}) == 20000
+    assert len(await listed(api.list_node)) == 1000
+    assert len(await listed(api.list_namespaced_pod, "default")) == 20000
+
+    by_pool = Counter(p["labels"].get("fracspawner.io/pool") for p in LARGE["pods"])
+    by_node = Counter(p["node"] for p in LARGE["pods"])
+    for pool in ("a100-mig", "h100", "t4"):
+        got = await listed(
+            api.list_namespaced_pod, "default", label_selector=f"fracspawner.io/pool={pool}"
+        )
+        assert len(got) == by_pool[pool] > 0
+    got = await listed(api.list_namespaced_pod, "default", label_selector="!fracspawner.io/pool")
+    assert len(got) == by_pool[None]
+    node = "h100-0001"
+    got = await listed(api.list_namespaced_pod, "default", field_selector=f"spec.nodeName={node}")
+    assert len(got) == by_node[node] and {p["spec"]["nodeName"] for p in got} == {node}
+    # the typed path kubernetes_asyncio users take, on a selected subset
+    typed = await api.list_namespaced_pod(
+        "default", label_selector="fracspawner.io/gpu=mig-1g.10gb,app=jupyterhub"
+    )
+    assert len(typed.items) == by_pool["a100-mig"]
+    assert all(p.status.phase == "Running" for p in typed.items)
+
+
+# ---------------------------------------------------------------- processes
+ESCAPE = (
+    "import subprocess, sys; "
+    "child = subprocess.Popen(['sleep', '600'], start_new_session=True); "
+    "print(child.pid, flush=True); subprocess.run(['sleep', '600'])"
+)
+
+
+async def test_deleting_a_pod_ends_what_it_started_outside_its_group(cluster, api):
+    """Jupyter starts kernels in their own session; deleting the pod still ends them."""
+    body = {
+        "metadata": {"name": "escaper"},
+        "spec": {
+            "containers": [{"name": "c", "image": "x", "command": [sys.executable, "-c", ESCAPE]}]
+        },
+    }
+    await api.create_namespaced_pod("default", body)
+
+    async def child_pid() -> int | None:
+        log = await api.read_namespaced_pod_log("escaper", "default")
+        return int(log.split()[0]) if log.strip() else None
+
+    pid = await wait_for(child_pid, "the escaped child's pid")
+    try:
+        assert alive(pid)
+        await api.delete_namespaced_pod("escaper", "default", grace_period_seconds=0)
+        await wait_for(lambda: asyncio.to_thread(lambda: not alive(pid)), "the escaped child ends")
+    finally:
+        if alive(pid):  # the test failed: still leave nothing behind
+            os.kill(pid, signal.SIGKILL)
+
+
+def test_pod_addresses_skip_those_whose_port_is_taken():
+    # another devcluster's pod (or anything) listening there must not be mistaken for ours
+    first = IpPool(seed=7).take([18888])
+    with socket.socket() as other:
+        other.bind((first, 18888))
+        other.listen()
+        assert IpPool(seed=7).take([18888]) != first
+        assert IpPool(seed=7).take([18889]) == first
+
+
+def test_devcluster_process_leaves_no_process_behind(tmp_path):
+    topology = {**ONE_NODE, "images": {"example.org/escaper:1": [sys.executable, "-c", ESCAPE]}}
+    with devcluster_process(topology, tmp_path) as running:
+        api = running.client()
+        status, body = api.request(
+            "POST",
+            "/api/v1/namespaces/default/pods",
+            {
+                "metadata": {"name": "p"},
+                "spec": {"containers": [{"name": "c", "image": "example.org/escaper:1"}]},
+            },
+        )
+        assert status == 201, body
+        log = running.state_dir / "pods" / "default" / "p" / "container.log"
+        deadline = time.monotonic() + 20
+        while not (log.exists() and log.read_text().strip()) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        escaped = int(log.read_text().split()[0])
+        devcluster_pid = running.process.pid
+        assert alive(escaped)
+    # the context's own check passed (it raises if it had to kill anything)
+    assert not alive(escaped)
+    assert running.process.returncode is not None and not alive(devcluster_pid)
