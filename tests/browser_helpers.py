@@ -11,6 +11,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
+from urllib.parse import quote
 
 import pytest
 
@@ -151,10 +152,12 @@ def free_count(text: str) -> int:
 
 def stop_all_servers(hub: Any, cluster: Any) -> None:
     """Stop every server of every user, so one failed test leaves nothing for the next."""
-    from tests.e2e_helpers import stop
+    from tests.e2e_helpers import pods, stop, wait_until
 
     status, users = hub.api("GET", "/users")
     assert status == 200, users
     for user in users:
         for server in (user.get("servers") or {}).keys():
-            stop(hub, user["name"], server, cluster=cluster)
+            stop(hub, quote(user["name"], safe=""), server)
+    # by label, not user name: kubespawner escapes names that are not label-safe
+    wait_until(lambda: not pods(cluster, component="singleuser-server"), what="pods deleted")
