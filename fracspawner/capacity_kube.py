@@ -20,7 +20,7 @@ _BLOCKING_EFFECTS = frozenset({"NoSchedule", "NoExecute"})
 _NATIVE_RESOURCES = frozenset({"cpu", "memory", "ephemeral-storage", "pods"})
 
 
-@lru_cache(maxsize=4096)
+@lru_cache(maxsize=4096, typed=True)  # typed: True must not hit the cache entry of 1
 def quantity(value: Any) -> Decimal | None:
     """A resource quantity ("4", "500m", "10Gi", "1e3", 3) as a Decimal; None when malformed.
 
