@@ -592,11 +592,13 @@ async def test_exit_codes_env_and_the_0000_rewrite(api):
         await delete_now(api, "exits-0", "exits-3")
 
 
-async def test_image_map_gives_a_command_to_images_without_one(api):
+async def test_image_map_gives_a_command_to_images_without_one(api, devcluster):
     await api.create_namespaced_pod(NS, pod_body("mapped", None, image="example.org/echo:1"))
     try:
         await eventually(lambda: phase_is(api, "mapped", "Succeeded"), "mapped completes")
         assert (await pod_log(api, "mapped")).strip() == "from-the-image-map"
+        logs = await asyncio.to_thread(kubectl, devcluster, "logs", "mapped")
+        assert logs.strip() == "from-the-image-map"
     finally:
         await delete_now(api, "mapped")
 

@@ -14,7 +14,7 @@ import time
 import urllib.error
 import urllib.request
 from collections import Counter, deque
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable
 from pathlib import Path
 
 import pytest
@@ -145,6 +145,49 @@ async def test_bad_selectors_are_400(api):
             await api.list_namespaced_pod("default", **kwargs)
         assert info.value.status == 400
         assert json.loads(info.value.body)["reason"] == "BadRequest"
+
+
+# ---------------------------------------------------------------- capacity freed by a finished pod
+WIDGET = "example.com/widget"
+ONE_WIDGET = {"nodes": [{"name": "node-1", "capacity": {"cpu": "4", WIDGET: "1"}}]}
+
+
+@pytest.mark.parametrize("cluster", [ONE_WIDGET], indirect=True)
+async def test_a_pod_finishing_lets_a_waiting_pod_schedule(cluster, api, tmp_path):
+    go = tmp_path / "go"
+    wait_for_go = f"while [ ! -e {go} ]; do sleep 0.05; done"
+
+    def body(name: str, command: list[str]) -> dict:
+        container = {"name": "c", "image": "x", "command": command}
+        container["resources"] = {"limits": {WIDGET: "1"}}
+        return {
+            "metadata": {"name": name},
+            "spec": {"containers": [container], "restartPolicy": "Never"},
+        }
+
+    async def phase(name: str) -> str:
+        return (await api.read_namespaced_pod(name, "default")).status.phase
+
+    await api.create_namespaced_pod("default", body("first", ["sh", "-c", wait_for_go]))
+    await wait_for(lambda: _eq(phase("first"), "Running"), "first runs")
+    await api.create_namespaced_pod("default", body("second", ["sleep", "600"]))
+
+    async def failed_scheduling() -> bool:
+        events = await api.list_namespaced_event(
+            "default", field_selector="involvedObject.name=second,reason=FailedScheduling"
+        )
+        return bool(events.items)
+
+    await wait_for(failed_scheduling, "second unschedulable")
+    assert await phase("second") == "Pending"
+    go.touch()  # first exits 0: Succeeded, its widget is free again
+    await wait_for(lambda: _eq(phase("first"), "Succeeded"), "first completes")
+    await wait_for(lambda: _eq(phase("second"), "Running"), "second runs on the freed widget")
+    await api.delete_namespaced_pod("second", "default", grace_period_seconds=0)
+
+
+async def _eq(value: Awaitable, expected: object) -> bool:
+    return await value == expected
 
 
 # ---------------------------------------------------------------- a 20,000-pod cluster

@@ -248,7 +248,12 @@ class DevCluster:
 
     # ---------------------------------------------------------------- scheduling
     def _on_change(self, plural: str, kind: str, obj: dict[str, Any]) -> None:
-        if plural == "pods" and (kind == "DELETED" or not obj["spec"].get("nodeName")):
+        if plural == "pods" and (
+            kind == "DELETED"
+            or not obj["spec"].get("nodeName")
+            # a finished pod no longer holds its resources: waiting pods may fit now
+            or (obj.get("status") or {}).get("phase") in ("Succeeded", "Failed")
+        ):
             self._reschedule.set()
         elif plural == "nodes":
             self._reschedule.set()
