@@ -348,7 +348,11 @@ class Culler(Application):
         try:
             report = await fetch_report(hub.fetch, url, timeout=self.request_timeout)
         except (HTTPClientError, OSError, ValueError) as exc:
-            self.log.info("GPU source extension failed for %s: %s", server.facts.log_name, exc)
+            self.log.warning(
+                "GPU source extension failed for %s (%s): not culled on GPU grounds this cycle",
+                server.facts.log_name,
+                exc,
+            )
             return None
         parsed = parse_report(report)
         if parsed.server is None:
@@ -416,8 +420,13 @@ class Culler(Application):
             gpu = prom.get(self.pod_of(server)) if prom else None
             report = reports.get(i)
             gpu = self.merge(gpu, report.server if report else None)
+            # A configured source that failed leaves the GPU reading incomplete: the other one
+            # may miss what it would have seen (an extension cannot map host PIDs on old
+            # drivers; dcgm-exporter cannot split a time-sliced GPU), so no GPU cull this cycle.
+            failed = (self.prometheus_url and prom is None) or (i in reports and reports[i] is None)
             policy = self.policy_for(server.facts.pool)
-            outcome = Outcome(server, decide_server(server.facts, gpu, policy, now, rules), gpu)
+            decision = decide_server(server.facts, None if failed else gpu, policy, now, rules)
+            outcome = Outcome(server, decision, gpu)
             if not outcome.decision.cull and report is not None:
                 # stale extension data: its kernel facts are stale too
                 fresh = report.server is not None and (
