@@ -102,6 +102,8 @@ c.JupyterHub.services = [
     }},
 ]
 c.JupyterHub.load_roles = [
+    # users reach the picker's live-offers service (HubOAuth) besides their own servers
+    {{"name": "user", "scopes": ["self", "access:services!service=fracspawner"]}},
     {{
         "name": "local-admin",
         "scopes": ["admin:users", "admin:servers", "access:servers", "read:users",
