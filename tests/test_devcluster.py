@@ -323,7 +323,8 @@ async def test_unschedulable_gpu_pod_waits_then_runs_when_capacity_frees(api):
             "0/4 nodes are available: 1 node(s) had untolerated taint "
             "{nvidia.com/gpu: present}, 1 node(s) were unschedulable, "
             f"2 Insufficient {MIG}. preemption: 0/4 nodes are available: "
-            "4 Preemption is not helpful for scheduling."
+            "2 No preemption victims found for incoming pod, "
+            "2 Preemption is not helpful for scheduling.."
         )
         pod = await raw_pod(api, "wants-mig")
         assert pod["status"]["phase"] == "Pending" and not pod["spec"].get("nodeName")

@@ -6,6 +6,7 @@ and extended resources, and a kubelet that runs each pod's command as a local pr
 own loopback address. A test double: the product never depends on it.
 """
 
-from .cluster import K8S_VERSION, DevCluster
+from .cluster import DevCluster
+from .validation import K8S_VERSION
 
 __all__ = ["DevCluster", "K8S_VERSION"]

@@ -11,38 +11,19 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-import kubernetes_validate
-
 from . import scheduler
 from .kubelet import Kubelet, port_open
 from .store import KINDS, ApiError, Store, now_iso
 from .topology import load_topology
+from .validation import validate
 
 log = logging.getLogger("devcluster")
 
-#: Kubernetes version whose OpenAPI schemas validate every object (kubernetes-validate).
-K8S_VERSION = "1.33.0"
 #: schedulerName values this stand-in schedules for. A real cluster runs these schedulers
 #: beside the default one; here one scheduler plays all of them so the demo's pools work.
 SERVED_SCHEDULERS = frozenset(
     {"", "default-scheduler", "hami-scheduler", "volcano", "kai-scheduler", "runai-scheduler"}
 )
-
-
-def validate(obj: Mapping[str, Any]) -> None:
-    """422 Invalid naming the field, like the apiserver, for anything the schema refuses."""
-    try:
-        kubernetes_validate.validate(dict(obj), K8S_VERSION, strict=True)
-    except kubernetes_validate.ValidationError as exc:
-        path = "".join(f"[{p}]" if isinstance(p, int) else f".{p}" for p in exc.path).lstrip(".")
-        kind = obj.get("kind", "object")
-        name = (obj.get("metadata") or {}).get("name", "")
-        raise ApiError(
-            422,
-            "Invalid",
-            f'{kind} "{name}" is invalid: {path or "<root>"}: {exc.message}',
-            {"name": name, "kind": kind, "causes": [{"field": path, "message": exc.message}]},
-        ) from None
 
 
 def merge_patch(target: Any, patch: Any) -> Any:
@@ -166,8 +147,11 @@ class DevCluster:
     def get(self, plural: str, namespace: str | None, name: str) -> dict[str, Any]:
         return copy.deepcopy(self.store.get(plural, namespace, name))
 
-    def list(self, plural: str, namespace: str | None = None) -> list[dict[str, Any]]:
-        return [copy.deepcopy(e.obj) for e in self.store.entries(plural, namespace)]
+    def list(
+        self, plural: str, ns: str | None = None, *, namespace: str | None = None
+    ) -> list[dict[str, Any]]:
+        """Copies of every stored object of a kind (in one namespace, or all)."""
+        return [copy.deepcopy(e.obj) for e in self.store.entries(plural, ns or namespace)]
 
     def add_node(self, node: dict[str, Any]) -> dict[str, Any]:
         from .topology import normalise_node

@@ -2,9 +2,15 @@
 
 Filter order follows the default profile (NodeUnschedulable, TaintToleration, NodeAffinity,
 NodeResourcesFit); a node fails on its first failing filter, except resources, where every
-insufficient resource is reported. The message matches kube-scheduler's FitError:
-reasons "<count> <reason>" sorted as strings, then the preemption sentence
-(kubernetes pkg/scheduler/framework/types.go, FitError.Error()).
+insufficient resource is reported. The message matches kube-scheduler 1.33's FitError
+(pkg/scheduler/framework/types.go, FitError.Error()): reasons "<count> <reason>" sorted as
+strings, each part closed by " %v." (SeparatorFormat), then the preemption PostFilter's own
+FitError, prefixed "preemption: ". Preemption cannot help a node that failed an
+UnschedulableAndUnresolvable filter (cordoned, untolerated taint, affinity); on a node short of
+resources it looks for lower-priority victims, and there are none here (no priorities, no
+preemption), so those nodes read "No preemption victims found for incoming pod"
+(pkg/scheduler/framework/preemption/preemption.go). Both FitErrors end in "." and the outer
+separator adds another, hence the ".." at the end of real messages.
 """
 
 from __future__ import annotations
@@ -17,6 +23,8 @@ from typing import Any
 from kubernetes.utils.quantity import parse_quantity
 
 NATIVE = ("cpu", "memory", "ephemeral-storage")
+NOT_HELPFUL = "Preemption is not helpful for scheduling"
+NO_VICTIMS = "No preemption victims found for incoming pod"
 
 
 def quantity(value: Any) -> Decimal:
@@ -153,28 +161,39 @@ def schedule(
     usage: Mapping[str, Mapping[str, Decimal]],
 ) -> tuple[str | None, str]:
     """(node name, "") for the first fitting node in least-allocated order, else (None, message)."""
+    if not nodes:
+        return None, "no nodes available to schedule pods"  # kube-scheduler's ErrNoNodesAvailable
     reasons: Counter[str] = Counter()
+    preemption: Counter[str] = Counter()
     fitting = []
     for node in nodes:
         name = node["metadata"]["name"]
         failures = node_failures(pod, node, usage.get(name, {}))
         if failures:
             reasons.update(failures)
+            resolvable = all(
+                f.startswith("Insufficient ") or f == "Too many pods" for f in failures
+            )
+            preemption[NO_VICTIMS if resolvable else NOT_HELPFUL] += 1
         else:
             fitting.append(name)
     if fitting:
         # spread like the default LeastAllocated score: fewest pods first, then name
         return min(fitting, key=lambda n: (usage.get(n, {}).get("pods", 0), n)), ""
-    return None, fit_error(len(nodes), reasons)
+    return None, fit_error(len(nodes), reasons, preemption)
 
 
-def fit_error(num_nodes: int, reasons: Counter[str]) -> str:
+def _fit_error(num_nodes: int, reasons: Counter[str]) -> str:
+    message = f"0/{num_nodes} nodes are available:"
     parts = sorted(f"{count} {reason}" for reason, count in reasons.items())
-    message = f"0/{num_nodes} nodes are available"
     if parts:
-        message += ": " + ", ".join(parts)
-    message += "."
-    return (
-        message + f" preemption: 0/{num_nodes} nodes are available: {num_nodes} Preemption is not "
-        "helpful for scheduling."
-    )
+        message += " " + ", ".join(parts) + "."
+    return message
+
+
+def fit_error(num_nodes: int, reasons: Counter[str], preemption: Counter[str]) -> str:
+    """kube-scheduler's FailedScheduling message, e.g. `0/3 nodes are available: 1 node(s) had
+    untolerated taint {gpu: true}, 2 Insufficient nvidia.com/gpu. preemption: 0/3 nodes are
+    available: 1 Preemption is not helpful for scheduling, 2 No preemption victims found for
+    incoming pod..`"""
+    return f"{_fit_error(num_nodes, reasons)} preemption: {_fit_error(num_nodes, preemption)}."

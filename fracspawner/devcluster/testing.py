@@ -4,10 +4,12 @@ from __future__ import annotations
 
 import json
 import os
+import queue
 import re
 import signal
 import subprocess
 import sys
+import threading
 import time
 import urllib.error
 import urllib.request
@@ -15,7 +17,7 @@ from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import IO, Any
 
 import yaml
 
@@ -78,6 +80,25 @@ def _pod_processes(state_dir: Path) -> list[int]:
     return found
 
 
+def _group_alive(pgid: int) -> bool:
+    try:
+        os.killpg(pgid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def _pump(stream: IO[str], log: IO[str], lines: queue.Queue[str | None]) -> None:
+    """Copy the devcluster's stdout to its log (and to `lines`), so the pipe never fills."""
+    for line in stream:
+        log.write(line)
+        log.flush()
+        lines.put(line)
+    lines.put(None)
+
+
 @contextmanager
 def devcluster_process(
     topology: Mapping[str, Any] | str | Path, tmp_path: Path, *, timeout: float = 30
@@ -116,20 +137,31 @@ def devcluster_process(
         start_new_session=True,
         env={**os.environ, "PYTHONUNBUFFERED": "1"},
     )
+    assert process.stdout is not None
+    lines: queue.Queue[str | None] = queue.Queue()
+    pump = threading.Thread(target=_pump, args=(process.stdout, log, lines), daemon=True)
+    pump.start()
     try:
         url = None
         deadline = time.monotonic() + timeout
-        assert process.stdout is not None
-        while time.monotonic() < deadline:
-            line = process.stdout.readline()
-            if not line and process.poll() is not None:
+        while url is None and (left := deadline - time.monotonic()) > 0:
+            try:
+                line = lines.get(timeout=left)
+            except queue.Empty:
                 break
-            if match := READY.search(line or ""):
+            if line is None:  # stdout closed: the devcluster exited
+                break
+            if match := READY.search(line):
                 url = match.group(1)
-                break
         if url is None:
+            why = f"exited {process.poll()}" if process.poll() is not None else "timed out"
             process.kill()
-            raise RuntimeError(f"devcluster did not start:\n{log_path.read_text()[-3000:]}")
+            process.wait(5)
+            pump.join(5)
+            log.flush()
+            raise RuntimeError(
+                f"devcluster did not start ({why}; log {log_path}):\n{log_path.read_text()[-3000:]}"
+            )
         yield DevClusterProcess(url, kubeconfig, state_dir, process)
     finally:
         if process.poll() is None:
@@ -147,5 +179,17 @@ def devcluster_process(
         if process.poll() is None:
             process.kill()
             process.wait(5)
+        group_left = _group_alive(process.pid)
+        if group_left:
+            _signal_group(process.pid, signal.SIGKILL)
+        pump.join(5)
         log.close()
         assert not left, f"devcluster left pod processes behind: {left}"
+        assert not group_left, f"processes of the devcluster's group {process.pid} were left"
+
+
+def _signal_group(pgid: int, sig: int) -> None:
+    try:
+        os.killpg(pgid, sig)
+    except (ProcessLookupError, PermissionError):
+        pass

@@ -185,10 +185,16 @@ def generate_large(nodes: int = 1000, pods: int = 20000, seed: int = 0) -> dict[
         node = node_list[rng.randrange(nodes)]
         kind = node["name"].rsplit("-", 1)[0]
         user = f"user{rng.randrange(5000)}"
+        # what kubespawner 7 puts on a singleuser pod (common_labels + _build_pod_labels)
         labels = {
+            "app.kubernetes.io/name": "jupyterhub",
+            "app.kubernetes.io/managed-by": "kubespawner",
+            "app.kubernetes.io/component": "singleuser-server",
+            "app": "jupyterhub",
+            "heritage": "jupyterhub",
             "component": "singleuser-server",
             "hub.jupyter.org/username": user,
-            "app": "jupyterhub",
+            "hub.jupyter.org/servername": "",
         }
         annotations = {"hub.jupyter.org/username": user}
         limits: dict[str, str] = {}
