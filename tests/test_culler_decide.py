@@ -6,7 +6,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from fracspawner.culler.app import DefaultPolicy
+from fracspawner.catalog import IdlePolicy
 from fracspawner.culler.decide import (
     GpuFacts,
     KernelFacts,
@@ -18,9 +18,7 @@ from fracspawner.culler.decide import (
 
 NOW = 1_000_000.0
 M, H = 60.0, 3600.0
-POLICY = DefaultPolicy(
-    kernel_gpu_idle=30 * M, server_gpu_idle=2 * H, server_idle=8 * H, max_age=None
-)
+POLICY = IdlePolicy(kernel_gpu_idle=30 * M, server_gpu_idle=2 * H, server_idle=8 * H, max_age=None)
 
 
 def server(
@@ -100,16 +98,16 @@ def test_server_last_activity_from_extension_wins_over_hub():
 
 
 def test_max_age_even_when_busy():
-    policy = DefaultPolicy(30 * M, 2 * H, 8 * H, max_age=12 * H)
+    policy = IdlePolicy(30 * M, 2 * H, 8 * H, max_age=12 * H)
     d = decide_server(server(0.0, started_ago=13 * H), gpu_facts(0.0), policy, NOW)
     assert (d.action, d.reason) == ("stop", "max_age")
 
 
 def test_disabled_rules():
-    policy = DefaultPolicy(None, None, None, None)
+    policy = IdlePolicy(None, None, None, None)
     assert decide_server(server(100 * H), gpu_facts(100 * H), policy, NOW).action == "keep"
     # server_gpu_idle off: a GPU server falls back to server_idle, still GPU-protected
-    policy = DefaultPolicy(None, None, 8 * H, None)
+    policy = IdlePolicy(None, None, 8 * H, None)
     assert decide_server(server(9 * H), gpu_facts(9 * H), policy, NOW).reason == "idle"
     assert decide_server(server(9 * H), gpu_facts(1 * H), policy, NOW).reason == "gpu_busy"
 
@@ -157,7 +155,7 @@ def test_kernel(k, action, reason):
 def test_kernel_busy_culled_when_asked_and_off_when_disabled():
     k = kernel(31 * M, 31 * M, state="busy")
     assert decide_kernel(k, POLICY, NOW, Rules(cull_busy_kernels=True)).action == "shutdown"
-    assert decide_kernel(k, DefaultPolicy(None, 2 * H, 8 * H, None), NOW).reason == "disabled"
+    assert decide_kernel(k, IdlePolicy(None, 2 * H, 8 * H, None), NOW).reason == "disabled"
 
 
 durations = st.floats(min_value=0, max_value=48 * H)
@@ -169,7 +167,7 @@ optional = st.one_of(st.none(), st.floats(min_value=1, max_value=24 * H))
     gpu_idle=durations,
     age=durations,
     stale=st.booleans(),
-    policy=st.builds(DefaultPolicy, optional, optional, optional, st.none()),
+    policy=st.builds(IdlePolicy, optional, optional, optional, st.none()),
 )
 def test_never_culled_while_gpu_busy_within_its_window(idle, gpu_idle, age, stale, policy):
     facts = None if stale else gpu_facts(gpu_idle, age=age % 300)

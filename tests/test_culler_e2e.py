@@ -173,7 +173,8 @@ async def test_idle_gpu_server_stopped_and_pod_deleted_unless_prometheus_is_down
     # a user name kubespawner must slug ('.' is not allowed in a pod name) and a named server
     user, server = "bob.smith", "train"
     for args in (
-        (user, {"gpu": "1/4", "pool": "h100"}, server),  # 4 s policy
+        # no pool: FracSpawner places half a GPU on h100, the only pool serving it (4 s policy)
+        (user, {"gpu": "1/2"}, server),
         ("carol", {"gpu": "1/4", "pool": "t4"}, ""),  # the catalog's hour
     ):
         status, body = spawn(hub, *args)
@@ -188,6 +189,8 @@ async def test_idle_gpu_server_stopped_and_pod_deleted_unless_prometheus_is_down
     in_cluster = {p["metadata"]["name"] for p in pods(devcluster)}
     assert set(names.values()) <= in_cluster, (names, in_cluster)
     bob_pod = names[f"{user}/{server}"]
+    (placed,) = [p for p in pods(devcluster) if p["metadata"]["name"] == bob_pod]
+    assert placed["metadata"]["labels"]["fracspawner.io/pool"] == "h100"
     assert bob_pod.startswith("jupyter-bob-smith-") and bob_pod.endswith("--train")
     exporter.set(bob_pod, util=0, memory=8192)
     exporter.set(names["carol"], util=0, memory=4096)

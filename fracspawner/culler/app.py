@@ -21,25 +21,26 @@ from tornado.log import LogFormatter
 from traitlets import Bool, Dict, Float, Integer, List, Unicode, default
 from traitlets.config import Application
 
-from .decide import Decision, GpuFacts, KernelFacts, Rules, decide_kernel, decide_server
+from ..catalog import Catalog, IdlePolicy, parse_duration
+from .decide import (
+    Decision,
+    GpuFacts,
+    KernelFacts,
+    Rules,
+    ServerFacts,
+    decide_kernel,
+    decide_server,
+)
 from .extension import ExtensionReport, fetch_report, parse_report, shutdown_kernel
 from .hubapi import HubClient, HubServer
 from .metrics import CullerMetrics
 from .podname import DEFAULT_TEMPLATE, pod_name
+from .policy import PoolPolicy, policy_for_server
 from .prometheus import DcgmConfig, PrometheusError, build_query, parse_result
 from .prometheus import query as prom_query
 
-
-def seconds(value: str | float | int | None) -> float | None:
-    """A duration trait value: seconds as a number, or '30m'/'2h' through the catalog's parser."""
-    if value is None or value == "":
-        return None
-    try:
-        return float(value)
-    except (TypeError, ValueError):
-        from ..catalog import parse_duration
-
-        return parse_duration(str(value))
+# the policy without a catalog used to have its own class; benchmarks/bench_culler.py imports it
+DefaultPolicy = IdlePolicy
 
 
 @dataclass
@@ -49,6 +50,7 @@ class Outcome:
     gpu: GpuFacts | None = None
     kernels: list[tuple[KernelFacts, Decision]] = field(default_factory=list)
     done: bool = False  # the action was carried out (False in dry-run or on error)
+    pool: str = ""  # the pool whose policy applied (metrics label)
 
 
 @dataclass
@@ -61,16 +63,6 @@ class CycleResult:
 
     def by_action(self, action: str) -> list[Outcome]:
         return [o for o in self.outcomes if o.decision.action == action]
-
-
-class DefaultPolicy:
-    """The culler's own defaults, for when no catalog is given."""
-
-    def __init__(self, kernel_gpu_idle, server_gpu_idle, server_idle, max_age):
-        self.kernel_gpu_idle = kernel_gpu_idle
-        self.server_gpu_idle = server_gpu_idle
-        self.server_idle = server_idle
-        self.max_age = max_age
 
 
 class Culler(Application):
@@ -264,24 +256,14 @@ class Culler(Application):
         if self.config_file:
             self.load_config_file(self.config_file)
         if self.catalog:
-            from ..catalog import Catalog
-
             self._catalog = Catalog.load(self.catalog)
 
-    def policy_for(self, pool: str | None):
+    def policy_for(self, facts: ServerFacts) -> PoolPolicy:
+        """The server's pool and its idle policy: the catalog's, else this culler's traits."""
         if self._catalog is not None:
-            if pool:
-                try:
-                    return self._catalog.idle_for(pool)
-                except (KeyError, ValueError):
-                    self.log.debug("pool %r not in the catalog: its default idle policy", pool)
-            return self._catalog.idle
-        return DefaultPolicy(
-            seconds(self.kernel_gpu_idle),
-            seconds(self.server_gpu_idle),
-            seconds(self.server_idle),
-            seconds(self.max_age),
-        )
+            return policy_for_server(self._catalog, facts.pool, facts.gpu_slice)
+        limits = (self.kernel_gpu_idle, self.server_gpu_idle, self.server_idle, self.max_age)
+        return PoolPolicy(facts.pool or "", IdlePolicy(*map(parse_duration, limits)))
 
     def rules(self) -> Rules:
         return Rules(
@@ -318,7 +300,7 @@ class Culler(Application):
         """pod name -> facts, for every pod in one query; None when Prometheus is down."""
         windows: set[int] = set()
         for s in servers:
-            policy = self.policy_for(s.facts.pool)
+            policy = self.policy_for(s.facts).policy
             windows.update(
                 int(w) for w in (policy.server_gpu_idle, policy.server_idle) if w is not None
             )
@@ -424,9 +406,9 @@ class Culler(Application):
             # may miss what it would have seen (an extension cannot map host PIDs on old
             # drivers; dcgm-exporter cannot split a time-sliced GPU), so no GPU cull this cycle.
             failed = (self.prometheus_url and prom is None) or (i in reports and reports[i] is None)
-            policy = self.policy_for(server.facts.pool)
+            pool, policy = self.policy_for(server.facts).astuple()
             decision = decide_server(server.facts, None if failed else gpu, policy, now, rules)
-            outcome = Outcome(server, decision, gpu)
+            outcome = Outcome(server, decision, gpu, pool=pool)
             if not outcome.decision.cull and report is not None:
                 # stale extension data: its kernel facts are stale too
                 fresh = report.server is not None and (
@@ -442,7 +424,7 @@ class Culler(Application):
 
     async def _act(self, hub: HubClient, outcome: Outcome, now: float) -> None:
         facts, d = outcome.server.facts, outcome.decision
-        pool = facts.pool or ""
+        pool = outcome.pool
         prefix = "[dry run] would " if self.dry_run else ""
         if d.gpu_failsafe:
             self.metrics.failsafe.labels(pool).inc()

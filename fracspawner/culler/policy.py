@@ -1,0 +1,57 @@
+"""Which idle policy applies to a server: its pool's (from the catalog), found without I/O.
+
+A server's pool is its `user_options["pool"]`. A spawn that left the pool out was placed by
+FracSpawner on a pool that can serve its slice, and the hub's server model does not say which:
+the candidates are then the pools offering that slice, and the most lenient of their policies
+applies, so no server is culled sooner than its actual pool allows.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from ..catalog import Catalog, IdlePolicy
+from ..options import offer_for
+from ..slices import SliceError, parse_slice
+
+FIELDS = ("kernel_gpu_idle", "server_gpu_idle", "server_idle", "max_age")
+
+
+@dataclass(frozen=True)
+class PoolPolicy:
+    pool: str  # the pool name, "" when unknown; several candidates are joined with "|"
+    policy: IdlePolicy
+
+    def astuple(self) -> tuple[str, IdlePolicy]:
+        return self.pool, self.policy
+
+
+def lenient(policies: list[IdlePolicy]) -> IdlePolicy:
+    """Per limit the longest; a limit that is off (None) in any policy stays off."""
+    values = {}
+    for name in FIELDS:
+        limits = [getattr(p, name) for p in policies]
+        values[name] = None if any(v is None for v in limits) else max(limits)
+    return IdlePolicy(**values)
+
+
+def candidate_pools(catalog: Catalog, gpu_slice: str | None) -> list[str]:
+    """Pools with an offer serving the slice, in catalog order ([] if it cannot be parsed)."""
+    if not gpu_slice:
+        return []
+    try:
+        requested = parse_slice(gpu_slice, step=catalog.fraction_step)
+    except SliceError:
+        return []
+    return [name for name, pool in catalog.pools.items() if offer_for(pool, requested)]
+
+
+def policy_for_server(catalog: Catalog, pool: str | None, gpu_slice: str | None) -> PoolPolicy:
+    if pool and pool in catalog.pools:
+        return PoolPolicy(pool, catalog.idle_for(pool))
+    if pool:  # a pool since removed from the catalog: the catalog-wide policy
+        return PoolPolicy(pool, catalog.idle)
+    names = candidate_pools(catalog, gpu_slice)
+    if not names:
+        return PoolPolicy("", catalog.idle)
+    return PoolPolicy("|".join(names), lenient([catalog.idle_for(n) for n in names]))
