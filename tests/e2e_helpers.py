@@ -13,6 +13,26 @@ import requests
 from fracspawner.localhub import LocalHub, http_json
 
 
+def demo_topology_with_t4_jobs(jobs: int) -> dict:
+    """The demo topology with `jobs` pre-existing pods each holding one T4 time-slicing replica."""
+    import yaml
+
+    from tests.conftest import DEMO_TOPOLOGY
+
+    topology = yaml.safe_load(DEMO_TOPOLOGY.read_text())
+    topology["pods"] = [
+        {
+            "name": f"training-{i}",
+            "namespace": "default",
+            "node": "gpu-t4-1",
+            "limits": {"nvidia.com/gpu": "1"},
+            "phase": "Running",
+        }
+        for i in range(jobs)
+    ]
+    return topology
+
+
 def pods(cluster: Any, **labels: str) -> list[dict]:
     selector = ",".join(f"{k}={v}" for k, v in labels.items())
     status, body = http_json(

@@ -10,9 +10,10 @@ from hypothesis import strategies as st
 
 from fracspawner.catalog import Catalog
 from fracspawner.options import OptionsError, resolve_choice
-from tests.conftest import DEMO_CATALOG, DEMO_TOPOLOGY
+from tests.conftest import DEMO_CATALOG
 from tests.e2e_helpers import (
     Browserless,
+    demo_topology_with_t4_jobs,
     ensure_group,
     error_on_page,
     pods,
@@ -24,17 +25,7 @@ from tests.e2e_helpers import (
 pytestmark = pytest.mark.e2e
 
 # Three of the T4's four time-slicing replicas are held by pods that were there before.
-TOPOLOGY = yaml.safe_load(DEMO_TOPOLOGY.read_text())
-TOPOLOGY["pods"] = [
-    {
-        "name": f"training-{i}",
-        "namespace": "default",
-        "node": "gpu-t4-1",
-        "limits": {"nvidia.com/gpu": "1"},
-        "phase": "Running",
-    }
-    for i in range(3)
-]
+TOPOLOGY = demo_topology_with_t4_jobs(3)
 CATALOG = yaml.safe_load(DEMO_CATALOG.read_text())
 
 

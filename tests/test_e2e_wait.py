@@ -9,25 +9,20 @@ import time
 import urllib.request
 
 import pytest
-import yaml
 
 from fracspawner.localhub import http_json
-from tests.conftest import DEMO_TOPOLOGY
-from tests.e2e_helpers import ensure_group, server_pods, spawn, stop, wait_until
+from tests.e2e_helpers import (
+    demo_topology_with_t4_jobs,
+    ensure_group,
+    server_pods,
+    spawn,
+    stop,
+    wait_until,
+)
 
 pytestmark = pytest.mark.e2e
 
-TOPOLOGY = yaml.safe_load(DEMO_TOPOLOGY.read_text())
-TOPOLOGY["pods"] = [
-    {
-        "name": f"training-{i}",
-        "namespace": "default",
-        "node": "gpu-t4-1",
-        "limits": {"nvidia.com/gpu": "1"},
-        "phase": "Running",
-    }
-    for i in range(4)
-]
+TOPOLOGY = demo_topology_with_t4_jobs(4)
 HUB_EXTRA_CONFIG = 'c.FracSpawner.admission = "wait"'
 
 
