@@ -22,7 +22,7 @@ from kubernetes_asyncio import client, watch
 from kubernetes_asyncio.client.rest import ApiException
 
 from fracspawner.devcluster import DevCluster
-from fracspawner.devcluster.kubelet import IpPool
+from fracspawner.devcluster.kubelet import SETPRIV, IpPool
 from fracspawner.devcluster.testing import devcluster_process
 from fracspawner.devcluster.topology import generate_large
 
@@ -90,14 +90,18 @@ async def test_watch_from_a_compacted_version_is_410_expired(cluster, api):
         )
     assert info.value.status == 410 and "Expired" in info.value.reason
 
-    # the same over plain HTTP: a Status object
+    # on the wire, as the apiserver's watch cache does it: a 200 stream with one ERROR event
+    # carrying the 410 Status, then the end of the stream
     url = (
         f"{cluster.url}/api/v1/namespaces/default/configmaps?watch=1&resourceVersion={versions[0]}"
     )
-    with pytest.raises(urllib.error.HTTPError) as http:
-        await asyncio.to_thread(urllib.request.urlopen, url, timeout=5)
-    status = json.loads(http.value.read())
-    assert http.value.code == 410
+    with await asyncio.to_thread(urllib.request.urlopen, url, timeout=5) as resp:
+        assert resp.status == 200
+        lines = (await asyncio.to_thread(resp.read)).splitlines()
+    assert len(lines) == 1
+    event = json.loads(lines[0])
+    assert event["type"] == "ERROR"
+    status = event["object"]
     assert (status["kind"], status["status"], status["reason"], status["code"]) == (
         "Status",
         "Failure",
@@ -228,6 +232,7 @@ async def test_large_topology_loads_and_lists(cluster, api):
 
 
 # ---------------------------------------------------------------- processes
+PRINT_PID_AND_SLEEP = "import os, time; print(os.getpid(), flush=True); time.sleep(600)"
 ESCAPE = (
     "import subprocess, sys; "
     "child = subprocess.Popen(['sleep', '600'], start_new_session=True); "
@@ -292,3 +297,46 @@ def test_devcluster_process_leaves_no_process_behind(tmp_path):
     # the context's own check passed (it raises if it had to kill anything)
     assert not alive(escaped)
     assert running.process.returncode is not None and not alive(devcluster_pid)
+
+
+@pytest.mark.skipif(SETPRIV is None, reason="needs util-linux setpriv")
+def test_pod_processes_die_with_a_killed_devcluster(tmp_path):
+    """Even a SIGKILLed devcluster (no clean-up at all) leaves no pod process running."""
+    with devcluster_process(ONE_NODE, tmp_path) as running:
+        status, body = running.client().request(
+            "POST",
+            "/api/v1/namespaces/default/pods",
+            {
+                "metadata": {"name": "orphan"},
+                "spec": {
+                    "containers": [
+                        {
+                            "name": "c",
+                            "image": "x",
+                            "command": [sys.executable, "-c", PRINT_PID_AND_SLEEP],
+                        }
+                    ]
+                },
+            },
+        )
+        assert status == 201, body
+        log = running.state_dir / "pods" / "default" / "orphan" / "container.log"
+        deadline = time.monotonic() + 20
+        while not (log.exists() and log.read_text().strip()) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        pid = int(log.read_text().split()[0])
+        assert alive(pid)
+        running.process.kill()
+        running.process.wait(10)
+        deadline = time.monotonic() + 10
+        while alive(pid) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert not alive(pid)
+
+
+def test_devcluster_process_shows_the_log_when_the_devcluster_cannot_start(tmp_path):
+    with pytest.raises(RuntimeError) as info:
+        with devcluster_process({"nodes": "not a list"}, tmp_path):
+            pass
+    assert "did not start (exited 2" in str(info.value)
+    assert "nodes" in str(info.value)  # the devcluster's own one-line reason

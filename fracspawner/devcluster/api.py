@@ -143,7 +143,16 @@ class Collection(Base):
 
     async def _watch(self, namespace: str | None, plural: str, matches: Any) -> None:
         store = self.cluster.store
-        w = store.watch(plural, namespace, matches, self.get_argument("resourceVersion", None))
+        try:
+            w = store.watch(plural, namespace, matches, self.get_argument("resourceVersion", None))
+        except ApiError as exc:
+            if exc.code != 410:
+                raise
+            # like the apiserver's watch cache: once the version parsed, an error is one ERROR
+            # event on a 200 stream, then the end (k8s.io/apiserver cacher.go, newErrWatcher)
+            self.set_header("Content-Type", "application/json")
+            self.finish(json.dumps({"type": "ERROR", "object": exc.status()}).encode() + b"\n")
+            return
         timeout = float(self.get_argument("timeoutSeconds", "1800") or 1800)
         bookmarks = self.get_argument("allowWatchBookmarks", "false").lower() == "true"
         self.set_header("Content-Type", "application/json")

@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import os
 import random
+import shutil
 import signal
 import socket
 import sys
@@ -19,6 +20,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+#: util-linux's setpriv, to have the kernel SIGKILL a pod's process should the devcluster itself
+#: die without cleaning up (SIGKILL, a crash): prctl(PR_SET_PDEATHSIG). An orderly stop kills
+#: every pod anyway; without setpriv only that remains.
+SETPRIV = shutil.which("setpriv")
 #: What runs for a container with no command/args: jupyter docker-stacks images start
 #: jupyterhub-singleuser by default. Overridable per image with the topology's `images:` map.
 DEFAULT_COMMAND = ["jupyterhub-singleuser"]
@@ -131,10 +136,17 @@ class Kubelet:
         command = [c.replace("0.0.0.0", ip) for c in container_command(container, self.images)]
         workdir = container.get("workingDir")
         cwd = workdir if workdir and Path(workdir).is_dir() else str(home)
+        exe = command[0] if command else ""
+        if "/" in exe:
+            exe = os.path.join(cwd, exe)  # relative to the working dir, as the exec would be
+        if not exe or not shutil.which(exe, path=env["PATH"]):
+            self.ips.give(ip)  # like a container runtime's "executable file not found"
+            raise RuntimeError(f"failed to start {command[:1]}: executable file not found")
+        argv = [SETPRIV, "--pdeathsig", "KILL", "--", *command] if SETPRIV else command
         with open(log_path, "ab") as log:
             try:
                 process = await asyncio.create_subprocess_exec(
-                    *command,
+                    *argv,
                     env=env,
                     cwd=cwd,
                     stdout=log,

@@ -149,7 +149,11 @@ def devcluster_process(
                 line = lines.get(timeout=left)
             except queue.Empty:
                 break
-            if line is None:  # stdout closed: the devcluster exited
+            if line is None:  # stdout closed: the devcluster is exiting
+                try:
+                    process.wait(5)
+                except subprocess.TimeoutExpired:
+                    pass
                 break
             if match := READY.search(line):
                 url = match.group(1)
