@@ -593,6 +593,20 @@ async def test_exit_codes_env_and_the_0000_rewrite(api):
         await delete_now(api, "exits-0", "exits-3")
 
 
+async def test_a_missing_executable_fails_the_pod_like_a_container_runtime(api):
+    await api.create_namespaced_pod(NS, pod_body("no-exe", ["no-such-notebook-command"]))
+    try:
+        pod = await eventually(lambda: phase_is(api, "no-exe", "Failed"), "no-exe fails")
+        terminated = pod["status"]["containerStatuses"][0]["state"]["terminated"]
+        assert (terminated["exitCode"], terminated["reason"]) == (128, "StartError")
+        assert '"no-such-notebook-command": executable file not found' in terminated["message"]
+        events = await api.list_namespaced_event(NS, field_selector="involvedObject.name=no-exe")
+        failed = [e for e in events.items if e.reason == "Failed"]
+        assert failed and failed[0].type == "Warning" and failed[0].source.component == "kubelet"
+    finally:
+        await delete_now(api, "no-exe")
+
+
 async def test_image_map_gives_a_command_to_images_without_one(api, devcluster):
     await api.create_namespaced_pod(NS, pod_body("mapped", None, image="example.org/echo:1"))
     try:

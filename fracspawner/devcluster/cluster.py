@@ -362,10 +362,30 @@ class DevCluster:
         except RuntimeError as exc:
             pod = self._current(namespace, name)
             if pod is not None:
+                # as containerd reports a container that cannot start: exit code 128, StartError
+                now = now_iso()
                 pod["status"]["phase"] = "Failed"
-                pod["status"]["message"] = str(exc)
+                pod["status"]["containerStatuses"] = [
+                    {
+                        "name": container["name"],
+                        "image": container.get("image", ""),
+                        "imageID": "",
+                        "ready": False,
+                        "started": False,
+                        "restartCount": 0,
+                        "state": {
+                            "terminated": {
+                                "exitCode": 128,
+                                "reason": "StartError",
+                                "message": str(exc),
+                                "startedAt": now,
+                                "finishedAt": now,
+                            }
+                        },
+                    }
+                ]
                 self.store.update("pods", pod)
-                self.event(pod, "Warning", "Failed", str(exc), "kubelet")
+                self.event(pod, "Warning", "Failed", f"Error: {exc}", "kubelet")
             return
         started = now_iso()
         pod = self._current(namespace, name)

@@ -141,7 +141,9 @@ class Kubelet:
             exe = os.path.join(cwd, exe)  # relative to the working dir, as the exec would be
         if not exe or not shutil.which(exe, path=env["PATH"]):
             self.ips.give(ip)  # like a container runtime's "executable file not found"
-            raise RuntimeError(f"failed to start {command[:1]}: executable file not found")
+            raise RuntimeError(
+                f'exec: "{command[0] if command else ""}": executable file not found in $PATH'
+            )
         argv = [SETPRIV, "--pdeathsig", "KILL", "--", *command] if SETPRIV else command
         with open(log_path, "ab") as log:
             try:
@@ -156,7 +158,7 @@ class Kubelet:
                 )
             except OSError as exc:
                 self.ips.give(ip)
-                raise RuntimeError(f"failed to start {command[:1]}: {exc}") from exc
+                raise RuntimeError(f'exec: "{command[0]}": {exc.strerror or exc}') from exc
         running = Running(process, ip, log_path)
         self.running[key] = running
         return running
