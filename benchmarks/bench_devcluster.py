@@ -7,7 +7,9 @@ The devcluster runs in its own process (like `fracspawner devcluster`) on the la
 - kubernetes_asyncio's typed path (V1PodList models), what most client code does by default;
 - a label-selected list (server-side filtering of 20,000 pods);
 - time to first event of a fresh watch over all pods (no resourceVersion: synthetic ADDED
-  events for what exists), and time from a PATCH to its MODIFIED event on an open watch.
+  events for what exists), and time from a PATCH to its MODIFIED event on an open watch;
+- strict validation of one notebook pod: kubernetes-validate's own `validate()` (schemas read
+  and validator built per call) against the devcluster's validator cached per kind.
 Medians of several runs; the spread (min/max) is reported too.
 """
 
@@ -144,6 +146,56 @@ async def _watch_latency(url: str, api: Any) -> tuple[list[float], list[float]]:
     return first, change
 
 
+NOTEBOOK_POD = {
+    "apiVersion": "v1",
+    "kind": "Pod",
+    "metadata": {
+        "name": "jupyter-alice",
+        "labels": {"component": "singleuser-server", "fracspawner.io/pool": "h100"},
+        "annotations": {"fracspawner.io/gpu-equivalent": "0.25"},
+    },
+    "spec": {
+        "containers": [
+            {
+                "name": "notebook",
+                "image": "quay.io/jupyter/pytorch-notebook:cuda12-latest",
+                "args": ["jupyterhub-singleuser", "--ip=0.0.0.0", "--port=8888"],
+                "env": [{"name": "JUPYTERHUB_API_TOKEN", "value": "x"}] * 20,
+                "ports": [{"containerPort": 8888, "name": "notebook-port"}],
+                "resources": {
+                    "limits": {"nvidia.com/gpu": "1", "nvidia.com/gpumem": "20480"},
+                    "requests": {"cpu": "500m", "memory": "1Gi"},
+                },
+            }
+        ],
+        "restartPolicy": "OnFailure",
+        "schedulerName": "hami-scheduler",
+    },
+}
+
+
+def _validation_figures() -> dict[str, Any]:
+    import kubernetes_validate
+
+    from fracspawner.devcluster.validation import K8S_VERSION, validate
+
+    def timed(fn: Callable[[], Any], repeats: int) -> list[float]:
+        samples = []
+        for _ in range(repeats):
+            started = time.perf_counter()
+            fn()
+            samples.append(time.perf_counter() - started)
+        return samples
+
+    uncached = timed(lambda: kubernetes_validate.validate(NOTEBOOK_POD, K8S_VERSION, True), 30)
+    validate(NOTEBOOK_POD)  # build and cache the Pod validator
+    cached = timed(lambda: validate(NOTEBOOK_POD), 200)
+    return {
+        "validate_pod_kubernetes_validate": _stats(uncached),
+        "validate_pod_cached_validator": _stats(cached),
+    }
+
+
 def run(results_dir: Path) -> dict[str, Any]:
     ctx = multiprocessing.get_context("spawn")
     parent, child = ctx.Pipe()
@@ -175,6 +227,7 @@ def run(results_dir: Path) -> dict[str, Any]:
         "list_plain_http_read": _stats(reads),
         "list_plain_http_json_loads": _stats(parses),
         **figures,
+        **_validation_figures(),
     }
 
 
