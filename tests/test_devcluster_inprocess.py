@@ -143,6 +143,49 @@ async def test_bookmarks_only_when_allowed(cluster, api):
     assert await collect(stream()) == []  # the watch simply ends after timeoutSeconds
 
 
+async def test_watch_sees_objects_enter_and_leave_its_selectors(cluster, api, tmp_path):
+    """A pod that finishes leaves a `status.phase!=Succeeded` watch as DELETED (capacity
+    watchers rely on it); a label added by PATCH brings an object into a label-selected watch."""
+    go = tmp_path / "go"
+    wait_for_go = ["sh", "-c", f"while [ ! -e {go} ]; do sleep 0.05; done"]
+    body = {
+        "metadata": {"name": "finishes", "labels": {"team": "a"}},
+        "spec": {
+            "containers": [{"name": "c", "image": "x", "command": wait_for_go}],
+            "restartPolicy": "Never",
+        },
+    }
+    rv = str(cluster.store.rv)
+
+    async def watch_events(**selectors: str) -> list[tuple[str, str]]:
+        stream = watch.Watch().stream(
+            api.list_namespaced_pod, "default", resource_version=rv, timeout_seconds=2, **selectors
+        )
+        return [(e["type"], e["raw_object"]["status"].get("phase", "")) async for e in stream]
+
+    active = asyncio.ensure_future(
+        watch_events(field_selector="status.phase!=Succeeded,status.phase!=Failed")
+    )
+    labelled = asyncio.ensure_future(watch_events(label_selector="watched=yes"))
+    await api.create_namespaced_pod("default", body)
+    await wait_for(lambda: _eq(_phase(api, "finishes"), "Running"), "finishes runs")
+    await api.patch_namespaced_pod(
+        "finishes", "default", {"metadata": {"labels": {"watched": "yes"}}}
+    )
+    go.touch()
+    await wait_for(lambda: _eq(_phase(api, "finishes"), "Succeeded"), "finishes completes")
+    events = await active
+    assert events[0][0] == "ADDED" and events[-1] == ("DELETED", "Running")
+    assert {kind for kind, _ in events[1:-1]} == {"MODIFIED"}
+    events = await labelled
+    assert events[0][0] == "ADDED" and events[-1] == ("MODIFIED", "Succeeded")
+    await api.delete_namespaced_pod("finishes", "default")
+
+
+async def _phase(api: client.CoreV1Api, name: str) -> str:
+    return (await api.read_namespaced_pod(name, "default")).status.phase
+
+
 async def test_bad_selectors_are_400(api):
     for kwargs in ({"label_selector": "a in b"}, {"field_selector": "spec.bogus=1"}):
         with pytest.raises(ApiException) as info:

@@ -59,6 +59,32 @@ def not_found(plural: str, name: str) -> ApiError:
     return ApiError(404, "NotFound", f'{plural} "{name}" not found', {"name": name, "kind": plural})
 
 
+def event_line(
+    kind: str,
+    raw: bytes,
+    obj: Mapping[str, Any],
+    prev: Mapping[str, Any] | None,
+    matches: Callable[[Mapping[str, Any]], bool],
+) -> bytes | None:
+    """The watch event one watcher sees for a change, judged on the object before and after it,
+    as the apiserver's cacheWatcher does (k8s.io/apiserver cache_watcher.go, convertToWatchEvent):
+    an object that starts matching a watch's selectors arrives ADDED, one that stops matching
+    leaves DELETED (its previous content at the new resourceVersion), so a watch with
+    `status.phase!=Succeeded` sees a pod that finishes go away."""
+    now = kind != "DELETED" and matches(obj)
+    before = prev is not None and matches(prev)
+    if not now and not before:
+        return None
+    if now:
+        event = "MODIFIED" if before else "ADDED"
+        return b'{"type":"' + event.encode() + b'","object":' + raw + b"}\n"
+    if kind != "DELETED":
+        gone = copy.deepcopy(dict(prev or {}))
+        gone["metadata"]["resourceVersion"] = obj["metadata"]["resourceVersion"]
+        raw = json.dumps(gone, separators=(",", ":")).encode()
+    return b'{"type":"DELETED","object":' + raw + b"}\n"
+
+
 @dataclass
 class Entry:
     obj: dict[str, Any]
@@ -77,7 +103,8 @@ class Store:
     def __init__(self) -> None:
         self.rv = 0
         self.objects: dict[str, dict[tuple[str, str], Entry]] = {p: {} for p in KINDS}
-        self.history: deque[tuple[int, str, str, bytes, dict]] = deque(maxlen=HISTORY)
+        # (resourceVersion, plural, event type, object JSON, object, previous object or None)
+        self.history: deque[tuple[int, str, str, bytes, dict, dict | None]] = deque(maxlen=HISTORY)
         self.watches: set[Watch] = set()
         self.listeners: list[Callable[[str, str, dict[str, Any]], None]] = []
 
@@ -86,15 +113,17 @@ class Store:
         self.rv += 1
         return str(self.rv)
 
-    def _emit(self, plural: str, kind: str, obj: dict[str, Any], raw: bytes) -> None:
-        self.history.append((self.rv, plural, kind, raw, obj))
-        line = b'{"type":"' + kind.encode() + b'","object":' + raw + b"}\n"
+    def _emit(
+        self, plural: str, kind: str, obj: dict[str, Any], raw: bytes, prev: dict[str, Any] | None
+    ) -> None:
+        self.history.append((self.rv, plural, kind, raw, obj, prev))
         for w in list(self.watches):
             if w.plural != plural:
                 continue
             if w.namespace and obj["metadata"].get("namespace") != w.namespace:
                 continue
-            if w.matches(obj):
+            line = event_line(kind, raw, obj, prev, w.matches)
+            if line is not None:
                 w.queue.put_nowait(line)
         for listener in list(self.listeners):
             listener(plural, kind, obj)
@@ -103,9 +132,11 @@ class Store:
         meta = obj["metadata"]
         meta["resourceVersion"] = self._next_rv()
         raw = json.dumps(obj, separators=(",", ":")).encode()
-        self.objects[plural][(meta.get("namespace", ""), meta["name"])] = Entry(obj, raw)
+        key = (meta.get("namespace", ""), meta["name"])
+        prev = self.objects[plural].get(key)
+        self.objects[plural][key] = Entry(obj, raw)
         if event:
-            self._emit(plural, event, obj, raw)
+            self._emit(plural, event, obj, raw, prev.obj if prev and event != "ADDED" else None)
         return obj
 
     def create(self, plural: str, namespace: str | None, obj: dict[str, Any]) -> dict[str, Any]:
@@ -159,7 +190,7 @@ class Store:
         obj = entry.obj
         obj["metadata"]["resourceVersion"] = self._next_rv()
         raw = json.dumps(obj, separators=(",", ":")).encode()
-        self._emit(plural, "DELETED", obj, raw)
+        self._emit(plural, "DELETED", obj, raw, obj)
         return obj
 
     def load(self, plural: str, obj: dict[str, Any]) -> None:
@@ -226,12 +257,13 @@ class Store:
             oldest = self.history[0][0] if full else 0
             if since < oldest - 1:
                 raise ApiError(410, "Expired", f"too old resource version: {since} ({oldest - 1})")
-            for rv, hplural, kind, raw, obj in self.history:
+            for rv, hplural, kind, raw, obj, prev in self.history:
                 if rv <= since or hplural != plural:
                     continue
                 if namespace and obj["metadata"].get("namespace") != namespace:
                     continue
-                if matches(obj):
-                    w.queue.put_nowait(b'{"type":"' + kind.encode() + b'","object":' + raw + b"}\n")
+                line = event_line(kind, raw, obj, prev, matches)
+                if line is not None:
+                    w.queue.put_nowait(line)
         self.watches.add(w)
         return w
