@@ -191,6 +191,16 @@ class FracSpawner(KubeSpawner):
         prefix = base[: -len("hub/")] if base.endswith("hub/") else "/"
         return f"{prefix}services/fracspawner/api/offers"
 
+    @default("apply_user_options")
+    def _apply_user_options_default(self) -> Any:
+        # JupyterHub calls this before start(); FracSpawner validates and applies the options in
+        # load_user_options (kubespawner's hook at the start of _start), so there is nothing to
+        # do here, and saying so keeps JupyterHub from logging them as "unhandled".
+        def handled_in_load_user_options(spawner: Any, user_options: dict) -> None:
+            return None
+
+        return handled_in_load_user_options
+
     @default("options_from_form")
     def _options_from_form_default(self) -> Any:
         return self._frac_options_from_form
@@ -240,6 +250,10 @@ class FracSpawner(KubeSpawner):
             raise web.HTTPError(400, f"profile: {exc}") from None
         finally:
             self.user_options = full_options
+        if choice.pool is not None and "pool" not in (self.user_options or {}):
+            # the hub's server model (and so the culler) then shows the pool picked; the
+            # stored options keep "any pool" for the next spawn
+            self.user_options = {**self.user_options, "pool": choice.pool.name}
         self.apply_choice(choice)
 
     def apply_choice(self, choice: Choice) -> None:

@@ -66,6 +66,8 @@ def test_last_slot_then_refusal_with_what_is_free(hub, devcluster):
     hub.wait_ready("finn")
     pod = server_pods(devcluster, "finn")[0]
     assert pod["metadata"]["labels"]["fracspawner.io/pool"] == "h100"
+    # the hub's server model says which pool was picked (the culler reads it there)
+    assert hub.api("GET", "/users/finn")[1]["servers"][""]["user_options"]["pool"] == "h100"
     stop(hub, "finn", cluster=devcluster)
     stop(hub, "cora", cluster=devcluster)
 
