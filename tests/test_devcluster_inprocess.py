@@ -186,6 +186,22 @@ async def _phase(api: client.CoreV1Api, name: str) -> str:
     return (await api.read_namespaced_pod(name, "default")).status.phase
 
 
+async def test_delete_answers_like_the_apiserver(api):
+    # most kinds answer a Success Status; pods (and PVCs, services...) the deleted object
+    created = await api.create_namespaced_config_map("default", configmap("doomed"))
+    status = await api.delete_namespaced_config_map("doomed", "default")
+    assert (status.kind, status.status) == ("Status", "Success")
+    assert (status.details.name, status.details.uid) == ("doomed", created.metadata.uid)
+    pod = {"metadata": {"name": "p"}, "spec": {"containers": [{"name": "c", "image": "x"}]}}
+    pod["spec"]["schedulerName"] = "nobody"  # stays Pending, no process
+    await api.create_namespaced_pod("default", pod)
+    deleted = await api.delete_namespaced_pod("p", "default", _preload_content=False)
+    assert json.loads(await deleted.read())["metadata"]["name"] == "p"
+    with pytest.raises(ApiException) as info:
+        await api.delete_namespaced_config_map("doomed", "default")
+    assert info.value.status == 404
+
+
 async def test_bad_selectors_are_400(api):
     for kwargs in ({"label_selector": "a in b"}, {"field_selector": "spec.bogus=1"}):
         with pytest.raises(ApiException) as info:

@@ -25,6 +25,12 @@ SERVED_SCHEDULERS = frozenset(
     {"", "default-scheduler", "hami-scheduler", "volcano", "kai-scheduler", "runai-scheduler"}
 )
 
+#: Kinds whose DELETE answers with the deleted object (their registry sets ReturnDeletedObject,
+#: kubernetes pkg/registry/core/*/storage); the others answer with a Success Status.
+RETURN_DELETED_OBJECT = frozenset(
+    {"pods", "persistentvolumeclaims", "serviceaccounts", "services", "namespaces"}
+)
+
 
 def merge_patch(target: Any, patch: Any) -> Any:
     """RFC 7386 JSON merge patch (also what strategic merge does for labels/annotations)."""
@@ -208,7 +214,16 @@ class DevCluster:
     ) -> dict[str, Any]:
         obj = self.store.get(plural, namespace, name)
         if plural != "pods":
-            return self.store.remove(plural, namespace, name)
+            removed = self.store.remove(plural, namespace, name)
+            if plural in RETURN_DELETED_OBJECT:
+                return removed
+            return {
+                "kind": "Status",
+                "apiVersion": "v1",
+                "metadata": {},
+                "status": "Success",
+                "details": {"name": name, "kind": plural, "uid": removed["metadata"]["uid"]},
+            }
         if grace is None:
             grace = obj["spec"].get("terminationGracePeriodSeconds", 30)
         running = (obj["metadata"].get("namespace"), name) in self.kubelet.running
