@@ -467,7 +467,11 @@ async def test_field_selectors(api):
         await eventually(lambda: phase_is(api, "evented", "Running"), "evented runs")
         events = await api.list_namespaced_event(NS, field_selector="involvedObject.name=evented")
         assert events.items and {e.involved_object.name for e in events.items} == {"evented"}
-        assert {"Scheduled", "Started"} <= {e.reason for e in events.items}
+        by_reason = {e.reason: e for e in events.items}
+        assert {"Scheduled", "Pulled", "Created", "Started"} <= set(by_reason)
+        assert by_reason["Scheduled"].source.component == "default-scheduler"
+        assert by_reason["Created"].message == "Created container: notebook"
+        assert by_reason["Started"].source.component == "kubelet"
     finally:
         await delete_now(api, "evented")
 

@@ -431,6 +431,11 @@ class DevCluster:
             }
         ]
         self.store.update("pods", pod)
+        # kubelet 1.33's wording; kubespawner shows these in the spawn progress
+        image = container.get("image", "")
+        pulled = f'Container image "{image}" already present on machine'
+        self.event(pod, "Normal", "Pulled", pulled, "kubelet")
+        self.event(pod, "Normal", "Created", f"Created container: {container['name']}", "kubelet")
         self.event(pod, "Normal", "Started", f"Started container {container['name']}", "kubelet")
         ports = [p.get("containerPort") for p in container.get("ports") or []]
         process = running.process
