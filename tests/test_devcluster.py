@@ -538,6 +538,26 @@ async def test_patch_merge_strategic_and_json(api):
             )
         assert info.value.status == 422 and "metadata.labels" in status_of(info.value)["message"]
         assert (await raw_pod(api, "patched"))["metadata"]["labels"].get("n") is None
+
+        # a pod's spec is immutable but for a few fields, as the apiserver enforces
+        with pytest.raises(ApiException) as info:
+            await api.patch_namespaced_pod(
+                "patched", NS, {"spec": {"containers": [{"name": "notebook", "args": ["x"]}]}}
+            )
+        assert info.value.status == 422 and "pod updates may not change" in info.value.body
+        # a write based on an older resourceVersion is a 409 Conflict
+        stale = {"metadata": {"resourceVersion": "1", "labels": {"late": "yes"}}}
+        with pytest.raises(ApiException) as info:
+            await api.patch_namespaced_pod(
+                "patched", NS, stale, _content_type="application/merge-patch+json"
+            )
+        assert info.value.status == 409 and status_of(info.value)["reason"] == "Conflict"
+        # a JSON patch that does not apply is refused, not a server error
+        with pytest.raises(ApiException) as info:
+            await api.patch_namespaced_pod(
+                "patched", NS, [{"op": "remove", "path": "/metadata/labels/no-such-label"}]
+            )
+        assert info.value.status == 422
     finally:
         await delete_now(api, "patched")
 

@@ -32,6 +32,32 @@ RETURN_DELETED_OBJECT = frozenset(
 )
 
 
+def pod_spec_update_allowed(current: Mapping[str, Any], updated: Mapping[str, Any]) -> None:
+    """A pod's spec is immutable but for a few fields, as the apiserver enforces
+    (pkg/apis/core/validation ValidatePodUpdate); 422 otherwise."""
+
+    def mutable_removed(spec: Mapping[str, Any]) -> dict[str, Any]:
+        spec = copy.deepcopy(dict(spec))
+        for field in ("activeDeadlineSeconds", "tolerations", "terminationGracePeriodSeconds"):
+            spec.pop(field, None)
+        for group in ("containers", "initContainers"):
+            for container in spec.get(group) or []:
+                container.pop("image", None)
+        return spec
+
+    if mutable_removed(current.get("spec") or {}) != mutable_removed(updated.get("spec") or {}):
+        name = current["metadata"]["name"]
+        raise ApiError(
+            422,
+            "Invalid",
+            f'Pod "{name}" is invalid: spec: Forbidden: pod updates may not change fields other '
+            "than `spec.containers[*].image`,`spec.initContainers[*].image`,"
+            "`spec.activeDeadlineSeconds`,`spec.tolerations` (only additions to existing "
+            "tolerations),`spec.terminationGracePeriodSeconds`",
+            {"name": name, "kind": "Pod", "causes": [{"field": "spec"}]},
+        )
+
+
 def merge_patch(target: Any, patch: Any) -> Any:
     """RFC 7386 JSON merge patch (also what strategic merge does for labels/annotations)."""
     if not isinstance(patch, Mapping):
@@ -194,10 +220,25 @@ class DevCluster:
     ) -> dict[str, Any]:
         current = self.store.get(plural, namespace, name)
         if "json-patch" in content_type:
-            updated = json_patch(current, patch)
+            try:
+                updated = json_patch(current, patch)
+            except (KeyError, IndexError, ValueError, TypeError) as exc:
+                raise ApiError(422, "Invalid", f"the JSON patch does not apply: {exc!r}") from None
         else:
             updated = merge_patch(current, patch)
         meta = updated.setdefault("metadata", {})
+        wanted = meta.get("resourceVersion")
+        if wanted and wanted != current["metadata"]["resourceVersion"]:
+            # optimistic concurrency: a write based on an older version is refused
+            raise ApiError(
+                409,
+                "Conflict",
+                f'Operation cannot be fulfilled on {plural} "{name}": the object has been '
+                "modified; please apply your changes to the latest version and try again",
+                {"name": name, "kind": plural},
+            )
+        if plural == "pods":
+            pod_spec_update_allowed(current, updated)
         for fixed in ("name", "namespace", "uid", "creationTimestamp"):
             if fixed in current["metadata"]:
                 meta[fixed] = current["metadata"][fixed]
