@@ -657,10 +657,21 @@ def kubectl(devcluster, *args: str) -> str:
 def test_kubectl_get_nodes_and_pods(devcluster):
     nodes = kubectl(devcluster, "get", "nodes", "-o", "name").split()
     assert {"node/gpu-a100-1", "node/gpu-t4-1", "node/cpu-1", "node/cordoned-1"} <= set(nodes)
-    table = kubectl(devcluster, "get", "pods", "-A")
+    # server-side printing: kubectl's usual columns, not just NAME and AGE
+    table = kubectl(devcluster, "get", "pods", "-A", "-o", "wide")
     rows = [line.split() for line in table.splitlines()]
-    assert rows[0][:2] == ["NAMESPACE", "NAME"]
-    assert ["selectors", "web-front"] in [row[:2] for row in rows[1:]]
+    assert rows[0][:5] == ["NAMESPACE", "NAME", "READY", "STATUS", "RESTARTS"]
+    assert "NODE" in rows[0] and "IP" in rows[0]
+    by_name = {row[1]: row for row in rows[1:]}
+    assert by_name["web-front"][:2] == ["selectors", "web-front"]
+    assert by_name["web-front"][3] == "Running" and "cpu-1" in by_name["web-front"]
+    assert by_name["batch"][3] == "Succeeded"
+    nodes_table = kubectl(devcluster, "get", "nodes").splitlines()
+    assert nodes_table[0].split()[:3] == ["NAME", "STATUS", "ROLES"]
+    cordoned = next(line.split() for line in nodes_table if line.startswith("cordoned-1"))
+    assert cordoned[1] == "Ready,SchedulingDisabled"
+    # the short names kubectl learns from discovery
+    assert "selectors" in kubectl(devcluster, "get", "ns", "-o", "name")
     described = json.loads(kubectl(devcluster, "get", "node", "gpu-t4-1", "-o", "json"))
     assert described["spec"]["taints"] == [GPU_TAINT]
 

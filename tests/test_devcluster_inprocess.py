@@ -399,3 +399,18 @@ def test_devcluster_process_shows_the_log_when_the_devcluster_cannot_start(tmp_p
             pass
     assert "did not start (exited 2" in str(info.value)
     assert "nodes" in str(info.value)  # the devcluster's own one-line reason
+
+
+@pytest.mark.parametrize(
+    ("seconds", "shown"),
+    [(5, "5s"), (119, "119s"), (200, "3m20s"), (600, "10m"), (3 * 3600 + 300, "3h5m"),
+     (30 * 3600, "30h"), (5 * 86400, "5d")],
+)  # fmt: skip
+def test_ages_read_like_kubectl(seconds, shown):
+    from datetime import datetime, timedelta, timezone
+
+    from fracspawner.devcluster.tables import human_age
+
+    now = datetime(2026, 1, 10, tzinfo=timezone.utc)
+    created = (now - timedelta(seconds=seconds)).strftime("%Y-%m-%dT%H:%M:%SZ")
+    assert human_age(created, now) == shown

@@ -4,12 +4,15 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 from typing import TYPE_CHECKING, Any
 
 from tornado import iostream, web
+from tornado.log import access_log
 
 from .selectors import SelectorError, parse_field_selector, parse_label_selector
-from .store import KINDS, ApiError
+from .store import KINDS, SHORT_NAMES, ApiError
+from .tables import table, wants_table
 
 if TYPE_CHECKING:
     from .cluster import DevCluster
@@ -39,6 +42,7 @@ def resource_list() -> dict[str, Any]:
                 "namespaced": namespaced,
                 "kind": kind,
                 "verbs": _VERBS,
+                **({"shortNames": SHORT_NAMES[plural]} if plural in SHORT_NAMES else {}),
             }
             for plural, (kind, namespaced) in KINDS.items()
         ]
@@ -139,7 +143,11 @@ class Collection(Base):
         if self.get_argument("watch", "false").lower() in ("true", "1"):
             await self._watch(namespace, plural, matches)
             return None
-        return self.cluster.store.list_raw(plural, namespace, matches)
+        store = self.cluster.store
+        if wants_table(self.request.headers.get("Accept")):  # kubectl get
+            objects = [e.obj for e in store.entries(plural, namespace) if matches(e.obj)]
+            return table(plural, objects, str(store.rv))
+        return store.list_raw(plural, namespace, matches)
 
     async def _watch(self, namespace: str | None, plural: str, matches: Any) -> None:
         store = self.cluster.store
@@ -153,6 +161,7 @@ class Collection(Base):
             self.set_header("Content-Type", "application/json")
             self.finish(json.dumps({"type": "ERROR", "object": exc.status()}).encode() + b"\n")
             return
+        as_table = wants_table(self.request.headers.get("Accept"))  # kubectl get -w
         timeout = float(self.get_argument("timeoutSeconds", "1800") or 1800)
         bookmarks = self.get_argument("allowWatchBookmarks", "false").lower() == "true"
         self.set_header("Content-Type", "application/json")
@@ -188,6 +197,8 @@ class Collection(Base):
                         continue
                 if line is None:
                     break
+                if as_table:
+                    line = _table_event(plural, line)
                 self.write(line)
                 await self.flush()
         except iostream.StreamClosedError:
@@ -203,11 +214,26 @@ class Collection(Base):
         await self._handle(lambda: self.cluster.create(plural, namespace, self.body_json()))
 
 
+def _table_event(plural: str, line: bytes) -> bytes:
+    event = json.loads(line)
+    obj = event["object"]
+    if event["type"] not in ("BOOKMARK", "ERROR"):
+        rv = obj["metadata"].get("resourceVersion", "")
+        event["object"] = table(plural, [obj], rv)
+    return json.dumps(event).encode() + b"\n"
+
+
 class Item(Base):
     """/api/v1/{plural}/{name} and /api/v1/namespaces/{ns}/{plural}/{name}."""
 
     async def get(self, namespace: str | None, plural: str, name: str) -> None:
-        await self._handle(lambda: self.cluster.store.get(plural, namespace, name))
+        def read() -> Any:
+            obj = self.cluster.store.get(plural, namespace, name)
+            if wants_table(self.request.headers.get("Accept")):
+                return table(plural, [obj], obj["metadata"]["resourceVersion"])
+            return obj
+
+        await self._handle(read)
 
     async def delete(self, namespace: str | None, plural: str, name: str) -> None:
         def grace() -> float | None:
@@ -267,6 +293,14 @@ class NamespaceItem(Item):
         await super().patch(None, "namespaces", name)
 
 
+def _log_request(handler: web.RequestHandler) -> None:
+    """Server errors as warnings; 404s and 409s are ordinary answers here, so only at debug."""
+    status = handler.get_status()
+    level = logging.WARNING if status >= 500 else logging.DEBUG
+    request = handler.request
+    access_log.log(level, "%d %s %s", status, request.method, request.uri)
+
+
 def make_app(cluster: DevCluster) -> web.Application:
     plurals = "|".join(KINDS)
     args = {"cluster": cluster}
@@ -279,5 +313,6 @@ def make_app(cluster: DevCluster) -> web.Application:
             (r"/api/v1/namespaces/([^/]+)", NamespaceItem, args),
             (rf"/api/v1/()({plurals})/([^/]+)", Item, args),
             (rf"/api/v1/()({plurals})", Collection, args),
-        ]
+        ],
+        log_function=_log_request,
     )

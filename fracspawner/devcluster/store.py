@@ -28,6 +28,17 @@ KINDS: dict[str, tuple[str, bool]] = {
     "serviceaccounts": ("ServiceAccount", True),
     "namespaces": ("Namespace", False),
 }
+#: the apiserver's short names, which kubectl learns from discovery (`kubectl get ns`)
+SHORT_NAMES: dict[str, list[str]] = {
+    "pods": ["po"],
+    "events": ["ev"],
+    "nodes": ["no"],
+    "persistentvolumeclaims": ["pvc"],
+    "services": ["svc"],
+    "configmaps": ["cm"],
+    "serviceaccounts": ["sa"],
+    "namespaces": ["ns"],
+}
 HISTORY = 100_000  # events kept for watches resuming from a resourceVersion
 
 
@@ -175,8 +186,12 @@ class Store:
                 {"name": meta["name"], "kind": plural},
             )
         obj["kind"], obj["apiVersion"] = kind, "v1"
+        # server-set fields: what a client sends there is ignored (kubectl sends
+        # "creationTimestamp": null), as the apiserver's BeforeCreate does
+        for server_set in ("deletionTimestamp", "deletionGracePeriodSeconds", "selfLink"):
+            meta.pop(server_set, None)
         meta["uid"] = str(uuid.uuid4())
-        meta.setdefault("creationTimestamp", now_iso())
+        meta["creationTimestamp"] = now_iso()
         return self._store(plural, obj, "ADDED")
 
     def update(self, plural: str, obj: dict[str, Any]) -> dict[str, Any]:

@@ -1,0 +1,188 @@
+"""Server-side printing: the `Table` kubectl asks for (`Accept: application/json;as=Table;...`).
+
+kubectl prints what the apiserver's table convertors return; a plain object list only gets
+NAME and AGE. These columns follow the apiserver's printers for pods, nodes and events
+(kubernetes pkg/printers/internalversion/printers.go): priority 0 columns always, priority 1
+with `-o wide`. Other kinds get Name and Age.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from datetime import datetime, timezone
+from typing import Any
+
+NONE = "<none>"
+
+
+def wants_table(accept: str | None) -> bool:
+    return bool(accept) and "as=Table" in accept
+
+
+def human_age(timestamp: str | None, now: datetime | None = None) -> str:
+    """`5s`, `3m20s`, `2h10m`, `4d`, in the style of kubectl's AGE column."""
+    if not timestamp:
+        return "<unknown>"
+    then = datetime.strptime(timestamp, "%Y-%m-%dT%H:%M:%SZ").replace(tzinfo=timezone.utc)
+    seconds = int(((now or datetime.now(timezone.utc)) - then).total_seconds())
+    if seconds < 0:
+        return "0s"
+    if seconds < 120:
+        return f"{seconds}s"
+    minutes, hours = seconds // 60, seconds // 3600
+    if minutes < 10:
+        return f"{minutes}m{seconds % 60}s" if seconds % 60 else f"{minutes}m"
+    if minutes < 180:
+        return f"{minutes}m"
+    if hours < 8:
+        return f"{hours}h{minutes % 60}m" if minutes % 60 else f"{hours}h"
+    if hours < 48:
+        return f"{hours}h"
+    return f"{hours // 24}d"
+
+
+def _column(name: str, kind: str = "string", priority: int = 0, fmt: str = "") -> dict[str, Any]:
+    return {"name": name, "type": kind, "format": fmt, "description": "", "priority": priority}
+
+
+def _pod_status(pod: Mapping[str, Any]) -> str:
+    if (pod.get("metadata") or {}).get("deletionTimestamp"):
+        return "Terminating"
+    status = pod.get("status") or {}
+    for container in status.get("containerStatuses") or []:
+        state = container.get("state") or {}
+        for key in ("waiting", "terminated"):
+            if (state.get(key) or {}).get("reason"):
+                return state[key]["reason"]
+    return status.get("reason") or status.get("phase") or "Pending"
+
+
+def _pod_row(pod: Mapping[str, Any]) -> list[Any]:
+    status = pod.get("status") or {}
+    containers = (pod.get("spec") or {}).get("containers") or []
+    statuses = status.get("containerStatuses") or []
+    ready = sum(1 for c in statuses if c.get("ready"))
+    restarts = sum(int(c.get("restartCount") or 0) for c in statuses)
+    return [
+        pod["metadata"]["name"],
+        f"{ready}/{len(containers)}",
+        _pod_status(pod),
+        restarts,
+        human_age(pod["metadata"].get("creationTimestamp")),
+        status.get("podIP") or NONE,
+        (pod.get("spec") or {}).get("nodeName") or NONE,
+        status.get("nominatedNodeName") or NONE,
+        NONE,
+    ]
+
+
+def _node_row(node: Mapping[str, Any]) -> list[Any]:
+    status = node.get("status") or {}
+    ready = any(
+        c.get("type") == "Ready" and c.get("status") == "True"
+        for c in status.get("conditions") or []
+    )
+    state = "Ready" if ready else "NotReady"
+    if (node.get("spec") or {}).get("unschedulable"):
+        state += ",SchedulingDisabled"
+    labels = (node.get("metadata") or {}).get("labels") or {}
+    prefix = "node-role.kubernetes.io/"
+    roles = sorted(k[len(prefix) :] for k in labels if k.startswith(prefix))
+    addresses = {a.get("type"): a.get("address") for a in status.get("addresses") or []}
+    info = status.get("nodeInfo") or {}
+    return [
+        node["metadata"]["name"],
+        state,
+        ",".join(roles) or NONE,
+        human_age(node["metadata"].get("creationTimestamp")),
+        info.get("kubeletVersion", ""),
+        addresses.get("InternalIP") or NONE,
+        addresses.get("ExternalIP") or NONE,
+        info.get("osImage") or "<unknown>",
+        info.get("kernelVersion") or "<unknown>",
+        info.get("containerRuntimeVersion") or "<unknown>",
+    ]
+
+
+def _event_row(event: Mapping[str, Any]) -> list[Any]:
+    involved = event.get("involvedObject") or {}
+    source = event.get("source") or {}
+    return [
+        human_age(event.get("lastTimestamp") or event["metadata"].get("creationTimestamp")),
+        event.get("type", ""),
+        event.get("reason", ""),
+        f"{str(involved.get('kind', '')).lower()}/{involved.get('name', '')}",
+        involved.get("fieldPath", ""),
+        source.get("component", ""),
+        event.get("message", ""),
+        human_age(event.get("firstTimestamp")),
+        event.get("count", 1),
+        event["metadata"]["name"],
+    ]
+
+
+def _default_row(obj: Mapping[str, Any]) -> list[Any]:
+    return [obj["metadata"]["name"], human_age(obj["metadata"].get("creationTimestamp"))]
+
+
+COLUMNS: dict[str, list[dict[str, Any]]] = {
+    "pods": [
+        _column("Name", fmt="name"),
+        _column("Ready"),
+        _column("Status"),
+        _column("Restarts", "string"),
+        _column("Age"),
+        _column("IP", priority=1),
+        _column("Node", priority=1),
+        _column("Nominated Node", priority=1),
+        _column("Readiness Gates", priority=1),
+    ],
+    "nodes": [
+        _column("Name", fmt="name"),
+        _column("Status"),
+        _column("Roles"),
+        _column("Age"),
+        _column("Version"),
+        _column("Internal-IP", priority=1),
+        _column("External-IP", priority=1),
+        _column("OS-Image", priority=1),
+        _column("Kernel-Version", priority=1),
+        _column("Container-Runtime", priority=1),
+    ],
+    "events": [
+        _column("Last Seen"),
+        _column("Type"),
+        _column("Reason"),
+        _column("Object"),
+        _column("Subobject", priority=1),
+        _column("Source", priority=1),
+        _column("Message"),
+        _column("First Seen", priority=1),
+        _column("Count", "integer", priority=1),
+        _column("Name", fmt="name", priority=1),
+    ],
+}
+ROWS = {"pods": _pod_row, "nodes": _node_row, "events": _event_row}
+DEFAULT_COLUMNS = [_column("Name", fmt="name"), _column("Age")]
+
+
+def table(plural: str, objects: Iterable[Mapping[str, Any]], resource_version: str) -> dict:
+    """A meta.k8s.io/v1 Table of `objects`, each row carrying the object's metadata."""
+    row = ROWS.get(plural, _default_row)
+    return {
+        "kind": "Table",
+        "apiVersion": "meta.k8s.io/v1",
+        "metadata": {"resourceVersion": resource_version},
+        "columnDefinitions": COLUMNS.get(plural, DEFAULT_COLUMNS),
+        "rows": [
+            {
+                "cells": row(obj),
+                "object": {
+                    "kind": "PartialObjectMetadata",
+                    "apiVersion": "meta.k8s.io/v1",
+                    "metadata": obj.get("metadata") or {},
+                },
+            }
+            for obj in objects
+        ],
+    }
