@@ -582,6 +582,9 @@ async def test_sigterm_ignored_is_killed_after_the_grace_period(api):
     assert pod is not None and pod["metadata"]["deletionTimestamp"]
     assert pod["metadata"]["deletionGracePeriodSeconds"] == 1
     assert pid_alive(process)
+    events = await api.list_namespaced_event(NS, field_selector="involvedObject.name=stubborn")
+    killing = {e.message for e in events.items if e.reason == "Killing"}
+    assert killing == {"Stopping container notebook"}
     await eventually(lambda: gone(api, "stubborn"), "stubborn removed")
     assert not pid_alive(process)
 

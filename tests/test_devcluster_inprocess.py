@@ -202,6 +202,32 @@ async def test_delete_answers_like_the_apiserver(api):
     assert info.value.status == 404
 
 
+async def test_who_schedules_a_pod(cluster, api):
+    """The scheduler a pod names reports on it; a pod created bound skips scheduling."""
+
+    def body(name: str, **spec: str) -> dict:
+        container = {"name": "c", "image": "x", "command": ["sleep", "600"]}
+        return {"metadata": {"name": name}, "spec": {"containers": [container], **spec}}
+
+    async def events(name: str) -> dict[str, str]:
+        listed = await api.list_namespaced_event(
+            "default", field_selector=f"involvedObject.name={name}"
+        )
+        return {e.reason: e.source.component for e in listed.items}
+
+    await api.create_namespaced_pod("default", body("hami", schedulerName="hami-scheduler"))
+    await api.create_namespaced_pod("default", body("bound", nodeName="node-1"))
+    await api.create_namespaced_pod("default", body("nowhere", nodeName="no-such-node"))
+    for name in ("hami", "bound"):
+        await wait_for(lambda n=name: _eq(_phase(api, n), "Running"), f"{name} runs")
+    assert (await events("hami"))["Scheduled"] == "hami-scheduler"
+    bound = await events("bound")
+    assert "Scheduled" not in bound and bound["Started"] == "kubelet"
+    assert await _phase(api, "nowhere") == "Pending"  # no such node: no kubelet runs it
+    for name in ("hami", "bound", "nowhere"):
+        await api.delete_namespaced_pod(name, "default", grace_period_seconds=0)
+
+
 async def test_bad_selectors_are_400(api):
     for kwargs in ({"label_selector": "a in b"}, {"field_selector": "spec.bogus=1"}):
         with pytest.raises(ApiException) as info:

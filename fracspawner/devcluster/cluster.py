@@ -32,6 +32,11 @@ RETURN_DELETED_OBJECT = frozenset(
 )
 
 
+def scheduler_of(pod: Mapping[str, Any]) -> str:
+    """The scheduler that reports on a pod: the one it names (events' source.component)."""
+    return (pod.get("spec") or {}).get("schedulerName") or "default-scheduler"
+
+
 def pod_spec_update_allowed(current: Mapping[str, Any], updated: Mapping[str, Any]) -> None:
     """A pod's spec is immutable but for a few fields, as the apiserver enforces
     (pkg/apis/core/validation ValidatePodUpdate); 422 otherwise."""
@@ -213,6 +218,11 @@ class DevCluster:
             body["spec"].setdefault("restartPolicy", "Always")
             body["status"] = {"phase": "Pending", "qosClass": "BestEffort"}
         obj = self.store.create(plural, namespace, body)
+        node = obj["spec"].get("nodeName") if plural == "pods" else None
+        if node and ("", node) in self.store.objects["nodes"]:
+            # created already bound (no scheduler involved): the node's kubelet just runs it
+            self._bind(obj, node, scheduled_by=None)
+            return self.store.get(plural, obj["metadata"]["namespace"], obj["metadata"]["name"])
         return obj
 
     def patch(
@@ -276,6 +286,8 @@ class DevCluster:
             obj["metadata"]["deletionTimestamp"] = now_iso()
             obj["metadata"]["deletionGracePeriodSeconds"] = int(grace)
             self.store.update("pods", obj)
+            container = obj["spec"]["containers"][0]["name"]
+            self.event(obj, "Normal", "Killing", f"Stopping container {container}", "kubelet")
             self._spawn(self._terminate(obj["metadata"]["namespace"], name, grace))
         return obj
 
@@ -336,7 +348,7 @@ class DevCluster:
             for k, v in scheduler.pod_requests(pod).items():
                 node_use[k] = node_use.get(k, 0) + v
             node_use["pods"] = node_use.get("pods", 0) + 1
-            self._bind(pod, node)
+            self._bind(pod, node, scheduler_of(pod))
 
     def _condition(self, pod: dict[str, Any], type_: str, status: str, **extra: str) -> None:
         conditions = [c for c in pod["status"].get("conditions") or [] if c["type"] != type_]
@@ -354,7 +366,7 @@ class DevCluster:
         pod = copy.deepcopy(pod)
         self._condition(pod, "PodScheduled", "False", reason="Unschedulable", message=message)
         self.store.update("pods", pod)
-        self.event(pod, "Warning", "FailedScheduling", message, "default-scheduler")
+        self.event(pod, "Warning", "FailedScheduling", message, scheduler_of(pod))
 
     def event(
         self, pod: Mapping[str, Any], type_: str, reason: str, message: str, component: str
@@ -384,7 +396,7 @@ class DevCluster:
             },
         )
 
-    def _bind(self, pod: dict[str, Any], node: str) -> None:
+    def _bind(self, pod: dict[str, Any], node: str, scheduled_by: str | None) -> None:
         pod = copy.deepcopy(pod)
         pod["spec"]["nodeName"] = node
         pod["status"]["hostIP"] = "127.0.0.1"
@@ -392,13 +404,9 @@ class DevCluster:
         self._condition(pod, "PodScheduled", "True")
         self.store.update("pods", pod)
         meta = pod["metadata"]
-        self.event(
-            pod,
-            "Normal",
-            "Scheduled",
-            f"Successfully assigned {meta['namespace']}/{meta['name']} to {node}",
-            "default-scheduler",
-        )
+        if scheduled_by:
+            message = f"Successfully assigned {meta['namespace']}/{meta['name']} to {node}"
+            self.event(pod, "Normal", "Scheduled", message, scheduled_by)
         self._spawn(self._run_pod(meta["namespace"], meta["name"]))
 
     # ---------------------------------------------------------------- kubelet
