@@ -101,21 +101,24 @@ async def _client_figures(url: str) -> dict[str, Any]:
         selected, subset = await _timed(
             lambda: raw_list(label_selector="fracspawner.io/pool=h100"), REPEATS
         )
-        first_event, change = await _watch_latency(url, api)
+        first_event, all_added, change = await _watch_latency(url, api)
     return {
         "list_kubernetes_asyncio_preload_false": _stats(raw),
         "list_kubernetes_asyncio_typed": _stats(typed),
         "list_label_selected": {**_stats(selected), "items": len(subset)},
         "watch_first_event": _stats(first_event),
+        "watch_all_20000_added": _stats(all_added),
         "watch_patch_to_event": _stats(change),
     }
 
 
-async def _watch_latency(url: str, api: Any) -> tuple[list[float], list[float]]:
-    """Fresh watch over all pods: time to its first event. Open watch: PATCH -> MODIFIED."""
+async def _watch_latency(url: str, api: Any) -> tuple[list[float], list[float], list[float]]:
+    """Fresh watch over all pods: time to its first event and to all 20,000 synthetic ADDED
+    events. Open watch: PATCH -> MODIFIED."""
     import aiohttp
 
     first: list[float] = []
+    everything: list[float] = []
     change: list[float] = []
     async with aiohttp.ClientSession() as session:
         for _ in range(REPEATS):
@@ -123,6 +126,9 @@ async def _watch_latency(url: str, api: Any) -> tuple[list[float], list[float]]:
             async with session.get(f"{url}/api/v1/pods", params={"watch": "1"}) as resp:
                 await resp.content.readline()
                 first.append(time.perf_counter() - started)
+                for _ in range(PODS - 1):
+                    await resp.content.readline()
+                everything.append(time.perf_counter() - started)
         name = "jupyter-user0-bench"
         body = {"metadata": {"name": name}, "spec": {"containers": [{"name": "c", "image": "x"}]}}
         # a pod nobody schedules (unknown scheduler): no process, no scheduler events
@@ -143,7 +149,7 @@ async def _watch_latency(url: str, api: Any) -> tuple[list[float], list[float]]:
                 change.append(time.perf_counter() - started)
                 assert json.loads(line)["type"] == "MODIFIED"
         await api.delete_namespaced_pod(name, "default", grace_period_seconds=0)
-    return first, change
+    return first, everything, change
 
 
 NOTEBOOK_POD = {

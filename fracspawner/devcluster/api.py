@@ -197,10 +197,17 @@ class Collection(Base):
                         continue
                 if line is None:
                     break
-                if as_table:
-                    line = _table_event(plural, line)
-                self.write(line)
+                # write what is already queued in one go (a fresh watch of 20,000 pods is
+                # 20,000 events at once): one flush per batch, not per event
+                lines = [line]
+                while not w.queue.empty() and len(lines) < 1000 and lines[-1] is not None:
+                    lines.append(w.queue.get_nowait())
+                ended = lines[-1] is None
+                for item in lines[:-1] if ended else lines:
+                    self.write(_table_event(plural, item) if as_table else item)
                 await self.flush()
+                if ended:
+                    break
         except iostream.StreamClosedError:
             pass
         finally:
