@@ -645,6 +645,22 @@ async def test_image_map_gives_a_command_to_images_without_one(api, devcluster):
         await delete_now(api, "mapped")
 
 
+async def test_kubectl_logs_follow_and_tail(api, devcluster):
+    script = "import time; print('one', flush=True); time.sleep(1); print('two', flush=True)"
+    await api.create_namespaced_pod(NS, pod_body("talker", [sys.executable, "-c", script]))
+    try:
+        await eventually(lambda: phase_is(api, "talker", "Running"), "talker runs")
+        # -f follows the output until the container ends
+        followed = await asyncio.to_thread(kubectl, devcluster, "logs", "-f", "talker")
+        assert followed.split() == ["one", "two"]
+        await eventually(lambda: phase_is(api, "talker", "Succeeded"), "talker completes")
+        assert (await asyncio.to_thread(kubectl, devcluster, "logs", "--tail=1", "talker")) == (
+            "two\n"
+        )
+    finally:
+        await delete_now(api, "talker")
+
+
 # ---------------------------------------------------------------- kubectl and the CLI
 def kubectl(devcluster, *args: str) -> str:
     result = subprocess.run(

@@ -276,15 +276,52 @@ class Item(Base):
 
 
 class PodLog(Base):
-    def get(self, namespace: str, name: str) -> None:
+    """GET .../pods/{name}/log: the container's output (`kubectl logs [-f] [--tail N]`)."""
+
+    async def get(self, namespace: str, name: str) -> None:
         try:
             self.cluster.store.get("pods", namespace, name)
+            tail = self.get_argument("tailLines", None)
+            tail_lines = int(tail) if tail else None
         except ApiError as exc:
             self.write_json(exc.status(), exc.code)
             return
+        except ValueError:
+            self.write_json(ApiError(400, "BadRequest", "tailLines: not a number").status(), 400)
+            return
         path = self.cluster.kubelet.pod_dir(namespace, name) / "container.log"
+        data = path.read_bytes() if path.exists() else b""
+        if tail_lines is not None:
+            data = b"".join(data.splitlines(keepends=True)[-tail_lines:] if tail_lines else [])
         self.set_header("Content-Type", "text/plain")
-        self.finish(path.read_bytes() if path.exists() else b"")
+        if self.get_argument("follow", "false").lower() not in ("true", "1"):
+            self.finish(data)
+            return
+        # follow: keep sending what the process writes while it runs
+        offset = path.stat().st_size if path.exists() else 0
+        try:
+            self.write(data)
+            await self.flush()
+            while (namespace, name) in self.cluster.kubelet.running or offset < _size(path):
+                if offset < _size(path):
+                    with open(path, "rb") as f:
+                        f.seek(offset)
+                        chunk = f.read()
+                    offset += len(chunk)
+                    self.write(chunk)
+                    await self.flush()
+                else:
+                    await asyncio.sleep(0.2)
+        except iostream.StreamClosedError:
+            return
+        self.finish()
+
+
+def _size(path: Any) -> int:
+    try:
+        return path.stat().st_size
+    except OSError:
+        return 0
 
 
 class NamespaceItem(Item):
