@@ -182,8 +182,8 @@ async def test_watch_sees_objects_enter_and_leave_its_selectors(cluster, api, tm
     await api.delete_namespaced_pod("finishes", "default")
 
 
-async def _phase(api: client.CoreV1Api, name: str) -> str:
-    return (await api.read_namespaced_pod(name, "default")).status.phase
+async def _phase(api: client.CoreV1Api, name: str, namespace: str = "default") -> str:
+    return (await api.read_namespaced_pod(name, namespace)).status.phase
 
 
 async def test_delete_answers_like_the_apiserver(api):
@@ -226,6 +226,36 @@ async def test_who_schedules_a_pod(cluster, api):
     assert await _phase(api, "nowhere") == "Pending"  # no such node: no kubelet runs it
     for name in ("hami", "bound", "nowhere"):
         await api.delete_namespaced_pod(name, "default", grace_period_seconds=0)
+
+
+async def test_deleting_a_namespace_deletes_what_is_in_it(cluster, api):
+    await api.create_namespace({"metadata": {"name": "team-x"}})
+    pod = {
+        "metadata": {"name": "p"},
+        "spec": {"containers": [{"name": "c", "image": "x", "command": ["sleep", "600"]}]},
+    }
+    await api.create_namespaced_pod("team-x", pod)
+    await api.create_namespaced_config_map("team-x", configmap("cm"))
+    await wait_for(lambda: _eq(_phase(api, "p", "team-x"), "Running"), "the pod runs")
+    process = cluster.kubelet.running[("team-x", "p")].process.pid
+
+    deleted = await api.delete_namespace("team-x", _preload_content=False)
+    assert json.loads(await deleted.read())["status"]["phase"] == "Terminating"
+    with pytest.raises(ApiException) as info:  # no new content while it terminates
+        await api.create_namespaced_config_map("team-x", configmap("late"))
+    assert info.value.status in (403, 404)
+
+    async def namespace_gone() -> bool:
+        names = {n.metadata.name for n in (await api.list_namespace()).items}
+        return "team-x" not in names
+
+    await wait_for(namespace_gone, "the namespace is gone")
+    assert not (await api.list_namespaced_pod("team-x")).items
+    assert not (await api.list_namespaced_config_map("team-x")).items
+    await wait_for(lambda: asyncio.to_thread(lambda: not alive(process)), "the pod's process ends")
+    with pytest.raises(ApiException) as info:
+        await api.delete_namespace("default")
+    assert info.value.status == 403
 
 
 async def test_bad_selectors_are_400(api):

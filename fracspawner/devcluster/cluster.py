@@ -31,6 +31,9 @@ RETURN_DELETED_OBJECT = frozenset(
     {"pods", "persistentvolumeclaims", "serviceaccounts", "services", "namespaces"}
 )
 
+#: namespaces the apiserver refuses to delete
+PROTECTED_NAMESPACES = frozenset({"default", "kube-system", "kube-public"})
+
 
 def scheduler_of(pod: Mapping[str, Any]) -> str:
     """The scheduler that reports on a pod: the one it names (events' source.component)."""
@@ -210,6 +213,17 @@ class DevCluster:
         body.setdefault("kind", kind)
         if body["kind"] != kind:
             raise ApiError(400, "BadRequest", f"the body's kind {body['kind']} is not {kind}")
+        if KINDS[plural][1] and plural != "events":
+            ns_name = namespace or (body.get("metadata") or {}).get("namespace") or "default"
+            ns = self.store.objects["namespaces"].get(("", ns_name))
+            if ns is not None and ns.obj["metadata"].get("deletionTimestamp"):
+                raise ApiError(
+                    403,
+                    "Forbidden",
+                    f"unable to create new content in namespace {ns_name} because it is being "
+                    "terminated",
+                    {"name": (body.get("metadata") or {}).get("name", ""), "kind": plural},
+                )
         if plural == "pods":
             body.pop("status", None)
         validate(body)
@@ -264,6 +278,8 @@ class DevCluster:
         self, plural: str, namespace: str | None, name: str, grace: float | None
     ) -> dict[str, Any]:
         obj = self.store.get(plural, namespace, name)
+        if plural == "namespaces":
+            return await self._delete_namespace(obj)
         if plural != "pods":
             removed = self.store.remove(plural, namespace, name)
             if plural in RETURN_DELETED_OBJECT:
@@ -290,6 +306,41 @@ class DevCluster:
             self.event(obj, "Normal", "Killing", f"Stopping container {container}", "kubelet")
             self._spawn(self._terminate(obj["metadata"]["namespace"], name, grace))
         return obj
+
+    async def _delete_namespace(self, ns: dict[str, Any]) -> dict[str, Any]:
+        """Terminating, then everything in it deleted (pods at once), then the namespace."""
+        name = ns["metadata"]["name"]
+        if name in PROTECTED_NAMESPACES:
+            raise ApiError(
+                403,
+                "Forbidden",
+                f'namespaces "{name}" is forbidden: this namespace may not be deleted',
+                {"name": name, "kind": "namespaces"},
+            )
+        if not ns["metadata"].get("deletionTimestamp"):
+            ns = copy.deepcopy(ns)
+            ns["metadata"]["deletionTimestamp"] = now_iso()
+            ns.setdefault("status", {})["phase"] = "Terminating"
+            self.store.update("namespaces", ns)
+            self._spawn(self._finalize_namespace(name))
+        return ns
+
+    async def _finalize_namespace(self, name: str) -> None:
+        for plural, (_, namespaced) in KINDS.items():
+            if not namespaced:
+                continue
+            for entry in list(self.store.entries(plural, name)):
+                member = entry.obj["metadata"]["name"]
+                if plural == "pods":
+                    await self.kubelet.stop(name, member, 0)
+                try:
+                    self.store.remove(plural, name, member)
+                except ApiError:
+                    pass
+        try:
+            self.store.remove("namespaces", None, name)
+        except ApiError:
+            pass
 
     async def _terminate(self, namespace: str, name: str, grace: float) -> None:
         await self.kubelet.stop(namespace, name, grace)
