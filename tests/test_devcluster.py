@@ -545,6 +545,15 @@ async def test_patch_merge_strategic_and_json(api):
                 "patched", NS, {"spec": {"containers": [{"name": "notebook", "args": ["x"]}]}}
             )
         assert info.value.status == 422 and "pod updates may not change" in info.value.body
+        # the status belongs to the kubelet: a PATCH of the pod leaves it alone
+        await eventually(lambda: phase_is(api, "patched", "Running"), "patched runs")
+        await api.patch_namespaced_pod(
+            "patched",
+            NS,
+            {"status": {"phase": "Failed"}},
+            _content_type="application/merge-patch+json",
+        )
+        assert (await raw_pod(api, "patched"))["status"]["phase"] == "Running"
         # a write based on an older resourceVersion is a 409 Conflict
         stale = {"metadata": {"resourceVersion": "1", "labels": {"late": "yes"}}}
         with pytest.raises(ApiException) as info:

@@ -263,6 +263,8 @@ class DevCluster:
             )
         if plural == "pods":
             pod_spec_update_allowed(current, updated)
+            # status belongs to the kubelet (its own subresource): a write here leaves it alone
+            updated["status"] = copy.deepcopy(current.get("status") or {})
         for fixed in ("name", "namespace", "uid", "creationTimestamp"):
             if fixed in current["metadata"]:
                 meta[fixed] = current["metadata"][fixed]
