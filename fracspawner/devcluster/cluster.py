@@ -133,6 +133,7 @@ class DevCluster:
         self._server: Any = None
         self._tasks: set[asyncio.Task] = set()
         self._reschedule = asyncio.Event()
+        self._requests: dict[str, Mapping[str, Any]] = {}  # pod uid -> resource requests
         self._scheduler_task: asyncio.Task | None = None
         self.url = ""
 
@@ -352,7 +353,16 @@ class DevCluster:
             pass
 
     # ---------------------------------------------------------------- scheduling
+    def _pod_requests(self, pod: Mapping[str, Any]) -> Mapping[str, Any]:
+        uid = pod["metadata"]["uid"]
+        cached = self._requests.get(uid)
+        if cached is None:
+            cached = self._requests[uid] = scheduler.pod_requests(pod)
+        return cached
+
     def _on_change(self, plural: str, kind: str, obj: dict[str, Any]) -> None:
+        if plural == "pods" and kind == "DELETED":
+            self._requests.pop(obj["metadata"]["uid"], None)
         if plural == "pods" and (
             kind == "DELETED"
             or not obj["spec"].get("nodeName")
@@ -391,14 +401,15 @@ class DevCluster:
         if not pending:
             return
         nodes = [e.obj for e in self.store.entries("nodes", None)]
-        usage = scheduler.usage_by_node(pods)
-        for pod in sorted(pending, key=lambda p: p["metadata"]["resourceVersion"]):
+        usage = scheduler.usage_by_node(pods, self._pod_requests)
+        # the store keeps pods in creation order: first come, first served, higher priority first
+        for pod in sorted(pending, key=lambda p: -int(p["spec"].get("priority") or 0)):
             node, message = scheduler.schedule(pod, nodes, usage)
             if node is None:
                 self._unschedulable(pod, message)
                 continue
             node_use = usage.setdefault(node, {})
-            for k, v in scheduler.pod_requests(pod).items():
+            for k, v in self._pod_requests(pod).items():
                 node_use[k] = node_use.get(k, 0) + v
             node_use["pods"] = node_use.get("pods", 0) + 1
             self._bind(pod, node, scheduler_of(pod))

@@ -16,7 +16,7 @@ separator adds another, hence the ".." at the end of real messages.
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from decimal import Decimal
 from typing import Any
 
@@ -143,13 +143,18 @@ def node_failures(
     return failures
 
 
-def usage_by_node(pods: Iterable[Mapping[str, Any]]) -> dict[str, dict[str, Decimal]]:
+def usage_by_node(
+    pods: Iterable[Mapping[str, Any]],
+    requests: Callable[[Mapping[str, Any]], Mapping[str, Decimal]] = pod_requests,
+) -> dict[str, dict[str, Decimal]]:
+    """What the bound, unfinished pods request per node (`requests` may be a cached
+    `pod_requests`: a pod's resources cannot change once created)."""
     usage: dict[str, dict[str, Decimal]] = {}
     for pod in pods:
         if not holds_resources(pod):
             continue
         node_use = usage.setdefault(pod["spec"]["nodeName"], {})
-        for k, v in pod_requests(pod).items():
+        for k, v in requests(pod).items():
             node_use[k] = node_use.get(k, Decimal(0)) + v
         node_use["pods"] = node_use.get("pods", Decimal(0)) + 1
     return usage
