@@ -305,6 +305,37 @@ async def test_a_pod_finishing_lets_a_waiting_pod_schedule(cluster, api, tmp_pat
     await api.delete_namespaced_pod("second", "default", grace_period_seconds=0)
 
 
+@pytest.mark.parametrize("cluster", [ONE_WIDGET], indirect=True)
+async def test_waiting_pods_are_served_first_come_first_served(cluster, api):
+    def body(name: str) -> dict:
+        container = {"name": "c", "image": "x", "command": ["sleep", "600"]}
+        container["resources"] = {"limits": {WIDGET: "1"}}
+        return {"metadata": {"name": name}, "spec": {"containers": [container]}}
+
+    await api.create_namespaced_pod("default", body("holder"))
+    await wait_for(lambda: _eq(_phase(api, "holder"), "Running"), "holder runs")
+    waiting = [f"waiting-{i}" for i in range(6)]
+    for name in waiting:
+        await api.create_namespaced_pod("default", body(name))
+    for name in waiting:
+        await wait_for(lambda n=name: failed_scheduling(api, n), f"{name} unschedulable")
+    for turn, name in enumerate(waiting[:3]):
+        previous = "holder" if turn == 0 else waiting[turn - 1]
+        await api.delete_namespaced_pod(previous, "default", grace_period_seconds=0)
+        await wait_for(lambda n=name: _eq(_phase(api, n), "Running"), f"{name} runs next")
+        phases = [await _phase(api, other) for other in waiting[turn + 1 :]]
+        assert set(phases) == {"Pending"}
+    for name in waiting[2:]:
+        await api.delete_namespaced_pod(name, "default", grace_period_seconds=0)
+
+
+async def failed_scheduling(api: client.CoreV1Api, name: str) -> bool:
+    events = await api.list_namespaced_event(
+        "default", field_selector=f"involvedObject.name={name},reason=FailedScheduling"
+    )
+    return bool(events.items)
+
+
 async def _eq(value: Awaitable, expected: object) -> bool:
     return await value == expected
 
