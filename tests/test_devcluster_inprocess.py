@@ -258,6 +258,32 @@ async def test_deleting_a_namespace_deletes_what_is_in_it(cluster, api):
     assert info.value.status == 403
 
 
+async def test_server_filled_fields(api):
+    """generateName, qosClass and the other fields the apiserver fills in."""
+
+    def body(resources: dict) -> dict:
+        container = {"name": "c", "image": "x", "resources": resources}
+        spec = {"containers": [container], "schedulerName": "nobody"}  # stays Pending
+        return {"metadata": {"generateName": "jupyter-"}, "spec": spec}
+
+    cases = {
+        "BestEffort": {"limits": {"nvidia.com/gpu": "1"}},  # only cpu and memory count
+        "Burstable": {"requests": {"cpu": "100m"}},
+        "Guaranteed": {"limits": {"cpu": "1", "memory": "1Gi"}},
+    }
+    names = set()
+    for qos, resources in cases.items():
+        pod = await api.create_namespaced_pod("default", body(resources))
+        assert pod.status.qos_class == qos
+        assert pod.metadata.name.startswith("jupyter-") and len(pod.metadata.name) == 13
+        assert pod.metadata.uid and pod.metadata.creation_timestamp
+        assert int(pod.metadata.resource_version) > 0
+        names.add(pod.metadata.name)
+    assert len(names) == 3
+    for name in names:
+        await api.delete_namespaced_pod(name, "default")
+
+
 async def test_bad_selectors_are_400(api):
     for kwargs in ({"label_selector": "a in b"}, {"field_selector": "spec.bogus=1"}):
         with pytest.raises(ApiException) as info:

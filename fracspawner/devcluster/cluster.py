@@ -231,7 +231,7 @@ class DevCluster:
         if plural == "pods":
             body["spec"].setdefault("schedulerName", "default-scheduler")
             body["spec"].setdefault("restartPolicy", "Always")
-            body["status"] = {"phase": "Pending", "qosClass": "BestEffort"}
+            body["status"] = {"phase": "Pending", "qosClass": scheduler.qos_class(body)}
         obj = self.store.create(plural, namespace, body)
         node = obj["spec"].get("nodeName") if plural == "pods" else None
         if node and ("", node) in self.store.objects["nodes"]:

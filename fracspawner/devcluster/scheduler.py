@@ -58,6 +58,27 @@ def pod_requests(pod: Mapping[str, Any]) -> dict[str, Decimal]:
     return total
 
 
+def qos_class(pod: Mapping[str, Any]) -> str:
+    """Guaranteed (every container limits cpu and memory, requests equal to limits), BestEffort
+    (no container requests or limits cpu or memory), else Burstable (pkg/apis/core/helper/qos)."""
+    spec = pod.get("spec") or {}
+    containers = [*(spec.get("containers") or []), *(spec.get("initContainers") or [])]
+    guaranteed, anything = True, False
+    for c in containers:
+        resources = c.get("resources") or {}
+        limits = {k: quantity(v) for k, v in (resources.get("limits") or {}).items()}
+        requests = {k: quantity(v) for k, v in (resources.get("requests") or {}).items()}
+        for name in ("cpu", "memory"):
+            limit, request = limits.get(name), requests.get(name, limits.get(name))
+            if (limit or 0) > 0 or (request or 0) > 0:
+                anything = True
+            if not limit or request != limit:
+                guaranteed = False
+    if not anything:
+        return "BestEffort"
+    return "Guaranteed" if guaranteed else "Burstable"
+
+
 def holds_resources(pod: Mapping[str, Any]) -> bool:
     return bool((pod.get("spec") or {}).get("nodeName")) and (pod.get("status") or {}).get(
         "phase"

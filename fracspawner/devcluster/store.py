@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import copy
 import json
+import random
 import uuid
 from collections import deque
 from collections.abc import Callable, Iterable, Mapping
@@ -155,7 +156,9 @@ class Store:
         obj = copy.deepcopy(obj)
         meta = obj.setdefault("metadata", {})
         if not meta.get("name") and meta.get("generateName"):
-            meta["name"] = meta["generateName"] + uuid.uuid4().hex[:5]
+            # five characters from the apiserver's alphabet (no vowels, no 0/1/3: no words)
+            suffix = "".join(random.choices("bcdfghjklmnpqrstvwxz2456789", k=5))
+            meta["name"] = meta["generateName"] + suffix
         if not meta.get("name"):
             raise ApiError(422, "Invalid", f"{kind} is invalid: metadata.name: Required value")
         if namespaced:
