@@ -466,6 +466,11 @@ def test_devcluster_process_leaves_no_process_behind(tmp_path):
         escaped = int(log.read_text().split()[0])
         devcluster_pid = running.process.pid
         assert alive(escaped)
+        assert [n["metadata"]["name"] for n in api.list("nodes")] == ["node-1"]
+        started = api.list("events", "default", fieldSelector="reason=Started")
+        assert [e["involvedObject"]["name"] for e in started] == ["p"]
+        everywhere = [(p["metadata"]["namespace"], p["metadata"]["name"]) for p in api.list("pods")]
+        assert everywhere == [("default", "p")]
     # the context's own check passed (it raises if it had to kill anything)
     assert not alive(escaped)
     assert running.process.returncode is not None and not alive(devcluster_pid)

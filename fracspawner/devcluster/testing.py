@@ -12,6 +12,7 @@ import sys
 import threading
 import time
 import urllib.error
+import urllib.parse
 import urllib.request
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
@@ -59,9 +60,15 @@ class _Client:
         assert status == 200, (status, body)
         return body
 
+    def list(self, plural: str, namespace: str | None = None, **params: str) -> list[dict]:
+        """Items of a kind, e.g. `list("events", "default", fieldSelector="reason=Started")`
+        (`namespace=None`: across all namespaces)."""
+        query = urllib.parse.urlencode(params)
+        where = f"/namespaces/{namespace}" if namespace else ""
+        return self.get(f"/api/v1{where}/{plural}?{query}")["items"]
+
     def pods(self, namespace: str = "default", **params: str) -> list[dict]:
-        query = "&".join(f"{k}={urllib.request.quote(v)}" for k, v in params.items())
-        return self.get(f"/api/v1/namespaces/{namespace}/pods?{query}")["items"]
+        return self.list("pods", namespace, **params)
 
 
 def _pod_processes(state_dir: Path) -> list[int]:
