@@ -10,6 +10,7 @@ the GPU slice's PodPlan on top.
 from __future__ import annotations
 
 import copy
+import os
 import re
 from collections.abc import Mapping
 from typing import Any
@@ -112,8 +113,6 @@ class FracSpawner(KubeSpawner):
 
     @property
     def fracspawner_catalog(self) -> Catalog:
-        import os
-
         source: Any = self.catalog or self.catalog_file or os.environ.get("FRACSPAWNER_CATALOG")
         if not source:
             raise CatalogError(
