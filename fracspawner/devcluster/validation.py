@@ -25,12 +25,24 @@ from .store import ApiError
 K8S_VERSION = "1.33.0"
 
 
+@functools.lru_cache(maxsize=4)
 def _schema_dir(version: str) -> Any:
-    return (
-        resources.files("kubernetes_validate")
-        / "kubernetes-json-schema"
-        / f"v{version}-local-strict"
+    """The strict schemas for `version`, else (an older kubernetes-validate) the newest it
+    ships that is not newer, as kubernetes-validate itself picks."""
+    root = resources.files("kubernetes_validate") / "kubernetes-json-schema"
+    wanted = _minor(version)
+    shipped = sorted(
+        (_minor(d.name[1:].split("-")[0]), d.name)
+        for d in root.iterdir()
+        if d.name.startswith("v") and d.name.endswith("-local-strict")
     )
+    fitting = [name for minor, name in shipped if minor <= wanted] or [shipped[0][1]]
+    return root / fitting[-1]
+
+
+def _minor(version: str) -> tuple[int, int]:
+    major, minor = version.split(".")[:2]
+    return int(major), int(minor)
 
 
 @functools.lru_cache(maxsize=1)
