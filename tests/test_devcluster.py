@@ -241,6 +241,7 @@ async def test_kubespawner_reflectors_follow_a_spawn_stop_loop(api, caplog):
             await eventually(vanished, f"{name} gone from the reflector")
             reasons = {e["reason"] for e in events.events if e["involvedObject"]["name"] == name}
             assert {"Scheduled", "Started"} <= reasons
+        assert pods.first_load_future.done() and events.first_load_future.done()
         assert not pods.watch_task.done() and not events.watch_task.done()
         # checked before stop(), which itself logs "watcher finished" as a warning
         problems = [r.getMessage() for r in caplog.records if r.levelno >= logging.WARNING]

@@ -215,6 +215,7 @@ async def test_who_schedules_a_pod(cluster, api):
         )
         return {e.reason: e.source.component for e in listed.items}
 
+    await api.create_namespaced_pod("default", body("unserved", schedulerName="my-scheduler"))
     await api.create_namespaced_pod("default", body("hami", schedulerName="hami-scheduler"))
     await api.create_namespaced_pod("default", body("bound", nodeName="node-1"))
     await api.create_namespaced_pod("default", body("nowhere", nodeName="no-such-node"))
@@ -224,7 +225,11 @@ async def test_who_schedules_a_pod(cluster, api):
     bound = await events("bound")
     assert "Scheduled" not in bound and bound["Started"] == "kubelet"
     assert await _phase(api, "nowhere") == "Pending"  # no such node: no kubelet runs it
-    for name in ("hami", "bound", "nowhere"):
+    # a scheduler nobody runs: Pending, untouched, no event (as in a real cluster)
+    unserved = await api.read_namespaced_pod("unserved", "default")
+    assert unserved.status.phase == "Pending" and not unserved.status.conditions
+    assert await events("unserved") == {}
+    for name in ("unserved", "hami", "bound", "nowhere"):
         await api.delete_namespaced_pod(name, "default", grace_period_seconds=0)
 
 
