@@ -289,6 +289,55 @@ async def test_server_filled_fields(api):
         await api.delete_namespaced_pod(name, "default")
 
 
+async def test_env_from_secrets_config_maps_and_fields(cluster, api):
+    show = "import os, sys; print(*[os.environ.get(k, '-') for k in sys.argv[1:]])"
+    names = ["TOKEN", "COLOUR", "CFG_SIZE", "POOL", "HOST_IP"]
+    container = {
+        "name": "c",
+        "image": "x",
+        "command": [sys.executable, "-c", show, *names],
+        "envFrom": [{"configMapRef": {"name": "settings"}, "prefix": "CFG_"}],
+        "env": [
+            {"name": "TOKEN", "valueFrom": {"secretKeyRef": {"name": "creds", "key": "token"}}},
+            {
+                "name": "COLOUR",
+                "valueFrom": {"configMapKeyRef": {"name": "settings", "key": "colour"}},
+            },
+            {
+                "name": "POOL",
+                "valueFrom": {"fieldRef": {"fieldPath": "metadata.labels['fracspawner.io/pool']"}},
+            },
+            {"name": "HOST_IP", "valueFrom": {"fieldRef": {"fieldPath": "status.hostIP"}}},
+        ],
+    }
+    pod = {
+        "metadata": {"name": "env", "labels": {"fracspawner.io/pool": "h100"}},
+        "spec": {"containers": [container], "restartPolicy": "Never"},
+    }
+    await api.create_namespaced_config_map(
+        "default", {"metadata": {"name": "settings"}, "data": {"colour": "blue", "SIZE": "3"}}
+    )
+    await api.create_namespaced_pod("default", pod)
+
+    async def waiting_reason() -> str | None:
+        statuses = (await api.read_namespaced_pod("env", "default")).status.container_statuses
+        return statuses and statuses[0].state.waiting and statuses[0].state.waiting.reason
+
+    # the secret does not exist yet: the kubelet cannot create the container
+    assert await wait_for(waiting_reason, "a waiting reason") == "CreateContainerConfigError"
+    assert await _phase(api, "env") == "Pending"
+    # once it exists (stringData, stored base64 in data), the container starts
+    await api.create_namespaced_secret(
+        "default", {"metadata": {"name": "creds"}, "stringData": {"token": "s3cret"}}
+    )
+    stored = await api.read_namespaced_secret("creds", "default")
+    assert stored.data == {"token": "czNjcmV0"} and not stored.string_data
+    await wait_for(lambda: _eq(_phase(api, "env"), "Succeeded"), "env completes")
+    log = await api.read_namespaced_pod_log("env", "default")
+    assert log.split() == ["s3cret", "blue", "3", "h100", "127.0.0.1"]
+    await api.delete_namespaced_pod("env", "default")
+
+
 async def test_bad_selectors_are_400(api):
     for kwargs in ({"label_selector": "a in b"}, {"field_selector": "spec.bogus=1"}):
         with pytest.raises(ApiException) as info:

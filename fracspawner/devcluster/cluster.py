@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import base64
 import copy
 import logging
 import socket
@@ -12,7 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from . import scheduler
-from .kubelet import Kubelet, port_open
+from .kubelet import ConfigError, Kubelet, port_open
 from .store import KINDS, ApiError, Store, now_iso
 from .topology import load_topology
 from .validation import validate
@@ -33,6 +34,19 @@ RETURN_DELETED_OBJECT = frozenset(
 
 #: namespaces the apiserver refuses to delete
 PROTECTED_NAMESPACES = frozenset({"default", "kube-system", "kube-public"})
+
+
+def secret_with_data(secret: dict[str, Any]) -> dict[str, Any]:
+    """`stringData` folded into base64 `data`, as the apiserver stores a Secret."""
+    if not secret.get("stringData"):
+        secret.pop("stringData", None)
+        return secret
+    secret = dict(secret)
+    data = dict(secret.get("data") or {})
+    for key, value in secret.pop("stringData").items():
+        data[key] = base64.b64encode(str(value).encode()).decode()
+    secret["data"] = data
+    return secret
 
 
 def scheduler_of(pod: Mapping[str, Any]) -> str:
@@ -134,6 +148,7 @@ class DevCluster:
         self._tasks: set[asyncio.Task] = set()
         self._reschedule = asyncio.Event()
         self._requests: dict[str, Mapping[str, Any]] = {}  # pod uid -> resource requests
+        self._running_pods: set[tuple[str, str]] = set()  # pods whose _run_pod is under way
         self._scheduler_task: asyncio.Task | None = None
         self.url = ""
 
@@ -227,6 +242,8 @@ class DevCluster:
                 )
         if plural == "pods":
             body.pop("status", None)
+        if plural == "secrets":
+            body = secret_with_data(body)
         validate(body)
         if plural == "pods":
             body["spec"].setdefault("schedulerName", "default-scheduler")
@@ -262,6 +279,8 @@ class DevCluster:
                 "modified; please apply your changes to the latest version and try again",
                 {"name": name, "kind": plural},
             )
+        if plural == "secrets":
+            updated = secret_with_data(updated)
         if plural == "pods":
             pod_spec_update_allowed(current, updated)
             # status belongs to the kubelet (its own subresource): a write here leaves it alone
@@ -363,6 +382,8 @@ class DevCluster:
     def _on_change(self, plural: str, kind: str, obj: dict[str, Any]) -> None:
         if plural == "pods" and kind == "DELETED":
             self._requests.pop(obj["metadata"]["uid"], None)
+        if plural in ("secrets", "configmaps") and kind != "DELETED":
+            self._retry_config_errors(obj["metadata"]["namespace"])
         if plural == "pods" and (
             kind == "DELETED"
             or not obj["spec"].get("nodeName")
@@ -474,6 +495,24 @@ class DevCluster:
         self._spawn(self._run_pod(meta["namespace"], meta["name"]))
 
     # ---------------------------------------------------------------- kubelet
+    def _retry_config_errors(self, namespace: str) -> None:
+        """Start again the containers that waited for a secret or config map (the kubelet
+        retries CreateContainerConfigError)."""
+        for entry in list(self.store.entries("pods", namespace)):
+            pod = entry.obj
+            statuses = pod["status"].get("containerStatuses") or []
+            waiting = statuses and (statuses[0].get("state") or {}).get("waiting") or {}
+            key = (namespace, pod["metadata"]["name"])
+            if (
+                waiting.get("reason") == "CreateContainerConfigError"
+                and key not in self._running_pods
+            ):
+                self._spawn(self._run_pod(*key))
+
+    def _lookup(self, plural: str, namespace: str, name: str) -> dict[str, Any] | None:
+        entry = self.store.objects[plural].get((namespace, name))
+        return entry.obj if entry else None
+
     def _current(self, namespace: str, name: str) -> dict[str, Any] | None:
         try:
             return copy.deepcopy(self.store.get("pods", namespace, name))
@@ -481,12 +520,41 @@ class DevCluster:
             return None
 
     async def _run_pod(self, namespace: str, name: str) -> None:
+        key = (namespace, name)
+        if key in self._running_pods or key in self.kubelet.running:
+            return
+        self._running_pods.add(key)
+        try:
+            await self._run_pod_once(namespace, name)
+        finally:
+            self._running_pods.discard(key)
+
+    async def _run_pod_once(self, namespace: str, name: str) -> None:
         pod = self._current(namespace, name)
         if pod is None:
             return
         container = pod["spec"]["containers"][0]
         try:
-            running = await self.kubelet.start(pod)
+            running = await self.kubelet.start(pod, self._lookup)
+        except ConfigError as exc:
+            pod = self._current(namespace, name)
+            if pod is not None:  # the kubelet's CreateContainerConfigError: stays Pending
+                pod["status"]["containerStatuses"] = [
+                    {
+                        "name": container["name"],
+                        "image": container.get("image", ""),
+                        "imageID": "",
+                        "ready": False,
+                        "started": False,
+                        "restartCount": 0,
+                        "state": {
+                            "waiting": {"reason": "CreateContainerConfigError", "message": str(exc)}
+                        },
+                    }
+                ]
+                self.store.update("pods", pod)
+                self.event(pod, "Warning", "Failed", f"Error: {exc}", "kubelet")
+            return
         except RuntimeError as exc:
             pod = self._current(namespace, name)
             if pod is not None:

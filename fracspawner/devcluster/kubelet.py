@@ -9,13 +9,15 @@ command runs from the current Python environment.
 from __future__ import annotations
 
 import asyncio
+import base64
 import os
 import random
+import re
 import shutil
 import signal
 import socket
 import sys
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -76,22 +78,76 @@ def ports_free(ip: str, ports: Iterable[int]) -> bool:
     return True
 
 
+class ConfigError(RuntimeError):
+    """A container's env names a secret, config map or key that is not there: the kubelet's
+    CreateContainerConfigError (the pod stays Pending)."""
+
+
+#: (plural, namespace, name) -> the stored object, or None
+Lookup = Callable[[str, str, str], "Mapping[str, Any] | None"]
+_SUBSCRIPT = re.compile(r"^metadata\.(labels|annotations)\['(.+)'\]$")
+
+
 def _field_ref(pod: Mapping[str, Any], path: str, ip: str) -> str:
     if path == "status.podIP":
         return ip
+    if path == "status.hostIP":
+        return "127.0.0.1"
+    if m := _SUBSCRIPT.match(path):
+        return str(((pod.get("metadata") or {}).get(m.group(1)) or {}).get(m.group(2), ""))
     value: Any = pod
     for part in path.split("."):
         value = value.get(part, {}) if isinstance(value, Mapping) else {}
     return value if isinstance(value, str) else ""
 
 
-def container_env(pod: Mapping[str, Any], container: Mapping[str, Any], ip: str) -> dict[str, str]:
+def _source_data(plural: str, ref: Mapping[str, Any], ns: str, lookup: Lookup | None) -> dict:
+    """A secret's (decoded) or config map's data; {} for a missing optional one."""
+    name = ref.get("name", "")
+    obj = lookup(plural, ns, name) if lookup else None
+    if obj is None:
+        if ref.get("optional"):
+            return {}
+        kind = "secret" if plural == "secrets" else "configmap"
+        raise ConfigError(f'{kind} "{name}" not found')
+    if plural == "secrets":
+        return {
+            k: base64.b64decode(v).decode(errors="replace")
+            for k, v in (obj.get("data") or {}).items()
+        }
+    return dict(obj.get("data") or {})
+
+
+def container_env(
+    pod: Mapping[str, Any], container: Mapping[str, Any], ip: str, lookup: Lookup | None = None
+) -> dict[str, str]:
+    """The container's environment: `envFrom` first, then `env` (value, fieldRef,
+    secretKeyRef, configMapKeyRef), with 0.0.0.0 in literal values rewritten to the pod IP."""
+    ns = (pod.get("metadata") or {}).get("namespace", "default")
     env: dict[str, str] = {}
+    for source in container.get("envFrom") or []:
+        for plural, key in (("configmaps", "configMapRef"), ("secrets", "secretRef")):
+            if key in source:
+                data = _source_data(plural, source[key], ns, lookup)
+                env.update({source.get("prefix", "") + k: v for k, v in data.items()})
     for item in container.get("env") or []:
-        if "value" in item:
-            env[item["name"]] = str(item["value"]).replace("0.0.0.0", ip)
-        elif field_ref := (item.get("valueFrom") or {}).get("fieldRef"):
+        value_from = item.get("valueFrom") or {}
+        if "value" in item or not value_from:
+            env[item["name"]] = str(item.get("value", "")).replace("0.0.0.0", ip)
+        elif field_ref := value_from.get("fieldRef"):
             env[item["name"]] = _field_ref(pod, field_ref.get("fieldPath", ""), ip)
+        else:
+            for plural, key in (("configmaps", "configMapKeyRef"), ("secrets", "secretKeyRef")):
+                if ref := value_from.get(key):
+                    # a missing source raises unless optional; then a missing key does too
+                    data = _source_data(plural, ref, ns, lookup)
+                    if ref.get("key") in data:
+                        env[item["name"]] = data[ref["key"]]
+                    elif not ref.get("optional"):
+                        kind = "Secret" if plural == "secrets" else "ConfigMap"
+                        raise ConfigError(
+                            f"couldn't find key {ref.get('key')} in {kind} {ns}/{ref.get('name')}"
+                        )
     return env
 
 
@@ -113,7 +169,7 @@ class Kubelet:
     def pod_dir(self, namespace: str, name: str) -> Path:
         return self.state_dir / "pods" / namespace / name
 
-    async def start(self, pod: Mapping[str, Any]) -> Running:
+    async def start(self, pod: Mapping[str, Any], lookup: Lookup | None = None) -> Running:
         meta = pod["metadata"]
         key = (meta["namespace"], meta["name"])
         container = pod["spec"]["containers"][0]
@@ -132,7 +188,11 @@ class Kubelet:
         for passthrough in ("PYTHONPATH", "JUPYTER_CONFIG_PATH", "FRACSPAWNER_GPU_SOURCE"):
             if passthrough in os.environ:
                 env[passthrough] = os.environ[passthrough]
-        env.update(container_env(pod, container, ip))
+        try:
+            env.update(container_env(pod, container, ip, lookup))
+        except ConfigError:
+            self.ips.give(ip)
+            raise
         command = [c.replace("0.0.0.0", ip) for c in container_command(container, self.images)]
         workdir = container.get("workingDir")
         cwd = workdir if workdir and Path(workdir).is_dir() else str(home)
