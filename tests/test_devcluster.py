@@ -469,6 +469,10 @@ async def test_field_selectors(api):
         events = await api.list_namespaced_event(NS, field_selector="involvedObject.name=evented")
         assert events.items and {e.involved_object.name for e in events.items} == {"evented"}
         by_reason = {e.reason: e for e in events.items}
+        from_kubelet = await api.list_namespaced_event(
+            NS, field_selector="involvedObject.name=evented,source=kubelet"
+        )
+        assert {e.reason for e in from_kubelet.items} == {"Pulled", "Created", "Started"}
         assert {"Scheduled", "Pulled", "Created", "Started"} <= set(by_reason)
         assert by_reason["Scheduled"].source.component == "default-scheduler"
         assert by_reason["Created"].message == "Created container: notebook"

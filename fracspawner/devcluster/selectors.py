@@ -92,10 +92,13 @@ SUPPORTED_FIELDS = {
         "involvedObject.namespace",
         "involvedObject.uid",
         "reason",
+        "reportingComponent",
         "type",
         "source",
     },
 }
+# field labels that are not the object's path (kubernetes pkg/registry/core/event/strategy.go)
+FIELD_PATHS = {"source": "source.component"}
 _DEFAULT_FIELDS = {"metadata.name", "metadata.namespace"}
 
 
@@ -112,8 +115,9 @@ def parse_field_selector(selector: str | None, kind: str) -> Matcher:
         key, op, value = m.groups()
         if key not in supported:
             raise SelectorError(f"field label not supported: {key}")
+        path = FIELD_PATHS.get(key, key)
         if op == "!=":
-            tests.append(lambda o, k=key, v=value: _field(o, k) != v)
+            tests.append(lambda o, k=path, v=value: _field(o, k) != v)
         else:
-            tests.append(lambda o, k=key, v=value: _field(o, k) == v)
+            tests.append(lambda o, k=path, v=value: _field(o, k) == v)
     return lambda obj: all(t(obj) for t in tests)
