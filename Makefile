@@ -46,8 +46,8 @@ system-deps: $(STAMPS)/system-deps
 
 # --- commands -----------------------------------------------------------------------------
 lint: $(STAMPS)/venv
-	$(BIN)/ruff check fracspawner tests benchmarks docs
-	$(BIN)/ruff format --check fracspawner tests benchmarks
+	$(BIN)/ruff check fracspawner devcluster tests benchmarks docs
+	$(BIN)/ruff format --check fracspawner devcluster tests benchmarks
 
 test: setup lint
 	$(BIN)/python -m pytest $(PYTEST_ARGS)

@@ -35,8 +35,8 @@ TYPED_REPEATS = 3  # building 20,000 V1Pod models takes seconds each
 
 def _serve(conn: Any, nodes: int, pods: int, state_dir: str) -> None:
     """Child process: the devcluster on the large topology until the parent says stop."""
-    from fracspawner.devcluster import DevCluster
-    from fracspawner.devcluster.topology import generate_large
+    from devcluster import DevCluster
+    from devcluster.topology import generate_large
 
     async def main() -> None:
         started = time.perf_counter()
@@ -183,7 +183,7 @@ NOTEBOOK_POD = {
 def _validation_figures() -> dict[str, Any]:
     import kubernetes_validate
 
-    from fracspawner.devcluster.validation import K8S_VERSION, validate
+    from devcluster.validation import K8S_VERSION, validate
 
     def timed(fn: Callable[[], Any], repeats: int) -> list[float]:
         samples = []

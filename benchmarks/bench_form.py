@@ -60,8 +60,8 @@ async def _bench(kubeconfig: Path, catalog: dict[str, Any]) -> dict[str, Any]:
     from kubespawner import KubeSpawner
     from traitlets.config import Config
 
-    from fracspawner.plan_cli import use_kubeconfig
-    from fracspawner.spawner import FracSpawner
+    from fracspawner.cli.plan import use_kubeconfig
+    from fracspawner.hub.spawner import FracSpawner
 
     cfg = Config()
     cfg.FracSpawner.catalog = catalog
@@ -143,8 +143,8 @@ async def _create_pod(kubeconfig: Path, name: str) -> None:
 
 
 def run(results_dir: Path) -> dict[str, Any]:
-    from fracspawner.devcluster.testing import devcluster_process
-    from fracspawner.devcluster.topology import generate_large
+    from devcluster.testing import devcluster_process
+    from devcluster.topology import generate_large
 
     from .large_catalog import catalog_for_large_topology
 

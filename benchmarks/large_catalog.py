@@ -1,4 +1,4 @@
-"""The catalog matching `fracspawner.devcluster.topology.generate_large`'s node kinds."""
+"""The catalog matching `devcluster.topology.generate_large`'s node kinds."""
 
 from __future__ import annotations
 

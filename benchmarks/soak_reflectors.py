@@ -74,7 +74,7 @@ async def soak(kubeconfig: Path, minutes: float) -> dict:
     from kubespawner.clients import load_config, shared_client
     from kubespawner.spawner import EventReflector, PodReflector
 
-    from fracspawner.plan_cli import use_kubeconfig
+    from fracspawner.cli.plan import use_kubeconfig
 
     with use_kubeconfig(kubeconfig):
         load_config()
@@ -139,7 +139,7 @@ def main(argv: list[str]) -> int:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--minutes", type=float, default=10)
     args = parser.parse_args(argv)
-    from fracspawner.devcluster.testing import devcluster_process
+    from devcluster.testing import devcluster_process
 
     with tempfile.TemporaryDirectory() as tmp, devcluster_process(TOPOLOGY, Path(tmp)) as cluster:
         result = asyncio.run(soak(cluster.kubeconfig, args.minutes))

@@ -13,7 +13,7 @@ def __getattr__(name: str) -> Any:
     # Import the spawner lazily: `fracspawner plan`, the devcluster and the notebook extension
     # must not pay for importing JupyterHub and kubespawner.
     if name == "FracSpawner":
-        from .spawner import FracSpawner
+        from .hub.spawner import FracSpawner
 
         return FracSpawner
     raise AttributeError(name)
@@ -30,11 +30,11 @@ def configure(c: Any, *, catalog_file: str | None = None, catalog: dict | None =
     A bad catalog raises `CatalogError` naming the key, so the hub refuses to start instead of
     failing at the first spawn.
     """
-    from .catalog import Catalog
+    from .backends import load_catalog
 
     if (catalog_file is None) == (catalog is None):
         raise ValueError("fracspawner.configure: give exactly one of catalog_file= or catalog=")
-    Catalog.load(catalog_file if catalog_file is not None else catalog)
+    load_catalog(catalog_file if catalog_file is not None else catalog)
     c.JupyterHub.spawner_class = "fracspawner"
     if catalog_file is not None:
         c.FracSpawner.catalog_file = str(catalog_file)

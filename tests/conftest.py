@@ -13,7 +13,7 @@ import yaml
 
 REPO = Path(__file__).resolve().parent.parent
 DEMO_CATALOG = REPO / "examples" / "catalogs" / "demo.yaml"
-DEMO_TOPOLOGY = REPO / "fracspawner" / "devcluster" / "topologies" / "demo.yaml"
+DEMO_TOPOLOGY = REPO / "devcluster" / "topologies" / "demo.yaml"
 
 # The tests start jupyterhub-singleuser and configurable-http-proxy from this environment.
 os.environ["PATH"] = os.pathsep.join(
@@ -40,7 +40,7 @@ def demo_topology_dict() -> dict:
 @pytest.fixture(scope="module")
 def devcluster(tmp_path_factory: pytest.TempPathFactory, request) -> Iterator:
     """A devcluster subprocess on the demo topology (a module may override `topology`)."""
-    from fracspawner.devcluster.testing import devcluster_process
+    from devcluster.testing import devcluster_process
 
     topology = getattr(request.module, "TOPOLOGY", None) or yaml.safe_load(
         DEMO_TOPOLOGY.read_text()
@@ -52,7 +52,7 @@ def devcluster(tmp_path_factory: pytest.TempPathFactory, request) -> Iterator:
 @pytest.fixture(scope="module")
 def hub(devcluster, tmp_path_factory: pytest.TempPathFactory, request) -> Iterator:
     """A real JupyterHub + proxy with FracSpawner on the module's devcluster."""
-    from fracspawner.localhub import start_hub
+    from devcluster.localhub import start_hub
 
     state = tmp_path_factory.mktemp("hub")
     catalog = getattr(request.module, "CATALOG", None)

@@ -10,7 +10,7 @@ from typing import Any
 
 import requests
 
-from fracspawner.localhub import LocalHub, http_json
+from devcluster.localhub import LocalHub, http_json
 
 
 def demo_topology_with_t4_jobs(jobs: int) -> dict:

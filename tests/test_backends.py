@@ -24,11 +24,12 @@ from fracspawner.backends import (
     PodPlan,
     get_backend,
     is_reserved_env,
+    load_catalog,
     plan_slice,
     safe_env,
 )
-from fracspawner.catalog import Catalog, CatalogError, Image
-from fracspawner.slices import SliceError, parse_slice
+from fracspawner.model.catalog import CatalogError, Image
+from fracspawner.model.slices import SliceError, parse_slice
 
 K8S_VERSION = "1.33.0"
 IMAGE = Image("pytorch", "PyTorch", "quay.io/jupyter/pytorch-notebook:cuda12-latest", True)
@@ -39,7 +40,7 @@ GPU_KEY = re.compile(r"^(nvidia\.com/|volcano\.sh/|gpu-|clearml-injector/)")
 def make_pool(backend: str, gpu: Any, offers: list, **extra: Any):
     """One pool, loaded through Catalog.load so every check a real catalog gets applies."""
     raw = {"gpu": gpu, "backend": backend, "offers": offers, **extra}
-    catalog = Catalog.load({"pools": {"p": raw}, "images": {"i": {"image": "busybox"}}})
+    catalog = load_catalog({"pools": {"p": raw}, "images": {"i": {"image": "busybox"}}})
     return catalog.pools["p"]
 
 
@@ -324,14 +325,14 @@ def example_catalogs() -> list[Path]:
 
 def all_offers():
     for path in example_catalogs():
-        catalog = Catalog.load(path)
+        catalog = load_catalog(path)
         for pool in catalog.pools.values():
             for offer in pool.offers:
                 yield pytest.param(catalog, pool, offer, id=f"{path.stem}-{pool.name}-{offer}")
 
 
 def test_every_backend_has_an_example_catalog():
-    backends = {p.backend for path in example_catalogs() for p in Catalog.load(path).pools.values()}
+    backends = {p.backend for path in example_catalogs() for p in load_catalog(path).pools.values()}
     assert backends >= set(BUILTIN_BACKENDS)
 
 
@@ -488,7 +489,7 @@ def test_builtin_registry_without_entry_points():
 
 # ---------------------------------------------------------------------------------- safety
 def _catalog_pools():
-    return [p for path in example_catalogs() for p in Catalog.load(path).pools.values()]
+    return [p for path in example_catalogs() for p in load_catalog(path).pools.values()]
 
 
 POOLS = _catalog_pools()

@@ -6,9 +6,9 @@ import logging
 
 import pytest
 
-from fracspawner import capacity_hami as hami
-from fracspawner.capacity_count import gpu_usage_by_user
-from fracspawner.capacity_kube import is_ready, pod_requests, quantity, taints_tolerated
+from fracspawner.backends import hami_devices as hami
+from fracspawner.capacity.count import gpu_usage_by_user
+from fracspawner.k8s.objects import is_ready, pod_requests, quantity, taints_tolerated
 
 # A node as HAMi's device plugin registers it, in both formats HAMi has written.
 LEGACY_REGISTER = (

@@ -11,15 +11,15 @@ import jsonschema
 import pytest
 
 import fracspawner
-from fracspawner.catalog import (
+from fracspawner.backends import load_catalog
+from fracspawner.model.catalog import (
     SCHEMA_PATH,
     AccessRule,
-    Catalog,
     CatalogError,
     IdlePolicy,
     parse_duration,
 )
-from fracspawner.slices import parse_slice
+from fracspawner.model.slices import parse_slice
 
 DEMO = Path(__file__).resolve().parent.parent / "examples" / "catalogs" / "demo.yaml"
 
@@ -67,7 +67,7 @@ def with_change(path: str, value: Any) -> dict[str, Any]:
 
 
 def test_demo_catalog_loads():
-    catalog = Catalog.load(DEMO)
+    catalog = load_catalog(DEMO)
     assert list(catalog.pools) == ["a100-mig", "h100", "t4"]  # catalog order kept
     h100 = catalog.pools["h100"]
     assert h100.backend == "hami" and h100.gpu.name == "H100-80GB"
@@ -84,7 +84,7 @@ def test_dict_and_yaml_give_the_same_catalog(tmp_path):
 
     path = tmp_path / "catalog.yaml"
     path.write_text(yaml.safe_dump(BASE))
-    assert Catalog.load(path) == Catalog.load(BASE) == Catalog.load(str(path))
+    assert load_catalog(path) == load_catalog(BASE) == load_catalog(str(path))
 
 
 @pytest.mark.parametrize(
@@ -120,7 +120,7 @@ def test_dict_and_yaml_give_the_same_catalog(tmp_path):
 )
 def test_errors_name_the_path(path, value, message):
     with pytest.raises(CatalogError) as info:
-        Catalog.load(with_change(path, value))
+        load_catalog(with_change(path, value))
     assert message in str(info.value)
 
 
@@ -128,13 +128,13 @@ def test_pool_names_must_be_label_values():
     data = copy.deepcopy(BASE)
     data["pools"]["bad name!"] = data["pools"].pop("t4")
     with pytest.raises(CatalogError, match="'bad name!' is not a valid name"):
-        Catalog.load(data)
+        load_catalog(data)
 
 
 def test_fraction_step_16_allows_sixteenths():
     assert (
         parse_slice("1/16", step=16)
-        in Catalog.load({**with_change("pools.h100.offers.0", "1/16"), "fraction_step": 16})
+        in load_catalog({**with_change("pools.h100.offers.0", "1/16"), "fraction_step": 16})
         .pools["h100"]
         .offers
     )
@@ -149,18 +149,18 @@ def test_duplicate_yaml_keys_are_refused(tmp_path):
         "images: {i: {image: busybox}}\n"
     )
     with pytest.raises(CatalogError, match="duplicate key 'h100' \\(line 3\\)"):
-        Catalog.load(path)
+        load_catalog(path)
 
 
 def test_bad_yaml_and_missing_file_are_catalog_errors(tmp_path):
     bad = tmp_path / "bad.yaml"
     bad.write_text("pools: [\n")
     with pytest.raises(CatalogError, match="not valid YAML"):
-        Catalog.load(bad)
+        load_catalog(bad)
     with pytest.raises(CatalogError, match="cannot read"):
-        Catalog.load(tmp_path / "missing.yaml")
+        load_catalog(tmp_path / "missing.yaml")
     with pytest.raises(CatalogError, match="\\(catalog\\): \\[1\\] is not of type 'object'"):
-        Catalog.load([1])  # type: ignore[arg-type]
+        load_catalog([1])  # type: ignore[arg-type]
 
 
 def test_custom_gpu_model_with_mig_profiles():
@@ -177,14 +177,14 @@ def test_custom_gpu_model_with_mig_profiles():
     )
     data["pools"]["h100"]["backend"] = "mig-mixed"
     data["pools"]["h100"]["offers"] = ["mig-1g.23gb", "mig-7g.180gb"]
-    pool = Catalog.load(data).pools["h100"]
+    pool = load_catalog(data).pools["h100"]
     assert pool.gpu.name == "B200-180GB"
     assert pool.gpu.mig_profiles["1g.23gb"].compute_slices == 1
     assert pool.gpu.mig_profiles["7g.180gb"].max_instances == 1
 
     data["pools"]["h100"]["gpu"]["mig_profiles"]["1g.23gb"]["compute_slices"] = 2
     with pytest.raises(CatalogError, match="mig_profiles.1g.23gb.compute_slices: 2 contradicts"):
-        Catalog.load(data)
+        load_catalog(data)
 
 
 # ------------------------------------------------------------------------------ access
@@ -200,28 +200,28 @@ def test_custom_gpu_model_with_mig_profiles():
     ],
 )
 def test_rule_for(user, groups, pools, max_gpu):
-    assert Catalog.load(BASE).rule_for(user, groups) == AccessRule(pools=pools, max_gpu=max_gpu)
+    assert load_catalog(BASE).rule_for(user, groups) == AccessRule(pools=pools, max_gpu=max_gpu)
 
 
 def test_access_defaults():
     no_access = {k: v for k, v in BASE.items() if k != "access"}
-    assert Catalog.load(no_access).rule_for("x", []) == AccessRule(None, None)
+    assert load_catalog(no_access).rule_for("x", []) == AccessRule(None, None)
     # an access section without a default gives others nothing, not everything
     only_groups = with_change("access.default", "-")
-    assert Catalog.load(only_groups).rule_for("x", []) == AccessRule((), 0.0)
+    assert load_catalog(only_groups).rule_for("x", []) == AccessRule((), 0.0)
 
 
 # ------------------------------------------------------------------------------ images, idle
 def test_default_image_pool_override_and_first_image_fallback():
-    catalog = Catalog.load(with_change("pools.t4.default_image", "scipy"))
+    catalog = load_catalog(with_change("pools.t4.default_image", "scipy"))
     assert catalog.default_image(catalog.pools["t4"]).name == "scipy"
     assert catalog.default_image(catalog.pools["h100"]).name == "pytorch"
-    no_default = Catalog.load(with_change("images.pytorch.default", False))
+    no_default = load_catalog(with_change("images.pytorch.default", False))
     assert no_default.default_image(None).name == "pytorch"
 
 
 def test_idle_for_merges_pool_overrides():
-    catalog = Catalog.load(with_change("pools.t4.idle", {"server_gpu_idle": "20m", "max_age": 0}))
+    catalog = load_catalog(with_change("pools.t4.idle", {"server_gpu_idle": "20m", "max_age": 0}))
     assert catalog.idle_for("t4") == IdlePolicy(1800, 1200, 28800, None)
     assert catalog.idle_for("h100") == catalog.idle
     assert catalog.idle_for(None) == catalog.idle
@@ -259,7 +259,7 @@ def test_parse_duration_refuses_garbage(text):
 
 # ------------------------------------------------------------------------------ schema
 def test_schema_ships_inside_the_package_and_is_valid():
-    assert SCHEMA_PATH.parent == Path(fracspawner.__file__).parent
+    assert SCHEMA_PATH.parent == Path(fracspawner.__file__).parent / "model"
     schema = json.loads(SCHEMA_PATH.read_text())
     jsonschema.Draft202012Validator.check_schema(schema)
     jsonschema.validate(BASE, schema)

@@ -6,7 +6,6 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from fracspawner.catalog import IdlePolicy
 from fracspawner.culler.decide import (
     GpuFacts,
     KernelFacts,
@@ -15,6 +14,7 @@ from fracspawner.culler.decide import (
     decide_kernel,
     decide_server,
 )
+from fracspawner.model.catalog import IdlePolicy
 
 NOW = 1_000_000.0
 M, H = 60.0, 3600.0

@@ -17,8 +17,8 @@ from pathlib import Path
 import pytest
 import yaml
 
+from devcluster.localhub import free_port, http_json
 from fracspawner.culler import Culler
-from fracspawner.localhub import free_port, http_json
 from tests.conftest import DEMO_CATALOG, REPO
 from tests.e2e_helpers import pods, spawn, stop, the_pod, wait_until
 from tests.test_culler_support import CULLER_SCOPES, DcgmExporter, Prometheus

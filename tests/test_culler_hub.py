@@ -13,8 +13,8 @@ import logging
 
 import pytest
 
+from devcluster.localhub import free_port
 from fracspawner.culler import Culler
-from fracspawner.localhub import free_port
 from tests.test_culler_support import DcgmExporter, LocalProcessHub, Prometheus, wait_for
 
 pytestmark = pytest.mark.e2e

@@ -7,9 +7,9 @@ import copy
 import pytest
 import yaml
 
-from fracspawner.catalog import CatalogError, IdlePolicy
 from fracspawner.culler import Culler, ServerFacts, decide_server
 from fracspawner.culler.policy import lenient
+from fracspawner.model.catalog import CatalogError, IdlePolicy
 from tests.conftest import DEMO_CATALOG
 
 H = 3600.0

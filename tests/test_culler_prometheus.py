@@ -8,6 +8,7 @@ import asyncio
 import pytest
 from tornado.httpclient import AsyncHTTPClient
 
+from devcluster.localhub import free_port
 from fracspawner.culler.prometheus import (
     DcgmConfig,
     PrometheusError,
@@ -15,7 +16,6 @@ from fracspawner.culler.prometheus import (
     parse_result,
     query,
 )
-from fracspawner.localhub import free_port
 from tests.test_culler_support import DcgmExporter, Prometheus
 
 # labels as they arrive through a ServiceMonitor with honorLabels: false

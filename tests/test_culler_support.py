@@ -21,7 +21,7 @@ from typing import Any
 
 import pytest
 
-from fracspawner.localhub import free_port
+from devcluster.localhub import free_port
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -304,7 +304,7 @@ class LocalProcessHub:
     each with the extension (enabled by the repository's auto-enable file) on a simulated GPU."""
 
     def __init__(self, tmp: Path, gpu_file: Path):
-        from fracspawner.localhub import find_proxy
+        from devcluster.localhub import find_proxy
 
         self.tmp = tmp
         self.port = free_port()

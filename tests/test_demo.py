@@ -13,7 +13,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from fracspawner.localhub import free_port, http_json
+from devcluster.localhub import free_port, http_json
 from tests.e2e_helpers import Browserless
 
 pytestmark = pytest.mark.e2e

@@ -77,7 +77,7 @@ def kube_config(devcluster) -> Any:
     """kubespawner's own load_config, pointed at this module's devcluster."""
     from kubespawner.clients import load_config
 
-    from fracspawner.plan_cli import use_kubeconfig
+    from fracspawner.cli.plan import use_kubeconfig
 
     saved = client.Configuration.get_default_copy()
     load_config.cache_clear()  # lru_cached: another module may have loaded another cluster

@@ -21,10 +21,10 @@ import pytest
 from kubernetes_asyncio import client, watch
 from kubernetes_asyncio.client.rest import ApiException
 
-from fracspawner.devcluster import DevCluster
-from fracspawner.devcluster.kubelet import SETPRIV, IpPool
-from fracspawner.devcluster.testing import devcluster_process
-from fracspawner.devcluster.topology import generate_large
+from devcluster import DevCluster
+from devcluster.kubelet import SETPRIV, IpPool
+from devcluster.testing import devcluster_process
+from devcluster.topology import generate_large
 
 pytestmark = pytest.mark.e2e
 
@@ -581,7 +581,7 @@ def test_devcluster_process_shows_the_log_when_the_devcluster_cannot_start(tmp_p
 def test_ages_read_like_kubectl(seconds, shown):
     from datetime import datetime, timedelta, timezone
 
-    from fracspawner.devcluster.tables import human_age
+    from devcluster.tables import human_age
 
     now = datetime(2026, 1, 10, tzinfo=timezone.utc)
     created = (now - timedelta(seconds=seconds)).strftime("%Y-%m-%dT%H:%M:%SZ")

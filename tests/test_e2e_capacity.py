@@ -8,8 +8,8 @@ import yaml
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from fracspawner.catalog import Catalog
-from fracspawner.options import OptionsError, resolve_choice
+from fracspawner.backends import load_catalog
+from fracspawner.choice.options import OptionsError, resolve_choice
 from tests.conftest import DEMO_CATALOG
 from tests.e2e_helpers import (
     Browserless,
@@ -72,7 +72,7 @@ def test_last_slot_then_refusal_with_what_is_free(hub, devcluster):
     stop(hub, "cora", cluster=devcluster)
 
 
-_catalog = Catalog.load(DEMO_CATALOG)
+_catalog = load_catalog(DEMO_CATALOG)
 _rule = _catalog.rule_for("hyp", [])
 VALUES = st.one_of(
     st.none(),

@@ -12,7 +12,7 @@ import copy
 import pytest
 import yaml
 
-from fracspawner.localhub import http_json
+from devcluster.localhub import http_json
 from tests.conftest import DEMO_CATALOG, DEMO_TOPOLOGY
 from tests.e2e_helpers import (
     Browserless,

@@ -10,7 +10,7 @@ import urllib.request
 
 import pytest
 
-from fracspawner.localhub import http_json
+from devcluster.localhub import http_json
 from tests.e2e_helpers import (
     demo_topology_with_t4_jobs,
     ensure_group,

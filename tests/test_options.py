@@ -8,12 +8,13 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from fracspawner.catalog import AccessRule, Catalog
-from fracspawner.options import OptionsError, resolve_choice
-from fracspawner.slices import parse_slice
+from fracspawner.backends import load_catalog
+from fracspawner.choice.options import OptionsError, resolve_choice
+from fracspawner.model.catalog import AccessRule
+from fracspawner.model.slices import parse_slice
 from tests.conftest import DEMO_CATALOG
 
-CATALOG = Catalog.load(DEMO_CATALOG)
+CATALOG = load_catalog(DEMO_CATALOG)
 EVERYONE = CATALOG.rule_for("alice", [])
 RESEARCH = CATALOG.rule_for("mira", ["ml-research"])
 

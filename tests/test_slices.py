@@ -10,7 +10,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from fracspawner.slices import (
+from fracspawner.model.slices import (
     GPU_MODELS,
     Slice,
     SliceError,

@@ -12,8 +12,8 @@ import kubernetes_validate
 import pytest
 import yaml
 
-from fracspawner.catalog import Catalog
-from fracspawner.plan_cli import build_manifest
+from fracspawner.backends import load_catalog
+from fracspawner.cli.plan import build_manifest
 from tests.conftest import DEMO_CATALOG, REPO
 
 K8S_VERSION = "1.33.0"
@@ -22,7 +22,7 @@ EXAMPLES = sorted((REPO / "examples" / "catalogs").glob("*.yaml"))
 
 def every_offer():
     for path in EXAMPLES:
-        catalog = Catalog.load(path)
+        catalog = load_catalog(path)
         for pool in catalog.pools.values():
             for offer in pool.offers:
                 yield pytest.param(
@@ -59,8 +59,8 @@ def _spawner(config: dict):
     """A FracSpawner as JupyterHub keeps one per server: the same object across spawns."""
     from traitlets.config import Config
 
-    from fracspawner.plan_cli import _PLACEHOLDER_KUBECONFIG, _Hub, _User, use_kubeconfig
-    from fracspawner.spawner import FracSpawner
+    from fracspawner.cli.plan import _PLACEHOLDER_KUBECONFIG, _Hub, _User, use_kubeconfig
+    from fracspawner.hub.spawner import FracSpawner
 
     cfg = Config(config)
     cfg.FracSpawner.catalog_file = str(DEMO_CATALOG)
@@ -208,13 +208,13 @@ def test_plan_cli_bad_catalog(tmp_path):
 
 
 def test_form_escapes_every_catalog_string():
-    from fracspawner.form import render_form
-    from fracspawner.offers import build_offer_model
+    from fracspawner.choice.offers import build_offer_model
+    from fracspawner.hub.form import render_form
 
     data = yaml.safe_load(DEMO_CATALOG.read_text())
     data["pools"]["h100"]["display_name"] = "<script>window.__xss=1</script>H100"
     data["images"]["pytorch"]["description"] = '"><img src=x onerror=alert(1)>'
-    catalog = Catalog.load(data)
+    catalog = load_catalog(data)
     model = build_offer_model(
         catalog,
         rule=catalog.rule_for("x", []),

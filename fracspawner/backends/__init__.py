@@ -1,4 +1,5 @@
-"""GPU-sharing backends and `plan_slice`, the one pure function from a slice to pod fields.
+"""GPU-sharing backends, `plan_slice` (the one pure function from a slice to pod fields) and
+`load_catalog` (a catalog checked by the backends its pools name).
 
 Backends are looked up by name: the built-ins below first (so they work without installed
 entry points, e.g. from a source checkout), then the `fracspawner.backends` entry point group,
@@ -8,25 +9,32 @@ where a third party registers `name = "package.module:BackendClass"`.
 from __future__ import annotations
 
 import importlib
+import os
+from collections.abc import Mapping
 from functools import cache
 from importlib.metadata import entry_points
 from types import MappingProxyType
-from typing import TYPE_CHECKING
+from typing import Any
 
-from ..slices import Slice, SliceError, gpu_equivalent, slice_memory_mib
+from ..model.catalog import Catalog, Image, Pool
+from ..model.errors import CatalogError, SliceError
+from ..model.slices import Slice, gpu_equivalent, slice_memory_mib
 from .base import Backend, PodPlan, decimal
-
-if TYPE_CHECKING:
-    from ..catalog import Image, Pool
+from .fit import UNKNOWN, CountedOffer, OfferCapacity
 
 __all__ = [
     "BUILTIN_BACKENDS",
     "RESERVED_ENV",
+    "UNKNOWN",
     "Backend",
+    "CountedOffer",
+    "OfferCapacity",
     "PodPlan",
     "backend_names",
+    "check_pool",
     "get_backend",
     "is_reserved_env",
+    "load_catalog",
     "plan_slice",
     "resolve_offer",
     "safe_env",
@@ -141,6 +149,29 @@ def get_backend(name: str) -> Backend:
     if not isinstance(backend, Backend):
         raise ValueError(f"backend {name!r} ({cls!r}) is not a fracspawner Backend")
     return backend
+
+
+def check_pool(pool: Pool, where: str) -> None:
+    """The catalog's PoolCheck: the pool's backend exists and can serve every offer."""
+    try:
+        backend = get_backend(pool.backend)
+    except ValueError as exc:
+        raise CatalogError(f"{where}.backend: {exc}") from None
+    try:
+        backend.check_pool(pool)
+    except (SliceError, ValueError) as exc:
+        raise CatalogError(f"{where}: {exc}") from None
+    for i, offer in enumerate(pool.offers):
+        try:
+            backend.check_offer(offer, pool)
+        except SliceError as exc:
+            raise CatalogError(f"{where}.offers[{i}]: {exc}") from None
+
+
+def load_catalog(source: str | os.PathLike[str] | Mapping[str, Any]) -> Catalog:
+    """A catalog from a YAML path or a dict, checked by the schema, the model and the backends
+    its pools name; CatalogError names the path of the first problem."""
+    return Catalog.load(source, check_pool=check_pool)
 
 
 def resolve_offer(s: Slice, pool: Pool) -> tuple[Slice, tuple[str, ...]]:

@@ -1,20 +1,25 @@
 """PodPlan (what a GPU slice puts on a pod) and the Backend base class.
 
-A backend maps a Slice on a Pool to the Kubernetes keys ONE sharing technology expects. It is
-pure: no I/O, no spawner state. `fracspawner.backends.plan_slice` adds what every GPU pod
-carries (the CONTRACT labels and annotations, soft caps, the pool's node selector).
+A backend maps a Slice on a Pool to the Kubernetes keys ONE sharing technology expects, and
+counts how many more of an offer fit on the cluster the way that technology's scheduler books
+them. Both are pure: no I/O, no spawner state. `fracspawner.backends.plan_slice` adds what every
+GPU pod carries (the CONTRACT labels and annotations, soft caps, the pool's node selector).
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from fractions import Fraction
 from typing import TYPE_CHECKING, Any, ClassVar
 
-from ..slices import Slice, SliceError
+from ..model.errors import SliceError
+from ..model.slices import Slice
+from .fit import CountedOffer, OfferCapacity, count_resources
 
 if TYPE_CHECKING:
-    from ..catalog import Pool
+    from ..k8s.index import ClusterIndex
+    from ..model.catalog import Pool
 
 
 @dataclass(frozen=True)
@@ -82,6 +87,14 @@ class Backend:
         """The backend-specific keys for `s` on `pool` (check_offer has passed)."""
         raise NotImplementedError
 
+    #: a caveat shown with counts from the default counting
+    count_note: ClassVar[str] = ""
+
+    def count(self, offer: CountedOffer, index: ClusterIndex) -> OfferCapacity:
+        """How many more of `offer` fit on its nodes, out of how many. By default what the
+        plan puts in limits, against node allocatable (kube-scheduler's NodeResourcesFit)."""
+        return count_resources(offer, index, self.count_note)
+
     def __repr__(self) -> str:
         return f"<{type(self).__name__} {self.name!r}>"
 
@@ -95,3 +108,31 @@ def decimal(value: float) -> str:
     """Plain decimal text with a point: 0.25 -> '0.25', 1/3 -> '0.333333'."""
     text = f"{value:.6f}".rstrip("0")
     return text + "0" if text.endswith(".") else text
+
+
+class ReplicaBackend(Backend):
+    """A device plugin that advertises each GPU `replicas` times: one replica is the only
+    fraction (1/replicas) a pool can offer (NVIDIA time-slicing/MPS, GKE sharing)."""
+
+    modes = frozenset({"fraction"})
+    #: the most replicas the technology allows per GPU
+    max_replicas: ClassVar[int] = 0
+    #: what `replicas` must match, for the message
+    replicas_of: ClassVar[str] = "the device plugin's replicas"
+
+    def check_pool(self, pool: Pool) -> None:
+        high = self.max_replicas
+        if not pool.replicas or pool.replicas < 2 or (high and pool.replicas > high):
+            span = f"2-{high}" if high else "2 or more"
+            raise ValueError(
+                f"replicas: set it to {self.replicas_of} ({span}); "
+                "the only fraction such a pool offers is 1/replicas"
+            )
+
+    def check_offer(self, s: Slice, pool: Pool) -> None:
+        super().check_offer(s, pool)
+        if pool.replicas and s.fraction != Fraction(1, pool.replicas):
+            raise SliceError(
+                f"{s}: a {self.name} pool with replicas {pool.replicas} can only offer "
+                f"1/{pool.replicas}"
+            )

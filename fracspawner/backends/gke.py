@@ -13,14 +13,14 @@ Time-sharing has no memory isolation; MPS pins total/N memory per client; MIG is
 
 from __future__ import annotations
 
-from fractions import Fraction
 from typing import TYPE_CHECKING
 
-from ..slices import Slice, SliceError
-from .base import Backend, PodPlan, gpu_limit, option
+from ..model.errors import SliceError
+from ..model.slices import Slice
+from .base import Backend, PodPlan, ReplicaBackend, gpu_limit, option
 
 if TYPE_CHECKING:
-    from ..catalog import Pool
+    from ..model.catalog import Pool
 
 STRATEGY = "cloud.google.com/gke-gpu-sharing-strategy"
 MAX_CLIENTS = "cloud.google.com/gke-max-shared-clients-per-gpu"
@@ -51,27 +51,13 @@ def _accelerator(pool: Pool) -> dict[str, str]:
     return {ACCELERATOR: value} if value else {}
 
 
-class GkeTimeSharingBackend(Backend):
+class GkeTimeSharingBackend(ReplicaBackend):
     name = "gke-timesharing"
     enforces_memory = False
-    modes = frozenset({"fraction"})
     summary = "GKE GPU time-sharing: 1 of N clients, no memory isolation"
     strategy = "time-sharing"
-
-    def check_pool(self, pool: Pool) -> None:
-        if not pool.replicas or not 2 <= pool.replicas <= MAX_SHARED_CLIENTS:
-            raise ValueError(
-                f"replicas: set it to the node pool's max-shared-clients-per-gpu "
-                f"(2-{MAX_SHARED_CLIENTS})"
-            )
-
-    def check_offer(self, s: Slice, pool: Pool) -> None:
-        super().check_offer(s, pool)
-        if pool.replicas and s.fraction != Fraction(1, pool.replicas):
-            raise SliceError(
-                f"{s}: a {self.name} pool with replicas {pool.replicas} can only offer "
-                f"1/{pool.replicas}"
-            )
+    max_replicas = MAX_SHARED_CLIENTS
+    replicas_of = "the node pool's max-shared-clients-per-gpu"
 
     def plan(self, s: Slice, pool: Pool) -> PodPlan:
         selector = {STRATEGY: self.strategy, MAX_CLIENTS: str(pool.replicas), **_accelerator(pool)}

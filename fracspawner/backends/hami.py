@@ -19,18 +19,24 @@ Pool options:
 from __future__ import annotations
 
 import math
-from typing import TYPE_CHECKING
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, Any, ClassVar
 
-from ..slices import Slice, SliceError, gpu_equivalent, slice_memory_mib
+from ..k8s.objects import annotations, extended_requests
+from ..model.errors import SliceError
+from ..model.slices import Slice, gpu_equivalent, slice_memory_mib
+from . import hami_devices as devices
 from .base import Backend, PodPlan, option
+from .fit import CountedOffer, OfferCapacity
 
 if TYPE_CHECKING:
-    from ..catalog import Pool
+    from ..k8s.index import ClusterIndex
+    from ..model.catalog import Pool
 
-GPU = "nvidia.com/gpu"
-GPUMEM = "nvidia.com/gpumem"
-GPUMEM_PERCENT = "nvidia.com/gpumem-percentage"
-GPUCORES = "nvidia.com/gpucores"
+GPU = devices.RESOURCE_COUNT
+GPUMEM = devices.RESOURCE_MEM
+GPUMEM_PERCENT = devices.RESOURCE_MEM_PERCENT
+GPUCORES = devices.RESOURCE_CORES
 _ANNOTATIONS = {
     "use_gputype": "nvidia.com/use-gputype",
     "nouse_gputype": "nvidia.com/nouse-gputype",
@@ -54,6 +60,10 @@ class HamiBackend(Backend):
     enforces_memory = True
     modes = frozenset({"fraction", "memory", "whole"})
     summary = "HAMi vGPU: memory limit (MiB) and SM percentage, enforced by HAMi-core"
+    #: resource names (count, MiB, percent of memory, percent of SMs) and scheduler; Volcano's
+    #: vGPU device plugin is HAMi-core under other names
+    resources: ClassVar[tuple[str, str, str, str]] = (GPU, GPUMEM, GPUMEM_PERCENT, GPUCORES)
+    scheduler: ClassVar[str | None] = None
 
     def check_pool(self, pool: Pool) -> None:
         if option(pool, "memory", "mib") not in ("mib", "percentage"):
@@ -75,22 +85,65 @@ class HamiBackend(Backend):
                 )
 
     def plan(self, s: Slice, pool: Pool) -> PodPlan:
-        limits: dict[str, str] = {}
+        count, mem, mem_percent, cores_key = self.resources
         if s.kind == "whole":
             # exclusive devices: HAMi's fit check treats gpucores 100 as "wants this card
             # exclusively" (pkg/device/nvidia/device.go), and all of its memory
-            limits = {GPU: str(s.count), GPUMEM_PERCENT: "100", GPUCORES: "100"}
+            limits = {count: str(s.count), mem_percent: "100", cores_key: "100"}
         else:
-            limits[GPU] = "1"
+            limits = {count: "1"}
             mib = slice_memory_mib(s, pool.gpu)
             if option(pool, "memory", "mib") == "percentage":
-                limits[GPUMEM_PERCENT] = str(math.floor(mib * 100 / pool.gpu.memory_mib))
+                limits[mem_percent] = str(math.floor(mib * 100 / pool.gpu.memory_mib))
             else:
-                limits[GPUMEM] = str(mib)
+                limits[mem] = str(mib)
             cores = _cores(s, pool)
             if cores is not None:
-                limits[GPUCORES] = str(cores)
-        annotations = {
+                limits[cores_key] = str(cores)
+        return PodPlan(
+            limits=limits, annotations=self.plan_annotations(pool), scheduler_name=self.scheduler
+        )
+
+    def plan_annotations(self, pool: Pool) -> dict[str, str]:
+        return {
             key: str(option(pool, opt)) for opt, key in _ANNOTATIONS.items() if option(pool, opt)
         }
-        return PodPlan(limits=limits, annotations=annotations)
+
+    def count(self, offer: CountedOffer, index: ClusterIndex) -> OfferCapacity:
+        """Per-device fit as HAMi's scheduler does it, from its node registration annotation
+        and its pods' allocation annotations (hami_devices)."""
+        req = devices.request_from_resources(offer.plan.limits, offer.plan.annotations)
+        if req is None:
+            return OfferCapacity(None, None, f"the plan requests no {devices.RESOURCE_COUNT}")
+        free = total = seen = 0
+        estimated = False
+        for node in offer.nodes:
+            state = index.per_node("hami", node, lambda node=node: _node_state(node, index))
+            if state is None:
+                continue
+            seen += 1
+            estimated = estimated or state.estimated
+            free += devices.node_tasks(state, req)
+            total += devices.node_total(state, req)
+        if not seen:
+            return OfferCapacity(None, None, f"no matching node has {devices.REGISTER_ANNOTATION}")
+        note = "HAMi per-device fit" + (", some placements estimated" if estimated else "")
+        return OfferCapacity(min(free, total), total, note)
+
+
+def _node_state(node: Mapping[str, Any], index: ClusterIndex) -> devices.NodeDevices | None:
+    """A node's registered devices, charged with what its pods (and pods HAMi assigned to it
+    before binding) hold."""
+    registered = devices.parse_node_devices(annotations(node).get(devices.REGISTER_ANNOTATION))
+    if registered is None:
+        return None
+    state = devices.NodeDevices(devices=registered)
+    for pod in [*index.pods_on(node), *index.assumed_on(node)]:
+        allocated = devices.parse_pod_devices(annotations(pod).get(devices.ALLOCATED_ANNOTATION))
+        if allocated:
+            devices.charge_allocation(state, allocated)
+            continue
+        req = devices.request_from_resources(extended_requests(pod), annotations(pod))
+        if req is not None:
+            devices.charge_estimate(state, req)
+    return state

@@ -13,11 +13,12 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from ..slices import Slice, SliceError
+from ..model.errors import SliceError
+from ..model.slices import Slice
 from .base import Backend, PodPlan, gpu_limit, option
 
 if TYPE_CHECKING:
-    from ..catalog import Pool
+    from ..model.catalog import Pool
 
 
 def mig_resource(profile: str) -> str:

@@ -13,14 +13,13 @@ a node sliced the way the catalog says.
 
 from __future__ import annotations
 
-from fractions import Fraction
 from typing import TYPE_CHECKING
 
-from ..slices import Slice, SliceError
-from .base import Backend, PodPlan, gpu_limit, option
+from ..model.slices import Slice
+from .base import PodPlan, ReplicaBackend, gpu_limit, option
 
 if TYPE_CHECKING:
-    from ..catalog import Pool
+    from ..model.catalog import Pool
 
 #: MPS: at most 48 clients per GPU on compute capability >= 7.5 (NVIDIA MPS docs)
 MPS_MAX_REPLICAS = 48
@@ -31,27 +30,11 @@ def shared_resource(pool: Pool) -> str:
     return "nvidia.com/gpu.shared" if option(pool, "rename_by_default") else "nvidia.com/gpu"
 
 
-class TimeSlicingBackend(Backend):
+class TimeSlicingBackend(ReplicaBackend):
     name = "timeslicing"
     enforces_memory = False
-    modes = frozenset({"fraction"})
     summary = "NVIDIA device-plugin time-slicing: 1 of N replicas, no memory isolation"
     strategy_label: str | None = None
-
-    def check_pool(self, pool: Pool) -> None:
-        if not pool.replicas or pool.replicas < 2:
-            raise ValueError(
-                "replicas: set it to the device plugin's replicas (2 or more); "
-                "the only fraction such a pool offers is 1/replicas"
-            )
-
-    def check_offer(self, s: Slice, pool: Pool) -> None:
-        super().check_offer(s, pool)
-        if pool.replicas and s.fraction != Fraction(1, pool.replicas):
-            raise SliceError(
-                f"{s}: a {self.name} pool with replicas {pool.replicas} can only offer "
-                f"1/{pool.replicas}"
-            )
 
     def plan(self, s: Slice, pool: Pool) -> PodPlan:
         selector = {"nvidia.com/gpu.replicas": str(pool.replicas)}

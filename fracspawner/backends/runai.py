@@ -17,16 +17,33 @@ supply the label), `queue_label` (override the label key), `enforced` (kai only)
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
 
-from ..slices import Slice, slice_memory_mib
+from ..k8s.objects import annotations, extended_requests, labels, meta, quantity_int
+from ..model.slices import Slice, slice_memory_mib
 from .base import Backend, PodPlan, decimal, gpu_limit, option
+from .fit import (
+    EPS,
+    NVIDIA_GPU,
+    CountedOffer,
+    OfferCapacity,
+    node_gpu_memory,
+    node_gpus,
+    tasks_on_node,
+)
 
 if TYPE_CHECKING:
-    from ..catalog import Pool
+    from ..k8s.index import ClusterIndex
+    from ..model.catalog import Pool
 
+# kai-scheduler pkg/common/constants/constants.go
 FRACTION = "gpu-fraction"
 MEMORY = "gpu-memory"
+NUM_DEVICES = "gpu-fraction-num-devices"
+GPU_GROUP = "runai-gpu-group"
 
 
 class RunaiBackend(Backend):
@@ -50,6 +67,88 @@ class RunaiBackend(Backend):
         else:
             annotations = {MEMORY: str(slice_memory_mib(s, pool.gpu))}
         return PodPlan(labels=labels, annotations=annotations, scheduler_name=self.scheduler)
+
+    def count(self, offer: CountedOffer, index: ClusterIndex) -> OfferCapacity:
+        """Run:ai/KAI keep fractions off the resource books: a reservation pod holds the GPU
+        (nvidia.com/gpu: 1, label runai-gpu-group) and fractional pods share its group label."""
+        annos = offer.plan.annotations
+        devices = quantity_int(annos.get(NUM_DEVICES)) or 1
+        whole = quantity_int(offer.plan.limits.get(NVIDIA_GPU, 0)) or 0
+        if FRACTION not in annos and MEMORY not in annos and whole <= 0:
+            return OfferCapacity(None, None, "the plan asks for no GPU")
+        free = total = seen = 0
+        for node in offer.nodes:
+            state = index.per_node(
+                "runai", node, lambda node=node: _node_state(node, offer.pool, index)
+            )
+            if state is None:
+                continue
+            seen += 1
+            if FRACTION in annos or MEMORY in annos:
+                fraction = _fraction(annos, node_gpu_memory(node, offer.pool))
+                if not fraction or fraction <= 0:
+                    continue
+                free += tasks_on_node(state.fits(fraction), devices)
+                total += tasks_on_node([math.floor(1 / fraction + EPS)] * state.gpus, devices)
+            else:
+                untouched = max(state.gpus - state.whole_used - len(state.groups), 0)
+                free += untouched // whole
+                total += state.gpus // whole
+        if not seen:
+            return OfferCapacity(None, None, "no matching node reports its GPU count")
+        return OfferCapacity(min(free, total), total, "GPU sharing groups from pod labels")
+
+
+def _fraction(annos: Mapping[str, str], gpu_mem: int | None) -> float | None:
+    if FRACTION in annos:
+        try:
+            return float(annos[FRACTION])
+        except ValueError:
+            return None
+    if MEMORY in annos and gpu_mem:
+        mem = quantity_int(annos[MEMORY])
+        return None if mem is None else min(mem / gpu_mem, 1.0)
+    return None
+
+
+@dataclass
+class _SharedGpus:
+    gpus: int
+    whole_used: int
+    groups: dict[str, float]  # GPU sharing group -> fraction used
+
+    def fits(self, fraction: float) -> list[int]:
+        """Tasks of `fraction` each GPU still takes: untouched GPUs first, then groups."""
+        untouched = max(self.gpus - self.whole_used - len(self.groups), 0)
+        per_gpu = math.floor(1 / fraction + EPS)
+        return [per_gpu] * untouched + [
+            max(math.floor((1 - used) / fraction + EPS), 0) for used in self.groups.values()
+        ]
+
+
+def _node_state(node: Mapping[str, Any], pool: Any, index: ClusterIndex) -> _SharedGpus | None:
+    gpus = node_gpus(node)
+    if gpus is None:
+        return None
+    gpu_mem = node_gpu_memory(node, pool)
+    whole = 0
+    groups: dict[str, float] = {}
+    for pod in index.pods_on(node):
+        pod_labels, annos = labels(pod), annotations(pod)
+        group_keys = [k for k in pod_labels if k == GPU_GROUP or k.startswith(GPU_GROUP + "/")]
+        fraction = _fraction(annos, gpu_mem)
+        names = [pod_labels[k] for k in group_keys]
+        if fraction is not None and not names:
+            # not placed in a group yet: count it alone on its own GPUs, the safe side
+            devices = quantity_int(annos.get(NUM_DEVICES)) or 1
+            uid = meta(pod).get("uid") or meta(pod).get("name", "")
+            names = [f"{uid}/{i}" for i in range(devices)]
+        if names:
+            for name in names:
+                groups[name] = groups.get(name, 0.0) + (fraction or 0.0)
+            continue
+        whole += quantity_int(extended_requests(pod).get(NVIDIA_GPU, 0)) or 0
+    return _SharedGpus(gpus=gpus, whole_used=whole, groups=groups)
 
 
 class KaiBackend(RunaiBackend):

@@ -10,15 +10,13 @@ Pool options: `memory: mib | percentage`, `gpucores: proportional | none | <perc
 
 from __future__ import annotations
 
-import math
 from typing import TYPE_CHECKING
 
-from ..slices import Slice, slice_memory_mib
-from .base import PodPlan, option
-from .hami import HamiBackend, _cores
+from .base import Backend
+from .hami import HamiBackend
 
 if TYPE_CHECKING:
-    from ..catalog import Pool
+    from ..model.catalog import Pool
 
 NUMBER = "volcano.sh/vgpu-number"
 MEMORY = "volcano.sh/vgpu-memory"
@@ -27,20 +25,15 @@ CORES = "volcano.sh/vgpu-cores"
 
 
 class VolcanoBackend(HamiBackend):
+    """HAMi's plan under Volcano's resource names and scheduler; counted against node
+    allocatable (Volcano's device plugin publishes totals per node)."""
+
     name = "volcano"
     summary = "Volcano vGPU: vgpu-number/-memory/-cores, scheduler volcano"
+    resources = (NUMBER, MEMORY, MEMORY_PERCENT, CORES)
+    scheduler = "volcano"
+    count_note = "node totals, not per-device fit"
+    count = Backend.count  # the default: allocatable minus requests
 
-    def plan(self, s: Slice, pool: Pool) -> PodPlan:
-        if s.kind == "whole":
-            limits = {NUMBER: str(s.count), MEMORY_PERCENT: "100", CORES: "100"}
-        else:
-            limits = {NUMBER: "1"}
-            mib = slice_memory_mib(s, pool.gpu)
-            if option(pool, "memory", "mib") == "percentage":
-                limits[MEMORY_PERCENT] = str(math.floor(mib * 100 / pool.gpu.memory_mib))
-            else:
-                limits[MEMORY] = str(mib)
-            cores = _cores(s, pool)
-            if cores is not None:
-                limits[CORES] = str(cores)
-        return PodPlan(limits=limits, scheduler_name="volcano")
+    def plan_annotations(self, pool: Pool) -> dict[str, str]:
+        return {}  # HAMi's type/policy annotations mean nothing to Volcano

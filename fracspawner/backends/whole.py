@@ -4,11 +4,11 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from ..slices import Slice
+from ..model.slices import Slice
 from .base import Backend, PodPlan, gpu_limit, option
 
 if TYPE_CHECKING:
-    from ..catalog import Pool
+    from ..model.catalog import Pool
 
 
 class WholeGpuBackend(Backend):

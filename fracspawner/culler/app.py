@@ -21,7 +21,8 @@ from tornado.log import LogFormatter
 from traitlets import Bool, Dict, Float, Integer, List, Unicode, default
 from traitlets.config import Application
 
-from ..catalog import Catalog, IdlePolicy, parse_duration
+from ..backends import load_catalog
+from ..model.catalog import IdlePolicy, parse_duration
 from .decide import (
     Decision,
     GpuFacts,
@@ -256,7 +257,7 @@ class Culler(Application):
         if self.config_file:
             self.load_config_file(self.config_file)
         if self.catalog:
-            self._catalog = Catalog.load(self.catalog)
+            self._catalog = load_catalog(self.catalog)
 
     def policy_for(self, facts: ServerFacts) -> PoolPolicy:
         """The server's pool and its idle policy: the catalog's, else this culler's traits."""

@@ -10,9 +10,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from ..catalog import Catalog, IdlePolicy
-from ..options import offer_for
-from ..slices import SliceError, parse_slice
+from ..choice.options import offer_for
+from ..model.catalog import Catalog, IdlePolicy
+from ..model.slices import SliceError, parse_slice
 
 FIELDS = ("kernel_gpu_idle", "server_gpu_idle", "server_idle", "max_age")
 

@@ -20,6 +20,8 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from types import MappingProxyType
 
+from .errors import SliceError
+
 
 @dataclass(frozen=True)
 class MigProfile:
@@ -43,8 +45,6 @@ class GpuModel:
         try:
             return self.mig_profiles[profile]
         except KeyError:
-            from .slices import SliceError
-
             have = ", ".join(self.mig_profiles) or "none (this GPU has no MIG)"
             raise SliceError(
                 f"{self.name} has no MIG profile {profile}; its profiles: {have}"

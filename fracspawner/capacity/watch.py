@@ -21,7 +21,7 @@ from kubernetes_asyncio import client, watch
 from kubespawner.reflector import ResourceReflector
 from traitlets import Bool, Unicode
 
-from .capacity_count import (
+from .count import (
     Capacity,
     OfferCapacity,
     compute_capacity,

@@ -1,5 +1,7 @@
 """HAMi's own bookkeeping, read back: per-device registration and per-pod allocations.
 
+HamiBackend.count uses it.
+
 HAMi's scheduler does not count `nvidia.com/gpumem` against node allocatable; it fits each
 request onto single devices, using two annotations (Project-HAMi/HAMi):
 
@@ -20,11 +22,12 @@ a device whose cores are all taken, and the `nvidia.com/use-gputype`/`nouse-gput
 from __future__ import annotations
 
 import json
-from collections.abc import Iterable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from .capacity_kube import quantity_int
+from ..k8s.objects import quantity_int
+from .fit import tasks_on_node
 
 REGISTER_ANNOTATION = "hami.io/node-nvidia-register"
 ALLOCATED_ANNOTATION = "hami.io/vgpu-devices-allocated"
@@ -215,17 +218,6 @@ def device_fits(dev: HamiDevice, use: DeviceUse, req: HamiRequest) -> int:
     if req.cores >= 100 and dev.devcore == 100:
         limits.append(0 if use.used > 0 else 1)
     return max(min(limits), 0)
-
-
-def tasks_on_node(per_device: Iterable[int], nums: int) -> int:
-    """Pods needing `nums` distinct devices each, given how many tasks each device takes."""
-    fits = [f for f in per_device if f > 0]
-    if nums <= 1:
-        return sum(fits)
-    pods = sum(fits) // nums
-    while pods > 0 and sum(min(f, pods) for f in fits) < nums * pods:
-        pods -= 1
-    return pods
 
 
 def node_tasks(node: NodeDevices, req: HamiRequest) -> int:

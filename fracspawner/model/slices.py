@@ -8,7 +8,7 @@ Fraction steps: fractions must be multiples of 1/step where step divides 16 (2, 
 16 is the finest because the finest fixed grid a sharing technology offers is ClearML's
 injector (0.0625 = 1/16), and capacity counts in sixteenths stay exact.
 
-The GPU model table lives in `gpumodels.py`; it is re-exported here.
+The GPU model table lives in `gpumodels.py`; it is re-exported here, as is `SliceError`.
 """
 
 from __future__ import annotations
@@ -20,6 +20,7 @@ from dataclasses import dataclass
 from fractions import Fraction
 from numbers import Real
 
+from .errors import SliceError
 from .gpumodels import GPU_MODELS, GpuModel, MigProfile, lookup_model
 
 __all__ = [
@@ -63,10 +64,6 @@ ALLOWED_HELP = (
     'a fraction like "1/4" or "0.25", GPU memory like "10GiB" or "10240MiB", '
     'a MIG profile like "mig-1g.10gb", whole GPUs like "1", or "none"'
 )
-
-
-class SliceError(ValueError):
-    """A `gpu` value that is not a valid slice; the message says what is allowed."""
 
 
 @dataclass(frozen=True)

@@ -21,8 +21,9 @@ from tornado import web
 from tornado.httpserver import HTTPServer
 from tornado.log import app_log, enable_pretty_logging
 
-from ..catalog import Catalog
-from ..offers import build_offer_model
+from ..backends import load_catalog
+from ..choice.offers import build_offer_model
+from ..model.catalog import Catalog
 
 
 class OffersHandler(HubOAuthenticated, web.RequestHandler):
@@ -79,12 +80,12 @@ def make_app(catalog: Catalog, watcher: Any, prefix: str) -> web.Application:
 
 
 async def serve(catalog_path: str, live_capacity: bool) -> None:
-    catalog = Catalog.load(catalog_path)
+    catalog = load_catalog(catalog_path)
     watcher = None
     if live_capacity:
         from kubespawner.clients import load_config
 
-        from ..capacity import CapacityWatcher
+        from ..capacity.watch import CapacityWatcher
 
         load_config()
         watcher = CapacityWatcher.shared(catalog)
@@ -102,7 +103,7 @@ async def serve(catalog_path: str, live_capacity: bool) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
-        prog="python -m fracspawner.service",
+        prog="fracspawner service",
         description="Live offers for the GPU picker, as a JupyterHub service.",
     )
     parser.add_argument(

@@ -23,12 +23,11 @@ READY = re.compile(r"devcluster ready: (\S+) kubeconfig=(\S+)")
 
 
 def demo_topology() -> Path:
-    return Path(str(files("fracspawner.devcluster") / "topologies" / "demo.yaml"))
+    return Path(str(files("devcluster") / "topologies" / "demo.yaml"))
 
 
 def demo_catalog() -> Path:
-    shipped = Path(str(files("fracspawner") / "examples" / "demo.yaml"))
-    return shipped if shipped.exists() else REPO / "examples" / "catalogs" / "demo.yaml"
+    return REPO / "examples" / "catalogs" / "demo.yaml"
 
 
 def start_devcluster(topology: Path, state_dir: Path, timeout: float = 60) -> subprocess.Popen:

@@ -12,7 +12,7 @@ import os
 import sys
 from typing import Any
 
-from .capacity_count import Capacity, OfferCapacity, compute_capacity
+from ..capacity.count import Capacity, OfferCapacity, compute_capacity
 
 PROG = "fracspawner capacity"
 
@@ -114,9 +114,9 @@ def main(argv: list[str] | None = None) -> int:
         )
         return 2
     try:
-        from .catalog import Catalog
+        from ..backends import load_catalog
 
-        catalog = Catalog.load(path)
+        catalog = load_catalog(path)
     except Exception as exc:  # any catalog problem: one line, no traceback
         print(f"{PROG}: bad catalog {path}: {_one_line(exc)}", file=sys.stderr)
         return 2

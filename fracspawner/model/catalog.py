@@ -2,8 +2,10 @@
 
 `Catalog.load` takes a YAML path or a dict (the same structure), validates it against the JSON
 Schema shipped next to this module (`catalog.schema.json`) and then checks what a schema cannot
-say (an offer the pool's backend cannot serve, a MIG profile the GPU lacks, unknown pool names
-in access rules, image defaults). Every problem raises `CatalogError` with a message that starts
+say (a MIG profile the GPU lacks, unknown pool names in access rules, image defaults). What only
+a backend knows (an offer its technology cannot serve) is checked by the `check_pool` callable
+the caller passes; `fracspawner.backends.load_catalog` passes the registry's, so this pure model
+never imports the backends. Every problem raises `CatalogError` with a message that starts
 with the path of the offending key: `pools.h100.offers[3]: "0.3" is not a multiple of 1/8`.
 """
 
@@ -17,18 +19,15 @@ from dataclasses import dataclass, field
 from functools import lru_cache
 from pathlib import Path
 from types import MappingProxyType
-from typing import Any
+from typing import Any, Protocol
 
 import yaml
 
+from .errors import CatalogError, SliceError
 from .gpumodels import GpuModel, MigProfile, lookup_model
-from .slices import Slice, SliceError, parse_slice
+from .slices import Slice, parse_slice
 
 SCHEMA_PATH = Path(__file__).with_name("catalog.schema.json")
-
-
-class CatalogError(ValueError):
-    """A catalog problem; the message starts with the path of the offending key."""
 
 
 # --------------------------------------------------------------------------- data
@@ -84,13 +83,20 @@ class Catalog:
     fraction_step: int = 8
 
     @classmethod
-    def load(cls, source: str | os.PathLike[str] | Mapping[str, Any]) -> Catalog:
-        """Load a catalog from a YAML file path or a dict; raise CatalogError naming the path."""
+    def load(
+        cls,
+        source: str | os.PathLike[str] | Mapping[str, Any],
+        check_pool: PoolCheck | None = None,
+    ) -> Catalog:
+        """Load a catalog from a YAML file path or a dict; raise CatalogError naming the path.
+
+        Without `check_pool` no backend looks at the pools: use
+        `fracspawner.backends.load_catalog` wherever a catalog is served."""
         if isinstance(source, (str, os.PathLike)):
             data: Any = load_yaml(Path(source))
         else:
             data = source  # a dict; anything else fails the schema check with a message
-        return build_catalog(data)
+        return build_catalog(data, check_pool)
 
     def rule_for(self, username: str, groups: Iterable[str]) -> AccessRule:
         """A users entry wins; else the union of the user's group rules; else the default."""
@@ -125,6 +131,11 @@ class Catalog:
         if pool is not None and pool.idle is not None:
             return pool.idle
         return self.idle
+
+
+class PoolCheck(Protocol):
+    def __call__(self, pool: Pool, where: str) -> None:
+        """Raise CatalogError (message starting with `where`) if no backend can serve `pool`."""
 
 
 # --------------------------------------------------------------------------- durations
@@ -282,15 +293,11 @@ def _gpu_model(raw: Any, where: str) -> GpuModel:
     )
 
 
-def _pool(name: str, raw: Mapping[str, Any], step: int, idle: IdlePolicy) -> Pool:
-    from .backends import get_backend
-
+def _pool(
+    name: str, raw: Mapping[str, Any], step: int, idle: IdlePolicy, check: PoolCheck | None
+) -> Pool:
     where = f"pools.{name}"
     gpu = _gpu_model(raw["gpu"], f"{where}.gpu")
-    try:
-        backend = get_backend(raw["backend"])
-    except ValueError as exc:
-        raise CatalogError(f"{where}.backend: {exc}") from None
     offers: list[Slice] = []
     for i, value in enumerate(raw["offers"]):
         try:
@@ -307,7 +314,7 @@ def _pool(name: str, raw: Mapping[str, Any], step: int, idle: IdlePolicy) -> Poo
         display_name=raw.get("display_name") or name,
         description=raw.get("description", ""),
         gpu=gpu,
-        backend=backend.name,
+        backend=raw["backend"],
         node_selector=MappingProxyType(dict(raw.get("node_selector") or {})),
         tolerations=tuple(MappingProxyType(dict(t)) for t in raw.get("tolerations") or ()),
         offers=tuple(offers),
@@ -316,15 +323,8 @@ def _pool(name: str, raw: Mapping[str, Any], step: int, idle: IdlePolicy) -> Poo
         default_image=raw.get("default_image"),
         idle=_idle(raw["idle"], idle, f"{where}.idle") if "idle" in raw else None,
     )
-    try:
-        backend.check_pool(pool)
-    except (SliceError, ValueError) as exc:
-        raise CatalogError(f"{where}: {exc}") from None
-    for i, offer in enumerate(pool.offers):
-        try:
-            backend.check_offer(offer, pool)
-        except SliceError as exc:
-            raise CatalogError(f"{where}.offers[{i}]: {exc}") from None
+    if check is not None:
+        check(pool, where)
     return pool
 
 
@@ -347,13 +347,13 @@ def _rule(raw: Mapping[str, Any] | None, pools: Mapping[str, Pool], where: str) 
     return AccessRule(pools=chosen, max_gpu=None if max_gpu is None else float(max_gpu))
 
 
-def build_catalog(data: Any) -> Catalog:
+def build_catalog(data: Any, check_pool: PoolCheck | None = None) -> Catalog:
     """Validate a catalog dict (schema, then semantics) and build the Catalog."""
     _schema_check(data)
     step = data.get("fraction_step", 8)
     idle = _idle(data.get("idle"), IdlePolicy(), "idle")
 
-    pools = {name: _pool(name, raw, step, idle) for name, raw in data["pools"].items()}
+    pools = {name: _pool(name, raw, step, idle, check_pool) for name, raw in data["pools"].items()}
 
     images: dict[str, Image] = {}
     defaults = []

@@ -1,7 +1,10 @@
 """`fracspawner plan`: the pod manifest a spawn would create, without a cluster.
 
-It runs FracSpawner's own code path (validation, clean baseline, PodPlan, kubespawner's
-make_pod), so what it prints is what the spawner would send to the Kubernetes API.
+With the hub extra installed it runs FracSpawner's own code path (validation, clean baseline,
+PodPlan, kubespawner's make_pod), so what it prints is what the spawner would send to the
+Kubernetes API. A bare `pip install fracspawner` has no kubespawner: then the same validation
+and PodPlan are applied (backends.podspec) onto a minimal single-user pod, and a note on stderr
+says that only the GPU fields are exact.
 """
 
 from __future__ import annotations
@@ -76,7 +79,7 @@ async def build_manifest(
     from kubernetes_asyncio.client import ApiClient
     from traitlets.config import Config
 
-    from .spawner import FracSpawner
+    from ..hub.spawner import FracSpawner
 
     cfg = Config(config or {})
     cfg.FracSpawner.catalog_file = str(Path(catalog).resolve())
@@ -93,6 +96,55 @@ async def build_manifest(
     pod = await spawner.get_pod_manifest()
     async with ApiClient() as api:
         return api.sanitize_for_serialization(pod)
+
+
+#: a z2jh single-user pod reduced to what a plan is applied onto (no kubespawner here)
+def bare_pod(user: str) -> dict[str, Any]:
+    return {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {
+            "name": f"jupyter-{user}",
+            "labels": {"app": "jupyterhub", "component": "singleuser-server"},
+            "annotations": {"hub.jupyter.org/username": user},
+        },
+        "spec": {
+            "containers": [
+                {
+                    "name": "notebook",
+                    "image": "quay.io/jupyterhub/k8s-singleuser-sample",
+                    "ports": [{"containerPort": 8888, "name": "notebook-port"}],
+                }
+            ],
+            "restartPolicy": "OnFailure",
+        },
+    }
+
+
+def build_bare_manifest(
+    catalog: str,
+    options: dict[str, Any],
+    *,
+    user: str = "alice",
+    groups: list[str] | None = None,
+    admin: bool = False,
+) -> dict[str, Any]:
+    """The GPU fields of the pod for these user_options, on a minimal pod (no kubespawner)."""
+    from ..backends import is_reserved_env, load_catalog
+    from ..backends.podspec import apply_plan
+    from ..choice.options import resolve_choice
+
+    cat = load_catalog(catalog)
+    choice = resolve_choice(cat, options, rule=cat.rule_for(user, groups or []), admin=admin)
+    return apply_plan(bare_pod(user), choice.plan, reserved=is_reserved_env)
+
+
+def _have_kubespawner() -> bool:
+    try:
+        import kubespawner  # noqa: F401
+    except ImportError:
+        return False
+    return True
 
 
 def main(argv: list[str]) -> int:
@@ -123,16 +175,17 @@ def main(argv: list[str]) -> int:
     if not Path(args.catalog).is_file():
         print(f"fracspawner plan: catalog file not found: {args.catalog}", file=sys.stderr)
         return 2
+    who = {"user": args.user, "groups": args.group, "admin": not args.check_access}
     try:
-        manifest = asyncio.run(
-            build_manifest(
-                args.catalog,
-                options,
-                user=args.user,
-                groups=args.group,
-                admin=not args.check_access,
+        if _have_kubespawner():
+            manifest = asyncio.run(build_manifest(args.catalog, options, **who))
+        else:
+            manifest = build_bare_manifest(args.catalog, options, **who)
+            print(
+                "fracspawner plan: kubespawner is not installed (pip install fracspawner[hub]); "
+                "the GPU fields are exact, the rest is a minimal single-user pod",
+                file=sys.stderr,
             )
-        )
     except Exception as exc:  # one line, no traceback: this is a user-facing command
         message = getattr(exc, "log_message", None) or str(exc)
         print(f"fracspawner plan: {' '.join(str(message).split())}", file=sys.stderr)

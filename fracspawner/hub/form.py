@@ -10,14 +10,14 @@ from typing import Any
 
 from jinja2 import Environment, PackageLoader, select_autoescape
 
-from .slices import SliceError, parse_slice
+from ..model.slices import SliceError, parse_slice
 
 
 @lru_cache(maxsize=1)
 def _env() -> Environment:
     # autoescape: every user- or admin-supplied string (pool names, image names, reasons) is escaped
     return Environment(
-        loader=PackageLoader("fracspawner", "templates"),
+        loader=PackageLoader("fracspawner.hub", "templates"),
         autoescape=select_autoescape(default=True, default_for_string=True),
         trim_blocks=True,
         lstrip_blocks=True,
@@ -56,9 +56,10 @@ def group_offers(model: Mapping[str, Any]) -> list[dict[str, Any]]:
 
 @lru_cache(maxsize=1)
 def picker_assets() -> tuple[str, str]:
-    """(css, js) of the picker: packaged under fracspawner/static, or frontend/ in a checkout."""
+    """(css, js) of the picker: packaged under fracspawner/hub/static, or frontend/ in a
+    checkout."""
     here = Path(__file__).resolve().parent
-    for folder in (here / "static", here.parent / "frontend"):
+    for folder in (here / "static", here.parent.parent / "frontend"):
         if (folder / "picker.js").exists():
             return (folder / "picker.css").read_text(), (folder / "picker.js").read_text()
     return "", ""

@@ -9,10 +9,11 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from .backends import plan_slice
-from .catalog import AccessRule, Catalog, Pool
-from .options import OPTION_KEYS, allowed_pools
-from .slices import Slice
+from ..backends import plan_slice
+from ..model.access import allowed_pools
+from ..model.catalog import AccessRule, Catalog, Pool
+from ..model.slices import Slice
+from .options import OPTION_KEYS
 
 MODE_LABELS = {
     "fraction": "Fraction of a GPU",

@@ -11,19 +11,26 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from .backends import plan_slice, resolve_offer
-from .backends.base import PodPlan
-from .catalog import AccessRule, Catalog, Image, Pool
-from .slices import Slice, SliceError, parse_slice
+from ..backends import plan_slice, resolve_offer
+from ..backends.base import PodPlan
+from ..model.access import allowed_pools, quota_left, within_quota
+from ..model.catalog import AccessRule, Catalog, Image, Pool
+from ..model.errors import OptionsError, SliceError
+from ..model.slices import Slice, parse_slice
+
+__all__ = [
+    "OPTION_KEYS",
+    "Choice",
+    "OptionsError",
+    "allowed_pools",
+    "describe_offer",
+    "free_elsewhere",
+    "offer_for",
+    "resolve_choice",
+]
 
 #: The CONTRACT keys of design.md, shared by form fields and REST `user_options`.
 OPTION_KEYS = ("gpu", "pool", "image")
-#: Quota comparisons tolerate float noise from summing fractions like 1/8 + 1/8 + ...
-_EPSILON = 1e-9
-
-
-class OptionsError(ValueError):
-    """A user_options problem, worded for the person who chose them."""
 
 
 @dataclass(frozen=True)
@@ -46,13 +53,6 @@ def offer_for(pool: Pool, requested: Slice) -> Slice | None:
         return resolve_offer(requested, pool)[0]
     except SliceError:
         return None
-
-
-def allowed_pools(catalog: Catalog, rule: AccessRule, *, admin: bool = False) -> list[Pool]:
-    """Pools this user may spawn on, in catalog order."""
-    if admin or rule.pools is None:
-        return list(catalog.pools.values())
-    return [p for name, p in catalog.pools.items() if name in rule.pools]
 
 
 def _capacity_free(capacity: Any, pool: Pool, offer: Slice) -> int | None:
@@ -165,15 +165,14 @@ def resolve_choice(
     image = catalog.images[image_name] if image_name else catalog.default_image(pool)
     plan = plan_slice(offer, pool, image)
 
-    if not admin and rule.max_gpu is not None:
-        if used_gpu + plan.gpu_equivalent > rule.max_gpu + _EPSILON:
-            left = max(rule.max_gpu - used_gpu, 0.0)
-            raise OptionsError(
-                f"Quota: {offer} on {pool.name} counts as {_fmt_gpu(plan.gpu_equivalent)} GPU; "
-                f"your servers already hold {_fmt_gpu(used_gpu)} of your "
-                f"{_fmt_gpu(rule.max_gpu)} GPU limit ({_fmt_gpu(left)} left). "
-                "Stop a server or choose a smaller slice."
-            )
+    if not admin and not within_quota(rule, used_gpu, plan.gpu_equivalent):
+        left = quota_left(rule, used_gpu) or 0.0
+        raise OptionsError(
+            f"Quota: {offer} on {pool.name} counts as {_fmt_gpu(plan.gpu_equivalent)} GPU; "
+            f"your servers already hold {_fmt_gpu(used_gpu)} of your "
+            f"{_fmt_gpu(rule.max_gpu)} GPU limit ({_fmt_gpu(left)} left). "
+            "Stop a server or choose a smaller slice."
+        )
 
     free = _capacity_free(capacity, pool, offer)
     if free == 0 and admission == "refuse":

@@ -1,8 +1,9 @@
 """Reading raw Kubernetes node and pod dicts the way kube-scheduler reads them.
 
-Pure helpers for `capacity.py`: resource quantities, what a pod requests, whether a node is
-schedulable for a pool, whether a pod still holds its resources. Objects are the camelCase
-dicts the API returns (what the reflectors store), never kubernetes client models.
+Pure helpers for the capacity index and each backend's counting: resource quantities, what a
+pod requests, whether a node is schedulable for a pool, whether a pod still holds its resources.
+Objects are the camelCase dicts the API returns (what the reflectors store), never kubernetes
+client models.
 """
 
 from __future__ import annotations

@@ -20,12 +20,12 @@ from kubespawner import KubeSpawner
 from tornado import web
 from traitlets import Bool, Dict, Enum, Unicode, default
 
-from .backends import is_reserved_env, safe_env
-from .capacity_count import gpu_usage_by_user
-from .catalog import AccessRule, Catalog, CatalogError
+from ..backends import is_reserved_env, load_catalog, safe_env
+from ..capacity.count import gpu_usage_by_user
+from ..choice.offers import build_offer_model
+from ..choice.options import OPTION_KEYS, Choice, OptionsError, describe_offer, resolve_choice
+from ..model.catalog import AccessRule, Catalog, CatalogError
 from .form import render_form
-from .offers import build_offer_model
-from .options import OPTION_KEYS, Choice, OptionsError, describe_offer, resolve_choice
 
 # Traits the baseline snapshot never restores: they are state, not configuration.
 _NOT_BASELINE = frozenset(
@@ -36,11 +36,11 @@ _INSUFFICIENT = re.compile(r"Insufficient ([\w./-]+)")
 _catalog_cache: dict[Any, Catalog] = {}
 
 
-def load_catalog(source: Any) -> Catalog:
+def cached_catalog(source: Any) -> Catalog:
     """Load (and cache) a catalog from a path or a dict; CatalogError names what is wrong."""
     key = source if isinstance(source, str) else repr(source)
     if key not in _catalog_cache:
-        _catalog_cache[key] = Catalog.load(source)
+        _catalog_cache[key] = load_catalog(source)
     return _catalog_cache[key]
 
 
@@ -118,7 +118,7 @@ class FracSpawner(KubeSpawner):
             raise CatalogError(
                 "no catalog configured: set c.FracSpawner.catalog_file or c.FracSpawner.catalog"
             )
-        return load_catalog(source)
+        return cached_catalog(source)
 
     # ---------------------------------------------------------------- who may take what
     def _groups(self) -> list[str]:
@@ -134,7 +134,7 @@ class FracSpawner(KubeSpawner):
     def _capacity_watcher(self) -> Any:
         if not self.live_capacity:
             return None
-        from .capacity import CapacityWatcher
+        from ..capacity.watch import CapacityWatcher
 
         return CapacityWatcher.shared(self.fracspawner_catalog)
 

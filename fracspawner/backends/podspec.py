@@ -1,0 +1,83 @@
+"""Apply a PodPlan onto a pod manifest (a camelCase API dict). Pure and idempotent.
+
+FracSpawner applies plans through kubespawner's traits; everything that meets a pod it did
+not build itself (`fracspawner plan` without the hub extra, the Kubeflow admission webhook)
+applies it here, so one function says what a plan does to a pod. Applying the same plan twice
+gives the same pod (a webhook may be invoked again after other webhooks ran).
+"""
+
+from __future__ import annotations
+
+import copy
+from collections.abc import Mapping
+from typing import Any
+
+from .base import PodPlan
+
+
+def _merge(target: dict[str, Any], key: str, values: Mapping[str, Any]) -> None:
+    if values:
+        target[key] = {**(target.get(key) or {}), **values}
+
+
+def apply_to_container(
+    container: dict[str, Any], plan: PodPlan, reserved: Any = lambda name: False
+) -> None:
+    """Put the plan's resources and env on one container, in place.
+
+    `reserved(name)` says which env names nobody but the plan may set: they are removed
+    before the plan's env goes on (fracspawner.backends.is_reserved_env)."""
+    resources = container.setdefault("resources", {})
+    _merge(resources, "limits", dict(plan.limits))
+    _merge(resources, "requests", dict(plan.requests))
+    if not resources:
+        del container["resources"]
+    env = [
+        e
+        for e in container.get("env") or []
+        if not reserved(str(e.get("name", ""))) and e.get("name") not in plan.env
+    ]
+    env += [{"name": k, "value": str(v)} for k, v in plan.env.items()]
+    if env:
+        container["env"] = env
+    else:
+        container.pop("env", None)
+    if plan.image:
+        container["image"] = plan.image
+    for key, value in plan.extra_container_config.items():
+        container[key] = copy.deepcopy(value)
+
+
+def apply_plan(
+    pod: Mapping[str, Any],
+    plan: PodPlan,
+    *,
+    container: str | None = None,
+    reserved: Any = lambda name: False,
+) -> dict[str, Any]:
+    """A copy of `pod` with `plan` applied to it and to its container named `container`
+    (default: the first container)."""
+    out = copy.deepcopy(dict(pod))
+    meta = out.setdefault("metadata", {})
+    _merge(meta, "labels", dict(plan.labels))
+    _merge(meta, "annotations", dict(plan.annotations))
+    spec = out.setdefault("spec", {})
+    containers = spec.setdefault("containers", [])
+    target = next((c for c in containers if c.get("name") == container), None)
+    if target is None:
+        if container is not None or not containers:
+            raise ValueError(f"the pod has no container {container or '(none at all)'}")
+        target = containers[0]
+    apply_to_container(target, plan, reserved)
+    _merge(spec, "nodeSelector", dict(plan.node_selector))
+    if plan.tolerations:
+        tolerations = list(spec.get("tolerations") or [])
+        for toleration in map(dict, plan.tolerations):
+            if toleration not in tolerations:
+                tolerations.append(toleration)
+        spec["tolerations"] = tolerations
+    if plan.scheduler_name:
+        spec["schedulerName"] = plan.scheduler_name
+    for key, value in plan.extra_pod_config.items():
+        spec[key] = copy.deepcopy(value)
+    return out

@@ -1,0 +1,1 @@
+"""Reading Kubernetes node and pod objects (plain API dicts): quantities, selectors, taints."""

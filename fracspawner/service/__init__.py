@@ -1,1 +1,0 @@
-"""The fracspawner JupyterHub service (live offers for the picker)."""
