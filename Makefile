@@ -6,7 +6,7 @@ BIN := $(VENV)/bin
 STAMPS := .stamps
 export PATH := $(CURDIR)/node_modules/.bin:$(CURDIR)/$(BIN):$(PATH)
 
-.PHONY: help setup test lint demo bench docs clean system-deps
+.PHONY: help setup test lint demo bench docs clean system-deps labextension
 
 help:
 	@echo "make demo   - devcluster + JupyterHub with FracSpawner on http://127.0.0.1:8000"
@@ -40,7 +40,28 @@ $(STAMPS)/system-deps:
 	fi
 	@mkdir -p $(STAMPS) && touch $@
 
-setup: $(STAMPS)/venv node_modules/.bin/configurable-http-proxy $(STAMPS)/system-deps
+# The JupyterLab GPU meter (labextension/): TypeScript + `jupyter labextension build`, output in
+# labextension/prebuilt (never committed; the wheel ships it as share/jupyter/labextensions/...),
+# copied into the venv so the JupyterLab the tests start loads it. Rebuilt when a source changes.
+LABEXT := labextension
+LABEXT_DEST := $(VENV)/share/jupyter/labextensions/fracspawner-gpu-meter
+LABEXT_SOURCES := $(wildcard $(LABEXT)/src/*.ts $(LABEXT)/style/*) $(LABEXT)/package.json \
+	$(LABEXT)/tsconfig.json $(LABEXT)/install.json
+
+$(LABEXT)/node_modules/.package-lock.json: $(LABEXT)/package.json $(LABEXT)/package-lock.json
+	cd $(LABEXT) && npm ci --no-audit --no-fund --loglevel=error
+	@touch $@
+
+$(STAMPS)/labextension: $(LABEXT_SOURCES) $(LABEXT)/node_modules/.package-lock.json $(STAMPS)/venv
+	cd $(LABEXT) && node_modules/.bin/tsc && jupyter labextension build .
+	rm -rf $(LABEXT_DEST) && mkdir -p $(LABEXT_DEST)
+	cp -R $(LABEXT)/prebuilt/. $(LABEXT)/install.json $(LABEXT_DEST)/
+	@mkdir -p $(STAMPS) && touch $@
+
+labextension: $(STAMPS)/labextension
+
+setup: $(STAMPS)/venv node_modules/.bin/configurable-http-proxy $(STAMPS)/system-deps \
+	$(STAMPS)/labextension
 
 system-deps: $(STAMPS)/system-deps
 
@@ -62,4 +83,5 @@ docs: $(STAMPS)/venv
 	$(BIN)/sphinx-build -W --keep-going -b html docs docs/_build/html
 
 clean:
-	rm -rf $(VENV) node_modules $(STAMPS) docs/_build .devcluster .demo
+	rm -rf $(VENV) node_modules $(STAMPS) docs/_build .devcluster .demo \
+		$(LABEXT)/node_modules $(LABEXT)/lib $(LABEXT)/prebuilt $(LABEXT)/tsconfig.tsbuildinfo

@@ -167,3 +167,164 @@ def test_sources():
     if not Path("/dev/nvidiactl").exists():  # a GPU machine checks NVML for real instead
         with pytest.raises(GpuUnavailable, match="NVML"):
             NvmlSource().sample()
+
+
+# --- the pod's slice and idle policy in the report (what the JupyterLab meter shows) ----------
+def test_report_without_pod_environment_labels_the_device(server):
+    """Outside FracSpawner (no slice, no policy in the environment): no warnings, ever."""
+    write_gpu(server, {"devices": [{"name": "NVIDIA H100 80GB HBM3", "memory_total_mib": 81920}]})
+    report = gpu_when(server, lambda r: "H100" in str(r.get("devices")), "a reading")
+    assert report["slice"]["label"] == "NVIDIA H100 80GB HBM3 · 10 GiB"
+    assert report["slice"]["spec"] is None
+    assert report["policy"] == {
+        "kernel_gpu_idle": None,
+        "server_gpu_idle": None,
+        "server_idle": None,
+        "warn_before": None,
+    }
+    assert report["warnings"] == [] and report["server_idle"]["cull_at"] is None
+    assert report["gpu_utilization"] == 0
+
+
+@pytest.mark.parametrize(
+    "spec, pool, memory, label",
+    [
+        ("1/4", "H100", 20480, "1/4 H100 · 20 GiB"),
+        ("0.25", "H100", 20480, "1/4 H100 · 20 GiB"),
+        (".125", None, 10240, "1/8 GPU · 10 GiB"),
+        ("10GiB", "H100", 10240, "H100 · 10 GiB"),
+        ("10G", "H100", None, "H100 · 10 GiB"),
+        ("10240MiB", "H100", 10240, "H100 · 10 GiB"),
+        ("mig-1g.10gb", "A100", 9728, "A100 MIG 1g.10gb"),
+        ("1g.10gb", "A100", None, "A100 MIG 1g.10gb"),
+        ("1", "H100", 81920, "H100 · 80 GiB"),
+        ("2", "H100", 163840, "2 × H100 · 160 GiB"),
+        ("none", "H100", None, "H100"),
+    ],
+)
+def test_slice_labels(spec, pool, memory, label):
+    from fracspawner.serverext.podinfo import parse_slice, slice_label
+
+    assert slice_label(parse_slice(spec), pool, memory) == label
+
+
+def test_pod_environment_names():
+    from fracspawner.serverext.podinfo import PodInfo
+
+    pod = PodInfo.from_environ(
+        {
+            "FRACSPAWNER_GPU_SLICE": "1/4",
+            "FRACSPAWNER_GPU_POOL": "h100",
+            "FRACSPAWNER_GPU_POOL_DISPLAY": "H100",
+            "FRACSPAWNER_GPU_MEMORY_MIB": "20480",
+            "FRACSPAWNER_KERNEL_GPU_IDLE_SECONDS": "1800",
+            "FRACSPAWNER_SERVER_GPU_IDLE_SECONDS": "7200",
+            "FRACSPAWNER_SERVER_IDLE_SECONDS": "0",  # off
+            "FRACSPAWNER_GPU_IDLE_WARN_SECONDS": "300",
+        }
+    )
+    assert pod.slice_json()["label"] == "1/4 H100 · 20 GiB"
+    assert pod.slice_json()["pool"] == "h100"
+    assert pod.policy.as_json() == {
+        "kernel_gpu_idle": 1800.0,
+        "server_gpu_idle": 7200.0,
+        "server_idle": None,
+        "warn_before": 300.0,
+    }
+    # unset or nonsense: no policy, so no warning (rather than a wrong one)
+    nonsense = PodInfo.from_environ({"FRACSPAWNER_KERNEL_GPU_IDLE_SECONDS": "30m"})
+    assert nonsense.policy.as_json() == {
+        "kernel_gpu_idle": None,
+        "server_gpu_idle": None,
+        "server_idle": None,
+        "warn_before": None,
+    }
+
+
+class FakeKernel:
+    def __init__(self, last_activity, execution_state="idle"):
+        self.last_activity, self.execution_state = last_activity, execution_state
+
+
+class FakeKernelManager:
+    def __init__(self, kernels):
+        self.kernels = kernels
+
+    def list_kernel_ids(self):
+        return list(self.kernels)
+
+    def get_kernel(self, kernel_id):
+        return self.kernels[kernel_id]
+
+
+def test_warnings_come_before_the_culler_acts_and_agree_with_it(monkeypatch):
+    """The report's cull time is the moment the culler's own rules turn to 'shut down'."""
+    from datetime import timedelta
+
+    from fracspawner.culler.decide import ServerFacts, decide_kernel, decide_server
+    from fracspawner.culler.extension import parse_report
+    from fracspawner.serverext import monitor as monitor_module
+    from fracspawner.serverext.sources import GpuDevice, GpuProcess, GpuSample
+
+    for name, value in {
+        "FRACSPAWNER_GPU_SLICE": "1/4",
+        "FRACSPAWNER_KERNEL_GPU_IDLE_SECONDS": "1800",
+        "FRACSPAWNER_SERVER_GPU_IDLE_SECONDS": "7200",
+        "FRACSPAWNER_SERVER_IDLE_SECONDS": "28800",
+    }.items():
+        monkeypatch.setenv(name, value)
+    monkeypatch.delenv("FRACSPAWNER_GPU_IDLE_WARN_SECONDS", raising=False)
+    t0 = monitor_module.utcnow()
+    clock = [t0]
+    monkeypatch.setattr(monitor_module, "utcnow", lambda: clock[0])
+    kernels = {"k-idle": FakeKernel(t0), "k-busy": FakeKernel(t0, "busy")}
+    monitor = monitor_module.GpuMonitor(
+        settings={"kernel_manager": FakeKernelManager(kernels)}, source_spec="none"
+    )
+    monitor.reason = None
+    device = GpuDevice("0", "H100", "GPU-0", 81920, 9216, 0)
+    processes = [
+        GpuProcess("0", 9216, 0.0, kernel_id="k-idle"),
+        GpuProcess("0", 1024, 0.0, kernel_id="k-busy"),
+    ]
+    sample = GpuSample("simulated", [device], processes)
+    owned = [(p.kernel_id, p) for p in processes]
+
+    def at(seconds: float) -> dict:
+        clock[0] = t0 + timedelta(seconds=seconds)
+        monitor.apply(sample, owned, set(kernels), clock[0])
+        return monitor.report(server_last_activity=t0)
+
+    # 30 min policy: warned 10 min before (a third of the limit at most), not earlier
+    assert at(1199)["warnings"] == []
+    report = at(1200)
+    (warning,) = report["warnings"]  # the executing kernel is not culled, so not warned
+    assert warning["scope"] == "kernel" and warning["kernel_id"] == "k-idle"
+    assert warning["gpu_memory_mib"] == 9216 and warning["idle_seconds"] == 1200
+    cull_at = t0 + timedelta(seconds=1800)
+    assert warning["cull_at"] == monitor_module.isoformat(cull_at)
+
+    class Policy:
+        kernel_gpu_idle, server_gpu_idle, server_idle, max_age = 1800, 7200, 28800, None
+
+    def culler_says(seconds: float) -> tuple[str, str]:
+        facts = parse_report(at(seconds))
+        kernel = next(k for k in facts.kernels if k.id == "k-idle")
+        now = clock[0].timestamp()
+        server = ServerFacts(user="u", user_options={"gpu": "1/4"}, last_activity=t0.timestamp())
+        return (
+            decide_kernel(kernel, Policy, now).action,
+            decide_server(server, facts.server, Policy, now).action,
+        )
+
+    assert culler_says(1799) == ("keep", "keep")
+    assert culler_says(1800)[0] == "shutdown"
+    # the server: warned from 7200 - 600 s, stopped from 7200 s, as the report said
+    assert [w["scope"] for w in at(6599)["warnings"]] == ["kernel"]
+    report = at(6600)
+    assert [w["scope"] for w in report["warnings"]] == ["kernel", "server"]
+    assert report["server_idle"]["cull_at"] == monitor_module.isoformat(
+        t0 + timedelta(seconds=7200)
+    )
+    assert culler_says(7199)[1] == "keep"
+    assert culler_says(7200)[1] == "stop"

@@ -12,7 +12,9 @@ from typing import Any
 from .handlers import GpuHandler
 from .monitor import SETTINGS_KEY, GpuMonitor
 
-__all__ = ["GpuMonitor", "GpuHandler", "SETTINGS_KEY"]
+__all__ = ["GpuMonitor", "GpuHandler", "SETTINGS_KEY", "PAGE_CONFIG_KEY"]
+
+PAGE_CONFIG_KEY = "fracspawnerGpuUrl"  # read by the JupyterLab GPU meter (labextension/)
 
 
 def _jupyter_server_extension_points() -> list[dict[str, str]]:
@@ -25,6 +27,9 @@ def _load_jupyter_server_extension(serverapp: Any) -> None:
     web_app.settings["fracspawner_gpu_monitor"] = monitor
     base_url = web_app.settings["base_url"].rstrip("/")
     web_app.add_handlers(".*$", [(f"{base_url}/api/fracspawner/gpu", GpuHandler)])
+    # JupyterLab copies page_config_data into the page: the GPU meter asks for the report only
+    # where this says the extension is there (no 404 in the browser console elsewhere)
+    web_app.settings.setdefault("page_config_data", {})[PAGE_CONFIG_KEY] = "api/fracspawner/gpu"
     # the task ends with the server's event loop: module extensions get no unload hook
     serverapp.io_loop.add_callback(monitor.start)
     serverapp.log.info(

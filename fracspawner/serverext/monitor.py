@@ -18,6 +18,7 @@ from typing import Any
 from traitlets import Float, Integer, Unicode, default
 from traitlets.config import LoggingConfigurable
 
+from .podinfo import Deadline, PodInfo, kernel_deadline, server_deadline
 from .procmap import owner_of
 from .sources import GpuSample, GpuSource, GpuUnavailable, make_source
 
@@ -117,6 +118,8 @@ class GpuMonitor(LoggingConfigurable):
         self.processes: list[tuple[str | None, Any]] = []
         self.last_gpu_activity: datetime | None = None
         self._task: asyncio.Task | None = None
+        # the slice and the culler's idle policy, as FracSpawner put them in the environment
+        self.pod = PodInfo.from_environ(os.environ, memory_mib=self.memory_entitlement_mib)
         try:
             self.source = make_source(self.source_spec)
         except ValueError as exc:
@@ -198,28 +201,74 @@ class GpuMonitor(LoggingConfigurable):
             self.last_gpu_activity = now
             self.settings[SETTINGS_KEY] = now
 
-    def _kernel_state(self, kernel_id: str) -> dict:
-        """Message activity and execution state, as GET /api/kernels has them (saves a request)."""
+    def _kernel_state(self, kernel_id: str) -> tuple[str | None, datetime | None]:
+        """Execution state and message activity, as GET /api/kernels has them (saves a request)."""
         km = self.settings.get("kernel_manager")
         try:
             kernel = km.get_kernel(kernel_id)
         except Exception:  # gone since the last reading (jupyter-server raises HTTPError 404)
-            return {}
-        return {
-            "execution_state": getattr(kernel, "execution_state", None),
-            "last_activity": isoformat(getattr(kernel, "last_activity", None)),
-        }
+            return None, None
+        return getattr(kernel, "execution_state", None), getattr(kernel, "last_activity", None)
 
     # --- the report ---------------------------------------------------------------------------
+    def _utilization(self) -> float | None:
+        """The server's share of the GPU: its processes' SM utilisation added up (None: unknown)."""
+        utils = [p.utilization for _, p in self.processes]
+        if any(u is None for u in utils):
+            return None
+        return round(min(100.0, sum(utils)), 1)
+
     def report(self, server_last_activity: datetime | None = None) -> dict:
         if self.reason is not None or self.sample is None:
             return {
                 "available": False,
                 "reason": self.reason or "no GPU reading yet",
                 "server_last_activity": isoformat(server_last_activity),
+                "slice": self.pod.slice_json(),
+                "policy": self.pod.policy.as_json(),
             }
         sample = self.sample
+        now = utcnow()
         live = self._kernel_ids()  # kernels shut down since the last reading are left out
+        device = sample.devices[0].name if sample.devices else None
+        kernels = []
+        warnings = []
+        for kid, k in sorted(self.kernels.items()):
+            if kid not in live:
+                continue
+            execution_state, last_activity = self._kernel_state(kid)
+            due = kernel_deadline(
+                self.pod.policy,
+                gpu_memory_mib=k.memory_mib,
+                activity_known=k.utilization is not None,
+                execution_state=execution_state,
+                gpu_idle_since=k.last_gpu_activity or self.started,
+                last_activity=last_activity,
+            )
+            kernels.append(
+                {
+                    "id": kid,
+                    "execution_state": execution_state,
+                    "last_activity": isoformat(last_activity),
+                    "gpu_memory_mib": round(k.memory_mib, 1),
+                    "gpu_utilization": k.utilization,
+                    "gpu_activity_known": k.utilization is not None,
+                    "last_gpu_activity": isoformat(k.last_gpu_activity),
+                    "idle_since": isoformat(due.idle_since) if due else None,
+                    "cull_at": isoformat(due.cull_at) if due else None,
+                }
+            )
+            if due is not None and due.warns(now):
+                warnings.append(self._warning("kernel", due, now, k.memory_mib, kernel_id=kid))
+        memory = round(sum(p.memory_mib for _, p in self.processes), 1)
+        server_due = server_deadline(
+            self.pod.policy,
+            holds_gpu=self.pod.gpu is not None or memory > 0,
+            gpu_idle_since=self.last_gpu_activity or self.started,
+            last_activity=server_last_activity,
+        )
+        if server_due is not None and server_due.warns(now):
+            warnings.append(self._warning("server", server_due, now, memory))
         return {
             "available": True,
             "source": sample.source,
@@ -239,21 +288,18 @@ class GpuMonitor(LoggingConfigurable):
                 for d in sample.devices
             ],
             "entitlement": {"memory_mib": self.memory_entitlement_mib},
-            "gpu_memory_mib": round(sum(p.memory_mib for _, p in self.processes), 1),
+            "slice": self.pod.slice_json(device=device),
+            "policy": self.pod.policy.as_json(),
+            "gpu_memory_mib": memory,
+            "gpu_utilization": self._utilization(),
             "last_gpu_activity": isoformat(self.last_gpu_activity),
             "server_last_activity": isoformat(server_last_activity),
-            "kernels": [
-                {
-                    "id": kid,
-                    **self._kernel_state(kid),
-                    "gpu_memory_mib": round(k.memory_mib, 1),
-                    "gpu_utilization": k.utilization,
-                    "gpu_activity_known": k.utilization is not None,
-                    "last_gpu_activity": isoformat(k.last_gpu_activity),
-                }
-                for kid, k in sorted(self.kernels.items())
-                if kid in live
-            ],
+            "server_idle": {
+                "idle_since": isoformat(server_due.idle_since) if server_due else None,
+                "cull_at": isoformat(server_due.cull_at) if server_due else None,
+            },
+            "kernels": kernels,
+            "warnings": warnings,
             "processes": [
                 {
                     "pid": p.pid,
@@ -265,3 +311,20 @@ class GpuMonitor(LoggingConfigurable):
                 for kid, p in self.processes
             ],
         }
+
+    @staticmethod
+    def _warning(
+        scope: str, due: Deadline, now: datetime, memory_mib: float, kernel_id: str | None = None
+    ) -> dict:
+        """One coming cull, for the user: what, since when, and when (the meter words it)."""
+        warning = {
+            "scope": scope,  # "kernel": shut down, the server stays; "server": stopped
+            "gpu_memory_mib": round(memory_mib, 1),
+            "idle_since": isoformat(due.idle_since),
+            "idle_seconds": round(max(0.0, (now - due.idle_since).total_seconds())),
+            "limit_seconds": due.limit,
+            "cull_at": isoformat(due.cull_at),
+        }
+        if kernel_id is not None:
+            warning["kernel_id"] = kernel_id
+        return warning

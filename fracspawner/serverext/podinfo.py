@@ -1,0 +1,222 @@
+"""What the pod says about itself: the GPU slice and the idle policy, from the environment.
+
+FracSpawner puts these in the notebook's environment (see docs/serverext.md for the names); the
+monitor adds them to its report so the JupyterLab meter can show the slice and warn before the
+culler acts. Everything here is pure apart from reading the environment in `from_environ`.
+
+The warning times mirror the culler's rules (fracspawner/culler/decide.py): a kernel holding GPU
+memory is shut down once both its GPU and its messages have been idle for `kernel_gpu_idle`; a
+server holding a GPU once it has been idle (messages and GPU) for `server_gpu_idle`, or
+`server_idle` where that is off. The culler acts on its next cycle after that time, never before.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+from fractions import Fraction
+
+ENV_SLICE = "FRACSPAWNER_GPU_SLICE"
+ENV_POOL = "FRACSPAWNER_GPU_POOL"
+ENV_POOL_DISPLAY = "FRACSPAWNER_GPU_POOL_DISPLAY"
+ENV_MEMORY = "FRACSPAWNER_GPU_MEMORY_MIB"
+ENV_KERNEL_GPU_IDLE = "FRACSPAWNER_KERNEL_GPU_IDLE_SECONDS"
+ENV_SERVER_GPU_IDLE = "FRACSPAWNER_SERVER_GPU_IDLE_SECONDS"
+ENV_SERVER_IDLE = "FRACSPAWNER_SERVER_IDLE_SECONDS"
+ENV_WARN = "FRACSPAWNER_GPU_IDLE_WARN_SECONDS"
+
+NO_GPU = {"", "none", "0", "no"}
+DEFAULT_WARN = 600.0  # warn this long before the culler may act (at most a third of the limit)
+
+_MIG = re.compile(r"^(?:mig-)?(\d+g\.\d+gb(?:\+me)?)$")
+_MEMORY = re.compile(r"^(\d+(?:\.\d+)?)\s*(gib|gi|gb|g|mib|mi|mb|m)$")
+
+
+def seconds(value: str | None) -> float | None:
+    """A limit in seconds from the environment: absent, empty, '0' or unparsable = off."""
+    try:
+        number = float((value or "").strip())
+    except ValueError:
+        return None
+    return number if number > 0 else None
+
+
+def gib(mib: float) -> str:
+    """`20480` -> '20 GiB', `9728` -> '9.5 GiB', `512` -> '512 MiB'."""
+    if mib < 1024:
+        return f"{mib:.0f} MiB"
+    value = mib / 1024
+    return f"{value:.0f} GiB" if abs(value - round(value)) < 0.05 else f"{value:.1f} GiB"
+
+
+@dataclass(frozen=True)
+class GpuSlice:
+    spec: str  # as the spawner wrote it
+    kind: str  # "fraction" | "memory" | "mig" | "whole" | "unknown"
+    text: str  # '1/4', '10 GiB', 'MIG 1g.10gb', '2', or the spec as is
+
+
+def parse_slice(spec: str | None) -> GpuSlice | None:
+    """The slice in words; None for no GPU. Accepts every form of the `gpu` option."""
+    raw = (spec or "").strip()
+    lower = raw.lower()
+    if lower in NO_GPU:
+        return None
+    if m := _MIG.match(lower):
+        return GpuSlice(raw, "mig", f"MIG {m.group(1)}")
+    if m := _MEMORY.match(lower):
+        amount = float(m.group(1)) * (1 if m.group(2).startswith("m") else 1024)
+        return GpuSlice(raw, "memory", gib(amount))
+    try:
+        value = Fraction(lower)
+    except (ValueError, ZeroDivisionError):
+        return GpuSlice(raw, "unknown", raw)
+    if value <= 0:
+        return None
+    if value.denominator == 1:
+        return GpuSlice(raw, "whole", str(value.numerator))
+    value = value.limit_denominator(64)
+    return GpuSlice(raw, "fraction", f"{value.numerator}/{value.denominator}")
+
+
+def slice_label(
+    gpu: GpuSlice | None, pool: str | None, memory_mib: int | None, device: str | None = None
+) -> str | None:
+    """'1/4 H100 · 20 GiB', 'H100 · 10 GiB', 'A100 MIG 1g.10gb', '2 × H100 · 160 GiB'."""
+    where = pool or device
+    memory = f" · {gib(memory_mib)}" if memory_mib else ""
+    if gpu is None:
+        return f"{where}{memory}" if where else None
+    where = where or "GPU"
+    if gpu.kind == "fraction":
+        return f"{gpu.text} {where}{memory}"
+    if gpu.kind == "memory":
+        return f"{where} · {gpu.text}"
+    if gpu.kind == "mig":
+        return f"{where} {gpu.text}"
+    if gpu.kind == "whole":
+        count = "" if gpu.text == "1" else f"{gpu.text} × "
+        return f"{count}{where}{memory}"
+    return f"{gpu.text} {where}{memory}"
+
+
+@dataclass(frozen=True)
+class IdlePolicy:
+    """The culler's limits for this server (seconds; None = off or not told)."""
+
+    kernel_gpu_idle: float | None = None
+    server_gpu_idle: float | None = None
+    server_idle: float | None = None
+    warn_before: float | None = None  # None: DEFAULT_WARN, at most a third of the limit
+
+    def warning_lead(self, limit: float) -> float:
+        if self.warn_before is not None:
+            return min(self.warn_before, limit)
+        return min(DEFAULT_WARN, limit / 3)
+
+    def as_json(self) -> dict:
+        return {
+            "kernel_gpu_idle": self.kernel_gpu_idle,
+            "server_gpu_idle": self.server_gpu_idle,
+            "server_idle": self.server_idle,
+            "warn_before": self.warn_before,
+        }
+
+
+@dataclass(frozen=True)
+class PodInfo:
+    gpu: GpuSlice | None
+    pool: str | None
+    pool_display: str | None
+    memory_mib: int | None
+    policy: IdlePolicy
+
+    @classmethod
+    def from_environ(cls, env: Mapping[str, str], memory_mib: int | None = None) -> PodInfo:
+        def text(name: str) -> str | None:
+            return (env.get(name) or "").strip() or None
+
+        if memory_mib is None:
+            raw = text(ENV_MEMORY) or ""
+            memory_mib = int(raw) if raw.isdigit() and int(raw) > 0 else None
+        return cls(
+            gpu=parse_slice(env.get(ENV_SLICE)),
+            pool=text(ENV_POOL),
+            pool_display=text(ENV_POOL_DISPLAY),
+            memory_mib=memory_mib,
+            policy=IdlePolicy(
+                kernel_gpu_idle=seconds(env.get(ENV_KERNEL_GPU_IDLE)),
+                server_gpu_idle=seconds(env.get(ENV_SERVER_GPU_IDLE)),
+                server_idle=seconds(env.get(ENV_SERVER_IDLE)),
+                warn_before=(
+                    None if text(ENV_WARN) is None else max(0.0, seconds(env[ENV_WARN]) or 0.0)
+                ),
+            ),
+        )
+
+    def slice_json(self, device: str | None = None) -> dict:
+        return {
+            "spec": self.gpu.spec if self.gpu else None,
+            "kind": self.gpu.kind if self.gpu else None,
+            "text": self.gpu.text if self.gpu else None,
+            "pool": self.pool,
+            "pool_display": self.pool_display,
+            "memory_mib": self.memory_mib,
+            "label": slice_label(self.gpu, self.pool_display or self.pool, self.memory_mib, device),
+        }
+
+
+@dataclass(frozen=True)
+class Deadline:
+    idle_since: datetime
+    cull_at: datetime
+    warn_at: datetime
+    limit: float
+
+    def warns(self, now: datetime) -> bool:
+        return now >= self.warn_at
+
+
+def deadline(policy: IdlePolicy, limit: float | None, idle_since: datetime) -> Deadline | None:
+    if limit is None:
+        return None
+    cull_at = idle_since + timedelta(seconds=limit)
+    return Deadline(
+        idle_since=idle_since,
+        cull_at=cull_at,
+        warn_at=cull_at - timedelta(seconds=policy.warning_lead(limit)),
+        limit=limit,
+    )
+
+
+def kernel_deadline(
+    policy: IdlePolicy,
+    *,
+    gpu_memory_mib: float,
+    activity_known: bool,
+    execution_state: str | None,
+    gpu_idle_since: datetime,
+    last_activity: datetime | None,
+) -> Deadline | None:
+    """When the culler would shut this kernel down (decide_kernel's rules); None = never."""
+    if gpu_memory_mib <= 0 or not activity_known or execution_state == "busy":
+        return None
+    since = max(t for t in (gpu_idle_since, last_activity) if t is not None)
+    return deadline(policy, policy.kernel_gpu_idle, since)
+
+
+def server_deadline(
+    policy: IdlePolicy,
+    *,
+    holds_gpu: bool,
+    gpu_idle_since: datetime,
+    last_activity: datetime | None,
+) -> Deadline | None:
+    """When the culler would stop this GPU server (decide_server's rules); None = never."""
+    if not holds_gpu:
+        return None
+    limit = policy.server_gpu_idle if policy.server_gpu_idle is not None else policy.server_idle
+    since = max(t for t in (gpu_idle_since, last_activity) if t is not None)
+    return deadline(policy, limit, since)

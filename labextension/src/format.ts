@@ -1,0 +1,161 @@
+/**
+ * The words the meter shows: pure functions of the server extension's report and the time.
+ */
+
+/** One coming cull, as `GET /api/fracspawner/gpu` reports it in `warnings`. */
+export interface IGpuWarning {
+  scope: 'kernel' | 'server';
+  kernel_id?: string;
+  gpu_memory_mib: number;
+  idle_since: string;
+  idle_seconds: number;
+  limit_seconds: number;
+  cull_at: string;
+}
+
+/** The parts of the report the meter reads (docs/serverext.md has all of it). */
+export interface IGpuReport {
+  available: boolean;
+  reason?: string;
+  source?: string;
+  poll_interval?: number;
+  devices?: { name: string; memory_total_mib: number }[];
+  slice?: { label: string | null; memory_mib: number | null };
+  gpu_memory_mib?: number;
+  gpu_utilization?: number | null;
+  warnings?: IGpuWarning[];
+}
+
+/** What the status bar item shows. */
+export interface IMeterText {
+  slice: string;
+  memory: string;
+  utilization: string;
+  /** Spoken and shown in the tooltip: the same facts in a sentence. */
+  summary: string;
+  /** 'near' at 90 % of the limit, 'over' beyond it: said in words, not by colour alone. */
+  memoryState: 'ok' | 'near' | 'over';
+}
+
+const MIB_PER_GIB = 1024;
+
+/** `20480` -> '20', `6144` -> '6.0', `9728` -> '9.5' (GiB, the limit without decimals). */
+function gibNumber(mib: number, decimals: number): string {
+  return (mib / MIB_PER_GIB).toFixed(decimals);
+}
+
+/** `9216` -> '9 GiB', `9728` -> '9.5 GiB', `512` -> '512 MiB'. */
+export function formatMemory(mib: number): string {
+  if (mib < MIB_PER_GIB) {
+    return `${Math.round(mib)} MiB`;
+  }
+  const gib = mib / MIB_PER_GIB;
+  const whole = Math.abs(gib - Math.round(gib)) < 0.05;
+  return whole ? `${Math.round(gib)} GiB` : `${gib.toFixed(1)} GiB`;
+}
+
+/** `42` -> '42 s', `1500` -> '25 min', `6300` -> '1 h 45 min' (no-break spaces). */
+export function formatDuration(seconds: number): string {
+  const s = Math.max(0, Math.round(seconds));
+  const nbsp = '\u00a0'; // '3 s' never breaks over two lines
+  if (s < 60) {
+    return `${s}${nbsp}s`;
+  }
+  const minutes = Math.floor(s / 60);
+  if (minutes < 60) {
+    return `${minutes}${nbsp}min`;
+  }
+  const hours = Math.floor(minutes / 60);
+  const rest = minutes % 60;
+  return rest ? `${hours}${nbsp}h ${rest}${nbsp}min` : `${hours}${nbsp}h`;
+}
+
+/** A time of day in the user's locale ('14:05', '2:05 PM'), with the date when not today. */
+export function formatClock(when: Date, now: Date): string {
+  const time = when.toLocaleTimeString(undefined, { hour: '2-digit', minute: '2-digit' });
+  if (when.toDateString() === now.toDateString()) {
+    return time;
+  }
+  return `${when.toLocaleDateString(undefined, { month: 'short', day: 'numeric' })} ${time}`;
+}
+
+/** The meter's text, or null when there is nothing to show (no GPU: no meter). */
+export function meterText(report: IGpuReport): IMeterText | null {
+  if (!report.available) {
+    return null;
+  }
+  const devices = report.devices ?? [];
+  const total = devices.reduce((sum, d) => sum + d.memory_total_mib, 0);
+  const limit = report.slice?.memory_mib || total || null;
+  const used = report.gpu_memory_mib ?? 0;
+  const label = report.slice?.label || devices[0]?.name || 'GPU';
+
+  let memory = `Mem ${gibNumber(used, 1)} GiB`;
+  let memoryWords = `${formatMemory(used)} of GPU memory in use`;
+  let memoryState: IMeterText['memoryState'] = 'ok';
+  if (limit) {
+    memory = `Mem ${gibNumber(used, 1)} / ${formatMemory(limit)}`;
+    memoryWords = `${formatMemory(used)} of ${formatMemory(limit)} GPU memory in use`;
+    if (used > limit) {
+      memoryState = 'over';
+      memory += ' (over limit)';
+    } else if (used >= 0.9 * limit) {
+      memoryState = 'near';
+      memory += ' (near limit)';
+    }
+  }
+
+  const util = report.gpu_utilization;
+  const known = util !== null && util !== undefined;
+  const utilization = known ? `Util ${Math.round(util)}%` : 'Util n/a';
+  const utilWords = known
+    ? `utilisation ${Math.round(util)}%`
+    : 'utilisation cannot be read here (MIG instances do not report it)';
+  const simulated = report.source === 'simulated' ? ' (simulated GPU readings)' : '';
+  return {
+    slice: `GPU ${label}`,
+    memory,
+    utilization,
+    summary: `GPU slice ${label}: ${memoryWords}, ${utilWords}${simulated}.`,
+    memoryState
+  };
+}
+
+/** The short status bar text for the most urgent warning ('⚠ idle kernel ...'). */
+export function warningShort(w: IGpuWarning, name: string | null, now: Date): string {
+  const at = formatClock(new Date(w.cull_at), now);
+  if (w.scope === 'server') {
+    return `Idle server stops at ${at}`;
+  }
+  return `Idle kernel${name ? ` (${name})` : ''} shut down at ${at}`;
+}
+
+/**
+ * The warning in a sentence, e.g. "train.ipynb: this kernel holds 9 GiB of GPU memory and has
+ * been GPU-idle 25 min; it will be shut down at 14:05 unless used." (at most 140 characters:
+ * JupyterLab cuts notifications there).
+ */
+export function warningSentence(w: IGpuWarning, name: string | null, now: Date): string {
+  const cullAt = new Date(w.cull_at);
+  const when =
+    cullAt.getTime() <= now.getTime() ? 'any moment now' : `at ${formatClock(cullAt, now)}`;
+  const idle = formatDuration(w.idle_seconds);
+  const memory = formatMemory(w.gpu_memory_mib);
+  if (w.scope === 'server') {
+    const holds = w.gpu_memory_mib > 0 ? `holds ${memory} of GPU memory and ` : '';
+    return (
+      `This server ${holds}has been idle ${idle}; ` +
+      `it will be stopped ${when} unless used. Your files stay.`
+    );
+  }
+  const who = name ? `${name}: this kernel` : 'A kernel';
+  return (
+    `${who} holds ${memory} of GPU memory and has been GPU-idle ${idle}; ` +
+    `it will be shut down ${when} unless used.`
+  );
+}
+
+/** A stable key per coming cull: a new deadline is a new warning. */
+export function warningKey(w: IGpuWarning): string {
+  return `${w.scope}:${w.kernel_id ?? ''}:${w.cull_at}`;
+}

@@ -1,0 +1,303 @@
+"""The GPU meter in a real JupyterLab: the prebuilt labextension, the server extension, a browser.
+
+A real jupyter-server with JupyterLab and fracspawner's server extension, started standalone
+(no hub) with the pod's environment as FracSpawner will set it (slice, pool, idle policy), real
+ipykernel kernels, and Debian's Chromium under Playwright. GPU readings come from the
+**simulated** GPU source (`sim:` file, fracspawner/serverext/sources.py): this machine has no
+GPU. The labextension is the one `make setup` built and put in the venv, loaded as any
+prebuilt extension is. Refreshes docs/_static/lab-meter-*.png.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+import uuid
+from datetime import datetime
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.browser_helpers import SCREENSHOTS, chromium
+
+pytestmark = [pytest.mark.browser, pytest.mark.slow]
+
+REPO = Path(__file__).resolve().parent.parent
+LABEXT = Path(sys.prefix) / "share" / "jupyter" / "labextensions" / "fracspawner-gpu-meter"
+KERNEL_GPU_IDLE = 1800  # the policy: an idle kernel holding GPU memory goes after 30 min
+# warn this long before: all but 2 s of it, so the warning shows 2 s after the GPU goes idle
+WARN_BEFORE = KERNEL_GPU_IDLE - 2
+POD_ENV = {
+    "FRACSPAWNER_GPU_SLICE": "1/4",
+    "FRACSPAWNER_GPU_POOL": "h100",
+    "FRACSPAWNER_GPU_POOL_DISPLAY": "H100",
+    "FRACSPAWNER_GPU_MEMORY_MIB": "20480",
+    "FRACSPAWNER_KERNEL_GPU_IDLE_SECONDS": str(KERNEL_GPU_IDLE),
+    "FRACSPAWNER_SERVER_GPU_IDLE_SECONDS": "7200",
+    "FRACSPAWNER_GPU_IDLE_WARN_SECONDS": str(WARN_BEFORE),
+}
+H100 = {"name": "NVIDIA H100 80GB HBM3", "memory_total_mib": 81920}
+VIEWPORT = {"width": 1100, "height": 640}
+STATUS_BAR_SHOT = 230  # px at the bottom of the window: the status bar and the toasts above it
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def wait_for(check, timeout: float = 20, what: str = "condition") -> Any:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        result = check()
+        if result:
+            return result
+        time.sleep(0.2)
+    raise TimeoutError(f"timed out waiting for {what}")
+
+
+class LabServer:
+    """`jupyter server` with JupyterLab and fracspawner's extension, a simulated GPU, a pod env."""
+
+    def __init__(self, tmp: Path) -> None:
+        self.tmp = tmp
+        self.gpu_file = tmp / "gpu.json"
+        self.set_gpu({})
+        self.token = uuid.uuid4().hex
+        self.url = f"http://127.0.0.1:{free_port()}"
+        config = tmp / "config"
+        config.mkdir()
+        (config / "jupyter_server_config.json").write_text(
+            json.dumps({"GpuMonitor": {"poll_interval": 0.2, "unavailable_retry": 0.2}})
+        )
+        self.settings = tmp / "lab-settings"
+        # no "receive Jupyter news?" toast: it would sit among the meter's warnings
+        self.set_setting("notification", {"fetchNews": "false", "checkForUpdates": False})
+        self.set_theme("JupyterLab Light")
+        env = {
+            **os.environ,
+            **POD_ENV,
+            "FRACSPAWNER_GPU_SOURCE": f"sim:{self.gpu_file}",
+            "JUPYTER_CONFIG_DIR": str(config),
+            "JUPYTER_CONFIG_PATH": str(REPO / "jupyter-config"),
+            "JUPYTER_RUNTIME_DIR": str(tmp / "runtime"),
+            "JUPYTER_DATA_DIR": str(tmp / "data"),
+            "JUPYTERLAB_SETTINGS_DIR": str(self.settings),
+            "JUPYTERLAB_WORKSPACES_DIR": str(tmp / "workspaces"),
+        }
+        self.log = open(tmp / "server.log", "wb")  # noqa: SIM115
+        self.process = subprocess.Popen(
+            [
+                sys.executable, "-m", "jupyter_server", "--allow-root", "--no-browser",
+                "--ServerApp.ip=127.0.0.1", f"--ServerApp.port={self.url.rsplit(':', 1)[1]}",
+                "--ServerApp.port_retries=0", f"--IdentityProvider.token={self.token}",
+                f"--ServerApp.root_dir={tmp}",
+            ],
+            env=env, stdout=self.log, stderr=subprocess.STDOUT, start_new_session=True,
+        )  # fmt: skip
+        wait_for(self._up, 60, "jupyter server")
+
+    def _up(self) -> bool:
+        if self.process.poll() is not None:
+            raise RuntimeError(f"jupyter server exited:\n{self.logs()}")
+        try:
+            return self.api("GET", "/api/status")[0] == 200
+        except OSError:
+            return False
+
+    def api(self, method: str, path: str, body: Any = None) -> tuple[int, Any]:
+        data = None if body is None else json.dumps(body).encode()
+        request = urllib.request.Request(self.url + path, data=data, method=method)
+        request.add_header("Authorization", f"token {self.token}")
+        try:
+            with urllib.request.urlopen(request, timeout=30) as response:
+                raw, status = response.read(), response.status
+        except urllib.error.HTTPError as exc:
+            raw, status = exc.read(), exc.code
+        return status, json.loads(raw) if raw else None
+
+    def gpu(self) -> dict:
+        status, body = self.api("GET", "/api/fracspawner/gpu")
+        assert status == 200, body
+        return body
+
+    def set_gpu(self, data: dict) -> None:
+        tmp = self.gpu_file.with_suffix(".tmp")
+        tmp.write_text(json.dumps(data))
+        tmp.replace(self.gpu_file)  # atomic: the monitor never reads half a file
+
+    def set_setting(self, plugin: str, values: dict) -> None:
+        path = self.settings / "@jupyterlab" / "apputils-extension"
+        path = path / f"{plugin}.jupyterlab-settings"
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(json.dumps(values))
+
+    def set_theme(self, theme: str) -> None:
+        self.set_setting("themes", {"theme": theme})
+
+    def logs(self) -> str:
+        return (self.tmp / "server.log").read_text(errors="replace")[-4000:]
+
+    def stop(self) -> None:
+        if self.process.poll() is None:
+            self.process.send_signal(signal.SIGTERM)  # shuts its kernels down too
+            try:
+                self.process.wait(20)
+            except subprocess.TimeoutExpired:
+                os.killpg(self.process.pid, signal.SIGKILL)
+                self.process.wait(5)
+        self.log.close()
+
+
+@pytest.fixture(scope="module")
+def lab(tmp_path_factory):
+    if not (LABEXT / "package.json").exists():
+        pytest.fail(f"the GPU meter is not built into {LABEXT}: run `make setup`")
+    server = LabServer(tmp_path_factory.mktemp("lab"))
+    try:
+        yield server
+    finally:
+        server.stop()
+        print("---- jupyter server log (tail) ----\n" + server.logs())
+
+
+def open_lab(browser: Any, lab: LabServer) -> Any:
+    """JupyterLab in a fresh page (UTC, 24-hour clock) recording console errors."""
+    context = browser.new_context(viewport=VIEWPORT, locale="en-GB", timezone_id="UTC")
+    page = context.new_page()
+    page.errors = []
+    page.on("pageerror", lambda error: page.errors.append(f"pageerror: {error}"))
+    page.on(
+        "console",
+        lambda msg: (
+            page.errors.append(f"console.{msg.type}: {msg.text}") if msg.type == "error" else None
+        ),
+    )
+    page.goto(f"{lab.url}/lab?token={lab.token}")
+    page.wait_for_selector("#jp-main-statusbar", timeout=60_000)
+    return page
+
+
+def hhmm(iso: str) -> str:
+    """The time as the meter shows it to this browser (en-GB, UTC)."""
+    return datetime.fromisoformat(iso.replace("Z", "+00:00")).strftime("%H:%M")
+
+
+def shot(page: Any, name: str) -> None:
+    """The bottom of the window, once the toasts have slid in."""
+    page.wait_for_function(
+        "() => [...document.querySelectorAll('.Toastify__toast')].every("
+        "t => t.getAnimations({subtree: true}).every(a => a.playState !== 'running'))"
+    )
+    clip = {
+        "x": 0,
+        "y": VIEWPORT["height"] - STATUS_BAR_SHOT,
+        "width": VIEWPORT["width"],
+        "height": STATUS_BAR_SHOT,
+    }
+    page.screenshot(path=str(SCREENSHOTS / name), clip=clip)
+
+
+def test_meter_shows_the_slice_memory_and_utilisation_then_warns_before_the_culler(lab):
+    status, session = lab.api(
+        "POST",
+        "/api/sessions",
+        {"path": "train.ipynb", "type": "notebook", "name": "", "kernel": {"name": "python3"}},
+    )
+    assert status == 201, session
+    kernel = session["kernel"]["id"]
+    lab.set_gpu({"devices": [H100], "kernels": {kernel: {"memory_mib": 6144, "utilization": 85}}})
+    wait_for(lambda: lab.gpu()["gpu_memory_mib"] == 6144, what="a busy kernel on the GPU")
+    report = lab.gpu()
+    assert report["slice"]["label"] == "1/4 H100 · 20 GiB"
+    assert report["policy"]["kernel_gpu_idle"] == KERNEL_GPU_IDLE
+    assert report["warnings"] == []  # busy: the culler has nothing to do
+
+    with chromium() as browser:
+        page = open_lab(browser, lab)
+        meter = page.locator(".fs-GpuMeter")
+        meter.wait_for(state="visible", timeout=30_000)
+        page.wait_for_function(
+            "() => document.querySelector('.fs-GpuMeter-util')?.textContent === 'Util 85%'"
+        )
+        assert page.locator(".fs-GpuMeter-slice").inner_text() == "GPU 1/4 H100 · 20 GiB"
+        assert page.locator(".fs-GpuMeter-memory").inner_text() == "Mem 6.0 / 20 GiB"
+        assert page.locator(".fs-GpuMeter-util").inner_text() == "Util 85%"
+        assert "(simulated GPU readings)" in meter.get_attribute("title")
+        assert page.locator(".fs-GpuMeter-warning").is_hidden()
+        shot(page, "lab-meter-light.png")
+
+        # the kernel stops using the GPU but keeps 9 GiB: the warning comes, with the time
+        idle = {"memory_mib": 9216, "utilization": 0}
+        lab.set_gpu({"devices": [H100], "kernels": {kernel: idle}})
+        warning = wait_for(lambda: lab.gpu()["warnings"], what="the idle kernel's warning")[0]
+        assert warning["scope"] == "kernel" and warning["kernel_id"] == kernel
+        at = hhmm(warning["cull_at"])
+        badge = page.locator(".fs-GpuMeter-warning")
+        badge.wait_for(state="visible", timeout=15_000)
+        assert badge.inner_text() == f"⚠ Idle kernel (train.ipynb) shut down at {at}"
+        assert badge.get_attribute("aria-live") == "polite"
+        assert page.locator(".fs-GpuMeter-memory").inner_text() == "Mem 9.0 / 20 GiB"
+        assert page.locator(".fs-GpuMeter-util").inner_text() == "Util 0%"
+        toast = page.locator(".Toastify__toast", has_text="this kernel holds")
+        toast.wait_for(state="visible", timeout=15_000)
+        sentence = re.sub(r"\s+", " ", toast.inner_text())
+        assert re.search(
+            r"train\.ipynb: this kernel holds 9 GiB of GPU memory and has been GPU-idle \d+ s; "
+            rf"it will be shut down at {at} unless used\.",
+            sentence,
+        ), sentence
+        shot(page, "lab-meter-warning-light.png")
+
+        # the same in the dark theme
+        lab.set_theme("JupyterLab Dark")
+        page.reload()
+        page.wait_for_selector(
+            "body[data-jp-theme-light='false']", state="attached", timeout=60_000
+        )
+        page.locator(".fs-GpuMeter-warning").wait_for(state="visible", timeout=15_000)
+        page.locator(".Toastify__toast", has_text="this kernel holds").wait_for(timeout=15_000)
+        shot(page, "lab-meter-dark.png")
+
+        # "Shut down now" gives the GPU memory back at once; the warning goes with the kernel
+        page.locator(".Toastify__toast", has_text="this kernel holds").get_by_role(
+            "button", name="Shut down now"
+        ).click()
+        wait_for(lambda: not lab.api("GET", "/api/kernels")[1], what="the kernel shut down")
+        page.locator(".fs-GpuMeter-warning").wait_for(state="hidden", timeout=15_000)
+        assert page.errors == [], page.errors
+        page.context.close()
+    lab.set_theme("JupyterLab Light")
+
+
+def test_no_gpu_no_meter_and_no_console_errors(lab):
+    lab.set_gpu({"devices": [H100]})
+    wait_for(lambda: lab.gpu()["available"], what="a GPU")
+    with chromium() as browser:
+        page = open_lab(browser, lab)
+        page.locator(".fs-GpuMeter").wait_for(state="visible", timeout=30_000)
+        # the GPU goes away (a driver gone, a node without one): the meter goes quietly
+        lab.set_gpu({"unavailable": "no NVIDIA driver on this node"})
+        page.locator(".fs-GpuMeter").wait_for(state="hidden", timeout=15_000)
+        assert page.errors == [], page.errors
+
+        # a fresh JupyterLab on a server without a GPU: it asks once, then shows nothing
+        with page.expect_response(lambda r: "/api/fracspawner/gpu" in r.url) as response:
+            page.reload()
+            page.wait_for_selector("#jp-main-statusbar", timeout=60_000)
+        assert response.value.json()["available"] is False
+        page.wait_for_timeout(500)  # let the answer be applied: nothing may appear
+        assert page.locator(".fs-GpuMeter").is_hidden()
+        assert page.locator("#jp-main-statusbar").is_visible()
+        assert page.errors == [], page.errors
+        page.context.close()
