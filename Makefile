@@ -60,8 +60,16 @@ $(STAMPS)/labextension: $(LABEXT_SOURCES) $(LABEXT)/node_modules/.package-lock.j
 
 labextension: $(STAMPS)/labextension
 
+# checkov (tests/test_chart.py scans the rendered Helm chart with it) pins packaging<24, which
+# the test environment cannot have (pytest needs packaging>=24): it gets a venv of its own.
+CHECKOV_VENV := .venv-checkov
+$(CHECKOV_VENV)/bin/checkov:
+	$(PY) -m venv $(CHECKOV_VENV)
+	$(CHECKOV_VENV)/bin/pip install -q --upgrade pip
+	$(CHECKOV_VENV)/bin/pip install -q 'checkov==3.3.30'
+
 setup: $(STAMPS)/venv node_modules/.bin/configurable-http-proxy $(STAMPS)/system-deps \
-	$(STAMPS)/labextension
+	$(STAMPS)/labextension $(CHECKOV_VENV)/bin/checkov
 
 system-deps: $(STAMPS)/system-deps
 
@@ -83,5 +91,5 @@ docs: $(STAMPS)/venv
 	$(BIN)/sphinx-build -W --keep-going -b html docs docs/_build/html
 
 clean:
-	rm -rf $(VENV) node_modules $(STAMPS) docs/_build .devcluster .demo \
+	rm -rf $(VENV) $(CHECKOV_VENV) node_modules $(STAMPS) docs/_build .devcluster .demo \
 		$(LABEXT)/node_modules $(LABEXT)/lib $(LABEXT)/prebuilt $(LABEXT)/tsconfig.tsbuildinfo

