@@ -1,11 +1,16 @@
 """The GPU meter in a real JupyterLab: the prebuilt labextension, the server extension, a browser.
 
-A real jupyter-server with JupyterLab and fracspawner's server extension, started standalone
-(no hub) with the pod's environment as FracSpawner will set it (slice, pool, idle policy), real
-ipykernel kernels, and Debian's Chromium under Playwright. GPU readings come from the
-**simulated** GPU source (`sim:` file, fracspawner/serverext/sources.py): this machine has no
-GPU. The labextension is the one `make setup` built and put in the venv, loaded as any
-prebuilt extension is. Refreshes docs/_static/lab-meter-*.png.
+GPU readings come from the **simulated** GPU source (a `sim:` file,
+fracspawner/serverext/sources.py): this machine has no GPU. Everything else is real: the
+labextension `make setup` built and put in the venv, loaded as any prebuilt extension is,
+jupyter-server with JupyterLab and fracspawner's server extension, ipykernel kernels, and
+Debian's Chromium under Playwright.
+
+- Standalone (no hub): a jupyter-server started with the pod's environment as FracSpawner sets it
+  (slice, pool, idle policy): the meter, the warning before the culler, the dark theme, no GPU.
+  Refreshes docs/_static/lab-meter-*.png.
+- Through the hub: JupyterLab of a server FracSpawner spawned on the devcluster, reached through
+  the hub's login and proxy, shows the slice the pod's environment names.
 """
 
 from __future__ import annotations
@@ -27,7 +32,8 @@ from typing import Any
 
 import pytest
 
-from tests.browser_helpers import SCREENSHOTS, chromium
+from tests.browser_helpers import SCREENSHOTS, chromium, login, new_page
+from tests.e2e_helpers import env_of, spawn, stop, the_pod
 
 pytestmark = [pytest.mark.browser, pytest.mark.slow]
 
@@ -48,6 +54,19 @@ POD_ENV = {
 H100 = {"name": "NVIDIA H100 80GB HBM3", "memory_total_mib": 81920}
 VIEWPORT = {"width": 1100, "height": 640}
 STATUS_BAR_SHOT = 230  # px at the bottom of the window: the status bar and the toasts above it
+NO_NEWS = {"fetchNews": "false", "checkForUpdates": False}  # no "receive Jupyter news?" toast
+
+# The hub test: the hub runs in its state dir; the simulated GPU file, the servers' jupyter config
+# (read the GPU five times a second) and JupyterLab settings live there. FracSpawner keeps this
+# admin environment in every pod it plans, next to what it sets itself.
+HUB_EXTRA_CONFIG = """
+import os as _os
+c.KubeSpawner.environment = {
+    "FRACSPAWNER_GPU_SOURCE": "sim:" + _os.path.join(_os.getcwd(), "gpu.json"),
+    "JUPYTER_CONFIG_PATH": _os.path.join(_os.getcwd(), "server-config"),
+    "JUPYTERLAB_SETTINGS_DIR": _os.path.join(_os.getcwd(), "lab-settings"),
+}
+"""
 
 
 def free_port() -> int:
@@ -82,7 +101,7 @@ class LabServer:
         )
         self.settings = tmp / "lab-settings"
         # no "receive Jupyter news?" toast: it would sit among the meter's warnings
-        self.set_setting("notification", {"fetchNews": "false", "checkForUpdates": False})
+        self.set_setting("notification", NO_NEWS)
         self.set_theme("JupyterLab Light")
         env = {
             **os.environ,
@@ -301,3 +320,60 @@ def test_no_gpu_no_meter_and_no_console_errors(lab):
         assert page.locator("#jp-main-statusbar").is_visible()
         assert page.errors == [], page.errors
         page.context.close()
+
+
+@pytest.mark.e2e
+def test_meter_in_jupyterlab_spawned_by_the_hub(hub, devcluster):
+    """FracSpawner spawns a 1/4 H100 on the devcluster; its JupyterLab, through the hub's login
+    and proxy, shows the slice the pod's environment names and the kernel's GPU use."""
+    state = hub.state_dir
+    (state / "server-config").mkdir(exist_ok=True)
+    (state / "server-config" / "jupyter_server_config.json").write_text(
+        json.dumps({"GpuMonitor": {"poll_interval": 0.2, "unavailable_retry": 0.2}})
+    )
+    settings = state / "lab-settings" / "@jupyterlab" / "apputils-extension"
+    settings.mkdir(parents=True, exist_ok=True)
+    (settings / "notification.jupyterlab-settings").write_text(json.dumps(NO_NEWS))
+    gpu_file = state / "gpu.json"
+    gpu_file.write_text(json.dumps({"devices": [H100]}))
+
+    status, body = spawn(hub, "lena", {"gpu": "1/4", "pool": "h100"})
+    assert status in (201, 202), body
+    try:
+        hub.wait_ready("lena")
+        env = env_of(the_pod(devcluster, "lena"))
+        assert env["FRACSPAWNER_GPU_MEMORY_MIB"] == "20480"
+        # the label follows whatever FracSpawner put in the pod (FRACSPAWNER_GPU_SLICE, ...)
+        from fracspawner.serverext.podinfo import PodInfo
+
+        label = PodInfo.from_environ(env).slice_json(device=H100["name"])["label"]
+        with chromium() as browser:
+            page = new_page(browser)
+            page.errors = []
+            page.on("console", lambda m: m.type == "error" and page.errors.append(m.text))
+            login(page, hub.url, "lena")
+            page.goto(f"{hub.url}/user/lena/lab")
+            page.locator(".fs-GpuMeter").wait_for(state="visible", timeout=60_000)
+            assert page.locator(".fs-GpuMeter-slice").inner_text() == f"GPU {label}"
+            assert page.locator(".fs-GpuMeter-memory").inner_text() == "Mem 0.0 / 20 GiB"
+
+            # the user opens a notebook; its kernel takes 6 GiB and computes
+            page.locator('.jp-LauncherCard[data-category="Notebook"]').first.click()
+            report_url = f"{hub.url}/user/lena/api/fracspawner/gpu"
+
+            def kernel_id() -> str | None:
+                kernels = page.request.get(report_url).json().get("kernels") or []
+                return kernels[0]["id"] if kernels else None
+
+            kernel = wait_for(kernel_id, 60, "the notebook's kernel")
+            busy = {"memory_mib": 6144, "utilization": 40}
+            gpu_file.write_text(json.dumps({"devices": [H100], "kernels": {kernel: busy}}))
+            page.wait_for_function(
+                "() => document.querySelector('.fs-GpuMeter-util')?.textContent === 'Util 40%'",
+                timeout=20_000,
+            )
+            assert page.locator(".fs-GpuMeter-memory").inner_text() == "Mem 6.0 / 20 GiB"
+            assert page.errors == [], page.errors
+            page.context.close()
+    finally:
+        stop(hub, "lena", cluster=devcluster)
