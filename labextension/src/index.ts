@@ -35,7 +35,7 @@ const MIN_INTERVAL = 1;
 const MAX_INTERVAL = 10;
 /** Without a GPU, look again this rarely (a driver may come back; it rarely does). */
 const IDLE_INTERVAL = 60;
-const NAME_MAX = 40;
+const NAME_MAX = 20; // notifications are cut at 140 characters: the sentence needs ~120
 
 /** The status bar item: three short texts, a warning, and a polite live region. */
 class GpuMeter extends Widget {
