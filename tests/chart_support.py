@@ -137,6 +137,128 @@ def tool(name: str, *venvs: str) -> str | None:
     return shutil.which(name)
 
 
+def free_port() -> int:
+    import socket
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+class Container:
+    """A rendered Deployment's container run as a local process, as the kubelet would run it:
+    its command and env (Secret keys and field refs resolved from `secrets`/`fields`), its
+    ConfigMap and Secret volumes written under a directory and their mount paths rewritten in
+    the command line. `probe()` performs its readiness probe on 127.0.0.1."""
+
+    def __init__(
+        self,
+        deployment: Mapping[str, Any],
+        objs: list[dict],
+        workdir: Path,
+        *,
+        secrets: Mapping[tuple[str, str], str] | None = None,
+        fields: Mapping[str, str] | None = None,
+        env: Mapping[str, str] | None = None,
+    ) -> None:
+        import subprocess
+
+        spec = deployment["spec"]["template"]["spec"]
+        self.container = spec["containers"][0]
+        mounts = {m["name"]: m["mountPath"] for m in self.container.get("volumeMounts", [])}
+        rewrite: dict[str, str] = {}
+        for volume in spec.get("volumes", []):
+            if volume["name"] not in mounts:
+                continue
+            local = workdir / volume["name"]
+            local.mkdir(parents=True, exist_ok=True)
+            if "configMap" in volume:
+                source = _named(objs, "ConfigMap", volume["configMap"]["name"])["data"]
+                files = {k: v.encode() for k, v in source.items()}
+            elif "secret" in volume:
+                import base64
+
+                source = _named(objs, "Secret", volume["secret"]["secretName"])["data"]
+                files = {k: base64.b64decode(v) for k, v in source.items()}
+            else:  # emptyDir
+                files = {}
+            for name, data in files.items():
+                (local / name).write_bytes(data)
+            rewrite[mounts[volume["name"]]] = str(local)
+        self.files = rewrite
+
+        import re
+
+        mounts_re = re.compile(
+            "|".join(re.escape(m + "/") for m in sorted(rewrite, key=len, reverse=True))
+        )
+
+        def local_path(arg: str) -> str:  # one pass: a rewritten path is not rewritten again
+            return mounts_re.sub(lambda m: rewrite[m.group(0)[:-1]] + "/", arg)
+
+        command = [local_path(a) for a in self.container["command"]]
+        exe = tool(command[0])
+        assert exe, command[0]
+        environ = {"PATH": os.environ["PATH"], "HOME": str(workdir)}
+        for item in self.container.get("env", []):
+            if "value" in item:
+                environ[item["name"]] = item["value"]
+                continue
+            source = item["valueFrom"]
+            if "secretKeyRef" in source:
+                ref = source["secretKeyRef"]
+                environ[item["name"]] = (secrets or {})[(ref["name"], ref["key"])]
+            else:
+                environ[item["name"]] = (fields or {})[source["fieldRef"]["fieldPath"]]
+        environ.update(env or {})
+        self.log = open(workdir / "container.log", "w")  # noqa: SIM115 - closed in stop()
+        self.process = subprocess.Popen(
+            [exe, *command[1:]], env=environ, stdout=self.log, stderr=subprocess.STDOUT,
+            cwd=workdir,
+        )  # fmt: skip
+        self.workdir = workdir
+
+    def port(self, name: str) -> int:
+        return next(p["containerPort"] for p in self.container["ports"] if p["name"] == name)
+
+    def probe(self, kind: str = "readinessProbe", timeout: float = 30, **urlopen: Any) -> Any:
+        """Wait until the probe answers 2xx (a deadline, not a timing assertion)."""
+        import time
+        import urllib.request
+
+        get = self.container[kind]["httpGet"]
+        port = get["port"] if isinstance(get["port"], int) else self.port(get["port"])
+        url = f"{get.get('scheme', 'HTTP').lower()}://127.0.0.1:{port}{get['path']}"
+        deadline = time.monotonic() + timeout
+        while True:
+            assert self.process.poll() is None, self.output()
+            try:
+                with urllib.request.urlopen(url, timeout=5, **urlopen) as resp:
+                    return resp.status, resp.read()
+            except OSError:
+                if time.monotonic() > deadline:
+                    raise AssertionError(f"{url} never answered:\n{self.output()}") from None
+                time.sleep(0.1)
+
+    def output(self) -> str:
+        self.log.flush()
+        return (self.workdir / "container.log").read_text()[-4000:]
+
+    def stop(self) -> None:
+        if self.process.poll() is None:
+            self.process.terminate()
+            try:
+                self.process.wait(10)
+            except Exception:
+                self.process.kill()
+                self.process.wait(5)
+        self.log.close()
+
+
+def _named(objs: list[dict], kind: str, name: str) -> dict:
+    return next(o for o in objs if o["kind"] == kind and o["metadata"]["name"] == name)
+
+
 def main(argv: list[str]) -> int:
     if argv != ["--write-schema"]:
         print("usage: python -m tests.chart_support --write-schema", file=sys.stderr)

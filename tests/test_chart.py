@@ -33,8 +33,10 @@ from tests.chart_support import (
     RELEASE,
     REPO,
     VALUES_SCHEMA,
+    Container,
     by_kind,
     expected_values_schema,
+    free_port,
     objects,
     one,
     pod_specs,
@@ -397,6 +399,51 @@ def test_the_service_runs_the_real_command_line(rendered_objects):
     from fracspawner.cli import COMMANDS
 
     assert {"service", "culler"} <= set(COMMANDS)
+
+
+def test_the_rendered_service_and_culler_run_and_pass_their_probes(devcluster, tmp_path):
+    """Each Deployment's container, run as the kubelet would run it (its command, env, catalog
+    volume), starts and answers its readiness probe: the service watching the devcluster as
+    its in-cluster config would, the culler serving /metrics while no hub answers yet."""
+    values = {
+        "catalog": DEMO_CATALOG,
+        "service": {"port": free_port()},
+        "culler": {"metricsPort": free_port(), "cullEvery": 3600},
+        "jupyterhub": {"apiUrl": f"http://127.0.0.1:{free_port()}/hub/api"},
+    }
+    objs = objects(render(values))
+    tokens = {
+        ("hub", "hub.services.fracspawner.apiToken"): "service-token",
+        ("hub", "hub.services.fracspawner-culler.apiToken"): "culler-token",
+    }
+    running = []
+    try:
+        for component in ("service", "culler"):
+            deployment = one(objs, "Deployment", component)
+            container = Container(
+                deployment,
+                objs,
+                tmp_path / component,
+                secrets=tokens,
+                fields={"metadata.namespace": NAMESPACE},
+                # in a pod kubespawner's load_config finds the service account; here the
+                # devcluster's kubeconfig stands in for it
+                env={"KUBECONFIG": str(devcluster.kubeconfig)},
+            )
+            running.append(container)
+        service, culler = running
+        status, body = service.probe()
+        assert status == 200 and json.loads(body) == {"status": "ok"}
+        assert service.probe("livenessProbe")[0] == 200
+        status, body = culler.probe()
+        assert status == 200 and b"fracspawner_culler" in body
+        # the catalog the culler read is the chart's ConfigMap
+        assert "--catalog=" + str(tmp_path / "culler" / "catalog" / "catalog.yaml") in (
+            " ".join(culler.process.args)
+        )
+    finally:
+        for container in running:
+            container.stop()
 
 
 # ------------------------------------------------------------------ RBAC
