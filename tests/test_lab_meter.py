@@ -342,10 +342,12 @@ def test_meter_in_jupyterlab_spawned_by_the_hub(hub, devcluster):
     try:
         hub.wait_ready("lena")
         env = env_of(the_pod(devcluster, "lena"))
-        assert env["FRACSPAWNER_GPU_MEMORY_MIB"] == "20480"
-        # the label follows whatever FracSpawner put in the pod (FRACSPAWNER_GPU_SLICE, ...)
-        from fracspawner.serverext.podinfo import PodInfo
+        # the label and the limit follow whatever FracSpawner put in the pod
+        # (FRACSPAWNER_GPU_MEMORY_MIB, FRACSPAWNER_GPU_SLICE, ...)
+        from fracspawner.serverext.podinfo import PodInfo, gib
 
+        limit = gib(int(env["FRACSPAWNER_GPU_MEMORY_MIB"]))  # a quarter of an H100's memory
+        assert limit in ("20 GiB", "19.9 GiB"), limit
         label = PodInfo.from_environ(env).slice_json(device=H100["name"])["label"]
         with chromium() as browser:
             page = new_page(browser)
@@ -355,7 +357,7 @@ def test_meter_in_jupyterlab_spawned_by_the_hub(hub, devcluster):
             page.goto(f"{hub.url}/user/lena/lab")
             page.locator(".fs-GpuMeter").wait_for(state="visible", timeout=60_000)
             assert page.locator(".fs-GpuMeter-slice").inner_text() == f"GPU {label}"
-            assert page.locator(".fs-GpuMeter-memory").inner_text() == "Mem 0.0 / 20 GiB"
+            assert page.locator(".fs-GpuMeter-memory").inner_text() == f"Mem 0.0 / {limit}"
 
             # the user opens a notebook; its kernel takes 6 GiB and computes
             page.locator('.jp-LauncherCard[data-category="Notebook"]').first.click()
@@ -372,7 +374,7 @@ def test_meter_in_jupyterlab_spawned_by_the_hub(hub, devcluster):
                 "() => document.querySelector('.fs-GpuMeter-util')?.textContent === 'Util 40%'",
                 timeout=20_000,
             )
-            assert page.locator(".fs-GpuMeter-memory").inner_text() == "Mem 6.0 / 20 GiB"
+            assert page.locator(".fs-GpuMeter-memory").inner_text() == f"Mem 6.0 / {limit}"
             assert page.errors == [], page.errors
             page.context.close()
     finally:
