@@ -24,8 +24,9 @@ LAYERS: dict[str, set[str]] = {
     "choice": {"model", "k8s", "backends", "capacity"},
     "hub": {"model", "k8s", "backends", "capacity", "choice"},
     "culler": {"model", "k8s", "backends", "capacity", "choice"},
+    "kubeflow": {"model", "k8s", "backends", "capacity", "choice"},
     "serverext": set(),
-    "cli": {"model", "k8s", "backends", "capacity", "choice", "hub", "culler"},
+    "cli": {"model", "k8s", "backends", "capacity", "choice", "hub", "culler", "kubeflow"},
 }
 #: third-party imports a layer must never make (it would drag the hub stack along)
 FORBIDDEN: dict[str, tuple[str, ...]] = {
@@ -33,6 +34,7 @@ FORBIDDEN: dict[str, tuple[str, ...]] = {
     "k8s": ("jupyterhub", "kubespawner", "kubernetes_asyncio", "tornado"),
     "backends": ("jupyterhub", "kubespawner", "kubernetes_asyncio", "tornado", "traitlets"),
     "choice": ("jupyterhub", "kubespawner", "kubernetes_asyncio", "tornado"),
+    "kubeflow": ("jupyterhub", "kubespawner"),
     "serverext": ("jupyterhub", "kubespawner", "kubernetes", "kubernetes_asyncio"),
 }
 

@@ -20,6 +20,11 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "capacity": ("fracspawner.cli.capacity", "free/total per pool and offer from a kube context"),
     "service": ("fracspawner.hub.service", "the hub service serving the picker's live offers"),
     "culler": ("fracspawner.culler.__main__", "the GPU-aware idle culler service"),
+    "kubeflow": (
+        "fracspawner.kubeflow.cli",
+        "kubeflow export: PodDefaults, WorkspaceKind patch, webhook configuration",
+    ),
+    "webhook": ("fracspawner.kubeflow.webhook", "the Kubeflow admission webhook (HTTPS)"),
 }
 
 
@@ -57,6 +62,7 @@ _EXTRAS = {
     "fracspawner.hub": "fracspawner[hub]",
     "fracspawner.cli.capacity": "fracspawner[hub]",
     "fracspawner.culler": "fracspawner[culler]",
+    "fracspawner.kubeflow.webhook": "fracspawner[webhook]",
 }
 
 

@@ -25,6 +25,7 @@ import yaml
 
 from .errors import CatalogError, SliceError
 from .gpumodels import GpuModel, MigProfile, lookup_model
+from .profiles import KubeflowAccess, parse_kubeflow
 from .slices import Slice, parse_slice
 
 SCHEMA_PATH = Path(__file__).with_name("catalog.schema.json")
@@ -81,6 +82,8 @@ class Catalog:
     access_users: Mapping[str, AccessRule] = field(hash=False)
     idle: IdlePolicy
     fraction_step: int = 8
+    #: Kubeflow profile namespaces -> access groups (fracspawner.model.profiles)
+    kubeflow: KubeflowAccess = field(default=KubeflowAccess(), hash=False)
 
     @classmethod
     def load(
@@ -405,5 +408,6 @@ def build_catalog(data: Any, check_pool: PoolCheck | None = None) -> Catalog:
             }
         ),
         idle=idle,
+        kubeflow=parse_kubeflow(data.get("kubeflow"), access.get("groups") or {}, pools),
         fraction_step=step,
     )

@@ -1,0 +1,370 @@
+"""What the admission webhook decides for one pod. Pure: no I/O, no clock.
+
+A pod in a profile namespace asks for a GPU slice with the CONTRACT labels `fracspawner.io/pool`
+and `fracspawner.io/gpu` (a fracspawner PodDefault adds them), or, from the notebook form's GPU
+field, with a MIG-mixed resource such as `nvidia.com/mig-1g.10gb` that a catalog pool offers.
+The plan is FracSpawner's: `choice.options.resolve_choice` validates the slice against the
+namespace's access rule, `backends.plan_slice` makes the PodPlan and `backends.podspec.apply_plan`
+puts it on the pod; the JSONPatch is the difference between the pod and that result, so a
+second call on the mutated pod (reinvocation) patches nothing.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from ..backends import LABEL_GPU, LABEL_POOL, is_reserved_env, plan_slice
+from ..backends.base import PodPlan
+from ..backends.podspec import apply_plan
+from ..choice.options import resolve_choice
+from ..model.access import within_quota
+from ..model.catalog import AccessRule, Catalog
+from ..model.errors import OptionsError, SliceError
+
+#: contract labels and annotations nobody may change on an admitted pod (quota counts them)
+GUARDED_LABELS = (LABEL_POOL, LABEL_GPU)
+GUARDED_ANNOTATIONS = ("fracspawner.io/gpu-equivalent", "fracspawner.io/gpu-memory-mib")
+_LABEL_VALUE = re.compile(r"^([A-Za-z0-9]([-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?)?$")
+#: the notebook container: Kubeflow 1.x names it after the Notebook (label notebook-name),
+#: Notebooks 2.0 names it "main" (workspace_controller.go)
+NOTEBOOK_NAME_LABEL = "notebook-name"
+V2_CONTAINER = "main"
+
+
+class BadReview(ValueError):
+    """Not an AdmissionReview v1 for a pod: answered with HTTP 400."""
+
+
+class Refusal(Exception):
+    """The pod is not admitted; the message is for the notebook's owner."""
+
+    def __init__(self, message: str, reason: str) -> None:
+        super().__init__(message)
+        self.message = message
+        self.reason = reason  # metrics label: invalid, access, quota, guard, unavailable
+
+
+@dataclass(frozen=True)
+class Review:
+    uid: str
+    operation: str
+    namespace: str
+    pod: dict[str, Any]
+    old_pod: dict[str, Any] | None
+    dry_run: bool
+
+    @property
+    def name(self) -> str:
+        """The pod's name; its generateName prefix while the API server has not named it."""
+        meta = self.pod.get("metadata") or {}
+        return str(meta.get("name") or meta.get("generateName") or "")
+
+
+def parse_review(body: bytes) -> Review:
+    """An AdmissionReview (admission.k8s.io/v1) for a pod, or BadReview saying what is wrong."""
+    try:
+        review = json.loads(body)
+    except (ValueError, UnicodeDecodeError) as exc:
+        raise BadReview(f"not JSON: {exc}") from None
+    if not isinstance(review, dict) or review.get("kind") != "AdmissionReview":
+        raise BadReview("expected an AdmissionReview object")
+    if review.get("apiVersion") != "admission.k8s.io/v1":
+        raise BadReview(f"apiVersion {review.get('apiVersion')!r}: only admission.k8s.io/v1")
+    request = review.get("request")
+    if not isinstance(request, dict):
+        raise BadReview("request: missing")
+    uid = request.get("uid")
+    if not isinstance(uid, str) or not uid:
+        raise BadReview("request.uid: missing")
+    operation = request.get("operation")
+    if operation not in ("CREATE", "UPDATE", "DELETE", "CONNECT"):
+        raise BadReview(f"request.operation: {operation!r}")
+    kind = request.get("kind") or {}
+    if not isinstance(kind, dict) or (kind.get("group"), kind.get("kind")) != ("", "Pod"):
+        raise BadReview(f"request.kind: {kind!r}; this webhook admits pods")
+    pod = request.get("object")
+    old = request.get("oldObject")
+    if operation in ("CREATE", "UPDATE") and not _is_pod(pod):
+        raise BadReview("request.object: not a pod")
+    if operation == "UPDATE" and not _is_pod(old):
+        raise BadReview("request.oldObject: not a pod")
+    namespace = request.get("namespace")
+    if not isinstance(namespace, str):
+        raise BadReview("request.namespace: missing")
+    return Review(
+        uid=uid,
+        operation=operation,
+        namespace=namespace,
+        pod=pod if isinstance(pod, dict) else {},
+        old_pod=old if isinstance(old, dict) else None,
+        dry_run=bool(request.get("dryRun")),
+    )
+
+
+def _is_pod(obj: Any) -> bool:
+    if not isinstance(obj, dict):
+        return False
+    meta, spec = obj.get("metadata", {}), obj.get("spec")
+    return (
+        isinstance(meta, dict)
+        and isinstance(spec, dict)
+        and isinstance(spec.get("containers"), list)
+        and all(isinstance(c, dict) for c in spec["containers"])
+        and all(isinstance(meta.get(k) or {}, dict) for k in ("labels", "annotations"))
+    )
+
+
+def response(
+    uid: str, *, patch: list[dict[str, Any]] | None = None, refusal: Refusal | None = None
+) -> dict[str, Any]:
+    """The AdmissionReview answer."""
+    answer: dict[str, Any] = {"uid": uid, "allowed": refusal is None}
+    if refusal is not None:
+        answer["status"] = {"code": 403, "reason": "Forbidden", "message": refusal.message}
+    elif patch:
+        answer["patchType"] = "JSONPatch"
+        answer["patch"] = base64.b64encode(json.dumps(patch).encode()).decode()
+    return {"apiVersion": "admission.k8s.io/v1", "kind": "AdmissionReview", "response": answer}
+
+
+# --------------------------------------------------------------------------- JSONPatch
+def _pointer(path: list[str]) -> str:
+    return "".join("/" + p.replace("~", "~0").replace("/", "~1") for p in path)
+
+
+def json_patch(before: Any, after: Any, path: list[str] | None = None) -> list[dict[str, Any]]:
+    """RFC 6902 operations turning `before` into `after`: objects key by key, anything else
+    (lists included) replaced whole where it differs."""
+    path = path or []
+    if isinstance(before, dict) and isinstance(after, dict):
+        ops: list[dict[str, Any]] = []
+        for key in before:
+            if key not in after:
+                ops.append({"op": "remove", "path": _pointer(path + [key])})
+        for key, value in after.items():
+            if key not in before:
+                ops.append({"op": "add", "path": _pointer(path + [key]), "value": value})
+            else:
+                ops += json_patch(before[key], value, path + [key])
+        return ops
+    if before == after and type(before) is type(after):
+        return []
+    return [{"op": "replace", "path": _pointer(path), "value": after}]
+
+
+# --------------------------------------------------------------------------- the slice
+@dataclass(frozen=True)
+class SliceAsk:
+    """What a pod asks for: the option keys of resolve_choice, and where they came from."""
+
+    options: Mapping[str, str]
+    source: str  # "labels" or the resource name of a form GPU field
+
+
+def _label(pod: Mapping[str, Any], key: str) -> str | None:
+    value = (pod.get("metadata", {}).get("labels") or {}).get(key)
+    if value is None:
+        return None
+    if not isinstance(value, str) or len(value) > 63 or not _LABEL_VALUE.match(value):
+        shown = repr(value)[:40] + ("..." if len(repr(value)) > 40 else "")
+        raise Refusal(
+            f"label {key}: {shown} is not a valid label value (at most 63 letters, digits, "
+            "'-', '_', '.'); use a fracspawner PodDefault to choose a GPU slice",
+            "invalid",
+        )
+    return value
+
+
+def _mig_resources(catalog: Catalog, pools: list[str]) -> dict[str, tuple[str, str]]:
+    """nvidia.com/mig-<profile> -> (pool, offer) for the MIG-mixed pools among `pools`."""
+    found: dict[str, tuple[str, str]] = {}
+    for name in pools:
+        pool = catalog.pools[name]
+        if pool.backend != "mig-mixed":
+            continue
+        for offer in pool.offers:
+            for key in plan_slice(offer, pool, None).limits:
+                found.setdefault(key, (name, str(offer)))
+    return found
+
+
+def slice_ask(pod: Mapping[str, Any], catalog: Catalog, rule: AccessRule) -> SliceAsk | None:
+    """The slice a pod asks for, None for a pod that asks for none (it passes untouched)."""
+    pool = _label(pod, LABEL_POOL)
+    gpu = _label(pod, LABEL_GPU)
+    if pool is not None or gpu is not None:
+        if gpu is None:
+            raise Refusal(
+                f"label {LABEL_POOL}={pool} without {LABEL_GPU}: choose one of the fracspawner "
+                "GPU configurations, which set both",
+                "invalid",
+            )
+        options = {"gpu": gpu}
+        if pool is not None:
+            options["pool"] = pool
+        return SliceAsk(options, "labels")
+    # the notebook form's GPU field with a MIG vendor (the exported spawner_ui_config)
+    visible = list(catalog.pools)
+    if catalog.kubeflow.pools is not None:
+        visible = [p for p in visible if p in catalog.kubeflow.pools]
+    mig = _mig_resources(catalog, visible)
+    asked = []
+    for container in pod["spec"]["containers"]:
+        limits = (container.get("resources") or {}).get("limits") or {}
+        asked += [(key, limits[key]) for key in limits if key in mig]
+    if not asked:
+        return None
+    if len(asked) > 1 or str(asked[0][1]) != "1":
+        raise Refusal(
+            "one MIG slice per notebook: choose a number of GPUs of 1 "
+            f"(asked: {', '.join(f'{k}={v}' for k, v in asked)})",
+            "invalid",
+        )
+    key = asked[0][0]
+    allowed = rule.pools if rule.pools is not None else tuple(catalog.pools)
+    # the pool: one the namespace may use that offers the profile, else the first offering it
+    own = _mig_resources(catalog, [p for p in visible if p in allowed])
+    pool_name, offer = own.get(key) or mig[key]
+    return SliceAsk({"gpu": offer, "pool": pool_name}, key)
+
+
+def target_container(pod: Mapping[str, Any]) -> str:
+    """The notebook's container: named after the notebook (1.x), `main` (2.0), else the first."""
+    containers = pod["spec"]["containers"]
+    names = [str(c.get("name", "")) for c in containers]
+    notebook = (pod.get("metadata", {}).get("labels") or {}).get(NOTEBOOK_NAME_LABEL)
+    for wanted in (notebook, V2_CONTAINER):
+        if wanted in names:
+            return str(wanted)
+    if not names:
+        raise Refusal("the pod has no container", "invalid")
+    return names[0]
+
+
+def _fmt(value: float) -> str:
+    return f"{value:g}"
+
+
+@dataclass(frozen=True)
+class Admitted:
+    pod: dict[str, Any]  # the pod as it will be created
+    plan: PodPlan
+    ask: SliceAsk
+
+
+def admit(
+    pod: Mapping[str, Any],
+    *,
+    catalog: Catalog,
+    rule: AccessRule,
+    namespace: str,
+    used_gpu: float,
+) -> Admitted | None:
+    """The mutated pod, None for a pod asking for no slice; Refusal when it may not run.
+    `used_gpu`: GPU-equivalents the namespace's other pods (and admissions in flight) hold."""
+    ask = slice_ask(pod, catalog, rule)
+    if ask is None:
+        return None
+    shown = f"GPU slice {ask.options['gpu']}" + (
+        f" on pool {ask.options['pool']}" if "pool" in ask.options else ""
+    )
+    unlimited = AccessRule(pools=rule.pools, max_gpu=None)  # the quota is checked below
+    try:
+        choice = resolve_choice(catalog, dict(ask.options), rule=unlimited)
+    except (OptionsError, SliceError) as exc:
+        text = str(exc)
+        reason = "access" if "may not use" in text or "no pool you may use" in text else "invalid"
+        raise Refusal(
+            f"fracspawner refused the {shown} in namespace {namespace}: {text}", reason
+        ) from None
+    assert choice.pool is not None
+    # the pod's image is the user's choice; a backend image (ClearML's) still wins
+    plan = plan_slice(choice.offer or choice.slice, choice.pool, None)
+    if not within_quota(rule, used_gpu, plan.gpu_equivalent):
+        left = max((rule.max_gpu or 0.0) - used_gpu, 0.0)
+        raise Refusal(
+            f"fracspawner refused the {shown} in namespace {namespace}: it counts as "
+            f"{_fmt(plan.gpu_equivalent)} GPU and the namespace's notebooks already hold "
+            f"{_fmt(used_gpu)} of its {_fmt(rule.max_gpu or 0.0)} GPU quota "
+            f"({_fmt(left)} left). Stop a notebook or choose a smaller slice.",
+            "quota",
+        )
+    return Admitted(_mutate(pod, plan), plan, ask)
+
+
+def _mutate(pod: Mapping[str, Any], plan: PodPlan) -> dict[str, Any]:
+    target = target_container(pod)
+    cleaned = json.loads(json.dumps(pod))  # a deep copy of plain JSON
+    spec = cleaned["spec"]
+    # reserved env (isolation switches, NVIDIA_VISIBLE_DEVICES...) goes from EVERY container:
+    # on a GPU node a sidecar's NVIDIA_VISIBLE_DEVICES=all would see every GPU
+    for key in ("containers", "initContainers"):
+        for container in spec.get(key) or []:
+            if container.get("name") == target or not container.get("env"):
+                continue
+            env = [e for e in container["env"] if not is_reserved_env(str(e.get("name", "")))]
+            if env:
+                container["env"] = env
+            else:
+                del container["env"]
+    return apply_plan(cleaned, plan, container=target, reserved=is_reserved_env)
+
+
+def guard_update(old: Mapping[str, Any], new: Mapping[str, Any]) -> None:
+    """Refuse changing the slice labels or quota annotations of an admitted pod: the namespace's
+    quota is counted from them."""
+    for field_, keys in (("labels", GUARDED_LABELS), ("annotations", GUARDED_ANNOTATIONS)):
+        before = old.get("metadata", {}).get(field_) or {}
+        after = new.get("metadata", {}).get(field_) or {}
+        for key in keys:
+            if key in before and before.get(key) != after.get(key):
+                raise Refusal(
+                    f"the {field_[:-1]} {key} of a GPU pod cannot be changed or removed "
+                    "(fracspawner counts the namespace's GPU quota with it); delete the pod and "
+                    "create a new one instead",
+                    "guard",
+                )
+
+
+def gpu_held(pods: list[Mapping[str, Any]], exclude: str | None = None) -> tuple[float, set[str]]:
+    """GPU-equivalents the pods hold (their fracspawner.io/gpu-equivalent annotations) and the
+    names of all pods listed. Finished pods and pods being deleted hold none."""
+    total, names = 0.0, set()
+    for pod in pods:
+        meta = pod.get("metadata") or {}
+        name = meta.get("name")
+        names.add(name)
+        if name == exclude or meta.get("deletionTimestamp"):
+            continue
+        if (pod.get("status") or {}).get("phase") in ("Succeeded", "Failed"):
+            continue
+        raw = (meta.get("annotations") or {}).get("fracspawner.io/gpu-equivalent")
+        try:
+            value = float(raw) if raw is not None else 0.0
+        except (TypeError, ValueError):
+            continue
+        if 0.0 < value < 1e6:  # nan, inf and negatives count as nothing (never as credit)
+            total += value
+    return total, names
+
+
+__all__ = [
+    "Admitted",
+    "BadReview",
+    "Refusal",
+    "Review",
+    "SliceAsk",
+    "admit",
+    "gpu_held",
+    "guard_update",
+    "json_patch",
+    "parse_review",
+    "response",
+    "slice_ask",
+    "target_container",
+]

@@ -1,0 +1,39 @@
+"""The webhook's Prometheus metrics, in a registry of its own."""
+
+from __future__ import annotations
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+
+
+class WebhookMetrics:
+    def __init__(self) -> None:
+        self.registry = CollectorRegistry()
+        self.admissions = Counter(
+            "fracspawner_webhook_admissions",
+            "Pod admissions answered, by result: mutated (the slice was applied), unchanged "
+            "(already applied), skipped (no slice asked), refused.",
+            ["operation", "result"],
+            registry=self.registry,
+        )
+        self.refusals = Counter(
+            "fracspawner_webhook_refusals",
+            "Pods refused, by reason: access, quota, invalid, guard, unavailable.",
+            ["reason"],
+            registry=self.registry,
+        )
+        self.bad_requests = Counter(
+            "fracspawner_webhook_bad_requests",
+            "Requests that were not an AdmissionReview v1 for a pod (answered 400).",
+            registry=self.registry,
+        )
+        self.duration = Histogram(
+            "fracspawner_webhook_admission_duration_seconds",
+            "Time to answer one AdmissionReview, API calls included.",
+            buckets=(0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10),
+            registry=self.registry,
+        )
+        self.reserved = Gauge(
+            "fracspawner_webhook_reserved_gpu_equivalents",
+            "GPU-equivalents admitted whose pods the API server has not listed yet.",
+            registry=self.registry,
+        )

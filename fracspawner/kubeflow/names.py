@@ -1,0 +1,62 @@
+"""Names and words Kubeflow shows for a catalog offer. Pure.
+
+The PodDefault name is the Helm chart's (charts/fracspawner/templates/kubeflow-poddefaults.yaml):
+`fracspawner-<pool>-<offer label>`, lower case, '.' and '_' as '-', at most 63 characters, so
+objects the chart and `fracspawner kubeflow export` write for one catalog are the same objects.
+"""
+
+from __future__ import annotations
+
+import re
+
+from ..backends.base import PodPlan
+from ..choice.offers import BACKEND_NAMES
+from ..model.catalog import Pool
+from ..model.slices import Slice
+
+#: the namespace label every Kubeflow profile namespace carries (profile controller's base
+#: namespace-labels; also the namespaceSelector of Kubeflow's own PodDefault webhook)
+PROFILE_LABEL = ("app.kubernetes.io/part-of", "kubeflow-profile")
+#: the Notebook CR annotation that stops a notebook (Kubeflow's JWA PATCH route and culler)
+STOP_ANNOTATION = "kubeflow-resource-stopped"
+_NOT_DNS = re.compile(r"[^a-z0-9-]")
+
+
+def poddefault_name(pool: str, offer: Slice) -> str:
+    """`fracspawner-h100-0-25`: a DNS label, also the selector label key the form sets."""
+    name = f"fracspawner-{pool}-{offer.label}".lower().replace(".", "-").replace("_", "-")
+    return _NOT_DNS.sub("-", name)[:63].rstrip("-")
+
+
+def podconfig_id(pool: str, offer: Slice) -> str:
+    """The Notebooks 2.0 podConfig id of an offer (the same words as the PodDefault name)."""
+    return poddefault_name(pool, offer)
+
+
+def _gib(mib: int) -> str:
+    gib = mib / 1024
+    return f"{gib:.0f} GiB" if abs(gib - round(gib)) < 0.05 else f"{gib:.1f} GiB"
+
+
+def _article(word: str) -> str:
+    # model names are read letter by letter: "an H100", "an L40S", "a T4"
+    return "an" if word[:1].upper() in "AEFHILMNORSX" else "a"
+
+
+def offer_words(pool: Pool, offer: Slice) -> str:
+    """'1/4 of an H100-80GB', '10GiB of an H100-80GB', 'MIG 1g.10gb of an A100-80GB',
+    '2 × A10'."""
+    model = pool.gpu.name
+    if offer.kind in ("fraction", "memory"):
+        return f"{offer} of {_article(model)} {model}"
+    if offer.kind == "mig":
+        return f"MIG {offer.profile} of {_article(model)} {model}"
+    return f"{offer.count} × {model}"
+
+
+def describe(pool: Pool, offer: Slice, plan: PodPlan) -> str:
+    """What the form shows: '1/4 of an H100-80GB · 20 GiB · HAMi'."""
+    parts = [offer_words(pool, offer), _gib(plan.memory_mib)]
+    if offer.kind not in ("mig", "whole"):  # MIG and whole GPUs say it in the words already
+        parts.append(BACKEND_NAMES.get(pool.backend, pool.backend))
+    return " · ".join(parts)

@@ -1,0 +1,262 @@
+"""`fracspawner webhook`: the mutating admission webhook for Kubeflow profile namespaces.
+
+`POST /mutate` answers AdmissionReview (admission.k8s.io/v1) for pods: CREATE gets the slice's
+pod plan as a JSONPatch or a refusal (admission.py decides), UPDATE may not change the slice
+labels or quota annotations. `/healthz` says whether it serves, `/metrics` is Prometheus text.
+A request that is not an AdmissionReview is answered 400, never with a crash; a slice pod whose
+namespace or pods cannot be read from the API server is refused (unknown is never allowed).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import logging
+import signal
+import ssl
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+from tornado import web
+from tornado.httpserver import HTTPServer
+
+from ..backends import load_catalog
+from ..model.access import namespace_rule
+from ..model.catalog import AccessRule, Catalog
+from ..model.errors import CatalogError
+from .admission import (
+    BadReview,
+    Refusal,
+    Review,
+    admit,
+    gpu_held,
+    guard_update,
+    json_patch,
+    parse_review,
+    response,
+    slice_ask,
+)
+from .cluster import ApiUnavailable, Cluster, ConfigException, load_configuration
+from .metrics import WebhookMetrics
+from .quota import QuotaLedger
+
+PROG = "fracspawner webhook"
+log = logging.getLogger("fracspawner.webhook")
+#: the API server sends at most a few MiB; anything larger is not an AdmissionReview
+MAX_BODY = 4 * 1024 * 1024
+
+
+class Webhook:
+    """The decisions with their I/O: namespace rule, pod count, quota ledger, metrics."""
+
+    def __init__(self, catalog: Catalog, cluster: Any, ledger: QuotaLedger | None = None):
+        self.catalog = catalog
+        self.cluster = cluster
+        self.ledger = ledger or QuotaLedger()
+        self.metrics = WebhookMetrics()
+
+    async def review(self, review: Review) -> dict[str, Any]:
+        try:
+            if review.operation == "UPDATE":
+                assert review.old_pod is not None
+                guard_update(review.old_pod, review.pod)
+                return self._count(review, response(review.uid), "allowed")
+            if review.operation != "CREATE":
+                return self._count(review, response(review.uid), "skipped")
+            return await self._create(review)
+        except Refusal as refusal:
+            self.metrics.refusals.labels(refusal.reason).inc()
+            log.info(
+                "refused %s/%s: %s", review.namespace, review.name or "(new pod)", refusal.message
+            )
+            return self._count(review, response(review.uid, refusal=refusal), "refused")
+
+    def _count(self, review: Review, answer: dict[str, Any], result: str) -> dict[str, Any]:
+        self.metrics.admissions.labels(review.operation, result).inc()
+        return answer
+
+    async def _create(self, review: Review) -> dict[str, Any]:
+        ns = review.namespace
+        # a pod asking for no slice passes before any API call: it never waits on, or fails
+        # with, the API server
+        if slice_ask(review.pod, self.catalog, AccessRule()) is None:
+            return self._count(review, response(review.uid), "skipped")
+        labels, annotations = await self._read(self.cluster.namespace(ns))
+        rule = namespace_rule(self.catalog, ns, labels, annotations)
+        name = str((review.pod.get("metadata") or {}).get("name") or "")
+        key = name or review.uid
+        async with self.ledger.namespace(ns):
+            pods = await self._read(self.cluster.pods(ns))
+            held, listed = gpu_held(pods, exclude=name or None)
+            used = held + self.ledger.pending(ns, listed, key)
+            admitted = admit(
+                review.pod, catalog=self.catalog, rule=rule, namespace=ns, used_gpu=used
+            )
+            assert admitted is not None
+            if not review.dry_run:
+                self.ledger.reserve(ns, key, name, admitted.plan.gpu_equivalent)
+            self.metrics.reserved.set(self.ledger.total())
+        patch = json_patch(review.pod, admitted.pod)
+        log.info(
+            "%s %s/%s: %s on %s (%s GPU; namespace holds %.6g)",
+            "mutated" if patch else "unchanged",
+            ns,
+            review.name or "(new pod)",
+            admitted.ask.options["gpu"],
+            admitted.pod["metadata"]["labels"]["fracspawner.io/pool"],
+            f"{admitted.plan.gpu_equivalent:g}",
+            used + admitted.plan.gpu_equivalent,
+        )
+        return self._count(
+            review, response(review.uid, patch=patch), "mutated" if patch else "unchanged"
+        )
+
+    @staticmethod
+    async def _read(awaitable: Any) -> Any:
+        try:
+            return await awaitable
+        except ApiUnavailable as exc:
+            raise Refusal(
+                f"fracspawner cannot check GPU access and quota right now ({exc}); try again "
+                "in a minute",
+                "unavailable",
+            ) from None
+
+
+class MutateHandler(web.RequestHandler):
+    def initialize(self, webhook: Webhook) -> None:
+        self.webhook = webhook
+
+    def check_xsrf_cookie(self) -> None:  # the API server posts JSON, no cookies
+        return None
+
+    async def post(self) -> None:
+        started = time.perf_counter()
+        try:
+            review = parse_review(self.request.body)
+        except BadReview as exc:
+            self.webhook.metrics.bad_requests.inc()
+            log.warning("400 from %s: %s", self.request.remote_ip, exc)
+            self.set_status(400)
+            self.finish({"error": f"not an AdmissionReview v1 for a pod: {exc}"})
+            return
+        try:
+            answer = await self.webhook.review(review)
+        except Exception:  # a bug must not take the webhook down; the pod is refused
+            log.exception("admission of %s/%s failed", review.namespace, review.name)
+            refusal = Refusal("fracspawner's webhook failed on this pod; see its log", "error")
+            answer = response(review.uid, refusal=refusal)
+        self.webhook.metrics.duration.observe(time.perf_counter() - started)
+        self.set_header("Content-Type", "application/json")
+        self.finish(json.dumps(answer))
+
+
+class HealthHandler(web.RequestHandler):
+    def get(self) -> None:
+        self.set_header("Content-Type", "text/plain")
+        self.finish("ok\n")
+
+
+class MetricsHandler(web.RequestHandler):
+    def initialize(self, webhook: Webhook) -> None:
+        self.webhook = webhook
+
+    def get(self) -> None:
+        self.set_header("Content-Type", CONTENT_TYPE_LATEST)
+        self.finish(generate_latest(self.webhook.metrics.registry))
+
+
+def make_app(webhook: Webhook) -> web.Application:
+    return web.Application(
+        [
+            (r"/mutate", MutateHandler, {"webhook": webhook}),
+            (r"/healthz", HealthHandler),
+            (r"/metrics", MetricsHandler, {"webhook": webhook}),
+        ]
+    )
+
+
+def tls_context(cert: str, key: str) -> ssl.SSLContext:
+    context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+    context.minimum_version = ssl.TLSVersion.TLSv1_2
+    context.load_cert_chain(cert, key)
+    return context
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog=PROG,
+        description="Mutating admission webhook: gives pods in Kubeflow profile namespaces "
+        "their GPU slice, with the catalog's access rules and quotas.",
+    )
+    parser.add_argument("--catalog", required=True, metavar="FILE", help="catalog YAML file")
+    parser.add_argument("--port", type=int, default=8443, help="HTTPS port (default 8443)")
+    parser.add_argument("--address", default="0.0.0.0", help="address to listen on")
+    parser.add_argument("--tls-cert", required=True, metavar="FILE", help="serving certificate")
+    parser.add_argument("--tls-key", required=True, metavar="FILE", help="its private key")
+    parser.add_argument(
+        "--kubeconfig",
+        metavar="FILE",
+        help="kubeconfig (default: in-cluster config in a pod, else $KUBECONFIG, ~/.kube/config)",
+    )
+    parser.add_argument(
+        "--reservation-ttl",
+        type=float,
+        default=60.0,
+        metavar="SECONDS",
+        help="how long an admitted pod counts against its namespace's quota before it is listed",
+    )
+    parser.add_argument("--log-level", default="INFO", help="DEBUG, INFO, WARNING")
+    return parser
+
+
+async def serve(args: argparse.Namespace, catalog: Catalog, context: ssl.SSLContext) -> None:
+    cluster = Cluster(await load_configuration(args.kubeconfig))
+    webhook = Webhook(catalog, cluster, QuotaLedger(ttl=args.reservation_ttl))
+    server = HTTPServer(make_app(webhook), ssl_options=context, max_body_size=MAX_BODY)
+    server.listen(args.port, args.address)
+    log.info(
+        "serving https://%s:%s/mutate (pools: %s)",
+        args.address,
+        args.port,
+        ", ".join(catalog.pools),
+    )
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop.set)
+    await stop.wait()
+    server.stop()
+    await server.close_all_connections()
+    await cluster.close()
+
+
+def main(argv: list[str]) -> int:
+    args = _parser().parse_args(argv)
+    logging.basicConfig(
+        level=args.log_level.upper(), format="[%(levelname).1s %(asctime)s %(name)s] %(message)s"
+    )
+    try:
+        catalog = load_catalog(args.catalog)
+    except CatalogError as exc:
+        print(f"{PROG}: {' '.join(str(exc).split())}", file=sys.stderr)
+        return 2
+    for flag, path in (("--tls-cert", args.tls_cert), ("--tls-key", args.tls_key)):
+        if not Path(path).is_file():
+            print(f"{PROG}: {flag} {path}: no such file", file=sys.stderr)
+            return 2
+    try:
+        context = tls_context(args.tls_cert, args.tls_key)
+    except (ssl.SSLError, OSError) as exc:
+        print(f"{PROG}: cannot use --tls-cert/--tls-key: {exc}", file=sys.stderr)
+        return 2
+    try:
+        asyncio.run(serve(args, catalog, context))
+    except (OSError, ConfigException) as exc:  # port taken, no usable kubeconfig
+        print(f"{PROG}: {' '.join(str(exc).split())}", file=sys.stderr)
+        return 2
+    return 0

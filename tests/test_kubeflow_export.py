@@ -1,0 +1,466 @@
+"""`fracspawner kubeflow export` and the catalog's `kubeflow:` section: which access rule a
+profile namespace gets, what is written for Notebooks 1.x and 2.0, strict schema checks of every
+written object (docs/kubeflow.md), and bad input exiting 2 with the path at fault."""
+
+from __future__ import annotations
+
+import copy
+import re
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from devcluster.validation import validate as k8s_validate
+from fracspawner.backends import load_catalog
+from fracspawner.kubeflow.cli import main as kubeflow_main
+from fracspawner.kubeflow.export import (
+    NAME_LABEL,
+    WEBHOOK_NAME,
+    ProfileNamespace,
+    export,
+    filter_rules,
+)
+from fracspawner.kubeflow.validate import errors as schema_errors
+from fracspawner.model.access import namespace_rule
+from fracspawner.model.catalog import AccessRule, CatalogError
+
+REPO = Path(__file__).resolve().parent.parent
+EXAMPLES = sorted((REPO / "examples" / "catalogs").glob("*.yaml"))
+
+CATALOG: dict[str, Any] = {
+    "pools": {
+        "a100-mig": {
+            "display_name": "A100 80GB (MIG)",
+            "gpu": "A100-80GB",
+            "backend": "mig-mixed",
+            "node_selector": {"nvidia.com/gpu.product": "NVIDIA-A100-SXM4-80GB"},
+            "tolerations": [
+                {"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}
+            ],
+            "offers": ["mig-1g.10gb", "mig-3g.40gb"],
+        },
+        "h100": {
+            "display_name": "H100 80GB (HAMi)",
+            "gpu": "H100-80GB",
+            "backend": "hami",
+            "offers": ["1/8", "1/4", "10GiB"],
+            "idle": {"server_gpu_idle": "10s"},
+        },
+        "t4": {"gpu": "T4", "backend": "timeslicing", "replicas": 4, "offers": ["1/4"]},
+        "hub-only": {"gpu": "L4", "backend": "whole", "offers": ["1"]},
+    },
+    "images": {"lab": {"image": "quay.io/jupyter/scipy-notebook:latest"}},
+    "access": {
+        "default": {"pools": ["h100"], "max_gpu": 0.25},
+        "groups": {
+            "research": {"pools": "all", "max_gpu": 2},
+            "vision": {"pools": ["t4"], "max_gpu": 0.5},
+            "mig": {"pools": ["a100-mig"], "max_gpu": 1},
+        },
+    },
+    "idle": {"server_gpu_idle": "2h"},
+    "kubeflow": {
+        "pools": ["a100-mig", "h100", "t4"],
+        "namespaces": [
+            {"name": "team-vision", "groups": ["vision"]},
+            {"labels": {"team": "research", "tier": "gpu"}, "groups": ["research"]},
+            {"owner": "carol@example.com", "groups": ["mig"]},
+            {"labels": {"team": "cv"}, "groups": ["vision", "mig"]},
+        ],
+    },
+}
+
+
+@pytest.fixture(scope="module")
+def catalog():
+    return load_catalog(copy.deepcopy(CATALOG))
+
+
+def changed(path: str, value: Any) -> dict[str, Any]:
+    data = copy.deepcopy(CATALOG)
+    *parents, last = path.split(".")
+    node: Any = data
+    for part in parents:
+        node = node[int(part)] if isinstance(node, list) else node[part]
+    node[int(last) if isinstance(node, list) else last] = value
+    return data
+
+
+# --------------------------------------------------------------------------- the rule
+def test_a_namespace_gets_the_rule_of_the_entries_it_matches(catalog):
+    assert namespace_rule(catalog, "team-vision") == AccessRule(pools=("t4",), max_gpu=0.5)
+    # labels: all of an entry's labels must be there
+    research = {"team": "research", "tier": "gpu"}
+    assert namespace_rule(catalog, "ml", research).pools == ("a100-mig", "h100", "t4")
+    assert namespace_rule(catalog, "ml", research).max_gpu == 2
+    assert namespace_rule(catalog, "ml", {"team": "research"}).pools == ("h100",)  # default
+    # the profile owner, from the namespace annotation the profile controller writes
+    owner = {"owner": "carol@example.com"}
+    assert namespace_rule(catalog, "carol", {}, owner) == AccessRule(("a100-mig",), 1.0)
+    # several entries: their groups combine like a user's groups (union, largest quota)
+    both = namespace_rule(catalog, "team-vision", {"team": "cv"}, owner)
+    assert both == AccessRule(pools=("a100-mig", "t4"), max_gpu=1.0)
+
+
+def test_unmatched_namespaces_get_the_default_and_kubeflow_pools_limit_everyone(catalog):
+    assert namespace_rule(catalog, "nobody") == AccessRule(pools=("h100",), max_gpu=0.25)
+    # research may use all pools, but hub-only is not offered in Kubeflow
+    research = namespace_rule(catalog, "x", {"team": "research", "tier": "gpu"})
+    assert "hub-only" not in research.pools
+
+
+def test_a_catalog_without_a_kubeflow_section_gives_every_namespace_the_default():
+    data = copy.deepcopy(CATALOG)
+    del data["kubeflow"]
+    plain = load_catalog(data)
+    assert namespace_rule(plain, "team-vision") == plain.access_default
+
+
+@pytest.mark.parametrize(
+    ("path", "value", "message"),
+    [
+        (
+            "kubeflow.namespaces.1.groups",
+            ["research", "nlp"],
+            "kubeflow.namespaces[1].groups[1]: unknown group 'nlp'; groups: research, vision, mig",
+        ),
+        (
+            "kubeflow.pools",
+            ["h100", "a100"],
+            "kubeflow.pools[1]: unknown pool 'a100'; pools: a100-mig, h100, t4, hub-only",
+        ),
+        ("kubeflow.namespaces.0", {"groups": ["vision"]}, "kubeflow.namespaces[0]: "),
+        ("kubeflow.namespaces.0.colour", "red", "kubeflow.namespaces[0]: unknown key(s)"),
+        ("kubeflow.namespaces.0.name", "Team_Vision", "kubeflow.namespaces[0].name: "),
+        ("kubeflow.namespaces.1.labels", {"bad key!": "x"}, "kubeflow.namespaces[1].labels"),
+        ("kubeflow.namespaces.2.groups", [], "kubeflow.namespaces[2].groups: "),
+    ],
+)
+def test_a_bad_kubeflow_section_names_the_path(path, value, message):
+    with pytest.raises(CatalogError) as exc:
+        load_catalog(changed(path, value))
+    assert str(exc.value).startswith(message), str(exc.value)
+
+
+def test_the_export_command_exits_2_with_the_path(tmp_path):
+    bad = tmp_path / "catalog.yaml"
+    bad.write_text(yaml.safe_dump(changed("kubeflow.namespaces.3.groups", ["vision", "nope"])))
+    out = tmp_path / "out"
+    result = subprocess.run(
+        [sys.executable, "-m", "fracspawner", "kubeflow", "export", "--catalog", str(bad)]
+        + ["-o", str(out)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert result.returncode == 2
+    assert result.stderr.strip() == (
+        "fracspawner kubeflow export: kubeflow.namespaces[3].groups[1]: unknown group 'nope'; "
+        "groups: mig, research, vision"  # safe_dump sorted the keys
+    )
+    assert not out.exists()  # nothing half-made
+
+
+# --------------------------------------------------------------------------- v1
+def _docs(path: Path) -> list[dict[str, Any]]:
+    return [d for d in yaml.safe_load_all(path.read_text()) if d]
+
+
+def _write(tmp_path: Path, data: dict[str, Any], *args: str) -> tuple[int, Path]:
+    tmp_path.mkdir(parents=True, exist_ok=True)
+    cat = tmp_path / "catalog.yaml"
+    cat.write_text(yaml.safe_dump(data))
+    out = tmp_path / "out"
+    return kubeflow_main(["export", "--catalog", str(cat), "-o", str(out), *args]), out
+
+
+def test_v1_writes_the_poddefaults_each_namespace_may_use(tmp_path, capsys):
+    namespaces = tmp_path / "ns.yaml"
+    namespaces.write_text(
+        yaml.safe_dump(
+            {
+                "apiVersion": "v1",
+                "kind": "List",
+                "items": [
+                    {
+                        "kind": "Namespace",
+                        "metadata": {
+                            "name": name,
+                            "labels": {"app.kubernetes.io/part-of": "kubeflow-profile", **labels},
+                            "annotations": {"owner": owner},
+                        },
+                    }
+                    for name, labels, owner in [
+                        ("team-vision", {}, "v@example.com"),
+                        ("ml", {"team": "research", "tier": "gpu"}, "m@example.com"),
+                        ("carol", {}, "carol@example.com"),
+                        ("alice", {}, "alice@example.com"),
+                    ]
+                ]
+                + [{"kind": "Namespace", "metadata": {"name": "kube-system"}}],
+            }
+        )
+    )
+    code, out = _write(tmp_path, CATALOG, "--namespaces-file", str(namespaces))
+    assert code == 0
+    written = {p.relative_to(out).as_posix() for p in out.rglob("*") if p.is_file()}
+    assert written == {
+        "README.txt",
+        "mutatingwebhookconfiguration.yaml",
+        "spawner_ui_config.fragment.yaml",
+        "poddefaults/team-vision.yaml",
+        "poddefaults/ml.yaml",
+        "poddefaults/carol.yaml",
+        "poddefaults/alice.yaml",
+    }
+    by_ns = {
+        ns: [d["metadata"]["name"] for d in _docs(out / "poddefaults" / f"{ns}.yaml")]
+        for ns in ("team-vision", "ml", "carol", "alice")
+    }
+    assert by_ns["team-vision"] == ["fracspawner-t4-0-25"]
+    assert by_ns["carol"] == [
+        "fracspawner-a100-mig-mig-1g-10gb",
+        "fracspawner-a100-mig-mig-3g-40gb",
+    ]
+    assert by_ns["alice"] == [
+        "fracspawner-h100-0-125",
+        "fracspawner-h100-0-25",
+        "fracspawner-h100-10gi",
+    ]
+    assert len(by_ns["ml"]) == 6  # every Kubeflow pool; hub-only is not one
+    pd = _docs(out / "poddefaults" / "alice.yaml")[1]
+    assert pd["metadata"]["namespace"] == "alice"
+    # the slice's GPU memory as the hub's picker shows it (HAMi: a share of what NVML reports)
+    assert re.fullmatch(r"1/4 of an H100-80GB · (19\.9|20) GiB · HAMi", pd["spec"]["desc"])
+    # the form ticks the first matchLabels key; the PodDefault webhook then adds the slice labels
+    assert pd["spec"]["selector"] == {"matchLabels": {"fracspawner-h100-0-25": "true"}}
+    assert pd["spec"]["labels"] == {"fracspawner.io/pool": "h100", "fracspawner.io/gpu": "0.25"}
+    readme = (out / "README.txt").read_text()
+    assert "kubectl apply -f mutatingwebhookconfiguration.yaml" in readme
+    assert "no caBundle" in capsys.readouterr().err
+
+
+def test_a_namespace_given_by_name_only_is_matched_by_name_and_says_so(tmp_path, capsys):
+    code, out = _write(tmp_path, CATALOG, "--namespace", "team-vision", "--namespace", "carol")
+    assert code == 0
+    names = [d["metadata"]["name"] for d in _docs(out / "poddefaults" / "carol.yaml")]
+    assert names == ["fracspawner-h100-0-125", "fracspawner-h100-0-25", "fracspawner-h100-10gi"]
+    err = capsys.readouterr().err
+    assert "namespace carol: its labels and owner are unknown (pass --namespaces-file)" in err
+
+
+def test_every_exported_object_passes_its_strict_schema(tmp_path):
+    for i, example in enumerate(EXAMPLES + [None]):
+        data = yaml.safe_load(example.read_text()) if example else CATALOG
+        for notebooks in ("v1", "v2"):
+            code, out = _write(tmp_path / f"{i}{notebooks}", data, "--notebooks", notebooks)
+            assert code == 0, example
+            for path in out.rglob("*.yaml"):
+                for doc in _docs(path):
+                    if doc.get("kind") == "MutatingWebhookConfiguration":
+                        k8s_validate(doc)  # the official schema, strict
+                        continue
+                    kind = None if "kind" in doc else "spawner_ui_config"
+                    assert schema_errors(doc, kind) == [], (example, path.name)
+
+
+def test_the_schemas_refuse_unknown_fields_and_kubeflow_limits():
+    pd = {
+        "apiVersion": "kubeflow.org/v1alpha1",
+        "kind": "PodDefault",
+        "metadata": {"name": "x", "namespace": "alice"},
+        "spec": {"selector": {"matchLabels": {"x": "true"}}, "resources": {"limits": {}}},
+    }
+    assert any("resources" in e for e in schema_errors(pd))  # a PodDefault has no resources
+    patch = {
+        "apiVersion": "kubeflow.org/v1beta1",
+        "kind": "WorkspaceKind",
+        "metadata": {"name": "jupyterlab"},
+        "spec": {
+            "podTemplate": {
+                "options": {
+                    "podConfig": {
+                        "values": [
+                            {
+                                "id": "a",
+                                "spawner": {"displayName": "ab"},
+                                "spec": {"schedulerName": "volcano"},
+                            }
+                        ]
+                    }
+                }
+            },
+            "activityRules": [
+                {"config": {"secondsSinceActive": 15}, "effect": {"pauseWorkspace": True}}
+            ],
+        },
+    }
+    found = schema_errors(patch)
+    assert any("schedulerName" in e for e in found)  # not a podConfig field in v2.0.0-beta.0
+    assert any("15 is less than the minimum of 16" in e for e in found)
+
+
+def test_the_spawner_ui_config_fragment_keeps_kubeflows_keys(tmp_path):
+    code, out = _write(tmp_path, CATALOG)
+    assert code == 0
+    fragment = yaml.safe_load((out / "spawner_ui_config.fragment.yaml").read_text())
+    defaults = fragment["spawnerFormDefaults"]
+    assert set(defaults) == {"gpus", "tolerationGroup", "affinityConfig"}
+    assert defaults["gpus"]["value"] == {
+        "vendor": "",
+        "vendors": [
+            {"limitsKey": "nvidia.com/mig-1g.10gb", "uiName": "MIG 1g.10gb of an A100-80GB"},
+            {"limitsKey": "nvidia.com/mig-3g.40gb", "uiName": "MIG 3g.40gb of an A100-80GB"},
+        ],
+        "num": "none",
+    }
+    (group,) = defaults["tolerationGroup"]["options"]
+    assert group["groupKey"] == "a100-mig" and group["tolerations"][0]["key"] == "nvidia.com/gpu"
+    keys = [o["configKey"] for o in defaults["affinityConfig"]["options"]]
+    assert keys == ["a100-mig", "t4"]  # h100 selects no nodes; hub-only is not in Kubeflow
+
+
+def test_the_webhook_configuration_sorts_after_kubeflows_and_sends_profile_pods(tmp_path):
+    ca = tmp_path / "ca.pem"
+    ca.write_text("-----BEGIN CERTIFICATE-----\nMIIB\n-----END CERTIFICATE-----\n")
+    code, out = _write(
+        tmp_path, CATALOG, "--ca-bundle", str(ca), "--webhook-service", "gpu/fs-webhook"
+    )
+    assert code == 0
+    (mwc,) = _docs(out / "mutatingwebhookconfiguration.yaml")
+    assert mwc["metadata"]["name"] == WEBHOOK_NAME
+    assert WEBHOOK_NAME > "poddefaults-webhook-mutating-webhook-configuration"
+    (hook,) = mwc["webhooks"]
+    assert hook["clientConfig"]["service"] == {
+        "name": "fs-webhook",
+        "namespace": "gpu",
+        "path": "/mutate",
+        "port": 443,
+    }
+    assert hook["namespaceSelector"] == {
+        "matchLabels": {"app.kubernetes.io/part-of": "kubeflow-profile"}
+    }
+    assert hook["failurePolicy"] == "Fail" and hook["reinvocationPolicy"] == "IfNeeded"
+    assert "objectSelector" not in hook  # every pod: MIG asked through the form's GPU field too
+    code, out = _write(tmp_path, CATALOG, "--slice-pods-only", "--failure-policy", "Ignore")
+    (hook,) = _docs(out / "mutatingwebhookconfiguration.yaml")[0]["webhooks"]
+    assert hook["objectSelector"]["matchExpressions"][0]["key"] == "fracspawner.io/pool"
+    assert hook["failurePolicy"] == "Ignore"
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["--webhook-service", "noslash"], "--webhook-service 'noslash': use NAMESPACE/NAME"),
+        (["--ca-bundle", "/nonexistent/ca.pem"], "--ca-bundle /nonexistent/ca.pem: No such file"),
+        (["--namespaces-file", "/nonexistent.yaml"], "--namespaces-file /nonexistent.yaml"),
+    ],
+)
+def test_bad_arguments_exit_2_and_write_nothing(tmp_path, capsys, args, message):
+    code, out = _write(tmp_path, CATALOG, *args)
+    assert code == 2
+    assert message in capsys.readouterr().err
+    assert not out.exists()
+
+
+# --------------------------------------------------------------------------- v2
+def _selector_matches(selector: dict[str, Any], labels: dict[str, str]) -> bool:
+    if any(labels.get(k) != v for k, v in (selector.get("matchLabels") or {}).items()):
+        return False
+    for expr in selector.get("matchExpressions") or []:
+        value = labels.get(expr["key"])
+        if expr["operator"] == "In" and value not in expr["values"]:
+            return False
+        if expr["operator"] == "NotIn" and value in expr["values"]:
+            return False
+    return True
+
+
+def _denied(rules: list[dict[str, Any]], pool: str, ns_labels: dict[str, str]) -> bool:
+    podconfig = {"fracspawner.io/pool": pool}
+    for rule in rules:
+        if rule["effect"]["api"].get("deny") and all(
+            _selector_matches(m["matchPodConfig"]["selector"], podconfig)
+            if "matchPodConfig" in m
+            else _selector_matches(m["matchNamespace"]["selector"], ns_labels)
+            for m in rule["match"]
+        ):
+            return True
+    return False
+
+
+def test_v2_filter_rules_deny_exactly_what_the_catalog_denies(catalog):
+    rules, notes = filter_rules(catalog)
+    assert "owner" in notes[0]
+    cases = [
+        ("team-vision", {}),
+        ("ml", {"team": "research", "tier": "gpu"}),
+        ("half", {"team": "research"}),
+        ("cv", {"team": "cv"}),
+        ("cv-vision", {"team": "cv"}),
+        ("nobody", {}),
+    ]
+    for name, labels in cases:
+        ns_labels = {**labels, NAME_LABEL: name}
+        rule = namespace_rule(catalog, name, labels)
+        for pool in ("a100-mig", "h100", "t4"):
+            allowed = rule.pools is None or pool in rule.pools
+            assert _denied(rules, pool, ns_labels) == (not allowed), (name, pool)
+    # an owner's namespace is filtered as an unmatched one (the webhook knows better): not the
+    # MIG pool only its owner entry allows, but the default's h100
+    carol = {NAME_LABEL: "carol"}
+    assert namespace_rule(catalog, "carol", {}, {"owner": "carol@example.com"}).pools == (
+        "a100-mig",
+    )
+    assert [_denied(rules, p, carol) for p in ("a100-mig", "h100", "t4")] == [True, False, True]
+
+
+def test_v2_patch_has_a_podconfig_per_offer_and_pauses_gpu_workspaces(catalog):
+    result = export(catalog, notebooks="v2", workspace_kind="jupyterlab-gpu")
+    (patch,) = result.files["workspacekind-jupyterlab-gpu.yaml"][0]
+    values = patch["spec"]["podTemplate"]["options"]["podConfig"]["values"]
+    assert [v["id"] for v in values] == [
+        "fracspawner-a100-mig-mig-1g-10gb",
+        "fracspawner-a100-mig-mig-3g-40gb",
+        "fracspawner-h100-0-125",
+        "fracspawner-h100-0-25",
+        "fracspawner-h100-10gi",
+        "fracspawner-t4-0-25",
+    ]
+    quarter = values[3]
+    assert quarter["spec"]["resources"]["limits"]["nvidia.com/gpu"] == "1"
+    assert quarter["spec"]["resources"]["limits"]["nvidia.com/gpucores"] == "25"
+    mig = values[0]["spec"]
+    assert mig["nodeSelector"] == {"nvidia.com/gpu.product": "NVIDIA-A100-SXM4-80GB"}
+    assert mig["tolerations"][0]["key"] == "nvidia.com/gpu"
+    seconds = {
+        r["match"]["matchPodConfig"]["selector"]["matchLabels"]["fracspawner.io/pool"]: r["config"][
+            "secondsSinceActive"
+        ]
+        for r in patch["spec"]["activityRules"]
+    }
+    assert seconds == {"a100-mig": 7200, "h100": 16, "t4": 7200}  # 10 s is below v2's minimum
+    assert not [n for n in result.notes if "pool h100" in n and "podConfig cannot" in n]
+
+
+def test_v2_says_where_a_podconfig_is_not_enough():
+    runai = load_catalog(REPO / "examples" / "catalogs" / "runai.yaml")
+    notes = export(runai, notebooks="v2").notes
+    (note,) = [n for n in notes if n.startswith("pool a100-runai")]
+    assert "gpu-fraction" in note and "schedulerName" in note and "Run the webhook" in note
+
+
+def test_pools_whose_kubeflow_names_collide_are_refused():
+    data = copy.deepcopy(CATALOG)
+    del data["kubeflow"]
+    data["pools"]["H100"] = copy.deepcopy(data["pools"]["h100"])
+    with pytest.raises(ValueError, match="both become the Kubeflow name 'fracspawner-h100-0-125'"):
+        export(load_catalog(data))
+
+
+def test_profile_namespace_defaults():
+    assert ProfileNamespace("x").described
