@@ -10,8 +10,10 @@ from typing import TYPE_CHECKING, Any
 from tornado import iostream, web
 from tornado.log import access_log
 
+from .admission import RequestInfo
+from .resources import Registry, Resource
 from .selectors import SelectorError, parse_field_selector, parse_label_selector
-from .store import KINDS, SHORT_NAMES, ApiError
+from .store import ApiError
 from .tables import table, wants_table
 
 if TYPE_CHECKING:
@@ -31,31 +33,51 @@ VERSION = {
 _VERBS = ["create", "delete", "get", "list", "patch", "update", "watch"]
 
 
-def resource_list() -> dict[str, Any]:
+def _entry(resource: Resource) -> dict[str, Any]:
+    entry: dict[str, Any] = {
+        "name": resource.plural,
+        "singularName": resource.singular,
+        "namespaced": resource.namespaced,
+        "kind": resource.kind,
+        "verbs": _VERBS,
+    }
+    if resource.short_names:
+        entry["shortNames"] = list(resource.short_names)
+    if resource.categories:
+        entry["categories"] = list(resource.categories)
+    return entry
+
+
+def resource_list(registry: Registry, group: str = "", version: str = "v1") -> dict[str, Any]:
+    """APIResourceList of one group version: what kubectl's discovery reads."""
+    resources = []
+    for resource in registry:
+        if resource.group != group or version not in resource.versions:
+            continue
+        resources.append(_entry(resource))
+        if resource.has_status(version):
+            resources.append(
+                {**_entry(resource), "name": f"{resource.plural}/status", "singularName": "",
+                 "verbs": ["get", "patch", "update"]}
+            )  # fmt: skip
+            resources[-1].pop("shortNames", None)
+            resources[-1].pop("categories", None)
+    if not group:
+        resources.append(
+            {"name": "pods/log", "singularName": "", "namespaced": True, "kind": "Pod",
+             "verbs": ["get"]}
+        )  # fmt: skip
     return {
         "kind": "APIResourceList",
-        "groupVersion": "v1",
-        "resources": [
-            {
-                "name": plural,
-                "singularName": kind.lower(),
-                "namespaced": namespaced,
-                "kind": kind,
-                "verbs": _VERBS,
-                **({"shortNames": SHORT_NAMES[plural]} if plural in SHORT_NAMES else {}),
-            }
-            for plural, (kind, namespaced) in KINDS.items()
-        ]
-        + [
-            {
-                "name": "pods/log",
-                "singularName": "",
-                "namespaced": True,
-                "kind": "Pod",
-                "verbs": ["get"],
-            }
-        ],
+        "apiVersion": "v1",
+        "groupVersion": f"{group}/{version}" if group else version,
+        "resources": resources,
     }
+
+
+def api_group(group: str, versions: list[str]) -> dict[str, Any]:
+    listed = [{"groupVersion": f"{group}/{v}", "version": v} for v in versions]
+    return {"name": group, "versions": listed, "preferredVersion": listed[0]}
 
 
 class Base(web.RequestHandler):
@@ -70,7 +92,40 @@ class Base(web.RequestHandler):
     def write_json(self, obj: Any, status: int = 200) -> None:
         self.set_status(status)
         self.set_header("Content-Type", "application/json")
+        for warning in getattr(self, "_info", RequestInfo()).warnings:
+            # RFC 7234 warning headers, as the apiserver sends them (kubectl prints "Warning:")
+            self.add_header("Warning", "299 - " + json.dumps(warning))
         self.finish(obj if isinstance(obj, bytes) else json.dumps(obj))
+
+    def request_info(self) -> RequestInfo:
+        """Who asks (Impersonate-User/-Group/-Uid, as `kubectl --as`; else an administrator:
+        the devcluster authenticates nobody), dryRun and fieldValidation."""
+        if not hasattr(self, "_info"):
+            info = RequestInfo()
+            user = self.request.headers.get("Impersonate-User")
+            if user:
+                groups = self.request.headers.get_list("Impersonate-Group")
+                info.user = {"username": user, "groups": [*groups, "system:authenticated"]}
+                uid = self.request.headers.get("Impersonate-Uid")
+                if uid:
+                    info.user["uid"] = uid
+            info.dry_run = self.get_argument("dryRun", "") == "All"
+            validation = self.get_argument("fieldValidation", "Warn") or "Warn"
+            if validation not in ("Ignore", "Warn", "Strict"):
+                raise ApiError(
+                    400,
+                    "BadRequest",
+                    f"fieldValidation parameter unsupported: {validation}",
+                )
+            info.field_validation = validation
+            self._info = info
+        return self._info
+
+    def resolve(self, group: str, version: str, plural: str) -> Resource:
+        resource = self.cluster.store.resources.lookup(group, version, plural)
+        if resource is None:
+            raise ApiError(404, "NotFound", "the server could not find the requested resource")
+        return resource
 
     def write_error(self, status_code: int, **kwargs: Any) -> None:
         exc = kwargs.get("exc_info", (None, None))[1]
@@ -116,9 +171,16 @@ class Discovery(Base):
                 }
             )
         elif what == "apis":
-            self.write_json({"kind": "APIGroupList", "apiVersion": "v1", "groups": []})
+            groups = self.cluster.store.resources.groups()
+            self.write_json(
+                {
+                    "kind": "APIGroupList",
+                    "apiVersion": "v1",
+                    "groups": [api_group(g, v) for g, v in groups.items()],
+                }
+            )
         elif what == "api/v1":
-            self.write_json(resource_list())
+            self.write_json(resource_list(self.cluster.store.resources))
         elif what in ("healthz", "readyz", "livez"):
             self.finish("ok")
         else:
@@ -129,30 +191,48 @@ class Collection(Base):
     """/api/v1/{plural} and /api/v1/namespaces/{ns}/{plural}: list, watch, create."""
 
     async def get(self, namespace: str | None, plural: str) -> None:
-        await self._handle(self._get, namespace, plural)
+        await self._handle(
+            lambda: self.list_or_watch(self.resolve("", "v1", plural), "v1", namespace or None)
+        )
 
-    async def _get(self, namespace: str | None, plural: str) -> Any:
-        if plural not in KINDS:
-            raise ApiError(404, "NotFound", "the server could not find the requested resource")
+    async def post(self, namespace: str | None, plural: str) -> None:
+        await self._handle(
+            lambda: self.create(self.resolve("", "v1", plural), "v1", namespace or None)
+        )
+
+    async def list_or_watch(self, resource: Resource, version: str, namespace: str | None) -> Any:
+        key = resource.key
         labels = parse_label_selector(self.get_argument("labelSelector", None))
-        fields = parse_field_selector(self.get_argument("fieldSelector", None), plural)
+        fields = parse_field_selector(self.get_argument("fieldSelector", None), key)
 
         def matches(obj: Any) -> bool:
             return labels((obj.get("metadata") or {}).get("labels") or {}) and fields(obj)
 
         if self.get_argument("watch", "false").lower() in ("true", "1"):
-            await self._watch(namespace, plural, matches)
+            await self._watch(resource, version, namespace, matches)
             return None
         store = self.cluster.store
         if wants_table(self.request.headers.get("Accept")):  # kubectl get
-            objects = [e.obj for e in store.entries(plural, namespace) if matches(e.obj)]
-            return table(plural, objects, str(store.rv))
-        return store.list_raw(plural, namespace, matches)
+            objects = [e.obj for e in store.entries(key, namespace) if matches(e.obj)]
+            return table(key, objects, str(store.rv), resource, version)
+        return store.list_raw(key, namespace, matches, version)
 
-    async def _watch(self, namespace: str | None, plural: str, matches: Any) -> None:
+    async def create(self, resource: Resource, version: str, namespace: str | None) -> Any:
+        return await self.cluster.api_create(
+            resource.key, version, namespace, self.body_json(), self.request_info()
+        )
+
+    async def _watch(
+        self, resource: Resource, version: str, namespace: str | None, matches: Any
+    ) -> None:
         store = self.cluster.store
+        plural = resource.key
+        api_version = resource.api_version(version)
         try:
-            w = store.watch(plural, namespace, matches, self.get_argument("resourceVersion", None))
+            w = store.watch(
+                plural, namespace, matches, self.get_argument("resourceVersion", None),
+                api_version,
+            )  # fmt: skip
         except ApiError as exc:
             if exc.code != 410:
                 raise
@@ -179,14 +259,13 @@ class Collection(Base):
                     )
                 except asyncio.TimeoutError:
                     if bookmarks:
-                        kind = KINDS[plural][0]
                         line = (
                             json.dumps(
                                 {
                                     "type": "BOOKMARK",
                                     "object": {
-                                        "kind": kind,
-                                        "apiVersion": "v1",
+                                        "kind": resource.kind,
+                                        "apiVersion": api_version,
                                         "metadata": {"resourceVersion": str(store.rv)},
                                     },
                                 }
@@ -204,7 +283,7 @@ class Collection(Base):
                     lines.append(w.queue.get_nowait())
                 ended = lines[-1] is None
                 for item in lines[:-1] if ended else lines:
-                    self.write(_table_event(plural, item) if as_table else item)
+                    self.write(_table_event(resource, version, item) if as_table else item)
                 await self.flush()
                 if ended:
                     break
@@ -215,18 +294,13 @@ class Collection(Base):
         if not self._finished:
             self.finish()
 
-    async def post(self, namespace: str | None, plural: str) -> None:
-        if plural not in KINDS:
-            raise web.HTTPError(404)
-        await self._handle(lambda: self.cluster.create(plural, namespace, self.body_json()))
 
-
-def _table_event(plural: str, line: bytes) -> bytes:
+def _table_event(resource: Resource, version: str, line: bytes) -> bytes:
     event = json.loads(line)
     obj = event["object"]
     if event["type"] not in ("BOOKMARK", "ERROR"):
         rv = obj["metadata"].get("resourceVersion", "")
-        event["object"] = table(plural, [obj], rv)
+        event["object"] = table(resource.key, [obj], rv, resource, version)
     return json.dumps(event).encode() + b"\n"
 
 
@@ -234,45 +308,79 @@ class Item(Base):
     """/api/v1/{plural}/{name} and /api/v1/namespaces/{ns}/{plural}/{name}."""
 
     async def get(self, namespace: str | None, plural: str, name: str) -> None:
-        def read() -> Any:
-            obj = self.cluster.store.get(plural, namespace, name)
-            if wants_table(self.request.headers.get("Accept")):
-                return table(plural, [obj], obj["metadata"]["resourceVersion"])
-            return obj
-
-        await self._handle(read)
+        await self._handle(
+            lambda: self.read(self.resolve("", "v1", plural), "v1", namespace or None, name)
+        )
 
     async def delete(self, namespace: str | None, plural: str, name: str) -> None:
-        def grace() -> float | None:
-            body = self.body_json() if self.request.body else None
-            value = self.get_argument("gracePeriodSeconds", None)
-            if value is None and isinstance(body, dict):
-                value = body.get("gracePeriodSeconds")
-            return None if value is None else float(value)
-
-        await self._handle(lambda: self.cluster.delete(plural, namespace, name, grace()))
+        await self._handle(
+            lambda: self.remove(self.resolve("", "v1", plural), "v1", namespace or None, name)
+        )
 
     async def patch(self, namespace: str | None, plural: str, name: str) -> None:
-        content_type = self.request.headers.get("Content-Type", "application/merge-patch+json")
         await self._handle(
-            lambda: self.cluster.patch(plural, namespace, name, self.body_json(), content_type)
+            lambda: self.change(self.resolve("", "v1", plural), "v1", namespace or None, name)
         )
 
     async def put(self, namespace: str | None, plural: str, name: str) -> None:
-        def replace() -> Any:
-            current = self.cluster.store.get(plural, namespace, name)
-            return self.cluster.patch(
-                plural,
-                namespace,
-                name,
-                {
-                    **{k: None for k in current if k not in ("metadata", "kind", "apiVersion")},
-                    **self.body_json(),
-                },
-                "application/merge-patch+json",
-            )
+        await self._handle(
+            lambda: self.replace(self.resolve("", "v1", plural), "v1", namespace or None, name)
+        )
 
-        await self._handle(replace)
+    def read(self, resource: Resource, version: str, namespace: str | None, name: str) -> Any:
+        obj = self.cluster.store.get(resource.key, namespace, name)
+        obj = {**obj, "apiVersion": resource.api_version(version)}
+        if wants_table(self.request.headers.get("Accept")):
+            return table(resource.key, [obj], obj["metadata"]["resourceVersion"], resource,
+                         version)  # fmt: skip
+        return obj
+
+    async def remove(
+        self, resource: Resource, version: str, namespace: str | None, name: str
+    ) -> Any:
+        body = self.body_json() if self.request.body else None
+        value = self.get_argument("gracePeriodSeconds", None)
+        if value is None and isinstance(body, dict):
+            value = body.get("gracePeriodSeconds")
+        grace = None if value is None else float(value)
+        if isinstance(body, dict) and body.get("dryRun") == ["All"]:
+            self.request_info().dry_run = True
+        return await self.cluster.api_delete(
+            resource.key, version, namespace, name, grace, self.request_info()
+        )
+
+    async def change(
+        self,
+        resource: Resource,
+        version: str,
+        namespace: str | None,
+        name: str,
+        subresource: str = "",
+    ) -> Any:
+        content_type = self.request.headers.get("Content-Type", "application/merge-patch+json")
+        if "apply-patch" in content_type:
+            raise ApiError(
+                415,
+                "UnsupportedMediaType",
+                "the devcluster does not support server-side apply (application/apply-patch)",
+            )
+        return await self.cluster.api_update(
+            resource.key, version, namespace, name, self.request_info(),
+            patch=self.body_json(), content_type=content_type, subresource=subresource,
+        )  # fmt: skip
+
+    async def replace(
+        self,
+        resource: Resource,
+        version: str,
+        namespace: str | None,
+        name: str,
+        subresource: str = "",
+    ) -> Any:
+        return await self.cluster.api_update(
+            resource.key, version, namespace, name, self.request_info(),
+            body=self.body_json(), subresource=subresource,
+        )  # fmt: skip
 
 
 class PodLog(Base):
@@ -336,6 +444,141 @@ class NamespaceItem(Item):
     async def patch(self, name: str) -> None:  # type: ignore[override]
         await super().patch(None, "namespaces", name)
 
+    async def put(self, name: str) -> None:  # type: ignore[override]
+        await super().put(None, "namespaces", name)
+
+
+class GroupDiscovery(Base):
+    """/apis/{group} (APIGroup) and /apis/{group}/{version} (APIResourceList)."""
+
+    def get(self, group: str, version: str | None = None) -> None:
+        versions = self.cluster.store.resources.groups().get(group)
+        if not versions or (version and version not in versions):
+            raise web.HTTPError(404)
+        if version:
+            self.write_json(resource_list(self.cluster.store.resources, group, version))
+        else:
+            self.write_json({"kind": "APIGroup", "apiVersion": "v1", **api_group(group, versions)})
+
+
+class GroupCollection(Collection):
+    """/apis/{group}/{version}[/namespaces/{ns}]/{plural}."""
+
+    def _scoped(self, group: str, version: str, namespace: str | None, plural: str) -> Resource:
+        resource = self.resolve(group, version, plural)
+        if namespace and not resource.namespaced:
+            raise ApiError(404, "NotFound", "the server could not find the requested resource")
+        return resource
+
+    async def get(self, group: str, version: str, namespace: str | None, plural: str) -> None:  # type: ignore[override]
+        await self._handle(
+            lambda: self.list_or_watch(
+                self._scoped(group, version, namespace, plural), version, namespace or None
+            )
+        )
+
+    async def post(self, group: str, version: str, namespace: str | None, plural: str) -> None:  # type: ignore[override]
+        def create() -> Any:
+            resource = self._scoped(group, version, namespace, plural)
+            if resource.namespaced and not namespace:
+                raise ApiError(
+                    405,
+                    "MethodNotAllowed",
+                    "the server does not allow this method on the requested resource",
+                )
+            return self.create(resource, version, namespace)
+
+        await self._handle(create)
+
+
+class GroupItem(Item):
+    """/apis/{group}/{version}[/namespaces/{ns}]/{plural}/{name}[/status]."""
+
+    def _scoped(
+        self, group: str, version: str, namespace: str | None, plural: str, sub: str | None
+    ) -> Resource:
+        resource = self.resolve(group, version, plural)
+        if bool(namespace) != resource.namespaced or (sub and not resource.has_status(version)):
+            raise ApiError(404, "NotFound", "the server could not find the requested resource")
+        return resource
+
+    async def get(
+        self,
+        group: str,
+        version: str,
+        namespace: str | None,
+        plural: str,
+        name: str,
+        sub: str | None = None,
+    ) -> None:  # type: ignore[override]  # noqa: E501
+        await self._handle(
+            lambda: self.read(
+                self._scoped(group, version, namespace, plural, sub),
+                version,
+                namespace or None,
+                name,
+            )
+        )
+
+    async def delete(
+        self,
+        group: str,
+        version: str,
+        namespace: str | None,
+        plural: str,
+        name: str,
+        sub: str | None = None,
+    ) -> None:  # type: ignore[override]  # noqa: E501
+        async def remove() -> Any:
+            if sub:
+                raise ApiError(
+                    405,
+                    "MethodNotAllowed",
+                    "the server does not allow this method on the requested resource",
+                )
+            resource = self._scoped(group, version, namespace, plural, sub)
+            return await self.remove(resource, version, namespace or None, name)
+
+        await self._handle(remove)
+
+    async def patch(
+        self,
+        group: str,
+        version: str,
+        namespace: str | None,
+        plural: str,
+        name: str,
+        sub: str | None = None,
+    ) -> None:  # type: ignore[override]  # noqa: E501
+        await self._handle(
+            lambda: self.change(
+                self._scoped(group, version, namespace, plural, sub),
+                version,
+                namespace or None,
+                name,
+                sub or "",
+            )
+        )
+
+    async def put(
+        self,
+        group: str,
+        version: str,
+        namespace: str | None,
+        plural: str,
+        name: str,
+        sub: str | None = None,
+    ) -> None:  # type: ignore[override]  # noqa: E501
+        await self._handle(
+            lambda: self.replace(
+                self._scoped(group, version, namespace, plural, sub),
+                version,
+                namespace or None,
+                name,
+                sub or "",
+            )
+        )
+
 
 def _log_request(handler: web.RequestHandler) -> None:
     """Server errors as warnings; 404s and 409s are ordinary answers here, so only at debug."""
@@ -346,8 +589,9 @@ def _log_request(handler: web.RequestHandler) -> None:
 
 
 def make_app(cluster: DevCluster) -> web.Application:
-    plurals = "|".join(KINDS)
+    plurals = "|".join(r.plural for r in cluster.store.resources if not r.group)
     args = {"cluster": cluster}
+    seg = "([^/]+)"
     return web.Application(
         [
             (r"/(version|api|apis|api/v1|healthz|readyz|livez)/?", Discovery, args),
@@ -357,6 +601,13 @@ def make_app(cluster: DevCluster) -> web.Application:
             (r"/api/v1/namespaces/([^/]+)", NamespaceItem, args),
             (rf"/api/v1/()({plurals})/([^/]+)", Item, args),
             (rf"/api/v1/()({plurals})", Collection, args),
+            # named groups: what the apiserver serves for built-in groups and for CRDs
+            (rf"/apis/{seg}/?", GroupDiscovery, args),
+            (rf"/apis/{seg}/{seg}/?", GroupDiscovery, args),
+            (rf"/apis/{seg}/{seg}/namespaces/{seg}/{seg}/{seg}(?:/(status))?/?", GroupItem, args),
+            (rf"/apis/{seg}/{seg}/namespaces/{seg}/{seg}/?", GroupCollection, args),
+            (rf"/apis/{seg}/{seg}/(){seg}/{seg}(?:/(status))?/?", GroupItem, args),
+            (rf"/apis/{seg}/{seg}/(){seg}/?", GroupCollection, args),
         ],
         log_function=_log_request,
     )

@@ -12,9 +12,12 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from . import scheduler
+from . import admission, crd, customresources, jsonpatch, objectmeta, scheduler
+from .admission import Admission, Attributes, RequestInfo
+from .fielderrors import invalid_error
 from .kubelet import ConfigError, Kubelet, port_open
-from .store import KINDS, ApiError, Store, now_iso
+from .resources import CRDS, MUTATING, VALIDATING, Resource
+from .store import ApiError, Store, now_iso
 from .topology import load_topology
 from .validation import validate
 
@@ -47,6 +50,23 @@ def secret_with_data(secret: dict[str, Any]) -> dict[str, Any]:
         data[key] = base64.b64encode(str(value).encode()).decode()
     secret["data"] = data
     return secret
+
+
+def namespace_object(entry: str | Mapping[str, Any]) -> dict[str, Any]:
+    """A topology's namespace: a name, or `{name, labels, annotations}` (a profile namespace
+    labelled `app.kubernetes.io/part-of: kubeflow-profile`, say), labelled with its own name
+    as the apiserver labels every namespace (kubernetes.io/metadata.name)."""
+    if isinstance(entry, str):
+        entry = {"name": entry}
+    name = str(entry["name"])
+    labels = {str(k): str(v) for k, v in (entry.get("labels") or {}).items()}
+    labels["kubernetes.io/metadata.name"] = name
+    annotations = {str(k): str(v) for k, v in (entry.get("annotations") or {}).items()}
+    return {
+        "metadata": {"name": name, "labels": labels, "annotations": annotations},
+        "spec": {"finalizers": ["kubernetes"]},
+        "status": {"phase": "Active"},
+    }
 
 
 def scheduler_of(pod: Mapping[str, Any]) -> str:
@@ -95,29 +115,49 @@ def merge_patch(target: Any, patch: Any) -> Any:
     return result
 
 
-def json_patch(target: Any, operations: list[Mapping[str, Any]]) -> Any:
-    doc = copy.deepcopy(target)
-    for op in operations:
-        parts = [p.replace("~1", "/").replace("~0", "~") for p in op["path"].split("/")[1:]]
-        parent = doc
-        for part in parts[:-1]:
-            parent = parent[int(part)] if isinstance(parent, list) else parent[part]
-        last = parts[-1] if parts else ""
-        kind = op["op"]
-        if kind in ("add", "replace"):
-            if isinstance(parent, list):
-                index = len(parent) if last == "-" else int(last)
-                if kind == "add":
-                    parent.insert(index, op["value"])
-                else:
-                    parent[index] = op["value"]
-            else:
-                parent[last] = op["value"]
-        elif kind == "remove":
-            del parent[int(last) if isinstance(parent, list) else last]
-        else:
-            raise ApiError(422, "Invalid", f"unsupported json patch operation {kind!r}")
-    return doc
+def _apply_patch(current: Mapping[str, Any], patch: Any, content_type: str) -> Any:
+    """A PATCH body applied by its content type: JSON patch (RFC 6902; one that does not
+    apply is a 422 worded like evanphx/json-patch's), else a merge patch (strategic merge
+    treated as a merge patch)."""
+    if "json-patch" in content_type:
+        try:
+            return jsonpatch.apply(current, patch)
+        except jsonpatch.PatchError as exc:
+            raise ApiError(422, "UnprocessableEntity", str(exc)) from None
+    if not isinstance(patch, Mapping):
+        raise ApiError(400, "BadRequest", "a merge patch must be a JSON object")
+    return merge_patch(current, patch)
+
+
+def _replacement(
+    current: Mapping[str, Any], body: Any, resource: Resource, version: str
+) -> dict[str, Any]:
+    """A PUT's body as the new object (apiVersion and kind as the URL says where missing)."""
+    if not isinstance(body, dict):
+        raise ApiError(400, "BadRequest", "the body of the request was not a JSON object")
+    updated = copy.deepcopy(body)
+    if not resource.custom:
+        updated.setdefault("apiVersion", resource.api_version(version))
+        updated.setdefault("kind", resource.kind)
+    name = (updated.get("metadata") or {}).get("name")
+    if name and name != current["metadata"]["name"]:
+        raise ApiError(
+            400,
+            "BadRequest",
+            f"the name of the object ({name}) does not match the name on the URL "
+            f"({current['metadata']['name']})",
+        )
+    return updated
+
+
+def _conflict(plural: str, name: str) -> ApiError:
+    return ApiError(
+        409,
+        "Conflict",
+        f'Operation cannot be fulfilled on {plural} "{name}": the object has been modified; '
+        "please apply your changes to the latest version and try again",
+        {"name": name, "kind": plural},
+    )
 
 
 class DevCluster:
@@ -142,6 +182,7 @@ class DevCluster:
         self.state_dir = Path(state_dir).resolve()
         self.kubeconfig_path = Path(kubeconfig) if kubeconfig else self.state_dir / "kubeconfig"
         self.store = Store()
+        self.admission = Admission(self.store)
         self.kubelet = Kubelet(self.state_dir, self.topology.get("images") or {})
         self.served = SERVED_SCHEDULERS | set(self.topology.get("schedulers") or [])
         self._server: Any = None
@@ -159,16 +200,22 @@ class DevCluster:
         from .api import make_app
         from .kubeconfig import write_kubeconfig
 
-        for ns in ("default", "kube-system", "kube-public"):
-            self.store.load("namespaces", {"metadata": {"name": ns}, "status": {"phase": "Active"}})
-        for ns in self.topology.get("namespaces") or []:
-            self.store.load("namespaces", {"metadata": {"name": ns}, "status": {"phase": "Active"}})
+        for ns in [
+            "default",
+            "kube-system",
+            "kube-public",
+            *(self.topology.get("namespaces") or []),
+        ]:
+            self.store.load("namespaces", namespace_object(ns))
         for node in self.topology["nodes"]:
             self.store.load("nodes", node)
         for pod in self.topology.get("pods") or []:
             self.store.load("pods", pod)
         self.state_dir.mkdir(parents=True, exist_ok=True)
         sock = socket.socket()
+        # a restart on the same port must not wait out TIME_WAIT (~60 s) of the connections
+        # stop() closed: tests take the API away and back to show outage behaviour
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         sock.bind((self.host, self.port))
         sock.listen(128)
         sock.setblocking(False)
@@ -223,33 +270,160 @@ class DevCluster:
 
     # ---------------------------------------------------------------- API operations
     def create(self, plural: str, namespace: str | None, body: dict[str, Any]) -> dict[str, Any]:
-        kind = KINDS[plural][0]
-        body = copy.deepcopy(body)
-        body.setdefault("apiVersion", "v1")
-        body.setdefault("kind", kind)
-        if body["kind"] != kind:
-            raise ApiError(400, "BadRequest", f"the body's kind {body['kind']} is not {kind}")
-        if KINDS[plural][1] and plural != "events":
-            ns_name = namespace or (body.get("metadata") or {}).get("namespace") or "default"
+        """Create without admission webhooks (the devcluster's own objects, add_node)."""
+        resource = self.store.resources[plural]
+        body = self._decode_create(resource, resource.storage, namespace, body, RequestInfo())
+        self._validate(resource, resource.storage, body)
+        return self._store_create(resource, namespace, body)
+
+    async def api_create(
+        self,
+        plural: str,
+        version: str,
+        namespace: str | None,
+        body: Any,
+        info: RequestInfo,
+    ) -> dict[str, Any]:
+        """A create through the API: decoded, mutating webhooks, validated, validating
+        webhooks, stored (or, for a dry run, not)."""
+        resource = self.store.resources[plural]
+        body = self._decode_create(resource, version, namespace, body, info)
+        meta = body["metadata"]
+        attrs = Attributes(
+            "CREATE", resource, version, meta.get("namespace", ""), meta.get("name", ""),
+            body, None, info,
+        )  # fmt: skip
+        body = await self.admission.mutate(attrs, lambda o: self._redefault(resource, version, o))
+        self._validate(resource, version, body)
+        await self.admission.validate(attrs)
+        if resource.key not in self.store.resources:
+            raise ApiError(404, "NotFound", "the server could not find the requested resource")
+        if info.dry_run:
+            return self.store.new_object(plural, namespace, self._before_store(resource, body))
+        return self._store_create(resource, namespace, body)
+
+    def _decode_create(
+        self,
+        resource: Resource,
+        version: str,
+        namespace: str | None,
+        body: Any,
+        info: RequestInfo,
+    ) -> dict[str, Any]:
+        """The object as the apiserver has it before admission: decoded, defaulted, in an
+        existing namespace that is not terminating (NamespaceLifecycle)."""
+        plural = resource.key
+        if resource.custom:
+            decoded = customresources.decode(
+                resource, version, body, info.field_validation, info.warnings
+            )
+            body = customresources.for_create(resource, decoded)
+        else:
+            if not isinstance(body, dict):
+                raise ApiError(400, "BadRequest", "the body of the request was not a JSON object")
+            body = copy.deepcopy(body)
+            body.setdefault("apiVersion", resource.api_version(version))
+            body.setdefault("kind", resource.kind)
+            if body["kind"] != resource.kind:
+                raise ApiError(
+                    400, "BadRequest", f"the body's kind {body['kind']} is not {resource.kind}"
+                )
+        meta = body.setdefault("metadata", {})
+        if not isinstance(meta, dict):
+            raise ApiError(400, "BadRequest", "metadata: not an object")
+        if resource.namespaced:
+            ns_name = namespace or meta.get("namespace") or "default"
+            if meta.get("namespace") and namespace and meta["namespace"] != namespace:
+                raise ApiError(
+                    400,
+                    "BadRequest",
+                    "the namespace of the provided object does not match the namespace sent "
+                    "on the request",
+                )
             ns = self.store.objects["namespaces"].get(("", ns_name))
-            if ns is not None and ns.obj["metadata"].get("deletionTimestamp"):
+            if ns is None:
+                raise ApiError(
+                    404,
+                    "NotFound",
+                    f'namespaces "{ns_name}" not found',
+                    {"name": ns_name, "kind": "namespaces"},
+                )
+            if ns.obj["metadata"].get("deletionTimestamp") and plural != "events":
                 raise ApiError(
                     403,
                     "Forbidden",
                     f"unable to create new content in namespace {ns_name} because it is being "
                     "terminated",
-                    {"name": (body.get("metadata") or {}).get("name", ""), "kind": plural},
+                    {"name": meta.get("name", ""), "kind": plural},
                 )
+            meta["namespace"] = ns_name
+        else:
+            meta.pop("namespace", None)
         if plural == "pods":
             body.pop("status", None)
+        if plural == CRDS:
+            body.pop("status", None)
+            crd.set_defaults(body)
+        if plural in (MUTATING, VALIDATING):
+            admission.set_defaults(body, mutating=plural == MUTATING)
+        return self._redefault(resource, version, body)
+
+    def _redefault(self, resource: Resource, version: str, obj: dict[str, Any]) -> dict[str, Any]:
+        """Defaulting, as the apiserver applies it when it decodes an object (again after a
+        mutating webhook's patch)."""
+        plural = resource.key
+        if resource.custom:
+            customresources.coerce(resource, version, obj)
+        if plural == "pods" and isinstance(obj.get("spec"), dict):
+            obj["spec"].setdefault("schedulerName", "default-scheduler")
+            obj["spec"].setdefault("restartPolicy", "Always")
         if plural == "secrets":
-            body = secret_with_data(body)
-        validate(body)
-        if plural == "pods":
-            body["spec"].setdefault("schedulerName", "default-scheduler")
-            body["spec"].setdefault("restartPolicy", "Always")
+            folded = secret_with_data(obj)
+            obj.clear()
+            obj.update(folded)
+        if plural == "namespaces":
+            meta = obj.setdefault("metadata", {})
+            if meta.get("name"):  # the apiserver labels every namespace with its own name
+                meta.setdefault("labels", {})["kubernetes.io/metadata.name"] = meta["name"]
+        return obj
+
+    def _validate(self, resource: Resource, version: str, obj: dict[str, Any]) -> None:
+        """422 for what the apiserver refuses: the schema, then ObjectMeta, then each kind's
+        own rules."""
+        plural = resource.key
+        if resource.custom:
+            customresources.check(resource, version, obj)
+            return
+        validate({k: v for k, v in obj.items() if k != "status"} if plural == "pods" else obj)
+        name = (obj.get("metadata") or {}).get("name", "")
+        errors = objectmeta.validate_metadata(plural, obj.get("metadata") or {})
+        if plural == CRDS:
+            errors += crd.errors(obj)
+        elif plural in (MUTATING, VALIDATING):
+            errors += admission.config_errors(obj, mutating=plural == MUTATING)
+        if errors:
+            raise invalid_error(resource.kind, resource.group, name, errors)
+
+    def _before_store(self, resource: Resource, body: dict[str, Any]) -> dict[str, Any]:
+        """What the registry sets as it stores a new object (PrepareForCreate)."""
+        if resource.key == "pods":
             body["status"] = {"phase": "Pending", "qosClass": scheduler.qos_class(body)}
-        obj = self.store.create(plural, namespace, body)
+        if resource.key == CRDS:
+            body = crd.with_status(body)
+        if resource.key == "namespaces":
+            body.setdefault("spec", {}).setdefault("finalizers", ["kubernetes"])
+            body["status"] = {"phase": "Active"}
+        return body
+
+    def _store_create(
+        self, resource: Resource, namespace: str | None, body: dict[str, Any]
+    ) -> dict[str, Any]:
+        plural = resource.key
+        if plural == CRDS:
+            self._check_crd_names(body)
+        obj = self.store.create(plural, namespace, self._before_store(resource, body))
+        if plural == CRDS:
+            self.store.serve(crd.resource_of(obj))
         node = obj["spec"].get("nodeName") if plural == "pods" else None
         if node and ("", node) in self.store.objects["nodes"]:
             # created already bound (no scheduler involved): the node's kubelet just runs it
@@ -257,44 +431,155 @@ class DevCluster:
             return self.store.get(plural, obj["metadata"]["namespace"], obj["metadata"]["name"])
         return obj
 
+    def _check_crd_names(self, body: Mapping[str, Any]) -> None:
+        """A CRD may not serve what a built-in kind serves already."""
+        key = f"{body['spec']['names']['plural']}.{body['spec']['group']}"
+        existing = self.store.resources.get(key)
+        if existing is not None and not existing.custom:
+            raise ApiError(
+                409,
+                "AlreadyExists",
+                f"the resource {key} is built into the devcluster; a CRD cannot serve it",
+            )
+
     def patch(
         self, plural: str, namespace: str | None, name: str, patch: Any, content_type: str
     ) -> dict[str, Any]:
+        """A patch without admission webhooks, in the storage version."""
         current = self.store.get(plural, namespace, name)
-        if "json-patch" in content_type:
-            try:
-                updated = json_patch(current, patch)
-            except (KeyError, IndexError, ValueError, TypeError) as exc:
-                raise ApiError(422, "Invalid", f"the JSON patch does not apply: {exc!r}") from None
-        else:
-            updated = merge_patch(current, patch)
-        meta = updated.setdefault("metadata", {})
-        wanted = meta.get("resourceVersion")
-        if wanted and wanted != current["metadata"]["resourceVersion"]:
-            # optimistic concurrency: a write based on an older version is refused
-            raise ApiError(
-                409,
-                "Conflict",
-                f'Operation cannot be fulfilled on {plural} "{name}": the object has been '
-                "modified; please apply your changes to the latest version and try again",
-                {"name": name, "kind": plural},
+        updated = _apply_patch(current, patch, content_type)
+        resource = self.store.resources[plural]
+        self._check_version(plural, name, current, updated)
+        updated = self._prepare_update(resource, resource.storage, current, updated, "")
+        return self._store_update(resource, updated)
+
+    async def api_update(
+        self,
+        plural: str,
+        version: str,
+        namespace: str | None,
+        name: str,
+        info: RequestInfo,
+        *,
+        patch: Any = None,
+        content_type: str = "",
+        body: Any = None,
+        subresource: str = "",
+    ) -> dict[str, Any]:
+        """A PATCH (`patch`) or PUT (`body`) through the API: mutating webhooks, validation,
+        validating webhooks, then stored if nothing else wrote the object meanwhile (else
+        done again on the new version, as the apiserver's GuaranteedUpdate retries)."""
+        resource = self.store.resources[plural]
+        for _ in range(8):
+            current = self.store.get(plural, namespace, name)
+            seen = current["metadata"]["resourceVersion"]
+            view = {**current, "apiVersion": resource.api_version(version)}
+            if body is not None:
+                updated = _replacement(view, body, resource, version)
+            else:
+                updated = _apply_patch(view, patch, content_type)
+            explicit = self._check_version(plural, name, current, updated)
+            if resource.custom:
+                updated = customresources.decode(
+                    resource, version, updated, info.field_validation, info.warnings
+                )
+            else:
+                updated = self._redefault(resource, version, updated)
+            attrs = Attributes(
+                "UPDATE", resource, version, namespace or "", name, updated, view, info,
+                subresource,
+            )  # fmt: skip
+            updated = await self.admission.mutate(
+                attrs, lambda o: self._redefault(resource, version, o)
             )
-        if plural == "secrets":
-            updated = secret_with_data(updated)
+            updated = self._prepare_update(resource, version, current, updated, subresource)
+            await self.admission.validate(attrs)
+            latest = self.store.get(plural, namespace, name)
+            if latest["metadata"]["resourceVersion"] != seen:
+                if explicit:
+                    raise _conflict(plural, name)
+                continue  # written meanwhile: do it again on what is there now
+            if info.dry_run:
+                return updated
+            return self._store_update(resource, updated)
+        raise _conflict(plural, name)
+
+    def _check_version(
+        self, plural: str, name: str, current: Mapping[str, Any], updated: Any
+    ) -> bool:
+        """Optimistic concurrency: a write naming an older resourceVersion is a 409. True when
+        the write named one."""
+        if not isinstance(updated, dict):
+            raise ApiError(400, "BadRequest", "the patched object is not a JSON object")
+        wanted = (updated.get("metadata") or {}).get("resourceVersion")
+        if wanted and wanted != current["metadata"]["resourceVersion"]:
+            raise _conflict(plural, name)
+        return bool(wanted)
+
+    def _prepare_update(
+        self,
+        resource: Resource,
+        version: str,
+        current: Mapping[str, Any],
+        updated: dict[str, Any],
+        subresource: str,
+    ) -> dict[str, Any]:
+        """What the registry does on update (PrepareForUpdate, ValidateUpdate): fixed metadata
+        kept, status kept where it has its own writer, the kind's immutable fields checked."""
+        plural = resource.key
+        meta = updated.setdefault("metadata", {})
+        for fixed in ("name", "namespace", "uid", "creationTimestamp", "deletionTimestamp"):
+            if fixed in current["metadata"]:
+                meta[fixed] = current["metadata"][fixed]
+        meta["resourceVersion"] = current["metadata"]["resourceVersion"]
+        updated["apiVersion"] = resource.api_version()
         if plural == "pods":
             pod_spec_update_allowed(current, updated)
             # status belongs to the kubelet (its own subresource): a write here leaves it alone
             updated["status"] = copy.deepcopy(current.get("status") or {})
-        for fixed in ("name", "namespace", "uid", "creationTimestamp"):
-            if fixed in current["metadata"]:
-                meta[fixed] = current["metadata"][fixed]
-        validate(
-            {k: v for k, v in updated.items() if k != "status"} if plural == "pods" else updated
-        )
-        self.store.update(plural, updated)
-        if plural == "nodes":
-            self._reschedule.set()
+        if plural in (CRDS, "namespaces"):
+            updated["status"] = copy.deepcopy(current.get("status") or {})
+        if resource.custom:
+            updated = customresources.for_update(resource, current, updated, subresource)
+        if plural == CRDS:
+            errors = crd.immutable_errors(current, updated)
+            if errors:
+                raise invalid_error(resource.kind, resource.group, meta.get("name", ""), errors)
+            crd.set_defaults(updated)
+        if plural in (MUTATING, VALIDATING):
+            admission.set_defaults(updated, mutating=plural == MUTATING)
+        self._validate(resource, version, updated)
+        if plural == CRDS:
+            updated = crd.with_status(updated, current)
         return updated
+
+    def _store_update(self, resource: Resource, updated: dict[str, Any]) -> dict[str, Any]:
+        self.store.update(resource.key, updated)
+        if resource.key == "nodes":
+            self._reschedule.set()
+        if resource.key == CRDS:
+            self.store.serve(crd.resource_of(updated))
+        return updated
+
+    async def api_delete(
+        self,
+        plural: str,
+        version: str,
+        namespace: str | None,
+        name: str,
+        grace: float | None,
+        info: RequestInfo,
+    ) -> dict[str, Any]:
+        """A delete through the API: webhooks for DELETE see the object as oldObject."""
+        resource = self.store.resources[plural]
+        current = self.store.get(plural, namespace, name)
+        view = {**current, "apiVersion": resource.api_version(version)}
+        attrs = Attributes("DELETE", resource, version, namespace or "", name, None, view, info)
+        await self.admission.mutate(attrs)
+        await self.admission.validate(attrs)
+        if info.dry_run:
+            return copy.deepcopy(current)
+        return await self.delete(plural, namespace, name, grace)
 
     async def delete(
         self, plural: str, namespace: str | None, name: str, grace: float | None
@@ -304,7 +589,12 @@ class DevCluster:
             return await self._delete_namespace(obj)
         if plural != "pods":
             removed = self.store.remove(plural, namespace, name)
-            if plural in RETURN_DELETED_OBJECT:
+            if plural == CRDS:
+                # the apiserver's CRD finalizer deletes every custom resource, then the CRD
+                spec = removed["spec"]
+                self.store.unserve(f"{spec['names']['plural']}.{spec['group']}")
+            resource = self.store.resources.get(plural)
+            if plural in RETURN_DELETED_OBJECT or (resource is not None and resource.custom):
                 return removed
             return {
                 "kind": "Status",
@@ -348,9 +638,10 @@ class DevCluster:
         return ns
 
     async def _finalize_namespace(self, name: str) -> None:
-        for plural, (_, namespaced) in KINDS.items():
-            if not namespaced:
+        for resource in self.store.resources:
+            if not resource.namespaced:
                 continue
+            plural = resource.key
             for entry in list(self.store.entries(plural, name)):
                 member = entry.obj["metadata"]["name"]
                 if plural == "pods":

@@ -121,3 +121,24 @@ def parse_field_selector(selector: str | None, kind: str) -> Matcher:
         else:
             tests.append(lambda o, k=path, v=value: _field(o, k) == v)
     return lambda obj: all(t(obj) for t in tests)
+
+
+def match_label_selector(selector: Mapping[str, Any] | None, labels: Mapping[str, str]) -> bool:
+    """A metav1.LabelSelector (`matchLabels` and `matchExpressions`) against a labels dict; an
+    empty selector matches everything (webhooks' namespaceSelector and objectSelector)."""
+    if not selector:
+        return True
+    for key, value in (selector.get("matchLabels") or {}).items():
+        if labels.get(key) != value:
+            return False
+    for expr in selector.get("matchExpressions") or []:
+        key, op, values = expr.get("key"), expr.get("operator"), expr.get("values") or []
+        if op == "In" and labels.get(key) not in values:
+            return False
+        if op == "NotIn" and key in labels and labels[key] in values:
+            return False
+        if op == "Exists" and key not in labels:
+            return False
+        if op == "DoesNotExist" and key in labels:
+            return False
+    return True

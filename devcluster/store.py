@@ -17,29 +17,14 @@ from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from typing import Any
 
-# plural -> (kind, namespaced)
+from .resources import BUILTIN, Registry, Resource
+
+# plural -> (kind, namespaced), for the core kinds (what the scheduler and kubelet use)
 KINDS: dict[str, tuple[str, bool]] = {
-    "pods": ("Pod", True),
-    "events": ("Event", True),
-    "nodes": ("Node", False),
-    "persistentvolumeclaims": ("PersistentVolumeClaim", True),
-    "services": ("Service", True),
-    "secrets": ("Secret", True),
-    "configmaps": ("ConfigMap", True),
-    "serviceaccounts": ("ServiceAccount", True),
-    "namespaces": ("Namespace", False),
+    r.plural: (r.kind, r.namespaced) for r in BUILTIN if not r.group
 }
 #: the apiserver's short names, which kubectl learns from discovery (`kubectl get ns`)
-SHORT_NAMES: dict[str, list[str]] = {
-    "pods": ["po"],
-    "events": ["ev"],
-    "nodes": ["no"],
-    "persistentvolumeclaims": ["pvc"],
-    "services": ["svc"],
-    "configmaps": ["cm"],
-    "serviceaccounts": ["sa"],
-    "namespaces": ["ns"],
-}
+SHORT_NAMES: dict[str, list[str]] = {r.key: list(r.short_names) for r in BUILTIN if r.short_names}
 HISTORY = 100_000  # events kept for watches resuming from a resourceVersion
 
 
@@ -109,12 +94,24 @@ class Watch:
     namespace: str | None
     matches: Callable[[Mapping[str, Any]], bool]
     queue: asyncio.Queue = field(default_factory=asyncio.Queue)
+    #: the apiVersion the watcher asked for, where it is not the storage version (a CRD
+    #: serving several versions without conversion: only apiVersion differs)
+    api_version: str | None = None
+
+
+def as_version(raw: bytes, obj: Mapping[str, Any], api_version: str | None) -> bytes:
+    """The stored JSON, or a copy at another apiVersion (conversion strategy None)."""
+    if not api_version or obj.get("apiVersion") == api_version:
+        return raw
+    return json.dumps({**obj, "apiVersion": api_version}, separators=(",", ":")).encode()
 
 
 class Store:
     def __init__(self) -> None:
         self.rv = 0
-        self.objects: dict[str, dict[tuple[str, str], Entry]] = {p: {} for p in KINDS}
+        self.resources = Registry()
+        # resource key -> (namespace, name) -> entry
+        self.objects: dict[str, dict[tuple[str, str], Entry]] = {r.key: {} for r in self.resources}
         # (resourceVersion, plural, event type, object JSON, object, previous object or None)
         self.history: deque[tuple[int, str, str, bytes, dict, dict | None]] = deque(maxlen=HISTORY)
         self.watches: set[Watch] = set()
@@ -134,7 +131,7 @@ class Store:
                 continue
             if w.namespace and obj["metadata"].get("namespace") != w.namespace:
                 continue
-            line = event_line(kind, raw, obj, prev, w.matches)
+            line = event_line(kind, as_version(raw, obj, w.api_version), obj, prev, w.matches)
             if line is not None:
                 w.queue.put_nowait(line)
         for listener in list(self.listeners):
@@ -151,8 +148,32 @@ class Store:
             self._emit(plural, event, obj, raw, prev.obj if prev and event != "ADDED" else None)
         return obj
 
+    def serve(self, resource: Resource) -> None:
+        """Serve a resource (a CRD was created or changed); its objects stay as they are."""
+        self.resources.add(resource)
+        self.objects.setdefault(resource.key, {})
+
+    def unserve(self, key: str) -> None:
+        """Stop serving a resource: its objects are deleted (watchers see DELETED), as the
+        apiserver's CRD finalizer deletes every custom resource, then watches end."""
+        for ns, name in list(self.objects.get(key, {})):
+            self.remove(key, ns or None, name)
+        self.objects.pop(key, None)
+        self.resources.remove(key)
+        for w in list(self.watches):
+            if w.plural == key:
+                w.queue.put_nowait(None)
+
     def create(self, plural: str, namespace: str | None, obj: dict[str, Any]) -> dict[str, Any]:
-        kind, namespaced = KINDS[plural]
+        return self._store(plural, self.new_object(plural, namespace, obj), "ADDED")
+
+    def new_object(
+        self, plural: str, namespace: str | None, obj: dict[str, Any]
+    ) -> dict[str, Any]:
+        """What a create would store (name, namespace, uid, timestamps), checked against what
+        exists, without storing it (also the answer to a dry-run create)."""
+        resource = self.resources[plural]
+        kind, namespaced = resource.kind, resource.namespaced
         obj = copy.deepcopy(obj)
         meta = obj.setdefault("metadata", {})
         if not meta.get("name") and meta.get("generateName"):
@@ -188,14 +209,15 @@ class Store:
                 f'{plural} "{meta["name"]}" already exists',
                 {"name": meta["name"], "kind": plural},
             )
-        obj["kind"], obj["apiVersion"] = kind, "v1"
+        obj["kind"], obj["apiVersion"] = kind, resource.api_version()
         # server-set fields: what a client sends there is ignored (kubectl sends
         # "creationTimestamp": null), as the apiserver's BeforeCreate does
         for server_set in ("deletionTimestamp", "deletionGracePeriodSeconds", "selfLink"):
             meta.pop(server_set, None)
         meta["uid"] = str(uuid.uuid4())
         meta["creationTimestamp"] = now_iso()
-        return self._store(plural, obj, "ADDED")
+        meta.pop("resourceVersion", None)
+        return obj
 
     def update(self, plural: str, obj: dict[str, Any]) -> dict[str, Any]:
         """Replace a stored object (the caller mutated a copy) and tell the watchers."""
@@ -213,9 +235,10 @@ class Store:
 
     def load(self, plural: str, obj: dict[str, Any]) -> None:
         """Put an object in place without validation or events (topology set-up)."""
-        kind, namespaced = KINDS[plural]
+        resource = self.resources[plural]
+        kind, namespaced = resource.kind, resource.namespaced
         meta = obj.setdefault("metadata", {})
-        obj["kind"], obj["apiVersion"] = kind, "v1"
+        obj["kind"], obj["apiVersion"] = kind, resource.api_version()
         meta.setdefault("uid", str(uuid.uuid4()))
         meta.setdefault("creationTimestamp", now_iso())
         if namespaced:
@@ -236,14 +259,25 @@ class Store:
         return items.values()
 
     def list_raw(
-        self, plural: str, namespace: str | None, matches: Callable[[Mapping[str, Any]], bool]
+        self,
+        plural: str,
+        namespace: str | None,
+        matches: Callable[[Mapping[str, Any]], bool],
+        version: str | None = None,
     ) -> bytes:
-        kind = KINDS[plural][0]
-        items = b",".join(e.raw for e in self.entries(plural, namespace) if matches(e.obj))
+        resource = self.resources[plural]
+        api_version = resource.api_version(version)
+        items = b",".join(
+            as_version(e.raw, e.obj, api_version)
+            for e in self.entries(plural, namespace)
+            if matches(e.obj)
+        )
         return (
             b'{"kind":"'
-            + kind.encode()
-            + b'List","apiVersion":"v1","metadata":{"resourceVersion":"'
+            + resource.kind.encode()
+            + b'List","apiVersion":"'
+            + api_version.encode()
+            + b'","metadata":{"resourceVersion":"'
             + str(self.rv).encode()
             + b'"},"items":['
             + items
@@ -256,13 +290,15 @@ class Store:
         namespace: str | None,
         matches: Callable[[Mapping[str, Any]], bool],
         resource_version: str | None,
+        api_version: str | None = None,
     ) -> Watch:
-        w = Watch(plural, namespace, matches)
+        w = Watch(plural, namespace, matches, api_version=api_version)
         if resource_version in (None, "", "0"):
             # "start at most recent": synthetic ADDED events for what exists now
             for entry in self.entries(plural, namespace):
                 if matches(entry.obj):
-                    w.queue.put_nowait(b'{"type":"ADDED","object":' + entry.raw + b"}\n")
+                    raw = as_version(entry.raw, entry.obj, api_version)
+                    w.queue.put_nowait(b'{"type":"ADDED","object":' + raw + b"}\n")
         else:
             try:
                 since = int(resource_version)
@@ -280,7 +316,7 @@ class Store:
                     continue
                 if namespace and obj["metadata"].get("namespace") != namespace:
                     continue
-                line = event_line(kind, raw, obj, prev, matches)
+                line = event_line(kind, as_version(raw, obj, api_version), obj, prev, matches)
                 if line is not None:
                     w.queue.put_nowait(line)
         self.watches.add(w)

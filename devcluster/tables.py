@@ -8,6 +8,8 @@ with `-o wide`. Other kinds get Name and Age.
 
 from __future__ import annotations
 
+import json
+import re
 from collections.abc import Iterable, Mapping
 from datetime import datetime, timezone
 from typing import Any
@@ -166,14 +168,82 @@ ROWS = {"pods": _pod_row, "nodes": _node_row, "events": _event_row}
 DEFAULT_COLUMNS = [_column("Name", fmt="name"), _column("Age")]
 
 
-def table(plural: str, objects: Iterable[Mapping[str, Any]], resource_version: str) -> dict:
+def json_path(obj: Any, path: str) -> Any:
+    """A printer column's simple JSONPath (`.status.readyReplicas`,
+    `.spec.containers[0].image`, `.metadata.labels.app\\.kubernetes\\.io/name`); None when
+    absent."""
+    path = path.strip()
+    if path.startswith("{") and path.endswith("}"):
+        path = path[1:-1]
+    parts = re.findall(r"\.((?:\\\.|[^.\[])+)|\[(\d+)\]|\['([^']*)'\]", path)
+    value = obj
+    for name, index, quoted in parts:
+        if index:
+            if not isinstance(value, list) or int(index) >= len(value):
+                return None
+            value = value[int(index)]
+            continue
+        key = quoted or name.replace("\\.", ".")
+        if not isinstance(value, Mapping) or key not in value:
+            return None
+        value = value[key]
+    return value
+
+
+def _custom_cell(kind: str, value: Any) -> Any:
+    """cellForJSONValue of apiextensions' table convertor: a date reads as an age."""
+    if value is None:
+        return None
+    if kind == "date" and isinstance(value, str):
+        return human_age(value)
+    if kind in ("integer", "number") and isinstance(value, (int, float)):
+        return value
+    if kind == "boolean" and isinstance(value, bool):
+        return value
+    return value if isinstance(value, str) else json.dumps(value)
+
+
+def custom_columns(resource: Any, version: str) -> tuple[list[dict[str, Any]], Any]:
+    """A CRD version's additionalPrinterColumns after Name (else Name and Age)."""
+    columns = resource.version_spec(version).get("additionalPrinterColumns") or []
+    if not columns:
+        return DEFAULT_COLUMNS, _default_row
+    definitions = [_column("Name", fmt="name")] + [
+        {
+            "name": c["name"],
+            "type": c.get("type", "string"),
+            "format": c.get("format", ""),
+            "description": c.get("description", ""),
+            "priority": int(c.get("priority") or 0),
+        }
+        for c in columns
+    ]
+
+    def row(obj: Mapping[str, Any]) -> list[Any]:
+        return [obj["metadata"]["name"]] + [
+            _custom_cell(c.get("type", "string"), json_path(obj, c["jsonPath"])) for c in columns
+        ]
+
+    return definitions, row
+
+
+def table(
+    plural: str,
+    objects: Iterable[Mapping[str, Any]],
+    resource_version: str,
+    resource: Any = None,
+    version: str = "",
+) -> dict:
     """A meta.k8s.io/v1 Table of `objects`, each row carrying the object's metadata."""
-    row = ROWS.get(plural, _default_row)
+    if resource is not None and resource.custom:
+        columns, row = custom_columns(resource, version or resource.storage)
+    else:
+        columns, row = COLUMNS.get(plural, DEFAULT_COLUMNS), ROWS.get(plural, _default_row)
     return {
         "kind": "Table",
         "apiVersion": "meta.k8s.io/v1",
         "metadata": {"resourceVersion": resource_version},
-        "columnDefinitions": COLUMNS.get(plural, DEFAULT_COLUMNS),
+        "columnDefinitions": columns,
         "rows": [
             {
                 "cells": row(obj),
