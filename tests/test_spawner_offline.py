@@ -99,11 +99,14 @@ PROFILES = [
 
 
 async def test_gpu_spawn_then_failed_then_cpu_spawn_leaves_no_gpu_behind():
-    """kubespawner#546 on one spawner object: GPU profile + MIG slice, a refused spawn, CPU."""
+    """kubespawner#546 on one spawner object: GPU profile + MIG slice, a refused spawn, CPU.
+    Each spawn as JupyterHub runs it: options set, clear_state(), then start's
+    load_user_options; a refused spawn is stopped (clear_state again)."""
     from tornado.web import HTTPError
 
     spawner = _spawner({"KubeSpawner": {"profile_list": PROFILES, "node_selector": {"zone": "a"}}})
     spawner.user_options = {"profile": "gpu-box", "gpu": "mig-1g.10gb", "pool": "a100-mig"}
+    spawner.clear_state()
     await spawner.load_user_options()
     pod = await spawner.get_pod_manifest()
     assert pod.spec.containers[0].resources.limits["nvidia.com/mig-1g.10gb"] == "1"
@@ -111,12 +114,16 @@ async def test_gpu_spawn_then_failed_then_cpu_spawn_leaves_no_gpu_behind():
     # the profile's bypass env never reaches the pod, not even from admin config
     assert "CUDA_DISABLE_CONTROL" not in {e.name for e in pod.spec.containers[0].env}
 
+    spawner.clear_state()  # the server stopped
     spawner.user_options = {"profile": "gpu-box", "gpu": "mig-7g.80gb", "pool": "a100-mig"}
+    spawner.clear_state()
     with pytest.raises(HTTPError) as info:
         await spawner.load_user_options()
     assert info.value.status_code == 400
+    spawner.clear_state()  # JupyterHub stops a spawn that failed
 
     spawner.user_options = {"gpu": "none"}
+    spawner.clear_state()
     await spawner.load_user_options()
     pod = await spawner.get_pod_manifest()
     limits = pod.spec.containers[0].resources.limits or {}

@@ -1,10 +1,13 @@
 """FracSpawner: KubeSpawner plus a GPU-slice choice mapped onto the cluster's sharing technology.
 
 Every spawn starts from a CLEAN baseline: the configured trait values are snapshotted when the
-spawner object is built and restored before options are applied, so nothing from an earlier
-spawn (a GPU limit, a node selector, a toleration) leaks into the next one (kubespawner#546,
-#691, jupyterhub#3095). Then kubespawner's `profile_list` overrides (if any) are applied, then
-the GPU slice's PodPlan on top.
+spawner object is built and restored when a spawn begins (JupyterHub's `clear_state()`, before
+the authenticator, `auth_state_hook`, group overrides and `pre_spawn_hook` run) and when a
+server stops, so nothing from an earlier spawn (a GPU limit, a node selector, a toleration)
+leaks into the next one (kubespawner#546, #691, jupyterhub#3095) while what hooks set for THIS
+spawn stays. Then the choice is admitted (quota and capacity, one at a time: see
+`fracspawner.choice.admission`), kubespawner's `profile_list` overrides (if any) are applied,
+then the GPU slice's PodPlan on top.
 """
 
 from __future__ import annotations
@@ -21,7 +24,18 @@ from tornado import web
 from traitlets import Bool, Dict, Enum, Unicode, default
 
 from ..backends import is_reserved_env, load_catalog, safe_env
-from ..capacity.count import gpu_usage_by_user
+from ..choice.admission import (
+    STATE_KEY,
+    Admissions,
+    Hold,
+    ReservedCapacity,
+    Usage,
+    check_usage_known,
+    hold_for,
+    pod_gpu_equivalent,
+    pod_uid,
+    user_usage,
+)
 from ..choice.offers import build_offer_model
 from ..choice.options import OPTION_KEYS, Choice, OptionsError, describe_offer, resolve_choice
 from ..model.catalog import AccessRule, Catalog, CatalogError
@@ -32,6 +46,8 @@ _NOT_BASELINE = frozenset(
     {"config", "parent", "log", "user_options", "options_form", "options_from_form"}
 )
 _INSUFFICIENT = re.compile(r"Insufficient ([\w./-]+)")
+#: where get_state keeps the namespace this server's spawns start from
+_BASELINE_NAMESPACE_KEY = "fracspawner_namespace"
 
 _catalog_cache: dict[Any, Catalog] = {}
 
@@ -84,7 +100,9 @@ class FracSpawner(KubeSpawner):
         help="""Watch nodes and pods to show free/total counts and refuse full pools.
 
         Needs cluster-scoped get/list/watch on nodes and pods for the hub's service account.
-        When False, counts show as unknown and no capacity check is made.
+        When False, counts show as unknown and no capacity check is made: a full pool's pod
+        is created and stays Pending. Quotas still hold (they count the user's servers from
+        the hub's own state).
         """,
     )
 
@@ -93,6 +111,9 @@ class FracSpawner(KubeSpawner):
         super().__init__(*args, **kwargs)
         self._baseline = self._snapshot_config()
         self.choice: Choice | None = None
+        #: what this server holds or is starting (made at admission, kept in JupyterHub's
+        #: state); the quota of the user's other servers counts it
+        self.hold: Hold | None = None
 
     def _snapshot_config(self) -> dict[str, Any]:
         values = {}
@@ -110,6 +131,49 @@ class FracSpawner(KubeSpawner):
             current = getattr(self, name)
             if current is not value and current != value:
                 setattr(self, name, copy.deepcopy(value))
+
+    def clear_state(self) -> None:
+        """Back to the configured baseline, holding nothing.
+
+        JupyterHub calls this when a spawn begins, right after setting user_options and
+        BEFORE the authenticator's pre_spawn_start, auth_state_hook, group overrides and
+        pre_spawn_hook (jupyterhub/user.py `User.spawn`), and again when a server has stopped
+        or failed to start (`User.stop`). So what those hooks set for this spawn reaches the
+        pod, and nothing of an earlier spawn does. A namespace restored by `load_state` for a
+        running server is kept until that server stops.
+        """
+        self._release_hold()
+        self._restore_baseline()
+        super().clear_state()  # kubespawner re-derives pod_name/dns_name from the namespace
+
+    def get_state(self) -> dict[str, Any]:
+        state = super().get_state()
+        if self.hold is not None:
+            state[STATE_KEY] = self.hold.to_state()
+        if "namespace" in self._baseline:
+            # the namespace spawns go back to (kubespawner persists the current one, which a
+            # profile may have overridden for a server still running)
+            state[_BASELINE_NAMESPACE_KEY] = self._baseline["namespace"]
+        return state
+
+    def load_state(self, state: dict[str, Any]) -> None:
+        """kubespawner's state, and the slice a running server holds (quotas after a hub
+        restart). A namespace from state stays, as kubespawner intends (the user's pods and
+        PVCs live there, even after the configured namespace changed): it becomes the
+        namespace later spawns of this server go back to."""
+        super().load_state(state)
+        state = state or {}
+        held = Hold.from_state(self.user.name, self.name, state.get(STATE_KEY))
+        if held is not None:
+            self.hold = held
+        namespace = state.get(_BASELINE_NAMESPACE_KEY, state.get("namespace"))
+        if "namespace" in self._baseline and isinstance(namespace, str) and namespace:
+            self._baseline["namespace"] = namespace
+
+    def _release_hold(self) -> None:
+        self.hold = None
+        self.choice = None
+        Admissions.shared().release(self.user.name, self.name)
 
     @property
     def fracspawner_catalog(self) -> Catalog:
@@ -138,17 +202,81 @@ class FracSpawner(KubeSpawner):
 
         return CapacityWatcher.shared(self.fracspawner_catalog)
 
-    async def _capacity_and_usage(self) -> tuple[Any, float]:
-        """A capacity snapshot and what this user's OTHER servers hold, from caches only."""
+    async def _capacity_and_usage(self) -> tuple[Any, Usage]:
+        """Capacity (in-flight spawns taken off) and what this user's OTHER servers hold."""
         watcher = self._capacity_watcher()
-        if watcher is None:
-            return None, 0.0
-        await watcher.start()
-        usage = watcher.usage_by_user().get(self.user.name, 0.0)
+        if watcher is not None:
+            await watcher.start()
+        return self._capacity_and_usage_now(watcher, Admissions.shared())
+
+    def _capacity_and_usage_now(self, watcher: Any, admissions: Admissions) -> tuple[Any, Usage]:
+        """The same from caches and the hub's own state only: no await, so it can sit inside
+        the admission lock with the check and the reservation."""
+        capacity = watcher.snapshot() if watcher is not None else None
+        watch = self._watch_holdings(watcher, capacity)
+        if watch is not None:
+            admissions.settle(watcher.pod)
+        usage = user_usage(self._hub_holdings(), *(watch or (None, 0.0)))
+        if capacity is not None:
+            own = (self.user.name, self.name)
+            capacity = ReservedCapacity(
+                capacity, self.fracspawner_catalog, admissions.in_flight(besides=own)
+            )
+        return capacity, usage
+
+    def _user_servers(self) -> tuple[Mapping[str, Any], Mapping[str, Any]]:
+        """The user's spawner objects and server records by name (empty for the stand-in users
+        of `fracspawner plan` and tests)."""
+        spawners = getattr(self.user, "spawners", None)
+        orm_spawners = getattr(getattr(self.user, "orm_user", None), "orm_spawners", None)
+        return (
+            spawners if isinstance(spawners, Mapping) else {},
+            orm_spawners if isinstance(orm_spawners, Mapping) else {},
+        )
+
+    def _other_spawners(self) -> dict[str, Any]:
+        """The user's other server names -> their spawner objects (None: not loaded)."""
+        spawners, orm_spawners = self._user_servers()
+        # dict.get: JupyterHub's spawner dict would otherwise build a spawner for the name
+        get = dict.get if isinstance(spawners, dict) else type(spawners).get
+        names = set(spawners) | set(orm_spawners)
+        return {n: get(spawners, n) for n in names if n != self.name}
+
+    def _hub_holdings(self) -> dict[str, float | None]:
+        """What each of the user's other active servers holds or is starting, from the hub's
+        own state: its spawner's hold (None: active, but nothing recorded)."""
+        orm_spawners = self._user_servers()[1]
+        out: dict[str, float | None] = {}
+        for name, spawner in self._other_spawners().items():
+            hold = getattr(spawner, "hold", None)
+            if hold is not None:
+                out[name] = hold.gpu_equivalent
+            elif spawner is not None:
+                # a spawn not admitted yet waits for the admission lock and will count this one
+                if spawner.active and spawner.pending != "spawn":
+                    out[name] = None
+            elif getattr(orm_spawners.get(name), "server", None) is not None:
+                out[name] = None
+        return out
+
+    def _watch_holdings(self, watcher: Any, capacity: Any) -> tuple[dict[str, float], float] | None:
+        """What the pod watch shows this user holding: per other server, and in all (minus
+        this server's own old pod); None when there is no usable watch."""
+        if watcher is None or not _watch_usable(capacity):
+            return None
+        user = self.user.name
+        by_server = {}
+        for name, spawner in self._other_spawners().items():
+            if spawner is None:
+                continue
+            pod = watcher.pod(spawner.namespace, spawner.pod_name)
+            if pod is not None:
+                by_server[name] = pod_gpu_equivalent(pod)
+        total = watcher.usage_by_user().get(user, 0.0)
         own = watcher.pod(self.namespace, self.pod_name)
         if own is not None:  # this server's old pod does not count against its new spawn
-            usage -= gpu_usage_by_user([own]).get(self.user.name, 0.0)
-        return watcher.snapshot(), usage
+            total -= pod_gpu_equivalent(own)
+        return by_server, total
 
     def _profile_keys(self) -> tuple[str, ...]:
         """user_options keys kubespawner's profile_list accepts (when one is configured)."""
@@ -167,10 +295,13 @@ class FracSpawner(KubeSpawner):
 
     async def _render_options_form_async(self, spawner: FracSpawner) -> str:
         """Render the GPU picker (and kubespawner's profile form above it, if configured)."""
-        capacity, used = await self._capacity_and_usage()
+        capacity, usage = await self._capacity_and_usage()
+        rule = self.access_rule()
+        # unknown usage leaves no quota to offer (a GPU spawn would be refused)
+        used = usage.gpu if usage.known or rule.max_gpu is None else rule.max_gpu
         model = build_offer_model(
             self.fracspawner_catalog,
-            rule=self.access_rule(),
+            rule=rule,
             used_gpu=used,
             capacity=capacity,
             admin=self._is_admin(),
@@ -217,29 +348,81 @@ class FracSpawner(KubeSpawner):
         return options
 
     # ---------------------------------------------------------------- validation + applying
-    async def resolve(self) -> Choice:
-        """Validate self.user_options; raise OptionsError with a message for the user."""
-        capacity, used = await self._capacity_and_usage()
-        return resolve_choice(
+    def _resolve(self, capacity: Any, usage: Usage) -> Choice:
+        """Validate self.user_options against access, quota and capacity; raise OptionsError
+        with a message for the user."""
+        rule = self.access_rule()
+        admin = self._is_admin()
+        choice = resolve_choice(
             self.fracspawner_catalog,
             self.user_options or {},
-            rule=self.access_rule(),
-            used_gpu=used,
+            rule=rule,
+            used_gpu=usage.gpu,
             capacity=capacity,
-            admin=self._is_admin(),
+            admin=admin,
             admission=self.admission,
             extra_keys=self._profile_keys(),
         )
+        check_usage_known(choice, rule, usage, admin=admin)
+        return choice
+
+    async def resolve(self) -> Choice:
+        """Validate self.user_options (nothing is reserved); raise OptionsError."""
+        return self._resolve(*await self._capacity_and_usage())
+
+    async def admit(self) -> Choice:
+        """Check quota and capacity and reserve the slice, one spawn at a time.
+
+        Under the process-wide admission lock, so two spawns (of one user's named servers, or
+        for the last free slots of a pool) never both pass on counts that predate the other.
+        The hold stays until the pod shows in the watch (capacity) and until the server stops
+        (quota): `clear_state` releases it.
+        """
+        admissions = Admissions.shared()
+        watcher = self._capacity_watcher()
+        if watcher is not None:
+            await watcher.start()  # the first list may take a while: not under the lock
+        async with admissions.lock:
+            capacity, usage = self._capacity_and_usage_now(watcher, admissions)
+            choice = self._resolve(capacity, usage)
+            old = watcher.pod(self.namespace, self.pod_name) if watcher is not None else None
+            self.hold = hold_for(
+                choice,
+                user=self.user.name,
+                server=self.name,
+                pod=(self.namespace, self.pod_name),
+                stale_uid=pod_uid(old),
+            )
+            admissions.reserve(self.hold)
+        return choice
 
     async def load_user_options(self) -> None:
-        """Clean baseline -> profile overrides -> GPU slice. Runs before any object is created."""
-        self._restore_baseline()
-        self.choice = None
+        """Admit the choice -> profile overrides -> GPU slice. Runs before any object exists.
+
+        The configured baseline was restored by `clear_state` when this spawn began, before
+        JupyterHub's hooks ran; nothing is reset here, so what they set stays.
+        """
+        self._release_hold()  # a re-run starts from no reservation
         try:
-            choice = await self.resolve()
+            choice = await self.admit()
         except (OptionsError, CatalogError) as exc:
             # 400: JupyterHub shows it on the form, and the REST API answers with it
             raise web.HTTPError(400, str(exc)) from None
+        try:
+            await self._load_profile_options()
+            if choice.pool is not None and "pool" not in (self.user_options or {}):
+                # the hub's server model (and so the culler) then shows the pool picked; the
+                # stored options keep "any pool" for the next spawn
+                self.user_options = {**self.user_options, "pool": choice.pool.name}
+            self.apply_choice(choice)
+        except BaseException:
+            self._release_hold()
+            raise
+        # a profile may have moved the pod to another namespace
+        Admissions.shared().moved(self.user.name, self.name, (self.namespace, self.pod_name))
+
+    async def _load_profile_options(self) -> None:
+        """kubespawner's profile_list overrides, from the options that are not fracspawner's."""
         kube_options = {k: v for k, v in (self.user_options or {}).items() if k not in OPTION_KEYS}
         full_options = self.user_options
         try:
@@ -249,11 +432,6 @@ class FracSpawner(KubeSpawner):
             raise web.HTTPError(400, f"profile: {exc}") from None
         finally:
             self.user_options = full_options
-        if choice.pool is not None and "pool" not in (self.user_options or {}):
-            # the hub's server model (and so the culler) then shows the pool picked; the
-            # stored options keep "any pool" for the next spawn
-            self.user_options = {**self.user_options, "pool": choice.pool.name}
-        self.apply_choice(choice)
 
     def apply_choice(self, choice: Choice) -> None:
         """Put a validated Choice's PodPlan onto the traits kubespawner builds the pod from."""
@@ -312,6 +490,16 @@ class FracSpawner(KubeSpawner):
         if missing:
             words += f" (the scheduler reports insufficient {', '.join(sorted(set(missing)))})"
         return words + "."
+
+
+def _watch_usable(capacity: Any) -> bool:
+    """Whether the pod watch can be believed about usage: it has listed the cluster (a
+    watch that never started, or was forbidden, has seen no node) and is not marked stale."""
+    return (
+        capacity is not None
+        and getattr(capacity, "nodes_seen", 0) > 0
+        and not getattr(capacity, "stale", False)
+    )
 
 
 def _container_config(config: Mapping[str, Any], plan_env: Mapping[str, str]) -> dict[str, Any]:

@@ -1,0 +1,351 @@
+"""Admission that holds under concurrency: one check-and-reserve at a time, and what in-flight
+spawns hold until the cluster shows it.
+
+Two spawns that pass their checks before either pod exists would both be admitted: the pod
+watch, and so the capacity counts and the per-user usage read from it, only learn of a pod
+after it is created and bound. So every admission runs under one asyncio lock, and a spawn that
+passes records a `Hold` before the lock is released:
+
+- on the spawner (the hub's own state, persisted with the server's state), for the quota of
+  the user's other servers: `user_usage` adds up what each server holds or is starting;
+- in `Admissions` (process-wide), for capacity: an in-flight hold counts against its pool's
+  offers (`ReservedCapacity`) until the watch shows its pod bound to a node, or the spawn
+  fails or stops.
+
+One lock in one process is enough because one JupyterHub process admits every spawn (the hub
+is a single process; z2jh runs one hub replica). Nothing here does I/O.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import math
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass, replace
+from typing import Any, ClassVar
+
+from ..backends import plan_slice
+from ..backends.fit import OfferCapacity
+from ..k8s.index import ASSIGNED_NODE_ANNOTATION
+from ..k8s.objects import annotations, bound_node, is_active, meta
+from ..model.access import EPSILON
+from ..model.catalog import AccessRule, Catalog
+from ..model.errors import OptionsError
+
+__all__ = [
+    "Admissions",
+    "Hold",
+    "ReservedCapacity",
+    "Usage",
+    "check_usage_known",
+    "counted",
+    "hold_for",
+    "pod_gpu_equivalent",
+    "units_blocked",
+    "user_usage",
+]
+
+#: the key under which a server's hold is kept in its JupyterHub state (Spawner.get_state)
+STATE_KEY = "fracspawner_hold"
+#: design.md CONTRACT: what a GPU pod counts for in quotas
+GPU_EQUIVALENT_ANNOTATION = "fracspawner.io/gpu-equivalent"
+
+
+@dataclass(frozen=True)
+class Hold:
+    """What one server holds or is starting: its slice, in the terms quota and capacity use."""
+
+    user: str
+    server: str
+    pool: str | None
+    spec: str  # the offer, e.g. "0.25", "mig-1g.10gb"; "none" for CPU-only
+    gpu_equivalent: float
+    #: extended resources its plan asks for (offers sharing none use other devices)
+    resources: frozenset[str] = frozenset()
+    node_selector: tuple[tuple[str, str], ...] = ()
+    #: (namespace, pod name) of the pod this spawn creates
+    pod: tuple[str, str] | None = None
+    #: uid of a pod of the same name already cached when the hold was made (an old one
+    #: terminating): only a pod with another uid settles the hold
+    stale_uid: str | None = None
+
+    def to_state(self) -> dict[str, Any]:
+        """The part worth persisting: what the server holds, for quotas after a hub restart."""
+        return {"pool": self.pool, "gpu": self.spec, "gpu_equivalent": self.gpu_equivalent}
+
+    @classmethod
+    def from_state(cls, user: str, server: str, state: Any) -> Hold | None:
+        """A hold from persisted state, or None when the state does not carry a valid one."""
+        if not isinstance(state, Mapping):
+            return None
+        value = state.get("gpu_equivalent")
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            return None
+        if not math.isfinite(value) or value < 0:
+            return None
+        pool = state.get("pool") if isinstance(state.get("pool"), str) else None
+        spec = state.get("gpu") if isinstance(state.get("gpu"), str) else "unknown"
+        return cls(user, server, pool, spec, float(value))
+
+
+def _plan_keys(plan: Any) -> tuple[frozenset[str], tuple[tuple[str, str], ...]]:
+    resources = frozenset(k for k in plan.limits if "/" in k)
+    selector = tuple(sorted((str(k), str(v)) for k, v in plan.node_selector.items()))
+    return resources, selector
+
+
+def hold_for(
+    choice: Any,
+    *,
+    user: str,
+    server: str,
+    pod: tuple[str, str] | None = None,
+    stale_uid: str | None = None,
+) -> Hold:
+    """The hold a validated `Choice` makes (CPU-only choices hold 0 GPU)."""
+    plan = choice.plan
+    resources, selector = _plan_keys(plan)
+    offer = choice.offer or choice.slice
+    return Hold(
+        user=user,
+        server=server,
+        pool=choice.pool.name if choice.pool is not None else None,
+        spec=str(offer),
+        gpu_equivalent=float(plan.gpu_equivalent),
+        resources=resources,
+        node_selector=selector,
+        pod=pod,
+        stale_uid=stale_uid,
+    )
+
+
+# --------------------------------------------------------------------------- quota
+@dataclass(frozen=True)
+class Usage:
+    """GPU-equivalents a user's other servers hold; `unknown` names servers nobody can tell."""
+
+    gpu: float
+    unknown: tuple[str, ...] = ()
+
+    @property
+    def known(self) -> bool:
+        return not self.unknown
+
+
+def user_usage(
+    hub: Mapping[str, float | None],
+    watch: Mapping[str, float] | None = None,
+    watch_total: float = 0.0,
+) -> Usage:
+    """What a user's other servers hold, from the hub's own state first.
+
+    `hub`: each other server of the user that is active or starting -> the GPU-equivalents its
+    hold says (None: active, but nothing recorded). `watch`: when the pod watch is usable, each
+    of those servers' pod -> its `fracspawner.io/gpu-equivalent`; `watch_total`: everything the
+    watch sees of this user except the spawning server's own pod (pods of deleted servers count
+    too: they still hold GPUs). A server counts the larger of both; what neither source knows
+    is unknown, never zero.
+    """
+    total = 0.0
+    unknown = []
+    for server, held in sorted(hub.items()):
+        seen = watch.get(server) if watch is not None else None
+        if held is None and watch is None:
+            unknown.append(server)
+            continue
+        total += max(held or 0.0, seen or 0.0)
+    if watch is not None:
+        attributed = sum(watch.get(s, 0.0) for s in hub)
+        total += max(watch_total - attributed, 0.0)
+    return Usage(total, tuple(unknown))
+
+
+def _server_words(names: Iterable[str]) -> str:
+    return ", ".join("your default server" if not n else f"server {n[:40]!r}" for n in names)
+
+
+def check_usage_known(choice: Any, rule: AccessRule, usage: Usage, *, admin: bool) -> None:
+    """Refuse a GPU spawn whose quota cannot be checked: unknown usage is never unlimited."""
+    if admin or rule.max_gpu is None or usage.known or choice.plan.gpu_equivalent <= 0:
+        return
+    raise OptionsError(
+        "Quota: fracspawner cannot tell what GPU "
+        f"{_server_words(usage.unknown)} holds right now (started without a record of its "
+        "slice, and the cluster's pod watch is unavailable), so your GPU quota cannot be "
+        "checked. Stop that server, start this one without a GPU, or try again later."
+    )
+
+
+# --------------------------------------------------------------------------- capacity
+def units_blocked(
+    hold: Hold,
+    spec: str,
+    resources: frozenset[str],
+    selector: Mapping[str, str],
+    gpu_equivalent: float,
+) -> int:
+    """How many units of one offer (of the hold's pool) an in-flight hold may take.
+
+    The same offer: one. Another offer drawing on the same devices (a shared extended
+    resource, or a scheduler that books by annotation: no countable resource on either side)
+    on nodes both may use: its GPU-equivalents in units of the other offer, rounded up (a 1/4
+    in flight may take a whole GPU's last free quarter). Offers on other resources (MIG
+    profiles of the mixed strategy) or on other nodes: none.
+    """
+    if spec == hold.spec:
+        return 1
+    if hold.resources and resources and not hold.resources & resources:
+        return 0
+    if any(selector.get(k, v) != v for k, v in hold.node_selector):
+        return 0
+    if gpu_equivalent <= 0:
+        return 0
+    return max(math.ceil(hold.gpu_equivalent / gpu_equivalent - EPSILON), 0)
+
+
+class ReservedCapacity:
+    """A capacity snapshot with in-flight holds taken off the free counts.
+
+    Reads like `fracspawner.capacity.Capacity` (`get(pool, spec)`); other attributes pass
+    through to the snapshot.
+    """
+
+    def __init__(self, capacity: Any, catalog: Catalog, holds: Iterable[Hold]) -> None:
+        self._capacity = capacity
+        self._catalog = catalog
+        self._holds: dict[str, list[Hold]] = {}
+        for hold in holds:
+            if hold.pool is not None and hold.gpu_equivalent > 0:
+                self._holds.setdefault(hold.pool, []).append(hold)
+        self._offers: dict[tuple[str, str], tuple[Any, ...] | None] = {}
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._capacity, name)
+
+    def _offer(self, pool_name: str, spec: str) -> tuple[Any, ...] | None:
+        key = (pool_name, spec)
+        if key not in self._offers:
+            found = None
+            pool = self._catalog.pools.get(pool_name)
+            for offer in getattr(pool, "offers", ()):
+                if str(offer) == spec:
+                    try:
+                        plan = plan_slice(offer, pool, None)
+                    except Exception:  # an offer that cannot plan has unknown counts anyway
+                        break
+                    resources, selector = _plan_keys(plan)
+                    found = (resources, dict(selector), plan.gpu_equivalent)
+                    break
+            self._offers[key] = found
+        return self._offers[key]
+
+    def in_flight(self, pool: str, spec: str) -> int:
+        """Units of this offer that spawns admitted but not yet counted may take."""
+        holds = self._holds.get(pool)
+        offer = self._offer(pool, spec) if holds else None
+        if not holds or offer is None:
+            return 0
+        return sum(units_blocked(h, spec, *offer) for h in holds)
+
+    def get(self, pool: str, spec: str) -> OfferCapacity:
+        counts = self._capacity.get(pool, spec)
+        if counts.free is None:
+            return counts
+        taken = self.in_flight(pool, spec)
+        if not taken:
+            return counts
+        note = f"{taken} being started" if not counts.note else f"{counts.note}; {taken} starting"
+        return OfferCapacity(max(counts.free - taken, 0), counts.total, note)
+
+
+def _pod_facts(pod: Any) -> tuple[str, bool, Mapping[str, Any]]:
+    """(uid, placed on a node, annotations) of a cached pod: an API dict, or a slim record
+    of the capacity watch (attributes uid, node, assumed, annotations; active pods only)."""
+    if isinstance(pod, Mapping):
+        placed = is_active(pod) and bool(
+            bound_node(pod) or annotations(pod).get(ASSIGNED_NODE_ANNOTATION)
+        )
+        return str(meta(pod).get("uid") or ""), placed, annotations(pod)
+    placed = bool(getattr(pod, "node", None) or getattr(pod, "assumed", None))
+    return str(getattr(pod, "uid", "") or ""), placed, getattr(pod, "annotations", None) or {}
+
+
+def counted(pod: Any, stale_uid: str | None = None) -> bool:
+    """Whether the capacity counts already include this pod: bound to a node (or booked on
+    one by HAMi's scheduler before binding), not finished, and not the old pod of that name."""
+    if not pod:
+        return False
+    uid, placed, _ = _pod_facts(pod)
+    return placed and not (stale_uid is not None and uid == stale_uid)
+
+
+def pod_uid(pod: Any) -> str | None:
+    return _pod_facts(pod)[0] or None if pod else None
+
+
+def pod_gpu_equivalent(pod: Any) -> float:
+    """The `fracspawner.io/gpu-equivalent` a cached pod carries (0 when absent or malformed:
+    the watch's own usage totals decide about those)."""
+    if not pod:
+        return 0.0
+    raw = _pod_facts(pod)[2].get(GPU_EQUIVALENT_ANNOTATION)
+    try:
+        value = float(raw)
+    except (TypeError, ValueError):
+        return 0.0
+    return value if math.isfinite(value) and value > 0 else 0.0
+
+
+class Admissions:
+    """Spawns this hub process has admitted whose pods the capacity counts do not show yet."""
+
+    _shared: ClassVar[dict[Any, Admissions]] = {}
+
+    def __init__(self) -> None:
+        #: held around check + reserve; one hub process admits every spawn
+        self.lock = asyncio.Lock()
+        self._in_flight: dict[tuple[str, str], Hold] = {}
+
+    @classmethod
+    def shared(cls) -> Admissions:
+        """The one registry of the running event loop (an asyncio.Lock belongs to one loop)."""
+        try:
+            loop: Any = asyncio.get_running_loop()
+        except RuntimeError:
+            loop = None
+        if loop not in cls._shared:
+            # drop registries of closed loops (tests run many)
+            for old in [k for k in cls._shared if k is not None and k.is_closed()]:
+                del cls._shared[old]
+            cls._shared[loop] = cls()
+        return cls._shared[loop]
+
+    def reserve(self, hold: Hold) -> None:
+        """Record (or replace) the in-flight hold of one server; CPU-only holds are not kept."""
+        key = (hold.user, hold.server)
+        if hold.gpu_equivalent > 0 and hold.pool is not None:
+            self._in_flight[key] = hold
+        else:
+            self._in_flight.pop(key, None)
+
+    def release(self, user: str, server: str) -> None:
+        self._in_flight.pop((user, server), None)
+
+    def settle(self, pod_of: Callable[[str, str], Any]) -> None:
+        """Drop holds whose pod the capacity counts now include (`pod_of(namespace, name)`
+        reads the watch's cache)."""
+        for key, hold in list(self._in_flight.items()):
+            if hold.pod is not None and counted(pod_of(*hold.pod), hold.stale_uid):
+                del self._in_flight[key]
+
+    def in_flight(self, *, besides: tuple[str, str] | None = None) -> list[Hold]:
+        return [h for k, h in self._in_flight.items() if k != besides]
+
+    def held_by(self, user: str, server: str) -> Hold | None:
+        return self._in_flight.get((user, server))
+
+    def moved(self, user: str, server: str, pod: tuple[str, str]) -> None:
+        """The spawn's pod key changed after admission (a profile override of the namespace)."""
+        hold = self._in_flight.get((user, server))
+        if hold is not None and hold.pod != pod:
+            self._in_flight[(user, server)] = replace(hold, pod=pod, stale_uid=None)
