@@ -511,6 +511,23 @@ def _rbac_verb(method: str, path: str, query: dict[str, Any]) -> tuple[str, str,
     return group, resource, verb
 
 
+def _record_api_calls(monkeypatch: Any, rest: Any) -> list[tuple[str, str, str]]:
+    """Every request kubernetes_asyncio sends from now on, as (apiGroup, resource, verb)."""
+    from urllib.parse import parse_qsl, urlsplit
+
+    calls: list[tuple[str, str, str]] = []
+    original = rest.RESTClientObject.request
+
+    async def recording(self, method, url, query_params=None, *args, **kwargs):
+        parts = urlsplit(url)
+        query = dict(parse_qsl(parts.query)) | dict(query_params or [])
+        calls.append(_rbac_verb(method, parts.path, query))
+        return await original(self, method, url, query_params, *args, **kwargs)
+
+    monkeypatch.setattr(rest.RESTClientObject, "request", recording)
+    return calls
+
+
 async def test_capacity_watch_makes_exactly_the_calls_the_role_grants(devcluster, monkeypatch):
     """Run the capacity watcher (FracSpawner's and the service's) against devcluster and record
     every request it makes: their RBAC verbs are the ClusterRole's rules, no more, no less."""
@@ -520,18 +537,7 @@ async def test_capacity_watch_makes_exactly_the_calls_the_role_grants(devcluster
     from fracspawner.backends import load_catalog
     from fracspawner.capacity.watch import CapacityWatcher
 
-    calls: list[tuple[str, str, str]] = []
-    original = rest.RESTClientObject.request
-
-    async def recording(self, method, url, query_params=None, *args, **kwargs):
-        from urllib.parse import parse_qsl, urlsplit
-
-        parts = urlsplit(url)
-        query = dict(parse_qsl(parts.query)) | dict(query_params or [])
-        calls.append(_rbac_verb(method, parts.path, query))
-        return await original(self, method, url, query_params, *args, **kwargs)
-
-    monkeypatch.setattr(rest.RESTClientObject, "request", recording)
+    calls = _record_api_calls(monkeypatch, rest)
     saved = client.Configuration.get_default_copy()
     await config.load_kube_config(config_file=str(devcluster.kubeconfig))
     watcher = CapacityWatcher(load_catalog(DEMO_CATALOG))
@@ -547,6 +553,57 @@ async def test_capacity_watch_makes_exactly_the_calls_the_role_grants(devcluster
         client.Configuration.set_default(saved)
     role = one(objects(render({})), "ClusterRole", "capacity")
     assert set(calls) == _rules(role) == CODE_API_CALLS
+
+
+WEBHOOK_API_CALLS = {("", "namespaces", "get"), ("", "pods", "list")}
+
+
+async def test_webhook_makes_exactly_the_calls_its_role_grants(devcluster, monkeypatch):
+    """Admit a slice pod with the webhook's own code against devcluster, recording every API
+    request: their RBAC verbs are the webhook ClusterRole's rules."""
+    from kubernetes_asyncio.client import rest
+
+    from fracspawner.backends import load_catalog
+    from fracspawner.kubeflow.admission import parse_review
+    from fracspawner.kubeflow.cluster import Cluster, load_configuration
+    from fracspawner.kubeflow.webhook import Webhook
+
+    calls = _record_api_calls(monkeypatch, rest)
+    cluster = Cluster(await load_configuration(str(devcluster.kubeconfig)))
+    webhook = Webhook(load_catalog(DEMO_CATALOG), cluster)
+    pod = {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {
+            "name": "nb-0",
+            "namespace": "default",
+            "labels": {"fracspawner.io/pool": "h100", "fracspawner.io/gpu": "0.125"},
+        },
+        "spec": {"containers": [{"name": "nb", "image": "example.org/nb:1"}]},
+    }
+    review = {
+        "apiVersion": "admission.k8s.io/v1",
+        "kind": "AdmissionReview",
+        "request": {
+            "uid": "6e4b8c1a-0000-4000-8000-000000000001",
+            "kind": {"group": "", "version": "v1", "kind": "Pod"},
+            "resource": {"group": "", "version": "v1", "resource": "pods"},
+            "namespace": "default",
+            "name": "nb-0",
+            "operation": "CREATE",
+            "userInfo": {"username": "system:serviceaccount:kubeflow:notebook-controller"},
+            "object": pod,
+            "dryRun": False,
+        },
+    }
+    try:
+        answer = await webhook.review(parse_review(json.dumps(review).encode()))
+    finally:
+        await cluster.close()
+    assert answer["response"]["allowed"] is True, answer
+    assert answer["response"].get("patch"), answer  # the slice was applied
+    role = one(objects(render({"webhook": {"enabled": True}})), "ClusterRole", "webhook")
+    assert set(calls) == _rules(role) == WEBHOOK_API_CALLS
 
 
 # ------------------------------------------------------------------ webhook and certificates
@@ -627,6 +684,15 @@ def test_webhook_configuration_matches_profile_pod_creates(rendered_objects):
     assert hook["objectSelector"]["matchExpressions"][0]["key"] == "fracspawner.io/pool"
 
 
+def test_webhook_is_called_after_kubeflows_poddefault_webhook(rendered_objects):
+    """The apiserver calls mutating webhook configurations in the order of their names."""
+    from fracspawner.kubeflow.export import PODDEFAULT_WEBHOOK
+
+    for scenario in ("all-on", "cert-manager", "kubeflow"):
+        mwc = one(rendered_objects[scenario], "MutatingWebhookConfiguration", "webhook")
+        assert sorted([mwc["metadata"]["name"], PODDEFAULT_WEBHOOK])[0] == PODDEFAULT_WEBHOOK
+
+
 def test_cert_manager_issues_the_certificate_and_injects_the_ca(rendered_objects):
     objs = rendered_objects["cert-manager"]
     cert = one(objs, "Certificate", "webhook")
@@ -694,10 +760,12 @@ def test_network_policies_cover_every_workload_and_allow_what_it_needs(rendered_
 
 
 # ------------------------------------------------------------------ Kubeflow objects
-def test_kubeflow_poddefaults_carry_the_products_slice_labels():
-    """One PodDefault per (pool, offer) per namespace; its fracspawner.io/gpu label is what
-    fracspawner.model.slices computes for the offer, for every offer of every example catalog."""
-    from fracspawner.model.slices import parse_slice
+def test_kubeflow_poddefaults_are_the_exports():
+    """The chart's PodDefaults are `fracspawner kubeflow export`'s (names, selector label,
+    slice labels), for every offer of every example catalog: the form ticks the same
+    configurations however the platform team installs them."""
+    from fracspawner.backends import load_catalog
+    from fracspawner.kubeflow.export import offers_for, poddefault
 
     for path in EXAMPLE_CATALOGS:
         catalog = yaml.safe_load(path.read_text())
@@ -706,22 +774,20 @@ def test_kubeflow_poddefaults_carry_the_products_slice_labels():
             "webhook": {"enabled": True},
             "kubeflow": {"enabled": True, "namespaces": [{"name": "team-a"}]},
         }
-        pds = by_kind(objects(render(values)), "PodDefault")
-        got = sorted(
-            (labels["fracspawner.io/pool"], labels["fracspawner.io/gpu"])
-            for labels in (pd["spec"]["labels"] for pd in pds)
-        )
-        step = catalog.get("fraction_step", 8)
-        want = sorted(
-            (pool, parse_slice(offer, step=step).label)
-            for pool, spec in catalog["pools"].items()
-            for offer in spec["offers"]
-        )
+        got = {
+            pd["metadata"]["name"]: (pd["metadata"]["namespace"], pd["spec"]["selector"],
+                                     pd["spec"]["labels"])
+            for pd in by_kind(objects(render(values)), "PodDefault")
+        }  # fmt: skip
+        exported = [
+            poddefault(pool, offer, plan, "team-a")
+            for pool, offer, plan in offers_for(load_catalog(catalog), None)
+        ]
+        want = {
+            pd["metadata"]["name"]: ("team-a", pd["spec"]["selector"], pd["spec"]["labels"])
+            for pd in exported
+        }
         assert got == want, path.name
-        for pd in pds:
-            # the form ticks the first selector label; it is the PodDefault's own name
-            assert list(pd["spec"]["selector"]["matchLabels"]) == [pd["metadata"]["name"]]
-            assert pd["metadata"]["namespace"] == "team-a"
 
 
 def test_kubeflow_namespace_pool_lists(rendered_objects):
