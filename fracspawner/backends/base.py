@@ -15,10 +15,9 @@ from typing import TYPE_CHECKING, Any, ClassVar
 
 from ..model.errors import SliceError
 from ..model.slices import Slice
-from .fit import CountedOffer, OfferCapacity, count_resources
+from .fit import CountedOffer, OfferCounter, count_resources
 
 if TYPE_CHECKING:
-    from ..k8s.index import ClusterIndex
     from ..model.catalog import Pool
 
 
@@ -89,11 +88,17 @@ class Backend:
 
     #: a caveat shown with counts from the default counting
     count_note: ClassVar[str] = ""
+    #: pod labels and annotations, node annotations its counting reads (a trailing '*' is a
+    #: prefix): the capacity watches keep only these, not whole objects
+    count_pod_labels: ClassVar[tuple[str, ...]] = ()
+    count_pod_annotations: ClassVar[tuple[str, ...]] = ()
+    count_node_annotations: ClassVar[tuple[str, ...]] = ()
 
-    def count(self, offer: CountedOffer, index: ClusterIndex) -> OfferCapacity:
-        """How many more of `offer` fit on its nodes, out of how many. By default what the
-        plan puts in limits, against node allocatable (kube-scheduler's NodeResourcesFit)."""
-        return count_resources(offer, index, self.count_note)
+    def counter(self, offer: CountedOffer) -> OfferCounter:
+        """How `offer` is counted, node by node (fracspawner.backends.fit.OfferCounter). By
+        default what the plan puts in limits, against node allocatable (kube-scheduler's
+        NodeResourcesFit)."""
+        return count_resources(offer, self.count_note)
 
     def __repr__(self) -> str:
         return f"<{type(self).__name__} {self.name!r}>"

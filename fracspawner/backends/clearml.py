@@ -19,19 +19,27 @@ agent k8s glue example pairing the label with an `nvidia.com/gpu: 1` limit).
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
 from decimal import Decimal
 from fractions import Fraction
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
-from ..k8s.objects import extended_requests, labels, quantity_int
+from ..k8s.objects import quantity_int
 from ..model.errors import SliceError
 from ..model.slices import Slice, slice_memory_mib
 from .base import Backend, PodPlan, gpu_limit, option
-from .fit import GFD_GPU_REPLICAS, NVIDIA_GPU, CountedOffer, OfferCapacity, node_gpus
+from .fit import (
+    GFD_GPU_REPLICAS,
+    NVIDIA_GPU,
+    CountedOffer,
+    NodeCount,
+    NotCountable,
+    OfferCounter,
+    SummedCounter,
+    node_gpus,
+)
 
 if TYPE_CHECKING:
-    from ..k8s.index import ClusterIndex
+    from ..k8s.index import NodeSlot
     from ..model.catalog import Pool
 
 LABEL = "clearml-injector/fraction"
@@ -88,23 +96,28 @@ class ClearmlInjectorBackend(Backend):
             limits = gpu_limit(int(s.fraction * 8))
         return PodPlan(labels={LABEL: INJECTOR_VALUES[s.fraction]}, limits=limits)
 
-    def count(self, offer: CountedOffer, index: ClusterIndex) -> OfferCapacity:
+    count_pod_labels = (LABEL,)
+
+    def counter(self, offer: CountedOffer) -> OfferCounter:
         """ClearML fractions (pod labels) against each node's GPU count, in sixteenths."""
         need = _units(offer.plan.labels.get(LABEL))
         if not need or need <= 0:
-            return OfferCapacity(None, None, f"the plan has no {LABEL} label")
-        free = total = seen = 0
-        for node in offer.nodes:
-            state = index.per_node("clearml", node, lambda node=node: _node_units(node, index))
-            if state is None:
-                continue
-            seen += 1
-            capacity, used = state
-            total += capacity // need
-            free += max(capacity - used, 0) // need
-        if not seen:
-            return OfferCapacity(None, None, "no matching node reports its GPU count")
-        return OfferCapacity(min(free, total), total, "ClearML fractions against node GPU count")
+            return NotCountable(f"the plan has no {LABEL} label")
+        return ClearmlCounter(need)
+
+
+class ClearmlCounter(SummedCounter):
+    note = "ClearML fractions against node GPU count"
+
+    def __init__(self, need: int) -> None:
+        self.need = need
+
+    def count_node(self, slot: NodeSlot) -> NodeCount | None:
+        state = slot.derived("clearml", lambda: _node_units(slot))
+        if state is None:
+            return None
+        capacity, used = state
+        return NodeCount(max(capacity - used, 0) // self.need, capacity // self.need)
 
 
 #: the injector's finest step is 1/16 (0.0625); count in sixteenths to stay exact
@@ -118,18 +131,19 @@ def _units(value: str | None) -> int | None:
         return None
 
 
-def _node_units(node: Mapping[str, Any], index: ClusterIndex) -> tuple[int, int] | None:
+def _node_units(slot: NodeSlot) -> tuple[int, int] | None:
     """(capacity, used) in sixteenths of a GPU on one node."""
-    gpus = node_gpus(node)
+    assert slot.node is not None
+    gpus = node_gpus(slot.node)
     if gpus is None:
         return None
-    replicas = quantity_int(labels(node).get(GFD_GPU_REPLICAS)) or 1
+    replicas = quantity_int(slot.node.labels.get(GFD_GPU_REPLICAS)) or 1
     used = 0
-    for pod in index.pods_on(node):
-        units = _units(labels(pod).get(LABEL))
+    for pod in slot.pods.values():
+        units = _units(pod.labels.get(LABEL))
         if units is None:
             # a plain time-sliced pod: each replica is 1/replicas of a GPU
-            replicas_held = extended_requests(pod).get(NVIDIA_GPU, Decimal(0))
+            replicas_held = pod.requests.get(NVIDIA_GPU, Decimal(0))
             units = math.ceil(replicas_held * _UNITS / replicas)
         used += units
     return gpus * _UNITS, used

@@ -1,10 +1,14 @@
 """Counting what still fits: the result type and the counting every backend can share.
 
-A backend's `count(offer, index)` answers "how many more of this offer fit, out of how many"
-for the nodes serving the offer. `count_resources` is kube-scheduler's NodeResourcesFit (serves
-every backend whose plan puts a countable extended resource in limits); backends whose scheduler
-books GPUs some other way (HAMi per device, Run:ai sharing groups, ClearML labels) count
-themselves with the helpers below. docs/capacity.md says where each rule comes from.
+A backend's `counter(offer)` says how one offer is counted: `count_node(slot)` gives one
+node's contribution (free and total units there, from the node and the pods on it) and
+`result(tally)` turns the sums over the nodes serving the offer into an `OfferCapacity`. The
+capacity layer keeps those sums and, after a watch event, recounts only the nodes it touched
+(fracspawner.capacity.live), so a contribution must depend on its node and that node's pods
+only. `ResourceFit` is kube-scheduler's NodeResourcesFit (serves every backend whose plan puts
+a countable extended resource in limits); backends whose scheduler books GPUs some other way
+(HAMi per device, Run:ai sharing groups, ClearML labels) count themselves with the helpers
+below. docs/capacity.md says where each rule comes from.
 """
 
 from __future__ import annotations
@@ -15,10 +19,11 @@ from dataclasses import dataclass
 from decimal import Decimal
 from typing import TYPE_CHECKING, Any
 
-from ..k8s.objects import allocatable, labels, quantity, quantity_int
+from ..k8s.objects import quantity, quantity_int
 
 if TYPE_CHECKING:
-    from ..k8s.index import ClusterIndex
+    from ..k8s.index import NodeSlot
+    from ..k8s.records import NodeRecord
     from .base import PodPlan
 
 NVIDIA_GPU = "nvidia.com/gpu"
@@ -41,12 +46,78 @@ UNKNOWN = OfferCapacity(None, None)
 
 @dataclass(frozen=True)
 class CountedOffer:
-    """One offer of one pool, with the plan fracspawner would apply and the nodes serving it."""
+    """One offer of one pool, with the plan fracspawner would apply."""
 
     pool: Any
     spec: str
     plan: PodPlan
-    nodes: list[dict[str, Any]]
+
+
+@dataclass(frozen=True)
+class NodeCount:
+    """One node's contribution to an offer: units free and units in all there."""
+
+    free: int
+    total: int
+    #: some pods' placement on devices was guessed (HAMi pods without its annotation)
+    estimated: bool = False
+
+
+@dataclass
+class Tally:
+    """Sums over the nodes serving one offer (kept incrementally by the capacity layer)."""
+
+    serving: int = 0  # ready nodes matching the offer's selector and tolerating its taints
+    seen: int = 0  # of those, nodes that said something (count_node gave a NodeCount)
+    free: int = 0
+    total: int = 0
+    estimated: int = 0
+
+    def add(self, count: NodeCount | None, sign: int = 1) -> None:
+        """Add (sign 1) or take away (sign -1) one serving node's contribution."""
+        self.serving += sign
+        if count is not None:
+            self.seen += sign
+            self.free += sign * count.free
+            self.total += sign * count.total
+            self.estimated += sign * int(count.estimated)
+
+
+class OfferCounter:
+    """How one offer is counted. `count_node` must read only `slot` (its node and pods)."""
+
+    def count_node(self, slot: NodeSlot) -> NodeCount | None:
+        """This node's contribution, or None when it says nothing about this offer."""
+        return None
+
+    def result(self, tally: Tally) -> OfferCapacity:
+        raise NotImplementedError
+
+
+class NotCountable(OfferCounter):
+    """An offer whose plan asks for nothing this technology's books show: always unknown."""
+
+    def __init__(self, note: str) -> None:
+        self.note = note
+
+    def result(self, tally: Tally) -> OfferCapacity:
+        return OfferCapacity(None, None, self.note)
+
+
+class SummedCounter(OfferCounter):
+    """Free and total summed over the nodes serving the offer; unknown when none said
+    anything (`unseen` says why)."""
+
+    unseen: str = "no matching node reports its GPUs"
+    note: str = ""
+
+    def note_for(self, tally: Tally) -> str:
+        return self.note
+
+    def result(self, tally: Tally) -> OfferCapacity:
+        if not tally.seen:
+            return OfferCapacity(None, None, self.unseen)
+        return OfferCapacity(min(tally.free, tally.total), tally.total, self.note_for(tally))
 
 
 def _extended(amounts: Mapping[str, Any]) -> dict[str, Decimal]:
@@ -58,31 +129,37 @@ def _extended(amounts: Mapping[str, Any]) -> dict[str, Decimal]:
     return out
 
 
-def count_resources(offer: CountedOffer, index: ClusterIndex, note: str = "") -> OfferCapacity:
+class ResourceFit(SummedCounter):
     """Allocatable of each resource the plan asks for, minus what bound pods request:
     kube-scheduler's NodeResourcesFit."""
-    need = _extended(offer.plan.limits)
-    if not need:
-        return OfferCapacity(None, None, "the plan requests no countable resource")
-    free = total = seen = 0
-    for node in offer.nodes:
-        alloc = allocatable(node)
-        if not any(res in alloc for res in need):
-            continue
-        seen += 1
-        used = index.requests_on(node)
+
+    def __init__(self, need: Mapping[str, Decimal], note: str = "") -> None:
+        self.need = dict(need)
+        self.note = note
+        self.unseen = f"no matching node publishes {', '.join(sorted(need))}"
+
+    def count_node(self, slot: NodeSlot) -> NodeCount | None:
+        assert slot.node is not None
+        alloc = slot.node.allocatable
+        if not any(res in alloc for res in self.need):
+            return None
+        used = slot.requested()
         node_total = node_free = None
-        for res, amount in need.items():
-            have = quantity(alloc.get(res, 0)) or Decimal(0)
+        for res, amount in self.need.items():
+            have = alloc.get(res) or Decimal(0)
             left = max(have - used.get(res, Decimal(0)), Decimal(0))
             t, f = math.floor(have / amount), math.floor(left / amount)
             node_total = t if node_total is None else min(node_total, t)
             node_free = f if node_free is None else min(node_free, f)
-        total += node_total or 0
-        free += node_free or 0
-    if not seen:
-        return OfferCapacity(None, None, f"no matching node publishes {', '.join(sorted(need))}")
-    return OfferCapacity(min(free, total), total, note)
+        return NodeCount(node_free or 0, node_total or 0)
+
+
+def count_resources(offer: CountedOffer, note: str = "") -> OfferCounter:
+    """The NodeResourcesFit counter for what the offer's plan puts in limits."""
+    need = _extended(offer.plan.limits)
+    if not need:
+        return NotCountable("the plan requests no countable resource")
+    return ResourceFit(need, note)
 
 
 def tasks_on_node(per_device: Iterable[int], nums: int) -> int:
@@ -96,19 +173,19 @@ def tasks_on_node(per_device: Iterable[int], nums: int) -> int:
     return pods
 
 
-def node_gpus(node: Mapping[str, Any]) -> int | None:
+def node_gpus(node: NodeRecord) -> int | None:
     """Physical GPUs: GFD's gpu.count label, else allocatable nvidia.com/gpu per replica."""
-    count = quantity_int(labels(node).get(GFD_GPU_COUNT))
+    count = quantity_int(node.labels.get(GFD_GPU_COUNT))
     if count is not None:
         return count
-    alloc = quantity_int(allocatable(node).get(NVIDIA_GPU))
+    alloc = node.allocatable.get(NVIDIA_GPU)
     if alloc is None:
         return None
-    replicas = quantity_int(labels(node).get(GFD_GPU_REPLICAS)) or 1
-    return alloc // max(replicas, 1)
+    replicas = quantity_int(node.labels.get(GFD_GPU_REPLICAS)) or 1
+    return math.floor(alloc) // max(replicas, 1)
 
 
-def node_gpu_memory(node: Mapping[str, Any], pool: Any) -> int | None:
+def node_gpu_memory(node: NodeRecord, pool: Any) -> int | None:
     """MiB per GPU: GFD's gpu.memory label, else the pool's GPU model."""
-    mem = quantity_int(labels(node).get(GFD_GPU_MEMORY))
+    mem = quantity_int(node.labels.get(GFD_GPU_MEMORY))
     return mem if mem else getattr(getattr(pool, "gpu", None), "memory_mib", None)

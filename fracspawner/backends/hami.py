@@ -19,18 +19,17 @@ Pool options:
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
-from typing import TYPE_CHECKING, Any, ClassVar
+from functools import lru_cache
+from typing import TYPE_CHECKING, ClassVar
 
-from ..k8s.objects import annotations, extended_requests
 from ..model.errors import SliceError
 from ..model.slices import Slice, gpu_equivalent, slice_memory_mib
 from . import hami_devices as devices
 from .base import Backend, PodPlan, option
-from .fit import CountedOffer, OfferCapacity
+from .fit import CountedOffer, NodeCount, NotCountable, OfferCounter, SummedCounter, Tally
 
 if TYPE_CHECKING:
-    from ..k8s.index import ClusterIndex
+    from ..k8s.index import NodeSlot
     from ..model.catalog import Pool
 
 GPU = devices.RESOURCE_COUNT
@@ -109,41 +108,68 @@ class HamiBackend(Backend):
             key: str(option(pool, opt)) for opt, key in _ANNOTATIONS.items() if option(pool, opt)
         }
 
-    def count(self, offer: CountedOffer, index: ClusterIndex) -> OfferCapacity:
+    # what HAMi's own bookkeeping says (hami_devices): the pod annotations it writes and reads
+    count_pod_annotations = (
+        devices.ALLOCATED_ANNOTATION,
+        devices.ASSIGNED_NODE_ANNOTATION,
+        devices.GPU_IN_USE,
+        devices.GPU_NO_USE,
+    )
+    count_node_annotations = (devices.REGISTER_ANNOTATION,)
+
+    def counter(self, offer: CountedOffer) -> OfferCounter:
         """Per-device fit as HAMi's scheduler does it, from its node registration annotation
         and its pods' allocation annotations (hami_devices)."""
         req = devices.request_from_resources(offer.plan.limits, offer.plan.annotations)
         if req is None:
-            return OfferCapacity(None, None, f"the plan requests no {devices.RESOURCE_COUNT}")
-        free = total = seen = 0
-        estimated = False
-        for node in offer.nodes:
-            state = index.per_node("hami", node, lambda node=node: _node_state(node, index))
-            if state is None:
-                continue
-            seen += 1
-            estimated = estimated or state.estimated
-            free += devices.node_tasks(state, req)
-            total += devices.node_total(state, req)
-        if not seen:
-            return OfferCapacity(None, None, f"no matching node has {devices.REGISTER_ANNOTATION}")
-        note = "HAMi per-device fit" + (", some placements estimated" if estimated else "")
-        return OfferCapacity(min(free, total), total, note)
+            return NotCountable(f"the plan requests no {devices.RESOURCE_COUNT}")
+        return HamiCounter(req)
 
 
-def _node_state(node: Mapping[str, Any], index: ClusterIndex) -> devices.NodeDevices | None:
+class HamiCounter(SummedCounter):
+    """One offer's HAMi request fitted onto each node's registered devices."""
+
+    unseen = f"no matching node has {devices.REGISTER_ANNOTATION}"
+
+    def __init__(self, req: devices.HamiRequest) -> None:
+        self.req = req
+
+    def count_node(self, slot: NodeSlot) -> NodeCount | None:
+        state = slot.derived("hami", lambda: _node_state(slot))
+        if state is None:
+            return None
+        return NodeCount(
+            devices.node_tasks(state, self.req),
+            devices.node_total(state, self.req),
+            state.estimated,
+        )
+
+    def note_for(self, tally: Tally) -> str:
+        return "HAMi per-device fit" + (", some placements estimated" if tally.estimated else "")
+
+
+@lru_cache(maxsize=4096)
+def _registered(text: str | None) -> tuple[devices.HamiDevice, ...] | None:
+    """The registration annotation, parsed once per distinct text (nodes re-register the same
+    devices over and over)."""
+    found = devices.parse_node_devices(text)
+    return tuple(found) if found is not None else None
+
+
+def _node_state(slot: NodeSlot) -> devices.NodeDevices | None:
     """A node's registered devices, charged with what its pods (and pods HAMi assigned to it
     before binding) hold."""
-    registered = devices.parse_node_devices(annotations(node).get(devices.REGISTER_ANNOTATION))
+    assert slot.node is not None
+    registered = _registered(slot.node.annotations.get(devices.REGISTER_ANNOTATION))
     if registered is None:
         return None
-    state = devices.NodeDevices(devices=registered)
-    for pod in [*index.pods_on(node), *index.assumed_on(node)]:
-        allocated = devices.parse_pod_devices(annotations(pod).get(devices.ALLOCATED_ANNOTATION))
+    state = devices.NodeDevices(devices=list(registered))
+    for pod in [*slot.bound(), *slot.booked()]:
+        allocated = devices.parse_pod_devices(pod.annotations.get(devices.ALLOCATED_ANNOTATION))
         if allocated:
             devices.charge_allocation(state, allocated)
             continue
-        req = devices.request_from_resources(extended_requests(pod), annotations(pod))
+        req = devices.request_from_resources(pod.requests, pod.annotations)
         if req is not None:
             devices.charge_estimate(state, req)
     return state

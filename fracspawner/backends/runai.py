@@ -22,21 +22,24 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from ..k8s.objects import annotations, extended_requests, labels, meta, quantity_int
+from ..k8s.objects import quantity_int
 from ..model.slices import Slice, slice_memory_mib
 from .base import Backend, PodPlan, decimal, gpu_limit, option
 from .fit import (
     EPS,
     NVIDIA_GPU,
     CountedOffer,
-    OfferCapacity,
+    NodeCount,
+    NotCountable,
+    OfferCounter,
+    SummedCounter,
     node_gpu_memory,
     node_gpus,
     tasks_on_node,
 )
 
 if TYPE_CHECKING:
-    from ..k8s.index import ClusterIndex
+    from ..k8s.index import NodeSlot
     from ..model.catalog import Pool
 
 # kai-scheduler pkg/common/constants/constants.go
@@ -68,35 +71,48 @@ class RunaiBackend(Backend):
             annotations = {MEMORY: str(slice_memory_mib(s, pool.gpu))}
         return PodPlan(labels=labels, annotations=annotations, scheduler_name=self.scheduler)
 
-    def count(self, offer: CountedOffer, index: ClusterIndex) -> OfferCapacity:
+    count_pod_labels = (GPU_GROUP, GPU_GROUP + "/*")
+    count_pod_annotations = (FRACTION, MEMORY, NUM_DEVICES)
+
+    def counter(self, offer: CountedOffer) -> OfferCounter:
         """Run:ai/KAI keep fractions off the resource books: a reservation pod holds the GPU
         (nvidia.com/gpu: 1, label runai-gpu-group) and fractional pods share its group label."""
         annos = offer.plan.annotations
-        devices = quantity_int(annos.get(NUM_DEVICES)) or 1
         whole = quantity_int(offer.plan.limits.get(NVIDIA_GPU, 0)) or 0
         if FRACTION not in annos and MEMORY not in annos and whole <= 0:
-            return OfferCapacity(None, None, "the plan asks for no GPU")
-        free = total = seen = 0
-        for node in offer.nodes:
-            state = index.per_node(
-                "runai", node, lambda node=node: _node_state(node, offer.pool, index)
+            return NotCountable("the plan asks for no GPU")
+        return RunaiCounter(offer.pool, annos, whole)
+
+
+class RunaiCounter(SummedCounter):
+    """Fractions fitted into each node's untouched GPUs and sharing groups."""
+
+    note = "GPU sharing groups from pod labels"
+
+    def __init__(self, pool: Any, annos: Mapping[str, str], whole: int) -> None:
+        self.pool = pool
+        self.annos = dict(annos)
+        self.whole = whole
+        self.devices = quantity_int(annos.get(NUM_DEVICES)) or 1
+        self.fractional = FRACTION in annos or MEMORY in annos
+
+    def count_node(self, slot: NodeSlot) -> NodeCount | None:
+        assert slot.node is not None
+        gpu_mem = node_gpu_memory(slot.node, self.pool)
+        # the state depends on the GPU memory `gpu-memory` pods are read against
+        state = slot.derived(("runai", gpu_mem), lambda: _node_state(slot, gpu_mem))
+        if state is None:
+            return None
+        if self.fractional:
+            fraction = _fraction(self.annos, gpu_mem)
+            if not fraction or fraction <= 0:
+                return NodeCount(0, 0)
+            return NodeCount(
+                tasks_on_node(state.fits(fraction), self.devices),
+                tasks_on_node([math.floor(1 / fraction + EPS)] * state.gpus, self.devices),
             )
-            if state is None:
-                continue
-            seen += 1
-            if FRACTION in annos or MEMORY in annos:
-                fraction = _fraction(annos, node_gpu_memory(node, offer.pool))
-                if not fraction or fraction <= 0:
-                    continue
-                free += tasks_on_node(state.fits(fraction), devices)
-                total += tasks_on_node([math.floor(1 / fraction + EPS)] * state.gpus, devices)
-            else:
-                untouched = max(state.gpus - state.whole_used - len(state.groups), 0)
-                free += untouched // whole
-                total += state.gpus // whole
-        if not seen:
-            return OfferCapacity(None, None, "no matching node reports its GPU count")
-        return OfferCapacity(min(free, total), total, "GPU sharing groups from pod labels")
+        untouched = max(state.gpus - state.whole_used - len(state.groups), 0)
+        return NodeCount(untouched // self.whole, state.gpus // self.whole)
 
 
 def _fraction(annos: Mapping[str, str], gpu_mem: int | None) -> float | None:
@@ -126,28 +142,26 @@ class _SharedGpus:
         ]
 
 
-def _node_state(node: Mapping[str, Any], pool: Any, index: ClusterIndex) -> _SharedGpus | None:
-    gpus = node_gpus(node)
+def _node_state(slot: NodeSlot, gpu_mem: int | None) -> _SharedGpus | None:
+    assert slot.node is not None
+    gpus = node_gpus(slot.node)
     if gpus is None:
         return None
-    gpu_mem = node_gpu_memory(node, pool)
     whole = 0
     groups: dict[str, float] = {}
-    for pod in index.pods_on(node):
-        pod_labels, annos = labels(pod), annotations(pod)
-        group_keys = [k for k in pod_labels if k == GPU_GROUP or k.startswith(GPU_GROUP + "/")]
-        fraction = _fraction(annos, gpu_mem)
-        names = [pod_labels[k] for k in group_keys]
+    for pod in slot.bound():
+        group_keys = [k for k in pod.labels if k == GPU_GROUP or k.startswith(GPU_GROUP + "/")]
+        fraction = _fraction(pod.annotations, gpu_mem)
+        names = [pod.labels[k] for k in sorted(group_keys)]
         if fraction is not None and not names:
             # not placed in a group yet: count it alone on its own GPUs, the safe side
-            devices = quantity_int(annos.get(NUM_DEVICES)) or 1
-            uid = meta(pod).get("uid") or meta(pod).get("name", "")
-            names = [f"{uid}/{i}" for i in range(devices)]
+            devices = quantity_int(pod.annotations.get(NUM_DEVICES)) or 1
+            names = [f"{pod.uid or pod.key}/{i}" for i in range(devices)]
         if names:
             for name in names:
                 groups[name] = groups.get(name, 0.0) + (fraction or 0.0)
             continue
-        whole += quantity_int(extended_requests(pod).get(NVIDIA_GPU, 0)) or 0
+        whole += quantity_int(pod.requests.get(NVIDIA_GPU, 0)) or 0
     return _SharedGpus(gpus=gpus, whole_used=whole, groups=groups)
 
 

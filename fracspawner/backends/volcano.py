@@ -33,7 +33,7 @@ class VolcanoBackend(HamiBackend):
     resources = (NUMBER, MEMORY, MEMORY_PERCENT, CORES)
     scheduler = "volcano"
     count_note = "node totals, not per-device fit"
-    count = Backend.count  # the default: allocatable minus requests
+    counter = Backend.counter  # the default: allocatable minus requests
 
     def plan_annotations(self, pool: Pool) -> dict[str, str]:
         return {}  # HAMi's type/policy annotations mean nothing to Volcano

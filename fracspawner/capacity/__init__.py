@@ -1,9 +1,18 @@
-"""Live capacity: the cluster index, free/total per pool and offer, and the watches feeding it.
+"""Live capacity: free/total per pool and offer, and the watches feeding it.
 
-`count` is pure (API dicts in, a frozen snapshot out); `watch` keeps kubespawner reflectors of
-nodes and pods and imports kubernetes_asyncio, so it is imported only where a hub runs.
+`count` and `live` are pure (API dicts in, a frozen snapshot out; `live` keeps it up to date
+event by event); `watch` keeps node and pod watches and imports kubernetes_asyncio, so it is
+imported only where a hub runs.
 """
 
 from .count import UNKNOWN, Capacity, OfferCapacity, compute_capacity, gpu_usage_by_user
+from .live import LiveCapacity
 
-__all__ = ["UNKNOWN", "Capacity", "OfferCapacity", "compute_capacity", "gpu_usage_by_user"]
+__all__ = [
+    "UNKNOWN",
+    "Capacity",
+    "LiveCapacity",
+    "OfferCapacity",
+    "compute_capacity",
+    "gpu_usage_by_user",
+]

@@ -1,8 +1,16 @@
-"""Live GPU capacity: node and pod reflectors feeding `compute_capacity`.
+"""Live GPU capacity: node and pod watches feeding `LiveCapacity`, which never give up.
 
 JupyterHub makes one spawner per server, so one `CapacityWatcher` per catalog and event loop
-is shared by all of them (`CapacityWatcher.shared`), like kubespawner's own reflectors.
-Rendering the form reads the reflectors' caches only; it never calls the Kubernetes API.
+is shared by all of them (`CapacityWatcher.shared`), like kubespawner's own reflectors. Reads
+(`snapshot`, `usage_of`, `pod`) come from memory and never call the Kubernetes API: a snapshot
+recounts only the nodes that changed since the last read (fracspawner.capacity.live).
+
+The watches keep slim records (fracspawner.k8s.records), not whole objects. kubespawner's
+ResourceReflector gives up after its backoff passes 30 s (and the hub's own pod reflector then
+stops the hub); these instead retry forever with capped backoff, as client-go's Reflector does
+(tools/cache/reflector.go: backoff from 800 ms up to 30 s, never giving up), and relist when
+back. While a watch is down the snapshot says so (`stale`, `age_seconds`): the counts are shown
+as possibly out of date and are never used to refuse or admit a spawn.
 
 The Kubernetes client configuration must be loaded first (`kubespawner.clients.load_config`);
 KubeSpawner's constructor does that in the hub, the service and the CLI do it themselves.
@@ -13,20 +21,20 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import random
 import time
-from collections.abc import Iterable
+from collections.abc import Iterator, Mapping
+from dataclasses import replace
 from typing import Any, ClassVar
 
 from kubernetes_asyncio import client, watch
 from kubespawner.reflector import ResourceReflector
-from traitlets import Bool, Unicode
+from traitlets import Bool, Float, Unicode
 
-from .count import (
-    Capacity,
-    OfferCapacity,
-    compute_capacity,
-    gpu_usage_by_user,
-)
+from ..k8s.index import ASSIGNED_NODE_ANNOTATION
+from ..k8s.records import NodeRecord, PodRecord
+from .live import LiveCapacity
+from .snapshot import Capacity, OfferCapacity
 
 __all__ = [
     "Capacity",
@@ -34,38 +42,57 @@ __all__ = [
     "NodeReflector",
     "OfferCapacity",
     "PodReflector",
-    "compute_capacity",
-    "gpu_usage_by_user",
 ]
 
 #: Pods in these phases hold nothing; the apiserver drops them from the watch for us.
 _ACTIVE_PODS_SELECTOR = "status.phase!=Succeeded,status.phase!=Failed"
-#: After a failed start, form renders within this many seconds do not retry (no API stall
-#: on every page view while the cluster is unreachable).
-_RETRY_AFTER_S = 10.0
+#: a failing watch logs at warning level again after this many quiet retries
+_LOG_EVERY = 10
 
 
-class _CountingReflector(ResourceReflector):
-    """A kubespawner ResourceReflector whose cache keys work for cluster-scoped kinds and
-    whose every change bumps `generation`, so readers can cache what they derive from it.
+class _RawWatch(watch.Watch):
+    """kubernetes_asyncio's Watch without building objects: events keep the raw dicts (its
+    "object" return type still round-trips each event through json.dumps/json.loads)."""
 
-    kubespawner's `_list_and_update`/`_watch_and_update` key objects by
-    "namespace/name" and fail on nodes (no metadata.namespace), so both are replaced; start,
-    stop, the traits and the shared API client are kubespawner's. Unlike kubespawner, a watch
-    that times out resumes from its last resourceVersion instead of listing everything
-    again (client-go informers do the same); a full list happens at start and after errors.
+    def get_return_type(self, func: object) -> str:
+        return ""
+
+
+class _SlimReflector(ResourceReflector):
+    """A list+watch of one kind that feeds a `LiveCapacity` instead of keeping objects.
+
+    kubespawner's traits (request_timeout, timeout_seconds, restart_seconds), its shared API
+    client and its `first_load_future` are kept; the loop is this class's: a watch that ends
+    resumes from its last resourceVersion (no relist), an error relists after a backoff, and
+    nothing ever stops it but `stop()`. `synced` says whether what was fed is the API's now.
     """
 
-    generation: int = 0
-    _listed_version: str | None = None  # from the list start() made; the watch resumes there
+    initial_backoff = Float(
+        0.8,
+        config=True,
+        help="Seconds before the first retry after the watch or list failed (doubles up to "
+        "max_backoff).",
+    )
+    max_backoff = Float(
+        30.0,
+        config=True,
+        help="Most seconds between retries while the API server is unreachable (client-go "
+        "uses 30 s). Counts stay marked stale until a retry succeeds.",
+    )
 
-    def _key(self, obj: dict[str, Any]) -> str:
+    live: LiveCapacity | None = None
+    synced: bool = False
+    lost_at: float = 0.0  # monotonic time the cache stopped being current (or was created)
+    failures: int = 0
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.lost_at = time.monotonic()
+
+    def _key(self, obj: Mapping[str, Any]) -> str:
         metadata = obj.get("metadata") or {}
         namespace = metadata.get("namespace")
         return f"{namespace}/{metadata.get('name')}" if namespace else str(metadata.get("name"))
-
-    def _changed(self) -> None:
-        self.generation += 1
 
     def _selectors(self) -> dict[str, Any]:
         kwargs: dict[str, Any] = {
@@ -76,77 +103,115 @@ class _CountingReflector(ResourceReflector):
             kwargs["namespace"] = self.namespace
         return kwargs
 
-    async def _list_and_update(self, resource_version: str | None = None) -> str:
+    # ------------------------------------------------------------------ what a kind feeds
+    def _load(self, items: list[dict[str, Any]]) -> None:
+        raise NotImplementedError
+
+    def _put(self, obj: dict[str, Any]) -> None:
+        raise NotImplementedError
+
+    def _drop(self, obj: dict[str, Any]) -> None:
+        raise NotImplementedError
+
+    # ------------------------------------------------------------------ the loop
+    async def _list(self) -> str:
         kwargs = self._selectors()
         kwargs.update(_request_timeout=self.request_timeout, _preload_content=False)
-        if resource_version is not None:
-            kwargs.update(resource_version=resource_version, resource_version_match="NotOlderThan")
         response = await getattr(self.api, self.list_method_name)(**kwargs)
         body = await response.read()
         if not response.ok:
             raise client.ApiException(status=response.status, reason=response.reason)
         listing = json.loads(body)
-        self.resources = {self._key(obj): obj for obj in listing.get("items") or []}
-        self._changed()
-        if not self.first_load_future.done():
-            self.first_load_future.set_result(None)
-        self._listed_version = (listing.get("metadata") or {}).get("resourceVersion") or "0"
-        return self._listed_version
+        self._load(listing.get("items") or [])
+        return (listing.get("metadata") or {}).get("resourceVersion") or "0"
 
-    def _apply(self, event: dict[str, Any]) -> str | None:
-        """Fold one watch event into the cache; returns its resourceVersion."""
-        obj = event.get("raw_object") or {}
-        version = (obj.get("metadata") or {}).get("resourceVersion")
-        if event.get("type") == "DELETED":
-            self.resources.pop(self._key(obj), None)
-        elif event.get("type") in ("ADDED", "MODIFIED"):
-            self.resources[self._key(obj)] = obj
-        else:  # BOOKMARK: only moves the resourceVersion on
-            return version
-        self._changed()
-        return version
+    async def _watch(self, resource_version: str) -> str:
+        """One watch request; returns the resourceVersion to resume from."""
+        w = _RawWatch()
+        started = time.monotonic()
+        kwargs = self._selectors()
+        kwargs["resource_version"] = resource_version
+        if self.timeout_seconds:
+            kwargs["timeout_seconds"] = self.timeout_seconds
+            # the server ends the request after timeout_seconds; a connection silent for
+            # longer is dead (a partition without a reset), not just quiet
+            kwargs["_request_timeout"] = self.timeout_seconds + 5
+        elif self.request_timeout:
+            kwargs["_request_timeout"] = self.request_timeout
+        try:
+            async with w.stream(getattr(self.api, self.list_method_name), **kwargs) as events:
+                async for event in events:
+                    obj = event.get("raw_object") or {}
+                    kind = event.get("type")
+                    if kind == "DELETED":
+                        self._drop(obj)
+                    elif kind in ("ADDED", "MODIFIED"):
+                        self._put(obj)
+                    version = (obj.get("metadata") or {}).get("resourceVersion")
+                    resource_version = version or resource_version
+                    if self._stopping or time.monotonic() - started >= self.restart_seconds:
+                        break
+        finally:
+            w.stop()
+            await w.close()
+        return resource_version
 
-    async def _watch_and_update(self) -> None:
-        resource_version = self._listed_version
-        delay = 0.1
+    async def run(self) -> None:
+        """List, then watch, forever: errors relist after a backoff; only stop() ends it."""
+        resource_version: str | None = None
         while not self._stopping:
-            w = watch.Watch(return_type="object")  # keep raw dicts, skip model building
-            started = time.monotonic()
             try:
                 if resource_version is None:
-                    resource_version = await self._list_and_update("0")
-                kwargs = self._selectors()
-                kwargs.update(resource_version=resource_version)
-                if self.request_timeout:
-                    kwargs["_request_timeout"] = self.request_timeout
-                if self.timeout_seconds:
-                    kwargs["timeout_seconds"] = self.timeout_seconds
-                async with w.stream(getattr(self.api, self.list_method_name), **kwargs) as events:
-                    async for event in events:
-                        resource_version = self._apply(event) or resource_version
-                        delay = 0.1
-                        if self._stopping or time.monotonic() - started >= self.restart_seconds:
-                            break
+                    resource_version = await self._list()
+                    self._back()
+                resource_version = await self._watch(resource_version)
             except asyncio.CancelledError:
                 raise
-            except Exception:
-                resource_version = None  # relist: our view may have missed events (410 Gone)
-                delay *= 2
-                if delay > 30:
-                    self.log.exception("Watching %s never recovered, giving up", self.kind)
-                    if self.on_failure:
-                        self.on_failure()
-                    return
-                self.log.exception("Error watching %s, retrying in %.1fs", self.kind, delay)
-                await asyncio.sleep(delay)
-            finally:
-                w.stop()
-                await w.close()
-        self.log.info("%s watcher stopped", self.kind)
+            except client.ApiException as exc:
+                resource_version = None
+                if exc.status == 410:  # our resourceVersion is too old: relist now
+                    continue
+                await self._lost(exc)
+            except Exception as exc:
+                resource_version = None
+                await self._lost(exc)
+        self.log.info("%s watch stopped", self.kind)
+
+    def _back(self) -> None:
+        if self.failures:
+            self.log.warning(
+                "Watching %s again after %.0f s; capacity counts are current",
+                self.kind,
+                time.monotonic() - self.lost_at,
+            )
+        self.synced = True
+        self.failures = 0
+        if not self.first_load_future.done():
+            self.first_load_future.set_result(None)
+
+    async def _lost(self, exc: BaseException) -> None:
+        if self.synced:  # current until now (never listed: stale since created)
+            self.lost_at = time.monotonic()
+        self.synced = False
+        self.failures += 1
+        delay = min(self.max_backoff, self.initial_backoff * 2 ** (self.failures - 1))
+        delay *= 1 + random.random() * 0.2  # spread the retries of many hubs
+        if self.failures == 1 or self.failures % _LOG_EVERY == 0:
+            self.log.warning(
+                "Cannot watch %s (%s: %s); capacity counts are stale, retrying in %.1f s",
+                self.kind,
+                type(exc).__name__,
+                exc,
+                delay,
+            )
+        else:
+            self.log.debug(
+                "Watching %s failed again (%s); retrying in %.1f s", self.kind, exc, delay
+            )
+        await asyncio.sleep(delay)
 
     async def stop(self) -> None:
-        """Cancel the watch and wait for it (kubespawner's stop re-raises the task's
-        CancelledError into the caller)."""
+        """Cancel the watch and wait for it."""
         self._stopping = True
         task, self.watch_task = self.watch_task, None
         if task is not None and not task.done():
@@ -154,15 +219,27 @@ class _CountingReflector(ResourceReflector):
             await asyncio.wait([task], timeout=5)
 
 
-class NodeReflector(_CountingReflector):
+class NodeReflector(_SlimReflector):
     """All nodes of the cluster (cluster-scoped list+watch: ClusterRole on nodes)."""
 
     kind = Unicode("nodes")
     list_method_name = Unicode("list_node")
     omit_namespace = Bool(True)
 
+    def _load(self, items: list[dict[str, Any]]) -> None:
+        assert self.live is not None
+        self.live.replace_nodes(items)
 
-class PodReflector(_CountingReflector):
+    def _put(self, obj: dict[str, Any]) -> None:
+        assert self.live is not None
+        self.live.put_node(obj)
+
+    def _drop(self, obj: dict[str, Any]) -> None:
+        assert self.live is not None
+        self.live.drop_node(self._key(obj))
+
+
+class PodReflector(_SlimReflector):
     """All pods holding resources, across namespaces (other tenants' GPU pods count too)."""
 
     kind = Unicode("pods")
@@ -181,23 +258,60 @@ class PodReflector(_CountingReflector):
             extra = [self.field_selector] if self.field_selector else []
             self.field_selector = ",".join([*extra, _ACTIVE_PODS_SELECTOR])
 
+    def _load(self, items: list[dict[str, Any]]) -> None:
+        assert self.live is not None
+        self.live.replace_pods(items)
+
+    def _put(self, obj: dict[str, Any]) -> None:
+        assert self.live is not None
+        self.live.put_pod(obj)
+
+    def _drop(self, obj: dict[str, Any]) -> None:
+        assert self.live is not None
+        self.live.drop_pod(self._key(obj))
+
+
+def _pod_dict(record: PodRecord) -> dict[str, Any]:
+    """A kept pod in the API's shape (only the fields the watch keeps)."""
+    annotations = dict(record.annotations)
+    if record.assumed:
+        annotations[ASSIGNED_NODE_ANNOTATION] = record.assumed
+    return {
+        "metadata": {
+            "name": record.name,
+            "namespace": record.namespace,
+            "uid": record.uid,
+            "labels": dict(record.labels),
+            "annotations": annotations,
+        },
+        "spec": {"nodeName": record.node} if record.node else {},
+        "status": {},
+    }
+
 
 class CapacityWatcher:
-    """Capacity snapshots for one catalog from a node and a pod reflector."""
+    """Capacity and per-user GPU usage for one catalog, from a node and a pod watch."""
 
     _shared: ClassVar[dict[tuple[int, Any], CapacityWatcher]] = {}
 
-    def __init__(self, catalog: Any, *, log: logging.Logger | None = None) -> None:
+    def __init__(
+        self,
+        catalog: Any,
+        *,
+        log: logging.Logger | None = None,
+        first_load_timeout: float = 10.0,
+        config: Any = None,
+    ) -> None:
+        """`first_load_timeout`: the most the first `start()` calls wait for the first lists
+        (later calls never wait); `config`: traitlets config for the reflectors."""
         self.catalog = catalog
         self.log = log or logging.getLogger(__name__)
-        self._nodes: NodeReflector | None = None
-        self._pods: PodReflector | None = None
-        self._starting: asyncio.Future[None] | None = None
-        self._failed_at: float | None = None
-        self._snapshot_key: tuple[Any, ...] | None = None
-        self._snapshot: Capacity | None = None
-        self._usage_key: tuple[Any, ...] | None = None
-        self._usage: dict[str, float] = {}
+        self.live = LiveCapacity(catalog)
+        self.first_load_timeout = first_load_timeout
+        self.config = config
+        self._reflectors: list[_SlimReflector] = []
+        self._deadline: float | None = None
+        self._stopping = False
 
     @classmethod
     def shared(cls, catalog: Any, *, log: logging.Logger | None = None) -> CapacityWatcher:
@@ -214,83 +328,90 @@ class CapacityWatcher:
 
     # ------------------------------------------------------------------ lifecycle
     async def start(self) -> None:
-        """Start both reflectors and wait for their first list. Safe to call on every
-        form render: later calls return at once. When the API is unreachable this logs,
-        leaves the counts unknown and tries again on a call at least 10 s later."""
-        if self._nodes is not None and self._pods is not None:
-            return
-        if self._starting is None:
-            if self._failed_at is not None and time.monotonic() - self._failed_at < _RETRY_AFTER_S:
+        """Start both watches in the background (once). Safe to call on every form render:
+        only the first calls wait, for at most `first_load_timeout` seconds, for the first
+        lists; after that a call returns at once, whether the API answers or not."""
+        loop = asyncio.get_running_loop()
+        if not self._reflectors:
+            self._stopping = False
+            self._deadline = loop.time() + self.first_load_timeout
+            try:
+                kwargs = {"parent": None, "config": self.config} if self.config else {}
+                self._reflectors = [NodeReflector(**kwargs), PodReflector(**kwargs)]
+            except Exception as exc:  # no client configuration: counts stay unknown
+                self.log.error("Cannot watch nodes and pods (%s); GPU capacity is unknown", exc)
+                self._reflectors = []
                 return
-            self._starting = asyncio.ensure_future(self._start())
-        starting = self._starting
-        try:
-            await asyncio.shield(starting)
-        except asyncio.CancelledError:
-            raise
-        except Exception:
-            pass  # logged once by _start; counts stay unknown
+            for reflector in self._reflectors:
+                reflector.live = self.live
+                self._run(reflector)
+        pending = [r.first_load_future for r in self._reflectors if not r.first_load_future.done()]
+        left = (self._deadline or 0) - loop.time()
+        if pending and left > 0:
+            await asyncio.wait(pending, timeout=left)
 
-    async def _start(self) -> None:
-        nodes = pods = None
-        try:
-            nodes, pods = NodeReflector(parent=None), PodReflector(parent=None)
-            results = await asyncio.gather(nodes.start(), pods.start(), return_exceptions=True)
-            for result in results:
-                if isinstance(result, BaseException):
-                    raise result
-            self._nodes, self._pods = nodes, pods
-            self._failed_at = None
-        except Exception as exc:
-            # kubespawner's start() already logged the traceback
-            self.log.error("Cannot watch nodes and pods (%s); GPU capacity shows as unknown", exc)
-            self._failed_at = time.monotonic()
-            for reflector in (nodes, pods):
-                if reflector is not None:
-                    if reflector.first_load_future.done():
-                        reflector.first_load_future.exception()  # retrieved: no asyncio warning
-                    await reflector.stop()
-            raise
-        finally:
-            self._starting = None
+    def _run(self, reflector: _SlimReflector) -> None:
+        reflector._stopping = False
+        reflector.watch_task = asyncio.ensure_future(reflector.run())
+        reflector.watch_task.add_done_callback(lambda task: self._ended(reflector, task))
+
+    def _ended(self, reflector: _SlimReflector, task: asyncio.Future[None]) -> None:
+        """A watch loop only ends when stopped; should it end otherwise (a bug), start it
+        again after the longest backoff."""
+        if self._stopping or reflector._stopping or task.cancelled():
+            return
+        exc = task.exception()
+        self.log.error("The %s watch ended (%r); restarting it", reflector.kind, exc)
+        reflector.synced = False
+        reflector.lost_at = time.monotonic()
+        asyncio.get_running_loop().call_later(
+            reflector.max_backoff,
+            lambda: None if self._stopping else self._run(reflector),
+        )
 
     async def stop(self) -> None:
-        for reflector in (self._nodes, self._pods):
-            if reflector is not None:
-                await reflector.stop()
-        self._nodes = self._pods = None
+        self._stopping = True
+        for reflector in self._reflectors:
+            await reflector.stop()
+        self._reflectors = []
         for key, watcher in list(self._shared.items()):
             if watcher is self:
                 del self._shared[key]
 
     # ------------------------------------------------------------------ reads (no API calls)
-    def _version(self, *reflectors: _CountingReflector | None) -> tuple[Any, ...]:
-        return tuple(
-            (id(r), r.generation, id(r.resources)) if r is not None else None for r in reflectors
-        )
-
-    def nodes(self) -> Iterable[dict[str, Any]]:
-        return list(self._nodes.resources.values()) if self._nodes is not None else []
-
-    def pods(self) -> Iterable[dict[str, Any]]:
-        return list(self._pods.resources.values()) if self._pods is not None else []
-
-    def pod(self, namespace: str, name: str) -> dict[str, Any] | None:
-        """One cached pod, or None."""
-        return self._pods.resources.get(f"{namespace}/{name}") if self._pods is not None else None
+    def freshness(self) -> tuple[bool, float]:
+        """(stale, seconds since the counts were last known current)."""
+        if not self._reflectors:
+            return True, 0.0
+        lost = [r.lost_at for r in self._reflectors if not r.synced]
+        if not lost:
+            return False, 0.0
+        return True, max(time.monotonic() - min(lost), 0.0)
 
     def snapshot(self) -> Capacity:
-        """Free/total per pool and offer from the caches; recomputed only after a change."""
-        key = self._version(self._nodes, self._pods)
-        if self._snapshot is None or key != self._snapshot_key:
-            self._snapshot = compute_capacity(self.catalog, self.nodes(), self.pods())
-            self._snapshot_key = key
-        return self._snapshot
+        """Free/total per pool and offer, with freshness; O(nodes changed since last read)."""
+        counts = self.live.snapshot()
+        stale, age = self.freshness()
+        if stale:
+            return replace(counts, stale=True, age_seconds=round(age, 1))
+        return counts
 
-    def usage_by_user(self) -> dict[str, float]:
-        """GPU-equivalents each user's active pods hold, from the pod cache."""
-        key = self._version(self._pods)
-        if key != self._usage_key:
-            self._usage = gpu_usage_by_user(self.pods())
-            self._usage_key = key
-        return dict(self._usage)
+    def usage_by_user(self) -> Mapping[str, float]:
+        """GPU-equivalents each user's active pods hold: a live read-only view, O(1) a user."""
+        return self.live.usage_by_user()
+
+    def usage_of(self, user: str) -> float:
+        return self.live.usage_of(user)
+
+    def pod(self, namespace: str, name: str) -> dict[str, Any] | None:
+        """One kept pod, in the API's shape with only the fields the watch keeps (name,
+        namespace, uid, node, the counted labels and annotations), or None: no such pod, or
+        one holding nothing GPU-related."""
+        record = self.live.pod(f"{namespace}/{name}")
+        return _pod_dict(record) if record is not None else None
+
+    def nodes(self) -> Iterator[NodeRecord]:
+        return self.live.index.nodes()
+
+    def pods(self) -> Iterator[PodRecord]:
+        return iter(list(self.live.index.pods.values()))

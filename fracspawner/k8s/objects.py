@@ -17,7 +17,7 @@ from typing import Any
 #: Pod phases after which the kubelet has released the pod's resources.
 TERMINAL_PHASES = frozenset({"Succeeded", "Failed"})
 #: Taint effects that keep a pod off a node (PreferNoSchedule only lowers its score).
-_BLOCKING_EFFECTS = frozenset({"NoSchedule", "NoExecute"})
+BLOCKING_EFFECTS = frozenset({"NoSchedule", "NoExecute"})
 _NATIVE_RESOURCES = frozenset({"cpu", "memory", "ephemeral-storage", "pods"})
 
 
@@ -155,10 +155,16 @@ def normalise_toleration(toleration: Any) -> dict[str, Any]:
 
 def taints_tolerated(node: Mapping[str, Any], tolerations: Iterable[Mapping[str, Any]]) -> bool:
     """True when every NoSchedule/NoExecute taint on the node is tolerated."""
-    taints = (node.get("spec") or {}).get("taints") or []
+    return tolerates_all((node.get("spec") or {}).get("taints") or [], tolerations)
+
+
+def tolerates_all(
+    taints: Iterable[Mapping[str, Any]], tolerations: Iterable[Mapping[str, Any]]
+) -> bool:
+    """True when every NoSchedule/NoExecute taint of `taints` is tolerated."""
     tols = list(tolerations)
     return all(
         any(_tolerates(t, taint) for t in tols)
         for taint in taints
-        if taint.get("effect") in _BLOCKING_EFFECTS
+        if taint.get("effect") in BLOCKING_EFFECTS
     )
