@@ -80,6 +80,13 @@ def api_group(group: str, versions: list[str]) -> dict[str, Any]:
     return {"name": group, "versions": listed, "preferredVersion": listed[0]}
 
 
+def at_version(resource: Resource, version: str, obj: Any) -> Any:
+    """An object as the request's version shows it (a Status is left alone)."""
+    if not isinstance(obj, dict) or obj.get("kind") != resource.kind:
+        return obj
+    return {**obj, "apiVersion": resource.api_version(version)}
+
+
 class Base(web.RequestHandler):
     cluster: DevCluster
 
@@ -218,9 +225,10 @@ class Collection(Base):
         return store.list_raw(key, namespace, matches, version)
 
     async def create(self, resource: Resource, version: str, namespace: str | None) -> Any:
-        return await self.cluster.api_create(
+        created = await self.cluster.api_create(
             resource.key, version, namespace, self.body_json(), self.request_info()
         )
+        return at_version(resource, version, created)
 
     async def _watch(
         self, resource: Resource, version: str, namespace: str | None, matches: Any
@@ -345,9 +353,10 @@ class Item(Base):
         grace = None if value is None else float(value)
         if isinstance(body, dict) and body.get("dryRun") == ["All"]:
             self.request_info().dry_run = True
-        return await self.cluster.api_delete(
+        deleted = await self.cluster.api_delete(
             resource.key, version, namespace, name, grace, self.request_info()
         )
+        return at_version(resource, version, deleted)
 
     async def change(
         self,
@@ -364,10 +373,11 @@ class Item(Base):
                 "UnsupportedMediaType",
                 "the devcluster does not support server-side apply (application/apply-patch)",
             )
-        return await self.cluster.api_update(
+        updated = await self.cluster.api_update(
             resource.key, version, namespace, name, self.request_info(),
             patch=self.body_json(), content_type=content_type, subresource=subresource,
         )  # fmt: skip
+        return at_version(resource, version, updated)
 
     async def replace(
         self,
@@ -377,10 +387,11 @@ class Item(Base):
         name: str,
         subresource: str = "",
     ) -> Any:
-        return await self.cluster.api_update(
+        updated = await self.cluster.api_update(
             resource.key, version, namespace, name, self.request_info(),
             body=self.body_json(), subresource=subresource,
         )  # fmt: skip
+        return at_version(resource, version, updated)
 
 
 class PodLog(Base):

@@ -394,7 +394,10 @@ class DevCluster:
         if resource.custom:
             customresources.check(resource, version, obj)
             return
-        validate({k: v for k, v in obj.items() if k != "status"} if plural == "pods" else obj)
+        validate(
+            {k: v for k, v in obj.items() if k != "status"} if plural == "pods" else obj,
+            required=plural not in (CRDS, MUTATING, VALIDATING),
+        )
         name = (obj.get("metadata") or {}).get("name", "")
         errors = objectmeta.validate_metadata(plural, obj.get("metadata") or {})
         if plural == CRDS:

@@ -167,9 +167,7 @@ class Store:
     def create(self, plural: str, namespace: str | None, obj: dict[str, Any]) -> dict[str, Any]:
         return self._store(plural, self.new_object(plural, namespace, obj), "ADDED")
 
-    def new_object(
-        self, plural: str, namespace: str | None, obj: dict[str, Any]
-    ) -> dict[str, Any]:
+    def new_object(self, plural: str, namespace: str | None, obj: dict[str, Any]) -> dict[str, Any]:
         """What a create would store (name, namespace, uid, timestamps), checked against what
         exists, without storing it (also the answer to a dry-run create)."""
         resource = self.resources[plural]

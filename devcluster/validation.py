@@ -73,19 +73,26 @@ def field_path(path: Any) -> str:
     return "".join(f"[{p}]" if isinstance(p, int) else f".{p}" for p in path).lstrip(".")
 
 
-def validate(obj: Mapping[str, Any]) -> None:
-    """422 Invalid naming the field, like the apiserver, for anything the schema refuses."""
+def validate(obj: Mapping[str, Any], *, required: bool = True) -> None:
+    """422 Invalid naming the field, like the apiserver, for anything the schema refuses.
+    `required=False` leaves missing fields to the kind's own checks, which word them as the
+    apiserver does (`webhooks[0].sideEffects: Required value: ...`)."""
     data = dict(obj)
     validator = validator_for(str(data.get("kind", "")), str(data.get("apiVersion", "v1")))
-    error = jsonschema.exceptions.best_match(validator.iter_errors(data))
+    errors = validator.iter_errors(data)
+    if not required:
+        errors = (e for e in errors if e.validator != "required")
+    error = jsonschema.exceptions.best_match(errors)
     if error is None:
         return
     path = field_path(error.absolute_path)
     kind = data.get("kind", "object")
+    group = str(data.get("apiVersion", "v1")).rpartition("/")[0]
+    qualified = f"{kind}.{group}" if group else kind
     name = (data.get("metadata") or {}).get("name", "")
     raise ApiError(
         422,
         "Invalid",
-        f'{kind} "{name}" is invalid: {path or "<root>"}: {error.message}',
+        f'{qualified} "{name}" is invalid: {path or "<root>"}: {error.message}',
         {"name": name, "kind": kind, "causes": [{"field": path, "message": error.message}]},
     )

@@ -67,9 +67,11 @@ def _go_error(exc: BaseException, target: Target, host: str) -> str:
     if isinstance(exc, HTTPTimeoutError):
         return "context deadline exceeded"
     if isinstance(exc, ssl.SSLCertVerificationError):
+        # OpenSSL's verify codes: 10 expired, 62 host name and 64 IP address mismatch
         why = {
             10: "x509: certificate has expired or is not yet valid",
             62: f"x509: certificate is not valid for {host}",
+            64: f"x509: certificate is not valid for {host}",
         }.get(exc.verify_code, "x509: certificate signed by unknown authority")
         return f"tls: failed to verify certificate: {why}"
     if isinstance(exc, ssl.SSLError):
@@ -106,9 +108,12 @@ async def post(
 ) -> Any:
     """The decoded JSON answer of the webhook, or CallError worded like the apiserver's."""
     url = request_url(target.url, timeout)
-    host = urlsplit(target.url).hostname or ""
+    parts = urlsplit(target.url)
+    host = parts.hostname or ""
     context = tls_context(ca_bundle)
-    client = SimpleAsyncHTTPClient(force_instance=True, hostname_mapping={host: target.address})
+    # connect to the target's address and port; TLS still verifies the URL's host name
+    mapping = {(host, parts.port or 443): (target.address, target.port)}
+    client = SimpleAsyncHTTPClient(force_instance=True, hostname_mapping=mapping)
     request = HTTPRequest(
         url,
         method="POST",
