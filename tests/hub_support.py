@@ -94,6 +94,13 @@ def running_server(spawner: FracSpawner) -> Server:
     return Server(orm_server=orm_server)
 
 
+def refusal(error: Exception) -> str:
+    """The message of a refused spawn (a tornado HTTPError, message possibly in its args)."""
+    message = getattr(error, "log_message", None) or str(error)
+    args = getattr(error, "args", ())
+    return message % args if args else message
+
+
 def stop(spawner: FracSpawner) -> None:
     """What `User.stop` leaves behind: no server, state cleared."""
     spawner.server = None
