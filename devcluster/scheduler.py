@@ -16,11 +16,13 @@ separator adds another, hence the ".." at the end of real messages.
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping, MutableMapping
 from decimal import Decimal
 from typing import Any
 
 from kubernetes.utils.quantity import parse_quantity
+
+from . import hami
 
 NATIVE = ("cpu", "memory", "ephemeral-storage")
 NOT_HELPFUL = "Preemption is not helpful for scheduling"
@@ -151,9 +153,11 @@ def node_failures(
     if not _affinity_ok(pod, labels):
         return ["node(s) didn't match Pod's node affinity/selector"]
     allocatable = (node.get("status") or {}).get("allocatable") or {}
+    # HAMi's resources on a HAMi node: its extender decides per device, not NodeResourcesFit
+    hami_pod = hami.node_devices(node) is not None and bool(hami.container_requests(pod))
     failures = []
     for resource, amount in sorted(pod_requests(pod).items()):
-        if amount <= 0:
+        if amount <= 0 or (hami_pod and resource in hami.MANAGED):
             continue
         have = quantity(allocatable.get(resource, 0)) - used.get(resource, Decimal(0))
         if amount > have:
@@ -161,6 +165,10 @@ def node_failures(
     pods_allowed = quantity(allocatable.get("pods", 110))
     if used.get("pods", Decimal(0)) + 1 > pods_allowed:
         failures.append("Too many pods")
+    if hami_pod and not failures:
+        allocation, reason = hami.allocate(pod, node, used)
+        if allocation is None:
+            failures.append(reason)
     return failures
 
 
@@ -178,15 +186,19 @@ def usage_by_node(
         for k, v in requests(pod).items():
             node_use[k] = node_use.get(k, Decimal(0)) + v
         node_use["pods"] = node_use.get("pods", Decimal(0)) + 1
+        hami.book_allocations(pod, node_use)  # the devices HAMi gave it, per device
     return usage
 
 
 def schedule(
-    pod: Mapping[str, Any],
+    pod: MutableMapping[str, Any],
     nodes: list[Mapping[str, Any]],
-    usage: Mapping[str, Mapping[str, Decimal]],
+    usage: MutableMapping[str, MutableMapping[str, Decimal]],
 ) -> tuple[str | None, str]:
-    """(node name, "") for the first fitting node in least-allocated order, else (None, message)."""
+    """(node name, "") for the first fitting node in least-allocated order, else (None, message).
+
+    A pod HAMi places gets its device allocation written onto it (the caller binds and stores
+    this very object) and booked into `usage`, as HAMi's scheduler does before binding."""
     if not nodes:
         return None, "no nodes available to schedule pods"  # kube-scheduler's ErrNoNodesAvailable
     reasons: Counter[str] = Counter()
@@ -205,7 +217,14 @@ def schedule(
             fitting.append(name)
     if fitting:
         # spread like the default LeastAllocated score: fewest pods first, then name
-        return min(fitting, key=lambda n: (usage.get(n, {}).get("pods", 0), n)), ""
+        chosen = min(fitting, key=lambda n: (usage.get(n, {}).get("pods", 0), n))
+        node = next(n for n in nodes if n["metadata"]["name"] == chosen)
+        if hami.node_devices(node) is not None and hami.container_requests(pod):
+            node_use = usage.setdefault(chosen, {})
+            allocation, _ = hami.allocate(pod, node, node_use)
+            assert allocation is not None  # node_failures found room a moment ago
+            hami.assign(pod, chosen, allocation, node_use)
+        return chosen, ""
     return None, fit_error(len(nodes), reasons, preemption)
 
 

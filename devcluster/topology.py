@@ -139,11 +139,34 @@ def load_topology(source: Mapping[str, Any] | str | Path) -> dict[str, Any]:
 
 # ---------------------------------------------------------------- a large cluster for benchmarks
 A100_MIG = {"nvidia.com/mig-1g.10gb": 2, "nvidia.com/mig-2g.20gb": 1, "nvidia.com/mig-3g.40gb": 1}
+#: GPU memory as NVML reports it, which GFD labels and HAMi registers (fracspawner.model.gpumodels
+#: NVML_MEMORY_MIB has the sources); never the nominal 81920 of an "80GB" H100
+NVML_MIB = {"a100-mig": 81920, "h100": 81559, "t4": 15360}
+H100_SPLIT = 10  # HAMi's deviceSplitCount default
+
+
+def hami_register(node: str, gpus: int, devmem: int, type_: str, split: int = H100_SPLIT) -> str:
+    """`hami.io/node-nvidia-register` as HAMi's device plugin writes it (MarshalNodeDevices,
+    pkg/device/devices.go: Go's json.Marshal, `omitempty` dropping index 0)."""
+    devices = []
+    for i in range(gpus):
+        index = f'"index":{i},' if i else ""
+        devices.append(
+            f'{{"id":"{hami_uuid(node, i)}",{index}"count":{split},"devmem":{devmem},'
+            f'"devcore":100,"type":"{type_}","mode":"hami-core","health":true}}'
+        )
+    return "[" + ",".join(devices) + "]"
+
+
+def hami_uuid(node: str, i: int) -> str:
+    return f"GPU-{node}-{i}"
 
 
 def _large_node(kind: str, i: int) -> dict[str, Any]:
     gpus = 8
+    name = f"{kind}-{i:04d}"
     base = {"cpu": "96", "memory": "1024Gi", "pods": "110"}
+    annotations = {}
     if kind == "a100-mig":
         capacity = {**base, **{k: str(v * gpus) for k, v in A100_MIG.items()}}
         labels = {
@@ -152,17 +175,17 @@ def _large_node(kind: str, i: int) -> dict[str, Any]:
             "nvidia.com/gpu.count": str(gpus),
         }
     elif kind == "h100":
-        capacity = {
-            **base,
-            "nvidia.com/gpu": str(gpus * 10),
-            "nvidia.com/gpumem": str(gpus * 81920),
-            "nvidia.com/gpucores": str(gpus * 100),
-        }
+        # HAMi's device plugin publishes only nvidia.com/gpu (devices x deviceSplitCount); memory
+        # and cores are in its registration annotation, fitted per device by its scheduler
+        capacity = {**base, "nvidia.com/gpu": str(gpus * H100_SPLIT)}
         labels = {
             "gpu": "on",
             "nvidia.com/gpu.product": "NVIDIA-H100-80GB-HBM3",
             "nvidia.com/gpu.count": str(gpus),
         }
+        annotations["hami.io/node-nvidia-register"] = hami_register(
+            name, gpus, NVML_MIB[kind], "NVIDIA-NVIDIA H100 80GB HBM3"
+        )
     else:
         capacity = {**base, "nvidia.com/gpu": str(gpus * 4)}
         labels = {
@@ -171,7 +194,8 @@ def _large_node(kind: str, i: int) -> dict[str, Any]:
             "nvidia.com/gpu.sharing-strategy": "time-slicing",
             "nvidia.com/gpu.count": str(gpus),
         }
-    return {"name": f"{kind}-{i:04d}", "labels": labels, "capacity": capacity}
+    labels["nvidia.com/gpu.memory"] = str(NVML_MIB[kind])
+    return {"name": name, "labels": labels, "annotations": annotations, "capacity": capacity}
 
 
 def generate_large(nodes: int = 1000, pods: int = 20000, seed: int = 0) -> dict[str, Any]:
@@ -209,6 +233,9 @@ def generate_large(nodes: int = 1000, pods: int = 20000, seed: int = 0) -> dict[
                     "nvidia.com/gpucores": "12",
                 }
                 spec, eq, mem = "10Gi", "0.125", "10240"
+                # the device HAMi's scheduler gave it (vgpu-devices-allocated, as it writes it)
+                device = hami_uuid(node["name"], i % 8)
+                annotations["hami.io/vgpu-devices-allocated"] = f"{device},NVIDIA,10240,12:;"
             else:
                 limits = {"nvidia.com/gpu": "1"}
                 spec, eq, mem = "0.25", "0.25", "4096"

@@ -5,6 +5,7 @@ from __future__ import annotations
 import re
 import socket
 import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -85,6 +86,25 @@ def stop(hub: LocalHub, user: str, server: str = "", cluster: Any = None) -> Non
     hub.wait_stopped(user, server)
     if cluster is not None:
         wait_until(lambda: not server_pods(cluster, user, server), what=f"pod of {user} deleted")
+
+
+def spawn_all(hub: LocalHub, requests: list[tuple[str, dict, str]]) -> list[tuple[int, Any]]:
+    """POST every (user, options, server) spawn at once, one thread each, as a class starting
+    together would; (status, body) of each, in order."""
+    for user in {user for user, _, _ in requests}:
+        hub.api("POST", f"/users/{user}", {})
+    with ThreadPoolExecutor(len(requests)) as pool:
+        futures = [
+            pool.submit(spawn, hub, user, options, server) for user, options, server in requests
+        ]
+        return [f.result() for f in futures]
+
+
+def stop_all(hub: LocalHub, cluster: Any, servers: list[tuple[str, str]]) -> None:
+    """Stop (user, server) servers at once and wait for their pods to go."""
+    with ThreadPoolExecutor(max(len(servers), 1)) as pool:
+        for future in [pool.submit(stop, hub, u, s, cluster) for u, s in servers]:
+            future.result()
 
 
 def wait_until(check, timeout: float = 60, what: str = "condition") -> Any:

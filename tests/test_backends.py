@@ -109,7 +109,9 @@ FACTS = [
             "enforced": True,
         },
     ),
-    # HAMi charts/hami/values.yaml + docs: nvidia.com/gpu count, gpumem MiB, gpucores percent
+    # HAMi charts/hami/values.yaml + docs: nvidia.com/gpu count, gpumem-percentage for a
+    # fraction (computeMemreq in pkg/device/nvidia/fit_checks.go: registered devmem * p / 100,
+    # so four quarters fit the 81559 MiB an H100 registers), gpucores percent
     (
         "hami",
         "H100-80GB",
@@ -118,10 +120,38 @@ FACTS = [
         {
             "limits": {
                 "nvidia.com/gpu": "1",
-                "nvidia.com/gpumem": "20480",
+                "nvidia.com/gpumem-percentage": "25",
                 "nvidia.com/gpucores": "25",
             },
             "enforced": True,
+            "memory_mib": 20389,
+        },
+    ),
+    # HAMi takes whole percents: 1/8 is 12% of the registered memory
+    (
+        "hami",
+        "H100-80GB",
+        {},
+        "1/8",
+        {
+            "limits": {
+                "nvidia.com/gpu": "1",
+                "nvidia.com/gpumem-percentage": "12",
+                "nvidia.com/gpucores": "12",
+            },
+            "memory_mib": 81559 * 12 // 100,
+        },
+    ),
+    # memory sizes mean what they say: exact MiB by default, and with memory: percentage the
+    # smallest whole percent of the NVML memory holding them (10 GiB of 81559 MiB -> 13%)
+    (
+        "hami",
+        "H100-80GB",
+        {"options": {"memory": "percentage", "gpucores": "none"}},
+        "10GiB",
+        {
+            "limits": {"nvidia.com/gpu": "1", "nvidia.com/gpumem-percentage": "13"},
+            "memory_mib": 81559 * 13 // 100,
         },
     ),
     (
@@ -248,6 +278,22 @@ FACTS = [
         "10GiB",
         {
             "limits": {"volcano.sh/vgpu-number": "1", "volcano.sh/vgpu-memory": "10240"},
+            "scheduler_name": "volcano",
+        },
+    ),
+    # volcano vgpu/utils.go resourcereqs + checkNodeGPUSharingPredicateAndScore: a fraction
+    # as vgpu-memory-percentage, a share of the memory the device registered
+    (
+        "volcano",
+        "H100-80GB",
+        {},
+        "1/4",
+        {
+            "limits": {
+                "volcano.sh/vgpu-number": "1",
+                "volcano.sh/vgpu-memory-percentage": "25",
+                "volcano.sh/vgpu-cores": "25",
+            },
             "scheduler_name": "volcano",
         },
     ),
@@ -393,13 +439,14 @@ def test_soft_caps_only_where_memory_is_not_isolated():
     assert plan.env["XLA_PYTHON_CLIENT_MEM_FRACTION"] == "0.25"
     assert plan.env["XLA_PYTHON_CLIENT_PREALLOCATE"] == "false"
     assert plan.env["TF_FORCE_GPU_ALLOW_GROWTH"] == "true"
-    assert plan.env["CUPY_GPU_MEMORY_LIMIT"] == str(4096 * 1024 * 1024)
-    assert plan.env["FRACSPAWNER_GPU_MEMORY_MIB"] == "4096"
+    # a quarter of the 15360 MiB a T4 reports, so four notebooks' caps fit the card
+    assert plan.env["CUPY_GPU_MEMORY_LIMIT"] == str(3840 * 1024 * 1024)
+    assert plan.env["FRACSPAWNER_GPU_MEMORY_MIB"] == "3840"
 
     hami = make_pool("hami", "H100-80GB", ["1/4"])
     plan = plan_slice(parse_slice("1/4"), hami, IMAGE)
     assert plan.enforced is True
-    assert dict(plan.env) == {"FRACSPAWNER_GPU_MEMORY_MIB": "20480"}
+    assert dict(plan.env) == {"FRACSPAWNER_GPU_MEMORY_MIB": "20389"}
 
 
 def test_no_gpu_plan_carries_nothing_gpu():
@@ -461,7 +508,7 @@ def test_pool_options_set_the_scheduler_and_tolerations_are_kept():
         ("hami", "H100-80GB", {}, "80GiB", "offer whole GPUs"),
         ("hami", "H100-80GB", {}, "mig-1g.10gb", "serves only"),
         ("hami", "H100-80GB", {"options": {"gpucores": 101}}, "1/2", "gpucores"),
-        ("hami", "T4", {"options": {"memory": "percentage"}}, "1000MiB", "whole percent"),
+        ("hami", "T4", {"options": {"memory": "percentage"}}, "15GiB", "offer whole GPUs"),
         ("clearml-injector", "T4", {"options": {"gpu_limit": "eighths"}}, "1/16", "1/8"),
         ("clearml-image", "A100-80GB", {}, "16GiB", "largest ClearML image"),
         ("clearml-image", "T4", {"options": {"os": "u18"}}, "4GiB", "no image u18"),
@@ -475,6 +522,26 @@ def test_offers_a_backend_cannot_serve_are_refused_at_load(backend, gpu, extra, 
     with pytest.raises(CatalogError, match=message) as info:
         make_pool(backend, gpu, [offer], **extra)
     assert str(info.value).startswith("pools.p")
+
+
+def test_clearml_injector_labels_only_the_values_its_docs_list():
+    # clearml-docs, fractional GPU injector "Usage": these eight strings, and whole GPUs
+    listed = {"0.0625", "0.125", "0.250", "0.375", "0.500", "0.625", "0.750", "0.875"}
+    seen = set()
+    for n in range(1, 16):
+        spec = f"{n}/16"
+        raw = {"gpu": "T4", "backend": "clearml-injector", "offers": [spec]}
+        data = {"fraction_step": 16, "pools": {"p": raw}, "images": {"i": {"image": "busybox"}}}
+        try:
+            catalog = load_catalog(data)
+        except CatalogError as exc:
+            # 3/16, 5/16, ...: refused at load, naming what the injector takes
+            assert n % 2 == 1 and n > 1, spec
+            assert "takes only 1/16, 1/8, 1/4, 3/8, 1/2, 5/8, 3/4, 7/8" in str(exc)
+            continue
+        label = plan_slice(parse_slice(spec, step=16), catalog.pools["p"], IMAGE).labels
+        seen.add(label["clearml-injector/fraction"])
+    assert seen == listed
 
 
 def test_builtin_registry_without_entry_points():

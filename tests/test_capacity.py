@@ -64,10 +64,11 @@ CATALOG = {
     },
     "images": {"base": {"image": "quay.io/jupyter/base-notebook:latest", "default": True}},
 }
+# devmem: what NVML reports for an H100 80GB HBM3 and HAMi registers (was a nominal 81920)
 H100_REGISTER = (
-    '[{"id":"GPU-0","index":0,"count":10,"devmem":81920,"devcore":100,'
+    '[{"id":"GPU-0","index":0,"count":10,"devmem":81559,"devcore":100,'
     '"type":"NVIDIA-NVIDIA H100 80GB HBM3","health":true,"mode":"hami-core"},'
-    '{"id":"GPU-1","index":1,"count":10,"devmem":81920,"devcore":100,'
+    '{"id":"GPU-1","index":1,"count":10,"devmem":81559,"devcore":100,'
     '"type":"NVIDIA-NVIDIA H100 80GB HBM3","health":true,"mode":"hami-core"}]'
 )
 _names = itertools.count()
@@ -164,14 +165,18 @@ def test_hami_fits_per_device_from_its_annotations(catalog):
         {"nvidia.com/gpu": "20"},
         annotations={"hami.io/node-nvidia-register": H100_REGISTER},
     )
-    # a pod HAMi placed on GPU-0 with 40 GiB and half the cores
+    # a pod HAMi placed on GPU-0 with half its memory (50% of 81559) and half the cores
     holder = pod(
         h100,
-        {"nvidia.com/gpu": "1", "nvidia.com/gpumem": "40960", "nvidia.com/gpucores": "50"},
-        annotations={"hami.io/vgpu-devices-allocated": "GPU-0,NVIDIA,40960,50:;"},
+        {
+            "nvidia.com/gpu": "1",
+            "nvidia.com/gpumem-percentage": "50",
+            "nvidia.com/gpucores": "50",
+        },
+        annotations={"hami.io/vgpu-devices-allocated": "GPU-0,NVIDIA,40779,50:;"},
     )
     capacity = compute_capacity(catalog, [h100], [holder])
-    # 1/4 = 20 GiB: two more on GPU-0, four on GPU-1; a whole GPU only on the untouched GPU-1
+    # 1/4 = 25%: two more on GPU-0, four on GPU-1; a whole GPU only on the untouched GPU-1
     assert counts(capacity, "h100") == {"1/4": (6, 8), "1": (1, 2)}
     assert "HAMi per-device fit" in capacity.get("h100", "1/4").note
 
@@ -314,7 +319,7 @@ def clusters(draw):
                     st.sampled_from(
                         [
                             None,
-                            "GPU-0,NVIDIA,81920,100:",
+                            "GPU-0,NVIDIA,81559,100:",
                             "GPU-1,NVIDIA,70000,10:GPU-0,NVIDIA,1,1:",
                             "junk",
                         ]

@@ -10,15 +10,16 @@ from fracspawner.backends import hami_devices as hami
 from fracspawner.capacity.count import gpu_usage_by_user
 from fracspawner.k8s.objects import is_ready, pod_requests, quantity, taints_tolerated
 
-# A node as HAMi's device plugin registers it, in both formats HAMi has written.
+# A node as HAMi's device plugin registers it, in both formats HAMi has written. devmem is
+# what NVML reports for an H100 80GB HBM3 (81559 MiB, fracspawner.model.gpumodels), not 81920.
 LEGACY_REGISTER = (
-    "GPU-aaaa,10,81920,100,NVIDIA-NVIDIA H100 80GB HBM3,0,true:"
-    "GPU-bbbb,10,81920,100,NVIDIA-NVIDIA H100 80GB HBM3,0,true:"
+    "GPU-aaaa,10,81559,100,NVIDIA-NVIDIA H100 80GB HBM3,0,true:"
+    "GPU-bbbb,10,81559,100,NVIDIA-NVIDIA H100 80GB HBM3,0,true:"
 )
 JSON_REGISTER = (
-    '[{"id":"GPU-aaaa","count":10,"devmem":81920,"devcore":100,'
+    '[{"id":"GPU-aaaa","count":10,"devmem":81559,"devcore":100,'
     '"type":"NVIDIA-NVIDIA H100 80GB HBM3","health":true,"mode":"hami-core"},'
-    '{"id":"GPU-bbbb","index":1,"count":10,"devmem":81920,"devcore":100,'
+    '{"id":"GPU-bbbb","index":1,"count":10,"devmem":81559,"devcore":100,'
     '"type":"NVIDIA-NVIDIA H100 80GB HBM3","health":true,"mode":"hami-core"}]'
 )
 
@@ -79,8 +80,8 @@ def test_a_node_serves_only_when_ready_and_not_cordoned():
 def test_hami_registration_is_read_in_both_formats(text):
     devices = hami.parse_node_devices(text)
     assert [(d.id, d.count, d.devmem, d.devcore, d.health) for d in devices] == [
-        ("GPU-aaaa", 10, 81920, 100, True),
-        ("GPU-bbbb", 10, 81920, 100, True),
+        ("GPU-aaaa", 10, 81559, 100, True),
+        ("GPU-bbbb", 10, 81559, 100, True),
     ]
 
 
@@ -98,20 +99,27 @@ def test_hami_pod_allocation_lists_every_device_of_every_container():
     ]
 
 
-def _device(count=10, devmem=81920, devcore=100, health=True, type_="NVIDIA-H100"):
+def _device(count=10, devmem=81559, devcore=100, health=True, type_="NVIDIA-H100"):
     return hami.HamiDevice("GPU-x", count, devmem, devcore, type_, health)
 
 
 @pytest.mark.parametrize(
     "limits, use, fits",
     [
-        # 20 GiB + 25% cores: memory and cores both allow 4 on an empty H100
-        ({"nvidia.com/gpu": 1, "nvidia.com/gpumem": 20480, "nvidia.com/gpucores": 25}, {}, 4),
-        # a pod already holds 40 GiB and 50 cores: 2 more
+        # a nominal 20 GiB + 25% cores: the 81559 MiB an H100 registers hold only three
+        ({"nvidia.com/gpu": 1, "nvidia.com/gpumem": 20480, "nvidia.com/gpucores": 25}, {}, 3),
+        # a quarter as 25% of the registered memory: four (what fracspawner now asks)
+        (
+            {"nvidia.com/gpu": 1, "nvidia.com/gpumem-percentage": 25, "nvidia.com/gpucores": 25},
+            {},
+            4,
+        ),
+        ({"nvidia.com/gpu": 1, "nvidia.com/gpumem-percentage": 12}, {}, 8),
+        # a pod already holds 40 GiB and 50 cores: one more nominal 20 GiB
         (
             {"nvidia.com/gpu": 1, "nvidia.com/gpumem": 20480, "nvidia.com/gpucores": 25},
             {"used": 1, "usedmem": 40960, "usedcores": 50},
-            2,
+            1,
         ),
         # memory only, no cores: bounded by memory and the 10 task slots
         ({"nvidia.com/gpu": 1, "nvidia.com/gpumem": 4096}, {}, 10),

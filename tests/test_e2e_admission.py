@@ -4,8 +4,6 @@ while nothing of an earlier spawn does. Pods are checked in devcluster itself.""
 
 from __future__ import annotations
 
-from concurrent.futures import ThreadPoolExecutor
-
 import pytest
 
 from tests.e2e_helpers import (
@@ -15,7 +13,9 @@ from tests.e2e_helpers import (
     pods,
     server_pods,
     spawn,
+    spawn_all,
     stop,
+    stop_all,
     the_pod,
 )
 
@@ -38,23 +38,6 @@ def _pre_spawn_hook(spawner):
 c.KubeSpawner.auth_state_hook = _auth_state_hook
 c.KubeSpawner.pre_spawn_hook = _pre_spawn_hook
 """
-
-
-def spawn_all(hub, requests: list[tuple[str, dict, str]]) -> list[tuple[int, dict]]:
-    """POST every spawn at once (one thread each), as a class starting together would."""
-    for user in {user for user, _, _ in requests}:
-        hub.api("POST", f"/users/{user}", {})
-    with ThreadPoolExecutor(len(requests)) as pool:
-        futures = [
-            pool.submit(spawn, hub, user, options, server) for user, options, server in requests
-        ]
-        return [f.result() for f in futures]
-
-
-def stop_all(hub, devcluster, servers: list[tuple[str, str]]) -> None:
-    with ThreadPoolExecutor(max(len(servers), 1)) as pool:
-        for future in [pool.submit(stop, hub, u, s, devcluster) for u, s in servers]:
-            future.result()
 
 
 def test_twelve_simultaneous_spawns_for_four_slots_make_four_pods(hub, devcluster):

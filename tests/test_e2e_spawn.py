@@ -77,19 +77,23 @@ def test_rest_spawn_on_hami_pool_serves_through_proxy(hub, devcluster):
     assert status == 200 and "started" in model
 
     pod = the_pod(devcluster, "alice")
-    # HAMi keys (Project-HAMi/HAMi pkg/device/nvidia/device.go): 1 vGPU, MiB, percent of SMs
+    # HAMi keys (Project-HAMi/HAMi pkg/device/nvidia/device.go): 1 vGPU, a quarter of the
+    # memory the device registered (as a percentage, so four fit), percent of SMs
     assert gpu_keys(pod) == {
         "nvidia.com/gpu": "1",
-        "nvidia.com/gpumem": "20480",
+        "nvidia.com/gpumem-percentage": "25",
         "nvidia.com/gpucores": "25",
     }
     assert fracspawner_marks(pod) == {
         "fracspawner.io/pool": "h100",
         "fracspawner.io/gpu": "0.25",
         "fracspawner.io/gpu-equivalent": "0.25",
-        "fracspawner.io/gpu-memory-mib": "20480",
+        "fracspawner.io/gpu-memory-mib": "20389",  # 25% of the 81559 MiB an H100 reports
     }
-    assert env_of(pod)["FRACSPAWNER_GPU_MEMORY_MIB"] == "20480"
+    assert env_of(pod)["FRACSPAWNER_GPU_MEMORY_MIB"] == "20389"
+    # the devcluster's HAMi scheduler put it on one device, as HAMi annotates its pods
+    allocated = pod["metadata"]["annotations"]["hami.io/vgpu-devices-allocated"]
+    assert allocated.endswith(",NVIDIA,20389,25:;")
     assert "CUDA_DISABLE_CONTROL" not in env_of(pod)
     assert pod["spec"]["nodeName"] == "gpu-h100-1"
     ip = pod["status"]["podIP"]
@@ -193,7 +197,7 @@ def test_quota_across_named_servers(hub, devcluster):
         hub.wait_ready("quinn", name)
     status, body = spawn(hub, "quinn", {"gpu": "1/8", "pool": "h100"}, server="three")
     assert status == 400
-    assert "Quota" in body["message"] and "0.25" in body["message"]
+    assert "Quota" in body["message"] and "1/4 GPU" in body["message"]
     assert not server_pods(devcluster, "quinn", "three")
     for name in ("one", "two"):
         stop(hub, "quinn", name, cluster=devcluster)

@@ -225,26 +225,41 @@ def test_models_required_by_the_design_exist_with_aliases():
     assert lookup_model("V100") is None
 
 
-def test_every_mig_layout_fits_seven_compute_slices():
+def test_every_mig_layout_fits_the_models_compute_slices():
     for model in GPU_MODELS.values():
         for p in model.mig_profiles.values():
-            assert p.compute_slices * p.max_instances <= 7 or p.name.startswith("1g.")
+            assert p.compute_slices <= model.mig_compute_slices
+            assert (
+                p.compute_slices * p.max_instances <= model.mig_compute_slices
+                or p.name.startswith("1g.")
+            )
             assert p.memory_mib <= model.memory_mib
 
 
+def test_every_built_in_model_has_its_nvml_memory():
+    # the real total is a little off the nominal figure, never far: a typo would show here
+    for model in GPU_MODELS.values():
+        assert model.nvml_memory_mib is not None, model.name
+        assert 0.9 < model.nvml_memory_mib / model.memory_mib < 1.05, model.name
+    assert GPU_MODELS["H100-80GB"].device_memory_mib == 81559
+
+
 H100 = GPU_MODELS["H100-80GB"]
+A30 = GPU_MODELS["A30-24GB"]
 
 
 @pytest.mark.parametrize(
     ("spec", "equivalent", "memory"),
     [
-        ("1/4", 0.25, 20480),
-        ("1/8", 0.125, 10240),
+        # fractions are shares of the 81559 MiB NVML reports, so four quarters fit
+        ("1/4", 0.25, 20389),
+        ("1/8", 0.125, 10194),
+        # memory sizes mean what they say; for quotas they count against the nominal 80 GiB
         ("10GiB", 0.125, 10240),
         ("20GiB", 0.25, 20480),
         ("mig-1g.10gb", 1 / 7, 10240),
         ("mig-3g.40gb", 3 / 7, 40960),
-        ("2", 2.0, 2 * 81920),
+        ("2", 2.0, 2 * 81559),
         ("none", 0.0, 0),
     ],
 )
@@ -252,6 +267,15 @@ def test_gpu_equivalent_and_memory(spec, equivalent, memory):
     s = parse_slice(spec)
     assert math.isclose(gpu_equivalent(s, H100), equivalent)
     assert slice_memory_mib(s, H100) == memory
+
+
+@pytest.mark.parametrize(
+    ("spec", "equivalent"),
+    [("mig-1g.6gb", 1 / 4), ("mig-2g.12gb", 1 / 2), ("mig-4g.24gb", 1.0)],
+)
+def test_a30_profiles_count_out_of_its_four_compute_slices(spec, equivalent):
+    assert A30.mig_compute_slices == 4
+    assert math.isclose(gpu_equivalent(parse_slice(spec), A30), equivalent)
 
 
 def test_mig_profile_unknown_to_the_model_is_a_slice_error():

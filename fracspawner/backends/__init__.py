@@ -246,7 +246,8 @@ def plan_slice(s: Slice, pool: Pool | None, image: Image | None) -> PodPlan:
     env: dict[str, str] = {}
     enforced = backend.enforced(pool)
     if not enforced and offer.kind != "whole":
-        env.update(_soft_caps(memory, pool.gpu.memory_mib))
+        # JAX's fraction is of the memory the device reports, not of the marketing figure
+        env.update(_soft_caps(memory, pool.gpu.device_memory_mib))
     env.update(plan.env)
     env[ENV_MEMORY] = str(memory)
 

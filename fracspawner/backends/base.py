@@ -72,9 +72,9 @@ class Backend:
             pool.gpu.mig_profile(s.profile)  # raises SliceError naming the model's profiles
         if s.kind == "memory":
             assert s.memory_mib is not None
-            if s.memory_mib >= pool.gpu.memory_mib:
+            if s.memory_mib >= pool.gpu.device_memory_mib:
                 raise SliceError(
-                    f"{s}: a {pool.gpu.name} has {pool.gpu.memory_mib} MiB; "
+                    f"{s}: a {pool.gpu.name} has {pool.gpu.device_memory_mib} MiB; "
                     'offer whole GPUs ("1") instead of all of its memory'
                 )
 

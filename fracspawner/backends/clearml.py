@@ -43,7 +43,8 @@ if TYPE_CHECKING:
     from ..model.catalog import Pool
 
 LABEL = "clearml-injector/fraction"
-#: the exact strings the injector accepts (clearml-docs, fractional GPU injector "Usage")
+#: the exact strings the injector accepts (clearml-docs, fractional GPU injector "Usage": the
+#: eight fractions below and whole GPUs as "1.000", "2", "2.0"); no other fraction has a value
 INJECTOR_VALUES: dict[Fraction, str] = {
     Fraction(1, 16): "0.0625",
     Fraction(1, 8): "0.125",
@@ -75,9 +76,11 @@ class ClearmlInjectorBackend(Backend):
     def check_offer(self, s: Slice, pool: Pool) -> None:
         super().check_offer(s, pool)
         if s.kind == "fraction" and s.fraction not in INJECTOR_VALUES:
+            # not "multiples of 1/16": 3/16 is one, and the injector has no label value for it
+            takes = ", ".join(f"{f.numerator}/{f.denominator}" for f in INJECTOR_VALUES)
             raise SliceError(
-                f"{s}: the ClearML injector takes only multiples of 1/8 and 1/16 "
-                f"({', '.join(INJECTOR_VALUES.values())})"
+                f"{s}: the ClearML injector takes only {takes} of a GPU (its label values "
+                f"{', '.join(INJECTOR_VALUES.values())}) or whole GPUs"
             )
         if s.kind == "fraction" and option(pool, "gpu_limit", "one") == "eighths":
             assert s.fraction is not None

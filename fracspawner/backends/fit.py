@@ -186,6 +186,6 @@ def node_gpus(node: NodeRecord) -> int | None:
 
 
 def node_gpu_memory(node: NodeRecord, pool: Any) -> int | None:
-    """MiB per GPU: GFD's gpu.memory label, else the pool's GPU model."""
+    """MiB per GPU: GFD's gpu.memory label, else what the pool's GPU model reports (NVML)."""
     mem = quantity_int(node.labels.get(GFD_GPU_MEMORY))
-    return mem if mem else getattr(getattr(pool, "gpu", None), "memory_mib", None)
+    return mem if mem else getattr(getattr(pool, "gpu", None), "device_memory_mib", None)

@@ -8,8 +8,17 @@ Source: Project-HAMi/HAMi charts/hami/values.yaml (resource names), pkg/device/n
 HAMi-core (libvgpu.so, preloaded) enforces the memory limit (OOM beyond it) and throttles SMs.
 Annotation `nvidia.com/use-gputype` restricts the GPU types a pod may land on.
 
+Fractions are stated as `gpumem-percentage`, never as MiB: HAMi's device plugin registers the
+memory NVML reports (81559 MiB on an H100 80GB, times deviceMemoryScaling; pkg/device-plugin/
+nvidiadevice/nvinternal/plugin/register.go) and its scheduler turns a percentage into
+`devmem * percent / 100` of the device it fits on (computeMemreq, pkg/device/nvidia/
+fit_checks.go), so N x 1/N always fits, whatever the device registers. Nominal MiB (20480 for
+1/4 of an H100) left the last quarter of every GPU unschedulable. HAMi takes whole percents:
+1/8 is 12% (9787 MiB of an H100, 4% less than an exact eighth; the plan notes it).
+
 Pool options:
-- `memory: mib | percentage` — state memory as MiB (default) or as gpumem-percentage;
+- `memory: mib | percentage` — how memory-size offers (10GiB) are stated: exact MiB (default)
+  or the smallest whole gpumem-percentage of the model's NVML memory holding the size;
 - `gpucores: proportional | none | <0-100>` — SM share: the slice's share of the GPU (default),
   none (HAMi's default: no SM limit), or a fixed percent;
 - `use_gputype: "A100,H100"`, `nouse_gputype`, `gpu_scheduler_policy: binpack|spread`,
@@ -22,7 +31,6 @@ import math
 from functools import lru_cache
 from typing import TYPE_CHECKING, ClassVar
 
-from ..model.errors import SliceError
 from ..model.slices import Slice, gpu_equivalent, slice_memory_mib
 from . import hami_devices as devices
 from .base import Backend, PodPlan, option
@@ -73,34 +81,45 @@ class HamiBackend(Backend):
         ):
             raise ValueError("options.gpucores: use proportional, none or a percent 1-100")
 
-    def check_offer(self, s: Slice, pool: Pool) -> None:
-        super().check_offer(s, pool)
-        if s.kind == "memory" and option(pool, "memory", "mib") == "percentage":
-            assert s.memory_mib is not None
-            if (s.memory_mib * 100) % pool.gpu.memory_mib:
-                raise SliceError(
-                    f"{s} is not a whole percent of a {pool.gpu.name}; with memory: percentage "
-                    "offer fractions or memory sizes that are whole percents"
-                )
-
     def plan(self, s: Slice, pool: Pool) -> PodPlan:
         count, mem, mem_percent, cores_key = self.resources
+        notes: tuple[str, ...] = ()
+        memory = 0
         if s.kind == "whole":
             # exclusive devices: HAMi's fit check treats gpucores 100 as "wants this card
             # exclusively" (pkg/device/nvidia/device.go), and all of its memory
             limits = {count: str(s.count), mem_percent: "100", cores_key: "100"}
         else:
             limits = {count: "1"}
-            mib = slice_memory_mib(s, pool.gpu)
-            if option(pool, "memory", "mib") == "percentage":
-                limits[mem_percent] = str(math.floor(mib * 100 / pool.gpu.memory_mib))
+            device = pool.gpu.device_memory_mib
+            if s.kind == "fraction":
+                assert s.fraction is not None
+                percent = math.floor(s.fraction * 100)
+                limits[mem_percent] = str(percent)
+                memory = device * percent // 100  # what computeMemreq grants on this model
+                if percent != s.fraction * 100:
+                    notes = (
+                        f"{s} is {percent}% of the GPU's memory ({self.name} takes whole percents)",
+                    )
+            elif option(pool, "memory", "mib") == "percentage":
+                assert s.memory_mib is not None
+                # the smallest whole percent holding the size: at least what the offer says
+                percent = min(math.ceil(s.memory_mib * 100 / device), 100)
+                limits[mem_percent] = str(percent)
+                memory = device * percent // 100
+                notes = (f"{s} is stated as {percent}% of a {pool.gpu.name} ({memory} MiB)",)
             else:
-                limits[mem] = str(mib)
+                memory = slice_memory_mib(s, pool.gpu)
+                limits[mem] = str(memory)
             cores = _cores(s, pool)
             if cores is not None:
                 limits[cores_key] = str(cores)
         return PodPlan(
-            limits=limits, annotations=self.plan_annotations(pool), scheduler_name=self.scheduler
+            limits=limits,
+            annotations=self.plan_annotations(pool),
+            scheduler_name=self.scheduler,
+            memory_mib=memory,
+            notes=notes,
         )
 
     def plan_annotations(self, pool: Pool) -> dict[str, str]:

@@ -195,7 +195,9 @@ def _type_allowed(req: HamiRequest, device_type: str) -> bool:
     return not any(t in kind for t in req.nouse_types)
 
 
-def _memreq(req: HamiRequest, dev: HamiDevice) -> int:
+def memory_request(req: HamiRequest, dev: HamiDevice) -> int:
+    """MiB a request takes on `dev`: its gpumem, else its percentage of the device's registered
+    memory (computeMemreq in pkg/device/nvidia/fit_checks.go: Totalmem * percent / 100)."""
     if req.mem > 0:
         return req.mem
     if req.mem_percent != _NO_PERCENT:
@@ -208,7 +210,7 @@ def device_fits(dev: HamiDevice, use: DeviceUse, req: HamiRequest) -> int:
     if not dev.health or not _type_allowed(req, dev.type):
         return 0
     limits = [dev.count - use.used]
-    memreq = _memreq(req, dev)
+    memreq = memory_request(req, dev)
     if memreq > 0:
         limits.append((dev.devmem - use.usedmem) // memreq)
     if req.cores > 0:
@@ -252,6 +254,6 @@ def charge_estimate(node: NodeDevices, req: HamiRequest) -> None:
         if device_fits(dev, use, req) <= 0:
             continue
         use.used += 1
-        use.usedmem += _memreq(req, dev)
+        use.usedmem += memory_request(req, dev)
         use.usedcores += req.cores
         remaining -= 1

@@ -1,21 +1,40 @@
 """Volcano vGPU (volcano-sh/devices, HAMi-core underneath).
 
-Source: volcano-sh/volcano docs/user-guide/how_to_use_volcano_vgpu.md and the
-volcano-vgpu-device-plugin README: limits `volcano.sh/vgpu-number` (vGPUs),
-`volcano.sh/vgpu-memory` (MiB) or `volcano.sh/vgpu-memory-percentage`, `volcano.sh/vgpu-cores`
-(percent of SMs); schedulerName `volcano`. HAMi-core enforces memory.
+Source: volcano-sh/volcano docs/user-guide/how_to_use_volcano_vgpu.md, the
+volcano-vgpu-device-plugin README and pkg/scheduler/api/devices/nvidia/vgpu: limits
+`volcano.sh/vgpu-number` (vGPUs), `volcano.sh/vgpu-memory` (MiB) or
+`volcano.sh/vgpu-memory-percentage`, `volcano.sh/vgpu-cores` (percent of SMs); schedulerName
+`volcano`. HAMi-core enforces memory.
+
+As with HAMi, fractions are stated as `vgpu-memory-percentage`: Volcano's device fit turns it
+into `device memory * percent / 100` of the memory the device plugin registered
+(checkNodeGPUSharingPredicateAndScore in vgpu/utils.go), so N x 1/N fits a device whatever
+memory it reports.
 
 Pool options: `memory: mib | percentage`, `gpucores: proportional | none | <percent>` (as hami).
 """
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from collections.abc import Mapping
+from decimal import Decimal
+from typing import TYPE_CHECKING, Any
 
-from .base import Backend
+from ..k8s.objects import quantity
+from .fit import (
+    CountedOffer,
+    NodeCount,
+    NotCountable,
+    OfferCounter,
+    SummedCounter,
+    node_gpu_memory,
+    node_gpus,
+)
 from .hami import HamiBackend
 
 if TYPE_CHECKING:
+    from ..k8s.index import NodeSlot
+    from ..k8s.records import NodeRecord
     from ..model.catalog import Pool
 
 NUMBER = "volcano.sh/vgpu-number"
@@ -25,15 +44,85 @@ CORES = "volcano.sh/vgpu-cores"
 
 
 class VolcanoBackend(HamiBackend):
-    """HAMi's plan under Volcano's resource names and scheduler; counted against node
-    allocatable (Volcano's device plugin publishes totals per node)."""
+    """HAMi's plan under Volcano's resource names and scheduler, counted from node totals."""
 
     name = "volcano"
     summary = "Volcano vGPU: vgpu-number/-memory/-cores, scheduler volcano"
     resources = (NUMBER, MEMORY, MEMORY_PERCENT, CORES)
     scheduler = "volcano"
     count_note = "node totals, not per-device fit"
-    counter = Backend.counter  # the default: allocatable minus requests
 
     def plan_annotations(self, pool: Pool) -> dict[str, str]:
         return {}  # HAMi's type/policy annotations mean nothing to Volcano
+
+    def counter(self, offer: CountedOffer) -> OfferCounter:
+        """Volcano checks only vgpu-number against node allocatable and fits memory and cores
+        per device itself (GetIgnoredDevices lists memory, memory-percentage and cores), and
+        the plugin publishes no percentage resource; so count vGPU slots from allocatable and
+        memory and cores as shares of each node's GPUs (node totals, not per-device fit)."""
+        if _shares(offer.plan.limits, None) is None:
+            return NotCountable(f"the plan requests no {NUMBER}")
+        return VolcanoCounter(offer, self.count_note)
+
+
+class VolcanoCounter(SummedCounter):
+    unseen = f"no matching node publishes {NUMBER}"
+
+    def __init__(self, offer: CountedOffer, note: str) -> None:
+        self.pool = offer.pool
+        self.limits = dict(offer.plan.limits)
+        self.note = note
+
+    def count_node(self, slot: NodeSlot) -> NodeCount | None:
+        assert slot.node is not None
+        budget = _node_budget(slot.node)
+        gpu_memory = node_gpu_memory(slot.node, self.pool)
+        need = _shares(self.limits, gpu_memory)
+        if budget is None or need is None:
+            return None
+        held = slot.derived(("volcano", gpu_memory), lambda: _held(slot, gpu_memory))
+        left = tuple(b - h for b, h in zip(budget, held, strict=True))
+        return NodeCount(_fits(left, need), _fits(budget, need))  # type: ignore[arg-type]
+
+
+# (vGPU slots, percent of one GPU's memory, percent of one GPU's SMs), summed over a node
+Shares = tuple[Decimal, Decimal, Decimal]
+
+
+def _shares(amounts: Mapping[str, Any], gpu_memory: int | None) -> Shares | None:
+    """What a pod (or a plan) holds: slots, memory and cores in percent of one GPU."""
+    nums = quantity(amounts.get(NUMBER))
+    if not nums or nums <= 0:
+        return None
+    if MEMORY_PERCENT in amounts:
+        memory = quantity(amounts[MEMORY_PERCENT]) or Decimal(0)
+    elif MEMORY in amounts and gpu_memory:
+        memory = (quantity(amounts[MEMORY]) or Decimal(0)) * 100 / gpu_memory
+    elif MEMORY in amounts:
+        memory = Decimal(0)  # MiB on a node whose GPU memory is unknown: slots still count
+    else:
+        memory = Decimal(100)  # neither: the whole device (resourcereqs in vgpu/utils.go)
+    cores = quantity(amounts.get(CORES)) or Decimal(0)
+    return nums, nums * memory, nums * cores
+
+
+def _node_budget(node: NodeRecord) -> Shares | None:
+    slots = node.allocatable.get(NUMBER)
+    gpus = node_gpus(node)
+    if slots is None or not gpus:
+        return None
+    return slots, Decimal(100 * gpus), Decimal(100 * gpus)
+
+
+def _held(slot: NodeSlot, gpu_memory: int | None) -> Shares:
+    held = [Decimal(0)] * 3
+    for pod in slot.pods.values():
+        shares = _shares(pod.requests, gpu_memory)
+        if shares is not None:
+            held = [h + s for h, s in zip(held, shares, strict=True)]
+    return held[0], held[1], held[2]
+
+
+def _fits(left: Shares, need: Shares) -> int:
+    counts = [int(have // want) for have, want in zip(left, need, strict=True) if want > 0]
+    return max(min(counts), 0) if counts else 0

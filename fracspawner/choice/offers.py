@@ -45,6 +45,16 @@ def _gib(mib: int) -> str:
     return f"{gib:.0f} GiB" if abs(gib - round(gib)) < 0.05 else f"{gib:.1f} GiB"
 
 
+def _sms(offer: Slice, pool: Pool, gpu_equivalent: float) -> int | None:
+    """SMs the slice gets: a MIG profile's own count (NVIDIA's MIG tables: 16 on an H100's
+    1g.10gb, not 132/7), else the GPU's SMs times the share."""
+    if offer.kind == "mig" and offer.profile in pool.gpu.mig_profiles:
+        own = pool.gpu.mig_profiles[offer.profile].sms
+        if own:
+            return own
+    return round(pool.gpu.sms * gpu_equivalent) if pool.gpu.sms else None
+
+
 def summary(
     offer: Slice, pool: Pool, memory_mib: int, gpu_equivalent: float, enforced: bool
 ) -> str:
@@ -62,8 +72,9 @@ def summary(
     else:
         what = f"{offer.count} × {model}"
     parts = [_gib(memory_mib)]
-    if pool.gpu.sms:
-        parts.append(f"~{round(pool.gpu.sms * gpu_equivalent)} SMs")
+    sms = _sms(offer, pool, gpu_equivalent)
+    if sms:
+        parts.append(f"~{sms} SMs" if offer.kind in ("fraction", "memory") else f"{sms} SMs")
     backend = BACKEND_NAMES.get(pool.backend, pool.backend)
     if offer.kind == "whole":
         parts.append("dedicated")

@@ -262,7 +262,7 @@ def _gpu_model(raw: Any, where: str) -> GpuModel:
 
             raise CatalogError(
                 f"{where}: unknown GPU model {raw!r}; built-in models: {', '.join(GPU_MODELS)} "
-                "(or describe it: {name, memory_mib, mig_profiles})"
+                "(or describe it: {name, memory_mib, nvml_memory_mib, mig_profiles})"
             )
         return model
     profiles: dict[str, MigProfile] = {}
@@ -283,8 +283,9 @@ def _gpu_model(raw: Any, where: str) -> GpuModel:
         profiles[parsed.profile] = MigProfile(
             name=parsed.profile,
             compute_slices=compute,
+    slices = int(raw.get("mig_compute_slices", 7))
             memory_mib=int(spec["memory_mib"]),
-            max_instances=int(spec.get("max_instances", 7 // compute)),
+            max_instances=int(spec.get("max_instances", slices // compute)),
             sms=spec.get("sms"),
         )
     return GpuModel(
@@ -295,6 +296,11 @@ def _gpu_model(raw: Any, where: str) -> GpuModel:
         product=raw.get("product"),
     )
 
+        if compute > slices:
+            raise CatalogError(
+                f"{where}.mig_profiles.{name}: {compute} compute slices, but the GPU has "
+                f"{slices} (mig_compute_slices)"
+            )
 
 def _pool(
     name: str, raw: Mapping[str, Any], step: int, idle: IdlePolicy, check: PoolCheck | None
@@ -310,6 +316,8 @@ def _pool(
         if offer.kind == "none":
             raise CatalogError(f"{where}.offers[{i}]: 'none' is not a GPU offer")
         if offer in offers:
+        nvml_memory_mib=raw.get("nvml_memory_mib"),
+        mig_compute_slices=slices,
             raise CatalogError(f"{where}.offers[{i}]: duplicate offer {offer}")
         offers.append(offer)
     pool = Pool(

@@ -1,9 +1,15 @@
 """The built-in GPU model table: memory, SMs, GFD product label and MIG profiles.
 
-Memory figures are NOMINAL (the marketing GiB x 1024): they keep fractions round (1/4 of an
-H100 is 20480 MiB) and match MIG profile names. The usable memory a driver reports is a little
-lower (e.g. GFD labels an 80 GB card `nvidia.com/gpu.memory=81559`); capacity code that needs
-the real figure reads the node label.
+Two memory figures per model:
+- `memory_mib` is NOMINAL (the marketing GB x 1024): it names the card, matches MIG profile
+  names and is what memory offers are measured against for quotas (10GiB of an 80GB card counts
+  as 1/8 of a GPU);
+- `nvml_memory_mib` is what NVML reports as the device's total memory (`nvidia-smi`,
+  `nvmlDeviceGetMemoryInfo().total`), which is what GPU Feature Discovery labels
+  (`nvidia.com/gpu.memory`) and what HAMi's device plugin registers (`devmem`, pkg/device-plugin/
+  nvidiadevice/nvinternal/plugin/register.go: NVML total / MiB, times deviceMemoryScaling). A
+  fraction of a GPU is a fraction of THIS figure: 4 x 1/4 of an H100 must fit in 81559 MiB, not
+  in 81920. See NVML_MEMORY_MIB below for the table and its sources.
 
 Sources (see docs/backends.md):
 - MIG profiles and max instances: NVIDIA MIG user guide, "Supported MIG Profiles" tables
@@ -26,7 +32,7 @@ from .errors import SliceError
 @dataclass(frozen=True)
 class MigProfile:
     name: str  # canonical "1g.10gb" or "1g.10gb+me"
-    compute_slices: int  # out of 7
+    compute_slices: int  # out of the model's mig_compute_slices (7, or 4 on an A30)
     memory_mib: int  # nominal: the name's GB x 1024
     max_instances: int  # per GPU
     sms: int | None = None
@@ -35,11 +41,20 @@ class MigProfile:
 @dataclass(frozen=True)
 class GpuModel:
     name: str
-    memory_mib: int
+    memory_mib: int  # nominal
     sms: int | None
     mig_profiles: Mapping[str, MigProfile] = field(hash=False)
     product: str | None  # GFD `nvidia.com/gpu.product` value, used by mig-single selectors
     aliases: tuple[str, ...] = ()
+    #: total memory as NVML reports it; None: not known (the nominal figure stands in)
+    nvml_memory_mib: int | None = None
+    #: MIG compute slices of the whole GPU: 7 on A100/H100/H200, 4 on an A30
+    mig_compute_slices: int = 7
+
+    @property
+    def device_memory_mib(self) -> int:
+        """The memory a device of this model really has (NVML's total), else the nominal."""
+        return self.nvml_memory_mib or self.memory_mib
 
     def mig_profile(self, profile: str) -> MigProfile:
         try:
@@ -72,8 +87,46 @@ def _model(
     product: str | None,
     profiles: Iterable[tuple[str, int, int, int | None]] = (),
     aliases: tuple[str, ...] = (),
+    compute_slices: int = 7,
 ) -> GpuModel:
-    return GpuModel(name, gib * 1024, sms, _profiles(profiles), product, aliases)
+    return GpuModel(
+        name,
+        gib * 1024,
+        sms,
+        _profiles(profiles),
+        product,
+        aliases,
+        nvml_memory_mib=NVML_MEMORY_MIB.get(name),
+        mig_compute_slices=compute_slices,
+    )
+
+
+#: Total memory per model as NVML reports it (MiB), the figure devices register and GFD labels.
+#: Sources, each an `nvidia-smi` reading of the card:
+#: - H100-80GB 81559, A100-80GB 81920, A100-40GB 40960, A10 23028, L40S 46068, L4 23034,
+#:   T4 15360: modal-labs/modal-client#2797 (nvidia-smi totals across Modal's fleet); H100 also
+#:   NVIDIA/nccl#1264 and wilicc/gpu-burn#114 (nvidia-smi on H100 80GB HBM3 SXM: "81559MiB");
+#:   A10 also mayooot/detect-gpu#3 (NVML total 24146608128 B = 23028 MiB).
+#: - H200-141GB 143771: thundergolfer.com/blog/nvidia-gpu-memory-capacity (Modal's NVML table).
+#: - H100-NVL-94GB 95830 and A30-24GB 24576: nvidia-smi listings published in several public
+#:   repositories ("NVIDIA H100 NVL ... /  95830MiB", "NVIDIA A30 ... /  24576MiB").
+#: A value for a PCIe variant of the same name may differ (A100-PCIE-40GB reports 40536 MiB on
+#: some boards): unconfirmed; such pools should describe the GPU in the catalog with its own
+#: `nvml_memory_mib`, or rely on fractions being stated as a percentage where the backend can.
+NVML_MEMORY_MIB: Mapping[str, int] = MappingProxyType(
+    {
+        "A100-40GB": 40960,
+        "A100-80GB": 81920,
+        "A30-24GB": 24576,
+        "H100-80GB": 81559,
+        "H100-NVL-94GB": 95830,
+        "H200-141GB": 143771,
+        "L4": 23034,
+        "L40S": 46068,
+        "T4": 15360,
+        "A10": 23028,
+    }
+)
 
 
 # NVIDIA MIG user guide, "A100 MIG profiles" (A100-SXM4-40GB) table: 14 SMs per compute slice.
@@ -138,7 +191,8 @@ _H200 = [
 _MODELS = [
     _model("A100-40GB", 40, 108, "NVIDIA-A100-SXM4-40GB", _A100_40, ("A100",)),
     _model("A100-80GB", 80, 108, "NVIDIA-A100-SXM4-80GB", _A100_80),
-    _model("A30-24GB", 24, 56, "NVIDIA-A30", _A30, ("A30",)),
+    # the A30 has 4 compute slices (14 SMs each), so 1g.6gb is 1/4 of it, not 1/7
+    _model("A30-24GB", 24, 56, "NVIDIA-A30", _A30, ("A30",), compute_slices=4),
     _model("H100-80GB", 80, 132, "NVIDIA-H100-80GB-HBM3", _H100_80, ("H100",)),
     _model("H100-NVL-94GB", 94, 132, "NVIDIA-H100-NVL", _H100_NVL, ("H100-NVL",)),
     _model("H200-141GB", 141, 132, "NVIDIA-H200", _H200, ("H200",)),

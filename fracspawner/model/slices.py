@@ -13,14 +13,13 @@ The GPU model table lives in `gpumodels.py`; it is re-exported here, as is `Slic
 
 from __future__ import annotations
 
-import json
 import math
 import re
 from dataclasses import dataclass
 from fractions import Fraction
 from numbers import Real
 
-from .errors import SliceError
+from .errors import SliceError, quote
 from .gpumodels import GPU_MODELS, GpuModel, MigProfile, lookup_model
 
 __all__ = [
@@ -117,8 +116,9 @@ NONE = Slice("none")
 
 
 def _q(value: object) -> str:
-    """Quote a user's value for a message: text in double quotes ("0.3"), others as repr."""
-    return json.dumps(value) if isinstance(value, str) else repr(value)
+    """Quote a user's value for a message: text in double quotes ("0.3"), others as repr;
+    never more than ECHO_MAX characters of it."""
+    return quote(value)
 
 
 def _decimal(f: Fraction) -> str:
@@ -192,7 +192,7 @@ def parse_slice(value: object, *, step: int = 8, max_whole: int = 16) -> Slice:
         raise SliceError(f"a GPU slice must be text, not {kind}; use {ALLOWED_HELP}")
     text = value.strip()
     if len(text) > _MAX_LEN:
-        raise SliceError(f"{_q(text[:_MAX_LEN])}... is too long; use {ALLOWED_HELP}")
+        raise SliceError(f"{_q(text)} is too long; use {ALLOWED_HELP}")
     if text == "" or text.lower() == "none":
         return NONE
     if _WHOLE.match(text):
@@ -234,7 +234,8 @@ def parse_slice(value: object, *, step: int = 8, max_whole: int = 16) -> Slice:
 
 
 def gpu_equivalent(s: Slice, model: GpuModel) -> float:
-    """How much of one GPU the slice counts as (for quotas): MIG compute/7, memory/total."""
+    """How much of one GPU the slice counts as (for quotas): a MIG profile's compute slices
+    out of the model's own (7, or 4 on an A30), a memory size out of the nominal memory."""
     if s.kind == "fraction":
         assert s.fraction is not None
         return float(s.fraction)
@@ -245,17 +246,19 @@ def gpu_equivalent(s: Slice, model: GpuModel) -> float:
         return min(s.memory_mib / model.memory_mib, 1.0)
     if s.kind == "mig":
         assert s.profile is not None
-        return model.mig_profile(s.profile).compute_slices / 7
+        return model.mig_profile(s.profile).compute_slices / model.mig_compute_slices
     return 0.0
 
 
 def slice_memory_mib(s: Slice, model: GpuModel) -> int:
-    """GPU memory (MiB) the slice entitles to; MIG profiles count their nominal size."""
+    """GPU memory (MiB) the slice entitles to. Fractions and whole GPUs are shares of the memory
+    the device really has (NVML's total: 1/4 of an H100 is 20389 MiB, so four fit), memory
+    sizes are what they say, MIG profiles count their nominal size."""
     if s.kind == "fraction":
         assert s.fraction is not None
-        return math.floor(model.memory_mib * s.fraction)
+        return math.floor(model.device_memory_mib * s.fraction)
     if s.kind == "whole":
-        return model.memory_mib * s.count
+        return model.device_memory_mib * s.count
     if s.kind == "memory":
         assert s.memory_mib is not None
         return s.memory_mib
