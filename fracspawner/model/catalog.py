@@ -266,6 +266,7 @@ def _gpu_model(raw: Any, where: str) -> GpuModel:
             )
         return model
     profiles: dict[str, MigProfile] = {}
+    slices = int(raw.get("mig_compute_slices", 7))
     for name, spec in (raw.get("mig_profiles") or {}).items():
         try:
             parsed = parse_slice(f"mig-{name}")
@@ -278,12 +279,16 @@ def _gpu_model(raw: Any, where: str) -> GpuModel:
                 f"{where}.mig_profiles.{name}.compute_slices: {spec['compute_slices']} "
                 f"contradicts the profile name ({compute} compute slices)"
             )
+        if compute > slices:
+            raise CatalogError(
+                f"{where}.mig_profiles.{name}: {compute} compute slices, but the GPU has "
+                f"{slices} (mig_compute_slices)"
+            )
         if parsed.profile in profiles:
             raise CatalogError(f"{where}.mig_profiles.{name}: duplicate profile {parsed.profile}")
         profiles[parsed.profile] = MigProfile(
             name=parsed.profile,
             compute_slices=compute,
-    slices = int(raw.get("mig_compute_slices", 7))
             memory_mib=int(spec["memory_mib"]),
             max_instances=int(spec.get("max_instances", slices // compute)),
             sms=spec.get("sms"),
@@ -294,13 +299,10 @@ def _gpu_model(raw: Any, where: str) -> GpuModel:
         sms=raw.get("sms"),
         mig_profiles=MappingProxyType(profiles),
         product=raw.get("product"),
+        nvml_memory_mib=raw.get("nvml_memory_mib"),
+        mig_compute_slices=slices,
     )
 
-        if compute > slices:
-            raise CatalogError(
-                f"{where}.mig_profiles.{name}: {compute} compute slices, but the GPU has "
-                f"{slices} (mig_compute_slices)"
-            )
 
 def _pool(
     name: str, raw: Mapping[str, Any], step: int, idle: IdlePolicy, check: PoolCheck | None
