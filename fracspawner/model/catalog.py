@@ -318,8 +318,6 @@ def _pool(
         if offer.kind == "none":
             raise CatalogError(f"{where}.offers[{i}]: 'none' is not a GPU offer")
         if offer in offers:
-        nvml_memory_mib=raw.get("nvml_memory_mib"),
-        mig_compute_slices=slices,
             raise CatalogError(f"{where}.offers[{i}]: duplicate offer {offer}")
         offers.append(offer)
     pool = Pool(
