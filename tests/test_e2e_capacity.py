@@ -3,6 +3,8 @@ yields a 500 or a pod (hypothesis over form data and REST JSON)."""
 
 from __future__ import annotations
 
+import re
+
 import pytest
 import yaml
 from hypothesis import HealthCheck, given, settings
@@ -37,7 +39,8 @@ def test_form_shows_live_counts(hub, devcluster):
     assert "1 of 4 free" in t4
     mig = html.split('data-pool="a100-mig" data-spec="mig-1g.10gb"', 1)[1].split("</span>", 1)[0]
     assert "4 of 4 free" in mig
-    assert "Your GPU quota: 0 of 2 GPU in use" in " ".join(html.split())
+    # the quota in the units people think in (GPUs, fractions), tags stripped
+    assert "Your GPU quota: 0 of 2 GPUs in use" in " ".join(re.sub(r"<[^>]+>", "", html).split())
 
 
 def test_last_slot_then_refusal_with_what_is_free(hub, devcluster):
@@ -49,8 +52,16 @@ def test_last_slot_then_refusal_with_what_is_free(hub, devcluster):
     status, body = spawn(hub, "finn", {"gpu": "1/4", "pool": "t4"})
     assert status == 400
     message = body["message"]
-    assert "No free 1/4 GPU in pool t4 right now (0 of 4 free)." in message
-    assert "Free now: a100-mig mig-1g.10gb (4)" in message
+    # display names; the same size elsewhere first, then smaller sizes; short
+    assert message.startswith(
+        "No 1/4 GPU is free on T4 16GB (time-sliced) right now (all 4 are taken). Free instead: "
+        "1/4 GPU on H100 80GB (HAMi): "
+    ), message
+    # then the same share in another unit (20 GiB of 80), then the closest smaller size:
+    # MIG 1g.10gb is 1/7 of a GPU, closer to 1/4 than 1/8 is
+    assert "; 20 GiB on H100 80GB (HAMi): " in message, message
+    assert "; MIG 1g.10gb on A100 80GB (MIG): 4 free and " in message, message
+    assert "HTTP" not in message and "t4" not in message
     assert not server_pods(devcluster, "finn")
 
     # the form says the same, and shows the offer as unavailable with the reason
@@ -59,7 +70,10 @@ def test_last_slot_then_refusal_with_what_is_free(hub, devcluster):
     t4 = html.split('data-pool="t4" data-spec="1/4"', 1)[1].split("</li>", 1)[0]
     assert "0 of 4 free" in t4 and "None free right now." in t4
     response = browser.submit({"gpu": "1/4", "pool": "t4"})
-    assert "No free 1/4 GPU in pool t4 right now" in error_on_page(response.text)
+    # a person's sentence on the form, not "Error: HTTP 400: Bad Request (...)"
+    shown = error_on_page(response.text)
+    assert shown.startswith("Error: No 1/4 GPU is free on T4 16GB (time-sliced)"), shown
+    assert "HTTP 400" not in response.text
     # without a pool, fracspawner picks one that has room: 1/4 is also offered by h100
     status, body = spawn(hub, "finn", {"gpu": "1/4"})
     assert status in (201, 202), body

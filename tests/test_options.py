@@ -78,7 +78,7 @@ def test_bad_options_are_refused_with_the_reason(options, words):
 
 def test_quota_counts_other_servers():
     resolve_choice(CATALOG, {"gpu": "1/8"}, rule=EVERYONE, used_gpu=0.125)
-    with pytest.raises(OptionsError, match=r"already hold 0.25 of your 0.25 GPU limit \(0 left\)"):
+    with pytest.raises(OptionsError, match=r"more than the 0 GPU left of your 1/4 GPU"):
         resolve_choice(CATALOG, {"gpu": "1/8"}, rule=EVERYONE, used_gpu=0.25)
 
 
@@ -116,8 +116,11 @@ def test_full_pool_is_refused_with_what_is_free_instead():
     with pytest.raises(OptionsError) as info:
         resolve_choice(CATALOG, {"gpu": "1/4", "pool": "t4"}, rule=RESEARCH, capacity=cap)
     message = str(info.value)
-    assert "No free 1/4 GPU in pool t4 right now (0 of 4 free)" in message
-    assert "Free now: h100 1/8 (20), h100 1/4 (12)" in message
+    # display names, no pool ids; the same size elsewhere first, then smaller sizes
+    assert message == (
+        "No 1/4 GPU is free on T4 16GB (time-sliced) right now (all 4 are taken). "
+        "Free instead: 1/4 GPU on H100 80GB (HAMi): 12 free; 1/8 GPU on H100 80GB (HAMi): 20 free."
+    )
     # admission "wait" lets the pod be created and wait in Pending
     choice = resolve_choice(
         CATALOG, {"gpu": "1/4", "pool": "t4"}, rule=RESEARCH, capacity=cap, admission="wait"

@@ -42,7 +42,13 @@ def group_offers(model: Mapping[str, Any]) -> list[dict[str, Any]]:
             if group is None:  # a mode only offered by pools the user may not use
                 continue
             entry = group["specs"].setdefault(
-                offer["spec"], {"spec": offer["spec"], "label": offer["label"], "pools": []}
+                offer["spec"],
+                {
+                    "spec": offer["spec"],
+                    "label": offer["label"],
+                    "display": offer.get("display") or offer["spec"],
+                    "pools": [],
+                },
             )
             entry["pools"].append({"pool": pool, "offer": offer})
     result = []

@@ -40,6 +40,7 @@ from ..choice.offers import build_offer_model
 from ..choice.options import OPTION_KEYS, Choice, OptionsError, describe_offer, resolve_choice
 from ..model.catalog import AccessRule, Catalog, CatalogError
 from .form import render_form
+from .refusal import refused
 
 # Traits the baseline snapshot never restores: they are state, not configuration.
 _NOT_BASELINE = frozenset(
@@ -406,8 +407,8 @@ class FracSpawner(KubeSpawner):
         try:
             choice = await self.admit()
         except (OptionsError, CatalogError) as exc:
-            # 400: JupyterHub shows it on the form, and the REST API answers with it
-            raise web.HTTPError(400, str(exc)) from None
+            # 400: JupyterHub shows it on the form (in words, no "HTTP 400"), the API answers it
+            raise refused(str(exc)) from None
         try:
             await self._load_profile_options()
             if choice.pool is not None and "pool" not in (self.user_options or {}):
