@@ -1,4 +1,4 @@
-"""The culler's decision function, on its own: facts + policy + now -> Decision."""
+"""The culler's decision functions, on their own: sources -> reading, facts + policy -> Decision."""
 
 from __future__ import annotations
 
@@ -8,17 +8,22 @@ from hypothesis import strategies as st
 
 from fracspawner.culler.decide import (
     GpuFacts,
-    KernelFacts,
     Rules,
     ServerFacts,
-    decide_kernel,
+    combine,
     decide_server,
 )
-from fracspawner.model.catalog import IdlePolicy
+from fracspawner.model.catalog import DEFAULT_IDLE, IdlePolicy, load_yaml
 
 NOW = 1_000_000.0
 M, H = 60.0, 3600.0
-POLICY = IdlePolicy(kernel_gpu_idle=30 * M, server_gpu_idle=2 * H, server_idle=8 * H, max_age=None)
+POLICY = IdlePolicy(
+    kernel_gpu_idle=30 * M,
+    server_gpu_idle=2 * H,
+    server_idle=8 * H,
+    max_age=None,
+    server_unattended=24 * H,
+)
 
 
 def server(
@@ -91,10 +96,11 @@ def test_gpu_memory_without_slice_counts_as_holding_gpu():
     assert (d.action, d.reason) == ("keep", "active")
 
 
-def test_server_last_activity_from_extension_wins_over_hub():
-    # the hub's value was refreshed by the culler's own requests through the proxy
-    facts = gpu_facts(3 * H, server_last_activity=NOW - 3 * H)
-    assert decide_server(server(5.0), facts, POLICY, NOW).reason == "gpu_idle"
+def test_own_activity_counts_with_the_hubs():
+    # the server's own last activity (from its report) is newer than the hub's: not idle
+    facts = server(3 * H, own_last_activity=NOW - 5.0)
+    assert decide_server(facts, gpu_facts(3 * H), POLICY, NOW).reason == "active"
+    assert decide_server(server(3 * H), gpu_facts(3 * H), POLICY, NOW).reason == "gpu_idle"
 
 
 def test_max_age_even_when_busy():
@@ -132,30 +138,84 @@ def test_named_server_culled_when_allowed():
     assert decide_server(server(9 * H, name="gpu"), None, POLICY, NOW).action == "stop"
 
 
-def kernel(msg_idle: float, gpu_idle_for: float | None, *, state="idle", memory=2048.0):
-    return KernelFacts("k1", NOW - msg_idle, state, memory, gpu_idle_for)
+# --- several sources: unknown is never idle ------------------------------------------------
+def unknown(source: str = "extension") -> GpuFacts:
+    return GpuFacts(source, NOW - 10, 4096.0, None, None, "GPU utilisation cannot be read (MIG)")
+
+
+def test_unknown_activity_is_never_idle():
+    # MIG through NVML, a process the extension cannot match: only the plain timeout applies
+    reading = combine({"extension": unknown()}, NOW)
+    assert reading.gpu is not None and not reading.gpu.known
+    d = decide_server(server(3 * H), reading, POLICY, NOW)
+    assert (d.action, d.gpu_failsafe) == ("keep", True)
+    assert "GPU activity unknown (extension: GPU utilisation cannot be read (MIG))" in d.message
+    d = decide_server(server(9 * H), reading, POLICY, NOW)
+    assert (d.action, d.reason, d.gpu_failsafe) == ("stop", "idle", True)
+
+
+def test_a_source_that_knows_decides_where_another_cannot_tell():
+    # on MIG, dcgm-exporter's PROF_GR_ENGINE_ACTIVE knows what NVML in the pod cannot
+    idle = combine({"prometheus": gpu_facts(3 * H), "extension": unknown()}, NOW)
+    assert decide_server(server(3 * H), idle, POLICY, NOW).reason == "gpu_idle"
+    busy = combine({"prometheus": gpu_facts(60.0), "extension": unknown()}, NOW)
+    assert decide_server(server(3 * H), busy, POLICY, NOW).reason == "gpu_busy"
+
+
+def test_busy_from_either_source_wins():
+    ext_busy = GpuFacts("extension", NOW - 5, 4096.0, 30.0, covered_for=5 * H)
+    reading = combine({"prometheus": gpu_facts(3 * H), "extension": ext_busy}, NOW)
+    assert reading.gpu.idle_for == 30.0 and reading.gpu.source == "prometheus+extension"
+    assert decide_server(server(3 * H), reading, POLICY, NOW).reason == "gpu_busy"
 
 
 @pytest.mark.parametrize(
-    ("k", "action", "reason"),
+    "sources",
     [
-        (kernel(31 * M, 31 * M), "shutdown", "kernel_gpu_idle"),
-        (kernel(31 * M, 5.0), "keep", "gpu_busy"),  # silent GPU work
-        (kernel(5.0, 31 * M), "keep", "active"),  # the user just ran a cell
-        (kernel(31 * M, 31 * M, memory=0), "keep", "no_gpu_memory"),
-        (kernel(31 * M, None), "keep", "gpu_unknown"),  # MIG: utilisation unknown
-        (kernel(31 * M, 31 * M, state="busy"), "keep", "executing"),
+        {"prometheus": None, "extension": GpuFacts("extension", NOW - 5, 0.0, 3 * H, 5 * H)},
+        {"prometheus": gpu_facts(3 * H), "extension": None},
+        {"prometheus": gpu_facts(3 * H, age=10 * M)},  # older than max_staleness
+        {},
     ],
+    ids=["pod-missing-from-prometheus", "no-report", "stale", "no-source"],
 )
-def test_kernel(k, action, reason):
-    d = decide_kernel(k, POLICY, NOW)
-    assert (d.action, d.reason) == (action, reason), d.message
+def test_a_failed_source_is_missing_data_not_an_absent_opinion(sources):
+    reading = combine(sources, NOW)
+    assert reading.gpu is None and reading.missing
+    d = decide_server(server(3 * H), reading, POLICY, NOW)
+    assert (d.action, d.gpu_failsafe) == ("keep", True)
+    assert "not culled on GPU grounds" in d.message
 
 
-def test_kernel_busy_culled_when_asked_and_off_when_disabled():
-    k = kernel(31 * M, 31 * M, state="busy")
-    assert decide_kernel(k, POLICY, NOW, Rules(cull_busy_kernels=True)).action == "shutdown"
-    assert decide_kernel(k, IdlePolicy(None, 2 * H, 8 * H, None), NOW).reason == "disabled"
+# --- GPU busy cannot keep a server for ever -----------------------------------------------
+def test_busy_gpu_without_its_user_is_capped_by_server_unattended():
+    # a neighbour's work on a time-sliced GPU, or a forgotten job: the GPU is busy, the
+    # server's activity is fresh (GPU work counts), but nobody has touched it for a day
+    facts = server(5.0, own_last_activity=NOW - 5.0, user_last_activity=NOW - 25 * H)
+    d = decide_server(facts, gpu_facts(0.0), POLICY, NOW)
+    assert (d.action, d.reason) == ("stop", "unattended"), d.message
+    # its user was there 23 hours ago: still kept
+    facts = server(5.0, own_last_activity=NOW - 5.0, user_last_activity=NOW - 23 * H)
+    assert decide_server(facts, gpu_facts(0.0), POLICY, NOW).reason == "gpu_busy"
+    # without a report, the hub's last activity stands for the user's
+    assert decide_server(server(25 * H), gpu_facts(0.0), POLICY, NOW).reason == "unattended"
+    off = IdlePolicy(30 * M, 2 * H, 8 * H, None, None)
+    assert decide_server(server(25 * H), gpu_facts(0.0), off, NOW).reason == "gpu_busy"
+
+
+def test_a_catalog_without_idle_gets_safe_defaults(tmp_path):
+    from fracspawner.backends import load_catalog
+    from tests.conftest import DEMO_CATALOG
+
+    data = load_yaml(DEMO_CATALOG)
+    del data["idle"]
+    catalog = load_catalog(data)
+    assert catalog.idle == DEFAULT_IDLE
+    assert (catalog.idle.server_gpu_idle, catalog.idle.kernel_gpu_idle) == (H, 30 * M)
+    assert (catalog.idle.server_idle, catalog.idle.server_unattended) == (8 * H, 24 * H)
+    # an idle GPU server is stopped after an hour, as z2jh's culler would
+    d = decide_server(server(H), gpu_facts(H, covered_for=5 * H), catalog.idle, NOW)
+    assert (d.action, d.reason) == ("stop", "gpu_idle")
 
 
 durations = st.floats(min_value=0, max_value=48 * H)
@@ -167,7 +227,7 @@ optional = st.one_of(st.none(), st.floats(min_value=1, max_value=24 * H))
     gpu_idle=durations,
     age=durations,
     stale=st.booleans(),
-    policy=st.builds(IdlePolicy, optional, optional, optional, st.none()),
+    policy=st.builds(IdlePolicy, optional, optional, optional, st.none(), st.none()),
 )
 def test_never_culled_while_gpu_busy_within_its_window(idle, gpu_idle, age, stale, policy):
     facts = None if stale else gpu_facts(gpu_idle, age=age % 300)

@@ -13,6 +13,7 @@ from fracspawner.model.catalog import CatalogError, IdlePolicy
 from tests.conftest import DEMO_CATALOG
 
 H = 3600.0
+U = 24 * H  # server_unattended: the default, no catalog here sets it
 NOW = 1_800_000_000.0
 
 
@@ -39,14 +40,14 @@ def facts(options: dict, idle: float) -> ServerFacts:
 
 def test_pool_overrides_from_the_catalog(catalog_file):
     c = culler(f"--catalog={catalog_file}")
-    base = IdlePolicy(30 * 60, 2 * H, 8 * H, None)
+    base = IdlePolicy(30 * 60, 2 * H, 8 * H, None, U)
     # the pool's own keys win, the rest come from the catalog's idle section
     assert c.policy_for(facts({"gpu": "1/4", "pool": "h100"}, 0)).astuple() == (
         "h100",
-        IdlePolicy(2, 90, 8 * H, None),
+        IdlePolicy(2, 90, 8 * H, None, U),
     )
     assert c.policy_for(facts({"gpu": "1/4", "pool": "t4"}, 0)).policy == IdlePolicy(
-        30 * 60, 4 * H, 8 * H, 24 * H
+        30 * 60, 4 * H, 8 * H, 24 * H, U
     )
     assert c.policy_for(facts({"gpu": "mig-1g.10gb", "pool": "a100-mig"}, 0)).policy == base
     assert c.policy_for(facts({}, 0)).astuple() == ("", base)  # no GPU, no pool
@@ -67,13 +68,13 @@ def test_pool_left_out_uses_the_pools_that_serve_the_slice(catalog_file):
     # only h100 serves half a GPU: FracSpawner can only have placed it there
     assert c.policy_for(facts({"gpu": "1/2"}, 0)).astuple() == (
         "h100",
-        IdlePolicy(2, 90, 8 * H, None),
+        IdlePolicy(2, 90, 8 * H, None, U),
     )
     # a quarter fits all three (a MIG 2g.20gb on the A100): the most lenient of their policies,
     # never sooner than any of them would
     assert c.policy_for(facts({"gpu": "0.25"}, 0)).astuple() == (
         "a100-mig|h100|t4",
-        IdlePolicy(30 * 60, 4 * H, 8 * H, None),
+        IdlePolicy(30 * 60, 4 * H, 8 * H, None, U),
     )
     # nothing serves it (or it does not parse): the catalog-wide policy
     assert c.policy_for(facts({"gpu": "mig-7g.80gb"}, 0)).pool == ""
@@ -85,11 +86,14 @@ def test_lenient_keeps_a_limit_off_when_any_policy_has_it_off():
 
 
 def test_without_catalog_the_traits_apply():
-    c = culler("--Culler.server_gpu_idle=30m", "--Culler.kernel_gpu_idle=0")
+    c = culler("--Culler.server_gpu_idle=30m", "--Culler.server_unattended=0")
     assert c.policy_for(facts({"gpu": "1/4", "pool": "h100"}, 0)).astuple() == (
         "h100",
-        IdlePolicy(None, 30 * 60, 8 * H, None),  # 0 turns a limit off, as in the catalog
+        # 0 turns a limit off, as in the catalog; kernels are the servers' own business
+        IdlePolicy(None, 30 * 60, 8 * H, None, None),
     )
+    # the documented defaults: never "never cull"
+    assert culler().policy_for(facts({}, 0)).policy == IdlePolicy(None, H, 8 * H, None, U)
 
 
 def test_bad_catalog_refused_at_start_naming_the_path(tmp_path, catalog_file):

@@ -54,7 +54,16 @@ def http(method: str, url: str, token: str | None = None, body: Any = None) -> t
 
 # --- a jupyter server with the extension, no hub -----------------------------------------
 class JupyterServer:
-    def __init__(self, tmp: Path, gpu_file: Path, entitlement: int | None = 10240):
+    def __init__(
+        self,
+        tmp: Path,
+        gpu_file: Path,
+        entitlement: int | None = 10240,
+        *,
+        source: str | None = None,
+        env: dict[str, str] | None = None,
+        monitor: dict[str, Any] | None = None,
+    ):
         self.tmp, self.gpu_file = tmp, gpu_file
         self.token = uuid.uuid4().hex
         self.port = free_port()
@@ -62,12 +71,11 @@ class JupyterServer:
         config = tmp / "config"
         config.mkdir(exist_ok=True)
         # poll fast; the extension itself is enabled by the repository's auto-enable file
-        (config / "jupyter_server_config.json").write_text(
-            json.dumps({"GpuMonitor": {"poll_interval": 0.2, "unavailable_retry": 0.2}})
-        )
-        env = dict(os.environ)
+        settings = {"poll_interval": 0.2, "unavailable_retry": 0.2, **(monitor or {})}
+        (config / "jupyter_server_config.json").write_text(json.dumps({"GpuMonitor": settings}))
+        env = {**os.environ, **(env or {})}
         env.update(
-            FRACSPAWNER_GPU_SOURCE=f"sim:{gpu_file}",
+            FRACSPAWNER_GPU_SOURCE=source or f"sim:{gpu_file}",
             JUPYTER_CONFIG_DIR=str(config),
             JUPYTER_CONFIG_PATH=str(REPO / "jupyter-config"),
             JUPYTER_RUNTIME_DIR=str(tmp / "runtime"),
@@ -289,13 +297,57 @@ class Prometheus:
         self.log.close()
 
 
+class BackfilledPrometheus(Prometheus):
+    """Debian's prometheus serving samples written with their own timestamps (promtool's
+    OpenMetrics backfill): hours of 15 s or 60 s scrapes, gaps, young series, in a second.
+    Query it at a time in that past (`query(..., at=...)`). `series`: (labels, [(t, v)])."""
+
+    def __init__(self, tmp: Path, series: list[tuple[dict[str, str], list[tuple[float, float]]]]):
+        promtool = shutil.which("promtool") or "/usr/bin/promtool"
+        if not Path(promtool).exists():
+            pytest.skip("promtool not installed (Debian's prometheus package ships it)")
+        by_metric: dict[str, list[str]] = {}
+        for labels, samples in series:
+            name = labels["__name__"]
+            text = ",".join(f'{k}="{v}"' for k, v in sorted(labels.items()) if k != "__name__")
+            by_metric.setdefault(name, []).extend(
+                f"{name}{{{text}}} {v} {t:.3f}" for t, v in samples
+            )
+        lines = []
+        for name, rows in by_metric.items():
+            lines += [f"# TYPE {name} gauge", *rows]
+        source = tmp / "backfill.om"
+        source.write_text("\n".join([*lines, "# EOF"]) + "\n")
+        data = tmp / "data"
+        done = subprocess.run(
+            [promtool, "tsdb", "create-blocks-from", "openmetrics", str(source), str(data)],
+            capture_output=True, text=True, timeout=120,
+        )  # fmt: skip
+        if done.returncode:
+            raise RuntimeError(f"promtool: {done.stderr[-2000:]}")
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        config = tmp / "prometheus.yml"
+        config.write_text("global: {scrape_interval: 15s}\n")
+        self.log = open(tmp / "prometheus.log", "wb")  # noqa: SIM115
+        self.process = subprocess.Popen(
+            [
+                shutil.which("prometheus") or "/usr/bin/prometheus", f"--config.file={config}",
+                f"--storage.tsdb.path={data}", "--storage.tsdb.retention.time=100y",
+                f"--web.listen-address=127.0.0.1:{self.port}",
+            ],
+            stdout=self.log, stderr=subprocess.STDOUT, start_new_session=True,
+        )  # fmt: skip
+        wait_for(self._ready, 60, "prometheus ready")
+
+
 # --- a real JupyterHub with local single-user servers (no Kubernetes) ----------------------
+# no access:servers: the culler never calls into a user's server
 CULLER_SCOPES = [
     "list:users",
     "read:users:activity",
     "read:servers",
     "delete:servers",
-    "access:servers",
 ]
 
 

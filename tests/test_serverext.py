@@ -180,6 +180,7 @@ def test_report_without_pod_environment_labels_the_device(server):
         "kernel_gpu_idle": None,
         "server_gpu_idle": None,
         "server_idle": None,
+        "server_unattended": None,
         "warn_before": None,
     }
     assert report["warnings"] == [] and report["server_idle"]["cull_at"] is None
@@ -220,6 +221,7 @@ def test_pod_environment_names():
             "FRACSPAWNER_KERNEL_GPU_IDLE_SECONDS": "1800",
             "FRACSPAWNER_SERVER_GPU_IDLE_SECONDS": "7200",
             "FRACSPAWNER_SERVER_IDLE_SECONDS": "0",  # off
+            "FRACSPAWNER_SERVER_UNATTENDED_SECONDS": "86400",
             "FRACSPAWNER_GPU_IDLE_WARN_SECONDS": "300",
         }
     )
@@ -229,6 +231,7 @@ def test_pod_environment_names():
         "kernel_gpu_idle": 1800.0,
         "server_gpu_idle": 7200.0,
         "server_idle": None,
+        "server_unattended": 86400.0,
         "warn_before": 300.0,
     }
     # unset or nonsense: no policy, so no warning (rather than a wrong one)
@@ -237,6 +240,7 @@ def test_pod_environment_names():
         "kernel_gpu_idle": None,
         "server_gpu_idle": None,
         "server_idle": None,
+        "server_unattended": None,
         "warn_before": None,
     }
 
@@ -256,13 +260,18 @@ class FakeKernelManager:
     def get_kernel(self, kernel_id):
         return self.kernels[kernel_id]
 
+    async def shutdown_kernel(self, kernel_id):
+        del self.kernels[kernel_id]
+
 
 def test_warnings_come_before_the_culler_acts_and_agree_with_it(monkeypatch):
-    """The report's cull time is the moment the culler's own rules turn to 'shut down'."""
+    """The report's cull times are the moments the server shuts its kernel down and the
+    culler's rules turn to 'stop'."""
+    import asyncio
     from datetime import timedelta
 
-    from fracspawner.culler.decide import ServerFacts, decide_kernel, decide_server
-    from fracspawner.culler.extension import parse_report
+    from fracspawner.culler.decide import ServerFacts, decide_server
+    from fracspawner.culler.reports import parse_report
     from fracspawner.serverext import monitor as monitor_module
     from fracspawner.serverext.sources import GpuDevice, GpuProcess, GpuSample
 
@@ -292,7 +301,10 @@ def test_warnings_come_before_the_culler_acts_and_agree_with_it(monkeypatch):
 
     def at(seconds: float) -> dict:
         clock[0] = t0 + timedelta(seconds=seconds)
-        monitor.apply(sample, owned, set(kernels), clock[0])
+        live = [(kid, p) for kid, p in owned if kid in kernels]  # a shut-down kernel's is gone
+        monitor.apply(
+            GpuSample("simulated", [device], [p for _, p in live]), live, set(kernels), clock[0]
+        )
         return monitor.report(server_last_activity=t0)
 
     # 30 min policy: warned 10 min before (a third of the limit at most), not earlier
@@ -306,23 +318,26 @@ def test_warnings_come_before_the_culler_acts_and_agree_with_it(monkeypatch):
 
     class Policy:
         kernel_gpu_idle, server_gpu_idle, server_idle, max_age = 1800, 7200, 28800, None
+        server_unattended = None
 
     def culler_says(seconds: float) -> tuple[str, str]:
-        facts = parse_report(at(seconds))
-        kernel = next(k for k in facts.kernels if k.id == "k-idle")
+        report = at(seconds)
         now = clock[0].timestamp()
+        facts = parse_report(report, received_at=now)
+        shut = asyncio.run(monitor.cull_idle_kernels(clock[0]))
         server = ServerFacts(user="u", user_options={"gpu": "1/4"}, last_activity=t0.timestamp())
         return (
-            decide_kernel(kernel, Policy, now).action,
-            decide_server(server, facts.server, Policy, now).action,
+            "shutdown" if "k-idle" in shut else "keep",
+            decide_server(server, facts.gpu, Policy, now).action,
         )
 
     assert culler_says(1799) == ("keep", "keep")
-    assert culler_says(1800)[0] == "shutdown"
+    assert culler_says(1800)[0] == "shutdown"  # the server shut its own kernel down
+    assert set(kernels) == {"k-busy"}
     # the server: warned from 7200 - 600 s, stopped from 7200 s, as the report said
-    assert [w["scope"] for w in at(6599)["warnings"]] == ["kernel"]
+    assert at(6599)["warnings"] == []
     report = at(6600)
-    assert [w["scope"] for w in report["warnings"]] == ["kernel", "server"]
+    assert [w["scope"] for w in report["warnings"]] == ["server"]
     assert report["server_idle"]["cull_at"] == monitor_module.isoformat(
         t0 + timedelta(seconds=7200)
     )

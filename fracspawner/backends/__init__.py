@@ -86,8 +86,17 @@ RESERVED_ENV: frozenset[str] = frozenset(
         "CUDA_VISIBLE_DEVICES",
         # ClearML fractional images read their limit from here
         "GPU_MEM_LIMIT_GB",
-        # what fracspawner itself tells the notebook
+        # what fracspawner itself tells the notebook (choice/notebook_env.py): the slice, the
+        # idle policy the server applies to its own kernels, where it reports to the culler
         "FRACSPAWNER_GPU_MEMORY_MIB",
+        "FRACSPAWNER_GPU_SLICE",
+        "FRACSPAWNER_GPU_POOL",
+        "FRACSPAWNER_GPU_POOL_DISPLAY",
+        "FRACSPAWNER_KERNEL_GPU_IDLE_SECONDS",
+        "FRACSPAWNER_SERVER_GPU_IDLE_SECONDS",
+        "FRACSPAWNER_SERVER_IDLE_SECONDS",
+        "FRACSPAWNER_SERVER_UNATTENDED_SECONDS",
+        "FRACSPAWNER_CULLER_URL",
     }
 )
 

@@ -4,10 +4,10 @@ from .app import Culler, CycleResult
 from .decide import (
     Decision,
     GpuFacts,
-    KernelFacts,
+    Reading,
     Rules,
     ServerFacts,
-    decide_kernel,
+    combine,
     decide_server,
 )
 
@@ -16,9 +16,9 @@ __all__ = [
     "CycleResult",
     "Decision",
     "GpuFacts",
-    "KernelFacts",
+    "Reading",
     "Rules",
     "ServerFacts",
-    "decide_kernel",
+    "combine",
     "decide_server",
 ]

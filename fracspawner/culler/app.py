@@ -1,17 +1,21 @@
 """`fracspawner culler`: the GPU-aware idle culler, a JupyterHub service (hub-managed or not).
 
 Each cycle: list ready servers through the hub API, read GPU activity for all of them (one
-Prometheus query, and/or each GPU server's extension), decide with the pure functions in
-decide.py, then stop servers through the hub and shut kernels down through the servers.
+Prometheus query, and the reports servers pushed), decide with the pure functions in
+decide.py, then stop servers through the hub. The culler never calls into a user's server, and
+its token goes to the hub only: servers push their reports to its endpoint (receiver.py) with
+their own tokens, and shut their idle GPU kernels down themselves (fracspawner.serverext).
 """
 
 from __future__ import annotations
 
 import asyncio
+import logging
 import os
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, replace
 from typing import Any
+from urllib.parse import urlparse
 
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from tornado import web
@@ -22,26 +26,21 @@ from traitlets import Bool, Dict, Float, Integer, List, Unicode, default
 from traitlets.config import Application
 
 from ..backends import load_catalog
-from ..model.catalog import IdlePolicy, parse_duration
-from .decide import (
-    Decision,
-    GpuFacts,
-    KernelFacts,
-    Rules,
-    ServerFacts,
-    decide_kernel,
-    decide_server,
-)
-from .extension import ExtensionReport, fetch_report, parse_report, shutdown_kernel
+from ..model.catalog import DEFAULT_IDLE, IdlePolicy, parse_duration
+from .decide import Decision, GpuFacts, Reading, Rules, ServerFacts, combine, decide_server
 from .hubapi import HubClient, HubServer
+from .identity import Identity, TokenVerifier
 from .metrics import CullerMetrics
 from .podname import DEFAULT_TEMPLATE, pod_name
 from .policy import PoolPolicy, policy_for_server
 from .prometheus import DcgmConfig, PrometheusError, build_query, parse_result
 from .prometheus import query as prom_query
+from .receiver import MAX_BODY, receiver_app
+from .reports import CulledKernel, ReportStore
 
-# the policy without a catalog used to have its own class; benchmarks/bench_culler.py imports it
-DefaultPolicy = IdlePolicy
+
+def _seconds(value: float | None) -> str:
+    return "" if value is None else str(int(value))
 
 
 @dataclass
@@ -49,7 +48,6 @@ class Outcome:
     server: HubServer
     decision: Decision
     gpu: GpuFacts | None = None
-    kernels: list[tuple[KernelFacts, Decision]] = field(default_factory=list)
     done: bool = False  # the action was carried out (False in dry-run or on error)
     pool: str = ""  # the pool whose policy applied (metrics label)
 
@@ -68,18 +66,18 @@ class CycleResult:
 
 class Culler(Application):
     name = "fracspawner-culler"
-    description = "Stop idle JupyterHub servers and shut down idle kernels, counting GPU work."
+    description = "Stop idle JupyterHub servers, counting GPU work; never calls into them."
 
     # --- the hub (mirrors jupyterhub-idle-culler's options where they overlap) -----------------
     url = Unicode(config=True, help="The JupyterHub API URL. Default: $JUPYTERHUB_API_URL.")
     api_token = Unicode(
         config=True,
-        help="Token for the hub API and for servers (through the proxy). "
+        help="Token for the hub API (sent to the hub only, never to a user's server). "
         "Default: $JUPYTERHUB_API_TOKEN, which JupyterHub sets for a hub-managed service.",
     )
     cull_every = Integer(300, config=True, help="Seconds between culling cycles.")
     concurrency = Integer(
-        10, config=True, help="Most HTTP requests in flight at once (hub, servers, Prometheus)."
+        10, config=True, help="Most HTTP requests in flight at once (hub, Prometheus)."
     )
     api_page_size = Integer(
         200,
@@ -97,21 +95,22 @@ class Culler(Application):
         help="The fracspawner catalog (YAML). Its `idle` section, overridable per pool, is the "
         "policy; a server's pool is its user_options['pool']. Without it the defaults below apply.",
     )
-    kernel_gpu_idle = Unicode(
-        "1800",
-        config=True,
-        help="Without a catalog: kernels holding GPU memory idle this long are shut down "
-        "(seconds or '30m'; '' off).",
-    )
     server_gpu_idle = Unicode(
-        "7200",
+        _seconds(DEFAULT_IDLE.server_gpu_idle),
         config=True,
-        help="Without a catalog: servers holding a GPU idle this long are stopped ('' off).",
+        help="Without a catalog: servers holding a GPU, GPU and activity idle this long, are "
+        "stopped (seconds or '1h'; '' off).",
     )
     server_idle = Unicode(
-        "28800",
+        _seconds(DEFAULT_IDLE.server_idle),
         config=True,
-        help="Without a catalog: servers without a GPU idle this long are stopped ('' off).",
+        help="Without a catalog: servers idle this long are stopped ('' off).",
+    )
+    server_unattended = Unicode(
+        _seconds(DEFAULT_IDLE.server_unattended),
+        config=True,
+        help="Without a catalog: servers without user activity this long are stopped even while "
+        "their GPU is busy ('' off).",
     )
     max_age = Unicode(
         "",
@@ -129,12 +128,6 @@ class Culler(Application):
     remove_named_servers = Bool(
         False, config=True, help="Remove culled named servers instead of only stopping them."
     )
-    cull_busy_kernels = Bool(
-        False,
-        config=True,
-        help="Shut down GPU-idle kernels even while they execute code (as jupyter-server's "
-        "MappingKernelManager.cull_busy).",
-    )
     max_staleness = Float(
         300.0,
         config=True,
@@ -145,18 +138,34 @@ class Culler(Application):
     prometheus_url = Unicode(
         "", config=True, help="Prometheus with dcgm-exporter metrics; '' to not use Prometheus."
     )
+    report_url = Unicode(
+        config=True,
+        help="Where this culler listens for the GPU reports servers push (e.g. "
+        "http://0.0.0.0:10101); servers reach it at FracSpawner.culler_url. Default: "
+        "$JUPYTERHUB_SERVICE_URL (a hub-managed service with a url). '' = no reports: the "
+        "extension is then no GPU source.",
+    )
+    report_prefix = Unicode(
+        config=True,
+        help="URL prefix of the report endpoint ({prefix}api/reports). "
+        "Default: $JUPYTERHUB_SERVICE_PREFIX, else '/'.",
+    )
+    token_cache_seconds = Float(
+        300.0,
+        config=True,
+        help="How long the hub's answer about a server's token is reused (seconds).",
+    )
     server_url = Unicode(
         "",
         config=True,
-        help="Where servers are reached through the proxy (e.g. http://proxy-public); the "
-        "culler then reads each GPU server's /api/fracspawner/gpu, which kernel culling needs "
-        "(scope access:servers). '' to not use the extension.",
+        help="Removed: the culler no longer calls into user servers (they push reports to "
+        "report_url). Setting it stops the culler with a message saying so.",
     )
     utilization_metrics = Dict(
         {"DCGM_FI_DEV_GPU_UTIL": 1.0, "DCGM_FI_PROF_GR_ENGINE_ACTIVE": 100.0},
         config=True,
-        help="Utilisation metrics -> factor to percent. GPU_UTIL is not reported for MIG; "
-        "PROF_GR_ENGINE_ACTIVE (a 0-1 ratio) is.",
+        help="Utilisation metrics -> factor to percent. GPU_UTIL is 0 for MIG instances (not "
+        "read there); PROF_GR_ENGINE_ACTIVE (a 0-1 ratio) is reported for them.",
     )
     memory_metric = Unicode("DCGM_FI_DEV_FB_USED", config=True, help="GPU memory used (MiB).")
     pod_label = Unicode(
@@ -177,15 +186,17 @@ class Culler(Application):
         "", config=True, help='Extra label matchers for the dcgm series, e.g. job="dcgm".'
     )
     busy_threshold = Float(1.0, config=True, help="Utilisation (percent) that counts as busy.")
-    scrape_interval = Float(
-        30.0,
+    max_sample_gap = Float(
+        150.0,
         config=True,
-        help="dcgm-exporter's sample interval (seconds), used to tell gaps in the data.",
+        help="Seconds between two samples (by their own timestamps) beyond which a window has a "
+        "gap and is never idle. Above dcgm-exporter's interval: 15, 30 and 60 s all work.",
     )
-    min_coverage = Float(
-        0.8,
+    coverage_step = Float(
+        15.0,
         config=True,
-        help="Share of an idle window that samples must cover; less is a gap, never idle.",
+        help="Finest step (seconds) at which sample timestamps are checked for gaps; windows "
+        "longer than 240 steps use window/240.",
     )
     pod_name_template = Unicode(
         DEFAULT_TEMPLATE, config=True, help="KubeSpawner.pod_name_template of the hub."
@@ -208,6 +219,7 @@ class Culler(Application):
         "config": "Culler.config_file",
         "catalog": "Culler.catalog",
         "prometheus-url": "Culler.prometheus_url",
+        "report-url": "Culler.report_url",
         "server-url": "Culler.server_url",
         "metrics-port": "Culler.metrics_port",
         "metrics-ip": "Culler.metrics_ip",
@@ -216,10 +228,6 @@ class Culler(Application):
     }
     flags = {
         "dry-run": ({"Culler": {"dry_run": True}}, "Log what would be culled, cull nothing."),
-        "cull-busy-kernels": (
-            {"Culler": {"cull_busy_kernels": True}},
-            "Shut down GPU-idle kernels even while they execute code.",
-        ),
     }
 
     @default("url")
@@ -234,6 +242,14 @@ class Culler(Application):
     def _namespace(self) -> str:
         return os.environ.get("POD_NAMESPACE", "")
 
+    @default("report_url")
+    def _report_url(self) -> str:
+        return os.environ.get("JUPYTERHUB_SERVICE_URL", "")
+
+    @default("report_prefix")
+    def _report_prefix(self) -> str:
+        return os.environ.get("JUPYTERHUB_SERVICE_PREFIX", "/")
+
     _log_formatter_cls = LogFormatter
 
     @default("log_format")
@@ -242,8 +258,6 @@ class Culler(Application):
 
     @default("log_level")
     def _log_level(self) -> int:
-        import logging
-
         return logging.INFO
 
     # --- set-up -------------------------------------------------------------------------------
@@ -251,20 +265,41 @@ class Culler(Application):
         super().__init__(**kwargs)
         self.metrics = CullerMetrics()
         self._catalog = None
+        self.reports = ReportStore()
+        self._verifier: TokenVerifier | None = None
 
     def initialize(self, argv: list[str] | None = None) -> None:
         super().initialize(argv)
         if self.config_file:
             self.load_config_file(self.config_file)
+        if self.server_url:
+            raise SystemExit(
+                "fracspawner culler: --server-url was removed: the culler no longer calls into "
+                "user servers (it would hand them its token). Servers push their GPU reports to "
+                "the culler instead: set --report-url here and FracSpawner.culler_url in the "
+                "hub (docs/culler.md)."
+            )
         if self.catalog:
             self._catalog = load_catalog(self.catalog)
+
+    @property
+    def reports_enabled(self) -> bool:
+        return bool(self.report_url)
 
     def policy_for(self, facts: ServerFacts) -> PoolPolicy:
         """The server's pool and its idle policy: the catalog's, else this culler's traits."""
         if self._catalog is not None:
             return policy_for_server(self._catalog, facts.pool, facts.gpu_slice)
-        limits = (self.kernel_gpu_idle, self.server_gpu_idle, self.server_idle, self.max_age)
-        return PoolPolicy(facts.pool or "", IdlePolicy(*map(parse_duration, limits)))
+        return PoolPolicy(
+            facts.pool or "",
+            IdlePolicy(
+                kernel_gpu_idle=None,  # kernels are the servers' own business (serverext)
+                server_gpu_idle=parse_duration(self.server_gpu_idle),
+                server_idle=parse_duration(self.server_idle),
+                max_age=parse_duration(self.max_age),
+                server_unattended=parse_duration(self.server_unattended),
+            ),
+        )
 
     def rules(self) -> Rules:
         return Rules(
@@ -273,7 +308,6 @@ class Culler(Application):
             exempt_groups=frozenset(self.exempt_groups),
             cull_default_servers=self.cull_default_servers,
             cull_named_servers=self.cull_named_servers,
-            cull_busy_kernels=self.cull_busy_kernels,
         )
 
     def dcgm(self) -> DcgmConfig:
@@ -285,8 +319,8 @@ class Culler(Application):
             namespace=self.namespace or None,
             extra_selector=self.extra_selector,
             busy_threshold=self.busy_threshold,
-            scrape_interval=self.scrape_interval,
-            min_coverage=self.min_coverage,
+            max_gap=self.max_sample_gap,
+            min_step=self.coverage_step,
         )
 
     def pod_of(self, server: HubServer) -> str:
@@ -294,9 +328,52 @@ class Culler(Application):
             server.facts.user, server.facts.name, self.pod_name_template, self.slug_scheme
         )
 
+    def pool_label(self, pool: object) -> str:
+        """A metrics label from a report's pool: only the catalog's names (no user text)."""
+        if self._catalog is not None and isinstance(pool, str) and pool in self._catalog.pools:
+            return pool
+        return ""
+
+    # --- reports ------------------------------------------------------------------------------
+    def on_report(self, who: Identity, culled: list[CulledKernel]) -> None:
+        """A server's report was taken: count the kernels it says it shut down."""
+        entry = self.reports.for_server(ServerFacts(user=who.user, name=who.server))
+        pool = self.pool_label(entry.pool if entry is not None else "")
+        for kernel in culled:
+            self.log.info(
+                "%s shut down its idle kernel %s (%.0f MiB of GPU memory)",
+                who.log_name,
+                kernel.id,
+                kernel.gpu_memory_mib,
+            )
+            self.metrics.culls.labels("kernel_gpu_idle", pool).inc()
+            self.metrics.reclaimed.labels(pool).inc(kernel.gpu_memory_mib)
+
+    def start_receiver(self) -> HTTPServer | None:
+        """Listen for reports at report_url (in the running event loop); None when off."""
+        if not self.reports_enabled:
+            return None
+        where = urlparse(
+            self.report_url if "://" in self.report_url else "http://" + self.report_url
+        )
+        self._verifier = TokenVerifier(
+            self.url, ttl=self.token_cache_seconds, timeout=self.request_timeout
+        )
+        app = receiver_app(self.report_prefix, self._verifier, self.reports, self.on_report)
+        server = HTTPServer(app, max_body_size=MAX_BODY * 2)
+        server.listen(where.port or 80, where.hostname or "")
+        self.log.info(
+            "GPU reports taken at %s://%s:%s%sapi/reports",
+            where.scheme,
+            where.hostname,
+            where.port or 80,
+            "/" + self.report_prefix.strip("/") + "/" if self.report_prefix.strip("/") else "/",
+        )
+        return server
+
     # --- GPU facts ----------------------------------------------------------------------------
     async def prometheus_facts(
-        self, hub: HubClient, servers: list[HubServer]
+        self, hub: HubClient, servers: list[HubServer], at: float | None
     ) -> dict[str, GpuFacts] | None:
         """pod name -> facts, for every pod in one query; None when Prometheus is down."""
         windows: set[int] = set()
@@ -315,6 +392,7 @@ class Culler(Application):
                 self.prometheus_url,
                 build_query(cfg, sorted(windows)),
                 timeout=self.request_timeout,
+                at=at,
             )
         except PrometheusError as exc:
             self.log.warning(
@@ -326,40 +404,38 @@ class Culler(Application):
             pod: facts for (_ns, pod), facts in parse_result(result, cfg, sorted(windows)).items()
         }
 
-    async def extension_report(self, hub: HubClient, server: HubServer) -> ExtensionReport | None:
-        url = server.url if "://" in server.url else self.server_url.rstrip("/") + server.url
-        try:
-            report = await fetch_report(hub.fetch, url, timeout=self.request_timeout)
-        except (HTTPClientError, OSError, ValueError) as exc:
-            self.log.warning(
-                "GPU source extension failed for %s (%s): not culled on GPU grounds this cycle",
-                server.facts.log_name,
-                exc,
-            )
-            return None
-        parsed = parse_report(report)
-        if parsed.server is None:
-            self.log.debug("%s: no GPU reading (%s)", server.facts.log_name, parsed.reason)
-        return parsed
+    def gather(
+        self, server: HubServer, prom: dict[str, GpuFacts] | None, now: float
+    ) -> tuple[ServerFacts, dict[str, GpuFacts | None]]:
+        """The server's facts with its own report's activity, and each source's reading.
 
-    @staticmethod
-    def merge(a: GpuFacts | None, b: GpuFacts | None) -> GpuFacts | None:
-        """Two sources' facts on one server: the more cautious reading of each field."""
-        if a is None or b is None:
-            return a or b
-        # the shorter idle time wins, with the coverage that goes with it
-        short = min((a, b), key=lambda f: (f.idle_for, -(f.covered_for or float("inf"))))
-        return GpuFacts(
-            source=f"{a.source}+{b.source}",
-            observed_at=min(a.observed_at, b.observed_at),
-            memory_mib=max(a.memory_mib, b.memory_mib),
-            idle_for=short.idle_for,
-            server_last_activity=b.server_last_activity or a.server_last_activity,
-            covered_for=short.covered_for,
-        )
+        A source that is configured but has nothing fresh for a server holding a GPU slice is
+        recorded as failed (None): a pod missing from Prometheus's answer, no report or a stale
+        one. A report marked unavailable still gives the server's own activity."""
+        facts = server.facts
+        holds = facts.gpu_slice is not None
+        sources: dict[str, GpuFacts | None] = {}
+        if self.prometheus_url:
+            found = None if prom is None else prom.get(self.pod_of(server))
+            if found is not None or holds:
+                sources["prometheus"] = found
+        if self.reports_enabled:
+            report = self.reports.for_server(facts)
+            if report is not None and now - report.received_at <= self.max_staleness:
+                facts = replace(
+                    facts,
+                    own_last_activity=report.server_last_activity,
+                    user_last_activity=report.user_last_activity,
+                )
+                if report.gpu is not None or holds:
+                    sources["extension"] = report.gpu
+            elif holds:
+                sources["extension"] = None
+        return facts, sources
 
     # --- one cycle ----------------------------------------------------------------------------
     async def cull_once(self, now: float | None = None) -> CycleResult:
+        """One cycle. `now` (unix seconds) replays a moment: Prometheus is asked about it too."""
         started = time.perf_counter()
         hub = HubClient(
             self.url,
@@ -378,52 +454,33 @@ class Culler(Application):
         self.metrics.servers.set(result.servers)
         return result
 
-    async def _cycle(self, hub: HubClient, now: float | None) -> CycleResult:
+    async def _cycle(self, hub: HubClient, at: float | None) -> CycleResult:
         servers = await hub.ready_servers()
-        now = time.time() if now is None else now
-        sources: dict[str, bool] = {}
+        now = time.time() if at is None else at
+        self.reports.prune(now - 4 * self.max_staleness)
+        sources_up: dict[str, bool] = {}
         prom: dict[str, GpuFacts] | None = {}
         if self.prometheus_url:
-            prom = await self.prometheus_facts(hub, servers)
-            sources["prometheus"] = prom is not None
+            prom = await self.prometheus_facts(hub, servers, at)
+            sources_up["prometheus"] = prom is not None
             self.metrics.source_up.labels("prometheus").set(int(prom is not None))
-        reports: dict[int, ExtensionReport | None] = {}
-        if self.server_url:
-            # only servers with a GPU slice: kernel culling is about GPU memory
-            gpu_servers = [i for i, s in enumerate(servers) if s.facts.gpu_slice]
-            got = await asyncio.gather(
-                *(self.extension_report(hub, servers[i]) for i in gpu_servers)
-            )
-            reports = dict(zip(gpu_servers, got, strict=True))
-            sources["extension"] = all(r is not None for r in got) if got else True
-
         rules = self.rules()
         outcomes = []
-        for i, server in enumerate(servers):
-            gpu = prom.get(self.pod_of(server)) if prom else None
-            report = reports.get(i)
-            gpu = self.merge(gpu, report.server if report else None)
-            # A configured source that failed leaves the GPU reading incomplete: the other one
-            # may miss what it would have seen (an extension cannot map host PIDs on old
-            # drivers; dcgm-exporter cannot split a time-sliced GPU), so no GPU cull this cycle.
-            failed = (self.prometheus_url and prom is None) or (i in reports and reports[i] is None)
-            pool, policy = self.policy_for(server.facts).astuple()
-            decision = decide_server(server.facts, None if failed else gpu, policy, now, rules)
-            outcome = Outcome(server, decision, gpu, pool=pool)
-            if not outcome.decision.cull and report is not None:
-                # stale extension data: its kernel facts are stale too
-                fresh = report.server is not None and (
-                    now - report.server.observed_at <= rules.max_staleness
-                )
-                outcome.kernels = [
-                    (k, decide_kernel(k, policy, now, rules)) for k in report.kernels if fresh
-                ]
-            outcomes.append(outcome)
+        missing_reports = 0
+        for server in servers:
+            facts, sources = self.gather(server, prom, now)
+            missing_reports += "extension" in sources and sources["extension"] is None
+            reading: Reading = combine(sources, now, rules)
+            pool, policy = self.policy_for(facts).astuple()
+            decision = decide_server(facts, reading, policy, now, rules)
+            outcomes.append(Outcome(server, decision, reading.gpu, pool=pool))
+        if self.reports_enabled:  # up: every GPU server's report came in time
+            sources_up["extension"] = missing_reports == 0
+            self.metrics.source_up.labels("extension").set(int(sources_up["extension"]))
+        await asyncio.gather(*(self._act(hub, o) for o in outcomes))
+        return CycleResult(len(servers), outcomes, hub.requests, 0.0, sources_up)
 
-        await asyncio.gather(*(self._act(hub, o, now) for o in outcomes))
-        return CycleResult(len(servers), outcomes, hub.requests, 0.0, sources)
-
-    async def _act(self, hub: HubClient, outcome: Outcome, now: float) -> None:
+    async def _act(self, hub: HubClient, outcome: Outcome) -> None:
         facts, d = outcome.server.facts, outcome.decision
         pool = outcome.pool
         prefix = "[dry run] would " if self.dry_run else ""
@@ -435,38 +492,20 @@ class Culler(Application):
             self.log.info("keep %s: %s", facts.log_name, d.message)
         else:
             self.log.debug("keep %s: %s (%s)", facts.log_name, d.message, d.reason)
-        if d.cull and not self.dry_run:
-            try:
-                code = await hub.stop_server(facts.user, facts.name, self.remove_named_servers)
-            except (HTTPClientError, OSError) as exc:
-                self.log.error("stopping %s failed: %s", facts.log_name, exc)
-                return
-            if code == 202:
-                self.log.warning("server %s is slow to stop", facts.log_name)
-            outcome.done = True
-            self.metrics.culls.labels(d.reason, pool).inc()
-            if outcome.gpu is not None:
-                self.metrics.reclaimed.labels(pool).inc(outcome.gpu.memory_mib)
-        url = outcome.server.url
-        if "://" not in url:
-            url = self.server_url.rstrip("/") + url
-        for kernel, kd in outcome.kernels:
-            kernel_id = kernel.id
-            if not kd.cull:
-                self.log.debug("keep kernel %s on %s: %s", kernel_id, facts.log_name, kd.message)
-                continue
-            self.log.info(
-                "%sshut down kernel %s on %s: %s", prefix, kernel_id, facts.log_name, kd.message
-            )
-            if self.dry_run:
-                continue
-            try:
-                await shutdown_kernel(hub.fetch, url, kernel_id)
-            except (HTTPClientError, OSError) as exc:
-                self.log.error("shutting kernel %s down failed: %s", kernel_id, exc)
-                continue
-            self.metrics.culls.labels(kd.reason, pool).inc()
-            self.metrics.reclaimed.labels(pool).inc(kernel.gpu_memory_mib)
+        if not d.cull or self.dry_run:
+            return
+        try:
+            code = await hub.stop_server(facts.user, facts.name, self.remove_named_servers)
+        except (HTTPClientError, OSError) as exc:
+            self.log.error("stopping %s failed: %s", facts.log_name, exc)
+            return
+        if code == 202:
+            self.log.warning("server %s is slow to stop", facts.log_name)
+        outcome.done = True
+        self.reports.forget(facts.user, facts.name)
+        self.metrics.culls.labels(d.reason, pool).inc()
+        if outcome.gpu is not None:
+            self.metrics.reclaimed.labels(pool).inc(outcome.gpu.memory_mib)
 
     # --- the service --------------------------------------------------------------------------
     def metrics_app(self) -> web.Application:
@@ -486,12 +525,16 @@ class Culler(Application):
             server = HTTPServer(self.metrics_app())
             server.listen(self.metrics_port, self.metrics_ip)
             self.log.info("metrics on http://%s:%s/metrics", self.metrics_ip, self.metrics_port)
+        self.start_receiver()
         self.log.info(
             "culling every %ss; GPU sources: %s%s",
             self.cull_every,
             ", ".join(
                 n
-                for n, on in (("prometheus", self.prometheus_url), ("extension", self.server_url))
+                for n, on in (
+                    ("prometheus", self.prometheus_url),
+                    ("extension reports", self.reports_enabled),
+                )
                 if on
             )
             or "none (plain idle timeouts only)",
@@ -501,10 +544,9 @@ class Culler(Application):
             try:
                 result = await self.cull_once()
                 self.log.info(
-                    "cycle: %d servers, %d stopped, %d kernels shut down, %d requests, %.2fs",
+                    "cycle: %d servers, %d stopped, %d requests, %.2fs",
                     result.servers,
                     sum(o.decision.cull for o in result.outcomes),
-                    sum(kd.cull for o in result.outcomes for _, kd in o.kernels),
                     result.requests,
                     result.duration,
                 )

@@ -1,22 +1,28 @@
-"""The culling decision: a pure function of facts, policy and the time. No I/O here.
+"""The culling decision: pure functions of facts, policy and the time. No I/O here.
 
-Everything the culler knows about a server arrives as plain data (`ServerFacts`, `GpuFacts`,
-`KernelFacts`); the policy is the catalog's `IdlePolicy` (any object with the four attributes).
-The rules, in order:
+Everything the culler knows about a server arrives as plain data: `ServerFacts` (the hub's
+view, plus what the server itself last reported about its activity) and one `GpuFacts` per
+configured GPU source, or None where that source failed for the server. `combine` folds the
+sources into one reading; `decide_server` applies the policy (the catalog's `IdlePolicy`, or
+any object with its attributes). The rules, in order:
 
 - servers that are not ready, exempt or excluded (default/named) are kept;
 - `max_age`: servers older than this are stopped, busy or not (as jupyterhub-idle-culler does);
-- GPU busy within the window that applies = active, whatever the message activity says;
-- a server holding a GPU (a slice in its user_options, or GPU memory in use) idle past
-  `server_gpu_idle` is stopped, but only on FRESH GPU data: with none (source down, no series,
-  stale), the server is never culled on GPU grounds and only `server_idle` applies;
-- any server idle past `server_idle` is stopped;
-- a kernel holding GPU memory whose GPU and messages were both idle past `kernel_gpu_idle` is
-  shut down (its server and the user's files stay); unknown GPU activity keeps it.
+- `server_unattended`: no user activity for this long stops a server even while its GPU is busy
+  (GPU work is not user activity: a neighbour's work or a forgotten job cannot hold it for ever);
+- a server holding a GPU whose GPU is known to have been idle for `server_gpu_idle`, and whose
+  activity is as old, is stopped; known means a source read it and no configured source failed:
+  a failed source, stale data, utilisation nobody can read or too short a history is never
+  idle, and then only the plain `server_idle` applies ("fail-safe");
+- any server idle past `server_idle` is stopped.
+
+Kernels are not decided here: a server shuts its own idle GPU kernels down (fracspawner.serverext),
+so the culler never calls into a user's server.
 """
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Literal, Protocol
 
@@ -28,6 +34,7 @@ class Policy(Protocol):
     server_gpu_idle: float | None
     server_idle: float | None
     max_age: float | None
+    server_unattended: float | None
 
 
 @dataclass(frozen=True)
@@ -40,6 +47,10 @@ class ServerFacts:
     ready: bool = True
     pending: str | None = None
     groups: tuple[str, ...] = ()
+    # what the server itself last reported (None: no report): its activity with GPU work
+    # counted, and its user's activity (everything jupyter-server counts, GPU work excepted)
+    own_last_activity: float | None = None
+    user_last_activity: float | None = None
 
     @property
     def pool(self) -> str | None:
@@ -55,37 +66,46 @@ class ServerFacts:
     def log_name(self) -> str:
         return f"{self.user}/{self.name}" if self.name else self.user
 
+    @property
+    def activity(self) -> float | None:
+        """The newest evidence of any activity: the hub's and the server's own."""
+        times = [t for t in (self.last_activity, self.own_last_activity) if t is not None]
+        return max(times) if times else self.started
+
+    @property
+    def user_activity(self) -> float | None:
+        """The newest user activity: the server's own word where it reported, else the hub's
+        (which, with the extension installed, may include GPU work: the lenient side)."""
+        if self.user_last_activity is not None:
+            return max(self.user_last_activity, self.started or self.user_last_activity)
+        return self.last_activity if self.last_activity is not None else self.started
+
 
 @dataclass(frozen=True)
 class GpuFacts:
-    """What GPU sources saw of one server, as of `observed_at` (unix seconds)."""
+    """What one GPU source (or several, combined) saw of one server, as of `observed_at`."""
 
     source: str  # "prometheus", "extension" or "prometheus+extension"
-    observed_at: float
+    observed_at: float  # unix seconds
     memory_mib: float  # GPU memory the server's processes hold
-    # seconds the GPU was seen continuously idle, ending at observed_at (0: busy just now).
-    # A lower bound: Prometheus can only say "idle over the whole window w", giving w.
-    idle_for: float
-    # the server's own last activity (from the extension), unaffected by the culler's requests
-    # through the proxy, which do refresh the hub's value
-    server_last_activity: float | None = None
-    # how far back the data reaches. idle_for < covered_for: busy was SEEN idle_for ago;
-    # idle_for == covered_for: no busy sample, but too little history to say more (a gap,
-    # a young series), which counts as missing data. None: unbounded.
+    # seconds the GPU was seen continuously idle, ending at observed_at (0: busy just now);
+    # None: the source answered but cannot tell (MIG through NVML, a process it cannot match)
+    idle_for: float | None
+    # how far back the data reaches. idle_for < covered_for: busy (or unknown) was SEEN
+    # idle_for ago; idle_for == covered_for: never seen busy, but too little history to say
+    # more (a gap, a young series), which counts as missing data. None: unbounded.
     covered_for: float | None = None
+    note: str = ""  # why activity is unknown, for the log
+
+    @property
+    def known(self) -> bool:
+        return self.idle_for is not None
 
     @property
     def busy_seen(self) -> bool:
-        return self.covered_for is None or self.idle_for < self.covered_for
-
-
-@dataclass(frozen=True)
-class KernelFacts:
-    id: str
-    last_activity: float | None  # last kernel message (jupyter-server's kernel.last_activity)
-    execution_state: str
-    gpu_memory_mib: float
-    gpu_idle_for: float | None  # None: utilisation unknown (MIG) or no reading
+        return self.covered_for is None or (
+            self.idle_for is not None and self.idle_for < self.covered_for
+        )
 
 
 @dataclass(frozen=True)
@@ -97,15 +117,14 @@ class Rules:
     exempt_groups: frozenset[str] = frozenset()
     cull_default_servers: bool = True
     cull_named_servers: bool = True
-    cull_busy_kernels: bool = False  # like jupyter-server's MappingKernelManager.cull_busy
 
 
 @dataclass(frozen=True)
 class Decision:
-    action: Literal["keep", "stop", "shutdown"]
+    action: Literal["keep", "stop"]
     reason: str  # short code, used as the metrics label
     message: str  # one sentence for the log
-    gpu_failsafe: bool = False  # GPU rules were skipped because GPU data was missing or stale
+    gpu_failsafe: bool = False  # GPU rules were skipped: GPU activity unknown or data missing
 
     @property
     def cull(self) -> bool:
@@ -119,13 +138,45 @@ def fmt(seconds: float | None) -> str:
     return f"{s // 3600:d}:{s % 3600 // 60:02d}:{s % 60:02d}"
 
 
-def gpu_fresh(gpu: GpuFacts | None, now: float, rules: Rules) -> bool:
-    return gpu is not None and now - gpu.observed_at <= rules.max_staleness
+@dataclass(frozen=True)
+class Reading:
+    """The combined GPU reading of a server: facts, or None with the reason it is missing."""
+
+    gpu: GpuFacts | None
+    missing: str = ""  # "" when gpu is set
+
+
+def combine(sources: Mapping[str, GpuFacts | None], now: float, rules: Rules = Rules()) -> Reading:
+    """Fold every configured source's reading of one server into one (pure).
+
+    A source that failed for the server (None) or whose data is stale makes the whole reading
+    missing: the other source may miss what it would have seen. A source that answered
+    "unknown" defers to one that knows; busy from any source wins (the shorter idle time);
+    memory is the larger reading.
+    """
+    if not sources:
+        return Reading(None, "no GPU source configured")
+    for name, facts in sources.items():
+        if facts is None:
+            return Reading(None, f"GPU source {name} has no data for it")
+        if now - facts.observed_at > rules.max_staleness:
+            return Reading(None, f"{name} data stale ({fmt(now - facts.observed_at)} old)")
+    readings = list(sources.values())
+    known = [f for f in readings if f.known]
+    name = "+".join(sources)
+    memory = max(f.memory_mib for f in readings)
+    observed = min(f.observed_at for f in readings)
+    if not known:
+        notes = "; ".join(f"{f.source}: {f.note}" for f in readings if f.note)
+        return Reading(GpuFacts(name, observed, memory, None, None, notes or "unknown"))
+    # the shorter idle time wins, with the coverage that goes with it
+    short = min(known, key=lambda f: (f.idle_for, -(f.covered_for or float("inf"))))
+    return Reading(GpuFacts(name, observed, memory, short.idle_for, short.covered_for))
 
 
 def decide_server(
     server: ServerFacts,
-    gpu: GpuFacts | None,
+    reading: Reading | GpuFacts | None,
     policy: Policy,
     now: float,
     rules: Rules = Rules(),
@@ -146,36 +197,42 @@ def decide_server(
     if policy.max_age and age is not None and age >= policy.max_age:
         return Decision("stop", "max_age", f"age {fmt(age)} >= max_age {fmt(policy.max_age)}")
 
-    fresh = gpu_fresh(gpu, now, rules)
-    last = server.last_activity
-    if fresh and gpu.server_last_activity is not None:
-        last = gpu.server_last_activity
-    if last is None:
-        last = server.started
-    idle = None if last is None else now - last
-    holds_gpu = server.gpu_slice is not None or (fresh and gpu.memory_mib > 0)
-
-    if holds_gpu and not fresh:
-        why = "missing" if gpu is None else f"stale ({fmt(now - gpu.observed_at)} old)"
-        return _plain_idle(
-            server,
-            idle,
-            policy,
-            note=f"GPU data {why}: not culled on GPU grounds, plain idle timeout only",
+    user_last = server.user_activity
+    unattended = getattr(policy, "server_unattended", None)
+    if unattended and user_last is not None and now - user_last >= unattended:
+        return Decision(
+            "stop",
+            "unattended",
+            f"no user activity for {fmt(now - user_last)} >= server_unattended "
+            f"{fmt(unattended)} (GPU work does not count)",
         )
 
-    if holds_gpu and policy.server_gpu_idle is not None:
-        window = policy.server_gpu_idle
-    else:
-        window = policy.server_idle
-    if holds_gpu and window is not None and gpu.idle_for < window:
+    if isinstance(reading, GpuFacts):  # one source's facts: checked for staleness like any
+        reading = combine({reading.source: reading}, now, rules)
+    elif reading is None:
+        reading = Reading(None, "GPU data missing")
+    gpu = reading.gpu
+    last = server.activity
+    idle = None if last is None else now - last
+    holds_gpu = server.gpu_slice is not None or (gpu is not None and gpu.memory_mib > 0)
+    if not holds_gpu:
+        return _plain_idle(idle, policy)
+
+    if gpu is None:
+        return _plain_idle(idle, policy, f"{reading.missing}: not culled on GPU grounds")
+    if not gpu.known:
+        return _plain_idle(
+            idle, policy, f"GPU activity unknown ({gpu.note}): not culled on GPU grounds"
+        )
+    assert gpu.idle_for is not None
+    window = policy.server_gpu_idle if policy.server_gpu_idle is not None else policy.server_idle
+    if window is not None and gpu.idle_for < window:
         if not gpu.busy_seen:
             return _plain_idle(
-                server,
                 idle,
                 policy,
-                note=f"GPU data covers only {fmt(gpu.covered_for)} of {fmt(window)}: not culled "
-                "on GPU grounds, plain idle timeout only",
+                f"GPU data covers only {fmt(gpu.covered_for)} of {fmt(window)}: not culled "
+                "on GPU grounds",
             )
         return Decision(
             "keep",
@@ -183,27 +240,25 @@ def decide_server(
             f"GPU busy within the last {fmt(window)} ({gpu.source}; "
             f"idle for {fmt(gpu.idle_for)}, {gpu.memory_mib:.0f} MiB)",
         )
-    if holds_gpu and policy.server_gpu_idle is not None:
-        if idle is not None and idle >= policy.server_gpu_idle:
-            return Decision(
-                "stop",
-                "gpu_idle",
-                f"holds a GPU ({server.gpu_slice or 'in use'}, {gpu.memory_mib:.0f} MiB) and idle "
-                f"for {fmt(idle)} >= server_gpu_idle {fmt(policy.server_gpu_idle)}; GPU idle for "
-                f">= {fmt(gpu.idle_for)} ({gpu.source})",
-            )
+    if policy.server_gpu_idle is None:
+        return _plain_idle(idle, policy)
+    if idle is not None and idle >= policy.server_gpu_idle:
         return Decision(
-            "keep",
-            "active",
-            f"holds a GPU, idle for {fmt(idle)} < server_gpu_idle {fmt(policy.server_gpu_idle)}",
+            "stop",
+            "gpu_idle",
+            f"holds a GPU ({server.gpu_slice or 'in use'}, {gpu.memory_mib:.0f} MiB) and idle "
+            f"for {fmt(idle)} >= server_gpu_idle {fmt(policy.server_gpu_idle)}; GPU idle for "
+            f">= {fmt(gpu.idle_for)} ({gpu.source})",
         )
-    return _plain_idle(server, idle, policy)
+    return Decision(
+        "keep",
+        "active",
+        f"holds a GPU, idle for {fmt(idle)} < server_gpu_idle {fmt(policy.server_gpu_idle)}",
+    )
 
 
-def _plain_idle(
-    server: ServerFacts, idle: float | None, policy: Policy, note: str = ""
-) -> Decision:
-    suffix = f"; {note}" if note else ""
+def _plain_idle(idle: float | None, policy: Policy, note: str = "") -> Decision:
+    suffix = f"; {note}, plain idle timeout only" if note else ""
     if policy.server_idle is not None and idle is not None and idle >= policy.server_idle:
         return Decision(
             "stop",
@@ -217,40 +272,4 @@ def _plain_idle(
         "active",
         f"idle for {fmt(idle)} < server_idle {limit}{suffix}",
         gpu_failsafe=bool(note),
-    )
-
-
-def decide_kernel(
-    kernel: KernelFacts,
-    policy: Policy,
-    now: float,
-    rules: Rules = Rules(),
-) -> Decision:
-    limit = policy.kernel_gpu_idle
-    if limit is None:
-        return Decision("keep", "disabled", "kernel_gpu_idle is off")
-    if kernel.gpu_memory_mib <= 0:
-        return Decision("keep", "no_gpu_memory", "holds no GPU memory")
-    if kernel.gpu_idle_for is None:
-        return Decision(
-            "keep",
-            "gpu_unknown",
-            "GPU activity unknown: not culled on GPU grounds",
-            gpu_failsafe=True,
-        )
-    if kernel.execution_state == "busy" and not rules.cull_busy_kernels:
-        return Decision("keep", "executing", "is executing code (cull_busy_kernels is off)")
-    if kernel.gpu_idle_for < limit:
-        return Decision(
-            "keep", "gpu_busy", f"GPU busy {fmt(kernel.gpu_idle_for)} ago (< {fmt(limit)})"
-        )
-    idle = None if kernel.last_activity is None else now - kernel.last_activity
-    if idle is not None and idle < limit:
-        return Decision("keep", "active", f"last message {fmt(idle)} ago (< {fmt(limit)})")
-    return Decision(
-        "shutdown",
-        "kernel_gpu_idle",
-        f"holds {kernel.gpu_memory_mib:.0f} MiB of GPU memory; GPU idle for "
-        f"{fmt(kernel.gpu_idle_for)} and no message for {fmt(idle)} "
-        f">= kernel_gpu_idle {fmt(limit)}",
     )

@@ -2,7 +2,8 @@
 
 Scopes (docs/culler.md): `list:users` + `read:users:activity` + `read:servers` to list ready
 servers with their last_activity and user_options; `delete:servers` to stop them;
-`read:users:groups` only when groups are exempt; `access:servers` to reach servers' own APIs.
+`read:users:groups` only when groups are exempt. Never `access:servers`: the culler does not
+call into user servers, and its token is only ever sent to the hub.
 """
 
 from __future__ import annotations
@@ -65,7 +66,7 @@ class HubClient:
         self.request_timeout = request_timeout
         self.semaphore = asyncio.Semaphore(max(concurrency, 1))
         self.http = AsyncHTTPClient(force_instance=True, max_clients=max(concurrency, 1))
-        self.requests = 0  # every HTTP request this client made (hub, servers, Prometheus)
+        self.requests = 0  # every HTTP request this client made (hub, Prometheus)
 
     def close(self) -> None:
         self.http.close()

@@ -11,10 +11,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from ..choice.options import offer_for
-from ..model.catalog import Catalog, IdlePolicy
+from ..model.catalog import IDLE_KEYS, Catalog, IdlePolicy
 from ..model.slices import SliceError, parse_slice
 
-FIELDS = ("kernel_gpu_idle", "server_gpu_idle", "server_idle", "max_age")
+FIELDS = IDLE_KEYS
 
 
 @dataclass(frozen=True)

@@ -2,14 +2,27 @@
 
 The query joins several parts with `or`, each tagged by a `fracspawner_part` label through
 `label_replace`: current GPU memory per pod, the newest sample's time (for staleness), and per
-idle window w the maximum utilisation over w and the number of samples in w (for gaps).
-A pod is idle over w only when its utilisation stayed under the threshold for the whole window
-AND the samples cover the window: a gap (exporter or Prometheus down) never reads as idle.
+idle window w the maximum utilisation over w plus how well real samples cover w.
+
+Coverage is measured from the samples' own timestamps, not from an assumed scrape interval
+(dcgm-exporter collects every 30 s by default; 15 s and 60 s scrapes are common): a subquery
+steps through the window (w/240, at least `min_step`) and at each step takes the age of the
+newest sample, `time() - timestamp(metric)`. The window is covered when every step has a sample
+within Prometheus's lookback (5 min) and the largest age stays under `max_gap`. A pod is idle
+over w only when its utilisation stayed under the threshold AND the window is covered: a gap
+(exporter or Prometheus down, a young series) is never idle.
+
+A pod that holds memory but has no utilisation series (MIG without
+DCGM_FI_PROF_GR_ENGINE_ACTIVE: dcgm-exporter reports DCGM_FI_DEV_GPU_UTIL as 0 for MIG
+instances, NVIDIA/dcgm-exporter#216, so that metric is not read for them) is "unknown". A GPU pod
+missing from the answer altogether is a failed source for that pod; the caller decides that,
+knowing which pods should be there.
 """
 
 from __future__ import annotations
 
 import json
+import math
 from collections import defaultdict
 from dataclasses import dataclass, field
 from urllib.parse import urlencode
@@ -19,30 +32,36 @@ from tornado.httpclient import AsyncHTTPClient, HTTPRequest
 from .decide import GpuFacts
 
 PART = "fracspawner_part"
+STEPS = 240  # subquery steps per window: the resolution of gap detection
 
 
 @dataclass(frozen=True)
 class DcgmConfig:
-    # utilisation metric -> factor to percent. DCGM_FI_DEV_GPU_UTIL is not reported for MIG
-    # instances; DCGM_FI_PROF_GR_ENGINE_ACTIVE (a 0-1 ratio) is, so both are read by default.
+    # utilisation metric -> factor to percent. DCGM_FI_DEV_GPU_UTIL is 0 for MIG instances;
+    # DCGM_FI_PROF_GR_ENGINE_ACTIVE (a 0-1 ratio) is reported for them, so both are read.
     utilization_metrics: dict[str, float] = field(
         default_factory=lambda: {
             "DCGM_FI_DEV_GPU_UTIL": 1.0,
             "DCGM_FI_PROF_GR_ENGINE_ACTIVE": 100.0,
         }
     )
+    # metrics that mean nothing on a MIG instance: read only from series without `mig_label`
+    whole_gpu_metrics: tuple[str, ...] = ("DCGM_FI_DEV_GPU_UTIL",)
+    mig_label: str = "GPU_I_ID"  # set by dcgm-exporter on MIG instances' series
     memory_metric: str = "DCGM_FI_DEV_FB_USED"  # MiB
     pod_label: str = "pod"  # "exported_pod" behind a ServiceMonitor with honorLabels: false
     namespace_label: str = "namespace"  # "exported_namespace" likewise
     namespace: str | None = None  # only this namespace's pods; None: all
     extra_selector: str = ""  # e.g. 'job="dcgm-exporter"'
     busy_threshold: float = 1.0  # percent
-    scrape_interval: float = 30.0  # seconds; dcgm-exporter's default collection interval
-    min_coverage: float = 0.8  # share of a window the samples must cover to call it idle
+    max_gap: float = 150.0  # seconds between samples that still count as covered
+    min_step: float = 15.0  # seconds: the finest subquery step
 
 
 def _selector(cfg: DcgmConfig, metric: str) -> str:
     matchers = [f'{cfg.pod_label}!=""']
+    if metric in cfg.whole_gpu_metrics:
+        matchers.append(f'{cfg.mig_label}=""')
     if cfg.namespace:
         matchers.append(f'{cfg.namespace_label}="{cfg.namespace}"')
     if cfg.extra_selector:
@@ -54,6 +73,14 @@ def _tag(expr: str, part: str) -> str:
     return f'label_replace({expr}, "{PART}", "{part}", "", "")'
 
 
+def step_for(cfg: DcgmConfig, window: int) -> float:
+    return max(cfg.min_step, window / STEPS)
+
+
+def _duration(seconds: float) -> str:
+    return f"{max(1, math.ceil(seconds * 1000))}ms"
+
+
 def build_query(cfg: DcgmConfig, windows: list[int]) -> str:
     by = f"by ({cfg.namespace_label}, {cfg.pod_label})"
     parts = [_tag(f"sum {by} ({_selector(cfg, cfg.memory_metric)})", "mem")]
@@ -61,15 +88,29 @@ def build_query(cfg: DcgmConfig, windows: list[int]) -> str:
         sel = _selector(cfg, metric)
         parts.append(_tag(f"max {by} (timestamp({sel}))", f"seen:{i}"))
         for w in sorted(set(windows)):
-            parts.append(_tag(f"max {by} (max_over_time({sel}[{w}s]))", f"max:{w}:{i}"))
-            parts.append(_tag(f"max {by} (count_over_time({sel}[{w}s]))", f"count:{w}:{i}"))
+            rng = f"[{w}s:{_duration(step_for(cfg, w))}]"
+            parts += [
+                _tag(f"max {by} (max_over_time({sel}[{w}s]))", f"max:{w}:{i}"),
+                # the oldest the newest sample got at any step: the largest gap, measured
+                _tag(f"max {by} (max_over_time((time() - timestamp({sel})){rng}))", f"gap:{w}:{i}"),
+                # steps that found a sample at all (none within the lookback: a long gap)
+                _tag(f"min {by} (count_over_time(timestamp({sel}){rng}))", f"steps:{w}:{i}"),
+            ]
     return " or ".join(parts)
+
+
+def covered(cfg: DcgmConfig, window: int, gap: float | None, steps: float | None) -> bool:
+    """Whether samples cover the window: a sample at every step, none too far apart."""
+    if gap is None or steps is None:
+        return False
+    expected = math.floor(window / step_for(cfg, window))
+    return steps >= expected and gap <= cfg.max_gap
 
 
 def parse_result(
     result: list[dict], cfg: DcgmConfig, windows: list[int]
 ) -> dict[tuple[str, str], GpuFacts]:
-    """(namespace, pod) -> GpuFacts from the vector the query returned."""
+    """(namespace, pod) -> GpuFacts for every pod in the vector the query returned."""
     metrics = list(cfg.utilization_metrics.values())
     rows: dict[tuple[str, str], dict[str, float]] = defaultdict(dict)
     for series in result:
@@ -79,7 +120,14 @@ def parse_result(
     facts = {}
     for key, parts in rows.items():
         seen = [parts[f"seen:{i}"] for i in range(len(metrics)) if f"seen:{i}" in parts]
-        if not seen:  # memory but no utilisation: activity unknown, so no facts at all
+        if not seen:  # memory but no utilisation series: the pod is there, its activity unknown
+            facts[key] = GpuFacts(
+                source="prometheus",
+                observed_at=float(result[0]["value"][0]) if result else 0.0,
+                memory_mib=parts.get("mem", 0.0),
+                idle_for=None,
+                note="no utilisation series (MIG without DCGM_FI_PROF_GR_ENGINE_ACTIVE?)",
+            )
             continue
         idle_for, covered_for = 0.0, None
         for w in sorted(set(windows)):
@@ -88,12 +136,15 @@ def parse_result(
                 for i, scale in enumerate(metrics)
                 if f"max:{w}:{i}" in parts
             ]
-            counts = [parts.get(f"count:{w}:{i}", 0.0) for i in range(len(metrics))]
-            covered = max(counts, default=0.0) * cfg.scrape_interval >= cfg.min_coverage * w
+            # the best-covered metric decides coverage (one of them may be off for MIG)
+            ok = any(
+                covered(cfg, w, parts.get(f"gap:{w}:{i}"), parts.get(f"steps:{w}:{i}"))
+                for i in range(len(metrics))
+            )
             if peaks and max(peaks) >= cfg.busy_threshold:
                 covered_for = float(w)  # busy seen within w
                 break
-            if not covered:  # a gap within w: no more is known
+            if not ok:  # a gap within w: no more is known
                 covered_for = idle_for
                 break
             idle_for = float(w)  # every longer window holds the same busy sample or gap
@@ -114,13 +165,22 @@ class PrometheusError(Exception):
 
 
 async def query(
-    client: AsyncHTTPClient, base_url: str, promql: str, timeout: float = 30.0
+    client: AsyncHTTPClient,
+    base_url: str,
+    promql: str,
+    timeout: float = 30.0,
+    at: float | None = None,
 ) -> list[dict]:
-    """POST /api/v1/query (the form body carries long queries); returns the result vector."""
+    """POST /api/v1/query (the form body carries long queries); returns the result vector.
+
+    `at` evaluates at that unix time instead of Prometheus's now (replays, benchmarks)."""
+    form = {"query": promql}
+    if at is not None:
+        form["time"] = f"{at:.3f}"
     req = HTTPRequest(
         base_url.rstrip("/") + "/api/v1/query",
         method="POST",
-        body=urlencode({"query": promql}),
+        body=urlencode(form),
         headers={"Content-Type": "application/x-www-form-urlencoded"},
         request_timeout=timeout,
     )

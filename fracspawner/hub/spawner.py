@@ -36,6 +36,7 @@ from ..choice.admission import (
     pod_uid,
     user_usage,
 )
+from ..choice.notebook_env import notebook_env
 from ..choice.offers import build_offer_model
 from ..choice.options import OPTION_KEYS, Choice, OptionsError, describe_offer, resolve_choice
 from ..model.catalog import AccessRule, Catalog, CatalogError
@@ -94,6 +95,17 @@ class FracSpawner(KubeSpawner):
         True,
         config=True,
         help="""Whether JupyterHub admins may take any pool and ignore quotas.""",
+    )
+    culler_url = Unicode(
+        "",
+        config=True,
+        help="""The fracspawner culler's URL as GPU notebooks reach it.
+
+        e.g. http://hub:10101/services/fracspawner-culler/ (a hub-managed culler service) or
+        http://fracspawner-culler:10101/. Put in each GPU pod's FRACSPAWNER_CULLER_URL: the
+        notebook extension pushes its GPU report there with the server's own token (the
+        culler never calls into servers). Empty: servers report to no one.
+        """,
     )
     live_capacity = Bool(
         True,
@@ -441,8 +453,12 @@ class FracSpawner(KubeSpawner):
         dropped = sorted(k for k in self.environment if is_reserved_env(k))
         if dropped:
             self.log.warning("Dropped reserved GPU env from config: %s", ", ".join(dropped))
-        self.environment = safe_env(self.environment, plan)
-        self.extra_container_config = _container_config(self.extra_container_config, plan.env)
+        # the slice and the idle policy for the server's own kernel culling and the meter
+        notebook = notebook_env(choice, self.fracspawner_catalog, self.culler_url)
+        self.environment = {**safe_env(self.environment, plan), **notebook}
+        self.extra_container_config = _container_config(
+            self.extra_container_config, {**plan.env, **notebook}
+        )
         if plan.limits:
             self.extra_resource_limits = {**self.extra_resource_limits, **plan.limits}
         if plan.requests:

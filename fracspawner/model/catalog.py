@@ -34,12 +34,29 @@ SCHEMA_PATH = Path(__file__).with_name("catalog.schema.json")
 # --------------------------------------------------------------------------- data
 @dataclass(frozen=True)
 class IdlePolicy:
-    """Idle limits in seconds; None turns a check off."""
+    """Idle limits in seconds; None turns a check off (docs/catalog.md, docs/culler.md)."""
 
     kernel_gpu_idle: float | None = None
     server_gpu_idle: float | None = None
     server_idle: float | None = None
     max_age: float | None = None
+    # no user activity (GPU work does not count) for this long stops a server even while its
+    # GPU is busy: a neighbour's work on a shared GPU or a forgotten job cannot hold it for ever
+    server_unattended: float | None = None
+
+
+IDLE_KEYS = ("kernel_gpu_idle", "server_gpu_idle", "server_idle", "max_age", "server_unattended")
+
+#: What a catalog without an `idle` section (or a key left out of it) gets: never "never cull".
+#: server_gpu_idle is z2jh's culler timeout (1 h): holding a slice idle longer is worse than the
+#: baseline; a kernel holding GPU memory goes after 30 min without GPU work, messages or the user.
+DEFAULT_IDLE = IdlePolicy(
+    kernel_gpu_idle=30 * 60.0,
+    server_gpu_idle=3600.0,
+    server_idle=8 * 3600.0,
+    max_age=None,
+    server_unattended=24 * 3600.0,
+)
 
 
 @dataclass(frozen=True)
@@ -243,7 +260,7 @@ def _schema_check(data: Any) -> None:
 
 def _idle(raw: Mapping[str, Any] | None, base: IdlePolicy, where: str) -> IdlePolicy:
     values = {}
-    for key in ("kernel_gpu_idle", "server_gpu_idle", "server_idle", "max_age"):
+    for key in IDLE_KEYS:
         if raw is not None and key in raw:
             try:
                 values[key] = parse_duration(raw[key])
@@ -362,7 +379,7 @@ def build_catalog(data: Any, check_pool: PoolCheck | None = None) -> Catalog:
     """Validate a catalog dict (schema, then semantics) and build the Catalog."""
     _schema_check(data)
     step = data.get("fraction_step", 8)
-    idle = _idle(data.get("idle"), IdlePolicy(), "idle")
+    idle = _idle(data.get("idle"), DEFAULT_IDLE, "idle")
 
     pools = {name: _pool(name, raw, step, idle, check_pool) for name, raw in data["pools"].items()}
 

@@ -9,10 +9,12 @@ from __future__ import annotations
 
 from typing import Any
 
+from .activity import user_activity
 from .handlers import GpuHandler
 from .monitor import SETTINGS_KEY, GpuMonitor
+from .reporter import GpuReporter
 
-__all__ = ["GpuMonitor", "GpuHandler", "SETTINGS_KEY", "PAGE_CONFIG_KEY"]
+__all__ = ["GpuMonitor", "GpuHandler", "GpuReporter", "SETTINGS_KEY", "PAGE_CONFIG_KEY"]
 
 PAGE_CONFIG_KEY = "fracspawnerGpuUrl"  # read by the JupyterLab GPU meter (labextension/)
 
@@ -30,10 +32,23 @@ def _load_jupyter_server_extension(serverapp: Any) -> None:
     # JupyterLab copies page_config_data into the page: the GPU meter asks for the report only
     # where this says the extension is there (no 404 in the browser console elsewhere)
     web_app.settings.setdefault("page_config_data", {})[PAGE_CONFIG_KEY] = "api/fracspawner/gpu"
-    # the task ends with the server's event loop: module extensions get no unload hook
+    # the report the culler gets is pushed from here, with this server's own token: the culler
+    # never calls into the server (docs/culler.md, "Trust")
+    reporter = GpuReporter(
+        parent=serverapp,
+        log=serverapp.log,
+        report=lambda: monitor.report(
+            server_last_activity=web_app.last_activity(),
+            user_last_activity=user_activity(web_app.settings),
+        ),
+    )
+    web_app.settings["fracspawner_gpu_reporter"] = reporter
+    # the tasks end with the server's event loop: module extensions get no unload hook
     serverapp.io_loop.add_callback(monitor.start)
+    serverapp.io_loop.add_callback(reporter.start)
     serverapp.log.info(
-        "fracspawner: GPU monitor loaded (source %s, every %ss)",
+        "fracspawner: GPU monitor loaded (source %s, every %ss; reports to the culler: %s)",
         monitor.source.name if monitor.source else "none",
         monitor.poll_interval,
+        reporter.endpoint if reporter.enabled else "off",
     )

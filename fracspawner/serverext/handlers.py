@@ -8,6 +8,8 @@ from jupyter_server.auth.decorator import authorized
 from jupyter_server.base.handlers import APIHandler
 from tornado import web
 
+from .activity import user_activity
+
 
 class GpuHandler(APIHandler):
     # Reading per-kernel GPU use is reading kernel state: the same permission as GET /api/kernels.
@@ -22,4 +24,7 @@ class GpuHandler(APIHandler):
         monitor = self.settings["fracspawner_gpu_monitor"]
         # ServerWebApplication.last_activity(): kernels, API, terminals and every *_last_activity
         last_activity = self.application.last_activity()
-        self.finish(json.dumps(monitor.report(server_last_activity=last_activity)))
+        report = monitor.report(
+            server_last_activity=last_activity, user_last_activity=user_activity(self.settings)
+        )
+        self.finish(json.dumps(report))

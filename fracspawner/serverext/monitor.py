@@ -4,6 +4,13 @@ While any of this server's GPU processes is busy the monitor writes
 `settings["fracspawner_gpu_last_activity"]`: jupyter-server's `ServerApp.last_activity()` takes
 the max of every settings key ending in `_last_activity`, so the server's own activity, what it
 reports to JupyterHub, and any culler reading either, count GPU work as activity.
+
+Unknown is never idle: a reading the monitor cannot place (utilisation NVML cannot give on MIG,
+the device's utilisation standing in for a process's, GPU work by a process it cannot match, a
+busy device listing no process) makes the GPU activity "unknown": not activity (it could be a
+neighbour's), not idle either, and an idle clock starts only after it ends. The monitor also
+shuts this server's idle GPU kernels down itself (`cull_idle_kernels`), by the policy
+FracSpawner put in the environment: no one outside the server calls into it to do so.
 """
 
 from __future__ import annotations
@@ -12,15 +19,17 @@ import asyncio
 import os
 from dataclasses import dataclass
 from datetime import datetime, timezone
-from pathlib import Path
 from typing import Any
 
-from traitlets import Float, Integer, Unicode, default
+from traitlets import Bool, Float, Integer, Unicode, default
 from traitlets.config import LoggingConfigurable
 
+from .activity import user_activity
+from .attribution import attribute, has_own_pid_namespace
 from .podinfo import Deadline, PodInfo, kernel_deadline, server_deadline
-from .procmap import owner_of
 from .sources import GpuSample, GpuSource, GpuUnavailable, make_source
+
+__all__ = ["GpuMonitor", "SETTINGS_KEY", "attribute", "utcnow", "isoformat"]
 
 SETTINGS_KEY = "fracspawner_gpu_last_activity"
 
@@ -38,34 +47,9 @@ class KernelGpu:
     memory_mib: float = 0.0
     utilization: float | None = 0.0
     last_gpu_activity: datetime | None = None
-
-
-def attribute(
-    sample: GpuSample,
-    kernel_ids: set[str],
-    server_pid: int,
-    proc: Path = Path("/proc"),
-) -> list[tuple[str | None, Any]]:
-    """(kernel id or None, process) for each of the server's processes in the sample.
-
-    A process is the server's when its kernel is one of the server's kernels or when the server
-    process is among its ancestors (a terminal's python, a kernel's child). Others' processes on
-    a shared GPU are left out: they must not keep this server alive.
-    """
-    owned = []
-    for p in sample.processes:
-        if p.kernel_id is not None:  # simulated by kernel id
-            if p.kernel_id in kernel_ids:
-                owned.append((p.kernel_id, p))
-            continue
-        if p.pid is None:
-            continue
-        owner = owner_of(p.pid, proc)
-        if owner.kernel_id in kernel_ids:
-            owned.append((owner.kernel_id, p))
-        elif server_pid in owner.ancestors:
-            owned.append((None, p))
-    return owned
+    exact: bool = True  # False: the device's utilisation stands in for the kernel's
+    last_not_idle: datetime | None = None  # last reading busy or unknown: the idle clock's start
+    known: bool = True
 
 
 class GpuMonitor(LoggingConfigurable):
@@ -96,6 +80,30 @@ class GpuMonitor(LoggingConfigurable):
         "Default: $FRACSPAWNER_GPU_MEMORY_MIB (set by FracSpawner), else unknown.",
     )
 
+    own_pid_namespace = Bool(
+        config=True,
+        help="Whether the server has a PID namespace of its own (a container): every process it "
+        "sees is then the pod's and counts as the server's, a job re-parented to PID 1 "
+        "included. Otherwise only its descendants do. Default: detected from /proc/self/ns/pid.",
+    )
+    unlisted_memory_mib = Float(
+        256.0,
+        config=True,
+        help="A device using more memory than this (MiB) while listing no process, with its "
+        "utilisation unreadable (MIG), reads as GPU activity unknown, not idle.",
+    )
+    cull_kernels = Bool(
+        True,
+        config=True,
+        help="Shut down this server's kernels that hold GPU memory and have been idle (GPU, "
+        "messages and user) for kernel_gpu_idle ($FRACSPAWNER_KERNEL_GPU_IDLE_SECONDS, set by "
+        "FracSpawner from the catalog). Nothing is shut down without that policy.",
+    )
+
+    @default("own_pid_namespace")
+    def _default_own_pid_namespace(self) -> bool:
+        return has_own_pid_namespace()
+
     @default("source_spec")
     def _default_source(self) -> str:
         return os.environ.get("FRACSPAWNER_GPU_SOURCE", "nvml")
@@ -116,7 +124,12 @@ class GpuMonitor(LoggingConfigurable):
         self.sampled_at: datetime | None = None
         self.kernels: dict[str, KernelGpu] = {}
         self.processes: list[tuple[str | None, Any]] = []
+        self.unmatched: list[Any] = []
         self.last_gpu_activity: datetime | None = None
+        self.gpu_state = "idle"  # the latest reading: "busy" | "idle" | "unknown"
+        self.unknown_reasons: list[str] = []
+        self.last_not_idle: datetime | None = None  # last reading busy or unknown
+        self.culled: list[dict] = []  # kernels this server shut down (newest last, bounded)
         self._task: asyncio.Task | None = None
         # the slice and the culler's idle policy, as FracSpawner put them in the environment
         self.pod = PodInfo.from_environ(os.environ, memory_mib=self.memory_entitlement_mib)
@@ -148,6 +161,7 @@ class GpuMonitor(LoggingConfigurable):
             delay = self.poll_interval
             try:
                 await self.poll_once()
+                await self.cull_idle_kernels()
             except Exception:  # one bad reading must not end monitoring for the server's life
                 self.log.exception("fracspawner: GPU reading failed")
             if self.reason is not None:
@@ -164,28 +178,55 @@ class GpuMonitor(LoggingConfigurable):
         kernel_ids = self._kernel_ids()
         try:
             sample = await asyncio.to_thread(self.source.sample)
-            owned = await asyncio.to_thread(attribute, sample, kernel_ids, self.server_pid)
+            found = await asyncio.to_thread(
+                attribute,
+                sample,
+                kernel_ids,
+                self.server_pid,
+                own_namespace=self.own_pid_namespace,
+            )
         except GpuUnavailable as exc:
             if self.reason != str(exc):
                 self.log.info("fracspawner: no GPU to read: %s", exc)
             self.reason = str(exc)
             return
         self.reason = None
-        self.apply(sample, owned, kernel_ids, utcnow())
+        self.apply(sample, found.owned, kernel_ids, utcnow(), unmatched=found.unmatched)
 
-    def apply(self, sample: GpuSample, owned: list, kernel_ids: set[str], now: datetime) -> None:
+    def _state(self, p: Any) -> str:
+        """One process's reading: busy, idle, or unknown (never read as idle when unsure)."""
+        if p.utilization is None:
+            return "unknown"  # MIG: NVML cannot say
+        if p.utilization >= self.busy_threshold:
+            # the device's utilisation standing in for the process's may be a neighbour's
+            return "busy" if p.exact else "unknown"
+        return "idle"
+
+    def apply(
+        self,
+        sample: GpuSample,
+        owned: list,
+        kernel_ids: set[str],
+        now: datetime,
+        unmatched: list | tuple = (),
+    ) -> None:
         """Fold one reading into the per-kernel and server state."""
         self.sample, self.sampled_at, self.processes = sample, now, owned
+        self.unmatched = list(unmatched)
         kernels = {kid: self.kernels.get(kid, KernelGpu()) for kid in kernel_ids}
         for k in kernels.values():
-            k.memory_mib, k.utilization = 0.0, 0.0
+            k.memory_mib, k.utilization, k.exact, k.known = 0.0, 0.0, True, True
         server_busy = False
+        unknown: list[str] = []
         for kernel_id, p in owned:
-            # unknown utilisation (MIG instances cannot report it) is neither busy nor idle: the
-            # kernel is marked unknown so the culler leaves it alone, and the server's activity
-            # is not touched (which would keep it alive for ever)
-            busy = p.utilization is not None and p.utilization >= self.busy_threshold
-            server_busy = server_busy or busy
+            state = self._state(p)
+            server_busy = server_busy or state == "busy"
+            if state == "unknown":
+                unknown.append(
+                    "GPU utilisation cannot be read here (MIG)"
+                    if p.utilization is None
+                    else "only the whole device's utilisation is known, and it is busy"
+                )
             if kernel_id is None:
                 continue
             k = kernels[kernel_id]
@@ -194,12 +235,30 @@ class GpuMonitor(LoggingConfigurable):
                 k.utilization = None
             else:
                 k.utilization = max(k.utilization, p.utilization)
-            if busy:
+            k.exact = k.exact and p.exact
+            if state == "busy":
                 k.last_gpu_activity = now
+            if state != "idle":
+                k.last_not_idle, k.known = now, k.known and state == "busy"
+        for p in self.unmatched:
+            if self._state(p) != "idle":
+                unknown.append(f"GPU work by a process this server cannot match (pid {p.pid})")
+        listed = {p.device for p in sample.processes}
+        for d in sample.devices:
+            if d.index in listed:
+                continue
+            if d.utilization is not None and d.utilization >= self.busy_threshold:
+                unknown.append(f"device {d.index} is busy but lists no process")
+            elif d.utilization is None and d.memory_used_mib > self.unlisted_memory_mib:
+                unknown.append(f"device {d.index} holds memory but lists no process")
         self.kernels = kernels
+        self.unknown_reasons = unknown
+        self.gpu_state = "busy" if server_busy else "unknown" if unknown else "idle"
         if server_busy:
             self.last_gpu_activity = now
             self.settings[SETTINGS_KEY] = now
+        if self.gpu_state != "idle":
+            self.last_not_idle = now
 
     def _kernel_state(self, kernel_id: str) -> tuple[str | None, datetime | None]:
         """Execution state and message activity, as GET /api/kernels has them (saves a request)."""
@@ -218,21 +277,16 @@ class GpuMonitor(LoggingConfigurable):
             return None
         return round(min(100.0, sum(utils)), 1)
 
-    def report(self, server_last_activity: datetime | None = None) -> dict:
-        if self.reason is not None or self.sample is None:
-            return {
-                "available": False,
-                "reason": self.reason or "no GPU reading yet",
-                "server_last_activity": isoformat(server_last_activity),
-                "slice": self.pod.slice_json(),
-                "policy": self.pod.policy.as_json(),
-            }
-        sample = self.sample
-        now = utcnow()
+    def kernel_dues(
+        self, user_last_activity: datetime | None
+    ) -> list[tuple[str, KernelGpu, str | None, datetime | None, Deadline | None]]:
+        """(id, GPU use, execution state, last message, when it is shut down) per live kernel.
+
+        The one place the kernel rule is applied: the report's warnings and `cull_idle_kernels`
+        both read it, so what the user is told is what happens."""
         live = self._kernel_ids()  # kernels shut down since the last reading are left out
-        device = sample.devices[0].name if sample.devices else None
-        kernels = []
-        warnings = []
+        server_known = self.gpu_state != "unknown"
+        out = []
         for kid, k in sorted(self.kernels.items()):
             if kid not in live:
                 continue
@@ -240,11 +294,74 @@ class GpuMonitor(LoggingConfigurable):
             due = kernel_deadline(
                 self.pod.policy,
                 gpu_memory_mib=k.memory_mib,
-                activity_known=k.utilization is not None,
+                activity_known=k.known and server_known,
                 execution_state=execution_state,
-                gpu_idle_since=k.last_gpu_activity or self.started,
+                gpu_idle_since=k.last_not_idle or self.started,
                 last_activity=last_activity,
+                user_last_activity=user_last_activity,
             )
+            out.append((kid, k, execution_state, last_activity, due))
+        return out
+
+    async def cull_idle_kernels(self, now: datetime | None = None) -> list[str]:
+        """Shut down the kernels whose time has come (`kernel_dues`); their ids.
+
+        Called in the server, after each reading: the kernel manager's shutdown stops watching
+        the kernel's messages first, so this is not activity (no `last_activity` moves)."""
+        if not self.cull_kernels or self.reason is not None or self.sample is None:
+            return []
+        now = now or utcnow()
+        km = self.settings.get("kernel_manager")
+        done = []
+        for kid, k, _state, _last, due in self.kernel_dues(user_activity(self.settings)):
+            if due is None or now < due.cull_at:
+                continue
+            self.log.info(
+                "fracspawner: shutting down kernel %s: it holds %.0f MiB of GPU memory and its "
+                "GPU, messages and user have been idle since %s (kernel_gpu_idle %ss)",
+                kid,
+                k.memory_mib,
+                isoformat(due.idle_since),
+                int(due.limit),
+            )
+            try:
+                await km.shutdown_kernel(kid)
+            except Exception as exc:  # gone already, or failing: try again next reading
+                self.log.warning("fracspawner: shutting down kernel %s failed: %s", kid, exc)
+                continue
+            done.append(kid)
+            self.culled = [
+                *self.culled[-49:],
+                {"id": kid, "at": isoformat(now), "gpu_memory_mib": round(k.memory_mib, 1)},
+            ]
+        return done
+
+    def report(
+        self,
+        server_last_activity: datetime | None = None,
+        user_last_activity: datetime | None = None,
+        now: datetime | None = None,
+    ) -> dict:
+        activity = {
+            "monitor_started": isoformat(self.started),
+            "server_last_activity": isoformat(server_last_activity),
+            "user_last_activity": isoformat(user_last_activity),
+            "culled_kernels": list(self.culled),
+        }
+        if self.reason is not None or self.sample is None:
+            return {
+                "available": False,
+                "reason": self.reason or "no GPU reading yet",
+                **activity,
+                "slice": self.pod.slice_json(),
+                "policy": self.pod.policy.as_json(),
+            }
+        sample = self.sample
+        now = now or utcnow()
+        device = sample.devices[0].name if sample.devices else None
+        kernels = []
+        warnings = []
+        for kid, k, execution_state, last_activity, due in self.kernel_dues(user_last_activity):
             kernels.append(
                 {
                     "id": kid,
@@ -252,7 +369,7 @@ class GpuMonitor(LoggingConfigurable):
                     "last_activity": isoformat(last_activity),
                     "gpu_memory_mib": round(k.memory_mib, 1),
                     "gpu_utilization": k.utilization,
-                    "gpu_activity_known": k.utilization is not None,
+                    "gpu_activity_known": k.known,
                     "last_gpu_activity": isoformat(k.last_gpu_activity),
                     "idle_since": isoformat(due.idle_since) if due else None,
                     "cull_at": isoformat(due.cull_at) if due else None,
@@ -260,12 +377,17 @@ class GpuMonitor(LoggingConfigurable):
             )
             if due is not None and due.warns(now):
                 warnings.append(self._warning("kernel", due, now, k.memory_mib, kernel_id=kid))
-        memory = round(sum(p.memory_mib for _, p in self.processes), 1)
+        unattributed = round(sum(p.memory_mib for p in self.unmatched), 1)
+        memory = round(sum(p.memory_mib for _, p in self.processes) + unattributed, 1)
+        known = self.gpu_state != "unknown"
+        gpu_idle_since = self.last_not_idle or self.started
         server_due = server_deadline(
             self.pod.policy,
             holds_gpu=self.pod.gpu is not None or memory > 0,
-            gpu_idle_since=self.last_gpu_activity or self.started,
+            gpu_idle_since=gpu_idle_since,
             last_activity=server_last_activity,
+            gpu_known=known,
+            user_last_activity=user_last_activity,
         )
         if server_due is not None and server_due.warns(now):
             warnings.append(self._warning("server", server_due, now, memory))
@@ -273,7 +395,7 @@ class GpuMonitor(LoggingConfigurable):
             "available": True,
             "source": sample.source,
             "sampled_at": isoformat(self.sampled_at),
-            "monitor_started": isoformat(self.started),
+            **activity,
             "poll_interval": self.poll_interval,
             "busy_threshold": self.busy_threshold,
             "devices": [
@@ -293,7 +415,13 @@ class GpuMonitor(LoggingConfigurable):
             "gpu_memory_mib": memory,
             "gpu_utilization": self._utilization(),
             "last_gpu_activity": isoformat(self.last_gpu_activity),
-            "server_last_activity": isoformat(server_last_activity),
+            # the server as a whole: unknown is never idle; the idle clock starts after the last
+            # reading that was busy or unknown
+            "gpu_state": self.gpu_state,
+            "gpu_activity_known": known,
+            "gpu_unknown_reasons": sorted(set(self.unknown_reasons)),
+            "gpu_idle_since": isoformat(gpu_idle_since) if known else None,
+            "unattributed_gpu_memory_mib": unattributed,
             "server_idle": {
                 "idle_since": isoformat(server_due.idle_since) if server_due else None,
                 "cull_at": isoformat(server_due.cull_at) if server_due else None,
@@ -307,8 +435,20 @@ class GpuMonitor(LoggingConfigurable):
                     "device": p.device,
                     "gpu_memory_mib": round(p.memory_mib, 1),
                     "gpu_utilization": p.utilization,
+                    "matched": True,
                 }
                 for kid, p in self.processes
+            ]
+            + [
+                {
+                    "pid": p.pid,
+                    "kernel_id": None,
+                    "device": p.device,
+                    "gpu_memory_mib": round(p.memory_mib, 1),
+                    "gpu_utilization": p.utilization,
+                    "matched": False,
+                }
+                for p in self.unmatched
             ],
         }
 

@@ -4,10 +4,12 @@ FracSpawner puts these in the notebook's environment (see docs/serverext.md for 
 monitor adds them to its report so the JupyterLab meter can show the slice and warn before the
 culler acts. Everything here is pure apart from reading the environment in `from_environ`.
 
-The warning times mirror the culler's rules (fracspawner/culler/decide.py): a kernel holding GPU
-memory is shut down once both its GPU and its messages have been idle for `kernel_gpu_idle`; a
-server holding a GPU once it has been idle (messages and GPU) for `server_gpu_idle`, or
-`server_idle` where that is off. The culler acts on its next cycle after that time, never before.
+The deadlines are the rules themselves: a kernel holding GPU memory is shut down BY THIS SERVER
+(`kernel_deadline`) once its GPU, its messages and its user have been idle for
+`kernel_gpu_idle`; the culler (fracspawner/culler/decide.py) stops a server holding a GPU once it
+has been idle (messages and GPU) for `server_gpu_idle`, or `server_idle` where that is off or
+GPU activity is unknown, or once its user has been away for `server_unattended`. The culler acts
+on its next cycle after that time, never before.
 """
 
 from __future__ import annotations
@@ -26,6 +28,7 @@ ENV_KERNEL_GPU_IDLE = "FRACSPAWNER_KERNEL_GPU_IDLE_SECONDS"
 ENV_SERVER_GPU_IDLE = "FRACSPAWNER_SERVER_GPU_IDLE_SECONDS"
 ENV_SERVER_IDLE = "FRACSPAWNER_SERVER_IDLE_SECONDS"
 ENV_WARN = "FRACSPAWNER_GPU_IDLE_WARN_SECONDS"
+ENV_SERVER_UNATTENDED = "FRACSPAWNER_SERVER_UNATTENDED_SECONDS"
 
 NO_GPU = {"", "none", "0", "no"}
 DEFAULT_WARN = 600.0  # warn this long before the culler may act (at most a third of the limit)
@@ -110,6 +113,7 @@ class IdlePolicy:
     server_gpu_idle: float | None = None
     server_idle: float | None = None
     warn_before: float | None = None  # None: DEFAULT_WARN, at most a third of the limit
+    server_unattended: float | None = None  # no user activity (GPU work aside) this long
 
     def warning_lead(self, limit: float) -> float:
         if self.warn_before is not None:
@@ -121,6 +125,7 @@ class IdlePolicy:
             "kernel_gpu_idle": self.kernel_gpu_idle,
             "server_gpu_idle": self.server_gpu_idle,
             "server_idle": self.server_idle,
+            "server_unattended": self.server_unattended,
             "warn_before": self.warn_before,
         }
 
@@ -150,6 +155,7 @@ class PodInfo:
                 kernel_gpu_idle=seconds(env.get(ENV_KERNEL_GPU_IDLE)),
                 server_gpu_idle=seconds(env.get(ENV_SERVER_GPU_IDLE)),
                 server_idle=seconds(env.get(ENV_SERVER_IDLE)),
+                server_unattended=seconds(env.get(ENV_SERVER_UNATTENDED)),
                 warn_before=(
                     None if text(ENV_WARN) is None else max(0.0, seconds(env[ENV_WARN]) or 0.0)
                 ),
@@ -199,11 +205,17 @@ def kernel_deadline(
     execution_state: str | None,
     gpu_idle_since: datetime,
     last_activity: datetime | None,
+    user_last_activity: datetime | None = None,
 ) -> Deadline | None:
-    """When the culler would shut this kernel down (decide_kernel's rules); None = never."""
+    """When this server shuts the kernel down (fracspawner.serverext.kernels); None = never.
+
+    A kernel holding GPU memory goes once its GPU, its messages AND its user (any activity on
+    the server but GPU work) have all been idle for kernel_gpu_idle: never while the user works
+    on the server, never while it executes code, never while its GPU activity is unknown."""
     if gpu_memory_mib <= 0 or not activity_known or execution_state == "busy":
         return None
-    since = max(t for t in (gpu_idle_since, last_activity) if t is not None)
+    times = (gpu_idle_since, last_activity, user_last_activity)
+    since = max(t for t in times if t is not None)
     return deadline(policy, policy.kernel_gpu_idle, since)
 
 
@@ -213,10 +225,24 @@ def server_deadline(
     holds_gpu: bool,
     gpu_idle_since: datetime,
     last_activity: datetime | None,
+    gpu_known: bool = True,
+    user_last_activity: datetime | None = None,
 ) -> Deadline | None:
-    """When the culler would stop this GPU server (decide_server's rules); None = never."""
+    """When the culler would stop this GPU server (decide_server's rules); None = never.
+
+    The earliest of: GPU idle and no activity for server_gpu_idle (server_idle where that is
+    off); with GPU activity unknown, no activity for server_idle; no user activity for
+    server_unattended, busy GPU or not."""
     if not holds_gpu:
         return None
-    limit = policy.server_gpu_idle if policy.server_gpu_idle is not None else policy.server_idle
-    since = max(t for t in (gpu_idle_since, last_activity) if t is not None)
-    return deadline(policy, limit, since)
+    due = []
+    if gpu_known:
+        limit = policy.server_gpu_idle if policy.server_gpu_idle is not None else policy.server_idle
+        since = max(t for t in (gpu_idle_since, last_activity) if t is not None)
+        due.append(deadline(policy, limit, since))
+    elif last_activity is not None:
+        due.append(deadline(policy, policy.server_idle, last_activity))
+    if user_last_activity is not None:
+        due.append(deadline(policy, policy.server_unattended, user_last_activity))
+    due = [d for d in due if d is not None]
+    return min(due, key=lambda d: d.cull_at) if due else None

@@ -37,6 +37,10 @@ class GpuProcess:
     utilization: float | None
     pid: int | None = None
     kernel_id: str | None = None  # set directly by the simulated source; else found from the pid
+    # False: `utilization` is the whole device's (an upper bound: the process may be idle while
+    # a neighbour works), where per-process readings are unsupported or carry PIDs of another
+    # namespace
+    exact: bool = True
 
 
 @dataclass(frozen=True)
@@ -116,6 +120,7 @@ def _sim_process(spec: dict, *, kernel_id: str | None = None, pid: int | None = 
         utilization=None if util is None else float(util),
         pid=pid,
         kernel_id=kernel_id,
+        exact=bool(spec.get("exact", True)),
     )
 
 
@@ -124,9 +129,13 @@ class NvmlSource:
 
     Per-process utilisation comes from nvmlDeviceGetProcessUtilization, which lists only
     processes with non-zero utilisation since the timestamp passed in. Where a device cannot
-    report per-process utilisation (some drivers) each of its processes gets the device's
-    utilisation: a busy device then never makes a process look idle. Where neither is known
-    (MIG instances) it is None, and the culler leaves such kernels alone.
+    report per-process utilisation (some drivers), or its samples carry PIDs that match none of
+    the running processes (drivers 535.113.01 to 575.57.08 translate the running-process PIDs
+    into the container's namespace but not the utilisation samples' ones: Project-HAMi/HAMi-core
+    #112 shows 324 vs 645400 on 560.35.03), each process gets the device's utilisation, marked
+    inexact: a busy device then never makes a process look idle. Where neither is known (MIG
+    instances: NVML's docs say utilisation queries are not supported there) it is None, and
+    nothing is ever culled on the grounds of such a reading.
     """
 
     name = "nvml"
@@ -223,18 +232,23 @@ class NvmlSource:
                 )
             )
             per_process = self._process_utilization(nv, index, handle)
-            for proc in self._running(nv, handle):
+            running = self._running(nv, handle)
+            pids = {int(p.pid) for p in running}
+            if per_process and running and not pids.intersection(per_process):
+                per_process = None  # samples from another PID namespace: unusable per process
+            for proc in running:
                 used = proc.usedGpuMemory  # None where the driver hides it (e.g. no permission)
                 if per_process is None:
-                    util = device_util
+                    util, exact = device_util, False
                 else:
-                    util = per_process.get(proc.pid, 0.0)
+                    util, exact = per_process.get(proc.pid, 0.0), True
                 processes.append(
                     GpuProcess(
                         device=index,
                         memory_mib=(used or 0) / MIB,
                         utilization=util,
                         pid=int(proc.pid),
+                        exact=exact,
                     )
                 )
         return GpuSample(source=self.name, devices=devices, processes=processes)

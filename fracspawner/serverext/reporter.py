@@ -1,0 +1,126 @@
+"""Push the GPU report to the culler, authenticated with this server's OWN token.
+
+The culler never calls into a user's server (a user controls their server and could record the
+culler's credentials): the server sends its report to the culler's endpoint
+(`$FRACSPAWNER_CULLER_URL` + `api/reports`, set by FracSpawner) with `$JUPYTERHUB_API_TOKEN`,
+the token JupyterHub gave this server, and the culler asks the hub whose token it is. The
+server's name (`$JUPYTERHUB_SERVER_NAME`) says which of its user's servers it is. Nothing is
+sent without both variables.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+from collections.abc import Callable
+from datetime import datetime
+from typing import Any
+
+from tornado.httpclient import AsyncHTTPClient, HTTPClientError, HTTPRequest
+from traitlets import Float, Unicode, default
+from traitlets.config import LoggingConfigurable
+
+ENV_CULLER_URL = "FRACSPAWNER_CULLER_URL"
+
+
+class GpuReporter(LoggingConfigurable):
+    """Sends the monitor's report to the culler every `report_interval` seconds."""
+
+    culler_url = Unicode(
+        config=True,
+        help="The culler's base URL as this server reaches it (e.g. "
+        "http://hub:10101/services/fracspawner-culler/); '' sends nothing. "
+        "Default: $FRACSPAWNER_CULLER_URL (set by FracSpawner).",
+    )
+    report_interval = Float(
+        60.0,
+        config=True,
+        help="Seconds between two reports; keep it well under the culler's max_staleness (300).",
+    )
+    request_timeout = Float(20.0, config=True, help="Seconds before a report request fails.")
+
+    @default("culler_url")
+    def _default_url(self) -> str:
+        return os.environ.get(ENV_CULLER_URL, "")
+
+    def __init__(
+        self,
+        *,
+        report: Callable[[], dict],
+        token: str | None = None,
+        server_name: str | None = None,
+        **kwargs: Any,
+    ):
+        super().__init__(**kwargs)
+        self.report = report
+        self.token = os.environ.get("JUPYTERHUB_API_TOKEN", "") if token is None else token
+        if server_name is None:
+            server_name = os.environ.get("JUPYTERHUB_SERVER_NAME", "")
+        self.server_name = server_name
+        self.sent = 0
+        self.last_error: str | None = None
+        self._task: asyncio.Task | None = None
+
+    @property
+    def enabled(self) -> bool:
+        return bool(self.culler_url and self.token)
+
+    @property
+    def endpoint(self) -> str:
+        return self.culler_url.rstrip("/") + "/api/reports"
+
+    def start(self) -> None:
+        if self.enabled and self._task is None:
+            self._task = asyncio.get_running_loop().create_task(self._run())
+
+    async def stop(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            try:
+                await self._task
+            except asyncio.CancelledError:
+                pass
+            self._task = None
+
+    async def _run(self) -> None:
+        while True:
+            try:
+                await self.push_once()
+            except Exception:  # one failed report must not end reporting for the server's life
+                self.log.exception("fracspawner: GPU report to the culler failed")
+            await asyncio.sleep(self.report_interval)
+
+    async def push_once(self) -> bool:
+        """POST one report; True when the culler took it."""
+        body = {**self.report(), "server_name": self.server_name}
+        req = HTTPRequest(
+            self.endpoint,
+            method="POST",
+            body=json.dumps(body, default=_iso),
+            headers={
+                "Authorization": f"token {self.token}",
+                "Content-Type": "application/json",
+            },
+            request_timeout=self.request_timeout,
+            follow_redirects=False,  # the token goes to the culler's URL and nowhere else
+        )
+        try:
+            await AsyncHTTPClient().fetch(req)
+        except (HTTPClientError, OSError) as exc:
+            error = str(exc)
+            if error != self.last_error:  # say it once, not every minute
+                self.log.warning("fracspawner: the culler refused the GPU report: %s", error)
+            self.last_error = error
+            return False
+        if self.last_error is not None:
+            self.log.info("fracspawner: GPU reports reach the culler again")
+        self.last_error = None
+        self.sent += 1
+        return True
+
+
+def _iso(value: object) -> str:
+    if isinstance(value, datetime):
+        return value.isoformat()
+    raise TypeError(f"not JSON serialisable: {type(value).__name__}")

@@ -1,0 +1,236 @@
+"""Unknown is never idle: the real server extension in a real jupyter server with a real
+ipykernel kernel, reading the GPU through NvmlSource from a FAKE pynvml (tests/fake_nvml) that
+reproduces what drivers really tell a container: MIG, PIDs from another namespace, no PIDs, a
+job re-parented to PID 1. Each report then goes through the culler's own parsing and decision.
+
+The server also shuts its own idle GPU kernels down here (policy from its environment, as
+FracSpawner sets it): never while its user works on the server, and without touching its
+activity.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import signal
+import time
+from pathlib import Path
+
+import pytest
+from dateutil.parser import isoparse
+
+from fracspawner.culler import decide_server
+from fracspawner.culler.decide import ServerFacts
+from fracspawner.culler.reports import parse_report
+from fracspawner.model.catalog import IdlePolicy
+from fracspawner.serverext.attribution import has_own_pid_namespace
+from tests.test_culler_support import JupyterServer, execute, wait_for
+
+FAKE_NVML = Path(__file__).parent / "fake_nvml"
+KERNEL_GPU_IDLE = 2  # seconds: the policy FracSpawner would put in the environment
+# a GPU-idle server is stopped after 1 s here: only unknown activity can keep it
+CULL_FAST = IdlePolicy(None, server_gpu_idle=1.0, server_idle=3600.0, max_age=None)
+PID_MAX = int(Path("/proc/sys/kernel/pid_max").read_text())
+
+
+@pytest.fixture(scope="module")
+def nvml_state(tmp_path_factory) -> Path:
+    path = tmp_path_factory.mktemp("nvml") / "state.json"
+    path.write_text(json.dumps({"gpus": []}))
+    return path
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory, nvml_state):
+    tmp = tmp_path_factory.mktemp("jupyter")
+    s = JupyterServer(
+        tmp,
+        tmp / "unused.json",
+        source="nvml",
+        env={
+            "PYTHONPATH": os.pathsep.join([str(FAKE_NVML), os.environ.get("PYTHONPATH", "")]),
+            "FAKE_NVML_STATE": str(nvml_state),
+            "FRACSPAWNER_GPU_SLICE": "1/4",
+            "FRACSPAWNER_KERNEL_GPU_IDLE_SECONDS": str(KERNEL_GPU_IDLE),
+        },
+        # as in a pod: a PID namespace of its own (this test machine has none)
+        monitor={"own_pid_namespace": True},
+    )
+    try:
+        yield s
+    finally:
+        s.stop()
+
+
+def set_state(path: Path, **state) -> None:
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(json.dumps({"driver": "575.57.08", "host_pid_offset": 0, **state}))
+    tmp.replace(path)
+
+
+def gpu(processes, *, utilization=0, **kw) -> dict:
+    return {"name": "NVIDIA H100 80GB HBM3", "memory_total_mib": 81559,
+            "utilization": utilization, "processes": processes, **kw}  # fmt: skip
+
+
+@pytest.fixture(scope="module")
+def kernel(server):
+    status, body = server.api("POST", "/api/kernels", {"name": "python3"})
+    assert status == 201, body
+    code = "import os; print(os.getpid())"
+    pid = int(asyncio.run(execute(server.url, server.token, body["id"], code)))
+    return body["id"], pid
+
+
+def report_when(server: JupyterServer, check, what: str) -> dict:
+    found: list[dict] = []
+
+    def probe() -> bool:
+        status, body = server.api("GET", "/api/fracspawner/gpu")
+        found[:] = [body]
+        return status == 200 and bool(check(body))
+
+    wait_for(probe, 15, what)
+    return found[0]
+
+
+def culler_decides(report: dict) -> tuple[str, bool]:
+    """What the culler makes of this report for an idle GPU server: (action, failsafe)."""
+    now = time.time()
+    parsed = parse_report(report, received_at=now)
+    facts = ServerFacts(
+        "u", user_options={"gpu": "1/4"}, started=now - 600, last_activity=now - 600
+    )
+    d = decide_server(facts, parsed.gpu, CULL_FAST, now)
+    return d.action, d.gpu_failsafe
+
+
+def kernel_alive(server: JupyterServer, kernel_id: str) -> bool:
+    # a monitoring request: not the user's activity
+    kernels = server.api("GET", "/api/kernels?no_track_activity=1")[1]
+    return any(k["id"] == kernel_id for k in kernels)
+
+
+def unknown_for(server, kernel_id, reason_part: str) -> dict:
+    report = report_when(
+        server,
+        lambda r: (
+            r.get("gpu_state") == "unknown"
+            and any(reason_part in x for x in r["gpu_unknown_reasons"])
+        ),
+        f"GPU activity unknown ({reason_part})",
+    )
+    assert report["gpu_activity_known"] is False and report["gpu_idle_since"] is None
+    assert culler_decides(report) == ("keep", True)  # never idle: only the plain timeout
+    time.sleep(KERNEL_GPU_IDLE + 1)  # the kernel holds memory, sends nothing: still kept
+    assert kernel_alive(server, kernel_id)
+    return report
+
+
+def test_mig_utilisation_cannot_be_read_so_it_is_unknown(server, nvml_state, kernel):
+    kernel_id, pid = kernel
+    mig = {"name": "NVIDIA A100-SXM4-80GB MIG 2g.20gb", "memory_total_mib": 19968,
+           "processes": [{"pid": pid, "memory_mib": 6144, "sm": 0}]}  # fmt: skip
+    set_state(nvml_state, gpus=[gpu([], mig=[mig])])
+    report = unknown_for(server, kernel_id, "MIG")
+    (entry,) = [k for k in report["kernels"] if k["id"] == kernel_id]
+    assert entry["gpu_memory_mib"] == 6144 and entry["gpu_activity_known"] is False
+    assert report["devices"][0]["utilization"] is None
+
+
+def test_utilisation_samples_from_another_pid_namespace(server, nvml_state, kernel):
+    # drivers 535.113.01-575.57.08 without hostPID: the kernel's process is listed with its
+    # PID in the pod, its busy utilisation sample with its host PID
+    kernel_id, pid = kernel
+    set_state(
+        nvml_state,
+        driver="560.35.03",
+        host_pid_offset=PID_MAX + 1,
+        gpus=[gpu([{"pid": pid, "memory_mib": 4096, "sm": 85}], utilization=85)],
+    )
+    report = unknown_for(server, kernel_id, "whole device")
+    (proc,) = report["processes"]
+    assert proc["kernel_id"] == kernel_id and proc["gpu_utilization"] == 85
+    # the same on a current driver: translated, busy, activity
+    set_state(nvml_state, gpus=[gpu([{"pid": pid, "memory_mib": 4096, "sm": 85}], utilization=85)])
+    busy = report_when(server, lambda r: r.get("gpu_state") == "busy", "busy")
+    assert culler_decides(busy) == ("keep", False)
+
+
+def test_host_pids_on_old_drivers_are_unmatched_work(server, nvml_state, kernel):
+    kernel_id, pid = kernel
+    set_state(
+        nvml_state,
+        driver="530.30.02",
+        host_pid_offset=PID_MAX + 1,
+        gpus=[gpu([{"pid": pid, "memory_mib": 4096, "sm": 70}], utilization=70)],
+    )
+    report = unknown_for(server, kernel_id, "cannot match")
+    # counted: every GPU process the pod can see holds the server's memory
+    assert report["gpu_memory_mib"] == 4096 and report["unattributed_gpu_memory_mib"] == 4096
+
+
+def test_a_busy_device_listing_no_process_is_unknown(server, nvml_state, kernel):
+    kernel_id, pid = kernel
+    state = gpu([{"pid": pid, "memory_mib": 4096, "sm": 90}], utilization=90, list_processes=False)
+    set_state(nvml_state, gpus=[state])
+    unknown_for(server, kernel_id, "lists no process")
+
+
+async def test_a_job_re_parented_to_pid_1_is_the_pods(server, nvml_state, kernel):
+    kernel_id, _ = kernel
+    # `nohup python train.py &` from a terminal that then exits: the job's parent is gone
+    code = (
+        "import os, subprocess, sys\n"
+        "r, w = os.pipe()\n"
+        "if os.fork() == 0:\n"
+        "    child = subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(120)'],\n"
+        "                             start_new_session=True)\n"
+        "    os.write(w, str(child.pid).encode()); os._exit(0)\n"
+        "os.wait(); print(os.read(r, 32).decode())\n"
+    )
+    orphan = int(await execute(server.url, server.token, kernel_id, code))
+    try:
+        assert server.process.pid not in _ancestors(orphan)
+        set_state(nvml_state, gpus=[gpu([{"pid": orphan, "memory_mib": 8192, "sm": 95}])])
+        report = report_when(server, lambda r: r.get("gpu_state") == "busy", "the job's work")
+        assert report["gpu_memory_mib"] == 8192 and report["last_gpu_activity"]
+        assert culler_decides(report) == ("keep", False)
+    finally:
+        os.kill(orphan, signal.SIGKILL)
+
+
+def _ancestors(pid: int) -> set[int]:
+    from fracspawner.serverext.procmap import owner_of
+
+    return set(owner_of(pid).ancestors)
+
+
+def test_the_host_pid_namespace_is_detected():
+    # this machine runs everything in the host's PID namespace: only descendants count there
+    assert has_own_pid_namespace() is False
+
+
+def test_idle_gpu_kernel_shut_down_by_its_server_never_while_its_user_works(
+    server, nvml_state, kernel
+):
+    kernel_id, pid = kernel
+    set_state(nvml_state, gpus=[gpu([{"pid": pid, "memory_mib": 4096, "sm": 0}])])
+    report_when(server, lambda r: r.get("gpu_state") == "idle", "known idle")
+    # the user works in the same server (saves files, browses): the idle kernel stays
+    deadline = time.monotonic() + 3 * KERNEL_GPU_IDLE
+    while time.monotonic() < deadline:
+        assert server.api("GET", "/api/contents")[0] == 200
+        assert kernel_alive(server, kernel_id)
+        time.sleep(0.3)
+    # the user goes away: the server shuts the kernel down itself
+    before = server.api("GET", "/api/status")[1]["last_activity"]
+    wait_for(lambda: not kernel_alive(server, kernel_id), 15, "the idle GPU kernel shut down")
+    report = report_when(server, lambda r: r.get("culled_kernels"), "the cull reported")
+    (culled,) = report["culled_kernels"]
+    assert culled["id"] == kernel_id and culled["gpu_memory_mib"] == 4096
+    # shutting it down was not activity: the server's last activity is what it was
+    after = server.api("GET", "/api/status")[1]["last_activity"]
+    assert isoparse(after) == isoparse(before)
+    assert "shutting down kernel " + kernel_id in server.logs()

@@ -1,0 +1,127 @@
+"""Reports servers push to the culler: parsing, whose they are, and what an unavailable one
+still says. Pure functions; the HTTP path runs through a real hub in test_culler_trust_e2e."""
+
+from __future__ import annotations
+
+import pytest
+
+from fracspawner.culler import Culler, combine, decide_server
+from fracspawner.culler.decide import ServerFacts
+from fracspawner.culler.hubapi import HubServer
+from fracspawner.culler.identity import Identity, Refused, identity_from_model
+from fracspawner.culler.reports import ReportError, ReportStore, parse_report
+from fracspawner.model.catalog import DEFAULT_IDLE
+
+T = 1_800_000_000.0
+H = 3600.0
+
+
+def iso(t: float) -> str:
+    from datetime import datetime, timezone
+
+    return datetime.fromtimestamp(t, timezone.utc).isoformat()
+
+
+def report(**kw) -> dict:
+    body = {
+        "available": True,
+        "sampled_at": iso(T - 5),
+        "monitor_started": iso(T - 5 * H),
+        "gpu_memory_mib": 4096,
+        "gpu_activity_known": True,
+        "gpu_idle_since": iso(T - 2 * H),
+        "server_last_activity": iso(T - 2 * H),
+        "user_last_activity": iso(T - 3 * H),
+    }
+    return {**body, **kw}
+
+
+def test_unavailable_report_keeps_the_servers_own_activity():
+    # no GPU readable (no NVML in the image, a driver error): the server's activity still counts
+    parsed = parse_report(
+        report(available=False, reason="NVML could not start", sampled_at=None), received_at=T
+    )
+    assert parsed.gpu is None and parsed.reason == "NVML could not start"
+    assert parsed.server_last_activity == T - 2 * H
+    assert parsed.user_last_activity == T - 3 * H
+    # through the culler: a server the hub thinks idle for 9 h, active 2 h ago by its own word
+    c = Culler(api_token="x", report_url="http://127.0.0.1:1")
+    c.initialize([])
+    facts = ServerFacts(
+        "ann", user_options={"gpu": "1/4"}, started=T - 10 * H, last_activity=T - 9 * H
+    )
+    c.reports.put("ann", "", parsed)
+    merged, sources = c.gather(HubServer(facts, "/user/ann/"), None, T)
+    assert merged.own_last_activity == T - 2 * H
+    assert sources == {"extension": None}  # no GPU reading: a failed source for a GPU server
+    d = decide_server(merged, combine(sources, T), DEFAULT_IDLE, T)
+    assert d.action == "keep" and d.gpu_failsafe  # 2 h < server_idle 8 h
+
+
+def test_available_report_to_facts():
+    gpu = parse_report(report(), received_at=T).gpu
+    assert (gpu.idle_for, gpu.covered_for, gpu.memory_mib) == (2 * H - 5, 5 * H - 5, 4096)
+    unknown = parse_report(
+        report(
+            gpu_activity_known=False, gpu_unknown_reasons=["device 0 is busy but lists no process"]
+        ),
+        received_at=T,
+    ).gpu
+    assert not unknown.known and "lists no process" in unknown.note
+
+
+def test_times_from_the_future_are_clamped_to_arrival():
+    parsed = parse_report(report(user_last_activity=iso(T + 10 * H)), received_at=T)
+    assert parsed.user_last_activity == T
+
+
+@pytest.mark.parametrize(
+    ("body", "message"),
+    [
+        ([], "JSON object"),
+        (report(sampled_at=None), "sampled_at"),
+        (report(sampled_at="yesterday"), "not an ISO 8601 time"),
+        (report(gpu_memory_mib=-1), "gpu_memory_mib"),
+        (report(culled_kernels=[{"at": iso(T)}]), "culled_kernels"),
+    ],
+)
+def test_malformed_reports_are_refused_with_a_reason(body, message):
+    with pytest.raises(ReportError, match=message):
+        parse_report(body, received_at=T)
+
+
+def test_store_keeps_one_incarnation_and_counts_kernel_culls_once():
+    store = ReportStore()
+    culled = [{"id": "k1", "at": iso(T - 60), "gpu_memory_mib": 2048}]
+    first = parse_report(report(culled_kernels=culled), received_at=T)
+    assert [k.id for k in store.put("ann", "gpu", first)] == ["k1"]
+    assert store.put("ann", "gpu", first) == []  # told again in the next report: counted once
+    server = ServerFacts("ann", "gpu", started=T - 5 * H - 30)
+    assert store.for_server(server) is first
+    # the server was restarted: the old incarnation's report is not about it
+    assert store.for_server(ServerFacts("ann", "gpu", started=T - 60)) is None
+    store.prune(T + 1)
+    assert store.for_server(server) is None
+
+
+SERVER_TOKEN_MODEL = {  # GET /hub/api/user with a server's token (JupyterHub 5/6)
+    "kind": "user",
+    "name": "ann",
+    "scopes": ["access:servers!server=ann/gpu", "users:activity!user=ann"],
+}
+
+
+def test_identity_comes_from_the_token_not_the_body():
+    assert identity_from_model(SERVER_TOKEN_MODEL, "gpu") == Identity("ann", "gpu")
+    assert identity_from_model(SERVER_TOKEN_MODEL, None) == Identity("ann", "gpu")
+    # the body cannot speak for another server, nor another user's
+    with pytest.raises(Refused, match="may not report about server ''"):
+        identity_from_model(SERVER_TOKEN_MODEL, "")
+    with pytest.raises(Refused) as refused:
+        identity_from_model({**SERVER_TOKEN_MODEL, "kind": "service", "name": "x"}, "gpu")
+    assert refused.value.code == 403
+    # a token of the user's own (access to all their servers) may report for any of them
+    own = {"kind": "user", "name": "ann", "scopes": ["access:servers!user=ann"]}
+    assert identity_from_model(own, "") == Identity("ann", "")
+    with pytest.raises(Refused, match="which server"):
+        identity_from_model(own, None)
