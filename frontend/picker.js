@@ -26,6 +26,8 @@
   const modeSets = Array.from(root.querySelectorAll("fieldset.fs-mode"));
   let lastUpdated = new Date();
   let stale = false;
+  // the service answered, but its own watch of the cluster is down: its counts are frozen
+  let serverStale = !!model.stale;
 
   function el(tag, attrs, text) {
     const node = document.createElement(tag);
@@ -146,7 +148,7 @@
       const badgeClass = free === null || free === undefined ? "unknown" : free > 0 ? "free" : "full";
       const badge = el("span", { class: `fs-badge fs-badge-${badgeClass}` });
       badge.appendChild(el("span", { "aria-hidden": "true" }, badgeClass === "free" ? "● " : badgeClass === "full" ? "○ " : "? "));
-      badge.appendChild(document.createTextNode(countText(offer) + (stale ? " (stale)" : "")));
+      badge.appendChild(document.createTextNode(countText(offer) + (stale || serverStale ? " (stale)" : "")));
       card.appendChild(badge);
       if (!offer.allowed) card.appendChild(el("span", { class: "fs-reason small" }, offer.reason));
       card.addEventListener("click", () => {
@@ -205,6 +207,12 @@
       const next = await response.json();
       if (!next || !Array.isArray(next.pools)) throw new Error("bad payload");
       applyModel(next);
+      serverStale = !!next.stale;
+      const frozen = document.getElementById("fs-stale-counts");
+      if (frozen) {
+        frozen.hidden = !serverStale;
+        frozen.textContent = `Counts may be out of date: the cluster has not answered for ${next.stale_seconds || 0} s.`;
+      }
       lastUpdated = new Date();
       if (stale) live.textContent = "Live availability is back.";
       stale = false;
