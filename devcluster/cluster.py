@@ -150,6 +150,18 @@ def _replacement(
     return updated
 
 
+def _names_version(request: Any) -> bool:
+    """Whether a PUT body or a patch names a metadata.resourceVersion (a precondition)."""
+    if isinstance(request, Mapping):
+        return bool((request.get("metadata") or {}).get("resourceVersion"))
+    if isinstance(request, list):
+        return any(
+            isinstance(op, Mapping) and op.get("path") == "/metadata/resourceVersion"
+            for op in request
+        )
+    return False
+
+
 def _conflict(plural: str, name: str) -> ApiError:
     return ApiError(
         409,
@@ -288,6 +300,8 @@ class DevCluster:
         webhooks, stored (or, for a dry run, not)."""
         resource = self.store.resources[plural]
         body = self._decode_create(resource, version, namespace, body, info)
+        if plural == CRDS:
+            info.warnings.extend(crd.unsupported(body))
         meta = body["metadata"]
         attrs = Attributes(
             "CREATE", resource, version, meta.get("namespace", ""), meta.get("name", ""),
@@ -295,6 +309,7 @@ class DevCluster:
         )  # fmt: skip
         body = await self.admission.mutate(attrs, lambda o: self._redefault(resource, version, o))
         self._validate(resource, version, body)
+        attrs.object = body
         await self.admission.validate(attrs)
         if resource.key not in self.store.resources:
             raise ApiError(404, "NotFound", "the server could not find the requested resource")
@@ -473,7 +488,11 @@ class DevCluster:
         validating webhooks, then stored if nothing else wrote the object meanwhile (else
         done again on the new version, as the apiserver's GuaranteedUpdate retries)."""
         resource = self.store.resources[plural]
+        # a precondition only if the client named a resourceVersion (a patch leaves the
+        # current one in place, which is no precondition)
+        explicit = _names_version(body if body is not None else patch)
         for _ in range(8):
+            del info.warnings[:]  # each attempt says its own
             current = self.store.get(plural, namespace, name)
             seen = current["metadata"]["resourceVersion"]
             view = {**current, "apiVersion": resource.api_version(version)}
@@ -481,13 +500,15 @@ class DevCluster:
                 updated = _replacement(view, body, resource, version)
             else:
                 updated = _apply_patch(view, patch, content_type)
-            explicit = self._check_version(plural, name, current, updated)
+            self._check_version(plural, name, current, updated)
             if resource.custom:
                 updated = customresources.decode(
                     resource, version, updated, info.field_validation, info.warnings
                 )
             else:
                 updated = self._redefault(resource, version, updated)
+            if plural == CRDS:
+                info.warnings[:] = crd.unsupported(updated)
             attrs = Attributes(
                 "UPDATE", resource, version, namespace or "", name, updated, view, info,
                 subresource,
@@ -496,6 +517,7 @@ class DevCluster:
                 attrs, lambda o: self._redefault(resource, version, o)
             )
             updated = self._prepare_update(resource, version, current, updated, subresource)
+            attrs.object = updated  # validating webhooks see what would be stored
             await self.admission.validate(attrs)
             latest = self.store.get(plural, namespace, name)
             if latest["metadata"]["resourceVersion"] != seen:

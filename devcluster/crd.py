@@ -158,6 +158,32 @@ def _version_errors(versions: list[Any]) -> list[FieldError]:
     return found
 
 
+def _has_key(node: Any, key: str) -> bool:
+    if isinstance(node, Mapping):
+        return key in node or any(_has_key(v, key) for v in node.values())
+    if isinstance(node, list):
+        return any(_has_key(v, key) for v in node)
+    return False
+
+
+def unsupported(crd: Mapping[str, Any]) -> list[str]:
+    """What the devcluster stores but does not act on: said as warnings on the CRD's write."""
+    found = []
+    for version in (crd.get("spec") or {}).get("versions") or []:
+        name = version.get("name")
+        if _has_key(version.get("schema"), "x-kubernetes-validations"):
+            found.append(
+                f"devcluster: {name}: x-kubernetes-validations (CEL) rules are not evaluated"
+            )
+        if (version.get("subresources") or {}).get("scale") is not None:
+            found.append(f"devcluster: {name}: the scale subresource is not served")
+        if version.get("selectableFields"):
+            found.append(
+                f"devcluster: {name}: selectableFields are not supported in field selectors"
+            )
+    return found
+
+
 def immutable_errors(old: Mapping[str, Any], new: Mapping[str, Any]) -> list[FieldError]:
     if (old.get("spec") or {}).get("scope") != (new.get("spec") or {}).get("scope"):
         return [invalid("spec.scope", (new.get("spec") or {}).get("scope"), "field is immutable")]

@@ -777,3 +777,58 @@ def test_concurrent_creates_reach_the_webhook_concurrently(client, ca, cert):
 
 def test_the_certs_helper_writes_a_key_only_its_owner_reads(cert):
     assert Path(cert.key_file).stat().st_mode & 0o077 == 0
+
+
+def test_a_write_during_admission_is_retried_on_the_new_version_or_409_if_preconditioned(
+    client, ca, cert
+):
+    """While a webhook holds an update, another write lands: the held update is done again
+    on the new object (as the apiserver's GuaranteedUpdate retries), so neither change is
+    lost; an update that named a resourceVersion gets a 409 instead."""
+    hold = threading.Event()
+    held = threading.Event()
+
+    async def respond(review: dict[str, Any]) -> dict[str, Any]:
+        labels = review["request"]["object"]["metadata"]["labels"]
+        if labels.get("slow") == "yes" and not held.is_set():
+            held.set()
+            await asyncio.to_thread(hold.wait, 20)
+        return allow(review)
+
+    rules = [{**POD_RULE, "operations": ["UPDATE"]}]
+    path = "/api/v1/namespaces/profile-b/pods/raced"
+    merge = "application/merge-patch+json"
+    with Webhook(cert, respond) as webhook:
+        install(
+            client,
+            webhook_config(
+                "race",
+                [hook("race.example.com", by_url(webhook, ca), rules=rules, timeoutSeconds=30)],
+            ),
+        )
+        assert create_pod(client, "profile-b", pod("raced"))[0] == 201
+        for precondition, expected in ((False, 200), (True, 409)):
+            hold.clear()
+            held.clear()
+            current = request(client, "GET", path)[1]
+            patch: dict[str, Any] = {"metadata": {"labels": {"slow": "yes"}}}
+            if precondition:
+                patch["metadata"]["resourceVersion"] = current["metadata"]["resourceVersion"]
+            with ThreadPoolExecutor(1) as pool:
+                slow = pool.submit(request, client, "PATCH", path, patch, content_type=merge)
+                assert held.wait(20), "the webhook never got the first update"
+                quick = {"metadata": {"labels": {"slow": None, "quick": str(precondition)}}}
+                assert request(client, "PATCH", path, quick, content_type=merge)[0] == 200
+                hold.set()
+                status, body, _ = slow.result(60)
+            assert status == expected, body
+            labels = request(client, "GET", path)[1]["metadata"]["labels"]
+            if expected == 200:
+                assert labels == {"slow": "yes", "quick": "False"}  # both writes kept
+                # the retry was admitted again, on top of the write that landed meanwhile
+                assert webhook.reviews[-1]["request"]["oldObject"]["metadata"]["labels"] == {
+                    "quick": "False"
+                }
+            else:
+                assert labels == {"quick": "True"}
+                assert body["reason"] == "Conflict"

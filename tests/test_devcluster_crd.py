@@ -607,3 +607,14 @@ def test_kubectl_prints_a_crds_printer_columns(devcluster):
     lines = kubectl(devcluster, "get", "cw", "-n", "crd-a").splitlines()
     assert lines[0].split() == ["NAME", "SIZE", "MODE", "AGE"]
     assert lines[1].split()[:3] == ["printed", "3", "fast"]
+
+
+def test_what_the_devcluster_does_not_evaluate_is_said_as_a_warning(devcluster):
+    crd = widget_crd("cel.example.com")
+    spec = crd["spec"]["versions"][0]["schema"]["openAPIV3Schema"]["properties"]["spec"]
+    spec["x-kubernetes-validations"] = [{"rule": "self.size <= 8", "message": "too big"}]
+    status, _, warnings = http(devcluster, "POST", CRDS, crd)
+    assert status == 201
+    assert warnings == [
+        '299 - "devcluster: v1: x-kubernetes-validations (CEL) rules are not evaluated"'
+    ]
