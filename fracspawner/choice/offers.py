@@ -13,7 +13,8 @@ from ..backends import plan_slice
 from ..model.access import allowed_pools
 from ..model.catalog import AccessRule, Catalog, Pool
 from ..model.slices import Slice
-from .options import OPTION_KEYS
+from ..model.units import gib, gpu_amount, gpu_share
+from .options import OPTION_KEYS, describe_offer
 
 MODE_LABELS = {
     "fraction": "Fraction of a GPU",
@@ -41,8 +42,15 @@ _EPSILON = 1e-9
 
 
 def _gib(mib: int) -> str:
-    gib = mib / 1024
-    return f"{gib:.0f} GiB" if abs(gib - round(gib)) < 0.05 else f"{gib:.1f} GiB"
+    return gib(mib)
+
+
+def size_label(offer: Slice) -> str:
+    """A size as its radio shows it: '1/8' (under "Fraction of a GPU"), '10 GiB', 'MIG 1g.10gb',
+    '2 GPUs' — one unit style everywhere (the spec, e.g. '10GiB', stays the submitted value)."""
+    if offer.kind == "fraction":
+        return str(offer)
+    return describe_offer(offer)
 
 
 def _sms(offer: Slice, pool: Pool, gpu_equivalent: float) -> int | None:
@@ -66,7 +74,7 @@ def summary(
     if offer.kind == "fraction":
         what = f"{offer} of {'an' if model[:1] in 'AEIOUH' else 'a'} {model}"
     elif offer.kind == "memory":
-        what = f"{offer} of {'an' if model[:1] in 'AEIOUH' else 'a'} {model}"
+        what = f"{_gib(offer.memory_mib or 0)} of {'an' if model[:1] in 'AEIOUH' else 'a'} {model}"
     elif offer.kind == "mig":
         what = f"MIG {offer.profile} on {'an' if model[:1] in 'AEIOUH' else 'a'} {model}"
     else:
@@ -119,7 +127,10 @@ def build_offer_model(
             if not pool_allowed:
                 reason = "Your access rules do not include this pool."
             elif remaining is not None and plan.gpu_equivalent > remaining + _EPSILON:
-                reason = f"Needs {plan.gpu_equivalent:g} GPU; your quota has {remaining:g} left."
+                reason = (
+                    f"Needs {gpu_amount(plan.gpu_equivalent)}; "
+                    f"your quota has {gpu_amount(remaining)} left."
+                )
             elif free == 0 and not stale:  # a frozen 0 is unknown, not "full"
                 reason = "None free right now."
             mode = offer.kind
@@ -129,6 +140,7 @@ def build_offer_model(
                 {
                     "spec": str(offer),
                     "label": offer.label,
+                    "display": size_label(offer),
                     "mode": mode,
                     "gpu_equivalent": round(plan.gpu_equivalent, 6),
                     "memory_mib": plan.memory_mib,
@@ -164,6 +176,10 @@ def build_offer_model(
             "max_gpu": limit,
             "used_gpu": round(used_gpu, 6),
             "remaining_gpu": None if remaining is None else round(remaining, 6),
+            # the same numbers in the units people think in ("1/8 GPU", "1 6/7 GPUs")
+            "used_text": gpu_share(used_gpu),
+            "max_text": None if limit is None else gpu_amount(limit),
+            "remaining_text": None if remaining is None else gpu_amount(remaining),
         },
         "modes": [{"id": m, "label": MODE_LABELS[m]} for m in modes],
         "pools": pools,

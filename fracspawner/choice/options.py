@@ -17,6 +17,7 @@ from ..model.access import allowed_pools, quota_left, within_quota
 from ..model.catalog import AccessRule, Catalog, Image, Pool
 from ..model.errors import OptionsError, SliceError
 from ..model.slices import Slice, parse_slice
+from ..model.units import gpu_amount, gpu_share, slice_text
 
 __all__ = [
     "OPTION_KEYS",
@@ -169,48 +170,87 @@ def resolve_choice(
 
     if not admin and not within_quota(rule, used_gpu, plan.gpu_equivalent):
         left = quota_left(rule, used_gpu) or 0.0
+        what = describe_offer(offer)
+        # "MIG 1g.10gb (1/7 GPU)": a size not in GPU shares says what it counts as
+        cost = gpu_amount(plan.gpu_equivalent)
+        what += "" if what == cost else f" ({cost})"
+        if used_gpu > 0:
+            raise OptionsError(
+                f"Quota: {what} on {pool.display_name} is more than the {gpu_amount(left)} "
+                f"left of your {gpu_amount(rule.max_gpu)} (your other servers hold "
+                f"{gpu_share(used_gpu)}). Stop a server or choose a smaller size."
+            )
         raise OptionsError(
-            f"Quota: {offer} on {pool.name} counts as {_fmt_gpu(plan.gpu_equivalent)} GPU; "
-            f"your servers already hold {_fmt_gpu(used_gpu)} of your "
-            f"{_fmt_gpu(rule.max_gpu)} GPU limit ({_fmt_gpu(left)} left). "
-            "Stop a server or choose a smaller slice."
+            f"Quota: {what} on {pool.display_name} is more than your limit of "
+            f"{gpu_amount(rule.max_gpu)}. Choose a smaller size."
         )
 
     free = _capacity_free(capacity, pool, offer)
     if free == 0 and admission == "refuse":
         total = capacity.get(pool.name, str(offer)).total
+        room = None if admin else quota_left(rule, used_gpu)
         raise OptionsError(
-            f"No free {describe_offer(offer)} in pool {pool.name} right now (0 of {total} free). "
-            + free_elsewhere(catalog, may_use, capacity)
+            f"No {describe_offer(offer)} is free on {pool.display_name} right now "
+            f"(all {total} are taken). "
+            + free_elsewhere(catalog, may_use, capacity, wanted=(pool, offer), room=room)
         )
     return Choice(requested, pool, image, plan, offer)
 
 
 def describe_offer(offer: Slice) -> str:
-    """Human words for an offer: '1g.10gb MIG slice', '1/4 GPU', '10 GiB GPU slice'."""
-    if offer.kind == "mig":
-        return f"{offer.profile} MIG slice"
-    if offer.kind == "fraction":
-        return f"{offer} GPU"
-    if offer.kind == "memory":
-        return f"{offer} GPU slice"
-    if offer.kind == "whole":
-        return f"{offer.count} whole GPU" + ("s" if offer.count > 1 else "")
-    return "CPU-only server"
+    """Plain words for an offer, as the picker shows it: 'MIG 1g.10gb', '1/4 GPU', '10 GiB'."""
+    return slice_text(
+        offer.kind,
+        fraction=str(offer) if offer.kind == "fraction" else "",
+        memory_mib=offer.memory_mib or 0,
+        profile=offer.profile or "",
+        count=offer.count or 0,
+    )
 
 
-def free_elsewhere(catalog: Catalog, pools: Sequence[Pool], capacity: Any, limit: int = 6) -> str:
-    """'Free now: h100 1/4 (12), t4 1/4 (3).' — what the user could take instead."""
+def _closeness(
+    wanted: tuple[Pool, Slice] | None, size: float, pool: Pool, offer: Slice
+) -> tuple[int, float]:
+    """Sort key: the same size elsewhere first, then the next smaller sizes, then larger."""
+    if wanted is None:
+        return (0, 0.0)
+    want_pool, want_offer = wanted
+    want = plan_slice(want_offer, want_pool, None).gpu_equivalent
+    if str(offer) == str(want_offer) or abs(size - want) < 1e-9:
+        return (0, 0.0)
+    return (1, want - size) if size < want else (2, size - want)
+
+
+def free_elsewhere(
+    catalog: Catalog,
+    pools: Sequence[Pool],
+    capacity: Any,
+    limit: int = 3,
+    *,
+    wanted: tuple[Pool, Slice] | None = None,
+    room: float | None = None,
+) -> str:
+    """'Free instead: 1/4 GPU on T4: 3 free; 1/8 GPU on H100 80GB: 12 free.'
+
+    Only what the user could take now (free, and within `room` GPU of quota), closest to
+    `wanted` first: the same size on another pool, then the next smaller sizes.
+    """
     if capacity is None:
         return ""
-    free_now = []
+    found = []
     for pool in pools:
         for offer in pool.offers:
+            if wanted is not None and pool is wanted[0] and str(offer) == str(wanted[1]):
+                continue
             free = _capacity_free(capacity, pool, offer)
-            if free:
-                free_now.append(f"{pool.name} {offer} ({free})")
-    if not free_now:
-        return "Nothing you may use is free at the moment; try again later."
-    more = len(free_now) - limit
-    listed = ", ".join(free_now[:limit]) + (f" and {more} more" if more > 0 else "")
-    return f"Free now: {listed}."
+            size = plan_slice(offer, pool, None).gpu_equivalent
+            if not free or (room is not None and size > room + 1e-9):
+                continue
+            key = _closeness(wanted, size, pool, offer)
+            found.append((key, f"{describe_offer(offer)} on {pool.display_name}: {free} free"))
+    if not found:
+        return "Nothing else you may use is free at the moment; try again in a few minutes."
+    found.sort(key=lambda item: item[0])  # stable: catalog order breaks ties
+    more = len(found) - limit
+    listed = "; ".join(text for _, text in found[:limit])
+    return f"Free instead: {listed}" + (f" and {more} more." if more > 0 else ".")
