@@ -107,7 +107,6 @@ def test_dict_and_yaml_give_the_same_catalog(tmp_path):
         ("pools.h100.node_selector", {"gpu": True}, "pools.h100.node_selector.gpu: True is not"),
         ("pools.h100.default_image", "tensorflow", "pools.h100.default_image: unknown image"),
         ("pools.h100.idle", {"server_idle": "soon"}, "pools.h100.idle.server_idle: 'soon' is not"),
-        ("images", {}, "images: {} should be non-empty"),
         ("images.scipy.default", True, "images.scipy.default: only one image may be the default"),
         ("images.scipy.image", "-", "images.scipy: 'image' is a required property"),
         ("access.default.pools", ["a100"], "access.default.pools[0]: unknown pool 'a100'"),
@@ -218,6 +217,17 @@ def test_default_image_pool_override_and_first_image_fallback():
     assert catalog.default_image(catalog.pools["h100"]).name == "pytorch"
     no_default = load_catalog(with_change("images.pytorch.default", False))
     assert no_default.default_image(None).name == "pytorch"
+
+
+@pytest.mark.parametrize("images", ["-", {}])
+def test_images_are_optional(images):
+    # without images fracspawner sets none: the spawner's configured image stays in force
+    catalog = load_catalog(with_change("images", images))
+    assert not catalog.images
+    assert catalog.default_image(None) is None
+    assert catalog.default_image(catalog.pools["h100"]) is None
+    with pytest.raises(CatalogError, match="pools.h100.default_image: unknown image 'pytorch'"):
+        load_catalog(with_change("pools.h100.default_image", "pytorch") | {"images": {}})
 
 
 def test_idle_for_merges_pool_overrides():

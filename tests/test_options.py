@@ -43,9 +43,41 @@ def test_defaults_pick_pool_image_and_plan():
     assert choice.plan.labels["fracspawner.io/gpu"] == "0.25"
 
 
-def test_form_values_arrive_as_lists():
-    choice = resolve_choice(CATALOG, {"gpu": ["1/8"], "pool": ["h100"]}, rule=EVERYONE)
-    assert str(choice.slice) == "1/8"
+@pytest.mark.parametrize(
+    "options, words",
+    [
+        # only form data comes as lists, and the spawner's options_from_form unwraps those;
+        # the REST API's CONTRACT is one value per key
+        ({"gpu": ["1/8"], "pool": "h100"}, 'gpu: expected one value like "1/4", got a list'),
+        ({"gpu": "1/8", "pool": ["h100"]}, "pool: expected a name (a string), got list"),
+        ({"gpu": "none", "image": ["pytorch"]}, "image: expected a name (a string), got list"),
+        ({"gpu": {"spec": "1/8"}}, "got a dict"),
+    ],
+)
+def test_rest_values_given_as_lists_are_refused(options, words):
+    with pytest.raises(OptionsError) as info:
+        resolve_choice(CATALOG, options, rule=EVERYONE)
+    assert words in str(info.value)
+
+
+@pytest.mark.parametrize(
+    "options",
+    [
+        {"pool": "p" * 100_000, "gpu": "1/4"},
+        {"image": "i" * 100_000},
+        {"k" * 100_000: 1},
+        {f"key-{i}-" + "x" * 1000: 1 for i in range(100)},
+        {"gpu": "1" * 100_000},
+        {"gpu": 10**4000},
+    ],
+)
+def test_huge_values_are_not_echoed_whole(options):
+    with pytest.raises(OptionsError) as info:
+        resolve_choice(CATALOG, options, rule=EVERYONE)
+    message = str(info.value)
+    # at most 40 characters of a value, cut with an ellipsis; a handful of unknown keys
+    assert len(message) < 600, message
+    assert "xxxxxxxxxx" * 5 not in message and "p" * 41 not in message
 
 
 def test_no_gpu_carries_no_gpu_plan():

@@ -12,7 +12,8 @@ from typing import Any
 from ..backends import plan_slice
 from ..model.access import allowed_pools
 from ..model.catalog import AccessRule, Catalog, Pool
-from ..model.slices import Slice
+from ..model.errors import SliceError
+from ..model.slices import Slice, parse_slice
 from ..model.units import gib, gpu_amount, gpu_share
 from .options import OPTION_KEYS, describe_offer
 
@@ -93,6 +94,27 @@ def summary(
     return f"{what}: {', '.join(parts)}"
 
 
+def known_previous(catalog: Catalog, previous: Mapping[str, Any] | None) -> dict[str, str]:
+    """The last spawn's options as the form may preselect them: only valid, known values.
+
+    JupyterHub saves a spawn's options even when fracspawner refused them, so they are user
+    input: a NaN, a list or a 100 kB name must not reach the page (NaN would make the
+    embedded JSON invalid and break the picker)."""
+    out: dict[str, str] = {}
+    previous = previous if isinstance(previous, Mapping) else {}
+    gpu, pool, image = (previous.get(k) for k in OPTION_KEYS)
+    if isinstance(gpu, str):
+        try:
+            out["gpu"] = str(parse_slice(gpu, step=catalog.fraction_step))
+        except SliceError:
+            pass
+    if isinstance(pool, str) and pool in catalog.pools:
+        out["pool"] = pool
+    if isinstance(image, str) and image in catalog.images:
+        out["image"] = image
+    return out
+
+
 def build_offer_model(
     catalog: Catalog,
     *,
@@ -170,7 +192,6 @@ def build_offer_model(
         )
     order = list(MODE_LABELS)
     modes.sort(key=order.index)
-    previous = {k: v for k, v in (previous or {}).items() if k in OPTION_KEYS}
     return {
         "quota": {
             "max_gpu": limit,
@@ -192,7 +213,7 @@ def build_offer_model(
             }
             for img in catalog.images.values()
         ],
-        "previous": previous,
+        "previous": known_previous(catalog, previous),
         "stale": stale,
         "stale_seconds": stale_seconds,
     }

@@ -15,7 +15,7 @@ from ..backends import plan_slice, resolve_offer
 from ..backends.base import PodPlan
 from ..model.access import allowed_pools, quota_left, within_quota
 from ..model.catalog import AccessRule, Catalog, Image, Pool
-from ..model.errors import OptionsError, SliceError
+from ..model.errors import OptionsError, SliceError, echo
 from ..model.slices import Slice, parse_slice
 from ..model.units import gpu_amount, gpu_share, slice_text
 
@@ -68,11 +68,20 @@ def _coerce_str(options: Mapping[str, Any], key: str) -> str | None:
     value = options.get(key)
     if value is None or value == "":
         return None
-    if isinstance(value, list) and len(value) == 1:  # tornado form data arrives as lists
-        value = value[0]
+    # no list unwrapping: the form's lists are unwrapped by the spawner's options_from_form,
+    # so a list here came through the REST API, where the CONTRACT says one value
     if not isinstance(value, str):
         raise OptionsError(f"{key}: expected a name (a string), got {type(value).__name__}.")
     return value.strip() or None
+
+
+#: unknown keys a message lists before "and N more"
+_LIST_MAX = 5
+
+
+def _listed(names: Sequence[str]) -> str:
+    shown = ", ".join(echo(n) for n in names[:_LIST_MAX])
+    return shown + (f" and {len(names) - _LIST_MAX} more" if len(names) > _LIST_MAX else "")
 
 
 def resolve_choice(
@@ -102,13 +111,13 @@ def resolve_choice(
     )
     if unknown:
         raise OptionsError(
-            f"Unknown option(s): {', '.join(map(repr, unknown))}. "
+            f"Unknown option(s): {_listed(unknown)}. "
             f"Allowed options: {', '.join(OPTION_KEYS + tuple(extra_keys))}."
         )
 
     raw_gpu = options.get("gpu")
-    if isinstance(raw_gpu, list) and len(raw_gpu) == 1:
-        raw_gpu = raw_gpu[0]
+    if isinstance(raw_gpu, (list, tuple, Mapping)):
+        raise OptionsError(f'gpu: expected one value like "1/4", got a {type(raw_gpu).__name__}.')
     try:
         requested = parse_slice(raw_gpu, step=catalog.fraction_step)
     except SliceError as exc:
@@ -119,15 +128,20 @@ def resolve_choice(
     may_use = allowed_pools(catalog, rule, admin=admin)
 
     if image_name is not None and image_name not in catalog.images:
+        if not catalog.images:
+            raise OptionsError(
+                "image: this hub offers no choice of image; leave the option out and the "
+                "server's configured image is used."
+            )
         raise OptionsError(
-            f"image: unknown image {image_name!r}. Available: {', '.join(catalog.images)}."
+            f"image: unknown image {echo(image_name)}. Available: {', '.join(catalog.images)}."
         )
 
     if requested.kind == "none":
         if pool_name is not None:
             raise OptionsError(
-                f"pool: {pool_name!r} is a GPU pool; choose a gpu slice, or no pool for a CPU-only "
-                "server."
+                f"pool: {echo(pool_name)} is a GPU pool; choose a gpu slice, or no pool for a "
+                "CPU-only server."
             )
         image = catalog.images[image_name] if image_name else catalog.default_image(None)
         return Choice(requested, None, image, plan_slice(requested, None, image))
@@ -135,7 +149,7 @@ def resolve_choice(
     if pool_name is not None:
         if pool_name not in catalog.pools:
             raise OptionsError(
-                f"pool: unknown pool {pool_name!r}. Available: {', '.join(catalog.pools)}."
+                f"pool: unknown pool {echo(pool_name)}. Available: {', '.join(catalog.pools)}."
             )
         pool = catalog.pools[pool_name]
         if pool not in may_use:

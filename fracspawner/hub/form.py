@@ -74,8 +74,10 @@ def picker_assets() -> tuple[str, str]:
 def render_form(model: Mapping[str, Any], *, profile_html: str = "", service_url: str = "") -> str:
     previous = model.get("previous") or {}
     selected_gpu = _canonical(previous.get("gpu")) or "none"
-    # JSON for the picker script; '<' escaped so no string can close the <script> element
-    model_json = json.dumps(model, separators=(",", ":")).replace("<", "\\u003c")
+    # JSON for the picker script; '<' escaped so no string can close the <script> element, and
+    # strict (no NaN/Infinity, which JSON.parse refuses): a bad number is an error here, never
+    # a broken page
+    model_json = json.dumps(model, separators=(",", ":"), allow_nan=False).replace("<", "\\u003c")
     return (
         _env()
         .get_template("gpu_form.html")

@@ -385,7 +385,8 @@ def build_catalog(data: Any, check_pool: PoolCheck | None = None) -> Catalog:
 
     images: dict[str, Image] = {}
     defaults = []
-    for name, raw in data["images"].items():
+    # no images: fracspawner sets none, and the spawner's configured image stays in force
+    for name, raw in (data.get("images") or {}).items():
         images[name] = Image(
             name=name,
             display_name=raw.get("display_name") or name,
@@ -404,7 +405,7 @@ def build_catalog(data: Any, check_pool: PoolCheck | None = None) -> Catalog:
         if pool.default_image is not None and pool.default_image not in images:
             raise CatalogError(
                 f"pools.{name}.default_image: unknown image {pool.default_image!r}; "
-                f"images: {', '.join(images)}"
+                f"images: {', '.join(images) or 'none (the catalog has no images section)'}"
             )
 
     access = data.get("access")
