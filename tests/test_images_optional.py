@@ -94,7 +94,7 @@ async def test_an_image_option_without_catalog_images_is_refused_with_a_reason()
     with pytest.raises(HTTPError) as info:
         await spawner.load_user_options()
     assert info.value.status_code == 400
-    assert "this hub offers no choice of image" in info.value.log_message
+    assert "this hub offers no choice of image" in str(info.value)
 
 
 @pytest.mark.parametrize(("catalog", "picker"), [(no_images(), False), (DEMO, True)])
