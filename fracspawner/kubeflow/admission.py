@@ -15,12 +15,14 @@ import base64
 import json
 import re
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
+from types import MappingProxyType
 from typing import Any
 
 from ..backends import LABEL_GPU, LABEL_POOL, is_reserved_env, plan_slice
 from ..backends.base import PodPlan
 from ..backends.podspec import apply_plan
+from ..choice.notebook_env import notebook_env
 from ..choice.options import resolve_choice
 from ..model.access import within_quota
 from ..model.catalog import AccessRule, Catalog
@@ -285,6 +287,10 @@ def admit(
     assert choice.pool is not None
     # the pod's image is the user's choice; a backend image (ClearML's) still wins
     plan = plan_slice(choice.offer or choice.slice, choice.pool, None)
+    # what the spawner also tells a GPU notebook (its slice and idle policy: the JupyterLab
+    # meter and the server's own kernel culling read them)
+    told = notebook_env(choice, catalog)
+    plan = replace(plan, env=MappingProxyType({**plan.env, **told}))
     if not within_quota(rule, used_gpu, plan.gpu_equivalent):
         left = max((rule.max_gpu or 0.0) - used_gpu, 0.0)
         raise Refusal(

@@ -1,0 +1,304 @@
+"""Helpers for the Kubeflow tests: a test CA and serving certificate, the real `fracspawner
+webhook` process, pods as Kubeflow's Notebook controller makes them, AdmissionReviews."""
+
+from __future__ import annotations
+
+import base64
+import json
+import os
+import signal
+import ssl
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+import uuid
+from pathlib import Path
+from typing import Any
+
+from devcluster.localhub import free_port
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+# --------------------------------------------------------------------------- TLS
+def make_tls(folder: Path, hosts: tuple[str, ...] = ("127.0.0.1", "localhost")) -> dict[str, Path]:
+    """A test CA and a serving certificate it signed for `hosts` (devcluster.certs), as PEM
+    files: {"ca", "cert", "key"}."""
+    from devcluster.certs import issue, make_ca
+
+    folder.mkdir(parents=True, exist_ok=True)
+    ca = make_ca("fracspawner test CA")
+    (folder / "ca.crt").write_bytes(ca.pem)
+    server = issue(ca, list(hosts), folder)
+    return {"ca": folder / "ca.crt", "cert": server.cert_file, "key": server.key_file}
+
+
+# --------------------------------------------------------------------------- the webhook
+class WebhookProcess:
+    """`python -m fracspawner webhook ...` on a loopback port, talked to over verified HTTPS."""
+
+    def __init__(self, catalog: Path, kubeconfig: Path, tls: dict[str, Path], log: Path):
+        self.catalog = catalog
+        self.port = free_port()
+        self.url = f"https://127.0.0.1:{self.port}"
+        self.context = ssl.create_default_context(cafile=str(tls["ca"]))
+        self.log_path = log
+        self._log = open(log, "wb")  # noqa: SIM115 - closed in stop()
+        self.process = subprocess.Popen(
+            [
+                sys.executable, "-m", "fracspawner", "webhook", "--catalog", str(catalog),
+                "--port", str(self.port), "--address", "127.0.0.1",
+                "--tls-cert", str(tls["cert"]), "--tls-key", str(tls["key"]),
+                "--kubeconfig", str(kubeconfig), "--reservation-ttl", "300",
+            ],
+            stdout=self._log, stderr=subprocess.STDOUT, start_new_session=True,
+            env={**os.environ, "PYTHONUNBUFFERED": "1"},
+        )  # fmt: skip
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:
+            if self.process.poll() is not None:
+                raise RuntimeError(f"webhook exited {self.process.returncode}:\n{self.logs()}")
+            try:
+                if self.request("GET", "/healthz")[0] == 200:
+                    return
+            except OSError:
+                pass
+            time.sleep(0.1)
+        self.stop()
+        raise RuntimeError(f"webhook did not start:\n{self.logs()}")
+
+    def request(self, method: str, path: str, body: bytes | None = None) -> tuple[int, bytes]:
+        req = urllib.request.Request(self.url + path, data=body, method=method)
+        req.add_header("Content-Type", "application/json")
+        try:
+            with urllib.request.urlopen(req, timeout=30, context=self.context) as resp:
+                return resp.status, resp.read()
+        except urllib.error.HTTPError as exc:
+            return exc.code, exc.read()
+
+    def review(self, review: dict[str, Any]) -> dict[str, Any]:
+        """The `response` of an AdmissionReview."""
+        status, body = self.request("POST", "/mutate", json.dumps(review).encode())
+        assert status == 200, (status, body)
+        answer = json.loads(body)
+        assert answer["apiVersion"] == "admission.k8s.io/v1"
+        assert answer["response"]["uid"] == review["request"]["uid"]
+        return answer["response"]
+
+    def logs(self) -> str:
+        self._log.flush()
+        return self.log_path.read_text(errors="replace")
+
+    def stop(self) -> None:
+        if self.process.poll() is None:
+            self.process.send_signal(signal.SIGTERM)
+            try:
+                self.process.wait(20)
+            except subprocess.TimeoutExpired:
+                self.process.kill()
+                self.process.wait(5)
+        self._log.close()
+
+
+# --------------------------------------------------------------------------- Kubeflow objects
+def notebook_pod(
+    namespace: str, notebook: str, labels: dict[str, str] | None = None, **extra: Any
+) -> dict[str, Any]:
+    """The pod Kubeflow's Notebook controller makes for a JWA notebook (NB1 notebook_controller.go
+    generateStatefulSet; JWA notebook_template.yaml and form.py): named <notebook>-0, the
+    Notebook's labels copied (incl. the PodDefault selector label the form set), NB_PREFIX,
+    port 8888 notebook-port, fsGroup 100, /dev/shm, default-editor."""
+    return {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {
+            "name": f"{notebook}-0",
+            "namespace": namespace,
+            "labels": {
+                "app": notebook,
+                "statefulset": notebook,
+                "notebook-name": notebook,
+                "statefulset.kubernetes.io/pod-name": f"{notebook}-0",
+                **(labels or {}),
+            },
+        },
+        "spec": {
+            "containers": [
+                {
+                    "name": notebook,
+                    "image": "ghcr.io/kubeflow/kubeflow/notebook-servers/jupyter-scipy:v1.10.0",
+                    "resources": {
+                        "requests": {"cpu": "500m", "memory": "1Gi"},
+                        "limits": {"cpu": "600m", "memory": "1288490188800m"},
+                    },
+                    "env": [{"name": "NB_PREFIX", "value": f"/notebook/{namespace}/{notebook}"}],
+                    "ports": [{"containerPort": 8888, "name": "notebook-port", "protocol": "TCP"}],
+                    "workingDir": "/home/jovyan",
+                    "volumeMounts": [{"name": "dshm", "mountPath": "/dev/shm"}],
+                    **extra,
+                }
+            ],
+            "serviceAccountName": "default-editor",
+            "securityContext": {"fsGroup": 100},
+            "volumes": [{"name": "dshm", "emptyDir": {"medium": "Memory"}}],
+            "hostname": f"{notebook}-0",
+            "subdomain": notebook,
+        },
+    }
+
+
+def with_poddefault(pod: dict[str, Any], pool: str, gpu: str, selector: str) -> dict[str, Any]:
+    """The pod after Kubeflow's PodDefault webhook applied a fracspawner PodDefault: the
+    selector label (copied from the Notebook) plus the PodDefault's spec.labels, and its
+    `poddefault.admission.kubeflow.org/poddefault-<name>` annotation."""
+    out = json.loads(json.dumps(pod))
+    meta = out["metadata"]
+    meta["labels"].update(
+        {selector: "true", "fracspawner.io/pool": pool, "fracspawner.io/gpu": gpu}
+    )
+    meta.setdefault("annotations", {})[
+        f"poddefault.admission.kubeflow.org/poddefault-{selector}"
+    ] = "1"
+    return out
+
+
+def admission_review(
+    pod: dict[str, Any],
+    *,
+    operation: str = "CREATE",
+    old: dict[str, Any] | None = None,
+    dry_run: bool = False,
+) -> dict[str, Any]:
+    """An AdmissionReview as the API server sends it for a pod."""
+    namespace = pod["metadata"].get("namespace", "")
+    request: dict[str, Any] = {
+        "uid": str(uuid.uuid4()),
+        "kind": {"group": "", "version": "v1", "kind": "Pod"},
+        "resource": {"group": "", "version": "v1", "resource": "pods"},
+        "requestKind": {"group": "", "version": "v1", "kind": "Pod"},
+        "requestResource": {"group": "", "version": "v1", "resource": "pods"},
+        "name": pod["metadata"].get("name", ""),
+        "namespace": namespace,
+        "operation": operation,
+        "userInfo": {
+            "username": "system:serviceaccount:kube-system:statefulset-controller",
+            "groups": ["system:serviceaccounts", "system:authenticated"],
+        },
+        "object": pod,
+        "oldObject": old,
+        "dryRun": dry_run,
+        "options": {"apiVersion": "meta.k8s.io/v1", "kind": "CreateOptions"},
+    }
+    return {"apiVersion": "admission.k8s.io/v1", "kind": "AdmissionReview", "request": request}
+
+
+def patched(pod: dict[str, Any], response: dict[str, Any]) -> dict[str, Any]:
+    """The pod with the response's JSONPatch applied."""
+    if "patch" not in response:
+        return pod
+    assert response["patchType"] == "JSONPatch"
+    operations = json.loads(base64.b64decode(response["patch"]))
+    return apply_json_patch(pod, operations)
+
+
+def apply_json_patch(doc: Any, operations: list[dict[str, Any]]) -> Any:
+    """RFC 6902 add/replace/remove, written from the RFC (independent of the webhook's code)."""
+    doc = json.loads(json.dumps(doc))
+    for op in operations:
+        parts = [p.replace("~1", "/").replace("~0", "~") for p in op["path"].split("/")[1:]]
+        if not parts:
+            doc = op["value"]
+            continue
+        parent = doc
+        for part in parts[:-1]:
+            parent = parent[int(part)] if isinstance(parent, list) else parent[part]
+        last = parts[-1]
+        if isinstance(parent, list):
+            index = len(parent) if last == "-" else int(last)
+            if op["op"] == "add":
+                parent.insert(index, op["value"])
+            elif op["op"] == "replace":
+                parent[index] = op["value"]
+            else:
+                del parent[index]
+        elif op["op"] in ("add", "replace"):
+            if op["op"] == "replace":
+                assert last in parent, f"replace of a missing {op['path']}"
+            parent[last] = op["value"]
+        else:
+            del parent[last]
+    return doc
+
+
+# --------------------------------------------------------------------------- comparison
+def _leaves(pod: dict[str, Any], container: str | None) -> dict[str, Any]:
+    """A pod as path -> value, with env keyed by name and the notebook container as `box`."""
+    spec = pod["spec"]
+    box = next((c for c in spec["containers"] if c["name"] == container), spec["containers"][0])
+    out: dict[str, Any] = {}
+    for field in ("labels", "annotations"):
+        for k, v in (pod["metadata"].get(field) or {}).items():
+            out[f"metadata.{field}.{k}"] = v
+    for k, v in spec.items():
+        if k == "containers":
+            continue
+        if k == "nodeSelector":
+            out.update({f"spec.nodeSelector.{n}": x for n, x in v.items()})
+        else:
+            out[f"spec.{k}"] = json.dumps(v, sort_keys=True)
+    for k, v in box.items():
+        if k == "resources":
+            for part in ("limits", "requests"):
+                out.update({f"box.{part}.{n}": x for n, x in (v.get(part) or {}).items()})
+        elif k == "env":
+            out.update({f"box.env.{e['name']}": json.dumps(e, sort_keys=True) for e in v})
+        elif k != "name":
+            out[f"box.{k}"] = json.dumps(v, sort_keys=True)
+    return out
+
+
+def changes(
+    before: dict[str, Any],
+    after: dict[str, Any],
+    container: str | None = None,
+    ignore: tuple[str, ...] = ("box.env.JUPYTER_IMAGE",),
+) -> dict[str, Any]:
+    """What turned `before` into `after` (path -> new value, None for removed): for a plan,
+    the GPU fields when `before` is the same spawn without a GPU."""
+    a, b = _leaves(before, container), _leaves(after, container)
+    diff = {k: b.get(k) for k in a.keys() | b.keys() if a.get(k) != b.get(k)}
+    return {k: v for k, v in diff.items() if not k.startswith(ignore)}
+
+
+def assert_plan_applied(
+    pod: dict[str, Any], mutated: dict[str, Any], container: str, expected: dict[str, Any]
+) -> None:
+    """`mutated` carries exactly the GPU fields `expected` (a plan's changes), and the webhook
+    changed nothing else (the slice labels may have been there already, from a PodDefault)."""
+    after = _leaves(mutated, container)
+    assert {k: after.get(k) for k in expected} == expected
+    before = _leaves(pod, container)
+    extra = {
+        k
+        for k in set(changes(pod, mutated, container)) - set(expected)
+        if not (k in API_DEFAULTS and k not in before)  # the API server filled them in
+    }
+    assert not extra, f"changed besides the plan: {sorted(extra)}"
+
+
+#: fields the API server defaults on a pod it stores (pkg/apis/core/v1/defaults.go)
+API_DEFAULTS = {
+    "spec.restartPolicy",
+    "spec.dnsPolicy",
+    "spec.terminationGracePeriodSeconds",
+    "spec.schedulerName",
+    "spec.securityContext",
+    "spec.enableServiceLinks",
+    "spec.priority",
+    "spec.preemptionPolicy",
+    "box.terminationMessagePath",
+    "box.terminationMessagePolicy",
+    "box.imagePullPolicy",
+}

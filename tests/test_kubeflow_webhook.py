@@ -1,0 +1,402 @@
+"""The real `fracspawner webhook` process, asked over verified HTTPS with AdmissionReviews as the
+API server sends them, reading namespaces and pods from a devcluster: the plan it applies, the
+access rules and quota per profile namespace (also under concurrency), what it refuses and how,
+and that it never falls over on bad input. tests/test_kubeflow_e2e.py goes through the
+devcluster's own admission path."""
+
+from __future__ import annotations
+
+import base64
+import json
+import subprocess
+import sys
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from devcluster.validation import validate as k8s_validate
+from fracspawner.cli import main as fracspawner_main
+from fracspawner.model.slices import parse_slice
+from tests.kubeflow_support import (
+    WebhookProcess,
+    admission_review,
+    assert_plan_applied,
+    changes,
+    make_tls,
+    notebook_pod,
+    patched,
+    with_poddefault,
+)
+
+REPO = Path(__file__).resolve().parent.parent
+DEMO = REPO / "examples" / "catalogs" / "demo.yaml"
+EXAMPLES = sorted((REPO / "examples" / "catalogs").glob("*.yaml"))
+PROFILE = {"app.kubernetes.io/part-of": "kubeflow-profile"}
+
+
+def kubeflow_catalog() -> dict[str, Any]:
+    """The demo catalog (default: h100 up to 0.25 GPU; ml-research: all, up to 2) with profile
+    namespaces labelled team=research in ml-research."""
+    data = yaml.safe_load(DEMO.read_text())
+    data["kubeflow"] = {"namespaces": [{"labels": {"team": "research"}, "groups": ["ml-research"]}]}
+    return data
+
+
+@pytest.fixture(scope="module")
+def tls(tmp_path_factory):
+    return make_tls(tmp_path_factory.mktemp("tls"))
+
+
+@pytest.fixture(scope="module")
+def api(devcluster):
+    client = devcluster.client()
+    for name, labels in [
+        ("alice", {}),
+        ("lab", {"team": "research"}),
+        ("full", {}),
+        ("race", {}),
+        ("agree", {}),
+    ]:
+        status, body = client.request(
+            "POST",
+            "/api/v1/namespaces",
+            {"metadata": {"name": name, "labels": {**PROFILE, **labels}}},
+        )
+        assert status == 201, body
+    return client
+
+
+@pytest.fixture(scope="module")
+def webhook(api, devcluster, tls, tmp_path_factory):
+    folder = tmp_path_factory.mktemp("webhook")
+    catalog = folder / "catalog.yaml"
+    catalog.write_text(yaml.safe_dump(kubeflow_catalog()))
+    process = WebhookProcess(catalog, devcluster.kubeconfig, tls, folder / "webhook.log")
+    yield process
+    process.stop()
+
+
+def plan_pod(catalog: Path, gpu: str, pool: str | None, capsys) -> dict[str, Any]:
+    """What `fracspawner plan` prints for a slice (the CLI's own code path, in process)."""
+    capsys.readouterr()
+    args = ["plan", "--catalog", str(catalog), "--gpu", gpu, "-o", "json"]
+    assert fracspawner_main(args + (["--pool", pool] if pool else [])) == 0
+    return json.loads(capsys.readouterr().out)
+
+
+def kubeflow_pod(namespace: str, notebook: str, pool: str, gpu: str) -> dict[str, Any]:
+    selector = f"fracspawner-{pool}-{gpu.lower().replace('.', '-')}"
+    return with_poddefault(notebook_pod(namespace, notebook), pool, gpu, selector)
+
+
+# --------------------------------------------------------------------------- the plan
+def test_a_notebook_pod_gets_exactly_the_plan_and_passes_strict_validation(webhook, capsys):
+    pod = kubeflow_pod("alice", "analysis", "h100", "0.25")
+    answer = webhook.review(admission_review(pod))
+    assert answer["allowed"] is True
+    mutated = patched(pod, answer)
+    # the GPU fields: what the webhook changed == what a GPU adds to `fracspawner plan`'s pod
+    catalog = webhook.catalog
+    expected = changes(
+        plan_pod(catalog, "none", None, capsys), plan_pod(catalog, "1/4", "h100", capsys)
+    )
+    assert_plan_applied(pod, mutated, "analysis", expected)
+    assert expected["box.limits.nvidia.com/gpucores"] == "25"
+    assert expected["metadata.annotations.fracspawner.io/gpu-equivalent"] == "0.25"
+    k8s_validate(mutated)  # kubernetes-validate, strict: the pod the API server would store
+    # everything Kubeflow put there is still there
+    assert mutated["spec"]["containers"][0]["image"] == pod["spec"]["containers"][0]["image"]
+    assert {"name": "NB_PREFIX", "value": "/notebook/alice/analysis"} in mutated["spec"][
+        "containers"
+    ][0]["env"]
+    assert mutated["metadata"]["labels"]["fracspawner-h100-0-25"] == "true"
+
+
+def test_a_second_call_on_the_mutated_pod_changes_nothing(webhook):
+    pod = kubeflow_pod("lab", "again", "a100-mig", "mig-2g.20gb")
+    first = webhook.review(admission_review(pod))
+    mutated = patched(pod, first)
+    assert mutated["spec"]["containers"][0]["resources"]["limits"]["nvidia.com/mig-2g.20gb"] == "1"
+    second = webhook.review(admission_review(mutated))  # reinvocation after another webhook
+    assert second["allowed"] is True and "patch" not in second
+
+
+def test_a_pod_without_slice_labels_passes_untouched(webhook):
+    answer = webhook.review(admission_review(notebook_pod("alice", "cpu-only")))
+    assert answer == {"uid": answer["uid"], "allowed": True}
+
+
+def test_reserved_env_is_removed_from_every_container(webhook):
+    pod = kubeflow_pod("lab", "sneaky", "h100", "0.125")
+    pod["spec"]["containers"][0]["env"] += [
+        {"name": "CUDA_DISABLE_CONTROL", "value": "true"},
+        {"name": "LD_PRELOAD", "value": "/tmp/x.so"},
+        {"name": "CUDA_MPS_PINNED_DEVICE_MEM_LIMIT", "value": "0=80G"},
+        {"name": "KEEP_ME", "value": "1"},
+    ]
+    pod["spec"]["containers"].append(
+        {
+            "name": "helper",
+            "image": "busybox",
+            "env": [
+                {"name": "NVIDIA_VISIBLE_DEVICES", "value": "all"},
+                {"name": "A", "value": "b"},
+            ],
+        }
+    )
+    mutated = patched(pod, webhook.review(admission_review(pod)))
+    main, helper = mutated["spec"]["containers"]
+    names = [e["name"] for e in main["env"]]
+    assert "KEEP_ME" in names and "FRACSPAWNER_GPU_MEMORY_MIB" in names
+    assert not {"CUDA_DISABLE_CONTROL", "LD_PRELOAD", "CUDA_MPS_PINNED_DEVICE_MEM_LIMIT"} & set(
+        names
+    )
+    assert helper["env"] == [{"name": "A", "value": "b"}]
+
+
+def test_a_mig_profile_from_the_forms_gpu_field_gets_the_slice(webhook):
+    pod = notebook_pod("lab", "mig-form")
+    pod["spec"]["containers"][0]["resources"]["limits"]["nvidia.com/mig-1g.10gb"] = "1"
+    mutated = patched(pod, webhook.review(admission_review(pod)))
+    assert mutated["metadata"]["labels"]["fracspawner.io/pool"] == "a100-mig"
+    assert mutated["metadata"]["labels"]["fracspawner.io/gpu"] == "mig-1g.10gb"
+    assert mutated["spec"]["nodeSelector"] == {"nvidia.com/gpu.product": "NVIDIA-A100-SXM4-80GB"}
+    # the form offers 1, 2, 4 or 8 of a vendor: more than one MIG slice is refused
+    pod["spec"]["containers"][0]["resources"]["limits"]["nvidia.com/mig-1g.10gb"] = "2"
+    answer = webhook.review(admission_review(pod))
+    assert answer["allowed"] is False
+    assert "one MIG slice per notebook" in answer["status"]["message"]
+    # and a namespace without the MIG pool may not take it through the form either
+    pod = notebook_pod("alice", "mig-form")
+    pod["spec"]["containers"][0]["resources"]["limits"]["nvidia.com/mig-1g.10gb"] = "1"
+    answer = webhook.review(admission_review(pod))
+    assert answer["allowed"] is False
+    assert "you may not use pool 'a100-mig'" in answer["status"]["message"]
+
+
+# --------------------------------------------------------------------------- refusals
+def test_a_pool_the_namespace_may_not_use_is_refused_with_a_message(webhook):
+    pod = kubeflow_pod("alice", "big", "a100-mig", "mig-3g.40gb")
+    answer = webhook.review(admission_review(pod))
+    assert answer["allowed"] is False
+    assert answer["status"]["code"] == 403
+    assert answer["status"]["message"] == (
+        "fracspawner refused the GPU slice mig-3g.40gb on pool a100-mig in namespace alice: "
+        "pool: you may not use pool 'a100-mig'. Pools you may use: h100."
+    )
+
+
+def test_a_pod_over_the_namespace_quota_is_refused_with_a_message(webhook, api):
+    # a notebook already running in the namespace holds the whole 0.25 GPU quota
+    running = kubeflow_pod("full", "first", "h100", "0.25")
+    running = patched(running, webhook.review(admission_review(running)))
+    running["spec"]["nodeName"] = "not-a-node"  # stays Pending, runs nothing
+    status, body = api.request("POST", "/api/v1/namespaces/full/pods", running)
+    assert status == 201, body
+    answer = webhook.review(admission_review(kubeflow_pod("full", "second", "h100", "0.125")))
+    assert answer["allowed"] is False
+    assert answer["status"]["message"] == (
+        "fracspawner refused the GPU slice 0.125 on pool h100 in namespace full: it counts as "
+        "0.125 GPU and the namespace's notebooks already hold 0.25 of its 0.25 GPU quota "
+        "(0 left). Stop a notebook or choose a smaller slice."
+    )
+    # the same pod asked again (a retry of its own creation) is not counted twice
+    again = webhook.review(admission_review(kubeflow_pod("full", "first", "h100", "0.25")))
+    assert again["allowed"] is True
+
+
+def test_concurrent_creates_in_one_namespace_never_overrun_the_quota(webhook):
+    pods = [kubeflow_pod("race", f"nb{i}", "h100", "0.125") for i in range(8)]
+    with ThreadPoolExecutor(8) as pool:
+        answers = list(pool.map(lambda p: webhook.review(admission_review(p)), pods))
+    assert sum(a["allowed"] for a in answers) == 2  # 2 x 0.125 = the 0.25 quota
+    assert all("quota" in a["status"]["message"] for a in answers if not a["allowed"])
+
+
+@pytest.mark.parametrize(
+    ("labels", "message"),
+    [
+        ({"fracspawner.io/pool": "h100", "fracspawner.io/gpu": "x" * 5000}, "is not a valid label"),
+        ({"fracspawner.io/pool": "h100", "fracspawner.io/gpu": 0.25}, "is not a valid label"),
+        ({"fracspawner.io/pool": "h100", "fracspawner.io/gpu": "1e9"}, "is not a GPU slice"),
+        ({"fracspawner.io/pool": "h100", "fracspawner.io/gpu": "0.3"}, "not a multiple of 1/8"),
+        ({"fracspawner.io/pool": "nope", "fracspawner.io/gpu": "0.25"}, "unknown pool 'nope'"),
+        ({"fracspawner.io/pool": "h100"}, "without fracspawner.io/gpu"),
+    ],
+)
+def test_garbage_slice_labels_are_refused(webhook, labels, message):
+    pod = notebook_pod("alice", "garbage")
+    pod["metadata"]["labels"].update(labels)
+    answer = webhook.review(admission_review(pod))
+    assert answer["allowed"] is False
+    assert message in answer["status"]["message"]
+    assert len(answer["status"]["message"]) < 400  # a huge value is not echoed back
+
+
+@pytest.mark.parametrize(
+    "body",
+    [
+        b"not json",
+        b"[]",
+        b'{"apiVersion": "admission.k8s.io/v1beta1", "kind": "AdmissionReview", "request": {}}',
+        b'{"apiVersion": "admission.k8s.io/v1", "kind": "AdmissionReview"}',
+        json.dumps(
+            {
+                "apiVersion": "admission.k8s.io/v1",
+                "kind": "AdmissionReview",
+                "request": {
+                    "uid": "1",
+                    "operation": "CREATE",
+                    "namespace": "alice",
+                    "kind": {"group": "", "version": "v1", "kind": "Pod"},
+                    "object": {"metadata": {}, "spec": {"containers": "x"}},
+                },
+            }
+        ).encode(),
+        b"\xff\xfe" * 100,
+    ],
+)
+def test_a_malformed_review_is_a_400_and_the_webhook_lives_on(webhook, body):
+    status, answer = webhook.request("POST", "/mutate", body)
+    assert status == 400
+    assert "not an AdmissionReview v1 for a pod" in json.loads(answer)["error"]
+    assert webhook.request("GET", "/healthz") == (200, b"ok\n")
+
+
+def test_the_slice_labels_and_quota_annotations_cannot_be_changed_later(webhook):
+    pod = patched(
+        kubeflow_pod("lab", "keep", "h100", "0.5"),
+        webhook.review(admission_review(kubeflow_pod("lab", "keep", "h100", "0.5"))),
+    )
+    cheaper = json.loads(json.dumps(pod))
+    cheaper["metadata"]["annotations"]["fracspawner.io/gpu-equivalent"] = "0"
+    answer = webhook.review(admission_review(cheaper, operation="UPDATE", old=pod))
+    assert answer["allowed"] is False
+    assert "cannot be changed or removed" in answer["status"]["message"]
+    relabelled = json.loads(json.dumps(pod))
+    relabelled["metadata"]["labels"]["owner"] = "me"  # other changes are fine
+    assert webhook.review(admission_review(relabelled, operation="UPDATE", old=pod))["allowed"]
+
+
+def test_metrics_count_admissions_by_result(webhook):
+    webhook.review(admission_review(notebook_pod("alice", "counted")))
+    status, text = webhook.request("GET", "/metrics")
+    assert status == 200
+    lines = text.decode().splitlines()
+    assert any(
+        line.startswith('fracspawner_webhook_admissions_total{operation="CREATE",result="skipped"}')
+        for line in lines
+    )
+    assert any(
+        line.startswith('fracspawner_webhook_refusals_total{reason="quota"}') for line in lines
+    )
+    assert any(line.startswith("fracspawner_webhook_bad_requests_total") for line in lines)
+    assert any(
+        line.startswith("fracspawner_webhook_admission_duration_seconds_bucket") for line in lines
+    )
+
+
+# --------------------------------------------------------------------------- failure modes
+def test_without_the_api_server_slice_pods_are_refused_and_others_pass(tls, tmp_path):
+    catalog = tmp_path / "catalog.yaml"
+    catalog.write_text(yaml.safe_dump(kubeflow_catalog()))
+    kubeconfig = tmp_path / "kubeconfig"
+    kubeconfig.write_text(
+        yaml.safe_dump(
+            {
+                "apiVersion": "v1",
+                "kind": "Config",
+                "clusters": [{"name": "x", "cluster": {"server": "http://127.0.0.1:9"}}],
+                "users": [{"name": "x", "user": {}}],
+                "contexts": [{"name": "x", "context": {"cluster": "x", "user": "x"}}],
+                "current-context": "x",
+            }
+        )
+    )
+    process = WebhookProcess(catalog, kubeconfig, tls, tmp_path / "webhook.log")
+    try:
+        answer = process.review(admission_review(kubeflow_pod("alice", "nb", "h100", "0.25")))
+        assert answer["allowed"] is False
+        assert (
+            "fracspawner cannot check GPU access and quota right now" in answer["status"]["message"]
+        )
+        assert process.review(admission_review(notebook_pod("alice", "plain")))["allowed"]
+    finally:
+        process.stop()
+
+
+@pytest.mark.parametrize(
+    ("change", "message"),
+    [
+        ("catalog", "kubeflow.namespaces[0].groups[0]: unknown group 'nobody'"),
+        ("cert", "--tls-cert"),
+    ],
+)
+def test_bad_start_up_input_exits_2_with_one_line(tls, tmp_path, change, message):
+    data = kubeflow_catalog()
+    if change == "catalog":
+        data["kubeflow"]["namespaces"][0]["groups"] = ["nobody"]
+    catalog = tmp_path / "catalog.yaml"
+    catalog.write_text(yaml.safe_dump(data))
+    cert = tmp_path / "missing.crt" if change == "cert" else tls["cert"]
+    result = subprocess.run(
+        [sys.executable, "-m", "fracspawner", "webhook", "--catalog", str(catalog)]
+        + ["--port", "0", "--tls-cert", str(cert), "--tls-key", str(tls["key"])],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert result.returncode == 2
+    assert message in result.stderr and len(result.stderr.strip().splitlines()) == 1
+
+
+# --------------------------------------------------------------------------- plan == webhook
+def merged_examples() -> dict[str, Any]:
+    """Every example catalog in one (pools and images prefixed with the file's name, no access
+    rules: everyone may take everything, as `fracspawner plan` plans by default)."""
+    merged: dict[str, Any] = {"fraction_step": 16, "pools": {}, "images": {}}
+    for example in EXAMPLES:
+        data = yaml.safe_load(example.read_text())
+        for name, image in data["images"].items():
+            if merged["images"]:
+                image.pop("default", None)
+            merged["images"][f"{example.stem}-{name}"] = image
+        for name, pool in data["pools"].items():
+            if "default_image" in pool:
+                pool["default_image"] = f"{example.stem}-{pool['default_image']}"
+            merged["pools"][f"{example.stem}-{name}"] = pool
+    return merged
+
+
+def test_plan_and_webhook_agree_for_every_offer_of_every_example_catalog(
+    api, devcluster, tls, tmp_path, capsys
+):
+    data = merged_examples()
+    catalog = tmp_path / "examples.yaml"
+    catalog.write_text(yaml.safe_dump(data))
+    process = WebhookProcess(catalog, devcluster.kubeconfig, tls, tmp_path / "webhook.log")
+    try:
+        bare = plan_pod(catalog, "none", None, capsys)
+        checked = 0
+        for pool, raw in data["pools"].items():
+            for offer in raw["offers"]:
+                label = parse_slice(offer, step=16).label
+                pod = kubeflow_pod("agree", f"nb{checked}", pool, label)
+                answer = process.review(admission_review(pod))
+                assert answer["allowed"], (pool, offer, answer)
+                expected = changes(bare, plan_pod(catalog, str(offer), pool, capsys))
+                assert_plan_applied(pod, patched(pod, answer), f"nb{checked}", expected)
+                checked += 1
+    finally:
+        process.stop()
+    assert checked == sum(len(p["offers"]) for p in data["pools"].values()) >= 40
+
+
+def test_the_patch_is_base64_json_patch(webhook):
+    answer = webhook.review(admission_review(kubeflow_pod("lab", "b64", "t4", "0.25")))
+    operations = json.loads(base64.b64decode(answer["patch"]))
+    assert {op["op"] for op in operations} <= {"add", "replace", "remove"}
+    assert all(op["path"].startswith(("/metadata/", "/spec/")) for op in operations)
