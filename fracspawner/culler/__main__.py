@@ -8,8 +8,13 @@ from .app import Culler
 
 
 def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    if argv[:1] == ["kubeflow"]:  # Kubeflow notebooks, no hub (culler/kubeflow.py)
+        from .kubeflow import main as kubeflow_main
+
+        return kubeflow_main(argv[1:])
     app = Culler()
-    app.initialize(sys.argv[1:] if argv is None else argv)
+    app.initialize(argv)
     app.start()
     return 0
 

@@ -1,0 +1,585 @@
+"""`fracspawner culler kubeflow`: GPU-aware culling of Kubeflow notebooks, no hub needed.
+
+Each cycle lists the Notebooks (`kubeflow.org/v1`) and, where Notebooks 2.0 is installed, the
+Workspaces (`kubeflow.org/v1beta1`), finds each one's pod, reads GPU activity for all pods in
+one Prometheus query (dcgm-exporter metrics, culler/prometheus.py) and decides with the hub
+culler's pure functions (culler/decide.py: `combine`, `decide_server`) under the catalog's idle
+policy of the pod's pool. An idle GPU notebook is stopped the way Kubeflow's own UI and culler
+stop one: the Notebook gets the annotation `kubeflow-resource-stopped` (RFC 3339 time; the
+Notebook controller then scales its StatefulSet to 0; kubeflow/notebooks notebooks-v1
+notebook-controller/controllers/culling_controller.go and the web app's PATCH route), a
+Workspace gets `spec.paused: true` (notebooks-v2 workspace_controller.go pauses the same way).
+
+User activity comes from the notebook itself: jupyter-server's `/api/status` `last_activity`
+(what Notebooks 2.0's Jupyter activity probe reads; the status request does not count as
+activity), and from what Kubeflow already recorded (`notebooks.kubeflow.org/last-activity` on
+a Notebook when Kubeflow's culler runs, `status.activity.lastActivity` on a Workspace); the
+newest wins. A notebook whose activity cannot be learnt is kept. A GPU reading that is missing
+(Prometheus down, no series, stale) never counts as idle: then only `server_idle` applies.
+CPU-only notebooks are left to Kubeflow's own culler unless gpu_only is off.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import os
+import sys
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass
+from datetime import datetime, timezone
+from typing import Any
+
+from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+from tornado import web
+from tornado.httpclient import AsyncHTTPClient, HTTPClientError
+from tornado.httpserver import HTTPServer
+from tornado.log import LogFormatter
+from traitlets import Bool, Dict, Float, Integer, List, Unicode, default
+from traitlets.config import Application
+
+from ..backends import load_catalog
+from ..model.catalog import Catalog
+from ..model.errors import CatalogError
+from .decide import Decision, GpuFacts, Rules, ServerFacts, combine, decide_server, fmt
+from .metrics import CullerMetrics
+from .policy import policy_for_server
+from .prometheus import DcgmConfig, PrometheusError, build_query, parse_result
+from .prometheus import query as prom_query
+
+NOTEBOOKS = ("kubeflow.org", "v1", "notebooks")
+WORKSPACES = ("kubeflow.org", "v1beta1", "workspaces")
+#: the Notebook annotation that stops it (Kubeflow's STOP_ANNOTATION)
+STOP_ANNOTATION = "kubeflow-resource-stopped"
+#: kept up to date on a Notebook by Kubeflow's own culler (ENABLE_CULLING=true)
+LAST_ACTIVITY_ANNOTATION = "notebooks.kubeflow.org/last-activity"
+#: labels the Notebook controller (v1) and the Workspace controller (v2) put on their pods
+V1_POD_LABEL = "notebook-name"
+V2_POD_LABEL = "notebooks.kubeflow.org/workspace-name"
+LABEL_POOL = "fracspawner.io/pool"
+LABEL_GPU = "fracspawner.io/gpu"
+
+
+# --------------------------------------------------------------------------- pure part
+@dataclass(frozen=True)
+class Notebook:
+    kind: str  # "Notebook" (v1) or "Workspace" (v2)
+    namespace: str
+    name: str
+    pod: Mapping[str, Any] | None
+    stopped: bool
+    recorded_activity: float | None  # what Kubeflow itself recorded, unix seconds
+
+    @property
+    def log_name(self) -> str:
+        return f"{self.kind} {self.namespace}/{self.name}"
+
+
+def parse_time(value: Any) -> float | None:
+    """RFC 3339 text or UNIX seconds (or milliseconds) -> unix seconds; None if unusable."""
+    if isinstance(value, bool) or value in (None, "", 0):
+        return None
+    if isinstance(value, (int, float)):
+        seconds = float(value)
+        return seconds / 1000 if seconds > 1e11 else seconds  # epoch ms in some v2 alphas
+    try:
+        text = str(value).replace("Z", "+00:00")
+        parsed = datetime.fromisoformat(text)
+    except ValueError:
+        return None
+    if parsed.tzinfo is None:
+        parsed = parsed.replace(tzinfo=timezone.utc)
+    return parsed.timestamp()
+
+
+def rfc3339(seconds: float) -> str:
+    return datetime.fromtimestamp(seconds, timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def _meta(obj: Mapping[str, Any]) -> Mapping[str, Any]:
+    return obj.get("metadata") or {}
+
+
+def find_notebooks(
+    notebooks: list[Mapping[str, Any]],
+    workspaces: list[Mapping[str, Any]],
+    pods: list[Mapping[str, Any]],
+) -> list[Notebook]:
+    """Every Notebook and Workspace with its pod (None while it has none)."""
+    by_name = {(_meta(p).get("namespace"), _meta(p).get("name")): p for p in pods}
+    by_workspace = {
+        (_meta(p).get("namespace"), (_meta(p).get("labels") or {}).get(V2_POD_LABEL)): p
+        for p in pods
+        if V2_POD_LABEL in (_meta(p).get("labels") or {})
+    }
+    out = []
+    for nb in notebooks:
+        ns, name = _meta(nb).get("namespace", ""), _meta(nb).get("name", "")
+        annotations = _meta(nb).get("annotations") or {}
+        pod = by_name.get((ns, f"{name}-0"))  # the StatefulSet's only pod
+        if pod is not None and (_meta(pod).get("labels") or {}).get(V1_POD_LABEL) != name:
+            pod = None
+        out.append(
+            Notebook(
+                "Notebook",
+                ns,
+                name,
+                pod,
+                STOP_ANNOTATION in annotations,
+                parse_time(annotations.get(LAST_ACTIVITY_ANNOTATION)),
+            )
+        )
+    for ws in workspaces:
+        ns, name = _meta(ws).get("namespace", ""), _meta(ws).get("name", "")
+        status = ws.get("status") or {}
+        out.append(
+            Notebook(
+                "Workspace",
+                ns,
+                name,
+                by_workspace.get((ns, name)),
+                bool((ws.get("spec") or {}).get("paused")),
+                parse_time((status.get("activity") or {}).get("lastActivity")),
+            )
+        )
+    return out
+
+
+def gpu_of(pod: Mapping[str, Any]) -> tuple[str | None, str | None]:
+    """(slice, pool) of a pod: its fracspawner labels, else "gpu" for any GPU resource in a
+    container's limits (a notebook from Kubeflow's own GPU field)."""
+    labels = _meta(pod).get("labels") or {}
+    if labels.get(LABEL_GPU):
+        return str(labels[LABEL_GPU]), labels.get(LABEL_POOL)
+    for container in (pod.get("spec") or {}).get("containers") or []:
+        for key, value in ((container.get("resources") or {}).get("limits") or {}).items():
+            if ("gpu" in key or key.startswith("nvidia.com/mig-")) and str(value) not in ("0", ""):
+                return "gpu", None
+    return None, None
+
+
+def server_facts(nb: Notebook, activity: float | None) -> ServerFacts:
+    """The notebook as the decision functions see a server (`user` is the namespace)."""
+    pod = nb.pod or {}
+    status = pod.get("status") or {}
+    ready = status.get("phase") == "Running" and any(
+        c.get("type") == "Ready" and c.get("status") == "True"
+        for c in status.get("conditions") or []
+    )
+    gpu, pool = gpu_of(pod)
+    options = {k: v for k, v in (("gpu", gpu), ("pool", pool)) if v}
+    return ServerFacts(
+        user=nb.namespace,
+        name=nb.name,
+        user_options=options,
+        started=parse_time(status.get("startTime")),
+        last_activity=activity,
+        ready=ready,
+    )
+
+
+def stop_request(nb: Notebook, now: float) -> tuple[tuple[str, str, str], dict[str, Any]]:
+    """(group, version, plural) and the merge patch that stops the notebook."""
+    if nb.kind == "Notebook":
+        return NOTEBOOKS, {"metadata": {"annotations": {STOP_ANNOTATION: rfc3339(now)}}}
+    return WORKSPACES, {"spec": {"paused": True}}
+
+
+@dataclass
+class Outcome:
+    notebook: Notebook
+    decision: Decision
+    pool: str = ""
+    gpu: GpuFacts | None = None
+    done: bool = False
+
+
+# --------------------------------------------------------------------------- the service
+class KubeflowCuller(Application):
+    name = "fracspawner-culler-kubeflow"
+    description = "Stop idle GPU notebooks of Kubeflow (Notebooks 1.x and 2.0), counting GPU work."
+
+    kubeconfig = Unicode(
+        "",
+        config=True,
+        help="kubeconfig file; '' for in-cluster config in a pod, else $KUBECONFIG or "
+        "~/.kube/config.",
+    )
+    namespaces = List(
+        Unicode(), config=True, help="Profile namespaces to watch; empty: every namespace."
+    )
+    catalog = Unicode(
+        "",
+        config=True,
+        help="The fracspawner catalog (YAML): its idle policy, per pool (a pod's pool is its "
+        "fracspawner.io/pool label). Required.",
+    )
+    cull_every = Integer(300, config=True, help="Seconds between culling cycles.")
+    dry_run = Bool(False, config=True, help="Log what would be stopped, stop nothing.")
+    gpu_only = Bool(
+        True,
+        config=True,
+        help="Judge only notebooks holding a GPU; CPU notebooks are left to Kubeflow's own "
+        "culler (ENABLE_CULLING). Off: server_idle applies to them too.",
+    )
+    request_timeout = Float(10.0, config=True, help="Seconds before an HTTP request fails.")
+    max_staleness = Float(
+        300.0,
+        config=True,
+        help="GPU data older than this (seconds) counts as missing: no culling on GPU grounds.",
+    )
+    status_url = Unicode(
+        "http://{name}.{namespace}.svc.{cluster_domain}/notebook/{namespace}/{name}/api/status",
+        config=True,
+        help="Where a v1 notebook's jupyter-server answers /api/status (its last_activity); "
+        "fields {name}, {namespace}, {pod_ip}, {cluster_domain}. The default goes through the "
+        "notebook's Service, as Kubeflow's own culler does. '' to not ask.",
+    )
+    workspace_status_url = Unicode(
+        "",
+        config=True,
+        help="The same for v2 Workspaces (fields as status_url); '' uses only the Workspace's "
+        "status.activity.lastActivity.",
+    )
+    cluster_domain = Unicode("cluster.local", config=True, help="The cluster's DNS domain.")
+
+    # --- GPU source (the hub culler's names) ---------------------------------------------------
+    prometheus_url = Unicode(
+        "", config=True, help="Prometheus with dcgm-exporter metrics; '' for none (fail-safe)."
+    )
+    utilization_metrics = Dict(
+        {"DCGM_FI_DEV_GPU_UTIL": 1.0, "DCGM_FI_PROF_GR_ENGINE_ACTIVE": 100.0},
+        config=True,
+        help="Utilisation metrics -> factor to percent.",
+    )
+    memory_metric = Unicode("DCGM_FI_DEV_FB_USED", config=True, help="GPU memory used (MiB).")
+    pod_label = Unicode(
+        "pod", config=True, help="Label holding the workload pod ('exported_pod' likewise)."
+    )
+    namespace_label = Unicode(
+        "namespace", config=True, help="Label holding the pod's namespace ('exported_namespace')."
+    )
+    extra_selector = Unicode("", config=True, help="Extra label matchers for the dcgm series.")
+    busy_threshold = Float(1.0, config=True, help="Utilisation (percent) that counts as busy.")
+    max_sample_gap = Float(
+        150.0, config=True, help="Seconds between samples that still count as covered."
+    )
+    coverage_step = Float(15.0, config=True, help="Finest step (seconds) of the coverage check.")
+
+    metrics_port = Integer(0, config=True, help="Serve /metrics at this port; 0 = off.")
+    metrics_ip = Unicode("0.0.0.0", config=True, help="Address for the /metrics server.")
+
+    aliases = {
+        "kubeconfig": "KubeflowCuller.kubeconfig",
+        "namespace": "KubeflowCuller.namespaces",
+        "catalog": "KubeflowCuller.catalog",
+        "cull-every": "KubeflowCuller.cull_every",
+        "prometheus-url": "KubeflowCuller.prometheus_url",
+        "status-url": "KubeflowCuller.status_url",
+        "workspace-status-url": "KubeflowCuller.workspace_status_url",
+        "metrics-port": "KubeflowCuller.metrics_port",
+        "log-level": "Application.log_level",
+    }
+    flags = {
+        "dry-run": ({"KubeflowCuller": {"dry_run": True}}, "Log what would be stopped."),
+        "all-notebooks": (
+            {"KubeflowCuller": {"gpu_only": False}},
+            "Also stop CPU notebooks idle past server_idle.",
+        ),
+    }
+
+    _log_formatter_cls = LogFormatter
+
+    @default("log_format")
+    def _log_format(self) -> str:
+        return "%(color)s[%(levelname)1.1s %(asctime)s %(name)s]%(end_color)s %(message)s"
+
+    @default("log_level")
+    def _log_level(self) -> int:
+        return logging.INFO
+
+    def __init__(self, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self.metrics = CullerMetrics()
+        self._catalog: Catalog | None = None
+        self._api: Any = None
+
+    def initialize(self, argv: list[str] | None = None) -> None:
+        super().initialize(argv)
+        if not self.catalog:
+            raise CatalogError("--catalog is required")
+        self._catalog = load_catalog(self.catalog)
+
+    def rules(self) -> Rules:
+        return Rules(max_staleness=self.max_staleness)
+
+    def dcgm(self) -> DcgmConfig:
+        return DcgmConfig(
+            utilization_metrics=dict(self.utilization_metrics),
+            memory_metric=self.memory_metric,
+            pod_label=self.pod_label,
+            namespace_label=self.namespace_label,
+            namespace=self.namespaces[0] if len(self.namespaces) == 1 else None,
+            extra_selector=self.extra_selector,
+            busy_threshold=self.busy_threshold,
+            max_gap=self.max_sample_gap,
+            min_step=self.coverage_step,
+        )
+
+    # --- Kubernetes ---------------------------------------------------------------------------
+    async def _client(self) -> Any:
+        """The API client of this cycle (one per cycle: it belongs to the cycle's event loop;
+        a cycle every few minutes can afford building it)."""
+        if self._api is None:
+            from kubernetes_asyncio import client, config
+
+            configuration = client.Configuration()
+            if not self.kubeconfig and os.environ.get("KUBERNETES_SERVICE_HOST"):
+                config.load_incluster_config(client_configuration=configuration)
+            else:
+                await config.load_kube_config(
+                    config_file=self.kubeconfig or None, client_configuration=configuration
+                )
+            self._api = client.ApiClient(configuration)
+        return self._api
+
+    async def _close_client(self) -> None:
+        api, self._api = self._api, None
+        if api is not None:
+            await api.close()
+
+    async def _list(
+        self, path: str, selector: str = "", optional: bool = False
+    ) -> list[dict[str, Any]]:
+        """GET a list from the API server (raw JSON); a kind not served is [] when optional."""
+        api = await self._client()
+        response = await api.call_api(
+            path,
+            "GET",
+            query_params=[("labelSelector", selector)] if selector else [],
+            header_params={"Accept": "application/json"},
+            auth_settings=["BearerToken"],
+            _preload_content=False,
+            _request_timeout=self.request_timeout,
+        )
+        response = response[0] if isinstance(response, tuple) else response
+        body = await response.read()
+        if response.status == 404 and optional:
+            return []
+        if response.status != 200:
+            raise RuntimeError(f"GET {path}: {response.status} {body[:200]!r}")
+        return json.loads(body).get("items") or []
+
+    def _paths(self, prefix: str, plural: str) -> list[str]:
+        if not self.namespaces:
+            return [f"{prefix}/{plural}"]
+        return [f"{prefix}/namespaces/{ns}/{plural}" for ns in self.namespaces]
+
+    async def read_cluster(self) -> list[Notebook]:
+        """Notebooks, Workspaces (none where Notebooks 2.0 is not installed) and their pods."""
+        v1 = "/apis/{}/{}".format(*NOTEBOOKS[:2])
+        v2 = "/apis/{}/{}".format(*WORKSPACES[:2])
+        pods = self._paths("/api/v1", "pods")
+        lists = await asyncio.gather(
+            *(self._list(p) for p in self._paths(v1, NOTEBOOKS[2])),
+            *(self._list(p, optional=True) for p in self._paths(v2, WORKSPACES[2])),
+            *(self._list(p, V1_POD_LABEL) for p in pods),
+            *(self._list(p, V2_POD_LABEL) for p in pods),
+        )
+        n = len(pods)
+        notebooks = [x for items in lists[:n] for x in items]
+        workspaces = [x for items in lists[n : 2 * n] for x in items]
+        found_pods = [x for items in lists[2 * n :] for x in items]
+        return find_notebooks(notebooks, workspaces, found_pods)
+
+    async def stop(self, nb: Notebook, now: float) -> None:
+        (group, version, plural), patch = stop_request(nb, now)
+        api = await self._client()
+        path = f"/apis/{group}/{version}/namespaces/{nb.namespace}/{plural}/{nb.name}"
+        response = await api.call_api(
+            path,
+            "PATCH",
+            header_params={
+                "Accept": "application/json",
+                "Content-Type": "application/merge-patch+json",
+            },
+            body=patch,
+            auth_settings=["BearerToken"],
+            _preload_content=False,
+            _request_timeout=self.request_timeout,
+        )
+        response = response[0] if isinstance(response, tuple) else response
+        body = await response.read()
+        if response.status != 200:
+            raise RuntimeError(f"PATCH {path}: {response.status} {body[:300]!r}")
+
+    # --- activity and GPU ---------------------------------------------------------------------
+    async def probe(self, http: AsyncHTTPClient, nb: Notebook) -> float | None:
+        """The notebook server's own last_activity (GET /api/status), None if not learnt."""
+        template = self.status_url if nb.kind == "Notebook" else self.workspace_status_url
+        if not template or nb.pod is None:
+            return None
+        url = template.format(
+            name=nb.name,
+            namespace=nb.namespace,
+            pod_ip=(nb.pod.get("status") or {}).get("podIP", ""),
+            cluster_domain=self.cluster_domain,
+        )
+        try:
+            response = await http.fetch(url, request_timeout=self.request_timeout)
+            return parse_time(json.loads(response.body).get("last_activity"))
+        except (HTTPClientError, OSError, ValueError, AttributeError) as exc:
+            self.log.info("%s: its activity is unknown (%s %s)", nb.log_name, url, exc)
+            return None
+
+    async def prometheus_facts(
+        self, http: AsyncHTTPClient, notebooks: list[Notebook], at: float | None
+    ) -> dict[tuple[str, str], GpuFacts] | None:
+        """(namespace, pod) -> facts in one query; None when Prometheus is down."""
+        assert self._catalog is not None
+        windows: set[int] = set()
+        for nb in notebooks:
+            gpu, pool = gpu_of(nb.pod or {})
+            policy = policy_for_server(self._catalog, pool, gpu).policy
+            windows.update(int(w) for w in (policy.server_gpu_idle, policy.server_idle) if w)
+        if not windows:
+            return {}
+        cfg = self.dcgm()
+        try:
+            result = await prom_query(
+                http, self.prometheus_url, build_query(cfg, sorted(windows)),
+                timeout=self.request_timeout, at=at,
+            )  # fmt: skip
+        except PrometheusError as exc:
+            self.log.warning(
+                "GPU source prometheus is down (%s): no notebook is stopped on GPU grounds", exc
+            )
+            return None
+        return parse_result(result, cfg, sorted(windows))
+
+    # --- one cycle ----------------------------------------------------------------------------
+    async def cull_once(self, now: float | None = None) -> list[Outcome]:
+        started = time.perf_counter()
+        assert self._catalog is not None
+        http = AsyncHTTPClient(force_instance=True)
+        try:
+            found = [nb for nb in await self.read_cluster() if not nb.stopped and nb.pod]
+            judged = [nb for nb in found if not self.gpu_only or gpu_of(nb.pod or {})[0]]
+            at = now
+            now = time.time() if now is None else now
+            prom: dict[tuple[str, str], GpuFacts] | None = {}
+            if self.prometheus_url:
+                prom = await self.prometheus_facts(http, judged, at)
+                self.metrics.source_up.labels("prometheus").set(int(prom is not None))
+            activity = await asyncio.gather(*(self.probe(http, nb) for nb in judged))
+            outcomes = [
+                self.judge(nb, probed, prom, now)
+                for nb, probed in zip(judged, activity, strict=True)
+            ]
+            await asyncio.gather(*(self.act(o, now) for o in outcomes))
+        finally:
+            http.close()
+            await self._close_client()
+        self.metrics.cycle_duration.observe(time.perf_counter() - started)
+        self.metrics.last_cycle.set(time.time())
+        self.metrics.servers.set(len(outcomes))
+        return outcomes
+
+    def judge(
+        self,
+        nb: Notebook,
+        probed: float | None,
+        prom: dict[tuple[str, str], GpuFacts] | None,
+        now: float,
+    ) -> Outcome:
+        assert self._catalog is not None and nb.pod is not None
+        times = [t for t in (probed, nb.recorded_activity) if t is not None]
+        facts = server_facts(nb, max(times) if times else None)
+        pool, policy = policy_for_server(self._catalog, facts.pool, facts.gpu_slice).astuple()
+        if not times:  # unknown is never idle
+            decision = Decision(
+                "keep", "activity_unknown", "its activity is unknown: kept", gpu_failsafe=True
+            )
+            return Outcome(nb, decision, pool)
+        sources: dict[str, GpuFacts | None] = {}
+        found = None
+        if self.prometheus_url:
+            pod_name = _meta(nb.pod).get("name", "")
+            found = None if prom is None else prom.get((nb.namespace, pod_name))
+            if found is not None or facts.gpu_slice is not None:
+                sources["prometheus"] = found
+        reading = combine(sources, now, self.rules())
+        return Outcome(nb, decide_server(facts, reading, policy, now, self.rules()), pool, found)
+
+    async def act(self, outcome: Outcome, now: float) -> None:
+        nb, d = outcome.notebook, outcome.decision
+        prefix = "[dry run] would " if self.dry_run else ""
+        if d.gpu_failsafe:
+            self.metrics.failsafe.labels(outcome.pool).inc()
+        if not d.cull:
+            log = self.log.info if d.gpu_failsafe else self.log.debug
+            log("keep %s: %s (%s)", nb.log_name, d.message, d.reason)
+            return
+        self.log.info("%sstop %s: %s (%s)", prefix, nb.log_name, d.message, d.reason)
+        if self.dry_run:
+            return
+        try:
+            await self.stop(nb, now)
+        except Exception as exc:  # one failed PATCH must not end the cycle
+            self.log.error("stopping %s failed: %s", nb.log_name, exc)
+            return
+        outcome.done = True
+        self.metrics.culls.labels(d.reason, outcome.pool).inc()
+        if outcome.gpu is not None:
+            self.metrics.reclaimed.labels(outcome.pool).inc(outcome.gpu.memory_mib)
+
+    # --- the service --------------------------------------------------------------------------
+    async def run(self) -> None:
+        if self.metrics_port:
+            registry = self.metrics.registry
+
+            class MetricsHandler(web.RequestHandler):
+                def get(self) -> None:
+                    self.set_header("Content-Type", CONTENT_TYPE_LATEST)
+                    self.write(generate_latest(registry))
+
+            HTTPServer(web.Application([(r"/metrics", MetricsHandler)])).listen(
+                self.metrics_port, self.metrics_ip
+            )
+        self.log.info(
+            "culling Kubeflow notebooks every %ss in %s; GPU source: %s%s",
+            self.cull_every,
+            ", ".join(self.namespaces) or "every namespace",
+            self.prometheus_url or "none (plain idle timeouts only)",
+            " [dry run]" if self.dry_run else "",
+        )
+        while True:
+            try:
+                outcomes = await self.cull_once()
+                self.log.info(
+                    "cycle: %d notebooks judged, %d stopped",
+                    len(outcomes),
+                    sum(o.done for o in outcomes),
+                )
+            except Exception:  # the service must outlive an API server restart
+                self.log.exception("culling cycle failed")
+            await asyncio.sleep(self.cull_every)
+
+    def start(self) -> None:
+        asyncio.run(self.run())
+
+
+def main(argv: list[str]) -> int:
+    app = KubeflowCuller()
+    try:
+        app.initialize(argv)
+    except CatalogError as exc:
+        print(f"fracspawner culler kubeflow: {' '.join(str(exc).split())}", file=sys.stderr)
+        return 2
+    app.start()
+    return 0
+
+
+__all__ = ["KubeflowCuller", "Notebook", "find_notebooks", "fmt", "server_facts", "stop_request"]

@@ -1,0 +1,343 @@
+"""`fracspawner culler kubeflow` on a devcluster with Kubeflow's Notebook and Workspace CRDs,
+notebook pods running real jupyter-servers, and Debian's real Prometheus scraping a
+dcgm-exporter-format endpoint: an idle GPU notebook is stopped the way Kubeflow stops one
+(`kubeflow-resource-stopped`; a Workspace's `spec.paused`), a busy one is kept, and with
+Prometheus down nothing is stopped."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from devcluster.localhub import free_port
+from fracspawner.culler.kubeflow import (
+    KubeflowCuller,
+    Notebook,
+    find_notebooks,
+    gpu_of,
+    parse_time,
+    stop_request,
+)
+from tests.test_culler_support import DcgmExporter, Prometheus
+
+pytestmark = pytest.mark.e2e
+
+REPO = Path(__file__).resolve().parent.parent
+CRDS = [
+    REPO / "tests" / "devcluster_crds" / "notebooks.yaml",
+    REPO / "tests" / "kubeflow_crds" / "workspaces.yaml",
+]
+PROFILE = {"app.kubernetes.io/part-of": "kubeflow-profile"}
+TOPOLOGY = {
+    "namespaces": [{"name": "alice", "labels": PROFILE}],
+    "nodes": [
+        {
+            "name": "gpu-t4-1",
+            "labels": {
+                "nvidia.com/gpu.product": "Tesla-T4-SHARED",
+                "nvidia.com/gpu.replicas": "4",
+                "nvidia.com/gpu.count": "1",
+            },
+            "capacity": {"cpu": "16", "memory": "64Gi", "nvidia.com/gpu": "4"},
+        }
+    ],
+}
+CATALOG = {
+    "pools": {
+        "t4": {
+            "gpu": "T4",
+            "backend": "timeslicing",
+            "replicas": 4,
+            "node_selector": {"nvidia.com/gpu.product": "Tesla-T4-SHARED"},
+            "offers": ["1/4"],
+        }
+    },
+    "images": {"lab": {"image": "kubeflownotebookswg/jupyter-scipy:v1.10.0"}},
+    # GPU notebooks go after 4 s of idleness; without GPU data only the 1 h plain timeout applies
+    "idle": {"server_gpu_idle": "4s", "server_idle": "1h"},
+}
+SLICE = {"fracspawner.io/pool": "t4", "fracspawner.io/gpu": "0.25"}
+
+
+# --------------------------------------------------------------------------- pure parts
+def test_notebooks_and_workspaces_are_found_with_their_pods():
+    pods = [
+        {"metadata": {"namespace": "a", "name": "nb-0", "labels": {"notebook-name": "nb"}}},
+        {"metadata": {"namespace": "a", "name": "other-0", "labels": {"notebook-name": "x"}}},
+        {
+            "metadata": {
+                "namespace": "a",
+                "name": "ws-w-8f2k1-0",
+                "labels": {"notebooks.kubeflow.org/workspace-name": "w"},
+            }
+        },
+    ]
+    found = find_notebooks(
+        [
+            {"metadata": {"namespace": "a", "name": "nb"}},
+            {
+                "metadata": {
+                    "namespace": "a",
+                    "name": "other",
+                    "annotations": {"kubeflow-resource-stopped": "2026-01-01T00:00:00Z"},
+                }
+            },
+        ],
+        [
+            {
+                "metadata": {"namespace": "a", "name": "w"},
+                "status": {"activity": {"lastActivity": 1700000000}},
+            }
+        ],
+        pods,
+    )
+    nb, other, ws = found
+    assert nb.pod is pods[0] and not nb.stopped
+    assert other.pod is None and other.stopped  # other-0 belongs to notebook x
+    assert ws.kind == "Workspace" and ws.pod is pods[2] and ws.recorded_activity == 1700000000
+
+
+def test_what_counts_as_a_gpu_and_how_a_notebook_is_stopped():
+    assert gpu_of({"metadata": {"labels": SLICE}}) == ("0.25", "t4")
+    limits = {"spec": {"containers": [{"resources": {"limits": {"nvidia.com/mig-1g.10gb": "1"}}}]}}
+    assert gpu_of({"metadata": {}, **limits}) == ("gpu", None)
+    assert gpu_of({"metadata": {}, "spec": {"containers": [{"name": "cpu"}]}}) == (None, None)
+    nb = Notebook("Notebook", "a", "nb", None, False, None)
+    (_, version, plural), patch = stop_request(nb, 1767225600)
+    assert (version, plural) == ("v1", "notebooks")
+    assert patch == {
+        "metadata": {"annotations": {"kubeflow-resource-stopped": "2026-01-01T00:00:00Z"}}
+    }
+    ws = Notebook("Workspace", "a", "w", None, False, None)
+    assert stop_request(ws, 0) == (
+        ("kubeflow.org", "v1beta1", "workspaces"),
+        {"spec": {"paused": True}},
+    )
+    assert parse_time("2026-01-01T00:00:00.5Z") == 1767225600.5
+    assert parse_time(1767225600000) == 1767225600  # epoch milliseconds
+    assert parse_time("yesterday") is None and parse_time(0) is None
+
+
+# --------------------------------------------------------------------------- on a devcluster
+@pytest.fixture(scope="module")
+def exporter():
+    e = DcgmExporter()
+    yield e
+    e.stop()
+
+
+@pytest.fixture(scope="module")
+def prometheus(tmp_path_factory, exporter):
+    p = Prometheus(tmp_path_factory.mktemp("prometheus"), exporter.port)
+    yield p
+    p.stop()
+
+
+def _create(client: Any, path: str, body: dict[str, Any]) -> dict[str, Any]:
+    status, answer = client.request("POST", path, body)
+    assert status == 201, (path, answer)
+    return answer
+
+
+def notebook_cr(name: str) -> dict[str, Any]:
+    """A Notebook as the Jupyter web app writes it (JWA notebook_template.yaml + form.py)."""
+    return {
+        "apiVersion": "kubeflow.org/v1",
+        "kind": "Notebook",
+        "metadata": {
+            "name": name,
+            "namespace": "alice",
+            "labels": {"app": name, "fracspawner-t4-0-25": "true"},
+            "annotations": {"notebooks.kubeflow.org/creator": "alice@example.com"},
+        },
+        "spec": {"template": {"spec": {"containers": [{"name": name, "image": "jupyter-scipy"}]}}},
+    }
+
+
+def notebook_pod(name: str, pod_name: str, labels: dict[str, str], container: str, prefix: str):
+    """The pod its controller makes, running a real jupyter-server under the notebook's prefix
+    (Kubeflow's images start jupyter with --ServerApp.token='' and base_url $NB_PREFIX)."""
+    return {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"name": pod_name, "namespace": "alice", "labels": {**labels, **SLICE}},
+        "spec": {
+            "nodeSelector": {"nvidia.com/gpu.product": "Tesla-T4-SHARED"},
+            "containers": [
+                {
+                    "name": container,
+                    "image": "jupyter-scipy",
+                    "command": [
+                        "jupyter-server",
+                        "--ip=0.0.0.0",
+                        "--port=8888",
+                        "--no-browser",
+                        "--allow-root",
+                        "--ServerApp.token=",
+                        "--ServerApp.password=",
+                        f"--ServerApp.base_url={prefix}",
+                    ],  # fmt: skip
+                    "env": [{"name": "NB_PREFIX", "value": prefix}],
+                    "ports": [{"containerPort": 8888, "name": "notebook-port"}],
+                    "resources": {"limits": {"nvidia.com/gpu": "1"}},
+                }
+            ],
+        },
+    }
+
+
+@pytest.fixture(scope="module")
+def kubeflow(devcluster):
+    """Notebooks idle and busy, and a Workspace wsidle, each with its running pod."""
+    client = devcluster.client()
+    for crd in CRDS:
+        _create(
+            client,
+            "/apis/apiextensions.k8s.io/v1/customresourcedefinitions",
+            yaml.safe_load(crd.read_text()),
+        )
+    for name in ("idle", "busy"):
+        _create(client, "/apis/kubeflow.org/v1/namespaces/alice/notebooks", notebook_cr(name))
+        labels = {
+            "app": name,
+            "statefulset": name,
+            "notebook-name": name,
+            "fracspawner-t4-0-25": "true",
+        }
+        _create(
+            client,
+            "/api/v1/namespaces/alice/pods",
+            notebook_pod(name, f"{name}-0", labels, name, f"/notebook/alice/{name}"),
+        )
+    workspace = {
+        "apiVersion": "kubeflow.org/v1beta1",
+        "kind": "Workspace",
+        "metadata": {"name": "wsidle", "namespace": "alice"},
+        "spec": {
+            "kind": "jupyterlab",
+            "podTemplate": {
+                "podMetadata": {"labels": SLICE},
+                "volumes": {"home": "wsidle-home"},
+                "options": {"imageConfig": "jupyterlab_scipy", "podConfig": "fracspawner-t4-0-25"},
+            },
+        },
+    }
+    _create(client, "/apis/kubeflow.org/v1beta1/namespaces/alice/workspaces", workspace)
+    labels = {"notebooks.kubeflow.org/workspace-name": "wsidle", "statefulset": "ws-wsidle-x7k2p"}
+    _create(
+        client,
+        "/api/v1/namespaces/alice/pods",
+        notebook_pod(
+            "wsidle", "ws-wsidle-x7k2p-0", labels, "main", "/workspace/connect/alice/wsidle"
+        ),
+    )
+    # the Workspace controller's own probe last saw activity an hour ago
+    status, body = client.request(
+        "PATCH",
+        "/apis/kubeflow.org/v1beta1/namespaces/alice/workspaces/wsidle/status",
+        {
+            "status": {
+                "activity": {
+                    "lastActivity": int(time.time()) - 3600,
+                    "lastUpdate": int(time.time()),
+                }
+            }
+        },
+        content_type="application/merge-patch+json",
+    )
+    assert status == 200, body
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline:
+        pods = client.pods("alice")
+        ready = [
+            p
+            for p in pods
+            if any(
+                c["type"] == "Ready" and c["status"] == "True"
+                for c in p.get("status", {}).get("conditions", [])
+            )
+        ]
+        if len(ready) == 3:
+            return client
+        time.sleep(0.5)
+    phases = [(p["metadata"]["name"], p.get("status", {}).get("phase")) for p in pods]
+    raise TimeoutError(f"notebook pods not ready: {phases}")
+
+
+def culler(devcluster, tmp_path: Path, prometheus_url: str) -> KubeflowCuller:
+    catalog = tmp_path / "catalog.yaml"
+    catalog.write_text(yaml.safe_dump(CATALOG))
+    app = KubeflowCuller()
+    app.initialize(
+        [
+            f"--kubeconfig={devcluster.kubeconfig}",
+            f"--catalog={catalog}",
+            f"--prometheus-url={prometheus_url}",
+            "--status-url=http://{pod_ip}:8888/notebook/{namespace}/{name}/api/status",
+            "--workspace-status-url=http://{pod_ip}:8888/workspace/connect/{namespace}/{name}/api/status",
+            "--KubeflowCuller.pod_label=exported_pod",
+            "--KubeflowCuller.namespace_label=exported_namespace",
+            "--KubeflowCuller.max_sample_gap=5",
+            "--KubeflowCuller.coverage_step=1",
+        ]
+    )
+    return app
+
+
+def annotations(client: Any, name: str) -> dict[str, str]:
+    nb = client.get(f"/apis/kubeflow.org/v1/namespaces/alice/notebooks/{name}")
+    return nb["metadata"].get("annotations") or {}
+
+
+def paused(client: Any) -> bool:
+    ws = client.get("/apis/kubeflow.org/v1beta1/namespaces/alice/workspaces/wsidle")
+    return bool(ws["spec"].get("paused"))
+
+
+def set_gpus(exporter: DcgmExporter) -> None:
+    exporter.set("idle-0", util=0, memory=3000, namespace="alice")
+    exporter.set("busy-0", util=85, memory=9000, namespace="alice")
+    exporter.set("ws-wsidle-x7k2p-0", util=0, memory=2000, namespace="alice")
+
+
+def test_with_prometheus_down_nothing_is_stopped(
+    devcluster, kubeflow, exporter, prometheus, tmp_path
+):
+    set_gpus(exporter)
+    prometheus.wait_scraped(8)  # the GPU data would say idle: the culler must not get it
+    app = culler(devcluster, tmp_path, f"http://127.0.0.1:{free_port()}")
+    outcomes = asyncio.run(app.cull_once())
+    assert sorted(o.notebook.name for o in outcomes) == ["busy", "idle", "wsidle"]
+    assert not any(o.decision.cull for o in outcomes)
+    assert all(o.decision.gpu_failsafe for o in outcomes)
+    assert "kubeflow-resource-stopped" not in annotations(kubeflow, "idle")
+    assert not paused(kubeflow)
+
+
+def test_an_idle_gpu_notebook_is_stopped_and_a_busy_one_kept(
+    devcluster, kubeflow, exporter, prometheus, tmp_path
+):
+    set_gpus(exporter)
+    app = culler(devcluster, tmp_path, prometheus.url)
+    deadline = time.monotonic() + 90
+    seen: list[str] = []
+    while time.monotonic() < deadline:
+        outcomes = {o.notebook.name: o for o in asyncio.run(app.cull_once())}
+        seen.append(", ".join(f"{n}: {o.decision.reason}" for n, o in sorted(outcomes.items())))
+        if "kubeflow-resource-stopped" in annotations(kubeflow, "idle") and paused(kubeflow):
+            break
+        time.sleep(1)
+    else:
+        raise AssertionError(f"idle notebooks not stopped; decisions: {seen[-3:]}")
+    stopped = annotations(kubeflow, "idle")["kubeflow-resource-stopped"]
+    assert abs(parse_time(stopped) - time.time()) < 120  # an RFC 3339 time, as Kubeflow writes
+    assert "kubeflow-resource-stopped" not in annotations(kubeflow, "busy")
+    # every cycle kept the busy notebook for its GPU work
+    assert all("busy: gpu_busy" in line for line in seen)
+    # the next cycle leaves stopped notebooks alone
+    assert {o.notebook.name for o in asyncio.run(app.cull_once())} == {"busy"}
