@@ -130,3 +130,17 @@ async def test_a_refused_spawn_holds_nothing():
         await begin_spawn(one, {"gpu": "1/4", "pool": "a100-mig"})  # not her pool
     assert one.hold is None and "fracspawner_hold" not in one.get_state()
     await begin_spawn(two, QUARTER)
+
+
+async def test_a_hold_left_in_the_state_of_a_stopped_server_counts_nothing():
+    """A hub that died mid-stop may leave a hold in a stopped server's state."""
+    hub = HubUsers()
+    user = hub.user("ines")
+    old = hub.spawner(user, "old")
+    old.orm_spawner.state = {
+        "fracspawner_hold": {"pool": "h100", "gpu": "1/4", "gpu_equivalent": 0.25}
+    }
+    hub.db.commit()
+    user = hub.user("ines")
+    assert hub.spawner(user, "old").hold is not None  # loaded, but the server is not running
+    await begin_spawn(hub.spawner(user, "new"), QUARTER)

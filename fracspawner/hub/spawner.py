@@ -262,7 +262,10 @@ class FracSpawner(KubeSpawner):
         out: dict[str, float | None] = {}
         for name, spawner in self._other_spawners().items():
             hold = getattr(spawner, "hold", None)
-            if hold is not None:
+            # a hold counts while its server starts, runs or stops; not one a hub that died
+            # mid-stop left in a stopped server's state
+            active = spawner is not None and (spawner.active or spawner._start_pending)
+            if hold is not None and active:
                 out[name] = hold.gpu_equivalent
             elif spawner is not None:
                 # a spawn not admitted yet waits for the admission lock and will count this one
