@@ -54,6 +54,30 @@
     return `${offer.free} of ${offer.total} free`;
   }
 
+  // a size in words, as the server's messages say it: "1/4 GPU", "10 GiB", "MIG 1g.10gb"
+  function words(offer) {
+    const text = offer.display || offer.spec;
+    return offer.mode === "fraction" ? `${text} GPU` : text;
+  }
+
+  function displayOf(spec) {
+    const found = offersFor(spec)[0];
+    return found ? words(found.offer) : spec;
+  }
+
+  const form = root.closest("form");
+
+  // A size chosen by the user that the chosen pool does not offer at all: only then is the pool
+  // set back to "any", and it is said out loud. A refresh never changes a choice (issue 13 #1).
+  function dropPoolIfNotOffered() {
+    const spec = selectedGpu();
+    if (!poolSelect.value || spec === "none") return;
+    if (offersFor(spec).some((o) => o.pool.name === poolSelect.value)) return;
+    const pool = model.pools.find((p) => p.name === poolSelect.value);
+    poolSelect.value = "";
+    live.textContent = `${pool ? pool.display_name : "That pool"} does not offer ${displayOf(spec)}; the pool is now “any pool”.`;
+  }
+
   function selectedGpu() {
     const checked = root.querySelector('input[name="gpu"]:checked');
     return checked ? checked.value : "none";
@@ -109,6 +133,7 @@
       // "no GPU" so a hidden size from another mode is never submitted behind the user's back
       const first = root.querySelector(`fieldset.fs-mode[data-mode="${modeId}"] input[name="gpu"]:not([disabled])`);
       (first || document.getElementById("fs-gpu-none")).checked = true;
+      dropPoolIfNotOffered();
     }
     currentMode = modeId;
     render();
@@ -120,15 +145,14 @@
   const summaryLine = el("p", { class: "fs-summary-line", id: "fs-summary-line", "aria-live": "polite" });
   const staleNote = el("p", { class: "fs-stale small", hidden: true });
   root.appendChild(summaryLine);
+  // explicit ways out when the choice is unavailable: the user picks one, nothing switches
+  const alternatives = el("div", { class: "fs-alternatives", role: "group", "aria-label": "Free instead", hidden: true });
+  root.appendChild(alternatives);
   root.appendChild(staleNote);
 
   function render() {
     const spec = selectedGpu();
     const options = spec === "none" ? [] : offersFor(spec);
-    // a pool chosen for an earlier size may not serve this one: the server would refuse it
-    if (poolSelect.value && !options.some((o) => o.pool.name === poolSelect.value && o.offer.allowed)) {
-      poolSelect.value = "";
-    }
     // cards are rebuilt on every change and refresh: keep keyboard focus on the same card
     const focusedPool = poolCards.contains(document.activeElement) ? document.activeElement.dataset.pool : null;
     poolCards.replaceChildren();
@@ -137,7 +161,7 @@
       const chosen = poolSelect.value === pool.name;
       const card = el("button", {
         type: "button",
-        class: "fs-pool-card" + (chosen ? " selected" : ""),
+        class: "fs-pool-card" + (chosen ? " selected" : "") + (offer.allowed ? "" : " unavailable"),
         "aria-pressed": chosen ? "true" : "false",
         "aria-disabled": offer.allowed ? null : "true",
         "data-pool": pool.name,
@@ -150,9 +174,9 @@
       badge.appendChild(el("span", { "aria-hidden": "true" }, badgeClass === "free" ? "● " : badgeClass === "full" ? "○ " : "? "));
       badge.appendChild(document.createTextNode(countText(offer) + (stale || serverStale ? " (stale)" : "")));
       card.appendChild(badge);
-      if (!offer.allowed) card.appendChild(el("span", { class: "fs-reason small" }, offer.reason));
+      if (!offer.allowed) card.appendChild(el("span", { class: "fs-reason small" }, `Unavailable: ${offer.reason}`));
       card.addEventListener("click", () => {
-        if (!offer.allowed) return;
+        if (!offer.allowed && !chosen) return; // an unavailable pool can be un-chosen, not chosen
         poolSelect.value = chosen ? "" : pool.name;
         render();
       });
@@ -160,21 +184,100 @@
       if (focusedPool === pool.name) card.focus();
     }
     summaryLine.textContent = summaryText(spec, options);
+    renderAlternatives(spec, options);
+    // a GPU mode with nothing the user may take: say why, and no Start into a CPU server
+    const emptyMode = spec === "none" && currentMode !== "none";
+    // looked up each time: this script runs inside the form, before JupyterHub's Start button
+    const startButton = form ? form.querySelector('[type="submit"]') : null;
+    if (startButton) {
+      startButton.disabled = emptyMode;
+      if (emptyMode) startButton.setAttribute("aria-describedby", "fs-summary-line");
+      else startButton.removeAttribute("aria-describedby");
+    }
+  }
+
+  // the chosen size is unavailable (full, quota, access) on the chosen pool or on every pool
+  function unavailableChoice(spec, options) {
+    if (spec === "none") return null;
+    const chosen = options.find((o) => o.pool.name === poolSelect.value);
+    if (chosen) return chosen.offer.allowed ? null : chosen;
+    if (options.some((o) => o.offer.allowed)) return null;
+    return options[0] || { pool: null, offer: { reason: "No pool you may use offers it." } };
+  }
+
+  function alternativesFor(spec, blocked) {
+    const wanted = offersFor(spec)[0];
+    const size = wanted ? wanted.offer.gpu_equivalent : Infinity;
+    const mode = wanted ? wanted.offer.mode : null;
+    const found = [];
+    for (const pool of model.pools) {
+      for (const offer of pool.offers) {
+        if (!offer.allowed || offer.free === 0) continue;
+        if (blocked && blocked.pool && blocked.pool.name === pool.name && offer.spec === spec) continue;
+        // the same size elsewhere first, then the next smaller sizes of the same kind
+        let rank = null;
+        if (offer.spec === spec) rank = 0;
+        else if (offer.mode === mode && offer.gpu_equivalent < size) rank = 1 + (size - offer.gpu_equivalent);
+        if (rank !== null) found.push({ rank, pool, offer });
+      }
+    }
+    return found.sort((a, b) => a.rank - b.rank).slice(0, 3);
+  }
+
+  function renderAlternatives(spec, options) {
+    alternatives.replaceChildren();
+    const blocked = unavailableChoice(spec, options);
+    alternatives.hidden = !blocked;
+    if (!blocked) return;
+    const found = alternativesFor(spec, blocked);
+    if (!found.length) {
+      alternatives.appendChild(el("p", { class: "small mb-0" }, "Nothing close to it is free for you right now; try again in a few minutes."));
+      return;
+    }
+    alternatives.appendChild(el("p", { class: "small mb-1" }, "Free instead (your choice stays until you pick one):"));
+    for (const { pool, offer } of found) {
+      const button = el("button", { type: "button", class: "btn btn-sm btn-outline-primary fs-alternative", "data-pool": pool.name, "data-spec": offer.spec },
+        `${words(offer)} on ${pool.display_name} (${countText(offer)})`);
+      button.addEventListener("click", () => {
+        const radio = Array.from(root.querySelectorAll('input[name="gpu"]')).find((r) => r.value === offer.spec);
+        if (!radio) return;
+        radio.disabled = false;
+        radio.checked = true;
+        poolSelect.value = pool.name;
+        setMode(offer.mode, false);
+        currentMode = offer.mode;
+        live.textContent = `Chosen: ${words(offer)} on ${pool.display_name}.`;
+        render();
+      });
+      alternatives.appendChild(button);
+    }
   }
 
   function summaryText(spec, options) {
     if (spec === "none" && currentMode !== "none") {
       const label = (model.modes.find((m) => m.id === currentMode) || {}).label || currentMode;
-      return `Nothing under “${label}” is available to you (the reason is under each size). Start now gives a CPU-only server.`;
+      const reasons = new Set();
+      for (const pool of model.pools) {
+        for (const offer of pool.offers) {
+          if (pool.allowed && offer.mode === currentMode && offer.reason) reasons.add(offer.reason);
+        }
+      }
+      const why = Array.from(reasons).join(" ") || "None of its sizes is offered to you.";
+      return `Nothing under “${label}” is available to you: ${why} Choose another way to ask for a GPU, or “No GPU” for a CPU-only server.`;
     }
     if (spec === "none") return "You will get: a CPU-only server (no GPU).";
+    const blocked = unavailableChoice(spec, options);
+    if (blocked) {
+      const where = blocked.pool && poolSelect.value ? ` on ${blocked.pool.display_name}` : "";
+      return `Your choice, ${displayOf(spec)}${where}, is unavailable: ${blocked.offer.reason} Start will be refused; pick one of the free sizes below or wait.`;
+    }
     const usable = options.filter((o) => o.offer.allowed);
     let pick = usable.find((o) => o.pool.name === poolSelect.value);
     let how = pick ? `on ${pick.pool.display_name}` : "on the pool with the most free capacity";
     if (!pick) {
       pick = usable.slice().sort((a, b) => (b.offer.free ?? -1) - (a.offer.free ?? -1))[0];
     }
-    if (!pick) return `Nothing you may take offers ${spec}.`;
+    if (!pick) return `Nothing you may take offers ${displayOf(spec)}.`;
     return `You will get: ${pick.offer.summary} (${how}).`;
   }
 
@@ -196,6 +299,11 @@
       }
     }
     model = Object.assign({}, model, { pools: next.pools, quota: next.quota });
+    // the quota line shows the API's numbers of this moment, in the same words
+    const used = root.querySelector(".fs-quota-used");
+    const left = root.querySelector(".fs-quota-left");
+    if (used && next.quota && next.quota.used_text) used.textContent = next.quota.used_text;
+    if (left && next.quota && next.quota.remaining_text) left.textContent = next.quota.remaining_text;
     if (announce.length) live.textContent = `Availability changed. ${announce.join(". ")}.`;
   }
 
@@ -227,8 +335,19 @@
   }
 
   root.addEventListener("change", (event) => {
+    if (event.target.name === "gpu") dropPoolIfNotOffered();
     if (event.target.name === "gpu" || event.target === poolSelect) render();
   });
+  // a refused spawn: JupyterHub shows the message above the form; repeat it next to the size
+  // that was refused, which is still chosen exactly as the user left it (issue 13 #2)
+  const refusal = document.querySelector(".spawn-error-msg");
+  const checked = root.querySelector('input[name="gpu"]:checked');
+  if (refusal && checked && checked.value !== "none") {
+    const text = refusal.textContent.trim().replace(/^Error:\s*/, "");
+    const note = el("p", { class: "fs-refused small mb-0", id: "fs-refused" }, `Not started: ${text}`);
+    checked.closest(".fs-choice").appendChild(note);
+    checked.setAttribute("aria-describedby", `${checked.getAttribute("aria-describedby") || ""} fs-refused`.trim());
+  }
   currentMode = modeOf(selectedGpu());
   setMode(currentMode, false);
   render();

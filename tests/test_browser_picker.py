@@ -71,6 +71,10 @@ def _labels(pod: dict) -> dict[str, str]:
     return pod["metadata"].get("labels") or {}
 
 
+def badge_reason(page, pool: str) -> str:
+    return page.locator(f'.fs-pool-card[data-pool="{pool}"] .fs-reason').inner_text()
+
+
 def _lab_loaded(page) -> None:
     """JupyterLab's own UI rendered in the page (not just the HTML shell)."""
     page.wait_for_selector("#jp-main-dock-panel", timeout=90_000)
@@ -100,7 +104,7 @@ def test_each_mode_shows_live_counts_and_spawn_lands_in_jupyterlab(hub, devclust
 
     expectations = {
         "fraction": ("1/4", {"h100", "t4"}, "1/4 of an H100-80GB"),
-        "memory": ("10GiB", {"h100"}, "10GiB of an H100-80GB"),
+        "memory": ("10GiB", {"h100"}, "10 GiB of an H100-80GB"),
         "mig": ("mig-2g.20gb", {"a100-mig"}, "MIG 2g.20gb on an A100-80GB"),
     }
     for mode, (spec, pools, summary) in expectations.items():
@@ -167,8 +171,11 @@ def test_refused_choice_shows_its_message_and_disabled_options_say_why(hub, devc
     whole = page.locator('input[name="gpu"][value="1"]')
     assert whole.is_disabled()
     reason = page.locator('.fs-choice:has(input[value="1"]) .fs-reason')
-    assert reason.is_visible() and "your quota has 0.25 left" in reason.inner_text()
-    assert "Start now gives a CPU-only server" in page.locator("#fs-summary-line").inner_text()
+    assert reason.is_visible() and "your quota has 1/4 GPU left" in reason.inner_text()
+    # nothing in this mode for dana: it says why, and Start cannot lead to a CPU server
+    summary = page.locator("#fs-summary-line").inner_text()
+    assert "Nothing under “Whole GPUs” is available to you: Needs 1 GPU" in summary
+    assert page.get_by_role("button", name="Start").is_disabled()
 
     _tab(page, "fraction").click()
     page.locator('input[name="gpu"][value="1/4"]').check()
@@ -181,15 +188,15 @@ def test_refused_choice_shows_its_message_and_disabled_options_say_why(hub, devc
     error = page.locator(".spawn-error-msg")
     error.wait_for()
     text = error.inner_text()
-    assert "Quota: 1/4 on h100" in text
-    assert "Stop a server or choose a smaller slice" in text
+    assert "Quota: 1/4 GPU on H100 80GB (HAMi) is more than the 1/8 GPU left" in text
+    assert "Stop a server or choose a smaller size" in text and "HTTP" not in text
     assert not server_pods(devcluster, "dana")  # refused before any pod existed
 
-    # the re-rendered form now shows 1/4 disabled with the quota reason
-    _tab(page, "fraction").click()
-    assert page.locator('input[name="gpu"][value="1/4"]').is_disabled()
-    reason = page.locator('.fs-choice:has(input[value="1/4"]) li[data-pool=h100] .fs-reason')
-    assert "your quota has 0.125 left" in reason.inner_text()
+    # the re-rendered form keeps dana's 1/4 chosen, with the quota reason next to it
+    assert _tab(page, "fraction").get_attribute("aria-checked") == "true"
+    assert page.locator('input[name="gpu"][value="1/4"]').is_checked()
+    assert "your quota has 1/8 GPU left" in badge_reason(page, "h100")
+    assert "Quota: 1/4 GPU" in page.locator("#fs-refused").inner_text()
     page.close()
 
 
@@ -257,7 +264,7 @@ def test_keyboard_only_spawn(hub, devcluster, browser):
     assert focus_visible(page)
     page.keyboard.press("ArrowDown")
     assert page.locator('input[name="gpu"][value="20GiB"]').is_checked()
-    assert "20GiB of an H100-80GB" in page.locator("#fs-summary-line").inner_text()
+    assert "20 GiB of an H100-80GB" in page.locator("#fs-summary-line").inner_text()
 
     tab_to(page, '.fs-pool-card[data-pool="h100"]')
     assert focus_visible(page)
