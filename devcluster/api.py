@@ -459,6 +459,67 @@ class NamespaceItem(Item):
         await super().put(None, "namespaces", name)
 
 
+def openapi_v3_root(registry: Registry) -> dict[str, Any]:
+    """/openapi/v3: one entry per group version, as the apiserver lists them."""
+    versions = {("", "v1")} | {(r.group, v) for r in registry if r.group for v in r.versions}
+    paths = {}
+    for group, version in sorted(versions):
+        where = f"apis/{group}/{version}" if group else "api/v1"
+        paths[where] = {"serverRelativeURL": f"/openapi/v3/{where}"}
+    return {"paths": paths}
+
+
+def openapi_v3_spec(registry: Registry, group: str, version: str) -> dict[str, Any]:
+    """A group version's OpenAPI v3 document, reduced to what kubectl reads before a write:
+    each kind's PATCH operation, its `x-kubernetes-group-version-kind`, and the
+    `fieldValidation` query parameter. kubectl then leaves validation to the server
+    (`fieldValidation=Strict`) instead of downloading schemas to validate itself
+    (k8s.io/cli-runtime resource/query_param_verifier_v3.go)."""
+    prefix = f"/apis/{group}/{version}" if group else "/api/v1"
+    params = [{"name": "fieldValidation", "in": "query", "schema": {"type": "string"}},
+              {"name": "dryRun", "in": "query", "schema": {"type": "string"}}]  # fmt: skip
+    paths = {}
+    for resource in registry:
+        if resource.group != group or version not in resource.versions:
+            continue
+        scope = "/namespaces/{namespace}" if resource.namespaced else ""
+        gvk = {"group": group, "version": version, "kind": resource.kind}
+        paths[f"{prefix}{scope}/{resource.plural}/{{name}}"] = {
+            "patch": {
+                "operationId": f"patch{resource.kind}",
+                "x-kubernetes-group-version-kind": gvk,
+                "parameters": params,
+                "responses": {"200": {"description": "OK"}},
+            }
+        }
+    return {
+        "openapi": "3.0.0",
+        "info": {"title": "Kubernetes", "version": VERSION["gitVersion"]},
+        "paths": paths,
+    }
+
+
+class OpenApiV3(Base):
+    """/openapi/v3 and /openapi/v3/{api/v1|apis/<group>/<version>}."""
+
+    def get(self, where: str | None = None) -> None:
+        registry = self.cluster.store.resources
+        if not where:
+            self.write_json(openapi_v3_root(registry))
+            return
+        parts = where.strip("/").split("/")
+        if parts == ["api", "v1"]:
+            self.write_json(openapi_v3_spec(registry, "", "v1"))
+        elif (
+            len(parts) == 3
+            and parts[0] == "apis"
+            and parts[2] in (registry.groups().get(parts[1]) or [])
+        ):
+            self.write_json(openapi_v3_spec(registry, parts[1], parts[2]))
+        else:
+            raise web.HTTPError(404)
+
+
 class GroupDiscovery(Base):
     """/apis/{group} (APIGroup) and /apis/{group}/{version} (APIResourceList)."""
 
@@ -612,6 +673,8 @@ def make_app(cluster: DevCluster) -> web.Application:
             (r"/api/v1/namespaces/([^/]+)", NamespaceItem, args),
             (rf"/api/v1/()({plurals})/([^/]+)", Item, args),
             (rf"/api/v1/()({plurals})", Collection, args),
+            (r"/openapi/v3/?", OpenApiV3, args),
+            (r"/openapi/v3/(.+)", OpenApiV3, args),
             # named groups: what the apiserver serves for built-in groups and for CRDs
             (rf"/apis/{seg}/?", GroupDiscovery, args),
             (rf"/apis/{seg}/{seg}/?", GroupDiscovery, args),

@@ -12,14 +12,14 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from . import admission, crd, customresources, jsonpatch, objectmeta, scheduler
+from . import admission, crd, customresources, jsonpatch, objectmeta, scheduler, strategicmerge
 from .admission import Admission, Attributes, RequestInfo
 from .fielderrors import invalid_error
 from .kubelet import ConfigError, Kubelet, port_open
 from .resources import CRDS, MUTATING, VALIDATING, Resource
 from .store import ApiError, Store, now_iso
 from .topology import load_topology
-from .validation import validate
+from .validation import kind_schema, validate
 
 log = logging.getLogger("devcluster")
 
@@ -115,14 +115,30 @@ def merge_patch(target: Any, patch: Any) -> Any:
     return result
 
 
-def _apply_patch(current: Mapping[str, Any], patch: Any, content_type: str) -> Any:
+def _apply_patch(
+    current: Mapping[str, Any], patch: Any, content_type: str, resource: Resource
+) -> Any:
     """A PATCH body applied by its content type: JSON patch (RFC 6902; one that does not
-    apply is a 422 worded like evanphx/json-patch's), else a merge patch (strategic merge
-    treated as a merge patch)."""
+    apply is a 422 worded like evanphx/json-patch's), strategic merge (built-in kinds only,
+    as on the apiserver), else a JSON merge patch."""
     if "json-patch" in content_type:
         try:
             return jsonpatch.apply(current, patch)
         except jsonpatch.PatchError as exc:
+            raise ApiError(422, "UnprocessableEntity", str(exc)) from None
+    if "strategic-merge-patch" in content_type:
+        if resource.custom:
+            raise ApiError(
+                415,
+                "UnsupportedMediaType",
+                "the body of the request was in an unknown format - accepted media types "
+                "include: application/json-patch+json, application/merge-patch+json, "
+                "application/apply-patch+yaml",
+            )
+        schema, defs = kind_schema(resource.kind, resource.api_version())
+        try:
+            return strategicmerge.apply(current, patch, schema, defs)
+        except strategicmerge.PatchError as exc:
             raise ApiError(422, "UnprocessableEntity", str(exc)) from None
     if not isinstance(patch, Mapping):
         raise ApiError(400, "BadRequest", "a merge patch must be a JSON object")
@@ -465,8 +481,8 @@ class DevCluster:
     ) -> dict[str, Any]:
         """A patch without admission webhooks, in the storage version."""
         current = self.store.get(plural, namespace, name)
-        updated = _apply_patch(current, patch, content_type)
         resource = self.store.resources[plural]
+        updated = _apply_patch(current, patch, content_type, resource)
         self._check_version(plural, name, current, updated)
         updated = self._prepare_update(resource, resource.storage, current, updated, "")
         return self._store_update(resource, updated)
@@ -499,7 +515,7 @@ class DevCluster:
             if body is not None:
                 updated = _replacement(view, body, resource, version)
             else:
-                updated = _apply_patch(view, patch, content_type)
+                updated = _apply_patch(view, patch, content_type, resource)
             self._check_version(plural, name, current, updated)
             if resource.custom:
                 updated = customresources.decode(

@@ -68,6 +68,23 @@ def validator_for(kind: str, api_version: str = "v1", version: str = K8S_VERSION
     return jsonschema.Draft202012Validator(schema, registry=registry)
 
 
+@functools.lru_cache(maxsize=64)
+def kind_schema(
+    kind: str, api_version: str = "v1", version: str = K8S_VERSION
+) -> tuple[dict[str, Any], dict[str, Any]]:
+    """One kind's schema and the shared definitions it refers to (`$defs`), for what the
+    schemas say beyond types: strategic merge patch keys and strategies."""
+    group, _, ver = api_version.rpartition("/")
+    name = f"{kind.lower()}-{group.split('.')[0]}-{ver}" if group else f"{kind.lower()}-{ver}"
+    path = _schema_dir(version) / f"{name}.json"
+    if not path.is_file():
+        raise ApiError(
+            400, "BadRequest", f"no schema for kind {kind} in {api_version} (Kubernetes {version})"
+        )
+    definitions = _definitions(version).contents
+    return json.loads(path.read_text()), dict(definitions.get("$defs") or {})
+
+
 def field_path(path: Any) -> str:
     """jsonschema's deque of keys and indexes -> `spec.containers[0].ports[0].containerPort`."""
     return "".join(f"[{p}]" if isinstance(p, int) else f".{p}" for p in path).lstrip(".")

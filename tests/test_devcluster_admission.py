@@ -12,6 +12,7 @@ import asyncio
 import base64
 import json
 import ssl
+import subprocess
 import threading
 import urllib.error
 import urllib.request
@@ -832,3 +833,50 @@ def test_a_write_during_admission_is_retried_on_the_new_version_or_409_if_precon
             else:
                 assert labels == {"quick": "True"}
                 assert body["reason"] == "Conflict"
+
+
+def test_strategic_merge_patches_merge_lists_by_their_keys_as_kubectl_apply_needs(
+    client, ca, tmp_path
+):
+    config = webhook_config("merged", [
+        hook("one.example.com", {"url": "https://127.0.0.1:1/one", "caBundle": ca.ca_bundle},
+             objectSelector={"matchLabels": {"never": "matches"}}),
+        hook("two.example.com", {"url": "https://127.0.0.1:1/two", "caBundle": ca.ca_bundle},
+             objectSelector={"matchLabels": {"never": "matches"}}),
+    ])  # fmt: skip
+    install(client, config)
+    strategic = "application/strategic-merge-patch+json"
+    path = f"{MUTATING}/merged"
+    # one element patched by its merge key (name): the other and the rest of it stay
+    status, body, _ = request(client, "PATCH", path,
+                              {"webhooks": [{"name": "two.example.com", "timeoutSeconds": 3}]},
+                              content_type=strategic)  # fmt: skip
+    assert status == 200, body
+    assert [(w["name"], w["timeoutSeconds"]) for w in body["webhooks"]] == [
+        ("one.example.com", 10),
+        ("two.example.com", 3),
+    ]
+    assert body["webhooks"][1]["clientConfig"]["url"] == "https://127.0.0.1:1/two"
+    # $patch: delete removes one element; finalizers merge as a set
+    status, body, _ = request(client, "PATCH", path, {
+        "metadata": {"finalizers": ["example.com/keep"]},
+        "webhooks": [{"name": "one.example.com", "$patch": "delete"}]},
+        content_type=strategic)  # fmt: skip
+    assert status == 200 and [w["name"] for w in body["webhooks"]] == ["two.example.com"]
+    status, body, _ = request(client, "PATCH", path,
+                              {"metadata": {"finalizers": ["example.com/also"]}},
+                              content_type=strategic)  # fmt: skip
+    assert body["metadata"]["finalizers"] == ["example.com/keep", "example.com/also"]
+    # kubectl apply, twice: the second is a strategic merge patch of the configuration
+    config["metadata"]["name"] = "applied"
+    manifest = tmp_path / "config.yaml"
+    manifest.write_text(json.dumps(config))
+    for expected in ("created", "configured"):
+        result = subprocess.run(
+            ["/usr/bin/kubectl", "--kubeconfig", str(client.kubeconfig), "apply", "-f",
+             str(manifest)], capture_output=True, text=True, timeout=60,
+        )  # fmt: skip
+        assert result.returncode == 0, result.stderr
+        assert result.stdout.strip() == (
+            f"mutatingwebhookconfiguration.admissionregistration.k8s.io/applied {expected}"
+        )

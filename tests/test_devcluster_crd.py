@@ -379,6 +379,10 @@ def test_patch_merge_and_json_and_replace_with_optimistic_concurrency(devcluster
     assert replaced["metadata"]["uid"] == current["metadata"]["uid"]
     status, body, _ = http(devcluster, "PUT", base(group) + "/p", replacement)
     assert status == 409 and body["reason"] == "Conflict"
+    # custom resources take no strategic merge patch, as on the apiserver
+    status, body, _ = http(devcluster, "PATCH", base(group) + "/p", {"spec": {"size": 2}},
+                           "application/strategic-merge-patch+json")  # fmt: skip
+    assert status == 415 and body["reason"] == "UnsupportedMediaType"
 
 
 def test_the_status_subresource_splits_spec_and_status_writes(devcluster):
@@ -618,3 +622,39 @@ def test_what_the_devcluster_does_not_evaluate_is_said_as_a_warning(devcluster):
     assert warnings == [
         '299 - "devcluster: v1: x-kubernetes-validations (CEL) rules are not evaluated"'
     ]
+
+
+def test_kubectl_apply_creates_and_changes_custom_resources_with_server_side_validation(
+    devcluster, tmp_path
+):
+    group = "apply.example.com"
+    crd_file = tmp_path / "crd.yaml"
+    crd_file.write_text(yaml.safe_dump(widget_crd(group)))
+    assert "created" in kubectl(devcluster, "apply", "-f", str(crd_file))
+    manifest = widget("applied", group, size=2)
+    manifest["metadata"]["namespace"] = "crd-a"
+    target = tmp_path / "widget.yaml"
+    target.write_text(yaml.safe_dump(manifest))
+    assert kubectl(devcluster, "apply", "-f", str(target)).strip() == (
+        f"widget.{group}/applied created"
+    )
+    assert kubectl(devcluster, "apply", "-f", str(target)).strip() == (
+        f"widget.{group}/applied unchanged"
+    )
+    manifest["spec"]["size"] = 5
+    target.write_text(yaml.safe_dump(manifest))
+    assert kubectl(devcluster, "apply", "-f", str(target)).strip() == (
+        f"widget.{group}/applied configured"
+    )
+    assert ok(http(devcluster, "GET", base(group) + "/applied"))["spec"]["size"] == 5
+    # kubectl validates through the server (fieldValidation=Strict): an unknown field fails
+    manifest["metadata"]["name"] = "typo"
+    manifest["spec"]["sise"] = 5
+    target.write_text(yaml.safe_dump(manifest))
+    result = subprocess.run(
+        ["/usr/bin/kubectl", "--kubeconfig", str(devcluster.kubeconfig), "apply", "-f",
+         str(target)], capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+    assert result.returncode == 1
+    assert 'strict decoding error: unknown field "spec.sise"' in result.stderr
+    assert http(devcluster, "GET", base(group) + "/typo")[0] == 404
