@@ -284,6 +284,25 @@ def test_a_pod_without_slice_labels_is_untouched(cluster):
     assert "nodeSelector" not in created["spec"]
 
 
+def test_the_slice_of_a_running_pod_cannot_be_changed(cluster):
+    client = cluster["client"]
+    status, created = create(client, controller_pod("lab", "guarded", "fracspawner-t4-0-25"))
+    assert status == 201, created
+    path = "/api/v1/namespaces/lab/pods/guarded-0"
+    for patch in (
+        {"metadata": {"annotations": {"fracspawner.io/gpu-equivalent": "0"}}},
+        {"metadata": {"labels": {"fracspawner.io/pool": None}}},
+    ):
+        status, body = client.request("PATCH", path, patch, "application/merge-patch+json")
+        assert status == 403, body
+        assert 'admission webhook "guard.slices.webhook.fracspawner.io" denied' in body["message"]
+    status, body = client.request(
+        "PATCH", path, {"metadata": {"labels": {"owner": "me"}}}, "application/merge-patch+json"
+    )
+    assert status == 200, body
+    assert client.get(path)["metadata"]["annotations"]["fracspawner.io/gpu-equivalent"] == "0.25"
+
+
 def test_with_the_webhook_down_slice_pods_are_refused_and_others_only_if_so_configured(
     cluster, catalog, tls, tmp_path
 ):

@@ -334,7 +334,10 @@ def test_the_webhook_configuration_sorts_after_kubeflows_and_sends_profile_pods(
     (mwc,) = _docs(out / "mutatingwebhookconfiguration.yaml")
     assert mwc["metadata"]["name"] == WEBHOOK_NAME
     assert WEBHOOK_NAME > "poddefaults-webhook-mutating-webhook-configuration"
-    (hook,) = mwc["webhooks"]
+    hook, guard = mwc["webhooks"]
+    assert guard["rules"][0]["operations"] == ["UPDATE"]
+    assert guard["objectSelector"]["matchExpressions"][0]["key"] == "fracspawner.io/pool"
+    assert hook["rules"][0]["operations"] == ["CREATE"]
     assert hook["clientConfig"]["service"] == {
         "name": "fs-webhook",
         "namespace": "gpu",
@@ -347,7 +350,7 @@ def test_the_webhook_configuration_sorts_after_kubeflows_and_sends_profile_pods(
     assert hook["failurePolicy"] == "Fail" and hook["reinvocationPolicy"] == "IfNeeded"
     assert "objectSelector" not in hook  # every pod: MIG asked through the form's GPU field too
     code, out = _write(tmp_path, CATALOG, "--slice-pods-only", "--failure-policy", "Ignore")
-    (hook,) = _docs(out / "mutatingwebhookconfiguration.yaml")[0]["webhooks"]
+    hook, _ = _docs(out / "mutatingwebhookconfiguration.yaml")[0]["webhooks"]
     assert hook["objectSelector"]["matchExpressions"][0]["key"] == "fracspawner.io/pool"
     assert hook["failurePolicy"] == "Ignore"
 

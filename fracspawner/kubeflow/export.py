@@ -38,6 +38,8 @@ PODDEFAULT_WEBHOOK = "poddefaults-webhook-mutating-webhook-configuration"
 #: this name, after PODDEFAULT_WEBHOOK's, lets us see the labels a PodDefault added even when an
 #: objectSelector keeps us from the first round; reinvocationPolicy IfNeeded covers the rest.
 WEBHOOK_NAME = "slices.webhook.fracspawner.io"
+#: the second webhook of the configuration: slice labels and quota annotations stay as admitted
+GUARD_NAME = "guard.slices.webhook.fracspawner.io"
 MANAGED_BY = {"app.kubernetes.io/managed-by": "fracspawner"}
 #: Notebooks 2.0: ActivityRuleConfig.secondsSinceActive has Minimum 16
 MIN_SECONDS_SINCE_ACTIVE = 16
@@ -220,6 +222,16 @@ def webhook_configuration(target: WebhookTarget) -> dict[str, Any]:
         webhook["objectSelector"] = {
             "matchExpressions": [{"key": LABEL_POOL, "operator": "Exists"}]
         }
+    # the namespace's quota is counted from its pods' slice labels and annotations, which
+    # anyone allowed to edit pods could otherwise change on a running pod; only pods carrying
+    # a slice (before or after the update: objectSelector) are sent
+    guard = {
+        **{k: v for k, v in webhook.items() if k not in ("objectSelector", "reinvocationPolicy")},
+        "name": GUARD_NAME,
+        "reinvocationPolicy": "Never",
+        "rules": [{**webhook["rules"][0], "operations": ["UPDATE"]}],
+        "objectSelector": {"matchExpressions": [{"key": LABEL_POOL, "operator": "Exists"}]},
+    }
     metadata: dict[str, Any] = {"name": WEBHOOK_NAME, "labels": dict(MANAGED_BY)}
     if target.inject_ca_from:
         metadata["annotations"] = {"cert-manager.io/inject-ca-from": target.inject_ca_from}
@@ -227,7 +239,7 @@ def webhook_configuration(target: WebhookTarget) -> dict[str, Any]:
         "apiVersion": "admissionregistration.k8s.io/v1",
         "kind": "MutatingWebhookConfiguration",
         "metadata": metadata,
-        "webhooks": [webhook],
+        "webhooks": [webhook, guard],
     }
 
 
