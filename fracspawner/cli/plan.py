@@ -187,7 +187,8 @@ def main(argv: list[str]) -> int:
                 file=sys.stderr,
             )
     except Exception as exc:  # one line, no traceback: this is a user-facing command
-        message = getattr(exc, "log_message", None) or str(exc)
+        # a refusal carries the sentence the form shows (hub/refusal.py); other errors as is
+        message = getattr(exc, "jupyterhub_message", None) or str(exc)
         print(f"fracspawner plan: {' '.join(str(message).split())}", file=sys.stderr)
         return 2
     if args.output == "json":
