@@ -467,3 +467,33 @@ def test_pools_whose_kubeflow_names_collide_are_refused():
 
 def test_profile_namespace_defaults():
     assert ProfileNamespace("x").described
+
+
+def test_the_kubeflow_example_exports_per_namespace(tmp_path):
+    example = REPO / "examples" / "kubeflow"
+    out = tmp_path / "out"
+    code = kubeflow_main(
+        ["export", "--catalog", str(example / "catalog.yaml"), "-o", str(out)]
+        + ["--namespaces-file", str(example / "namespaces.yaml")]
+    )
+    assert code == 0
+    pools = {
+        ns: {d["spec"]["labels"]["fracspawner.io/pool"] for d in _docs(out / "poddefaults" / f)}
+        for ns, f in [
+            ("alice", "alice.yaml"),
+            ("ml-team", "ml-team.yaml"),
+            ("cv-lab", "cv-lab.yaml"),
+        ]
+    }
+    assert pools == {
+        "alice": {"h100"},
+        "ml-team": {"a100-mig", "h100", "t4"},
+        "cv-lab": {"h100", "t4"},
+    }
+    for path in out.rglob("*.yaml"):
+        for doc in _docs(path):
+            assert "&id" not in path.read_text()  # plain YAML, no anchors
+            if doc.get("kind") == "MutatingWebhookConfiguration":
+                k8s_validate(doc)
+            else:
+                assert schema_errors(doc, None if "kind" in doc else "spawner_ui_config") == []

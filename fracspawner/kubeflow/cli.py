@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import argparse
 import base64
+import json
 import os
 import sys
 import tempfile
@@ -174,7 +175,9 @@ def render(objects: list[dict[str, Any]], header: str) -> str:
             line = "#"
         line += " " + word
     lines.append(line)
-    body = "---\n".join(yaml.safe_dump(o, sort_keys=False, allow_unicode=True) for o in objects)
+    # a JSON round trip: shared sub-objects must not come out as YAML anchors and aliases
+    plain = json.loads(json.dumps(objects))
+    body = "---\n".join(yaml.safe_dump(o, sort_keys=False, allow_unicode=True) for o in plain)
     return "\n".join(lines) + "\n" + body
 
 

@@ -56,7 +56,9 @@ def offer_words(pool: Pool, offer: Slice) -> str:
 
 def describe(pool: Pool, offer: Slice, plan: PodPlan) -> str:
     """What the form shows: '1/4 of an H100-80GB · 20 GiB · HAMi'."""
-    parts = [offer_words(pool, offer), _gib(plan.memory_mib)]
+    parts = [offer_words(pool, offer)]
+    if offer.kind != "memory":  # a memory offer says its size already
+        parts.append(_gib(plan.memory_mib))
     if offer.kind not in ("mig", "whole"):  # MIG and whole GPUs say it in the words already
         parts.append(BACKEND_NAMES.get(pool.backend, pool.backend))
     return " · ".join(parts)
