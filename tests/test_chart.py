@@ -14,6 +14,8 @@ import datetime
 import json
 import re
 import subprocess
+import urllib.error
+import urllib.request
 from pathlib import Path
 from typing import Any
 
@@ -59,7 +61,6 @@ ALL_ON: dict[str, Any] = {
         "prometheusUrl": "http://prometheus-server.monitoring",
         "extraArgs": ["--Culler.pod_label=exported_pod"],
         "dryRun": True,
-        "cullBusyKernels": True,
         "extraEnv": [{"name": "TZ", "value": "UTC"}],
     },
     "service": {
@@ -392,8 +393,11 @@ def test_the_service_runs_the_real_command_line(rendered_objects):
     config = app.config.Culler
     assert config.prometheus_url == ALL_ON["culler"]["prometheusUrl"]
     assert config.metrics_port == culler["ports"][0]["containerPort"]
-    assert config.dry_run is True and config.cull_busy_kernels is True
+    assert config.dry_run is True
     assert config.pod_label == "exported_pod"
+    port = next(p["containerPort"] for p in culler["ports"] if p["name"] == "reports")
+    assert config.report_url == f"http://0.0.0.0:{port}"
+    assert "server_url" not in config  # the culler never calls into servers
     service = one(objs, "Deployment", "service")["spec"]["template"]["spec"]["containers"][0]
     assert service["command"][:2] == ["fracspawner", "service"]
     from fracspawner.cli import COMMANDS
@@ -408,7 +412,7 @@ def test_the_rendered_service_and_culler_run_and_pass_their_probes(devcluster, t
     values = {
         "catalog": DEMO_CATALOG,
         "service": {"port": free_port()},
-        "culler": {"metricsPort": free_port(), "cullEvery": 3600},
+        "culler": {"metricsPort": free_port(), "reportPort": free_port(), "cullEvery": 3600},
         "jupyterhub": {"apiUrl": f"http://127.0.0.1:{free_port()}/hub/api"},
     }
     objs = objects(render(values))
@@ -427,8 +431,8 @@ def test_the_rendered_service_and_culler_run_and_pass_their_probes(devcluster, t
                 secrets=tokens,
                 fields={"metadata.namespace": NAMESPACE},
                 # in a pod kubespawner's load_config finds the service account; here the
-                # devcluster's kubeconfig stands in for it
-                env={"KUBECONFIG": str(devcluster.kubeconfig)},
+                # devcluster's kubeconfig stands in for it. The culler gets none: it needs none
+                env={"KUBECONFIG": str(devcluster.kubeconfig)} if component == "service" else {},
             )
             running.append(container)
         service, culler = running
@@ -437,6 +441,14 @@ def test_the_rendered_service_and_culler_run_and_pass_their_probes(devcluster, t
         assert service.probe("livenessProbe")[0] == 200
         status, body = culler.probe()
         assert status == 200 and b"fracspawner_culler" in body
+        # the report endpoint listens where the chart's Service sends GPU servers, and wants
+        # a server's token
+        report = urllib.request.Request(
+            f"http://127.0.0.1:{culler.port('reports')}/api/reports", data=b"{}", method="POST"
+        )
+        with pytest.raises(urllib.error.HTTPError) as refused:
+            urllib.request.urlopen(report, timeout=10)
+        assert refused.value.code == 401
         # the catalog the culler read is the chart's ConfigMap
         assert "--catalog=" + str(tmp_path / "culler" / "catalog" / "catalog.yaml") in (
             " ".join(culler.process.args)
@@ -472,14 +484,17 @@ def test_capacity_clusterrole_grants_exactly_the_code_s_calls(rendered_objects):
 
 
 def test_the_culler_never_calls_the_kubernetes_api():
-    """The culler gets no token and no role: nothing under fracspawner/culler talks to it
-    (kubespawner.slugs, pure name functions, is all it takes from kubespawner)."""
+    """The chart's culler (hub mode) gets no token and no role: none of its modules talks to
+    the Kubernetes API (kubespawner.slugs, pure name functions, is all it takes from
+    kubespawner). culler/kubeflow.py is the Kubeflow mode, which this chart does not run."""
     import ast
 
     import fracspawner.culler
 
     root = Path(fracspawner.culler.__file__).parent
-    for path in root.rglob("*.py"):
+    for path in sorted(root.rglob("*.py")):
+        if path.name == "kubeflow.py":
+            continue
         for node in ast.walk(ast.parse(path.read_text())):
             names = []
             if isinstance(node, ast.Import):
@@ -487,7 +502,7 @@ def test_the_culler_never_calls_the_kubernetes_api():
             elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
                 names = [node.module]
             for name in names:
-                api = name.startswith("kubernetes") or (
+                api = name.split(".")[0] in ("kubernetes", "kubernetes_asyncio") or (
                     name.startswith("kubespawner") and name != "kubespawner.slugs"
                 )
                 assert not api, (path, name)
@@ -646,6 +661,86 @@ def test_generated_webhook_certificate_is_a_pair_with_the_configuration(rendered
     assert svc["metadata"]["name"] == service["name"] and svc["spec"]["ports"][0]["port"] == 443
 
 
+def test_the_rendered_webhook_really_works(devcluster, tmp_path):
+    """The chart's webhook, as the chart runs it (its command, the generated certificate and
+    key from its Secret, the catalog from its ConfigMap), registered in devcluster with the
+    chart's own MutatingWebhookConfiguration (caBundle, Service, path, namespaceSelector):
+    a slice pod created in a Kubeflow profile namespace comes out with its slice; others not."""
+    port = free_port()
+    objs = objects(render({"catalog": DEMO_CATALOG, "webhook": {"enabled": True, "port": port}}))
+    deployment = one(objs, "Deployment", "webhook")
+    webhook = Container(
+        deployment,
+        objs,
+        tmp_path / "webhook",
+        env={"KUBECONFIG": str(devcluster.kubeconfig)},  # what in-cluster config gives a pod
+    )
+    api = devcluster.client()
+    mwc = one(objs, "MutatingWebhookConfiguration", "webhook")
+    mwc_path = "/apis/admissionregistration.k8s.io/v1/mutatingwebhookconfigurations"
+    try:
+        status, body = webhook.probe()
+        assert status == 200, body
+        # the chart's Service, without its selector: devcluster then sends the webhook's
+        # traffic to 127.0.0.1 at the target port, where the process listens
+        service = copy.deepcopy(one(objs, "Service", "webhook"))
+        del service["spec"]["selector"]
+        service["spec"]["ports"][0]["targetPort"] = port
+        for namespace, labels in (
+            (NAMESPACE, {}),
+            ("team-a", {"app.kubernetes.io/part-of": "kubeflow-profile"}),
+            ("plain", {}),
+        ):
+            ns = {"apiVersion": "v1", "kind": "Namespace",
+                  "metadata": {"name": namespace, "labels": labels}}  # fmt: skip
+            assert api.request("POST", "/api/v1/namespaces", ns)[0] in (201, 409)
+        code, answer = api.request("POST", f"/api/v1/namespaces/{NAMESPACE}/services", service)
+        assert code == 201, answer
+        code, answer = api.request("POST", mwc_path, mwc)
+        assert code == 201, answer
+
+        def create(namespace: str, name: str, labels: dict[str, str], keep: bool = False) -> dict:
+            pod = {
+                "apiVersion": "v1",
+                "kind": "Pod",
+                "metadata": {"name": name, "labels": labels},
+                "spec": {
+                    "containers": [{"name": "notebook", "image": "example.org/nb:1",
+                                    "command": ["sleep", "600"]}],
+                    "restartPolicy": "Never",
+                },
+            }  # fmt: skip
+            code, created = api.request("POST", f"/api/v1/namespaces/{namespace}/pods", pod)
+            assert code == 201, (json.dumps(created), webhook.output())
+            if not keep:
+                api.request("DELETE", f"/api/v1/namespaces/{namespace}/pods/{name}")
+            return created
+
+        slice_labels = {"fracspawner.io/pool": "h100", "fracspawner.io/gpu": "0.25"}
+        mutated = create("team-a", "nb-0", slice_labels, keep=True)
+        # the guard: a running slice pod's slice labels cannot be changed
+        code, refused = api.request(
+            "PATCH",
+            "/api/v1/namespaces/team-a/pods/nb-0",
+            {"metadata": {"labels": {"fracspawner.io/gpu": "0.5"}}},
+            content_type="application/merge-patch+json",
+        )
+        assert code >= 400 and "guard.slices.webhook.fracspawner.io" in refused["message"], refused
+        api.request("DELETE", "/api/v1/namespaces/team-a/pods/nb-0")
+        annotations = mutated["metadata"].get("annotations") or {}
+        assert annotations.get("fracspawner.io/gpu-equivalent") == "0.25", mutated["metadata"]
+        limits = mutated["spec"]["containers"][0].get("resources", {}).get("limits", {})
+        assert limits.get("nvidia.com/gpu") == "1", limits  # HAMi: one device, a share of it
+        # outside a profile namespace, or without slice labels, nothing is touched
+        for namespace, labels in (("plain", slice_labels), ("team-a", {"app": "other"})):
+            pod = create(namespace, "untouched-0", labels)
+            assert "fracspawner.io/gpu-equivalent" not in (pod["metadata"].get("annotations") or {})
+            assert not pod["spec"]["containers"][0].get("resources", {}).get("limits")
+    finally:
+        api.request("DELETE", f"{mwc_path}/{mwc['metadata']['name']}")
+        webhook.stop()
+
+
 def test_webhook_configuration_matches_profile_pod_creates(rendered_objects):
     webhook = one(rendered_objects["all-on"], "MutatingWebhookConfiguration", "webhook")
     hook = webhook["webhooks"][0]
@@ -682,6 +777,42 @@ def test_webhook_configuration_matches_profile_pod_creates(rendered_objects):
     hook = one(narrowed, "MutatingWebhookConfiguration", "webhook")["webhooks"][0]
     assert hook["failurePolicy"] == "Ignore"
     assert hook["objectSelector"]["matchExpressions"][0]["key"] == "fracspawner.io/pool"
+
+
+@pytest.mark.parametrize(
+    ("values", "target"),
+    [
+        ({}, {}),
+        (
+            {
+                "failurePolicy": "Ignore",
+                "timeoutSeconds": 5,
+                "objectSelector": {
+                    "matchExpressions": [{"key": "fracspawner.io/pool", "operator": "Exists"}]
+                },
+            },
+            {"failure_policy": "Ignore", "timeout_seconds": 5, "slice_pods_only": True},
+        ),
+    ],
+)
+def test_webhook_configuration_is_the_exports(values, target):
+    """The chart registers the webhook exactly as `fracspawner kubeflow export` does (the
+    mutating webhook and the UPDATE guard), pointed at the chart's Service and CA."""
+    from fracspawner.kubeflow.export import WebhookTarget, webhook_configuration
+
+    objs = objects(render({"webhook": {"enabled": True, **values}}))
+    mwc = one(objs, "MutatingWebhookConfiguration", "webhook")
+    service = one(objs, "Service", "webhook")
+    exported = webhook_configuration(
+        WebhookTarget(
+            service=service["metadata"]["name"],
+            namespace=NAMESPACE,
+            port=443,
+            ca_bundle=one(objs, "Secret", "webhook")["data"]["ca.crt"],
+            **target,
+        )
+    )
+    assert mwc["webhooks"] == exported["webhooks"]
 
 
 def test_webhook_is_called_after_kubeflows_poddefault_webhook(rendered_objects):
@@ -755,7 +886,15 @@ def test_network_policies_cover_every_workload_and_allow_what_it_needs(rendered_
         if component in ("service", "webhook"):
             assert 443 in egress_ports, component  # the Kubernetes API
         if component == "culler":
-            assert {8000, 9090} <= egress_ports  # servers through the proxy, Prometheus
+            assert 9090 in egress_ports  # Prometheus
+            assert 8000 not in egress_ports and 8888 not in egress_ports  # never calls servers
+            # GPU servers push their reports in
+            report_rule = next(
+                r for r in policy["spec"]["ingress"] if r["ports"][0]["port"] == "reports"
+            )
+            assert report_rule["from"][0]["podSelector"]["matchLabels"]["component"] == (
+                "singleuser-server"
+            )
             assert 443 not in egress_ports
 
 
@@ -903,6 +1042,18 @@ def test_z2jh_overlay_matches_the_chart(rendered, rendered_objects):
     assert notes["hub"]["loadRoles"] == roles
     assert notes["hub"]["extraVolumes"] == hub["extraVolumes"]
     assert notes["hub"]["extraConfig"] == hub["extraConfig"]
+    assert notes["singleuser"]["networkPolicy"] == overlay["singleuser"]["networkPolicy"]
+    # GPU servers are told the culler's Service and report port, and may reach its pods there
+    culler_svc = one(objs, "Service", "culler")
+    reports = next(p for p in culler_svc["spec"]["ports"] if p["name"] == "reports")
+    culler_url = f"http://{culler_svc['metadata']['name']}.{NAMESPACE}.svc:{reports['port']}/"
+    assert f'c.FracSpawner.culler_url = "{culler_url}"' in hub["extraConfig"]["fracspawner"]
+    (egress,) = overlay["singleuser"]["networkPolicy"]["egress"]
+    culler_pod = one(objs, "Deployment", "culler")["spec"]["template"]["metadata"]["labels"]
+    selector = egress["to"][0]["podSelector"]["matchLabels"]
+    assert all(culler_pod.get(k) == v for k, v in selector.items())
+    assert egress["ports"] == [{"port": reports["port"], "protocol": "TCP"}]
+    assert "access:servers" not in roles["fracspawner-culler"]["scopes"]
 
 
 def test_z2jh_extra_config_configures_fracspawner_with_the_chart_catalog(
