@@ -9,7 +9,7 @@ export PATH := $(CURDIR)/node_modules/.bin:$(CURDIR)/$(BIN):$(PATH)
 .PHONY: help setup test lint demo bench docs clean system-deps labextension
 
 help:
-	@echo "make demo   - devcluster + JupyterHub with FracSpawner on http://127.0.0.1:8000"
+	@echo "make demo   - devcluster + JupyterHub with FracSpawner on http://127.0.0.1:8000 (PORT=8080 for another)"
 	@echo "make test   - ruff + the whole test suite (installs everything it needs)"
 	@echo "make bench  - benchmarks, results in benchmarks/results/"
 	@echo "make docs   - Sphinx docs (warnings are errors) in docs/_build/html"
@@ -82,7 +82,7 @@ test: setup lint
 	$(BIN)/python -m pytest $(PYTEST_ARGS)
 
 demo: $(STAMPS)/venv node_modules/.bin/configurable-http-proxy
-	$(BIN)/fracspawner demo
+	$(BIN)/fracspawner demo $(if $(PORT),--port $(PORT))
 
 bench: setup
 	$(BIN)/python -m benchmarks $(BENCH_ARGS)

@@ -19,6 +19,16 @@ from pathlib import Path
 
 from .localhub import REPO, start_hub
 
+# Who sees what in the demo (examples/catalogs/demo.yaml's access rules): a newcomer logging in
+# as "alice" sees one pool and no MIG, so the banner and the README say why.
+DEMO_GROUPS = 'c.JupyterHub.load_groups = {"ml-research": {"users": ["mira", "ravi"]}}\n'
+WHO_SEES_WHAT = (
+    "  who sees what (access rules of examples/catalogs/demo.yaml):\n"
+    "    any name (alice, bob, ...)  the H100 only, 1/8 or 1/4, at most 1/4 GPU in total\n"
+    "    mira, ravi (ml-research)    every pool: H100 (HAMi), A100 MIG, T4; up to 2 GPUs\n"
+    "    admin                       everything, no quota; also the admin page\n"
+)
+
 READY = re.compile(r"devcluster ready: (\S+) kubeconfig=(\S+)")
 
 
@@ -111,10 +121,11 @@ def main(argv: list[str]) -> int:
             port=args.port,
             password=password,
             log_to_console=True,
+            extra_config=DEMO_GROUPS,
         )
         print(
-            f"\n  fracspawner demo: {hub.url}/hub/login\n"
-            f"  log in as any user name (alice, bob, admin...) with password: {password}\n"
+            f"\n  fracspawner demo: {hub.url}/hub/login   password: {password}\n"
+            f"{WHO_SEES_WHAT}"
             "  Ctrl-C stops everything.\n",
             flush=True,
         )

@@ -36,6 +36,11 @@ def configure(c: Any, *, catalog_file: str | None = None, catalog: dict | None =
         raise ValueError("fracspawner.configure: give exactly one of catalog_file= or catalog=")
     load_catalog(catalog_file if catalog_file is not None else catalog)
     c.JupyterHub.spawner_class = "fracspawner"
+    # the slice on JupyterHub's pending and home pages (fracspawner.hub.pages)
+    from .hub.pages import TEMPLATE_DIR, template_vars
+
+    c.JupyterHub.template_paths = [TEMPLATE_DIR, *c.JupyterHub.get("template_paths", [])]
+    c.JupyterHub.template_vars = {**template_vars(), **c.JupyterHub.get("template_vars", {})}
     if catalog_file is not None:
         c.FracSpawner.catalog_file = str(catalog_file)
     else:

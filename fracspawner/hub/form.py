@@ -94,3 +94,12 @@ def render_form(model: Mapping[str, Any], *, profile_html: str = "", service_url
             picker_js=picker_assets()[1],
         )
     )
+
+
+def render_service_page(model: Mapping[str, Any], *, user: str, hub_prefix: str) -> str:
+    """The fracspawner service's root page: the pools and what is free for `user` (escaped)."""
+    return (
+        _env()
+        .get_template("service_page.html")
+        .render(model=model, user=user, hub_prefix=hub_prefix)
+    )

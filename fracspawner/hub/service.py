@@ -24,6 +24,7 @@ from tornado.log import app_log, enable_pretty_logging
 from ..backends import load_catalog
 from ..choice.offers import build_offer_model
 from ..model.catalog import Catalog
+from .form import render_service_page
 
 
 class OffersHandler(HubOAuthenticated, web.RequestHandler):
@@ -38,6 +39,12 @@ class OffersHandler(HubOAuthenticated, web.RequestHandler):
 
     @web.authenticated
     async def get(self) -> None:
+        model = await self.user_model()
+        self.set_header("Content-Type", "application/json")
+        self.set_header("Cache-Control", "no-store")
+        self.finish(json.dumps(model))
+
+    async def user_model(self) -> dict[str, Any]:
         user = self.current_user
         name = user["name"]
         groups = user.get("groups") or []
@@ -54,9 +61,21 @@ class OffersHandler(HubOAuthenticated, web.RequestHandler):
             capacity=capacity,
             admin=bool(user.get("admin")),
         )
-        self.set_header("Content-Type", "application/json")
+        return model
+
+
+class PoolsPageHandler(OffersHandler):
+    """The service's root, which the hub lists under Services: the pools and what is free, for
+    this user, as a page (issue 13: never a bare 404 from the navbar)."""
+
+    @web.authenticated
+    async def get(self) -> None:
+        model = await self.user_model()
+        hub_prefix = os.environ.get("JUPYTERHUB_BASE_URL", "/").rstrip("/") + "/hub/"
         self.set_header("Cache-Control", "no-store")
-        self.finish(json.dumps(model))
+        self.finish(
+            render_service_page(model, user=self.current_user["name"], hub_prefix=hub_prefix)
+        )
 
 
 class HealthHandler(web.RequestHandler):
@@ -73,6 +92,12 @@ def make_app(catalog: Catalog, watcher: Any, prefix: str) -> web.Application:
                 {"catalog": catalog, "watcher": watcher},
             ),
             (url_path_join(prefix, "health"), HealthHandler),
+            # the root, with or without its trailing slash
+            (
+                url_path_join(prefix, "?"),
+                PoolsPageHandler,
+                {"catalog": catalog, "watcher": watcher},
+            ),
             (url_path_join(prefix, "oauth_callback"), HubOAuthCallbackHandler),
         ],
         cookie_secret=os.urandom(32),

@@ -1,0 +1,213 @@
+"""The picker as a demanding user meets it (issue 13): no silent switch, a refusal that keeps
+the choice, quota in fractions, an empty mode that leads nowhere, and a phone-sized screen.
+
+Real JupyterHub, proxy, fracspawner service and devcluster; Debian's Chromium via Playwright.
+Other workloads hold 3 of the 4 T4 quarter slots. With FRACSPAWNER_UPDATE_SCREENSHOTS=1
+each state is written to docs/_static/picker-*.png for docs/picker.md.
+"""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+
+from tests.browser_helpers import (
+    SCREENSHOTS,
+    badge_text,
+    chromium,
+    free_count,
+    login,
+    new_page,
+    open_spawn_form,
+    stop_all_servers,
+)
+from tests.e2e_helpers import demo_topology_with_t4_jobs, ensure_group, server_pods, spawn
+
+pytestmark = [pytest.mark.e2e, pytest.mark.browser]
+
+HUB_EXTRA_CONFIG = """
+if not any(r.get("name") == "user" for r in c.JupyterHub.load_roles):
+    c.JupyterHub.load_roles.append(
+        {"name": "user", "scopes": ["self", "access:services!service=fracspawner"]}
+    )
+"""
+TOPOLOGY = demo_topology_with_t4_jobs(3)  # other workloads hold 3 of the 4 T4 quarters
+REFRESH_WAIT_MS = 30_000  # two picker refreshes (10 s) plus a slow first OAuth round trip
+
+
+@pytest.fixture(scope="module")
+def browser():
+    with chromium() as launched:
+        yield launched
+
+
+@pytest.fixture(autouse=True)
+def _clean_servers(hub, devcluster):
+    yield
+    stop_all_servers(hub, devcluster)
+
+
+def _shot(page, name: str) -> None:
+    if os.environ.get("FRACSPAWNER_UPDATE_SCREENSHOTS") == "1":
+        page.screenshot(path=str(SCREENSHOTS / f"picker-{name}.png"), full_page=True)
+
+
+def _tab(page, mode: str):
+    return page.locator(f'.fs-mode-tab[data-mode="{mode}"]')
+
+
+def test_a_full_pool_keeps_the_choice_and_a_refusal_brings_it_back(hub, devcluster, browser):
+    ensure_group(hub, "ml-research", "pia", "ravi")
+    page = new_page(browser)
+    login(page, hub.url, "pia")
+    open_spawn_form(page, hub.url, "pia")
+    _tab(page, "fraction").click()
+    page.locator('input[name="gpu"][value="1/4"]').check()
+    page.locator(".fs-pool-card[data-pool=t4]").click()
+    assert free_count(badge_text(page, "t4")) == 1
+
+    # ravi takes the last T4 quarter while pia's page is open
+    status, body = spawn(hub, "ravi", {"gpu": "1/4", "pool": "t4"})
+    assert status in (201, 202), body
+    hub.wait_ready("ravi")
+    page.wait_for_function(
+        "() => /0 of \\d+ free/.test(document.querySelector("
+        "'.fs-pool-card[data-pool=t4] .fs-badge').textContent)",
+        timeout=REFRESH_WAIT_MS,
+    )
+    # nothing switched behind her back: same size, same pool, marked unavailable with the reason
+    assert page.locator('input[name="gpu"][value="1/4"]').is_checked()
+    assert page.locator("#fs-pool").input_value() == "t4"
+    card = page.locator(".fs-pool-card[data-pool=t4]")
+    assert card.get_attribute("aria-pressed") == "true"
+    assert "Unavailable: None free right now." in card.inner_text()
+    summary = page.locator("#fs-summary-line").inner_text()
+    assert "Your choice, 1/4 GPU on T4 16GB (time-sliced), is unavailable" in summary
+    # the alternatives are offered, closest first, and only taken when she picks one
+    alternatives = page.locator(".fs-alternative")
+    assert alternatives.first.inner_text().startswith("1/4 GPU on H100 80GB (HAMi) (")
+    _shot(page, "choice-unavailable")
+
+    # Start anyway: refused before any pod; the form comes back exactly as she left it
+    page.get_by_role("button", name="Start").click()
+    page.locator(".spawn-error-msg").wait_for()
+    top = page.locator(".spawn-error-msg").inner_text()
+    assert top.startswith("Error: No 1/4 GPU is free on T4 16GB (time-sliced) right now"), top
+    assert "HTTP" not in top and "Free instead: 1/4 GPU on H100 80GB (HAMi)" in top
+    assert _tab(page, "fraction").get_attribute("aria-checked") == "true"
+    assert page.locator('input[name="gpu"][value="1/4"]').is_checked()
+    assert page.locator("#fs-pool").input_value() == "t4"
+    note = page.locator(".fs-choice:has(input[value='1/4']:checked) #fs-refused")
+    assert note.is_visible() and "No 1/4 GPU is free on T4" in note.inner_text()
+    assert not server_pods(devcluster, "pia")
+    _shot(page, "refused")
+
+    # she takes the offered alternative explicitly
+    page.locator(".fs-alternative[data-pool=h100][data-spec='1/4']").click()
+    assert page.locator("#fs-pool").input_value() == "h100"
+    assert page.locator('input[name="gpu"][value="1/4"]').is_checked()
+    assert "(on H100 80GB (HAMi))" in page.locator("#fs-summary-line").inner_text()
+    assert page.locator(".fs-alternatives").is_hidden()
+    page.close()
+
+
+def test_quota_in_fractions_and_an_empty_mode_offers_no_start(hub, devcluster, browser):
+    page = new_page(browser)
+    login(page, hub.url, "tess")  # the demo's default rule: H100 only, 1/4 GPU
+    open_spawn_form(page, hub.url, "tess")
+    quota = " ".join(page.locator("#fs-quota").inner_text().split())
+    assert quota == "Your GPU quota: 0 of 1/4 GPU in use, 1/4 GPU left."
+    # the page's numbers are the API's numbers of this moment
+    api = page.request.get(hub.url + "/services/fracspawner/api/offers").json()["quota"]
+    assert (api["used_text"], api["max_text"], api["remaining_text"]) == ("0", "1/4 GPU", "1/4 GPU")
+
+    _tab(page, "whole").click()
+    summary = page.locator("#fs-summary-line").inner_text()
+    assert summary.startswith("Nothing under “Whole GPUs” is available to you: Needs 1 GPU; ")
+    assert "your quota has 1/4 GPU left." in summary
+    start = page.get_by_role("button", name="Start")
+    assert start.is_disabled()
+    _shot(page, "empty-mode")
+    _tab(page, "fraction").click()
+    assert start.is_enabled()
+
+    # another server takes 1/8: the refreshed quota line says so in fractions
+    status, body = spawn(hub, "tess", {"gpu": "1/8", "pool": "h100"}, server="side")
+    assert status in (201, 202), body
+    hub.wait_ready("tess", "side")
+    page.wait_for_function(
+        "() => document.querySelector('.fs-quota-left').textContent === '1/8 GPU'",
+        timeout=REFRESH_WAIT_MS,
+    )
+    assert page.locator(".fs-quota-used").inner_text() == "1/8"
+    page.close()
+
+
+def test_phone_layout_fits_and_cards_do_not_jump(hub, devcluster, browser):
+    ensure_group(hub, "ml-research", "pia")
+    page = new_page(browser)
+    page.set_viewport_size({"width": 375, "height": 740})
+    login(page, hub.url, "pia")
+    open_spawn_form(page, hub.url, "pia")
+    _tab(page, "fraction").click()
+    page.locator('input[name="gpu"][value="1/4"]').check()
+    card = page.locator(".fs-pool-card[data-pool=h100]")
+    before = card.bounding_box()
+    card.click()
+    after = card.bounding_box()
+    assert (after["width"], after["height"]) == (before["width"], before["height"])
+    # nothing wider than the screen: no sideways scrolling, no cut-off dropdown
+    assert page.evaluate("document.documentElement.scrollWidth <= window.innerWidth")
+    for select in ("#fs-pool", "#fs-image"):
+        box = page.locator(select).bounding_box()
+        assert box["x"] >= 0 and box["x"] + box["width"] <= 375, (select, box)
+    _shot(page, "phone")
+    page.close()
+
+
+def test_the_service_in_the_navbar_opens_the_pools_page(hub, devcluster, browser):
+    ensure_group(hub, "ml-research", "pia")
+    page = new_page(browser)
+    login(page, hub.url, "pia")
+    page.goto(f"{hub.url}/hub/home")
+    # JupyterHub lists the service under Services; its link opens a page, not a 404
+    link = page.locator('a[href$="/services/fracspawner/"]').first
+    href = link.get_attribute("href")
+    response = page.goto(hub.url + href if href.startswith("/") else href)
+    assert response.status == 200
+    assert page.locator("h1").inner_text() == "GPU pools"
+    quota = " ".join(page.locator("#fs-page-quota").inner_text().split())
+    assert quota.startswith("Your GPU quota: 0 of 2 GPUs in use, 2 GPUs left.")
+    t4 = page.locator('section[data-pool="t4"] tr[data-spec="1/4"]')
+    assert t4.locator("td").first.inner_text() == "1/4 GPU"
+    assert t4.locator("td").nth(1).inner_text() == "1 of 4"
+    assert page.locator(
+        'section[data-pool="h100"] tr[data-spec="10GiB"] td'
+    ).first.inner_text() == ("10 GiB")
+    _shot(page, "service-page")
+    page.close()
+
+
+def test_home_page_shows_each_servers_slice(hub, devcluster, browser):
+    ensure_group(hub, "ml-research", "pia")
+    for server, options in (
+        ("", {"gpu": "1/4", "pool": "h100"}),
+        ("train", {"gpu": "mig-1g.10gb"}),
+    ):
+        status, body = spawn(hub, "pia", options, server=server)
+        assert status in (201, 202), body
+        hub.wait_ready("pia", server)
+    page = new_page(browser)
+    login(page, hub.url, "pia")
+    page.goto(f"{hub.url}/hub/home")
+    slices = page.locator(".fs-home-slice")
+    assert slices.all_inner_texts() == [
+        "GPU: 1/4 GPU on H100 80GB (HAMi) · PyTorch (CUDA 12)",
+        "GPU: MIG 1g.10gb on A100 80GB (MIG) · PyTorch (CUDA 12)",
+    ]
+    row = page.locator('tr.home-server-row[data-server-name="train"]')
+    assert "MIG 1g.10gb on A100 80GB (MIG)" in row.inner_text()
+    assert not page.errors
+    _shot(page, "home")
+    page.close()
