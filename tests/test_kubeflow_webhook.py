@@ -8,6 +8,10 @@ from __future__ import annotations
 
 import base64
 import json
+import os
+import shutil
+import socket
+import ssl
 import subprocess
 import sys
 from concurrent.futures import ThreadPoolExecutor
@@ -400,3 +404,36 @@ def test_the_patch_is_base64_json_patch(webhook):
     operations = json.loads(base64.b64decode(answer["patch"]))
     assert {op["op"] for op in operations} <= {"add", "replace", "remove"}
     assert all(op["path"].startswith(("/metadata/", "/spec/")) for op in operations)
+
+
+def _handshake(server_context: ssl.SSLContext, ca: Path) -> str:
+    """The common name of the certificate a TLS server with `server_context` presents."""
+    client_context = ssl.create_default_context(cafile=str(ca))
+    client_context.check_hostname = False
+    a, b = socket.socketpair()
+    with ThreadPoolExecutor(1) as pool:
+        served = pool.submit(lambda: server_context.wrap_socket(a, server_side=True))
+        client = client_context.wrap_socket(b)
+        served.result(10).close()
+    subject = dict(x[0] for x in client.getpeercert()["subject"])
+    client.close()
+    return subject["commonName"]
+
+
+def test_a_renewed_certificate_is_served_without_a_restart(tmp_path):
+    from fracspawner.kubeflow.webhook import CertificateReloader, tls_context
+
+    old = make_tls(tmp_path / "old", ("old.example",))
+    new = make_tls(tmp_path / "new", ("new.example",))
+    live = {"cert": tmp_path / "tls.crt", "key": tmp_path / "tls.key"}
+    shutil.copy(old["cert"], live["cert"])
+    shutil.copy(old["key"], live["key"])
+    context = tls_context(str(live["cert"]), str(live["key"]))
+    reloader = CertificateReloader(context, str(live["cert"]), str(live["key"]))
+    assert _handshake(context, old["ca"]) == "old.example"
+    # cert-manager writes the renewed pair (a new mtime)
+    shutil.copy(new["cert"], live["cert"])
+    shutil.copy(new["key"], live["key"])
+    os.utime(live["cert"], (1e9, 1e9))
+    reloader.check()
+    assert _handshake(context, new["ca"]) == "new.example"

@@ -13,6 +13,7 @@ import argparse
 import asyncio
 import json
 import logging
+import os
 import signal
 import ssl
 import sys
@@ -23,6 +24,7 @@ from typing import Any
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from tornado import web
 from tornado.httpserver import HTTPServer
+from tornado.ioloop import PeriodicCallback
 
 from ..backends import load_catalog
 from ..model.access import namespace_rule
@@ -187,6 +189,28 @@ def tls_context(cert: str, key: str) -> ssl.SSLContext:
     return context
 
 
+class CertificateReloader:
+    """Loads a renewed certificate (cert-manager, the chart's Secret) into the live context:
+    new connections get it, no restart. A half-written pair is retried at the next check."""
+
+    def __init__(self, context: ssl.SSLContext, cert: str, key: str) -> None:
+        self.context, self.cert, self.key = context, cert, key
+        self.seen = self._stamp()
+
+    def _stamp(self) -> tuple[float, float]:
+        return (os.stat(self.cert).st_mtime, os.stat(self.key).st_mtime)
+
+    def check(self) -> None:
+        try:
+            stamp = self._stamp()
+            if stamp != self.seen:
+                self.context.load_cert_chain(self.cert, self.key)
+                self.seen = stamp
+                log.info("loaded the renewed certificate %s", self.cert)
+        except (OSError, ssl.SSLError) as exc:
+            log.warning("certificate %s not reloaded yet: %s", self.cert, exc)
+
+
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog=PROG,
@@ -219,6 +243,8 @@ async def serve(args: argparse.Namespace, catalog: Catalog, context: ssl.SSLCont
     webhook = Webhook(catalog, cluster, QuotaLedger(ttl=args.reservation_ttl))
     server = HTTPServer(make_app(webhook), ssl_options=context, max_body_size=MAX_BODY)
     server.listen(args.port, args.address)
+    reloader = CertificateReloader(context, args.tls_cert, args.tls_key)
+    PeriodicCallback(reloader.check, 30_000).start()
     log.info(
         "serving https://%s:%s/mutate (pools: %s)",
         args.address,
