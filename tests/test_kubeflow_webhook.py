@@ -133,7 +133,7 @@ def test_a_pod_without_slice_labels_passes_untouched(webhook):
     assert answer == {"uid": answer["uid"], "allowed": True}
 
 
-def test_reserved_env_is_removed_from_every_container(webhook):
+def test_reserved_env_and_other_gpus_are_removed_from_every_container(webhook):
     pod = kubeflow_pod("lab", "sneaky", "h100", "0.125")
     pod["spec"]["containers"][0]["env"] += [
         {"name": "CUDA_DISABLE_CONTROL", "value": "true"},
@@ -151,8 +151,15 @@ def test_reserved_env_is_removed_from_every_container(webhook):
             ],
         }
     )
+    # and GPUs besides the slice: a MIG profile from the form's GPU field, a whole GPU for a
+    # sidecar
+    pod["spec"]["containers"][0]["resources"]["limits"]["nvidia.com/mig-7g.80gb"] = "1"
+    pod["spec"]["containers"][1]["resources"] = {"limits": {"nvidia.com/gpu": "1", "cpu": "1"}}
     mutated = patched(pod, webhook.review(admission_review(pod)))
     main, helper = mutated["spec"]["containers"]
+    assert "nvidia.com/mig-7g.80gb" not in main["resources"]["limits"]
+    assert main["resources"]["limits"]["nvidia.com/gpucores"] == "12"
+    assert helper["resources"] == {"limits": {"cpu": "1"}}
     names = [e["name"] for e in main["env"]]
     assert "KEEP_ME" in names and "FRACSPAWNER_GPU_MEMORY_MIB" in names
     assert not {"CUDA_DISABLE_CONTROL", "LD_PRELOAD", "CUDA_MPS_PINNED_DEVICE_MEM_LIMIT"} & set(

@@ -300,17 +300,41 @@ def admit(
             f"({_fmt(left)} left). Stop a notebook or choose a smaller slice.",
             "quota",
         )
-    return Admitted(_mutate(pod, plan), plan, ask)
+    return Admitted(_mutate(pod, plan, catalog), plan, ask)
 
 
-def _mutate(pod: Mapping[str, Any], plan: PodPlan) -> dict[str, Any]:
+def gpu_resources(catalog: Catalog) -> frozenset[str]:
+    """Every extended resource a plan of the catalog asks for, and NVIDIA's GPU resources."""
+    keys = {"nvidia.com/gpu"}
+    for pool in catalog.pools.values():
+        for offer in pool.offers:
+            plan = plan_slice(offer, pool, None)
+            keys.update(plan.limits, plan.requests)
+    return frozenset(keys)
+
+
+def _is_gpu_resource(key: str, known: frozenset[str]) -> bool:
+    return key in known or key.startswith("nvidia.com/mig-")
+
+
+def _mutate(pod: Mapping[str, Any], plan: PodPlan, catalog: Catalog) -> dict[str, Any]:
     target = target_container(pod)
     cleaned = json.loads(json.dumps(pod))  # a deep copy of plain JSON
     spec = cleaned["spec"]
-    # reserved env (isolation switches, NVIDIA_VISIBLE_DEVICES...) goes from EVERY container:
-    # on a GPU node a sidecar's NVIDIA_VISIBLE_DEVICES=all would see every GPU
+    known = gpu_resources(catalog)
+    planned = set(plan.limits) | set(plan.requests)
     for key in ("containers", "initContainers"):
         for container in spec.get(key) or []:
+            # GPU resources besides the slice's (a MIG profile from the form's GPU field next
+            # to a ticked PodDefault) would be GPUs the quota never counted
+            resources = container.get("resources") or {}
+            for part in ("limits", "requests"):
+                asked = resources.get(part) or {}
+                for name in [k for k in asked if _is_gpu_resource(k, known)]:
+                    if container.get("name") != target or name not in planned:
+                        del asked[name]
+            # reserved env (isolation switches, NVIDIA_VISIBLE_DEVICES...) goes from EVERY
+            # container: on a GPU node a sidecar's NVIDIA_VISIBLE_DEVICES=all sees every GPU
             if container.get("name") == target or not container.get("env"):
                 continue
             env = [e for e in container["env"] if not is_reserved_env(str(e.get("name", "")))]
