@@ -63,6 +63,7 @@ def api(devcluster):
         ("full", {}),
         ("race", {}),
         ("agree", {}),
+        ("dry", {}),
     ]:
         status, body = client.request(
             "POST",
@@ -225,6 +226,27 @@ def test_concurrent_creates_in_one_namespace_never_overrun_the_quota(webhook):
         answers = list(pool.map(lambda p: webhook.review(admission_review(p)), pods))
     assert sum(a["allowed"] for a in answers) == 2  # 2 x 0.125 = the 0.25 quota
     assert all("quota" in a["status"]["message"] for a in answers if not a["allowed"])
+
+
+def test_a_dry_run_reserves_nothing(webhook):
+    dry = webhook.review(admission_review(kubeflow_pod("dry", "a", "h100", "0.25"), dry_run=True))
+    assert dry["allowed"] is True and "patch" in dry  # the answer is the real one
+    assert webhook.review(admission_review(kubeflow_pod("dry", "b", "h100", "0.25")))["allowed"]
+
+
+def test_reservations_end_when_the_pod_is_listed_or_after_their_ttl():
+    from fracspawner.kubeflow.quota import QuotaLedger
+
+    now = [0.0]
+    ledger = QuotaLedger(ttl=60, clock=lambda: now[0])
+    ledger.reserve("ns", "nb-0", "nb-0", 0.25)
+    ledger.reserve("ns", "uid-1", "", 0.5)  # a generateName pod: only the ttl ends it
+    assert ledger.pending("ns", [], key="other") == 0.75
+    assert ledger.pending("ns", [], key="nb-0") == 0.5  # its own reservation is not counted twice
+    assert ledger.pending("ns", ["nb-0"], key="other") == 0.5  # listed: counted from the pod now
+    now[0] = 61.0
+    assert ledger.pending("ns", [], key="other") == 0.0
+    assert ledger.total() == 0.0
 
 
 @pytest.mark.parametrize(
