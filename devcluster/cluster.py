@@ -12,7 +12,16 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from . import admission, crd, customresources, jsonpatch, objectmeta, scheduler, strategicmerge
+from . import (
+    admission,
+    crd,
+    customresources,
+    defaults,
+    jsonpatch,
+    objectmeta,
+    scheduler,
+    strategicmerge,
+)
 from .admission import Admission, Attributes, RequestInfo
 from .fielderrors import invalid_error
 from .kubelet import ConfigError, Kubelet, port_open
@@ -79,7 +88,8 @@ def pod_spec_update_allowed(current: Mapping[str, Any], updated: Mapping[str, An
     (pkg/apis/core/validation ValidatePodUpdate); 422 otherwise."""
 
     def mutable_removed(spec: Mapping[str, Any]) -> dict[str, Any]:
-        spec = copy.deepcopy(dict(spec))
+        # defaulted first: a topology's pods are stored as written, an update arrives defaulted
+        spec = defaults.pod({"spec": copy.deepcopy(dict(spec))})["spec"]
         for field in ("activeDeadlineSeconds", "tolerations", "terminationGracePeriodSeconds"):
             spec.pop(field, None)
         for group in ("containers", "initContainers"):
@@ -405,9 +415,8 @@ class DevCluster:
         plural = resource.key
         if resource.custom:
             customresources.coerce(resource, version, obj)
-        if plural == "pods" and isinstance(obj.get("spec"), dict):
-            obj["spec"].setdefault("schedulerName", "default-scheduler")
-            obj["spec"].setdefault("restartPolicy", "Always")
+        if plural == "pods":
+            defaults.pod(obj)
         if plural == "secrets":
             folded = secret_with_data(obj)
             obj.clear()

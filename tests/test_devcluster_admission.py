@@ -232,8 +232,9 @@ def test_a_mutating_webhook_patches_a_pod_create_and_sees_what_the_apiserver_sen
             {"op": "add", "path": "/metadata/labels/mutated", "value": "yes"},
             {"op": "add", "path": "/spec/containers/0/env",
              "value": [{"name": "CUDA_MPS_PINNED_DEVICE_MEM_LIMIT", "value": "0=10240M"}]},
-            {"op": "add", "path": "/spec/containers/0/resources",
-             "value": {"limits": {"nvidia.com/gpu": "1"}}},
+            # `resources` is there to add to: the apiserver defaults it to {}
+            {"op": "add", "path": "/spec/containers/0/resources/limits",
+             "value": {"nvidia.com/gpu": "1"}},
         ], warnings=["slice 1/4 of an H100"])  # fmt: skip
 
     with Webhook(cert, respond) as webhook:
@@ -275,7 +276,18 @@ def test_a_mutating_webhook_patches_a_pod_create_and_sees_what_the_apiserver_sen
         obj = req["object"]
         assert obj["metadata"]["generateName"] == "nb-" and "uid" not in obj["metadata"]
         assert obj["metadata"]["namespace"] == "profile-a"
-        assert obj["spec"]["restartPolicy"] == "Always"  # defaulted before admission
+        # defaulted before admission, as pkg/apis/core/v1/defaults.go does
+        assert (obj["spec"]["restartPolicy"], obj["spec"]["dnsPolicy"]) == (
+            "Always",
+            "ClusterFirst",
+        )
+        assert obj["spec"]["terminationGracePeriodSeconds"] == 30
+        sent = obj["spec"]["containers"][0]
+        assert (sent["resources"], sent["imagePullPolicy"], sent["terminationMessagePolicy"]) == (
+            {},
+            "IfNotPresent",
+            "File",
+        )
         # a namespace the selector does not match: the webhook is not called
         status, _, _ = create_pod(client, "plain", pod("outside", {"fracspawner.io/pool": "h"}))
         assert status == 201 and len(webhook.reviews) == 1
