@@ -156,7 +156,11 @@
     // cards are rebuilt on every change and refresh: keep keyboard focus on the same card
     const focusedPool = poolCards.contains(document.activeElement) ? document.activeElement.dataset.pool : null;
     poolCards.replaceChildren();
-    if (options.length) poolCards.appendChild(el("p", { class: "fs-pool-cards-title small" }, "Pools that can serve it:"));
+    if (options.length) {
+      // one wording whatever is chosen, so the cards never shift when one is chosen
+      const title = "Pool: choose one, or none for the one with the most free (press again to undo):";
+      poolCards.appendChild(el("p", { class: "fs-pool-cards-title small" }, title));
+    }
     for (const { pool, offer } of options) {
       const chosen = poolSelect.value === pool.name;
       const card = el("button", {

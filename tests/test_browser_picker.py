@@ -166,7 +166,7 @@ def test_refused_choice_shows_its_message_and_disabled_options_say_why(hub, devc
     # options dana cannot take are there, disabled, with the reason in words
     mig_pool = page.locator('#fs-pool option[value="a100-mig"]')
     assert mig_pool.is_disabled()
-    assert "Your access rules do not include this pool" in mig_pool.inner_text()
+    assert "Your access rules do not include this pool" in mig_pool.text_content()
     _tab(page, "whole").click()
     whole = page.locator('input[name="gpu"][value="1"]')
     assert whole.is_disabled()

@@ -53,6 +53,15 @@ def _shot(page, name: str) -> None:
         page.screenshot(path=str(SCREENSHOTS / f"picker-{name}.png"), full_page=True)
 
 
+def _box(locator) -> tuple[float, ...]:
+    """x, y, width, height; read again if a live refresh re-rendered the card meanwhile."""
+    for _ in range(5):
+        box = locator.bounding_box()
+        if box:
+            return (box["x"], box["y"], box["width"], box["height"])
+    raise AssertionError(f"{locator} not visible")
+
+
 def _tab(page, mode: str):
     return page.locator(f'.fs-mode-tab[data-mode="{mode}"]')
 
@@ -153,15 +162,16 @@ def test_phone_layout_fits_and_cards_do_not_jump(hub, devcluster, browser):
     _tab(page, "fraction").click()
     page.locator('input[name="gpu"][value="1/4"]').check()
     card = page.locator(".fs-pool-card[data-pool=h100]")
-    before = card.bounding_box()
+    before = _box(card)
     card.click()
-    after = card.bounding_box()
-    assert (after["width"], after["height"]) == (before["width"], before["height"])
+    assert card.get_attribute("aria-pressed") == "true"
+    assert _box(card) == before  # same place, same size: nothing jumps when chosen
     # nothing wider than the screen: no sideways scrolling, no cut-off dropdown
     assert page.evaluate("document.documentElement.scrollWidth <= window.innerWidth")
-    for select in ("#fs-pool", "#fs-image"):
-        box = page.locator(select).bounding_box()
-        assert box["x"] >= 0 and box["x"] + box["width"] <= 375, (select, box)
+    # one control for the pool: the cards (the select is the hidden submitted field)
+    assert page.locator("#fs-pool").is_hidden() and page.locator("#fs-pool").input_value() == "h100"
+    box = page.locator("#fs-image").bounding_box()
+    assert box["x"] >= 0 and box["x"] + box["width"] <= 375, box
     _shot(page, "phone")
     page.close()
 
@@ -210,4 +220,44 @@ def test_home_page_shows_each_servers_slice(hub, devcluster, browser):
     assert "MIG 1g.10gb on A100 80GB (MIG)" in row.inner_text()
     assert not page.errors
     _shot(page, "home")
+    page.close()
+
+
+# WCAG 2 contrast of an element's text against what is behind it, opacity of ancestors included
+CONTRAST_JS = r"""(node) => {
+  const rgb = (c) => (c.match(/[\d.]+/g) || []).map(Number);
+  const lum = ([r, g, b]) => {
+    const f = (v) => { v /= 255; return v <= 0.03928 ? v / 12.92 : ((v + 0.055) / 1.055) ** 2.4; };
+    return 0.2126 * f(r) + 0.7152 * f(g) + 0.0722 * f(b);
+  };
+  let alpha = 1, bg = null;
+  for (let n = node; n && n.nodeType === 1; n = n.parentElement) {
+    const style = getComputedStyle(n);
+    alpha *= Number(style.opacity);
+    const b = rgb(style.backgroundColor);
+    if (!bg && b.length >= 3 && (b.length === 3 || b[3] > 0)) bg = b.slice(0, 3);
+  }
+  bg = bg || [255, 255, 255];
+  const fg = rgb(getComputedStyle(node).color).slice(0, 3)
+    .map((v, i) => v * alpha + bg[i] * (1 - alpha));
+  const [hi, lo] = [lum(fg), lum(bg)].sort((a, b) => b - a);
+  return (hi + 0.05) / (lo + 0.05);
+}"""
+
+
+@pytest.mark.parametrize("scheme", ["light", "dark"])
+def test_disabled_sizes_keep_a_readable_reason(hub, devcluster, browser, scheme):
+    page = new_page(browser, color_scheme=scheme)
+    login(page, hub.url, "tess")
+    open_spawn_form(page, hub.url, "tess")
+    _tab(page, "whole").click()
+    reason = page.locator('.fs-choice:has(input[value="1"]) .fs-reason').first
+    assert reason.is_visible() and "Needs 1 GPU" in reason.inner_text()
+    assert reason.evaluate(CONTRAST_JS) >= 4.5  # WCAG AA for normal text
+    # a pool the user may not use: the card's reason is as readable
+    _tab(page, "fraction").click()
+    page.locator('input[name="gpu"][value="1/4"]').check()
+    card_reason = page.locator(".fs-pool-card[data-pool=t4] .fs-reason")
+    assert "Your access rules do not include this pool." in card_reason.inner_text()
+    assert card_reason.evaluate(CONTRAST_JS) >= 4.5
     page.close()
