@@ -69,7 +69,7 @@ def summary(
 ) -> str:
     """One line a person can check before pressing Start.
 
-    '1/4 of an H100-80GB: 20 GiB, ~33 SMs, HAMi-enforced'
+    '1/4 of an H100-80GB: 20 GiB of GPU memory, memory limit enforced (HAMi), ~33 SMs'
     """
     model = pool.gpu.name
     if offer.kind == "fraction":
@@ -80,17 +80,20 @@ def summary(
         what = f"MIG {offer.profile} on {'an' if model[:1] in 'AEIOUH' else 'a'} {model}"
     else:
         what = f"{offer.count} × {model}"
-    parts = [_gib(memory_mib)]
+    # plain words first (memory, isolation), the technical detail (SMs) last (issue 13 item 8)
+    parts = [f"{_gib(memory_mib)} of GPU memory"]
+    backend = BACKEND_NAMES.get(pool.backend, pool.backend)
+    if offer.kind == "whole":
+        parts.append("the GPU to yourself")
+    elif offer.kind == "mig" and enforced:
+        parts.append(f"isolated in hardware ({backend})")
+    elif enforced:
+        parts.append(f"memory limit enforced ({backend})")
+    else:
+        parts.append(f"memory shared with others ({backend}), not isolated")
     sms = _sms(offer, pool, gpu_equivalent)
     if sms:
         parts.append(f"~{sms} SMs" if offer.kind in ("fraction", "memory") else f"{sms} SMs")
-    backend = BACKEND_NAMES.get(pool.backend, pool.backend)
-    if offer.kind == "whole":
-        parts.append("dedicated")
-    elif enforced:
-        parts.append(f"{backend}-enforced")
-    else:
-        parts.append(f"shared via {backend}, memory not isolated")
     return f"{what}: {', '.join(parts)}"
 
 
