@@ -316,6 +316,7 @@ class BackfilledPrometheus(Prometheus):
         lines = []
         for name, rows in by_metric.items():
             lines += [f"# TYPE {name} gauge", *rows]
+        tmp.mkdir(parents=True, exist_ok=True)
         source = tmp / "backfill.om"
         source.write_text("\n".join([*lines, "# EOF"]) + "\n")
         data = tmp / "data"

@@ -9,6 +9,8 @@ profile or admin environment can set or change them. CPU-only pods get none of t
 
 from __future__ import annotations
 
+import re
+
 from ..model.catalog import Catalog, IdlePolicy
 from .options import Choice
 
@@ -54,7 +56,8 @@ def notebook_env(choice: Choice, catalog: Catalog, culler_url: str = "") -> dict
     env = {
         ENV_SLICE: str(choice.offer or choice.slice),
         ENV_POOL: pool.name,
-        ENV_POOL_DISPLAY: pool.display_name or pool.name,
+        # short, it is in the meter's status bar: "H100 80GB (HAMi)" -> "H100 80GB"
+        ENV_POOL_DISPLAY: re.sub(r"\s*\([^)]*\)$", "", pool.display_name) or pool.name,
         **policy_env(catalog.idle_for(pool.name)),
     }
     if culler_url:
