@@ -39,7 +39,8 @@ def configure(c: Any, *, catalog_file: str | None = None, catalog: dict | None =
     # the slice on JupyterHub's pending and home pages (fracspawner.hub.pages)
     from .hub.pages import TEMPLATE_DIR, template_vars
 
-    c.JupyterHub.template_paths = [TEMPLATE_DIR, *c.JupyterHub.get("template_paths", [])]
+    # after the deployment's own template paths: a site's own home.html still wins
+    c.JupyterHub.template_paths = [*c.JupyterHub.get("template_paths", []), TEMPLATE_DIR]
     c.JupyterHub.template_vars = {**template_vars(), **c.JupyterHub.get("template_vars", {})}
     if catalog_file is not None:
         c.FracSpawner.catalog_file = str(catalog_file)
