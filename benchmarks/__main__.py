@@ -22,11 +22,31 @@ def discover() -> list[str]:
     return sorted(p.stem.removeprefix("bench_") for p in HERE.glob("bench_*.py"))
 
 
+def _sections(text: str) -> dict[str, list[str]]:
+    """The `## name` sections of an earlier summary.md."""
+    sections: dict[str, list[str]] = {}
+    current: list[str] | None = None
+    for line in text.splitlines():
+        if line.startswith("## "):
+            current = sections[line[3:].strip()] = []
+        elif current is not None:
+            current.append(line)
+    return sections
+
+
 def main(argv: list[str]) -> int:
     names = argv or discover()
     RESULTS.mkdir(exist_ok=True)
+    earlier = RESULTS / "summary.md"
+    # running some benchmarks keeps the others' sections of the last full run
+    kept = _sections(earlier.read_text()) if argv and earlier.exists() else {}
     summary = [f"# Benchmark results ({time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())})", ""]
     summary.append(f"Machine: {platform.machine()}, Python {platform.python_version()}")
+    for name, lines in kept.items():
+        if name not in names:
+            while lines and not lines[-1].strip():
+                lines.pop()
+            summary += ["", f"## {name}", *lines]
     failed = 0
     for name in names:
         module = importlib.import_module(f"benchmarks.bench_{name}")
@@ -39,11 +59,15 @@ def main(argv: list[str]) -> int:
             print(f"   FAILED: {exc!r}", flush=True)
             summary += ["", f"## {name}", "", f"FAILED: `{exc!r}`"]
             continue
-        result.setdefault("wall_seconds", round(time.perf_counter() - started, 2))
+        wall = round(time.perf_counter() - started, 2)
+        if not getattr(module, "EXACT_KEYS", False):  # outside checks read some files' keys
+            result.setdefault("wall_seconds", wall)
         (RESULTS / f"{name}.json").write_text(json.dumps(result, indent=2, default=str) + "\n")
         summary += [
             "",
             f"## {name}",
+            "",
+            f"{wall} s",
             "",
             "```json",
             json.dumps(result, indent=2, default=str),

@@ -78,12 +78,14 @@ async def _bench(kubeconfig: Path, catalog: dict[str, Any]) -> dict[str, Any]:
     frac_median = await _median_render(lambda: frac._render_options_form_async(frac), RENDERS)
     frac_calls = (counter["n"] - before) / RENDERS
 
-    # the honest worst case: a render right after a watch event invalidated the cached snapshot
+    # a render right after a watch event changed what counting reads (the node it touched is
+    # recounted; benchmarks/bench_scale.py measures this under a steady churn)
     after_change = []
+    gpu_pod = next(r for r in watcher.pods() if r.requests)
     for i in range(5):
-        version = watcher._version(watcher._nodes, watcher._pods)
-        await _create_pod(kubeconfig, f"bench-change-{i}")
-        while watcher._version(watcher._nodes, watcher._pods) == version:
+        changes = watcher.live.changes
+        await _annotate_pod(kubeconfig, gpu_pod.namespace, gpu_pod.name, f"0.{i + 1}")
+        while watcher.live.changes == changes:
             await asyncio.sleep(0.01)
         before = counter["n"]
         after_change.append(await _median_render(lambda: frac._render_options_form_async(frac), 1))
@@ -120,25 +122,18 @@ async def _bench(kubeconfig: Path, catalog: dict[str, Any]) -> dict[str, Any]:
     }
 
 
-async def _create_pod(kubeconfig: Path, name: str) -> None:
-    """A pod created by someone else (through the API, not the spawner)."""
+async def _annotate_pod(kubeconfig: Path, namespace: str, name: str, value: str) -> None:
+    """Someone else's change to a GPU pod (through the API, not the spawner)."""
     import yaml
     from kubernetes_asyncio.client import ApiClient, Configuration, CoreV1Api
 
     server = yaml.safe_load(kubeconfig.read_text())["clusters"][0]["cluster"]["server"]
     config = Configuration(host=server)
     async with ApiClient(config) as api:
-        await CoreV1Api(api).create_namespaced_pod(
-            "default",
-            {
-                "apiVersion": "v1",
-                "kind": "Pod",
-                "metadata": {"name": name},
-                "spec": {
-                    "containers": [{"name": "c", "image": "x", "command": ["true"]}],
-                    "nodeSelector": {"no-such-node": "x"},
-                },
-            },
+        await CoreV1Api(api).patch_namespaced_pod(
+            name,
+            namespace,
+            {"metadata": {"annotations": {"fracspawner.io/gpu-equivalent": value}}},
         )
 
 

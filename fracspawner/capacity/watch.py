@@ -133,11 +133,11 @@ class _SlimReflector(ResourceReflector):
         kwargs["resource_version"] = resource_version
         if self.timeout_seconds:
             kwargs["timeout_seconds"] = self.timeout_seconds
-            # the server ends the request after timeout_seconds; a connection silent for
-            # longer is dead (a partition without a reset), not just quiet
-            kwargs["_request_timeout"] = self.timeout_seconds + 5
-        elif self.request_timeout:
-            kwargs["_request_timeout"] = self.request_timeout
+        if self.request_timeout or self.timeout_seconds:
+            # the server ends a watch after timeout_seconds; one silent much longer is dead
+            # (a partition without a reset), not quiet. The margin keeps a slow, loaded API
+            # server from being taken for a lost one (each loss relists everything).
+            kwargs["_request_timeout"] = max(self.request_timeout, self.timeout_seconds + 30)
         try:
             async with w.stream(getattr(self.api, self.list_method_name), **kwargs) as events:
                 async for event in events:
