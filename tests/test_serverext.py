@@ -296,7 +296,6 @@ def test_warnings_come_before_the_culler_acts_and_agree_with_it(monkeypatch):
         GpuProcess("0", 9216, 0.0, kernel_id="k-idle"),
         GpuProcess("0", 1024, 0.0, kernel_id="k-busy"),
     ]
-    sample = GpuSample("simulated", [device], processes)
     owned = [(p.kernel_id, p) for p in processes]
 
     def at(seconds: float) -> dict:
