@@ -313,3 +313,28 @@ def test_the_wheel_ships_the_product_and_no_devcluster(tmp_path):
     ):
         assert expected in names
     assert any(n.endswith("etc/jupyter/jupyter_server_config.d/fracspawner.json") for n in names)
+
+
+@pytest.mark.slow
+def test_the_sdist_builds_with_the_product_files(tmp_path):
+    """`python -m build --sdist`: what a release uploads has the schema, templates, picker."""
+    result = subprocess.run(
+        [sys.executable, "-m", "build", "--sdist", "--outdir", str(tmp_path), str(REPO)],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert result.returncode == 0, result.stderr[-2000:]
+    (sdist,) = tmp_path.glob("fracspawner-*.tar.gz")
+    import tarfile
+
+    names = {n.split("/", 1)[1] for n in tarfile.open(sdist).getnames() if "/" in n}
+    for expected in (
+        "pyproject.toml",
+        "fracspawner/model/catalog.schema.json",
+        "fracspawner/hub/templates/gpu_form.html",
+        "frontend/picker.js",
+        "jupyter-config/jupyter_server_config.d/fracspawner.json",
+    ):
+        assert expected in names
+    assert not [n for n in names if n.startswith((".venv", "node_modules", ".stamps"))]
