@@ -125,3 +125,43 @@ def test_identity_comes_from_the_token_not_the_body():
     assert identity_from_model(own, "") == Identity("ann", "")
     with pytest.raises(Refused, match="which server"):
         identity_from_model(own, None)
+
+
+async def test_concurrent_reports_with_one_token_ask_the_hub_once():
+    """A burst of reports (a restarted culler, every server at once) costs one hub request
+    per token; a refused token is remembered too, and the hub never sees the body."""
+    import asyncio
+    import json
+
+    from tornado import web
+    from tornado.httpserver import HTTPServer
+
+    from devcluster.localhub import free_port
+    from fracspawner.culler.identity import TokenVerifier
+
+    asked: list[str] = []
+
+    class WhoAmI(web.RequestHandler):
+        async def get(self) -> None:
+            token = self.request.headers["Authorization"].split()[-1]
+            asked.append(token)
+            await asyncio.sleep(0.2)  # a slow hub: the burst arrives while it answers
+            if token != "good":
+                raise web.HTTPError(403)
+            self.write(json.dumps(SERVER_TOKEN_MODEL))
+
+    port = free_port()
+    server = HTTPServer(web.Application([(r"/hub/api/user", WhoAmI)]))
+    server.listen(port, "127.0.0.1")
+    verifier = TokenVerifier(f"http://127.0.0.1:{port}/hub/api")
+    try:
+        found = await asyncio.gather(*(verifier.verify("good", "gpu") for _ in range(20)))
+        assert set(found) == {Identity("ann", "gpu")} and asked == ["good"]
+        for _ in range(3):
+            with pytest.raises(Refused) as refused:
+                await verifier.verify("stolen", "gpu")
+            assert refused.value.code == 403
+        assert asked == ["good", "stolen"]
+    finally:
+        verifier.close()
+        server.stop()
