@@ -110,3 +110,9 @@ def _gpu(idle_for: float):
     from fracspawner.culler import GpuFacts
 
     return GpuFacts("extension", NOW, 4096, idle_for, covered_for=idle_for + 60)
+
+
+def test_server_url_is_refused_with_the_reason():
+    # the culler no longer calls into user servers: an old command line says so, clearly
+    with pytest.raises(SystemExit, match="no longer calls into user servers"):
+        culler("--server-url=http://proxy-public")
