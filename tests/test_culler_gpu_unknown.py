@@ -207,9 +207,26 @@ def _ancestors(pid: int) -> set[int]:
     return set(owner_of(pid).ancestors)
 
 
-def test_the_host_pid_namespace_is_detected():
-    # this machine runs everything in the host's PID namespace: only descendants count there
-    assert has_own_pid_namespace() is False
+def test_a_pid_namespace_of_its_own_is_detected():
+    """What decides whether a re-parented job counts: run the check in a new PID namespace (as in
+    a pod) with util-linux's unshare, where this machine allows it."""
+    import shutil
+    import subprocess
+    import sys
+
+    code = "from fracspawner.serverext.attribution import has_own_pid_namespace as f; print(f())"
+    unshare = shutil.which("unshare")
+    if unshare is None:
+        pytest.skip("no unshare (util-linux)")
+    done = subprocess.run(
+        [unshare, "--pid", "--fork", "--mount-proc", sys.executable, "-c", code],
+        capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+    if done.returncode:
+        pytest.skip(f"no new PID namespace here: {done.stderr.strip()[-200:]}")
+    assert done.stdout.strip() == "True"
+    # and a /proc without the namespace link (not Linux): the strict side, descendants only
+    assert has_own_pid_namespace(Path("/nonexistent")) is False
 
 
 def test_idle_gpu_kernel_shut_down_by_its_server_never_while_its_user_works(
