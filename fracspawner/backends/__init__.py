@@ -110,11 +110,13 @@ ENV_MEMORY = "FRACSPAWNER_GPU_MEMORY_MIB"
 MIG_BACKENDS = frozenset({"mig-mixed", "mig-single", "gke-mig"})
 
 
+#: RESERVED_ENV's prefix entries, without the '*' (checked for every env name of every spawn)
+_RESERVED_PREFIXES = tuple(sorted(p[:-1] for p in RESERVED_ENV if p.endswith("*")))
+
+
 def is_reserved_env(name: str) -> bool:
     """Whether `name` is in RESERVED_ENV (prefix entries end in '*')."""
-    if name in RESERVED_ENV:
-        return True
-    return any(name.startswith(p[:-1]) for p in RESERVED_ENV if p.endswith("*"))
+    return name in RESERVED_ENV or name.startswith(_RESERVED_PREFIXES)
 
 
 def safe_env(user_env: dict[str, str] | None, plan: PodPlan) -> dict[str, str]:
