@@ -37,16 +37,7 @@ def _sections(text: str) -> dict[str, list[str]]:
 def main(argv: list[str]) -> int:
     names = argv or discover()
     RESULTS.mkdir(exist_ok=True)
-    earlier = RESULTS / "summary.md"
-    # running some benchmarks keeps the others' sections of the last full run
-    kept = _sections(earlier.read_text()) if argv and earlier.exists() else {}
-    summary = [f"# Benchmark results ({time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())})", ""]
-    summary.append(f"Machine: {platform.machine()}, Python {platform.python_version()}")
-    for name, lines in kept.items():
-        if name not in names:
-            while lines and not lines[-1].strip():
-                lines.pop()
-            summary += ["", f"## {name}", *lines]
+    sections: dict[str, list[str]] = {}
     failed = 0
     for name in names:
         module = importlib.import_module(f"benchmarks.bench_{name}")
@@ -57,25 +48,31 @@ def main(argv: list[str]) -> int:
         except Exception as exc:  # report and go on: one broken benchmark must not hide the others
             failed += 1
             print(f"   FAILED: {exc!r}", flush=True)
-            summary += ["", f"## {name}", "", f"FAILED: `{exc!r}`"]
+            sections[name] = ["", f"FAILED: `{exc!r}`"]
             continue
         wall = round(time.perf_counter() - started, 2)
         if not getattr(module, "EXACT_KEYS", False):  # outside checks read some files' keys
             result.setdefault("wall_seconds", wall)
         (RESULTS / f"{name}.json").write_text(json.dumps(result, indent=2, default=str) + "\n")
-        summary += [
-            "",
-            f"## {name}",
-            "",
-            f"{wall} s",
-            "",
-            "```json",
-            json.dumps(result, indent=2, default=str),
-            "```",
-        ]
-        print(json.dumps(result, indent=2, default=str), flush=True)
-    (RESULTS / "summary.md").write_text("\n".join(summary) + "\n")
+        text = json.dumps(result, indent=2, default=str)
+        sections[name] = ["", f"{wall} s", "", "```json", *text.splitlines(), "```"]
+        print(text, flush=True)
+    _write_summary(sections, keep_others=bool(argv))
     return 1 if failed else 0
+
+
+def _write_summary(sections: dict[str, list[str]], *, keep_others: bool) -> None:
+    """summary.md with these sections; a partial run keeps the other benchmarks' sections as
+    the file has them now (read at the end: another run may have rewritten it meanwhile)."""
+    path = RESULTS / "summary.md"
+    kept = _sections(path.read_text()) if keep_others and path.exists() else {}
+    lines = [f"# Benchmark results ({time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())})", ""]
+    lines.append(f"Machine: {platform.machine()}, Python {platform.python_version()}")
+    for name, body in {**kept, **sections}.items():
+        while body and not body[-1].strip():
+            body.pop()
+        lines += ["", f"## {name}", *body]
+    path.write_text("\n".join(lines) + "\n")
 
 
 if __name__ == "__main__":

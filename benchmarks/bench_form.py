@@ -144,7 +144,10 @@ def run(results_dir: Path) -> dict[str, Any]:
     from .large_catalog import catalog_for_large_topology
 
     topology = generate_large(nodes=1000, pods=20000, seed=0)
-    with tempfile.TemporaryDirectory() as tmp, devcluster_process(topology, Path(tmp)) as cluster:
+    with (
+        tempfile.TemporaryDirectory() as tmp,
+        devcluster_process(topology, Path(tmp), timeout=600) as cluster,
+    ):
         result = asyncio.run(_bench(cluster.kubeconfig, catalog_for_large_topology()))
     result["topology"] = {"nodes": 1000, "pods": 20000}
     return result

@@ -11,7 +11,7 @@ taints that keep pods off and whether it is ready. Status updates that change no
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from decimal import Decimal
 from typing import Any
 
@@ -31,7 +31,10 @@ from .objects import (
 __all__ = ["NodeRecord", "PodRecord", "RecordKeys", "node_record", "pod_key", "pod_record"]
 
 
-def _matcher(keys: Iterable[str]) -> tuple[frozenset[str], tuple[str, ...]]:
+Matcher = tuple[frozenset[str], tuple[str, ...]]
+
+
+def _matcher(keys: Iterable[str]) -> Matcher:
     """Exact keys and prefixes (an entry ending in '*' is a prefix)."""
     keys = list(keys)
     return (
@@ -51,14 +54,18 @@ class RecordKeys:
     assumed_node_annotation: str | None = None
     #: annotations kept only next to something else that counts (e.g. the user name)
     context_annotations: frozenset[str] = frozenset()
+    # (exact keys, prefixes) of each list above, for _keep
+    pod_label_match: Matcher = field(init=False, repr=False)
+    pod_annotation_match: Matcher = field(init=False, repr=False)
+    node_annotation_match: Matcher = field(init=False, repr=False)
 
     def __post_init__(self) -> None:
-        object.__setattr__(self, "_pod_labels", _matcher(self.pod_labels))
-        object.__setattr__(self, "_pod_annotations", _matcher(self.pod_annotations))
-        object.__setattr__(self, "_node_annotations", _matcher(self.node_annotations))
+        object.__setattr__(self, "pod_label_match", _matcher(self.pod_labels))
+        object.__setattr__(self, "pod_annotation_match", _matcher(self.pod_annotations))
+        object.__setattr__(self, "node_annotation_match", _matcher(self.node_annotations))
 
 
-def _keep(source: Mapping[str, Any], match: tuple[frozenset[str], tuple[str, ...]]) -> dict:
+def _keep(source: Mapping[str, Any], match: Matcher) -> dict:
     exact, prefixes = match
     if not source:
         return _EMPTY
@@ -144,7 +151,7 @@ def node_record(node: Mapping[str, Any], keys: RecordKeys) -> NodeRecord:
     return NodeRecord(
         name=str(meta(node).get("name", "")),
         labels=dict(labels(node)),
-        annotations=_keep(annotations(node), keys._node_annotations),  # type: ignore[attr-defined]
+        annotations=_keep(annotations(node), keys.node_annotation_match),
         allocatable=_intern(alloc) if alloc else _EMPTY,
         taints=taints,
         ready=is_ready(node),
@@ -157,8 +164,8 @@ def pod_record(pod: Mapping[str, Any], keys: RecordKeys) -> PodRecord | None:
     if not is_active(pod):
         return None
     requests = extended_requests(pod)
-    kept_labels = _keep(labels(pod), keys._pod_labels)  # type: ignore[attr-defined]
-    kept_annotations = _keep(annotations(pod), keys._pod_annotations)  # type: ignore[attr-defined]
+    kept_labels = _keep(labels(pod), keys.pod_label_match)
+    kept_annotations = _keep(annotations(pod), keys.pod_annotation_match)
     if (
         not requests
         and not kept_labels
