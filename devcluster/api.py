@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from tornado import iostream, web
@@ -533,6 +534,12 @@ class GroupDiscovery(Base):
             self.write_json({"kind": "APIGroup", "apiVersion": "v1", **api_group(group, versions)})
 
 
+def _method_not_allowed() -> ApiError:
+    return ApiError(
+        405, "MethodNotAllowed", "the server does not allow this method on the requested resource"
+    )
+
+
 class GroupCollection(Collection):
     """/apis/{group}/{version}[/namespaces/{ns}]/{plural}."""
 
@@ -553,11 +560,7 @@ class GroupCollection(Collection):
         def create() -> Any:
             resource = self._scoped(group, version, namespace, plural)
             if resource.namespaced and not namespace:
-                raise ApiError(
-                    405,
-                    "MethodNotAllowed",
-                    "the server does not allow this method on the requested resource",
-                )
+                raise _method_not_allowed()
             return self.create(resource, version, namespace)
 
         await self._handle(create)
@@ -574,6 +577,29 @@ class GroupItem(Item):
             raise ApiError(404, "NotFound", "the server could not find the requested resource")
         return resource
 
+    async def _on_item(
+        self,
+        action: Callable[..., Any],
+        group: str,
+        version: str,
+        namespace: str | None,
+        plural: str,
+        name: str,
+        sub: str | None,
+        **kwargs: Any,
+    ) -> None:
+        """`action(resource, version, namespace, name, **kwargs)` on the object this path names,
+        answered as `_handle` answers."""
+        await self._handle(
+            lambda: action(
+                self._scoped(group, version, namespace, plural, sub),
+                version,
+                namespace or None,
+                name,
+                **kwargs,
+            )
+        )
+
     async def get(
         self,
         group: str,
@@ -583,14 +609,7 @@ class GroupItem(Item):
         name: str,
         sub: str | None = None,
     ) -> None:  # type: ignore[override]  # noqa: E501
-        await self._handle(
-            lambda: self.read(
-                self._scoped(group, version, namespace, plural, sub),
-                version,
-                namespace or None,
-                name,
-            )
-        )
+        await self._on_item(self.read, group, version, namespace, plural, name, sub)
 
     async def delete(
         self,
@@ -601,17 +620,11 @@ class GroupItem(Item):
         name: str,
         sub: str | None = None,
     ) -> None:  # type: ignore[override]  # noqa: E501
-        async def remove() -> Any:
-            if sub:
-                raise ApiError(
-                    405,
-                    "MethodNotAllowed",
-                    "the server does not allow this method on the requested resource",
-                )
-            resource = self._scoped(group, version, namespace, plural, sub)
-            return await self.remove(resource, version, namespace or None, name)
-
-        await self._handle(remove)
+        if sub:  # a subresource takes no DELETE: 405 before the resource is looked up
+            error = _method_not_allowed()
+            self.write_json(error.status(), error.code)
+            return
+        await self._on_item(self.remove, group, version, namespace, plural, name, sub)
 
     async def patch(
         self,
@@ -622,14 +635,8 @@ class GroupItem(Item):
         name: str,
         sub: str | None = None,
     ) -> None:  # type: ignore[override]  # noqa: E501
-        await self._handle(
-            lambda: self.change(
-                self._scoped(group, version, namespace, plural, sub),
-                version,
-                namespace or None,
-                name,
-                sub or "",
-            )
+        await self._on_item(
+            self.change, group, version, namespace, plural, name, sub, subresource=sub or ""
         )
 
     async def put(
@@ -641,14 +648,8 @@ class GroupItem(Item):
         name: str,
         sub: str | None = None,
     ) -> None:  # type: ignore[override]  # noqa: E501
-        await self._handle(
-            lambda: self.replace(
-                self._scoped(group, version, namespace, plural, sub),
-                version,
-                namespace or None,
-                name,
-                sub or "",
-            )
+        await self._on_item(
+            self.replace, group, version, namespace, plural, name, sub, subresource=sub or ""
         )
 
 

@@ -29,54 +29,60 @@ def _full(pattern: str, value: str) -> bool:
     return re.fullmatch(pattern, value) is not None
 
 
-def dns1123_subdomain(value: str) -> list[str]:
+def _checked(value: str, limit: int, pattern: str, message: str, *examples: str) -> list[str]:
+    """apimachinery's usual pair: MaxLenError past `limit`, then RegexError (both may apply)."""
     errors = []
-    if len(value) > 253:
-        errors.append("must be no more than 253 characters")
-    if not _full(_DNS1123_SUBDOMAIN, value):
-        errors.append(
-            _regex_error(
-                "a lowercase RFC 1123 subdomain must consist of lower case alphanumeric "
-                "characters, '-' or '.', and must start and end with an alphanumeric character",
-                _DNS1123_SUBDOMAIN,
-                "example.com",
-            )
-        )
+    if len(value) > limit:
+        errors.append(f"must be no more than {limit} characters")
+    if not _full(pattern, value):
+        errors.append(_regex_error(message, pattern, *examples))
     return errors
+
+
+def dns1123_subdomain(value: str) -> list[str]:
+    return _checked(
+        value,
+        253,
+        _DNS1123_SUBDOMAIN,
+        "a lowercase RFC 1123 subdomain must consist of lower case alphanumeric "
+        "characters, '-' or '.', and must start and end with an alphanumeric character",
+        "example.com",
+    )
 
 
 def dns1123_label(value: str) -> list[str]:
-    errors = []
-    if len(value) > 63:
-        errors.append("must be no more than 63 characters")
-    if not _full(_DNS1123_LABEL, value):
-        errors.append(
-            _regex_error(
-                "a lowercase RFC 1123 label must consist of lower case alphanumeric characters "
-                "or '-', and must start and end with an alphanumeric character",
-                _DNS1123_LABEL,
-                "my-name",
-                "123-abc",
-            )
-        )
-    return errors
+    return _checked(
+        value,
+        63,
+        _DNS1123_LABEL,
+        "a lowercase RFC 1123 label must consist of lower case alphanumeric characters "
+        "or '-', and must start and end with an alphanumeric character",
+        "my-name",
+        "123-abc",
+    )
 
 
 def dns1035_label(value: str) -> list[str]:
-    errors = []
-    if len(value) > 63:
-        errors.append("must be no more than 63 characters")
-    if not _full(_DNS1035_LABEL, value):
-        errors.append(
-            _regex_error(
-                "a DNS-1035 label must consist of lower case alphanumeric characters or '-', "
-                "start with an alphabetic character, and end with an alphanumeric character",
-                _DNS1035_LABEL,
-                "my-name",
-                "abc-123",
-            )
-        )
-    return errors
+    return _checked(
+        value,
+        63,
+        _DNS1035_LABEL,
+        "a DNS-1035 label must consist of lower case alphanumeric characters or '-', "
+        "start with an alphabetic character, and end with an alphanumeric character",
+        "my-name",
+        "abc-123",
+    )
+
+
+# IsQualifiedName's wording for the name part, also part of its message for a malformed key
+_QUALIFIED_ERROR = _regex_error(
+    "must consist of alphanumeric characters, '-', '_' or '.', and must start and end with an "
+    "alphanumeric character",
+    _QUALIFIED,
+    "MyName",
+    "my.name",
+    "123-abc",
+)
 
 
 def qualified_name(value: str) -> list[str]:
@@ -94,14 +100,7 @@ def qualified_name(value: str) -> list[str]:
     else:
         return [
             "a qualified name "
-            + _regex_error(
-                "must consist of alphanumeric characters, '-', '_' or '.', and must start and "
-                "end with an alphanumeric character",
-                _QUALIFIED,
-                "MyName",
-                "my.name",
-                "123-abc",
-            )
+            + _QUALIFIED_ERROR
             + " with an optional DNS subdomain prefix and '/' (e.g. 'example.com/MyName')"
         ]
     if not name:
@@ -109,36 +108,21 @@ def qualified_name(value: str) -> list[str]:
     elif len(name) > 63:
         errors.append("name part must be no more than 63 characters")
     if not _full(_QUALIFIED, name):
-        errors.append(
-            "name part "
-            + _regex_error(
-                "must consist of alphanumeric characters, '-', '_' or '.', and must start and "
-                "end with an alphanumeric character",
-                _QUALIFIED,
-                "MyName",
-                "my.name",
-                "123-abc",
-            )
-        )
+        errors.append("name part " + _QUALIFIED_ERROR)
     return errors
 
 
 def label_value(value: str) -> list[str]:
-    errors = []
-    if len(value) > 63:
-        errors.append("must be no more than 63 characters")
-    if not _full(_LABEL_VALUE, value):
-        errors.append(
-            _regex_error(
-                "a valid label must be an empty string or consist of alphanumeric characters, "
-                "'-', '_' or '.', and must start and end with an alphanumeric character",
-                _LABEL_VALUE,
-                "MyValue",
-                "my_value",
-                "12345",
-            )
-        )
-    return errors
+    return _checked(
+        value,
+        63,
+        _LABEL_VALUE,
+        "a valid label must be an empty string or consist of alphanumeric characters, "
+        "'-', '_' or '.', and must start and end with an alphanumeric character",
+        "MyValue",
+        "my_value",
+        "12345",
+    )
 
 
 #: how each kind's name is checked (ValidatePodName, ValidateNamespaceName, ...)

@@ -405,6 +405,14 @@ def test_the_status_subresource_splits_spec_and_status_writes(devcluster):
     assert after_spec["spec"]["size"] == 2 and after_spec["metadata"]["generation"] == 2
     status = ok(http(devcluster, "GET", base(group) + "/s/status"))
     assert status["status"] == {"ready": True}
+    # what the apiserver refuses with 405: DELETE on the subresource, a create without a namespace
+    for method, path in (
+        ("DELETE", base(group) + "/s/status"),
+        ("POST", base(group, namespace=None)),
+    ):
+        code, refused, _ = http(devcluster, method, path, widget("t", group))
+        assert (code, refused["reason"]) == (405, "MethodNotAllowed"), (method, path)
+    assert ok(http(devcluster, "GET", base(group) + "/s"))["spec"]["size"] == 2
     # a resource without the subresource has no /status
     ok(http(devcluster, "POST", CRDS, widget_crd("nostatus.example.com")), 201)
     ok(http(devcluster, "POST", base("nostatus.example.com"), widget("n", "nostatus.example.com")),
