@@ -26,23 +26,27 @@ TOPOLOGY = demo_topology_with_t4_jobs(4)
 HUB_EXTRA_CONFIG = 'c.FracSpawner.admission = "wait"'
 
 
-def progress_messages(hub, user: str, until: str, timeout: float = 60) -> list[str]:
-    """Read the hub's spawn progress event stream until a message contains `until`."""
+def progress_events(hub, user: str, on_waiting=None, timeout: float = 90) -> list[dict]:
+    """Read the hub's spawn progress event stream until the spawn is ready or failed;
+    `on_waiting()` runs once, at the first "Waiting for a free" message."""
     request = urllib.request.Request(f"{hub.api_url}/users/{user}/server/progress")
     request.add_header("Authorization", f"token {hub.admin_token}")
-    messages: list[str] = []
+    events: list[dict] = []
     deadline = time.monotonic() + timeout
     with urllib.request.urlopen(request, timeout=timeout) as stream:
         for raw in stream:
             line = raw.decode().strip()
             if line.startswith("data:"):
                 event = json.loads(line[5:])
-                messages.append(event.get("message", ""))
-                if until in messages[-1]:
+                events.append(event)
+                if on_waiting and "Waiting for a free" in event.get("message", ""):
+                    on_waiting()
+                    on_waiting = None
+                if event.get("ready") or event.get("failed"):
                     break
             if time.monotonic() > deadline:
                 break
-    return messages
+    return events
 
 
 def test_pending_pod_explains_what_it_waits_for_and_starts_when_a_slot_frees(hub, devcluster):
@@ -52,15 +56,34 @@ def test_pending_pod_explains_what_it_waits_for_and_starts_when_a_slot_frees(hub
 
     pod = wait_until(lambda: server_pods(devcluster, "wanda"), what="wanda's pod")[0]
     assert pod["status"]["phase"] == "Pending"
-    messages = progress_messages(hub, "wanda", until="Waiting for a free")
+
+    def a_training_job_ends():  # its slot goes to the waiting notebook
+        url = f"{devcluster.url}/api/v1/namespaces/default/pods/training-0"
+        assert http_json("DELETE", url)[0] == 200
+
+    events = progress_events(hub, "wanda", on_waiting=a_training_job_ends)
+    messages = [e.get("message", "") for e in events]
     waiting = [m for m in messages if "Waiting for a free" in m]
     assert waiting, messages
-    assert waiting[-1].startswith("Waiting for a free 1/4 GPU in pool t4: 0 of 4 free")
-    assert "insufficient nvidia.com/gpu" in waiting[-1]
+    assert waiting[0].startswith("Waiting for a free 1/4 GPU on T4 16GB (time-sliced): 0 of 4 free")
+    assert "insufficient nvidia.com/gpu" in waiting[0]
+    assert events[-1].get("ready"), messages
+    # every pod event in the user's words, in the order the cluster reported them
+    steps = [m for m in messages if m and not m.startswith(("Waiting", "Server ", "Spawning"))]
+    wanted = [
+        "Your 1/4 GPU on T4 16GB (time-sliced) is reserved; preparing your server.",
+        "The image PyTorch (CUDA 12) is ready.",
+        "Your server's container is created.",
+        "Your server has started; waiting for Jupyter to answer.",
+    ]
+    assert [m for m in steps if m in wanted] == wanted, steps
+    assert not [m for m in messages if "[Normal]" in m or "[Warning]" in m], messages
+    # Kubernetes' own words stay for the event log, escaped, beside the sentence
+    scheduled = next(e for e in events if e.get("message") == wanted[0])
+    assert '<span class="fs-raw">(' in scheduled["html_message"]
+    assert "Successfully assigned" in scheduled["html_message"]
+    assert "to gpu-t4-1" in scheduled["html_message"]
 
-    # a training job ends: its slot goes to the waiting notebook
-    status, _ = http_json("DELETE", f"{devcluster.url}/api/v1/namespaces/default/pods/training-0")
-    assert status == 200
     hub.wait_ready("wanda", timeout=90)
     pod = server_pods(devcluster, "wanda")[0]
     assert pod["spec"]["nodeName"] == "gpu-t4-1"

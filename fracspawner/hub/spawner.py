@@ -41,6 +41,7 @@ from ..choice.offers import build_offer_model
 from ..choice.options import OPTION_KEYS, Choice, OptionsError, describe_offer, resolve_choice
 from ..model.catalog import AccessRule, Catalog, CatalogError
 from .form import render_form
+from .progress import human_step, progress_event
 from .refusal import refused
 
 # Traits the baseline snapshot never restores: they are state, not configuration.
@@ -487,25 +488,39 @@ class FracSpawner(KubeSpawner):
 
     # ---------------------------------------------------------------- progress
     async def progress(self):
-        """kubespawner's progress, with scheduler events translated into the user's terms."""
+        """kubespawner's progress in the user's words: each pod event becomes a sentence about
+        their slice and image (hub/progress.py), the scheduler's FailedScheduling says what the
+        pod waits for; Kubernetes' own text stays in the pending page's event log."""
+        choice = self.choice
+        where = ""
+        if choice is not None and choice.pool is not None:
+            where = f"{describe_offer(choice.offer or choice.slice)} on {choice.pool.display_name}"
+        image = choice.image.display_name if choice is not None and choice.image else ""
         async for event in super().progress():
-            raw = event.get("raw_event") or {}
-            if raw.get("reason") == "FailedScheduling" and self.choice and self.choice.pool:
-                event = {**event, "message": await self._waiting_message(raw)}
-            yield event
+            raw = event.get("raw_event")
+            if not isinstance(raw, Mapping):  # the patience message and the like: as they are
+                yield event
+                continue
+            if raw.get("reason") == "FailedScheduling" and where:
+                sentence = await self._waiting_message(raw)
+            else:
+                sentence = human_step(raw, slice_words=where, image=image)
+            yield progress_event(event, sentence)
 
     async def _waiting_message(self, raw: Mapping[str, Any]) -> str:
         choice = self.choice
         assert choice is not None and choice.pool is not None
         offer = choice.offer or choice.slice
-        words = f"Waiting for a free {describe_offer(offer)} in pool {choice.pool.name}"
+        words = f"Waiting for a free {describe_offer(offer)} on {choice.pool.display_name}"
         try:
             capacity, _ = await self._capacity_and_usage()
             counts = capacity.get(choice.pool.name, str(offer)) if capacity else None
+            stale = bool(getattr(capacity, "stale", False))
         except Exception:  # counts are a nicety; never break progress over them
-            counts = None
+            counts, stale = None, False
         if counts is not None and counts.total is not None:
-            words += f": {counts.free} of {counts.total} free"
+            # a snapshot from a watch that lost the API server is the last known, not now
+            words += f": {counts.free} of {counts.total} free" + (" (last known)" if stale else "")
         missing = _INSUFFICIENT.findall(raw.get("message", ""))
         if missing:
             words += f" (the scheduler reports insufficient {', '.join(sorted(set(missing)))})"
