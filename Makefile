@@ -40,9 +40,11 @@ $(STAMPS)/system-deps:
 	fi
 	@mkdir -p $(STAMPS) && touch $@
 
-# The JupyterLab GPU meter (labextension/): TypeScript + `jupyter labextension build`, output in
+# The JupyterLab GPU meter (labextension/): `npm run build` (tsc + jupyter-builder), output in
 # labextension/prebuilt (never committed; the wheel ships it as share/jupyter/labextensions/...),
 # copied into the venv so the JupyterLab the tests start loads it. Rebuilt when a source changes.
+# Wheels build it themselves when it is missing (pyproject.toml's jupyter-builder hook, which also
+# runs in the editable install above on a fresh clone); here it is kept current for the tests.
 LABEXT := labextension
 LABEXT_DEST := $(VENV)/share/jupyter/labextensions/fracspawner-gpu-meter
 LABEXT_SOURCES := $(wildcard $(LABEXT)/src/*.ts $(LABEXT)/style/*) $(LABEXT)/package.json \
@@ -53,7 +55,7 @@ $(LABEXT)/node_modules/.package-lock.json: $(LABEXT)/package.json $(LABEXT)/pack
 	@touch $@
 
 $(STAMPS)/labextension: $(LABEXT_SOURCES) $(LABEXT)/node_modules/.package-lock.json $(STAMPS)/venv
-	cd $(LABEXT) && node_modules/.bin/tsc && jupyter labextension build .
+	cd $(LABEXT) && npm run build
 	rm -rf $(LABEXT_DEST) && mkdir -p $(LABEXT_DEST)
 	cp -R $(LABEXT)/prebuilt/. $(LABEXT)/install.json $(LABEXT_DEST)/
 	@mkdir -p $(STAMPS) && touch $@

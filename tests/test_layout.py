@@ -6,8 +6,11 @@ from __future__ import annotations
 import ast
 import json
 import os
+import re
 import subprocess
 import sys
+import tarfile
+import zipfile
 from pathlib import Path
 
 import pytest
@@ -290,18 +293,64 @@ def test_lean_installs_pull_no_hub_stack(extra):
         assert "jupyter-server" not in names
 
 
-@pytest.mark.slow
-def test_the_wheel_ships_the_product_and_no_devcluster(tmp_path):
+# ------------------------------------------------------------------- wheel and sdist
+#: where the wheel installs the JupyterLab GPU meter (JupyterLab loads prebuilt extensions there)
+METER = "share/jupyter/labextensions/fracspawner-gpu-meter"
+#: what the wheel's build hook needs to build the meter from an sdist
+LABEXT_SOURCES = (
+    "labextension/package.json",
+    "labextension/package-lock.json",
+    "labextension/tsconfig.json",
+    "labextension/install.json",
+    "labextension/src/index.ts",
+    "labextension/style/index.css",
+    "labextension/style/index.js",
+)
+
+
+def _pip_wheel(source: Path, outdir: Path, **env: str) -> subprocess.CompletedProcess:
+    """`pip wheel` of a checkout or an sdist, as a release or an image build runs it."""
+    clean = {k: v for k, v in os.environ.items() if "SKIP_JUPYTER_BUILDER" not in k}
+    return subprocess.run(
+        [sys.executable, "-m", "pip", "wheel", "--no-deps", "-w", str(outdir), str(source)],
+        capture_output=True,
+        text=True,
+        timeout=500,
+        env={**clean, "PIP_DISABLE_PIP_VERSION_CHECK": "1", **env},
+    )
+
+
+def _assert_ships_the_meter(wheel: Path) -> None:
+    """The meter is in the wheel's data, whole: the bundle its package.json loads is there."""
+    archive = zipfile.ZipFile(wheel)
+    data = {n.split(".data/data/", 1)[1]: n for n in archive.namelist() if ".data/data/" in n}
+    assert f"{METER}/package.json" in data, sorted(data)
+    assert f"{METER}/install.json" in data
+    assert [n for n in data if re.fullmatch(rf"{METER}/static/remoteEntry\.\w+\.js", n)]
+    build = json.loads(archive.read(data[f"{METER}/package.json"]))["jupyterlab"]["_build"]
+    assert f"{METER}/{build['load']}" in data
+
+
+@pytest.fixture(scope="module")
+def sdist(tmp_path_factory) -> Path:
+    """`python -m build --sdist`: what a release uploads."""
+    outdir = tmp_path_factory.mktemp("sdist")
     result = subprocess.run(
-        [sys.executable, "-m", "pip", "wheel", "--no-deps", "--quiet", "-w", str(tmp_path)]
-        + [str(REPO)],
+        [sys.executable, "-m", "build", "--sdist", "--outdir", str(outdir), str(REPO)],
         capture_output=True,
         text=True,
         timeout=300,
     )
     assert result.returncode == 0, result.stderr[-2000:]
+    (path,) = outdir.glob("fracspawner-*.tar.gz")
+    return path
+
+
+@pytest.mark.slow
+def test_the_wheel_ships_the_product_and_no_devcluster(tmp_path):
+    result = _pip_wheel(REPO, tmp_path)
+    assert result.returncode == 0, result.stderr[-2000:]
     (wheel,) = tmp_path.glob("fracspawner-*.whl")
-    import zipfile
 
     names = zipfile.ZipFile(wheel).namelist()
     assert not [n for n in names if n.startswith(("devcluster/", "tests/", "benchmarks/"))]
@@ -313,21 +362,11 @@ def test_the_wheel_ships_the_product_and_no_devcluster(tmp_path):
     ):
         assert expected in names
     assert any(n.endswith("etc/jupyter/jupyter_server_config.d/fracspawner.json") for n in names)
+    _assert_ships_the_meter(wheel)
 
 
 @pytest.mark.slow
-def test_the_sdist_builds_with_the_product_files(tmp_path):
-    """`python -m build --sdist`: what a release uploads has the schema, templates, picker."""
-    result = subprocess.run(
-        [sys.executable, "-m", "build", "--sdist", "--outdir", str(tmp_path), str(REPO)],
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
-    assert result.returncode == 0, result.stderr[-2000:]
-    (sdist,) = tmp_path.glob("fracspawner-*.tar.gz")
-    import tarfile
-
+def test_the_sdist_builds_with_the_product_files(sdist):
     names = {n.split("/", 1)[1] for n in tarfile.open(sdist).getnames() if "/" in n}
     for expected in (
         "pyproject.toml",
@@ -335,6 +374,34 @@ def test_the_sdist_builds_with_the_product_files(tmp_path):
         "fracspawner/hub/templates/gpu_form.html",
         "frontend/picker.js",
         "jupyter-config/jupyter_server_config.d/fracspawner.json",
+        *LABEXT_SOURCES,
     ):
         assert expected in names
     assert not [n for n in names if n.startswith((".venv", "node_modules", ".stamps"))]
+    # the meter's sources, not what building them leaves in a checkout
+    built = ("labextension/node_modules", "labextension/prebuilt", "labextension/lib")
+    assert not [n for n in names if n.startswith(built) or n.endswith(".tsbuildinfo")]
+
+
+@pytest.mark.slow
+def test_a_wheel_built_from_the_sdist_carries_the_meter(sdist, tmp_path):
+    """What pip does with the sdist where no wheel fits: the build hook builds the meter from
+    its sources (npm install from npm's registry, tsc, jupyter-builder)."""
+    result = _pip_wheel(sdist, tmp_path)
+    assert result.returncode == 0, result.stderr[-3000:]
+    (wheel,) = tmp_path.glob("fracspawner-*.whl")
+    _assert_ships_the_meter(wheel)
+
+
+@pytest.mark.slow
+def test_a_failed_meter_build_fails_the_wheel(sdist, tmp_path):
+    """No wheel without the meter: an npm that fails stops the build, with npm's error."""
+    fake = tmp_path / "bin"
+    fake.mkdir()
+    (fake / "npm").write_text("#!/bin/sh\necho 'npm: registry unreachable (test)' >&2\nexit 1\n")
+    (fake / "npm").chmod(0o755)
+    out = tmp_path / "wheels"
+    result = _pip_wheel(sdist, out, PATH=f"{fake}{os.pathsep}{os.environ['PATH']}")
+    assert result.returncode != 0
+    assert "npm: registry unreachable (test)" in result.stdout + result.stderr
+    assert not list(out.glob("*.whl"))
