@@ -16,32 +16,9 @@ import time
 from pathlib import Path
 from typing import Any
 
+from .spawner_support import HubUser, count_requests
+
 RENDERS = 30
-
-
-class _User:
-    def __init__(self, name: str) -> None:
-        self.name = name
-        self.id = 1
-        self.url = f"/user/{name}/"
-        self.groups: list[str] = []
-        self.admin = False
-        self.escaped_name = name
-
-
-def _count_requests() -> dict[str, int]:
-    """Count every HTTP request kubernetes_asyncio sends (the only way the spawner reaches k8s)."""
-    from kubernetes_asyncio.client import rest
-
-    counter = {"n": 0}
-    original = rest.RESTClientObject.request
-
-    async def counting(self, *args, **kwargs):
-        counter["n"] += 1
-        return await original(self, *args, **kwargs)
-
-    rest.RESTClientObject.request = counting
-    return counter
 
 
 async def _median_render(render, n: int) -> float:
@@ -66,8 +43,8 @@ async def _bench(kubeconfig: Path, catalog: dict[str, Any]) -> dict[str, Any]:
     cfg = Config()
     cfg.FracSpawner.catalog = catalog
     with use_kubeconfig(kubeconfig):
-        frac = FracSpawner(_mock=True, config=cfg, user=_User("alice"))
-    counter = _count_requests()
+        frac = FracSpawner(_mock=True, config=cfg, user=HubUser("alice"))
+    counter = count_requests()
     started = time.perf_counter()
     await frac._render_options_form_async(frac)  # first render: starts the node + pod watches
     warmup = time.perf_counter() - started
@@ -101,7 +78,7 @@ async def _bench(kubeconfig: Path, catalog: dict[str, Any]) -> dict[str, Any]:
         for i, offer in enumerate(pool["offers"])
     ]
     with use_kubeconfig(kubeconfig):
-        plain = KubeSpawner(_mock=True, user=_User("alice"))
+        plain = KubeSpawner(_mock=True, user=HubUser("alice"))
     plain.profile_list = profiles
     before = counter["n"]
     plain_median = await _median_render(lambda: plain._render_options_form(profiles), RENDERS)

@@ -39,6 +39,8 @@ import urllib.request
 from pathlib import Path
 from typing import Any
 
+from .spawner_support import HubUser, count_requests
+
 #: scale.json carries exactly these keys (issue 10); __main__ adds nothing to it
 EXACT_KEYS = True
 NODES, PODS = 1000, 20000
@@ -102,31 +104,6 @@ def _catalog() -> dict[str, Any]:
     from .large_catalog import catalog_for_large_topology
 
     return catalog_for_large_topology()
-
-
-class _User:
-    def __init__(self, name: str) -> None:
-        self.name = name
-        self.id = 1
-        self.url = f"/user/{name}/"
-        self.groups: list[str] = []
-        self.admin = False
-        self.escaped_name = name
-
-
-def _count_requests() -> dict[str, int]:
-    """Count every HTTP request kubernetes_asyncio sends (how spawners reach Kubernetes)."""
-    from kubernetes_asyncio.client import rest
-
-    counter = {"n": 0}
-    original = rest.RESTClientObject.request
-
-    async def counting(self, *args, **kwargs):
-        counter["n"] += 1
-        return await original(self, *args, **kwargs)
-
-    rest.RESTClientObject.request = counting
-    return counter
 
 
 def equivalent_profiles(catalog: dict[str, Any]) -> list[dict[str, Any]]:
@@ -206,11 +183,11 @@ async def _churn_render(cluster: Any, topology: dict[str, Any], catalog: dict) -
     cfg = Config()
     cfg.FracSpawner.catalog_file = str(catalog_file)
     with use_kubeconfig(cluster.kubeconfig):
-        frac = FracSpawner(_mock=True, config=cfg, user=_User("alice"))
-        plain = KubeSpawner(_mock=True, user=_User("alice"))
+        frac = FracSpawner(_mock=True, config=cfg, user=HubUser("alice"))
+        plain = KubeSpawner(_mock=True, user=HubUser("alice"))
     profiles = equivalent_profiles(catalog)
     plain.profile_list = profiles
-    counter = _count_requests()
+    counter = count_requests()
     started = time.perf_counter()
     await frac._render_options_form_async(frac)  # the first render starts the watches
     first_render = time.perf_counter() - started
@@ -292,7 +269,7 @@ async def _spawn_cpu(frac: Any, catalog: dict, cluster: Any) -> dict[str, Any]:
     ):
         cfg.KubeSpawner[trait] = getattr(frac, trait)
     with use_kubeconfig(cluster.kubeconfig):
-        plain = KubeSpawner(_mock=True, config=cfg, user=_User("alice"))
+        plain = KubeSpawner(_mock=True, config=cfg, user=HubUser("alice"))
     frac_manifest = await frac.get_pod_manifest()
     plain_manifest = await plain.get_pod_manifest()
     gpu = frac_manifest.spec.containers[0].resources.limits
