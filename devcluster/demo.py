@@ -17,17 +17,55 @@ import time
 from importlib.resources import files
 from pathlib import Path
 
+from fracspawner.backends import load_catalog, plan_slice
+from fracspawner.choice.offers import size_label
+from fracspawner.model.access import allowed_pools, within_quota
+from fracspawner.model.catalog import AccessRule, Catalog
+from fracspawner.model.units import gpu_amount
+
 from .localhub import REPO, start_hub
 
-# Who sees what in the demo (examples/catalogs/demo.yaml's access rules): a newcomer logging in
-# as "alice" sees one pool and no MIG, so the banner and the README say why.
-DEMO_GROUPS = 'c.JupyterHub.load_groups = {"ml-research": {"users": ["mira", "ravi"]}}\n'
-WHO_SEES_WHAT = (
-    "  who sees what (access rules of examples/catalogs/demo.yaml):\n"
-    "    any name (alice, bob, ...)  the H100 only, 1/8 or 1/4, at most 1/4 GPU in total\n"
-    "    mira, ravi (ml-research)    every pool: H100 (HAMi), A100 MIG, T4; up to 2 GPUs\n"
-    "    admin                       everything, no quota; also the admin page\n"
-)
+# The demo's users and groups: any name logs in (DummyAuthenticator-style password), "admin" is
+# a hub admin (localhub), and these group members get the catalog's group rule.
+DEMO_GROUP_MEMBERS: dict[str, list[str]] = {"ml-research": ["mira", "ravi"]}
+DEMO_GROUPS = "c.JupyterHub.load_groups = %r\n" % {
+    group: {"users": members} for group, members in DEMO_GROUP_MEMBERS.items()
+}
+
+
+def _sees(catalog: Catalog, rule: AccessRule) -> str:
+    """What a rule gives, in the picker's words: 'H100 80GB (HAMi) only: 1/8, 1/4, 10 GiB;
+    at most 1/4 GPU in total'."""
+    pools = allowed_pools(catalog, rule)
+    if not pools:
+        return "no GPU pool (CPU-only servers)"
+    if len(pools) == 1:
+        # only the sizes the quota lets one take
+        sizes = ", ".join(
+            size_label(offer)
+            for offer in pools[0].offers
+            if within_quota(rule, 0.0, plan_slice(offer, pools[0], None).gpu_equivalent)
+        )
+        what = f"{pools[0].display_name} only: {sizes}"
+    else:
+        what = "every pool" if len(pools) == len(catalog.pools) else "the pools"
+        what += ": " + ", ".join(p.display_name for p in pools)
+    if rule.max_gpu is None:
+        return f"{what}; no quota"
+    return f"{what}; at most {gpu_amount(rule.max_gpu)} in total"
+
+
+def who_sees_what(catalog: Catalog, groups: dict[str, list[str]]) -> list[str]:
+    """The banner's lines, from the catalog's access rules (so they cannot drift from what
+    the picker shows): everyone else, each demo group's members, the admin."""
+    lines = [f"any other name (alice, bob, ...): {_sees(catalog, catalog.access_default)}"]
+    for group, members in groups.items():
+        if group in catalog.access_groups:
+            rule = catalog.rule_for(members[0], [group])
+            lines.append(f"{', '.join(members)} ({group}): {_sees(catalog, rule)}")
+    lines.append("admin: every pool, no quota; also JupyterHub's admin page")
+    return lines
+
 
 READY = re.compile(r"devcluster ready: (\S+) kubeconfig=(\S+)")
 
@@ -111,13 +149,17 @@ def main(argv: list[str]) -> int:
     state_dir.mkdir(parents=True, exist_ok=True)
     password = args.password or secrets.token_urlsafe(6)
 
+    catalog_file = (args.catalog or demo_catalog()).resolve()
+    banner = "".join(
+        f"    {line}\n" for line in who_sees_what(load_catalog(catalog_file), DEMO_GROUP_MEMBERS)
+    )
     cluster = start_devcluster(args.topology or demo_topology(), state_dir)
     hub = None
     try:
         hub = start_hub(
             state_dir=state_dir / "hub",
             kubeconfig=state_dir / "kubeconfig",
-            catalog_file=(args.catalog or demo_catalog()).resolve(),
+            catalog_file=catalog_file,
             port=args.port,
             password=password,
             log_to_console=True,
@@ -125,7 +167,7 @@ def main(argv: list[str]) -> int:
         )
         print(
             f"\n  fracspawner demo: {hub.url}/hub/login   password: {password}\n"
-            f"{WHO_SEES_WHAT}"
+            f"  who sees what (the access rules of {catalog_file.name}):\n{banner}"
             "  Ctrl-C stops everything.\n",
             flush=True,
         )

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import signal
@@ -32,6 +33,23 @@ def _processes_mentioning(text: str) -> list[int]:
         if text.encode() in cmdline or text.encode() in environ:
             found.append(int(entry.name))
     return found
+
+
+def picker_model(browser: Browserless) -> dict:
+    """The offer model the user's spawn form embeds (what the picker shows them)."""
+    form = browser.spawn_form()
+    found = re.search(r'id="fracspawner-model">(.*?)</script>', form, re.S)
+    assert found, form[-2000:]
+    return json.loads(found.group(1))
+
+
+def allowed_pools(model: dict) -> dict[str, list[str]]:
+    """Pools the user may take something from, with the sizes they may take now."""
+    return {
+        pool["display_name"]: [o["display"] for o in pool["offers"] if o["allowed"]]
+        for pool in model["pools"]
+        if pool["allowed"] and any(o["allowed"] for o in pool["offers"])
+    }
 
 
 def test_demo_serves_the_hub_and_ctrl_c_stops_everything(tmp_path):
@@ -66,10 +84,34 @@ def test_demo_serves_the_hub_and_ctrl_c_stops_everything(tmp_path):
             if m := re.search(r"fracspawner demo: (http://\S+)/hub/login", line):
                 url = m.group(1)
         assert url == f"http://127.0.0.1:{port}", "demo did not print its URL"
+        banner = {}
+        while time.monotonic() < deadline and "Ctrl-C" not in (line := demo.stdout.readline()):
+            if m := re.match(r"    (.+?): (.+)$", line):
+                banner[m.group(1)] = m.group(2)
         status, info = http_json("GET", f"{url}/hub/api/")
         assert status == 200 and "version" in info
         # a newcomer logs in, picks a slice on the form and lands in a real JupyterLab
         browser = Browserless(SimpleNamespace(url=url), "newcomer", password="pw")
+        # the banner tells a newcomer what each demo user sees, and it is what the picker shows
+        assert banner == {
+            "any other name (alice, bob, ...)": "H100 80GB (HAMi) only: 1/8, 1/4, 10 GiB, "
+            "20 GiB; at most 1/4 GPU in total",
+            "mira, ravi (ml-research)": "every pool: A100 80GB (MIG), H100 80GB (HAMi), "
+            "T4 16GB (time-sliced); at most 2 GPUs in total",
+            "admin": "every pool, no quota; also JupyterHub's admin page",
+        }
+        newcomer = picker_model(browser)  # before it takes a slice
+        assert allowed_pools(newcomer) == {"H100 80GB (HAMi)": ["1/8", "1/4", "10 GiB", "20 GiB"]}
+        assert newcomer["quota"]["max_text"] == "1/4 GPU"
+        mira = picker_model(Browserless(SimpleNamespace(url=url), "mira", password="pw"))
+        assert set(allowed_pools(mira)) == {
+            "A100 80GB (MIG)",
+            "H100 80GB (HAMi)",
+            "T4 16GB (time-sliced)",
+        }
+        assert mira["quota"]["max_text"] == "2 GPUs"
+        admin = picker_model(Browserless(SimpleNamespace(url=url), "admin", password="pw"))
+        assert len(allowed_pools(admin)) == 3 and admin["quota"]["max_gpu"] is None
         response = browser.submit({"gpu": "1/8", "pool": "h100", "image": "pytorch"})
         assert response.status_code == 200, response.text[-1000:]
         lab = None
