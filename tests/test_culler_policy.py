@@ -8,7 +8,7 @@ import pytest
 import yaml
 
 from fracspawner.culler import Culler, ServerFacts, decide_server
-from fracspawner.culler.policy import lenient
+from fracspawner.culler.policy import gpu_windows, lenient
 from fracspawner.model.catalog import CatalogError, IdlePolicy
 from tests.conftest import DEMO_CATALOG
 
@@ -83,6 +83,17 @@ def test_pool_left_out_uses_the_pools_that_serve_the_slice(catalog_file):
 
 def test_lenient_keeps_a_limit_off_when_any_policy_has_it_off():
     assert lenient([IdlePolicy(1, 2, None, 4), IdlePolicy(5, 1, 3, 2)]) == IdlePolicy(5, 2, None, 4)
+
+
+def test_gpu_windows_are_the_server_limits_that_are_on_once_each_ascending():
+    policies = [
+        IdlePolicy(1, 7200, None, 9),
+        IdlePolicy(5, 90.5, 7200),
+        IdlePolicy(None, None, None),
+    ]
+    # kernel_gpu_idle and max_age need no GPU history; an off limit needs no window
+    assert gpu_windows(policies) == [90, 7200]
+    assert gpu_windows([]) == []
 
 
 def test_without_catalog_the_traits_apply():

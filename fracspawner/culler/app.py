@@ -32,7 +32,7 @@ from .hubapi import HubClient, HubServer
 from .identity import Identity, TokenVerifier
 from .metrics import CullerMetrics
 from .podname import DEFAULT_TEMPLATE, pod_name
-from .policy import PoolPolicy, policy_for_server
+from .policy import PoolPolicy, gpu_windows, policy_for_server
 from .prometheus import DcgmConfig, PrometheusError, build_query, parse_result
 from .prometheus import query as prom_query
 from .receiver import MAX_BODY, receiver_app
@@ -376,12 +376,7 @@ class Culler(Application):
         self, hub: HubClient, servers: list[HubServer], at: float | None
     ) -> dict[str, GpuFacts] | None:
         """pod name -> facts, for every pod in one query; None when Prometheus is down."""
-        windows: set[int] = set()
-        for s in servers:
-            policy = self.policy_for(s.facts).policy
-            windows.update(
-                int(w) for w in (policy.server_gpu_idle, policy.server_idle) if w is not None
-            )
+        windows = gpu_windows(self.policy_for(s.facts).policy for s in servers)
         if not windows:
             return {}
         cfg = self.dcgm()
@@ -390,7 +385,7 @@ class Culler(Application):
             result = await prom_query(
                 hub.http,
                 self.prometheus_url,
-                build_query(cfg, sorted(windows)),
+                build_query(cfg, windows),
                 timeout=self.request_timeout,
                 at=at,
             )
@@ -400,9 +395,7 @@ class Culler(Application):
                 exc,
             )
             return None
-        return {
-            pod: facts for (_ns, pod), facts in parse_result(result, cfg, sorted(windows)).items()
-        }
+        return {pod: facts for (_ns, pod), facts in parse_result(result, cfg, windows).items()}
 
     def gather(
         self, server: HubServer, prom: dict[str, GpuFacts] | None, now: float

@@ -45,7 +45,7 @@ from ..model.catalog import Catalog
 from ..model.errors import CatalogError
 from .decide import Decision, GpuFacts, Rules, ServerFacts, combine, decide_server, fmt
 from .metrics import CullerMetrics
-from .policy import policy_for_server
+from .policy import gpu_windows, policy_for_server
 from .prometheus import DcgmConfig, PrometheusError, build_query, parse_result
 from .prometheus import query as prom_query
 
@@ -439,17 +439,17 @@ class KubeflowCuller(Application):
     ) -> dict[tuple[str, str], GpuFacts] | None:
         """(namespace, pod) -> facts in one query; None when Prometheus is down."""
         assert self._catalog is not None
-        windows: set[int] = set()
+        policies = []
         for nb in notebooks:
             gpu, pool = gpu_of(nb.pod or {})
-            policy = policy_for_server(self._catalog, pool, gpu).policy
-            windows.update(int(w) for w in (policy.server_gpu_idle, policy.server_idle) if w)
+            policies.append(policy_for_server(self._catalog, pool, gpu).policy)
+        windows = gpu_windows(policies)
         if not windows:
             return {}
         cfg = self.dcgm()
         try:
             result = await prom_query(
-                http, self.prometheus_url, build_query(cfg, sorted(windows)),
+                http, self.prometheus_url, build_query(cfg, windows),
                 timeout=self.request_timeout, at=at,
             )  # fmt: skip
         except PrometheusError as exc:
@@ -457,7 +457,7 @@ class KubeflowCuller(Application):
                 "GPU source prometheus is down (%s): no notebook is stopped on GPU grounds", exc
             )
             return None
-        return parse_result(result, cfg, sorted(windows))
+        return parse_result(result, cfg, windows)
 
     # --- one cycle ----------------------------------------------------------------------------
     async def cull_once(self, now: float | None = None) -> list[Outcome]:

@@ -8,6 +8,7 @@ applies, so no server is culled sooner than its actual pool allows.
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass
 
 from ..choice.options import offer_for
@@ -55,3 +56,9 @@ def policy_for_server(catalog: Catalog, pool: str | None, gpu_slice: str | None)
     if not names:
         return PoolPolicy("", catalog.idle)
     return PoolPolicy("|".join(names), lenient([catalog.idle_for(n) for n in names]))
+
+
+def gpu_windows(policies: Iterable[IdlePolicy]) -> list[int]:
+    """The look-back windows (whole seconds, ascending, each once) the GPU query must cover to
+    decide under these policies: their server_gpu_idle and server_idle limits that are on."""
+    return sorted({int(w) for p in policies for w in (p.server_gpu_idle, p.server_idle) if w})
