@@ -145,6 +145,13 @@
   const summaryLine = el("p", { class: "fs-summary-line", id: "fs-summary-line", "aria-live": "polite" });
   const staleNote = el("p", { class: "fs-stale small", hidden: true });
   root.appendChild(summaryLine);
+  // plain words in the summary, the technical facts (technology, SMs) on demand (issue 13 #8):
+  // one element for the page's life, so its open/closed state survives every re-render
+  const detailsBox = el("details", { class: "fs-details", id: "fs-details", hidden: true });
+  detailsBox.appendChild(el("summary", {}, "Details"));
+  const detailsList = el("ul", { class: "fs-details-list" });
+  detailsBox.appendChild(detailsList);
+  root.appendChild(detailsBox);
   // explicit ways out when the choice is unavailable: the user picks one, nothing switches
   const alternatives = el("div", { class: "fs-alternatives", role: "group", "aria-label": "Free instead", hidden: true });
   root.appendChild(alternatives);
@@ -188,6 +195,7 @@
       if (focusedPool === pool.name) card.focus();
     }
     summaryLine.textContent = summaryText(spec, options);
+    renderDetails(spec, options);
     renderAlternatives(spec, options);
     // a GPU mode with nothing the user may take: say why, and no Start into a CPU server
     const emptyMode = spec === "none" && currentMode !== "none";
@@ -257,6 +265,30 @@
     }
   }
 
+  function mostFree(usable) {
+    return usable.slice().sort((a, b) => (b.offer.free ?? -1) - (a.offer.free ?? -1))[0];
+  }
+
+  // the offer the summary line describes: the chosen pool's (even when unavailable), else
+  // the one "any pool" would take; null for no GPU or an empty mode
+  function describedPick(spec, options) {
+    if (spec === "none") return null;
+    const blocked = unavailableChoice(spec, options);
+    if (blocked) return blocked.pool ? blocked : null;
+    const usable = options.filter((o) => o.offer.allowed);
+    return usable.find((o) => o.pool.name === poolSelect.value) || mostFree(usable) || null;
+  }
+
+  function renderDetails(spec, options) {
+    const pick = describedPick(spec, options);
+    const lines = pick && Array.isArray(pick.offer.details) ? pick.offer.details : [];
+    detailsBox.hidden = !lines.length;
+    const same = lines.length === detailsList.children.length &&
+      lines.every((line, i) => detailsList.children[i].textContent === String(line));
+    if (same) return; // a refresh with the same facts leaves the list alone
+    detailsList.replaceChildren(...lines.map((line) => el("li", {}, String(line))));
+  }
+
   function summaryText(spec, options) {
     if (spec === "none" && currentMode !== "none") {
       const label = (model.modes.find((m) => m.id === currentMode) || {}).label || currentMode;
@@ -278,9 +310,7 @@
     const usable = options.filter((o) => o.offer.allowed);
     let pick = usable.find((o) => o.pool.name === poolSelect.value);
     let how = pick ? `on ${pick.pool.display_name}` : "on the pool with the most free capacity";
-    if (!pick) {
-      pick = usable.slice().sort((a, b) => (b.offer.free ?? -1) - (a.offer.free ?? -1))[0];
-    }
+    if (!pick) pick = mostFree(usable);
     if (!pick) return `Nothing you may take offers ${displayOf(spec)}.`;
     return `You will get: ${pick.offer.summary} (${how}).`;
   }

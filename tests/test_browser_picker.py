@@ -75,6 +75,28 @@ def badge_reason(page, pool: str) -> str:
     return page.locator(f'.fs-pool-card[data-pool="{pool}"] .fs-reason').inner_text()
 
 
+def _plain_words_then_details(page) -> None:
+    """1/4 on the H100: the summary in plain words; SMs and the technology under Details,
+    closed until opened, and still open after a re-render (issue 13 #8)."""
+    line = page.locator("#fs-summary-line").inner_text()
+    said = line.split(" (on ", 1)[0]  # what follows is the pool's name, the admin's words
+    assert (
+        said == "You will get: 1/4 of an H100-80GB: 19.9 GiB of GPU memory, memory limit enforced"
+    )
+    assert "SMs" not in line and "HAMi" not in said
+    details = page.locator("#fs-details")
+    assert details.is_visible() and details.get_attribute("open") is None
+    assert not details.locator("li").first.is_visible()
+    details.locator("summary").click()
+    shown = details.inner_text()
+    assert "Sharing technology: HAMi (a memory limit per container)" in shown
+    assert "Compute: ~33 of 132 SMs (streaming multiprocessors" in shown
+    page.locator('input[name="gpu"][value="1/8"]').check()  # a re-render keeps it open
+    assert details.get_attribute("open") is not None
+    assert "~16 of 132 SMs" in details.inner_text()
+    page.locator('input[name="gpu"][value="1/4"]').check()
+
+
 def _lab_loaded(page) -> None:
     """JupyterLab's own UI rendered in the page (not just the HTML shell)."""
     page.wait_for_selector("#jp-main-dock-panel", timeout=90_000)
@@ -121,9 +143,13 @@ def test_each_mode_shows_live_counts_and_spawn_lands_in_jupyterlab(hub, devclust
         if mode == "fraction":  # choosing a pool by its card
             page.locator(".fs-pool-card[data-pool=h100]").click()
             assert "(on H100 80GB (HAMi))" in page.locator("#fs-summary-line").inner_text()
+            _plain_words_then_details(page)
         if mode == "mig":  # the H100 chosen for the fraction cannot serve MIG: back to any
             assert page.locator("#fs-pool").input_value() == ""
         assert summary in page.locator("#fs-summary-line").inner_text()
+
+    _tab(page, "none").click()  # nothing chosen, nothing to detail
+    assert page.locator("#fs-details").is_hidden()
 
     # choose MIG 1g.10gb on the A100 by its card, the SciPy image, then Start
     _tab(page, "mig").click()
@@ -273,6 +299,11 @@ def test_keyboard_only_spawn(hub, devcluster, browser):
     assert page.evaluate("document.activeElement.dataset.pool") == "h100"
     assert page.locator(".fs-pool-card[data-pool=h100]").get_attribute("aria-pressed") == "true"
     assert page.locator("#fs-pool").input_value() == "h100"
+
+    tab_to(page, "#fs-details > summary")  # Details open from the keyboard
+    assert focus_visible(page)
+    page.keyboard.press("Enter")
+    assert "Compute: ~33 of 132 SMs" in page.locator("#fs-details").inner_text()
 
     tab_to(page, '#spawn_form button[type="submit"]')
     assert focus_visible(page)

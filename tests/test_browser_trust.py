@@ -96,6 +96,10 @@ def test_a_full_pool_keeps_the_choice_and_a_refusal_brings_it_back(hub, devclust
     # the alternatives are offered, closest first, and only taken when she picks one
     alternatives = page.locator(".fs-alternative")
     assert alternatives.first.inner_text().startswith("1/4 GPU on H100 80GB (HAMi) (")
+    # what she chose stays explained, on demand: its technology under a closed Details
+    details = page.locator("#fs-details")
+    assert details.is_visible() and details.get_attribute("open") is None
+    assert "Sharing technology: time-slicing" in details.text_content()
     _shot(page, "choice-unavailable")
 
     # Start anyway: refused before any pod; the form comes back exactly as she left it

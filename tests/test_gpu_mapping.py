@@ -35,6 +35,12 @@ def offers_of(pool: str) -> dict[str, dict]:
     return {o["spec"]: o for o in entry["offers"]}
 
 
+def compute(offer: dict) -> str:
+    """The offer's SM line, shown under Details (the summary has none)."""
+    (line,) = [d for d in offer["details"] if d.startswith("Compute:")]
+    return line
+
+
 def test_a30_profiles_are_quarters_halves_and_a_whole_gpu():
     offers = offers_of("a30")
     assert {s: o["gpu_equivalent"] for s, o in offers.items()} == {
@@ -43,13 +49,15 @@ def test_a30_profiles_are_quarters_halves_and_a_whole_gpu():
         "mig-4g.24gb": 1.0,
     }
     # 14 SMs per A30 compute slice (NVIDIA MIG user guide), not 56 x 1/7
-    assert "14 SMs" in offers["mig-1g.6gb"]["summary"]
-    assert "56 SMs" in offers["mig-4g.24gb"]["summary"]
+    assert compute(offers["mig-1g.6gb"]).startswith("Compute: 14 of 56 SMs (")
+    assert compute(offers["mig-4g.24gb"]).startswith("Compute: 56 of 56 SMs (")
 
 
 def test_a_profiles_sm_count_is_its_own():
     # nvidia-smi mig -lgip on an H100: 16 SMs in a 1g.10gb, where 132 / 7 would say 19
-    assert "16 SMs" in offers_of("h100-mig")["mig-1g.10gb"]["summary"]
+    offer = offers_of("h100-mig")["mig-1g.10gb"]
+    assert compute(offer).startswith("Compute: 16 of 132 SMs (")
+    assert "SMs" not in offer["summary"]  # plain words first, SMs on demand (issue 13 #8)
 
 
 def test_a30_quota_counts_its_own_compute_slices():

@@ -64,37 +64,71 @@ def _sms(offer: Slice, pool: Pool, gpu_equivalent: float) -> int | None:
     return round(pool.gpu.sms * gpu_equivalent) if pool.gpu.sms else None
 
 
-def summary(
-    offer: Slice, pool: Pool, memory_mib: int, gpu_equivalent: float, enforced: bool
-) -> str:
-    """One line a person can check before pressing Start.
+def _article(model: str) -> str:
+    """'an H100', 'an L4', 'an RTX-6000', 'a T4': initials are read letter by letter."""
+    return "an" if model[:1].upper() in "AEFHILMNORSX" else "a"
 
-    '1/4 of an H100-80GB: 20 GiB of GPU memory, memory limit enforced (HAMi), ~33 SMs'
+
+def summary(offer: Slice, pool: Pool, memory_mib: int, enforced: bool) -> str:
+    """One line in plain words a person can check before pressing Start: what, how much
+    memory, how isolated; no technology names, no SMs (those are in `details`, issue 13 #8).
+
+    '1/4 of an H100-80GB: 19.9 GiB of GPU memory, memory limit enforced'
     """
     model = pool.gpu.name
     if offer.kind == "fraction":
-        what = f"{offer} of {'an' if model[:1] in 'AEIOUH' else 'a'} {model}"
+        what = f"{offer} of {_article(model)} {model}"
     elif offer.kind == "memory":
-        what = f"{_gib(offer.memory_mib or 0)} of {'an' if model[:1] in 'AEIOUH' else 'a'} {model}"
+        what = f"{_gib(offer.memory_mib or 0)} of {_article(model)} {model}"
     elif offer.kind == "mig":
-        what = f"MIG {offer.profile} on {'an' if model[:1] in 'AEIOUH' else 'a'} {model}"
+        what = f"MIG {offer.profile} on {_article(model)} {model}"
     else:
         what = f"{offer.count} × {model}"
-    # plain words first (memory, isolation), the technical detail (SMs) last (issue 13 item 8)
-    parts = [f"{_gib(memory_mib)} of GPU memory"]
+    if offer.kind == "whole":
+        isolation = "the GPUs to yourself" if (offer.count or 1) > 1 else "the GPU to yourself"
+    elif offer.kind == "mig" and enforced:
+        isolation = "isolated in hardware"
+    elif enforced:
+        isolation = "memory limit enforced"
+    else:
+        isolation = "memory shared with others, not isolated"
+    return f"{what}: {_gib(memory_mib)} of GPU memory, {isolation}"
+
+
+_SM_WORDS = "streaming multiprocessors, the GPU's compute units"
+
+
+def details(offer: Slice, pool: Pool, gpu_equivalent: float, enforced: bool) -> list[str]:
+    """The technical facts behind the summary, shown on demand: the sharing technology and
+    what it does, the compute (SMs) and the whole GPU's memory.
+
+    ['Sharing technology: HAMi (a memory limit per container)',
+     "Compute: ~33 of 132 SMs (streaming multiprocessors, the GPU's compute units)",
+     'GPU: H100-80GB with 79.6 GiB of memory']
+    """
+    gpu = pool.gpu
     backend = BACKEND_NAMES.get(pool.backend, pool.backend)
     if offer.kind == "whole":
-        parts.append("the GPU to yourself")
+        uses = "" if pool.backend == "whole" else f" (the pool uses {backend})"
+        lines = [f"Sharing technology: none, whole GPUs are not shared{uses}"]
     elif offer.kind == "mig" and enforced:
-        parts.append(f"isolated in hardware ({backend})")
+        lines = [f"Sharing technology: {backend} (the GPU split in hardware)"]
     elif enforced:
-        parts.append(f"memory limit enforced ({backend})")
+        lines = [f"Sharing technology: {backend} (a memory limit per container)"]
     else:
-        parts.append(f"memory shared with others ({backend}), not isolated")
+        lines = [f"Sharing technology: {backend} (no memory limit per container)"]
     sms = _sms(offer, pool, gpu_equivalent)
-    if sms:
-        parts.append(f"~{sms} SMs" if offer.kind in ("fraction", "memory") else f"{sms} SMs")
-    return f"{what}: {', '.join(parts)}"
+    if sms and gpu.sms:
+        if offer.kind == "whole":
+            amount = f"all {gpu.sms} SMs" + (" of each GPU" if (offer.count or 1) > 1 else "")
+        elif offer.kind == "mig":
+            amount = f"{sms} of {gpu.sms} SMs"
+        else:  # a share, not a partition: about this many on average
+            amount = f"~{sms} of {gpu.sms} SMs"
+        lines.append(f"Compute: {amount} ({_SM_WORDS})")
+    each = " each" if offer.kind == "whole" and (offer.count or 1) > 1 else ""
+    lines.append(f"GPU: {gpu.name} with {_gib(gpu.device_memory_mib)} of memory{each}")
+    return lines
 
 
 def known_previous(catalog: Catalog, previous: Mapping[str, Any] | None) -> dict[str, str]:
@@ -174,9 +208,8 @@ def build_offer_model(
                     "note": counts.note if counts else "",
                     "allowed": reason is None,
                     "reason": reason,
-                    "summary": summary(
-                        offer, pool, plan.memory_mib, plan.gpu_equivalent, plan.enforced
-                    ),
+                    "summary": summary(offer, pool, plan.memory_mib, plan.enforced),
+                    "details": details(offer, pool, plan.gpu_equivalent, plan.enforced),
                 }
             )
         pools.append(
