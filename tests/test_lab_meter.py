@@ -16,16 +16,8 @@ Debian's Chromium under Playwright.
 from __future__ import annotations
 
 import json
-import os
 import re
-import signal
-import socket
-import subprocess
 import sys
-import time
-import urllib.error
-import urllib.request
-import uuid
 from datetime import datetime
 from pathlib import Path
 from typing import Any
@@ -34,10 +26,10 @@ import pytest
 
 from tests.browser_helpers import SCREENSHOTS, chromium, login, new_page
 from tests.e2e_helpers import env_of, spawn, stop, the_pod
+from tests.test_culler_support import JupyterServer, wait_for
 
 pytestmark = [pytest.mark.browser, pytest.mark.slow]
 
-REPO = Path(__file__).resolve().parent.parent
 LABEXT = Path(sys.prefix) / "share" / "jupyter" / "labextensions" / "fracspawner-gpu-meter"
 KERNEL_GPU_IDLE = 1800  # the policy: an idle kernel holding GPU memory goes after 30 min
 # warn this long before: all but 2 s of it, so the warning shows 2 s after the GPU goes idle
@@ -69,86 +61,22 @@ c.KubeSpawner.environment = {
 """
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def wait_for(check, timeout: float = 20, what: str = "condition") -> Any:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        result = check()
-        if result:
-            return result
-        time.sleep(0.2)
-    raise TimeoutError(f"timed out waiting for {what}")
-
-
-class LabServer:
+class LabServer(JupyterServer):
     """`jupyter server` with JupyterLab and fracspawner's extension, a simulated GPU, a pod env."""
 
     def __init__(self, tmp: Path) -> None:
-        self.tmp = tmp
         self.gpu_file = tmp / "gpu.json"
         self.set_gpu({})
-        self.token = uuid.uuid4().hex
-        self.url = f"http://127.0.0.1:{free_port()}"
-        config = tmp / "config"
-        config.mkdir()
-        (config / "jupyter_server_config.json").write_text(
-            json.dumps({"GpuMonitor": {"poll_interval": 0.2, "unavailable_retry": 0.2}})
-        )
         self.settings = tmp / "lab-settings"
         # no "receive Jupyter news?" toast: it would sit among the meter's warnings
         self.set_setting("notification", NO_NEWS)
         self.set_theme("JupyterLab Light")
-        env = {
-            **os.environ,
-            **POD_ENV,
-            "FRACSPAWNER_GPU_SOURCE": f"sim:{self.gpu_file}",
-            "JUPYTER_CONFIG_DIR": str(config),
-            "JUPYTER_CONFIG_PATH": str(REPO / "jupyter-config"),
-            "JUPYTER_RUNTIME_DIR": str(tmp / "runtime"),
-            "JUPYTER_DATA_DIR": str(tmp / "data"),
+        lab_dirs = {
             "JUPYTERLAB_SETTINGS_DIR": str(self.settings),
             "JUPYTERLAB_WORKSPACES_DIR": str(tmp / "workspaces"),
         }
-        self.log = open(tmp / "server.log", "wb")  # noqa: SIM115
-        self.process = subprocess.Popen(
-            [
-                sys.executable, "-m", "jupyter_server", "--allow-root", "--no-browser",
-                "--ServerApp.ip=127.0.0.1", f"--ServerApp.port={self.url.rsplit(':', 1)[1]}",
-                "--ServerApp.port_retries=0", f"--IdentityProvider.token={self.token}",
-                f"--ServerApp.root_dir={tmp}",
-            ],
-            env=env, stdout=self.log, stderr=subprocess.STDOUT, start_new_session=True,
-        )  # fmt: skip
-        wait_for(self._up, 60, "jupyter server")
-
-    def _up(self) -> bool:
-        if self.process.poll() is not None:
-            raise RuntimeError(f"jupyter server exited:\n{self.logs()}")
-        try:
-            return self.api("GET", "/api/status")[0] == 200
-        except OSError:
-            return False
-
-    def api(self, method: str, path: str, body: Any = None) -> tuple[int, Any]:
-        data = None if body is None else json.dumps(body).encode()
-        request = urllib.request.Request(self.url + path, data=data, method=method)
-        request.add_header("Authorization", f"token {self.token}")
-        try:
-            with urllib.request.urlopen(request, timeout=30) as response:
-                raw, status = response.read(), response.status
-        except urllib.error.HTTPError as exc:
-            raw, status = exc.read(), exc.code
-        return status, json.loads(raw) if raw else None
-
-    def gpu(self) -> dict:
-        status, body = self.api("GET", "/api/fracspawner/gpu")
-        assert status == 200, body
-        return body
+        # the slice's memory comes with POD_ENV, as FracSpawner sets it
+        super().__init__(tmp, self.gpu_file, entitlement=None, env={**POD_ENV, **lab_dirs})
 
     def set_gpu(self, data: dict) -> None:
         tmp = self.gpu_file.with_suffix(".tmp")
@@ -163,19 +91,6 @@ class LabServer:
 
     def set_theme(self, theme: str) -> None:
         self.set_setting("themes", {"theme": theme})
-
-    def logs(self) -> str:
-        return (self.tmp / "server.log").read_text(errors="replace")[-4000:]
-
-    def stop(self) -> None:
-        if self.process.poll() is None:
-            self.process.send_signal(signal.SIGTERM)  # shuts its kernels down too
-            try:
-                self.process.wait(20)
-            except subprocess.TimeoutExpired:
-                os.killpg(self.process.pid, signal.SIGKILL)
-                self.process.wait(5)
-        self.log.close()
 
 
 @pytest.fixture(scope="module")
