@@ -186,6 +186,7 @@
       badge.appendChild(document.createTextNode(countText(offer) + (stale || serverStale ? " (stale)" : "")));
       card.appendChild(badge);
       if (!offer.allowed) card.appendChild(el("span", { class: "fs-reason small" }, `Unavailable: ${offer.reason}`));
+      if (offer.waits) card.appendChild(el("span", { class: "fs-wait small" }, "None free now: your server would wait for one."));
       card.addEventListener("click", () => {
         if (!offer.allowed && !chosen) return; // an unavailable pool can be un-chosen, not chosen
         poolSelect.value = chosen ? "" : pool.name;
@@ -312,7 +313,8 @@
     let how = pick ? `on ${pick.pool.display_name}` : "on the pool with the most free capacity";
     if (!pick) pick = mostFree(usable);
     if (!pick) return `Nothing you may take offers ${displayOf(spec)}.`;
-    return `You will get: ${pick.offer.summary} (${how}).`;
+    const queue = pick.offer.waits ? " None is free right now: your server will wait in line for one, and the next page shows how the wait goes." : "";
+    return `You will get: ${pick.offer.summary} (${how}).${queue}`;
   }
 
   // ---- live refresh ------------------------------------------------------------------
@@ -341,10 +343,17 @@
     if (announce.length) live.textContent = `Availability changed. ${announce.join(". ")}.`;
   }
 
+  // the hub's admission ("wait": a full size queues) decides how the service words full sizes
+  function offersUrl() {
+    const url = new URL(apiUrl, window.location.href);
+    if (model.admission === "wait") url.searchParams.set("admission", "wait");
+    return url.toString();
+  }
+
   async function refresh() {
     if (!apiUrl) return;
     try {
-      const response = await fetch(apiUrl, { credentials: "same-origin", headers: { Accept: "application/json" } });
+      const response = await fetch(offersUrl(), { credentials: "same-origin", headers: { Accept: "application/json" } });
       if (!response.ok) throw new Error(`HTTP ${response.status}`);
       const next = await response.json();
       if (!next || !Array.isArray(next.pools)) throw new Error("bad payload");

@@ -1,4 +1,5 @@
-"""The pending page says what is being started (issue 13 item 7), in a real hub and browser.
+"""The pending page says what is being started, with progress in the user's words (issue 13
+item 7), in a real hub and browser.
 
 `slow_spawn_timeout = 0` makes JupyterHub send the browser to its pending page at once instead
 of waiting up to 10 s for the spawn, so the page is seen while the pod is still starting (the
@@ -11,6 +12,7 @@ import os
 
 import pytest
 
+from devcluster.localhub import http_json
 from tests.browser_helpers import (
     SCREENSHOTS,
     chromium,
@@ -20,11 +22,15 @@ from tests.browser_helpers import (
     stop_all_servers,
     wait_for_lab,
 )
+from tests.e2e_helpers import demo_topology_with_t4_jobs, ensure_group
 
 pytestmark = [pytest.mark.e2e, pytest.mark.browser]
 
+# the T4 is full (4 training jobs) and a full pool makes the pod wait instead of a refusal
+TOPOLOGY = demo_topology_with_t4_jobs(4)
 HUB_EXTRA_CONFIG = """
 c.JupyterHub.tornado_settings = {"slow_spawn_timeout": 0}
+c.FracSpawner.admission = "wait"
 """
 
 
@@ -54,4 +60,41 @@ def test_pending_page_names_the_slice(hub, devcluster, browser):
     if os.environ.get("FRACSPAWNER_UPDATE_SCREENSHOTS") == "1":
         page.screenshot(path=str(SCREENSHOTS / "picker-pending.png"), full_page=True)
     wait_for_lab(page, hub.url, "uma")
+    page.close()
+
+
+def test_pending_page_says_what_the_pod_waits_for_in_words(hub, devcluster, browser):
+    ensure_group(hub, "ml-research", "wanda")
+    page = new_page(browser)
+    login(page, hub.url, "wanda")
+    open_spawn_form(page, hub.url, "wanda")
+    page.locator('.fs-mode-tab[data-mode="fraction"]').click()
+    page.locator('input[name="gpu"][value="1/4"]').check()
+    # under admission "wait" a full size can still be taken, and the picker says it will wait
+    card = page.locator(".fs-pool-card[data-pool=t4]")
+    assert "0 of 4 free" in card.inner_text()
+    assert "None free now: your server would wait for one." in card.inner_text()
+    card.click()
+    summary = page.locator("#fs-summary-line").inner_text()
+    assert "None is free right now: your server will wait in line for one" in summary
+    page.get_by_role("button", name="Start").click()
+    page.wait_for_url("**/hub/spawn-pending/wanda*")
+
+    message = page.locator("#progress-message")
+    message.get_by_text("Waiting for a free 1/4 GPU on T4 16GB (time-sliced)").wait_for()
+    line = message.inner_text()
+    assert line.startswith("Waiting for a free 1/4 GPU on T4 16GB (time-sliced): 0 of 4 free")
+    # the scheduler's own words are not under the progress bar, but kept in the event log
+    assert "nodes are available" not in line and "[Warning]" not in line
+    page.locator("#progress-details summary").click()
+    log = page.locator("#progress-log").inner_text()
+    assert "[Warning] 0/" in log and "nodes are available" in log
+    assert "Waiting for a free 1/4 GPU on T4 16GB (time-sliced)" in log
+    if os.environ.get("FRACSPAWNER_UPDATE_SCREENSHOTS") == "1":
+        page.screenshot(path=str(SCREENSHOTS / "picker-pending-waiting.png"), full_page=True)
+
+    # a training job ends: the page walks through the steps and lands in JupyterLab
+    url = f"{devcluster.url}/api/v1/namespaces/default/pods/training-0"
+    assert http_json("DELETE", url)[0] == 200
+    wait_for_lab(page, hub.url, "wanda")
     page.close()

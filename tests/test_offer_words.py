@@ -76,3 +76,34 @@ def test_the_plain_form_puts_details_in_a_closed_disclosure_after_the_summary():
     assert "<li>Compute: ~33 of 132 SMs (streaming multiprocessors" in details
     assert "<li>Sharing technology: HAMi (a memory limit per container)</li>" in details
     assert '<details class="fs-details" open' not in html  # closed until asked for
+
+
+class _FullT4:
+    """Capacity with every T4 slot taken and the rest free (the shape the picker reads)."""
+
+    stale = False
+
+    def get(self, pool: str, spec: str):
+        from types import SimpleNamespace
+
+        free = 0 if pool == "t4" else 3
+        return SimpleNamespace(free=free, total=4, note="")
+
+
+@pytest.mark.parametrize("admission", ["refuse", "wait"])
+def test_a_full_size_is_refused_or_queued_as_the_hub_admits(admission):
+    """`admission = "wait"` queues a full size instead of refusing it: the picker must let the
+    user take it (saying it will wait), where "refuse" marks it unavailable."""
+    model = build_offer_model(
+        DEMO, rule=AccessRule(), used_gpu=0, capacity=_FullT4(), full_waits=admission == "wait"
+    )
+    assert model["admission"] == admission
+    t4 = next(o for p in model["pools"] if p["name"] == "t4" for o in p["offers"])
+    h100 = next(o for p in model["pools"] if p["name"] == "h100" for o in p["offers"])
+    assert t4["free"] == 0 and not h100["waits"] and h100["allowed"]
+    if admission == "wait":
+        assert t4["allowed"] and t4["waits"] and t4["reason"] is None
+        html = " ".join(render_form(model).split())
+        assert "(none free now: your server would wait for one)" in html
+    else:
+        assert not t4["allowed"] and not t4["waits"] and t4["reason"] == "None free right now."

@@ -161,11 +161,14 @@ def build_offer_model(
     admin: bool = False,
     previous: Mapping[str, Any] | None = None,
     stale: bool = False,
+    full_waits: bool = False,
 ) -> dict[str, Any]:
     """Everything the picker shows, for one user, from caches only (no API call).
 
     A stale capacity snapshot (the cluster watch lost the API server) keeps its last counts,
     marked `stale` with `stale_seconds`; a count of 0 from it does not disable an offer.
+    With `full_waits` (`c.FracSpawner.admission = "wait"`) a full offer stays takeable, marked
+    `waits`: its pod will wait in the queue for a slot instead of being refused.
     """
     stale = stale or bool(getattr(capacity, "stale", False))
     stale_seconds = round(getattr(capacity, "age_seconds", 0) or 0) if stale else None
@@ -190,7 +193,7 @@ def build_offer_model(
                     f"Needs {gpu_amount(plan.gpu_equivalent)}; "
                     f"your quota has {gpu_amount(remaining)} left."
                 )
-            elif free == 0 and not stale:  # a frozen 0 is unknown, not "full"
+            elif free == 0 and not stale and not full_waits:  # a frozen 0 is unknown
                 reason = "None free right now."
             mode = offer.kind
             if pool_allowed and mode not in modes:
@@ -208,6 +211,8 @@ def build_offer_model(
                     "note": counts.note if counts else "",
                     "allowed": reason is None,
                     "reason": reason,
+                    # takeable although none is free now: the pod queues for a slot
+                    "waits": reason is None and free == 0 and full_waits,
                     "summary": summary(offer, pool, plan.memory_mib, plan.enforced),
                     "details": details(offer, pool, plan.gpu_equivalent, plan.enforced),
                 }
@@ -252,4 +257,6 @@ def build_offer_model(
         "previous": known_previous(catalog, previous),
         "stale": stale,
         "stale_seconds": stale_seconds,
+        # what Start does when a size is full (c.FracSpawner.admission): "refuse" or "wait"
+        "admission": "wait" if full_waits else "refuse",
     }

@@ -60,6 +60,8 @@ class OffersHandler(HubOAuthenticated, web.RequestHandler):
             used_gpu=used,
             capacity=capacity,
             admin=bool(user.get("admin")),
+            # the picker says which admission its hub uses (the spawner enforces it either way)
+            full_waits=self.get_argument("admission", "refuse") == "wait",
         )
         return model
 

@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import copy
 import os
-import re
 from collections.abc import Mapping
 from typing import Any
 
@@ -48,7 +47,6 @@ from .refusal import refused
 _NOT_BASELINE = frozenset(
     {"config", "parent", "log", "user_options", "options_form", "options_from_form"}
 )
-_INSUFFICIENT = re.compile(r"Insufficient ([\w./-]+)")
 #: where get_state keeps the namespace this server's spawns start from
 _BASELINE_NAMESPACE_KEY = "fracspawner_namespace"
 
@@ -322,6 +320,7 @@ class FracSpawner(KubeSpawner):
             used_gpu=used,
             capacity=capacity,
             admin=self._is_admin(),
+            full_waits=self.admission == "wait",
             previous=self.orm_spawner.user_options if self.orm_spawner else None,
         )
         profile_html = ""
@@ -521,10 +520,8 @@ class FracSpawner(KubeSpawner):
         if counts is not None and counts.total is not None:
             # a snapshot from a watch that lost the API server is the last known, not now
             words += f": {counts.free} of {counts.total} free" + (" (last known)" if stale else "")
-        missing = _INSUFFICIENT.findall(raw.get("message", ""))
-        if missing:
-            words += f" (the scheduler reports insufficient {', '.join(sorted(set(missing)))})"
-        return words + "."
+        # what the scheduler lacks ("Insufficient nvidia.com/gpu") stays in the event log
+        return words + "; it starts by itself as soon as one frees."
 
 
 def _watch_usable(capacity: Any) -> bool:
