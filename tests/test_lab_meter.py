@@ -16,6 +16,7 @@ Debian's Chromium under Playwright.
 from __future__ import annotations
 
 import json
+import os
 import re
 import sys
 from datetime import datetime
@@ -139,7 +140,10 @@ def shot(page: Any, name: str) -> None:
         "width": VIEWPORT["width"],
         "height": STATUS_BAR_SHOT,
     }
-    page.screenshot(path=str(SCREENSHOTS / name), clip=clip)
+    # docs/_static is refreshed on request only, like the picker's screenshots: a plain test
+    # run must not leave the checkout modified
+    if os.environ.get("FRACSPAWNER_UPDATE_SCREENSHOTS") == "1":
+        page.screenshot(path=str(SCREENSHOTS / name), clip=clip)
 
 
 def test_meter_shows_the_slice_memory_and_utilisation_then_warns_before_the_culler(lab):
