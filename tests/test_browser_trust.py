@@ -199,6 +199,13 @@ def test_the_service_in_the_navbar_opens_the_pools_page(hub, devcluster, browser
     assert page.locator(
         'section[data-pool="h100"] tr[data-spec="10GiB"] td'
     ).first.inner_text() == ("10 GiB")
+    # plain words in the table, the technology and SMs on demand (as in the picker)
+    what = t4.locator("td").nth(2)
+    assert what.inner_text().startswith("1/4 of a T4: 3.8 GiB of GPU memory, memory shared")
+    assert "time-slicing" not in what.inner_text() and "SMs" not in what.inner_text()
+    what.locator("details summary").click()
+    opened = what.locator("details").inner_text()
+    assert "Sharing technology: time-slicing" in opened and "~10 of 40 SMs" in opened
     _shot(page, "service-page")
     page.close()
 
