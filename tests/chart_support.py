@@ -221,11 +221,24 @@ class Container:
     def port(self, name: str) -> int:
         return next(p["containerPort"] for p in self.container["ports"] if p["name"] == name)
 
-    def probe(self, kind: str = "readinessProbe", timeout: float = 30, **urlopen: Any) -> Any:
-        """Wait until the probe answers 2xx (a deadline, not a timing assertion)."""
+    def probe(
+        self, kind: str = "readinessProbe", timeout: float | None = None, **urlopen: Any
+    ) -> Any:
+        """Wait until the probe answers 2xx (a deadline, not a timing assertion): by default as
+        long as the kubelet would wait for the container to start (its startupProbe's
+        initialDelaySeconds + periodSeconds x failureThreshold, Kubernetes' defaults 0, 10, 3),
+        so a slow start on a loaded machine is not mistaken for a broken container."""
         import ssl
         import time
         import urllib.request
+
+        if timeout is None:
+            startup = self.container.get("startupProbe")
+            timeout = 60.0
+            if startup:
+                timeout = startup.get("initialDelaySeconds", 0) + startup.get(
+                    "periodSeconds", 10
+                ) * startup.get("failureThreshold", 3)
 
         get = self.container[kind]["httpGet"]
         port = get["port"] if isinstance(get["port"], int) else self.port(get["port"])
