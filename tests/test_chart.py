@@ -2,7 +2,8 @@
 (helm-python-sdk), every object checked against the official Kubernetes schemas
 (kubernetes-validate, strict) or the CRD schemas in tests/chart_crds/, scanned by checkov; the
 images linted by hadolint; the z2jh overlay (examples/z2jh/values.yaml) checked against the
-chart; the capacity ClusterRole compared with the API calls the code really makes.
+chart; the ClusterRoles (capacity, webhook, Kubeflow culler) compared with the API calls the code
+really makes against the devcluster; the rendered containers run.
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ import datetime
 import json
 import re
 import subprocess
+import time
 import urllib.error
 import urllib.request
 from pathlib import Path
@@ -75,6 +77,16 @@ ALL_ON: dict[str, Any] = {
         "enabled": True,
         "namespaces": [{"name": "team-a"}, {"name": "team-b", "pools": ["h100"]}],
     },
+    "kubeflowCuller": {
+        "enabled": True,
+        "namespaces": ["team-a", "team-b"],
+        "prometheusUrl": "http://prometheus-server.monitoring",
+        "dryRun": True,
+        "allNotebooks": True,
+        "workspaceStatusUrl": "http://{pod_ip}:8888/workspace/connect/{namespace}/{name}/api/status",
+        "extraArgs": ["--KubeflowCuller.pod_label=exported_pod"],
+        "serviceAccount": {"annotations": {"example.org/owner": "platform"}},
+    },
 }
 SCENARIOS: dict[str, dict[str, Any]] = {
     "defaults": {},
@@ -88,10 +100,14 @@ SCENARIOS: dict[str, dict[str, Any]] = {
         "webhook": {"enabled": True},
         "certManager": {"enabled": True, "issuerRef": {"name": "ca", "kind": "ClusterIssuer"}},
     },
+    # a Kubeflow platform's install: no JupyterHub parts
     "kubeflow": {
         "catalog": DEMO_CATALOG,
+        "service": {"enabled": False},
+        "culler": {"enabled": False},
         "webhook": {"enabled": True},
         "kubeflow": {"enabled": True, "namespaces": [{"name": "team-a"}]},
+        "kubeflowCuller": {"enabled": True, "prometheusUrl": "http://prometheus.monitoring:9090"},
     },
     "all-off": {
         "service": {"enabled": False},
@@ -146,12 +162,14 @@ def test_scenarios_render_what_they_switch_on(rendered_objects):
     assert "Secret" not in kinds["cert-manager"]  # cert-manager writes it
     assert "Issuer" not in kinds["cert-manager-clusterissuer"]
     assert kinds["all-off"] == {"ConfigMap"}
-    # three Deployments, each with its Service, when everything is on
+    # four Deployments, each with its Service, when everything is on
     names = {o["metadata"]["name"] for o in by_kind(rendered_objects["all-on"], "Deployment")}
-    assert names == {f"{RELEASE}-service", f"{RELEASE}-culler", f"{RELEASE}-webhook"}
+    assert names == {f"{RELEASE}-{c}" for c in ("service", "culler", "webhook", "kubeflow-culler")}
+    kubeflow = {o["metadata"]["name"] for o in by_kind(rendered_objects["kubeflow"], "Deployment")}
+    assert kubeflow == {f"{RELEASE}-webhook", f"{RELEASE}-kubeflow-culler"}
 
 
-@pytest.mark.parametrize("scenario", ["defaults", "all-on", "cert-manager"])
+@pytest.mark.parametrize("scenario", ["defaults", "all-on", "cert-manager", "kubeflow"])
 def test_helm_lint_strict_passes(scenario):
     import helm_python as helm
 
@@ -218,6 +236,11 @@ def test_values_schema_covers_every_value_and_refuses_unknown_keys():
         ({"service": {"port": "10101"}}, "/service/port"),
         ({"image": {"digest": "latest"}}, "/image/digest"),
         ({"networkPolicy": {"enabled": "yes"}}, "/networkPolicy/enabled"),
+        ({"kubeflowCuller": {"cullEvery": "5m"}}, "/kubeflowCuller/cullEvery"),
+        ({"kubeflowCuller": {"namespaces": "team-a"}}, "/kubeflowCuller/namespaces"),
+        ({"kubeflowCuller": {"namespaces": ["Team_A"]}}, "/kubeflowCuller/namespaces/0"),
+        ({"kubeflowCuller": {"statusUrl": "{name}:8888"}}, "/kubeflowCuller/statusUrl"),
+        ({"kubeflowCuller": {"namespace": ["a"]}}, "additional properties 'namespace' not allowed"),
         # the catalog is checked by the product's own catalog schema
         ({"catalog": {"pools": {}, "images": {}, "acess": {}}}, "'acess' not allowed"),
         (
@@ -318,7 +341,7 @@ def test_crd_schemas_refuse_unknown_fields(crd_validators):
 # ------------------------------------------------------------------ workloads
 def test_every_workload_is_locked_down(rendered_objects):
     seen = 0
-    for scenario in ("defaults", "all-on", "cert-manager"):
+    for scenario in ("defaults", "all-on", "cert-manager", "kubeflow"):
         for workload, spec in pod_specs(rendered_objects[scenario]):
             what = f"{scenario}: {workload['metadata']['name']}"
             pod_sc = spec["securityContext"]
@@ -337,7 +360,9 @@ def test_every_workload_is_locked_down(rendered_objects):
                     assert probe in container, (what, probe)
                 seen += 1
             assert not spec.get("hostNetwork") and not spec.get("hostPID"), what
-    assert seen == 2 + 3 + 3  # service and culler (defaults); + webhook (all-on, cert-manager)
+    # service and culler (defaults); + webhook, Kubeflow culler (all-on); + webhook
+    # (cert-manager); webhook and Kubeflow culler (kubeflow)
+    assert seen == 2 + 4 + 3 + 2
 
 
 def test_only_workloads_that_call_the_api_get_a_token(rendered_objects):
@@ -346,7 +371,7 @@ def test_only_workloads_that_call_the_api_get_a_token(rendered_objects):
         w["metadata"]["labels"]["app.kubernetes.io/component"]: spec["automountServiceAccountToken"]
         for w, spec in pod_specs(objs)
     }
-    assert tokens == {"service": True, "culler": False, "webhook": True}
+    assert tokens == {"service": True, "culler": False, "webhook": True, "kubeflow-culler": True}
     no_watch = objects(render({"service": {"liveCapacity": False}}))
     service = one(no_watch, "Deployment", "service")["spec"]["template"]["spec"]
     assert service["automountServiceAccountToken"] is False
@@ -458,6 +483,100 @@ def test_the_rendered_service_and_culler_run_and_pass_their_probes(devcluster, t
             container.stop()
 
 
+def test_the_kubeflow_culler_runs_its_real_command_line(rendered_objects):
+    """The rendered `fracspawner culler kubeflow` command parses with the culler's own parser
+    into what the values say; the chart's defaults are the culler's own."""
+    from fracspawner.culler.kubeflow import KubeflowCuller
+
+    values = ALL_ON["kubeflowCuller"]
+    deployment = one(rendered_objects["all-on"], "Deployment", "kubeflow-culler")
+    container = deployment["spec"]["template"]["spec"]["containers"][0]
+    command = container["command"]
+    assert command[:3] == ["fracspawner", "culler", "kubeflow"]
+    app = KubeflowCuller()
+    app.parse_command_line(command[3:])
+    assert app.catalog == "/etc/fracspawner/catalog.yaml"
+    assert app.namespaces == values["namespaces"]
+    assert app.prometheus_url == values["prometheusUrl"]
+    assert app.workspace_status_url == values["workspaceStatusUrl"]
+    assert app.dry_run is True and app.gpu_only is False
+    assert app.pod_label == "exported_pod"
+    assert (app.metrics_ip, app.metrics_port) == ("0.0.0.0", container["ports"][0]["containerPort"])
+    assert app.kubeconfig == ""  # in-cluster config: the pod's service account token
+    # one replica at a time: it has no leader election
+    assert deployment["spec"]["replicas"] == 1
+    assert deployment["spec"]["strategy"] == {"type": "Recreate"}
+    defaults = yaml.safe_load((CHART / "values.yaml").read_text())["kubeflowCuller"]
+    traits = KubeflowCuller.class_traits()
+    for value, trait in (
+        ("statusUrl", "status_url"),
+        ("workspaceStatusUrl", "workspace_status_url"),
+        ("clusterDomain", "cluster_domain"),
+        ("cullEvery", "cull_every"),
+    ):
+        assert defaults[value] == traits[trait].default_value, value
+    assert defaults["allNotebooks"] is not traits["gpu_only"].default_value
+    container = one(rendered_objects["kubeflow"], "Deployment", "kubeflow-culler")["spec"][
+        "template"
+    ]["spec"]["containers"][0]
+    app = KubeflowCuller()
+    app.parse_command_line(container["command"][3:])
+    assert app.namespaces == [] and app.gpu_only is True and app.dry_run is False
+    assert app.status_url == defaults["statusUrl"]
+
+
+def test_the_rendered_kubeflow_culler_runs_and_stops_an_idle_notebook(devcluster, tmp_path):
+    """The chart's Kubeflow culler, run as the kubelet would run it (its command, the catalog
+    from its ConfigMap; the devcluster's kubeconfig standing in for its in-cluster config),
+    passes its probes and, in its first cycle, stops the idle GPU Notebook and Workspace of its
+    namespace the way Kubeflow does."""
+    api = devcluster.client()
+    _kubeflow_notebooks(api, "kf-chart")
+    values = {
+        "catalog": IDLE_CATALOG,
+        "service": {"enabled": False},
+        "culler": {"enabled": False},
+        "kubeflowCuller": {
+            "enabled": True,
+            "namespaces": ["kf-chart"],
+            "metricsPort": free_port(),
+            "cullEvery": 3600,
+            "statusUrl": "",  # the test's notebook pods run no jupyter-server
+        },
+    }
+    objs = objects(render(values))
+    culler = Container(
+        one(objs, "Deployment", "kubeflow-culler"),
+        objs,
+        tmp_path / "kubeflow-culler",
+        env={"KUBECONFIG": str(devcluster.kubeconfig)},
+    )
+    try:
+        status, body = culler.probe()
+        assert status == 200 and b"fracspawner_culler" in body
+        assert culler.probe("livenessProbe")[0] == 200
+        deadline = time.monotonic() + 60
+        while not _stopped(api, "kf-chart"):
+            assert time.monotonic() < deadline, culler.output()
+            time.sleep(0.5)
+        nb = api.get("/apis/kubeflow.org/v1/namespaces/kf-chart/notebooks/idle")
+        stopped_at = nb["metadata"]["annotations"]["kubeflow-resource-stopped"]
+        assert abs(datetime.datetime.fromisoformat(stopped_at).timestamp() - time.time()) < 120
+        # its metrics count the two stops
+        from prometheus_client.parser import text_string_to_metric_families
+
+        body = culler.probe()[1].decode()
+        culls = [
+            s.value
+            for family in text_string_to_metric_families(body)
+            for s in family.samples
+            if s.name == "fracspawner_culls_total"
+        ]
+        assert sum(culls) == 2, body
+    finally:
+        culler.stop()
+
+
 # ------------------------------------------------------------------ RBAC
 CODE_API_CALLS = {("", "nodes", "list"), ("", "nodes", "watch")}
 CODE_API_CALLS |= {("", "pods", "list"), ("", "pods", "watch")}
@@ -486,7 +605,8 @@ def test_capacity_clusterrole_grants_exactly_the_code_s_calls(rendered_objects):
 def test_the_culler_never_calls_the_kubernetes_api():
     """The chart's culler (hub mode) gets no token and no role: none of its modules talks to
     the Kubernetes API (kubespawner.slugs, pure name functions, is all it takes from
-    kubespawner). culler/kubeflow.py is the Kubeflow mode, which this chart does not run."""
+    kubespawner). culler/kubeflow.py is the Kubeflow mode, a Deployment of its own
+    (kubeflowCuller) with its own role."""
     import ast
 
     import fracspawner.culler
@@ -619,6 +739,183 @@ async def test_webhook_makes_exactly_the_calls_its_role_grants(devcluster, monke
     assert answer["response"].get("patch"), answer  # the slice was applied
     role = one(objects(render({"webhook": {"enabled": True}})), "ClusterRole", "webhook")
     assert set(calls) == _rules(role) == WEBHOOK_API_CALLS
+
+
+KUBEFLOW_CULLER_API_CALLS = {
+    ("kubeflow.org", "notebooks", "list"),
+    ("kubeflow.org", "notebooks", "patch"),
+    ("kubeflow.org", "workspaces", "list"),
+    ("kubeflow.org", "workspaces", "patch"),
+    ("", "pods", "list"),
+}
+KUBEFLOW_CRDS = [
+    REPO / "tests" / "devcluster_crds" / "notebooks.yaml",
+    REPO / "tests" / "kubeflow_crds" / "workspaces.yaml",
+]
+#: the demo catalog, where a server idle for an hour is stopped
+IDLE_CATALOG = _deep_merge(DEMO_CATALOG, {"idle": {"server_idle": "1h"}})
+SLICE_LABELS = {"fracspawner.io/pool": "h100", "fracspawner.io/gpu": "0.25"}
+
+
+def _kubeflow_notebooks(api: Any, namespace: str) -> None:
+    """In a new `namespace`: a Notebook `idle` and a Workspace `ws`, each with its running GPU
+    slice pod as its controller makes it, whose activity Kubeflow recorded two hours ago."""
+    from fracspawner.culler.kubeflow import rfc3339
+
+    for crd in KUBEFLOW_CRDS:
+        path = "/apis/apiextensions.k8s.io/v1/customresourcedefinitions"
+        code, body = api.request("POST", path, yaml.safe_load(crd.read_text()))
+        assert code in (201, 409), body  # 409: an earlier test installed it
+    ns = {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": namespace}}
+    assert api.request("POST", "/api/v1/namespaces", ns)[0] == 201
+    then = time.time() - 7200
+    notebook = {
+        "apiVersion": "kubeflow.org/v1",
+        "kind": "Notebook",
+        "metadata": {
+            "name": "idle",
+            "annotations": {"notebooks.kubeflow.org/last-activity": rfc3339(then)},
+        },
+        "spec": {"template": {"spec": {"containers": [{"name": "idle", "image": "scipy"}]}}},
+    }
+    workspace = {
+        "apiVersion": "kubeflow.org/v1beta1",
+        "kind": "Workspace",
+        "metadata": {"name": "ws"},
+        "spec": {
+            "kind": "jupyterlab",
+            "podTemplate": {
+                "podMetadata": {"labels": SLICE_LABELS},
+                "volumes": {"home": "ws-home"},
+                "options": {"imageConfig": "jupyterlab_scipy", "podConfig": "fracspawner-h100"},
+            },
+        },
+    }
+    for plural, obj in (("notebooks", notebook), ("workspaces", workspace)):
+        path = f"/apis/{obj['apiVersion']}/namespaces/{namespace}/{plural}"
+        code, body = api.request("POST", path, obj)
+        assert code == 201, body
+    code, body = api.request(
+        "PATCH",
+        f"/apis/kubeflow.org/v1beta1/namespaces/{namespace}/workspaces/ws/status",
+        {"status": {"activity": {"lastActivity": int(then), "lastUpdate": int(time.time())}}},
+        content_type="application/merge-patch+json",
+    )
+    assert code == 200, body
+    for name, labels in (
+        ("idle-0", {"notebook-name": "idle", "statefulset": "idle"}),
+        ("ws-ws-x7k2p-0", {"notebooks.kubeflow.org/workspace-name": "ws"}),
+    ):
+        pod = {
+            "apiVersion": "v1",
+            "kind": "Pod",
+            "metadata": {"name": name, "labels": {**labels, **SLICE_LABELS}},
+            "spec": {"containers": [{"name": "main", "image": "scipy",
+                                     "command": ["sleep", "600"]}]},
+        }  # fmt: skip
+        code, body = api.request("POST", f"/api/v1/namespaces/{namespace}/pods", pod)
+        assert code == 201, body
+    deadline = time.monotonic() + 60
+    while True:
+        pods = api.pods(namespace)
+        ready = [
+            p
+            for p in pods
+            for c in p.get("status", {}).get("conditions", [])
+            if c["type"] == "Ready" and c["status"] == "True"
+        ]
+        if len(ready) == 2:
+            return
+        assert time.monotonic() < deadline, [p.get("status") for p in pods]
+        time.sleep(0.2)
+
+
+def _stopped(api: Any, namespace: str) -> bool:
+    """Notebook `idle` and Workspace `ws` of `namespace` are both stopped."""
+    nb = api.get(f"/apis/kubeflow.org/v1/namespaces/{namespace}/notebooks/idle")
+    ws = api.get(f"/apis/kubeflow.org/v1beta1/namespaces/{namespace}/workspaces/ws")
+    annotations = nb["metadata"].get("annotations") or {}
+    return "kubeflow-resource-stopped" in annotations and ws["spec"].get("paused") is True
+
+
+def test_kubeflow_culler_makes_exactly_the_calls_its_role_grants(devcluster, monkeypatch, tmp_path):
+    """Run a culling cycle of the Kubeflow culler (every namespace, the chart's default)
+    against devcluster with Kubeflow's CRDs, recording every API request while it stops an idle
+    Notebook and an idle Workspace: their RBAC verbs are its ClusterRole's rules."""
+    from kubernetes_asyncio.client import rest
+
+    from fracspawner.culler.kubeflow import KubeflowCuller
+
+    api = devcluster.client()
+    _kubeflow_notebooks(api, "kf-rbac")
+    catalog = tmp_path / "catalog.yaml"
+    catalog.write_text(yaml.safe_dump(IDLE_CATALOG))
+    app = KubeflowCuller()
+    app.initialize(
+        [f"--kubeconfig={devcluster.kubeconfig}", f"--catalog={catalog}", "--status-url="]
+    )
+    calls = _record_api_calls(monkeypatch, rest)
+    outcomes = asyncio.run(app.cull_once())
+    done = {(o.notebook.kind, o.notebook.name) for o in outcomes
+            if o.done and o.notebook.namespace == "kf-rbac"}  # fmt: skip
+    assert done == {("Notebook", "idle"), ("Workspace", "ws")}, [
+        (o.notebook.log_name, o.decision.reason) for o in outcomes
+    ]
+    assert _stopped(api, "kf-rbac")
+    role = one(
+        objects(render({"kubeflowCuller": {"enabled": True}})), "ClusterRole", "kubeflow-culler"
+    )
+    assert set(calls) == _rules(role) == KUBEFLOW_CULLER_API_CALLS
+
+
+def test_kubeflow_culler_role_is_bound_where_it_culls(rendered_objects):
+    """Every namespace: a ClusterRoleBinding; listed namespaces: a RoleBinding in each, to its
+    own ServiceAccount (or the one named)."""
+    objs = rendered_objects["kubeflow"]
+    role = one(objs, "ClusterRole", "kubeflow-culler")
+    assert _rules(role) == KUBEFLOW_CULLER_API_CALLS
+    account = one(objs, "ServiceAccount", "kubeflow-culler")["metadata"]["name"]
+    pod = one(objs, "Deployment", "kubeflow-culler")["spec"]["template"]["spec"]
+    assert pod["serviceAccountName"] == account
+    subject = {"kind": "ServiceAccount", "name": account, "namespace": NAMESPACE}
+    binding = one(objs, "ClusterRoleBinding", "kubeflow-culler")
+    assert binding["roleRef"]["name"] == role["metadata"]["name"]
+    assert binding["subjects"] == [subject]
+    assert not by_kind(objs, "RoleBinding")
+
+    objs = rendered_objects["all-on"]
+    role = one(objs, "ClusterRole", "kubeflow-culler")
+    bindings = by_kind(objs, "RoleBinding")
+    assert {b["metadata"]["namespace"] for b in bindings} == {"team-a", "team-b"}
+    for b in bindings:
+        assert b["roleRef"] == {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole",
+                                "name": role["metadata"]["name"]}  # fmt: skip
+        assert b["subjects"] == [subject]
+    cluster_bindings = by_kind(objs, "ClusterRoleBinding")
+    assert all(b["roleRef"]["name"] != role["metadata"]["name"] for b in cluster_bindings)
+    sa = one(objs, "ServiceAccount", "kubeflow-culler")
+    assert sa["metadata"]["annotations"] == {"example.org/owner": "platform"}
+
+    objs = objects(
+        render(
+            {
+                "kubeflowCuller": {
+                    "enabled": True,
+                    "serviceAccount": {"create": False, "name": "culler"},
+                }
+            }
+        )
+    )
+    assert "kubeflow-culler" not in {
+        o["metadata"]["labels"]["app.kubernetes.io/component"]
+        for o in by_kind(objs, "ServiceAccount")
+    }
+    binding = one(objs, "ClusterRoleBinding", "kubeflow-culler")
+    assert binding["subjects"][0]["name"] == "culler"
+    pod = one(objs, "Deployment", "kubeflow-culler")["spec"]["template"]["spec"]
+    assert pod["serviceAccountName"] == "culler"
+    no_rbac = objects(render({"rbac": {"create": False}, "kubeflowCuller": {"enabled": True}}))
+    assert not by_kind(no_rbac, "ClusterRole") and not by_kind(no_rbac, "ClusterRoleBinding")
 
 
 # ------------------------------------------------------------------ webhook and certificates
@@ -850,7 +1147,11 @@ def test_cert_manager_issues_the_certificate_and_injects_the_ca(rendered_objects
 
 def test_monitors_scrape_the_metrics_ports(rendered_objects):
     objs = rendered_objects["all-on"]
-    for component, port in (("culler", "metrics"), ("webhook", "https")):
+    for component, port in (
+        ("culler", "metrics"),
+        ("webhook", "https"),
+        ("kubeflow-culler", "metrics"),
+    ):
         svc = one(objs, "Service", component)
         assert port in {p["name"] for p in svc["spec"]["ports"]}
         monitor = one(objs, "ServiceMonitor", component)
@@ -896,6 +1197,24 @@ def test_network_policies_cover_every_workload_and_allow_what_it_needs(rendered_
                 "singleuser-server"
             )
             assert 443 not in egress_ports
+        if component == "kubeflow-culler":
+            assert {443, 9090, 8888} <= egress_ports  # the API, Prometheus, notebooks' /api/status
+            assert 8081 not in egress_ports  # it has nothing to do with a hub
+            assert "hub.jupyter.org/network-access-hub" not in labels
+
+
+def test_kubeflow_culler_egress_follows_its_sources():
+    """No Prometheus and no status URLs: its NetworkPolicy lets it reach DNS and the API only."""
+    objs = objects(render({"kubeflowCuller": {"enabled": True, "statusUrl": ""}}))
+    policy = one(objs, "NetworkPolicy", "kubeflow-culler")
+    egress_ports = {p["port"] for rule in policy["spec"]["egress"] for p in rule["ports"]}
+    assert egress_ports == {53, 443, 6443}
+    # the default status URL goes through the notebook's Service to its pod's port 8888
+    objs = objects(render({"kubeflowCuller": {"enabled": True}}))
+    rule = one(objs, "NetworkPolicy", "kubeflow-culler")["spec"]["egress"][-1]
+    assert rule["ports"] == [{"port": 8888, "protocol": "TCP"}]
+    selector = rule["to"][0]["namespaceSelector"]["matchLabels"]
+    assert selector == {"app.kubernetes.io/part-of": "kubeflow-profile"}
 
 
 # ------------------------------------------------------------------ Kubeflow objects

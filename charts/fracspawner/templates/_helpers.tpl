@@ -68,8 +68,10 @@ labels:
 {{- end }}
 {{- end }}
 
+{{/* (dict "root" $ "component" "webhook"), plus "valuesKey" "kubeflowCuller" where the values key
+differs from the component's name */}}
 {{- define "fracspawner.serviceAccountName" -}}
-{{- $sa := index .root.Values .component "serviceAccount" }}
+{{- $sa := index .root.Values (default .component .valuesKey) "serviceAccount" }}
 {{- if $sa.create }}
 {{- default (include "fracspawner.componentName" .) $sa.name }}
 {{- else }}
