@@ -405,3 +405,96 @@ def test_a_failed_meter_build_fails_the_wheel(sdist, tmp_path):
     assert result.returncode != 0
     assert "npm: registry unreachable (test)" in result.stdout + result.stderr
     assert not list(out.glob("*.whl"))
+
+
+# ------------------------------------------------------------------- each command's extra
+#: a command's module (or the hook JupyterHub/jupyter-server loads) -> the extra that must carry
+#: every third-party package it imports, also lazily inside functions
+COMMAND_EXTRAS = {
+    "fracspawner.hub.spawner": "hub",
+    "fracspawner.hub.service": "hub",
+    "fracspawner.cli.capacity": "hub",
+    "fracspawner.culler.__main__": "culler",
+    "fracspawner.culler.kubeflow": "culler",
+    "fracspawner.kubeflow.webhook": "webhook",
+    "fracspawner.serverext": "notebook",
+}
+
+
+def _guarded(tree: ast.AST) -> set[int]:
+    """Line numbers of imports inside `try: ... except ImportError` (optional on purpose)."""
+    lines: set[int] = set()
+    for node in ast.walk(tree):
+        if not isinstance(node, ast.Try):
+            continue
+        names = {
+            n.id
+            for h in node.handlers
+            for n in ast.walk(h.type or ast.Name("BaseException"))
+            if isinstance(n, ast.Name)
+        }
+        if names & {"ImportError", "ModuleNotFoundError", "Exception", "BaseException"}:
+            lines |= {n.lineno for s in node.body for n in ast.walk(s) if hasattr(n, "lineno")}
+    return lines
+
+
+def _third_party(start: str, graph: dict[str, set[str]], modules: dict[str, Path]) -> set[str]:
+    """Top-level third-party modules `start` imports, through our own modules, unguarded."""
+    seen, todo, found = set(), [start], set()
+    while todo:
+        name = todo.pop()
+        if name in seen or name not in modules:
+            continue
+        seen.add(name)
+        todo += [m for m in graph[name] if m in modules]
+        tree = ast.parse(modules[name].read_text())
+        guarded = _guarded(tree)
+        for node in _runtime_imports(tree):
+            if node.lineno in guarded or getattr(node, "level", 0):
+                continue
+            names = [a.name for a in node.names] if isinstance(node, ast.Import) else [node.module]
+            found |= {n.split(".")[0] for n in names if n}
+    return found - set(sys.stdlib_module_names) - set(ROOTS)
+
+
+def _closure(extra: str) -> set[str]:
+    """Distributions `fracspawner[extra]` installs: its pyproject lists, then what those
+    require (from the installed metadata)."""
+    from importlib.metadata import PackageNotFoundError, requires
+
+    import tomllib
+    from packaging.requirements import Requirement
+
+    def norm(name: str) -> str:
+        return re.sub(r"[-_.]+", "-", name).lower()
+
+    project = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]
+    todo = [Requirement(r) for r in project["dependencies"]]
+    todo += [Requirement(r) for r in project["optional-dependencies"][extra]]
+    found: set[str] = set()
+    while todo:
+        req = todo.pop()
+        if norm(req.name) in found or req.marker and not req.marker.evaluate({"extra": ""}):
+            continue
+        found.add(norm(req.name))
+        try:
+            todo += [Requirement(r) for r in requires(req.name) or []]
+        except PackageNotFoundError:
+            pass
+    return found
+
+
+@pytest.mark.parametrize(("module", "extra"), sorted(COMMAND_EXTRAS.items()))
+def test_each_command_s_extra_carries_what_it_imports(module, extra, graph):
+    """`pip install fracspawner[culler]` must run `fracspawner culler kubeflow`: a package
+    imported only inside a function (kubernetes_asyncio there) fails at run time, not at start."""
+    from importlib.metadata import packages_distributions
+
+    providers = packages_distributions()
+    closure = _closure(extra)
+    missing = {
+        top: providers.get(top, [top])
+        for top in _third_party(module, graph, _modules())
+        if not {re.sub(r"[-_.]+", "-", d).lower() for d in providers.get(top, [top])} & closure
+    }
+    assert not missing, f"{module} imports {sorted(missing)}, not in fracspawner[{extra}]"
