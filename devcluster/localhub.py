@@ -98,7 +98,7 @@ c.JupyterHub.services = [
         ],
         "environment": {{"KUBECONFIG": {kubeconfig!r}}},
         "oauth_no_confirm": True,
-        "oauth_client_allowed_scopes": ["read:users:groups!user"],
+        "oauth_client_allowed_scopes": ["read:users:groups!user", "read:servers!user"],
     }},
 ]
 c.JupyterHub.load_roles = [

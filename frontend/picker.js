@@ -318,6 +318,30 @@
   }
 
   // ---- live refresh ------------------------------------------------------------------
+  // What the user's servers hold can be unknown to the service (no usable pod watch and no
+  // answer from the hub): it then sends used_gpu null. The picker keeps the last known numbers
+  // (the page's, or a refresh that knew), says since when, and never shows a made-up 0.
+  const quotaLine = document.getElementById("fs-quota");
+  const quotaAsOf = el("span", { class: "fs-quota-asof small", hidden: true });
+  if (quotaLine) quotaLine.appendChild(quotaAsOf);
+  let quotaKnownAt = "page load";
+
+  function usageKnown(quota) {
+    return !!quota && quota.used_gpu !== null && quota.used_gpu !== undefined;
+  }
+
+  // sizes the last known quota ruled out stay ruled out, in the same words as the quota line
+  // kept with them, while the service cannot tell usage (a new reason of access rules wins)
+  function keepQuotaLimits(pools) {
+    return pools.map((pool) => Object.assign({}, pool, {
+      offers: pool.offers.map((offer) => {
+        const old = offersFor(offer.spec).find((o) => o.pool.name === pool.name);
+        if (!old || !old.offer.over_quota || (!offer.allowed && !offer.over_quota)) return offer;
+        return Object.assign({}, offer, { allowed: false, reason: old.offer.reason, over_quota: true, waits: false });
+      }),
+    }));
+  }
+
   function applyModel(next) {
     const announce = [];
     const spec = selectedGpu();
@@ -334,12 +358,22 @@
         }
       }
     }
-    model = Object.assign({}, model, { pools: next.pools, quota: next.quota });
+    const known = usageKnown(next.quota);
+    const keep = !known && usageKnown(model.quota);
+    model = Object.assign({}, model, {
+      pools: keep ? keepQuotaLimits(next.pools) : next.pools,
+      quota: keep ? model.quota : next.quota,
+    });
     // the quota line shows the API's numbers of this moment, in the same words
     const used = root.querySelector(".fs-quota-used");
     const left = root.querySelector(".fs-quota-left");
-    if (used && next.quota && next.quota.used_text) used.textContent = next.quota.used_text;
-    if (left && next.quota && next.quota.remaining_text) left.textContent = next.quota.remaining_text;
+    if (known) {
+      if (used && next.quota.used_text) used.textContent = next.quota.used_text;
+      if (left && next.quota.remaining_text) left.textContent = next.quota.remaining_text;
+      quotaKnownAt = new Date().toLocaleTimeString();
+    }
+    quotaAsOf.hidden = !keep || model.quota.max_gpu === null || model.quota.max_gpu === undefined;
+    quotaAsOf.textContent = ` As of ${quotaKnownAt}; the hub checks your quota again when you press Start.`;
     if (announce.length) live.textContent = `Availability changed. ${announce.join(". ")}.`;
   }
 

@@ -29,8 +29,10 @@ from ..backends.fit import OfferCapacity
 from ..k8s.index import ASSIGNED_NODE_ANNOTATION
 from ..k8s.objects import annotations, bound_node, is_active, meta
 from ..model.access import EPSILON
-from ..model.catalog import AccessRule, Catalog
-from ..model.errors import OptionsError
+from ..model.catalog import AccessRule, Catalog, Pool
+from ..model.errors import OptionsError, SliceError
+from ..model.slices import parse_slice
+from .options import offer_for
 
 __all__ = [
     "Admissions",
@@ -40,9 +42,12 @@ __all__ = [
     "check_usage_known",
     "counted",
     "hold_for",
+    "options_gpu_equivalent",
     "pod_gpu_equivalent",
+    "server_holdings",
     "units_blocked",
     "user_usage",
+    "watch_usable",
 ]
 
 #: the key under which a server's hold is kept in its JupyterHub state (Spawner.get_state)
@@ -158,6 +163,66 @@ def user_usage(
         attributed = sum(watch.get(s, 0.0) for s in hub)
         total += max(watch_total - attributed, 0.0)
     return Usage(total, tuple(unknown))
+
+
+def options_gpu_equivalent(
+    catalog: Catalog, options: Any, may_use: Iterable[Pool] | None = None
+) -> float | None:
+    """GPU-equivalents a server's `user_options` stand for under `catalog`, or None when they
+    cannot tell: not a slice, a pool the catalog lacks or that does not offer it, or no pool
+    ("any pool": one of `may_use`, the user's pools, else any) and pools that count the size
+    differently (1/4 is 1/4 of an H100 but a MIG 2g.20gb on an A100)."""
+    if not isinstance(options, Mapping):
+        return None
+    try:
+        requested = parse_slice(options.get("gpu"), step=catalog.fraction_step)
+    except SliceError:
+        return None
+    if requested.kind == "none":
+        return 0.0
+    name = options.get("pool")
+    if name is not None and not isinstance(name, str):
+        return None
+    name = (name or "").strip()
+    if name and name not in catalog.pools:
+        return None
+    if name:
+        pools = [catalog.pools[name]]
+    else:
+        pools = list(catalog.pools.values() if may_use is None else may_use)
+    amounts = set()
+    for pool in pools:
+        offer = offer_for(pool, requested)
+        if offer is not None:
+            amounts.add(round(plan_slice(offer, pool, None).gpu_equivalent, 9))
+        elif name:
+            return None
+    return amounts.pop() if len(amounts) == 1 else None
+
+
+def server_holdings(
+    catalog: Catalog, servers: Mapping[str, Any], may_use: Iterable[Pool] | None = None
+) -> dict[str, float | None]:
+    """`user_usage`'s `hub` from the hub REST API's server models (a user model's `servers`):
+    each server that is not stopped -> what its `user_options` stand for (None: unknown)."""
+    may_use = None if may_use is None else list(may_use)
+    out: dict[str, float | None] = {}
+    for name, server in servers.items():
+        if not isinstance(server, Mapping):
+            out[str(name)] = None
+        elif not server.get("stopped"):
+            out[str(name)] = options_gpu_equivalent(catalog, server.get("user_options"), may_use)
+    return out
+
+
+def watch_usable(capacity: Any) -> bool:
+    """Whether the pod watch can be believed about usage: it has listed the cluster (a
+    watch that never started, or was forbidden, has seen no node) and is not marked stale."""
+    return (
+        capacity is not None
+        and getattr(capacity, "nodes_seen", 0) > 0
+        and not getattr(capacity, "stale", False)
+    )
 
 
 def _server_words(names: Iterable[str]) -> str:

@@ -156,7 +156,7 @@ def build_offer_model(
     catalog: Catalog,
     *,
     rule: AccessRule,
-    used_gpu: float,
+    used_gpu: float | None,
     capacity: Any = None,
     admin: bool = False,
     previous: Mapping[str, Any] | None = None,
@@ -169,12 +169,16 @@ def build_offer_model(
     marked `stale` with `stale_seconds`; a count of 0 from it does not disable an offer.
     With `full_waits` (`c.FracSpawner.admission = "wait"`) a full offer stays takeable, marked
     `waits`: its pod will wait in the queue for a slot instead of being refused.
+    `used_gpu=None`: what the user's servers hold is not known here (the service without a
+    usable pod watch or hub answer): no used or remaining amount is claimed, only sizes over
+    the whole quota are ruled out (`over_quota`), and the hub checks the rest at Start.
     """
     stale = stale or bool(getattr(capacity, "stale", False))
     stale_seconds = round(getattr(capacity, "age_seconds", 0) or 0) if stale else None
     may_use = {p.name for p in allowed_pools(catalog, rule, admin=admin)}
     limit = None if admin else rule.max_gpu
-    remaining = None if limit is None else max(limit - used_gpu, 0.0)
+    known = used_gpu is not None
+    remaining = None if limit is None or used_gpu is None else max(limit - used_gpu, 0.0)
     pools: list[dict[str, Any]] = []
     modes: list[str] = []
     for pool in catalog.pools.values():
@@ -186,12 +190,15 @@ def build_offer_model(
             free = counts.free if counts else None
             total = counts.total if counts else None
             reason = None
+            room = remaining if known else limit
+            over_quota = room is not None and plan.gpu_equivalent > room + _EPSILON
             if not pool_allowed:
                 reason = "Your access rules do not include this pool."
-            elif remaining is not None and plan.gpu_equivalent > remaining + _EPSILON:
-                reason = (
-                    f"Needs {gpu_amount(plan.gpu_equivalent)}; "
-                    f"your quota has {gpu_amount(remaining)} left."
+            elif over_quota:
+                reason = f"Needs {gpu_amount(plan.gpu_equivalent)}; " + (
+                    f"your quota has {gpu_amount(room)} left."
+                    if known
+                    else f"your quota is {gpu_amount(room)}."
                 )
             elif free == 0 and not stale and not full_waits:  # a frozen 0 is unknown
                 reason = "None free right now."
@@ -211,6 +218,8 @@ def build_offer_model(
                     "note": counts.note if counts else "",
                     "allowed": reason is None,
                     "reason": reason,
+                    # ruled out by the quota (a refresh that cannot tell usage keeps it so)
+                    "over_quota": pool_allowed and over_quota,
                     # takeable although none is free now: the pod queues for a slot
                     "waits": reason is None and free == 0 and full_waits,
                     "summary": summary(offer, pool, plan.memory_mib, plan.enforced),
@@ -236,10 +245,11 @@ def build_offer_model(
     return {
         "quota": {
             "max_gpu": limit,
-            "used_gpu": round(used_gpu, 6),
+            # None: not known here (never a made-up 0)
+            "used_gpu": round(used_gpu, 6) if used_gpu is not None else None,
             "remaining_gpu": None if remaining is None else round(remaining, 6),
             # the same numbers in the units people think in ("1/8 GPU", "1 6/7 GPUs")
-            "used_text": gpu_share(used_gpu),
+            "used_text": gpu_share(used_gpu) if used_gpu is not None else "unknown",
             "max_text": None if limit is None else gpu_amount(limit),
             "remaining_text": None if remaining is None else gpu_amount(remaining),
         },

@@ -4,6 +4,12 @@
 model the spawn form is rendered from): pools they may use, free/total counts from the node
 and pod watches, their remaining quota. Authentication is JupyterHub's HubOAuth, so a user only
 ever sees their own rules and usage.
+
+What the user's servers hold comes from the pod watch while it can be believed; without it
+(`--no-live-capacity`, a stale or never-listed watch) from the hub's REST API, asked with the
+user's own OAuth token (`read:servers!user` among the service's
+`oauth_client_allowed_scopes`: the server models with their `user_options`). When neither can
+tell, the model says unknown, never 0 in use.
 """
 
 from __future__ import annotations
@@ -13,6 +19,7 @@ import asyncio
 import json
 import os
 import sys
+from collections.abc import Mapping
 from typing import Any
 
 from jupyterhub.services.auth import HubOAuthCallbackHandler, HubOAuthenticated
@@ -22,8 +29,10 @@ from tornado.httpserver import HTTPServer
 from tornado.log import app_log, enable_pretty_logging
 
 from ..backends import load_catalog
+from ..choice.admission import server_holdings, user_usage, watch_usable
 from ..choice.offers import build_offer_model
-from ..model.catalog import Catalog
+from ..model.access import allowed_pools
+from ..model.catalog import Catalog, Pool
 from .form import render_service_page
 
 
@@ -49,14 +58,19 @@ class OffersHandler(HubOAuthenticated, web.RequestHandler):
         name = user["name"]
         groups = user.get("groups") or []
         capacity = None
-        used = 0.0
+        used: float | None = None
         if self.watcher is not None:
             await self.watcher.start()
             capacity = self.watcher.snapshot()
-            used = self.watcher.usage_by_user().get(name, 0.0)
+            if watch_usable(capacity):
+                used = self.watcher.usage_by_user().get(name, 0.0)
+        rule = self.catalog.rule_for(name, groups)
+        if used is None:
+            may_use = allowed_pools(self.catalog, rule, admin=bool(user.get("admin")))
+            used = await self.hub_usage(name, may_use)
         model = build_offer_model(
             self.catalog,
-            rule=self.catalog.rule_for(name, groups),
+            rule=rule,
             used_gpu=used,
             capacity=capacity,
             admin=bool(user.get("admin")),
@@ -64,6 +78,29 @@ class OffersHandler(HubOAuthenticated, web.RequestHandler):
             full_waits=self.get_argument("admission", "refuse") == "wait",
         )
         return model
+
+    async def hub_usage(self, name: str, may_use: list[Pool]) -> float | None:
+        """What the user's active servers hold, from their `user_options` in the hub's server
+        models (asked afresh: HubOAuth caches the user model for minutes); None when the token
+        may not read servers, the hub does not answer, or a server's options do not tell."""
+        if "servers" not in self.current_user:  # the token may not read servers: don't ask
+            return None
+        token = self.hub_auth.get_token(self)
+        if not token:
+            return None
+        try:
+            fresh = await self.hub_auth.user_for_token(token, use_cache=False, sync=False)
+        except Exception as exc:  # unknown, not 0: the page still works
+            app_log.warning("fracspawner service: no server list from the hub: %s", exc)
+            return None
+        if not isinstance(fresh, Mapping) or fresh.get("name") != name:
+            return None
+        servers = fresh.get("servers")
+        if not isinstance(servers, Mapping):  # a token without read:servers!user
+            return None
+        # a server started on "any pool" was placed on one of the user's pools
+        usage = user_usage(server_holdings(self.catalog, servers, may_use))
+        return usage.gpu if usage.known else None
 
 
 class PoolsPageHandler(OffersHandler):
