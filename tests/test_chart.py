@@ -103,6 +103,7 @@ SCENARIOS: dict[str, dict[str, Any]] = {
     # a Kubeflow platform's install: no JupyterHub parts
     "kubeflow": {
         "catalog": DEMO_CATALOG,
+        "jupyterhub": {"enabled": False},
         "service": {"enabled": False},
         "culler": {"enabled": False},
         "webhook": {"enabled": True},
@@ -167,6 +168,27 @@ def test_scenarios_render_what_they_switch_on(rendered_objects):
     assert names == {f"{RELEASE}-{c}" for c in ("service", "culler", "webhook", "kubeflow-culler")}
     kubeflow = {o["metadata"]["name"] for o in by_kind(rendered_objects["kubeflow"], "Deployment")}
     assert kubeflow == {f"{RELEASE}-webhook", f"{RELEASE}-kubeflow-culler"}
+
+
+def test_a_kubeflow_only_install_grants_z2jh_nothing_and_prints_no_z2jh_snippet(
+    rendered, rendered_objects
+):
+    """Without a JupyterHub release nothing is bound to its hub ServiceAccount (no capacity
+    watch rights for a `hub` account someone may create later) and NOTES does not ask for a
+    z2jh upgrade."""
+    subjects = [
+        s
+        for o in by_kind(rendered_objects["kubeflow"], "ClusterRoleBinding")
+        for s in o["subjects"]
+    ]
+    assert subjects and "hub" not in {s["name"] for s in subjects}
+    assert not [
+        o for o in rendered_objects["kubeflow"] if o["metadata"]["name"].endswith("-capacity")
+    ]
+    notes = rendered["kubeflow"]["fracspawner/templates/NOTES.txt"]
+    assert "Zero to JupyterHub" not in notes and "The Kubeflow culler stops" in notes
+    defaults = rendered["defaults"]["fracspawner/templates/NOTES.txt"]
+    assert "Now add this to your Zero to JupyterHub config" in defaults
 
 
 @pytest.mark.parametrize("scenario", ["defaults", "all-on", "cert-manager", "kubeflow"])
@@ -241,6 +263,8 @@ def test_values_schema_covers_every_value_and_refuses_unknown_keys():
         ({"kubeflowCuller": {"namespaces": ["Team_A"]}}, "/kubeflowCuller/namespaces/0"),
         ({"kubeflowCuller": {"statusUrl": "{name}:8888"}}, "/kubeflowCuller/statusUrl"),
         ({"kubeflowCuller": {"namespace": ["a"]}}, "additional properties 'namespace' not allowed"),
+        # the service and the hub culler are JupyterHub services: not without a hub
+        ({"jupyterhub": {"enabled": False}}, "/service/enabled': value must be false"),
         # the catalog is checked by the product's own catalog schema
         ({"catalog": {"pools": {}, "images": {}, "acess": {}}}, "'acess' not allowed"),
         (
