@@ -19,6 +19,7 @@ run on the same machine.
 `benchmarks/results/scale.json` holds exactly the headline figures (outside checks read them);
 `benchmarks/results/scale_details.json` everything else (p50/p99/max, counts, N, the machine).
 `python -m benchmarks.bench_scale` runs it alone; FRACSPAWNER_BENCH_STORM_N sets N.
+`python -m benchmarks.bench_scale spawn-cpu [ROUNDS]` runs only measure 4 (printed, no file).
 """
 
 from __future__ import annotations
@@ -331,6 +332,45 @@ async def _spawn_cpu(frac: Any, catalog: dict, cluster: Any) -> dict[str, Any]:
     }
 
 
+async def _spawn_cpu_alone(cluster: Any, catalog: dict, rounds: int) -> list[dict[str, Any]]:
+    """The spawn-CPU measure by itself, `rounds` times, on the same cluster and with the
+    watches started as in the full run (its first render starts them)."""
+    import yaml
+    from traitlets.config import Config
+
+    from fracspawner.cli.plan import use_kubeconfig
+    from fracspawner.hub.spawner import FracSpawner
+
+    catalog_file = Path(cluster.kubeconfig).parent / "catalog.yaml"
+    catalog_file.write_text(yaml.safe_dump(catalog))
+    cfg = Config()
+    cfg.FracSpawner.catalog_file = str(catalog_file)
+    with use_kubeconfig(cluster.kubeconfig):
+        frac = FracSpawner(_mock=True, config=cfg, user=HubUser("alice"))
+    await frac._render_options_form_async(frac)
+    watcher = frac._capacity_watcher()
+    await asyncio.sleep(2)  # let the initial lists settle
+    out = []
+    try:
+        for _ in range(rounds):
+            out.append(await _spawn_cpu(frac, catalog, cluster))
+            print(json.dumps(out[-1]), flush=True)
+    finally:
+        await watcher.stop()
+    return out
+
+
+def spawn_cpu_only(rounds: int = 1) -> list[dict[str, Any]]:
+    """`python -m benchmarks.bench_scale spawn-cpu [ROUNDS]`: measure 4 alone, ROUNDS times on
+    one cluster; prints each round's result and writes no file."""
+    from devcluster.testing import devcluster_process
+
+    topology, catalog = large_topology(), _catalog()
+    with tempfile.TemporaryDirectory() as tmp:
+        with devcluster_process(topology, Path(tmp), timeout=600) as cluster:
+            return asyncio.run(_spawn_cpu_alone(cluster, catalog, rounds))
+
+
 def _async(fn: Any) -> Any:
     async def call() -> Any:
         return fn()
@@ -635,6 +675,8 @@ def run(results_dir: Path) -> dict[str, Any]:
 if __name__ == "__main__":
     if sys.argv[1:2] == ["memory"]:
         print(json.dumps(asyncio.run(_held_memory(sys.argv[2], sys.argv[3]))))
+    elif sys.argv[1:2] == ["spawn-cpu"]:
+        spawn_cpu_only(int(sys.argv[2]) if len(sys.argv) > 2 else 1)
     else:
         from .__main__ import main
 

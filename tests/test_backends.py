@@ -493,6 +493,25 @@ def test_pool_options_set_the_scheduler_and_tolerations_are_kept():
     assert [dict(t) for t in plan.tolerations] == [toleration]
 
 
+def test_a_plan_is_shared_read_only_and_a_changed_pool_gets_its_own():
+    """plan_slice is memoized: equal slice, pool and image give the same plan, which nobody
+    can change in place; a pool whose settings differ (a reloaded catalog) gets its own."""
+    toleration = {"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}
+    pool = make_pool("hami", "A100-80GB", ["1/2"], tolerations=[toleration])
+    plan = plan_slice(parse_slice("1/2"), pool, IMAGE)
+    assert plan_slice(parse_slice("0.5"), pool, IMAGE) is plan
+    none = plan_slice(parse_slice("none"), None, IMAGE)
+    mappings = [plan.limits, plan.labels, plan.annotations, plan.env, plan.node_selector]
+    mappings += [plan.extra_pod_config, *plan.tolerations, none.env, none.labels]
+    for mapping in mappings:
+        with pytest.raises(TypeError):
+            mapping["example.org/x"] = "y"  # type: ignore[index]
+
+    reloaded = make_pool("hami", "A100-80GB", ["1/2"], node_selector={"zone": "b"})
+    assert plan_slice(parse_slice("1/2"), reloaded, IMAGE).node_selector["zone"] == "b"
+    assert "zone" not in plan.node_selector and plan.tolerations
+
+
 # ---------------------------------------------------------------------------------- checks
 @pytest.mark.parametrize(
     ("backend", "gpu", "extra", "offer", "message"),

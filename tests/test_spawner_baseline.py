@@ -40,6 +40,10 @@ def env(pod) -> dict[str, str]:
     return {e.name: e.value for e in pod.spec.containers[0].env}
 
 
+def fracspawner_keys(mapping: dict[str, str]) -> dict[str, str]:
+    return {k: v for k, v in mapping.items() if k.startswith("fracspawner.io/")}
+
+
 def gpu_limits(pod) -> dict[str, str]:
     limits = pod.spec.containers[0].resources.limits or {}
     return {k: v for k, v in limits.items() if k not in ("cpu", "memory")}
@@ -158,3 +162,32 @@ async def test_a_profile_namespace_stays_with_its_spawn_across_a_restart():
     stop(again)
     await begin_spawn(again, {"profile": "default", "gpu": "none"})
     assert again.namespace == "jhub"
+
+
+async def test_changing_one_spawn_in_place_leaves_other_spawns_of_that_offer_alone():
+    """Spawns of one offer share its plan (plan_slice is memoized): changing in place what a
+    spawn's traits hold after its plan was applied changes that spawn only, not the next
+    user's pod nor this server's next spawn."""
+    hub = HubUsers()
+    options = {"gpu": "1/4", "pool": "h100"}
+    ana, ben = hub.spawner(hub.user("ana")), hub.spawner(hub.user("ben"))
+
+    def facts(pod) -> tuple:
+        return (
+            fracspawner_keys(pod.metadata.labels),
+            fracspawner_keys(pod.metadata.annotations),
+            dict(pod.spec.node_selector),
+            gpu_limits(pod),
+            {k: v for k, v in env(pod).items() if k.startswith("FRACSPAWNER_GPU")},
+        )
+
+    planned = facts(await begin_spawn(ana, options))
+    assert planned[2] == {"gpu": "on"} and planned[3]["nvidia.com/gpu"] == "1"
+    for trait in ("extra_labels", "extra_annotations", "node_selector", "environment"):
+        for key in getattr(ana, trait):
+            getattr(ana, trait)[key] = "changed"
+    ana.extra_resource_limits["nvidia.com/gpu"] = "8"
+
+    assert facts(await begin_spawn(ben, options)) == planned
+    stop(ana)
+    assert facts(await begin_spawn(ana, options)) == planned

@@ -11,7 +11,7 @@ from __future__ import annotations
 import importlib
 import os
 from collections.abc import Mapping
-from functools import cache
+from functools import cache, lru_cache
 from importlib.metadata import entry_points
 from types import MappingProxyType
 from typing import Any
@@ -235,10 +235,37 @@ def plan_slice(s: Slice, pool: Pool | None, image: Image | None) -> PodPlan:
     where the backend does not isolate memory + the pool's node selector and tolerations +
     the image. Slice("none"): no GPU anything (just the image). Raises SliceError when the
     pool does not offer `s` (after MIG resolution) or its backend cannot serve it.
+
+    Memoized on the values of its arguments (every spawn, form render and admission check
+    asks for the same few plans): a PodPlan is frozen and its mappings are read-only views,
+    so one cached plan can be shared; a pool whose settings change (another catalog) is a
+    different key, and errors are not cached.
     """
+    try:
+        return _plan_slice_cached(s, pool, image)
+    except TypeError:  # unhashable arguments (a hand-built Pool with a list): uncached
+        return _plan_slice(s, pool, image)
+
+
+#: distinct (slice, pool, image) a hub plans for: a few per offer; bounded all the same
+_PLAN_CACHE_SIZE = 1024
+
+
+def _plan_slice(s: Slice, pool: Pool | None, image: Image | None) -> PodPlan:
     image_ref = image.image if image is not None else None
     if s.kind == "none":
-        return PodPlan(image=image_ref)
+        empty: Mapping[str, Any] = MappingProxyType({})
+        return PodPlan(
+            limits=empty,
+            requests=empty,
+            labels=empty,
+            annotations=empty,
+            env=empty,
+            node_selector=empty,
+            image=image_ref,
+            extra_pod_config=empty,
+            extra_container_config=empty,
+        )
     if pool is None:
         raise SliceError(f"{s}: a GPU slice needs a pool")
     backend = get_backend(pool.backend)
@@ -271,7 +298,9 @@ def plan_slice(s: Slice, pool: Pool | None, image: Image | None) -> PodPlan:
         env=MappingProxyType(env),
         # the backend's selector wins over the pool's: it names the devices the keys need
         node_selector=MappingProxyType({**pool.node_selector, **plan.node_selector}),
-        tolerations=tuple(pool.tolerations) + tuple(plan.tolerations),
+        # read-only, like every mapping here: the plan is cached and shared (plan_slice)
+        tolerations=tuple(pool.tolerations)
+        + tuple(MappingProxyType(dict(t)) for t in plan.tolerations),
         scheduler_name=scheduler or plan.scheduler_name,
         image=plan.image or image_ref,
         extra_pod_config=MappingProxyType(dict(plan.extra_pod_config)),
@@ -281,3 +310,6 @@ def plan_slice(s: Slice, pool: Pool | None, image: Image | None) -> PodPlan:
         notes=notes + tuple(plan.notes),
         enforced=enforced,
     )
+
+
+_plan_slice_cached = lru_cache(maxsize=_PLAN_CACHE_SIZE)(_plan_slice)

@@ -43,6 +43,11 @@ from .form import render_form
 from .progress import human_step, progress_event
 from .refusal import refused
 
+#: a trait value traitlets has not stored (a dynamic default not computed yet)
+_MISSING = object()
+#: values copy.deepcopy would return as they are
+_ATOMIC = frozenset({str, int, float, bool, type(None), bytes})
+
 # Traits the baseline snapshot never restores: they are state, not configuration.
 _NOT_BASELINE = frozenset(
     {"config", "parent", "log", "user_options", "options_form", "options_from_form"}
@@ -138,11 +143,19 @@ class FracSpawner(KubeSpawner):
         return values
 
     def _restore_baseline(self) -> None:
-        """Reset every configurable trait to its configured value (the kubespawner#546 fix)."""
+        """Reset every configurable trait to its configured value (the kubespawner#546 fix).
+
+        Every trait is compared on every spawn (an in-place change by a hook, which traitlets
+        does not notify, is found too), but read from traitlets' value store: the ~120
+        descriptor reads were most of this. Only traits that differ are set, to a copy.
+        """
+        values = self.__dict__.get("_trait_values") or {}
         for name, value in self._baseline.items():
-            current = getattr(self, name)
+            current = values.get(name, _MISSING)
+            if current is _MISSING:  # not computed yet (or another traitlets): the descriptor
+                current = getattr(self, name)
             if current is not value and current != value:
-                setattr(self, name, copy.deepcopy(value))
+                setattr(self, name, _fresh_copy(value))
 
     def clear_state(self) -> None:
         """Back to the configured baseline, holding nothing.
@@ -194,7 +207,14 @@ class FracSpawner(KubeSpawner):
             raise CatalogError(
                 "no catalog configured: set c.FracSpawner.catalog_file or c.FracSpawner.catalog"
             )
-        return cached_catalog(source)
+        # a spawn asks several times: the last answer while the source is unchanged (a dict
+        # compared with a copy of itself, ~1 us, where cached_catalog's key repr()s it)
+        memo = self.__dict__.get("_catalog_memo")
+        if memo is not None and type(memo[0]) is type(source) and memo[0] == source:
+            return memo[1]
+        catalog = cached_catalog(source)
+        self._catalog_memo = (copy.deepcopy(source), catalog)
+        return catalog
 
     # ---------------------------------------------------------------- who may take what
     def _groups(self) -> list[str]:
@@ -440,6 +460,8 @@ class FracSpawner(KubeSpawner):
     async def _load_profile_options(self) -> None:
         """kubespawner's profile_list overrides, from the options that are not fracspawner's."""
         kube_options = {k: v for k, v in (self.user_options or {}).items() if k not in OPTION_KEYS}
+        if not kube_options and not self.profile_list:
+            return  # kubespawner would validate nothing and apply nothing
         full_options = self.user_options
         try:
             self.user_options = kube_options
@@ -477,12 +499,17 @@ class FracSpawner(KubeSpawner):
             self.image = plan.image
         elif choice.image is not None:
             self.image = choice.image.image
+        # copies: the plan is shared by every spawn of this offer (plan_slice is memoized),
+        # and a hook may change what it finds on the spawner in place
         if plan.extra_pod_config:
-            self.extra_pod_config = {**self.extra_pod_config, **plan.extra_pod_config}
+            self.extra_pod_config = {
+                **self.extra_pod_config,
+                **copy.deepcopy(dict(plan.extra_pod_config)),
+            }
         if plan.extra_container_config:
             self.extra_container_config = {
                 **self.extra_container_config,
-                **plan.extra_container_config,
+                **copy.deepcopy(dict(plan.extra_container_config)),
             }
 
     # ---------------------------------------------------------------- progress
@@ -522,6 +549,19 @@ class FracSpawner(KubeSpawner):
             words += f": {counts.free} of {counts.total} free" + (" (last known)" if stale else "")
         # what the scheduler lacks ("Insufficient nvidia.com/gpu") stays in the event log
         return words + "; it starts by itself as soon as one frees."
+
+
+def _fresh_copy(value: Any) -> Any:
+    """copy.deepcopy(value), without its machinery for what most traits hold: an atomic value,
+    or a dict or list of atomic values (env, labels, selectors)."""
+    kind = type(value)
+    if kind in _ATOMIC:
+        return value
+    if kind is dict and all(type(k) in _ATOMIC and type(v) in _ATOMIC for k, v in value.items()):
+        return dict(value)
+    if kind is list and all(type(v) in _ATOMIC for v in value):
+        return list(value)
+    return copy.deepcopy(value)
 
 
 def _watch_usable(capacity: Any) -> bool:

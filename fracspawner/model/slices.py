@@ -17,6 +17,7 @@ import math
 import re
 from dataclasses import dataclass
 from fractions import Fraction
+from functools import lru_cache
 from numbers import Real
 
 from .errors import SliceError, quote
@@ -190,6 +191,17 @@ def parse_slice(value: object, *, step: int = 8, max_whole: int = 16) -> Slice:
     if not isinstance(value, str):
         kind = type(value).__name__
         raise SliceError(f"a GPU slice must be text, not {kind}; use {ALLOWED_HELP}")
+    return _parse_text(value, step, max_whole)
+
+
+#: the texts a hub sees are its offers' few spellings; anything else only costs a parse
+_PARSED_TEXTS = 256
+
+
+@lru_cache(maxsize=_PARSED_TEXTS)
+def _parse_text(value: str, step: int, max_whole: int) -> Slice:
+    """parse_slice of a text (every spawn parses its `gpu` option: memoized; a Slice is
+    frozen, and errors are raised again each time, not cached)."""
     text = value.strip()
     if len(text) > _MAX_LEN:
         raise SliceError(f"{_q(text)} is too long; use {ALLOWED_HELP}")
