@@ -72,3 +72,21 @@ def hub(devcluster, tmp_path_factory: pytest.TempPathFactory, request) -> Iterat
         running.stop()
         if request.session.testsfailed:
             print("---- jupyterhub log (tail) ----\n" + running.log()[-6000:])
+
+
+@pytest.fixture(scope="module")
+def browser() -> Iterator:
+    """Debian's chromium under Playwright, one per test module (skips without it)."""
+    from tests.browser_helpers import chromium
+
+    with chromium() as launched:
+        yield launched
+
+
+@pytest.fixture
+def clean_servers(hub, devcluster) -> Iterator:
+    """After the test: stop every server it started, and wait for their pods to go."""
+    yield
+    from tests.browser_helpers import stop_all_servers
+
+    stop_all_servers(hub, devcluster)

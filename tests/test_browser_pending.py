@@ -15,16 +15,15 @@ import pytest
 from devcluster.localhub import http_json
 from tests.browser_helpers import (
     SCREENSHOTS,
-    chromium,
     login,
     new_page,
     open_spawn_form,
-    stop_all_servers,
     wait_for_lab,
 )
 from tests.e2e_helpers import demo_topology_with_t4_jobs, ensure_group
 
-pytestmark = [pytest.mark.e2e, pytest.mark.browser]
+# `browser` and `clean_servers` are tests/conftest.py's
+pytestmark = [pytest.mark.e2e, pytest.mark.browser, pytest.mark.usefixtures("clean_servers")]
 
 # the T4 is full (4 training jobs) and a full pool makes the pod wait instead of a refusal
 TOPOLOGY = demo_topology_with_t4_jobs(4)
@@ -32,18 +31,6 @@ HUB_EXTRA_CONFIG = """
 c.JupyterHub.tornado_settings = {"slow_spawn_timeout": 0}
 c.FracSpawner.admission = "wait"
 """
-
-
-@pytest.fixture(scope="module")
-def browser():
-    with chromium() as launched:
-        yield launched
-
-
-@pytest.fixture(autouse=True)
-def _clean_servers(hub, devcluster):
-    yield
-    stop_all_servers(hub, devcluster)
 
 
 def test_pending_page_names_the_slice(hub, devcluster, browser):

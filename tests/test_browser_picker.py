@@ -17,14 +17,12 @@ import pytest
 from tests.browser_helpers import (
     SCREENSHOTS,
     badge_text,
-    chromium,
     focus_visible,
     free_count,
     login,
     new_page,
     open_spawn_form,
     posted_fields,
-    stop_all_servers,
     tab_to,
     wait_for_lab,
 )
@@ -36,7 +34,8 @@ from tests.e2e_helpers import (
     the_pod,
 )
 
-pytestmark = [pytest.mark.e2e, pytest.mark.browser]
+# `browser` and `clean_servers` are tests/conftest.py's
+pytestmark = [pytest.mark.e2e, pytest.mark.browser, pytest.mark.usefixtures("clean_servers")]
 
 OFFERS_API = "/services/fracspawner/api/offers"
 # Users need `access:services!service=fracspawner` for the picker's live counts (HubOAuth
@@ -49,18 +48,6 @@ if not any(r.get("name") == "user" for r in c.JupyterHub.load_roles):
 """
 # The picker refreshes every 10 s; waits allow two refreshes plus a slow first OAuth round trip.
 REFRESH_WAIT_MS = 30_000
-
-
-@pytest.fixture(scope="module")
-def browser():
-    with chromium() as launched:
-        yield launched
-
-
-@pytest.fixture(autouse=True)
-def _clean_servers(hub, devcluster):
-    yield
-    stop_all_servers(hub, devcluster)
 
 
 def _tab(page, mode: str):

@@ -12,10 +12,11 @@ from __future__ import annotations
 
 import pytest
 
-from tests.browser_helpers import chromium, login, new_page, open_spawn_form, stop_all_servers
+from tests.browser_helpers import login, new_page, open_spawn_form
 from tests.e2e_helpers import spawn
 
-pytestmark = [pytest.mark.e2e, pytest.mark.browser]
+# `browser` and `clean_servers` are tests/conftest.py's
+pytestmark = [pytest.mark.e2e, pytest.mark.browser, pytest.mark.usefixtures("clean_servers")]
 
 HUB_EXTRA_CONFIG = """
 c.FracSpawner.live_capacity = False
@@ -26,18 +27,6 @@ for _service in c.JupyterHub.services:
 """
 REFRESH_WAIT_MS = 30_000  # two picker refreshes (10 s) plus a slow first OAuth round trip
 AS_OF = "As of page load; the hub checks your quota again when you press Start."
-
-
-@pytest.fixture(scope="module")
-def browser():
-    with chromium() as launched:
-        yield launched
-
-
-@pytest.fixture(autouse=True)
-def _clean_servers(hub, devcluster):
-    yield
-    stop_all_servers(hub, devcluster)
 
 
 def _text(page, selector: str) -> str:

@@ -15,16 +15,15 @@ import pytest
 from tests.browser_helpers import (
     SCREENSHOTS,
     badge_text,
-    chromium,
     free_count,
     login,
     new_page,
     open_spawn_form,
-    stop_all_servers,
 )
 from tests.e2e_helpers import demo_topology_with_t4_jobs, ensure_group, server_pods, spawn
 
-pytestmark = [pytest.mark.e2e, pytest.mark.browser]
+# `browser` and `clean_servers` are tests/conftest.py's
+pytestmark = [pytest.mark.e2e, pytest.mark.browser, pytest.mark.usefixtures("clean_servers")]
 
 HUB_EXTRA_CONFIG = """
 if not any(r.get("name") == "user" for r in c.JupyterHub.load_roles):
@@ -34,18 +33,6 @@ if not any(r.get("name") == "user" for r in c.JupyterHub.load_roles):
 """
 TOPOLOGY = demo_topology_with_t4_jobs(3)  # other workloads hold 3 of the 4 T4 quarters
 REFRESH_WAIT_MS = 30_000  # two picker refreshes (10 s) plus a slow first OAuth round trip
-
-
-@pytest.fixture(scope="module")
-def browser():
-    with chromium() as launched:
-        yield launched
-
-
-@pytest.fixture(autouse=True)
-def _clean_servers(hub, devcluster):
-    yield
-    stop_all_servers(hub, devcluster)
 
 
 def _shot(page, name: str) -> None:

@@ -17,16 +17,15 @@ import pytest
 import yaml
 
 from tests.browser_helpers import (
-    chromium,
     login,
     new_page,
-    stop_all_servers,
     wait_for_lab,
 )
 from tests.conftest import DEMO_CATALOG
 from tests.e2e_helpers import pods
 
-pytestmark = [pytest.mark.e2e, pytest.mark.browser]
+# `browser` and `clean_servers` are tests/conftest.py's
+pytestmark = [pytest.mark.e2e, pytest.mark.browser, pytest.mark.usefixtures("clean_servers")]
 
 POOL_NAME = "<script>window.__xss=1</script>GPU"
 POOL_DESCRIPTION = '<img src=x onerror="window.__xss=2;alert(2)">'
@@ -50,18 +49,6 @@ if not any(r.get("name") == "user" for r in c.JupyterHub.load_roles):
         {"name": "user", "scopes": ["self", "access:services!service=fracspawner"]}
     )
 """
-
-
-@pytest.fixture(scope="module")
-def browser():
-    with chromium() as launched:
-        yield launched
-
-
-@pytest.fixture(autouse=True)
-def _clean_servers(hub, devcluster):
-    yield
-    stop_all_servers(hub, devcluster)
 
 
 def _nothing_ran(page) -> None:
