@@ -168,6 +168,68 @@ async def test_profile_list_without_gpu_keys_still_validates_profile():
     assert info.value.status_code == 400 and "no-such-profile" in info.value.log_message
 
 
+IMAGE_OPTION_PROFILE = {
+    "display_name": "Data science",
+    "slug": "datasci",
+    "profile_options": {
+        "image": {
+            "display_name": "Image",
+            "choices": {
+                "minimal": {
+                    "display_name": "Minimal",
+                    "default": True,
+                    "kubespawner_override": {"image": "quay.io/jupyter/minimal-notebook:2025"},
+                },
+                "r": {
+                    "display_name": "R",
+                    "kubespawner_override": {"image": "quay.io/jupyter/r-notebook:2025"},
+                },
+            },
+        }
+    },
+}
+
+
+async def test_a_profile_option_named_image_picks_the_image_when_the_catalog_offers_none():
+    """z2jh's documented profile_list shape (an option called `image`) keeps working where the
+    catalog has no images: the key is the profile's, the GPU slice comes on top."""
+    catalog = yaml.safe_load(DEMO_CATALOG.read_text())
+    del catalog["images"]
+    spawner = _spawner(
+        {
+            "KubeSpawner": {"profile_list": [IMAGE_OPTION_PROFILE]},
+            "FracSpawner": {"catalog": catalog},
+        }
+    )
+    form = await spawner._render_options_form_async(spawner)
+    assert "profile-option-datasci--image" in form and 'name="image"' not in form
+    options = spawner.options_from_form(
+        {"profile": ["datasci"], "profile-option-datasci--image": ["r"], "gpu": ["1/4"]}
+    )
+    assert options == {"profile": "datasci", "image": "r", "gpu": "1/4"}
+    spawner.user_options = {**options, "pool": "h100"}
+    spawner.clear_state()
+    await spawner.load_user_options()
+    pod = await spawner.get_pod_manifest()
+    assert pod.spec.containers[0].image == "quay.io/jupyter/r-notebook:2025"
+    assert pod.metadata.labels["fracspawner.io/pool"] == "h100"
+
+
+async def test_a_profile_option_named_like_fracspawners_keys_is_a_clear_config_error():
+    """With catalog images, `image` is FracSpawner's: a profile option of that name would be
+    read as the catalog image behind the admin's back, so the form and the spawn say why."""
+    from tornado.web import HTTPError
+
+    spawner = _spawner({"KubeSpawner": {"profile_list": [IMAGE_OPTION_PROFILE]}})
+    for step in (spawner._render_options_form_async(spawner), spawner.load_user_options()):
+        spawner.user_options = {"profile": "datasci", "image": "r", "gpu": "none"}
+        with pytest.raises(HTTPError) as info:
+            await step
+        assert info.value.status_code == 500
+        assert "profile 'datasci' has an option named 'image'" in info.value.log_message
+        assert "rename the option" in info.value.log_message
+
+
 def run_plan(*args: str) -> subprocess.CompletedProcess:
     return subprocess.run(
         [sys.executable, "-m", "fracspawner", "plan", *args],

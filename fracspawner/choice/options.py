@@ -100,6 +100,8 @@ def resolve_choice(
     `used_gpu` is what the user's other running servers hold (GPU-equivalents); `capacity`
     is a `fracspawner.capacity.Capacity` snapshot or None (unknown: no admission check).
     `extra_keys` are other accepted keys (kubespawner's profile fields when profile_list is set).
+    An `image` among them belongs to a profile option (a catalog without images leaves the key
+    to profile_list): it is not read as a catalog image.
     """
     if not isinstance(options, Mapping):
         raise OptionsError("user_options must be a JSON object with the keys gpu, pool, image.")
@@ -112,7 +114,7 @@ def resolve_choice(
     if unknown:
         raise OptionsError(
             f"Unknown option(s): {_listed(unknown)}. "
-            f"Allowed options: {', '.join(OPTION_KEYS + tuple(extra_keys))}."
+            f"Allowed options: {', '.join(dict.fromkeys(OPTION_KEYS + tuple(extra_keys)))}."
         )
 
     raw_gpu = options.get("gpu")
@@ -124,7 +126,7 @@ def resolve_choice(
         raise OptionsError(f"gpu: {exc}") from None
 
     pool_name = _coerce_str(options, "pool")
-    image_name = _coerce_str(options, "image")
+    image_name = None if "image" in extra_keys else _coerce_str(options, "image")
     may_use = allowed_pools(catalog, rule, admin=admin)
 
     if image_name is not None and image_name not in catalog.images:

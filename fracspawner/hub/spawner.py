@@ -313,15 +313,35 @@ class FracSpawner(KubeSpawner):
             total -= pod_gpu_equivalent(own)
         return by_server, total
 
+    def _own_keys(self) -> tuple[str, ...]:
+        """The user_options keys FracSpawner reads: gpu, pool, and image when the catalog
+        offers images (without, `image` is free for a profile option, as z2jh examples use)."""
+        return OPTION_KEYS if self.fracspawner_catalog.images else ("gpu", "pool")
+
     def _profile_keys(self) -> tuple[str, ...]:
-        """user_options keys kubespawner's profile_list accepts (when one is configured)."""
+        """user_options keys kubespawner's profile_list accepts (when one is configured).
+
+        A profile option named like one of FracSpawner's own keys would be silently read as
+        the GPU choice (or the catalog image): that is a configuration error, said to the
+        admin in the log and to the user as a 500, never guessed around."""
         if not self.profile_list or callable(self.profile_list):
             return ("profile",) if self.profile_list else ()
         keys = {"profile"}
+        own = set(self._own_keys())
         for profile in self._sorted_dict_values(self.profile_list):
             for option in (profile.get("profile_options") or {}).keys():
+                if option in own:
+                    name = profile.get("slug") or profile.get("display_name", "?")
+                    message = (
+                        f"c.KubeSpawner.profile_list: profile {name!r} has an option named "
+                        f"{option!r}, which is FracSpawner's own user_options key; rename the "
+                        "option (e.g. 'notebook_image')"
+                        + (" or drop the catalog's images" if option == "image" else "")
+                    )
+                    self.log.error(message)
+                    raise web.HTTPError(500, message)
                 keys.update({option, f"{option}--unlisted-choice"})
-        return tuple(sorted(keys - set(OPTION_KEYS)))
+        return tuple(sorted(keys - own))
 
     # ---------------------------------------------------------------- the form
     @default("options_form")
@@ -345,6 +365,7 @@ class FracSpawner(KubeSpawner):
         )
         profile_html = ""
         if self.profile_list:
+            self._profile_keys()  # a profile option named like ours: say so before a spawn
             profiles = self.profile_list
             if callable(profiles):
                 profiles = await maybe_future(profiles(self))
@@ -376,7 +397,7 @@ class FracSpawner(KubeSpawner):
         options: dict[str, Any] = {}
         if self.profile_list:
             options.update(self._options_from_form(dict(formdata)))
-        for key in OPTION_KEYS:
+        for key in self._own_keys():
             values = formdata.get(key) or []
             value = values[0].strip() if values else ""
             if value:
@@ -459,7 +480,8 @@ class FracSpawner(KubeSpawner):
 
     async def _load_profile_options(self) -> None:
         """kubespawner's profile_list overrides, from the options that are not fracspawner's."""
-        kube_options = {k: v for k, v in (self.user_options or {}).items() if k not in OPTION_KEYS}
+        own = self._own_keys()
+        kube_options = {k: v for k, v in (self.user_options or {}).items() if k not in own}
         if not kube_options and not self.profile_list:
             return  # kubespawner would validate nothing and apply nothing
         full_options = self.user_options
