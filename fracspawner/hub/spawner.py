@@ -34,6 +34,7 @@ from ..choice.admission import (
     pod_gpu_equivalent,
     pod_uid,
     user_usage,
+    watch_usable,
 )
 from ..choice.notebook_env import notebook_env
 from ..choice.offers import build_offer_model
@@ -297,7 +298,7 @@ class FracSpawner(KubeSpawner):
     def _watch_holdings(self, watcher: Any, capacity: Any) -> tuple[dict[str, float], float] | None:
         """What the pod watch shows this user holding: per other server, and in all (minus
         this server's own old pod); None when there is no usable watch."""
-        if watcher is None or not _watch_usable(capacity):
+        if watcher is None or not watch_usable(capacity):
             return None
         user = self.user.name
         by_server = {}
@@ -584,16 +585,6 @@ def _fresh_copy(value: Any) -> Any:
     if kind is list and all(type(v) in _ATOMIC for v in value):
         return list(value)
     return copy.deepcopy(value)
-
-
-def _watch_usable(capacity: Any) -> bool:
-    """Whether the pod watch can be believed about usage: it has listed the cluster (a
-    watch that never started, or was forbidden, has seen no node) and is not marked stale."""
-    return (
-        capacity is not None
-        and getattr(capacity, "nodes_seen", 0) > 0
-        and not getattr(capacity, "stale", False)
-    )
 
 
 def _container_config(config: Mapping[str, Any], plan_env: Mapping[str, str]) -> dict[str, Any]:
