@@ -170,21 +170,30 @@ def _churn(url: str, targets: list[tuple[str, str]], seconds: float, stop: threa
     return sent
 
 
-async def _churn_render(cluster: Any, topology: dict[str, Any], catalog: dict) -> dict:
+def _frac_spawner(cluster: Any, catalog: dict) -> Any:
+    """A FracSpawner for "alice" against `cluster`, configured as a deployment does
+    (fracspawner.configure(c, catalog_file=...), the chart): the catalog from a file."""
     import yaml
-    from kubespawner import KubeSpawner
     from traitlets.config import Config
 
     from fracspawner.cli.plan import use_kubeconfig
     from fracspawner.hub.spawner import FracSpawner
 
-    # as a deployment configures it (fracspawner.configure(c, catalog_file=...), the chart)
     catalog_file = Path(cluster.kubeconfig).parent / "catalog.yaml"
     catalog_file.write_text(yaml.safe_dump(catalog))
     cfg = Config()
     cfg.FracSpawner.catalog_file = str(catalog_file)
     with use_kubeconfig(cluster.kubeconfig):
-        frac = FracSpawner(_mock=True, config=cfg, user=HubUser("alice"))
+        return FracSpawner(_mock=True, config=cfg, user=HubUser("alice"))
+
+
+async def _churn_render(cluster: Any, topology: dict[str, Any], catalog: dict) -> dict:
+    from kubespawner import KubeSpawner
+
+    from fracspawner.cli.plan import use_kubeconfig
+
+    frac = _frac_spawner(cluster, catalog)
+    with use_kubeconfig(cluster.kubeconfig):
         plain = KubeSpawner(_mock=True, user=HubUser("alice"))
     profiles = equivalent_profiles(catalog)
     plain.profile_list = profiles
@@ -335,18 +344,7 @@ async def _spawn_cpu(frac: Any, catalog: dict, cluster: Any) -> dict[str, Any]:
 async def _spawn_cpu_alone(cluster: Any, catalog: dict, rounds: int) -> list[dict[str, Any]]:
     """The spawn-CPU measure by itself, `rounds` times, on the same cluster and with the
     watches started as in the full run (its first render starts them)."""
-    import yaml
-    from traitlets.config import Config
-
-    from fracspawner.cli.plan import use_kubeconfig
-    from fracspawner.hub.spawner import FracSpawner
-
-    catalog_file = Path(cluster.kubeconfig).parent / "catalog.yaml"
-    catalog_file.write_text(yaml.safe_dump(catalog))
-    cfg = Config()
-    cfg.FracSpawner.catalog_file = str(catalog_file)
-    with use_kubeconfig(cluster.kubeconfig):
-        frac = FracSpawner(_mock=True, config=cfg, user=HubUser("alice"))
+    frac = _frac_spawner(cluster, catalog)
     await frac._render_options_form_async(frac)
     watcher = frac._capacity_watcher()
     await asyncio.sleep(2)  # let the initial lists settle
