@@ -20,9 +20,11 @@ from collections.abc import Callable, Iterable, Mapping, MutableMapping
 from decimal import Decimal
 from typing import Any
 
-from kubernetes.utils.quantity import parse_quantity
+from fracspawner.k8s.objects import parse_quantity as _parse_quantity
 
 from . import hami
+
+parse_quantity = _parse_quantity()  # the kubernetes client's, without its 3 s package import
 
 NATIVE = ("cpu", "memory", "ephemeral-storage")
 NOT_HELPFUL = "Preemption is not helpful for scheduling"

@@ -191,3 +191,24 @@ def test_quantities_parse_like_the_api_server(text, value):
 @pytest.mark.parametrize("text", ["", "x", "1.2.3", "5 Gi", True])
 def test_malformed_quantities_are_none(text):
     assert quantity(text) is None
+
+
+def test_quantities_parse_with_the_clients_code_without_importing_the_client():
+    """kubernetes' own parse_quantity, loaded from its file: the package's __init__ (the whole
+    generated client, ~3 s) is never run by a process that only parses quantities."""
+    import subprocess
+    import sys
+
+    code = (
+        "import sys; from fracspawner.k8s.objects import quantity; "
+        "print(quantity('500m'), quantity('10Gi'), quantity('1e3'), quantity('5 Gi')); "
+        "print('kubernetes' in sys.modules)"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.split("\n")[:2] == ["0.500 10737418240 1E+3 None", "False"]
+    from kubernetes.utils.quantity import parse_quantity as clients
+
+    from fracspawner.k8s.objects import parse_quantity
+
+    for value in ("4", "500m", "10Gi", "1e3", "1.5Ki", "100M", 3, 2.5):
+        assert parse_quantity()(value) == clients(value)

@@ -8,10 +8,13 @@ client models.
 
 from __future__ import annotations
 
+import importlib.util
 import math
-from collections.abc import Iterable, Mapping
+import sys
+from collections.abc import Callable, Iterable, Mapping
 from decimal import Decimal
 from functools import lru_cache
+from pathlib import Path
 from typing import Any
 
 #: Pod phases after which the kubelet has released the pod's resources.
@@ -21,22 +24,45 @@ BLOCKING_EFFECTS = frozenset({"NoSchedule", "NoExecute"})
 _NATIVE_RESOURCES = frozenset({"cpu", "memory", "ephemeral-storage", "pods"})
 
 
+@lru_cache(maxsize=1)
+def parse_quantity() -> Callable[[Any], Decimal]:
+    """The kubernetes client's own `parse_quantity`, loaded on first use.
+
+    `import kubernetes.utils.quantity` first runs the package's `__init__`, which imports the
+    whole generated client (about 3 s of CPU in every process that parses a quantity: the hub,
+    the service, the culler, the webhook, the devcluster). The module itself needs only
+    `decimal`, so it is loaded from its file under the installed package, without the package;
+    where that file is not found, the ordinary import."""
+    loaded = sys.modules.get("kubernetes.utils.quantity")
+    if loaded is not None:
+        return loaded.parse_quantity
+    spec = importlib.util.find_spec("kubernetes")  # a top-level spec: nothing is executed
+    locations = list(spec.submodule_search_locations or []) if spec else []
+    path = Path(locations[0], "utils", "quantity.py") if locations else None
+    if path is None or not path.is_file():
+        from kubernetes.utils.quantity import parse_quantity as ordinary
+
+        return ordinary
+    module_spec = importlib.util.spec_from_file_location("_fracspawner_k8s_quantity", path)
+    assert module_spec is not None and module_spec.loader is not None
+    module = importlib.util.module_from_spec(module_spec)
+    module_spec.loader.exec_module(module)
+    return module.parse_quantity
+
+
 @lru_cache(maxsize=4096, typed=True)  # typed: True must not hit the cache entry of 1
 def quantity(value: Any) -> Decimal | None:
     """A resource quantity ("4", "500m", "10Gi", "1e3", 3) as a Decimal; None when malformed.
 
-    Parsed by the kubernetes client's own `parse_quantity` (imported on first use: it pulls in
-    the sync client, about a second, once per process). Cached: a cluster repeats the same few
-    quantity strings on thousands of pods.
+    Parsed by the kubernetes client's own `parse_quantity` (see `parse_quantity()`). Cached: a
+    cluster repeats the same few quantity strings on thousands of pods.
     """
     if isinstance(value, bool) or value is None:
         return None
     if isinstance(value, str) and any(c.isspace() for c in value.strip()):
         return None  # the apiserver rejects "5 Gi"; parse_quantity would accept it
-    from kubernetes.utils.quantity import parse_quantity
-
     try:
-        return parse_quantity(value)
+        return parse_quantity()(value)
     except (ValueError, TypeError, ArithmeticError):
         return None
 
