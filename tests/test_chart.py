@@ -723,8 +723,9 @@ async def test_webhook_makes_exactly_the_calls_its_role_grants(devcluster, monke
     from kubernetes_asyncio.client import rest
 
     from fracspawner.backends import load_catalog
+    from fracspawner.capacity.apiconfig import load_configuration
     from fracspawner.kubeflow.admission import parse_review
-    from fracspawner.kubeflow.cluster import Cluster, load_configuration
+    from fracspawner.kubeflow.cluster import Cluster
     from fracspawner.kubeflow.webhook import Webhook
 
     calls = _record_api_calls(monkeypatch, rest)

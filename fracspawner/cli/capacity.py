@@ -12,6 +12,7 @@ import os
 import sys
 from typing import Any
 
+from ..capacity.apiconfig import load_configuration
 from ..capacity.count import Capacity, OfferCapacity, compute_capacity
 
 PROG = "fracspawner capacity"
@@ -35,7 +36,7 @@ async def list_cluster(kubeconfig: str | None) -> tuple[list[dict], list[dict]]:
     """All nodes and all pods, as raw API dicts (one list call each)."""
     from kubernetes_asyncio import client
 
-    api_client = client.ApiClient(await _load_config(kubeconfig))
+    api_client = client.ApiClient(await load_configuration(kubeconfig))
     async with api_client:
         v1 = client.CoreV1Api(api_client)
         nodes = await v1.list_node(_preload_content=False)
@@ -47,17 +48,6 @@ async def list_cluster(kubeconfig: str | None) -> tuple[list[dict], list[dict]]:
                 raise client.ApiException(status=response.status, reason=response.reason)
             out.append(json.loads(body).get("items") or [])
     return out[0], out[1]
-
-
-async def _load_config(kubeconfig: str | None) -> Any:
-    from kubernetes_asyncio import client, config
-
-    configuration = client.Configuration()
-    if kubeconfig is None and os.environ.get("KUBERNETES_SERVICE_HOST"):
-        config.load_incluster_config(client_configuration=configuration)
-    else:
-        await config.load_kube_config(config_file=kubeconfig, client_configuration=configuration)
-    return configuration
 
 
 def _counts(c: OfferCapacity) -> str:

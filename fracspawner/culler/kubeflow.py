@@ -24,7 +24,6 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
-import os
 import sys
 import time
 from collections.abc import Mapping
@@ -41,6 +40,7 @@ from traitlets import Bool, Dict, Float, Integer, List, Unicode, default
 from traitlets.config import Application
 
 from ..backends import load_catalog
+from ..capacity.apiconfig import load_configuration
 from ..model.catalog import Catalog
 from ..model.errors import CatalogError
 from .decide import Decision, GpuFacts, Rules, ServerFacts, combine, decide_server, fmt
@@ -333,15 +333,9 @@ class KubeflowCuller(Application):
         """The API client of this cycle (one per cycle: it belongs to the cycle's event loop;
         a cycle every few minutes can afford building it)."""
         if self._api is None:
-            from kubernetes_asyncio import client, config
+            from kubernetes_asyncio import client
 
-            configuration = client.Configuration()
-            if not self.kubeconfig and os.environ.get("KUBERNETES_SERVICE_HOST"):
-                config.load_incluster_config(client_configuration=configuration)
-            else:
-                await config.load_kube_config(
-                    config_file=self.kubeconfig or None, client_configuration=configuration
-                )
+            configuration = await load_configuration(self.kubeconfig or None)
             self._api = client.ApiClient(configuration)
         return self._api
 

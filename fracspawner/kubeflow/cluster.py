@@ -4,7 +4,6 @@ access rule) and its pods (the GPU-equivalents they hold). kubernetes_asyncio, r
 from __future__ import annotations
 
 import json
-import os
 import time
 from typing import Any
 
@@ -17,17 +16,6 @@ class ApiUnavailable(Exception):
 
 
 ConfigException = config.ConfigException
-
-
-async def load_configuration(kubeconfig: str | None) -> Any:
-    """A kubernetes_asyncio Configuration: the kubeconfig given, in-cluster config inside a
-    pod, else $KUBECONFIG or ~/.kube/config."""
-    configuration = client.Configuration()
-    if kubeconfig is None and os.environ.get("KUBERNETES_SERVICE_HOST"):
-        config.load_incluster_config(client_configuration=configuration)
-    else:
-        await config.load_kube_config(config_file=kubeconfig, client_configuration=configuration)
-    return configuration
 
 
 class Cluster:

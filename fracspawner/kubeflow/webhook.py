@@ -27,6 +27,7 @@ from tornado.httpserver import HTTPServer
 from tornado.ioloop import PeriodicCallback
 
 from ..backends import load_catalog
+from ..capacity.apiconfig import load_configuration
 from ..model.access import namespace_rule
 from ..model.catalog import AccessRule, Catalog
 from ..model.errors import CatalogError
@@ -42,7 +43,7 @@ from .admission import (
     response,
     slice_ask,
 )
-from .cluster import ApiUnavailable, Cluster, ConfigException, load_configuration
+from .cluster import ApiUnavailable, Cluster, ConfigException
 from .metrics import WebhookMetrics
 from .quota import QuotaLedger
 
