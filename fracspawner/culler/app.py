@@ -10,7 +10,6 @@ their own tokens, and shut their idle GPU kernels down themselves (fracspawner.s
 from __future__ import annotations
 
 import asyncio
-import logging
 import os
 import time
 from dataclasses import dataclass, replace
@@ -21,16 +20,14 @@ from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from tornado import web
 from tornado.httpclient import HTTPClientError
 from tornado.httpserver import HTTPServer
-from tornado.log import LogFormatter
 from traitlets import Bool, Dict, Float, Integer, List, Unicode, default
-from traitlets.config import Application
 
 from ..backends import load_catalog
 from ..model.catalog import DEFAULT_IDLE, IdlePolicy, parse_duration
+from .base import CullerApplication
 from .decide import Decision, GpuFacts, Reading, Rules, ServerFacts, combine, decide_server
 from .hubapi import HubClient, HubServer
 from .identity import Identity, TokenVerifier
-from .metrics import CullerMetrics
 from .podname import DEFAULT_TEMPLATE, pod_name
 from .policy import PoolPolicy, gpu_windows, policy_for_server
 from .prometheus import DcgmConfig, PrometheusError, build_query, parse_result
@@ -64,7 +61,7 @@ class CycleResult:
         return [o for o in self.outcomes if o.decision.action == action]
 
 
-class Culler(Application):
+class Culler(CullerApplication):
     name = "fracspawner-culler"
     description = "Stop idle JupyterHub servers, counting GPU work; never calls into them."
 
@@ -250,20 +247,9 @@ class Culler(Application):
     def _report_prefix(self) -> str:
         return os.environ.get("JUPYTERHUB_SERVICE_PREFIX", "/")
 
-    _log_formatter_cls = LogFormatter
-
-    @default("log_format")
-    def _log_format(self) -> str:
-        return "%(color)s[%(levelname)1.1s %(asctime)s %(name)s]%(end_color)s %(message)s"
-
-    @default("log_level")
-    def _log_level(self) -> int:
-        return logging.INFO
-
     # --- set-up -------------------------------------------------------------------------------
     def __init__(self, **kwargs: Any):
         super().__init__(**kwargs)
-        self.metrics = CullerMetrics()
         self._catalog = None
         self.reports = ReportStore()
         self._verifier: TokenVerifier | None = None

@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import logging
 import sys
 import time
 from collections.abc import Mapping
@@ -35,16 +34,14 @@ from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from tornado import web
 from tornado.httpclient import AsyncHTTPClient, HTTPClientError
 from tornado.httpserver import HTTPServer
-from tornado.log import LogFormatter
-from traitlets import Bool, Dict, Float, Integer, List, Unicode, default
-from traitlets.config import Application
+from traitlets import Bool, Dict, Float, Integer, List, Unicode
 
 from ..backends import load_catalog
 from ..capacity.apiconfig import load_configuration
 from ..model.catalog import Catalog
 from ..model.errors import CatalogError
+from .base import CullerApplication
 from .decide import Decision, GpuFacts, Rules, ServerFacts, combine, decide_server, fmt
-from .metrics import CullerMetrics
 from .policy import gpu_windows, policy_for_server
 from .prometheus import DcgmConfig, PrometheusError, build_query, parse_result
 from .prometheus import query as prom_query
@@ -197,7 +194,7 @@ class Outcome:
 
 
 # --------------------------------------------------------------------------- the service
-class KubeflowCuller(Application):
+class KubeflowCuller(CullerApplication):
     name = "fracspawner-culler-kubeflow"
     description = "Stop idle GPU notebooks of Kubeflow (Notebooks 1.x and 2.0), counting GPU work."
 
@@ -290,19 +287,8 @@ class KubeflowCuller(Application):
         ),
     }
 
-    _log_formatter_cls = LogFormatter
-
-    @default("log_format")
-    def _log_format(self) -> str:
-        return "%(color)s[%(levelname)1.1s %(asctime)s %(name)s]%(end_color)s %(message)s"
-
-    @default("log_level")
-    def _log_level(self) -> int:
-        return logging.INFO
-
     def __init__(self, **kwargs: Any) -> None:
         super().__init__(**kwargs)
-        self.metrics = CullerMetrics()
         self._catalog: Catalog | None = None
         self._api: Any = None
 
