@@ -22,10 +22,10 @@ from datetime import datetime, timezone
 from typing import Any
 
 from traitlets import Bool, Float, Integer, Unicode, default
-from traitlets.config import LoggingConfigurable
 
 from .activity import user_activity
 from .attribution import attribute, has_own_pid_namespace
+from .loop import BackgroundLoop
 from .podinfo import Deadline, PodInfo, kernel_deadline, server_deadline
 from .sources import GpuSample, GpuSource, GpuUnavailable, make_source
 
@@ -52,7 +52,7 @@ class KernelGpu:
     known: bool = True
 
 
-class GpuMonitor(LoggingConfigurable):
+class GpuMonitor(BackgroundLoop):
     """Reads the GPU on a timer and keeps GPU activity per kernel and for the server."""
 
     poll_interval = Float(5.0, config=True, help="Seconds between two GPU readings.")
@@ -130,7 +130,6 @@ class GpuMonitor(LoggingConfigurable):
         self.unknown_reasons: list[str] = []
         self.last_not_idle: datetime | None = None  # last reading busy or unknown
         self.culled: list[dict] = []  # kernels this server shut down (newest last, bounded)
-        self._task: asyncio.Task | None = None
         # the slice and the culler's idle policy, as FracSpawner put them in the environment
         self.pod = PodInfo.from_environ(os.environ, memory_mib=self.memory_entitlement_mib)
         try:
@@ -142,17 +141,11 @@ class GpuMonitor(LoggingConfigurable):
 
     # --- the loop -----------------------------------------------------------------------------
     def start(self) -> None:
-        if self.source is not None and self._task is None:
-            self._task = asyncio.get_running_loop().create_task(self._run())
+        if self.source is not None:
+            self._start_loop()
 
     async def stop(self) -> None:
-        if self._task is not None:
-            self._task.cancel()
-            try:
-                await self._task
-            except asyncio.CancelledError:
-                pass
-            self._task = None
+        await self._stop_loop()
         if self.source is not None:
             self.source.close()
 

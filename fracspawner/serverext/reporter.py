@@ -19,12 +19,13 @@ from typing import Any
 
 from tornado.httpclient import AsyncHTTPClient, HTTPClientError, HTTPRequest
 from traitlets import Float, Unicode, default
-from traitlets.config import LoggingConfigurable
+
+from .loop import BackgroundLoop
 
 ENV_CULLER_URL = "FRACSPAWNER_CULLER_URL"
 
 
-class GpuReporter(LoggingConfigurable):
+class GpuReporter(BackgroundLoop):
     """Sends the monitor's report to the culler every `report_interval` seconds."""
 
     culler_url = Unicode(
@@ -60,7 +61,6 @@ class GpuReporter(LoggingConfigurable):
         self.server_name = server_name
         self.sent = 0
         self.last_error: str | None = None
-        self._task: asyncio.Task | None = None
 
     @property
     def enabled(self) -> bool:
@@ -71,17 +71,11 @@ class GpuReporter(LoggingConfigurable):
         return self.culler_url.rstrip("/") + "/api/reports"
 
     def start(self) -> None:
-        if self.enabled and self._task is None:
-            self._task = asyncio.get_running_loop().create_task(self._run())
+        if self.enabled:
+            self._start_loop()
 
     async def stop(self) -> None:
-        if self._task is not None:
-            self._task.cancel()
-            try:
-                await self._task
-            except asyncio.CancelledError:
-                pass
-            self._task = None
+        await self._stop_loop()
 
     async def _run(self) -> None:
         while True:
