@@ -90,3 +90,23 @@ def clean_servers(hub, devcluster) -> Iterator:
     from tests.browser_helpers import stop_all_servers
 
     stop_all_servers(hub, devcluster)
+
+
+@pytest.fixture(scope="module")
+def exporter() -> Iterator:
+    """A dcgm-exporter stand-in serving the GPU series the tests set (one per module)."""
+    from tests.test_culler_support import DcgmExporter
+
+    e = DcgmExporter()
+    yield e
+    e.stop()
+
+
+@pytest.fixture(scope="module")
+def prometheus(tmp_path_factory: pytest.TempPathFactory, exporter) -> Iterator:
+    """Debian's Prometheus scraping `exporter` (one per module)."""
+    from tests.test_culler_support import Prometheus
+
+    p = Prometheus(tmp_path_factory.mktemp("prometheus"), exporter.port)
+    yield p
+    p.stop()

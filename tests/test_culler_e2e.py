@@ -29,7 +29,7 @@ from devcluster.localhub import free_port, http_json
 from fracspawner.culler import Culler
 from tests.conftest import DEMO_CATALOG, REPO
 from tests.e2e_helpers import Browserless, env_of, pods, spawn, stop, the_pod, wait_until
-from tests.test_culler_support import CULLER_SCOPES, DcgmExporter, Prometheus
+from tests.test_culler_support import CULLER_SCOPES
 
 pytestmark = pytest.mark.e2e
 
@@ -99,18 +99,7 @@ def gpu_file(hub) -> Path:
     return path
 
 
-@pytest.fixture(scope="module")
-def exporter():
-    e = DcgmExporter()
-    yield e
-    e.stop()
-
-
-@pytest.fixture(scope="module")
-def prometheus(tmp_path_factory, exporter):
-    p = Prometheus(tmp_path_factory.mktemp("prometheus"), exporter.port)
-    yield p
-    p.stop()
+# `exporter` (a stand-in dcgm-exporter) and `prometheus` are tests/conftest.py's
 
 
 def set_gpu(gpu_file: Path, kernels: dict) -> None:

@@ -25,7 +25,7 @@ from fracspawner.culler.prometheus import (
     query,
 )
 from fracspawner.model.catalog import DEFAULT_IDLE
-from tests.test_culler_support import BackfilledPrometheus, DcgmExporter, Prometheus
+from tests.test_culler_support import BackfilledPrometheus
 
 # labels as they arrive through a ServiceMonitor with honorLabels: false
 CFG = DcgmConfig(
@@ -38,18 +38,7 @@ CFG = DcgmConfig(
 WINDOWS = [3, 6]
 
 
-@pytest.fixture(scope="module")
-def exporter():
-    e = DcgmExporter()
-    yield e
-    e.stop()
-
-
-@pytest.fixture(scope="module")
-def prometheus(tmp_path_factory, exporter):
-    p = Prometheus(tmp_path_factory.mktemp("prometheus"), exporter.port)
-    yield p
-    p.stop()
+# `exporter` (a stand-in dcgm-exporter) and `prometheus` are tests/conftest.py's
 
 
 async def facts(prometheus, cfg=CFG, windows=WINDOWS, at=None):

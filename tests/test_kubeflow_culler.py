@@ -23,7 +23,7 @@ from fracspawner.culler.kubeflow import (
     parse_time,
     stop_request,
 )
-from tests.test_culler_support import DcgmExporter, Prometheus
+from tests.test_culler_support import DcgmExporter
 
 pytestmark = pytest.mark.e2e
 
@@ -124,18 +124,7 @@ def test_what_counts_as_a_gpu_and_how_a_notebook_is_stopped():
 
 
 # --------------------------------------------------------------------------- on a devcluster
-@pytest.fixture(scope="module")
-def exporter():
-    e = DcgmExporter()
-    yield e
-    e.stop()
-
-
-@pytest.fixture(scope="module")
-def prometheus(tmp_path_factory, exporter):
-    p = Prometheus(tmp_path_factory.mktemp("prometheus"), exporter.port)
-    yield p
-    p.stop()
+# `exporter` (a stand-in dcgm-exporter) and `prometheus` are tests/conftest.py's
 
 
 def _create(client: Any, path: str, body: dict[str, Any]) -> dict[str, Any]:
