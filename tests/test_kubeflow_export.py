@@ -234,8 +234,8 @@ def test_v1_writes_the_poddefaults_each_namespace_may_use(tmp_path, capsys):
     assert len(by_ns["ml"]) == 6  # every Kubeflow pool; hub-only is not one
     pd = _docs(out / "poddefaults" / "alice.yaml")[1]
     assert pd["metadata"]["namespace"] == "alice"
-    # the slice's GPU memory as the hub's picker shows it (HAMi: a share of what NVML reports)
-    assert re.fullmatch(r"1/4 of an H100-80GB · (19\.9|20) GiB · HAMi", pd["spec"]["desc"])
+    # words the chart's template writes too (test_chart: the chart's PodDefaults are these)
+    assert pd["spec"]["desc"] == "H100 80GB (HAMi) · GPU 0.25"
     # the form ticks the first matchLabels key; the PodDefault webhook then adds the slice labels
     assert pd["spec"]["selector"] == {"matchLabels": {"fracspawner-h100-0-25": "true"}}
     assert pd["spec"]["labels"] == {"fracspawner.io/pool": "h100", "fracspawner.io/gpu": "0.25"}
@@ -309,7 +309,6 @@ def test_the_spawner_ui_config_fragment_keeps_kubeflows_keys(tmp_path):
     assert code == 0
     fragment = yaml.safe_load((out / "spawner_ui_config.fragment.yaml").read_text())
     defaults = fragment["spawnerFormDefaults"]
-    assert set(defaults) == {"gpus", "tolerationGroup", "affinityConfig"}
     assert defaults["gpus"]["value"] == {
         "vendor": "",
         "vendors": [
@@ -318,10 +317,50 @@ def test_the_spawner_ui_config_fragment_keeps_kubeflows_keys(tmp_path):
         ],
         "num": "none",
     }
-    (group,) = defaults["tolerationGroup"]["options"]
-    assert group["groupKey"] == "a100-mig" and group["tolerations"][0]["key"] == "nvidia.com/gpu"
-    keys = [o["configKey"] for o in defaults["affinityConfig"]["options"]]
-    assert keys == ["a100-mig", "t4"]  # h100 selects no nodes; hub-only is not in Kubeflow
+
+
+def test_the_fragment_offers_no_placement_apart_from_the_slice(tmp_path):
+    """Issue 19 item 8: per-pool `affinityConfig`/`tolerationGroup` options were picked in the
+    form independently of the ticked slice (the H100 slice with the T4 pool's affinity could
+    never schedule), and their default `"none"` matched no option, where upstream's form keeps
+    `""` for "None" (kubeflow/notebooks notebooks-v1
+    components/crud-web-apps/jupyter/frontend/src/app/pages/form/form-new/utils.ts:
+    `affinityConfig: ['', []]`, `tolerationGroup: ['', []]`). The webhook gives a slice pod
+    its pool's node selector and tolerations; the fragment leaves placement alone."""
+    code, out = _write(tmp_path, CATALOG)
+    assert code == 0
+    defaults = yaml.safe_load((out / "spawner_ui_config.fragment.yaml").read_text())[
+        "spawnerFormDefaults"
+    ]
+    assert set(defaults) == {"gpus"}
+    assert "none" not in str({k: v for k, v in defaults.items() if k != "gpus"})
+
+
+def test_poddefault_names_fit_kubeflows_annotation():
+    """Issue 19 item 6: Kubeflow's PodDefault webhook annotates each pod it mutates with
+    `poddefault.admission.kubeflow.org/poddefault-<PodDefault name>` (kubeflow/dashboard
+    components/poddefaults-webhooks/main.go, applyPodDefaultsOnPod:
+    `fmt.Sprintf("%s/poddefault-%s", annotationPrefix, pd.GetName())`): the annotation's name
+    part ("poddefault-" + name) is at most 63 characters, so a PodDefault name is at most 52."""
+    data = copy.deepcopy(CATALOG)
+    long = "a-very-long-pool-name-for-the-research-cluster-h100"
+    data["pools"][long] = copy.deepcopy(data["pools"]["h100"])
+    data["pools"][long + "-b"] = copy.deepcopy(data["pools"]["h100"])
+    data["kubeflow"]["pools"] += [long, long + "-b"]
+    ml = ProfileNamespace("ml", {"team": "research", "tier": "gpu"})
+    result = export(load_catalog(data), namespaces=[ml])
+    pds = result.files["poddefaults/ml.yaml"][0]
+    names = [pd["metadata"]["name"] for pd in pds]
+    assert len(names) == len(set(names))
+    assert max(len(n) for n in names) == 52
+    for pd in pds:
+        name = pd["metadata"]["name"]
+        # the annotation key the pod gets must be a qualified name, as the apiserver checks
+        # every annotation key (k8s.io/apimachinery pkg/util/validation/validation.go
+        # IsQualifiedName: name part at most 63, alphanumeric at both ends)
+        prefix, _, part = f"poddefault.admission.kubeflow.org/poddefault-{name}".partition("/")
+        assert len(part) <= 63, part
+        assert re.fullmatch(r"[A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?", part)
 
 
 def test_the_webhook_configuration_sorts_after_kubeflows_and_sends_profile_pods(tmp_path):

@@ -9,7 +9,7 @@ kubeflow/dashboard):
   here the slice labels. A PodDefault cannot set resources, so the fracspawner webhook turns
   those labels into the slice's pod plan;
 - a spawner_ui_config fragment: MIG-mixed profiles as `gpus.value.vendors` (the form writes
-  `limits[limitsKey] = num`), one `tolerationGroup` / `affinityConfig` option per pool;
+  `limits[limitsKey] = num`);
 - the MutatingWebhookConfiguration of `fracspawner webhook`.
 Notebooks 2.0 (`kubeflow.org/v1beta1`, v2.0.0-beta.0): a WorkspaceKind patch with one podConfig
 value per offer, `filterRules` from the access rules, `activityRules` from the idle policy.
@@ -27,7 +27,14 @@ from ..model.access import allowed_pools, namespace_rule
 from ..model.catalog import AccessRule, Catalog, Pool
 from ..model.profiles import NamespaceMatch
 from ..model.slices import Slice
-from .names import PROFILE_LABEL, describe, offer_words, podconfig_id, poddefault_name
+from .names import (
+    PROFILE_LABEL,
+    describe,
+    offer_words,
+    podconfig_id,
+    poddefault_desc,
+    poddefault_name,
+)
 
 #: the label the apiserver puts on every namespace (Kubernetes >= 1.21): names in selectors
 NAME_LABEL = "kubernetes.io/metadata.name"
@@ -122,7 +129,8 @@ def poddefault(pool: Pool, offer: Slice, plan: PodPlan, namespace: str | None) -
         "kind": "PodDefault",
         "metadata": metadata,
         "spec": {
-            "desc": describe(pool, offer, plan),
+            # the chart's words too: both may be applied, and must not rewrite each other
+            "desc": poddefault_desc(pool, offer),
             # the form sets exactly this label to "true" on the Notebook (JWA form.py
             # set_notebook_configurations); the key is the name, as Run:ai's PodDefaults do
             "selector": {"matchLabels": {name: "true"}},
@@ -131,57 +139,27 @@ def poddefault(pool: Pool, offer: Slice, plan: PodPlan, namespace: str | None) -
     }
 
 
-def _pool_affinity(pool: Pool) -> dict[str, Any] | None:
-    """A required node affinity for what every offer of the pool selects."""
-    selectors = [dict(plan_slice(o, pool, None).node_selector) for o in pool.offers]
-    common = {k: v for k, v in selectors[0].items() if all(s.get(k) == v for s in selectors)}
-    if not common:
-        return None
-    expressions = [{"key": k, "operator": "In", "values": [v]} for k, v in sorted(common.items())]
-    return {
-        "nodeAffinity": {
-            "requiredDuringSchedulingIgnoredDuringExecution": {
-                "nodeSelectorTerms": [{"matchExpressions": expressions}]
-            }
-        }
-    }
-
-
 def spawner_ui_fragment(catalog: Catalog) -> dict[str, Any]:
-    """The keys of spawner_ui_config.yaml's `spawnerFormDefaults` this catalog fills."""
+    """The keys of spawner_ui_config.yaml's `spawnerFormDefaults` this catalog fills: the
+    MIG-mixed profiles as GPU vendors. No `affinityConfig`/`tolerationGroup` options: the form's
+    choice there is independent of the ticked slice (a user could pair one pool's placement with
+    another pool's slice), and the webhook already gives a slice pod its pool's node selector
+    and tolerations from the slice itself."""
     vendors: list[dict[str, str]] = []
-    groups: list[dict[str, Any]] = []
-    affinities: list[dict[str, Any]] = []
     for pool in kubeflow_pools(catalog):
         if pool.backend == "mig-mixed":
             for offer in pool.offers:
                 (key,) = plan_slice(offer, pool, None).limits  # nvidia.com/mig-<profile>
                 if all(v["limitsKey"] != key for v in vendors):
                     vendors.append({"limitsKey": key, "uiName": f"{offer_words(pool, offer)}"})
-        tolerations = [dict(t) for t in pool.tolerations]
-        if tolerations:
-            groups.append(
-                {
-                    "groupKey": pool.name,
-                    "displayName": pool.display_name,
-                    "tolerations": tolerations,
-                }
-            )
-        affinity = _pool_affinity(pool)
-        if affinity:
-            affinities.append(
-                {"configKey": pool.name, "displayName": pool.display_name, "affinity": affinity}
-            )
     out: dict[str, Any] = {}
     if vendors:
+        # num "none": the form's own default and its "None" choice (JWA form-gpus component;
+        # spawner_ui_config.yaml gpus.value.num), which writes no GPU limit
         out["gpus"] = {
             "readOnly": False,
             "value": {"vendor": "", "vendors": vendors, "num": "none"},
         }
-    if groups:
-        out["tolerationGroup"] = {"readOnly": False, "value": "none", "options": groups}
-    if affinities:
-        out["affinityConfig"] = {"readOnly": False, "value": "none", "options": affinities}
     return {"spawnerFormDefaults": out}
 
 

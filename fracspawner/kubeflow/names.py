@@ -1,12 +1,14 @@
 """Names and words Kubeflow shows for a catalog offer. Pure.
 
 The PodDefault name is the Helm chart's (charts/fracspawner/templates/kubeflow-poddefaults.yaml):
-`fracspawner-<pool>-<offer label>`, lower case, '.' and '_' as '-', at most 63 characters, so
-objects the chart and `fracspawner kubeflow export` write for one catalog are the same objects.
+`fracspawner-<pool>-<offer label>`, lower case, '.' and '_' as '-', at most 52 characters, so
+objects the chart and `fracspawner kubeflow export` write for one catalog are the same objects,
+with the same `desc` (words the chart's template can compute too).
 """
 
 from __future__ import annotations
 
+import hashlib
 import re
 
 from ..backends.base import PodPlan
@@ -20,12 +22,26 @@ PROFILE_LABEL = ("app.kubernetes.io/part-of", "kubeflow-profile")
 #: the Notebook CR annotation that stops a notebook (Kubeflow's JWA PATCH route and culler)
 STOP_ANNOTATION = "kubeflow-resource-stopped"
 _NOT_DNS = re.compile(r"[^a-z0-9-]")
+#: Kubeflow's PodDefault webhook records each PodDefault it applied as the pod annotation
+#: `poddefault.admission.kubeflow.org/poddefault-<name>` (kubeflow/dashboard
+#: components/poddefaults-webhooks/main.go, applyPodDefaultsOnPod); an annotation key's name part
+#: is at most 63 characters, so a longer PodDefault name makes every pod it selects fail to be
+#: created. 63 - len("poddefault-") = 52.
+MAX_PODDEFAULT_NAME = 52
+#: a name cut to fit keeps this many characters, then '-' and 6 hex digits of the full name's
+#: sha256 (so two long names that share a beginning stay apart)
+_CUT = MAX_PODDEFAULT_NAME - 7
 
 
 def poddefault_name(pool: str, offer: Slice) -> str:
-    """`fracspawner-h100-0-25`: a DNS label, also the selector label key the form sets."""
+    """`fracspawner-h100-0-25`: a DNS label of at most 52 characters, also the selector label
+    key the form sets."""
     name = f"fracspawner-{pool}-{offer.label}".lower().replace(".", "-").replace("_", "-")
-    return _NOT_DNS.sub("-", name)[:63].rstrip("-")
+    name = _NOT_DNS.sub("-", name)
+    if len(name) <= MAX_PODDEFAULT_NAME:
+        return name.removesuffix("-")
+    digest = hashlib.sha256(name.encode()).hexdigest()[:6]
+    return f"{name[:_CUT].removesuffix('-')}-{digest}"
 
 
 def podconfig_id(pool: str, offer: Slice) -> str:
@@ -52,6 +68,24 @@ def offer_words(pool: Pool, offer: Slice) -> str:
     if offer.kind == "mig":
         return f"MIG {offer.profile} of {_article(model)} {model}"
     return f"{offer.count} × {model}"
+
+
+def poddefault_desc(pool: Pool, offer: Slice) -> str:
+    """What the notebook form lists under "Configurations": 'H100 80GB (HAMi) · GPU 0.25',
+    'H100 80GB (HAMi) · GPU memory 10Gi', 'A100 (MIG) · MIG 1g.10gb', 'L4 · 2 GPUs'. Built from
+    the pool's display name and the offer's label only, so the Helm chart's template writes
+    the same words (charts/fracspawner/templates/kubeflow-poddefaults.yaml)."""
+    # decided on the label's form, as the template can
+    label = offer.label
+    if label.startswith("mig-"):
+        words = "MIG " + label.removeprefix("mig-")
+    elif label.endswith(("Gi", "Mi")):
+        words = f"GPU memory {label}"
+    elif label.isdigit():
+        words = f"{label} GPU" if label == "1" else f"{label} GPUs"
+    else:
+        words = f"GPU {label}"
+    return f"{pool.display_name} · {words}"
 
 
 def describe(pool: Pool, offer: Slice, plan: PodPlan) -> str:
