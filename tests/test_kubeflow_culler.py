@@ -330,3 +330,83 @@ def test_an_idle_gpu_notebook_is_stopped_and_a_busy_one_kept(
     assert all("busy: gpu_busy" in line for line in seen)
     # the next cycle leaves stopped notebooks alone
     assert {o.notebook.name for o in asyncio.run(app.cull_once())} == {"busy"}
+
+
+# --------------------------------------------------------------------------- the status probe
+class _Status:
+    """A tenant's jupyter-server answering /api/status as it likes (issue 19 item 13)."""
+
+    def __init__(self) -> None:
+        from tornado import web
+
+        self.fresh_asked = 0
+        outer = self
+
+        class Status(web.RequestHandler):
+            def get(self, how: str) -> None:
+                if how == "future":
+                    self.write({"last_activity": "2100-01-01T00:00:00Z", "kernels": 1})
+                elif how == "redirect":
+                    self.redirect("/fresh", status=302)
+                elif how == "big":
+                    pad = "x" * 2_000_000
+                    self.write({"last_activity": "2020-01-01T00:00:00Z", "pad": pad})
+                elif how == "fresh":
+                    outer.fresh_asked += 1
+                    self.write({"last_activity": "2100-01-01T00:00:00Z"})
+                else:
+                    self.write({"last_activity": "2020-01-01T00:00:00Z"})
+
+        self.app = web.Application([(r"/(\w+)", Status)])
+
+
+def _nb(name: str, recorded: float | None = None) -> Notebook:
+    pod = {
+        "metadata": {"name": f"{name}-0", "namespace": "alice", "labels": {"notebook-name": name}},
+        "status": {"phase": "Running", "podIP": "127.0.0.1", "startTime": "2020-01-01T00:00:00Z"},
+    }
+    return Notebook("Notebook", "alice", name, pod, False, recorded)
+
+
+def test_the_status_probe_follows_no_redirect_reads_a_bounded_body_and_clamps(tmp_path):
+    """jupyter-server is the tenant's: the culler's GET /api/status must not be sent elsewhere
+    by a redirect, must not read 100 MB, and a last_activity in the future must not keep the
+    notebook out of server_unattended/server_idle; the hub culler clamps a server's reported
+    times at their arrival (fracspawner/culler/reports.py `_ts`), and so does this one."""
+    from tornado.httpclient import AsyncHTTPClient
+
+    from fracspawner.culler.kubeflow import STATUS_MAX_BYTES
+
+    catalog = tmp_path / "catalog.yaml"
+    catalog.write_text(yaml.safe_dump({**CATALOG, "idle": {"server_idle": "1h"}}))
+    server = _Status()
+
+    async def run() -> dict[str, float | None]:
+        sockets = server.app.listen(0, "127.0.0.1")
+        port = next(iter(sockets._sockets.values())).getsockname()[1]
+        app = KubeflowCuller()
+        app.initialize([f"--catalog={catalog}", f"--status-url=http://127.0.0.1:{port}/{{name}}"])
+        http = AsyncHTTPClient(force_instance=True, max_body_size=STATUS_MAX_BYTES)
+        try:
+            return {
+                how: await app.probe(http, _nb(how))
+                for how in ("plain", "future", "redirect", "big")
+            }
+        finally:
+            http.close()
+            sockets.stop()
+
+    before = time.time()
+    got = asyncio.run(run())
+    assert got["plain"] == parse_time("2020-01-01T00:00:00Z")
+    assert got["redirect"] is None and server.fresh_asked == 0  # not followed: unknown
+    assert got["big"] is None  # cut off at STATUS_MAX_BYTES: unknown
+    assert got["future"] is not None and before <= got["future"] <= time.time()
+
+    # what Kubeflow recorded on the Notebook (an annotation its members may edit) likewise
+    app = KubeflowCuller()
+    app.initialize([f"--catalog={catalog}", "--status-url="])
+    now = time.time()
+    ahead = app.judge(_nb("nb", recorded=parse_time("2100-01-01T00:00:00Z")), None, {}, now)
+    honest = app.judge(_nb("nb", recorded=now), None, {}, now)
+    assert ahead.decision == honest.decision

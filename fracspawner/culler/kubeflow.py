@@ -34,6 +34,7 @@ from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from tornado import web
 from tornado.httpclient import AsyncHTTPClient, HTTPClientError
 from tornado.httpserver import HTTPServer
+from tornado.iostream import StreamClosedError
 from traitlets import Bool, Dict, Float, Integer, List, Unicode
 
 from ..backends import load_catalog
@@ -55,6 +56,9 @@ LAST_ACTIVITY_ANNOTATION = "notebooks.kubeflow.org/last-activity"
 #: labels the Notebook controller (v1) and the Workspace controller (v2) put on their pods
 V1_POD_LABEL = "notebook-name"
 V2_POD_LABEL = "notebooks.kubeflow.org/workspace-name"
+#: jupyter-server's /api/status is a few hundred bytes; a tenant's server answers whatever it
+#: likes, so the culler reads at most this much of it
+STATUS_MAX_BYTES = 64 * 1024
 LABEL_POOL = "fracspawner.io/pool"
 LABEL_GPU = "fracspawner.io/gpu"
 
@@ -408,11 +412,20 @@ class KubeflowCuller(CullerApplication):
             cluster_domain=self.cluster_domain,
         )
         try:
-            response = await http.fetch(url, request_timeout=self.request_timeout)
-            return parse_time(json.loads(response.body).get("last_activity"))
-        except (HTTPClientError, OSError, ValueError, AttributeError) as exc:
+            # the notebook is the tenant's: no redirect (it could send the culler anywhere),
+            # a bounded body (the client's max_body_size, see cull_once)
+            response = await http.fetch(
+                url, request_timeout=self.request_timeout, follow_redirects=False
+            )
+            if response.code != 200:
+                raise ValueError(f"answered {response.code}")
+            seen = parse_time(json.loads(response.body).get("last_activity"))
+        except (HTTPClientError, OSError, ValueError, AttributeError, StreamClosedError) as exc:
             self.log.info("%s: its activity is unknown (%s %s)", nb.log_name, url, exc)
             return None
+        # a time after the answer came is not activity that happened: clamped, as the hub
+        # culler clamps a server's reported times at their arrival (reports.py _ts)
+        return None if seen is None else min(seen, time.time())
 
     async def prometheus_facts(
         self, http: AsyncHTTPClient, notebooks: list[Notebook], at: float | None
@@ -453,7 +466,11 @@ class KubeflowCuller(CullerApplication):
             if self.prometheus_url:
                 prom = await self.prometheus_facts(http, judged, at)
                 self.metrics.source_up.labels("prometheus").set(int(prom is not None))
-            activity = await asyncio.gather(*(self.probe(http, nb) for nb in judged))
+            probes = AsyncHTTPClient(force_instance=True, max_body_size=STATUS_MAX_BYTES)
+            try:
+                activity = await asyncio.gather(*(self.probe(probes, nb) for nb in judged))
+            finally:
+                probes.close()
             outcomes = [
                 self.judge(nb, probed, prom, now)
                 for nb, probed in zip(judged, activity, strict=True)
@@ -475,7 +492,9 @@ class KubeflowCuller(CullerApplication):
         now: float,
     ) -> Outcome:
         assert self._catalog is not None and nb.pod is not None
-        times = [t for t in (probed, nb.recorded_activity) if t is not None]
+        # what Kubeflow recorded can be ahead too (a Notebook's annotations are the tenant's
+        # to edit): nothing counts as later than now
+        times = [min(t, now) for t in (probed, nb.recorded_activity) if t is not None]
         facts = server_facts(nb, max(times) if times else None)
         pool, policy = policy_for_server(self._catalog, facts.pool, facts.gpu_slice).astuple()
         if not times:  # unknown is never idle
