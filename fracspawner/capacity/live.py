@@ -27,6 +27,7 @@ from ..k8s.objects import normalise_toleration, selector_matches, tolerates_all
 from ..k8s.records import PodRecord, RecordKeys, node_record, pod_key, pod_record
 from .snapshot import (
     GPU_EQUIVALENT_ANNOTATION,
+    SERVERNAME_ANNOTATION,
     USERNAME_ANNOTATION,
     Capacity,
     parse_gpu_equivalent,
@@ -41,7 +42,12 @@ def record_keys(catalog: Any) -> RecordKeys:
     """What the records keep for this catalog: what its pools' backends count from, plus the
     CONTRACT labels and annotations (pool, slice, GPU-equivalent, the user's name)."""
     pod_labels = {"fracspawner.io/*", LABEL_POOL, LABEL_GPU}
-    pod_annotations = {"fracspawner.io/*", ANNOTATION_EQUIVALENT, USERNAME_ANNOTATION}
+    pod_annotations = {
+        "fracspawner.io/*",
+        ANNOTATION_EQUIVALENT,
+        USERNAME_ANNOTATION,
+        SERVERNAME_ANNOTATION,
+    }
     node_annotations: set[str] = set()
     for pool in catalog.pools.values():
         try:
@@ -57,7 +63,7 @@ def record_keys(catalog: Any) -> RecordKeys:
         node_annotations=tuple(sorted(node_annotations)),
         assumed_node_annotation=ASSIGNED_NODE_ANNOTATION,
         # a user's name alone (a CPU-only notebook) holds nothing to count
-        context_annotations=frozenset({USERNAME_ANNOTATION}),
+        context_annotations=frozenset({USERNAME_ANNOTATION, SERVERNAME_ANNOTATION}),
     )
 
 

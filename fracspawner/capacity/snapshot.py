@@ -13,6 +13,7 @@ from ..backends.fit import UNKNOWN, OfferCapacity
 __all__ = [
     "GPU_EQUIVALENT_ANNOTATION",
     "UNKNOWN",
+    "SERVERNAME_ANNOTATION",
     "USERNAME_ANNOTATION",
     "Capacity",
     "OfferCapacity",
@@ -22,6 +23,8 @@ __all__ = [
 GPU_EQUIVALENT_ANNOTATION = "fracspawner.io/gpu-equivalent"
 #: kubespawner 7 sets it to the unescaped user name (KubeSpawner._build_common_annotations)
 USERNAME_ANNOTATION = "hub.jupyter.org/username"
+#: and, for a named server, its name (the admin page's server column)
+SERVERNAME_ANNOTATION = "hub.jupyter.org/servername"
 
 
 @dataclass(frozen=True)

@@ -34,6 +34,8 @@ from .prometheus import DcgmConfig, PrometheusError, build_query, parse_result
 from .prometheus import query as prom_query
 from .receiver import MAX_BODY, receiver_app
 from .reports import CulledKernel, ReportStore
+from .state import CullerState, CullEvent, server_row
+from .stateapi import state_handler
 
 
 def _seconds(value: float | None) -> str:
@@ -152,6 +154,24 @@ class Culler(CullerApplication):
         config=True,
         help="How long the hub's answer about a server's token is reused (seconds).",
     )
+    token_cache_size = Integer(
+        10000,
+        config=True,
+        help="Most tokens whose hub answer is remembered (least recently used evicted).",
+    )
+    unknown_token_rate = Float(
+        5.0,
+        config=True,
+        help="Reports per second (bursts of 10 times this) with a token the hub has not "
+        "vouched for that one source address may make the culler ask the hub about; more are "
+        "answered 429. A token the hub accepted once does not count.",
+    )
+    unknown_token_rate_total = Float(
+        20.0,
+        config=True,
+        help="The same over all addresses together (bursts of 10 times this): bounds the hub "
+        "requests random tokens can cause.",
+    )
     server_url = Unicode(
         "",
         config=True,
@@ -253,6 +273,8 @@ class Culler(CullerApplication):
         self._catalog = None
         self.reports = ReportStore()
         self._verifier: TokenVerifier | None = None
+        # the admin page's view (GET .../api/state): last cycle + bounded 24 h history
+        self.state = CullerState(time.time())
 
     def initialize(self, argv: list[str] | None = None) -> None:
         super().initialize(argv)
@@ -334,6 +356,37 @@ class Culler(CullerApplication):
             )
             self.metrics.culls.labels("kernel_gpu_idle", pool).inc()
             self.metrics.reclaimed.labels(pool).inc(kernel.gpu_memory_mib)
+            self.state.record(
+                CullEvent(
+                    at=kernel.at, user=who.user, server=who.server, pool=pool,
+                    slice="", kind="kernel", reason="kernel_gpu_idle",
+                    message=f"shut down its idle kernel ({kernel.gpu_memory_mib:.0f} MiB)",
+                    gpu_memory_mib=kernel.gpu_memory_mib, gpu_equivalent=0.0,
+                )
+            )  # fmt: skip
+
+    def verifier(self) -> TokenVerifier:
+        """The hub's word on tokens (reports and the state API), made on first use."""
+        if self._verifier is None:
+            self._verifier = TokenVerifier(
+                self.url,
+                ttl=self.token_cache_seconds,
+                timeout=self.request_timeout,
+                max_entries=self.token_cache_size,
+                unknown_rate=self.unknown_token_rate,
+                unknown_burst=10 * self.unknown_token_rate,
+                unknown_total_rate=self.unknown_token_rate_total,
+                unknown_total_burst=10 * self.unknown_token_rate_total,
+            )
+        return self._verifier
+
+    def slice_equivalent(self, facts: ServerFacts) -> float:
+        """GPU-equivalents a server's slice stands for (0 when the catalog cannot tell)."""
+        if self._catalog is None or facts.gpu_slice is None:
+            return 0.0
+        from ..choice.admission import options_gpu_equivalent
+
+        return options_gpu_equivalent(self._catalog, facts.user_options) or 0.0
 
     def start_receiver(self) -> HTTPServer | None:
         """Listen for reports at report_url (in the running event loop); None when off."""
@@ -342,10 +395,10 @@ class Culler(CullerApplication):
         where = urlparse(
             self.report_url if "://" in self.report_url else "http://" + self.report_url
         )
-        self._verifier = TokenVerifier(
-            self.url, ttl=self.token_cache_seconds, timeout=self.request_timeout
-        )
-        app = receiver_app(self.report_prefix, self._verifier, self.reports, self.on_report)
+        app = receiver_app(self.report_prefix, self.verifier(), self.reports, self.on_report)
+        prefix = "/" + self.report_prefix.strip("/") + "/" if self.report_prefix.strip("/") else "/"
+        state = state_handler(f"{prefix}api/state", self.verifier, self.state_json)
+        app.add_handlers(r".*", [state])
         server = HTTPServer(app, max_body_size=MAX_BODY * 2)
         server.listen(where.port or 80, where.hostname or "")
         self.log.info(
@@ -445,6 +498,7 @@ class Culler(CullerApplication):
             self.metrics.source_up.labels("prometheus").set(int(prom is not None))
         rules = self.rules()
         outcomes = []
+        rows = []
         missing_reports = 0
         for server in servers:
             facts, sources = self.gather(server, prom, now)
@@ -453,10 +507,12 @@ class Culler(CullerApplication):
             pool, policy = self.policy_for(facts).astuple()
             decision = decide_server(facts, reading, policy, now, rules)
             outcomes.append(Outcome(server, decision, reading.gpu, pool=pool))
+            rows.append(server_row(facts, reading, decision, policy, pool, now))
         if self.reports_enabled:  # up: every GPU server's report came in time
             sources_up["extension"] = missing_reports == 0
             self.metrics.source_up.labels("extension").set(int(sources_up["extension"]))
         await asyncio.gather(*(self._act(hub, o) for o in outcomes))
+        self.state.cycle(rows, [s.facts for s in servers], now)
         return CycleResult(len(servers), outcomes, hub.requests, 0.0, sources_up)
 
     async def _act(self, hub: HubClient, outcome: Outcome) -> None:
@@ -485,9 +541,25 @@ class Culler(CullerApplication):
         self.metrics.culls.labels(d.reason, pool).inc()
         if outcome.gpu is not None:
             self.metrics.reclaimed.labels(pool).inc(outcome.gpu.memory_mib)
+        self.state.record(
+            CullEvent(
+                at=time.time(), user=facts.user, server=facts.name, pool=pool,
+                slice=facts.gpu_slice or "", kind="server", reason=d.reason, message=d.message,
+                gpu_memory_mib=outcome.gpu.memory_mib if outcome.gpu is not None else 0.0,
+                gpu_equivalent=self.slice_equivalent(facts),
+            )
+        )  # fmt: skip
 
     # --- the service --------------------------------------------------------------------------
+    def state_json(self, now: float) -> dict[str, Any]:
+        body = self.state.to_json(now)
+        body["cull_every"] = self.cull_every
+        body["dry_run"] = self.dry_run
+        return body
+
     def metrics_app(self) -> web.Application:
+        """/metrics (open, as Prometheus scrapes it) and /api/state (a token that may read
+        every server: stateapi.py)."""
         registry = self.metrics.registry
 
         class MetricsHandler(web.RequestHandler):
@@ -495,7 +567,12 @@ class Culler(CullerApplication):
                 self.set_header("Content-Type", CONTENT_TYPE_LATEST)
                 self.write(generate_latest(registry))
 
-        return web.Application([(r"/metrics", MetricsHandler)])
+        return web.Application(
+            [
+                (r"/metrics", MetricsHandler),
+                state_handler(r"/api/state", self.verifier, self.state_json),
+            ]
+        )
 
     async def run(self) -> None:
         if not self.api_token:

@@ -122,9 +122,14 @@ class HealthHandler(web.RequestHandler):
         self.finish({"status": "ok"})
 
 
-def make_app(catalog: Catalog, watcher: Any, prefix: str) -> web.Application:
+def make_app(catalog: Catalog, watcher: Any, prefix: str, admin: Any = None) -> web.Application:
+    """The service's routes; `admin` (hub/admin.py's AdminData) adds the admin page."""
+    from .admin import AdminData, admin_handlers
+
+    admin = admin if admin is not None else AdminData(catalog, watcher)
     return web.Application(
         [
+            *admin_handlers(prefix, admin),
             (
                 url_path_join(prefix, "api/offers"),
                 OffersHandler,
@@ -143,7 +148,9 @@ def make_app(catalog: Catalog, watcher: Any, prefix: str) -> web.Application:
     )
 
 
-async def serve(catalog_path: str, live_capacity: bool) -> None:
+async def serve(
+    catalog_path: str, live_capacity: bool, culler_url: str = "", history_interval: float = 60.0
+) -> None:
     catalog = load_catalog(catalog_path)
     watcher = None
     if live_capacity:
@@ -159,7 +166,11 @@ async def serve(catalog_path: str, live_capacity: bool) -> None:
     from urllib.parse import urlparse
 
     parsed = urlparse(url)
-    server = HTTPServer(make_app(catalog, watcher, prefix))
+    from .admin import AdminData
+
+    admin = AdminData(catalog, watcher, culler_url=culler_url, interval=history_interval)
+    admin.start()
+    server = HTTPServer(make_app(catalog, watcher, prefix, admin))
     server.listen(parsed.port or 80, parsed.hostname or "127.0.0.1")
     app_log.info("fracspawner service on %s%s", url.rstrip("/"), prefix)
     await asyncio.Event().wait()
@@ -176,13 +187,27 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--no-live-capacity", action="store_true", help="do not watch nodes and pods"
     )
+    parser.add_argument(
+        "--culler-url",
+        default=os.environ.get("FRACSPAWNER_CULLER_URL", ""),
+        help="the culler's state API base (its report URL and prefix, e.g. "
+        "http://fracspawner-culler:10102/services/fracspawner-culler/), for the admin page",
+    )
+    parser.add_argument(
+        "--history-interval",
+        type=float,
+        default=60.0,
+        help="seconds between the admin page's history samples (24 h are kept)",
+    )
     args = parser.parse_args(argv)
     if not args.catalog:
         print("fracspawner service: --catalog or $FRACSPAWNER_CATALOG is required", file=sys.stderr)
         return 2
     enable_pretty_logging()
     try:
-        asyncio.run(serve(args.catalog, not args.no_live_capacity))
+        asyncio.run(
+            serve(args.catalog, not args.no_live_capacity, args.culler_url, args.history_interval)
+        )
     except KeyboardInterrupt:
         pass
     return 0

@@ -1,0 +1,200 @@
+"""What the culler knows, kept for the admin page (`GET {prefix}api/state`): each server's GPU
+state and what the culler will do next, from the last cycle, and what it ended in the last 24 h.
+
+Bounded: the server view is the last cycle's (one entry per ready server), the history at most
+`HISTORY_LIMIT` events and none older than `HISTORY_SECONDS`; both live in memory, so after a
+restart the history starts again (`since` says when). Pure apart from the clock the caller
+passes in.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from collections.abc import Iterable
+from dataclasses import asdict, dataclass
+from typing import Any
+
+from .decide import Decision, GpuFacts, Policy, Reading, ServerFacts
+
+HISTORY_SECONDS = 24 * 3600.0
+HISTORY_LIMIT = 10_000  # events; a class of 500 culled every hour for a day is 12,000
+CAME_BACK_SECONDS = 30 * 60.0
+
+
+@dataclass
+class CullEvent:
+    at: float
+    user: str
+    server: str
+    pool: str
+    slice: str
+    kind: str  # "server" (stopped by the culler) or "kernel" (shut down by its server)
+    reason: str
+    message: str
+    gpu_memory_mib: float
+    gpu_equivalent: float  # what the stop gave back (0 for a kernel: the slice stays held)
+    came_back_at: float | None = None  # the user's next server start after this event
+
+
+def gpu_state(gpu: GpuFacts | None) -> tuple[str, float | None]:
+    """("busy" | "idle" | "unknown", seconds idle) of one reading: unknown is never idle."""
+    if gpu is None or gpu.idle_for is None:
+        return "unknown", None
+    if gpu.idle_for <= 0:
+        return "busy", None
+    return "idle", gpu.idle_for
+
+
+def next_step(
+    facts: ServerFacts, reading: Reading, decision: Decision, policy: Policy, now: float
+) -> dict[str, Any] | None:
+    """What the culler will do to this server next and the earliest moment, if nothing
+    changes (the GPU stays as it is, nobody uses the server); None: nothing is due."""
+    if decision.cull:
+        return {"action": "stop", "reason": decision.reason, "at": now}
+    if decision.reason in ("not_ready", "exempt", "excluded"):
+        return None
+    due: list[tuple[float, str]] = []
+    if policy.max_age and facts.started is not None:
+        due.append((facts.started + policy.max_age, "max_age"))
+    unattended = getattr(policy, "server_unattended", None)
+    if unattended and facts.user_activity is not None:
+        due.append((facts.user_activity + unattended, "unattended"))
+    activity = facts.activity
+    gpu = reading.gpu
+    holds = facts.gpu_slice is not None or (gpu is not None and gpu.memory_mib > 0)
+    if activity is not None:
+        if holds and gpu is not None and gpu.known and policy.server_gpu_idle is not None:
+            assert gpu.idle_for is not None
+            gpu_idle_from = gpu.observed_at - gpu.idle_for
+            due.append((max(activity, gpu_idle_from) + policy.server_gpu_idle, "gpu_idle"))
+        if policy.server_idle is not None:
+            due.append((activity + policy.server_idle, "idle"))
+    if not due:
+        return None
+    at, reason = min(due)
+    return {"action": "stop", "reason": reason, "at": max(at, now)}
+
+
+class CullerState:
+    """The last cycle's view of every server and the bounded history of what was ended."""
+
+    def __init__(self, started_at: float, *, limit: int = HISTORY_LIMIT) -> None:
+        self.started_at = started_at
+        self.limit = limit
+        self.history: deque[CullEvent] = deque(maxlen=limit)
+        self.servers: list[dict[str, Any]] = []
+        self.last_cycle_at: float | None = None
+        # (user, server) -> (gpu state, since): how long a server has been busy/unknown
+        self._since: dict[tuple[str, str], tuple[str, float]] = {}
+
+    def record(self, event: CullEvent) -> None:
+        self.history.append(event)
+
+    def prune(self, now: float) -> None:
+        while self.history and self.history[0].at < now - HISTORY_SECONDS:
+            self.history.popleft()
+
+    def cycle(
+        self, rows: Iterable[dict[str, Any]], started: Iterable[ServerFacts], now: float
+    ) -> None:
+        """A cycle's server rows (`server_row`); `started`: every ready server's facts, to
+        notice users who came back after a stop."""
+        self.prune(now)
+        self.last_cycle_at = now
+        rows = list(rows)
+        seen: dict[tuple[str, str], tuple[str, float]] = {}
+        for row in rows:
+            key = (row["user"], row["server"])
+            state, idle_for = row["gpu"]["state"], row["gpu"]["idle_for"]
+            before = self._since.get(key)
+            if state == "idle" and idle_for is not None:
+                since = now - idle_for
+            elif before is not None and before[0] == state:
+                since = before[1]
+            else:
+                since = now
+            seen[key] = (state, since)
+            row["gpu"]["since"] = since
+        self._since = seen
+        self.servers = rows
+        started = list(started)
+        for event in self.history:
+            if event.kind != "server" or event.came_back_at is not None:
+                continue
+            back = [
+                f.started
+                for f in started
+                if f.user == event.user and f.started is not None and f.started > event.at
+            ]
+            if back:
+                event.came_back_at = min(back)
+
+    def to_json(self, now: float) -> dict[str, Any]:
+        self.prune(now)
+        history = [asdict(e) for e in self.history]
+        return {
+            "now": now,
+            "since": self.started_at,
+            "last_cycle_at": self.last_cycle_at,
+            "history_limit": self.limit,
+            "history_seconds": HISTORY_SECONDS,
+            "servers": self.servers,
+            "history": history,
+            "summary": summarise(history, now),
+        }
+
+
+def server_row(
+    facts: ServerFacts,
+    reading: Reading,
+    decision: Decision,
+    policy: Policy,
+    pool: str,
+    now: float,
+) -> dict[str, Any]:
+    state, idle_for = gpu_state(reading.gpu)
+    gpu = reading.gpu
+    return {
+        "user": facts.user,
+        "server": facts.name,
+        "pool": pool,
+        "slice": facts.gpu_slice or "",
+        "started": facts.started,
+        "activity": facts.activity,
+        "gpu": {
+            "state": state,
+            "idle_for": idle_for,
+            "memory_mib": None if gpu is None else gpu.memory_mib,
+            "source": "" if gpu is None else gpu.source,
+            "note": reading.missing or ("" if gpu is None else gpu.note),
+        },
+        "decision": {"action": decision.action, "reason": decision.reason},
+        "next": next_step(facts, reading, decision, policy, now),
+    }
+
+
+def summarise(history: Iterable[dict[str, Any]], now: float) -> dict[str, Any]:
+    """Totals of a history (the JSON events): servers stopped, kernels shut down, GPU memory
+    and slice-hours given back, users back within 30 min. Slice-hours: the stopped slice's
+    GPU-equivalents times the hours until its user started a server again (or until now)."""
+    servers = kernels = came_back = 0
+    memory = slice_hours = 0.0
+    for event in history:
+        memory += event.get("gpu_memory_mib") or 0.0
+        if event.get("kind") == "kernel":
+            kernels += 1
+            continue
+        servers += 1
+        back = event.get("came_back_at")
+        end = back if back is not None else now
+        slice_hours += (event.get("gpu_equivalent") or 0.0) * max(end - event["at"], 0.0) / 3600
+        if back is not None and back - event["at"] <= CAME_BACK_SECONDS:
+            came_back += 1
+    return {
+        "servers_stopped": servers,
+        "kernels_shut_down": kernels,
+        "gpu_memory_mib": memory,
+        "slice_hours": round(slice_hours, 3),
+        "came_back_30min": came_back,
+    }

@@ -1,0 +1,52 @@
+"""`GET .../api/state`: the culler's view for the admin page (fracspawner.culler.state), as JSON.
+
+Answered only for a token whose hub identity may read every server (`read:servers`, unfiltered:
+the fracspawner service's own token, or an admin's): the state names every user's servers, no
+more than such a token can already read from the hub. The token is checked with the hub
+(`GET /hub/api/user`, cached like the report tokens); 401 without a token, 403 otherwise.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Callable
+from typing import Any
+
+from tornado import web
+
+from .identity import Refused, TokenVerifier
+
+READ_SCOPE = "read:servers"
+
+
+class StateHandler(web.RequestHandler):
+    def initialize(
+        self, verifier: Callable[[], TokenVerifier], state: Callable[[float], dict[str, Any]]
+    ) -> None:
+        self.verifier, self.state = verifier, state
+
+    def _refuse(self, code: int, message: str) -> None:
+        self.set_status(code)
+        self.set_header("Content-Type", "application/json")
+        self.finish(json.dumps({"status": code, "message": message}))
+
+    async def get(self) -> None:
+        scheme, _, token = self.request.headers.get("Authorization", "").partition(" ")
+        if scheme.lower() not in ("token", "bearer") or not token.strip():
+            return self._refuse(401, "send a token that may read every server")
+        try:
+            model = await self.verifier().model(token.strip())
+        except Refused as exc:
+            return self._refuse(exc.code, str(exc))
+        if READ_SCOPE not in (model.get("scopes") or []):
+            return self._refuse(403, f"this token may not {READ_SCOPE} of every user")
+        self.set_header("Content-Type", "application/json")
+        self.set_header("Cache-Control", "no-store")
+        self.finish(json.dumps(self.state(time.time())))
+
+
+def state_handler(
+    path: str, verifier: Callable[[], TokenVerifier], state: Callable[[float], dict[str, Any]]
+) -> tuple[str, type, dict[str, Any]]:
+    return (path, StateHandler, {"verifier": verifier, "state": state})

@@ -1,0 +1,668 @@
+"""The admin page of the fracspawner service (`/services/fracspawner/admin`), its JSON
+(`.../admin/api`) and the per-pool Prometheus gauges (`.../metrics`).
+
+Who sees it: a user whose OAuth token may read every user's servers (`read:servers`,
+unfiltered; the hub's admins have it through `admin:servers`), which is what the page shows.
+Everyone else gets 403. The service lists `read:servers` in its `oauth_client_allowed_scopes`
+so that an admin's token carries it (a user's carries only `read:servers!user`, their own).
+
+Where the data comes from (nothing new is asked of a user's server):
+- pools and holders: the capacity watches (pods with the CONTRACT pool label; capacity/usage.py);
+- when each server started: the hub's REST API with the service's own token (`list:users`,
+  `read:servers`: the models of active servers, nothing else);
+- GPU busy/idle/unknown, memory in use, what the culler does next, and its last 24 h: the
+  culler's `GET .../api/state` (fracspawner.culler.stateapi), with the same token.
+
+History: one sample per pool every `interval` seconds, in memory, at most `HISTORY_SAMPLES`
+per pool (24 h at one a minute); a restart starts it again, and the page says since when.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import time
+from collections import deque
+from collections.abc import Iterable, Mapping
+from dataclasses import asdict
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+from urllib.parse import urlencode
+
+from jinja2 import Environment, PackageLoader, select_autoescape
+from prometheus_client import CollectorRegistry, Gauge, generate_latest
+from prometheus_client.exposition import CONTENT_TYPE_LATEST
+from tornado import web
+from tornado.httpclient import AsyncHTTPClient, HTTPRequest
+from tornado.log import app_log
+
+from ..backends import plan_slice
+from ..capacity.usage import Holder, holders_from_pods, pool_usage
+from ..choice.admission import options_gpu_equivalent, watch_usable
+from ..choice.options import offer_for
+from ..model.errors import SliceError
+from ..model.slices import parse_slice
+
+__all__ = [
+    "ADMIN_SCOPE",
+    "HISTORY_SAMPLES",
+    "AdminData",
+    "admin_handlers",
+    "build_admin_model",
+    "render_admin_page",
+]
+
+#: the scope that shows the page: reading every user's servers (what the page shows)
+ADMIN_SCOPE = "read:servers"
+HISTORY_SECONDS = 24 * 3600
+HISTORY_SAMPLES = 1440  # per pool: 24 h at one sample a minute
+PAGE_SIZE = 50
+SORT_KEYS = ("user", "server", "pool", "slice", "since", "memory", "gpu", "next")
+_GPU_ORDER = {"unknown": 0, "idle": 1, "busy": 2}
+
+
+# ----------------------------------------------------------------------------- pure model
+def holders_from_servers(catalog: Any, users: Iterable[Mapping[str, Any]]) -> list[Holder]:
+    """Holders from the hub's user models (no pod watch): each active server whose
+    `user_options` name a slice; its memory and GPU-equivalents from the catalog."""
+    out = []
+    for user in users:
+        for name, server in (user.get("servers") or {}).items():
+            if not isinstance(server, Mapping) or server.get("stopped"):
+                continue
+            options = server.get("user_options") or {}
+            try:
+                requested = parse_slice(options.get("gpu"), step=catalog.fraction_step)
+            except SliceError:
+                continue
+            if requested.kind == "none":
+                continue
+            pool_name = options.get("pool") if isinstance(options.get("pool"), str) else ""
+            pool = catalog.pools.get(pool_name)
+            memory = None
+            if pool is not None and (offer := offer_for(pool, requested)) is not None:
+                memory = plan_slice(offer, pool, None).memory_mib
+            out.append(
+                Holder(
+                    user=str(user.get("name")),
+                    server=str(name),
+                    pool=pool_name or "",
+                    gpu=str(options.get("gpu")),
+                    gpu_equivalent=options_gpu_equivalent(catalog, options),
+                    memory_limit_mib=memory,
+                    pod="",
+                    node=None,
+                    waiting=not server.get("ready"),
+                    since=_ts(server.get("started")),
+                )
+            )
+    return out
+
+
+def _ts(value: Any) -> float | None:
+    if not isinstance(value, str) or not value:
+        return None
+    try:
+        return datetime.fromisoformat(value.replace("Z", "+00:00")).timestamp()
+    except ValueError:
+        return None
+
+
+def started_by_server(users: Iterable[Mapping[str, Any]]) -> dict[tuple[str, str], float]:
+    out = {}
+    for user in users:
+        for name, server in (user.get("servers") or {}).items():
+            started = _ts((server or {}).get("started"))
+            if started is not None:
+                out[(str(user.get("name")), str(name))] = started
+    return out
+
+
+def _duration(seconds: float | None) -> str:
+    if seconds is None:
+        return ""
+    s = int(max(seconds, 0))
+    if s < 90:
+        return f"{s} s"
+    if s < 5400:
+        return f"{round(s / 60)} min"
+    if s < 48 * 3600:
+        return f"{s / 3600:.1f} h"
+    return f"{s / 86400:.1f} d"
+
+
+def _clock(ts: float | None) -> str:
+    if ts is None:
+        return ""
+    return datetime.fromtimestamp(ts, UTC).strftime("%Y-%m-%d %H:%M UTC")
+
+
+def _mib(value: float | None) -> str:
+    if value is None:
+        return "?"
+    return f"{value / 1024:.1f} GiB" if value >= 1024 else f"{value:.0f} MiB"
+
+
+def holder_rows(
+    holders: Iterable[Holder], culler: Mapping[str, Any] | None, now: float
+) -> list[dict[str, Any]]:
+    """One row per holder: the pod's facts, joined with the culler's view of its server."""
+    seen = {(r["user"], r["server"]): r for r in (culler or {}).get("servers") or []}
+    rows = []
+    for h in holders:
+        c = seen.get((h.user, h.server))
+        gpu = (c or {}).get("gpu") or {}
+        state = gpu.get("state") or "unknown"
+        since_state = gpu.get("since")
+        nxt = (c or {}).get("next")
+        since = h.since if h.since is not None else (c or {}).get("started")
+        used = gpu.get("memory_mib")
+        if h.waiting:
+            state, why = "waiting", "not placed on a node yet"
+        elif c is None:
+            why = "the culler has not seen this server" if culler else "no culler connected"
+        else:
+            why = gpu.get("note") or ""
+        rows.append(
+            {
+                "user": h.user,
+                "server": h.server,
+                "pool": h.pool,
+                "slice": h.gpu,
+                "gpu_equivalent": h.gpu_equivalent,
+                "since": since,
+                "since_text": _clock(since),
+                "memory_used_mib": used,
+                "memory_limit_mib": h.memory_limit_mib,
+                "memory_text": f"{_mib(used) if used is not None else '?'} of "
+                f"{_mib(h.memory_limit_mib) if h.memory_limit_mib is not None else '?'}",
+                "gpu": state,
+                "gpu_for": None if since_state is None else max(now - since_state, 0),
+                "gpu_text": state
+                + (
+                    f" for {_duration(now - since_state)}"
+                    if since_state is not None and state != "waiting"
+                    else ""
+                ),
+                "gpu_why": why,
+                "next_at": None if not nxt else nxt.get("at"),
+                "next_text": (
+                    "nothing due"
+                    if c is not None and not nxt
+                    else ""
+                    if not nxt
+                    else f"stop ({nxt['reason'].replace('_', ' ')}) "
+                    + (
+                        "now"
+                        if nxt["at"] <= now + 1
+                        else f"in {_duration(nxt['at'] - now)}, at {_clock(nxt['at'])}"
+                    )
+                ),
+            }
+        )
+    return rows
+
+
+def _sort_key(key: str):
+    def by(row: Mapping[str, Any]) -> tuple:
+        value: Any
+        if key == "memory":
+            value = row["memory_used_mib"] if row["memory_used_mib"] is not None else -1
+        elif key == "gpu":
+            value = (_GPU_ORDER.get(row["gpu"], -1), row["gpu_for"] or 0)
+        elif key == "since":
+            value = row["since"] if row["since"] is not None else float("inf")
+        elif key == "next":
+            value = row["next_at"] if row["next_at"] is not None else float("inf")
+        else:
+            value = row[key]
+        return (value, row["user"], row["server"])
+
+    return by
+
+
+def sort_and_page(
+    rows: list[dict[str, Any]], sort: str, order: str, page: int, size: int = PAGE_SIZE
+) -> tuple[list[dict[str, Any]], int]:
+    """One page of the rows, sorted; (rows, number of pages)."""
+    key = sort if sort in SORT_KEYS else "user"
+    ordered = sorted(rows, key=_sort_key(key), reverse=order == "desc")
+    pages = max((len(ordered) + size - 1) // size, 1)
+    page = min(max(page, 1), pages)
+    return ordered[(page - 1) * size : page * size], pages
+
+
+def build_admin_model(
+    catalog: Any,
+    capacity: Any,
+    holders: list[Holder],
+    culler: Mapping[str, Any] | None,
+    history: Mapping[str, Any],
+    now: float,
+    *,
+    culler_error: str = "",
+) -> dict[str, Any]:
+    """Everything the admin page shows, as plain data (the JSON API's answer too)."""
+    rows = holder_rows(holders, culler, now)
+    idle: dict[str, float] = {}
+    for row in rows:
+        if row["gpu"] == "idle":
+            idle[row["pool"]] = idle.get(row["pool"], 0.0) + (row["gpu_equivalent"] or 0.0)
+    pools = []
+    for usage in pool_usage(catalog, capacity, holders):
+        entry = asdict(usage)
+        entry["idle_held_gpu"] = round(idle.get(usage.name, 0.0), 6) if culler else None
+        pools.append(entry)
+    events = list((culler or {}).get("history") or [])
+    for event in events:
+        back = event.get("came_back_at")
+        event["at_text"] = _clock(event["at"])
+        event["came_back_text"] = "" if back is None else f"after {_duration(back - event['at'])}"
+    events.reverse()  # newest first
+    return {
+        "now": now,
+        "pools": pools,
+        "servers": rows,
+        "stale": bool(getattr(capacity, "stale", False)),
+        "culler": {
+            "connected": culler is not None,
+            "error": culler_error,
+            "since": (culler or {}).get("since"),
+            "last_cycle_at": (culler or {}).get("last_cycle_at"),
+            "summary": (culler or {}).get("summary") or {},
+            "history": events,
+        },
+        "history": history,
+    }
+
+
+# ----------------------------------------------------------------------------- rendering
+def _env() -> Environment:
+    env = Environment(
+        loader=PackageLoader("fracspawner.hub", "templates"),
+        autoescape=select_autoescape(default=True, default_for_string=True),
+    )
+    env.filters["clock"] = _clock
+    env.filters["duration"] = _duration
+    env.filters["mib"] = _mib
+    env.filters["gpu"] = lambda v: "unknown" if v is None else f"{v:.3g}"
+    return env
+
+
+_ENV = _env()
+
+
+def _json_for_script(value: Any) -> str:
+    """JSON safe inside <script>: no '</' or '<!--' can end the element."""
+    return (
+        json.dumps(value, separators=(",", ":"))
+        .replace("<", "\\u003c")
+        .replace(">", "\\u003e")
+        .replace("&", "\\u0026")
+    )
+
+
+def _table_rows(samples: list[list[float | None]], step: float = 1800) -> list[list[Any]]:
+    """The chart's samples as table rows, at most one per `step` seconds (newest first)."""
+    out: list[list[Any]] = []
+    last = None
+    for sample in reversed(samples):
+        if last is None or last - sample[0] >= step:
+            out.append(sample)
+            last = sample[0]
+    return out
+
+
+def render_admin_page(
+    model: Mapping[str, Any],
+    *,
+    user: str,
+    hub_prefix: str,
+    static_prefix: str,
+    sort: str = "user",
+    order: str = "asc",
+    page: int = 1,
+    history_info: Mapping[str, Any] | None = None,
+) -> str:
+    rows, pages = sort_and_page(list(model["servers"]), sort, order, page)
+    page = min(max(page, 1), pages)
+
+    def link(**changes: Any) -> str:
+        args = {"sort": sort, "order": order, "page": page, **changes}
+        return "?" + urlencode(args) + "#holders"
+
+    tables = {name: _table_rows(samples) for name, samples in (model["history"] or {}).items()}
+    return _ENV.get_template("admin_page.html").render(
+        model=model,
+        rows=rows,
+        pages=pages,
+        page=page,
+        sort=sort if sort in SORT_KEYS else "user",
+        order=order,
+        link=link,
+        user=user,
+        hub_prefix=hub_prefix,
+        static_prefix=static_prefix,
+        history_json=_json_for_script(model["history"]),
+        pool_names_json=_json_for_script({p["name"]: p["display_name"] for p in model["pools"]}),
+        tables=tables,
+        history_info=history_info or {},
+        total=len(model["servers"]),
+        page_size=PAGE_SIZE,
+    )
+
+
+# ----------------------------------------------------------------------------- the service side
+class PoolMetrics:
+    """The per-pool gauges, in a registry of the service's own."""
+
+    def __init__(self) -> None:
+        self.registry = CollectorRegistry()
+        self.slices = Gauge(
+            "fracspawner_pool_slices",
+            "GPU slices (pods) per pool: held (placed on a node) or waiting (not placed yet).",
+            ["pool", "state"],
+            registry=self.registry,
+        )
+        self.free_slices = Gauge(
+            "fracspawner_pool_offer_free_slices",
+            "Slices of each offer that would fit now (absent while unknown).",
+            ["pool", "offer"],
+            registry=self.registry,
+        )
+        self.held = Gauge(
+            "fracspawner_pool_gpu_equivalents_held",
+            "GPU-equivalents held by placed pods, per pool.",
+            ["pool"],
+            registry=self.registry,
+        )
+        self.free = Gauge(
+            "fracspawner_pool_gpu_equivalents_free",
+            "GPU-equivalents that could still be handed out (the largest free offer times its "
+            "size), per pool; absent while unknown.",
+            ["pool"],
+            registry=self.registry,
+        )
+        self.idle_held = Gauge(
+            "fracspawner_pool_gpu_equivalents_idle_held",
+            "GPU-equivalents held by servers the culler saw GPU-idle, per pool; absent "
+            "without a culler.",
+            ["pool"],
+            registry=self.registry,
+        )
+        self.stale = Gauge(
+            "fracspawner_capacity_stale",
+            "1 while the node and pod watches have lost the API server (counts not current).",
+            registry=self.registry,
+        )
+
+    def update(self, model: Mapping[str, Any]) -> None:
+        self.stale.set(int(model["stale"]))
+        for pool in model["pools"]:
+            name = pool["name"]
+            self.slices.labels(name, "held").set(pool["held"])
+            self.slices.labels(name, "waiting").set(pool["waiting"])
+            self.held.labels(name).set(pool["held_gpu"])
+            self._maybe(self.free, (name,), pool["free_gpu"])
+            self._maybe(self.idle_held, (name,), pool["idle_held_gpu"])
+            for offer in pool["offers"]:
+                self._maybe(self.free_slices, (name, offer["spec"]), offer["free"])
+
+    @staticmethod
+    def _maybe(gauge: Gauge, labels: tuple[str, ...], value: float | None) -> None:
+        if value is None:  # unknown is no number: the series goes, it never reads 0
+            try:
+                gauge.remove(*labels)
+            except KeyError:
+                pass
+        else:
+            gauge.labels(*labels).set(value)
+
+
+class AdminData:
+    """Gathers the page's data (cached a few seconds), keeps the history, feeds the gauges."""
+
+    def __init__(
+        self,
+        catalog: Any,
+        watcher: Any,
+        *,
+        culler_url: str = "",
+        hub_api_url: str | None = None,
+        token: str | None = None,
+        interval: float = 60.0,
+        cache_seconds: float = 5.0,
+    ) -> None:
+        self.catalog = catalog
+        self.watcher = watcher
+        self.culler_url = culler_url.rstrip("/") + "/" if culler_url else ""
+        self.hub_api_url = (
+            hub_api_url or os.environ.get("JUPYTERHUB_API_URL", "http://127.0.0.1:8081/hub/api")
+        ).rstrip("/")
+        self.token = token if token is not None else os.environ.get("JUPYTERHUB_API_TOKEN", "")
+        self.interval = interval
+        self.cache_seconds = cache_seconds
+        self.started_at = time.time()
+        self.samples = max(int(HISTORY_SECONDS / max(interval, 1)), 1)
+        self.history: dict[str, deque[list[float | None]]] = {}
+        self.metrics = PoolMetrics()
+        self.http = AsyncHTTPClient(force_instance=True)
+        self._cache: tuple[float, dict[str, Any]] | None = None
+        self._lock = asyncio.Lock()
+        self._task: asyncio.Task | None = None
+
+    # -- sources
+    async def _get_json(self, url: str) -> Any:
+        req = HTTPRequest(
+            url,
+            headers={"Authorization": f"token {self.token}", "Accept": "application/json"},
+            request_timeout=10,
+            follow_redirects=False,
+        )
+        resp = await self.http.fetch(req)
+        return json.loads(resp.body)
+
+    async def hub_users(self) -> list[dict[str, Any]] | None:
+        """Users with active servers (the service's own token: list:users, read:servers)."""
+        if not self.token:
+            return None
+        users: list[dict[str, Any]] = []
+        offset = 0
+        try:
+            while True:
+                query = urlencode({"state": "active", "offset": offset, "limit": 200})
+                page = await self._get_json_paged(f"{self.hub_api_url}/users?{query}")
+                if isinstance(page, list):  # a hub without pagination
+                    return page
+                users.extend(page["items"])
+                nxt = (page.get("_pagination") or {}).get("next")
+                if not nxt:
+                    return users
+                offset = int(nxt["offset"])
+        except Exception as exc:
+            app_log.warning("fracspawner admin: no server list from the hub: %s", exc)
+            return None
+
+    async def _get_json_paged(self, url: str) -> Any:
+        req = HTTPRequest(
+            url,
+            headers={
+                "Authorization": f"token {self.token}",
+                "Accept": "application/jupyterhub-pagination+json",
+            },
+            request_timeout=10,
+        )
+        return json.loads((await self.http.fetch(req)).body)
+
+    async def culler_state(self) -> tuple[dict[str, Any] | None, str]:
+        if not self.culler_url:
+            return None, "no culler connected (fracspawner service --culler-url)"
+        try:
+            return await self._get_json(self.culler_url + "api/state"), ""
+        except Exception as exc:
+            app_log.warning("fracspawner admin: the culler did not answer: %s", exc)
+            return None, f"the culler did not answer ({type(exc).__name__})"
+
+    # -- the model
+    async def model(self) -> dict[str, Any]:
+        async with self._lock:
+            now = time.time()
+            if self._cache is not None and now - self._cache[0] < self.cache_seconds:
+                return self._cache[1]
+            capacity = None
+            if self.watcher is not None:
+                await self.watcher.start()
+                capacity = self.watcher.snapshot()
+            users, (culler, error) = await asyncio.gather(self.hub_users(), self.culler_state())
+            if watch_usable(capacity):
+                holders = holders_from_pods(self.watcher.pods(), started_by_server(users or []))
+            else:
+                holders = holders_from_servers(self.catalog, users or [])
+            model = build_admin_model(
+                self.catalog,
+                capacity,
+                holders,
+                culler,
+                self.history_json(),
+                now,
+                culler_error=error,
+            )
+            self.metrics.update(model)
+            self._cache = (now, model)
+            return model
+
+    def history_json(self) -> dict[str, list[list[float | None]]]:
+        return {pool: list(samples) for pool, samples in self.history.items()}
+
+    def history_info(self) -> dict[str, Any]:
+        return {
+            "since": self.started_at,
+            "interval": self.interval,
+            "samples": self.samples,
+        }
+
+    async def sample(self) -> None:
+        """One history sample per pool: [time, held, free, idle-held] (GPU-equivalents)."""
+        self._cache = None
+        model = await self.model()
+        for pool in model["pools"]:
+            samples = self.history.setdefault(pool["name"], deque(maxlen=self.samples))
+            samples.append(
+                [round(model["now"]), pool["held_gpu"], pool["free_gpu"], pool["idle_held_gpu"]]
+            )
+        self._cache = None
+
+    async def _loop(self) -> None:
+        while True:
+            try:
+                await self.sample()
+            except Exception:  # the page and the offers must outlive a bad sample
+                app_log.exception("fracspawner admin: sampling failed")
+            await asyncio.sleep(self.interval)
+
+    def start(self) -> None:
+        if self._task is None:
+            self._task = asyncio.ensure_future(self._loop())
+
+
+# ----------------------------------------------------------------------------- handlers
+def _static_dir() -> Path:
+    here = Path(__file__).resolve().parent
+    for folder in (here / "static" / "admin", here.parent.parent / "frontend" / "admin"):
+        if (folder / "admin.js").exists():
+            return folder
+    return here / "static" / "admin"
+
+
+def _hub_prefix() -> str:
+    return os.environ.get("JUPYTERHUB_BASE_URL", "/").rstrip("/") + "/hub/"
+
+
+def may_see(user: Mapping[str, Any]) -> bool:
+    """Whether a user model (HubOAuth's) may see the page: its token reads every server."""
+    return ADMIN_SCOPE in (user.get("scopes") or ())
+
+
+def _admin_base() -> type:
+    from jupyterhub.services.auth import HubOAuthenticated
+
+    class AdminBase(HubOAuthenticated, web.RequestHandler):
+        def initialize(self, data: AdminData, prefix: str) -> None:
+            self.data = data
+            self.prefix = prefix
+
+        def check_xsrf_cookie(self) -> None:  # GET only
+            return None
+
+        def refuse(self) -> None:
+            self.set_status(403)
+            self.set_header("Content-Type", "text/plain; charset=utf-8")
+            self.finish(
+                f"403: the GPU admin page is for users who may read every user's servers "
+                f"(scope {ADMIN_SCOPE}; the hub's admins have it)."
+            )
+
+    return AdminBase
+
+
+def admin_handlers(prefix: str, data: AdminData) -> list[tuple[str, type, dict[str, Any]]]:
+    """The routes to add to the service's application."""
+    from jupyterhub.utils import url_path_join
+
+    base = _admin_base()
+    args = {"data": data, "prefix": prefix}
+
+    class AdminPageHandler(base):  # type: ignore[misc, valid-type]
+        @web.authenticated
+        async def get(self) -> None:
+            if not may_see(self.current_user):
+                return self.refuse()
+            model = await self.data.model()
+            try:
+                page = int(self.get_argument("page", "1"))
+            except ValueError:
+                page = 1
+            self.set_header("Cache-Control", "no-store")
+            self.finish(
+                render_admin_page(
+                    model,
+                    user=self.current_user["name"],
+                    hub_prefix=_hub_prefix(),
+                    static_prefix=url_path_join(self.prefix, "admin/static/"),
+                    sort=self.get_argument("sort", "user"),
+                    order="desc" if self.get_argument("order", "asc") == "desc" else "asc",
+                    page=page,
+                    history_info=self.data.history_info(),
+                )
+            )
+
+    class AdminApiHandler(base):  # type: ignore[misc, valid-type]
+        @web.authenticated
+        async def get(self) -> None:
+            if not may_see(self.current_user):
+                return self.refuse()
+            model = await self.data.model()
+            self.set_header("Content-Type", "application/json")
+            self.set_header("Cache-Control", "no-store")
+            self.finish(json.dumps({**model, "history_info": self.data.history_info()}))
+
+    class MetricsHandler(web.RequestHandler):
+        """Per-pool aggregates only (no user names): open, as Prometheus scrapes it."""
+
+        async def get(self) -> None:
+            await data.model()
+            self.set_header("Content-Type", CONTENT_TYPE_LATEST)
+            self.finish(generate_latest(data.metrics.registry))
+
+    return [
+        (url_path_join(prefix, "admin/?"), AdminPageHandler, args),
+        (url_path_join(prefix, "admin/api"), AdminApiHandler, args),
+        (
+            url_path_join(prefix, "admin/static/(.*)"),
+            web.StaticFileHandler,
+            {"path": str(_static_dir())},
+        ),
+        (url_path_join(prefix, "metrics"), MetricsHandler, {}),
+    ]
