@@ -30,6 +30,17 @@ TOPOLOGY = demo_topology_with_t4_jobs(4)
 HUB_EXTRA_CONFIG = """
 c.JupyterHub.tornado_settings = {"slow_spawn_timeout": 0}
 c.FracSpawner.admission = "wait"
+
+def _short_limits(spawner):
+    # one user's spawns get short limits (a hook sets them after clear_state restored the
+    # configured ones), so the page past start_timeout and kubespawner's patience threshold
+    # is seen in seconds instead of minutes
+    if spawner.user.name == "quinn":
+        spawner.start_timeout = 6
+        spawner.queue_timeout = 30
+        spawner.slow_spawn_message_threshold = 2
+
+c.Spawner.pre_spawn_hook = _short_limits
 """
 
 
@@ -84,4 +95,43 @@ def test_pending_page_says_what_the_pod_waits_for_in_words(hub, devcluster, brow
     url = f"{devcluster.url}/api/v1/namespaces/default/pods/training-0"
     assert http_json("DELETE", url)[0] == 200
     wait_for_lab(page, hub.url, "wanda")
+    page.close()
+
+
+def test_a_queued_spawn_outlives_start_timeout_and_gives_up_in_words(hub, devcluster, browser):
+    """Issue 21 item 1: waiting in line does not count against start_timeout (JupyterHub's
+    `asyncio.wait_for(spawner.start(), timeout=spawner.start_timeout)` in jupyterhub/user.py
+    `User.spawn`); past kubespawner's slow_spawn_message_threshold the waiting line stays under
+    the bar; at queue_timeout the spawn fails saying so, and the header stops promising a
+    redirect."""
+    ensure_group(hub, "ml-research", "quinn")
+    page = new_page(browser)
+    login(page, hub.url, "quinn")
+    open_spawn_form(page, hub.url, "quinn")
+    page.locator('.fs-mode-tab[data-mode="fraction"]').click()
+    page.locator('input[name="gpu"][value="1/4"]').check()
+    page.locator(".fs-pool-card[data-pool=t4]").click()
+    page.get_by_role("button", name="Start").click()
+    page.wait_for_url("**/hub/spawn-pending/quinn*")
+    message = page.locator("#progress-message")
+    message.get_by_text("Waiting for a free 1/4 GPU on T4 16GB (time-sliced)").wait_for()
+    # past start_timeout (6 s) and the patience threshold (2 s): still in line, same promise
+    page.wait_for_timeout(12_000)
+    line = message.inner_text()
+    assert line.startswith("Waiting for a free 1/4 GPU on T4 16GB (time-sliced): 0 of 4 free")
+    assert "your place is kept for 30 seconds; waiting for " in line
+    assert "longer than expected" not in line and "failed" not in line.lower()
+    assert page.locator("#progress-bar.bg-danger").count() == 0
+    if os.environ.get("FRACSPAWNER_UPDATE_SCREENSHOTS") == "1":
+        page.screenshot(path=str(SCREENSHOTS / "picker-pending-queued.png"), full_page=True)
+    # no slot frees: at queue_timeout the place is given up, in words
+    page.locator("#progress-bar.bg-danger").wait_for(timeout=60_000)
+    assert message.inner_text() == (
+        "Spawn failed: No 1/4 GPU on T4 16GB (time-sliced) freed within 30 seconds; your place "
+        "is given up. Start again to wait again, or choose another size."
+    )
+    failed = page.locator("#fs-pending-failed")
+    assert failed.inner_text() == "The reason is below. Start again"
+    assert "redirected automatically" not in page.locator("main, .container").first.inner_text()
+    assert failed.get_by_role("link").get_attribute("href").endswith("/hub/spawn/quinn")
     page.close()

@@ -66,7 +66,10 @@ def test_pending_pod_explains_what_it_waits_for_and_starts_when_a_slot_frees(hub
     waiting = [m for m in messages if "Waiting for a free" in m]
     assert waiting, messages
     assert waiting[0].startswith("Waiting for a free 1/4 GPU on T4 16GB (time-sliced): 0 of 4 free")
-    assert waiting[0].endswith("; it starts by itself as soon as one frees.")
+    # the promise is bounded: how long the place in line is kept (FracSpawner.queue_timeout)
+    assert waiting[0].endswith(
+        "; it starts by itself as soon as one frees (your place is kept for 30 minutes)."
+    )
     # the scheduler's words (what it lacks) stay in the event log beside the sentence
     first_wait = next(e for e in events if "Waiting for a free" in e.get("message", ""))
     assert "Insufficient nvidia.com/gpu" in first_wait["html_message"]

@@ -12,6 +12,7 @@ then the GPU slice's PodPlan on top.
 
 from __future__ import annotations
 
+import asyncio
 import copy
 import os
 from collections.abc import Mapping
@@ -20,7 +21,7 @@ from typing import Any
 from jupyterhub.utils import maybe_future
 from kubespawner import KubeSpawner
 from tornado import web
-from traitlets import Bool, Dict, Enum, Unicode, default
+from traitlets import Bool, Dict, Enum, Integer, Unicode, default
 
 from ..backends import is_reserved_env, load_catalog, safe_env
 from ..choice.admission import (
@@ -42,7 +43,7 @@ from ..choice.options import OPTION_KEYS, Choice, OptionsError, describe_offer, 
 from ..model.catalog import AccessRule, Catalog, CatalogError
 from .form import render_form
 from .progress import human_step, progress_event
-from .refusal import refused
+from .refusal import gave_up, refused
 
 #: a trait value traitlets has not stored (a dynamic default not computed yet)
 _MISSING = object()
@@ -94,6 +95,18 @@ class FracSpawner(KubeSpawner):
 
         "refuse" answers at once with what is free instead; "wait" creates the pod and lets it
         stay Pending until capacity frees, with progress messages saying what it waits for.
+        """,
+    )
+    queue_timeout = Integer(
+        1800,
+        min=1,
+        config=True,
+        help="""Under admission "wait": how long (seconds) a spawn may wait in line for a slot.
+
+        Time in line does not count against `start_timeout`: JupyterHub's limit for the spawn
+        becomes queue_timeout + start_timeout, and `start_timeout` still bounds the rest (the
+        time before the pod is created and after it is scheduled). A spawn still in line after
+        queue_timeout fails with "No <size> freed within <N> minutes; your place is given up."
         """,
     )
     admin_override = Bool(
@@ -535,6 +548,75 @@ class FracSpawner(KubeSpawner):
                 **copy.deepcopy(dict(plan.extra_container_config)),
             }
 
+    # ---------------------------------------------------------------- waiting in line
+    def start(self) -> Any:
+        """kubespawner's start; under admission "wait", JupyterHub's limit covers the line.
+
+        JupyterHub reads `start_timeout` right after calling start() (jupyterhub/user.py
+        `User.spawn`: `asyncio.wait_for(f, timeout=spawner.start_timeout)`), and kubespawner's
+        own wait for the pod to run reads it too, so a spawn queued for a slot died of it,
+        with no reason on the pending page. Here that limit becomes queue_timeout +
+        start_timeout (clear_state restores the configured value for the next spawn) and
+        `_start` enforces both parts itself: time in line against queue_timeout, the rest
+        against start_timeout."""
+        self._startup_timeout = self.start_timeout  # after hooks: what THIS spawn was given
+        if self.admission == "wait":
+            self.start_timeout = self._startup_timeout + self.queue_timeout
+        return super().start()
+
+    async def _start(self) -> Any:
+        if self.admission != "wait":
+            return await super()._start()
+        task = asyncio.ensure_future(super()._start())
+        loop = asyncio.get_running_loop()
+        last = began = loop.time()
+        queued = 0.0
+        try:
+            while not task.done():
+                await asyncio.wait([task], timeout=1)
+                now = loop.time()
+                if self._in_line():
+                    queued += now - last
+                    if queued > self.queue_timeout:
+                        raise gave_up(self._gave_up_message())
+                elif now - began - queued > self._startup_timeout:
+                    # JupyterHub words a TimeoutError as its own start_timeout failure
+                    raise asyncio.TimeoutError(
+                        f"{self._log_name} did not start in {self._startup_timeout} seconds "
+                        f"(besides {int(queued)} s waiting for a slot)"
+                    )
+                last = now
+        finally:
+            if not task.done():
+                task.cancel()  # JupyterHub's stop() then deletes the pod
+        return task.result()
+
+    def _queued_pod(self) -> Mapping[str, Any] | None:
+        """This spawn's pod while it waits for a node (Pending, not bound); None otherwise."""
+        reflector = getattr(self, "pod_reflector", None)
+        if reflector is None:
+            return None
+        pod = reflector.pods.get(f"{self.namespace}/{self.pod_name}")
+        if not isinstance(pod, Mapping):
+            return None
+        phase = (pod.get("status") or {}).get("phase")
+        if phase == "Pending" and not (pod.get("spec") or {}).get("nodeName"):
+            return pod
+        return None
+
+    def _in_line(self) -> bool:
+        return self._queued_pod() is not None
+
+    def _gave_up_message(self) -> str:
+        choice = self.choice
+        what = "slot"
+        if choice is not None and choice.pool is not None:
+            what = f"{describe_offer(choice.offer or choice.slice)} on {choice.pool.display_name}"
+        return (
+            f"No {what} freed within {_duration(self.queue_timeout)}; your place is given up. "
+            "Start again to wait again, or choose another size."
+        )
+
     # ---------------------------------------------------------------- progress
     async def progress(self):
         """kubespawner's progress in the user's words: each pod event becomes a sentence about
@@ -545,18 +627,28 @@ class FracSpawner(KubeSpawner):
         if choice is not None and choice.pool is not None:
             where = f"{describe_offer(choice.offer or choice.slice)} on {choice.pool.display_name}"
         image = choice.image.display_name if choice is not None and choice.image else ""
+        waiting: Mapping[str, Any] | None = None  # the scheduler's last word while in line
         async for event in super().progress():
             raw = event.get("raw_event")
-            if not isinstance(raw, Mapping):  # the patience message and the like: as they are
-                yield event
+            if not isinstance(raw, Mapping):
+                # kubespawner's patience message ("taking longer than expected") would replace
+                # the promise under the bar while the pod waits in line: the waiting line
+                # stays, with how long it has waited; other slow steps keep kubespawner's words
+                if waiting is not None and self._in_line() and "progress" not in event:
+                    yield {"message": await self._waiting_message(waiting, patience=True)}
+                else:
+                    yield event
                 continue
             if raw.get("reason") == "FailedScheduling" and where:
+                waiting = raw
                 sentence = await self._waiting_message(raw)
             else:
+                if raw.get("reason") == "Scheduled":
+                    waiting = None
                 sentence = human_step(raw, slice_words=where, image=image)
             yield progress_event(event, sentence)
 
-    async def _waiting_message(self, raw: Mapping[str, Any]) -> str:
+    async def _waiting_message(self, raw: Mapping[str, Any], *, patience: bool = False) -> str:
         choice = self.choice
         assert choice is not None and choice.pool is not None
         offer = choice.offer or choice.slice
@@ -571,7 +663,39 @@ class FracSpawner(KubeSpawner):
             # a snapshot from a watch that lost the API server is the last known, not now
             words += f": {counts.free} of {counts.total} free" + (" (last known)" if stale else "")
         # what the scheduler lacks ("Insufficient nvidia.com/gpu") stays in the event log
-        return words + "; it starts by itself as soon as one frees."
+        words += "; it starts by itself as soon as one frees"
+        if self.admission == "wait":
+            words += f" (your place is kept for {_duration(self.queue_timeout)}"
+            pod = self._queued_pod() if patience else None
+            created = _pod_age(pod) if pod is not None else None
+            if created is not None:
+                words += f"; waiting for {_duration(created)}"
+            words += ")"
+        return words + "."
+
+
+def _duration(seconds: float) -> str:
+    """'45 seconds', '1 minute', '30 minutes', '2 h 30 min' (whole units, rounded down)."""
+    seconds = int(seconds)
+    if seconds < 60:
+        return f"{seconds} second" + ("" if seconds == 1 else "s")
+    minutes = seconds // 60
+    if minutes < 120:
+        return f"{minutes} minute" + ("" if minutes == 1 else "s")
+    hours, rest = divmod(minutes, 60)
+    return f"{hours} h" + (f" {rest} min" if rest else "")
+
+
+def _pod_age(pod: Mapping[str, Any]) -> float | None:
+    """Seconds since the pod was created (its creationTimestamp), None when not readable."""
+    from datetime import datetime, timezone
+
+    stamp = (pod.get("metadata") or {}).get("creationTimestamp")
+    try:
+        created = datetime.fromisoformat(str(stamp).replace("Z", "+00:00"))
+    except ValueError:
+        return None
+    return max(0.0, (datetime.now(timezone.utc) - created).total_seconds())
 
 
 def _fresh_copy(value: Any) -> Any:
