@@ -70,7 +70,16 @@ class HamiBackend(Backend):
     #: resource names (count, MiB, percent of memory, percent of SMs) and scheduler; Volcano's
     #: vGPU device plugin is HAMi-core under other names
     resources: ClassVar[tuple[str, str, str, str]] = (GPU, GPUMEM, GPUMEM_PERCENT, GPUCORES)
+    #: the plan names no scheduler: HAMi's webhook sets its own on pods asking its resources
+    #: (Kubeflow's pods name none). Pool option `scheduler_name` names one.
     scheduler: ClassVar[str | None] = None
+    #: HAMi's chart's `schedulerName`, which FracSpawner names on hub pods: HAMi's webhook
+    #: leaves alone a pod that names another scheduler (pkg/scheduler/webhook.go), as z2jh's
+    #: pods do by default (its user scheduler, which knows nothing of HAMi's devices)
+    own_scheduler: ClassVar[str | None] = "hami-scheduler"
+    #: HAMi's webhook denies a pod asking its resources with any privileged container, init
+    #: containers included ("container <name> is privileged", pkg/scheduler/webhook.go)
+    denies_privileged: ClassVar[bool] = True
 
     def check_pool(self, pool: Pool) -> None:
         if option(pool, "memory", "mib") not in ("mib", "percentage"):

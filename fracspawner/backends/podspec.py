@@ -81,3 +81,22 @@ def apply_plan(
     for key, value in plan.extra_pod_config.items():
         spec[key] = copy.deepcopy(value)
     return out
+
+
+def is_privileged(container: Any) -> bool:
+    """Whether a container runs privileged: a camelCase API dict, a snake_case dict or a
+    kubernetes(_asyncio) model, as kubespawner's `init_containers` holds them (z2jh appends
+    its `block-cloud-metadata` init container as a model)."""
+    if isinstance(container, Mapping):
+        context = container.get("securityContext") or container.get("security_context") or {}
+    else:
+        context = getattr(container, "security_context", None) or {}
+    if isinstance(context, Mapping):
+        return bool(context.get("privileged"))
+    return bool(getattr(context, "privileged", False))
+
+
+def container_name(container: Any) -> str:
+    if isinstance(container, Mapping):
+        return str(container.get("name", "?"))
+    return str(getattr(container, "name", "?"))

@@ -50,6 +50,7 @@ class VolcanoBackend(HamiBackend):
     summary = "Volcano vGPU: vgpu-number/-memory/-cores, scheduler volcano"
     resources = (NUMBER, MEMORY, MEMORY_PERCENT, CORES)
     scheduler = "volcano"
+    denies_privileged = False  # that rule is HAMi's own webhook's, not installed with Volcano
     count_note = "node totals, not per-device fit"
 
     def plan_annotations(self, pool: Pool) -> dict[str, str]:

@@ -24,6 +24,7 @@ from tornado import web
 from traitlets import Bool, Dict, Enum, Integer, Unicode, default
 
 from ..backends import is_reserved_env, load_catalog, safe_env
+from ..backends.podspec import container_name, is_privileged
 from ..choice.admission import (
     STATE_KEY,
     Admissions,
@@ -529,8 +530,11 @@ class FracSpawner(KubeSpawner):
         self.node_selector = {**self.node_selector, **plan.node_selector}
         if plan.tolerations:
             self.tolerations = [*self.tolerations, *map(dict, plan.tolerations)]
-        if plan.scheduler_name:
-            self.scheduler_name = plan.scheduler_name
+        # whatever z2jh set (its user scheduler): this backend's scheduler books the GPU
+        scheduler = plan.scheduler_name or self._own_scheduler(choice)
+        if scheduler:
+            self.scheduler_name = scheduler
+        self._drop_privileged_init_containers(choice)
         if plan.image:
             self.image = plan.image
         elif choice.image is not None:
@@ -616,6 +620,39 @@ class FracSpawner(KubeSpawner):
             f"No {what} freed within {_duration(self.queue_timeout)}; your place is given up. "
             "Start again to wait again, or choose another size."
         )
+
+    def _own_scheduler(self, choice: Choice) -> str | None:
+        """The scheduler a backend's webhook would set (HAMi: `hami-scheduler`), for a pod
+        that names another one (z2jh's user scheduler), which that webhook leaves alone."""
+        if choice.pool is None:
+            return None
+        from ..backends import get_backend
+
+        return getattr(get_backend(choice.pool.backend), "own_scheduler", None)
+
+    def _drop_privileged_init_containers(self, choice: Choice) -> None:
+        """Leave privileged init containers out of the pods of a backend that refuses them.
+
+        HAMi's webhook denies a GPU pod with any privileged container; z2jh adds one to every
+        user pod by default (`block-cloud-metadata`, singleuser.cloudMetadata.blockWithIptables),
+        so no HAMi server could start. The metadata IP stays blocked by z2jh's singleuser
+        NetworkPolicy (egressAllowRules.cloudMetadataServer: false); examples/z2jh turns the
+        iptables block off. Other pods keep it (the baseline is restored on every spawn)."""
+        if choice.pool is None:
+            return
+        from ..backends import get_backend
+
+        if not getattr(get_backend(choice.pool.backend), "denies_privileged", False):
+            return
+        dropped = [container_name(c) for c in self.init_containers if is_privileged(c)]
+        if dropped:
+            self.log.warning(
+                "Left privileged init container(s) %s out of %s's pod: the %s backend refuses "
+                "privileged containers (z2jh: set singleuser.cloudMetadata.blockWithIptables: "
+                "false; its NetworkPolicy blocks the metadata IP)",
+                ", ".join(dropped), self._log_name, choice.pool.backend,
+            )  # fmt: skip
+            self.init_containers = [c for c in self.init_containers if not is_privileged(c)]
 
     # ---------------------------------------------------------------- progress
     async def progress(self):
