@@ -30,6 +30,8 @@ from fracspawner.model.catalog import AccessRule, CatalogError
 
 REPO = Path(__file__).resolve().parent.parent
 EXAMPLES = sorted((REPO / "examples" / "catalogs").glob("*.yaml"))
+#: a stock Notebooks 2.0 WorkspaceKind as `kubectl get -o yaml` prints it (the upstream sample)
+STOCK_KIND = REPO / "examples" / "kubeflow" / "workspacekind-jupyterlab.yaml"
 
 CATALOG: dict[str, Any] = {
     "pools": {
@@ -257,7 +259,8 @@ def test_every_exported_object_passes_its_strict_schema(tmp_path):
     for i, example in enumerate(EXAMPLES + [None]):
         data = yaml.safe_load(example.read_text()) if example else CATALOG
         for notebooks in ("v1", "v2"):
-            code, out = _write(tmp_path / f"{i}{notebooks}", data, "--notebooks", notebooks)
+            kind = ["--workspace-kind-file", str(STOCK_KIND)] if notebooks == "v2" else []
+            code, out = _write(tmp_path / f"{i}{notebooks}", data, "--notebooks", notebooks, *kind)
             assert code == 0, example
             for path in out.rglob("*.yaml"):
                 for doc in _docs(path):
@@ -461,11 +464,27 @@ def test_v2_filter_rules_deny_exactly_what_the_catalog_denies(catalog):
     assert [_denied(rules, p, carol) for p in ("a100-mig", "h100", "t4")] == [True, False, True]
 
 
-def test_v2_patch_has_a_podconfig_per_offer_and_pauses_gpu_workspaces(catalog):
-    result = export(catalog, notebooks="v2", workspace_kind="jupyterlab-gpu")
-    (patch,) = result.files["workspacekind-jupyterlab-gpu.yaml"][0]
-    values = patch["spec"]["podTemplate"]["options"]["podConfig"]["values"]
-    assert [v["id"] for v in values] == [
+def _stock_kind() -> dict[str, Any]:
+    return yaml.safe_load(STOCK_KIND.read_text())
+
+
+def _ours(kind: dict[str, Any]) -> list[dict[str, Any]]:
+    values = kind["spec"]["podTemplate"]["options"]["podConfig"]["values"]
+    return [v for v in values if v["id"].startswith("fracspawner-")]
+
+
+def _replaced(kind: dict[str, Any], version: str) -> dict[str, Any]:
+    """What the API server stores from `kubectl replace -f` (a new resourceVersion)."""
+    stored = copy.deepcopy(kind)
+    stored["metadata"]["resourceVersion"] = version
+    return stored
+
+
+def test_v2_has_a_podconfig_per_offer_and_pauses_gpu_workspaces(catalog):
+    result = export(catalog, notebooks="v2", workspace_kind=_stock_kind())
+    (kind,) = result.files["workspacekind-jupyterlab.yaml"][0]
+    values = _ours(kind)
+    assert [v["id"].rsplit("-", 1)[0] for v in values] == [
         "fracspawner-a100-mig-mig-1g-10gb",
         "fracspawner-a100-mig-mig-3g-40gb",
         "fracspawner-h100-0-125",
@@ -479,19 +498,107 @@ def test_v2_patch_has_a_podconfig_per_offer_and_pauses_gpu_workspaces(catalog):
     mig = values[0]["spec"]
     assert mig["nodeSelector"] == {"nvidia.com/gpu.product": "NVIDIA-A100-SXM4-80GB"}
     assert mig["tolerations"][0]["key"] == "nvidia.com/gpu"
+    ours = [r for r in kind["spec"]["activityRules"] if r["match"].get("matchPodConfig")]
     seconds = {
         r["match"]["matchPodConfig"]["selector"]["matchLabels"]["fracspawner.io/pool"]: r["config"][
             "secondsSinceActive"
         ]
-        for r in patch["spec"]["activityRules"]
+        for r in ours
     }
     assert seconds == {"a100-mig": 7200, "h100": 16, "t4": 7200}  # 10 s is below v2's minimum
     assert not [n for n in result.notes if "pool h100" in n and "podConfig cannot" in n]
 
 
+def test_v2_gpu_podconfigs_keep_the_kinds_cpu_and_memory(catalog):
+    """Issue 19 item 3: the Workspace controller gives the `main` container exactly the
+    podConfig's `resources` (kubeflow/notebooks notebooks-v2
+    workspaces/controller/internal/controller/workspace_controller.go, generateStatefulSet:
+    `Resources: podConfigValue.Spec.Resources`), so a GPU podConfig with only GPU limits makes
+    a pod without CPU/memory requests, which a profile's ResourceQuota on cpu/memory refuses
+    (`kf-resource-quota`: kubeflow/dashboard components/profile-controller
+    controllers/profile_controller.go). The kind's default podConfig (`tiny_cpu`: requests
+    cpu 100m, memory 128Mi) is what its Workspaces get otherwise: every GPU podConfig keeps it."""
+    (kind,) = export(catalog, notebooks="v2", workspace_kind=_stock_kind()).files[
+        "workspacekind-jupyterlab.yaml"
+    ][0]
+    for value in _ours(kind):
+        requests = value["spec"]["resources"]["requests"]
+        assert requests["cpu"] == "100m" and requests["memory"] == "128Mi", value["id"]
+        # and the GPU itself as the plan asks for it
+        assert any(k.startswith("nvidia.com/") for k in value["spec"]["resources"]["limits"])
+
+
+def test_v2_re_export_after_a_catalog_change_passes_the_kinds_own_checks(catalog):
+    """Issue 19 item 4, against the rules the real WorkspaceKind webhook and CRD apply
+    (tests/workspacekind_model.py cites them): the export is the whole kind for `kubectl
+    replace` (activityRules/filterRules are atomic lists: a server-side apply of ours alone
+    conflicts with the kind's owner), keeping the kind's own values and rules; a catalog change
+    makes new podConfig ids, and the podConfig a running Workspace uses stays unchanged,
+    hidden and redirected to its successor."""
+    from tests.workspacekind_model import server_side_apply_conflicts, update_errors
+
+    stock = _stock_kind()
+    # the patch of earlier versions, server-side applied: the kind's owner holds both lists
+    patch = {"spec": {"activityRules": [{"config": {"secondsSinceActive": 16}}], "filterRules": []}}
+    owner = {
+        "activityRules": "kubectl-client-side-apply",
+        "filterRules": "kubectl-client-side-apply",
+    }
+    assert len(server_side_apply_conflicts(owner, patch, stock, "fracspawner")) == 2
+
+    first = export(catalog, notebooks="v2", workspace_kind=stock)
+    (kind1,) = first.files["workspacekind-jupyterlab.yaml"][0]
+    assert kind1["metadata"]["resourceVersion"] == "4711"  # a kind changed meanwhile: 409
+    assert kind1["metadata"]["finalizers"] == stock["metadata"]["finalizers"]
+    assert update_errors(stock, kind1, []) == []
+    own = [v for v in stock["spec"]["podTemplate"]["options"]["podConfig"]["values"]]
+    assert kind1["spec"]["podTemplate"]["options"]["podConfig"]["values"][:3] == own
+    for rule in stock["spec"]["activityRules"] + stock["spec"]["filterRules"]:
+        assert rule in kind1["spec"]["activityRules"] + kind1["spec"]["filterRules"]
+    assert kind1["spec"]["activityRules"][-1]["match"] == {}  # the catch-all stays last
+    stored1 = _replaced(kind1, "4712")
+    # the same catalog again: nothing changes
+    again = export(catalog, notebooks="v2", workspace_kind=stored1)
+    assert again.files["workspacekind-jupyterlab.yaml"][0][0]["spec"] == stored1["spec"]
+
+    # a Workspace uses the quarter H100; then the catalog changes that slice's plan
+    quarter = next(v for v in _ours(stored1) if v["id"].startswith("fracspawner-h100-0-25-"))
+    workspace = {"spec": {"podTemplate": {"options": {"podConfig": quarter["id"]}}}}
+    data = copy.deepcopy(CATALOG)
+    data["pools"]["h100"]["node_selector"] = {"gpu": "h100"}
+    changed_catalog = load_catalog(data)
+    second = export(changed_catalog, notebooks="v2", workspace_kind=stored1)
+    (kind2,) = second.files["workspacekind-jupyterlab.yaml"][0]
+    assert update_errors(stored1, kind2, [workspace]) == []
+    by_id = {v["id"]: v for v in kind2["spec"]["podTemplate"]["options"]["podConfig"]["values"]}
+    old = by_id[quarter["id"]]
+    assert old["spec"] == quarter["spec"] and old["spawner"]["hidden"] is True
+    new = by_id[old["redirect"]["to"]]
+    assert new["spec"]["nodeSelector"] == {"gpu": "h100"} and not new["spawner"].get("hidden")
+    assert any("earlier fracspawner podConfig" in n for n in second.notes)
+    # what earlier versions did (the same id, the new spec) is what the webhook refuses
+    same_id = copy.deepcopy(kind2)
+    for value in same_id["spec"]["podTemplate"]["options"]["podConfig"]["values"]:
+        if value["id"] == quarter["id"]:
+            value["spec"] = new["spec"]
+    assert update_errors(stored1, same_id, [workspace]) == [
+        f"podConfig value {quarter['id']!r} is in use and cannot be changed"
+    ]
+
+
+def test_v2_needs_the_workspace_kind(tmp_path, capsys):
+    code, out = _write(tmp_path, CATALOG, "--notebooks", "v2")
+    assert code == 2 and not out.exists()
+    assert "--notebooks v2 needs --workspace-kind-file" in capsys.readouterr().err
+    bad = tmp_path / "kind.yaml"
+    bad.write_text(yaml.safe_dump({"apiVersion": "v1", "kind": "ConfigMap"}))
+    code, out = _write(tmp_path, CATALOG, "--notebooks", "v2", "--workspace-kind-file", str(bad))
+    assert code == 2 and "not a WorkspaceKind" in capsys.readouterr().err
+
+
 def test_v2_says_where_a_podconfig_is_not_enough():
     runai = load_catalog(REPO / "examples" / "catalogs" / "runai.yaml")
-    notes = export(runai, notebooks="v2").notes
+    notes = export(runai, notebooks="v2", workspace_kind=_stock_kind()).notes
     (note,) = [n for n in notes if n.startswith("pool a100-runai")]
     assert "gpu-fraction" in note and "schedulerName" in note and "Run the webhook" in note
 

@@ -37,7 +37,8 @@ Apply in this order (docs/kubeflow.md):
   1. the webhook: its Deployment + Service (the Helm chart's webhook.enabled, or your own
      running `fracspawner webhook --catalog FILE --port N --tls-cert F --tls-key F`)
   2. kubectl apply -f mutatingwebhookconfiguration.yaml
-  3. kubectl apply --server-side --field-manager=fracspawner -f workspacekind-*.yaml
+  3. kubectl replace -f workspacekind-NAME.yaml
+     (a 409 Conflict means the kind changed since it was read: get it again, export again)
 """
 
 
@@ -69,7 +70,10 @@ def _parser() -> argparse.ArgumentParser:
     )
     ex.add_argument("--notebooks", choices=("v1", "v2"), default="v1", help="Kubeflow Notebooks")
     ex.add_argument(
-        "--workspace-kind", default="jupyterlab", metavar="NAME", help="v2: the WorkspaceKind"
+        "--workspace-kind-file",
+        metavar="FILE",
+        help="v2 (required): the WorkspaceKind as `kubectl get workspacekind NAME -o yaml` "
+        "prints it; the export is that kind with the catalog's podConfigs and rules added",
     )
     ex.add_argument(
         "--webhook-service",
@@ -138,6 +142,19 @@ def _profile_namespaces(args: argparse.Namespace) -> list[ProfileNamespace]:
             raise ExportError(f"--namespace {name}: not in {args.namespaces_file}")
         out.append(by_name.get(name) or ProfileNamespace(name, described=False))
     return out
+
+
+def _workspace_kind(args: argparse.Namespace) -> dict[str, Any] | None:
+    if not args.workspace_kind_file:
+        return None
+    path = Path(args.workspace_kind_file)
+    try:
+        docs = [d for d in yaml.safe_load_all(path.read_text(encoding="utf-8")) if d]
+    except (OSError, yaml.YAMLError) as exc:
+        raise ExportError(f"--workspace-kind-file {path}: {exc}") from None
+    if len(docs) != 1 or not isinstance(docs[0], dict):
+        raise ExportError(f"--workspace-kind-file {path}: expected one WorkspaceKind")
+    return docs[0]
 
 
 def _target(args: argparse.Namespace) -> WebhookTarget:
@@ -212,7 +229,7 @@ def main(argv: list[str]) -> int:
             namespaces=_profile_namespaces(args),
             notebooks=args.notebooks,
             webhook=_target(args),
-            workspace_kind=args.workspace_kind,
+            workspace_kind=_workspace_kind(args),
         )
         out_dir = Path(args.output)
         if out_dir.exists() and not out_dir.is_dir():

@@ -11,12 +11,17 @@ kubeflow/dashboard):
 - a spawner_ui_config fragment: MIG-mixed profiles as `gpus.value.vendors` (the form writes
   `limits[limitsKey] = num`);
 - the MutatingWebhookConfiguration of `fracspawner webhook`.
-Notebooks 2.0 (`kubeflow.org/v1beta1`, v2.0.0-beta.0): a WorkspaceKind patch with one podConfig
-value per offer, `filterRules` from the access rules, `activityRules` from the idle policy.
+Notebooks 2.0 (`kubeflow.org/v1beta1`, v2.0.0-beta.0): the WorkspaceKind, read from the cluster,
+with one podConfig value per offer (keeping the kind's own CPU/memory), `filterRules` from the
+access rules, `activityRules` from the idle policy, for `kubectl replace`
+(see workspacekind_update).
 """
 
 from __future__ import annotations
 
+import copy
+import hashlib
+import json
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -244,12 +249,45 @@ def _needs_webhook(pool: Pool, offer: Slice) -> list[str]:
     return missing
 
 
-def podconfig_value(pool: Pool, offer: Slice, plan: PodPlan) -> dict[str, Any]:
+#: the kind's own CPU/memory settings a GPU podConfig keeps (issue 19 item 3)
+_KIND_RESOURCES = ("cpu", "memory")
+
+
+def kind_base_resources(kind: Mapping[str, Any]) -> dict[str, dict[str, Any]]:
+    """CPU and memory requests/limits of the kind's default podConfig (`spawner.default`):
+    what a Workspace of this kind gets without fracspawner, and what a profile's ResourceQuota
+    on cpu/memory requires a pod to ask for."""
+    pod_config = (((kind.get("spec") or {}).get("podTemplate") or {}).get("options") or {}).get(
+        "podConfig"
+    ) or {}
+    default = (pod_config.get("spawner") or {}).get("default")
+    for value in pod_config.get("values") or []:
+        if value.get("id") == default:
+            resources = (value.get("spec") or {}).get("resources") or {}
+            return {
+                part: {k: v for k, v in (resources.get(part) or {}).items() if k in _KIND_RESOURCES}
+                for part in ("requests", "limits")
+                if any(k in _KIND_RESOURCES for k in resources.get(part) or {})
+            }
+    return {}
+
+
+def _spec_digest(spec: Mapping[str, Any]) -> str:
+    text = json.dumps(spec, sort_keys=True, separators=(",", ":"))
+    return hashlib.sha256(text.encode()).hexdigest()[:8]
+
+
+def podconfig_value(
+    pool: Pool, offer: Slice, plan: PodPlan, base: Mapping[str, Mapping[str, Any]] | None = None
+) -> dict[str, Any]:
+    """One podConfig value. Its id ends in a digest of its spec: a Workspace kind's validating
+    webhook refuses to change the spec of a podConfig a Workspace uses, so a changed slice
+    (catalog, or the kind's own CPU/memory) is a new id, and the old value stays."""
     resources: dict[str, Any] = {}
-    if plan.limits:
-        resources["limits"] = dict(plan.limits)
-    if plan.requests:
-        resources["requests"] = dict(plan.requests)
+    for part, planned in (("requests", plan.requests), ("limits", plan.limits)):
+        merged = {**dict((base or {}).get(part) or {}), **dict(planned)}
+        if merged:
+            resources[part] = merged
     spec: dict[str, Any] = {}
     if resources:
         spec["resources"] = resources
@@ -259,7 +297,7 @@ def podconfig_value(pool: Pool, offer: Slice, plan: PodPlan) -> dict[str, Any]:
         spec["tolerations"] = [dict(t) for t in plan.tolerations]
     display = f"{pool.display_name} · {offer}"
     return {
-        "id": podconfig_id(pool.name, offer),
+        "id": f"{podconfig_id(pool.name, offer)}-{_spec_digest(spec)}",
         "spawner": {
             "displayName": display[:128],
             "description": describe(pool, offer, plan)[:1024],
@@ -375,37 +413,150 @@ def activity_rules(catalog: Catalog) -> list[dict[str, Any]]:
     return rules
 
 
-def workspacekind_patch(catalog: Catalog, kind: str) -> tuple[dict[str, Any], list[str]]:
-    """The WorkspaceKind fields this catalog fills, for `kubectl apply --server-side`."""
-    values = []
+def _labels_of(value: Mapping[str, Any]) -> dict[str, str]:
+    return {
+        str(item.get("key")): str(item.get("value"))
+        for item in (value.get("spawner") or {}).get("labels") or []
+    }
+
+
+def _selects_pool(selector: Any) -> bool:
+    """A rule of ours: its podConfig selector names a fracspawner pool."""
+    return isinstance(selector, Mapping) and LABEL_POOL in (selector.get("matchLabels") or {})
+
+
+def _our_activity_rule(rule: Mapping[str, Any]) -> bool:
+    match = rule.get("match") or {}
+    return _selects_pool((match.get("matchPodConfig") or {}).get("selector"))
+
+
+def _our_filter_rule(rule: Mapping[str, Any]) -> bool:
+    return any(
+        _selects_pool((m.get("matchPodConfig") or {}).get("selector"))
+        for m in rule.get("match") or []
+    )
+
+
+#: metadata a `kubectl replace` carries back: what the kind had (finalizers: the controller's
+#: protection), and resourceVersion so that a kind changed since it was read is refused (409)
+_KEPT_METADATA = ("name", "resourceVersion", "labels", "annotations", "finalizers")
+
+
+def workspacekind_update(
+    catalog: Catalog, current: Mapping[str, Any]
+) -> tuple[dict[str, Any], list[str]]:
+    """The whole WorkspaceKind `current` (as `kubectl get workspacekind NAME -o yaml` prints it)
+    with this catalog's podConfigs and rules, for `kubectl replace -f`.
+
+    Why a whole object: `activityRules` and `filterRules` are atomic lists in the CRD
+    (`x-kubernetes-list-type: atomic`), so a server-side apply of only ours conflicts with the
+    kind's owner (or, forced, drops the kind's own rules). Here the kind's own values and rules
+    are kept as they are and ours are replaced:
+    - podConfig values: ours are new values (ids end in a digest of the spec); an old value of
+      ours is kept unchanged (a Workspace may use it: the kind's webhook refuses removing or
+      changing it), hidden, and redirected to its successor (same pool and slice) if any;
+    - activityRules: ours first (each selects only its pool's podConfigs; first match wins, and
+      a catch-all must stay last), the kind's own after;
+    - filterRules: the kind's own, then ours."""
+    kind = copy.deepcopy(dict(current))
+    if kind.get("apiVersion") != "kubeflow.org/v1beta1" or kind.get("kind") != "WorkspaceKind":
+        raise ExportError(
+            "--workspace-kind-file: not a WorkspaceKind (kubeflow.org/v1beta1); use "
+            "`kubectl get workspacekind NAME -o yaml`"
+        )
+    meta = kind.get("metadata") or {}
+    name = meta.get("name")
+    if not isinstance(name, str) or not name:
+        raise ExportError("--workspace-kind-file: the WorkspaceKind has no metadata.name")
+    spec = kind.setdefault("spec", {})
+    template = spec.setdefault("podTemplate", {})
+    pod_config = template.setdefault("options", {}).setdefault("podConfig", {})
+    existing = list(pod_config.get("values") or [])
+    notes: list[str] = []
+    base = kind_base_resources(kind)
+    if not base.get("requests"):
+        notes.append(
+            f"WorkspaceKind {name}: its default podConfig requests no CPU or memory, so the GPU "
+            "podConfigs request none either (a profile ResourceQuota on cpu/memory refuses such "
+            "pods)"
+        )
+
+    values: list[dict[str, Any]] = []
     missing: dict[str, list[str]] = {}
     for pool, offer, plan in offers_for(catalog, None):
-        values.append(podconfig_value(pool, offer, plan))
+        values.append(podconfig_value(pool, offer, plan, base))
         for what in _needs_webhook(pool, offer):
             if what not in missing.setdefault(pool.name, []):
                 missing[pool.name].append(what)
-    notes = [
-        f"pool {name} ({catalog.pools[name].backend}): its pods also need {'; '.join(what)}, "
+    new_ids = {v["id"] for v in values}
+    successor = {(_labels_of(v)[LABEL_POOL], _labels_of(v)[LABEL_GPU]): v["id"] for v in values}
+    taken = {v.get("id") for v in existing if LABEL_POOL not in _labels_of(v)}
+    clash = sorted(new_ids & taken)
+    if clash:
+        raise ExportError(
+            f"WorkspaceKind {name}: podConfig id {clash[0]!r} is already one of the kind's own"
+        )
+    kept: list[dict[str, Any]] = []
+    ours_before: list[dict[str, Any]] = []
+    for value in existing:
+        labels = _labels_of(value)
+        if LABEL_POOL not in labels:
+            kept.append(value)
+        elif value.get("id") not in new_ids:
+            old = copy.deepcopy(value)
+            old.setdefault("spawner", {})["hidden"] = True
+            target = successor.get((labels[LABEL_POOL], labels.get(LABEL_GPU, "")))
+            if target:
+                old["redirect"] = {
+                    "to": target,
+                    "message": {
+                        "level": "Info",
+                        "text": "The GPU settings of this slice changed; restart the "
+                        "Workspace to use them.",
+                    },
+                }
+            else:
+                old.pop("redirect", None)
+            ours_before.append(old)
+    pod_config["values"] = kept + values + ours_before
+
+    activity = activity_rules(catalog)
+    if activity and not template.get("activityProbe"):
+        notes.append(
+            f"WorkspaceKind {name} has no podTemplate.activityProbe: its webhook refuses "
+            "pauseWorkspace rules without one, so no activityRules were written (the GPU-aware "
+            "`fracspawner culler kubeflow` still pauses idle GPU Workspaces)"
+        )
+        activity = []
+    own_activity = [r for r in spec.get("activityRules") or [] if not _our_activity_rule(r)]
+    if activity or own_activity:
+        spec["activityRules"] = activity + own_activity
+    else:
+        spec.pop("activityRules", None)
+    rules, filter_notes = filter_rules(catalog)
+    own_filters = [r for r in spec.get("filterRules") or [] if not _our_filter_rule(r)]
+    if rules or own_filters:
+        spec["filterRules"] = own_filters + rules
+    else:
+        spec.pop("filterRules", None)
+
+    kind["metadata"] = {k: meta[k] for k in _KEPT_METADATA if k in meta}
+    kind.pop("status", None)
+    notes += [
+        f"pool {pool} ({catalog.pools[pool].backend}): its pods also need {'; '.join(what)}, "
         "which a podConfig cannot carry. Run the webhook, and give each Workspace of this pool "
-        f"the pod labels {LABEL_POOL}={name} and {LABEL_GPU}=<the offer's label, as in the "
+        f"the pod labels {LABEL_POOL}={pool} and {LABEL_GPU}=<the offer's label, as in the "
         "podConfig's spawner labels> (spec.podTemplate.podMetadata.labels)"
-        for name, what in missing.items()
+        for pool, what in missing.items()
         if what
     ]
-    rules, filter_notes = filter_rules(catalog)
-    spec: dict[str, Any] = {"podTemplate": {"options": {"podConfig": {"values": values}}}}
-    activity = activity_rules(catalog)
-    if activity:
-        spec["activityRules"] = activity
-    if rules:
-        spec["filterRules"] = rules
-    patch = {
-        "apiVersion": "kubeflow.org/v1beta1",
-        "kind": "WorkspaceKind",
-        "metadata": {"name": kind},
-        "spec": spec,
-    }
-    return patch, filter_notes + notes
+    if ours_before:
+        notes.append(
+            f"WorkspaceKind {name}: {len(ours_before)} earlier fracspawner podConfig(s) kept, "
+            "hidden (and redirected where the slice still exists): Workspaces using them keep "
+            "running; remove them by hand once no Workspace uses them (docs/kubeflow.md)"
+        )
+    return kind, filter_notes + notes
 
 
 # --------------------------------------------------------------------------- the whole export
@@ -426,9 +577,10 @@ def export(
     namespaces: Sequence[ProfileNamespace] = (),
     notebooks: str = "v1",
     webhook: WebhookTarget = WebhookTarget(),
-    workspace_kind: str = "jupyterlab",
+    workspace_kind: Mapping[str, Any] | None = None,
 ) -> Export:
-    """Everything to apply for Kubeflow Notebooks `notebooks` ("v1" or "v2")."""
+    """Everything to apply for Kubeflow Notebooks `notebooks` ("v1" or "v2"); v2 needs the
+    current WorkspaceKind (`workspace_kind`, as `kubectl get workspacekind NAME -o yaml`)."""
     if notebooks not in ("v1", "v2"):
         raise ExportError(f"--notebooks: {notebooks!r}; use v1 or v2")
     out = Export()
@@ -444,12 +596,19 @@ def export(
             "--inject-ca-from, or the API server cannot verify the webhook's certificate"
         )
     if notebooks == "v2":
-        patch, notes = workspacekind_patch(catalog, workspace_kind)
-        out.files[f"workspacekind-{workspace_kind}.yaml"] = (
-            [patch],
-            f"Notebooks 2.0: merge into WorkspaceKind {workspace_kind} with "
-            "`kubectl apply --server-side --field-manager=fracspawner`. podConfig values merge "
-            "by id; activityRules and filterRules are atomic lists and REPLACE the kind's own",
+        if workspace_kind is None:
+            raise ExportError(
+                "--notebooks v2 needs --workspace-kind-file: the WorkspaceKind as "
+                "`kubectl get workspacekind NAME -o yaml` prints it (its own podConfigs, rules "
+                "and CPU/memory are kept)"
+            )
+        kind, notes = workspacekind_update(catalog, workspace_kind)
+        name = kind["metadata"]["name"]
+        out.files[f"workspacekind-{name}.yaml"] = (
+            [kind],
+            f"Notebooks 2.0: WorkspaceKind {name} with the catalog's podConfigs and rules, the "
+            "kind's own kept: `kubectl replace -f` (refused if the kind changed since it was "
+            "read: read it again and export again)",
         )
         out.notes += notes
         return out
