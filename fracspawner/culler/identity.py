@@ -10,7 +10,12 @@ ever report about itself or its user's other servers, never anyone else's.
 
 Answers are cached per token (by its SHA-256, for `ttl` seconds) so a report a minute from every
 server costs the hub one request per server every few minutes; concurrent reports with one
-token share one request.
+token share one request. Any pod can reach the culler, so asking the hub is bounded: the cache
+holds at most `max_entries` tokens (least recently used evicted, O(1)); a refusal is cached for
+`refused_ttl`; and a token the hub has never vouched for costs a hub request only within a
+token bucket per source address and one overall (beyond them: 429, nothing asked). A token the
+hub once accepted is re-checked when its answer expires without spending the buckets, so random
+tokens cannot keep a real server's report waiting.
 """
 
 from __future__ import annotations
@@ -18,7 +23,9 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import json
+import math
 import time
+from collections import OrderedDict
 from dataclasses import dataclass
 
 from tornado.httpclient import AsyncHTTPClient, HTTPRequest
@@ -37,9 +44,10 @@ class Identity:
 class Refused(Exception):
     """The report is refused; `code` is the HTTP status to answer with."""
 
-    def __init__(self, code: int, message: str):
+    def __init__(self, code: int, message: str, retry_after: float = 0.0):
         super().__init__(message)
         self.code = code
+        self.retry_after = retry_after  # 429: seconds until a request may succeed
 
 
 def identity_from_model(model: dict, claimed: object) -> Identity:
@@ -67,6 +75,63 @@ def identity_from_model(model: dict, claimed: object) -> Identity:
     return Identity(user, claimed)
 
 
+class Bucket:
+    """A token bucket: `rate` per second, at most `burst` at once."""
+
+    __slots__ = ("level", "at")
+
+    def __init__(self, burst: float, now: float):
+        self.level, self.at = burst, now
+
+    def wait(self, rate: float, burst: float, now: float) -> float:
+        """Seconds until one can be taken (0: now); refills first."""
+        self.level = min(burst, self.level + max(0.0, now - self.at) * rate)
+        self.at = max(self.at, now)
+        return 0.0 if self.level >= 1 else (1 - self.level) / rate if rate > 0 else math.inf
+
+
+class RateLimit:
+    """A bucket per key (the source address) and one overall. The per-key buckets are an LRU
+    of at most `keys`: an evicted key starts again with a full bucket, which the overall one
+    still bounds."""
+
+    def __init__(
+        self, rate: float, burst: float, total_rate: float, total_burst: float, keys: int = 4096
+    ):
+        self.rate, self.burst = rate, max(burst, 1.0)
+        self.total_rate, self.total_burst = total_rate, max(total_burst, 1.0)
+        self.keys = keys
+        self._buckets: OrderedDict[str, Bucket] = OrderedDict()
+        self._total: Bucket | None = None
+
+    def take(self, key: str, now: float) -> float:
+        """0 and one taken from both buckets; else the seconds to wait (nothing taken)."""
+        bucket = self._buckets.get(key)
+        if bucket is None:
+            bucket = self._buckets[key] = Bucket(self.burst, now)
+            if len(self._buckets) > self.keys:
+                self._buckets.popitem(last=False)
+        else:
+            self._buckets.move_to_end(key)
+        if self._total is None:
+            self._total = Bucket(self.total_burst, now)
+        wait = max(
+            bucket.wait(self.rate, self.burst, now),
+            self._total.wait(self.total_rate, self.total_burst, now),
+        )
+        if wait == 0:
+            bucket.level -= 1
+            self._total.level -= 1
+        return wait
+
+
+@dataclass
+class _Cached:
+    expires: float
+    future: asyncio.Future
+    vouched: bool = False  # the hub accepted this token once: re-checks skip the rate limit
+
+
 class TokenVerifier:
     def __init__(
         self,
@@ -76,44 +141,74 @@ class TokenVerifier:
         refused_ttl: float = 30.0,
         timeout: float = 30.0,
         concurrency: int = 10,
+        max_entries: int = 10000,
+        unknown_rate: float = 5.0,
+        unknown_burst: float = 50.0,
+        unknown_total_rate: float = 20.0,
+        unknown_total_burst: float = 200.0,
     ):
         self.url = hub_api_url.rstrip("/") + "/user"
         self.ttl, self.refused_ttl, self.timeout = ttl, refused_ttl, timeout
+        self.max_entries = max(max_entries, 1)
         self.http = AsyncHTTPClient(force_instance=True, max_clients=max(concurrency, 1))
         self.semaphore = asyncio.Semaphore(max(concurrency, 1))
-        self._cache: dict[str, tuple[float, asyncio.Future]] = {}
+        self._cache: OrderedDict[str, _Cached] = OrderedDict()
+        self.limit = RateLimit(unknown_rate, unknown_burst, unknown_total_rate, unknown_total_burst)
         self.requests = 0  # hub requests made
+        self.limited = 0  # unknown tokens refused without asking the hub
+
+    def __len__(self) -> int:
+        return len(self._cache)
 
     def close(self) -> None:
         self.http.close()
 
-    async def verify(self, token: str, claimed: object) -> Identity:
-        return identity_from_model(await self.model(token), claimed)
+    async def verify(self, token: str, claimed: object, source: str = "") -> Identity:
+        return identity_from_model(await self.model(token, source), claimed)
 
-    async def model(self, token: str) -> dict:
+    async def model(self, token: str, source: str = "") -> dict:
+        """The hub's model of the token's owner (cached). Raises Refused: 403 unknown token,
+        429 too many unknown tokens from `source` or overall, 503 hub unreachable."""
         key = hashlib.sha256(token.encode()).hexdigest()
         now = time.monotonic()
         cached = self._cache.get(key)
-        if cached is None or cached[0] < now:
-            future: asyncio.Future = asyncio.get_running_loop().create_future()
-            self._cache[key] = (now + self.ttl, future)
-            try:
-                future.set_result(await self._ask(token))
-            except Refused as exc:
-                if exc.code == 503:  # the hub is down: ask again next time
-                    self._cache.pop(key, None)
-                else:
-                    self._cache[key] = (now + self.refused_ttl, future)
-                future.set_exception(exc)
-            except asyncio.CancelledError:
-                self._cache.pop(key, None)
-                future.cancel()
-                raise
-            if len(self._cache) > 10000:  # tokens rotate with every spawn: drop expired ones
-                self._cache = {k: v for k, v in self._cache.items() if v[0] >= now}
-        else:
-            future = cached[1]
+        if cached is not None and cached.expires >= now:
+            self._cache.move_to_end(key)
+            return await asyncio.shield(cached.future)
+        vouched = cached is not None and cached.vouched
+        if not vouched:
+            wait = self.limit.take(source, now)
+            if wait:
+                self.limited += 1
+                raise Refused(
+                    429,
+                    "too many reports with tokens the hub has not vouched for; "
+                    f"try again in {math.ceil(wait)} s",
+                    retry_after=wait,
+                )
+        future: asyncio.Future = asyncio.get_running_loop().create_future()
+        entry = self._cache[key] = _Cached(now + self.ttl, future, vouched)
+        self._cache.move_to_end(key)
+        while len(self._cache) > self.max_entries:
+            self._cache.popitem(last=False)  # the least recently used
+        try:
+            future.set_result(await self._ask(token))
+            entry.vouched = True
+        except Refused as exc:
+            if exc.code == 503:  # the hub is down: ask again next time
+                self._drop(key, entry)
+            else:  # the hub said no: remembered briefly, and no longer vouched for
+                entry.expires, entry.vouched = now + self.refused_ttl, False
+            future.set_exception(exc)
+        except asyncio.CancelledError:
+            self._drop(key, entry)
+            future.cancel()
+            raise
         return await asyncio.shield(future)
+
+    def _drop(self, key: str, entry: _Cached) -> None:
+        if self._cache.get(key) is entry:
+            del self._cache[key]
 
     async def _ask(self, token: str) -> dict:
         req = HTTPRequest(

@@ -2,19 +2,22 @@
 that user servers talk to; the culler itself never calls them).
 
 401 without a token, 403 for a token the hub does not know or that may not speak for the named
-server, 400 for a body that is not a report, 503 while the hub cannot be asked, 204 when taken.
+server, 429 (Retry-After) for too many unknown tokens, 400 for a body that is not a report
+(reports.REPORT: the schema and its limits), 503 while the hub cannot be asked, 204 when taken.
+The token is checked before the body is parsed.
 """
 
 from __future__ import annotations
 
 import json
+import math
 import time
 from collections.abc import Callable
 
 from tornado import web
 
-from .identity import Identity, Refused, TokenVerifier
-from .reports import CulledKernel, ReportError, ReportStore, parse_report
+from .identity import Identity, Refused, TokenVerifier, identity_from_model
+from .reports import CulledKernel, ReportError, ReportStore, load_report, parse_report
 
 MAX_BODY = 512 * 1024  # a report with hundreds of kernels is a few tens of kB
 
@@ -41,26 +44,31 @@ class ReportHandler(web.RequestHandler):
         self.finish(json.dumps({"status": code, "message": message[:300]}))
 
     async def post(self) -> None:
+        # who is asking comes first: nothing in the body is parsed for an unknown token
         token = self._token()
         if token is None:
             return self._refuse(401, "send the server's own token: Authorization: token ...")
         if len(self.request.body) > MAX_BODY:
             return self._refuse(413, f"a report is at most {MAX_BODY} bytes")
         try:
-            body = json.loads(self.request.body or b"null")
-        except ValueError:
-            return self._refuse(400, "the body is not JSON")
-        if not isinstance(body, dict):
-            return self._refuse(400, "the report must be a JSON object")
+            model = await self.verifier.model(token, self.request.remote_ip or "")
+        except Refused as exc:
+            if exc.retry_after:
+                self.set_header("Retry-After", str(math.ceil(exc.retry_after)))
+            return self._refuse(exc.code, str(exc))
         try:
-            who = await self.verifier.verify(token, body.get("server_name"))
+            body = load_report(self.request.body)
+        except ReportError as exc:
+            return self._refuse(400, f"not a report: {exc}")
+        try:
+            who = identity_from_model(model, body.get("server_name"))
         except Refused as exc:
             return self._refuse(exc.code, str(exc))
         try:
             report = parse_report(body, received_at=time.time())
+            culled = self.store.put(who.user, who.server, report)
         except ReportError as exc:
             return self._refuse(400, f"not a report: {exc}")
-        culled = self.store.put(who.user, who.server, report)
         self.on_report(who, culled)
         self.set_status(204)
 

@@ -9,6 +9,10 @@ activity, which is kept.
 
 from __future__ import annotations
 
+import json
+import math
+from collections import Counter, OrderedDict
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 from dateutil.parser import isoparse
@@ -20,6 +24,149 @@ class ReportError(ValueError):
     """The body is not a report; the message says what is wrong."""
 
 
+# --- the schema: every field the culler reads, its type and limits, in one place ------------
+# A report is checked against this before anything in it is used: a field of the wrong type,
+# a number that is not finite or out of range, a text or list too long is refused with a 400
+# naming the field. Fields not listed (the extension's kernels, processes, devices, warnings,
+# policy...) are not read by the culler: they are only bounded by the body's size (receiver.py's
+# MAX_BODY), MAX_DEPTH and finite numbers. To read a new field, declare it here first.
+MAX_DEPTH = 8  # nesting of objects and lists anywhere in the body
+MAX_MIB = 16 * 1024 * 1024  # GPU memory in MiB: 16 TiB, far above any server's
+MAX_CULLED = 64  # culled_kernels per report (the extension sends its last 50)
+MAX_TIME_TEXT = 64  # an ISO 8601 time
+
+
+@dataclass(frozen=True)
+class Spec:
+    """One field: `kind` is "bool", "number", "text", "time", "list" or "object"; None (null)
+    is always allowed and means absent. `size`: most characters (text) or items (list);
+    `low`/`high`: the range of a number; `items`: a list's item; `fields`: an object's."""
+
+    kind: str
+    size: int = 0
+    low: float = 0.0
+    high: float = MAX_MIB
+    items: Spec | None = None
+    fields: Mapping[str, Spec] = field(default_factory=dict)
+    required: tuple[str, ...] = ()  # of an object's fields: must be there and not null
+
+
+TIME = Spec("time", MAX_TIME_TEXT)
+MIB = Spec("number")
+KERNEL_ID = Spec("text", 64)
+REPORT = Spec(
+    "object",
+    fields={
+        "server_name": Spec("text", 255),
+        "available": Spec("bool"),
+        "reason": Spec("text", 4096),
+        "sampled_at": TIME,
+        "monitor_started": TIME,
+        "server_last_activity": TIME,
+        "user_last_activity": TIME,
+        "gpu_idle_since": TIME,
+        "last_gpu_activity": TIME,
+        "gpu_memory_mib": MIB,
+        "gpu_activity_known": Spec("bool"),
+        "gpu_unknown_reasons": Spec("list", 32, items=Spec("text", 500)),
+        "culled_kernels": Spec(
+            "list",
+            MAX_CULLED,
+            items=Spec(
+                "object",
+                fields={"id": KERNEL_ID, "at": TIME, "gpu_memory_mib": MIB},
+                required=("id",),
+            ),
+        ),
+        "slice": Spec("object", fields={"pool": Spec("text", 63)}),
+    },
+)
+
+
+def check(value: object, spec: Spec, where: str) -> None:
+    """Raise ReportError naming `where` when `value` does not fit `spec` (None always fits)."""
+    if value is None:
+        return
+    kind = spec.kind
+    if kind == "bool" and not isinstance(value, bool):
+        raise ReportError(f"{where}: expected true or false")
+    if kind == "number":
+        if isinstance(value, bool) or not isinstance(value, int | float):
+            raise ReportError(f"{where}: expected a number")
+        if not (math.isfinite(value) and spec.low <= value <= spec.high):
+            raise ReportError(f"{where}: expected a number from {spec.low:g} to {spec.high:g}")
+    if kind in ("text", "time"):
+        if not isinstance(value, str):
+            raise ReportError(f"{where}: expected a string, got {type(value).__name__}")
+        if len(value) > spec.size:
+            raise ReportError(f"{where}: at most {spec.size} characters")
+    if kind == "list":
+        if not isinstance(value, list):
+            raise ReportError(f"{where}: expected a list, got {type(value).__name__}")
+        if len(value) > spec.size:
+            raise ReportError(f"{where}: at most {spec.size} items")
+        for i, item in enumerate(value):
+            check(item, spec.items or Spec("text"), f"{where}[{i}]")
+    if kind == "object":
+        if not isinstance(value, dict):
+            raise ReportError(f"{where}: expected an object, got {type(value).__name__}")
+        for name in spec.required:
+            if value.get(name) is None:
+                raise ReportError(f"{where}.{name}: required")
+        for name, sub in spec.fields.items():
+            check(value.get(name), sub, f"{where}.{name}" if where else name)
+
+
+def depth(value: object, limit: int = MAX_DEPTH) -> None:
+    """Raise ReportError when objects and lists nest deeper than `limit` (no recursion)."""
+    stack = [(value, 1)]
+    while stack:
+        item, level = stack.pop()
+        if isinstance(item, dict | list):
+            if level > limit:
+                raise ReportError(f"nested deeper than {limit} levels")
+            children = item.values() if isinstance(item, dict) else item
+            stack.extend((v, level + 1) for v in children)
+
+
+def _not_finite(name: str) -> float:
+    raise ReportError(f"{name} is not a number (JSON has no NaN or Infinity)")
+
+
+def _finite_float(text: str) -> float:
+    value = float(text)
+    if not math.isfinite(value):  # 1e400 parses to inf
+        raise ReportError(f"{text[:20]} is out of range")
+    return value
+
+
+def load_report(body: bytes) -> dict:
+    """The body -> a report object checked against REPORT (strict JSON: no NaN, Infinity,
+    overlong numbers, nesting deeper than MAX_DEPTH). Raises ReportError."""
+    try:
+        value = json.loads(body or b"null", parse_constant=_not_finite, parse_float=_finite_float)
+    except RecursionError:
+        raise ReportError(f"nested deeper than {MAX_DEPTH} levels") from None
+    except ReportError:
+        raise
+    except ValueError as exc:  # also UnicodeDecodeError, and ints over 4300 digits
+        raise ReportError(f"the body is not JSON ({str(exc)[:80]})") from None
+    if not isinstance(value, dict):
+        raise ReportError("the report must be a JSON object")
+    depth(value)
+    check(value, REPORT, "")
+    return value
+
+
+def shown(text: str) -> str:
+    """Text from a report as it may appear in a log line: no line breaks or control characters
+    (escaped as in Python literals), so a report cannot forge log lines."""
+    if text.isprintable():
+        return text
+    escape = lambda c: c.encode("unicode_escape").decode("ascii")  # noqa: E731
+    return "".join(c if c.isprintable() else escape(c) for c in text)
+
+
 def _ts(report: dict, key: str, ceiling: float) -> float | None:
     value = report.get(key)
     if value in (None, ""):
@@ -29,14 +176,11 @@ def _ts(report: dict, key: str, ceiling: float) -> float | None:
     try:
         return min(isoparse(value).timestamp(), ceiling)
     except (ValueError, OverflowError):
-        raise ReportError(f"{key}: {value[:40]!r} is not an ISO 8601 time") from None
+        raise ReportError(f"{key}: {shown(value[:40])!r} is not an ISO 8601 time") from None
 
 
 def _number(report: dict, key: str) -> float:
-    value = report.get(key) or 0
-    if isinstance(value, bool) or not isinstance(value, int | float) or value < 0:
-        raise ReportError(f"{key}: expected a number >= 0")
-    return float(value)
+    return float(report.get(key) or 0)  # checked against REPORT: finite, 0 to MAX_MIB
 
 
 @dataclass(frozen=True)
@@ -62,21 +206,20 @@ def parse_report(report: object, received_at: float) -> ServerReport:
     """The extension's JSON -> facts (pure). Raises ReportError for anything malformed."""
     if not isinstance(report, dict):
         raise ReportError("the report must be a JSON object")
+    depth(report)
+    check(report, REPORT, "")
     ts = lambda key: _ts(report, key, received_at)  # noqa: E731
     culled = []
     for entry in report.get("culled_kernels") or []:
-        if not isinstance(entry, dict) or not isinstance(entry.get("id"), str):
-            raise ReportError("culled_kernels: expected objects with an id")
         culled.append(
             CulledKernel(
-                entry["id"][:64], _ts(entry, "at", received_at) or received_at,
+                shown(entry["id"]), _ts(entry, "at", received_at) or received_at,
                 _number(entry, "gpu_memory_mib"),
             )
         )  # fmt: skip
-    slice_info = report.get("slice") if isinstance(report.get("slice"), dict) else {}
-    pool = slice_info.get("pool")
+    pool = (report.get("slice") or {}).get("pool")
     common = dict(
-        pool=pool[:63] if isinstance(pool, str) else "",
+        pool=pool or "",
         received_at=received_at,
         monitor_started=ts("monitor_started"),
         server_last_activity=ts("server_last_activity"),
@@ -84,7 +227,7 @@ def parse_report(report: object, received_at: float) -> ServerReport:
         culled_kernels=tuple(culled),
     )
     if not report.get("available"):
-        reason = str(report.get("reason") or "unavailable")[:200]
+        reason = shown((report.get("reason") or "unavailable")[:200])
         return ServerReport(gpu=None, reason=reason, **common)
     observed = ts("sampled_at")
     if observed is None:
@@ -93,7 +236,7 @@ def parse_report(report: object, received_at: float) -> ServerReport:
     memory = _number(report, "gpu_memory_mib")
     if report.get("gpu_activity_known") is False:
         reasons = report.get("gpu_unknown_reasons") or ["unknown"]
-        note = "; ".join(str(r)[:120] for r in reasons[:3])
+        note = "; ".join(shown(r[:120]) for r in reasons[:3] if r is not None)
         gpu = GpuFacts("extension", observed, memory, None, None, note)
     else:
         # never seen busy or unknown: idle at least since the monitor started watching
@@ -108,31 +251,68 @@ def parse_report(report: object, received_at: float) -> ServerReport:
     return ServerReport(gpu=gpu, **common)
 
 
+# --- what the store keeps per server: bounded, whatever the server sends ---------------------
+KERNELS_KEPT = 512  # culled kernel ids remembered per server (to count each once)
+KERNEL_AGE = 24 * 3600.0  # a cull older than this (by its clamped time) is neither counted nor kept
+SERVERS_PER_USER = 64  # servers one user's tokens may keep reports for at once
+
+
 @dataclass
 class _Entry:
     report: ServerReport
-    counted: set[str] = field(default_factory=set)  # culled kernels already counted
+    # culled kernel id -> when: counted once per server, across its restarts; newest last
+    counted: OrderedDict[str, float] = field(default_factory=OrderedDict)
 
 
 class ReportStore:
-    """The latest report of every server, keyed by (user, server name); in memory."""
+    """The latest report of every server, keyed by (user, server name); in memory.
 
-    def __init__(self) -> None:
+    Bounded: one report per server, at most KERNELS_KEPT kernel ids per server, none older than
+    KERNEL_AGE, at most SERVERS_PER_USER servers per user (their token names the server)."""
+
+    def __init__(
+        self,
+        kernels_kept: int = KERNELS_KEPT,
+        kernel_age: float = KERNEL_AGE,
+        servers_per_user: int = SERVERS_PER_USER,
+    ) -> None:
         self._entries: dict[tuple[str, str], _Entry] = {}
+        self._per_user: Counter[str] = Counter()
+        self.kernels_kept, self.kernel_age = kernels_kept, kernel_age
+        self.servers_per_user = servers_per_user
 
     def __len__(self) -> int:
         return len(self._entries)
 
+    def kernels_held(self) -> int:
+        """Kernel ids remembered in all (for tests and metrics)."""
+        return sum(len(e.counted) for e in self._entries.values())
+
     def put(self, user: str, server: str, report: ServerReport) -> list[CulledKernel]:
-        """Keep the report; return the kernel culls it is the first to tell of."""
-        entry = self._entries.get((user, server))
-        if entry is None or (
-            entry.report.monitor_started != report.monitor_started
-        ):  # a new incarnation of the server
-            entry = self._entries[(user, server)] = _Entry(report)
+        """Keep the report; return the kernel culls it is the first to tell of (each counted
+        once per server, also across restarts). Raises ReportError past SERVERS_PER_USER."""
+        key = (user, server)
+        entry = self._entries.get(key)
+        if entry is None:
+            if self._per_user[user] >= self.servers_per_user:
+                raise ReportError(
+                    f"reports are kept for at most {self.servers_per_user} servers per user"
+                )
+            entry = self._entries[key] = _Entry(report)
+            self._per_user[user] += 1
         entry.report = report
-        new = [k for k in report.culled_kernels if k.id not in entry.counted]
-        entry.counted.update(k.id for k in new)
+        oldest = report.received_at - self.kernel_age
+        counted = entry.counted
+        while counted and next(iter(counted.values())) < oldest:
+            counted.popitem(last=False)
+        new = []
+        for kernel in report.culled_kernels:
+            if kernel.at < oldest or kernel.id in counted:
+                continue
+            new.append(kernel)
+            counted[kernel.id] = kernel.at
+            if len(counted) > self.kernels_kept:
+                counted.popitem(last=False)
         return new
 
     def for_server(self, facts: ServerFacts, slack: float = 60.0) -> ServerReport | None:
@@ -149,7 +329,10 @@ class ReportStore:
         """Forget servers that have not reported since `before` (stopped, or silent)."""
         for key, entry in list(self._entries.items()):
             if entry.report.received_at < before:
-                del self._entries[key]
+                self.forget(*key)
 
     def forget(self, user: str, server: str) -> None:
-        self._entries.pop((user, server), None)
+        if self._entries.pop((user, server), None) is not None:
+            self._per_user[user] -= 1
+            if self._per_user[user] <= 0:
+                del self._per_user[user]

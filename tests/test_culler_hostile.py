@@ -1,0 +1,239 @@
+"""Hostile input at the culler's report endpoint (issue 20): any pod can reach it, and a
+server's own token makes it a sender. Everything here goes through the real receiver (the
+Culler's own HTTP server, TokenVerifier, ReportStore, metrics) on a loopback port; the hub is a
+stand-in for `GET /hub/api/user` answering as JupyterHub's SelfAPIHandler does
+(jupyterhub/jupyterhub, jupyterhub/apihandlers/users.py: 403 for a token it does not know,
+else the owner's model with `kind` and the token's `scopes`)."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import math
+import secrets
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
+
+import pytest
+from tornado import web
+from tornado.httpclient import AsyncHTTPClient, HTTPRequest
+from tornado.httpserver import HTTPServer
+
+from devcluster.localhub import free_port
+from fracspawner.culler import Culler
+
+T0 = "2026-01-01T00:00:00+00:00"
+ANN = {  # a server's token: the hub's `server` role (access:servers!server=ann/gpu)
+    "kind": "user",
+    "name": "ann",
+    "scopes": ["access:servers!server=ann/gpu", "users:activity!user=ann"],
+}
+
+
+@dataclass
+class Hub:
+    tokens: dict[str, dict] = field(default_factory=dict)
+    asked: int = 0
+
+
+@dataclass
+class Receiver:
+    culler: Culler
+    hub: Hub
+    url: str
+
+    async def post(self, body: object, token: str | None = "ann-token") -> tuple[int, dict, dict]:
+        raw = body if isinstance(body, bytes) else json.dumps(body).encode()
+        headers = {"Content-Type": "application/json"}
+        if token is not None:
+            headers["Authorization"] = f"token {token}"
+        client = AsyncHTTPClient()
+        resp = await client.fetch(
+            HTTPRequest(self.url, method="POST", body=raw, headers=headers), raise_error=False
+        )
+        answer = json.loads(resp.body) if resp.body else {}
+        return resp.code, answer, dict(resp.headers)
+
+    def sample(self, name: str, **labels: str) -> float:
+        value = self.culler.metrics.registry.get_sample_value(name, labels)
+        return 0.0 if value is None else value
+
+    def kernels_held(self) -> int:
+        return sum(len(e.counted) for e in self.culler.reports._entries.values())
+
+
+@pytest.fixture
+async def receiver() -> AsyncIterator[Receiver]:
+    hub = Hub({"ann-token": ANN})
+
+    class WhoAmI(web.RequestHandler):
+        def get(self) -> None:
+            hub.asked += 1
+            token = self.request.headers.get("Authorization", "").partition(" ")[2]
+            if token not in hub.tokens:
+                raise web.HTTPError(403)
+            self.write(json.dumps(hub.tokens[token]))
+
+    hub_port, port = free_port(), free_port()
+    hub_server = HTTPServer(web.Application([(r"/hub/api/user", WhoAmI)]))
+    hub_server.listen(hub_port, "127.0.0.1")
+    culler = Culler(
+        api_token="x",
+        url=f"http://127.0.0.1:{hub_port}/hub/api",
+        report_url=f"http://127.0.0.1:{port}",
+        report_prefix="/",
+    )
+    culler.initialize([])
+    server = culler.start_receiver()
+    try:
+        yield Receiver(culler, hub, f"http://127.0.0.1:{port}/api/reports")
+    finally:
+        server.stop()
+        hub_server.stop()
+        if culler._verifier is not None:
+            culler._verifier.close()
+
+
+def report(**kw: object) -> dict:
+    body = {
+        "server_name": "gpu",
+        "available": False,
+        "reason": "no GPU reading yet",
+        "monitor_started": T0,
+        "server_last_activity": T0,
+        "culled_kernels": [],
+    }
+    return {**body, **kw}
+
+
+def kernels(n: int, start: int = 0, at: str = "") -> list[dict]:
+    return [
+        {"id": f"k{start + i:06d}", "at": at or None, "gpu_memory_mib": 100.0} for i in range(n)
+    ]
+
+
+# --- item 1: one server's report state is bounded; a kernel cull counts once -------------------
+async def test_one_servers_report_state_is_bounded(receiver):
+    # one server's own token adding new ids under one monitor_started, report after report
+    for r in range(50):
+        code, _, _ = await receiver.post(report(culled_kernels=kernels(64, start=64 * r)))
+        assert code == 204
+    assert receiver.kernels_held() <= 512  # was 3,200 (and 500k after 50 large reports)
+    # more ids in one report than the extension ever sends (its last 50): refused, with why
+    code, answer, _ = await receiver.post(report(culled_kernels=kernels(1000)))
+    assert code == 400 and "culled_kernels: at most 64 items" in answer["message"]
+    assert receiver.kernels_held() <= 512
+
+
+async def test_a_kernel_cull_counts_once_across_restarts_and_old_ones_not_at_all(receiver):
+    culls = ("fracspawner_culls_total", {"reason": "kernel_gpu_idle", "pool": ""})
+    told = kernels(3)
+    assert (await receiver.post(report(culled_kernels=told)))[0] == 204
+    assert receiver.sample(culls[0], **culls[1]) == 3
+    # the same kernels told again, by "another incarnation" (a new monitor_started)
+    again = report(culled_kernels=told, monitor_started="2026-01-01T00:00:01+00:00")
+    assert (await receiver.post(again))[0] == 204
+    assert receiver.sample(culls[0], **culls[1]) == 3
+    # a cull dated years ago is not counted (nor kept)
+    old = report(culled_kernels=kernels(5, start=100, at="2020-01-01T00:00:00+00:00"))
+    assert (await receiver.post(old))[0] == 204
+    assert receiver.sample(culls[0], **culls[1]) == 3
+
+
+# --- item 3: authenticate first, then parse strictly; 400 with the reason ----------------------
+async def test_deep_nesting_is_refused_after_the_token_never_a_500(receiver):
+    deep = b'{"culled_kernels": ' + b"[" * 100_000 + b"]" * 100_000 + b"}"
+    code, answer, _ = await receiver.post(deep, token="not-a-token")
+    assert code == 403  # the token is checked before the body is parsed
+    code, answer, _ = await receiver.post(deep)
+    assert code == 400 and "nested deeper than" in answer["message"]
+
+
+@pytest.mark.parametrize(
+    ("raw", "field_named"),
+    [
+        ('"culled_kernels": [{"id": "k1", "gpu_memory_mib": NaN}]', "NaN"),
+        ('"culled_kernels": [{"id": "k1", "gpu_memory_mib": Infinity}]', "Infinity"),
+        ('"culled_kernels": [{"id": "k1", "gpu_memory_mib": 1e400}]', "out of range"),
+        ('"culled_kernels": [{"id": "k1", "gpu_memory_mib": 1e300}]', "gpu_memory_mib"),
+        ('"culled_kernels": [{"id": 7}]', "culled_kernels[0].id"),
+        ('"culled_kernels": {"id": "k1"}', "culled_kernels: expected a list"),
+        ('"reason": ["x"]', "reason: expected a string"),
+    ],
+)
+async def test_malformed_numbers_and_types_are_400_and_metrics_stay_finite(
+    receiver, raw, field_named
+):
+    body = json.dumps(report()).encode()[:-1] + b", " + raw.encode() + b"}"
+    code, answer, _ = await receiver.post(body)
+    assert code == 400 and field_named in answer["message"], answer
+    reclaimed = receiver.sample("fracspawner_reclaimed_gpu_memory_mib_total", pool="")
+    assert math.isfinite(reclaimed) and reclaimed == 0
+
+
+async def test_a_non_list_of_unknown_reasons_is_400(receiver):
+    body = report(
+        available=True,
+        sampled_at=T0,
+        gpu_memory_mib=10,
+        gpu_activity_known=False,
+        gpu_unknown_reasons=5,
+    )
+    code, answer, _ = await receiver.post(body)
+    assert code == 400 and "gpu_unknown_reasons: expected a list" in answer["message"]
+
+
+async def test_report_text_cannot_forge_culler_log_lines(receiver, caplog):
+    forged = "k1\n[I 2026-01-01 00:00:00.000 Culler] stop bob: idle for 9:00:00"
+    with caplog.at_level(logging.INFO, logger=receiver.culler.log.name):
+        code, _, _ = await receiver.post(report(culled_kernels=[{"id": forged[:64]}]))
+    assert code == 204
+    lines = [r.getMessage() for r in caplog.records if "idle kernel" in r.getMessage()]
+    assert lines and all("\n" not in line for line in lines)
+    assert "k1\\n[I 2026" in lines[0]  # escaped, still readable
+
+
+# --- item 2: unknown tokens are rate-limited, cached briefly, evicted in O(1) ------------------
+async def test_random_tokens_cost_the_hub_a_bounded_number_of_requests(receiver):
+    receiver.culler._verifier.max_entries = 100  # the LRU bound, small to see it hold
+    # a real server whose token the hub vouched for once
+    assert (await receiver.post(report()))[0] == 204
+    asked = receiver.hub.asked
+    answers = await asyncio.gather(
+        *(receiver.post(report(), token=secrets.token_hex(16)) for _ in range(600))
+    )
+    codes = [a[0] for a in answers]
+    # burst of 50 per address (this one, loopback) before 429s; nothing more reaches the hub
+    assert receiver.hub.asked - asked <= 60, receiver.hub.asked - asked
+    assert codes.count(429) >= 500
+    limited = next(a for a in answers if a[0] == 429)
+    assert "try again in" in limited[1]["message"] and int(limited[2]["Retry-After"]) >= 1
+    assert len(receiver.culler._verifier) <= 100
+
+
+async def test_a_vouched_token_is_rechecked_past_the_limit(receiver):
+    receiver.culler._verifier.ttl = 0.0  # every report re-asks the hub about the token
+    assert (await receiver.post(report()))[0] == 204
+    await asyncio.gather(
+        *(receiver.post(report(), token=secrets.token_hex(16)) for _ in range(300))
+    )
+    asked = receiver.hub.asked
+    assert (await receiver.post(report()))[0] == 204  # the buckets are empty; it still passes
+    assert receiver.hub.asked == asked + 1  # and the hub was asked again (revocation works)
+    receiver.hub.tokens.clear()  # the token is revoked
+    code, _, _ = await receiver.post(report())
+    assert code == 403
+
+
+def test_rate_limit_per_address_and_overall():
+    from fracspawner.culler.identity import RateLimit
+
+    limit = RateLimit(rate=1.0, burst=3, total_rate=2.0, total_burst=5, keys=2)
+    assert [limit.take("a", 0.0) for _ in range(4)] == [0, 0, 0, 1.0]
+    assert [limit.take("b", 0.0) == 0 for _ in range(3)] == [True, True, False]  # overall: 5
+    assert limit.take("b", 1.0) == 0  # refilled: one per second overall and per address
+    # the per-address table is an LRU: an evicted address comes back with a full bucket, and
+    # the overall bucket still bounds it
+    limit.take("c", 1.0)
+    assert "a" not in limit._buckets and len(limit._buckets) == 2
