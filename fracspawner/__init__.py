@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import sys
 from typing import Any
 
 from ._version import __version__
@@ -19,6 +20,15 @@ def __getattr__(name: str) -> Any:
     raise AttributeError(name)
 
 
+def _all_problems(catalog_file: str | None, catalog: dict | None) -> list[str]:
+    from .backends import backend_names, check_pool
+    from .model.check import catalog_problems, file_problems
+
+    if catalog_file is not None:
+        return file_problems(catalog_file, check_pool, backend_names())
+    return catalog_problems(catalog, check_pool, backend_names())
+
+
 def configure(c: Any, *, catalog_file: str | None = None, catalog: dict | None = None) -> None:
     """Use FracSpawner with a catalog, validating the catalog NOW (at hub start-up).
 
@@ -27,14 +37,25 @@ def configure(c: Any, *, catalog_file: str | None = None, catalog: dict | None =
         import fracspawner
         fracspawner.configure(c, catalog_file="/etc/jupyterhub/catalog.yaml")
 
-    A bad catalog raises `CatalogError` naming the key, so the hub refuses to start instead of
+    A bad catalog stops the hub (SystemExit 1) after printing every problem, each with its
+    path, and the file's name (the same report as `fracspawner check CATALOG`), instead of
     failing at the first spawn.
     """
     from .backends import load_catalog
+    from .model.check import report
+    from .model.errors import CatalogError
 
     if (catalog_file is None) == (catalog is None):
         raise ValueError("fracspawner.configure: give exactly one of catalog_file= or catalog=")
-    load_catalog(catalog_file if catalog_file is not None else catalog)
+    try:
+        load_catalog(catalog_file if catalog_file is not None else catalog)
+    except CatalogError as exc:
+        # every problem at once, naming the file (as `fracspawner check` does), not the first
+        # one as the last line of a traceback
+        problems = _all_problems(catalog_file, catalog) or [str(exc)]
+        source = catalog_file if catalog_file is not None else "the catalog given to configure()"
+        print(f"fracspawner: {report(source, problems)}", file=sys.stderr)
+        raise SystemExit(1) from None
     c.JupyterHub.spawner_class = "fracspawner"
     # the slice on JupyterHub's pending and home pages (fracspawner.hub.pages)
     from .hub.pages import TEMPLATE_DIR, template_vars

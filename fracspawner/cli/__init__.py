@@ -17,6 +17,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
         "the local Kubernetes stand-in, in the foreground",
     ),
     "plan": ("fracspawner.cli.plan", "print the pod a spawn would create, without a cluster"),
+    "check": ("fracspawner.cli.check", "every mistake of a catalog at once; exit 0 when clean"),
     "capacity": ("fracspawner.cli.capacity", "free/total per pool and offer from a kube context"),
     "service": ("fracspawner.hub.service", "the hub service serving the picker's live offers"),
     "culler": ("fracspawner.culler.__main__", "the GPU-aware idle culler service"),

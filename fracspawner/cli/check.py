@@ -1,0 +1,26 @@
+"""`fracspawner check CATALOG`: every mistake of a catalog at once, for admins and CI.
+
+Each problem on its own line with its path (`pools.h100.offers[3]: ...`) and a did-you-mean
+for a typo; exit 0 when the catalog is clean, 1 when it has problems, 2 on bad usage. The
+backends the pools name check their offers too, as at hub start-up.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+from ..backends import backend_names, check_pool
+from ..model.check import file_problems, report
+
+
+def main(argv: list[str]) -> int:
+    parser = argparse.ArgumentParser(
+        prog="fracspawner check",
+        description="Check a catalog file: every mistake at once, each with its path.",
+    )
+    parser.add_argument("catalog", help="the catalog YAML file")
+    args = parser.parse_args(argv)
+    problems = file_problems(args.catalog, check_pool, backend_names())
+    print(report(args.catalog, problems), file=sys.stderr if problems else sys.stdout)
+    return 1 if problems else 0

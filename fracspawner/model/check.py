@@ -1,0 +1,209 @@
+"""Every mistake of a catalog at once, each with its path (and a did-you-mean for typos).
+
+`Catalog.load` stops at the first problem, which is right for a program but costs an admin one
+fix-and-run round per mistake. `catalog_problems` walks the whole catalog instead: every schema
+error (JSON Schema reports them all), then the checks a schema cannot make, part by part (each
+pool, each offer, each access rule, the images), skipping only the parts the schema already
+found broken. `fracspawner check CATALOG` prints them; `fracspawner.configure` prints the same
+at hub start-up, naming the file.
+"""
+
+from __future__ import annotations
+
+import difflib
+import re
+from collections.abc import Callable, Iterable, Mapping
+from pathlib import Path
+from typing import Any
+
+from .catalog import (
+    DEFAULT_IDLE,
+    PoolCheck,
+    _idle,
+    _path,
+    _pool,
+    _rule,
+    build_catalog,
+    load_yaml,
+    schema,
+)
+from .errors import CatalogError, SliceError
+from .gpumodels import GPU_MODELS, lookup_model
+from .slices import parse_slice
+
+__all__ = ["catalog_problems", "did_you_mean", "report"]
+
+
+def did_you_mean(word: Any, choices: Iterable[str]) -> str:
+    """' (did you mean 'h100'?)' for a close match among `choices`, else ''."""
+    if not isinstance(word, str):
+        return ""
+    close = difflib.get_close_matches(word, list(choices), n=1, cutoff=0.6)
+    return f" (did you mean {close[0]!r}?)" if close else ""
+
+
+#: "unknown backend 'hamii'; known backends: mig-mixed, hami, ..." (the loader's wording)
+_UNKNOWN = re.compile(r"unknown [\w ]+ '([^']*)'; [\w ()]+: ([^;]+)$")
+
+
+def _suggest(message: str) -> str:
+    """A loader message naming an unknown name and the known ones, with a did-you-mean."""
+    match = _UNKNOWN.search(message)
+    if not match or "did you mean" in message:
+        return message
+    known = [k.strip() for k in match.group(2).split(",")]
+    hint = did_you_mean(match.group(1), known)
+    return message.replace(f"'{match.group(1)}';", f"'{match.group(1)}'{hint};", 1)
+
+
+def _schema_problems(data: Any) -> list[tuple[tuple[Any, ...], str]]:
+    import jsonschema
+
+    validator = jsonschema.Draft202012Validator(schema())
+    found: list[tuple[tuple[Any, ...], str]] = []
+    for error in validator.iter_errors(data):
+        best = jsonschema.exceptions.best_match([error])
+        path = tuple(best.absolute_path)
+        message = best.message
+        if best.validator == "additionalProperties" and isinstance(best.instance, Mapping):
+            known = list((best.schema.get("properties") or {}).keys())
+            extra = [k for k in best.instance if k not in known]
+            for key in extra:
+                found.append(
+                    (path + (key,), f"unknown key {key!r}{did_you_mean(key, known)}; keys: "
+                     + ", ".join(known))
+                )  # fmt: skip
+            continue
+        if best.validator == "enum":
+            message += did_you_mean(best.instance, [str(v) for v in best.validator_value])
+        elif best.validator == "pattern" and "propertyNames" in str(best.schema_path):
+            message = f"{best.instance!r} is not a valid name (letters, digits, '-', '_', '.')"
+        found.append((path, message))
+    # one line per path and message, in the catalog's order of paths
+    unique = dict.fromkeys(found)
+    return sorted(unique, key=lambda item: tuple(map(str, item[0])))
+
+
+def catalog_problems(
+    data: Any,
+    check_pool: PoolCheck | None = None,
+    known_backends: Iterable[str] | None = None,
+) -> list[str]:
+    """Every problem of a catalog dict, each 'path: what is wrong'; [] when it is clean.
+
+    `check_pool` and `known_backends` come from the backends registry (this module, like the
+    rest of the model, never imports it)."""
+    schema_found = _schema_problems(data)
+    problems = [f"{_path(path)}: {message}" for path, message in schema_found]
+    broken = [path for path, _ in schema_found]
+    if not isinstance(data, Mapping) or not isinstance(data.get("pools"), Mapping):
+        return problems
+
+    def spoiled(*prefix: Any) -> bool:
+        return any(path[: len(prefix)] == prefix or not path for path in broken)
+
+    def attempt(prefix: tuple[Any, ...], check: Callable[[], Any]) -> Any:
+        if spoiled(*prefix):
+            return None
+        try:
+            return check()
+        except CatalogError as exc:
+            problems.append(_suggest(str(exc)))
+        except (KeyError, TypeError, ValueError, AttributeError):
+            if not broken:  # a shape the schema let through: a bug, not the admin's mistake
+                raise
+        return None
+
+    step = data.get("fraction_step", 8) if not spoiled("fraction_step") else 8
+    idle = attempt(("idle",), lambda: _idle(data.get("idle"), DEFAULT_IDLE, "idle")) or DEFAULT_IDLE
+    pool_names = list(data["pools"])
+    images = data.get("images") if isinstance(data.get("images"), Mapping) else {}
+    for name, raw in data["pools"].items():
+        if not isinstance(raw, Mapping):
+            continue
+        where = f"pools.{name}"
+        before = len(problems)
+        gpu = raw.get("gpu")
+        if isinstance(gpu, str) and lookup_model(gpu) is None:
+            problems.append(
+                f"{where}.gpu: unknown GPU model {gpu!r}{did_you_mean(gpu, GPU_MODELS)}; "
+                f"built-in models: {', '.join(GPU_MODELS)} (or describe it: "
+                "{name, memory_mib, nvml_memory_mib, mig_profiles})"
+            )
+        backend = raw.get("backend")
+        if known_backends is not None and isinstance(backend, str) and backend:
+            known = list(known_backends)
+            if backend not in known:
+                problems.append(
+                    f"{where}.backend: unknown backend {backend!r}"
+                    f"{did_you_mean(backend, known)}; known backends: {', '.join(known)}"
+                )
+        if not spoiled("pools", name, "offers"):
+            for i, value in enumerate(raw.get("offers") or ()):
+                try:
+                    parse_slice(value, step=step)
+                except SliceError as exc:
+                    problems.append(f"{where}.offers[{i}]: {exc}")
+        default_image = raw.get("default_image")
+        if isinstance(default_image, str) and default_image not in images:
+            problems.append(
+                f"{where}.default_image: unknown image {default_image!r}"
+                f"{did_you_mean(default_image, images)}; images: "
+                + (", ".join(images) or "none (the catalog has no images section)")
+            )
+        if len(problems) == before:
+            attempt(("pools", name), lambda n=name, r=raw: _pool(n, r, step, idle, check_pool))
+    defaults = [n for n, raw in images.items() if isinstance(raw, Mapping) and raw.get("default")]
+    if len(defaults) > 1:
+        problems.append(
+            f"images.{defaults[1]}.default: only one image may be the default "
+            f"({defaults[0]} already is)"
+        )
+    access = data.get("access") if isinstance(data.get("access"), Mapping) else {}
+    rules: list[tuple[tuple[str, ...], Any]] = []
+    if "default" in access:
+        rules.append((("access", "default"), access["default"]))
+    for section in ("groups", "users"):
+        for key, raw in (access.get(section) or {}).items():
+            rules.append((("access", section, key), raw))
+    for prefix, raw in rules:
+        if spoiled(*prefix) or not isinstance(raw, Mapping):
+            continue
+        names = raw.get("pools", "all")
+        unknown = (
+            [] if names == "all" else [(i, n) for i, n in enumerate(names) if n not in pool_names]
+        )
+        for i, n in unknown:
+            problems.append(
+                f"{'.'.join(prefix)}.pools[{i}]: unknown pool {n!r}{did_you_mean(n, pool_names)}; "
+                f"pools: {', '.join(pool_names) or 'none'}"
+            )
+        if not unknown:
+            attempt(prefix, lambda r=raw, p=prefix: _rule(r, data["pools"], ".".join(p)))
+    if not problems:
+        # whatever else the loader checks (Kubeflow mappings, ...): its first word, at least
+        attempt((), lambda: build_catalog(data, check_pool))
+    return problems
+
+
+def report(source: str | Path, problems: list[str]) -> str:
+    """The problems of the catalog file `source`, one per line, for a person."""
+    if not problems:
+        return f"{source}: the catalog is fine."
+    count = "1 problem" if len(problems) == 1 else f"{len(problems)} problems"
+    return f"{source}: {count} in the catalog:\n" + "\n".join(f"  {p}" for p in problems)
+
+
+def file_problems(
+    path: str | Path,
+    check_pool: PoolCheck | None = None,
+    known_backends: Iterable[str] | None = None,
+) -> list[str]:
+    """The problems of a catalog file (an unreadable file or bad YAML is the one problem)."""
+    try:
+        data = load_yaml(Path(path))
+    except CatalogError as exc:
+        text = str(exc)
+        prefix = f"{path}: "
+        return [text[len(prefix) :] if text.startswith(prefix) else text]
+    return catalog_problems(data, check_pool, known_backends)
