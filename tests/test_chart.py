@@ -1277,6 +1277,49 @@ def test_kubeflow_poddefaults_are_the_exports():
         assert max(len(name) for name in got) <= 52
 
 
+def test_the_kubeflow_culler_ships_the_istio_policy_it_needs():
+    """Issue 19 item 5: with Istio, the profile namespaces' own policy admits only Kubeflow's
+    notebook-controller to the notebooks (kubeflow/dashboard components/profile-controller
+    controllers/profile_controller.go getAuthorizationPolicy: GET */api/kernels), so the GPU
+    culler's GET /api/status is denied. kubeflowCuller.istio.enabled renders the policy
+    `fracspawner kubeflow export --culler-service-account` writes (test_kubeflow_export checks
+    it against the profile's policy), for the culler's own ServiceAccount, and gives the culler
+    a sidecar so that its requests carry that identity."""
+    from fracspawner.kubeflow.export import culler_authorization_policy
+    from fracspawner.kubeflow.validate import errors as schema_errors
+
+    base = {
+        "catalog": DEMO_CATALOG,
+        "jupyterhub": {"enabled": False},
+        "service": {"enabled": False},
+        "culler": {"enabled": False},
+        "kubeflowCuller": {"enabled": True, "istio": {"enabled": True}},
+    }
+    objs = objects(render(base))
+    (policy,) = by_kind(objs, "AuthorizationPolicy")
+    account = f"{NAMESPACE}/{RELEASE}-kubeflow-culler"
+    want = culler_authorization_policy(account, "istio-system")
+    assert policy["spec"] == want["spec"]
+    assert policy["metadata"]["namespace"] == "istio-system"  # the root namespace: mesh-wide
+    assert schema_errors({**policy, "metadata": want["metadata"]}) == []
+    accounts = by_kind(objs, "ServiceAccount")
+    (sa,) = [o for o in accounts if "kubeflow-culler" in o["metadata"]["name"]]
+    assert f"{NAMESPACE}/{sa['metadata']['name']}" == account
+    (deployment,) = by_kind(objs, "Deployment")
+    labels = deployment["spec"]["template"]["metadata"]["labels"]
+    assert labels["sidecar.istio.io/inject"] == "true"
+    # listed namespaces: one policy in each
+    listed = _deep_merge(base, {"kubeflowCuller": {"namespaces": ["team-a", "team-b"]}})
+    policies = by_kind(objects(render(listed)), "AuthorizationPolicy")
+    assert sorted(p["metadata"]["namespace"] for p in policies) == ["team-a", "team-b"]
+    # off by default: no Istio CRD needed, no sidecar
+    off = _deep_merge(base, {"kubeflowCuller": {"istio": {"enabled": False}}})
+    objs = objects(render(off))
+    assert not by_kind(objs, "AuthorizationPolicy")
+    (deployment,) = by_kind(objs, "Deployment")
+    assert "sidecar.istio.io/inject" not in deployment["spec"]["template"]["metadata"]["labels"]
+
+
 def test_kubeflow_namespace_pool_lists(rendered_objects):
     pds = by_kind(rendered_objects["all-on"], "PodDefault")
     team_b = {pd["spec"]["labels"]["fracspawner.io/pool"] for pd in pds

@@ -643,3 +643,125 @@ def test_the_kubeflow_example_exports_per_namespace(tmp_path):
                 k8s_validate(doc)
             else:
                 assert schema_errors(doc, None if "kind" in doc else "spawner_ui_config") == []
+
+
+# --------------------------------------------------------------------------- Istio
+def _profile_policy(namespace: str, owner: str) -> dict[str, Any]:
+    """`ns-owner-access-istio` as Kubeflow's profile controller writes it in every profile
+    namespace (kubeflow/dashboard components/profile-controller/controllers/
+    profile_controller.go getAuthorizationPolicy): the owner through the gateway (the
+    kubeflow-userid header), the namespace itself, the Knative probe paths, and Kubeflow's
+    notebook-controller on GET */api/kernels (its culler)."""
+    return {
+        "metadata": {"name": "ns-owner-access-istio", "namespace": namespace},
+        "spec": {
+            "action": "ALLOW",
+            "rules": [
+                {"when": [{"key": "request.headers[kubeflow-userid]", "values": [owner]}]},
+                {"when": [{"key": "source.namespace", "values": [namespace]}]},
+                {"to": [{"operation": {"paths": ["/healthz", "/metrics", "/wait-for-drain"]}}]},
+                {
+                    "from": [
+                        {
+                            "source": {
+                                "principals": [
+                                    "cluster.local/ns/kubeflow/sa/notebook-controller-service-account"
+                                ]
+                            }
+                        }
+                    ],
+                    "to": [{"operation": {"methods": ["GET"], "paths": ["*/api/kernels"]}}],
+                },
+            ],
+        },
+    }
+
+
+def _istio_match(value: str, patterns: list[str]) -> bool:
+    """Istio's string match for paths and principals: exact, `*suffix`, `prefix*`, `*`
+    (istio.io docs, security/authorization: "Exact match, prefix match, suffix match and
+    presence match")."""
+    for p in patterns:
+        if p == "*" or p == value:
+            return True
+        if p.startswith("*") and value.endswith(p[1:]):
+            return True
+        if p.endswith("*") and value.startswith(p[:-1]):
+            return True
+    return False
+
+
+def _istio_allows(policies: list[dict[str, Any]], request: dict[str, Any]) -> bool:
+    """Istio's ALLOW evaluation for a workload with ALLOW policies only: the request is
+    allowed when any rule of any policy in the namespace matches (rules are ORed, a rule's
+    from/to/when ANDed), else denied."""
+    for policy in policies:
+        if policy["metadata"]["namespace"] != request["namespace"]:
+            continue
+        for rule in policy["spec"]["rules"]:
+            ok = True
+            for src in rule.get("from", []):
+                ok &= _istio_match(request["principal"], src["source"].get("principals", ["*"]))
+            for to in rule.get("to", []):
+                op = to["operation"]
+                ok &= request["method"] in op.get("methods", [request["method"]])
+                ok &= _istio_match(request["path"], op.get("paths", ["*"]))
+            for cond in rule.get("when", []):
+                key = cond["key"]
+                have = (
+                    request["namespace_of_source"]
+                    if key == "source.namespace"
+                    else request.get("headers", {}).get(key[len("request.headers[") : -1])
+                )
+                ok &= have in cond["values"]
+            if ok:
+                return True
+    return False
+
+
+def test_the_culler_gets_through_a_profiles_istio_policy(tmp_path):
+    """Issue 19 item 5: on a default Kubeflow install with Istio, the profile's policy lets
+    only the notebook-controller's principal call a notebook from outside, so the GPU culler's
+    GET /api/status is denied and it never learns any activity (Kubeflow's own culler is off:
+    ENABLE_CULLING=false, kubeflow/notebooks notebooks-v1 components/notebook-controller
+    config/manager/params.env). `--culler-service-account` writes the AuthorizationPolicy that
+    admits exactly that request, in every profile namespace exported."""
+    from fracspawner.culler.kubeflow import KubeflowCuller
+
+    code, out = _write(
+        tmp_path,
+        CATALOG,
+        "--namespace",
+        "team-vision",
+        "--culler-service-account",
+        "kubeflow/fracspawner-kubeflow-culler",
+    )
+    assert code == 0
+    ours = _docs(out / "authorizationpolicies.yaml")
+    assert [p["metadata"]["namespace"] for p in ours] == ["team-vision"]
+    for policy in ours:
+        assert schema_errors(policy) == []
+    stock = [_profile_policy("team-vision", "v@example.com")]
+    v1_path = KubeflowCuller.status_url.default_value.format(
+        name="resnet", namespace="team-vision", cluster_domain="cluster.local"
+    ).split("cluster.local", 1)[1]
+    culler = {
+        "namespace": "team-vision",
+        "namespace_of_source": "kubeflow",
+        "principal": "cluster.local/ns/kubeflow/sa/fracspawner-kubeflow-culler",
+        "method": "GET",
+        "path": v1_path,
+    }
+    v2 = {**culler, "path": "/workspace/connect/team-vision/ws1/api/status"}
+    assert not _istio_allows(stock, culler)  # what the culler met before
+    assert _istio_allows(stock + ours, culler) and _istio_allows(stock + ours, v2)
+    # nothing else is opened: another principal, another path, another method
+    assert not _istio_allows(stock + ours, {**culler, "principal": "cluster.local/ns/x/sa/y"})
+    assert not _istio_allows(
+        stock + ours, {**culler, "path": "/notebook/team-vision/r/api/kernels"}
+    )
+    assert not _istio_allows(stock + ours, {**culler, "method": "POST"})
+    readme = (out / "README.txt").read_text()
+    assert "kubectl apply -f authorizationpolicies.yaml" in readme
+    code, _ = _write(tmp_path / "bad", CATALOG, "--culler-service-account", "nonamespace")
+    assert code == 2

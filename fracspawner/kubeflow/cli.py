@@ -29,6 +29,7 @@ Apply in this order (docs/kubeflow.md):
      running `fracspawner webhook --catalog FILE --port N --tls-cert F --tls-key F`)
   2. kubectl apply -f mutatingwebhookconfiguration.yaml
   3. kubectl apply -f poddefaults/   (or: kubectl apply -n NAMESPACE -f poddefaults.yaml)
+     and, with Istio, kubectl apply -f authorizationpolicies.yaml
   4. merge spawner_ui_config.fragment.yaml into the Jupyter web app's spawner_ui_config.yaml
      (ConfigMap jupyter-web-app-config-*; the web app rereads it within 60 s)
 """
@@ -38,6 +39,7 @@ Apply in this order (docs/kubeflow.md):
      running `fracspawner webhook --catalog FILE --port N --tls-cert F --tls-key F`)
   2. kubectl apply -f mutatingwebhookconfiguration.yaml
   3. kubectl replace -f workspacekind-NAME.yaml
+     and, with Istio, kubectl apply -f authorizationpolicies.yaml
      (a 409 Conflict means the kind changed since it was read: get it again, export again)
 """
 
@@ -100,6 +102,13 @@ def _parser() -> argparse.ArgumentParser:
         help="send only pods labelled fracspawner.io/pool to the webhook, so other pods start "
         "while it is down (MIG requests made through the form's GPU field then pass unchecked)",
     )
+    ex.add_argument(
+        "--culler-service-account",
+        metavar="NS/NAME",
+        help="write authorizationpolicies.yaml: Istio AuthorizationPolicies letting the GPU "
+        "culler (`fracspawner culler kubeflow` running as this ServiceAccount, with an Istio "
+        "sidecar) read the notebooks' /api/status in each profile namespace",
+    )
     ex.add_argument("-o", "--output", required=True, metavar="DIR", help="folder to write to")
     return parser
 
@@ -155,6 +164,15 @@ def _workspace_kind(args: argparse.Namespace) -> dict[str, Any] | None:
     if len(docs) != 1 or not isinstance(docs[0], dict):
         raise ExportError(f"--workspace-kind-file {path}: expected one WorkspaceKind")
     return docs[0]
+
+
+def _service_account(value: str | None) -> str | None:
+    if value is None:
+        return None
+    namespace, _, name = value.partition("/")
+    if not namespace or not name or "/" in name:
+        raise ExportError(f"--culler-service-account {value!r}: use NAMESPACE/NAME")
+    return value
 
 
 def _target(args: argparse.Namespace) -> WebhookTarget:
@@ -230,6 +248,7 @@ def main(argv: list[str]) -> int:
             notebooks=args.notebooks,
             webhook=_target(args),
             workspace_kind=_workspace_kind(args),
+            culler_service_account=_service_account(args.culler_service_account),
         )
         out_dir = Path(args.output)
         if out_dir.exists() and not out_dir.is_dir():

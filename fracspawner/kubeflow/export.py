@@ -226,6 +226,50 @@ def webhook_configuration(target: WebhookTarget) -> dict[str, Any]:
     }
 
 
+# --------------------------------------------------------------------------- Istio
+#: the AuthorizationPolicy the GPU culler needs, per profile namespace
+CULLER_POLICY_NAME = "fracspawner-culler-status"
+
+
+def culler_authorization_policy(
+    service_account: str, namespace: str | None, trust_domain: str = "cluster.local"
+) -> dict[str, Any]:
+    """Istio `AuthorizationPolicy` (security.istio.io/v1) letting `fracspawner culler kubeflow`
+    (its ServiceAccount "NS/NAME") GET a notebook's `/api/status` in a profile namespace.
+
+    A profile namespace's own policy (`ns-owner-access-istio`, kubeflow/dashboard
+    components/profile-controller/controllers/profile_controller.go getAuthorizationPolicy)
+    admits the owner through the gateway, the namespace itself, and from elsewhere only the
+    notebook-controller's principal on `GET */api/kernels`: the culler's GET */api/status is
+    denied. ALLOW policies add up, so this one admits exactly that request from the culler's
+    principal (v1 `/notebook/<ns>/<nb>/api/status`, v2
+    `/workspace/connect/<ns>/<ws>/api/status`)."""
+    sa_namespace, _, sa_name = service_account.rpartition("/")
+    metadata: dict[str, Any] = {"name": CULLER_POLICY_NAME, "labels": dict(MANAGED_BY)}
+    if namespace is not None:
+        metadata["namespace"] = namespace
+    return {
+        "apiVersion": "security.istio.io/v1",
+        "kind": "AuthorizationPolicy",
+        "metadata": metadata,
+        "spec": {
+            "action": "ALLOW",
+            "rules": [
+                {
+                    "from": [
+                        {
+                            "source": {
+                                "principals": [f"{trust_domain}/ns/{sa_namespace}/sa/{sa_name}"]
+                            }
+                        }
+                    ],
+                    "to": [{"operation": {"methods": ["GET"], "paths": ["*/api/status"]}}],
+                }
+            ],
+        },
+    }
+
+
 # --------------------------------------------------------------------------- v2
 def _needs_webhook(pool: Pool, offer: Slice) -> list[str]:
     """What a backend puts on a pod that a podConfig (affinity, nodeSelector, tolerations,
@@ -578,6 +622,7 @@ def export(
     notebooks: str = "v1",
     webhook: WebhookTarget = WebhookTarget(),
     workspace_kind: Mapping[str, Any] | None = None,
+    culler_service_account: str | None = None,
 ) -> Export:
     """Everything to apply for Kubeflow Notebooks `notebooks` ("v1" or "v2"); v2 needs the
     current WorkspaceKind (`workspace_kind`, as `kubectl get workspacekind NAME -o yaml`)."""
@@ -594,6 +639,15 @@ def export(
         out.notes.append(
             "mutatingwebhookconfiguration.yaml has no caBundle: pass --ca-bundle or "
             "--inject-ca-from, or the API server cannot verify the webhook's certificate"
+        )
+    if culler_service_account is not None:
+        targets: list[str | None] = [ns.name for ns in namespaces] or [None]
+        out.files["authorizationpolicies.yaml"] = (
+            [culler_authorization_policy(culler_service_account, ns) for ns in targets],
+            "Istio: lets `fracspawner culler kubeflow` (ServiceAccount "
+            f"{culler_service_account}, with an Istio sidecar) GET the notebooks' /api/status "
+            "in each profile namespace; the profile's own policy admits only Kubeflow's "
+            "notebook-controller there",
         )
     if notebooks == "v2":
         if workspace_kind is None:

@@ -13,6 +13,7 @@ SCHEMAS = Path(__file__).with_name("schemas")
 BY_KIND = {
     ("kubeflow.org/v1alpha1", "PodDefault"): "poddefault.schema.json",
     ("kubeflow.org/v1beta1", "WorkspaceKind"): "workspacekind-patch.schema.json",
+    ("security.istio.io/v1", "AuthorizationPolicy"): "authorizationpolicy.schema.json",
     "spawner_ui_config": "spawner-ui-config.schema.json",
 }
 
