@@ -71,7 +71,8 @@ async def test_hami_slice_drops_the_metadata_block_even_when_the_operator_keeps_
     c = hub_config(values, catalog_file=path)
     pod = await build_manifest(path, {"gpu": "1/2", "pool": "h100"}, admin=True, config=c)
     assert hami_webhook(pod)["allowed"]
-    assert not [i for i in pod["spec"].get("initContainers") or [] if i["name"] == "block-cloud-metadata"]
+    init = [i["name"] for i in pod["spec"].get("initContainers") or []]
+    assert "block-cloud-metadata" not in init
     # a CPU server of the same hub keeps z2jh's user scheduler and the metadata block
     cpu = await build_manifest(path, {"gpu": "none"}, admin=True, config=c)
     assert cpu["spec"]["schedulerName"] == "jhub-user-scheduler"
@@ -85,3 +86,88 @@ def test_the_overlay_turns_the_iptables_metadata_block_off():
     values = merged_values({}, OVERLAY)
     assert values["singleuser"]["cloudMetadata"]["blockWithIptables"] is False
     assert values["singleuser"]["networkPolicy"]["egressAllowRules"]["cloudMetadataServer"] is False
+
+
+# ------------------------------------------------------------------ the fracspawner chart
+def _chart_objects(values: dict) -> list[dict]:
+    from tests.chart_support import objects, render
+
+    return objects(render(values))
+
+
+def _container(objs: list[dict], component: str) -> dict:
+    from tests.chart_support import one
+
+    return one(objs, "Deployment", component)["spec"]["template"]["spec"]["containers"][0]
+
+
+def test_the_hub_api_url_follows_z2jhs_base_url():
+    """z2jh's hub.baseUrl moves the hub API: z2jh's own culler is started with
+    `--url=http://localhost:8081` + url_path_join(base_url, "hub/api")
+    (jupyterhub/files/hub/jupyterhub_config.py, its `cull.enabled` block). The chart's
+    service and culler call the same path when given only jupyterhub.baseUrl."""
+    objs = _chart_objects({"jupyterhub": {"baseUrl": "/jhub/"}})
+    culler = _container(objs, "culler")
+    assert "--url=http://hub:8081/jhub/hub/api" in culler["command"]
+    env = {e["name"]: e.get("value") for e in _container(objs, "service")["env"]}
+    assert env["JUPYTERHUB_API_URL"] == "http://hub:8081/jhub/hub/api"
+    assert env["JUPYTERHUB_SERVICE_PREFIX"] == "/jhub/services/fracspawner/"
+    # the default and an explicit URL are what they were
+    default = _container(_chart_objects({}), "culler")
+    assert "--url=http://hub:8081/hub/api" in default["command"]
+    explicit = _chart_objects({"jupyterhub": {"apiUrl": "http://hub.jhub.svc:8081/x/hub/api"}})
+    assert "--url=http://hub.jhub.svc:8081/x/hub/api" in _container(explicit, "culler")["command"]
+
+
+def test_values_follow_z2jhs_conventions():
+    """Where the chart's values overlap z2jh's they take z2jh's shapes
+    (jupyterhub/values.yaml and values.schema.yaml): image {name, tag, pullPolicy},
+    imagePullSecrets as names or {name} objects, extraEnv as a map or a list, and core pods
+    tolerate z2jh's `hub.jupyter.org/dedicated=core` taint (scheduling.corePods.tolerations)."""
+    import kubernetes_validate
+
+    objs = _chart_objects(
+        {
+            "image": {"name": "registry.example.org/fracspawner", "tag": "1.2.3"},
+            "imagePullSecrets": ["regcred", {"name": "other"}],
+            "culler": {"extraEnv": {"TZ": "UTC", "FROM_SECRET": {"valueFrom": {
+                "secretKeyRef": {"name": "s", "key": "k"}}}}},
+            "service": {"extraEnv": [{"name": "TZ", "value": "UTC"}]},
+        }
+    )  # fmt: skip
+    culler = _container(objs, "culler")
+    assert culler["image"] == "registry.example.org/fracspawner:1.2.3"
+    assert culler["imagePullPolicy"] == "IfNotPresent"
+    env = {e["name"]: e for e in culler["env"]}
+    assert env["TZ"] == {"name": "TZ", "value": "UTC"}
+    assert env["FROM_SECRET"]["valueFrom"]["secretKeyRef"] == {"name": "s", "key": "k"}
+    assert {"name": "TZ", "value": "UTC"} in _container(objs, "service")["env"]
+    from tests.chart_support import one
+
+    spec = one(objs, "Deployment", "culler")["spec"]["template"]["spec"]
+    assert spec["imagePullSecrets"] == [{"name": "regcred"}, {"name": "other"}]
+    core = {"key": "hub.jupyter.org/dedicated", "operator": "Equal", "value": "core"}
+    assert {**core, "effect": "NoSchedule"} in spec["tolerations"]
+    for obj in objs:
+        if obj["kind"] in ("Deployment", "Pod", "Secret", "ConfigMap", "Service"):
+            kubernetes_validate.validate(obj, "1.33.0", strict=True)
+
+
+def test_the_culler_role_lets_exempt_groups_work(tmp_path):
+    """`--Culler.exempt_groups` (the chart's suggested culler.extraArgs) needs each user's
+    groups: JupyterHub's user model carries `groups` only for a token with read:users or
+    read:users:groups (jupyterhub/apihandlers/base.py `user_model`, its access_map). The
+    overlay's and NOTES' culler role, expanded by JupyterHub's own scope code, must grant it."""
+    from jupyterhub.scopes import expand_scopes
+
+    from tests.chart_support import render
+
+    notes = render({})["fracspawner/templates/NOTES.txt"]
+    printed = yaml.safe_load(
+        notes.split("in the same namespace:\n", 1)[1].split("\nz2jh generates", 1)[0]
+    )
+    for roles in (OVERLAY["hub"]["loadRoles"], printed["hub"]["loadRoles"]):
+        granted = expand_scopes(roles["fracspawner-culler"]["scopes"])
+        assert {"read:users:groups", "read:users"} & granted, granted
+        assert "access:servers" not in granted  # still never into user servers
+    assert "exempt_groups" in (REPO / "charts/fracspawner/values.yaml").read_text()

@@ -51,9 +51,7 @@ Z2JH_DEFAULTS: dict[str, Any] = {
         "image": {"name": "quay.io/jupyterhub/k8s-hub", "tag": "4.4.0"},
     },
     "singleuser": {
-        "networkTools": {
-            "image": {"name": "quay.io/jupyterhub/k8s-network-tools", "tag": "4.4.0"}
-        },
+        "networkTools": {"image": {"name": "quay.io/jupyterhub/k8s-network-tools", "tag": "4.4.0"}},
         "cloudMetadata": {"blockWithIptables": True, "ip": "169.254.169.254"},
         "networkPolicy": {
             "enabled": True,
@@ -82,9 +80,7 @@ def merged_values(*layers: Mapping[str, Any]) -> dict[str, Any]:
     for layer in layers:
         with tempfile.TemporaryDirectory() as tmp:
             chart = Path(tmp)
-            (chart / "Chart.yaml").write_text(
-                "apiVersion: v2\nname: jupyterhub\nversion: 4.4.0\n"
-            )
+            (chart / "Chart.yaml").write_text("apiVersion: v2\nname: jupyterhub\nversion: 4.4.0\n")
             (chart / "values.yaml").write_text(yaml.safe_dump(result))
             with helm.Chart.load(str(chart)) as loaded:
                 result = loaded.merge_values(dict(layer))
@@ -178,7 +174,7 @@ def hami_webhook(pod: Mapping[str, Any], scheduler_name: str = "hami-scheduler")
     hami.add("nvidia.com/gpucores")
     containers = list(spec.get("initContainers") or []) + list(spec.get("containers") or [])
     has_resource = any(
-        hami & set(((c.get("resources") or {}).get("limits") or {})) for c in containers
+        hami & set((c.get("resources") or {}).get("limits") or {}) for c in containers
     )
     privileged = next(
         (c["name"] for c in containers if (c.get("securityContext") or {}).get("privileged")),

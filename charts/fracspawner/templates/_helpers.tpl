@@ -59,12 +59,43 @@ labels:
   {{- include "fracspawner.labels" . | nindent 2 }}
 {{- end }}
 
+{{/* image: {name, tag, digest, pullPolicy}, z2jh's shape (hub.image, singleuser.image) */}}
 {{- define "fracspawner.image" -}}
 {{- $img := .Values.image }}
 {{- if $img.digest }}
-{{- printf "%s@%s" $img.repository $img.digest }}
+{{- printf "%s@%s" $img.name $img.digest }}
 {{- else }}
-{{- printf "%s:%s" $img.repository (default .Chart.AppVersion $img.tag) }}
+{{- printf "%s:%s" $img.name (default .Chart.AppVersion $img.tag) }}
+{{- end }}
+{{- end }}
+
+{{/* The hub API URL: jupyterhub.apiUrl, or z2jh's hub Service under hub.baseUrl (z2jh's
+own culler calls http://localhost:8081 + base_url + hub/api). */}}
+{{- define "fracspawner.hubApiUrl" -}}
+{{- if .Values.jupyterhub.apiUrl }}
+{{- .Values.jupyterhub.apiUrl }}
+{{- else }}
+{{- printf "http://hub:8081%shub/api" (.Values.jupyterhub.baseUrl | trimSuffix "/" | printf "%s/") }}
+{{- end }}
+{{- end }}
+
+{{/* extraEnv as z2jh takes it: a list of EnvVars, or a map of name -> value (a string, or
+an EnvVar's other fields such as valueFrom). Renders a YAML list, or nothing. */}}
+{{- define "fracspawner.extraEnv" -}}
+{{- $out := list }}
+{{- if kindIs "map" . }}
+{{- range $name, $value := . }}
+{{- if kindIs "map" $value }}
+{{- $out = append $out (merge (dict "name" $name) $value) }}
+{{- else }}
+{{- $out = append $out (dict "name" $name "value" (toString $value)) }}
+{{- end }}
+{{- end }}
+{{- else }}
+{{- $out = . }}
+{{- end }}
+{{- with $out }}
+{{- toYaml . }}
 {{- end }}
 {{- end }}
 
@@ -127,7 +158,13 @@ securityContext:
   {{- toYaml .root.Values.podSecurityContext | nindent 2 }}
 {{- with .root.Values.imagePullSecrets }}
 imagePullSecrets:
-  {{- toYaml . | nindent 2 }}
+  {{- range . }}
+  {{- if kindIs "string" . }}
+  - name: {{ . | quote }}
+  {{- else }}
+  - name: {{ .name | quote }}
+  {{- end }}
+  {{- end }}
 {{- end }}
 {{- with .values.priorityClassName }}
 priorityClassName: {{ . }}
@@ -136,7 +173,7 @@ priorityClassName: {{ . }}
 nodeSelector:
   {{- toYaml . | nindent 2 }}
 {{- end }}
-{{- with .values.tolerations }}
+{{- with concat (.root.Values.scheduling.corePods.tolerations | default list) (.values.tolerations | default list) }}
 tolerations:
   {{- toYaml . | nindent 2 }}
 {{- end }}
