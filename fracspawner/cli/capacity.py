@@ -110,6 +110,15 @@ def main(argv: list[str] | None = None) -> int:
     except Exception as exc:  # any catalog problem: one line, no traceback
         print(f"{PROG}: bad catalog {path}: {_one_line(exc)}", file=sys.stderr)
         return 2
+    try:  # imported lazily below: say which extra it comes with instead of a traceback
+        import kubernetes_asyncio  # noqa: F401
+    except ImportError as exc:
+        print(
+            f"{PROG}: needs the Python package {exc.name or 'kubernetes_asyncio'!r}, which is "
+            "not installed; install fracspawner[hub] (in a checkout: pip install -e '.[hub]')",
+            file=sys.stderr,
+        )
+        return 2
     if args.kubeconfig and not os.path.isfile(args.kubeconfig):
         print(f"{PROG}: no such kubeconfig: {args.kubeconfig}", file=sys.stderr)
         return 2
