@@ -373,6 +373,7 @@ def dcgm_series(mixes: dict[str, list[User]]) -> list[tuple[dict, list[tuple[flo
     for users in mixes.values():
         for u in users:
             pod = {"pod": f"jupyter-{u.name}", "namespace": "jhub", "container": "notebook"}
+            pod["job"] = "dcgm-exporter"  # the scrape job the culler reads (Culler.dcgm_job)
             util, mem, holds = [], [], False
             for m in range(HORIZON):
                 busy = u.run[m] or (u.present[m] and u.gpu_cell[m])

@@ -12,6 +12,7 @@ import json
 import logging
 import math
 import secrets
+import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 
@@ -237,3 +238,99 @@ def test_rate_limit_per_address_and_overall():
     # the overall bucket still bounds it
     limit.take("c", 1.0)
     assert "a" not in limit._buckets and len(limit._buckets) == 2
+
+
+# --- item 5: only dcgm-exporter's scrape job is GPU evidence ------------------------------------
+class ForgingExporter:
+    """A tenant's own exporter: series in dcgm-exporter's format, named for other users' pods
+    (`exported_pod`, as they arrive from the real exporter behind a ServiceMonitor)."""
+
+    def __init__(self) -> None:
+        from tests.test_culler_support import DcgmExporter
+
+        class Forger(DcgmExporter):
+            @staticmethod
+            def _labels(i: int, ns: str, pod: str) -> str:
+                return f'gpu="{i}",exported_namespace="{ns}",exported_pod="{pod}"'
+
+        self.exporter = Forger()
+
+
+@pytest.fixture(scope="module")
+def forged_prometheus(tmp_path_factory):
+    """Debian's Prometheus scraping the dcgm-exporter stand-in (job dcgm-exporter, as in
+    conftest) and a tenant's exporter in a job of its own, with honor_labels."""
+    from tests.test_culler_support import DcgmExporter, Prometheus
+
+    real, tenant = DcgmExporter(), ForgingExporter().exporter
+    tenant_job = (
+        "  - job_name: tenant-pods\n    honor_labels: true\n    static_configs:\n"
+        f"      - targets: ['127.0.0.1:{tenant.port}']\n"
+        "        labels: {pod: tenant-metrics-0, namespace: ann}\n"
+    )
+    prom = Prometheus(tmp_path_factory.mktemp("forged"), real.port, more_scrape_configs=tenant_job)
+    try:
+        yield real, tenant, prom
+    finally:
+        prom.stop()
+        real.stop()
+        tenant.stop()
+
+
+async def test_a_tenants_exporter_cannot_make_gpu_evidence(forged_prometheus):
+    from fracspawner.culler import combine, decide_server
+    from fracspawner.culler.decide import ServerFacts
+    from fracspawner.culler.hubapi import HubServer
+
+    real, tenant, prom = forged_prometheus
+    real.set("jupyter-victim", util=0, memory=8192, namespace="jhub")  # really idle
+    tenant.set("jupyter-victim", util=100, memory=8192, namespace="jhub")  # "keep it busy"
+    tenant.set("jupyter-ghost", util=0, memory=1024, namespace="jhub")  # no data -> "idle"
+    prom.wait_scraped(9)
+    assert prom.query('DCGM_FI_DEV_GPU_UTIL{exported_pod="jupyter-victim"}')  # both are there
+    c = Culler(
+        api_token="x",
+        prometheus_url=prom.url,
+        pod_label="exported_pod",
+        namespace_label="exported_namespace",
+        namespace="jhub",
+        pod_name_template="jupyter-{username}",
+        server_gpu_idle="3",
+        server_idle="3600",
+        max_sample_gap=5.0,
+        coverage_step=1.0,
+    )
+    c.initialize([])
+    now = time.time()
+    servers = [
+        HubServer(
+            ServerFacts(u, user_options={"gpu": "1/4"}, started=now - 600, last_activity=now - 600),
+            f"/user/{u}/",
+        )
+        for u in ("victim", "ghost")
+    ]
+
+    class Hub:  # what prometheus_facts needs of the hub client: its HTTP client, a counter
+        http = AsyncHTTPClient(force_instance=True)
+        requests = 0
+
+    try:
+        prom_facts = await c.prometheus_facts(Hub, servers, at=None)
+    finally:
+        Hub.http.close()
+    decided = {}
+    for s in servers:
+        facts, sources = c.gather(s, prom_facts, now)
+        decided[s.facts.user] = decide_server(
+            facts, combine(sources, now), c.policy_for(facts).policy, now
+        )
+    # the forged "busy" does not keep the idle victim; the forged "idle" culls nobody
+    assert decided["victim"].reason == "gpu_idle", decided["victim"]
+    assert decided["ghost"].action == "keep" and decided["ghost"].gpu_failsafe
+    assert "prometheus has no data" in decided["ghost"].message
+
+
+def test_the_dcgm_job_is_never_empty():
+    c = Culler(api_token="x", prometheus_url="http://127.0.0.1:1", dcgm_job="")
+    with pytest.raises(SystemExit, match="dcgm_job is empty"):
+        c.initialize([])

@@ -118,6 +118,7 @@ H = 3600.0
 def dcgm(pod: str, every: float, util, *, start: float = 3 * H, holes=(), mig=False, metric=None):
     """One pod's series: a sample every `every` s from T - start to T, none inside `holes`."""
     labels = {"__name__": metric or "DCGM_FI_DEV_GPU_UTIL", "pod": pod, "namespace": "jhub"}
+    labels["job"] = "dcgm-exporter"  # as Prometheus labels what it scraped (the default job)
     if mig:
         labels |= {"GPU_I_ID": "3", "GPU_I_PROFILE": "2g.20gb"}
     samples = []

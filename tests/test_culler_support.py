@@ -63,8 +63,10 @@ class JupyterServer:
         source: str | None = None,
         env: dict[str, str] | None = None,
         monitor: dict[str, Any] | None = None,
+        config: dict[str, Any] | None = None,
     ):
         self.tmp, self.gpu_file = tmp, gpu_file
+        extra_config = config
         self.token = uuid.uuid4().hex
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
@@ -72,7 +74,9 @@ class JupyterServer:
         config.mkdir(exist_ok=True)
         # poll fast; the extension itself is enabled by the repository's auto-enable file
         settings = {"poll_interval": 0.2, "unavailable_retry": 0.2, **(monitor or {})}
-        (config / "jupyter_server_config.json").write_text(json.dumps({"GpuMonitor": settings}))
+        (config / "jupyter_server_config.json").write_text(
+            json.dumps({"GpuMonitor": settings, **(extra_config or {})})
+        )
         env = {**os.environ, **(env or {})}
         env.update(
             FRACSPAWNER_GPU_SOURCE=source or f"sim:{gpu_file}",
@@ -234,7 +238,15 @@ class Prometheus:
     so the exporter's labels arrive as `exported_pod`/`exported_namespace`.
     """
 
-    def __init__(self, tmp: Path, exporter_port: int):
+    def __init__(
+        self,
+        tmp: Path,
+        exporter_port: int,
+        extra_jobs: dict[str, tuple[str, str]] | None = None,
+        more_scrape_configs: str = "",
+    ):
+        """`extra_jobs`: job name -> (host:port, metrics path), scraped beside the exporter;
+        `more_scrape_configs`: YAML items appended to scrape_configs as they are."""
         binary = shutil.which("prometheus") or "/usr/bin/prometheus"
         if not Path(binary).exists():
             pytest.skip("prometheus not installed (make system-deps installs Debian's package)")
@@ -248,6 +260,12 @@ class Prometheus:
             "    static_configs:\n"
             f"      - targets: ['127.0.0.1:{exporter_port}']\n"
             "        labels: {pod: dcgm-exporter-x7k2p, namespace: gpu-operator}\n"
+            + "".join(
+                f"  - job_name: {job}\n    metrics_path: {path}\n    static_configs:\n"
+                f"      - targets: ['{target}']\n"
+                for job, (target, path) in (extra_jobs or {}).items()
+            )
+            + more_scrape_configs
         )
         self.log = open(tmp / "prometheus.log", "wb")  # noqa: SIM115
         self.process = subprocess.Popen(

@@ -30,7 +30,7 @@ from .hubapi import HubClient, HubServer
 from .identity import Identity, TokenVerifier
 from .podname import DEFAULT_TEMPLATE, pod_name
 from .policy import PoolPolicy, gpu_windows, policy_for_server
-from .prometheus import DcgmConfig, PrometheusError, build_query, parse_result
+from .prometheus import DEFAULT_JOB, DcgmConfig, PrometheusError, build_query, parse_result
 from .prometheus import query as prom_query
 from .receiver import MAX_BODY, receiver_app
 from .reports import CulledKernel, ReportStore
@@ -199,8 +199,15 @@ class Culler(CullerApplication):
         help="Namespace of the server pods; '' matches any. Default: $POD_NAMESPACE "
         "(z2jh sets it in the hub pod).",
     )
+    dcgm_job = Unicode(
+        DEFAULT_JOB,
+        config=True,
+        help="The Prometheus scrape job of dcgm-exporter (its `job` label; a ServiceMonitor's "
+        "job is its Service's name: dcgm-exporter for NVIDIA's chart, nvidia-dcgm-exporter for "
+        "the GPU Operator). Only this job's series are GPU evidence; never empty.",
+    )
     extra_selector = Unicode(
-        "", config=True, help='Extra label matchers for the dcgm series, e.g. job="dcgm".'
+        "", config=True, help='More label matchers for the dcgm series, e.g. cluster="a".'
     )
     busy_threshold = Float(1.0, config=True, help="Utilisation (percent) that counts as busy.")
     max_sample_gap = Float(
@@ -287,6 +294,11 @@ class Culler(CullerApplication):
                 "the culler instead: set --report-url here and FracSpawner.culler_url in the "
                 "hub (docs/culler.md)."
             )
+        if self.prometheus_url and not self.dcgm_job:
+            raise SystemExit(
+                "fracspawner culler: Culler.dcgm_job is empty: name dcgm-exporter's scrape job "
+                "(series from any other job are not GPU evidence; docs/culler.md)"
+            )
         if self.catalog:
             self._catalog = load_catalog(self.catalog)
 
@@ -325,6 +337,7 @@ class Culler(CullerApplication):
             pod_label=self.pod_label,
             namespace_label=self.namespace_label,
             namespace=self.namespace or None,
+            job=self.dcgm_job,
             extra_selector=self.extra_selector,
             busy_threshold=self.busy_threshold,
             max_gap=self.max_sample_gap,

@@ -12,6 +12,12 @@ within Prometheus's lookback (5 min) and the largest age stays under `max_gap`. 
 over w only when its utilisation stayed under the threshold AND the window is covered: a gap
 (exporter or Prometheus down, a young series) is never idle.
 
+Only series of the dcgm-exporter scrape job count (`job`, `DEFAULT_JOB` by default): Prometheus
+sets `job` from its own configuration, so another exporter in the cluster (a tenant's pod with
+scrape annotations) cannot put series for someone else's pod into it. Where honor_labels lets a
+target choose its own `job`, that target can forge this one too: keep honor_labels off for
+targets users control.
+
 A pod that holds memory but has no utilisation series (MIG without
 DCGM_FI_PROF_GR_ENGINE_ACTIVE: dcgm-exporter reports DCGM_FI_DEV_GPU_UTIL as 0 for MIG
 instances, NVIDIA/dcgm-exporter#216, so that metric is not read for them) is "unknown". A GPU pod
@@ -32,6 +38,10 @@ from tornado.httpclient import AsyncHTTPClient, HTTPRequest
 from .decide import GpuFacts
 
 PART = "fracspawner_part"
+# the scrape job of dcgm-exporter: prometheus-operator names a ServiceMonitor's job after the
+# Service, which NVIDIA's dcgm-exporter Helm chart names dcgm-exporter (the GPU Operator's is
+# nvidia-dcgm-exporter: set Culler.dcgm_job)
+DEFAULT_JOB = "dcgm-exporter"
 STEPS = 240  # subquery steps per window: the resolution of gap detection
 
 
@@ -52,18 +62,35 @@ class DcgmConfig:
     pod_label: str = "pod"  # "exported_pod" behind a ServiceMonitor with honorLabels: false
     namespace_label: str = "namespace"  # "exported_namespace" likewise
     namespace: str | None = None  # only this namespace's pods; None: all
-    extra_selector: str = ""  # e.g. 'job="dcgm-exporter"'
+    # only series Prometheus scraped in this job are GPU evidence: a tenant's own exporter
+    # (another job) cannot invent series for other pods. Never empty (DcgmConfig refuses it).
+    job: str = DEFAULT_JOB
+    job_label: str = "job"
+    extra_selector: str = ""  # more matchers, e.g. 'cluster="gpu-a"'
     busy_threshold: float = 1.0  # percent
     max_gap: float = 150.0  # seconds between samples that still count as covered
     min_step: float = 15.0  # seconds: the finest subquery step
 
 
+    def __post_init__(self) -> None:
+        if not self.job:
+            raise ValueError(
+                "the dcgm-exporter job must be named: series from any other scrape job are not "
+                "GPU evidence (another exporter could invent them for any pod)"
+            )
+
+
+def _quoted(value: str) -> str:
+    """A PromQL string literal (Go's double-quoted escapes are JSON's)."""
+    return json.dumps(value)
+
+
 def _selector(cfg: DcgmConfig, metric: str) -> str:
-    matchers = [f'{cfg.pod_label}!=""']
+    matchers = [f"{cfg.job_label}={_quoted(cfg.job)}", f'{cfg.pod_label}!=""']
     if metric in cfg.whole_gpu_metrics:
         matchers.append(f'{cfg.mig_label}=""')
     if cfg.namespace:
-        matchers.append(f'{cfg.namespace_label}="{cfg.namespace}"')
+        matchers.append(f"{cfg.namespace_label}={_quoted(cfg.namespace)}")
     if cfg.extra_selector:
         matchers.append(cfg.extra_selector)
     return f"{metric}{{{','.join(matchers)}}}"
