@@ -71,7 +71,6 @@ class DcgmConfig:
     max_gap: float = 150.0  # seconds between samples that still count as covered
     min_step: float = 15.0  # seconds: the finest subquery step
 
-
     def __post_init__(self) -> None:
         if not self.job:
             raise ValueError(
