@@ -98,12 +98,18 @@ c.JupyterHub.services = [
         ],
         "environment": {{"KUBECONFIG": {kubeconfig!r}}},
         "oauth_no_confirm": True,
-        "oauth_client_allowed_scopes": ["read:users:groups!user", "read:servers!user"],
+        # read:servers: an admin's token carries it, which opens the admin page (issue 23)
+        "oauth_client_allowed_scopes": [
+            "read:users:groups!user", "read:servers!user", "read:servers"
+        ],
     }},
 ]
 c.JupyterHub.load_roles = [
     # users reach the picker's live-offers service (HubOAuth) besides their own servers
     {{"name": "user", "scopes": ["self", "access:services!service=fracspawner"]}},
+    # the service's own token: the active servers' models for the admin page, nothing more
+    {{"name": "fracspawner-service", "scopes": ["list:users", "read:servers"],
+      "services": ["fracspawner"]}},
     {{
         "name": "local-admin",
         "scopes": ["admin:users", "admin:servers", "access:servers", "read:users",

@@ -103,10 +103,12 @@ def exporter() -> Iterator:
 
 
 @pytest.fixture(scope="module")
-def prometheus(tmp_path_factory: pytest.TempPathFactory, exporter) -> Iterator:
-    """Debian's Prometheus scraping `exporter` (one per module)."""
+def prometheus(tmp_path_factory: pytest.TempPathFactory, exporter, request) -> Iterator:
+    """Debian's Prometheus scraping `exporter` (one per module), and the module's
+    PROMETHEUS_EXTRA_JOBS ({job: (host:port, metrics path)}) if it names any."""
     from tests.test_culler_support import Prometheus
 
-    p = Prometheus(tmp_path_factory.mktemp("prometheus"), exporter.port)
+    extra = getattr(request.module, "PROMETHEUS_EXTRA_JOBS", None)
+    p = Prometheus(tmp_path_factory.mktemp("prometheus"), exporter.port, extra)
     yield p
     p.stop()

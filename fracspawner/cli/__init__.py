@@ -19,6 +19,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "plan": ("fracspawner.cli.plan", "print the pod a spawn would create, without a cluster"),
     "check": ("fracspawner.cli.check", "every mistake of a catalog at once; exit 0 when clean"),
     "capacity": ("fracspawner.cli.capacity", "free/total per pool and offer from a kube context"),
+    "usage": ("fracspawner.cli.usage", "per-pool and per-server GPU holdings from a kube context"),
     "service": ("fracspawner.hub.service", "the hub service serving the picker's live offers"),
     "culler": ("fracspawner.culler.__main__", "the GPU-aware idle culler service"),
     "kubeflow": (
@@ -62,6 +63,7 @@ def main(argv: list[str] | None = None) -> int:
 _EXTRAS = {
     "fracspawner.hub": "fracspawner[hub]",
     "fracspawner.cli.capacity": "fracspawner[hub]",
+    "fracspawner.cli.usage": "fracspawner[hub]",
     "fracspawner.culler": "fracspawner[culler]",
     "fracspawner.kubeflow.webhook": "fracspawner[webhook]",
 }

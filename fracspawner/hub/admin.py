@@ -348,7 +348,12 @@ def render_admin_page(
         history_json=_json_for_script(model["history"]),
         pool_names_json=_json_for_script({p["name"]: p["display_name"] for p in model["pools"]}),
         tables=tables,
-        history_info=history_info or {},
+        history_info={
+            "since": None,
+            "interval": 60,
+            "samples": HISTORY_SAMPLES,
+            **(history_info or {}),
+        },
         total=len(model["servers"]),
         page_size=PAGE_SIZE,
     )

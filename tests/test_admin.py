@@ -1,0 +1,451 @@
+"""Issue 23: the admin's picture. Fast tests of its parts: per-pool and per-server usage from
+pod records (capacity/usage.py, `fracspawner usage`), the culler's state (what it will do next,
+its 24 h history, who came back) and its API's gate, the admin page's model and rendering, the
+service's per-pool gauges, and the Grafana dashboard's queries against the metrics exported.
+The browser, a real Prometheus and a real culler are in test_browser_admin.py.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import time
+
+import pytest
+
+from fracspawner.backends import load_catalog
+from fracspawner.capacity.count import compute_capacity
+from fracspawner.cli.usage import render_json, render_table, usage_of
+from fracspawner.culler.decide import Decision, GpuFacts, Reading, ServerFacts
+from fracspawner.culler.metrics import CullerMetrics
+from fracspawner.culler.state import CullerState, CullEvent, gpu_state, next_step, server_row
+from fracspawner.hub.admin import (
+    PoolMetrics,
+    build_admin_model,
+    holders_from_servers,
+    may_see,
+    render_admin_page,
+    sort_and_page,
+)
+from fracspawner.model.catalog import IdlePolicy
+from tests.conftest import DEMO_CATALOG, REPO
+
+DASHBOARD = REPO / "charts" / "fracspawner" / "dashboards" / "fracspawner.json"
+
+
+@pytest.fixture(scope="module")
+def catalog():
+    return load_catalog(DEMO_CATALOG)
+
+
+def t4_node() -> dict:
+    # the demo topology's T4 node: 1 GPU time-sliced 4 ways (devcluster/topologies/demo.yaml)
+    return {
+        "metadata": {
+            "name": "gpu-t4-1",
+            "labels": {"nvidia.com/gpu.product": "Tesla-T4-SHARED", "nvidia.com/gpu.replicas": "4"},
+        },
+        "spec": {},
+        "status": {
+            "allocatable": {"cpu": "8", "nvidia.com/gpu": "4"},
+            "conditions": [{"type": "Ready", "status": "True"}],
+        },
+    }
+
+
+def gpu_pod(name: str, user: str, *, server: str = "", node: str | None = "gpu-t4-1") -> dict:
+    """A pod as FracSpawner makes it for 1/4 of the t4 pool (CONTRACT labels/annotations;
+    kubespawner's username/servername annotations: kubespawner/spawner.py
+    _build_common_annotations)."""
+    annotations = {
+        "hub.jupyter.org/username": user,
+        "fracspawner.io/gpu-equivalent": "0.25",
+        "fracspawner.io/gpu-memory-mib": "3840",
+    }
+    if server:
+        annotations["hub.jupyter.org/servername"] = server
+    return {
+        "metadata": {
+            "name": name,
+            "namespace": "jhub",
+            "uid": f"uid-{name}",
+            "creationTimestamp": "2026-11-25T10:00:00Z",
+            "labels": {"fracspawner.io/pool": "t4", "fracspawner.io/gpu": "0.25"},
+            "annotations": annotations,
+        },
+        "spec": {
+            "nodeName": node,
+            "containers": [{"name": "notebook", "resources": {"limits": {"nvidia.com/gpu": "1"}}}],
+        },
+        "status": {"phase": "Running" if node else "Pending"},
+    }
+
+
+def test_usage_per_pool_and_per_server_from_pods(catalog):
+    pods = [
+        gpu_pod("jupyter-alice", "alice"),
+        gpu_pod("jupyter-bob--train", "bob", server="train", node=None),
+    ]
+    pools, holders = usage_of(catalog, [t4_node()], pods)
+    t4 = {p.name: p for p in pools}["t4"]
+    assert (t4.held, t4.waiting, t4.held_gpu, t4.waiting_gpu) == (1, 1, 0.25, 0.25)
+    assert t4.free_gpu == 0.75  # 3 of 4 quarters free
+    assert [(o.spec, o.free, o.total) for o in t4.offers] == [("1/4", 3, 4)]
+    assert {p.name: p.free_gpu for p in pools}["h100"] == 0  # no node serves it
+    alice, bob = holders
+    assert (alice.user, alice.server, alice.node, alice.waiting) == ("alice", "", "gpu-t4-1", False)
+    assert (bob.user, bob.server, bob.waiting, bob.memory_limit_mib) == ("bob", "train", True, 3840)
+    assert alice.since == 1795600800.0  # the pod's creationTimestamp, 2026-11-25T10:00:00Z
+    table = render_table(pools, holders)
+    assert re.search(r"^t4\s+1\s+1\s+0\.25\s+0\.75\s+1/4 3/4$", table, re.M), table
+    assert re.search(r"^bob\s+train\s+t4\s+0\.25\s+0\.25\s+3840\s+\(waiting\)", table, re.M)
+    body = json.loads(render_json(pools, holders))
+    assert body["servers"][0]["user"] == "alice" and body["pools"][2]["free_gpu"] == 0.75
+
+
+def test_usage_command_prints_the_pools_of_a_kube_context(devcluster, capsys):
+    from fracspawner.cli import main
+
+    assert (
+        main(["usage", "--catalog", str(DEMO_CATALOG), "--kubeconfig", str(devcluster.kubeconfig)])
+        == 0
+    )
+    out = capsys.readouterr().out
+    # the demo topology's T4: one GPU time-sliced 4 ways, nothing held
+    assert re.search(r"^t4\s+0\s+0\s+0\s+1\s+1/4 4/4$", out, re.M), out
+    assert "No pod holds a GPU slice." in out
+    assert (
+        main(
+            [
+                "usage",
+                "-o",
+                "json",
+                "--catalog",
+                str(DEMO_CATALOG),
+                "--kubeconfig",
+                str(devcluster.kubeconfig),
+            ]
+        )
+        == 0
+    )
+    assert {p["name"] for p in json.loads(capsys.readouterr().out)["pools"]} == {
+        "a100-mig",
+        "h100",
+        "t4",
+    }
+    assert main(["usage", "--kubeconfig", "/nonexistent"]) == 2
+
+
+# --- the culler's state ------------------------------------------------------------------------
+POLICY = IdlePolicy(
+    kernel_gpu_idle=None,
+    server_gpu_idle=3600,
+    server_idle=8 * 3600,
+    max_age=None,
+    server_unattended=86400,
+)
+NOW = 1_800_000_000.0
+
+
+def facts(user="alice", **kw) -> ServerFacts:
+    return ServerFacts(
+        user=user,
+        user_options={"gpu": "1/4", "pool": "h100"},
+        started=NOW - 7200,
+        last_activity=NOW - 600,
+        **kw,
+    )
+
+
+def test_gpu_state_unknown_is_never_idle():
+    assert gpu_state(None) == ("unknown", None)
+    assert gpu_state(GpuFacts("prometheus", NOW, 100, None)) == ("unknown", None)
+    assert gpu_state(GpuFacts("prometheus", NOW, 100, 0)) == ("busy", None)
+    assert gpu_state(GpuFacts("prometheus", NOW, 100, 900)) == ("idle", 900)
+
+
+def test_next_step_says_what_the_culler_does_and_when():
+    keep = Decision("keep", "active", "")
+    # GPU idle for 15 min, user active 10 min ago: the GPU rule stops it 1 h after the activity
+    idle = Reading(GpuFacts("prometheus", NOW, 2048, 900, 3600))
+    assert next_step(facts(), idle, keep, POLICY, NOW) == {
+        "action": "stop",
+        "reason": "gpu_idle",
+        "at": NOW - 600 + 3600,
+    }
+    # unknown GPU: only the plain idle timeout
+    unknown = Reading(None, "GPU source prometheus has no data for it")
+    assert next_step(facts(), unknown, keep, POLICY, NOW) == {
+        "action": "stop",
+        "reason": "idle",
+        "at": NOW - 600 + 8 * 3600,
+    }
+    assert next_step(facts(), idle, Decision("keep", "exempt", ""), POLICY, NOW) is None
+    assert next_step(facts(), idle, Decision("stop", "gpu_idle", ""), POLICY, NOW)["at"] == NOW
+
+
+def test_history_is_bounded_24h_and_counts_users_who_came_back():
+    state = CullerState(NOW - 90000, limit=3)
+
+    def event(at: float, user: str) -> CullEvent:
+        return CullEvent(at, user, "", "h100", "1/4", "server", "gpu_idle", "m", 2048, 0.25)
+
+    state.record(event(NOW - 25 * 3600, "old"))  # older than 24 h: pruned
+    state.record(event(NOW - 3600, "alice"))
+    state.record(event(NOW - 1800, "bob"))
+    state.record(event(NOW - 60, "carol"))
+    assert len(state.history) == 3  # the bound
+    row = server_row(
+        facts("alice"),
+        Reading(GpuFacts("prometheus", NOW, 1, 0)),
+        Decision("keep", "gpu_busy", ""),
+        POLICY,
+        "h100",
+        NOW,
+    )
+    # alice started again 10 min after her stop, bob 40 min after his, carol not yet
+    back = [ServerFacts("alice", started=NOW - 3000), ServerFacts("bob", started=NOW - 1800 + 2400)]
+    state.cycle([row], back, NOW)
+    body = state.to_json(NOW)
+    assert [e["user"] for e in body["history"]] == ["alice", "bob", "carol"]
+    assert body["summary"]["came_back_30min"] == 1
+    assert body["summary"]["servers_stopped"] == 3
+    assert body["summary"]["gpu_memory_mib"] == 3 * 2048
+    # slice-hours: 1/4 GPU until each came back (alice 600 s, bob 2400 s) or now (carol 60 s)
+    assert body["summary"]["slice_hours"] == round(0.25 * (600 + 2400 + 60) / 3600, 3)
+    assert body["servers"][0]["gpu"] == {**body["servers"][0]["gpu"], "state": "busy", "since": NOW}
+    # still busy a cycle later: busy since the first cycle that saw it
+    state.cycle(
+        [
+            server_row(
+                facts("alice"),
+                Reading(GpuFacts("prometheus", NOW + 30, 1, 0)),
+                Decision("keep", "gpu_busy", ""),
+                POLICY,
+                "h100",
+                NOW + 30,
+            )
+        ],
+        [],
+        NOW + 30,
+    )
+    assert state.servers[0]["gpu"]["since"] == NOW
+
+
+async def test_state_api_answers_only_tokens_that_read_every_server():
+    from tornado.httpclient import AsyncHTTPClient
+    from tornado.httpserver import HTTPServer
+    from tornado.web import Application
+
+    from devcluster.localhub import free_port
+    from fracspawner.culler.identity import Refused
+    from fracspawner.culler.stateapi import state_handler
+
+    class Verifier:  # the hub's answers to GET /hub/api/user, per token
+        async def model(self, token):
+            models = {
+                "service": {
+                    "kind": "service",
+                    "name": "fracspawner",
+                    "scopes": ["list:users", "read:servers"],
+                },
+                "user": {"kind": "user", "name": "alice", "scopes": ["read:servers!user=alice"]},
+            }
+            if token not in models:
+                raise Refused(403, "the hub does not know this token")
+            return models[token]
+
+    port = free_port()
+    server = HTTPServer(
+        Application([state_handler("/api/state", lambda: Verifier(), lambda now: {"servers": []})])
+    )
+    server.listen(port, "127.0.0.1")
+    http = AsyncHTTPClient(force_instance=True)
+    try:
+
+        async def get(token):
+            headers = {"Authorization": f"token {token}"} if token else {}
+            r = await http.fetch(
+                f"http://127.0.0.1:{port}/api/state", headers=headers, raise_error=False
+            )
+            return r.code
+
+        assert await get(None) == 401
+        assert await get("user") == 403
+        assert await get("forged") == 403
+        assert await get("service") == 200
+    finally:
+        http.close()
+        server.stop()
+
+
+# --- the admin page ----------------------------------------------------------------------------
+def culler_state(now: float) -> dict:
+    def row(user, state, idle_for=None):
+        return {
+            "user": user, "server": "", "pool": "t4", "slice": "1/4", "started": now - 3600,
+            "gpu": {"state": state, "idle_for": idle_for, "memory_mib": 1024.0,
+                    "source": "prometheus", "note": "", "since": now - 300},
+            "next": {"action": "stop", "reason": "gpu_idle", "at": now + 1800},
+        }  # fmt: skip
+
+    # fmt: off
+    return {
+        "since": now - 7200, "last_cycle_at": now,
+        "servers": [row("alice", "busy"), row("bob", "idle", 300), row("<b>eve</b>", "unknown")],
+        "history": [{"at": now - 60, "user": "dave", "server": "", "pool": "t4", "slice": "1/4",
+                     "kind": "server", "reason": "gpu_idle", "message": "idle",
+                     "gpu_memory_mib": 2048.0, "gpu_equivalent": 0.25, "came_back_at": None}],
+        "summary": {"servers_stopped": 1, "kernels_shut_down": 0, "gpu_memory_mib": 2048.0,
+                    "slice_hours": 0.004, "came_back_30min": 0},
+    }
+    # fmt: on
+
+
+def model_for(catalog, users, culler, now):
+    pods = [gpu_pod(f"jupyter-{u}", u) for u in users]
+    pools, holders = usage_of(catalog, [t4_node()], pods)
+    capacity = compute_capacity(catalog, [t4_node()], pods)
+    history = {"t4": [[now - 120, 0.5, 0.5, 0.25], [now - 60, 0.75, 0.25, 0.25]]}
+    return build_admin_model(catalog, capacity, holders, culler, history, now)
+
+
+def test_admin_model_joins_pods_with_the_cullers_view(catalog):
+    now = time.time()
+    model = model_for(catalog, ["alice", "bob", "<b>eve</b>"], culler_state(now), now)
+    rows = {r["user"]: r for r in model["servers"]}
+    assert (rows["alice"]["gpu"], rows["bob"]["gpu"], rows["<b>eve</b>"]["gpu"]) == (
+        "busy",
+        "idle",
+        "unknown",
+    )
+    assert rows["bob"]["memory_text"] == "1.0 GiB of 3.8 GiB"
+    assert rows["bob"]["next_text"].startswith("stop (gpu idle) in 30 min")
+    t4 = {p["name"]: p for p in model["pools"]}["t4"]
+    assert (t4["held"], t4["held_gpu"], t4["idle_held_gpu"], t4["free_gpu"]) == (
+        3,
+        0.75,
+        0.25,
+        0.25,
+    )
+    # without a culler, idle-held is unknown (never 0) and every GPU state unknown
+    alone = model_for(catalog, ["alice"], None, now)
+    assert {p["name"]: p for p in alone["pools"]}["t4"]["idle_held_gpu"] is None
+    assert alone["servers"][0]["gpu"] == "unknown"
+
+
+def test_admin_page_escapes_sorts_pages_and_says_how_far_back(catalog):
+    now = time.time()
+    model = model_for(catalog, ["alice", "bob", "<b>eve</b>"], culler_state(now), now)
+    info = {"since": now - 600, "interval": 60, "samples": 1440}
+    html = render_admin_page(
+        model,
+        user="admin",
+        hub_prefix="/hub/",
+        static_prefix="/s/",
+        sort="gpu",
+        order="desc",
+        history_info=info,
+    )
+    assert "<b>eve</b>" not in html and "&lt;b&gt;eve&lt;/b&gt;" in html
+    assert 'href="/hub/admin?name_filter=%3Cb%3Eeve%3C/b%3E"' in html
+    assert "at most 1440 per pool, 24 h" in html and "when the service last started" in html
+    assert 'aria-sort="descending"' in html
+    order = re.findall(r'<tr data-user="([^"]+)" data-server="" data-gpu="(\w+)"', html)
+    assert [g for _, g in order] == ["busy", "idle", "unknown"]
+    assert '<script src="/s/uplot/uPlot.iife.min.js">' in html  # shipped with the page
+    assert "1 server stopped" in html and "dave" in html
+    # 120 holders: 50 a page, the last page has 20
+    rows = [dict(model["servers"][0], user=f"u{i:03}") for i in range(120)]
+    page, pages = sort_and_page(rows, "user", "asc", 3)
+    assert pages == 3 and len(page) == 20 and page[0]["user"] == "u100"
+
+
+def test_history_json_cannot_end_its_script_element(catalog):
+    now = time.time()
+    model = model_for(catalog, [], None, now)
+    model["history"] = {"</script><script>alert(1)</script>": [[now, 1, 1, None]]}
+    html = render_admin_page(model, user="admin", hub_prefix="/hub/", static_prefix="/s/")
+    assert "</script><script>alert(1)" not in html
+
+
+def test_holders_from_the_hubs_server_models_without_a_watch(catalog):
+    users = [{"name": "alice", "servers": {
+        "": {"ready": True, "started": "2026-11-25T10:00:00Z",
+             "user_options": {"gpu": "1/4", "pool": "h100"}},
+        "cpu": {"ready": True, "user_options": {"gpu": "none"}},
+    }}]  # fmt: skip
+    (holder,) = holders_from_servers(catalog, users)
+    assert (holder.pool, holder.gpu_equivalent, holder.memory_limit_mib) == (
+        "h100",
+        0.25,
+        20389,
+    )  # a quarter of 81559 MiB
+
+
+def test_page_is_for_tokens_that_read_every_server():
+    assert may_see({"name": "admin", "scopes": ["read:servers", "admin:servers"]})
+    assert not may_see(
+        {"name": "alice", "scopes": ["read:servers!user=alice", "read:servers!user"]}
+    )
+    assert not may_see({"name": "bob"})
+
+
+def test_pool_gauges_leave_unknown_out(catalog):
+    now = time.time()
+    metrics = PoolMetrics()
+    metrics.update(model_for(catalog, ["alice"], None, now))
+    value = metrics.registry.get_sample_value
+    assert value("fracspawner_pool_gpu_equivalents_held", {"pool": "t4"}) == 0.25
+    assert value("fracspawner_pool_slices", {"pool": "t4", "state": "held"}) == 1
+    assert value("fracspawner_pool_gpu_equivalents_free", {"pool": "t4"}) == 0.75
+    assert value("fracspawner_pool_gpu_equivalents_idle_held", {"pool": "t4"}) is None  # no culler
+    # counts turn unknown (the watch lost its nodes): the series goes, it never reads 0
+    model = model_for(catalog, ["alice"], None, now)
+    {p["name"]: p for p in model["pools"]}["t4"]["free_gpu"] = None
+    metrics.update(model)
+    assert value("fracspawner_pool_gpu_equivalents_free", {"pool": "t4"}) is None
+
+
+# --- the Grafana dashboard ---------------------------------------------------------------------
+def exported_metric_names() -> set[str]:
+    """Every sample name the service's and the culler's registries can export."""
+    suffixes = {
+        "counter": ("_total", "_created"),
+        "histogram": ("_bucket", "_sum", "_count", "_created"),
+        "gauge": ("",),
+    }
+    names = set()
+    for registry in (PoolMetrics().registry, CullerMetrics().registry):
+        for family in registry.collect():
+            names.update(family.name + s for s in suffixes.get(family.type, ("",)))
+    return names
+
+
+def dashboard_queries() -> list[str]:
+    board = json.loads(DASHBOARD.read_text())
+    return [t["expr"] for panel in board["panels"] for t in panel["targets"]]
+
+
+def metric_names(expr: str) -> set[str]:
+    # identifiers that are neither label names (inside braces/by()) nor functions
+    stripped = re.sub(r"\{[^}]*\}|\b(by|without)\s*\([^)]*\)|\[[^\]]*\]", "", expr)
+    return {m for m in re.findall(r"[a-zA-Z_:][\w:]*", stripped) if m.startswith("fracspawner_")}
+
+
+def test_every_dashboard_query_names_a_metric_the_project_exports():
+    exported = exported_metric_names()
+    queries = dashboard_queries()
+    assert queries
+    for expr in queries:
+        names = metric_names(expr)
+        assert names, f"{expr!r} names no fracspawner metric"
+        assert names <= exported, f"{expr!r}: {names - exported} not exported"
+    covered = {n for e in queries for n in metric_names(e)}
+    for gauge in (
+        "fracspawner_pool_slices",
+        "fracspawner_pool_gpu_equivalents_held",
+        "fracspawner_pool_gpu_equivalents_idle_held",
+        "fracspawner_culls_total",
+    ):
+        assert gauge in covered
