@@ -76,7 +76,7 @@ def test_demo_catalog_loads():
     assert catalog.pools["t4"].replicas == 4
     assert catalog.default_image(None).image == "quay.io/jupyter/pytorch-notebook:cuda12-latest"
     assert catalog.fraction_step == 8
-    assert catalog.idle == IdlePolicy(1800, 3600, 28800, None, 86400)
+    assert catalog.idle == IdlePolicy(1800, 3600, 28800, None, 86400, 600)
 
 
 def test_dict_and_yaml_give_the_same_catalog(tmp_path):
@@ -232,7 +232,7 @@ def test_images_are_optional(images):
 
 def test_idle_for_merges_pool_overrides():
     catalog = load_catalog(with_change("pools.t4.idle", {"server_gpu_idle": "20m", "max_age": 0}))
-    assert catalog.idle_for("t4") == IdlePolicy(1800, 1200, 28800, None, 86400)
+    assert catalog.idle_for("t4") == IdlePolicy(1800, 1200, 28800, None, 86400, 600)
     assert catalog.idle_for("h100") == catalog.idle
     assert catalog.idle_for(None) == catalog.idle
     assert catalog.idle_for("no-such-pool") == catalog.idle

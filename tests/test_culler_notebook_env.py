@@ -38,6 +38,7 @@ def test_a_gpu_notebook_is_told_its_pools_policy_as_the_extension_reads_it():
         "FRACSPAWNER_GPU_POOL": "h100",
         "FRACSPAWNER_GPU_POOL_DISPLAY": "H100 80GB",
         "FRACSPAWNER_KERNEL_GPU_IDLE_SECONDS": "600",
+        "FRACSPAWNER_KERNEL_GPU_HIBERNATE_SECONDS": "600",  # the default: 10 min
         "FRACSPAWNER_SERVER_GPU_IDLE_SECONDS": "7200",
         "FRACSPAWNER_SERVER_IDLE_SECONDS": "28800",
         "FRACSPAWNER_SERVER_UNATTENDED_SECONDS": "86400",
@@ -60,6 +61,18 @@ def test_a_catalog_without_idle_gives_the_defaults_and_off_is_zero():
     assert podinfo.PodInfo.from_environ(env).policy.kernel_gpu_idle is None
 
 
+def test_hibernation_per_pool():
+    """kernel_gpu_hibernate: on by default (10 min), off or another time per pool."""
+    cat = catalog({"kernel_gpu_hibernate": "off"}, {"kernel_gpu_hibernate": "5m"})
+    env = notebook_env(choose(cat, {"gpu": "1/4", "pool": "h100"}), cat)
+    assert env["FRACSPAWNER_KERNEL_GPU_HIBERNATE_SECONDS"] == "300"
+    assert podinfo.PodInfo.from_environ(env).policy.kernel_gpu_hibernate == 300
+    off = catalog(None, {"kernel_gpu_hibernate": "off"})
+    env = notebook_env(choose(off, {"gpu": "1/4", "pool": "h100"}), off)
+    assert env["FRACSPAWNER_KERNEL_GPU_HIBERNATE_SECONDS"] == "0"
+    assert podinfo.PodInfo.from_environ(env).policy.kernel_gpu_hibernate is None
+
+
 def test_a_cpu_notebook_is_told_nothing():
     cat = catalog()
     assert notebook_env(choose(cat, {"gpu": "none"}), cat, URL) == {}
@@ -69,7 +82,7 @@ def test_the_names_are_the_extensions_and_reserved():
     read = {
         podinfo.ENV_SLICE, podinfo.ENV_POOL, podinfo.ENV_POOL_DISPLAY,
         podinfo.ENV_KERNEL_GPU_IDLE, podinfo.ENV_SERVER_GPU_IDLE, podinfo.ENV_SERVER_IDLE,
-        podinfo.ENV_SERVER_UNATTENDED, ENV_CULLER_URL,
+        podinfo.ENV_SERVER_UNATTENDED, ENV_CULLER_URL, podinfo.ENV_KERNEL_GPU_HIBERNATE,
     }  # fmt: skip
     assert set(NOTEBOOK_ENV) == read
     assert all(is_reserved_env(name) for name in NOTEBOOK_ENV)

@@ -182,6 +182,7 @@ def test_report_without_pod_environment_labels_the_device(server):
         "server_idle": None,
         "server_unattended": None,
         "warn_before": None,
+        "kernel_gpu_hibernate": None,
     }
     assert report["warnings"] == [] and report["server_idle"]["cull_at"] is None
     assert report["gpu_utilization"] == 0
@@ -223,6 +224,7 @@ def test_pod_environment_names():
             "FRACSPAWNER_SERVER_IDLE_SECONDS": "0",  # off
             "FRACSPAWNER_SERVER_UNATTENDED_SECONDS": "86400",
             "FRACSPAWNER_GPU_IDLE_WARN_SECONDS": "300",
+            "FRACSPAWNER_KERNEL_GPU_HIBERNATE_SECONDS": "600",
         }
     )
     assert pod.slice_json()["label"] == "1/4 H100 · 20 GiB"
@@ -233,6 +235,7 @@ def test_pod_environment_names():
         "server_idle": None,
         "server_unattended": 86400.0,
         "warn_before": 300.0,
+        "kernel_gpu_hibernate": 600.0,
     }
     # unset or nonsense: no policy, so no warning (rather than a wrong one)
     nonsense = PodInfo.from_environ({"FRACSPAWNER_KERNEL_GPU_IDLE_SECONDS": "30m"})
@@ -242,6 +245,7 @@ def test_pod_environment_names():
         "server_idle": None,
         "server_unattended": None,
         "warn_before": None,
+        "kernel_gpu_hibernate": None,
     }
 
 

@@ -43,9 +43,20 @@ class IdlePolicy:
     # no user activity (GPU work does not count) for this long stops a server even while its
     # GPU is busy: a neighbour's work on a shared GPU or a forgotten job cannot hold it for ever
     server_unattended: float | None = None
+    # the first rung: an idle GPU kernel's CUDA state is suspended to host memory (the CUDA
+    # driver's checkpoint API, in the server: fracspawner/serverext/hibernate.py) and resumed
+    # on its next message; it frees GPU memory without ending the kernel
+    kernel_gpu_hibernate: float | None = None
 
 
-IDLE_KEYS = ("kernel_gpu_idle", "server_gpu_idle", "server_idle", "max_age", "server_unattended")
+IDLE_KEYS = (
+    "kernel_gpu_idle",
+    "server_gpu_idle",
+    "server_idle",
+    "max_age",
+    "server_unattended",
+    "kernel_gpu_hibernate",
+)
 
 #: What a catalog without an `idle` section (or a key left out of it) gets: never "never cull".
 #: server_gpu_idle is z2jh's culler timeout (1 h): holding a slice idle longer is worse than the
@@ -56,6 +67,7 @@ DEFAULT_IDLE = IdlePolicy(
     server_idle=8 * 3600.0,
     max_age=None,
     server_unattended=24 * 3600.0,
+    kernel_gpu_hibernate=10 * 60.0,
 )
 
 

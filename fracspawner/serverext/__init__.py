@@ -10,9 +10,10 @@ from __future__ import annotations
 from typing import Any
 
 from .activity import user_activity
-from .handlers import GpuHandler
+from .handlers import GpuHandler, ResumeHandler
 from .monitor import SETTINGS_KEY, GpuMonitor
 from .reporter import GpuReporter
+from .resume import resuming_connection_class
 
 __all__ = ["GpuMonitor", "GpuHandler", "GpuReporter", "SETTINGS_KEY", "PAGE_CONFIG_KEY"]
 
@@ -28,7 +29,21 @@ def _load_jupyter_server_extension(serverapp: Any) -> None:
     monitor = GpuMonitor(parent=serverapp, settings=web_app.settings, log=serverapp.log)
     web_app.settings["fracspawner_gpu_monitor"] = monitor
     base_url = web_app.settings["base_url"].rstrip("/")
-    web_app.add_handlers(".*$", [(f"{base_url}/api/fracspawner/gpu", GpuHandler)])
+    web_app.add_handlers(
+        ".*$",
+        [
+            (f"{base_url}/api/fracspawner/gpu", GpuHandler),
+            (f"{base_url}/api/fracspawner/gpu/resume", ResumeHandler),
+        ],
+    )
+    # resume on use: every message to a kernel passes the hibernator first (resume.py)
+    connection = resuming_connection_class(
+        web_app.settings.get("kernel_websocket_connection_class")
+    )
+    if connection is not None:
+        web_app.settings["kernel_websocket_connection_class"] = connection
+    else:  # kernels elsewhere (a gateway): their messages are not seen here, so never suspend
+        monitor.hibernator.disable("kernels run behind a gateway: their messages are not seen here")
     # JupyterLab copies page_config_data into the page: the GPU meter asks for the report only
     # where this says the extension is there (no 404 in the browser console elsewhere)
     web_app.settings.setdefault("page_config_data", {})[PAGE_CONFIG_KEY] = "api/fracspawner/gpu"

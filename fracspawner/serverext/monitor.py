@@ -25,8 +25,9 @@ from traitlets import Bool, Float, Integer, Unicode, default
 
 from .activity import user_activity
 from .attribution import attribute, has_own_pid_namespace
+from .hibernate import Hibernator
 from .loop import BackgroundLoop
-from .podinfo import Deadline, PodInfo, kernel_deadline, server_deadline
+from .podinfo import Deadline, PodInfo, hibernate_deadline, kernel_deadline, server_deadline
 from .sources import GpuSample, GpuSource, GpuUnavailable, make_source
 
 __all__ = ["GpuMonitor", "SETTINGS_KEY", "attribute", "utcnow", "isoformat"]
@@ -132,6 +133,8 @@ class GpuMonitor(BackgroundLoop):
         self.culled: list[dict] = []  # kernels this server shut down (newest last, bounded)
         # the slice and the culler's idle policy, as FracSpawner put them in the environment
         self.pod = PodInfo.from_environ(os.environ, memory_mib=self.memory_entitlement_mib)
+        # the first rung: idle GPU kernels suspended to host memory (hibernate.py)
+        self.hibernator = Hibernator(parent=self, log=self.log)
         try:
             self.source = make_source(self.source_spec)
         except ValueError as exc:
@@ -155,6 +158,7 @@ class GpuMonitor(BackgroundLoop):
             try:
                 await self.poll_once()
                 await self.cull_idle_kernels()
+                await self.hibernate_idle_kernels()
             except Exception:  # one bad reading must not end monitoring for the server's life
                 self.log.exception("fracspawner: GPU reading failed")
             if self.reason is not None:
@@ -212,7 +216,8 @@ class GpuMonitor(BackgroundLoop):
         server_busy = False
         unknown: list[str] = []
         for kernel_id, p in owned:
-            state = self._state(p)
+            # a locked or suspended kernel does no GPU work: never busy, never unknown
+            state = "idle" if self.hibernator.suspended(kernel_id or "") else self._state(p)
             server_busy = server_busy or state == "busy"
             if state == "unknown":
                 unknown.append(
@@ -254,13 +259,31 @@ class GpuMonitor(BackgroundLoop):
             self.last_not_idle = now
 
     def _kernel_state(self, kernel_id: str) -> tuple[str | None, datetime | None]:
-        """Execution state and message activity, as GET /api/kernels has them (saves a request)."""
+        """Execution state and message activity, as GET /api/kernels has them (saves a request);
+        a message sent to the kernel (seen by resume.py) counts as soon as it is sent."""
         km = self.settings.get("kernel_manager")
         try:
             kernel = km.get_kernel(kernel_id)
         except Exception:  # gone since the last reading (jupyter-server raises HTTPError 404)
             return None, None
-        return getattr(kernel, "execution_state", None), getattr(kernel, "last_activity", None)
+        times = [
+            getattr(kernel, "last_activity", None),
+            self.hibernator.last_message.get(kernel_id),
+        ]
+        known = [t for t in times if isinstance(t, datetime)]
+        return getattr(kernel, "execution_state", None), max(known) if known else None
+
+    def _kernel_pid(self, kernel_id: str) -> int | None:
+        """The kernel process's pid (jupyter_client's local provisioner), None if not known."""
+        km = self.settings.get("kernel_manager")
+        try:
+            kernel = km.get_kernel(kernel_id)
+        except Exception:
+            return None
+        pid = getattr(getattr(kernel, "provisioner", None), "pid", None) or getattr(
+            kernel, "pid", None
+        )
+        return int(pid) if isinstance(pid, int) else None
 
     # --- the report ---------------------------------------------------------------------------
     def _utilization(self) -> float | None:
@@ -280,14 +303,18 @@ class GpuMonitor(BackgroundLoop):
         live = self._kernel_ids()  # kernels shut down since the last reading are left out
         server_known = self.gpu_state != "unknown"
         out = []
+        for kid in [k for k in self.hibernator.kernels if k not in live]:
+            self.hibernator.forget(kid)  # shut down or gone: its state with it
         for kid, k in sorted(self.kernels.items()):
             if kid not in live:
                 continue
             execution_state, last_activity = self._kernel_state(kid)
+            suspended = self.hibernator.suspended(kid)
             due = kernel_deadline(
                 self.pod.policy,
-                gpu_memory_mib=k.memory_mib,
-                activity_known=k.known and server_known,
+                # a hibernated kernel still holds its GPU memory, in host memory
+                gpu_memory_mib=k.memory_mib + self.hibernator.memory_of(kid),
+                activity_known=suspended or (k.known and server_known),
                 execution_state=execution_state,
                 gpu_idle_since=k.last_not_idle or self.started,
                 last_activity=last_activity,
@@ -295,6 +322,43 @@ class GpuMonitor(BackgroundLoop):
             )
             out.append((kid, k, execution_state, last_activity, due))
         return out
+
+    async def hibernate_idle_kernels(self, now: datetime | None = None) -> list[str]:
+        """Suspend the kernels idle for kernel_gpu_hibernate (hibernate.py); their ids.
+
+        The same idle rule as the shut-down (GPU, messages and user idle; never while it
+        executes or its GPU activity is unknown), checked after each reading."""
+        limit = self.pod.policy.kernel_gpu_hibernate
+        if not self.hibernator.enabled or limit is None:
+            return []
+        if self.reason is not None or self.sample is None:
+            return []
+        now = now or utcnow()
+        server_known = self.gpu_state != "unknown"
+        user_last = user_activity(self.settings)
+        done = []
+        for kid, k in sorted(self.kernels.items()):
+            if k.memory_mib <= 0 or self.hibernator.suspended(kid):
+                continue
+            execution_state, last_activity = self._kernel_state(kid)
+            due = hibernate_deadline(
+                self.pod.policy,
+                gpu_memory_mib=k.memory_mib,
+                activity_known=k.known and server_known,
+                execution_state=execution_state,
+                gpu_idle_since=k.last_not_idle or self.started,
+                last_activity=last_activity,
+                user_last_activity=user_last,
+            )
+            if due is None or now < due.cull_at:
+                continue
+            pids = sorted({p.pid for owner, p in self.processes if owner == kid and p.pid})
+            if not pids and any(owner == kid for owner, _ in self.processes):
+                pid = self._kernel_pid(kid)  # simulated readings name the kernel, not a pid
+                pids = [pid] if pid else []
+            if await self.hibernator.hibernate(kid, pids, k.memory_mib) == "hibernated":
+                done.append(kid)
+        return done
 
     async def cull_idle_kernels(self, now: datetime | None = None) -> list[str]:
         """Shut down the kernels whose time has come (`kernel_dues`); their ids.
@@ -323,6 +387,7 @@ class GpuMonitor(BackgroundLoop):
                 self.log.warning("fracspawner: shutting down kernel %s failed: %s", kid, exc)
                 continue
             done.append(kid)
+            self.hibernator.forget(kid)
             self.culled = [
                 *self.culled[-49:],
                 {"id": kid, "at": isoformat(now), "gpu_memory_mib": round(k.memory_mib, 1)},
@@ -340,6 +405,8 @@ class GpuMonitor(BackgroundLoop):
             "server_last_activity": isoformat(server_last_activity),
             "user_last_activity": isoformat(user_last_activity),
             "culled_kernels": list(self.culled),
+            "hibernated_gpu_memory_mib": self.hibernator.total_mib(),
+            "hibernation": self.hibernator.summary(self.pod.policy.kernel_gpu_hibernate),
         }
         if self.reason is not None or self.sample is None:
             return {
@@ -366,6 +433,7 @@ class GpuMonitor(BackgroundLoop):
                     "last_gpu_activity": isoformat(k.last_gpu_activity),
                     "idle_since": isoformat(due.idle_since) if due else None,
                     "cull_at": isoformat(due.cull_at) if due else None,
+                    "hibernation": self.hibernator.kernel_json(kid),
                 }
             )
             if due is not None and due.warns(now):
@@ -376,7 +444,7 @@ class GpuMonitor(BackgroundLoop):
         gpu_idle_since = self.last_not_idle or self.started
         server_due = server_deadline(
             self.pod.policy,
-            holds_gpu=self.pod.gpu is not None or memory > 0,
+            holds_gpu=self.pod.gpu is not None or memory > 0 or self.hibernator.total_mib() > 0,
             gpu_idle_since=gpu_idle_since,
             last_activity=server_last_activity,
             gpu_known=known,

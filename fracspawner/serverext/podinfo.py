@@ -25,6 +25,7 @@ ENV_POOL = "FRACSPAWNER_GPU_POOL"
 ENV_POOL_DISPLAY = "FRACSPAWNER_GPU_POOL_DISPLAY"
 ENV_MEMORY = "FRACSPAWNER_GPU_MEMORY_MIB"
 ENV_KERNEL_GPU_IDLE = "FRACSPAWNER_KERNEL_GPU_IDLE_SECONDS"
+ENV_KERNEL_GPU_HIBERNATE = "FRACSPAWNER_KERNEL_GPU_HIBERNATE_SECONDS"
 ENV_SERVER_GPU_IDLE = "FRACSPAWNER_SERVER_GPU_IDLE_SECONDS"
 ENV_SERVER_IDLE = "FRACSPAWNER_SERVER_IDLE_SECONDS"
 ENV_WARN = "FRACSPAWNER_GPU_IDLE_WARN_SECONDS"
@@ -114,6 +115,7 @@ class IdlePolicy:
     server_idle: float | None = None
     warn_before: float | None = None  # None: DEFAULT_WARN, at most a third of the limit
     server_unattended: float | None = None  # no user activity (GPU work aside) this long
+    kernel_gpu_hibernate: float | None = None  # suspend an idle GPU kernel's CUDA state
 
     def warning_lead(self, limit: float) -> float:
         if self.warn_before is not None:
@@ -127,6 +129,7 @@ class IdlePolicy:
             "server_idle": self.server_idle,
             "server_unattended": self.server_unattended,
             "warn_before": self.warn_before,
+            "kernel_gpu_hibernate": self.kernel_gpu_hibernate,
         }
 
 
@@ -156,6 +159,7 @@ class PodInfo:
                 server_gpu_idle=seconds(env.get(ENV_SERVER_GPU_IDLE)),
                 server_idle=seconds(env.get(ENV_SERVER_IDLE)),
                 server_unattended=seconds(env.get(ENV_SERVER_UNATTENDED)),
+                kernel_gpu_hibernate=seconds(env.get(ENV_KERNEL_GPU_HIBERNATE)),
                 warn_before=(
                     None if text(ENV_WARN) is None else max(0.0, seconds(env[ENV_WARN]) or 0.0)
                 ),
@@ -217,6 +221,27 @@ def kernel_deadline(
     times = (gpu_idle_since, last_activity, user_last_activity)
     since = max(t for t in times if t is not None)
     return deadline(policy, policy.kernel_gpu_idle, since)
+
+
+def hibernate_deadline(
+    policy: IdlePolicy,
+    *,
+    gpu_memory_mib: float,
+    activity_known: bool,
+    execution_state: str | None,
+    gpu_idle_since: datetime,
+    last_activity: datetime | None,
+    user_last_activity: datetime | None = None,
+) -> Deadline | None:
+    """When this server suspends the kernel's CUDA state (kernel_gpu_hibernate); None = never.
+
+    The same idle rule as `kernel_deadline` (GPU, messages and user all idle; never while it
+    executes or its activity is unknown), with the first rung's limit."""
+    if gpu_memory_mib <= 0 or not activity_known or execution_state == "busy":
+        return None
+    times = (gpu_idle_since, last_activity, user_last_activity)
+    since = max(t for t in times if t is not None)
+    return deadline(policy, policy.kernel_gpu_hibernate, since)
 
 
 def server_deadline(

@@ -21,6 +21,9 @@ documented behaviour:
 - No PIDs (`list_processes: false`): the running-process list comes back empty while the device
   works and holds memory, as nvidia-smi shows inside some containers
   (NVIDIA/gpu-operator#664 on 525.60.13, NVIDIA/nvidia-docker#759).
+- A process whose CUDA state the fake checkpoint driver (cuda/bindings/driver.py) checkpointed
+  holds no GPU memory and is not listed (NVIDIA/cuda-checkpoint README: after the suspend
+  "nvidia-smi ... confirm that counter is no longer running on a GPU").
 - nvmlDeviceGetProcessUtilization lists only processes with non-zero utilisation since the
   timestamp passed; with none it raises NOT_FOUND (NVML API reference).
 
@@ -103,9 +106,10 @@ def _translate(pid: int, *, sample: bool) -> int:
 
 def _device(handle: tuple) -> dict:
     gpu = _state()["gpus"][handle[1]]
-    if handle[0] == "mig":
-        return {**gpu["mig"][handle[2]], "is_mig": True}
-    return {**gpu, "is_mig": False}
+    dev = gpu["mig"][handle[2]] if handle[0] == "mig" else gpu
+    # checkpointed processes have released their device handles: not on the GPU at all
+    processes = [p for p in dev.get("processes", []) if p.get("cuda_state") != "checkpointed"]
+    return {**dev, "processes": processes, "is_mig": handle[0] == "mig"}
 
 
 def nvmlInit() -> None:  # noqa: N802

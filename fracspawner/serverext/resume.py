@@ -1,0 +1,98 @@
+"""Resume on use: every message a client sends a kernel passes here first.
+
+jupyter-server routes each websocket message from the browser to the kernel through its
+kernel websocket connection: `KernelWebsocketHandler.on_message` calls
+`connection.handle_incoming_message` (jupyter_server/services/kernels/websocket.py), and the
+class is `ServerApp.kernel_websocket_connection_class`, by default
+`ZMQChannelsWebsocketConnection` (jupyter_server/services/kernels/connection/channels.py), kept
+in `web_app.settings["kernel_websocket_connection_class"]`. The extension puts a subclass of
+whatever class is there: a message for a hibernated kernel (execute, comm, inspect, complete...)
+is held, the kernel is resumed, and the held messages go on in their order. While a restore
+fails, the notebook is told on the kernel's iopub channel (a stderr stream under the held
+request) and the messages wait: nothing is dropped.
+"""
+
+from __future__ import annotations
+
+import json
+import uuid
+from datetime import datetime, timezone
+from typing import Any
+
+from jupyter_server.services.kernels.connection.channels import ZMQChannelsWebsocketConnection
+
+V1 = "v1.kernel.websocket.jupyter.org"
+
+
+def resuming_connection_class(base: type) -> type | None:
+    """A subclass of `base` that resumes hibernated kernels; None where it cannot (a gateway)."""
+    if not (isinstance(base, type) and issubclass(base, ZMQChannelsWebsocketConnection)):
+        return None
+
+    class ResumingConnection(base):  # type: ignore[misc,valid-type]
+        _held: list | None = None
+
+        @property
+        def _hibernator(self) -> Any:
+            monitor = self.websocket_handler.settings.get("fracspawner_gpu_monitor")
+            return getattr(monitor, "hibernator", None)
+
+        def handle_incoming_message(self, incoming_msg: Any) -> None:
+            hib = self._hibernator
+            if hib is None:
+                return super().handle_incoming_message(incoming_msg)
+            hib.note_message(self.kernel_id)
+            if self._held is not None:  # resuming: keep the order
+                self._held.append(incoming_msg)
+                return None
+            task = hib.resume(self.kernel_id, "a message to the kernel")
+            if task is None:
+                return super().handle_incoming_message(incoming_msg)
+            self._held = [incoming_msg]
+            hib.on_restore_failed.append(self._restore_failed)
+            task.add_done_callback(lambda _t: self._flush())
+            return None
+
+        def _flush(self) -> None:
+            held, self._held = self._held or [], None
+            hib = self._hibernator
+            if hib is not None and self._restore_failed in hib.on_restore_failed:
+                hib.on_restore_failed.remove(self._restore_failed)
+            for msg in held:
+                super().handle_incoming_message(msg)
+
+        def _restore_failed(self, kernel_id: str, text: str) -> None:
+            if kernel_id != self.kernel_id or not self._held:
+                return
+            parent = self._header_of(self._held[0])
+            msg = self.session.msg("stream", {"name": "stderr", "text": text + "\n"}, parent=parent)
+            msg["header"]["date"] = datetime.now(timezone.utc).isoformat()
+            if self.subprotocol == V1:
+                from jupyter_server.services.kernels.connection.base import serialize_msg_to_ws_v1
+
+                parts = [
+                    self.session.pack(msg["header"]),
+                    self.session.pack(msg["parent_header"]),
+                    self.session.pack(msg["metadata"]),
+                    self.session.pack(msg["content"]),
+                ]
+                self.write_message(serialize_msg_to_ws_v1(parts, "iopub"), binary=True)
+            else:
+                msg["channel"], msg["buffers"] = "iopub", []
+                self.write_message(json.dumps(msg, default=str))
+
+        def _header_of(self, raw: Any) -> dict:
+            try:
+                if self.subprotocol == V1:
+                    from jupyter_server.services.kernels.connection.base import (
+                        deserialize_msg_from_ws_v1,
+                    )
+
+                    _channel, parts = deserialize_msg_from_ws_v1(raw)
+                    return self.session.unpack(parts[0])
+                return json.loads(raw).get("header") or {}
+            except Exception:  # a notice without a parent still reaches the notebook's log
+                return {"msg_id": uuid.uuid4().hex}
+
+    ResumingConnection.__name__ = f"Resuming{base.__name__}"
+    return ResumingConnection

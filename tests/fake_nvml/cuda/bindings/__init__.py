@@ -1,0 +1,1 @@
+"""A FAKE of cuda-python's cuda.bindings, for tests only."""
