@@ -27,6 +27,18 @@ from ..choice.options import resolve_choice
 from ..model.access import within_quota
 from ..model.catalog import AccessRule, Catalog
 from ..model.errors import OptionsError, SliceError
+from .recognise import (
+    catalog_resources,
+    containers_of,
+    gpu_asks,
+    gpu_equivalent_of_pod,
+    is_gpu_resource,
+    known_plans,
+    matching_plans,
+    most_specific,
+    pod_asks,
+    visibility_env,
+)
 
 #: contract labels and annotations nobody may change on an admitted pod (quota counts them)
 GUARDED_LABELS = (LABEL_POOL, LABEL_GPU)
@@ -182,21 +194,28 @@ def _label(pod: Mapping[str, Any], key: str) -> str | None:
     return value
 
 
-def _mig_resources(catalog: Catalog, pools: list[str]) -> dict[str, tuple[str, str]]:
-    """nvidia.com/mig-<profile> -> (pool, offer) for the MIG-mixed pools among `pools`."""
-    found: dict[str, tuple[str, str]] = {}
-    for name in pools:
-        pool = catalog.pools[name]
-        if pool.backend != "mig-mixed":
-            continue
-        for offer in pool.offers:
-            for key in plan_slice(offer, pool, None).limits:
-                found.setdefault(key, (name, str(offer)))
-    return found
+def _visible_pools(catalog: Catalog) -> list[str]:
+    visible = list(catalog.pools)
+    if catalog.kubeflow.pools is not None:
+        visible = [p for p in visible if p in catalog.kubeflow.pools]
+    return visible
+
+
+def _shown(resources: Mapping[str, Any], asks: Mapping[str, str]) -> str:
+    parts = [f"{k}={v}" for k, v in sorted(resources.items())]
+    return ", ".join(parts + [f"{k}={v}" for k, v in sorted(asks.items())])
 
 
 def slice_ask(pod: Mapping[str, Any], catalog: Catalog, rule: AccessRule) -> SliceAsk | None:
-    """The slice a pod asks for, None for a pod that asks for none (it passes untouched)."""
+    """The slice a notebook pod asks for, None for a pod that asks for none.
+
+    First the slice labels (a fracspawner PodDefault, a Workspace's podMetadata); else what
+    reaches the pod from a Notebook's GPU field or a Workspace's podConfig (recognise.py): the
+    notebook container's GPU resources and the backend ask fields of the pod, as the catalog
+    plan that sets exactly these (the pool whose node selector the pod carries, then one the
+    namespace may use); a bare `nvidia.com/gpu: N` (the form's NVIDIA vendor, upstream's GPU
+    podConfigs) as N whole GPUs on a pool the namespace may use. Anything else with GPU in it
+    is refused: it is no slice of the catalog, and the quota could not count it."""
     pool = _label(pod, LABEL_POOL)
     gpu = _label(pod, LABEL_GPU)
     if pool is not None or gpu is not None:
@@ -210,29 +229,48 @@ def slice_ask(pod: Mapping[str, Any], catalog: Catalog, rule: AccessRule) -> Sli
         if pool is not None:
             options["pool"] = pool
         return SliceAsk(options, "labels")
-    # the notebook form's GPU field with a MIG vendor (the exported spawner_ui_config)
-    visible = list(catalog.pools)
-    if catalog.kubeflow.pools is not None:
-        visible = [p for p in visible if p in catalog.kubeflow.pools]
-    mig = _mig_resources(catalog, visible)
-    asked = []
-    for container in pod["spec"]["containers"]:
-        limits = (container.get("resources") or {}).get("limits") or {}
-        asked += [(key, limits[key]) for key in limits if key in mig]
-    if not asked:
+    target = target_container(pod)
+    box = next(c for c in pod["spec"]["containers"] if c.get("name", "") == target)
+    resources = gpu_asks(box)
+    others = [str(c.get("name")) for c in containers_of(pod) if c is not box and gpu_asks(c)]
+    asks = pod_asks(pod)
+    if not resources and not asks:
+        if others:
+            raise Refusal(
+                f"GPU resources on container(s) {', '.join(others)}: a notebook's GPU goes on "
+                f"its notebook container {target}, through a fracspawner GPU configuration",
+                "invalid",
+            )
         return None
-    if len(asked) > 1 or str(asked[0][1]) != "1":
-        raise Refusal(
-            "one MIG slice per notebook: choose a number of GPUs of 1 "
-            f"(asked: {', '.join(f'{k}={v}' for k, v in asked)})",
-            "invalid",
-        )
-    key = asked[0][0]
-    allowed = rule.pools if rule.pools is not None else tuple(catalog.pools)
-    # the pool: one the namespace may use that offers the profile, else the first offering it
-    own = _mig_resources(catalog, [p for p in visible if p in allowed])
-    pool_name, offer = own.get(key) or mig[key]
-    return SliceAsk({"gpu": offer, "pool": pool_name}, key)
+    visible = set(_visible_pools(catalog))
+    plans = [p for p in known_plans(catalog) if p.pool in visible]
+    found = matching_plans(resources, asks, plans)
+    pinned = most_specific(found, pod["spec"].get("nodeSelector") or {})
+    count = resources.get("nvidia.com/gpu")
+    bare = set(resources) == {"nvidia.com/gpu"} and not asks and count == int(count or 0)
+    # a bare nvidia.com/gpu: N means a whole GPU unless the pod is pinned to the nodes of a
+    # pool where it means a share (a time-slicing replica)
+    if pinned or (found and not bare):
+        allowed = rule.pools if rule.pools is not None else tuple(catalog.pools)
+        # one the namespace may use first; else the first (resolve_choice says why not)
+        best = min(pinned or found, key=lambda p: p.pool not in allowed)
+        return SliceAsk({"gpu": best.offer, "pool": best.pool}, ", ".join(sorted(resources)))
+    if bare:
+        return SliceAsk({"gpu": str(int(count or 0))}, "nvidia.com/gpu")
+    mig = [k for k in resources if k.startswith("nvidia.com/mig-")]
+    if mig and not asks:
+        if len(resources) > 1 or resources[mig[0]] != 1:
+            raise Refusal(
+                "one MIG slice per notebook: choose a number of GPUs of 1 "
+                f"(asked: {_shown(resources, {})})",
+                "invalid",
+            )
+    raise Refusal(
+        f"the notebook asks for GPU through {_shown(resources, asks)}, which is none of the "
+        "GPU configurations fracspawner offers here; choose one of them (a Configuration or "
+        "podConfig named after a pool and slice)",
+        "invalid",
+    )
 
 
 def target_container(pod: Mapping[str, Any]) -> str:
@@ -303,30 +341,55 @@ def admit(
     return Admitted(_mutate(pod, plan, catalog), plan, ask)
 
 
-def gpu_resources(catalog: Catalog) -> frozenset[str]:
-    """Every extended resource a plan of the catalog asks for, and NVIDIA's GPU resources."""
-    keys = {"nvidia.com/gpu"}
-    for pool in catalog.pools.values():
-        for offer in pool.offers:
-            plan = plan_slice(offer, pool, None)
-            keys.update(plan.limits, plan.requests)
-    return frozenset(keys)
+def refuse_visible_gpus(pod: Mapping[str, Any], namespace: str) -> None:
+    """Refuse a pod whose spec would let the NVIDIA container toolkit hand GPUs to a container
+    that holds no GPU resource (recognise.visibility_env): every GPU of the node, counted by
+    no quota."""
+    found = visibility_env(pod)
+    if found:
+        raise Refusal(
+            f"fracspawner refused this pod in namespace {namespace}: {'; '.join(found)}. "
+            "A container holding no GPU resource must not choose GPUs through its environment "
+            "(the NVIDIA toolkit would give it the node's GPUs outside every quota); remove "
+            "the variable, or ask for a GPU through a fracspawner GPU configuration",
+            "invalid",
+        )
+
+
+def other_pod_gpu(
+    pod: Mapping[str, Any], *, catalog: Catalog, rule: AccessRule, namespace: str, used_gpu: float
+) -> float:
+    """What a pod that is no notebook (a pipeline step, a Katib trial) holds, checked against
+    the namespace's GPU quota: it is counted, never mapped (the webhook leaves it as it is)."""
+    amount = gpu_equivalent_of_pod(pod, catalog)
+    if amount > 0 and not within_quota(rule, used_gpu, amount):
+        left = max((rule.max_gpu or 0.0) - used_gpu, 0.0)
+        raise Refusal(
+            f"fracspawner refused this pod's GPU in namespace {namespace}: its GPU resources "
+            f"count as {_fmt(amount)} GPU and the namespace's pods already hold "
+            f"{_fmt(used_gpu)} of its {_fmt(rule.max_gpu or 0.0)} GPU quota ({_fmt(left)} "
+            "left). Stop a notebook or another GPU pod, or ask for less.",
+            "quota",
+        )
+    return amount
 
 
 def _is_gpu_resource(key: str, known: frozenset[str]) -> bool:
-    return key in known or key.startswith("nvidia.com/mig-")
+    """Every GPU resource of every known backend (recognise.py), and any a catalog plan uses."""
+    return key in known or is_gpu_resource(key)
 
 
 def _mutate(pod: Mapping[str, Any], plan: PodPlan, catalog: Catalog) -> dict[str, Any]:
     target = target_container(pod)
     cleaned = json.loads(json.dumps(pod))  # a deep copy of plain JSON
     spec = cleaned["spec"]
-    known = gpu_resources(catalog)
+    known = catalog_resources(catalog)
     planned = set(plan.limits) | set(plan.requests)
     for key in ("containers", "initContainers"):
         for container in spec.get(key) or []:
-            # GPU resources besides the slice's (a MIG profile from the form's GPU field next
-            # to a ticked PodDefault) would be GPUs the quota never counted
+            # GPU resources besides the slice's would be GPU the quota never counted: a MIG
+            # profile from the form's GPU field next to a ticked PodDefault, or HAMi's
+            # nvidia.com/gpumem next to a percentage plan (HAMi takes the MiB value first)
             resources = container.get("resources") or {}
             for part in ("limits", "requests"):
                 asked = resources.get(part) or {}
@@ -393,7 +456,9 @@ __all__ = [
     "gpu_held",
     "guard_update",
     "json_patch",
+    "other_pod_gpu",
     "parse_review",
+    "refuse_visible_gpus",
     "response",
     "slice_ask",
     "target_container",

@@ -1,0 +1,375 @@
+"""Which pods are notebooks, and what GPU a pod holds, read from what reaches the pod. Pure.
+
+Kubeflow's controllers decide what reaches a notebook's pod, not the catalog:
+- Notebooks 1.x (kubeflow/notebooks `notebooks-v1` components/notebook-controller/controllers/
+  notebook_controller.go generateStatefulSet): pod labels `statefulset` and `notebook-name`
+  plus the Notebook's own labels; the pod spec is the Notebook's `spec.template.spec`;
+- Notebooks 2.0 (kubeflow/notebooks `notebooks-v2` workspaces/controller/internal/controller/
+  workspace_controller.go generateStatefulSet): pod labels from the WorkspaceKind's and the
+  Workspace's `podMetadata` plus `notebooks.kubeflow.org/workspace-name` and `statefulset`;
+  from the chosen podConfig ONLY `resources` (of the container `main`), `nodeSelector`,
+  `tolerations` and `affinity`: never its `spawner.labels`.
+So a slice is recognised from the GPU resources of every known backend, the pod fields a
+backend owns (Run:ai/KAI's `gpu-fraction`/`gpu-memory` annotations, ClearML's injector label)
+and the pool's node selector, not from labels a controller never copies.
+
+`gpu_equivalent_of_pod` is what any pod (notebook or not) holds, in GPU-equivalents, for the
+namespace quota: an exact catalog plan counts as that plan (the most specific pool whose node
+selector the pod carries); anything else counts as the most it can get (a whole GPU per
+`nvidia.com/gpu`, HAMi's memory or cores without a count as the one GPU HAMi gives them).
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from decimal import Decimal
+from typing import Any
+
+from ..backends import ANNOTATION_EQUIVALENT, plan_slice
+from ..backends.base import PodPlan
+from ..k8s.objects import quantity
+from ..model.catalog import Catalog
+
+#: Notebooks 1.x: the notebook controller labels each pod with its Notebook's name
+V1_NOTEBOOK_LABEL = "notebook-name"
+#: Notebooks 2.0: the workspace controller labels each pod with its Workspace's name
+V2_WORKSPACE_LABEL = "notebooks.kubeflow.org/workspace-name"
+
+#: extended resources through which a container gets GPU, for every backend fracspawner knows
+#: (shared/reference/gpu-backends.md): the NVIDIA device plugin (whole GPUs, time-slicing and
+#: MPS replicas, renamed `.shared`), HAMi (`gpumem`, `gpumem-percentage`, `gpucores`,
+#: `priority`), Volcano vGPU, Aliyun gpushare, ClearML's legacy fraction resources, and the
+#: other vendors the Kubeflow notebook form offers by default (JWA spawner_ui_config.yaml)
+GPU_RESOURCES = frozenset(
+    {
+        "nvidia.com/gpu",
+        "nvidia.com/gpu.shared",
+        "nvidia.com/gpumem",
+        "nvidia.com/gpumem-percentage",
+        "nvidia.com/gpucores",
+        "nvidia.com/priority",
+        "volcano.sh/vgpu-number",
+        "volcano.sh/vgpu-memory",
+        "volcano.sh/vgpu-memory-percentage",
+        "volcano.sh/vgpu-cores",
+        "aliyun.com/gpu-mem",
+        "aliyun.com/gpu-count",
+        "amd.com/gpu",
+        "habana.ai/gaudi",
+    }
+)
+GPU_RESOURCE_PREFIXES = ("nvidia.com/gpu", "nvidia.com/mig-", "volcano.sh/vgpu-", "clear.ml/")
+#: resources that are devices (a count); the others (HAMi/Volcano memory and cores, priority)
+#: only shape a device, and imply one when asked without a count
+_DEVICE_COUNTS = (
+    "nvidia.com/gpu",
+    "nvidia.com/gpu.shared",
+    "volcano.sh/vgpu-number",
+    "aliyun.com/gpu-count",
+    "amd.com/gpu",
+    "habana.ai/gaudi",
+)
+#: backend-owned pod fields that ask for a GPU without a resource: Run:ai / KAI annotations
+#: (run-ai docs "fractions"; kai-scheduler docs/gpu-sharing), ClearML's injector label
+ASK_ANNOTATIONS = ("gpu-fraction", "gpu-memory", "gpu-fraction-num-devices")
+ASK_LABELS = ("clearml-injector/fraction",)
+_MIG = re.compile(r"^nvidia\.com/mig-(\d+)g\.")
+
+
+def is_gpu_resource(name: str) -> bool:
+    """Whether `name` is an extended resource through which a known backend hands out GPU."""
+    return name in GPU_RESOURCES or name.startswith(GPU_RESOURCE_PREFIXES)
+
+
+def notebook_kind(pod: Mapping[str, Any]) -> str | None:
+    """ "v1" for a Notebook's pod, "v2" for a Workspace's, None for any other pod (a pipeline
+    step, a Katib trial, a pod a tenant made): the labels the controllers put on every pod
+    they make (module docstring), which is also what the webhook configuration's
+    objectSelector matches."""
+    labels = (pod.get("metadata") or {}).get("labels") or {}
+    if V1_NOTEBOOK_LABEL in labels:
+        return "v1"
+    if V2_WORKSPACE_LABEL in labels:
+        return "v2"
+    return None
+
+
+def gpu_asks(container: Mapping[str, Any]) -> dict[str, Decimal]:
+    """The container's GPU resources, name -> amount (limits; a request alone counts too)."""
+    resources = container.get("resources") or {}
+    out: dict[str, Decimal] = {}
+    for part in ("requests", "limits"):  # limits last: for extended resources they rule
+        for name, value in (resources.get(part) or {}).items():
+            if is_gpu_resource(str(name)):
+                amount = quantity(value)
+                # malformed amounts count as one device (the API server refuses them anyway)
+                out[str(name)] = amount if amount is not None and amount >= 0 else Decimal(1)
+    return {k: v for k, v in out.items() if v > 0}
+
+
+def pod_asks(pod: Mapping[str, Any]) -> dict[str, str]:
+    """The backend-owned annotations and labels of the pod that ask for a GPU."""
+    meta = pod.get("metadata") or {}
+    annotations = meta.get("annotations") or {}
+    labels = meta.get("labels") or {}
+    out = {f"annotation {k}": str(annotations[k]) for k in ASK_ANNOTATIONS if k in annotations}
+    out.update({f"label {k}": str(labels[k]) for k in ASK_LABELS if k in labels})
+    return out
+
+
+def containers_of(pod: Mapping[str, Any]) -> list[Mapping[str, Any]]:
+    spec = pod.get("spec") or {}
+    return [c for key in ("initContainers", "containers") for c in (spec.get(key) or [])]
+
+
+# --------------------------------------------------------------------------- catalog plans
+@dataclass(frozen=True)
+class KnownPlan:
+    """One offer of one pool, as it shows on a pod."""
+
+    pool: str
+    offer: str
+    resources: Mapping[str, Decimal]  # GPU resources of the plan
+    asks: Mapping[str, str]  # its backend-owned ask fields (pod_asks keys)
+    node_selector: Mapping[str, str]
+    gpu_equivalent: float
+
+
+def _plan_fields(plan: PodPlan) -> tuple[dict[str, Decimal], dict[str, str]]:
+    resources = {
+        k: quantity(v) or Decimal(0)
+        for k, v in {**plan.requests, **plan.limits}.items()
+        if is_gpu_resource(k)
+    }
+    asks = {f"annotation {k}": v for k, v in plan.annotations.items() if k in ASK_ANNOTATIONS}
+    asks.update({f"label {k}": v for k, v in plan.labels.items() if k in ASK_LABELS})
+    return {k: v for k, v in resources.items() if v > 0}, asks
+
+
+_INDEX: dict[int, tuple[Catalog, tuple[KnownPlan, ...]]] = {}
+
+
+def known_plans(catalog: Catalog) -> tuple[KnownPlan, ...]:
+    """Every offer of every pool, in catalog order (computed once per catalog object)."""
+    cached = _INDEX.get(id(catalog))
+    if cached is not None and cached[0] is catalog:
+        return cached[1]
+    plans = []
+    for name, pool in catalog.pools.items():
+        for offer in pool.offers:
+            plan = plan_slice(offer, pool, None)
+            resources, asks = _plan_fields(plan)
+            plans.append(
+                KnownPlan(
+                    name, str(offer), resources, asks, dict(plan.node_selector), plan.gpu_equivalent
+                )
+            )
+    if len(_INDEX) > 8:  # a process loads one or two catalogs; tests load many
+        _INDEX.clear()
+    _INDEX[id(catalog)] = (catalog, tuple(plans))
+    return tuple(plans)
+
+
+def catalog_resources(catalog: Catalog) -> frozenset[str]:
+    """GPU resource names the catalog's plans use (a third-party backend's among them)."""
+    return frozenset(k for p in known_plans(catalog) for k in p.resources)
+
+
+def matching_plans(
+    resources: Mapping[str, Decimal],
+    asks: Mapping[str, str],
+    plans: Iterable[KnownPlan],
+) -> list[KnownPlan]:
+    """The plans that put exactly these GPU resources and backend ask fields on a pod."""
+    return [p for p in plans if dict(p.resources) == dict(resources) and dict(p.asks) == asks]
+
+
+def most_specific(plans: list[KnownPlan], node_selector: Mapping[str, str]) -> list[KnownPlan]:
+    """Of `plans`, those whose pool's node selector the pod carries, without the ones whose
+    selector is a strict part of another's: a pod pinned to the T4 pool's nodes gets a T4
+    replica there, not the whole GPU a selector-less pool's plan with the same resources means."""
+    carried = [
+        p for p in plans if all(node_selector.get(k) == v for k, v in p.node_selector.items())
+    ]
+    return [
+        p
+        for p in carried
+        if not any(set(p.node_selector.items()) < set(q.node_selector.items()) for q in carried)
+    ]
+
+
+# --------------------------------------------------------------------------- counting
+def _mig_bound(name: str) -> float:
+    """A MIG profile no catalog pool offers: its compute slices out of 4 (an A30's, the fewest
+    of any MIG GPU), at most one GPU."""
+    found = _MIG.match(name)
+    return min(int(found.group(1)) / 4, 1.0) if found else 1.0
+
+
+def resources_bound(resources: Mapping[str, Decimal], plans: Iterable[KnownPlan] = ()) -> float:
+    """The most GPU these resources can get, with no catalog plan to say what they are: a
+    device each (a MIG profile as the catalog counts one of it)."""
+    single = {
+        next(iter(p.resources)): p.gpu_equivalent
+        for p in plans
+        if len(p.resources) == 1 and list(p.resources.values()) == [1] and not p.asks
+    }
+    total = 0.0
+    for name, amount in resources.items():
+        if name in _DEVICE_COUNTS or name.startswith("clear.ml/"):
+            total += math.ceil(amount)
+        elif name.startswith("nvidia.com/mig-"):
+            total += math.ceil(amount) * single.get(name, _mig_bound(name))
+    hami = {"nvidia.com/gpumem", "nvidia.com/gpumem-percentage", "nvidia.com/gpucores"}
+    if hami & set(resources) and "nvidia.com/gpu" not in resources:
+        total += 1.0  # HAMi: memory or cores alone mean nvidia.com/gpu: 1
+    if any(k.startswith("volcano.sh/vgpu-") for k in resources) and (
+        "volcano.sh/vgpu-number" not in resources
+    ):
+        total += 1.0
+    if "aliyun.com/gpu-mem" in resources and "aliyun.com/gpu-count" not in resources:
+        total += 1.0
+    return total
+
+
+def _asks_bound(asks: Mapping[str, str]) -> float:
+    """Run:ai / KAI fraction annotations no catalog plan matches: the fraction (or a whole
+    device for a memory size) times the devices asked."""
+    devices = quantity(asks.get("annotation gpu-fraction-num-devices", "1")) or Decimal(1)
+    devices = max(math.ceil(devices), 1)
+    if "annotation gpu-fraction" in asks:
+        fraction = quantity(asks["annotation gpu-fraction"])
+        share = float(fraction) if fraction is not None and 0 < fraction <= 1 else 1.0
+        return share * devices
+    if "annotation gpu-memory" in asks:
+        return float(devices)
+    return 0.0
+
+
+def _plan_or_bound(
+    resources: Mapping[str, Decimal],
+    asks: Mapping[str, str],
+    node_selector: Mapping[str, str],
+    plans: tuple[KnownPlan, ...],
+) -> float:
+    found = most_specific(matching_plans(resources, asks, plans), node_selector)
+    if found:
+        return max(p.gpu_equivalent for p in found)
+    return resources_bound(resources, plans) + _asks_bound(asks)
+
+
+def gpu_equivalent_of_pod(pod: Mapping[str, Any], catalog: Catalog) -> float:
+    """GPU-equivalents `pod` holds while it runs, whoever made it (pure; for the quota).
+
+    Per container: its GPU resources (with the pod's backend ask fields, on the first one
+    holding GPU) as a catalog plan when they are exactly one and the pod carries the pool's
+    node selector, else their upper bound. App containers and sidecars add up; an init
+    container runs alone, so the pod holds at least the largest. A pod asking through Run:ai's
+    annotations alone counts as the matching plan or the fraction asked."""
+    plans = known_plans(catalog)
+    spec = pod.get("spec") or {}
+    node_selector = spec.get("nodeSelector") or {}
+    asks = pod_asks(pod)
+    running, init_peak, asks_used = 0.0, 0.0, False
+    for key in ("initContainers", "containers"):
+        for container in spec.get(key) or []:
+            resources = gpu_asks(container)
+            if not resources:
+                continue
+            mine = {} if asks_used else asks
+            asks_used = True
+            value = _plan_or_bound(resources, mine, node_selector, plans)
+            if key == "initContainers" and container.get("restartPolicy") != "Always":
+                init_peak = max(init_peak, value)
+            else:
+                running += value
+    if asks and not asks_used:
+        running += _plan_or_bound({}, asks, node_selector, plans)
+    return max(running, init_peak)
+
+
+def pod_gpu_held(pod: Mapping[str, Any], catalog: Catalog) -> float:
+    """What the quota counts for a pod: what it holds by its spec (gpu_equivalent_of_pod),
+    or its `fracspawner.io/gpu-equivalent` annotation where that says more (a pod admitted
+    under an older catalog). The annotation never lowers the count: on a pod the webhook did
+    not map, anybody may have written it."""
+    raw = ((pod.get("metadata") or {}).get("annotations") or {}).get(ANNOTATION_EQUIVALENT)
+    try:
+        noted = float(raw) if raw is not None else 0.0
+    except (TypeError, ValueError):
+        noted = 0.0
+    if not (math.isfinite(noted) and 0.0 < noted < 1e6):
+        noted = 0.0  # nan, inf and negatives count as nothing (never as credit)
+    return max(noted, gpu_equivalent_of_pod(pod, catalog))
+
+
+# --------------------------------------------------------------------------- visibility
+#: env through which the NVIDIA container toolkit hands devices to a container that holds no
+#: GPU resource (NVIDIA/nvidia-container-toolkit internal/config/image/cuda_image.go:
+#: VisibleDevices reads NVIDIA_VISIBLE_DEVICES and honours it in unprivileged containers
+#: because builder.go defaults acceptEnvvarUnprivileged to true; ImexChannelRequests reads
+#: NVIDIA_IMEX_CHANNELS the same way). CUDA_VISIBLE_DEVICES only filters inside the devices
+#: a container already has, so it is harmless.
+VISIBILITY_ENV = ("NVIDIA_VISIBLE_DEVICES", "NVIDIA_IMEX_CHANNELS")
+#: values that hand out no device (cuda_image.go devicesFromEnvvars / NewVisibleDevices)
+_NO_DEVICES = frozenset({"", "void", "none"})
+
+
+def visibility_env(pod: Mapping[str, Any]) -> list[str]:
+    """What in the pod's spec would make the NVIDIA toolkit give a container that holds no
+    GPU resource some or all of the node's GPUs: `container NAME: VAR=VALUE` entries.
+
+    Besides NVIDIA_VISIBLE_DEVICES/NVIDIA_IMEX_CHANNELS (a value from a ConfigMap or Secret
+    cannot be checked here, so it counts), the toolkit treats a "legacy" CUDA image, one with
+    CUDA_VERSION and no NVIDIA_REQUIRE_CUDA, as asking for every GPU when
+    NVIDIA_VISIBLE_DEVICES is unset (cuda_image.go IsLegacy, devicesFromEnvvars)."""
+    found = []
+    for container in containers_of(pod):
+        if gpu_asks(container):
+            continue  # the device plugin sets the container's devices, over its env
+        env = {str(e.get("name", "")): e for e in container.get("env") or [] if isinstance(e, dict)}
+        name = container.get("name", "?")
+        for var in VISIBILITY_ENV:
+            if var in env:
+                entry = env[var]
+                value = entry.get("value")
+                if "valueFrom" in entry:
+                    found.append(f"container {name}: {var} from valueFrom")
+                elif str(value or "").strip() not in _NO_DEVICES:
+                    found.append(f"container {name}: {var}={value}")
+        # set at all (even to ""), NVIDIA_VISIBLE_DEVICES overrides the legacy default
+        if (
+            not {"NVIDIA_REQUIRE_CUDA", "NVIDIA_VISIBLE_DEVICES"} & set(env)
+            and "CUDA_VERSION" in env
+        ):
+            found.append(
+                f"container {name}: CUDA_VERSION without NVIDIA_REQUIRE_CUDA (a legacy CUDA "
+                "image: the NVIDIA toolkit then shows it every GPU)"
+            )
+    return found
+
+
+__all__ = [
+    "ASK_ANNOTATIONS",
+    "ASK_LABELS",
+    "GPU_RESOURCES",
+    "V1_NOTEBOOK_LABEL",
+    "V2_WORKSPACE_LABEL",
+    "VISIBILITY_ENV",
+    "KnownPlan",
+    "catalog_resources",
+    "gpu_asks",
+    "gpu_equivalent_of_pod",
+    "is_gpu_resource",
+    "known_plans",
+    "matching_plans",
+    "most_specific",
+    "notebook_kind",
+    "pod_asks",
+    "pod_gpu_held",
+    "resources_bound",
+    "visibility_env",
+]
