@@ -1096,9 +1096,14 @@ def test_webhook_configuration_matches_profile_pod_creates(rendered_objects):
             }
         )
     )
-    hook = one(narrowed, "MutatingWebhookConfiguration", "webhook")["webhooks"][0]
-    assert hook["failurePolicy"] == "Ignore"
-    assert hook["objectSelector"]["matchExpressions"][0]["key"] == "fracspawner.io/pool"
+    hooks = one(narrowed, "MutatingWebhookConfiguration", "webhook")["webhooks"]
+    assert hooks[0]["failurePolicy"] == "Ignore"
+    assert hooks[0]["objectSelector"]["matchExpressions"] == [
+        {"key": "notebook-name", "operator": "Exists"},
+        {"key": "fracspawner.io/pool", "operator": "Exists"},
+    ]
+    # narrowed: no webhook for the pods that are no notebook
+    assert [h["name"].split(".")[0] for h in hooks] == ["slices", "workspaces", "guard"]
 
 
 @pytest.mark.parametrize(
@@ -1277,6 +1282,37 @@ def test_kubeflow_poddefaults_are_the_exports():
         assert max(len(name) for name in got) <= 52
 
 
+def test_network_policies_are_narrow_by_default_and_say_what_they_could_not_narrow():
+    """Issue 19 item 14: /metrics admits Prometheus pods (as the Prometheus Operator and the
+    prometheus-community chart label them), not every pod; egress to the Kubernetes API is the
+    addresses the chart looks up at install (the `kubernetes` Service and its EndpointSlice)
+    and, where it cannot look (this offline render, like `helm template`), 0.0.0.0/0 with
+    NOTES saying so and how to narrow it; given addresses are used as they are, silently."""
+    values = {**ALL_ON}
+    rendered = render(values)
+    policies = by_kind(objects(rendered), "NetworkPolicy")
+    assert policies
+    for policy in policies:
+        for rule in policy["spec"].get("ingress") or []:
+            ports = [p["port"] for p in rule.get("ports") or []]
+            if "metrics" in ports:
+                for peer in rule["from"]:
+                    assert peer.get("podSelector"), (policy["metadata"]["name"], peer)
+    notes = rendered["fracspawner/templates/NOTES.txt"]
+    assert "could not be looked up" in notes and "networkPolicy.kubeApi.cidrs" in notes
+    given = _deep_merge(values, {"networkPolicy": {"kubeApi": {"cidrs": ["10.0.0.1/32"]}}})
+    rendered = render(given)
+    assert "could not be looked up" not in rendered["fracspawner/templates/NOTES.txt"]
+    (webhook,) = [
+        p
+        for p in by_kind(objects(rendered), "NetworkPolicy")
+        if p["metadata"]["name"].endswith("webhook")
+    ]
+    blocks = [peer["ipBlock"]["cidr"] for rule in webhook["spec"]["egress"] for peer in rule["to"]
+              if "ipBlock" in peer]  # fmt: skip
+    assert blocks == ["10.0.0.1/32"]
+
+
 def test_the_kubeflow_culler_ships_the_istio_policy_it_needs():
     """Issue 19 item 5: with Istio, the profile namespaces' own policy admits only Kubeflow's
     notebook-controller to the notebooks (kubeflow/dashboard components/profile-controller
@@ -1420,7 +1456,13 @@ def test_z2jh_overlay_matches_the_chart(rendered, rendered_objects):
     assert key == "hub.services.fracspawner-culler.apiToken"
     assert "fracspawner-culler" in hub["services"]
     roles = hub["loadRoles"]
-    assert "access:services!service=fracspawner" in roles["user"]["scopes"]
+    # users' access to the service is added to their `user` role by extraConfig (a `user`
+    # role here would replace the operator's scopes: tests/test_z2jh.py)
+    assert "user" not in roles
+    assert (
+        'add_user_scopes(c, "access:services!service=fracspawner")'
+        in (hub["extraConfig"]["fracspawner"])
+    )
     assert roles["fracspawner-culler"]["services"] == ["fracspawner-culler"]
     assert overlay["cull"]["enabled"] is False
     # NOTES.txt prints the same overlay
@@ -1433,17 +1475,15 @@ def test_z2jh_overlay_matches_the_chart(rendered, rendered_objects):
     assert notes["hub"]["loadRoles"] == roles
     assert notes["hub"]["extraVolumes"] == hub["extraVolumes"]
     assert notes["hub"]["extraConfig"] == hub["extraConfig"]
-    assert notes["singleuser"]["networkPolicy"] == overlay["singleuser"]["networkPolicy"]
+    assert notes["singleuser"]["cloudMetadata"] == overlay["singleuser"]["cloudMetadata"]
     # GPU servers are told the culler's Service and report port, and may reach its pods there
     culler_svc = one(objs, "Service", "culler")
     reports = next(p for p in culler_svc["spec"]["ports"] if p["name"] == "reports")
     culler_url = f"http://{culler_svc['metadata']['name']}.{NAMESPACE}.svc:{reports['port']}/"
     assert f'c.FracSpawner.culler_url = "{culler_url}"' in hub["extraConfig"]["fracspawner"]
-    (egress,) = overlay["singleuser"]["networkPolicy"]["egress"]
-    culler_pod = one(objs, "Deployment", "culler")["spec"]["template"]["metadata"]["labels"]
-    selector = egress["to"][0]["podSelector"]["matchLabels"]
-    assert all(culler_pod.get(k) == v for k, v in selector.items())
-    assert egress["ports"] == [{"port": reports["port"], "protocol": "TCP"}]
+    # ... and may reach it: the chart's singleuser-egress NetworkPolicy (tests/test_z2jh.py)
+    egress = one(objs, "NetworkPolicy", "singleuser-egress")["spec"]["egress"]
+    assert egress[0]["ports"] == [{"port": reports["port"], "protocol": "TCP"}]
     assert "access:servers" not in roles["fracspawner-culler"]["scopes"]
 
 

@@ -259,13 +259,57 @@ tests check it against the product's own function for every offer of every examp
     - {port: {{ . }}, protocol: TCP}
     {{- end }}
 {{- end }}
+{{- /*
+Where the Kubernetes API server is, as JSON {cidrs, ports, found}: networkPolicy.kubeApi.cidrs
+when set; else (the default, []) what the cluster says at install/upgrade: the `kubernetes`
+Service's cluster IPs and its EndpointSlice's addresses (the API servers themselves; a CNI may
+see either, before or after the Service's address translation), one /32 (/128) each, at the
+Service's and the endpoints' ports. `helm template` and --dry-run cannot look (lookup answers
+nothing): then 0.0.0.0/0 at networkPolicy.kubeApi.ports, and NOTES says how to narrow it.
+*/}}
+{{- define "fracspawner.kubeApi" -}}
+{{- $cidrs := list }}
+{{- $ports := list }}
+{{- $found := false }}
+{{- if .cidrs }}
+{{- $cidrs = .cidrs }}
+{{- $ports = .ports }}
+{{- else }}
+{{- $svc := lookup "v1" "Service" "default" "kubernetes" }}
+{{- $slice := lookup "discovery.k8s.io/v1" "EndpointSlice" "default" "kubernetes" }}
+{{- $ips := list }}
+{{- if $svc }}
+{{- $ips = concat $ips ($svc.spec.clusterIPs | default (list $svc.spec.clusterIP)) }}
+{{- range $svc.spec.ports }}{{ $ports = append $ports .port }}{{ end }}
+{{- end }}
+{{- if $slice }}
+{{- range $slice.endpoints }}{{ $ips = concat $ips .addresses }}{{ end }}
+{{- range $slice.ports }}{{ $ports = append $ports .port }}{{ end }}
+{{- end }}
+{{- range $ip := $ips | uniq }}
+{{- if $ip }}
+{{- $cidrs = append $cidrs (printf "%s/%s" $ip (ternary "128" "32" (contains ":" $ip))) }}
+{{- end }}
+{{- end }}
+{{- if $cidrs }}
+{{- $found = true }}
+{{- $ports = $ports | uniq }}
+{{- else }}
+{{- $cidrs = list "0.0.0.0/0" }}
+{{- $ports = .ports }}
+{{- end }}
+{{- end }}
+{{- dict "cidrs" $cidrs "ports" $ports "found" (or $found (not (empty .cidrs))) | toJson }}
+{{- end }}
+
 {{- define "fracspawner.netpol.kubeApiEgress" -}}
+{{- $api := include "fracspawner.kubeApi" . | fromJson }}
 - to:
-    {{- range .cidrs }}
+    {{- range $api.cidrs }}
     - ipBlock: {cidr: {{ . | quote }}}
     {{- end }}
   ports:
-    {{- range .ports }}
+    {{- range $api.ports }}
     - {port: {{ . }}, protocol: TCP}
     {{- end }}
 {{- end }}
