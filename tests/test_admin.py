@@ -449,3 +449,47 @@ def test_every_dashboard_query_names_a_metric_the_project_exports():
         "fracspawner_culls_total",
     ):
         assert gauge in covered
+
+
+# --- the chart: the dashboard ConfigMap, the service's scrape target -------------------------
+def test_chart_ships_the_dashboard_for_grafanas_sidecar_behind_a_flag():
+    import helm_python as helm
+
+    from tests.chart_support import by_kind, objects, one, render
+
+    def dashboards(objs):
+        return [
+            o for o in by_kind(objs, "ConfigMap") if o["metadata"]["name"].endswith("dashboard")
+        ]
+
+    assert dashboards(objects(render())) == []  # off by default
+    values = {
+        "metrics": {
+            "grafanaDashboard": {"enabled": True, "namespace": "monitoring"},
+            "serviceMonitor": {"enabled": True},
+        }
+    }
+    objs = objects(render(values))
+    (cm,) = dashboards(objs)
+    # kube-prometheus-stack's Grafana sidecar loads ConfigMaps labelled grafana_dashboard: "1"
+    assert cm["metadata"]["labels"]["grafana_dashboard"] == "1"
+    assert cm["metadata"]["namespace"] == "monitoring"
+    assert json.loads(cm["data"]["fracspawner.json"]) == json.loads(DASHBOARD.read_text())
+    # Prometheus scrapes the service's gauges at its prefix, and the culler's
+    service = one(objs, "ServiceMonitor", "service")
+    assert service["spec"]["endpoints"][0]["path"] == "/services/fracspawner/metrics"
+    # the service asks the culler's state API on the culler's metrics port, which admits it
+    (container,) = one(objs, "Deployment", "service")["spec"]["template"]["spec"]["containers"]
+    assert "--culler-url=http://fracspawner-culler.jhub.svc:9090/" in container["command"]
+    policy = one(objs, "NetworkPolicy", "culler")["spec"]["ingress"]
+    assert any(
+        rule["from"][0]
+        .get("podSelector", {})
+        .get("matchLabels", {})
+        .get("app.kubernetes.io/component")
+        == "service"
+        for rule in policy
+    )
+    with pytest.raises(helm.HelmValuesError) as info:
+        render({"metrics": {"grafanaDashboard": {"enable": True}}})
+    assert "additional properties 'enable' not allowed" in str(info.value)
