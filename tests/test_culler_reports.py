@@ -165,3 +165,36 @@ async def test_concurrent_reports_with_one_token_ask_the_hub_once():
     finally:
         verifier.close()
         server.stop()
+
+
+def test_hibernation_reaches_the_culler_metrics():
+    """Issue 22: hibernated memory, suspends and resumes from the servers' reports, each counted
+    once, in fracspawner_hibernated_bytes, fracspawner_hibernations/resumes and the duration
+    histogram; a malformed hibernation field is refused like any other."""
+    c = Culler(api_token="x", report_url="http://127.0.0.1:1")
+    c.initialize([])
+    hib = {
+        "hibernated_gpu_memory_mib": 4096,
+        "hibernations": [{"kernel_id": "k1", "at": iso(T - 60), "gpu_memory_mib": 4096,
+                          "seconds": 0.2}],
+        "resumes": [{"kernel_id": "k0", "at": iso(T - 30), "gpu_memory_mib": 2048,
+                     "seconds": 0.6, "why": "a message to the kernel"}],
+    }  # fmt: skip
+    body = report(hibernated_gpu_memory_mib=4096, hibernation=hib, slice={"pool": ""})
+    who = Identity("ann", "")  # no catalog here: every pool's label is ""
+    for _ in range(2):  # the same events told twice: counted once
+        c.on_report(who, c.reports.put("ann", "", parse_report(body, received_at=T)))
+    value = c.metrics.registry.get_sample_value
+    assert value("fracspawner_hibernated_bytes", {"pool": ""}) == 4096 * 2**20
+    assert value("fracspawner_hibernations_total", {"pool": ""}) == 1
+    assert value("fracspawner_resumes_total", {"pool": ""}) == 1
+    assert value("fracspawner_hibernation_duration_seconds_count", {"operation": "resume"}) == 1
+    assert value("fracspawner_hibernation_duration_seconds_sum", {"operation": "resume"}) == 0.6
+    # everything resumed: the gauge follows the latest report
+    body = report(hibernated_gpu_memory_mib=0, hibernation={**hib, "hibernated_gpu_memory_mib": 0},
+                  slice={"pool": ""})  # fmt: skip
+    c.on_report(who, c.reports.put("ann", "", parse_report(body, received_at=T + 60)))
+    assert value("fracspawner_hibernated_bytes", {"pool": ""}) == 0
+    bad = report(hibernation={"resumes": [{"kernel_id": "k", "at": iso(T), "seconds": -1}]})
+    with pytest.raises(ReportError, match=r"hibernation.resumes\[0\].seconds"):
+        parse_report(bad, received_at=T)

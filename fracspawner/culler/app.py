@@ -377,6 +377,18 @@ class Culler(CullerApplication):
                     gpu_memory_mib=kernel.gpu_memory_mib, gpu_equivalent=0.0,
                 )
             )  # fmt: skip
+        # GPU hibernation (issue 22): the server's suspends and resumes, each counted once
+        for event in self.reports.take_events(who.user, who.server):
+            (
+                self.metrics.hibernations if event.kind == "hibernate" else self.metrics.resumes
+            ).labels(pool).inc()
+            self.metrics.hibernation_duration.labels(event.kind).observe(event.seconds)
+        by_label: dict[str, float] = {}
+        for where, mib in self.reports.hibernated_mib().items():
+            label = self.pool_label(where)  # names outside the catalog all become ""
+            by_label[label] = by_label.get(label, 0.0) + mib
+        for label, mib in by_label.items():
+            self.metrics.hibernated.labels(label).set(mib * 2**20)
 
     def verifier(self) -> TokenVerifier:
         """The hub's word on tokens (reports and the state API), made on first use."""

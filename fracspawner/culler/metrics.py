@@ -26,6 +26,34 @@ class CullerMetrics:
             ["pool"],
             registry=self.registry,
         )
+        # GPU hibernation (issue 22): what servers report of their kernels' suspends and resumes
+        self.hibernated = Gauge(
+            "fracspawner_hibernated_bytes",
+            "GPU memory (bytes) that hibernated kernels hold in host memory, by pool, from the "
+            "servers' latest reports.",
+            ["pool"],
+            registry=self.registry,
+        )
+        self.hibernations = Counter(
+            "fracspawner_hibernations",
+            "Kernels whose GPU state their server suspended to host memory, by pool.",
+            ["pool"],
+            registry=self.registry,
+        )
+        self.resumes = Counter(
+            "fracspawner_resumes",
+            "Hibernated kernels resumed (on a message or the meter's Resume), by pool.",
+            ["pool"],
+            registry=self.registry,
+        )
+        self.hibernation_duration = Histogram(
+            "fracspawner_hibernation_duration_seconds",
+            "Time a suspend or a resume took (operation: hibernate | resume); a resume is what "
+            "the user waits for before the cell runs.",
+            ["operation"],
+            buckets=(0.1, 0.25, 0.5, 1, 2, 5, 10, 20, 30, 60, 120),
+            registry=self.registry,
+        )
         self.cycle_duration = Histogram(
             "fracspawner_culler_cycle_duration_seconds",
             "Time one culling cycle took.",

@@ -54,6 +54,12 @@ class Spec:
 TIME = Spec("time", MAX_TIME_TEXT)
 MIB = Spec("number")
 KERNEL_ID = Spec("text", 64)
+GPU_EVENT = Spec(
+    "object",
+    fields={"kernel_id": KERNEL_ID, "at": TIME, "gpu_memory_mib": MIB,
+            "seconds": Spec("number", high=86400.0), "why": Spec("text", 200)},
+    required=("kernel_id", "at"),
+)  # fmt: skip
 REPORT = Spec(
     "object",
     fields={
@@ -79,6 +85,17 @@ REPORT = Spec(
             ),
         ),
         "slice": Spec("object", fields={"pool": Spec("text", 63)}),
+        # GPU hibernation (issue 22; fracspawner/serverext/hibernate.py): GPU memory its
+        # suspended kernels hold in host memory, and its recent suspends and resumes
+        "hibernated_gpu_memory_mib": MIB,
+        "hibernation": Spec(
+            "object",
+            fields={
+                "hibernated_gpu_memory_mib": MIB,
+                "hibernations": Spec("list", MAX_CULLED, items=GPU_EVENT),
+                "resumes": Spec("list", MAX_CULLED, items=GPU_EVENT),
+            },
+        ),
     },
 )
 
@@ -191,6 +208,17 @@ class CulledKernel:
 
 
 @dataclass(frozen=True)
+class GpuEvent:
+    """A kernel hibernated or resumed by its server (counted once, like a culled kernel)."""
+
+    kind: str  # "hibernate" | "resume"
+    kernel_id: str
+    at: float
+    gpu_memory_mib: float
+    seconds: float
+
+
+@dataclass(frozen=True)
 class ServerReport:
     received_at: float
     monitor_started: float | None
@@ -200,6 +228,8 @@ class ServerReport:
     reason: str = ""
     culled_kernels: tuple[CulledKernel, ...] = ()
     pool: str = ""  # the pool the server says it is in (FRACSPAWNER_GPU_POOL): a label only
+    hibernated_mib: float = 0.0  # GPU memory its hibernated kernels hold in host memory
+    gpu_events: tuple[GpuEvent, ...] = ()
 
 
 def parse_report(report: object, received_at: float) -> ServerReport:
@@ -218,7 +248,18 @@ def parse_report(report: object, received_at: float) -> ServerReport:
             )
         )  # fmt: skip
     pool = (report.get("slice") or {}).get("pool")
+    hibernation = report.get("hibernation") or {}
+    events = [
+        GpuEvent(
+            kind, shown(e["kernel_id"]), _ts(e, "at", received_at) or received_at,
+            _number(e, "gpu_memory_mib"), float(e.get("seconds") or 0),
+        )
+        for kind, key in (("hibernate", "hibernations"), ("resume", "resumes"))
+        for e in hibernation.get(key) or []
+    ]  # fmt: skip
     common = dict(
+        hibernated_mib=_number(report, "hibernated_gpu_memory_mib"),
+        gpu_events=tuple(events),
         pool=pool or "",
         received_at=received_at,
         monitor_started=ts("monitor_started"),
@@ -262,6 +303,9 @@ class _Entry:
     report: ServerReport
     # culled kernel id -> when: counted once per server, across its restarts; newest last
     counted: OrderedDict[str, float] = field(default_factory=OrderedDict)
+    # hibernate/resume events seen ("kind kernel at" -> at), and those not yet taken for metrics
+    events_seen: OrderedDict[str, float] = field(default_factory=OrderedDict)
+    events_new: list[GpuEvent] = field(default_factory=list)
 
 
 class ReportStore:
@@ -305,6 +349,18 @@ class ReportStore:
         counted = entry.counted
         while counted and next(iter(counted.values())) < oldest:
             counted.popitem(last=False)
+        seen = entry.events_seen
+        while seen and next(iter(seen.values())) < oldest:
+            seen.popitem(last=False)
+        for event in report.gpu_events:
+            key = f"{event.kind} {event.kernel_id} {event.at}"
+            if event.at < oldest or key in seen:
+                continue
+            seen[key] = event.at
+            entry.events_new.append(event)
+            if len(seen) > self.kernels_kept:
+                seen.popitem(last=False)
+        del entry.events_new[: -self.kernels_kept]
         new = []
         for kernel in report.culled_kernels:
             if kernel.at < oldest or kernel.id in counted:
@@ -314,6 +370,21 @@ class ReportStore:
             if len(counted) > self.kernels_kept:
                 counted.popitem(last=False)
         return new
+
+    def take_events(self, user: str, server: str) -> list[GpuEvent]:
+        """The hibernations and resumes not taken before (each once per server)."""
+        entry = self._entries.get((user, server))
+        if entry is None:
+            return []
+        new, entry.events_new = entry.events_new, []
+        return new
+
+    def hibernated_mib(self) -> dict[str, float]:
+        """Per pool the server says it is in: GPU memory its hibernated kernels hold."""
+        out: dict[str, float] = {}
+        for entry in self._entries.values():
+            out[entry.report.pool] = out.get(entry.report.pool, 0.0) + entry.report.hibernated_mib
+        return out
 
     def for_server(self, facts: ServerFacts, slack: float = 60.0) -> ServerReport | None:
         """The report of this incarnation of the server (a previous one's does not count)."""
