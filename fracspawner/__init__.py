@@ -7,7 +7,7 @@ from typing import Any
 
 from ._version import __version__
 
-__all__ = ["FracSpawner", "__version__", "configure"]
+__all__ = ["FracSpawner", "__version__", "add_user_scopes", "configure"]
 
 
 def __getattr__(name: str) -> Any:
@@ -67,3 +67,26 @@ def configure(c: Any, *, catalog_file: str | None = None, catalog: dict | None =
         c.FracSpawner.catalog_file = str(catalog_file)
     else:
         c.FracSpawner.catalog = catalog
+
+
+def add_user_scopes(c: Any, *scopes: str) -> None:
+    """Add scopes to JupyterHub's `user` role (every user has it) without replacing it.
+
+    For z2jh's hub.extraConfig (which runs after z2jh loaded hub.loadRoles): a `user` role in
+    an overlay's hub.loadRoles would REPLACE the operator's scope list (Helm replaces lists),
+    this adds to whatever `user` role there is, or to JupyterHub's default one (`self`).
+    """
+    from traitlets.config import LazyConfigValue
+
+    roles = c.JupyterHub.get("load_roles", [])
+    if isinstance(roles, LazyConfigValue):  # appended to, never set: resolve the appends
+        roles = roles.get_value([])
+    roles = [dict(r) for r in roles]
+    user = next((r for r in roles if r.get("name") == "user"), None)
+    if user is None:
+        user = {"name": "user", "scopes": ["self"]}
+        roles.append(user)
+    # a role without scopes keeps JupyterHub's default ones, `self`
+    current = list(user.get("scopes") or ["self"])
+    user["scopes"] = current + [s for s in scopes if s not in current]
+    c.JupyterHub.load_roles = roles

@@ -171,3 +171,86 @@ def test_the_culler_role_lets_exempt_groups_work(tmp_path):
         assert {"read:users:groups", "read:users"} & granted, granted
         assert "access:servers" not in granted  # still never into user servers
     assert "exempt_groups" in (REPO / "charts/fracspawner/values.yaml").read_text()
+
+
+# ------------------------------------------------------------------ item 3: Helm replaces lists
+#: an operator's own z2jh config with lists the overlay also touches
+OPERATOR = {
+    "hub": {
+        "loadRoles": {
+            "user": {"scopes": ["self", "access:services!service=grafana"]},
+        },
+        "extraConfig": {"00-site": "c.JupyterHub.admin_access = False\n"},
+    },
+    "singleuser": {
+        "networkPolicy": {
+            "egress": [{"to": [{"ipBlock": {"cidr": "10.20.0.0/16"}}], "ports": [{"port": 5432}]}]
+        }
+    },
+}
+
+
+def test_the_overlay_after_the_operators_config_drops_none_of_its_lists():
+    """`helm upgrade -f config.yaml -f overlay.yaml`: Helm replaces a list of a later file
+    whole. The operator's singleuser egress and their `user` role's scopes survive, and the
+    hub still grants users the live-offers service (added to their role, not replacing it)."""
+    values = merged_values(OPERATOR, OVERLAY)
+    assert (
+        values["singleuser"]["networkPolicy"]["egress"]
+        == (OPERATOR["singleuser"]["networkPolicy"]["egress"])
+    )
+    assert values["hub"]["loadRoles"]["user"] == OPERATOR["hub"]["loadRoles"]["user"]
+    c = hub_config(values, catalog_file=str(CATALOGS / "demo.yaml"))
+    (user,) = [r for r in c.JupyterHub.load_roles if r["name"] == "user"]
+    assert set(user["scopes"]) == {
+        "self",
+        "access:services!service=grafana",
+        "access:services!service=fracspawner",
+    }
+    # without a `user` role of the operator's, JupyterHub's default one gains the scope
+    c = hub_config(merged_values({}, OVERLAY), catalog_file=str(CATALOGS / "demo.yaml"))
+    (user,) = [r for r in c.JupyterHub.load_roles if r["name"] == "user"]
+    assert set(user["scopes"]) == {"self", "access:services!service=fracspawner"}
+
+
+def test_the_overlay_has_no_list_but_the_hub_volumes_which_install_md_says_to_merge():
+    """What the overlay still sets as lists are the hub's catalog volume and mount; the overlay
+    and docs/install.md tell the operator to add them to their own lists where they have them."""
+
+    def lists(node, path=""):
+        if isinstance(node, list):
+            yield path
+        elif isinstance(node, dict):
+            for key, value in node.items():
+                yield from lists(value, f"{path}.{key}" if path else key)
+
+    found = {p for p in lists(OVERLAY) if not p.startswith("hub.services")}
+    found -= {
+        "hub.loadRoles.fracspawner-culler.scopes",
+        "hub.loadRoles.fracspawner-culler.services",
+    }
+    assert found == {"hub.extraVolumes", "hub.extraVolumeMounts"}
+    text = (REPO / "docs" / "install.md").read_text()
+    assert "hub.extraVolumes" in text and "Helm replaces lists" in text
+
+
+def test_the_chart_lets_user_pods_reach_the_culler_without_z2jhs_egress_list():
+    """Instead of the overlay's singleuser.networkPolicy.egress (a list that would replace the
+    operator's), the chart adds its own egress NetworkPolicy for z2jh's user pods:
+    NetworkPolicies add up, so the pods may reach the culler's report port."""
+    from tests.chart_support import one
+
+    objs = _chart_objects({})
+    policies = [
+        o for o in objs
+        if o["kind"] == "NetworkPolicy"
+        and o["spec"]["podSelector"].get("matchLabels", {}).get("component") == "singleuser-server"
+    ]  # fmt: skip
+    (policy,) = policies
+    assert policy["spec"]["policyTypes"] == ["Egress"]
+    culler = one(objs, "Deployment", "culler")["spec"]["template"]["metadata"]["labels"]
+    (rule,) = policy["spec"]["egress"]
+    selector = rule["to"][0]["podSelector"]["matchLabels"]
+    assert all(culler.get(k) == v for k, v in selector.items())
+    assert rule["ports"] == [{"port": 10101, "protocol": "TCP"}]
+    assert "networkPolicy" not in OVERLAY["singleuser"]
