@@ -25,6 +25,7 @@ from fracspawner.hub.admin import (
     holders_from_servers,
     may_see,
     render_admin_page,
+    row_texts,
     sort_and_page,
 )
 from fracspawner.model.catalog import IdlePolicy
@@ -313,7 +314,7 @@ def model_for(catalog, users, culler, now):
 def test_admin_model_joins_pods_with_the_cullers_view(catalog):
     now = time.time()
     model = model_for(catalog, ["alice", "bob", "<b>eve</b>"], culler_state(now), now)
-    rows = {r["user"]: r for r in model["servers"]}
+    rows = {r["user"]: row_texts(r, now) for r in model["servers"]}
     assert (rows["alice"]["gpu"], rows["bob"]["gpu"], rows["<b>eve</b>"]["gpu"]) == (
         "busy",
         "idle",
@@ -349,7 +350,7 @@ def test_admin_page_escapes_sorts_pages_and_says_how_far_back(catalog):
     )
     assert "<b>eve</b>" not in html and "&lt;b&gt;eve&lt;/b&gt;" in html
     assert 'href="/hub/admin?name_filter=%3Cb%3Eeve%3C/b%3E"' in html
-    assert "at most 1440 per pool, 24 h" in html and "when the service last started" in html
+    assert "at most 1440 per pool, 24.0 h" in html and "when the service last started" in html
     assert 'aria-sort="descending"' in html
     order = re.findall(r'<tr data-user="([^"]+)" data-server="" data-gpu="(\w+)"', html)
     assert [g for _, g in order] == ["busy", "idle", "unknown"]

@@ -59,8 +59,16 @@ ADMIN_SCOPE = "read:servers"
 HISTORY_SECONDS = 24 * 3600
 HISTORY_SAMPLES = 1440  # per pool: 24 h at one sample a minute
 PAGE_SIZE = 50
+HISTORY_ROWS = 200  # the culler's events the page lists (newest first; the JSON has all)
 SORT_KEYS = ("user", "server", "pool", "slice", "since", "memory", "gpu", "next")
 _GPU_ORDER = {"unknown": 0, "idle": 1, "busy": 2}
+#: the condition under which the culler's next step happens when its time comes
+_IF = {
+    "gpu_idle": "if its GPU and its user stay idle",
+    "idle": "if nobody uses it",
+    "unattended": "if its user does not come back",
+    "max_age": "whatever it does",
+}
 
 
 # ----------------------------------------------------------------------------- pure model
@@ -148,7 +156,8 @@ def _mib(value: float | None) -> str:
 def holder_rows(
     holders: Iterable[Holder], culler: Mapping[str, Any] | None, now: float
 ) -> list[dict[str, Any]]:
-    """One row per holder: the pod's facts, joined with the culler's view of its server."""
+    """One row per holder: the pod's facts, joined with the culler's view of its server.
+    The words (`row_texts`) are made only for the rows a page shows."""
     seen = {(r["user"], r["server"]): r for r in (culler or {}).get("servers") or []}
     rows = []
     for h in holders:
@@ -157,8 +166,6 @@ def holder_rows(
         state = gpu.get("state") or "unknown"
         since_state = gpu.get("since")
         nxt = (c or {}).get("next")
-        since = h.since if h.since is not None else (c or {}).get("started")
-        used = gpu.get("memory_mib")
         if h.waiting:
             state, why = "waiting", "not placed on a node yet"
         elif c is None:
@@ -172,37 +179,47 @@ def holder_rows(
                 "pool": h.pool,
                 "slice": h.gpu,
                 "gpu_equivalent": h.gpu_equivalent,
-                "since": since,
-                "since_text": _clock(since),
-                "memory_used_mib": used,
+                "since": h.since if h.since is not None else (c or {}).get("started"),
+                "memory_used_mib": gpu.get("memory_mib"),
                 "memory_limit_mib": h.memory_limit_mib,
-                "memory_text": f"{_mib(used) if used is not None else '?'} of "
-                f"{_mib(h.memory_limit_mib) if h.memory_limit_mib is not None else '?'}",
                 "gpu": state,
+                "gpu_since": since_state,
                 "gpu_for": None if since_state is None else max(now - since_state, 0),
-                "gpu_text": state
-                + (
-                    f" for {_duration(now - since_state)}"
-                    if since_state is not None and state != "waiting"
-                    else ""
-                ),
                 "gpu_why": why,
+                "seen_by_culler": c is not None,
+                "next": nxt,
                 "next_at": None if not nxt else nxt.get("at"),
-                "next_text": (
-                    "nothing due"
-                    if c is not None and not nxt
-                    else ""
-                    if not nxt
-                    else f"stop ({nxt['reason'].replace('_', ' ')}) "
-                    + (
-                        "now"
-                        if nxt["at"] <= now + 1
-                        else f"in {_duration(nxt['at'] - now)}, at {_clock(nxt['at'])}"
-                    )
-                ),
             }
         )
     return rows
+
+
+def row_texts(row: Mapping[str, Any], now: float) -> dict[str, Any]:
+    """A holder row with its words for the page."""
+    used, limit, nxt = row["memory_used_mib"], row["memory_limit_mib"], row["next"]
+    since_state = row["gpu_since"]
+    if nxt:
+        when = (
+            "now"
+            if nxt["at"] <= now + 1
+            else f"in {_duration(nxt['at'] - now)}, at {_clock(nxt['at'])}, "
+            + _IF.get(nxt["reason"], "if nothing changes")
+        )
+        next_text = f"stop ({nxt['reason'].replace('_', ' ')}) {when}"
+    else:
+        next_text = "nothing due" if row["seen_by_culler"] else ""
+    return {
+        **row,
+        "since_text": _clock(row["since"]),
+        "memory_text": f"{_mib(used)} of {_mib(limit)}",
+        "gpu_text": row["gpu"]
+        + (
+            f" for {_duration(now - since_state)}"
+            if since_state is not None and row["gpu"] != "waiting"
+            else ""
+        ),
+        "next_text": next_text,
+    }
 
 
 def _sort_key(key: str):
@@ -256,10 +273,6 @@ def build_admin_model(
         entry["idle_held_gpu"] = round(idle.get(usage.name, 0.0), 6) if culler else None
         pools.append(entry)
     events = list((culler or {}).get("history") or [])
-    for event in events:
-        back = event.get("came_back_at")
-        event["at_text"] = _clock(event["at"])
-        event["came_back_text"] = "" if back is None else f"after {_duration(back - event['at'])}"
     events.reverse()  # newest first
     return {
         "now": now,
@@ -327,7 +340,18 @@ def render_admin_page(
     history_info: Mapping[str, Any] | None = None,
 ) -> str:
     rows, pages = sort_and_page(list(model["servers"]), sort, order, page)
+    rows = [row_texts(row, model["now"]) for row in rows]
     page = min(max(page, 1), pages)
+    events = []
+    for event in model["culler"]["history"][:HISTORY_ROWS]:
+        back = event.get("came_back_at")
+        events.append(
+            {
+                **event,
+                "at_text": _clock(event["at"]),
+                "came_back_text": "" if back is None else f"after {_duration(back - event['at'])}",
+            }
+        )
 
     def link(**changes: Any) -> str:
         args = {"sort": sort, "order": order, "page": page, **changes}
@@ -337,6 +361,7 @@ def render_admin_page(
     return _ENV.get_template("admin_page.html").render(
         model=model,
         rows=rows,
+        events=events,
         pages=pages,
         page=page,
         sort=sort if sort in SORT_KEYS else "user",
@@ -450,7 +475,8 @@ class AdminData:
         self.interval = interval
         self.cache_seconds = cache_seconds
         self.started_at = time.time()
-        self.samples = max(int(HISTORY_SECONDS / max(interval, 1)), 1)
+        # bounded: at most HISTORY_SAMPLES a pool (24 h at the default one a minute)
+        self.samples = max(min(int(HISTORY_SECONDS / max(interval, 1)), HISTORY_SAMPLES), 1)
         self.history: dict[str, deque[list[float | None]]] = {}
         self.metrics = PoolMetrics()
         self.http = AsyncHTTPClient(force_instance=True)
