@@ -17,6 +17,16 @@ goes through the real code and sources:
 - the policy is read from a catalog (the demo's pools), through the same env mapping
   FracSpawner uses for the servers (choice/notebook_env.py).
 
+GPU hibernation (issue 22) runs through the real monitor and hibernator
+(fracspawner/serverext/hibernate.py) with a fake checkpoint driver: a kernel idle for
+kernel_gpu_hibernate is suspended (its GPU memory leaves the GPU, held in the pod's host memory;
+each pod has a 64 GiB memory limit using 8 GiB), and the user's next cell resumes it first, in
+0.3 s + memory / 25 GiB/s (PCIe 4.0 x16). The catalog defaults now include it (10 min); the
+`fracspawner_hibernate` row gives memory back by hibernation alone (5 min; kernels never shut
+down for GPU idleness; GPU server 2 h). Its figures per mix are under the top-level key
+`hibernation` (reclaimable as % of the baseline, disruptions, host-memory peak summed over the
+mix's pods, resume latency).
+
 What users feel, per mix: GPU memory held by idle kernels while the user is away
 (reclaimable, GiB-hours), slices held by idle servers while the user is away (idle
 slice-hours, GPU-equivalent hours), false culls (a server or kernel ended while its GPU
@@ -51,6 +61,7 @@ from fracspawner.culler.app import Culler
 from fracspawner.culler.identity import Identity
 from fracspawner.culler.reports import parse_report
 from fracspawner.serverext.activity import server_activity, user_activity
+from fracspawner.serverext.hibernate import Hibernator
 from fracspawner.serverext.monitor import GpuMonitor
 from fracspawner.serverext.podinfo import PodInfo
 from fracspawner.serverext.sources import GpuDevice, GpuProcess, GpuSample
@@ -66,10 +77,63 @@ QUIET = logging.getLogger("bench-culler")
 QUIET.setLevel(logging.ERROR)
 
 POLICIES = {
-    # a catalog without `idle`: the documented defaults (kernel 30m, GPU server 1h, 8h, 1d)
+    # a catalog without `idle`: the documented defaults (hibernate 10m, kernel 30m, GPU server
+    # 1h, 8h, 1d)
     "fracspawner_defaults": None,
     "fracspawner_tight": {"kernel_gpu_idle": "10m", "server_gpu_idle": "30m"},
+    # GPU hibernation (issue 22) as the way to give memory back: suspend after 5 min, never shut
+    # the kernel down for GPU idleness, stop a GPU-idle server after 2 h
+    "fracspawner_hibernate": {
+        "kernel_gpu_hibernate": "5m",
+        "kernel_gpu_idle": "off",
+        "server_gpu_idle": "2h",
+    },
 }
+HIBERNATE_ROW = "fracspawner_hibernate"
+# the fake checkpoint driver's copy model: a resume (or suspend) takes a fixed part (re-acquiring
+# the GPU, restoring contexts and streams) plus the memory over a PCIe 4.0 x16 link's practical
+# host<->device bandwidth
+COPY_GIB_S = 25.0
+COPY_FIXED_S = 0.3
+POD_HOST_MEMORY_GIB, POD_HOST_USED_GIB = 64, 8  # each pod's memory limit and what it uses
+
+
+def copy_seconds(memory_mib: float) -> float:
+    return round(COPY_FIXED_S + memory_mib / 1024 / COPY_GIB_S, 3)
+
+
+class SimCheckpointDriver:
+    """The fake checkpoint driver for the replay: the documented states (running -> locked ->
+    checkpointed -> locked -> running; tests/fake_nvml/cuda/bindings/driver.py cites them) by
+    pid, in memory; copy time from `copy_seconds` (virtual: nothing sleeps)."""
+
+    def __init__(self) -> None:
+        self.states: dict[int, str] = {}
+
+    def check(self) -> None:
+        pass
+
+    def state(self, pid: int) -> str:
+        return self.states.get(pid, "running")
+
+    def _move(self, pid: int, start: str, end: str, call: str) -> None:
+        from fracspawner.serverext.checkpoint import CheckpointError
+
+        if self.state(pid) != start:
+            raise CheckpointError(call, "CUDA_ERROR_ILLEGAL_STATE")
+        self.states[pid] = end
+
+    def lock(self, pid: int, timeout_ms: int) -> None:
+        self._move(pid, "running", "locked", "cuCheckpointProcessLock")
+
+    def checkpoint(self, pid: int) -> None:
+        self._move(pid, "locked", "checkpointed", "cuCheckpointProcessCheckpoint")
+
+    def restore(self, pid: int) -> None:
+        self._move(pid, "checkpointed", "locked", "cuCheckpointProcessRestore")
+
+    def unlock(self, pid: int) -> None:
+        self._move(pid, "locked", "running", "cuCheckpointProcessUnlock")
 
 
 def _free_port() -> int:
@@ -154,8 +218,9 @@ def server_model(name: str, started: float, last: float, options: dict) -> dict:
 
 # --- the simulated servers --------------------------------------------------------------------
 class SimKernel:
-    def __init__(self, now: datetime):
+    def __init__(self, now: datetime, pid: int):
         self.last_activity, self.execution_state = now, "idle"
+        self.pid = pid  # the kernel process, for the checkpoint driver
 
 
 class SimKernels:
@@ -187,7 +252,7 @@ class Cull:
 
 
 class SimServer:
-    def __init__(self, user: User, m: int, env: dict[str, str]):
+    def __init__(self, user: User, m: int, env: dict[str, str], host: Path | None = None):
         self.user, self.started = user, v(m)
         self.kernels = SimKernels(self)
         now = _dt(v(m))
@@ -200,6 +265,13 @@ class SimServer:
         )
         self.monitor.reason, self.monitor.started = None, now  # readings come from here
         self.monitor.pod = PodInfo.from_environ(env)
+        # hibernation through the fake checkpoint driver, in a pod with POD_HOST_MEMORY_GIB
+        self.monitor.hibernator = Hibernator(
+            driver=SimCheckpointDriver(),
+            log=QUIET,
+            cgroup_root=str(host) if host else "/nonexistent",
+            meminfo_path=str(host / "meminfo") if host else "/nonexistent",
+        )
         self.kernel_id: str | None = None
         self.holds_memory = self.run_alive = self.busy = False
         self.hub_last = v(m)
@@ -212,7 +284,8 @@ class SimServer:
         if self.kernel_id is None:
             self.serial += 1
             self.kernel_id = f"{self.user.name}-{self.serial:04d}-0000-0000-000000000000"
-            self.kernels.kernels[self.kernel_id] = SimKernel(now)
+            pid = 1000 + self.serial
+            self.kernels.kernels[self.kernel_id] = SimKernel(now, pid)
         return self.kernels.kernels[self.kernel_id]
 
 
@@ -228,6 +301,10 @@ class Sim:
         self.reclaimable = 0.0  # MiB-minutes
         self.idle_slices = 0.0  # GPU-equivalent minutes
         self.offset = 0.0  # real - virtual seconds, for jupyterhub-idle-culler
+        self.host: Path | None = None  # the pods' cgroup and meminfo files (hibernation)
+        self.hibernations = 0
+        self.resume_seconds: list[float] = []
+        self.host_peak_mib = 0.0
 
     def hub_users(self) -> list[dict]:
         options = {"gpu": "1/4", "pool": POOL}
@@ -248,6 +325,14 @@ class Sim:
         now = _dt(now_t)
         for u in self.users:
             self.act(u, m, now)
+            s = self.servers.get(u.name)
+            # a cell, or a run, on a hibernated kernel: its message resumes it first (resume.py)
+            if s is not None and s.kernel_id and (u.cell[m] and u.present[m] or u.run[m]):
+                hib = s.monitor.hibernator
+                memory = hib.memory_of(s.kernel_id)
+                task = hib.resume(s.kernel_id, "a message to the kernel")
+                if task is not None and await task:
+                    self.resume_seconds.append(copy_seconds(memory))
         if self.kind.startswith("fracspawner"):
             for s in list(self.servers.values()):
                 # reports go every minute in the product; the culler only reads the one before
@@ -270,14 +355,17 @@ class Sim:
             if s is None or u.present[m] or s.busy:
                 continue
             self.idle_slices += u.gpu_equivalent
-            if s.kernel_id is not None and s.holds_memory:
+            hibernated = s.kernel_id is not None and s.monitor.hibernator.suspended(s.kernel_id)
+            if s.kernel_id is not None and s.holds_memory and not hibernated:
                 self.reclaimable += u.memory_mib
+        host = sum(s.monitor.hibernator.total_mib() for s in self.servers.values())
+        self.host_peak_mib = max(self.host_peak_mib, host)
 
     def act(self, u: User, m: int, now: datetime) -> None:
         """The user's minute: (re)start the server, run cells, launch or continue a run."""
         s = self.servers.get(u.name)
         if u.present[m] and s is None:
-            s = self.servers[u.name] = SimServer(u, m, self.env)
+            s = self.servers[u.name] = SimServer(u, m, self.env, self.host)
         if s is None:
             return
         if u.present[m]:
@@ -306,7 +394,8 @@ class Sim:
         """What the extension does in the server this minute: read, shut down, report."""
         u = s.user
         procs = []
-        if s.kernel_id is not None and s.holds_memory:
+        hibernated = s.kernel_id is not None and s.monitor.hibernator.suspended(s.kernel_id)
+        if s.kernel_id is not None and s.holds_memory and not hibernated:
             util = BUSY if s.busy else 0.0
             procs = [GpuProcess("0", u.memory_mib, util, kernel_id=s.kernel_id)]
         used = sum(p.memory_mib for p in procs)
@@ -319,6 +408,7 @@ class Sim:
         )
         for _ in await s.monitor.cull_idle_kernels(now):
             self.culls.append(Cull("kernel", u.name, m, s.busy, u.present[m]))
+        self.hibernations += len(await s.monitor.hibernate_idle_kernels(now))
         if not report:
             return
         body = s.monitor.report(
@@ -344,7 +434,29 @@ class Sim:
             "culls_returned_to_within_30_min": disrupted,
             "server_stops": sum(c.kind == "server" for c in self.culls),
             "kernel_shutdowns": sum(c.kind == "kernel" for c in self.culls),
+            "hibernations": self.hibernations,
+            "resumes": len(self.resume_seconds),
+            "host_memory_peak_gib": round(self.host_peak_mib / 1024, 1),
+            "resume_p50_s": _percentile(self.resume_seconds, 0.5),
+            "resume_max_s": max(self.resume_seconds, default=0.0),
         }
+
+
+def _percentile(values: list[float], q: float) -> float:
+    if not values:
+        return 0.0
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
+
+
+def pod_host(tmp: Path) -> Path:
+    """A pod's cgroup v2 memory files and the node's meminfo, for the headroom check."""
+    host = tmp / "pod-host"
+    host.mkdir(exist_ok=True)
+    (host / "memory.max").write_text(str(POD_HOST_MEMORY_GIB * 2**30))
+    (host / "memory.current").write_text(str(POD_HOST_USED_GIB * 2**30))
+    (host / "meminfo").write_text(f"MemAvailable: {512 * 2**20} kB\n")  # a 512 GiB node
+    return host
 
 
 def notebook_env_for(catalog: dict | None) -> dict[str, str]:
@@ -392,6 +504,7 @@ async def replay(users: list[User], kind: str, prom_url: str, tmp: Path) -> dict
     if kind in POLICIES:
         sim_catalog = bench_catalog(POLICIES[kind])
     sim = Sim(users, kind, sim_catalog)
+    sim.host = pod_host(tmp)
     hub = StandInHub(sim.hub_users, on_delete=sim.stop)
     port = _free_port()
     server = HTTPServer(hub.app)
@@ -553,6 +666,25 @@ async def bench_cycle() -> dict:
     return out
 
 
+def hibernation(days: dict) -> dict:
+    """The hibernation row against the baseline, per mix: the keys outside checks read."""
+    out = {}
+    for mix, data in days.items():
+        row, base = data[HIBERNATE_ROW], data["jupyterhub_idle_culler_z2jh"]
+        pct = 100.0 * row["reclaimable_gib_hours"] / base["reclaimable_gib_hours"]
+        out[mix] = {
+            "reclaimable_pct": round(pct, 1) if base["reclaimable_gib_hours"] else 0.0,
+            "disruptions": row["culls_returned_to_within_30_min"],
+            "baseline_disruptions": base["culls_returned_to_within_30_min"],
+            "false_culls": row["false_culls"],
+            "present_culls": row["culls_while_present"],
+            "host_memory_peak_gib": row["host_memory_peak_gib"],
+            "resume_p50_s": row["resume_p50_s"],
+            "resume_max_s": row["resume_max_s"],
+        }
+    return out
+
+
 # --- report -------------------------------------------------------------------------------------
 COLUMNS = [
     ("reclaimable_gib_hours", "reclaimable GiB·h"),
@@ -568,6 +700,14 @@ ROWS = [
     ("jupyterhub_idle_culler_z2jh", "jupyterhub-idle-culler, z2jh defaults (baseline)"),
     ("fracspawner_defaults", "fracspawner, catalog without `idle` (defaults)"),
     ("fracspawner_tight", "fracspawner, kernel 10m / GPU server 30m"),
+    (HIBERNATE_ROW, "fracspawner, hibernate 5m / kernel off / GPU server 2h"),
+]
+HIBERNATION_COLUMNS = [
+    ("hibernations", "hibernations"),
+    ("resumes", "resumes"),
+    ("host_memory_peak_gib", "host memory peak GiB"),
+    ("resume_p50_s", "resume p50 s"),
+    ("resume_max_s", "resume max s"),
 ]
 
 
@@ -592,6 +732,18 @@ def markdown(days: dict) -> str:
                 f"{g['idle_slice_hours_vs_baseline']} of the baseline; "
                 + ("all goals met." if not missed else "missed: " + ", ".join(missed) + ".")
             )
+        lines += [
+            "",
+            "Hibernation (fake checkpoint driver: "
+            f"{COPY_FIXED_S} s + memory / {COPY_GIB_S:g} GiB/s, PCIe 4.0 x16):",
+            "",
+            "| | " + " | ".join(label for _, label in HIBERNATION_COLUMNS) + " |",
+            "|---|" + "---|" * len(HIBERNATION_COLUMNS),
+        ]
+        for key, label in ROWS[2:]:
+            row = data[key]
+            cells = " | ".join(str(row.get(k, "")) for k, _ in HIBERNATION_COLUMNS)
+            lines.append(f"| {label} | {cells} |")
         lines.append("")
     return "\n".join(lines)
 
@@ -603,7 +755,7 @@ def run(results_dir: Path) -> dict:
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     cycle = asyncio.run(bench_cycle())
-    result = {"days": days, "cycle_5000_servers": cycle}
+    result = {"days": days, "hibernation": hibernation(days), "cycle_5000_servers": cycle}
     (results_dir / "culler.md").write_text(
         "# Culler benchmarks\n\n"
         + (__doc__ or "")

@@ -118,6 +118,12 @@ class Hibernator(LoggingConfigurable):
         help="Where the container's cgroup memory files are (v2 memory.max/memory.current, v1 "
         "memory/memory.limit_in_bytes and memory.usage_in_bytes).",
     )
+    meminfo_path = Unicode(
+        "/proc/meminfo",
+        config=True,
+        help="The node's memory (MemAvailable caps the cgroup's headroom; all there is without a "
+        "limit).",
+    )
     retry_first = Float(
         5.0, config=True, help="Seconds before the first retry of a failed restore."
     )
@@ -168,7 +174,7 @@ class Hibernator(LoggingConfigurable):
         return self.unsupported
 
     def summary(self, limit: float | None) -> dict:
-        headroom = host_headroom(self.cgroup_root)
+        headroom = host_headroom(self.cgroup_root, self.meminfo_path)
         return {
             "enabled": self.enabled and limit is not None,
             "after_seconds": limit,
@@ -213,7 +219,7 @@ class Hibernator(LoggingConfigurable):
                 "subprocess); the checkpoint API suspends one process"
             )
             return s.state
-        headroom = host_headroom(self.cgroup_root)
+        headroom = host_headroom(self.cgroup_root, self.meminfo_path)
         need = memory_mib + self.host_margin_mib
         if headroom.free_mib is None or headroom.free_mib < need:
             free = "an unknown amount" if headroom.free_mib is None else gib(headroom.free_mib)
