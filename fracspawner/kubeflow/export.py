@@ -40,6 +40,7 @@ from .names import (
     poddefault_desc,
     poddefault_name,
 )
+from .recognise import V1_NOTEBOOK_LABEL, V2_WORKSPACE_LABEL
 
 #: the label the apiserver puts on every namespace (Kubernetes >= 1.21): names in selectors
 NAME_LABEL = "kubernetes.io/metadata.name"
@@ -201,10 +202,33 @@ def webhook_configuration(target: WebhookTarget) -> dict[str, Any]:
         ],
         "namespaceSelector": {"matchLabels": dict([PROFILE_LABEL])},
     }
-    if target.slice_pods_only:
-        webhook["objectSelector"] = {
-            "matchExpressions": [{"key": LABEL_POOL, "operator": "Exists"}]
-        }
+    # Notebook pods only are mapped, told apart by the labels their controllers set
+    # (kubeflow/recognise.py): a Notebook's pods carry notebook-name, a Workspace's
+    # notebooks.kubeflow.org/workspace-name. One objectSelector cannot say "either", so each
+    # has its webhook; every other pod of a profile namespace goes to a third, which only
+    # counts its GPU against the quota (and refuses GPU visibility through env) and never
+    # changes it. --slice-pods-only: notebook pods carrying fracspawner.io/pool, nothing else.
+    only = [{"key": LABEL_POOL, "operator": "Exists"}] if target.slice_pods_only else []
+    v1 = {"key": V1_NOTEBOOK_LABEL, "operator": "Exists"}
+    v2 = {"key": V2_WORKSPACE_LABEL, "operator": "Exists"}
+    webhook["objectSelector"] = {"matchExpressions": [v1, *only]}
+    workspaces = {
+        **webhook,
+        "name": "workspaces." + WEBHOOK_NAME,
+        "objectSelector": {
+            "matchExpressions": [v2, {"key": V1_NOTEBOOK_LABEL, "operator": "DoesNotExist"}, *only]
+        },
+    }
+    others = {
+        **webhook,
+        "name": "pods." + WEBHOOK_NAME,
+        "objectSelector": {
+            "matchExpressions": [
+                {**v1, "operator": "DoesNotExist"},
+                {**v2, "operator": "DoesNotExist"},
+            ]
+        },
+    }
     # the namespace's quota is counted from its pods' slice labels and annotations, which
     # anyone allowed to edit pods could otherwise change on a running pod; only pods carrying
     # a slice (before or after the update: objectSelector) are sent
@@ -222,7 +246,7 @@ def webhook_configuration(target: WebhookTarget) -> dict[str, Any]:
         "apiVersion": "admissionregistration.k8s.io/v1",
         "kind": "MutatingWebhookConfiguration",
         "metadata": metadata,
-        "webhooks": [webhook, guard],
+        "webhooks": [webhook, workspaces, *([] if target.slice_pods_only else [others]), guard],
     }
 
 
