@@ -149,6 +149,129 @@ def notebook_pod(
     }
 
 
+def workspace_pod(
+    namespace: str,
+    workspace: str,
+    pod_config: dict[str, Any],
+    *,
+    kind_metadata: dict[str, Any] | None = None,
+    workspace_metadata: dict[str, Any] | None = None,
+) -> dict[str, Any]:
+    """The pod Kubeflow Notebooks 2.0 makes for a Workspace, as the real controller does
+    (kubeflow/notebooks `notebooks-v2` workspaces/controller/internal/controller/
+    workspace_controller.go generateStatefulSet, L976-1246 at 8b610577): labels and annotations
+    from the WorkspaceKind's `podMetadata`, then the Workspace's (it wins), then
+    `notebooks.kubeflow.org/workspace-name` and `statefulset`; from the podConfig's `spec` ONLY
+    `resources` (on the container `main`), `nodeSelector`, `tolerations` and `affinity`: never
+    its `spawner.labels`. The StatefulSet (generateName `ws-<name>-`) owns the pod `<sts>-0`;
+    its controller adds the pod-name / revision labels (kubernetes pkg/controller/statefulset
+    stateful_set_utils.go)."""
+    sts = f"ws-{workspace}-x7k2p"
+    labels: dict[str, str] = {}
+    annotations: dict[str, str] = {}
+    for metadata in (kind_metadata or {}, workspace_metadata or {}):
+        labels.update(metadata.get("labels") or {})
+        annotations.update(metadata.get("annotations") or {})
+    labels.update({"notebooks.kubeflow.org/workspace-name": workspace, "statefulset": workspace})
+    labels.update(
+        {
+            "controller-revision-hash": f"{sts}-6d5f8b9c7",
+            "statefulset.kubernetes.io/pod-name": f"{sts}-0",
+            "apps.kubernetes.io/pod-index": "0",
+        }
+    )
+    spec: dict[str, Any] = {
+        "containers": [
+            {
+                "name": "main",
+                "image": "ghcr.io/kubeflow/kubeflow/notebook-servers/jupyter-scipy:v1.10.0",
+                "imagePullPolicy": "IfNotPresent",
+                "ports": [{"name": "http-8888", "containerPort": 8888, "protocol": "TCP"}],
+                "env": [
+                    {
+                        "name": "NB_PREFIX",
+                        "value": f"/workspace/connect/{namespace}/{workspace}/jupyterlab/",
+                    }
+                ],
+                "volumeMounts": [{"name": "home-volume", "mountPath": "/home/jovyan"}],
+                "resources": json.loads(json.dumps(pod_config.get("resources") or {})),
+            }
+        ],
+        "serviceAccountName": f"ws-{workspace}",
+        "volumes": [
+            {"name": "home-volume", "persistentVolumeClaim": {"claimName": f"{workspace}-home"}}
+        ],
+        "hostname": f"{sts}-0",
+    }
+    for key in ("nodeSelector", "tolerations", "affinity"):
+        if pod_config.get(key):
+            spec[key] = json.loads(json.dumps(pod_config[key]))
+    metadata: dict[str, Any] = {
+        "name": f"{sts}-0",
+        "namespace": namespace,
+        "labels": labels,
+        "ownerReferences": [
+            {
+                "apiVersion": "apps/v1",
+                "kind": "StatefulSet",
+                "name": sts,
+                "uid": str(uuid.uuid5(uuid.NAMESPACE_URL, sts)),
+                "controller": True,
+                "blockOwnerDeletion": True,
+            }
+        ],
+    }
+    if annotations:
+        metadata["annotations"] = annotations
+    return {"apiVersion": "v1", "kind": "Pod", "metadata": metadata, "spec": spec}
+
+
+def podconfig_spec(catalog: Any, pool: str, offer: str) -> dict[str, Any]:
+    """The `spec` of the podConfig `fracspawner kubeflow export --notebooks v2` writes for an
+    offer of a catalog pool (export.podconfig_value)."""
+    from fracspawner.backends import plan_slice
+    from fracspawner.kubeflow.export import podconfig_value
+    from fracspawner.model.slices import parse_slice
+
+    p, s = catalog.pools[pool], parse_slice(offer)
+    return podconfig_value(p, s, plan_slice(s, p, None))["spec"]
+
+
+def other_pod(namespace: str, name: str, resources: dict[str, Any], **extra: Any) -> dict[str, Any]:
+    """A pod no notebook controller made: a Kubeflow Pipelines v2 step. KFP's Argo compiler
+    gives every step the podMetadata label and annotation `pipelines.kubeflow.org/v2_component:
+    "true"` (kubeflow/pipelines backend/src/v2/compiler/argocompiler/argo.go); Argo's workflow
+    controller names the pod <workflow>-<template>-<hash>, labels it
+    `workflows.argoproj.io/workflow` and runs the step in the container `main`
+    (argoproj/argo-workflows workflow/controller/workflowpod.go)."""
+    return {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {
+            "name": name,
+            "namespace": namespace,
+            "labels": {
+                "workflows.argoproj.io/workflow": name.rsplit("-", 2)[0],
+                "pipelines.kubeflow.org/v2_component": "true",
+            },
+            "annotations": {"workflows.argoproj.io/node-name": f"{name}.train"},
+        },
+        "spec": {
+            "containers": [
+                {
+                    "name": "main",
+                    "image": "python:3.11",
+                    "command": ["python", "-c", "print('train')"],
+                    "resources": resources,
+                    **extra,
+                }
+            ],
+            "restartPolicy": "Never",
+            "serviceAccountName": "default-editor",
+        },
+    }
+
+
 def with_poddefault(pod: dict[str, Any], pool: str, gpu: str, selector: str) -> dict[str, Any]:
     """The pod after Kubeflow's PodDefault webhook applied a fracspawner PodDefault: the
     selector label (copied from the Notebook) plus the PodDefault's spec.labels, and its
