@@ -714,12 +714,20 @@ async def test_capacity_watch_makes_exactly_the_calls_the_role_grants(devcluster
     assert set(calls) == _rules(role) == CODE_API_CALLS
 
 
-WEBHOOK_API_CALLS = {("", "namespaces", "get"), ("", "pods", "list")}
+WEBHOOK_API_CALLS = {
+    ("", "namespaces", "get"),
+    ("", "pods", "list"),
+    ("", "pods", "watch"),
+    # the replicas' shared quota reservations, in the release namespace (a Role)
+    ("", "configmaps", "get"),
+    ("", "configmaps", "create"),
+    ("", "configmaps", "update"),
+}
 
 
 async def test_webhook_makes_exactly_the_calls_its_role_grants(devcluster, monkeypatch):
-    """Admit a slice pod with the webhook's own code against devcluster, recording every API
-    request: their RBAC verbs are the webhook ClusterRole's rules."""
+    """Admit two slice pods with the webhook's own code against devcluster, recording every API
+    request: their RBAC verbs are the webhook ClusterRole's and Role's rules."""
     from kubernetes_asyncio.client import rest
 
     from fracspawner.backends import load_catalog
@@ -730,7 +738,8 @@ async def test_webhook_makes_exactly_the_calls_its_role_grants(devcluster, monke
 
     calls = _record_api_calls(monkeypatch, rest)
     cluster = Cluster(await load_configuration(str(devcluster.kubeconfig)))
-    webhook = Webhook(load_catalog(DEMO_CATALOG), cluster)
+    webhook = Webhook(load_catalog(DEMO_CATALOG), cluster, ledger_namespace="default")
+    webhook.start()
     pod = {
         "apiVersion": "v1",
         "kind": "Pod",
@@ -763,12 +772,19 @@ async def test_webhook_makes_exactly_the_calls_its_role_grants(devcluster, monke
     }
     try:
         answer = await webhook.review(parse_review(json.dumps(review).encode()))
+        # a second one updates the namespace's reservation record the first created
+        pod["metadata"]["name"] = review["request"]["name"] = "nb-1"
+        review["request"]["uid"] = "6e4b8c1a-0000-4000-8000-000000000002"
+        second = await webhook.review(parse_review(json.dumps(review).encode()))
     finally:
+        await webhook.stop()
         await cluster.close()
-    assert answer["response"]["allowed"] is True, answer
-    assert answer["response"].get("patch"), answer  # the slice was applied
-    role = one(objects(render({"webhook": {"enabled": True}})), "ClusterRole", "webhook")
-    assert set(calls) == _rules(role) == WEBHOOK_API_CALLS
+    for one_answer in (answer, second):
+        assert one_answer["response"]["allowed"] is True, one_answer
+        assert one_answer["response"].get("patch"), one_answer  # the slice was applied
+    objs = objects(render({"webhook": {"enabled": True}}))
+    role, namespaced = one(objs, "ClusterRole", "webhook"), one(objs, "Role", "webhook")
+    assert set(calls) == _rules(role) | _rules(namespaced) == WEBHOOK_API_CALLS
 
 
 KUBEFLOW_CULLER_API_CALLS = {

