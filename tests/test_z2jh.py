@@ -228,6 +228,8 @@ def test_the_overlay_has_no_list_but_the_hub_volumes_which_install_md_says_to_me
     found -= {
         "hub.loadRoles.fracspawner-culler.scopes",
         "hub.loadRoles.fracspawner-culler.services",
+        "hub.loadRoles.fracspawner-service.scopes",  # the admin page (issue 23)
+        "hub.loadRoles.fracspawner-service.services",
     }
     assert found == {"hub.extraVolumes", "hub.extraVolumeMounts"}
     text = (REPO / "docs" / "install.md").read_text()
@@ -282,3 +284,30 @@ def test_the_hub_image_keeps_the_kubespawner_z2jh_ships():
         assert not req.specifier.contains("8.0.0"), req
     docs = (REPO / "docs" / "install.md").read_text()
     assert "kubespawner 7.0.0" in docs and "7.1.0" in docs  # the versions tested, said
+
+
+# ------------------------------------------------------------------ item 6: one source of truth
+def _docs() -> dict[str, str]:
+    pages = {p.name: p.read_text() for p in (REPO / "docs").glob("*.md")}
+    pages["README.md"] = (REPO / "README.md").read_text()
+    return pages
+
+
+def test_the_docs_z2jh_advice_is_the_overlays():
+    """The admin guide's z2jh section points at examples/z2jh/values.yaml instead of carrying
+    its own variant; no page routes the culler through proxy-public (the chart's culler has no
+    proxy route: it is its own Service), installs fracspawner without the extra the hub needs,
+    or mounts the catalog anywhere but the overlay's path."""
+    import re
+
+    guide = _docs()["admin-guide.md"]
+    section = guide.split("## Zero to JupyterHub (z2jh)", 1)[1].split("\n## ", 1)[0]
+    assert "examples/z2jh/values.yaml" in section
+    assert "```yaml" not in section  # no second overlay to drift from the first
+    overlay_catalog = "/etc/fracspawner/catalog.yaml"
+    assert overlay_catalog in OVERLAY["hub"]["extraConfig"]["fracspawner"]
+    for name, text in _docs().items():
+        assert "proxy-public/services/fracspawner-culler" not in text, name
+        assert "fracspawner-catalog.yaml" not in text, name  # one catalog path
+    for name in ("admin-guide.md", "install.md"):  # the pages that install a hub
+        assert not re.search(r"pip install (-e )?'?(fracspawner|\.)(?!\[)", _docs()[name]), name
