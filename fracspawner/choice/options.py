@@ -7,6 +7,7 @@ The spawner calls it before any Kubernetes object exists, so bad input never mak
 
 from __future__ import annotations
 
+import json
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -65,14 +66,28 @@ def _capacity_free(capacity: Any, pool: Pool, offer: Slice) -> int | None:
 
 
 def _coerce_str(options: Mapping[str, Any], key: str) -> str | None:
-    value = options.get(key)
-    if value is None or value == "":
+    """The name given for `key`, exactly as given; None when the key is absent.
+
+    A value the spawner would have to rewrite is refused, never normalised: the hub keeps the
+    options as sent, and what reads them later (the culler's pool policy) must see what the pod
+    is. The form strips its fields and leaves empty ones out (options_from_form)."""
+    if key not in options:
         return None
+    value = options[key]
     # no list unwrapping: the form's lists are unwrapped by the spawner's options_from_form,
     # so a list here came through the REST API, where the CONTRACT says one value
+    if value is None or value == "":
+        raise OptionsError(
+            f"{key}: {json.dumps(value)} is not a name; leave the option out for the default."
+        )
     if not isinstance(value, str):
         raise OptionsError(f"{key}: expected a name (a string), got {type(value).__name__}.")
-    return value.strip() or None
+    if value != value.strip():
+        raise OptionsError(
+            f"{key}: {echo(value)} has spaces around it; give the name exactly, "
+            f"e.g. {echo(value.strip())}."
+        )
+    return value
 
 
 #: unknown keys a message lists before "and N more"

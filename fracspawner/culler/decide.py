@@ -54,7 +54,10 @@ class ServerFacts:
 
     @property
     def pool(self) -> str | None:
-        return self.user_options.get("pool") or None
+        """The pool the spawner wrote into user_options: the pool the pod is on (FracSpawner
+        writes it back at spawn and after a hub restart, and refuses names it would rewrite)."""
+        value = self.user_options.get("pool")
+        return value if isinstance(value, str) and value else None
 
     @property
     def gpu_slice(self) -> str | None:

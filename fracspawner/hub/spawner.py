@@ -206,6 +206,8 @@ class FracSpawner(KubeSpawner):
         held = Hold.from_state(self.user.name, self.name, state.get(STATE_KEY))
         if held is not None:
             self.hold = held
+            if held.pool:  # the running server's pool, as the spawn wrote it back (above)
+                self.user_options = {**(self.user_options or {}), "pool": held.pool}
         namespace = state.get(_BASELINE_NAMESPACE_KEY, state.get("namespace"))
         if "namespace" in self._baseline and isinstance(namespace, str) and namespace:
             self._baseline["namespace"] = namespace
@@ -482,10 +484,11 @@ class FracSpawner(KubeSpawner):
             raise refused(str(exc)) from None
         try:
             await self._load_profile_options()
-            if choice.pool is not None and "pool" not in (self.user_options or {}):
-                # the hub's server model (and so the culler) then shows the pool picked; the
-                # stored options keep "any pool" for the next spawn
-                self.user_options = {**self.user_options, "pool": choice.pool.name}
+            if choice.pool is not None:
+                # the hub's server model (and so the culler's pool policy) shows the pool the
+                # pod is on, never user text; the stored options keep "any pool" for the next
+                # spawn. load_state puts it back after a hub restart.
+                self.user_options = {**(self.user_options or {}), "pool": choice.pool.name}
             self.apply_choice(choice)
         except BaseException:
             self._release_hold()
