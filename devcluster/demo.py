@@ -168,6 +168,7 @@ def main(argv: list[str]) -> int:
         print(
             f"\n  fracspawner demo: {hub.url}/hub/login   password: {password}\n"
             f"  who sees what (the access rules of {catalog_file.name}):\n{banner}"
+            f"  GPU admin page (log in as admin): {hub.url}/services/fracspawner/admin\n"
             "  Ctrl-C stops everything.\n",
             flush=True,
         )

@@ -85,9 +85,14 @@ def test_demo_serves_the_hub_and_ctrl_c_stops_everything(tmp_path):
                 url = m.group(1)
         assert url == f"http://127.0.0.1:{port}", "demo did not print its URL"
         banner = {}
+        admin_page = None
         while time.monotonic() < deadline and "Ctrl-C" not in (line := demo.stdout.readline()):
             if m := re.match(r"    (.+?): (.+)$", line):
                 banner[m.group(1)] = m.group(2)
+            if m := re.match(r"  GPU admin page \(log in as admin\): (\S+)$", line):
+                admin_page = m.group(1)
+        # the banner links the admin page (issue 23), which opens for admin
+        assert admin_page == f"{url}/services/fracspawner/admin"
         status, info = http_json("GET", f"{url}/hub/api/")
         assert status == 200 and "version" in info
         # a newcomer logs in, picks a slice on the form and lands in a real JupyterLab
@@ -110,8 +115,11 @@ def test_demo_serves_the_hub_and_ctrl_c_stops_everything(tmp_path):
             "T4 16GB (time-sliced)",
         }
         assert mira["quota"]["max_text"] == "2 GPUs"
-        admin = picker_model(Browserless(SimpleNamespace(url=url), "admin", password="pw"))
+        admin_browser = Browserless(SimpleNamespace(url=url), "admin", password="pw")
+        admin = picker_model(admin_browser)
         assert len(allowed_pools(admin)) == 3 and admin["quota"]["max_gpu"] is None
+        page = admin_browser.session.get(admin_page, timeout=60)
+        assert page.status_code == 200 and "GPU usage" in page.text, page.text[-500:]
         response = browser.submit({"gpu": "1/8", "pool": "h100", "image": "pytorch"})
         assert response.status_code == 200, response.text[-1000:]
         lab = None
