@@ -65,7 +65,7 @@ c.KubeSpawner.environment = {
 class LabServer(JupyterServer):
     """`jupyter server` with JupyterLab and fracspawner's extension, a simulated GPU, a pod env."""
 
-    def __init__(self, tmp: Path) -> None:
+    def __init__(self, tmp: Path, env: dict | None = None, config: dict | None = None) -> None:
         self.gpu_file = tmp / "gpu.json"
         self.set_gpu({})
         self.settings = tmp / "lab-settings"
@@ -77,7 +77,10 @@ class LabServer(JupyterServer):
             "JUPYTERLAB_WORKSPACES_DIR": str(tmp / "workspaces"),
         }
         # the slice's memory comes with POD_ENV, as FracSpawner sets it
-        super().__init__(tmp, self.gpu_file, entitlement=None, env={**POD_ENV, **lab_dirs})
+        super().__init__(
+            tmp, self.gpu_file, entitlement=None, env={**POD_ENV, **lab_dirs, **(env or {})},
+            config=config,
+        )  # fmt: skip
 
     def set_gpu(self, data: dict) -> None:
         tmp = self.gpu_file.with_suffix(".tmp")
@@ -298,3 +301,85 @@ def test_meter_in_jupyterlab_spawned_by_the_hub(hub, devcluster):
             page.context.close()
     finally:
         stop(hub, "lena", cluster=devcluster)
+
+
+def test_meter_says_the_gpu_is_hibernated_and_resume_brings_it_back(tmp_path):
+    """Issue 22: a hibernated kernel (fake checkpoint driver, tests/fake_nvml/cuda) shows
+    'GPU hibernated: resumes when you run a cell' with a Resume button; pressing it brings the
+    kernel back; hibernated again, the meter says how long the last resume took."""
+    from tests.test_hibernation import FAKE, set_cgroup, state_of
+
+    state = tmp_path / "nvml.json"
+    state.write_text(json.dumps({"cuda_driver_version": 12080, "gpus": [{"processes": []}]}))
+    cgroup = tmp_path / "cgroup"
+    cgroup.mkdir()
+    set_cgroup(cgroup, 64, 1)
+    (tmp_path / "lab").mkdir()
+    lab = LabServer(
+        tmp_path / "lab",
+        env={
+            "PYTHONPATH": os.pathsep.join([str(FAKE), os.environ.get("PYTHONPATH", "")]),
+            "FAKE_NVML_STATE": str(state),
+            "FRACSPAWNER_KERNEL_GPU_HIBERNATE_SECONDS": "2",
+        },
+        config={"Hibernator": {"cgroup_root": str(cgroup)}},
+    )
+    try:
+        status, session = lab.api(
+            "POST",
+            "/api/sessions",
+            {"path": "train.ipynb", "type": "notebook", "name": "", "kernel": {"name": "python3"}},
+        )
+        assert status == 201, session
+        kernel = session["kernel"]["id"]
+        pid = wait_for(lambda: _kernel_pid(kernel), 30, "the kernel's process")
+        with state_of(state) as data:
+            data["gpus"][0]["processes"].append({"pid": pid, "memory_mib": 9216, "sm": 0})
+        lab.set_gpu(
+            {"devices": [H100], "kernels": {kernel: {"memory_mib": 9216, "utilization": 0}}}
+        )
+
+        def hibernated() -> bool:
+            k = next((k for k in lab.gpu()["kernels"] if k["id"] == kernel), {})
+            return (k.get("hibernation") or {}).get("state") == "hibernated"
+
+        wait_for(hibernated, 30, "the kernel hibernated")
+        # the simulated reading follows: its memory left the GPU
+        lab.set_gpu({"devices": [H100], "kernels": {}})
+        with chromium() as browser:
+            page = open_lab(browser, lab)
+            text = page.locator(".fs-GpuMeter-hibernation")
+            text.wait_for(state="visible", timeout=30_000)
+            assert text.inner_text() == "GPU hibernated: resumes when you run a cell"
+            resume = page.locator(".fs-GpuMeter-resume")
+            assert resume.is_visible()
+            shot(page, "lab-meter-hibernated.png")
+            resume.click()
+            text.wait_for(state="hidden", timeout=30_000)
+            assert not hibernated()
+            with state_of(state) as data:
+                assert data["gpus"][0]["processes"][0]["cuda_state"] == "running"
+            # back on the GPU; idle again: hibernated again, and the meter says how long
+            # resuming took
+            lab.set_gpu({"devices": [H100], "kernels": {kernel: {"memory_mib": 9216}}})
+            wait_for(hibernated, 30, "hibernated again")
+            text.wait_for(state="visible", timeout=30_000)
+            assert re.fullmatch(
+                r"GPU hibernated: resumes when you run a cell "
+                r"\(last resume took \d+\.\d\u00a0s, \d\d:\d\d\)",
+                text.inner_text(),
+            ), text.inner_text()
+            assert page.errors == [], page.errors
+            page.context.close()
+    finally:
+        lab.stop()
+
+
+def _kernel_pid(kernel_id: str) -> int | None:
+    """The ipykernel process whose command line names this kernel's connection file."""
+    from fracspawner.serverext.procmap import kernel_id_of
+
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit() and kernel_id_of(int(entry.name)) == kernel_id:
+            return int(entry.name)
+    return None

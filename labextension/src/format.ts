@@ -13,6 +13,17 @@ export interface IGpuWarning {
   cull_at: string;
 }
 
+/** A kernel's GPU hibernation, as the report has it (`kernels[].hibernation`). */
+export interface IKernelHibernation {
+  state: string; // running | hibernating | hibernated | resuming | restore_failed | cannot_hibernate
+  reason?: string | null;
+  hibernated_gpu_memory_mib?: number;
+  restore_error?: string | null;
+  next_retry?: string | null;
+  last_resume_seconds?: number | null;
+  last_resumed_at?: string | null;
+}
+
 /** The parts of the report the meter reads (docs/serverext.md has all of it). */
 export interface IGpuReport {
   available: boolean;
@@ -24,6 +35,61 @@ export interface IGpuReport {
   gpu_memory_mib?: number;
   gpu_utilization?: number | null;
   warnings?: IGpuWarning[];
+  kernels?: { id: string; hibernation?: IKernelHibernation }[];
+  hibernated_gpu_memory_mib?: number;
+}
+
+/** What the meter says about hibernated kernels; null when none is suspended. */
+export interface IHibernationText {
+  short: string;
+  sentence: string;
+  failed: boolean;
+}
+
+const SUSPENDED = ['hibernating', 'hibernated', 'resuming', 'restore_failed'];
+
+/**
+ * 'GPU hibernated: resumes when you run a cell', with how long resuming took last time; or,
+ * while a restore keeps failing, that it is retried and nothing is lost.
+ */
+export function hibernationText(report: IGpuReport, now: Date): IHibernationText | null {
+  const kernels = (report.kernels ?? []).filter(k =>
+    SUSPENDED.includes(k.hibernation?.state ?? '')
+  );
+  const resumed = (report.kernels ?? [])
+    .map(k => k.hibernation)
+    .filter(h => h?.last_resumed_at && h.last_resume_seconds !== null)
+    .sort((a, b) => (a!.last_resumed_at! < b!.last_resumed_at! ? 1 : -1))[0];
+  const last = resumed
+    ? ` (last resume took ${resumed.last_resume_seconds!.toFixed(1)}\u00a0s, ` +
+      `${formatClock(new Date(resumed.last_resumed_at!), now)})`
+    : '';
+  if (!kernels.length) {
+    return null;
+  }
+  const failed = kernels.find(k => k.hibernation?.state === 'restore_failed');
+  if (failed) {
+    const h = failed.hibernation!;
+    const retry = h.next_retry ? ` at ${formatClock(new Date(h.next_retry), now)}` : '';
+    return {
+      short: `GPU restore failed: retrying${retry}`,
+      sentence:
+        `The kernel's GPU state could not be restored yet (${h.restore_error ?? 'unknown'}); ` +
+        `retrying${retry}. Nothing is lost; restart the kernel to start over.`,
+      failed: true
+    };
+  }
+  const memory = kernels.reduce(
+    (sum, k) => sum + (k.hibernation?.hibernated_gpu_memory_mib ?? 0),
+    0
+  );
+  return {
+    short: `GPU hibernated: resumes when you run a cell${last}`,
+    sentence:
+      `${formatMemory(memory)} of GPU memory is parked in host memory while the kernel is ` +
+      `idle; it comes back when you run a cell or press Resume${last}.`,
+    failed: false
+  };
 }
 
 /** What the status bar item shows. */

@@ -20,6 +20,7 @@ import { Signal } from '@lumino/signaling';
 import { Widget } from '@lumino/widgets';
 
 import {
+  hibernationText,
   IGpuReport,
   IGpuWarning,
   meterText,
@@ -45,6 +46,10 @@ class GpuMeter extends Widget {
   private readonly _memory: HTMLSpanElement;
   private readonly _util: HTMLSpanElement;
   private readonly _warning: HTMLSpanElement;
+  private readonly _hibernation: HTMLSpanElement;
+  private readonly _resume: HTMLButtonElement;
+  /** Called when the user presses Resume (the plugin posts to the extension). */
+  onResume: (() => Promise<void>) | null = null;
 
   constructor() {
     super();
@@ -63,6 +68,36 @@ class GpuMeter extends Widget {
     // announced once when a warning appears or changes, never on every reading
     this._warning.setAttribute('aria-live', 'polite');
     this._warning.hidden = true;
+    this._hibernation = part('fs-GpuMeter-hibernation');
+    this._hibernation.setAttribute('aria-live', 'polite');
+    this._hibernation.hidden = true;
+    this._resume = document.createElement('button');
+    this._resume.className = 'fs-GpuMeter-resume jp-mod-styled';
+    this._resume.type = 'button';
+    this._resume.textContent = 'Resume';
+    this._resume.title = 'Bring the hibernated kernel back to the GPU now';
+    this._resume.hidden = true;
+    this._resume.addEventListener('click', event => {
+      event.stopPropagation();
+      if (this.onResume) {
+        this._resume.disabled = true;
+        this._resume.textContent = 'Resuming…';
+        void this.onResume().finally(() => {
+          this._resume.disabled = false;
+          this._resume.textContent = 'Resume';
+        });
+      }
+    });
+    this.node.appendChild(this._resume);
+  }
+
+  setHibernation(short: string | null, sentence: string, showResume: boolean): void {
+    if ((short ?? '') !== (this._hibernation.textContent ?? '')) {
+      this._hibernation.textContent = short ?? '';
+    }
+    this._hibernation.hidden = !short;
+    this._hibernation.title = sentence;
+    this._resume.hidden = !showResume;
   }
 
   get active(): boolean {
@@ -168,6 +203,18 @@ const plugin: JupyterFrontEndPlugin<void> = {
     const settings = app.serviceManager.serverSettings;
     const url = URLExt.join(settings.baseUrl, path);
     const meter = new GpuMeter();
+    meter.onResume = async () => {
+      try {
+        await ServerConnection.makeRequest(
+          URLExt.join(url, 'resume'),
+          { method: 'POST', body: JSON.stringify({}) },
+          settings
+        );
+      } catch {
+        // the next reading says how it went
+      }
+      void poll.refresh();
+    };
     const warnings = new Warnings(app.serviceManager);
     statusBar.registerStatusItem(PLUGIN_ID, {
       item: meter,
@@ -203,6 +250,12 @@ const plugin: JupyterFrontEndPlugin<void> = {
         const short = first ? `⚠ ${warningShort(first, name(first), now)}` : null;
         const title = list.map(w => warningSentence(w, name(w), now)).join('\n');
         meter.setReport(report, short, title);
+        const hibernation = report.available ? hibernationText(report, now) : null;
+        meter.setHibernation(
+          hibernation?.short ?? null,
+          hibernation?.sentence ?? '',
+          hibernation !== null
+        );
         warnings.update(list, now);
         const seconds = report.available
           ? Math.min(MAX_INTERVAL, Math.max(MIN_INTERVAL, report.poll_interval ?? 5))
