@@ -35,15 +35,73 @@ def make_tls(folder: Path, hosts: tuple[str, ...] = ("127.0.0.1", "localhost")) 
     return {"ca": folder / "ca.crt", "cert": server.cert_file, "key": server.key_file}
 
 
+def make_client_tls(folder: Path, name: str = "kube-apiserver") -> dict[str, Path]:
+    """A client CA and a client certificate (common name `name`, extended key usage
+    clientAuth) it signed, as the API server presents to webhooks from the kubeConfigFile of
+    its AdmissionConfiguration: {"ca", "cert", "key"}."""
+    import datetime
+
+    from cryptography import x509
+    from cryptography.hazmat.primitives import hashes, serialization
+    from cryptography.hazmat.primitives.asymmetric import ec
+    from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
+
+    from devcluster.certs import make_ca
+
+    folder.mkdir(parents=True, exist_ok=True)
+    ca = make_ca(f"{name} client CA")
+    key = ec.generate_private_key(ec.SECP256R1())
+    now = datetime.datetime.now(datetime.timezone.utc)
+    cert = (
+        x509.CertificateBuilder()
+        .subject_name(x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, name)]))
+        .issuer_name(ca.cert.subject)
+        .public_key(key.public_key())
+        .serial_number(x509.random_serial_number())
+        .not_valid_before(now - datetime.timedelta(minutes=5))
+        .not_valid_after(now + datetime.timedelta(days=1))
+        .add_extension(x509.ExtendedKeyUsage([ExtendedKeyUsageOID.CLIENT_AUTH]), critical=False)
+        .sign(ca.key, hashes.SHA256())
+    )
+    out = {
+        "ca": folder / "client-ca.crt",
+        "cert": folder / "client.crt",
+        "key": folder / "client.key",
+    }
+    out["ca"].write_bytes(ca.pem)
+    out["cert"].write_bytes(cert.public_bytes(serialization.Encoding.PEM))
+    out["key"].write_bytes(
+        key.private_bytes(
+            serialization.Encoding.PEM,
+            serialization.PrivateFormat.PKCS8,
+            serialization.NoEncryption(),
+        )
+    )
+    return out
+
+
 # --------------------------------------------------------------------------- the webhook
 class WebhookProcess:
-    """`python -m fracspawner webhook ...` on a loopback port, talked to over verified HTTPS."""
+    """`python -m fracspawner webhook ...` on a loopback port, talked to over verified HTTPS.
 
-    def __init__(self, catalog: Path, kubeconfig: Path, tls: dict[str, Path], log: Path):
+    `args` replace the default `--detailed-refusals` (the tests stand where only the API
+    server reaches the webhook); `client`: a client certificate to present (make_client_tls)."""
+
+    def __init__(
+        self,
+        catalog: Path,
+        kubeconfig: Path,
+        tls: dict[str, Path],
+        log: Path,
+        args: tuple[str, ...] = ("--detailed-refusals",),
+        client: dict[str, Path] | None = None,
+    ):
         self.catalog = catalog
         self.port = free_port()
         self.url = f"https://127.0.0.1:{self.port}"
         self.context = ssl.create_default_context(cafile=str(tls["ca"]))
+        if client is not None:
+            self.context.load_cert_chain(str(client["cert"]), str(client["key"]))
         self.log_path = log
         self._log = open(log, "wb")  # noqa: SIM115 - closed in stop()
         self.process = subprocess.Popen(
@@ -51,7 +109,7 @@ class WebhookProcess:
                 sys.executable, "-m", "fracspawner", "webhook", "--catalog", str(catalog),
                 "--port", str(self.port), "--address", "127.0.0.1",
                 "--tls-cert", str(tls["cert"]), "--tls-key", str(tls["key"]),
-                "--kubeconfig", str(kubeconfig), "--reservation-ttl", "300",
+                "--kubeconfig", str(kubeconfig), "--reservation-ttl", "300", *args,
             ],
             stdout=self._log, stderr=subprocess.STDOUT, start_new_session=True,
             env={**os.environ, "PYTHONUNBUFFERED": "1"},

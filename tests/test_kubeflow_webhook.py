@@ -14,6 +14,7 @@ import socket
 import ssl
 import subprocess
 import sys
+import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
@@ -22,6 +23,7 @@ import pytest
 import yaml
 
 from devcluster.validation import validate as k8s_validate
+from fracspawner.backends import load_catalog
 from fracspawner.cli import main as fracspawner_main
 from fracspawner.model.slices import parse_slice
 from tests.kubeflow_support import (
@@ -31,8 +33,11 @@ from tests.kubeflow_support import (
     changes,
     make_tls,
     notebook_pod,
+    other_pod,
     patched,
+    podconfig_spec,
     with_poddefault,
+    workspace_pod,
 )
 
 REPO = Path(__file__).resolve().parent.parent
@@ -232,21 +237,6 @@ def test_a_dry_run_reserves_nothing(webhook):
     dry = webhook.review(admission_review(kubeflow_pod("dry", "a", "h100", "0.25"), dry_run=True))
     assert dry["allowed"] is True and "patch" in dry  # the answer is the real one
     assert webhook.review(admission_review(kubeflow_pod("dry", "b", "h100", "0.25")))["allowed"]
-
-
-def test_reservations_end_when_the_pod_is_listed_or_after_their_ttl():
-    from fracspawner.kubeflow.quota import QuotaLedger
-
-    now = [0.0]
-    ledger = QuotaLedger(ttl=60, clock=lambda: now[0])
-    ledger.reserve("ns", "nb-0", "nb-0", 0.25)
-    ledger.reserve("ns", "uid-1", "", 0.5)  # a generateName pod: only the ttl ends it
-    assert ledger.pending("ns", [], key="other") == 0.75
-    assert ledger.pending("ns", [], key="nb-0") == 0.5  # its own reservation is not counted twice
-    assert ledger.pending("ns", ["nb-0"], key="other") == 0.5  # listed: counted from the pod now
-    now[0] = 61.0
-    assert ledger.pending("ns", [], key="other") == 0.0
-    assert ledger.total() == 0.0
 
 
 @pytest.mark.parametrize(
@@ -466,3 +456,75 @@ def test_a_renewed_certificate_is_served_without_a_restart(tmp_path):
     os.utime(live["cert"], (1e9, 1e9))
     reloader.check()
     assert _handshake(context, new["ca"]) == "new.example"
+
+
+# --------------------------------------------------------------------------- issue 19 a
+def _namespace(api: Any, name: str, labels: dict[str, str] | None = None) -> None:
+    body = {"metadata": {"name": name, "labels": {**PROFILE, **(labels or {})}}}
+    status, answer = api.request("POST", "/api/v1/namespaces", body)
+    assert status in (201, 409), answer
+
+
+def test_a_workspace_pod_is_recognised_by_its_podconfig_and_refused_at_the_quota(webhook, api):
+    """Issue 19 item 1: the v2 controller copies a podConfig's resources and nodeSelector,
+    never its labels (workspace_pod): the webhook knows the slice from them."""
+    _namespace(api, "v2quota")
+    catalog = load_catalog(DEMO)
+    pod = workspace_pod("v2quota", "big", podconfig_spec(catalog, "h100", "1"))
+    answer = webhook.review(admission_review(pod))
+    assert answer["allowed"] is False
+    assert answer["status"]["message"].startswith(
+        "fracspawner refused the GPU slice 1 on pool h100 in namespace v2quota: it counts as "
+        "1 GPU and the namespace's notebooks already hold 0 of its 0.25 GPU quota"
+    )
+    small = workspace_pod("v2quota", "small", podconfig_spec(catalog, "h100", "1/4"))
+    mutated = patched(small, webhook.review(admission_review(small)))
+    assert mutated["metadata"]["labels"]["fracspawner.io/gpu"] == "0.25"
+    assert mutated["metadata"]["annotations"]["fracspawner.io/gpu-equivalent"] == "0.25"
+
+
+def test_pods_that_are_no_notebook_are_counted_never_changed(webhook, api):
+    """Issue 19 items 2 and 11: a pipeline step with two MIG slices passes byte for byte (no
+    patch, no "one MIG slice per notebook"); one whose GPU is over the namespace's quota, or
+    whose container without GPU sets NVIDIA_VISIBLE_DEVICES, is refused."""
+    _namespace(api, "pipes", {"team": "research"})  # ml-research: all pools, 2 GPU
+    _namespace(api, "pipes-small")  # the default: 0.25 GPU
+    step = other_pod("pipes", "train-x7k2p-1", {"limits": {"nvidia.com/mig-1g.10gb": "2"}})
+    answer = webhook.review(admission_review(step))
+    assert answer == {"uid": answer["uid"], "allowed": True}
+    whole = other_pod("pipes-small", "train-x7k2p-2", {"limits": {"nvidia.com/gpu": "1"}})
+    answer = webhook.review(admission_review(whole))
+    assert answer["allowed"] is False
+    assert answer["status"]["message"].startswith(
+        "fracspawner refused this pod's GPU in namespace pipes-small: its GPU resources count "
+        "as 1 GPU"
+    )
+    # a step already running (made while no webhook was registered) counts against the
+    # quota of the namespace's notebooks too
+    running = other_pod("pipes-small", "train-x7k2p-5", {"limits": {"nvidia.com/mig-1g.10gb": "1"}})
+    running["spec"]["nodeName"] = "not-a-node"  # stays Pending, runs nothing
+    status, body = api.request("POST", "/api/v1/namespaces/pipes-small/pods", running)
+    assert status == 201, body
+    notebook = kubeflow_pod("pipes-small", "late", "h100", "0.125")
+    deadline = time.monotonic() + 30
+    while (answer := webhook.review(admission_review(notebook)))["allowed"]:
+        assert time.monotonic() < deadline, "the pod watch never counted the step"
+        time.sleep(0.2)  # the watch has not seen the step yet
+    assert "already hold 0.142857 of its 0.25 GPU quota" in answer["status"]["message"]
+    peek = other_pod(
+        "pipes", "peek-x7k2p-3", {}, env=[{"name": "NVIDIA_VISIBLE_DEVICES", "value": "all"}]
+    )
+    answer = webhook.review(admission_review(peek))
+    assert answer["allowed"] is False
+    assert "container main: NVIDIA_VISIBLE_DEVICES=all" in answer["status"]["message"]
+    # a CPU-only notebook may not either; CUDA_VISIBLE_DEVICES only filters, it passes
+    notebook = notebook_pod("pipes", "cpu-peek")
+    notebook["spec"]["containers"][0]["env"].append(
+        {"name": "NVIDIA_VISIBLE_DEVICES", "value": "all"}
+    )
+    assert webhook.review(admission_review(notebook))["allowed"] is False
+    fine = other_pod(
+        "pipes", "ok-x7k2p-4", {}, env=[{"name": "CUDA_VISIBLE_DEVICES", "value": "0"}]
+    )
+    answer = webhook.review(admission_review(fine))
+    assert answer == {"uid": answer["uid"], "allowed": True}

@@ -1,13 +1,22 @@
 """What the webhook reads from the Kubernetes API: a namespace's labels and annotations (its
-access rule) and its pods (the GPU-equivalents they hold). kubernetes_asyncio, raw JSON."""
+access rule), every pod through one watch (the GPU-equivalents they hold: quota.PodIndex), and
+the quota reservation records it writes (a ConfigMap per namespace, conditional on its
+resourceVersion). kubernetes_asyncio, raw JSON."""
 
 from __future__ import annotations
 
+import asyncio
 import json
+import logging
+import random
 import time
 from typing import Any
 
-from kubernetes_asyncio import client, config
+from kubernetes_asyncio import client, config, watch
+
+from .quota import PodIndex
+
+log = logging.getLogger("fracspawner.webhook")
 
 
 class ApiUnavailable(Exception):
@@ -55,7 +64,169 @@ class Cluster:
         self._namespaces[name] = (time.monotonic(), labels, annotations)
         return labels, annotations
 
-    async def pods(self, namespace: str) -> list[dict[str, Any]]:
-        """Every pod of the namespace, fresh from the API server (not a cache: a quota decision
-        must see the pods admitted a moment ago)."""
-        return (await self._get(self._v1.list_namespaced_pod, namespace)).get("items") or []
+    def pod_watch(self, index: PodIndex) -> PodWatch:
+        return PodWatch(self._v1, index, timeout=self.timeout)
+
+    def records(self, namespace: str) -> ConfigMapRecords:
+        return ConfigMapRecords(self._v1, namespace, timeout=self.timeout)
+
+
+class _RawWatch(watch.Watch):
+    """Events with the raw dicts (no model objects built per event)."""
+
+    def get_return_type(self, func: object) -> str:
+        return ""
+
+
+class PodWatch:
+    """Every pod of the cluster (but finished ones) into a PodIndex: list, then watch from the
+    list's resourceVersion; a watch that ends resumes, an error (410 Gone included) relists
+    after a backoff as client-go's Reflector does (tools/cache/reflector.go), forever. While it
+    is not current, `index.synced` is False and slice pods in quota namespaces are refused."""
+
+    #: the API server drops pods leaving these phases from the watch (DELETED)
+    SELECTOR = "status.phase!=Succeeded,status.phase!=Failed"
+
+    def __init__(self, v1: Any, index: PodIndex, timeout: float = 5.0, max_backoff: float = 30.0):
+        self._v1, self.index, self.timeout, self.max_backoff = v1, index, timeout, max_backoff
+        self._task: asyncio.Task[None] | None = None
+        self._synced = asyncio.Event()
+        self.failures = 0
+
+    def start(self) -> None:
+        self._task = asyncio.ensure_future(self._run())
+
+    async def stop(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            await asyncio.wait([self._task], timeout=5)
+            self._task = None
+
+    async def wait_synced(self, timeout: float) -> None:
+        """Until the index is current; ApiUnavailable after `timeout` seconds."""
+        if self.index.synced:
+            return
+        try:
+            await asyncio.wait_for(asyncio.shield(self._synced.wait()), timeout)
+        except asyncio.TimeoutError:
+            raise ApiUnavailable("the pod watch is not current") from None
+
+    async def _list(self) -> str:
+        response = await self._v1.list_pod_for_all_namespaces(
+            field_selector=self.SELECTOR, _preload_content=False, _request_timeout=60
+        )
+        body = await response.read()
+        if response.status != 200:
+            raise client.ApiException(status=response.status, reason=response.reason)
+        listing = json.loads(body)
+        self.index.load(listing.get("items") or [])
+        self._synced.set()
+        if self.failures:
+            log.warning("watching pods again; quota counts are current")
+        self.failures = 0
+        return str((listing.get("metadata") or {}).get("resourceVersion") or "0")
+
+    async def _watch(self, version: str) -> str:
+        w = _RawWatch()
+        try:
+            async with w.stream(
+                self._v1.list_pod_for_all_namespaces,
+                field_selector=self.SELECTOR,
+                resource_version=version,
+                timeout_seconds=300,
+                allow_watch_bookmarks=True,
+                _request_timeout=330,  # silent much longer than the server's timeout: dead
+            ) as events:
+                async for event in events:
+                    obj = event.get("raw_object") or {}
+                    kind = event.get("type")
+                    if kind == "DELETED":
+                        self.index.drop(obj)
+                    elif kind in ("ADDED", "MODIFIED"):
+                        self.index.put(obj)
+                    version = (obj.get("metadata") or {}).get("resourceVersion") or version
+        finally:
+            w.stop()
+            await w.close()
+        return version
+
+    async def _run(self) -> None:
+        version: str | None = None
+        while True:
+            try:
+                if version is None:
+                    version = await self._list()
+                version = await self._watch(version)
+            except asyncio.CancelledError:
+                raise
+            except Exception as exc:  # 410 Gone, connection lost, a bad answer: relist
+                version = None
+                self.index.synced = False
+                self._synced.clear()
+                self.failures += 1
+                delay = min(self.max_backoff, 0.8 * 2 ** (self.failures - 1))
+                if self.failures == 1 or self.failures % 10 == 0:
+                    log.warning("cannot watch pods (%s); retrying in %.1f s", exc, delay)
+                await asyncio.sleep(delay * (1 + random.random() * 0.2))
+
+
+class ConfigMapRecords:
+    """quota.Records as ConfigMaps `fracspawner-quota.<profile namespace>` in the webhook's own
+    namespace (tenants cannot edit them there), data key `reservations`."""
+
+    KEY = "reservations"
+
+    def __init__(self, v1: Any, namespace: str, timeout: float = 5.0) -> None:
+        self._v1, self.namespace, self.timeout = v1, namespace, timeout
+
+    @staticmethod
+    def name(namespace: str) -> str:
+        return f"fracspawner-quota.{namespace}"
+
+    async def _call(self, call: Any, *args: Any, **kwargs: Any) -> tuple[int, dict[str, Any]]:
+        try:
+            response = await call(
+                *args, _preload_content=False, _request_timeout=self.timeout, **kwargs
+            )
+            body = await response.read()
+        except Exception as exc:
+            raise ApiUnavailable(f"the Kubernetes API is unavailable ({exc})") from exc
+        try:
+            return response.status, json.loads(body)
+        except ValueError:
+            return response.status, {}
+
+    async def read(self, namespace: str) -> tuple[str | None, str | None]:
+        status, cm = await self._call(
+            self._v1.read_namespaced_config_map, self.name(namespace), self.namespace
+        )
+        if status == 404:
+            return None, None
+        if status != 200:
+            raise ApiUnavailable(f"reading the quota record answered {status}")
+        return (cm.get("data") or {}).get(self.KEY), cm["metadata"]["resourceVersion"]
+
+    async def write(self, namespace: str, text: str, version: str | None) -> bool:
+        meta: dict[str, Any] = {
+            "name": self.name(namespace),
+            "namespace": self.namespace,
+            "labels": {"app.kubernetes.io/managed-by": "fracspawner"},
+        }
+        body = {"apiVersion": "v1", "kind": "ConfigMap", "metadata": meta,
+                "data": {self.KEY: text}}  # fmt: skip
+        if version is None:
+            status, answer = await self._call(
+                self._v1.create_namespaced_config_map, self.namespace, body
+            )
+        else:
+            meta["resourceVersion"] = version  # the precondition: 409 if written since
+            status, answer = await self._call(
+                self._v1.replace_namespaced_config_map, meta["name"], self.namespace, body
+            )
+        if status == 409:  # Conflict, or AlreadyExists for a create: read again
+            return False
+        if status not in (200, 201):
+            raise ApiUnavailable(
+                f"writing the quota record answered {status}: {answer.get('message', '')}"
+            )
+        return True

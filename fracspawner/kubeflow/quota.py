@@ -1,59 +1,284 @@
-"""Per-namespace quota bookkeeping for concurrent admissions.
+"""Per-namespace GPU quota for concurrent admissions, across webhook replicas.
 
-The API server creates a pod only after every webhook answered, so two CREATEs in one namespace
-arriving together would each see the other's pod missing from the pod list and both fit under
-the quota. Admissions of one namespace therefore run one at a time (a lock per namespace), and
-an admitted pod's GPU-equivalents stay reserved until the pod shows up in the list, or until
-`ttl` seconds passed (the API server gave up on it: a later webhook refused it, or a dry run).
+What a namespace holds comes from a pod watch (`PodIndex`, fed by cluster.PodWatch), never from
+a list per review: one review costs memory reads, plus two API calls (read, conditional write of
+the namespace's reservation record) for a slice pod in a namespace that has a quota.
+
+The API server creates a pod only after every webhook answered, so two CREATEs of one namespace
+arriving together would each miss the other's pod and both fit under the quota. An admitted
+pod's GPU-equivalents are therefore reserved until this replica's watch has seen the pod, or
+for at most `window` seconds (the API server gave up on it: a later webhook refused it, a name
+taken, or a review nobody meant to create). With several replicas (the chart runs two) the
+reservations live in one ConfigMap per namespace (`SharedLedger`), written with the
+resourceVersion read as a precondition: the API server answers 409 Conflict to a write based
+on an older version (optimistic concurrency, "Concurrency Control and Consistency" in
+kubernetes/community contributors/devel/sig-architecture/api-conventions.md), and the loser
+counts again with the winner's reservation in view. `LocalLedger` keeps them in memory for one
+replica. A reservation is dropped only when its window ended, not when the writer's watch saw
+the pod: another replica's watch may not have it yet.
 """
 
 from __future__ import annotations
 
 import asyncio
+import json
+import math
 import time
-from collections.abc import AsyncIterator, Callable, Iterable
-from contextlib import asynccontextmanager
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
+from typing import Any, Protocol
+
+GPU_EQUIVALENT_ANNOTATION = "fracspawner.io/gpu-equivalent"
+#: a pod that left the watch is remembered this long (a reservation for it must not come back)
+_GONE_MEMORY = 600.0
 
 
-@dataclass
-class _Reservation:
-    name: str  # the pod's name ('' for a generateName pod: then only the ttl ends it)
-    amount: float
-    expires: float
+# --------------------------------------------------------------------------- what a pod holds
+def pod_gpu(pod: Mapping[str, Any]) -> float:
+    """GPU-equivalents a pod's fracspawner.io/gpu-equivalent annotation says (set by the
+    webhook, guarded against later changes). The webhook counts with recognise.pod_gpu_held
+    instead (any pod's GPU resources, the annotation where it says more)."""
+    raw = ((pod.get("metadata") or {}).get("annotations") or {}).get(GPU_EQUIVALENT_ANNOTATION)
+    try:
+        value = float(raw) if raw is not None else 0.0
+    except (TypeError, ValueError):
+        return 0.0
+    # nan, inf and negatives count as nothing (never as credit)
+    return value if math.isfinite(value) and 0.0 < value < 1e6 else 0.0
 
 
-class QuotaLedger:
-    def __init__(self, ttl: float = 60.0, clock: Callable[[], float] = time.monotonic) -> None:
-        self.ttl = ttl
+def still_holds(pod: Mapping[str, Any]) -> bool:
+    """Whether a pod still holds its GPU: until it is gone from the API server, or every
+    container of it has stopped. A deleted pod keeps running through its grace period
+    (terminationGracePeriodSeconds, a preStop hook, a process ignoring SIGTERM): the API server
+    only sets deletionTimestamp (pkg/registry/core/pod/strategy.go CheckGracefulDelete), and the
+    kubelet removes the object once the containers are dead (pkg/kubelet/status/status_manager.go
+    canBeDeleted). Succeeded and Failed pods hold nothing."""
+    status = pod.get("status") or {}
+    if status.get("phase") in ("Succeeded", "Failed"):
+        return False
+    if not (pod.get("metadata") or {}).get("deletionTimestamp"):
+        return True
+    containers = status.get("containerStatuses") or []
+    return not containers or any("terminated" not in (c.get("state") or {}) for c in containers)
+
+
+class PodIndex:
+    """What each namespace's pods hold, kept per watch event (cluster.PodWatch feeds it)."""
+
+    def __init__(
+        self,
+        amount: Callable[[Mapping[str, Any]], float] = pod_gpu,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
+        self.amount = amount  # GPU-equivalents one pod holds while it holds anything
         self.clock = clock
-        self._locks: dict[str, asyncio.Lock] = {}
-        self._reserved: dict[str, dict[str, _Reservation]] = {}
+        self._pods: dict[str, dict[str, float]] = {}  # namespace -> pod name -> GPU held
+        self._gone: dict[tuple[str, str], float] = {}  # (namespace, name) -> when it left
+        self.synced = False
 
-    @asynccontextmanager
-    async def namespace(self, namespace: str) -> AsyncIterator[None]:
-        """Hold the namespace's lock while its pods are counted and a reservation is made."""
-        lock = self._locks.setdefault(namespace, asyncio.Lock())
-        async with lock:
-            yield
+    @staticmethod
+    def _where(pod: Mapping[str, Any]) -> tuple[str, str]:
+        meta = pod.get("metadata") or {}
+        return str(meta.get("namespace") or ""), str(meta.get("name") or "")
 
-    def pending(self, namespace: str, listed: Iterable[str], key: str) -> float:
-        """GPU-equivalents admitted but not yet among the `listed` pod names, other than the
-        reservation `key` (a second call for the same pod replaces its own reservation)."""
+    def load(self, pods: Iterable[Mapping[str, Any]]) -> None:
+        """A fresh list: pods missing from it are gone."""
+        before = {(ns, name) for ns, names in self._pods.items() for name in names}
+        self._pods = {}
+        for pod in pods:
+            self.put(pod)
         now = self.clock()
-        seen = set(listed)
-        held = self._reserved.get(namespace, {})
-        for k in [k for k, r in held.items() if r.expires <= now or (r.name and r.name in seen)]:
-            del held[k]
-        if not held:
-            self._reserved.pop(namespace, None)
-        return sum(r.amount for k, r in held.items() if k != key)
+        for key in before - {(ns, name) for ns, names in self._pods.items() for name in names}:
+            self._gone[key] = now
+        self.synced = True
 
-    def reserve(self, namespace: str, key: str, name: str, amount: float) -> None:
-        self._reserved.setdefault(namespace, {})[key] = _Reservation(
-            name, amount, self.clock() + self.ttl
+    def put(self, pod: Mapping[str, Any]) -> None:
+        ns, name = self._where(pod)
+        self._pods.setdefault(ns, {})[name] = self.amount(pod) if still_holds(pod) else 0.0
+        self._gone.pop((ns, name), None)
+
+    def drop(self, pod: Mapping[str, Any]) -> None:
+        ns, name = self._where(pod)
+        names = self._pods.get(ns, {})
+        names.pop(name, None)
+        if not names:
+            self._pods.pop(ns, None)
+        now = self.clock()
+        self._gone[(ns, name)] = now
+        for key in [k for k, at in self._gone.items() if at < now - _GONE_MEMORY]:
+            del self._gone[key]
+
+    def held(self, namespace: str, exclude: str | None = None) -> float:
+        """GPU-equivalents the namespace's pods hold, but pod `exclude` (a retried create of a
+        pod that exists is not counted twice)."""
+        return sum(v for k, v in self._pods.get(namespace, {}).items() if k != exclude)
+
+    def seen_since(self, namespace: str, name: str, since: float) -> bool:
+        """Whether pod `name` is in the watch, or left it after `since`."""
+        if name in self._pods.get(namespace, {}):
+            return True
+        gone = self._gone.get((namespace, name))
+        return gone is not None and gone >= since
+
+
+# --------------------------------------------------------------------------- reservations
+@dataclass(frozen=True)
+class Reservation:
+    pod: str  # the pod's name ('' for a generateName pod: then only the window ends it)
+    gpu: float
+    at: float  # wall-clock time it was made (replicas compare it; clocks are NTP-close)
+
+
+class Busy(Exception):
+    """Other admissions of the namespace kept winning the write; the pod is refused."""
+
+
+class LedgerUnavailable(Exception):
+    """The reservation record could not be read or written."""
+
+
+def encode(reservations: Mapping[str, Reservation]) -> str:
+    return json.dumps(
+        {k: {"pod": r.pod, "gpu": r.gpu, "at": round(r.at, 3)} for k, r in reservations.items()},
+        sort_keys=True,
+        separators=(",", ":"),
+    )
+
+
+def decode(text: str | None) -> dict[str, Reservation]:
+    """The reservations of a record; entries that are not reservations are left out."""
+    try:
+        raw = json.loads(text or "{}")
+    except ValueError:
+        return {}
+    out = {}
+    for key, value in raw.items() if isinstance(raw, dict) else ():
+        try:
+            reservation = Reservation(str(value["pod"]), float(value["gpu"]), float(value["at"]))
+        except (TypeError, KeyError, ValueError):
+            continue
+        if math.isfinite(reservation.gpu) and math.isfinite(reservation.at):
+            out[str(key)] = reservation
+    return out
+
+
+class Ledger:
+    """Reservations of one namespace at a time: read, decide, write if nobody wrote between.
+    Subclasses say where the record lives (`_read`, `_write`)."""
+
+    def __init__(
+        self, pods: PodIndex, window: float = 10.0, clock: Callable[[], float] = time.time
+    ) -> None:
+        self.pods = pods
+        self.window = window
+        self.clock = clock
+        self.attempts = 8
+        self._locks: dict[str, asyncio.Lock] = {}
+        self._last: dict[str, dict[str, Reservation]] = {}
+
+    async def _read(self, namespace: str) -> tuple[dict[str, Reservation], Any]:
+        raise NotImplementedError
+
+    async def _write(
+        self, namespace: str, reservations: dict[str, Reservation], version: Any
+    ) -> bool:
+        """Store `reservations` if the record is still at `version`; False when it was not."""
+        raise NotImplementedError
+
+    def _live(self, namespace: str, held: Mapping[str, Reservation]) -> dict[str, Reservation]:
+        now = self.clock()
+        # a little ahead of this clock is another replica's clock; far ahead is not believed
+        return {k: r for k, r in held.items() if now - self.window < r.at <= now + self.window}
+
+    def _counted(self, namespace: str, reservation: Reservation) -> bool:
+        """Not yet counted from the watch: the pod was not seen since the reservation."""
+        return not (
+            reservation.pod and self.pods.seen_since(namespace, reservation.pod, reservation.at)
         )
 
+    async def admit(
+        self,
+        namespace: str,
+        key: str,
+        pod: str,
+        decide: Callable[[float], float],
+        *,
+        dry_run: bool = False,
+    ) -> float:
+        """`decide(pending)` with the GPU-equivalents admitted but not yet in the watch (other
+        than reservation `key`'s: a retried create replaces its own), and reserve what it
+        returns; a Refusal it raises goes through and nothing is reserved. A dry run reserves
+        nothing (AdmissionReview request.dryRun: the object is not persisted)."""
+        lock = self._locks.setdefault(namespace, asyncio.Lock())
+        async with lock:  # this replica's admissions of a namespace do not race each other
+            for _ in range(self.attempts):
+                stored, version = await self._read(namespace)
+                live = self._live(namespace, stored)
+                self._last[namespace] = live
+                pending = sum(
+                    r.gpu for k, r in live.items() if k != key and self._counted(namespace, r)
+                )
+                amount = decide(pending)
+                if dry_run:
+                    return amount
+                live[key] = Reservation(pod, amount, self.clock())
+                if await self._write(namespace, live, version):
+                    self._last[namespace] = live
+                    return amount
+            raise Busy(f"{self.attempts} writes of the quota record of {namespace} lost a race")
+
     def total(self) -> float:
-        """Everything reserved now (for the metrics)."""
-        return sum(r.amount for held in self._reserved.values() for r in held.values())
+        """GPU-equivalents reserved, as last read (for the metrics)."""
+        return sum(
+            r.gpu
+            for ns, held in self._last.items()
+            for r in self._live(ns, held).values()
+            if self._counted(ns, r)
+        )
+
+
+class LocalLedger(Ledger):
+    """The reservations in this process: enough for one replica."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self._held: dict[str, dict[str, Reservation]] = {}
+
+    async def _read(self, namespace: str) -> tuple[dict[str, Reservation], Any]:
+        return dict(self._held.get(namespace, {})), None
+
+    async def _write(
+        self, namespace: str, reservations: dict[str, Reservation], version: Any
+    ) -> bool:
+        self._held[namespace] = dict(reservations)
+        return True
+
+
+class Records(Protocol):
+    """A key-value record per namespace with conditional writes (cluster.ConfigMapRecords)."""
+
+    async def read(self, namespace: str) -> tuple[str | None, str | None]:
+        """(text, resourceVersion); (None, None) when there is none yet."""
+        ...
+
+    async def write(self, namespace: str, text: str, version: str | None) -> bool:
+        """Create (version None) or update at `version`; False on 409 Conflict."""
+        ...
+
+
+class SharedLedger(Ledger):
+    """The reservations in an API object per namespace, shared by every replica."""
+
+    def __init__(self, records: Records, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.records = records
+
+    async def _read(self, namespace: str) -> tuple[dict[str, Reservation], Any]:
+        text, version = await self.records.read(namespace)
+        return decode(text), version
+
+    async def _write(
+        self, namespace: str, reservations: dict[str, Reservation], version: Any
+    ) -> bool:
+        return await self.records.write(namespace, encode(reservations), version)

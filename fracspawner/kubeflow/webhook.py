@@ -36,16 +36,18 @@ from .admission import (
     Refusal,
     Review,
     admit,
-    gpu_held,
     guard_update,
     json_patch,
+    other_pod_gpu,
     parse_review,
+    refuse_visible_gpus,
     response,
     slice_ask,
 )
 from .cluster import ApiUnavailable, Cluster, ConfigException
 from .metrics import WebhookMetrics
-from .quota import QuotaLedger
+from .quota import Busy, Ledger, LocalLedger, PodIndex, SharedLedger
+from .recognise import gpu_equivalent_of_pod, notebook_kind, pod_gpu_held
 
 PROG = "fracspawner webhook"
 log = logging.getLogger("fracspawner.webhook")
@@ -53,14 +55,51 @@ log = logging.getLogger("fracspawner.webhook")
 MAX_BODY = 4 * 1024 * 1024
 
 
-class Webhook:
-    """The decisions with their I/O: namespace rule, pod count, quota ledger, metrics."""
+#: what a refusal says to a caller that is not known to be the API server: nothing about the
+#: namespace's usage, quota or pools (anyone reaching /mutate could claim any namespace)
+GENERIC_REFUSALS = {
+    "quota": "the namespace has no GPU quota left for it",
+    "access": "the namespace may not use it",
+}
 
-    def __init__(self, catalog: Catalog, cluster: Any, ledger: QuotaLedger | None = None):
+
+class Webhook:
+    """The decisions with their I/O: namespace rule, pod watch, quota ledger, metrics.
+
+    `ledger_namespace`: keep reservations in ConfigMaps there (shared by every replica); None
+    keeps them in this process (one replica only). `detailed_refusals`: a refusal may say the
+    namespace's usage, quota and pools (only where every caller is the API server)."""
+
+    def __init__(
+        self,
+        catalog: Catalog,
+        cluster: Any,
+        *,
+        ledger_namespace: str | None = None,
+        window: float = 10.0,
+        detailed_refusals: bool = True,
+    ):
         self.catalog = catalog
         self.cluster = cluster
-        self.ledger = ledger or QuotaLedger()
+        # what each pod holds: its GPU resources by the catalog's plans (notebook or not)
+        self.pods = PodIndex(lambda pod: pod_gpu_held(pod, catalog))
+        self.watch = cluster.pod_watch(self.pods)
+        self.ledger: Ledger = (
+            SharedLedger(cluster.records(ledger_namespace), self.pods, window)
+            if ledger_namespace
+            else LocalLedger(self.pods, window)
+        )
+        self.detailed_refusals = detailed_refusals
+        #: with --client-name: the client certificate names allowed to post reviews
+        self.client_names: set[str] = set()
         self.metrics = WebhookMetrics()
+
+    def start(self) -> None:
+        """Start the pod watch (admissions of slice pods wait for its first list)."""
+        self.watch.start()
+
+    async def stop(self) -> None:
+        await self.watch.stop()
 
     async def review(self, review: Review) -> dict[str, Any]:
         try:
@@ -76,6 +115,12 @@ class Webhook:
             log.info(
                 "refused %s/%s: %s", review.namespace, review.name or "(new pod)", refusal.message
             )
+            if not self.detailed_refusals and refusal.reason in GENERIC_REFUSALS:
+                refusal = Refusal(
+                    f"fracspawner refused this pod's GPU slice in namespace {review.namespace}: "
+                    f"{GENERIC_REFUSALS[refusal.reason]}",
+                    refusal.reason,
+                )
             return self._count(review, response(review.uid, refusal=refusal), "refused")
 
     def _count(self, review: Review, answer: dict[str, Any], result: str) -> dict[str, Any]:
@@ -84,25 +129,51 @@ class Webhook:
 
     async def _create(self, review: Review) -> dict[str, Any]:
         ns = review.namespace
-        # a pod asking for no slice passes before any API call: it never waits on, or fails
-        # with, the API server
-        if slice_ask(review.pod, self.catalog, AccessRule()) is None:
+        # only notebook pods are mapped; any other pod is counted against the quota and
+        # otherwise left byte for byte as it is (recognise.py). A pod asking for no GPU passes
+        # before any API call: it never waits on, or fails with, the API server
+        notebook = notebook_kind(review.pod) is not None
+        other_gpu = 0.0 if notebook else gpu_equivalent_of_pod(review.pod, self.catalog)
+        if not (slice_ask(review.pod, self.catalog, AccessRule()) if notebook else other_gpu):
+            refuse_visible_gpus(review.pod, ns)
             return self._count(review, response(review.uid), "skipped")
         labels, annotations = await self._read(self.cluster.namespace(ns))
         rule = namespace_rule(self.catalog, ns, labels, annotations)
         name = str((review.pod.get("metadata") or {}).get("name") or "")
-        key = name or review.uid
-        async with self.ledger.namespace(ns):
-            pods = await self._read(self.cluster.pods(ns))
-            held, listed = gpu_held(pods, exclude=name or None)
-            used = held + self.ledger.pending(ns, listed, key)
+        decided: list[Any] = []
+
+        def decide(pending: float) -> float:
+            # what the namespace holds now (the watch) + admitted but not yet in the watch
+            used = self.pods.held(ns, exclude=name or None) + pending
+            if not notebook:
+                args = {"catalog": self.catalog, "rule": rule, "namespace": ns, "used_gpu": used}
+                decided[:] = [None, used]
+                return other_pod_gpu(review.pod, **args)
             admitted = admit(
                 review.pod, catalog=self.catalog, rule=rule, namespace=ns, used_gpu=used
             )
             assert admitted is not None
-            if not review.dry_run:
-                self.ledger.reserve(ns, key, name, admitted.plan.gpu_equivalent)
+            decided[:] = [admitted, used]
+            return admitted.plan.gpu_equivalent
+
+        if rule.max_gpu is None:
+            decide(0.0)  # no quota: nothing to count, nothing to reserve
+        else:
+            await self._read(self.watch.wait_synced(self.cluster.timeout))
+            try:
+                await self._read(
+                    self.ledger.admit(ns, name or review.uid, name, decide, dry_run=review.dry_run)
+                )
+            except Busy:
+                raise Refusal(
+                    "fracspawner is admitting other GPU pods of this namespace; try again",
+                    "unavailable",
+                ) from None
             self.metrics.reserved.set(self.ledger.total())
+        admitted, used = decided
+        if admitted is None:
+            log.info("counted %s/%s: %.6g GPU", ns, review.name or "(new pod)", other_gpu)
+            return self._count(review, response(review.uid), "allowed")
         patch = json_patch(review.pod, admitted.pod)
         log.info(
             "%s %s/%s: %s on %s (%s GPU; namespace holds %.6g)",
@@ -139,6 +210,14 @@ class MutateHandler(web.RequestHandler):
 
     async def post(self) -> None:
         started = time.perf_counter()
+        names = self.webhook.client_names
+        if names and not names & peer_names(self.request.get_ssl_certificate()):
+            log.warning(
+                "403 from %s: client certificate not among --client-name", self.request.remote_ip
+            )
+            self.set_status(403)
+            self.finish({"error": "this client certificate may not send admission reviews"})
+            return
         try:
             review = parse_review(self.request.body)
         except BadReview as exc:
@@ -183,11 +262,24 @@ def make_app(webhook: Webhook) -> web.Application:
     )
 
 
-def tls_context(cert: str, key: str) -> ssl.SSLContext:
+def tls_context(cert: str, key: str, client_ca: str | None = None) -> ssl.SSLContext:
+    """The serving context; with `client_ca`, a client certificate it signed is required (the
+    API server's, from the kubeConfigFile of its AdmissionConfiguration: docs/kubeflow.md)."""
     context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
     context.minimum_version = ssl.TLSVersion.TLSv1_2
     context.load_cert_chain(cert, key)
+    if client_ca:
+        context.load_verify_locations(cafile=client_ca)
+        context.verify_mode = ssl.CERT_REQUIRED
     return context
+
+
+def peer_names(cert: dict[str, Any] | None) -> set[str]:
+    """The common name and DNS names of a verified client certificate."""
+    if not cert:
+        return set()
+    names = {v for rdn in cert.get("subject", ()) for k, v in rdn if k == "commonName"}
+    return names | {v for k, v in cert.get("subjectAltName", ()) if k == "DNS"}
 
 
 class CertificateReloader:
@@ -231,9 +323,36 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument(
         "--reservation-ttl",
         type=float,
-        default=60.0,
+        default=10.0,
         metavar="SECONDS",
-        help="how long an admitted pod counts against its namespace's quota before it is listed",
+        help="longest an admitted pod counts against its namespace's quota before the pod watch "
+        "shows it (a pod that never appears, e.g. refused by a later webhook, frees it then)",
+    )
+    parser.add_argument(
+        "--ledger-namespace",
+        metavar="NS",
+        help="keep quota reservations in ConfigMaps fracspawner-quota.<namespace> in NS, shared "
+        "by every replica (required with more than one replica); default: in this process",
+    )
+    parser.add_argument(
+        "--client-ca",
+        metavar="FILE",
+        help="require a client certificate signed by this CA (the API server's, configured in "
+        "its AdmissionConfiguration kubeConfigFile); refusals then give the details",
+    )
+    parser.add_argument(
+        "--client-name",
+        action="append",
+        default=[],
+        metavar="NAME",
+        help="with --client-ca: the certificate's common name or a DNS name must be NAME "
+        "(repeatable)",
+    )
+    parser.add_argument(
+        "--detailed-refusals",
+        action="store_true",
+        help="say a namespace's usage, quota and pools in refusals without --client-ca (only "
+        "where nothing but the API server can reach the webhook)",
     )
     parser.add_argument("--log-level", default="INFO", help="DEBUG, INFO, WARNING")
     return parser
@@ -241,7 +360,15 @@ def _parser() -> argparse.ArgumentParser:
 
 async def serve(args: argparse.Namespace, catalog: Catalog, context: ssl.SSLContext) -> None:
     cluster = Cluster(await load_configuration(args.kubeconfig))
-    webhook = Webhook(catalog, cluster, QuotaLedger(ttl=args.reservation_ttl))
+    webhook = Webhook(
+        catalog,
+        cluster,
+        ledger_namespace=args.ledger_namespace,
+        window=args.reservation_ttl,
+        detailed_refusals=bool(args.client_ca) or args.detailed_refusals,
+    )
+    webhook.client_names = set(args.client_name)
+    webhook.start()
     server = HTTPServer(make_app(webhook), ssl_options=context, max_body_size=MAX_BODY)
     server.listen(args.port, args.address)
     reloader = CertificateReloader(context, args.tls_cert, args.tls_key)
@@ -259,6 +386,7 @@ async def serve(args: argparse.Namespace, catalog: Catalog, context: ssl.SSLCont
     await stop.wait()
     server.stop()
     await server.close_all_connections()
+    await webhook.stop()
     await cluster.close()
 
 
@@ -272,14 +400,18 @@ def main(argv: list[str]) -> int:
     except CatalogError as exc:
         print(f"{PROG}: {' '.join(str(exc).split())}", file=sys.stderr)
         return 2
-    for flag, path in (("--tls-cert", args.tls_cert), ("--tls-key", args.tls_key)):
+    files = [("--tls-cert", args.tls_cert), ("--tls-key", args.tls_key)]
+    if args.client_name and not args.client_ca:
+        print(f"{PROG}: --client-name needs --client-ca", file=sys.stderr)
+        return 2
+    for flag, path in files + ([("--client-ca", args.client_ca)] if args.client_ca else []):
         if not Path(path).is_file():
             print(f"{PROG}: {flag} {path}: no such file", file=sys.stderr)
             return 2
     try:
-        context = tls_context(args.tls_cert, args.tls_key)
+        context = tls_context(args.tls_cert, args.tls_key, args.client_ca)
     except (ssl.SSLError, OSError) as exc:
-        print(f"{PROG}: cannot use --tls-cert/--tls-key: {exc}", file=sys.stderr)
+        print(f"{PROG}: cannot use --tls-cert/--tls-key/--client-ca: {exc}", file=sys.stderr)
         return 2
     try:
         asyncio.run(serve(args, catalog, context))
