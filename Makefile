@@ -6,12 +6,13 @@ BIN := $(VENV)/bin
 STAMPS := .stamps
 export PATH := $(CURDIR)/node_modules/.bin:$(CURDIR)/$(BIN):$(PATH)
 
-.PHONY: help setup test lint demo bench docs clean system-deps labextension
+.PHONY: help setup test lint demo bench docs clean system-deps labextension test-gpu
 
 help:
 	@echo "make demo   - devcluster + JupyterHub with FracSpawner on http://127.0.0.1:8000 (PORT=8080 for another)"
 	@echo "make test   - ruff + the whole test suite (installs everything it needs)"
 	@echo "make bench  - benchmarks, results in benchmarks/results/"
+	@echo "make test-gpu - the real-GPU suite (tests/gpu; skips with the reason without an NVIDIA GPU)"
 	@echo "make docs   - Sphinx docs (warnings are errors) in docs/_build/html"
 
 # --- set-up -------------------------------------------------------------------------------
@@ -82,6 +83,15 @@ lint: $(STAMPS)/venv
 
 test: setup lint
 	$(BIN)/python -m pytest $(PYTEST_ARGS)
+
+# The real-GPU suite (tests/gpu; docs/serverext.md "The real-GPU suite"): not part of `make test`.
+# On a machine with an NVIDIA GPU and driver it installs cupy-cuda12x and cuda-python into the
+# venv and runs; elsewhere every test skips with the reason. It prints a table of what it measured.
+test-gpu: $(STAMPS)/venv
+	@if command -v nvidia-smi >/dev/null 2>&1; then \
+	  $(BIN)/pip install -q 'cupy-cuda12x' 'cuda-python>=12.8' || echo "test-gpu: could not install cupy-cuda12x/cuda-python"; \
+	fi
+	FRACSPAWNER_GPU_TESTS=1 $(BIN)/python -m pytest tests/gpu -rs -p no:cacheprovider $(PYTEST_ARGS)
 
 demo: $(STAMPS)/venv node_modules/.bin/configurable-http-proxy
 	$(BIN)/fracspawner demo $(if $(PORT),--port $(PORT))

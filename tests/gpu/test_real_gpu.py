@@ -1,0 +1,137 @@
+"""Real CUDA processes as kernels, read through real NVML, and hibernated through the real CUDA
+checkpoint API: what only a GPU can show (tests/gpu/conftest.py says when it runs).
+
+- NVML readings of a real kernel's allocation, attributed to that kernel (the /proc walk), and
+  the meter's numbers against nvidia-smi;
+- the framework memory caps FracSpawner puts in the pod's env (CUPY_GPU_MEMORY_LIMIT, from
+  backends._soft_caps) honoured by a real allocation;
+- hibernate/resume of a real kernel: memory freed per NVML, data intact after resume, resume time.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import time
+
+import pytest
+
+from tests.test_culler_support import JupyterServer, execute, wait_for
+
+ALLOC_MIB = 1024
+ALLOC = (
+    "import cupy, os\n"
+    f"a = cupy.arange({ALLOC_MIB} * 2**20 // 8, dtype=cupy.float64)\n"
+    "cupy.cuda.Device().synchronize()\n"
+    "expected = float(a.sum())\n"
+    "print(os.getpid())"
+)
+
+
+def smi(query: str) -> list[list[str]]:
+    out = subprocess.run(
+        ["nvidia-smi", f"--query-{query}", "--format=csv,noheader,nounits"],
+        check=True, capture_output=True, text=True, timeout=30,
+    ).stdout  # fmt: skip
+    return [[c.strip() for c in line.split(",")] for line in out.strip().splitlines() if line]
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("gpu")
+    s = JupyterServer(
+        tmp,
+        tmp / "unused.json",
+        source="nvml",
+        env={"FRACSPAWNER_GPU_SLICE": "1", "FRACSPAWNER_KERNEL_GPU_HIBERNATE_SECONDS": "5",
+             "FRACSPAWNER_KERNEL_GPU_IDLE_SECONDS": "3600"},
+        monitor={"poll_interval": 0.5},
+        config={"Hibernator": {"lock_timeout_ms": 20000}},
+    )  # fmt: skip
+    try:
+        yield s
+    finally:
+        s.stop()
+
+
+def new_kernel(server) -> str:
+    status, body = server.api("POST", "/api/kernels", {"name": "python3"})
+    assert status == 201, body
+    return body["id"]
+
+
+def entry(server, kid: str) -> dict:
+    return next((k for k in server.gpu()["kernels"] if k["id"] == kid), {})
+
+
+async def test_nvml_attributes_a_real_allocation_to_its_kernel(server, gpu_record):
+    kid = new_kernel(server)
+    pid = int(await execute(server.url, server.token, kid, ALLOC))
+    wait_for(lambda: entry(server, kid).get("gpu_memory_mib", 0) >= ALLOC_MIB, 60, "NVML reading")
+    seen = entry(server, kid)["gpu_memory_mib"]
+    apps = {int(p): float(m) for p, m in smi("compute-apps=pid,used_memory")}
+    gpu_record("kernel GPU memory (report) MiB", seen)
+    gpu_record("the same pid per nvidia-smi MiB", apps.get(pid))
+    assert pid in apps, apps  # nvidia-smi sees the same process (hostPID-less: same namespace)
+    assert abs(seen - apps[pid]) <= 2  # the meter's number is nvidia-smi's
+    report = server.gpu()
+    used = float(smi("gpu=memory.used")[0][0])
+    gpu_record(
+        "device memory used report / nvidia-smi MiB",
+        f"{report['devices'][0]['memory_used_mib']} / {used}",
+    )
+    assert abs(report["devices"][0]["memory_used_mib"] - used) <= 64  # sampled moments apart
+    server.api("DELETE", f"/api/kernels/{kid}")
+
+
+def test_cupy_memory_cap_from_the_pods_env_is_honoured(gpu_record):
+    from fracspawner.backends import _soft_caps
+
+    total = float(smi("gpu=memory.total")[0][0])
+    env = {**os.environ, **_soft_caps(512, int(total))}
+    code = (
+        "import cupy\n"
+        "try:\n"
+        "    cupy.empty(768 * 2**20, dtype=cupy.uint8)\n"
+        "    print('allocated')\n"
+        "except cupy.cuda.memory.OutOfMemoryError:\n"
+        "    print('refused')\n"
+        "cupy.empty(256 * 2**20, dtype=cupy.uint8)\n"
+        "print('small ok')\n"
+    )
+    out = subprocess.run(
+        ["python", "-c", code], env=env, capture_output=True, text=True, timeout=120, check=True
+    ).stdout.split()
+    gpu_record("768 MiB over a 512 MiB CUPY_GPU_MEMORY_LIMIT", out[0])
+    assert out == ["refused", "small", "ok"]
+
+
+async def test_hibernate_and_resume_a_real_kernel(server, gpu_record):
+    from fracspawner.serverext.checkpoint import CheckpointDriver, Unsupported
+
+    try:
+        CheckpointDriver().check()
+    except Unsupported as exc:
+        pytest.skip(f"hibernation not possible on this machine: {exc}")
+    kid = new_kernel(server)
+    pid = int(await execute(server.url, server.token, kid, ALLOC))
+    wait_for(lambda: entry(server, kid).get("gpu_memory_mib", 0) >= ALLOC_MIB, 60, "NVML reading")
+    started = time.monotonic()
+    wait_for(
+        lambda: (entry(server, kid).get("hibernation") or {}).get("state") == "hibernated",
+        120,
+        "hibernation",
+    )
+    gpu_record("hibernated after (s, policy 5 s)", round(time.monotonic() - started, 1))
+    # NVML: the process holds no GPU memory any more
+    wait_for(
+        lambda: pid not in {int(p) for p, _ in smi("compute-apps=pid,used_memory")}, 30, "freed"
+    )
+    gpu_record("hibernated MiB", entry(server, kid)["hibernation"]["hibernated_gpu_memory_mib"])
+    out = await execute(server.url, server.token, kid, "print(float(a.sum()) == expected)")
+    assert out.strip() == "True"  # the data survived, on the GPU again
+    h = entry(server, kid)["hibernation"]
+    gpu_record("resume seconds (1 GiB)", h["last_resume_seconds"])
+    assert h["state"] == "running"
+    assert pid in {int(p) for p, _ in smi("compute-apps=pid,used_memory")}
+    server.api("DELETE", f"/api/kernels/{kid}")
