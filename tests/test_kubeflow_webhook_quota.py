@@ -316,8 +316,11 @@ def test_a_terminating_pod_still_counts_until_it_is_gone(api, devcluster, tls, c
 
 
 def test_a_forged_review_reserves_for_seconds_only(api, devcluster, tls, catalog, tmp_path):
-    # the default window: no --reservation-ttl (the helper's 300 s replaced by the default)
-    webhook = start(catalog, devcluster, tls, tmp_path, "--reservation-ttl", "10")
+    from fracspawner.kubeflow.webhook import _parser
+
+    # the default window (the helper's 300 s replaced by the default)
+    default = str(_parser().get_default("reservation_ttl"))
+    webhook = start(catalog, devcluster, tls, tmp_path, "--reservation-ttl", default)
     try:
         # anyone reaching /mutate claims the namespace's whole quota for a pod never created
         forged = review(webhook, kubeflow_pod("forged", "ghost", "h100", "0.25"))
