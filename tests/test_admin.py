@@ -352,6 +352,7 @@ def test_admin_page_escapes_sorts_pages_and_says_how_far_back(catalog):
     assert 'href="/hub/admin?name_filter=%3Cb%3Eeve%3C/b%3E"' in html
     assert "at most 1440 per pool, 24.0 h" in html and "when the service last started" in html
     assert 'aria-sort="descending"' in html
+    assert "<td>1/4</td>" in html  # the slice in the picker's words, not the label's 0.25
     order = re.findall(r'<tr data-user="([^"]+)" data-server="" data-gpu="(\w+)"', html)
     assert [g for _, g in order] == ["busy", "idle", "unknown"]
     assert '<script src="/s/uplot/uPlot.iife.min.js">' in html  # shipped with the page

@@ -41,6 +41,7 @@ from tornado.log import app_log
 from ..backends import plan_slice
 from ..capacity.usage import Holder, holders_from_pods, pool_usage
 from ..choice.admission import options_gpu_equivalent, watch_usable
+from ..choice.offers import size_label
 from ..choice.options import offer_for
 from ..model.errors import SliceError
 from ..model.slices import parse_slice
@@ -219,7 +220,16 @@ def row_texts(row: Mapping[str, Any], now: float) -> dict[str, Any]:
             else ""
         ),
         "next_text": next_text,
+        "slice_text": _slice_words(row["slice"]),
     }
+
+
+def _slice_words(label: str) -> str:
+    """'0.25' -> '1/4', '10Gi' -> '10 GiB', as the picker says sizes; the label if odd."""
+    try:
+        return size_label(parse_slice(label, step=16))
+    except (SliceError, ValueError):
+        return label
 
 
 def _sort_key(key: str):
