@@ -190,14 +190,15 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--culler-url",
         default=os.environ.get("FRACSPAWNER_CULLER_URL", ""),
-        help="the culler's state API base (its report URL and prefix, e.g. "
-        "http://fracspawner-culler:10102/services/fracspawner-culler/), for the admin page",
+        help="where the culler serves api/state, for the admin page: its metrics port "
+        "(http://fracspawner-culler:9090/) or its report URL and prefix",
     )
     parser.add_argument(
         "--history-interval",
         type=float,
         default=60.0,
-        help="seconds between the admin page's history samples (24 h are kept)",
+        help="seconds between the admin page's history samples (at most 1,440 a pool are "
+        "kept: 24 h at the default)",
     )
     args = parser.parse_args(argv)
     if not args.catalog:
