@@ -90,7 +90,9 @@ class Webhook:
             else LocalLedger(self.pods, window)
         )
         self.detailed_refusals = detailed_refusals
-        #: with --client-name: the client certificate names allowed to post reviews
+        #: with --client-ca: /mutate needs a verified client certificate, with one of
+        #: these names if any (--client-name)
+        self.verify_clients = False
         self.client_names: set[str] = set()
         self.metrics = WebhookMetrics()
 
@@ -210,14 +212,20 @@ class MutateHandler(web.RequestHandler):
 
     async def post(self) -> None:
         started = time.perf_counter()
-        names = self.webhook.client_names
-        if names and not names & peer_names(self.request.get_ssl_certificate()):
-            log.warning(
-                "403 from %s: client certificate not among --client-name", self.request.remote_ip
-            )
-            self.set_status(403)
-            self.finish({"error": "this client certificate may not send admission reviews"})
-            return
+        if self.webhook.verify_clients:
+            # the TLS layer verified any certificate presented; /mutate needs one (the probes
+            # and Prometheus on the same port have none)
+            cert = self.request.get_ssl_certificate()
+            names = self.webhook.client_names
+            if not cert or (names and not names & peer_names(cert)):
+                log.warning(
+                    "403 from %s: %s",
+                    self.request.remote_ip,
+                    "no client certificate" if not cert else "not among --client-name",
+                )
+                self.set_status(403)
+                self.finish({"error": "this client may not send admission reviews"})
+                return
         try:
             review = parse_review(self.request.body)
         except BadReview as exc:
@@ -263,14 +271,15 @@ def make_app(webhook: Webhook) -> web.Application:
 
 
 def tls_context(cert: str, key: str, client_ca: str | None = None) -> ssl.SSLContext:
-    """The serving context; with `client_ca`, a client certificate it signed is required (the
-    API server's, from the kubeConfigFile of its AdmissionConfiguration: docs/kubeflow.md)."""
+    """The serving context; with `client_ca`, a client certificate is verified against it (the
+    API server's, from the kubeConfigFile of its AdmissionConfiguration: docs/kubeflow.md).
+    Optional at the TLS layer, so the kubelet's probes still connect; /mutate requires it."""
     context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
     context.minimum_version = ssl.TLSVersion.TLSv1_2
     context.load_cert_chain(cert, key)
     if client_ca:
         context.load_verify_locations(cafile=client_ca)
-        context.verify_mode = ssl.CERT_REQUIRED
+        context.verify_mode = ssl.CERT_OPTIONAL
     return context
 
 
@@ -367,6 +376,7 @@ async def serve(args: argparse.Namespace, catalog: Catalog, context: ssl.SSLCont
         window=args.reservation_ttl,
         detailed_refusals=bool(args.client_ca) or args.detailed_refusals,
     )
+    webhook.verify_clients = bool(args.client_ca)
     webhook.client_names = set(args.client_name)
     webhook.start()
     server = HTTPServer(make_app(webhook), ssl_options=context, max_body_size=MAX_BODY)
