@@ -20,6 +20,10 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "check": ("fracspawner.cli.check", "every mistake of a catalog at once; exit 0 when clean"),
     "capacity": ("fracspawner.cli.capacity", "free/total per pool and offer from a kube context"),
     "usage": ("fracspawner.cli.usage", "per-pool and per-server GPU holdings from a kube context"),
+    "doctor": (
+        "fracspawner.serverext.doctor",
+        "in a notebook pod: slice, limits, NVML, hibernation, culler reports",
+    ),
     "service": ("fracspawner.hub.service", "the hub service serving the picker's live offers"),
     "culler": ("fracspawner.culler.__main__", "the GPU-aware idle culler service"),
     "kubeflow": (
@@ -65,6 +69,7 @@ _EXTRAS = {
     "fracspawner.cli.capacity": "fracspawner[hub]",
     "fracspawner.cli.usage": "fracspawner[hub]",
     "fracspawner.culler": "fracspawner[culler]",
+    "fracspawner.serverext": "fracspawner[notebook]",
     "fracspawner.kubeflow.webhook": "fracspawner[webhook]",
 }
 

@@ -28,6 +28,9 @@ class GpuHandler(APIHandler):
         report = monitor.report(
             server_last_activity=last_activity, user_last_activity=user_activity(self.settings)
         )
+        reporter = self.settings.get("fracspawner_gpu_reporter")
+        if reporter is not None:  # for the user (fracspawner doctor); not sent to the culler
+            report["reporter"] = reporter.state()
         self.finish(json.dumps(report))
 
 

@@ -14,7 +14,7 @@ import asyncio
 import json
 import os
 from collections.abc import Callable
-from datetime import datetime
+from datetime import datetime, timezone
 from typing import Any
 
 from tornado.httpclient import AsyncHTTPClient, HTTPClientError, HTTPRequest
@@ -61,6 +61,7 @@ class GpuReporter(BackgroundLoop):
         self.server_name = server_name
         self.sent = 0
         self.last_error: str | None = None
+        self.last_sent_at: datetime | None = None
 
     @property
     def enabled(self) -> bool:
@@ -111,7 +112,18 @@ class GpuReporter(BackgroundLoop):
             self.log.info("fracspawner: GPU reports reach the culler again")
         self.last_error = None
         self.sent += 1
+        self.last_sent_at = datetime.now(timezone.utc)
         return True
+
+    def state(self) -> dict:
+        """What `fracspawner doctor` shows: where reports go and how the last ones went."""
+        return {
+            "enabled": self.enabled,
+            "endpoint": self.endpoint if self.culler_url else None,
+            "sent": self.sent,
+            "last_sent_at": _iso(self.last_sent_at) if self.last_sent_at else None,
+            "last_error": self.last_error,
+        }
 
 
 def _iso(value: object) -> str:

@@ -1,0 +1,211 @@
+"""`fracspawner doctor`: in a notebook pod (a terminal, or `kubectl exec` as an admin), what the
+pod was given and what works, in plain words on one screen.
+
+- the slice, pool and idle policy FracSpawner put in the environment, the pod's memory and CPU
+  limits (cgroup files), and the GPU-related environment (device visibility, sharing limits,
+  framework caps);
+- what NVML sees (devices, memory, processes), or why it cannot be read;
+- whether GPU hibernation is possible here, and why not;
+- whether the culler is reachable, and whether this server's reports reach it (from the running
+  server's own extension, found through jupyter-server's runtime files).
+
+It changes nothing and needs no privilege. Exit status 0, or 1 when something needs attention.
+"""
+
+from __future__ import annotations
+
+import argparse
+import glob
+import json
+import os
+import sys
+import urllib.error
+import urllib.request
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+from .checkpoint import CheckpointDriver, Unsupported, host_headroom
+from .podinfo import PodInfo, gib
+from .sources import GpuUnavailable, NvmlSource
+
+GPU_ENV = (
+    "NVIDIA_VISIBLE_DEVICES", "CUDA_VISIBLE_DEVICES", "CUDA_DEVICE_MEMORY_LIMIT",
+    "CUDA_DEVICE_SM_LIMIT", "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE", "CUDA_MPS_PINNED_DEVICE_MEM_LIMIT",
+    "CUPY_GPU_MEMORY_LIMIT", "XLA_PYTHON_CLIENT_MEM_FRACTION", "TF_FORCE_GPU_ALLOW_GROWTH",
+    "GPU_MEM_LIMIT_GB",
+)  # fmt: skip
+
+
+def _minutes(seconds: float | None) -> str:
+    if seconds is None:
+        return "off"
+    if seconds >= 3600 and seconds % 3600 == 0:
+        return f"{seconds / 3600:g} h"
+    return f"{seconds / 60:g} min" if seconds >= 60 else f"{seconds:g} s"
+
+
+def _cpu_limit(root: Path) -> str | None:
+    try:
+        quota, period = (root / "cpu.max").read_text().split()
+    except (OSError, ValueError):
+        return None
+    return None if quota == "max" else f"{int(quota) / int(period):g} CPUs"
+
+
+def pod_lines(env: Mapping[str, str], cgroup: str, meminfo: str) -> list[str]:
+    pod = PodInfo.from_environ(env)
+    label = pod.slice_json()["label"]
+    lines = [
+        f"Slice:       {label} (pool {pod.pool})" if label else
+        "Slice:       none: FracSpawner gave this pod no GPU (FRACSPAWNER_GPU_SLICE unset)",
+    ]  # fmt: skip
+    p = pod.policy
+    lines.append(
+        f"Idle policy: idle kernels hibernate {_minutes(p.kernel_gpu_hibernate)}, shut down "
+        f"{_minutes(p.kernel_gpu_idle)}; server stopped GPU-idle {_minutes(p.server_gpu_idle)}, "
+        f"idle {_minutes(p.server_idle)}"
+    )
+    room = host_headroom(cgroup, meminfo)
+    root = Path(cgroup)
+    limit = (root / "memory.max").read_text().strip() if (root / "memory.max").exists() else ""
+    memory = f"memory limit {gib(int(limit) / 2**20)}" if limit.isdigit() else "no memory limit"
+    free = "unknown" if room.free_mib is None else gib(room.free_mib)
+    cpu = _cpu_limit(root) or "no CPU limit"
+    lines.append(f"Limits:      {memory} ({free} free under {room.where}), {cpu}")
+    gpu_env = [f"{k}={env[k]}" for k in GPU_ENV if env.get(k)]
+    lines.append("GPU env:     " + (", ".join(gpu_env) if gpu_env else "none set"))
+    return lines
+
+
+def nvml_lines() -> tuple[list[str], bool]:
+    source = NvmlSource()
+    try:
+        sample = source.sample()
+    except GpuUnavailable as exc:
+        return [f"NVML:        cannot read the GPU: {exc}"], False
+    finally:
+        source.close()
+    lines = [f"NVML:        {len(sample.devices)} device(s) visible"]
+    for d in sample.devices[:4]:
+        util = "n/a (MIG)" if d.utilization is None else f"{d.utilization:.0f}%"
+        lines.append(
+            f"  {d.index}: {d.name}, {gib(d.memory_used_mib)} of {gib(d.memory_total_mib)} used, "
+            f"utilisation {util}"
+        )
+    mine = sum(p.memory_mib for p in sample.processes)
+    lines.append(f"  {len(sample.processes)} compute process(es) listed, {gib(mine)} in all")
+    return lines, bool(sample.devices)
+
+
+def hibernation_lines(env: Mapping[str, str], cgroup: str, meminfo: str) -> tuple[list[str], bool]:
+    policy = PodInfo.from_environ(env).policy.kernel_gpu_hibernate
+    try:
+        CheckpointDriver().check()
+    except Unsupported as exc:
+        return [f"Hibernation: not possible here: {exc}"], policy is None
+    except Exception as exc:  # a broken binding says so rather than a traceback
+        return [f"Hibernation: not possible here: the checkpoint API failed: {exc}"], False
+    if policy is None:
+        return ["Hibernation: possible, but off for this pool (kernel_gpu_hibernate)"], True
+    room = host_headroom(cgroup, meminfo)
+    free = "an unknown amount" if room.free_mib is None else gib(room.free_mib)
+    return [
+        f"Hibernation: possible (CUDA checkpoint API); a kernel can park up to {free} of GPU "
+        f"memory in host memory ({room.where})"
+    ], room.free_mib is not None
+
+
+def _servers(runtime_dir: str) -> list[dict]:
+    found = []
+    for path in sorted(glob.glob(os.path.join(runtime_dir, "jpserver-*.json"))):
+        try:
+            found.append(json.loads(Path(path).read_text()))
+        except (OSError, ValueError):
+            continue
+    return found
+
+
+def _get(url: str, token: str | None) -> tuple[int, Any]:
+    req = urllib.request.Request(url)
+    if token:
+        req.add_header("Authorization", f"token {token}")
+    try:
+        with urllib.request.urlopen(req, timeout=10) as resp:
+            return resp.status, json.loads(resp.read() or b"null")
+    except urllib.error.HTTPError as exc:
+        return exc.code, None
+
+
+def server_report(env: Mapping[str, str], runtime_dir: str) -> dict | None:
+    """This pod's running server's own report (its extension), if it can be asked."""
+    for info in _servers(runtime_dir):
+        url = info.get("url", "").rstrip("/") + "/api/fracspawner/gpu"
+        for token in (info.get("token"), env.get("JUPYTERHUB_API_TOKEN")):
+            try:
+                status, body = _get(url, token)
+            except OSError:
+                break
+            if status == 200 and isinstance(body, dict):
+                return body
+    return None
+
+
+def culler_lines(env: Mapping[str, str], report: dict | None) -> tuple[list[str], bool]:
+    url = (env.get("FRACSPAWNER_CULLER_URL") or "").strip()
+    if not url:
+        return ["Culler:      not configured (FRACSPAWNER_CULLER_URL unset): no reports sent"], True
+    endpoint = url.rstrip("/") + "/api/reports"
+    req = urllib.request.Request(endpoint, data=b"{}", method="POST")
+    try:
+        with urllib.request.urlopen(req, timeout=10) as resp:
+            status = resp.status
+    except urllib.error.HTTPError as exc:
+        status = exc.code  # 401 without a token: it is there and asks who we are
+    except OSError as exc:
+        return [f"Culler:      NOT reachable at {endpoint}: {getattr(exc, 'reason', exc)}"], False
+    lines = [f"Culler:      reachable at {endpoint} (HTTP {status} without a token, as expected)"]
+    reporter = (report or {}).get("reporter")
+    if reporter is None:
+        lines.append("  reports:   unknown (the notebook server's extension could not be asked)")
+        return lines, True
+    if reporter.get("last_error"):
+        lines.append(f"  reports:   REFUSED: {reporter['last_error']}")
+        return lines, False
+    if not reporter.get("sent"):
+        lines.append("  reports:   none sent yet (one a minute once the server runs)")
+        return lines, True
+    lines.append(f"  reports:   {reporter['sent']} sent, the last at {reporter['last_sent_at']}")
+    return lines, True
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        prog="fracspawner doctor",
+        description="What this notebook pod was given and what works: slice, limits, NVML, "
+        "hibernation, culler.",
+    )
+    parser.add_argument("--cgroup", default="/sys/fs/cgroup", help="the cgroup files' directory")
+    parser.add_argument("--meminfo", default="/proc/meminfo", help=argparse.SUPPRESS)
+    args = parser.parse_args(argv)
+    env = os.environ
+    runtime = env.get("JUPYTER_RUNTIME_DIR") or os.path.expanduser("~/.local/share/jupyter/runtime")
+    lines = ["fracspawner doctor: this notebook pod", ""]
+    lines += pod_lines(env, args.cgroup, args.meminfo)
+    nvml, gpu_ok = nvml_lines()
+    hib, hib_ok = hibernation_lines(env, args.cgroup, args.meminfo)
+    report = server_report(env, runtime)
+    culler, culler_ok = culler_lines(env, report)
+    lines += nvml + hib + culler
+    if report is not None and report.get("kernels"):
+        parked = report.get("hibernated_gpu_memory_mib") or 0
+        lines.append(f"Kernels:     {len(report['kernels'])} running, {gib(parked)} hibernated")
+    wants_gpu = PodInfo.from_environ(env).gpu is not None
+    ok = culler_ok and (gpu_ok or not wants_gpu) and (hib_ok or not wants_gpu)
+    lines += ["", "All fine." if ok else "Something needs attention: see the lines above."]
+    print("\n".join(lines))
+    return 0 if ok else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,131 @@
+"""`fracspawner doctor` (issue 22 item 6): run as a user would in a notebook terminal, beside a
+real jupyter server with the extension (GPU through the fake pynvml, hibernation through the
+fake checkpoint driver) that pushes its reports to a culler stand-in answering like the real
+receiver (fracspawner/culler/receiver.py: 401 without a token, 204 when taken)."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import threading
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+import pytest
+
+from tests.test_culler_support import JupyterServer, wait_for
+from tests.test_hibernation import FAKE, set_cgroup
+
+POD_ENV = {
+    "FRACSPAWNER_GPU_SLICE": "1/4",
+    "FRACSPAWNER_GPU_POOL": "h100",
+    "FRACSPAWNER_GPU_POOL_DISPLAY": "H100",
+    "FRACSPAWNER_GPU_MEMORY_MIB": "20480",
+    "FRACSPAWNER_KERNEL_GPU_HIBERNATE_SECONDS": "600",
+    "FRACSPAWNER_KERNEL_GPU_IDLE_SECONDS": "1800",
+    "FRACSPAWNER_SERVER_GPU_IDLE_SECONDS": "3600",
+    "FRACSPAWNER_SERVER_IDLE_SECONDS": "28800",
+    "CUPY_GPU_MEMORY_LIMIT": str(20480 * 2**20),
+}
+
+
+class CullerStandIn:
+    def __init__(self) -> None:
+        self.reports = 0
+        me = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def do_POST(self) -> None:  # noqa: N802
+                self.rfile.read(int(self.headers.get("Content-Length") or 0))
+                if not self.headers.get("Authorization"):
+                    self.send_response(401)
+                else:
+                    me.reports += 1
+                    self.send_response(204)
+                self.end_headers()
+
+            def log_message(self, *args) -> None:
+                pass
+
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.url = f"http://127.0.0.1:{self.server.server_address[1]}/services/culler/"
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+
+
+@pytest.fixture(scope="module")
+def pod(tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("doctor")
+    state = tmp / "nvml.json"
+    state.write_text(json.dumps({"cuda_driver_version": 12080, "gpus": [
+        {"name": "NVIDIA H100 80GB HBM3", "memory_total_mib": 81559, "utilization": 3,
+         "processes": [{"pid": 4242, "memory_mib": 6144, "sm": 0}]}]}))  # fmt: skip
+    cgroup = tmp / "cgroup"
+    cgroup.mkdir()
+    set_cgroup(cgroup, 16, 4)
+    (cgroup / "cpu.max").write_text("200000 100000\n")
+    culler = CullerStandIn()
+    env = {
+        **POD_ENV,
+        "PYTHONPATH": os.pathsep.join([str(FAKE), os.environ.get("PYTHONPATH", "")]),
+        "FAKE_NVML_STATE": str(state),
+        "FRACSPAWNER_CULLER_URL": culler.url,
+        "JUPYTERHUB_API_TOKEN": "server-token",
+    }
+    server = JupyterServer(
+        tmp, tmp / "unused.json", source="nvml", env=env,
+        config={"GpuReporter": {"report_interval": 0.5}},
+    )  # fmt: skip
+    try:
+        yield server, env, cgroup, culler
+    finally:
+        server.stop()
+        culler.server.shutdown()
+
+
+def doctor(env: dict, cgroup, tmp) -> tuple[int, str]:
+    result = subprocess.run(
+        [sys.executable, "-m", "fracspawner", "doctor", f"--cgroup={cgroup}"],
+        env={**os.environ, **env, "JUPYTER_RUNTIME_DIR": str(tmp / "runtime")},
+        capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    return result.returncode, result.stdout + result.stderr
+
+
+def test_doctor_in_a_healthy_gpu_pod(pod):
+    server, env, cgroup, culler = pod
+    wait_for(lambda: culler.reports > 0, 30, "a report at the culler")
+    rc, out = doctor(env, cgroup, server.tmp)
+    assert rc == 0, out
+    lines = out.splitlines()
+    assert len(lines) <= 24  # one screen
+    assert "Slice:       1/4 H100 · 20 GiB (pool h100)" in lines
+    assert (
+        "Idle policy: idle kernels hibernate 10 min, shut down 30 min; server stopped GPU-idle "
+        "1 h, idle 8 h" in lines
+    )
+    assert (
+        "Limits:      memory limit 16 GiB (12 GiB free under the pod's memory limit), 2 CPUs" in out
+    )
+    assert f"CUPY_GPU_MEMORY_LIMIT={20480 * 2**20}" in out
+    assert "NVML:        1 device(s) visible" in lines
+    assert "  0: NVIDIA H100 80GB HBM3, 6 GiB of 79.6 GiB used, utilisation 3%" in lines
+    assert "Hibernation: possible (CUDA checkpoint API)" in out
+    assert f"Culler:      reachable at {culler.url}api/reports (HTTP 401" in out
+    assert "  reports:   " in out and " sent, the last at " in out
+    assert out.rstrip().endswith("All fine.")
+
+
+def test_doctor_says_what_is_wrong(pod, tmp_path):
+    server, env, cgroup, _ = pod
+    broken = {
+        **env,
+        "PYTHONPATH": os.environ.get("PYTHONPATH", ""),  # no cuda-python, no NVML library
+        "FRACSPAWNER_CULLER_URL": "http://127.0.0.1:9/services/culler/",  # nobody there
+    }
+    rc, out = doctor(broken, cgroup, tmp_path)
+    assert rc == 1, out
+    assert "NVML:        cannot read the GPU: NVML could not start" in out
+    assert "Hibernation: not possible here: cuda-python is not installed" in out
+    assert "Culler:      NOT reachable at http://127.0.0.1:9/services/culler/api/reports" in out
+    assert out.rstrip().endswith("Something needs attention: see the lines above.")
