@@ -72,11 +72,14 @@ Z2JH_DEFAULTS: dict[str, Any] = {
 }
 
 
-def merged_values(*layers: Mapping[str, Any]) -> dict[str, Any]:
-    """z2jh's defaults, then each `--values` file in order, composed by Helm's own code."""
+def merged_values(
+    *layers: Mapping[str, Any], base: Mapping[str, Any] | None = None
+) -> dict[str, Any]:
+    """z2jh's defaults (or `base`), then each `--values` file in order, composed by Helm's
+    own code."""
     import helm_python as helm
 
-    result: dict[str, Any] = copy.deepcopy(Z2JH_DEFAULTS)
+    result: dict[str, Any] = copy.deepcopy(dict(Z2JH_DEFAULTS if base is None else base))
     for layer in layers:
         with tempfile.TemporaryDirectory() as tmp:
             chart = Path(tmp)
