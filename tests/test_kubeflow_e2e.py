@@ -22,6 +22,7 @@ from tornado.httpserver import HTTPServer
 from tornado.netutil import bind_sockets
 
 from devcluster.validation import validate as k8s_validate
+from fracspawner.backends import load_catalog
 from fracspawner.kubeflow.cli import main as kubeflow_main
 from tests.kubeflow_support import (
     WebhookProcess,
@@ -29,6 +30,9 @@ from tests.kubeflow_support import (
     changes,
     make_tls,
     notebook_pod,
+    other_pod,
+    podconfig_spec,
+    workspace_pod,
 )
 from tests.test_kubeflow_webhook import kubeflow_catalog, plan_pod
 
@@ -301,6 +305,39 @@ def test_the_slice_of_a_running_pod_cannot_be_changed(cluster):
     )
     assert status == 200, body
     assert client.get(path)["metadata"]["annotations"]["fracspawner.io/gpu-equivalent"] == "0.25"
+
+
+def test_each_pod_goes_to_its_webhook_through_the_exported_object_selectors(cluster, catalog):
+    """Issue 19 items 1, 2, 11 through the devcluster's admission path with the exported
+    configuration: a Workspace's pod (workspace_pod: labels as workspace_controller.go sets
+    them) goes to workspaces.slices..., a pipeline step to pods.slices..., which counts its
+    GPU and otherwise leaves it exactly as it was sent."""
+    client = cluster["client"]
+    pool = load_catalog(catalog)
+    big = workspace_pod("alice", "big", podconfig_spec(pool, "h100", "1"))
+    big["spec"]["schedulerName"] = "not-served"
+    status, body = create(client, big)
+    assert status == 403, body
+    assert body["message"].startswith(
+        'admission webhook "workspaces.slices.webhook.fracspawner.io" denied the request: '
+        "fracspawner refused the GPU slice 1 on pool h100 in namespace alice: it counts as 1 GPU"
+    )
+    step = other_pod("lab", "train-x7k2p-1", {"limits": {"nvidia.com/mig-1g.10gb": "2"}})
+    step["spec"]["schedulerName"] = "not-served"
+    status, created = create(client, step)
+    assert status == 201, created
+    assert created["metadata"]["labels"] == step["metadata"]["labels"]
+    assert created["metadata"]["annotations"] == step["metadata"]["annotations"]
+    (main,) = created["spec"]["containers"]
+    assert main["resources"] == step["spec"]["containers"][0]["resources"]
+    assert "env" not in main and "nodeSelector" not in created["spec"]
+    whole = other_pod("bob", "train-x7k2p-2", {"limits": {"nvidia.com/gpu": "1"}})
+    status, body = create(client, whole)
+    assert status == 403, body
+    assert body["message"].startswith(
+        'admission webhook "pods.slices.webhook.fracspawner.io" denied the request: '
+        "fracspawner refused this pod's GPU in namespace bob"
+    )
 
 
 def test_with_the_webhook_down_slice_pods_are_refused_and_others_only_if_so_configured(
