@@ -495,3 +495,25 @@ def test_chart_ships_the_dashboard_for_grafanas_sidecar_behind_a_flag():
     with pytest.raises(helm.HelmValuesError) as info:
         render({"metrics": {"grafanaDashboard": {"enable": True}}})
     assert "additional properties 'enable' not allowed" in str(info.value)
+
+
+async def test_when_neither_watch_nor_hub_can_tell_held_is_unknown_never_zero(catalog):
+    # no pod watch (--no-live-capacity) and a hub that does not answer (nothing listens there)
+    from devcluster.localhub import free_port
+    from fracspawner.hub.admin import AdminData
+
+    data = AdminData(
+        catalog, None, hub_api_url=f"http://127.0.0.1:{free_port()}/hub/api", token="t"
+    )
+    model = await data.model()
+    assert model["holders_known"] is False
+    assert {p["held"] for p in model["pools"]} == {None}
+    assert (
+        data.metrics.registry.get_sample_value(
+            "fracspawner_pool_gpu_equivalents_held", {"pool": "t4"}
+        )
+        is None
+    )
+    html = render_admin_page(model, user="admin", hub_prefix="/hub/", static_prefix="/s/")
+    assert "Who holds what is unknown" in html and "0 slices" not in html
+    data.http.close()

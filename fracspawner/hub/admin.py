@@ -270,8 +270,11 @@ def build_admin_model(
     now: float,
     *,
     culler_error: str = "",
+    holders_known: bool = True,
 ) -> dict[str, Any]:
-    """Everything the admin page shows, as plain data (the JSON API's answer too)."""
+    """Everything the admin page shows, as plain data (the JSON API's answer too).
+    `holders_known` False: neither the pod watch nor the hub could say who holds what, so the
+    pools' held/waiting/idle-held are unknown (None), never 0."""
     rows = holder_rows(holders, culler, now)
     idle: dict[str, float] = {}
     for row in rows:
@@ -281,6 +284,9 @@ def build_admin_model(
     for usage in pool_usage(catalog, capacity, holders):
         entry = asdict(usage)
         entry["idle_held_gpu"] = round(idle.get(usage.name, 0.0), 6) if culler else None
+        if not holders_known:
+            for key in ("held", "waiting", "held_gpu", "waiting_gpu", "idle_held_gpu"):
+                entry[key] = None
         pools.append(entry)
     events = list((culler or {}).get("history") or [])
     events.reverse()  # newest first
@@ -289,6 +295,7 @@ def build_admin_model(
         "pools": pools,
         "servers": rows,
         "stale": bool(getattr(capacity, "stale", False)),
+        "holders_known": holders_known,
         "culler": {
             "connected": culler is not None,
             "error": culler_error,
@@ -442,9 +449,9 @@ class PoolMetrics:
         self.stale.set(int(model["stale"]))
         for pool in model["pools"]:
             name = pool["name"]
-            self.slices.labels(name, "held").set(pool["held"])
-            self.slices.labels(name, "waiting").set(pool["waiting"])
-            self.held.labels(name).set(pool["held_gpu"])
+            self._maybe(self.slices, (name, "held"), pool["held"])
+            self._maybe(self.slices, (name, "waiting"), pool["waiting"])
+            self._maybe(self.held, (name,), pool["held_gpu"])
             self._maybe(self.free, (name,), pool["free_gpu"])
             self._maybe(self.idle_held, (name,), pool["idle_held_gpu"])
             for offer in pool["offers"]:
@@ -557,10 +564,13 @@ class AdminData:
                 await self.watcher.start()
                 capacity = self.watcher.snapshot()
             users, (culler, error) = await asyncio.gather(self.hub_users(), self.culler_state())
+            known = True
             if watch_usable(capacity):
                 holders = holders_from_pods(self.watcher.pods(), started_by_server(users or []))
-            else:
-                holders = holders_from_servers(self.catalog, users or [])
+            elif users is not None:
+                holders = holders_from_servers(self.catalog, users)
+            else:  # neither the watch nor the hub can tell: unknown, never "nobody"
+                holders, known = [], False
             model = build_admin_model(
                 self.catalog,
                 capacity,
@@ -569,6 +579,7 @@ class AdminData:
                 self.history_json(),
                 now,
                 culler_error=error,
+                holders_known=known,
             )
             self.metrics.update(model)
             self._cache = (now, model)
