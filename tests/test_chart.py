@@ -1296,10 +1296,8 @@ def test_kubeflow_poddefaults_are_the_exports():
             "webhook": {"enabled": True},
             "kubeflow": {"enabled": True, "namespaces": [{"name": "team-a"}]},
         }
-        got = {
-            pd["metadata"]["name"]: (pd["metadata"]["namespace"], pd["spec"])
-            for pd in by_kind(objects(render(values)), "PodDefault")
-        }
+        charted = by_kind(objects(render(values)), "PodDefault")
+        got = {pd["metadata"]["name"]: (pd["metadata"]["namespace"], pd["spec"]) for pd in charted}
         exported = [
             poddefault(pool, offer, plan, "team-a")
             for pool, offer, plan in offers_for(load_catalog(catalog), None)
@@ -1307,6 +1305,12 @@ def test_kubeflow_poddefaults_are_the_exports():
         want = {pd["metadata"]["name"]: ("team-a", pd["spec"]) for pd in exported}
         assert got == want
         assert max(len(name) for name in got) <= 52
+        # labels: no key the two set differently (Helm's managed-by is not the export's)
+        by_name = {pd["metadata"]["name"]: pd["metadata"]["labels"] for pd in exported}
+        for pd in charted:
+            ours, theirs = pd["metadata"]["labels"], by_name[pd["metadata"]["name"]]
+            shared = ours.keys() & theirs.keys()
+            assert shared and all(ours[k] == theirs[k] for k in shared), (ours, theirs)
 
 
 def test_network_policies_are_narrow_by_default_and_say_what_they_could_not_narrow():

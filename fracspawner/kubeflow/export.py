@@ -53,7 +53,10 @@ PODDEFAULT_WEBHOOK = "poddefaults-webhook-mutating-webhook-configuration"
 WEBHOOK_NAME = "slices.webhook.fracspawner.io"
 #: the second webhook of the configuration: slice labels and quota annotations stay as admitted
 GUARD_NAME = "guard.slices.webhook.fracspawner.io"
-MANAGED_BY = {"app.kubernetes.io/managed-by": "fracspawner"}
+#: the label of every exported object: the Helm chart's objects carry it too, with the same
+#: value, and no key of the chart's labels (app.kubernetes.io/managed-by: Helm, ...) is set
+#: differently here, so applying both rewrites neither (issue 19 item 8)
+MANAGED_BY = {"app.kubernetes.io/part-of": "fracspawner"}
 #: Notebooks 2.0: ActivityRuleConfig.secondsSinceActive has Minimum 16
 MIN_SECONDS_SINCE_ACTIVE = 16
 
