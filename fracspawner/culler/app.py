@@ -32,7 +32,7 @@ from .podname import DEFAULT_TEMPLATE, pod_name
 from .policy import PoolPolicy, gpu_windows, policy_for_server
 from .prometheus import DEFAULT_JOB, DcgmConfig, PrometheusError, build_query, parse_result
 from .prometheus import query as prom_query
-from .receiver import MAX_BODY, receiver_app
+from .receiver import MAX_BODY, receiver_app, report_server
 from .reports import CulledKernel, ReportStore
 from .state import CullerState, CullEvent, server_row
 from .stateapi import state_handler
@@ -424,7 +424,7 @@ class Culler(CullerApplication):
         prefix = "/" + self.report_prefix.strip("/") + "/" if self.report_prefix.strip("/") else "/"
         state = state_handler(f"{prefix}api/state", self.verifier, self.state_json)
         app.add_handlers(r".*", [state])
-        server = HTTPServer(app, max_body_size=MAX_BODY * 2)
+        server = report_server(app, self.verifier(), max_body_size=MAX_BODY * 2)
         server.listen(where.port or 80, where.hostname or "")
         self.log.info(
             "GPU reports taken at %s://%s:%s%sapi/reports",

@@ -104,6 +104,11 @@ class RateLimit:
         self._buckets: OrderedDict[str, Bucket] = OrderedDict()
         self._total: Bucket | None = None
 
+    def blocked(self, key: str, now: float) -> bool:
+        """Whether `key` has nothing left in its bucket (nothing taken, no entry made)."""
+        bucket = self._buckets.get(key)
+        return bucket is not None and bucket.wait(self.rate, self.burst, now) > 0
+
     def take(self, key: str, now: float) -> float:
         """0 and one taken from both buckets; else the seconds to wait (nothing taken)."""
         bucket = self._buckets.get(key)

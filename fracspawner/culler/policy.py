@@ -1,9 +1,10 @@
 """Which idle policy applies to a server: its pool's (from the catalog), found without I/O.
 
-A server's pool is its `user_options["pool"]`. A spawn that left the pool out was placed by
-FracSpawner on a pool that can serve its slice, and the hub's server model does not say which:
-the candidates are then the pools offering that slice, and the most lenient of their policies
-applies, so no server is culled sooner than its actual pool allows.
+A server's pool is its `user_options["pool"]`, which FracSpawner writes back with the pool the
+pod is on (also when the spawn left it out, and again after a hub restart), refusing names it
+would have to rewrite. A server whose model names no pool (spawned before that) may be on any
+pool offering its slice: the most lenient of their policies applies, so no server is culled
+sooner than its actual pool allows.
 """
 
 from __future__ import annotations

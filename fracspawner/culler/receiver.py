@@ -10,11 +10,16 @@ The token is checked before the body is parsed.
 from __future__ import annotations
 
 import json
+import logging
 import math
 import time
 from collections.abc import Callable
+from typing import Any
 
 from tornado import web
+from tornado.httpserver import HTTPServer
+from tornado.iostream import IOStream
+from tornado.log import access_log
 
 from .identity import Identity, Refused, TokenVerifier, identity_from_model
 from .reports import CulledKernel, ReportError, ReportStore, load_report, parse_report
@@ -39,6 +44,10 @@ class ReportHandler(web.RequestHandler):
 
     def _refuse(self, code: int, message: str) -> None:
         # the message may quote the body: JSON only, never the status line or a header
+        if code == 429:  # over its budget: close, so its next request meets ReportServer's gate
+            connection = self.request.connection
+            if hasattr(connection, "_disconnect_on_finish"):
+                connection._disconnect_on_finish = True
         self.set_status(code)
         self.set_header("Content-Type", "application/json")
         self.finish(json.dumps({"status": code, "message": message[:300]}))
@@ -73,9 +82,54 @@ class ReportHandler(web.RequestHandler):
         self.set_status(204)
 
 
+def _log_request(handler: web.RequestHandler) -> None:
+    """Tornado's access log, with refusals at debug: random tokens must not flood the log."""
+    status = handler.get_status()
+    level = logging.DEBUG if status in (401, 403, 429) else logging.INFO
+    if status >= 500:
+        level = logging.ERROR
+    request = handler.request
+    access_log.log(
+        level,
+        "%d %s %s (%s) %.2fms",
+        status,
+        request.method,
+        request.uri,
+        request.remote_ip,
+        1000.0 * request.request_time(),
+    )
+
+
+class ReportServer(HTTPServer):
+    """The report endpoint's HTTP server: a connection from an address that has spent its
+    budget of unknown tokens (identity.RateLimit) is closed before its request is read, so a
+    flood costs the culler's event loop an accept, not a parsed request, and a real server's
+    report does not queue behind it."""
+
+    verifier: TokenVerifier | None = None
+
+    def handle_stream(self, stream: IOStream, address: tuple) -> None:
+        verifier = self.verifier
+        if verifier is not None and address and isinstance(address[0], str):
+            if verifier.limit.blocked(address[0], time.monotonic()):
+                verifier.limited += 1
+                stream.close()
+                return
+        super().handle_stream(stream, address)
+
+
 def receiver_app(
     prefix: str, verifier: TokenVerifier, store: ReportStore, on_report: OnReport
 ) -> web.Application:
     prefix = "/" + prefix.strip("/") + "/" if prefix.strip("/") else "/"
     args = {"verifier": verifier, "store": store, "on_report": on_report}
-    return web.Application([(f"{prefix}api/reports", ReportHandler, args)])
+    return web.Application(
+        [(f"{prefix}api/reports", ReportHandler, args)], log_function=_log_request
+    )
+
+
+def report_server(app: web.Application, verifier: TokenVerifier, **kwargs: Any) -> ReportServer:
+    """The HTTP server for `app` (receiver_app's), gated by the verifier's rate limit."""
+    server = ReportServer(app, **kwargs)
+    server.verifier = verifier
+    return server
