@@ -101,19 +101,27 @@ def start_devcluster(topology: Path, state_dir: Path, timeout: float = 60) -> su
         stderr=log,
         text=True,
         start_new_session=True,
+        # the demo has no GPU: its GPU pods read a simulated one, so the JupyterLab meter and
+        # its warnings can be seen (devcluster/kubelet.py simulated_gpu_env; demo only)
+        env={**os.environ, "DEVCLUSTER_SIMULATED_GPU": "1"},
     )
     deadline = time.monotonic() + timeout
     assert proc.stdout is not None
-    while time.monotonic() < deadline:
-        line = proc.stdout.readline()
-        if not line:
-            if proc.poll() is not None:
-                raise RuntimeError(
-                    f"devcluster exited with {proc.returncode}; see {state_dir / 'devcluster.log'}"
-                )
-            continue
-        if READY.search(line):
-            return proc
+    try:
+        while time.monotonic() < deadline:
+            line = proc.stdout.readline()
+            if not line:
+                if proc.poll() is not None:
+                    raise RuntimeError(
+                        f"devcluster exited with {proc.returncode}; "
+                        f"see {state_dir / 'devcluster.log'}"
+                    )
+                continue
+            if READY.search(line):
+                return proc
+    except BaseException:  # Ctrl-C or SIGTERM while it starts: not left running
+        stop_process(proc)
+        raise
     stop_process(proc)
     raise TimeoutError("devcluster did not become ready")
 
@@ -153,32 +161,50 @@ def main(argv: list[str]) -> int:
     banner = "".join(
         f"    {line}\n" for line in who_sees_what(load_catalog(catalog_file), DEMO_GROUP_MEMBERS)
     )
-    cluster = start_devcluster(args.topology or demo_topology(), state_dir)
-    hub = None
+    # SIGTERM (say, to make's process group) and SIGHUP stop everything like Ctrl-C, from the
+    # start: one before the hub was up killed this process and left the devcluster running
+    signal.signal(signal.SIGTERM, _interrupt)
+    signal.signal(signal.SIGHUP, _interrupt)
+    cluster = hub = None
     try:
+        cluster = start_devcluster(args.topology or demo_topology(), state_dir)
         hub = start_hub(
             state_dir=state_dir / "hub",
             kubeconfig=state_dir / "kubeconfig",
             catalog_file=catalog_file,
             port=args.port,
             password=password,
-            log_to_console=True,
+            # the hub's, the proxy's and the service's logs go to a file: the password and
+            # who-sees-what stay the last lines on the screen (no proxy noise scrolls them off)
+            log_to_console=False,
             extra_config=DEMO_GROUPS,
         )
         print(
             f"\n  fracspawner demo: {hub.url}/hub/login   password: {password}\n"
             f"  who sees what (the access rules of {catalog_file.name}):\n{banner}"
             f"  GPU admin page (log in as admin): {hub.url}/services/fracspawner/admin\n"
+            f"  logs: {hub.log_path} (hub, proxy, service), {state_dir / 'devcluster.log'}\n"
             "  Ctrl-C stops everything.\n",
             flush=True,
         )
-        signal.signal(signal.SIGTERM, _interrupt)
         while hub.process.poll() is None and cluster.poll() is None:
             time.sleep(0.5)
     except KeyboardInterrupt:
-        print("\nstopping the demo...", flush=True)
+        _say("\nstopping the demo (Ctrl-C again will not interrupt this)...")
     finally:
+        # a second Ctrl-C or SIGTERM must not abort the clean-up half-way (orphans)
+        for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
+            signal.signal(sig, signal.SIG_IGN)
         if hub is not None:
             hub.stop()
-        stop_process(cluster)
+        if cluster is not None:
+            stop_process(cluster)
+        _say("the demo has stopped.")
     return 0
+
+
+def _say(text: str) -> None:
+    try:
+        print(text, flush=True)
+    except OSError:  # the terminal or pipe went away with the signal: stop all the same
+        pass

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import json
 import os
 import random
 import re
@@ -159,6 +160,28 @@ def container_command(container: Mapping[str, Any], images: Mapping[str, list[st
     return command + args
 
 
+SIMULATE_GPU = "DEVCLUSTER_SIMULATED_GPU"  # "1": GPU pods read the demo's simulated GPU
+
+
+def simulated_gpu_env(pod: Mapping[str, Any], container: Mapping[str, Any]) -> dict[str, str]:
+    """The demo's simulated GPU for a pod that asked for one (fracspawner/serverext/sources.py,
+    DemoSimulatedSource): only where the devcluster runs with DEVCLUSTER_SIMULATED_GPU=1 (`make
+    demo`), and not where a test chose its own source (FRACSPAWNER_GPU_SOURCE)."""
+    if os.environ.get(SIMULATE_GPU) != "1" or "FRACSPAWNER_GPU_SOURCE" in os.environ:
+        return {}
+    resources = container.get("resources") or {}
+    asked = {**(resources.get("requests") or {}), **(resources.get("limits") or {})}
+    if not any("gpu" in name or name.startswith("nvidia.com/") for name in asked):
+        return {}
+    selector = (pod.get("spec") or {}).get("nodeSelector") or {}
+    product = selector.get("nvidia.com/gpu.product", "GPU").replace("-", " ")
+    device = {"name": f"{product} (simulated)", "kernel_memory_mib": 1536}
+    return {
+        "FRACSPAWNER_GPU_SOURCE": "simulated-demo",
+        "FRACSPAWNER_SIMULATED_GPU": json.dumps(device),
+    }
+
+
 class Kubelet:
     def __init__(self, state_dir: Path, images: Mapping[str, list[str]] | None = None) -> None:
         self.state_dir = state_dir
@@ -188,6 +211,7 @@ class Kubelet:
         for passthrough in ("PYTHONPATH", "JUPYTER_CONFIG_PATH", "FRACSPAWNER_GPU_SOURCE"):
             if passthrough in os.environ:
                 env[passthrough] = os.environ[passthrough]
+        env.update(simulated_gpu_env(pod, container))
         try:
             env.update(container_env(pod, container, ip, lookup))
         except ConfigError:

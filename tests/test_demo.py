@@ -52,6 +52,40 @@ def allowed_pools(model: dict) -> dict[str, list[str]]:
     }
 
 
+def test_sigterm_to_the_process_group_while_it_starts_leaves_nothing(tmp_path):
+    """`kill -TERM -<pgid>` (what stopping `make demo`'s process group does) while the hub is
+    still starting: the demo stops the devcluster and the hub it started, nothing is orphaned."""
+    state = tmp_path / "demo-state"
+    demo = subprocess.Popen(
+        [sys.executable, "-m", "fracspawner", "demo", "--port", str(free_port())]
+        + ["--state-dir", str(state), "--password", "pw"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        env={**os.environ, "PYTHONUNBUFFERED": "1"},
+        start_new_session=True,  # its own process group, as make's is
+    )
+    try:
+        # the devcluster is up and the hub is being started
+        deadline = time.monotonic() + 90
+        config = state / "hub" / "jupyterhub_config.py"
+        while not config.exists() and time.monotonic() < deadline and demo.poll() is None:
+            time.sleep(0.1)
+        assert config.exists() and _processes_mentioning(str(state))
+        time.sleep(1)
+        os.killpg(demo.pid, signal.SIGTERM)
+        out, _ = demo.communicate(timeout=90)
+    finally:
+        if demo.poll() is None:
+            os.killpg(demo.pid, signal.SIGKILL)
+    assert demo.returncode == 0, out
+    assert "the demo has stopped." in out
+    deadline = time.monotonic() + 10
+    while _processes_mentioning(str(state)) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert not _processes_mentioning(str(state)), "demo left processes behind"
+
+
 def test_demo_serves_the_hub_and_ctrl_c_stops_everything(tmp_path):
     port = free_port()
     state = tmp_path / "demo-state"
@@ -129,16 +163,32 @@ def test_demo_serves_the_hub_and_ctrl_c_stops_everything(tmp_path):
                 break
             time.sleep(0.5)
         assert lab is not None and "JupyterLab" in lab.text
+        # issue 21 item 2: the demo's GPU pod reads the demo's simulated GPU (named so), so the
+        # JupyterLab meter has memory and utilisation to show
+        assert "fracspawnerGpuUrl" in lab.text
+        gpu = browser.session.get(f"{url}/user/newcomer/api/fracspawner/gpu", timeout=30)
+        assert gpu.status_code == 200, gpu.text[-500:]
+        report = gpu.json()
+        assert report["available"] and report["source"] == "simulated", report
+        assert report["devices"][0]["name"].endswith("(simulated)"), report["devices"]
         # the processes it started all point at its state dir
         assert _processes_mentioning(str(state))
     finally:
         demo.send_signal(signal.SIGINT)
+        time.sleep(0.5)
+        demo.send_signal(signal.SIGINT)  # impatient: a second Ctrl-C must not abort the clean-up
         try:
-            demo.wait(60)
+            rest, _ = demo.communicate(timeout=90)
         except subprocess.TimeoutExpired:
             demo.kill()
             raise
     assert demo.returncode == 0
+    # the banner stays the last thing on the screen: the hub's, proxy's and service's logs go to
+    # their files, so only the demo's own lines follow it (issue 21 #8)
+    assert rest.strip().splitlines() == [
+        "stopping the demo (Ctrl-C again will not interrupt this)...",
+        "the demo has stopped.",
+    ], rest[-3000:]
     deadline = time.monotonic() + 10
     while _processes_mentioning(str(state)) and time.monotonic() < deadline:
         time.sleep(0.2)

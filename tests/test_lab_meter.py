@@ -15,10 +15,12 @@ Debian's Chromium under Playwright.
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import re
 import sys
+import threading
 from datetime import datetime
 from pathlib import Path
 from typing import Any
@@ -27,7 +29,7 @@ import pytest
 
 from tests.browser_helpers import SCREENSHOTS, chromium, login, new_page
 from tests.e2e_helpers import env_of, spawn, stop, the_pod
-from tests.test_culler_support import JupyterServer, wait_for
+from tests.test_culler_support import JupyterServer, execute, wait_for
 
 pytestmark = [pytest.mark.browser, pytest.mark.slow]
 
@@ -65,7 +67,13 @@ c.KubeSpawner.environment = {
 class LabServer(JupyterServer):
     """`jupyter server` with JupyterLab and fracspawner's extension, a simulated GPU, a pod env."""
 
-    def __init__(self, tmp: Path, env: dict | None = None, config: dict | None = None) -> None:
+    def __init__(
+        self,
+        tmp: Path,
+        env: dict | None = None,
+        config: dict | None = None,
+        source: str | None = None,
+    ) -> None:
         self.gpu_file = tmp / "gpu.json"
         self.set_gpu({})
         self.settings = tmp / "lab-settings"
@@ -79,7 +87,7 @@ class LabServer(JupyterServer):
         # the slice's memory comes with POD_ENV, as FracSpawner sets it
         super().__init__(
             tmp, self.gpu_file, entitlement=None, env={**POD_ENV, **lab_dirs, **(env or {})},
-            config=config,
+            config=config, source=source,
         )  # fmt: skip
 
     def set_gpu(self, data: dict) -> None:
@@ -383,3 +391,65 @@ def _kernel_pid(kernel_id: str) -> int | None:
         if entry.name.isdigit() and kernel_id_of(int(entry.name)) == kernel_id:
             return int(entry.name)
     return None
+
+
+def test_the_demos_simulated_gpu_feeds_the_meter(tmp_path):
+    """Issue 21 item 2: the demo's GPU pods read the SIMULATED source the devcluster's kubelet
+    names (FRACSPAWNER_SIMULATED_GPU, DemoSimulatedSource): each kernel holds 1.5 GiB of a
+    made-up H100 and its CPU work stands for GPU work, so the meter, its utilisation and the
+    pre-cull warning show in the demo's JupyterLab. Refreshes docs/_static/lab-meter-demo.png."""
+    from devcluster.kubelet import simulated_gpu_env
+
+    pod = {"spec": {"nodeSelector": {"nvidia.com/gpu.product": "NVIDIA-H100-80GB-HBM3"}}}
+    container = {"resources": {"limits": {"nvidia.com/gpu": "1", "nvidia.com/gpumem": "10240"}}}
+    old = {
+        k: os.environ.pop(k, None) for k in ("DEVCLUSTER_SIMULATED_GPU", "FRACSPAWNER_GPU_SOURCE")
+    }
+    try:
+        assert simulated_gpu_env(pod, container) == {}  # not enabled: nothing simulated
+        os.environ["DEVCLUSTER_SIMULATED_GPU"] = "1"
+        assert simulated_gpu_env(pod, {"resources": {}}) == {}  # a CPU pod: no GPU
+        env = simulated_gpu_env(pod, container)
+    finally:
+        os.environ.pop("DEVCLUSTER_SIMULATED_GPU", None)
+        os.environ.update({k: v for k, v in old.items() if v is not None})
+    assert env["FRACSPAWNER_GPU_SOURCE"] == "simulated-demo"
+    (tmp_path / "lab").mkdir()
+    lab = LabServer(tmp_path / "lab", env=env, source="simulated-demo")
+    try:
+        status, session = lab.api(
+            "POST",
+            "/api/sessions",
+            {"path": "demo.ipynb", "type": "notebook", "name": "", "kernel": {"name": "python3"}},
+        )
+        assert status == 201, session
+        kernel = session["kernel"]["id"]
+        wait_for(lambda: lab.gpu().get("gpu_memory_mib") == 1536, 60, "the simulated kernel")
+        report = lab.gpu()
+        assert report["source"] == "simulated"
+        assert report["devices"][0]["name"] == "NVIDIA H100 80GB HBM3 (simulated)"
+        with chromium() as browser:
+            page = open_lab(browser, lab)
+            page.locator(".fs-GpuMeter").wait_for(state="visible", timeout=30_000)
+            assert page.locator(".fs-GpuMeter-memory").inner_text() == "Mem 1.5 / 20 GiB"
+            assert "(simulated GPU readings)" in page.locator(".fs-GpuMeter").get_attribute("title")
+            # the kernel computes: its CPU work reads as GPU work (Playwright's loop is this
+            # thread's: the websocket client runs in another)
+            busy = "import time\nt = time.time()\nwhile time.time() - t < 3: pass"
+            worker = threading.Thread(
+                target=lambda: asyncio.run(execute(lab.url, lab.token, kernel, busy, wait=False))
+            )
+            worker.start()
+            worker.join(60)
+            page.wait_for_function(
+                "() => /Util [1-9]/.test(document.querySelector('.fs-GpuMeter-util')?.textContent)",
+                timeout=30_000,
+            )
+            # idle again: the warning before the kernel is shut down (2 s after, as POD_ENV says)
+            page.locator(".fs-GpuMeter-warning").wait_for(state="visible", timeout=60_000)
+            page.locator(".Toastify__toast", has_text="this kernel holds").wait_for(timeout=30_000)
+            shot(page, "lab-meter-demo.png")
+            assert page.errors == [], page.errors
+            page.context.close()
+    finally:
+        lab.stop()

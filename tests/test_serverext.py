@@ -164,6 +164,14 @@ def test_sources():
     assert make_source("sim:/x.json").name == "simulated"
     with pytest.raises(ValueError, match="unknown GPU source"):
         make_source("cuda")
+    # the demo's simulated GPU only where the devcluster's kubelet describes it (issue 21 item 2)
+    saved = os.environ.pop("FRACSPAWNER_SIMULATED_GPU", None)
+    try:
+        with pytest.raises(ValueError, match="only the devcluster's kubelet sets"):
+            make_source("simulated-demo")
+    finally:
+        if saved is not None:
+            os.environ["FRACSPAWNER_SIMULATED_GPU"] = saved
     if not Path("/dev/nvidiactl").exists():  # a GPU machine checks NVML for real instead
         with pytest.raises(GpuUnavailable, match="NVML"):
             NvmlSource().sample()

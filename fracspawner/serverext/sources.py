@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import os
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Protocol
@@ -254,8 +255,78 @@ class NvmlSource:
         return GpuSample(source=self.name, devices=devices, processes=processes)
 
 
+ENV_DEMO_GPU = "FRACSPAWNER_SIMULATED_GPU"
+DEMO_SPEC = "simulated-demo"
+
+
+class DemoSimulatedSource:
+    """The demo's SIMULATED GPU (`make demo` has no GPU): each of this server's kernels holds
+    `kernel_memory_mib` of a made-up device, and its CPU work stands for GPU work (a cell that
+    computes reads busy, an idle kernel idle), so the meter, its warnings and the culler can be
+    seen. It is used only where `$FRACSPAWNER_SIMULATED_GPU` describes the device, which only the
+    devcluster's kubelet sets (`DEVCLUSTER_SIMULATED_GPU=1`, by `make demo`); FracSpawner
+    reserves the name, so no pod it spawns on a real cluster carries it. Reports say
+    `"source": "simulated"`."""
+
+    name = "simulated"
+
+    def __init__(self, spec: str, server_pid: int | None = None, proc: Path = Path("/proc")):
+        data = json.loads(spec)
+        self.device = GpuDevice(
+            index="0",
+            name=str(data.get("name") or "Simulated GPU"),
+            uuid="GPU-simulated-demo",
+            memory_total_mib=float(data.get("memory_total_mib") or 81920),
+            memory_used_mib=0.0,
+            utilization=0.0,
+        )
+        self.kernel_memory_mib = float(data.get("kernel_memory_mib") or 1536)
+        self.server_pid = server_pid or os.getpid()
+        self.proc = proc
+        self._cpu: dict[int, tuple[float, float]] = {}  # pid -> (cpu seconds, when)
+
+    def _cpu_seconds(self, pid: int) -> float | None:
+        try:
+            stat = (self.proc / str(pid) / "stat").read_text()
+        except OSError:
+            return None
+        fields = stat[stat.rfind(")") + 2 :].split()
+        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")  # utime + stime
+
+    def sample(self) -> GpuSample:
+        from .procmap import kernel_id_of, owner_of
+
+        now = time.monotonic()
+        processes = []
+        for entry in self.proc.iterdir():
+            if not entry.name.isdigit():
+                continue
+            pid = int(entry.name)
+            if kernel_id_of(pid, self.proc) is None:
+                continue
+            if self.server_pid not in owner_of(pid, self.proc).ancestors:
+                continue  # another server's kernel (servers share this machine in the demo)
+            cpu = self._cpu_seconds(pid)
+            if cpu is None:
+                continue
+            before = self._cpu.get(pid)
+            self._cpu[pid] = (cpu, now)
+            busy = 0.0
+            if before is not None and now > before[1]:
+                busy = min(100.0, 100.0 * (cpu - before[0]) / (now - before[1]))
+            processes.append(GpuProcess("0", self.kernel_memory_mib, round(busy, 1), pid=pid))
+        used = sum(p.memory_mib for p in processes)
+        util = max((p.utilization or 0.0 for p in processes), default=0.0)
+        device = GpuDevice(**{**self.device.__dict__, "memory_used_mib": used, "utilization": util})
+        return GpuSample(source=self.name, devices=[device], processes=processes)
+
+    def close(self) -> None:
+        pass
+
+
 def make_source(spec: str | None) -> GpuSource | None:
-    """`nvml` (default), `sim:/path/file.json`, or `none` (no GPU reading at all)."""
+    """`nvml` (default), `sim:/path/file.json`, `simulated-demo` (the demo's, only with
+    $FRACSPAWNER_SIMULATED_GPU), or `none` (no GPU reading at all)."""
     spec = (spec or "nvml").strip()
     if spec == "none":
         return None
@@ -263,4 +334,17 @@ def make_source(spec: str | None) -> GpuSource | None:
         return NvmlSource()
     if spec.startswith("sim:"):
         return SimulatedSource(spec[4:])
-    raise ValueError(f"unknown GPU source {spec!r}: use 'nvml', 'sim:/path/file.json' or 'none'")
+    if spec == DEMO_SPEC:
+        described = os.environ.get(ENV_DEMO_GPU, "").strip()
+        if not described:
+            raise ValueError(
+                f"the demo's simulated GPU source needs ${ENV_DEMO_GPU}, which only the "
+                "devcluster's kubelet sets (make demo); not used anywhere else"
+            )
+        try:
+            return DemoSimulatedSource(described)
+        except (ValueError, TypeError) as exc:
+            raise ValueError(f"${ENV_DEMO_GPU} is not a device description: {exc}") from None
+    raise ValueError(
+        f"unknown GPU source {spec!r}: use 'nvml', 'sim:/path/file.json', '{DEMO_SPEC}' or 'none'"
+    )
