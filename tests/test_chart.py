@@ -850,7 +850,9 @@ def _kubeflow_notebooks(api: Any, namespace: str) -> None:
     assert code == 200, body
     for name, labels in (
         ("idle-0", {"notebook-name": "idle", "statefulset": "idle"}),
-        ("ws-ws-x7k2p-0", {"notebooks.kubeflow.org/workspace-name": "ws"}),
+        # labels as workspace_controller.go generateStatefulSet sets them (plus the
+        # Workspace's podMetadata labels, SLICE_LABELS below)
+        ("ws-ws-x7k2p-0", {"notebooks.kubeflow.org/workspace-name": "ws", "statefulset": "ws"}),
     ):
         pod = {
             "apiVersion": "v1",

@@ -217,7 +217,10 @@ def kubeflow(devcluster):
         },
     }
     _create(client, "/apis/kubeflow.org/v1beta1/namespaces/alice/workspaces", workspace)
-    labels = {"notebooks.kubeflow.org/workspace-name": "wsidle", "statefulset": "ws-wsidle-x7k2p"}
+    # as the workspace controller labels the pod (kubeflow/notebooks workspace_controller.go
+    # generateStatefulSet): the Workspace's podMetadata labels, workspace-name, and
+    # statefulset = the Workspace's name (not the StatefulSet's generated one)
+    labels = {"notebooks.kubeflow.org/workspace-name": "wsidle", "statefulset": "wsidle", **SLICE}
     _create(
         client,
         "/api/v1/namespaces/alice/pods",
