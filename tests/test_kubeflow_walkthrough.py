@@ -20,6 +20,8 @@ from typing import Any
 import pytest
 import yaml
 
+from tests.workspacekind_model import update_errors
+
 pytestmark = pytest.mark.e2e
 
 REPO = Path(__file__).resolve().parent.parent
@@ -182,3 +184,45 @@ def test_every_walkthrough_command_runs_on_a_stock_install(kubeflow_cluster, tmp
         timeout=60,
     )
     assert again.returncode != 0 and "the object has been modified" in again.stderr
+
+    # step 4: a Workspace uses a slice, the catalog changes that slice, steps 1-3 again; what
+    # the API server stores passes the kind's own webhook rules (tests/workspacekind_model.py)
+    quarter = next(v["id"] for v in ours if v["id"].startswith("fracspawner-h100-0-25-"))
+    workspace = {
+        "apiVersion": "kubeflow.org/v1beta1",
+        "kind": "Workspace",
+        "metadata": {"name": "resnet", "namespace": "cv-lab"},
+        "spec": {
+            "kind": "jupyterlab",
+            "podTemplate": {
+                "volumes": {"home": "resnet-home"},
+                "options": {"imageConfig": "jupyter-scipy:v1.10.0", "podConfig": quarter},
+            },
+        },
+    }
+    status, body = client.request(
+        "POST", "/apis/kubeflow.org/v1beta1/namespaces/cv-lab/workspaces", workspace
+    )
+    assert status == 201, body
+    catalog = yaml.safe_load((work / "catalog.yaml").read_text())
+    catalog["pools"]["h100"]["node_selector"] = {"gpu": "h100"}
+    (work / "catalog.yaml").write_text(yaml.safe_dump(catalog))
+    v2 = commands(DOC.read_text())
+    v2 = v2[[c.startswith("kubectl get workspacekind") for c in v2].index(True) :]
+    for command in v2:
+        result = subprocess.run(
+            ["bash", "-euo", "pipefail", "-c", command],
+            cwd=work,
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
+        assert result.returncode == 0, (command, result.stderr[-2000:])
+    after = client.get("/apis/kubeflow.org/v1beta1/workspacekinds/jupyterlab")
+    workspaces = client.get("/apis/kubeflow.org/v1beta1/workspaces")["items"]
+    assert update_errors(kind, after, workspaces) == []
+    by_id = {v["id"]: v for v in after["spec"]["podTemplate"]["options"]["podConfig"]["values"]}
+    assert by_id[quarter]["spawner"]["hidden"] is True
+    assert by_id[by_id[quarter]["redirect"]["to"]]["spec"]["nodeSelector"] == {"gpu": "h100"}
+    assert "resnet" in result.stdout and quarter in result.stdout  # step 4's listing
