@@ -243,6 +243,7 @@ def test_v1_writes_the_poddefaults_each_namespace_may_use(tmp_path, capsys):
     assert pd["spec"]["labels"] == {"fracspawner.io/pool": "h100", "fracspawner.io/gpu": "0.25"}
     readme = (out / "README.txt").read_text()
     assert "kubectl apply -f mutatingwebhookconfiguration.yaml" in readme
+    assert "authorizationpolicies" not in readme  # not written: not named
     assert "no caBundle" in capsys.readouterr().err
 
 

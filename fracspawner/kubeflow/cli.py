@@ -219,7 +219,10 @@ def render(objects: list[dict[str, Any]], header: str) -> str:
 def write(result: Export, out_dir: Path, notebooks: str) -> list[Path]:
     """Write every file, each atomically (a temporary file renamed into place)."""
     written = []
-    readme = (APPLY_ORDER_V1 if notebooks == "v1" else APPLY_ORDER_V2) + (
+    order = APPLY_ORDER_V1 if notebooks == "v1" else APPLY_ORDER_V2
+    if "authorizationpolicies.yaml" not in result.files:
+        order = "".join(line for line in order.splitlines(True) if "authorizationpolic" not in line)
+    readme = order + (
         "\nNotes:\n" + "".join(f"  - {n}\n" for n in result.notes) if result.notes else ""
     )
     contents = {rel: render(objs, header) for rel, (objs, header) in result.files.items()}
