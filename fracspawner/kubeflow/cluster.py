@@ -159,15 +159,24 @@ class PodWatch:
                 version = await self._watch(version)
             except asyncio.CancelledError:
                 raise
-            except Exception as exc:  # 410 Gone, connection lost, a bad answer: relist
+            except client.ApiException as exc:
                 version = None
-                self.index.synced = False
-                self._synced.clear()
-                self.failures += 1
-                delay = min(self.max_backoff, 0.8 * 2 ** (self.failures - 1))
-                if self.failures == 1 or self.failures % 10 == 0:
-                    log.warning("cannot watch pods (%s); retrying in %.1f s", exc, delay)
-                await asyncio.sleep(delay * (1 + random.random() * 0.2))
+                if exc.status == 410:  # too old to resume from: relist now, no backoff
+                    continue
+                await self._lost(exc)
+            except Exception as exc:  # connection lost, a bad answer: relist after a backoff
+                version = None
+                await self._lost(exc)
+
+    async def _lost(self, exc: BaseException) -> None:
+        """Not current any more: slice pods wait or are refused until a relist succeeds."""
+        self.index.synced = False
+        self._synced.clear()
+        self.failures += 1
+        delay = min(self.max_backoff, 0.8 * 2 ** (self.failures - 1))
+        if self.failures == 1 or self.failures % 10 == 0:
+            log.warning("cannot watch pods (%s); retrying in %.1f s", exc, delay)
+        await asyncio.sleep(delay * (1 + random.random() * 0.2))
 
 
 class ConfigMapRecords:
