@@ -265,15 +265,21 @@ def start_hub(
     )
     hub = LocalHub(f"http://127.0.0.1:{port}", admin_token, process, log_path, state_dir, proc_env)
     deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if process.poll() is not None:
-            raise RuntimeError(f"jupyterhub exited with {process.returncode}:\n{hub.log()[-4000:]}")
-        try:
-            status, _ = hub.api("GET", "/", timeout=2)
-            if status == 200:
-                return hub
-        except OSError:
-            pass
-        time.sleep(0.3)
+    try:
+        while time.monotonic() < deadline:
+            if process.poll() is not None:
+                raise RuntimeError(
+                    f"jupyterhub exited with {process.returncode}:\n{hub.log()[-4000:]}"
+                )
+            try:
+                status, _ = hub.api("GET", "/", timeout=2)
+                if status == 200:
+                    return hub
+            except OSError:
+                pass
+            time.sleep(0.3)
+    except BaseException:  # Ctrl-C or SIGTERM while it starts: the hub is not left running
+        hub.stop()
+        raise
     hub.stop()
     raise TimeoutError(f"jupyterhub did not answer in {timeout}s:\n{hub.log()[-4000:]}")

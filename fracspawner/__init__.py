@@ -57,6 +57,10 @@ def configure(c: Any, *, catalog_file: str | None = None, catalog: dict | None =
         print(f"fracspawner: {report(source, problems)}", file=sys.stderr)
         raise SystemExit(1) from None
     c.JupyterHub.spawner_class = "fracspawner"
+    # a refused spawn is logged as one INFO line, not ERROR with a traceback
+    from .hub.refusal import install_log_filter
+
+    install_log_filter()
     # the slice on JupyterHub's pending and home pages (fracspawner.hub.pages)
     from .hub.pages import TEMPLATE_DIR, template_vars
 

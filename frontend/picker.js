@@ -67,6 +67,21 @@
 
   const form = root.closest("form");
 
+  // The server the form starts: JupyterHub's form posts to /hub/spawn/<user>[/<server>].
+  // A refused named server's form comes back from JupyterHub as the DEFAULT server's form
+  // (its SpawnHandler.post re-renders `user.spawner.get_options_form()`): its choices, its
+  // quota, posted to the named server, so a second Start silently started something else.
+  // FracSpawner renders the refused server's form there instead (hub/spawner.py); should a
+  // form still not be its server's, Start stays off until the page is reloaded (issue 21 #5).
+  function targetServer() {
+    if (!form || model.server === undefined) return null;
+    const path = new URL(form.getAttribute("action") || "", window.location.href).pathname;
+    const match = path.match(/\/spawn\/[^/]+(?:\/([^/]+))?\/?$/);
+    return match ? decodeURIComponent(match[1] || "") : null;
+  }
+  const target = targetServer();
+  const wrongServer = target !== null && target !== model.server ? { target } : null;
+
   // A size chosen by the user that the chosen pool does not offer at all: only then is the pool
   // set back to "any", and it is said out loud. A refresh never changes a choice (issue 13 #1).
   function dropPoolIfNotOffered() {
@@ -165,8 +180,25 @@
     poolCards.replaceChildren();
     if (options.length) {
       // one wording whatever is chosen, so the cards never shift when one is chosen
-      const title = "Pool: choose one, or none for the one with the most free (press again to undo):";
+      const title = "Pool: choose one, or “Any pool” for the one with the most free:";
       poolCards.appendChild(el("p", { class: "fs-pool-cards-title small" }, title));
+      // "any pool" is a choice of its own: pressing a chosen card never un-chooses it (a
+      // form reopened on the last pool would otherwise flip to another pool, issue 21 #6)
+      const any = !poolSelect.value;
+      const anyCard = el("button", {
+        type: "button",
+        class: "fs-pool-any" + (any ? " selected" : ""),
+        "aria-pressed": any ? "true" : "false",
+        "data-pool": "",
+      });
+      anyCard.appendChild(el("span", { class: "fs-pool-name" }, "Any pool"));
+      anyCard.appendChild(el("span", { class: "fs-pool-model small" }, "the one with the most free"));
+      anyCard.addEventListener("click", () => {
+        poolSelect.value = "";
+        render();
+      });
+      poolCards.appendChild(anyCard);
+      if (focusedPool === "") anyCard.focus();
     }
     for (const { pool, offer } of options) {
       const chosen = poolSelect.value === pool.name;
@@ -188,8 +220,8 @@
       if (!offer.allowed) card.appendChild(el("span", { class: "fs-reason small" }, `Unavailable: ${offer.reason}`));
       if (offer.waits) card.appendChild(el("span", { class: "fs-wait small" }, "None free now: your server would wait for one."));
       card.addEventListener("click", () => {
-        if (!offer.allowed && !chosen) return; // an unavailable pool can be un-chosen, not chosen
-        poolSelect.value = chosen ? "" : pool.name;
+        if (!offer.allowed && !chosen) return; // an unavailable pool cannot be chosen
+        poolSelect.value = pool.name; // pressed again: it stays chosen ("Any pool" un-pins)
         render();
       });
       poolCards.appendChild(card);
@@ -198,14 +230,54 @@
     summaryLine.textContent = summaryText(spec, options);
     renderDetails(spec, options);
     renderAlternatives(spec, options);
-    // a GPU mode with nothing the user may take: say why, and no Start into a CPU server
+    syncSizes();
+    // a GPU mode with nothing the user may take: say why, and no Start into a CPU server;
+    // a choice the hub would refuse (quota, access, full): no Start either, the summary says
+    // why (issue 21 #3); a form that is not this server's last choice: no Start (#5)
     const emptyMode = spec === "none" && currentMode !== "none";
+    const blocked = !!unavailableChoice(spec, options);
+    const off = emptyMode || blocked || !!wrongServer;
     // looked up each time: this script runs inside the form, before JupyterHub's Start button
     const startButton = form ? form.querySelector('[type="submit"]') : null;
     if (startButton) {
-      startButton.disabled = emptyMode;
-      if (emptyMode) startButton.setAttribute("aria-describedby", "fs-summary-line");
+      startButton.disabled = off;
+      if (off) startButton.setAttribute("aria-describedby", "fs-summary-line");
       else startButton.removeAttribute("aria-describedby");
+    }
+  }
+
+  // One source of truth (issue 21 #3): the server-rendered marks under each size (reason,
+  // waiting note, disabled radio) follow the model after every refresh, as the cards do.
+  // The checked radio is never disabled: a disabled radio is not submitted, and a missing
+  // gpu field would start a CPU server.
+  function syncSizes() {
+    for (const radio of root.querySelectorAll('fieldset.fs-mode input[name="gpu"]')) {
+      const found = offersFor(radio.value);
+      const allowed = found.some((o) => o.offer.allowed);
+      radio.disabled = !allowed && !radio.checked;
+      const choice = radio.closest(".fs-choice");
+      if (choice) choice.classList.toggle("fs-disabled", !allowed);
+      for (const { pool, offer } of found) {
+        const item = root.querySelector(`li[data-pool="${CSS.escape(pool.name)}"][data-spec="${CSS.escape(offer.spec)}"]`);
+        if (!item) continue;
+        let reason = item.querySelector(".fs-reason");
+        if (offer.reason) {
+          if (!reason) {
+            reason = el("span", { class: "fs-reason text-danger" });
+            item.querySelector(".fs-summary").after(reason);
+          }
+          reason.textContent = ` (unavailable: ${offer.reason})`;
+        } else if (reason) {
+          reason.remove();
+        }
+        let wait = item.querySelector(".fs-wait");
+        if (offer.waits && !wait) {
+          wait = el("span", { class: "fs-wait" }, " (none free now: your server would wait for one)");
+          (item.querySelector(".fs-reason") || item.querySelector(".fs-summary")).after(wait);
+        } else if (!offer.waits && wait) {
+          wait.remove();
+        }
+      }
     }
   }
 
@@ -243,8 +315,11 @@
     alternatives.hidden = !blocked;
     if (!blocked) return;
     const found = alternativesFor(spec, blocked);
+    if (blocked.offer.over_quota) alternatives.appendChild(holdersLine());
     if (!found.length) {
-      alternatives.appendChild(el("p", { class: "small mb-0" }, "Nothing close to it is free for you right now; try again in a few minutes."));
+      if (!blocked.offer.over_quota) {
+        alternatives.appendChild(el("p", { class: "small mb-0" }, "Nothing close to it is free for you right now; try again in a few minutes."));
+      }
       return;
     }
     alternatives.appendChild(el("p", { class: "small mb-1" }, "Free instead (your choice stays until you pick one):"));
@@ -264,6 +339,23 @@
       });
       alternatives.appendChild(button);
     }
+  }
+
+  // "Your servers holding your quota: gpu1 (1/8 GPU). Stop one on your Home page."
+  function holdersLine() {
+    const line = el("p", { class: "small mb-1 fs-holders", id: "fs-holders" });
+    const holders = (model.quota && model.quota.holders) || [];
+    if (holders.length) {
+      const names = holders.map((h) => `${h.server ? `“${h.server}”` : "your default server"} (${h.gpu_text})`);
+      line.appendChild(document.createTextNode(`Your quota is held by ${names.join(", ")}. `));
+    } else {
+      line.appendChild(document.createTextNode("Your quota is held by your other servers. "));
+    }
+    if (model.home_url) {
+      line.appendChild(el("a", { href: model.home_url }, "Stop a server on your Home page"));
+      line.appendChild(document.createTextNode(" to free its share."));
+    }
+    return line;
   }
 
   function mostFree(usable) {
@@ -291,6 +383,10 @@
   }
 
   function summaryText(spec, options) {
+    if (wrongServer) {
+      const name = wrongServer.target ? `“${wrongServer.target}”` : "your default server";
+      return `This form shows another server's last choice, not that of ${name}; reload the page to start ${name}.`;
+    }
     if (spec === "none" && currentMode !== "none") {
       const label = (model.modes.find((m) => m.id === currentMode) || {}).label || currentMode;
       const reasons = new Set();
@@ -306,11 +402,16 @@
     const blocked = unavailableChoice(spec, options);
     if (blocked) {
       const where = blocked.pool && poolSelect.value ? ` on ${blocked.pool.display_name}` : "";
-      return `Your choice, ${displayOf(spec)}${where}, is unavailable: ${blocked.offer.reason} Start will be refused; pick one of the free sizes below or wait.`;
+      const next = blocked.offer.over_quota
+        ? "Start is off until you stop a server or pick a size that fits."
+        : "Start is off until you pick one of the free sizes below, or until one frees.";
+      return `Your choice, ${displayOf(spec)}${where}, is unavailable: ${blocked.offer.reason} ${next}`;
     }
     const usable = options.filter((o) => o.offer.allowed);
     let pick = usable.find((o) => o.pool.name === poolSelect.value);
+    // "the pool with the most free capacity" only where there is a choice of pools (#9)
     let how = pick ? `on ${pick.pool.display_name}` : "on the pool with the most free capacity";
+    if (!pick && usable.length === 1) how = `on ${usable[0].pool.display_name}, the one pool that offers it to you`;
     if (!pick) pick = mostFree(usable);
     if (!pick) return `Nothing you may take offers ${displayOf(spec)}.`;
     const queue = pick.offer.waits ? " None is free right now: your server will wait in line for one, and the next page shows how the wait goes." : "";
@@ -428,6 +529,9 @@
   currentMode = modeOf(selectedGpu());
   setMode(currentMode, false);
   render();
+  // JupyterHub's Start button comes after this script in the page: render again once it is
+  // there, so it is off from the start when the choice cannot pass (not from the first refresh)
+  if (document.readyState === "loading") document.addEventListener("DOMContentLoaded", render);
   if (apiUrl) {
     refresh();
     setInterval(refresh, REFRESH_MS);

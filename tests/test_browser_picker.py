@@ -192,7 +192,9 @@ def test_refused_choice_shows_its_message_and_disabled_options_say_why(hub, devc
 
     _tab(page, "fraction").click()
     page.locator('input[name="gpu"][value="1/4"]').check()
-    # meanwhile dana's other server takes 1/8 of her 0.25 GPU quota
+    # meanwhile dana's other server takes 1/8 of her 0.25 GPU quota, and her page cannot learn
+    # it (its refresh fails): the hub, not the page, refuses her Start
+    page.route("**" + OFFERS_API + "*", lambda route: route.abort())
     status, body = spawn(hub, "dana", {"gpu": "1/8", "pool": "h100"}, server="side")
     assert status in (201, 202), body
     hub.wait_ready("dana", "side")
@@ -202,7 +204,9 @@ def test_refused_choice_shows_its_message_and_disabled_options_say_why(hub, devc
     error.wait_for()
     text = error.inner_text()
     assert "Quota: 1/4 GPU on H100 80GB (HAMi) is more than the 1/8 GPU left" in text
-    assert "Stop a server or choose a smaller size" in text and "HTTP" not in text
+    # the advice names the server holding the quota and only sizes that fit (issue 21 #4)
+    assert "(held by your server 'side' (1/8 GPU)). Stop it on your Home page" in text
+    assert "or choose a size that fits: 1/8 GPU, 10 GiB." in text and "HTTP" not in text
     assert not server_pods(devcluster, "dana")  # refused before any pod existed
 
     # the re-rendered form keeps dana's 1/4 chosen, with the quota reason next to it

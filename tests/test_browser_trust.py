@@ -20,7 +20,7 @@ from tests.browser_helpers import (
     new_page,
     open_spawn_form,
 )
-from tests.e2e_helpers import demo_topology_with_t4_jobs, ensure_group, server_pods, spawn
+from tests.e2e_helpers import demo_topology_with_t4_jobs, ensure_group, server_pods, spawn, stop
 
 # `browser` and `clean_servers` are tests/conftest.py's
 pytestmark = [pytest.mark.e2e, pytest.mark.browser, pytest.mark.usefixtures("clean_servers")]
@@ -33,6 +33,9 @@ if not any(r.get("name") == "user" for r in c.JupyterHub.load_roles):
 """
 TOPOLOGY = demo_topology_with_t4_jobs(3)  # other workloads hold 3 of the 4 T4 quarters
 REFRESH_WAIT_MS = 30_000  # two picker refreshes (10 s) plus a slow first OAuth round trip
+# the picker's live refresh; a test that needs the hub to refuse what the page still shows as
+# possible keeps the page from learning (Playwright aborts the request)
+OFFERS_ROUTE = "**/services/fracspawner/api/offers*"
 
 
 def _shot(page, name: str) -> None:
@@ -63,35 +66,16 @@ def test_a_full_pool_keeps_the_choice_and_a_refusal_brings_it_back(hub, devclust
     page.locator(".fs-pool-card[data-pool=t4]").click()
     assert free_count(badge_text(page, "t4")) == 1
 
-    # ravi takes the last T4 quarter while pia's page is open
+    # ravi takes the last T4 quarter while pia's page cannot learn it (its refresh fails)
+    page.route(OFFERS_ROUTE, lambda route: route.abort())
     status, body = spawn(hub, "ravi", {"gpu": "1/4", "pool": "t4"})
     assert status in (201, 202), body
     hub.wait_ready("ravi")
-    page.wait_for_function(
-        "() => /0 of \\d+ free/.test(document.querySelector("
-        "'.fs-pool-card[data-pool=t4] .fs-badge').textContent)",
-        timeout=REFRESH_WAIT_MS,
-    )
-    # nothing switched behind her back: same size, same pool, marked unavailable with the reason
-    assert page.locator('input[name="gpu"][value="1/4"]').is_checked()
-    assert page.locator("#fs-pool").input_value() == "t4"
-    card = page.locator(".fs-pool-card[data-pool=t4]")
-    assert card.get_attribute("aria-pressed") == "true"
-    assert "Unavailable: None free right now." in card.inner_text()
-    summary = page.locator("#fs-summary-line").inner_text()
-    assert "Your choice, 1/4 GPU on T4 16GB (time-sliced), is unavailable" in summary
-    # the alternatives are offered, closest first, and only taken when she picks one
-    alternatives = page.locator(".fs-alternative")
-    assert alternatives.first.inner_text().startswith("1/4 GPU on H100 80GB (HAMi) (")
-    # what she chose stays explained, on demand: its technology under a closed Details
-    details = page.locator("#fs-details")
-    assert details.is_visible() and details.get_attribute("open") is None
-    assert "Sharing technology: time-slicing" in details.text_content()
-    _shot(page, "choice-unavailable")
 
-    # Start anyway: refused before any pod; the form comes back exactly as she left it
+    # Start: refused before any pod; the form comes back exactly as she left it
     page.get_by_role("button", name="Start").click()
     page.locator(".spawn-error-msg").wait_for()
+    page.unroute(OFFERS_ROUTE)
     top = page.locator(".spawn-error-msg").inner_text()
     assert top.startswith("Error: No 1/4 GPU is free on T4 16GB (time-sliced) right now"), top
     assert "HTTP" not in top and "Free instead: 1/4 GPU on H100 80GB (HAMi)" in top
@@ -103,12 +87,114 @@ def test_a_full_pool_keeps_the_choice_and_a_refusal_brings_it_back(hub, devclust
     assert not server_pods(devcluster, "pia")
     _shot(page, "refused")
 
+    # nothing switched behind her back, through the live refreshes: same size, same pool,
+    # marked unavailable with the reason, and Start off until she picks something that can pass
+    page.wait_for_function(
+        "() => document.querySelector('#fs-live').textContent"
+        ".includes('Live availability is back')",
+        timeout=REFRESH_WAIT_MS,
+    )
+    assert page.locator('input[name="gpu"][value="1/4"]').is_checked()
+    assert page.locator("#fs-pool").input_value() == "t4"
+    card = page.locator(".fs-pool-card[data-pool=t4]")
+    assert card.get_attribute("aria-pressed") == "true"
+    assert "0 of 4 free" in card.inner_text()
+    assert "Unavailable: None free right now." in card.inner_text()
+    summary = page.locator("#fs-summary-line").inner_text()
+    assert "Your choice, 1/4 GPU on T4 16GB (time-sliced), is unavailable" in summary
+    assert "Start is off until you pick one of the free sizes below, or until one frees." in summary
+    assert page.get_by_role("button", name="Start").is_disabled()
+    # the alternatives are offered, closest first, and only taken when she picks one
+    alternatives = page.locator(".fs-alternative")
+    assert alternatives.first.inner_text().startswith("1/4 GPU on H100 80GB (HAMi) (")
+    # what she chose stays explained, on demand: its technology under a closed Details
+    details = page.locator("#fs-details")
+    assert details.is_visible() and details.get_attribute("open") is None
+    assert "Sharing technology: time-slicing" in details.text_content()
+    _shot(page, "choice-unavailable")
+
     # she takes the offered alternative explicitly
     page.locator(".fs-alternative[data-pool=h100][data-spec='1/4']").click()
     assert page.locator("#fs-pool").input_value() == "h100"
     assert page.locator('input[name="gpu"][value="1/4"]').is_checked()
     assert "(on H100 80GB (HAMi))" in page.locator("#fs-summary-line").inner_text()
     assert page.locator(".fs-alternatives").is_hidden()
+    assert page.get_by_role("button", name="Start").is_enabled()
+    page.close()
+
+
+def test_a_refused_named_server_comes_back_as_itself_and_start_follows_the_model(
+    hub, devcluster, browser
+):
+    """Issue 21 items 3-6 and 9 through a real hub. JupyterHub re-renders a refused spawn's form
+    with the DEFAULT server's form (jupyterhub/handlers/pages.py SpawnHandler.post:
+    `user.spawner.get_options_form()`), posted to the named server: the default server's last
+    choice came back, Start enabled. Here the named server's own choice comes back, the quota
+    line, the size rows and the cards say the same, Start is off with the reason and the
+    servers holding the quota are named with a link to stop them."""
+    page = new_page(browser)
+    login(page, hub.url, "nia")  # the demo's default rule: H100 only, 1/4 GPU
+    open_spawn_form(page, hub.url, "nia", server="side")
+    _tab(page, "fraction").click()
+    page.locator('input[name="gpu"][value="1/4"]').check()
+    summary = page.locator("#fs-summary-line")
+    # one pool offers it to her: no "pool with the most free capacity" (#9)
+    assert "(on H100 80GB (HAMi), the one pool that offers it to you)" in summary.inner_text()
+    # a chosen card stays chosen when pressed again; "Any pool" is its own choice (#6)
+    card = page.locator(".fs-pool-card[data-pool=h100]")
+    card.click()
+    card.click()
+    assert card.get_attribute("aria-pressed") == "true"
+    assert page.locator("#fs-pool").input_value() == "h100"
+    page.locator(".fs-pool-any").click()
+    assert page.locator("#fs-pool").input_value() == ""
+    assert card.get_attribute("aria-pressed") == "false"
+    card.click()
+
+    # her default server takes 1/8 while the page cannot learn it: the hub refuses side's 1/4
+    page.route(OFFERS_ROUTE, lambda route: route.abort())
+    status, body = spawn(hub, "nia", {"gpu": "1/8", "pool": "h100"})
+    assert status in (201, 202), body
+    hub.wait_ready("nia")
+    logged = len(hub.log())
+    page.get_by_role("button", name="Start").click()
+    page.locator(".spawn-error-msg").wait_for()
+    top = page.locator(".spawn-error-msg").inner_text()
+    # the hub logs the expected refusal in one INFO line, no ERROR, no traceback (#9)
+    log = hub.log()[logged:]
+    assert "(refused by fracspawner): Quota: 1/4 GPU" in log, log
+    assert "Traceback" not in log and "[E " not in log, log
+    # the advice names the server holding the quota (#4)
+    assert "(held by your default server (1/8 GPU)). Stop it on your Home page" in top, top
+    assert "or choose a size that fits: 1/8 GPU, 10 GiB." in top
+    # side's form, as she left it: not the default server's 1/8 (#5)
+    assert page.locator('input[name="gpu"][value="1/4"]').is_checked()
+    assert page.locator("#fs-pool").input_value() == "h100"
+    # one source of truth: the quota line, the size row and the card agree; Start is off (#3)
+    quota = " ".join(page.locator("#fs-quota").inner_text().split())
+    assert quota.startswith("Your GPU quota: 1/8 of 1/4 GPU in use, 1/8 GPU left."), quota
+    row = page.locator('li[data-pool=h100][data-spec="1/4"] .fs-reason')
+    assert "your quota has 1/8 GPU left" in row.inner_text()
+    assert "your quota has 1/8 GPU left" in card.inner_text()
+    start = page.get_by_role("button", name="Start")
+    assert start.is_disabled()
+    assert "Start is off until you stop a server or pick a size that fits." in summary.inner_text()
+    holders = page.locator("#fs-holders")
+    assert "Your quota is held by your default server (1/8 GPU)." in holders.inner_text()
+    assert holders.get_by_role("link").get_attribute("href") == "/hub/home"
+    assert "try again in a few minutes" not in page.locator(".fs-alternatives").inner_text()
+    _shot(page, "quota-edge")
+
+    # the default server stops: after a refresh 1/4 fits again, on every part of the page
+    page.unroute(OFFERS_ROUTE)
+    stop(hub, "nia")
+    page.wait_for_function(
+        "() => document.querySelector('.fs-quota-left').textContent === '1/4 GPU'",
+        timeout=REFRESH_WAIT_MS,
+    )
+    assert row.count() == 0
+    assert "Unavailable" not in card.inner_text()
+    assert start.is_enabled()
     page.close()
 
 
@@ -178,6 +264,14 @@ def test_the_service_in_the_navbar_opens_the_pools_page(hub, devcluster, browser
     response = page.goto(hub.url + href if href.startswith("/") else href)
     assert response.status == 200
     assert page.locator("h1").inner_text() == "GPU pools"
+    # the hub's navigation, not a bare header (issue 21 #9): Home, Logout, the theme toggle
+    nav = page.locator("nav.navbar")
+    assert nav.get_by_role("link", name="Home").get_attribute("href") == "/hub/home"
+    assert nav.locator("#logout").get_attribute("href") == "/hub/logout"
+    theme = page.evaluate("document.documentElement.dataset.bsTheme")
+    nav.get_by_role("button", name="Toggle dark mode").click()
+    assert page.evaluate("document.documentElement.dataset.bsTheme") != theme
+    nav.get_by_role("button", name="Toggle dark mode").click()  # back, for the screenshot
     quota = " ".join(page.locator("#fs-page-quota").inner_text().split())
     assert quota.startswith("Your GPU quota: 0 of 2 GPUs in use, 2 GPUs left.")
     t4 = page.locator('section[data-pool="t4"] tr[data-spec="1/4"]')

@@ -109,12 +109,15 @@ def resolve_choice(
     admin: bool = False,
     admission: str = "refuse",
     extra_keys: Sequence[str] = (),
+    holders: Mapping[str, float] | None = None,
 ) -> Choice:
     """Validate `options` and decide what to spawn; raise OptionsError when it cannot be done.
 
     `used_gpu` is what the user's other running servers hold (GPU-equivalents); `capacity`
     is a `fracspawner.capacity.Capacity` snapshot or None (unknown: no admission check).
     `extra_keys` are other accepted keys (kubespawner's profile fields when profile_list is set).
+    `holders`: the user's other servers holding GPU quota (name -> GPU-equivalents; "" is the
+    default server), named in a quota refusal so the user knows what to stop.
     An `image` among them belongs to a profile option (a catalog without images leaves the key
     to profile_list): it is not read as a catalog image.
     """
@@ -165,9 +168,9 @@ def resolve_choice(
 
     if pool_name is not None:
         if pool_name not in catalog.pools:
-            raise OptionsError(
-                f"pool: unknown pool {echo(pool_name)}. Available: {', '.join(catalog.pools)}."
-            )
+            # only the pools this user may use: naming others invites a second refusal
+            names = ", ".join(p.name for p in may_use) or "none"
+            raise OptionsError(f"pool: unknown pool {echo(pool_name)}. Available: {names}.")
         pool = catalog.pools[pool_name]
         if pool not in may_use:
             names = ", ".join(p.name for p in may_use) or "none"
@@ -183,7 +186,15 @@ def resolve_choice(
     else:
         candidates = [(p, o) for p in may_use if (o := offer_for(p, requested)) is not None]
         if not candidates:
-            offered = sorted({str(o) for p in may_use for o in p.offers})
+            # only sizes the quota leaves room for (a size over it would be refused next)
+            offered = sorted(
+                {
+                    str(o)
+                    for p in may_use
+                    for o in p.offers
+                    if admin or within_quota(rule, used_gpu, plan_slice(o, p, None).gpu_equivalent)
+                }
+            )
             raise OptionsError(
                 f"gpu: no pool you may use offers {requested}. "
                 f"You may choose: {', '.join(offered) or 'no GPU (none)'}."
@@ -205,15 +216,33 @@ def resolve_choice(
         # "MIG 1g.10gb (1/7 GPU)": a size not in GPU shares says what it counts as
         cost = gpu_amount(plan.gpu_equivalent)
         what += "" if what == cost else f" ({cost})"
+        # advice that can be followed: a smaller size only when one fits what is left (or
+        # the whole quota, once servers are stopped), the servers holding it by name
+        smaller = _sizes_within(may_use, left)
         if used_gpu > 0:
+            held = {n: g for n, g in (holders or {}).items() if g > 0}
+            stop = "Stop a server on your Home page"
+            if held:
+                names = ", ".join(
+                    f"{_server_words(n)} ({gpu_amount(g)})" for n, g in sorted(held.items())
+                )
+                stop = f"Stop {'it' if len(held) == 1 else 'one of them'} on your Home page"
+                holding = f"held by {names}"
+            else:
+                holding = f"your other servers hold {gpu_share(used_gpu)}"
+            also = f" or choose a size that fits: {', '.join(smaller)}" if smaller else ""
             raise OptionsError(
                 f"Quota: {what} on {pool.display_name} is more than the {gpu_amount(left)} "
-                f"left of your {gpu_amount(rule.max_gpu)} (your other servers hold "
-                f"{gpu_share(used_gpu)}). Stop a server or choose a smaller size."
+                f"left of your {gpu_amount(rule.max_gpu)} ({holding}). {stop}{also}."
             )
+        advice = (
+            f"Choose a size that fits: {', '.join(smaller)}."
+            if smaller
+            else "No size you may use fits it; ask an admin for a larger quota."
+        )
         raise OptionsError(
             f"Quota: {what} on {pool.display_name} is more than your limit of "
-            f"{gpu_amount(rule.max_gpu)}. Choose a smaller size."
+            f"{gpu_amount(rule.max_gpu)}. {advice}"
         )
 
     free = _capacity_free(capacity, pool, offer)
@@ -226,6 +255,21 @@ def resolve_choice(
             + free_elsewhere(catalog, may_use, capacity, wanted=(pool, offer), room=room)
         )
     return Choice(requested, pool, image, plan, offer)
+
+
+def _sizes_within(pools: Sequence[Pool], room: float, limit: int = 4) -> list[str]:
+    """'1/8 GPU', ...: the sizes of `pools` that fit `room` GPU-equivalents, smallest first."""
+    sizes: dict[str, float] = {}
+    for pool in pools:
+        for offer in pool.offers:
+            size = plan_slice(offer, pool, None).gpu_equivalent
+            if size <= room + 1e-9:
+                sizes.setdefault(describe_offer(offer), size)
+    return [w for w, _ in sorted(sizes.items(), key=lambda item: item[1])][:limit]
+
+
+def _server_words(name: str) -> str:
+    return f"your server {echo(name)}" if name else "your default server"
 
 
 def describe_offer(offer: Slice) -> str:
@@ -284,4 +328,7 @@ def free_elsewhere(
     found.sort(key=lambda item: item[0])  # stable: catalog order breaks ties
     more = len(found) - limit
     listed = "; ".join(text for _, text in found[:limit])
-    return f"Free instead: {listed}" + (f" and {more} more." if more > 0 else ".")
+    # "and 6 more" alone left "more what?" open
+    choices = "choice" if more == 1 else "choices"
+    rest = f"; and {more} more {choices} on the form" if more > 0 else ""
+    return f"Free instead: {listed}{rest}."

@@ -7,9 +7,12 @@ JupyterHub 4+), so the REST API answers 400 with the same sentence as its messag
 
 from __future__ import annotations
 
+import logging
+import re
+
 from tornado import web
 
-__all__ = ["gave_up", "refused"]
+__all__ = ["ExpectedRefusals", "gave_up", "install_log_filter", "refused"]
 
 
 def refused(message: str) -> web.HTTPError:
@@ -18,6 +21,7 @@ def refused(message: str) -> web.HTTPError:
     error = web.HTTPError(400, "%s", message)  # "%s": a '%' in user text is not a format
     # both the spawn form and the API's write_error prefer this to str(error)
     error.jupyterhub_message = message  # type: ignore[attr-defined]
+    error.fracspawner_expected = True  # type: ignore[attr-defined]
     return error
 
 
@@ -28,4 +32,53 @@ def gave_up(message: str) -> web.HTTPError:
     format_exception, which prefers `jupyterhub_message`)."""
     error = web.HTTPError(503, "%s", message)
     error.jupyterhub_message = message  # type: ignore[attr-defined]
+    error.fracspawner_expected = True  # type: ignore[attr-defined]
     return error
+
+
+class ExpectedRefusals(logging.Filter):
+    """A refused spawn is the spawner doing its job: one line at INFO, not ERROR + traceback.
+
+    JupyterHub logs every spawn the spawner refuses twice at ERROR, once with a traceback:
+    `User.spawn` ("Error starting <user>'s server: HTTP 400: ...", jupyterhub/user.py) and the
+    form's SpawnHandler.post ("Failed to spawn single-user server with form", exc_info=True,
+    jupyterhub/handlers/pages.py). For fracspawner's own refusals (`refused`, `gave_up`) this
+    filter turns the first into INFO, the second into one INFO line with the reason, and
+    leaves every other error as it is."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if record.levelno != logging.ERROR:
+            return True
+        exc = record.exc_info[1] if record.exc_info else None
+        if getattr(exc, "fracspawner_expected", False):
+            said = record.getMessage()
+            record.msg = "%s (refused by fracspawner): %s"
+            record.args = (said, getattr(exc, "jupyterhub_message", exc))
+            record.exc_info = record.exc_text = None
+            _downgrade(record)
+        elif isinstance(record.msg, str) and record.msg.startswith("Error starting "):
+            # "... server: HTTP 400: Bad Request (<message>)" (the reason may read "error")
+            if _SPAWNER_REFUSAL.search(record.getMessage()):
+                _downgrade(record)
+        return True
+
+
+_SPAWNER_REFUSAL = re.compile(r": HTTP (400|503): [^(]*\(")
+
+
+def _downgrade(record: logging.LogRecord) -> None:
+    record.levelno = logging.INFO
+    record.levelname = logging.getLevelName(logging.INFO)
+
+
+#: JupyterHub's logger (traitlets names it after the app class) and tornado's, which
+#: jupyterhub/user.py logs to (`log = app_log`)
+HUB_LOGGERS = ("JupyterHub", "tornado.application")
+
+
+def install_log_filter(logger: logging.Logger | None = None) -> None:
+    """Add ExpectedRefusals once to `logger`, or to the hub's loggers; `fracspawner.configure`
+    and FracSpawner itself call it."""
+    for target in [logger] if logger is not None else map(logging.getLogger, HUB_LOGGERS):
+        if not any(isinstance(f, ExpectedRefusals) for f in target.filters):
+            target.addFilter(ExpectedRefusals())

@@ -14,7 +14,9 @@ from __future__ import annotations
 
 import asyncio
 import copy
+import logging
 import os
+import time
 from collections.abc import Mapping
 from typing import Any
 
@@ -42,9 +44,10 @@ from ..choice.notebook_env import notebook_env
 from ..choice.offers import build_offer_model
 from ..choice.options import OPTION_KEYS, Choice, OptionsError, describe_offer, resolve_choice
 from ..model.catalog import AccessRule, Catalog, CatalogError
+from ..model.units import gpu_amount
 from .form import render_form
 from .progress import human_step, progress_event
-from .refusal import gave_up, refused
+from .refusal import gave_up, install_log_filter, refused
 
 #: a trait value traitlets has not stored (a dynamic default not computed yet)
 _MISSING = object()
@@ -57,6 +60,10 @@ _NOT_BASELINE = frozenset(
 )
 #: where get_state keeps the namespace this server's spawns start from
 _BASELINE_NAMESPACE_KEY = "fracspawner_namespace"
+#: user name -> (named server, when) of the last refused form spawn (`_refused_named_server`)
+_FORM_REFUSALS: dict[str, tuple[str, float]] = {}
+#: how long after a refusal the default server's form stands in for the refused server's
+_REFUSAL_FORM_S = 15.0
 
 _catalog_cache: dict[Any, Catalog] = {}
 
@@ -142,6 +149,10 @@ class FracSpawner(KubeSpawner):
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self._baseline = self._snapshot_config()
+        # refused spawns: one INFO line, not ERROR + traceback (hub/refusal.py)
+        install_log_filter()
+        if isinstance(self.log, logging.Logger):
+            install_log_filter(self.log)
         self.choice: Choice | None = None
         #: what this server holds or is starting (made at admission, kept in JupyterHub's
         #: state); the quota of the user's other servers counts it
@@ -367,6 +378,9 @@ class FracSpawner(KubeSpawner):
 
     async def _render_options_form_async(self, spawner: FracSpawner) -> str:
         """Render the GPU picker (and kubespawner's profile form above it, if configured)."""
+        refused = self._refused_named_server()
+        if refused is not None:
+            return await refused._render_options_form_async(refused)
         capacity, usage = await self._capacity_and_usage()
         rule = self.access_rule()
         # unknown usage leaves no quota to offer (a GPU spawn would be refused)
@@ -380,6 +394,14 @@ class FracSpawner(KubeSpawner):
             full_waits=self.admission == "wait",
             previous=self.orm_spawner.user_options if self.orm_spawner else None,
         )
+        # which server this form is for (picker.js keeps Start off on a form posted to another
+        # server), where to stop servers, and which of the user's servers hold the quota
+        model["server"] = self.name
+        model["home_url"] = self._hub_prefix() + "home"
+        model["quota"]["holders"] = [
+            {"server": name, "gpu_text": gpu_amount(held)}
+            for name, held in sorted(self._holders().items())
+        ]
         profile_html = ""
         if self.profile_list:
             self._profile_keys()  # a profile option named like ours: say so before a spawn
@@ -389,11 +411,46 @@ class FracSpawner(KubeSpawner):
             profile_html = self._render_options_form(self._sorted_dict_values(profiles))
         return render_form(model, profile_html=profile_html, service_url=self._picker_api_url())
 
+    def _hub_prefix(self) -> str:
+        return getattr(self.hub, "base_url", "/hub/") if self.hub else "/hub/"
+
     def _picker_api_url(self) -> str:
         """The fracspawner service's offers endpoint, for live counts in the picker."""
-        base = getattr(self.hub, "base_url", "/hub/") if self.hub else "/hub/"
+        base = self._hub_prefix()
         prefix = base[: -len("hub/")] if base.endswith("hub/") else "/"
         return f"{prefix}services/fracspawner/api/offers"
+
+    def _holders(self) -> dict[str, float]:
+        """The user's other servers holding GPU quota (name -> GPU-equivalents), from the hub's
+        own state: named in a quota refusal and on the form, so the user knows what to stop."""
+        return {n: g for n, g in self._hub_holdings().items() if g is not None and g > 0}
+
+    def _note_form_refusal(self) -> None:
+        """Remember that this named server's form spawn was refused (see below)."""
+        request = getattr(getattr(self, "handler", None), "request", None)
+        if self.name and request is not None and request.method == "POST":
+            if "/api/" not in request.path:
+                _FORM_REFUSALS[self.user.name] = (self.name, time.monotonic())
+
+    def _refused_named_server(self) -> FracSpawner | None:
+        """The named server whose form spawn was just refused, when JupyterHub asks the DEFAULT
+        server for the form to show with the refusal.
+
+        JupyterHub's SpawnHandler.post re-renders a refused spawn's form with
+        `user.spawner.get_options_form()` (jupyterhub/handlers/pages.py), the default server's
+        spawner, while the form posts to the named server: its choices and quota were shown,
+        and a second Start started the named server with the default server's last choice
+        (issue 21 #5). One-shot, and only seconds after the refusal."""
+        if self.name:
+            return None
+        noted = _FORM_REFUSALS.pop(self.user.name, None)
+        if noted is None or time.monotonic() - noted[1] > _REFUSAL_FORM_S:
+            return None
+        spawners = self._user_servers()[0]
+        other = spawners.get(noted[0]) if isinstance(spawners, dict) else None
+        if isinstance(other, FracSpawner) and not other.active:
+            return other
+        return None
 
     @default("apply_user_options")
     def _apply_user_options_default(self) -> Any:
@@ -436,6 +493,7 @@ class FracSpawner(KubeSpawner):
             admin=admin,
             admission=self.admission,
             extra_keys=self._profile_keys(),
+            holders=self._holders(),
         )
         check_usage_known(choice, rule, usage, admin=admin)
         return choice
@@ -481,6 +539,7 @@ class FracSpawner(KubeSpawner):
             choice = await self.admit()
         except (OptionsError, CatalogError) as exc:
             # 400: JupyterHub shows it on the form (in words, no "HTTP 400"), the API answers it
+            self._note_form_refusal()
             raise refused(str(exc)) from None
         try:
             await self._load_profile_options()
