@@ -447,7 +447,7 @@ class FracSpawner(KubeSpawner):
         if noted is None or time.monotonic() - noted[1] > _REFUSAL_FORM_S:
             return None
         spawners = self._user_servers()[0]
-        other = spawners.get(noted[0]) if isinstance(spawners, dict) else None
+        other = dict.get(spawners, noted[0]) if isinstance(spawners, dict) else None
         if isinstance(other, FracSpawner) and not other.active:
             return other
         return None
