@@ -256,6 +256,21 @@ async def test_failed_restore_keeps_the_kernel_and_tells_the_user(env):
     server.api("DELETE", f"/api/kernels/{kid}")
 
 
+async def test_a_kernel_restarted_while_hibernated_just_runs(env):
+    """Restarting is the user's way out: the old process (and its parked state) goes, and the
+    new kernel gets the messages at once (the fake driver, like the real one, knows no exited
+    process)."""
+    server, state, _ = env
+    kid, pid = await gpu_kernel(server, state, GIB)
+    wait_for(lambda: hibernation(server, kid).get("state") == "hibernated", 20, "hibernation")
+    status, _ = server.api("POST", f"/api/kernels/{kid}/restart")
+    assert status == 200
+    out = await execute(server.url, server.token, kid, "import os\nprint(os.getpid())")
+    assert int(out) != pid
+    assert hibernation(server, kid)["state"] == "running"
+    server.api("DELETE", f"/api/kernels/{kid}")
+
+
 # --- in process: the API missing, the host-memory readings ------------------------------------
 def fake_driver_module():
     spec = importlib.util.spec_from_file_location(

@@ -20,6 +20,7 @@ server cull stay as they are. Safe in every failure:
 from __future__ import annotations
 
 import asyncio
+import os
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -317,6 +318,14 @@ class Hibernator(LoggingConfigurable):
                     assert s.pid is not None
                     await asyncio.to_thread(self._restore, s.pid)
                 except (CheckpointError, Unsupported, _Refused) as exc:
+                    if s.pid is not None and not os.path.exists(f"/proc/{s.pid}"):
+                        # the process is gone (the kernel was restarted or died): nothing to
+                        # bring back, and its messages go to the kernel there is now
+                        self.log.info(
+                            "fracspawner: kernel %s restarted while hibernated", s.kernel_id
+                        )
+                        s.state, s.memory_mib, s.restore_error = "running", 0.0, None
+                        return True
                     s.state, s.attempts = "restore_failed", s.attempts + 1
                     s.restore_error = str(exc)
                     s.next_retry = _now() + timedelta(seconds=delay)

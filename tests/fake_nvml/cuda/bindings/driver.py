@@ -104,6 +104,8 @@ def _require(name: str) -> None:
 
 
 def _process(data: dict, pid: int) -> dict | None:
+    if not data.get("any_pid") and not os.path.exists(f"/proc/{int(pid)}"):
+        return None  # a process that has exited is no CUDA process (INVALID_VALUE)
     for gpu in data.get("gpus", []):
         for p in gpu.get("processes", []):
             if int(p["pid"]) == int(pid):
