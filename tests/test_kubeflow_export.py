@@ -31,7 +31,7 @@ from fracspawner.model.catalog import AccessRule, CatalogError
 REPO = Path(__file__).resolve().parent.parent
 EXAMPLES = sorted((REPO / "examples" / "catalogs").glob("*.yaml"))
 #: a stock Notebooks 2.0 WorkspaceKind as `kubectl get -o yaml` prints it (the upstream sample)
-STOCK_KIND = REPO / "examples" / "kubeflow" / "workspacekind-jupyterlab.yaml"
+STOCK_KIND = REPO / "fracspawner" / "kubeflow" / "stock" / "workspacekind-jupyterlab.yaml"
 
 CATALOG: dict[str, Any] = {
     "pools": {
@@ -602,10 +602,22 @@ def test_v2_re_export_after_a_catalog_change_passes_the_kinds_own_checks(catalog
     ]
 
 
-def test_v2_needs_the_workspace_kind(tmp_path, capsys):
+def test_v2_without_a_kind_file_extends_the_stock_kind_and_says_so(tmp_path, capsys):
+    # design.md's command shape: `--notebooks v2` alone still exports, built on the stock kind.
     code, out = _write(tmp_path, CATALOG, "--notebooks", "v2")
-    assert code == 2 and not out.exists()
-    assert "--notebooks v2 needs --workspace-kind-file" in capsys.readouterr().err
+    assert code == 0
+    (kind,) = [d for d in yaml.safe_load_all((out / "workspacekind-jupyterlab.yaml").read_text())]
+    assert "resourceVersion" not in kind["metadata"]  # not read from a cluster
+    stock = {
+        c["id"] for c in _stock_kind()["spec"]["podTemplate"]["options"]["podConfig"]["values"]
+    }
+    ids = {c["id"] for c in kind["spec"]["podTemplate"]["options"]["podConfig"]["values"]}
+    assert stock < ids  # the kind's own podConfigs kept, the catalog's added
+    assert "stock WorkspaceKind 'jupyterlab'" in (out / "README.txt").read_text()
+    assert "--workspace-kind-file" in capsys.readouterr().err  # the notes, on stderr
+
+
+def test_v2_refuses_a_kind_file_that_is_no_workspace_kind(tmp_path, capsys):
     bad = tmp_path / "kind.yaml"
     bad.write_text(yaml.safe_dump({"apiVersion": "v1", "kind": "ConfigMap"}))
     code, out = _write(tmp_path, CATALOG, "--notebooks", "v2", "--workspace-kind-file", str(bad))

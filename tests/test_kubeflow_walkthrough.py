@@ -4,7 +4,7 @@ what a Kubeflow v1.11 install (and the Notebooks 2.0 beta) has: profile namespac
 profile controller labels and annotates them, the Notebook, PodDefault, WorkspaceKind,
 Workspace and Istio AuthorizationPolicy CRDs (compact ones, tests/kubeflow_crds and
 tests/devcluster_crds), and the upstream sample WorkspaceKind `jupyterlab`
-(examples/kubeflow/workspacekind-jupyterlab.yaml). The devcluster has no server-side apply
+(fracspawner/kubeflow/stock/workspacekind-jupyterlab.yaml). The devcluster has no server-side apply
 (docs/devcluster.md), which the walk-through does not use."""
 
 from __future__ import annotations
@@ -27,6 +27,7 @@ pytestmark = pytest.mark.e2e
 REPO = Path(__file__).resolve().parent.parent
 DOC = REPO / "docs" / "kubeflow.md"
 EXAMPLE = REPO / "examples" / "kubeflow"
+STOCK_KIND = REPO / "fracspawner" / "kubeflow" / "stock" / "workspacekind-jupyterlab.yaml"
 CRDS = [
     REPO / "tests" / "devcluster_crds" / "notebooks.yaml",
     REPO / "tests" / "kubeflow_crds" / "workspaces.yaml",
@@ -88,7 +89,7 @@ def test_the_walkthrough_has_the_commands_it_promises():
 
 
 def _stock_kind() -> dict[str, Any]:
-    kind = yaml.safe_load((EXAMPLE / "workspacekind-jupyterlab.yaml").read_text())
+    kind = yaml.safe_load(STOCK_KIND.read_text())
     kind = copy.deepcopy(kind)
     for key in ("resourceVersion", "uid", "generation", "creationTimestamp"):
         kind["metadata"].pop(key, None)

@@ -74,8 +74,9 @@ def _parser() -> argparse.ArgumentParser:
     ex.add_argument(
         "--workspace-kind-file",
         metavar="FILE",
-        help="v2 (required): the WorkspaceKind as `kubectl get workspacekind NAME -o yaml` "
-        "prints it; the export is that kind with the catalog's podConfigs and rules added",
+        help="v2: the WorkspaceKind as `kubectl get workspacekind NAME -o yaml` prints it; the "
+        "export is that kind with the catalog's podConfigs and rules added (default: "
+        "Notebooks 2.0's stock kind 'jupyterlab')",
     )
     ex.add_argument(
         "--webhook-service",
@@ -153,9 +154,25 @@ def _profile_namespaces(args: argparse.Namespace) -> list[ProfileNamespace]:
     return out
 
 
-def _workspace_kind(args: argparse.Namespace) -> dict[str, Any] | None:
-    if not args.workspace_kind_file:
+#: Notebooks 2.0's stock `jupyterlab` WorkspaceKind (the upstream sample), for exports that do
+#: not say which kind they extend.
+STOCK_WORKSPACE_KIND = Path(__file__).parent / "stock" / "workspacekind-jupyterlab.yaml"
+
+
+def _workspace_kind(args: argparse.Namespace, notes: list[str]) -> dict[str, Any] | None:
+    if args.notebooks != "v2":
         return None
+    if not args.workspace_kind_file:
+        kind = yaml.safe_load(STOCK_WORKSPACE_KIND.read_text(encoding="utf-8"))
+        # Not read from a cluster: nothing of a live object's identity may be sent back.
+        for key in ("resourceVersion", "uid", "generation", "creationTimestamp"):
+            kind["metadata"].pop(key, None)
+        notes.append(
+            "no --workspace-kind-file: built on Notebooks 2.0's stock WorkspaceKind "
+            "'jupyterlab'; if yours differs (other podConfigs, rules or CPU/memory), export "
+            "again with --workspace-kind-file from `kubectl get workspacekind NAME -o yaml`"
+        )
+        return kind
     path = Path(args.workspace_kind_file)
     try:
         docs = [d for d in yaml.safe_load_all(path.read_text(encoding="utf-8")) if d]
@@ -245,14 +262,16 @@ def main(argv: list[str]) -> int:
         return 2
     try:
         catalog = load_catalog(args.catalog)
+        kind_notes: list[str] = []
         result = export(
             catalog,
             namespaces=_profile_namespaces(args),
             notebooks=args.notebooks,
             webhook=_target(args),
-            workspace_kind=_workspace_kind(args),
+            workspace_kind=_workspace_kind(args, kind_notes),
             culler_service_account=_service_account(args.culler_service_account),
         )
+        result.notes[:0] = kind_notes
         out_dir = Path(args.output)
         if out_dir.exists() and not out_dir.is_dir():
             raise ExportError(f"-o {out_dir}: exists and is not a folder")
