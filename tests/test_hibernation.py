@@ -315,3 +315,32 @@ def test_host_headroom_from_cgroup_files(tmp_path):
     assert host_headroom(v1, str(meminfo)).free_mib == 4 * GIB
     nothing = host_headroom(tmp_path / "none", str(tmp_path / "no-meminfo"))
     assert nothing.free_mib is None  # unknown: never suspended on it
+
+
+async def test_work_that_does_not_pause_leaves_it_running(tmp_path, monkeypatch):
+    """cuCheckpointProcessLock with a timeout leaves the process RUNNING when the timeout is
+    reached (CUDA Driver API): not hibernated, tried again at its next idle period."""
+    state = tmp_path / "state.json"
+    me = os.getpid()
+    state.write_text(json.dumps({"cuda_driver_version": 12080, "gpus": [
+        {"processes": [{"pid": me, "memory_mib": 1024, "lock_timeout": True}]}]}))  # fmt: skip
+    monkeypatch.setenv("FAKE_NVML_STATE", str(state))
+    cgroup = tmp_path / "cgroup"
+    cgroup.mkdir()
+    set_cgroup(cgroup, 64, 1)
+    hib = Hibernator(
+        driver=CheckpointDriver(fake_driver_module()), cgroup_root=str(cgroup), lock_timeout_ms=100
+    )
+    assert await hib.hibernate("k", [me], 1024) == "running"
+    assert hib.kernel_json("k")["reason"] == (
+        "not hibernated: its CUDA work did not pause within 0.1 s; tried again at its next idle "
+        "period"
+    )
+    assert cuda_state(state, me) == "running"
+    with state_of(state) as data:  # the work finished: the next try suspends it
+        data["gpus"][0]["processes"][0]["lock_timeout"] = False
+    assert await hib.hibernate("k", [me], 1024) == "hibernated"
+    assert hib.total_mib() == 1024
+    task = hib.resume("k", "test")
+    assert task is not None and await task
+    assert cuda_state(state, me) == "running" and hib.total_mib() == 0
