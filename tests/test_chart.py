@@ -1015,6 +1015,37 @@ def test_generated_webhook_certificate_is_a_pair_with_the_configuration(rendered
     assert svc["metadata"]["name"] == service["name"] and svc["spec"]["ports"][0]["port"] == 443
 
 
+def test_webhook_client_auth_values_become_its_flags():
+    """webhook.clientAuth: the API server's client CA from a Secret, the names it may carry,
+    detailed refusals; the command is what the webhook's own parser accepts (issue 19 item 12).
+    Every chart shares the replicas' quota through --ledger-namespace (item 7)."""
+    from fracspawner.kubeflow.webhook import _parser
+
+    def webhook_pod(values: dict) -> dict:
+        objs = objects(render({"webhook": {"enabled": True, **values}}))
+        return one(objs, "Deployment", "webhook")["spec"]["template"]["spec"]
+
+    pod = webhook_pod({})
+    args = _parser().parse_args(pod["containers"][0]["command"][2:])
+    assert (args.ledger_namespace, args.client_ca, args.detailed_refusals) == (
+        NAMESPACE,
+        None,
+        False,
+    )
+    assert "client-ca" not in {v["name"] for v in pod["volumes"]}
+    client_auth = {"caSecret": "apiserver-client-ca", "names": ["kube-apiserver"]}
+    pod = webhook_pod({"clientAuth": {**client_auth, "detailedRefusals": False}})
+    container = pod["containers"][0]
+    args = _parser().parse_args(container["command"][2:])
+    mount = next(m for m in container["volumeMounts"] if m["name"] == "client-ca")
+    assert args.client_ca == f"{mount['mountPath']}/ca.crt"
+    assert args.client_name == ["kube-apiserver"]
+    volume = next(v for v in pod["volumes"] if v["name"] == "client-ca")
+    assert volume["secret"]["secretName"] == "apiserver-client-ca"
+    pod = webhook_pod({"clientAuth": {"caSecret": "", "names": [], "detailedRefusals": True}})
+    assert _parser().parse_args(pod["containers"][0]["command"][2:]).detailed_refusals
+
+
 def test_the_rendered_webhook_really_works(devcluster, tmp_path):
     """The chart's webhook, as the chart runs it (its command, the generated certificate and
     key from its Secret, the catalog from its ConfigMap), registered in devcluster with the
