@@ -517,3 +517,20 @@ async def test_when_neither_watch_nor_hub_can_tell_held_is_unknown_never_zero(ca
     html = render_admin_page(model, user="admin", hub_prefix="/hub/", static_prefix="/s/")
     assert "Who holds what is unknown" in html and "0 slices" not in html
     data.http.close()
+
+
+def test_hibernated_gpu_memory_shows_where_a_server_reports_it(catalog):
+    # the culler's row carries what the server's own report says its hibernated kernels keep
+    # in host memory (GPU hibernation, issue 22); the page shows it beside the GPU state
+    row = server_row(
+        facts("bob"), Reading(GpuFacts("prometheus", NOW, 0, 600)),
+        Decision("keep", "active", ""), POLICY, "t4", NOW, hibernated_mib=3072.0,
+    )  # fmt: skip
+    assert row["gpu"]["hibernated_mib"] == 3072.0
+    now = time.time()
+    state = culler_state(now)
+    state["servers"][1]["gpu"]["hibernated_mib"] = 3072.0  # bob
+    model = model_for(catalog, ["alice", "bob"], state, now)
+    html = render_admin_page(model, user="admin", hub_prefix="/hub/", static_prefix="/s/")
+    assert "hibernated: 3.0 GiB of GPU memory kept in host memory" in html
+    assert html.count('data-field="hibernated"') == 1

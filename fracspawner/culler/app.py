@@ -532,7 +532,9 @@ class Culler(CullerApplication):
             pool, policy = self.policy_for(facts).astuple()
             decision = decide_server(facts, reading, policy, now, rules)
             outcomes.append(Outcome(server, decision, reading.gpu, pool=pool))
-            rows.append(server_row(facts, reading, decision, policy, pool, now))
+            report = self.reports.for_server(facts) if self.reports_enabled else None
+            hibernated = None if report is None else report.hibernated_mib
+            rows.append(server_row(facts, reading, decision, policy, pool, now, hibernated))
         if self.reports_enabled:  # up: every GPU server's report came in time
             sources_up["extension"] = missing_reports == 0
             self.metrics.source_up.labels("extension").set(int(sources_up["extension"]))

@@ -152,7 +152,10 @@ def server_row(
     policy: Policy,
     pool: str,
     now: float,
+    hibernated_mib: float | None = None,
 ) -> dict[str, Any]:
+    """One server's row; `hibernated_mib`: GPU memory its hibernated kernels keep in host
+    memory, from its own report (None: no report, so not known)."""
     state, idle_for = gpu_state(reading.gpu)
     gpu = reading.gpu
     return {
@@ -168,6 +171,7 @@ def server_row(
             "memory_mib": None if gpu is None else gpu.memory_mib,
             "source": "" if gpu is None else gpu.source,
             "note": reading.missing or ("" if gpu is None else gpu.note),
+            "hibernated_mib": hibernated_mib,
         },
         "decision": {"action": decision.action, "reason": decision.reason},
         "next": next_step(facts, reading, decision, policy, now),

@@ -187,6 +187,7 @@ def holder_rows(
                 "gpu_since": since_state,
                 "gpu_for": None if since_state is None else max(now - since_state, 0),
                 "gpu_why": why,
+                "hibernated_mib": gpu.get("hibernated_mib"),
                 "seen_by_culler": c is not None,
                 "next": nxt,
                 "next_at": None if not nxt else nxt.get("at"),
