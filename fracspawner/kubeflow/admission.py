@@ -19,7 +19,7 @@ from dataclasses import dataclass, replace
 from types import MappingProxyType
 from typing import Any
 
-from ..backends import LABEL_GPU, LABEL_POOL, is_reserved_env, plan_slice
+from ..backends import LABEL_GPU, LABEL_POOL, get_backend, is_reserved_env, plan_slice
 from ..backends.base import PodPlan
 from ..backends.podspec import apply_plan
 from ..choice.notebook_env import notebook_env
@@ -329,6 +329,13 @@ def admit(
     # meter and the server's own kernel culling read them)
     told = notebook_env(choice, catalog)
     plan = replace(plan, env=MappingProxyType({**plan.env, **told}))
+    # a backend whose own webhook names its scheduler (HAMi: hami-scheduler) does so only for
+    # pods that carry its resources when it is called; configurations are called in name
+    # order, so it may have seen a PodDefault pod before ours gave it any. Name it, as
+    # FracSpawner does on hub pods (hub/spawner.py _own_scheduler)
+    own = getattr(get_backend(choice.pool.backend), "own_scheduler", None)
+    if own and not plan.scheduler_name:
+        plan = replace(plan, scheduler_name=own)
     if not within_quota(rule, used_gpu, plan.gpu_equivalent):
         left = max((rule.max_gpu or 0.0) - used_gpu, 0.0)
         raise Refusal(
