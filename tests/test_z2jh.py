@@ -311,3 +311,30 @@ def test_the_docs_z2jh_advice_is_the_overlays():
         assert "fracspawner-catalog.yaml" not in text, name  # one catalog path
     for name in ("admin-guide.md", "install.md"):  # the pages that install a hub
         assert not re.search(r"pip install (-e )?'?(fracspawner|\.)(?!\[)", _docs()[name]), name
+
+
+def test_exempt_groups_never_cull_when_the_token_cannot_read_groups():
+    """A culler whose role lacks read:users:groups (an older overlay) gets user models without
+    `groups` (jupyterhub/apihandlers/base.py `user_model`): with exempt_groups set, that is
+    "groups unknown", and a server is kept, never culled as if its user were in no group."""
+    import time
+
+    from fracspawner.culler.decide import Rules, decide_server
+    from fracspawner.culler.hubapi import servers_from_users
+    from fracspawner.model.catalog import IdlePolicy
+
+    now = time.time()
+    idle = "2000-01-01T00:00:00Z"
+    model = {"name": "ada", "servers": {"": {"ready": True, "url": "/user/ada/",
+             "started": idle, "last_activity": idle, "user_options": {}}}}  # fmt: skip
+    policy = IdlePolicy(None, None, 3600, None)
+    rules = Rules(exempt_groups=frozenset({"admins"}))
+    (without,) = servers_from_users([model])
+    decision = decide_server(without.facts, None, policy, now, rules)
+    assert decision.action == "keep", decision
+    assert "read:users:groups" in decision.message
+    # with the groups readable, the same idle server of a user in no exempt group is stopped
+    (readable,) = servers_from_users([{**model, "groups": ["students"]}])
+    assert decide_server(readable.facts, None, policy, now, rules).action == "stop"
+    # and without exempt_groups nothing needs them
+    assert decide_server(without.facts, None, policy, now, Rules()).action == "stop"

@@ -46,7 +46,8 @@ class ServerFacts:
     last_activity: float | None = None  # as the hub knows it
     ready: bool = True
     pending: str | None = None
-    groups: tuple[str, ...] = ()
+    # None: the hub did not say (the culler's token lacks read:users:groups)
+    groups: tuple[str, ...] | None = ()
     # what the server itself last reported (None: no report): its activity with GPU work
     # counted, and its user's activity (everything jupyter-server counts, GPU work excepted)
     own_last_activity: float | None = None
@@ -188,7 +189,16 @@ def decide_server(
         return Decision("keep", "not_ready", f"not ready (pending: {server.pending})")
     if server.user in rules.exempt_users:
         return Decision("keep", "exempt", f"user {server.user} is exempt")
-    exempt_groups = rules.exempt_groups.intersection(server.groups)
+    if rules.exempt_groups and server.groups is None:
+        # unknown is never "in no group": an exempt user's server is never culled for want
+        # of the scope
+        return Decision(
+            "keep",
+            "exempt",
+            "groups unknown (the culler's token lacks read:users:groups): kept while "
+            "exempt_groups is set",
+        )
+    exempt_groups = rules.exempt_groups.intersection(server.groups or ())
     if exempt_groups:
         return Decision("keep", "exempt", f"group {sorted(exempt_groups)[0]} is exempt")
     if server.name and not rules.cull_named_servers:

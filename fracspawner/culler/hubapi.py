@@ -35,7 +35,8 @@ class HubServer:
 def servers_from_users(users: list[dict]) -> Iterator[HubServer]:
     """Every server in a list of user models (pure)."""
     for user in users:
-        groups = tuple(user.get("groups") or ())
+        # the hub leaves `groups` out of the model without read:users:groups: unknown, not none
+        groups = tuple(user.get("groups") or ()) if "groups" in user else None
         for name, server in (user.get("servers") or {}).items():
             facts = ServerFacts(
                 user=user["name"],
