@@ -119,3 +119,19 @@ def _by_config_dir(text: str) -> dict[str, str]:
         else:
             out[current] = out.get(current, "") + line + "\n"
     return out
+
+
+def test_the_default_catalog_and_the_examples_use_the_notebook_image():
+    """The chart's default catalog, the install walk-through's catalog and README's offer the
+    image images/notebook builds (at this version), not a stock image without the extension."""
+    import yaml
+
+    from fracspawner import __version__
+
+    default = yaml.safe_load((REPO / "charts/fracspawner/files/default-catalog.yaml").read_text())
+    images = [i["image"] for i in default["images"].values()]
+    assert images == [f"fracspawner/fracspawner-notebook:{__version__}"]
+    for page in ("docs/install.md", "README.md"):
+        assert f"fracspawner-notebook:{__version__}" in (REPO / page).read_text(), page
+    overlay = (REPO / "examples/z2jh/values.yaml").read_text()
+    assert "images/notebook/" in overlay
