@@ -430,3 +430,53 @@ async def test_a_review_costs_no_pod_list(api, devcluster, catalog, monkeypatch)
     pod_calls = [c for c in calls if c[1].endswith("/pods")]
     assert len(pod_calls) <= 2, pod_calls  # the watch's list (and its watch request)
     assert len(calls) <= 2 + 1 + 2 * 20, calls  # + the namespace, + record read and write
+
+
+async def test_a_stale_write_of_the_record_is_a_409_from_the_api_and_counts_again(api, devcluster):
+    """Two replicas' ledgers over ConfigMaps in devcluster: replica A reads the record, B
+    admits meanwhile, A's write (its resourceVersion now stale) is answered 409 Conflict by
+    the API server, and A counts again with B's reservation: over the quota, refused."""
+    from fracspawner.capacity.apiconfig import load_configuration
+    from fracspawner.kubeflow.cluster import Cluster
+
+    cluster = Cluster(await load_configuration(str(devcluster.kubeconfig)))
+    index = PodIndex()
+    index.load([])
+    replica_b = SharedLedger(cluster.records(LEDGER_NS), index, 60)
+
+    class Interleaved:
+        """Replica A's records: B's admission lands between A's first read and its write."""
+
+        def __init__(self, records: Any) -> None:
+            self.records, self.reads, self.b_admits, self.quota = records, 0, "b-0", 0.25
+
+        async def read(self, namespace: str) -> tuple[str | None, str | None]:
+            found = await self.records.read(namespace)
+            self.reads += 1
+            if self.reads == 1:
+                pod = self.b_admits
+                await replica_b.admit("cas", pod, pod, _decide(index, self.quota, 0.125))
+            return found
+
+        async def write(self, namespace: str, text: str, version: str | None) -> bool:
+            return await self.records.write(namespace, text, version)
+
+    records_a = Interleaved(cluster.records(LEDGER_NS))
+    replica_a = SharedLedger(records_a, index, 60)
+    try:
+        # the first write creates the record: B's create wins, A's create is AlreadyExists
+        await replica_a.admit("cas", "a-0", "a-0", _decide(index, 0.25, 0.125))
+        assert (replica_a.conflicts, records_a.reads) == (1, 2)
+        # now an update: A read version n (a-0, b-0), B wrote n+1 (d-0), A's update at n is
+        # a 409; A counts again: 0.375 held + 0.125 is over 0.45
+        records_a.reads, records_a.b_admits, records_a.quota = 0, "d-0", 0.45
+        with pytest.raises(PermissionError):
+            await replica_a.admit("cas", "c-0", "c-0", _decide(index, 0.45, 0.125))
+        assert (replica_a.conflicts, records_a.reads) == (2, 2)
+    finally:
+        await cluster.close()
+    status, record = api.request(
+        "GET", f"/api/v1/namespaces/{LEDGER_NS}/configmaps/fracspawner-quota.cas"
+    )
+    assert status == 200
+    assert sorted(json.loads(record["data"]["reservations"])) == ["a-0", "b-0", "d-0"]

@@ -32,6 +32,12 @@ class WebhookMetrics:
             buckets=(0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10),
             registry=self.registry,
         )
+        self.conflicts = Gauge(
+            "fracspawner_webhook_quota_conflicts",
+            "Writes of a namespace's quota reservations another replica's write came before "
+            "(409 Conflict; the admission counted again), since start.",
+            registry=self.registry,
+        )
         self.reserved = Gauge(
             "fracspawner_webhook_reserved_gpu_equivalents",
             "GPU-equivalents admitted whose pods the API server has not listed yet.",

@@ -174,6 +174,7 @@ class Ledger:
         self.window = window
         self.clock = clock
         self.attempts = 8
+        self.conflicts = 0  # writes another replica's write came before (for the metrics)
         self._locks: dict[str, asyncio.Lock] = {}
         self._last: dict[str, dict[str, Reservation]] = {}
 
@@ -226,6 +227,7 @@ class Ledger:
                 if await self._write(namespace, live, version):
                     self._last[namespace] = live
                     return amount
+                self.conflicts += 1
             raise Busy(f"{self.attempts} writes of the quota record of {namespace} lost a race")
 
     def total(self) -> float:

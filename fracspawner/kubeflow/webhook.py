@@ -95,6 +95,7 @@ class Webhook:
         self.verify_clients = False
         self.client_names: set[str] = set()
         self.metrics = WebhookMetrics()
+        self.metrics.conflicts.set_function(lambda: self.ledger.conflicts)
 
     def start(self) -> None:
         """Start the pod watch (admissions of slice pods wait for its first list)."""
