@@ -205,7 +205,7 @@ def test_refused_choice_shows_its_message_and_disabled_options_say_why(hub, devc
     text = error.inner_text()
     assert "Quota: 1/4 GPU on H100 80GB (HAMi) is more than the 1/8 GPU left" in text
     # the advice names the server holding the quota and only sizes that fit (issue 21 #4)
-    assert "(held by your server 'side' (1/8 GPU)). Stop it on your Home page" in text
+    assert "(your server 'side' holds 1/8 GPU). Stop it on your Home page" in text
     assert "or choose a size that fits: 1/8 GPU, 10 GiB." in text and "HTTP" not in text
     assert not server_pods(devcluster, "dana")  # refused before any pod existed
 

@@ -165,7 +165,7 @@ def test_a_refused_named_server_comes_back_as_itself_and_start_follows_the_model
     assert "(refused by fracspawner): Quota: 1/4 GPU" in log, log
     assert "Traceback" not in log and "[E " not in log, log
     # the advice names the server holding the quota (#4)
-    assert "(held by your default server (1/8 GPU)). Stop it on your Home page" in top, top
+    assert "(your default server holds 1/8 GPU). Stop it on your Home page" in top, top
     assert "or choose a size that fits: 1/8 GPU, 10 GiB." in top
     # side's form, as she left it: not the default server's 1/8 (#5)
     assert page.locator('input[name="gpu"][value="1/4"]').is_checked()

@@ -19,10 +19,10 @@ def _refusal(options, **kwargs) -> str:
 def test_quota_refusal_names_the_servers_holding_it():
     # the demo's default rule: H100 only, 1/4 GPU; the default server holds 1/8
     text = _refusal({"gpu": "1/4"}, rule=EVERYONE, used_gpu=0.125, holders={"": 0.125})
-    assert "(held by your default server (1/8 GPU)). Stop it on your Home page" in text
+    assert "(your default server holds 1/8 GPU). Stop it on your Home page" in text
     assert "or choose a size that fits: 1/8 GPU, 10 GiB." in text
     text = _refusal({"gpu": "1/8"}, rule=EVERYONE, used_gpu=0.25, holders={"a": 0.125, "b": 0.125})
-    assert "held by your server 'a' (1/8 GPU), your server 'b' (1/8 GPU)" in text
+    assert "(your server 'a' (1/8 GPU) and your server 'b' (1/8 GPU) hold 1/4 GPU)" in text
     assert "Stop one of them on your Home page." in text
     # nothing left: no "smaller size" that would be refused too
     assert "smaller" not in text and "fits" not in text

@@ -222,12 +222,15 @@ def resolve_choice(
         if used_gpu > 0:
             held = {n: g for n, g in (holders or {}).items() if g > 0}
             stop = "Stop a server on your Home page"
-            if held:
-                names = ", ".join(
-                    f"{_server_words(n)} ({gpu_amount(g)})" for n, g in sorted(held.items())
-                )
-                stop = f"Stop {'it' if len(held) == 1 else 'one of them'} on your Home page"
-                holding = f"held by {names}"
+            if len(held) == 1:
+                ((name, amount),) = held.items()
+                stop = "Stop it on your Home page"
+                holding = f"{_server_words(name)} holds {gpu_amount(amount)}"
+            elif held:
+                names = [f"{_server_words(n)} ({gpu_amount(g)})" for n, g in sorted(held.items())]
+                stop = "Stop one of them on your Home page"
+                listed = ", ".join(names[:-1]) + f" and {names[-1]}"
+                holding = f"{listed} hold {gpu_amount(sum(held.values()))}"
             else:
                 holding = f"your other servers hold {gpu_share(used_gpu)}"
             also = f" or choose a size that fits: {', '.join(smaller)}" if smaller else ""
