@@ -480,3 +480,43 @@ async def test_a_stale_write_of_the_record_is_a_409_from_the_api_and_counts_agai
     )
     assert status == 200
     assert sorted(json.loads(record["data"]["reservations"])) == ["a-0", "b-0", "d-0"]
+
+
+async def test_a_watch_refused_after_every_list_backs_off(monkeypatch):
+    """The pod watch never gives up, but a watch the API server refuses each time (a role
+    without `watch`) must not relist in a tight loop: the backoff grows until a watch
+    delivers, as client-go's Reflector does; a 410 Gone relists at once."""
+    from kubernetes_asyncio.client import ApiException
+
+    from fracspawner.kubeflow import cluster as cluster_module
+
+    class Response:
+        status, reason = 200, "OK"
+
+        async def read(self) -> bytes:
+            return b'{"items": [], "metadata": {"resourceVersion": "1"}}'
+
+    class V1:
+        lists = 0
+
+        async def list_pod_for_all_namespaces(self, **kwargs: Any) -> Any:
+            if kwargs.get("watch"):
+                raise ApiException(status=403, reason="Forbidden")
+            V1.lists += 1
+            return Response()
+
+    delays: list[float] = []
+    real_sleep = asyncio.sleep
+
+    async def sleep(delay: float) -> None:
+        delays.append(delay)
+        if len(delays) >= 6:
+            raise asyncio.CancelledError
+        await real_sleep(0)
+
+    monkeypatch.setattr(cluster_module.asyncio, "sleep", sleep)
+    watch = cluster_module.PodWatch(V1(), PodIndex())
+    with pytest.raises(asyncio.CancelledError):
+        await watch._run()
+    assert V1.lists == 6
+    assert delays[-1] > 10 * delays[0], delays  # 0.8 s doubling, not 0.8 s each time

@@ -121,9 +121,6 @@ class PodWatch:
         listing = json.loads(body)
         self.index.load(listing.get("items") or [])
         self._synced.set()
-        if self.failures:
-            log.warning("watching pods again; quota counts are current")
-        self.failures = 0
         return str((listing.get("metadata") or {}).get("resourceVersion") or "0")
 
     async def _watch(self, version: str) -> str:
@@ -138,6 +135,7 @@ class PodWatch:
                 _request_timeout=330,  # silent much longer than the server's timeout: dead
             ) as events:
                 async for event in events:
+                    self._back()
                     obj = event.get("raw_object") or {}
                     kind = event.get("type")
                     if kind == "DELETED":
@@ -157,6 +155,7 @@ class PodWatch:
                 if version is None:
                     version = await self._list()
                 version = await self._watch(version)
+                self._back()  # ended by the server's timeout: a healthy watch
             except asyncio.CancelledError:
                 raise
             except client.ApiException as exc:
@@ -167,6 +166,13 @@ class PodWatch:
             except Exception as exc:  # connection lost, a bad answer: relist after a backoff
                 version = None
                 await self._lost(exc)
+
+    def _back(self) -> None:
+        """The watch delivers again: the backoff starts over (not on a list alone: a watch
+        that is refused after every list must not relist in a tight loop)."""
+        if self.failures:
+            log.warning("watching pods again; quota counts are current")
+            self.failures = 0
 
     async def _lost(self, exc: BaseException) -> None:
         """Not current any more: slice pods wait or are refused until a relist succeeds."""
