@@ -75,13 +75,17 @@ def identity_from_model(model: dict, claimed: object) -> Identity:
     return Identity(user, claimed)
 
 
+PENDING_S = 10.0  # seconds after which requests let in at the door count no more
+
+
 class Bucket:
     """A token bucket: `rate` per second, at most `burst` at once."""
 
-    __slots__ = ("level", "at")
+    __slots__ = ("level", "at", "pending", "since")
 
     def __init__(self, burst: float, now: float):
         self.level, self.at = burst, now
+        self.pending, self.since = 0, now  # let in at the door, not finished (RateLimit.admit)
 
     def wait(self, rate: float, burst: float, now: float) -> float:
         """Seconds until one can be taken (0: now); refills first."""
@@ -104,13 +108,7 @@ class RateLimit:
         self._buckets: OrderedDict[str, Bucket] = OrderedDict()
         self._total: Bucket | None = None
 
-    def blocked(self, key: str, now: float) -> bool:
-        """Whether `key` has nothing left in its bucket (nothing taken, no entry made)."""
-        bucket = self._buckets.get(key)
-        return bucket is not None and bucket.wait(self.rate, self.burst, now) > 0
-
-    def take(self, key: str, now: float) -> float:
-        """0 and one taken from both buckets; else the seconds to wait (nothing taken)."""
+    def _bucket(self, key: str, now: float) -> Bucket:
         bucket = self._buckets.get(key)
         if bucket is None:
             bucket = self._buckets[key] = Bucket(self.burst, now)
@@ -118,6 +116,33 @@ class RateLimit:
                 self._buckets.popitem(last=False)
         else:
             self._buckets.move_to_end(key)
+        return bucket
+
+    def admit(self, key: str, now: float) -> bool:
+        """At the door, before a request is read: False when `key` has spent its budget,
+        counting the requests let in and not finished yet (so a refill lets in as many as it
+        refilled, not every connection waiting; a new address, as many as its burst).
+        Pending counts are forgotten after PENDING_S without a new one (a connection that
+        never sent a request)."""
+        bucket = self._bucket(key, now)
+        if now - bucket.since > PENDING_S:
+            bucket.pending = 0
+        bucket.wait(self.rate, self.burst, now)  # refill
+        if bucket.level - bucket.pending < 1:
+            return False
+        bucket.pending += 1
+        bucket.since = now
+        return True
+
+    def finished(self, key: str) -> None:
+        """A request `admit` let in has been answered."""
+        bucket = self._buckets.get(key)
+        if bucket is not None and bucket.pending > 0:
+            bucket.pending -= 1
+
+    def take(self, key: str, now: float) -> float:
+        """0 and one taken from both buckets; else the seconds to wait (nothing taken)."""
+        bucket = self._bucket(key, now)
         if self._total is None:
             self._total = Bucket(self.total_burst, now)
         wait = max(

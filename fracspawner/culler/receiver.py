@@ -36,6 +36,9 @@ class ReportHandler(web.RequestHandler):
     def check_xsrf_cookie(self) -> None:  # token-authenticated API, no cookies
         pass
 
+    def on_finish(self) -> None:
+        self.verifier.limit.finished(self.request.remote_ip or "")
+
     def _token(self) -> str | None:
         scheme, _, token = self.request.headers.get("Authorization", "").partition(" ")
         if scheme.lower() in ("token", "bearer") and token.strip():
@@ -102,16 +105,16 @@ def _log_request(handler: web.RequestHandler) -> None:
 
 class ReportServer(HTTPServer):
     """The report endpoint's HTTP server: a connection from an address that has spent its
-    budget of unknown tokens (identity.RateLimit) is closed before its request is read, so a
-    flood costs the culler's event loop an accept, not a parsed request, and a real server's
-    report does not queue behind it."""
+    budget of unknown tokens (identity.RateLimit.admit, counting requests in flight) is closed
+    before its request is read, so a flood costs the culler's event loop an accept, not a
+    parsed request, and a real server's report does not queue behind it."""
 
     verifier: TokenVerifier | None = None
 
     def handle_stream(self, stream: IOStream, address: tuple) -> None:
         verifier = self.verifier
         if verifier is not None and address and isinstance(address[0], str):
-            if verifier.limit.blocked(address[0], time.monotonic()):
+            if not verifier.limit.admit(address[0], time.monotonic()):
                 verifier.limited += 1
                 stream.close()
                 return
