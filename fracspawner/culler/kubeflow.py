@@ -44,7 +44,7 @@ from ..model.errors import CatalogError
 from .base import CullerApplication
 from .decide import Decision, GpuFacts, Rules, ServerFacts, combine, decide_server, fmt
 from .policy import gpu_windows, policy_for_server
-from .prometheus import DcgmConfig, PrometheusError, build_query, parse_result
+from .prometheus import DEFAULT_JOB, DcgmConfig, PrometheusError, build_query, parse_result
 from .prometheus import query as prom_query
 
 NOTEBOOKS = ("kubeflow.org", "v1", "notebooks")
@@ -262,6 +262,12 @@ class KubeflowCuller(CullerApplication):
     namespace_label = Unicode(
         "namespace", config=True, help="Label holding the pod's namespace ('exported_namespace')."
     )
+    dcgm_job = Unicode(
+        DEFAULT_JOB,
+        config=True,
+        help="The Prometheus scrape job of dcgm-exporter: only its series are GPU evidence "
+        "(nvidia-dcgm-exporter under the GPU Operator; docs/culler.md). Never empty.",
+    )
     extra_selector = Unicode("", config=True, help="Extra label matchers for the dcgm series.")
     busy_threshold = Float(1.0, config=True, help="Utilisation (percent) that counts as busy.")
     max_sample_gap = Float(
@@ -300,6 +306,11 @@ class KubeflowCuller(CullerApplication):
         super().initialize(argv)
         if not self.catalog:
             raise CatalogError("--catalog is required")
+        if self.prometheus_url and not self.dcgm_job:
+            raise SystemExit(
+                "fracspawner culler kubeflow: KubeflowCuller.dcgm_job is empty: name "
+                "dcgm-exporter's scrape job (series from any other job are not GPU evidence)"
+            )
         self._catalog = load_catalog(self.catalog)
 
     def rules(self) -> Rules:
@@ -312,6 +323,7 @@ class KubeflowCuller(CullerApplication):
             pod_label=self.pod_label,
             namespace_label=self.namespace_label,
             namespace=self.namespaces[0] if len(self.namespaces) == 1 else None,
+            job=self.dcgm_job,
             extra_selector=self.extra_selector,
             busy_threshold=self.busy_threshold,
             max_gap=self.max_sample_gap,
