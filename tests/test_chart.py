@@ -1148,7 +1148,8 @@ def test_webhook_configuration_matches_profile_pod_creates(rendered_objects):
         "matchLabels": {"app.kubernetes.io/part-of": "kubeflow-profile"}
     }
     assert hook["clientConfig"]["service"]["path"] == "/mutate"
-    assert hook["sideEffects"] == "None" and hook["admissionReviewVersions"] == ["v1"]
+    # quota reservations are written, except for dry runs
+    assert hook["sideEffects"] == "NoneOnDryRun" and hook["admissionReviewVersions"] == ["v1"]
     assert hook["reinvocationPolicy"] == "IfNeeded"  # after Kubeflow's PodDefault webhook
     pdb = one(rendered_objects["all-on"], "PodDisruptionBudget", "webhook")
     assert pdb["spec"]["minAvailable"] == 1

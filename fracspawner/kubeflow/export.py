@@ -187,7 +187,9 @@ def webhook_configuration(target: WebhookTarget) -> dict[str, Any]:
     webhook: dict[str, Any] = {
         "name": WEBHOOK_NAME,
         "admissionReviewVersions": ["v1"],
-        "sideEffects": "None",
+        # the webhook writes its quota reservations (a ConfigMap per namespace), never for a
+        # dry run (admission/v1 AdmissionRequest.dryRun)
+        "sideEffects": "NoneOnDryRun",
         "failurePolicy": target.failure_policy,
         "timeoutSeconds": target.timeout_seconds,
         # called again after a later webhook (Kubeflow's PodDefault webhook) changed the pod
