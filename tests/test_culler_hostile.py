@@ -237,10 +237,8 @@ async def test_random_tokens_cost_the_hub_a_bounded_number_of_requests(receiver)
     # a burst of 50 per address, then 5 a second; no more reach the hub
     assert receiver.hub.asked - asked <= 50 + 5 * took + 1, (receiver.hub.asked - asked, took)
     assert codes.count(403) <= 50 + 5 * took + 1
-    # the rest: 429 with when to try again, or (over budget) closed before being read
+    # the rest: closed before being read (the address is over its budget), or 429
     assert codes.count(429) + codes.count(0) >= 600 - 50 - 5 * took - 1
-    limited = next(raw for code, raw in answers if code == 429)
-    assert b"Retry-After: " in limited and b"try again in" in limited
     assert len(receiver.culler._verifier) <= 100
     # the real server, at another address, is not held up
     assert (await receiver.post(report()))[0] == 204
@@ -252,8 +250,9 @@ async def test_a_vouched_token_is_rechecked_past_the_limit(receiver):
     receiver.culler._verifier.limit.total_rate = 0.001  # no refill while the test runs
     # five pods spend their own buckets (50 each) and the overall one (200)
     await asyncio.gather(*(receiver.flood(60, source=f"127.0.0.{i}") for i in range(2, 7)))
-    code, answer, _ = await receiver.post(report(), token=secrets.token_hex(16))
+    code, answer, headers = await receiver.post(report(), token=secrets.token_hex(16))
     assert code == 429  # an unknown token, even from a quiet address: the overall bucket
+    assert "try again in" in answer["message"] and int(headers["Retry-After"]) >= 1
     asked = receiver.hub.asked
     assert (await receiver.post(report()))[0] == 204  # the real server's token still passes
     assert receiver.hub.asked == asked + 1  # and the hub was asked again (revocation works)
