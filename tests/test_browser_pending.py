@@ -20,7 +20,7 @@ from tests.browser_helpers import (
     open_spawn_form,
     wait_for_lab,
 )
-from tests.e2e_helpers import demo_topology_with_t4_jobs, ensure_group
+from tests.e2e_helpers import demo_topology_with_t4_jobs, ensure_group, spawn
 
 # `browser` and `clean_servers` are tests/conftest.py's
 pytestmark = [pytest.mark.e2e, pytest.mark.browser, pytest.mark.usefixtures("clean_servers")]
@@ -104,7 +104,14 @@ def test_a_queued_spawn_outlives_start_timeout_and_gives_up_in_words(hub, devclu
     `User.spawn`); past kubespawner's slow_spawn_message_threshold the waiting line stays under
     the bar; at queue_timeout the spawn fails saying so, and the header stops promising a
     redirect."""
-    ensure_group(hub, "ml-research", "quinn")
+    ensure_group(hub, "ml-research", "quinn", "otto")
+    # the T4 must be full: the test above ends a training job (its slot is free again once
+    # that test's server stopped); another user's server takes it then
+    url = f"{devcluster.url}/api/v1/namespaces/default/pods/training-0"
+    if http_json("GET", url)[0] == 404:
+        status, body = spawn(hub, "otto", {"gpu": "1/4", "pool": "t4"})
+        assert status in (201, 202), body
+        hub.wait_ready("otto")
     page = new_page(browser)
     login(page, hub.url, "quinn")
     open_spawn_form(page, hub.url, "quinn")

@@ -646,7 +646,9 @@ class FracSpawner(KubeSpawner):
                     if queued > self.queue_timeout:
                         raise gave_up(self._gave_up_message())
                 elif now - began - queued > self._startup_timeout:
-                    # JupyterHub words a TimeoutError as its own start_timeout failure
+                    # JupyterHub words a TimeoutError as its own start_timeout failure, with
+                    # the value it then reads: this spawn's own, not the one stretched above
+                    self.start_timeout = self._startup_timeout
                     raise asyncio.TimeoutError(
                         f"{self._log_name} did not start in {self._startup_timeout} seconds "
                         f"(besides {int(queued)} s waiting for a slot)"
