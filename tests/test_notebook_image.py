@@ -34,7 +34,8 @@ def test_the_notebook_dockerfile_is_lint_clean_and_builds_on_a_cuda_stacks_image
     assert base.startswith("quay.io/jupyter/") and ":cuda" in base, base
     # the wheel is built WITH the meter (no SKIP_JUPYTER_BUILDER) and installed with [notebook]
     assert "SKIP_JUPYTER_BUILDER" not in text
-    assert '"fracspawner[notebook] @ file://$w"' in text
+    assert '"fracspawner[${FRACSPAWNER_EXTRAS}] @ file://$w"' in text
+    assert _extras(text) == "notebook"  # the default: hibernation's cuda-python is opt-in
     # the build context lets in the meter's sources, not what building them leaves behind
     ignore = (REPO / ".dockerignore").read_text().split()
     assert "!labextension/" in ignore
@@ -49,7 +50,7 @@ def test_the_wheels_notebook_extra_enables_the_extension_and_the_meter(tmp_path)
     assert built.returncode == 0, built.stderr[-2000:]
     (wheel,) = wheels.glob("fracspawner-*.whl")
     _assert_ships_the_meter(wheel)
-    extra = re.search(r'"(fracspawner\[\w+\]) @ file://\$w"', DOCKERFILE.read_text())[1]
+    extra = f"fracspawner[{_extras(DOCKERFILE.read_text())}]"
 
     # the "base image": a fresh environment that sees this one's packages (jupyter-server,
     # JupyterLab) but not its fracspawner, nor the checkout
@@ -102,6 +103,11 @@ def test_the_wheels_notebook_extra_enables_the_extension_and_the_meter(tmp_path)
     meter = out.split(str(env_dir / "share" / "jupyter" / "labextensions"), 1)
     assert len(meter) == 2, out  # the meter is installed in the environment's share/
     assert re.search(r"fracspawner-gpu-meter v\S+ enabled\s+OK", meter[1]), out
+
+
+def _extras(dockerfile: str) -> str:
+    """The default of the Dockerfile's FRACSPAWNER_EXTRAS build argument."""
+    return re.search(r"^ARG FRACSPAWNER_EXTRAS=(\S+)$", dockerfile, re.MULTILINE)[1]
 
 
 def _plain(text: str) -> str:
