@@ -18,8 +18,9 @@ from ..capacity.count import Capacity, OfferCapacity, compute_capacity
 PROG = "fracspawner capacity"
 
 
-def _parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog=PROG, description=__doc__.splitlines()[0])
+def cluster_parser(prog: str, description: str) -> argparse.ArgumentParser:
+    """The arguments of the commands that read a kube context (capacity, usage)."""
+    parser = argparse.ArgumentParser(prog=prog, description=description)
     parser.add_argument(
         "--catalog", help="catalog YAML (default: $FRACSPAWNER_CATALOG)", metavar="FILE"
     )
@@ -50,6 +51,12 @@ async def list_cluster(kubeconfig: str | None) -> tuple[list[dict], list[dict]]:
     return out[0], out[1]
 
 
+def table(rows: list[tuple[str, ...]]) -> list[str]:
+    """Columns padded to their widest cell, two spaces apart, no trailing blanks."""
+    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
+    return ["  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)).rstrip() for r in rows]
+
+
 def _counts(c: OfferCapacity) -> str:
     if c.free is None or c.total is None:
         return "unknown"
@@ -62,11 +69,7 @@ def render_table(catalog: Any, capacity: Capacity) -> str:
         for offer in pool.offers:
             c = capacity.get(name, str(offer))
             rows.append((name, str(offer), _counts(c), c.note))
-    widths = [max(len(r[i]) for r in rows) for i in range(3)]
-    lines = [
-        "  ".join([*(cell.ljust(w) for cell, w in zip(r[:3], widths, strict=True)), r[3]]).rstrip()
-        for r in rows
-    ]
+    lines = table(rows)
     lines.append(f"({capacity.nodes_seen} nodes seen)")
     return "\n".join(lines)
 
@@ -95,12 +98,13 @@ def _one_line(exc: BaseException) -> str:
     return text.splitlines()[0]
 
 
-def main(argv: list[str] | None = None) -> int:
-    args = _parser().parse_args(argv)
+def read_cluster(prog: str, args: argparse.Namespace) -> tuple[Any, list[dict], list[dict]] | int:
+    """(catalog, nodes, pods) for `cluster_parser`'s arguments, or the exit code after one line
+    on stderr saying what is missing or wrong (no traceback)."""
     path = args.catalog or os.environ.get("FRACSPAWNER_CATALOG")
     if not path:
         print(
-            f"{PROG}: no catalog: pass --catalog FILE or set FRACSPAWNER_CATALOG", file=sys.stderr
+            f"{prog}: no catalog: pass --catalog FILE or set FRACSPAWNER_CATALOG", file=sys.stderr
         )
         return 2
     try:
@@ -108,25 +112,34 @@ def main(argv: list[str] | None = None) -> int:
 
         catalog = load_catalog(path)
     except Exception as exc:  # any catalog problem: one line, no traceback
-        print(f"{PROG}: bad catalog {path}: {_one_line(exc)}", file=sys.stderr)
+        print(f"{prog}: bad catalog {path}: {_one_line(exc)}", file=sys.stderr)
         return 2
     try:  # imported lazily below: say which extra it comes with instead of a traceback
         import kubernetes_asyncio  # noqa: F401
     except ImportError as exc:
         print(
-            f"{PROG}: needs the Python package {exc.name or 'kubernetes_asyncio'!r}, which is "
+            f"{prog}: needs the Python package {exc.name or 'kubernetes_asyncio'!r}, which is "
             "not installed; install fracspawner[hub] (in a checkout: pip install -e '.[hub]')",
             file=sys.stderr,
         )
         return 2
     if args.kubeconfig and not os.path.isfile(args.kubeconfig):
-        print(f"{PROG}: no such kubeconfig: {args.kubeconfig}", file=sys.stderr)
+        print(f"{prog}: no such kubeconfig: {args.kubeconfig}", file=sys.stderr)
         return 2
     try:
         nodes, pods = asyncio.run(list_cluster(args.kubeconfig))
     except Exception as exc:
-        print(f"{PROG}: cannot read nodes and pods: {_one_line(exc)}", file=sys.stderr)
+        print(f"{prog}: cannot read nodes and pods: {_one_line(exc)}", file=sys.stderr)
         return 1
+    return catalog, nodes, pods
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = cluster_parser(PROG, __doc__.splitlines()[0]).parse_args(argv)
+    read = read_cluster(PROG, args)
+    if isinstance(read, int):
+        return read
+    catalog, nodes, pods = read
     capacity = compute_capacity(catalog, nodes, pods)
     render = render_json if args.output == "json" else render_table
     print(render(catalog, capacity))

@@ -9,10 +9,7 @@ culler.
 
 from __future__ import annotations
 
-import argparse
-import asyncio
 import json
-import os
 import sys
 from datetime import UTC, datetime
 from typing import Any
@@ -20,22 +17,9 @@ from typing import Any
 from ..capacity.live import LiveCapacity
 from ..capacity.snapshot import SERVERNAME_ANNOTATION, USERNAME_ANNOTATION
 from ..capacity.usage import Holder, PoolUsage, holders_from_pods, pool_usage
+from .capacity import cluster_parser, read_cluster, table
 
 PROG = "fracspawner usage"
-
-
-def _parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog=PROG, description=__doc__.splitlines()[0])
-    parser.add_argument(
-        "--catalog", help="catalog YAML (default: $FRACSPAWNER_CATALOG)", metavar="FILE"
-    )
-    parser.add_argument(
-        "--kubeconfig",
-        metavar="PATH",
-        help="kubeconfig file (default: $KUBECONFIG, ~/.kube/config, or in-cluster config)",
-    )
-    parser.add_argument("-o", "--output", choices=("table", "json"), default="table")
-    return parser
 
 
 def _created(pod: dict[str, Any]) -> float | None:
@@ -71,11 +55,6 @@ def _num(value: float | None) -> str:
     return "unknown" if value is None else f"{value:g}"
 
 
-def _table(rows: list[tuple[str, ...]]) -> list[str]:
-    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
-    return ["  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)).rstrip() for r in rows]
-
-
 def _since(ts: float | None) -> str:
     return "" if ts is None else datetime.fromtimestamp(ts, UTC).strftime("%Y-%m-%d %H:%M UTC")
 
@@ -90,7 +69,7 @@ def render_table(pools: list[PoolUsage], holders: list[Holder]) -> str:
         rows.append(
             (p.name, str(p.held), str(p.waiting), _num(p.held_gpu), _num(p.free_gpu), sizes)
         )
-    lines = _table(rows)
+    lines = table(rows)
     lines.append("")
     servers = [("USER", "SERVER", "POOL", "SLICE", "GPU", "MEMORY MIB", "NODE", "SINCE")]
     for h in holders:
@@ -101,7 +80,7 @@ def render_table(pools: list[PoolUsage], holders: list[Holder]) -> str:
                 h.node or "(waiting)", _since(h.since),
             )
         )  # fmt: skip
-    lines += _table(servers) if holders else ["No pod holds a GPU slice."]
+    lines += table(servers) if holders else ["No pod holds a GPU slice."]
     return "\n".join(lines)
 
 
@@ -114,31 +93,11 @@ def render_json(pools: list[PoolUsage], holders: list[Holder]) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    from .capacity import _one_line, list_cluster
-
-    args = _parser().parse_args(argv)
-    path = args.catalog or os.environ.get("FRACSPAWNER_CATALOG")
-    if not path:
-        print(
-            f"{PROG}: no catalog: pass --catalog FILE or set FRACSPAWNER_CATALOG", file=sys.stderr
-        )
-        return 2
-    try:
-        from ..backends import load_catalog
-
-        catalog = load_catalog(path)
-    except Exception as exc:  # any catalog problem: one line, no traceback
-        print(f"{PROG}: bad catalog {path}: {_one_line(exc)}", file=sys.stderr)
-        return 2
-    if args.kubeconfig and not os.path.isfile(args.kubeconfig):
-        print(f"{PROG}: no such kubeconfig: {args.kubeconfig}", file=sys.stderr)
-        return 2
-    try:
-        nodes, pods = asyncio.run(list_cluster(args.kubeconfig))
-    except Exception as exc:
-        print(f"{PROG}: cannot read nodes and pods: {_one_line(exc)}", file=sys.stderr)
-        return 1
-    pools, holders = usage_of(catalog, nodes, pods)
+    args = cluster_parser(PROG, __doc__.splitlines()[0]).parse_args(argv)
+    read = read_cluster(PROG, args)
+    if isinstance(read, int):
+        return read
+    pools, holders = usage_of(*read)
     render = render_json if args.output == "json" else render_table
     print(render(pools, holders))
     return 0
