@@ -127,16 +127,22 @@ def _check_unique(items: Iterable[tuple[Pool, Slice]]) -> None:
         seen[name] = f"pools.{pool.name} offer {offer}"
 
 
+def _metadata(name: str, namespace: str | None) -> dict[str, Any]:
+    """An exported object's name, our label, and its namespace where one is given."""
+    return {
+        "name": name,
+        "labels": dict(MANAGED_BY),
+        **({"namespace": namespace} if namespace is not None else {}),
+    }
+
+
 # --------------------------------------------------------------------------- v1
 def poddefault(pool: Pool, offer: Slice, plan: PodPlan, namespace: str | None) -> dict[str, Any]:
     name = poddefault_name(pool.name, offer)
-    metadata: dict[str, Any] = {"name": name, "labels": dict(MANAGED_BY)}
-    if namespace is not None:
-        metadata["namespace"] = namespace
     return {
         "apiVersion": "kubeflow.org/v1alpha1",
         "kind": "PodDefault",
-        "metadata": metadata,
+        "metadata": _metadata(name, namespace),
         "spec": {
             # the chart's words too: both may be applied, and must not rewrite each other
             "desc": poddefault_desc(pool, offer),
@@ -274,13 +280,10 @@ def culler_authorization_policy(
     principal (v1 `/notebook/<ns>/<nb>/api/status`, v2
     `/workspace/connect/<ns>/<ws>/api/status`)."""
     sa_namespace, _, sa_name = service_account.rpartition("/")
-    metadata: dict[str, Any] = {"name": CULLER_POLICY_NAME, "labels": dict(MANAGED_BY)}
-    if namespace is not None:
-        metadata["namespace"] = namespace
     return {
         "apiVersion": "security.istio.io/v1",
         "kind": "AuthorizationPolicy",
-        "metadata": metadata,
+        "metadata": _metadata(CULLER_POLICY_NAME, namespace),
         "spec": {
             "action": "ALLOW",
             "rules": [
