@@ -19,6 +19,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from fractions import Fraction
+from typing import Any
 
 ENV_SLICE = "FRACSPAWNER_GPU_SLICE"
 ENV_POOL = "FRACSPAWNER_GPU_POOL"
@@ -210,38 +211,28 @@ def kernel_deadline(
     gpu_idle_since: datetime,
     last_activity: datetime | None,
     user_last_activity: datetime | None = None,
+    hibernate: bool = False,
 ) -> Deadline | None:
     """When this server shuts the kernel down (fracspawner.serverext.kernels); None = never.
 
     A kernel holding GPU memory goes once its GPU, its messages AND its user (any activity on
     the server but GPU work) have all been idle for kernel_gpu_idle: never while the user works
-    on the server, never while it executes code, never while its GPU activity is unknown."""
+    on the server, never while it executes code, never while its GPU activity is unknown.
+    `hibernate`: the same rule at the first rung's limit, kernel_gpu_hibernate."""
     if gpu_memory_mib <= 0 or not activity_known or execution_state == "busy":
         return None
     times = (gpu_idle_since, last_activity, user_last_activity)
     since = max(t for t in times if t is not None)
-    return deadline(policy, policy.kernel_gpu_idle, since)
+    limit = policy.kernel_gpu_hibernate if hibernate else policy.kernel_gpu_idle
+    return deadline(policy, limit, since)
 
 
-def hibernate_deadline(
-    policy: IdlePolicy,
-    *,
-    gpu_memory_mib: float,
-    activity_known: bool,
-    execution_state: str | None,
-    gpu_idle_since: datetime,
-    last_activity: datetime | None,
-    user_last_activity: datetime | None = None,
-) -> Deadline | None:
+def hibernate_deadline(policy: IdlePolicy, **kernel: Any) -> Deadline | None:
     """When this server suspends the kernel's CUDA state (kernel_gpu_hibernate); None = never.
 
     The same idle rule as `kernel_deadline` (GPU, messages and user all idle; never while it
     executes or its activity is unknown), with the first rung's limit."""
-    if gpu_memory_mib <= 0 or not activity_known or execution_state == "busy":
-        return None
-    times = (gpu_idle_since, last_activity, user_last_activity)
-    since = max(t for t in times if t is not None)
-    return deadline(policy, policy.kernel_gpu_hibernate, since)
+    return kernel_deadline(policy, hibernate=True, **kernel)
 
 
 def server_deadline(
