@@ -28,10 +28,11 @@ from dataclasses import dataclass
 from decimal import Decimal
 from typing import Any
 
-from ..backends import ANNOTATION_EQUIVALENT, plan_slice
+from ..backends import plan_slice
 from ..backends.base import PodPlan
 from ..k8s.objects import quantity
 from ..model.catalog import Catalog
+from .quota import pod_gpu
 
 #: Notebooks 1.x: the notebook controller labels each pod with its Notebook's name
 V1_NOTEBOOK_LABEL = "notebook-name"
@@ -296,14 +297,7 @@ def pod_gpu_held(pod: Mapping[str, Any], catalog: Catalog) -> float:
     or its `fracspawner.io/gpu-equivalent` annotation where that says more (a pod admitted
     under an older catalog). The annotation never lowers the count: on a pod the webhook did
     not map, anybody may have written it."""
-    raw = ((pod.get("metadata") or {}).get("annotations") or {}).get(ANNOTATION_EQUIVALENT)
-    try:
-        noted = float(raw) if raw is not None else 0.0
-    except (TypeError, ValueError):
-        noted = 0.0
-    if not (math.isfinite(noted) and 0.0 < noted < 1e6):
-        noted = 0.0  # nan, inf and negatives count as nothing (never as credit)
-    return max(noted, gpu_equivalent_of_pod(pod, catalog))
+    return max(pod_gpu(pod), gpu_equivalent_of_pod(pod, catalog))
 
 
 # --------------------------------------------------------------------------- visibility
