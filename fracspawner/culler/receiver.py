@@ -77,7 +77,7 @@ class ReportHandler(web.RequestHandler):
         except Refused as exc:
             return self._refuse(exc.code, str(exc))
         try:
-            report = parse_report(body, received_at=time.time())
+            report = parse_report(body, received_at=time.time(), checked=True)
             culled = self.store.put(who.user, who.server, report)
         except ReportError as exc:
             return self._refuse(400, f"not a report: {exc}")
