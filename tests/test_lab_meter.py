@@ -134,6 +134,17 @@ def open_lab(browser: Any, lab: LabServer) -> Any:
     return page
 
 
+def open_notebook(lab: LabServer, path: str) -> str:
+    """A notebook session on `path` with a python3 kernel; the kernel's id."""
+    status, session = lab.api(
+        "POST",
+        "/api/sessions",
+        {"path": path, "type": "notebook", "name": "", "kernel": {"name": "python3"}},
+    )
+    assert status == 201, session
+    return session["kernel"]["id"]
+
+
 def hhmm(iso: str) -> str:
     """The time as the meter shows it to this browser (en-GB, UTC)."""
     return datetime.fromisoformat(iso.replace("Z", "+00:00")).strftime("%H:%M")
@@ -158,13 +169,7 @@ def shot(page: Any, name: str) -> None:
 
 
 def test_meter_shows_the_slice_memory_and_utilisation_then_warns_before_the_culler(lab):
-    status, session = lab.api(
-        "POST",
-        "/api/sessions",
-        {"path": "train.ipynb", "type": "notebook", "name": "", "kernel": {"name": "python3"}},
-    )
-    assert status == 201, session
-    kernel = session["kernel"]["id"]
+    kernel = open_notebook(lab, "train.ipynb")
     lab.set_gpu({"devices": [H100], "kernels": {kernel: {"memory_mib": 6144, "utilization": 85}}})
     wait_for(lambda: lab.gpu()["gpu_memory_mib"] == 6144, what="a busy kernel on the GPU")
     report = lab.gpu()
@@ -333,13 +338,7 @@ def test_meter_says_the_gpu_is_hibernated_and_resume_brings_it_back(tmp_path):
         config={"Hibernator": {"cgroup_root": str(cgroup)}},
     )
     try:
-        status, session = lab.api(
-            "POST",
-            "/api/sessions",
-            {"path": "train.ipynb", "type": "notebook", "name": "", "kernel": {"name": "python3"}},
-        )
-        assert status == 201, session
-        kernel = session["kernel"]["id"]
+        kernel = open_notebook(lab, "train.ipynb")
         pid = wait_for(lambda: _kernel_pid(kernel), 30, "the kernel's process")
         with state_of(state) as data:
             data["gpus"][0]["processes"].append({"pid": pid, "memory_mib": 9216, "sm": 0})
@@ -417,13 +416,7 @@ def test_the_demos_simulated_gpu_feeds_the_meter(tmp_path):
     (tmp_path / "lab").mkdir()
     lab = LabServer(tmp_path / "lab", env=env, source="simulated-demo")
     try:
-        status, session = lab.api(
-            "POST",
-            "/api/sessions",
-            {"path": "demo.ipynb", "type": "notebook", "name": "", "kernel": {"name": "python3"}},
-        )
-        assert status == 201, session
-        kernel = session["kernel"]["id"]
+        kernel = open_notebook(lab, "demo.ipynb")
         wait_for(lambda: lab.gpu().get("gpu_memory_mib") == 1536, 60, "the simulated kernel")
         report = lab.gpu()
         assert report["source"] == "simulated"
