@@ -315,6 +315,7 @@ async def test_a_tenants_exporter_cannot_make_gpu_evidence(forged_prometheus):
     from fracspawner.culler import combine, decide_server
     from fracspawner.culler.decide import ServerFacts
     from fracspawner.culler.hubapi import HubServer
+    from tests.test_culler_support import prometheus_facts_of
 
     real, tenant, prom = forged_prometheus
     real.set("jupyter-victim", util=0, memory=8192, namespace="jhub")  # really idle
@@ -344,14 +345,7 @@ async def test_a_tenants_exporter_cannot_make_gpu_evidence(forged_prometheus):
         for u in ("victim", "ghost")
     ]
 
-    class Hub:  # what prometheus_facts needs of the hub client: its HTTP client, a counter
-        http = AsyncHTTPClient(force_instance=True)
-        requests = 0
-
-    try:
-        prom_facts = await c.prometheus_facts(Hub, servers, at=None)
-    finally:
-        Hub.http.close()
+    prom_facts = await prometheus_facts_of(c, servers, at=None)
     decided = {}
     for s in servers:
         facts, sources = c.gather(s, prom_facts, now)

@@ -25,7 +25,7 @@ from fracspawner.culler.prometheus import (
     query,
 )
 from fracspawner.model.catalog import DEFAULT_IDLE
-from tests.test_culler_support import BackfilledPrometheus
+from tests.test_culler_support import BackfilledPrometheus, prometheus_facts_of
 
 # labels as they arrive through a ServiceMonitor with honorLabels: false
 CFG = DcgmConfig(
@@ -190,14 +190,7 @@ async def test_a_gpu_pod_missing_from_the_answer_is_a_failed_source(past):
     ]
     c.pod_name_template = "{username}"
 
-    class Hub:  # what prometheus_facts needs of the hub client: its HTTP client, a counter
-        http = AsyncHTTPClient(force_instance=True)
-        requests = 0
-
-    try:
-        prom = await c.prometheus_facts(Hub, servers, at=T)
-    finally:
-        Hub.http.close()
+    prom = await prometheus_facts_of(c, servers, at=T)
     assert "p15-idle" in prom and "absent" not in prom
     gathered = {s.facts.user: c.gather(s, prom, T)[1] for s in servers}
     assert gathered["absent"] == {"prometheus": None}  # failed for that pod

@@ -480,3 +480,18 @@ c.JupyterHub.load_roles = [
         except ProcessLookupError:
             pass
         self.log.close()
+
+
+async def prometheus_facts_of(culler: Any, servers: list, at: float | None) -> Any:
+    """`culler.prometheus_facts` with the hub client it needs: only its HTTP client and a
+    request counter (it asks the hub nothing)."""
+    from tornado.httpclient import AsyncHTTPClient
+
+    class Hub:
+        http = AsyncHTTPClient(force_instance=True)
+        requests = 0
+
+    try:
+        return await culler.prometheus_facts(Hub, servers, at=at)
+    finally:
+        Hub.http.close()
