@@ -60,7 +60,8 @@ def test_last_slot_then_refusal_with_what_is_free(hub, devcluster):
     # then the same share in another unit (20 GiB of 80), then the closest smaller size:
     # MIG 1g.10gb is 1/7 of a GPU, closer to 1/4 than 1/8 is
     assert "; 20 GiB on H100 80GB (HAMi): " in message, message
-    assert "; MIG 1g.10gb on A100 80GB (MIG): 4 free and " in message, message
+    assert "; MIG 1g.10gb on A100 80GB (MIG): 4 free; and " in message, message
+    assert message.endswith(" more choices on the form."), message  # more what: said
     assert "HTTP" not in message and "t4" not in message
     assert not server_pods(devcluster, "finn")
 
