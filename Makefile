@@ -81,8 +81,11 @@ lint: $(STAMPS)/venv
 	$(BIN)/ruff check fracspawner devcluster tests benchmarks docs
 	$(BIN)/ruff format --check fracspawner devcluster tests benchmarks
 
+# Test files run in parallel (pytest-xdist, whole files per worker: a module's hub and
+# devcluster start once); PYTEST_WORKERS=0 runs them in this process, one after another.
+PYTEST_WORKERS ?= 3
 test: setup lint
-	$(BIN)/python -m pytest $(PYTEST_ARGS)
+	$(BIN)/python -m pytest $(if $(filter 0,$(PYTEST_WORKERS)),,-n $(PYTEST_WORKERS) --dist loadfile) $(PYTEST_ARGS)
 
 # The real-GPU suite (tests/gpu; docs/serverext.md "The real-GPU suite"): not part of `make test`.
 # On a machine with an NVIDIA GPU and driver it installs cupy-cuda12x and cuda-python into the
