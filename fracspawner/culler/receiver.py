@@ -18,6 +18,7 @@ from typing import Any
 
 from tornado import web
 from tornado.httpserver import HTTPServer
+from tornado.httputil import HTTPServerRequest
 from tornado.iostream import IOStream
 from tornado.log import access_log
 
@@ -29,6 +30,14 @@ MAX_BODY = 512 * 1024  # a report with hundreds of kernels is a few tens of kB
 OnReport = Callable[[Identity, list[CulledKernel]], None]
 
 
+def request_token(request: HTTPServerRequest) -> str | None:
+    """The token of an `Authorization: token ...` (or `Bearer ...`) header; None without one."""
+    scheme, _, token = request.headers.get("Authorization", "").partition(" ")
+    if scheme.lower() in ("token", "bearer") and token.strip():
+        return token.strip()
+    return None
+
+
 class ReportHandler(web.RequestHandler):
     def initialize(self, verifier: TokenVerifier, store: ReportStore, on_report: OnReport) -> None:
         self.verifier, self.store, self.on_report = verifier, store, on_report
@@ -38,12 +47,6 @@ class ReportHandler(web.RequestHandler):
 
     def on_finish(self) -> None:
         self.verifier.limit.finished(self.request.remote_ip or "")
-
-    def _token(self) -> str | None:
-        scheme, _, token = self.request.headers.get("Authorization", "").partition(" ")
-        if scheme.lower() in ("token", "bearer") and token.strip():
-            return token.strip()
-        return None
 
     def _refuse(self, code: int, message: str) -> None:
         # the message may quote the body: JSON only, never the status line or a header
@@ -57,7 +60,7 @@ class ReportHandler(web.RequestHandler):
 
     async def post(self) -> None:
         # who is asking comes first: nothing in the body is parsed for an unknown token
-        token = self._token()
+        token = request_token(self.request)
         if token is None:
             return self._refuse(401, "send the server's own token: Authorization: token ...")
         if len(self.request.body) > MAX_BODY:

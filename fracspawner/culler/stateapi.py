@@ -16,6 +16,7 @@ from typing import Any
 from tornado import web
 
 from .identity import Refused, TokenVerifier
+from .receiver import request_token
 
 READ_SCOPE = "read:servers"
 
@@ -32,11 +33,11 @@ class StateHandler(web.RequestHandler):
         self.finish(json.dumps({"status": code, "message": message}))
 
     async def get(self) -> None:
-        scheme, _, token = self.request.headers.get("Authorization", "").partition(" ")
-        if scheme.lower() not in ("token", "bearer") or not token.strip():
+        token = request_token(self.request)
+        if token is None:
             return self._refuse(401, "send a token that may read every server")
         try:
-            model = await self.verifier().model(token.strip())
+            model = await self.verifier().model(token)
         except Refused as exc:
             return self._refuse(exc.code, str(exc))
         if READ_SCOPE not in (model.get("scopes") or []):
