@@ -266,7 +266,10 @@
             reason = el("span", { class: "fs-reason text-danger" });
             item.querySelector(".fs-summary").after(reason);
           }
-          reason.textContent = ` (unavailable: ${offer.reason})`;
+          // a chip shows only the reasons (the pools' names are hidden in it): name the pool
+          // where several pools offer the size, or their reasons read as one contradiction
+          const where = found.length > 1 ? ` on ${pool.display_name}` : "";
+          reason.textContent = ` (unavailable${where}: ${offer.reason})`;
         } else if (reason) {
           reason.remove();
         }

@@ -175,6 +175,10 @@ def test_a_refused_named_server_comes_back_as_itself_and_start_follows_the_model
     assert quota.startswith("Your GPU quota: 1/8 of 1/4 GPU in use, 1/8 GPU left."), quota
     row = page.locator('li[data-pool=h100][data-spec="1/4"] .fs-reason')
     assert "your quota has 1/8 GPU left" in row.inner_text()
+    # the size chip shows only reasons: each names its pool, or they read as one contradiction
+    assert "(unavailable on H100 80GB (HAMi): Needs 1/4 GPU" in row.inner_text()
+    t4 = page.locator('li[data-pool=t4][data-spec="1/4"] .fs-reason').inner_text()
+    assert "(unavailable on T4 16GB (time-sliced): Your access rules" in t4, t4
     assert "your quota has 1/8 GPU left" in card.inner_text()
     start = page.get_by_role("button", name="Start")
     assert start.is_disabled()
