@@ -27,6 +27,15 @@ class ApiUnavailable(Exception):
 ConfigException = config.ConfigException
 
 
+async def _fetch(call: Any, timeout: float, *args: Any, **kwargs: Any) -> tuple[int, bytes]:
+    """(status, raw body) of one API call; ApiUnavailable when it could not be made."""
+    try:
+        response = await call(*args, _preload_content=False, _request_timeout=timeout, **kwargs)
+        return response.status, await response.read()
+    except Exception as exc:  # connection refused, TLS, timeout: all mean "cannot know"
+        raise ApiUnavailable(f"the Kubernetes API is unavailable ({exc})") from exc
+
+
 class Cluster:
     """Reads for admissions. Namespaces are cached for `namespace_ttl` seconds: their labels
     change rarely, and each admission otherwise costs two API calls instead of one."""
@@ -42,15 +51,9 @@ class Cluster:
         await self._api_client.close()
 
     async def _get(self, call: Any, *args: Any, **kwargs: Any) -> dict[str, Any]:
-        try:
-            response = await call(
-                *args, _preload_content=False, _request_timeout=self.timeout, **kwargs
-            )
-            body = await response.read()
-        except Exception as exc:  # connection refused, TLS, timeout: all mean "cannot know"
-            raise ApiUnavailable(f"the Kubernetes API is unavailable ({exc})") from exc
-        if response.status != 200:
-            raise ApiUnavailable(f"the Kubernetes API answered {response.status}")
+        status, body = await _fetch(call, self.timeout, *args, **kwargs)
+        if status != 200:
+            raise ApiUnavailable(f"the Kubernetes API answered {status}")
         return json.loads(body)
 
     async def namespace(self, name: str) -> tuple[dict[str, str], dict[str, str]]:
@@ -199,17 +202,11 @@ class ConfigMapRecords:
         return f"fracspawner-quota.{namespace}"
 
     async def _call(self, call: Any, *args: Any, **kwargs: Any) -> tuple[int, dict[str, Any]]:
+        status, body = await _fetch(call, self.timeout, *args, **kwargs)
         try:
-            response = await call(
-                *args, _preload_content=False, _request_timeout=self.timeout, **kwargs
-            )
-            body = await response.read()
-        except Exception as exc:
-            raise ApiUnavailable(f"the Kubernetes API is unavailable ({exc})") from exc
-        try:
-            return response.status, json.loads(body)
+            return status, json.loads(body)
         except ValueError:
-            return response.status, {}
+            return status, {}
 
     async def read(self, namespace: str) -> tuple[str | None, str | None]:
         status, cm = await self._call(
