@@ -431,28 +431,6 @@ def guard_update(old: Mapping[str, Any], new: Mapping[str, Any]) -> None:
                 )
 
 
-def gpu_held(pods: list[Mapping[str, Any]], exclude: str | None = None) -> tuple[float, set[str]]:
-    """GPU-equivalents the pods hold (their fracspawner.io/gpu-equivalent annotations) and the
-    names of all pods listed. Finished pods and pods being deleted hold none."""
-    total, names = 0.0, set()
-    for pod in pods:
-        meta = pod.get("metadata") or {}
-        name = meta.get("name")
-        names.add(name)
-        if name == exclude or meta.get("deletionTimestamp"):
-            continue
-        if (pod.get("status") or {}).get("phase") in ("Succeeded", "Failed"):
-            continue
-        raw = (meta.get("annotations") or {}).get("fracspawner.io/gpu-equivalent")
-        try:
-            value = float(raw) if raw is not None else 0.0
-        except (TypeError, ValueError):
-            continue
-        if 0.0 < value < 1e6:  # nan, inf and negatives count as nothing (never as credit)
-            total += value
-    return total, names
-
-
 __all__ = [
     "Admitted",
     "BadReview",
@@ -460,7 +438,6 @@ __all__ = [
     "Review",
     "SliceAsk",
     "admit",
-    "gpu_held",
     "guard_update",
     "json_patch",
     "other_pod_gpu",
