@@ -24,25 +24,17 @@ import os
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from datetime import datetime, timedelta, timezone
+from datetime import datetime, timedelta
 from typing import Any
 
 from traitlets import Bool, Float, Integer, Unicode
 from traitlets.config import LoggingConfigurable
 
 from .checkpoint import CheckpointDriver, CheckpointError, Unsupported, host_headroom
-from .podinfo import gib
+from .podinfo import gib, isoformat, utcnow
 
 SUSPENDED = frozenset({"hibernating", "hibernated", "resuming", "restore_failed"})
 HISTORY = 50  # recent hibernations and resumes kept for the report (the culler counts them)
-
-
-def _now() -> datetime:
-    return datetime.now(timezone.utc)
-
-
-def _iso(dt: datetime | None) -> str | None:
-    return None if dt is None else dt.isoformat().replace("+00:00", "Z")
 
 
 class _Busy(Exception):
@@ -82,12 +74,12 @@ class KernelSleep:
             "hibernated_gpu_memory_mib": round(self.memory_mib, 1)
             if self.state in SUSPENDED
             else 0.0,
-            "hibernated_since": _iso(self.since) if self.state in SUSPENDED else None,
+            "hibernated_since": isoformat(self.since) if self.state in SUSPENDED else None,
             "restore_error": self.restore_error,
             "restore_attempts": self.attempts,
-            "next_retry": _iso(self.next_retry),
+            "next_retry": isoformat(self.next_retry),
             "last_resume_seconds": self.last_resume_seconds,
-            "last_resumed_at": _iso(self.last_resumed_at),
+            "last_resumed_at": isoformat(self.last_resumed_at),
         }
 
 
@@ -194,7 +186,7 @@ class Hibernator(LoggingConfigurable):
         self.enabled, self.unsupported, self._checked = False, reason, True
 
     def note_message(self, kernel_id: str) -> None:
-        self.last_message[kernel_id] = _now()
+        self.last_message[kernel_id] = utcnow()
 
     def forget(self, kernel_id: str) -> None:
         s = self.kernels.pop(kernel_id, None)
@@ -256,11 +248,11 @@ class Hibernator(LoggingConfigurable):
                 s.state, s.cannot = "running", f"cannot hibernate: {exc}"
                 return s.state
             seconds = round(time.monotonic() - started, 3)
-            s.state, s.memory_mib, s.since = "hibernated", memory_mib, _now()
+            s.state, s.memory_mib, s.since = "hibernated", memory_mib, utcnow()
             s.restore_error, s.attempts, s.next_retry = None, 0, None
             self.hibernations = [
                 *self.hibernations[-(HISTORY - 1) :],
-                {"kernel_id": kernel_id, "at": _iso(s.since),
+                {"kernel_id": kernel_id, "at": isoformat(s.since),
                  "gpu_memory_mib": round(memory_mib, 1), "seconds": seconds},
             ]  # fmt: skip
             self.log.info(
@@ -328,7 +320,7 @@ class Hibernator(LoggingConfigurable):
                         return True
                     s.state, s.attempts = "restore_failed", s.attempts + 1
                     s.restore_error = str(exc)
-                    s.next_retry = _now() + timedelta(seconds=delay)
+                    s.next_retry = utcnow() + timedelta(seconds=delay)
                     text = (
                         f"fracspawner: this kernel's GPU state could not be restored yet ({exc}); "
                         f"trying again in {delay:.0f} s. Nothing is lost: the kernel and its data "
@@ -350,12 +342,12 @@ class Hibernator(LoggingConfigurable):
                         return False
                     continue
                 seconds = round(time.monotonic() - started, 3)
-                s.state, s.last_resume_seconds, s.last_resumed_at = "running", seconds, _now()
+                s.state, s.last_resume_seconds, s.last_resumed_at = "running", seconds, utcnow()
                 s.restore_error, s.next_retry, s.attempts = None, None, 0
                 self.resumes = [
                     *self.resumes[-(HISTORY - 1) :],
-                    {"kernel_id": s.kernel_id, "at": _iso(s.last_resumed_at), "seconds": seconds,
-                     "gpu_memory_mib": round(s.memory_mib, 1), "why": why},
+                    {"kernel_id": s.kernel_id, "at": isoformat(s.last_resumed_at),
+                     "seconds": seconds, "gpu_memory_mib": round(s.memory_mib, 1), "why": why},
                 ]  # fmt: skip
                 s.memory_mib = 0.0
                 self.log.info(

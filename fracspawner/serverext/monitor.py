@@ -18,7 +18,7 @@ from __future__ import annotations
 import asyncio
 import os
 from dataclasses import dataclass
-from datetime import datetime, timezone
+from datetime import datetime
 from typing import Any
 
 from traitlets import Bool, Float, Integer, Unicode, default
@@ -27,20 +27,20 @@ from .activity import user_activity
 from .attribution import attribute, has_own_pid_namespace
 from .hibernate import Hibernator
 from .loop import BackgroundLoop
-from .podinfo import Deadline, PodInfo, hibernate_deadline, kernel_deadline, server_deadline
+from .podinfo import (
+    Deadline,
+    PodInfo,
+    hibernate_deadline,
+    isoformat,
+    kernel_deadline,
+    server_deadline,
+    utcnow,
+)
 from .sources import GpuSample, GpuSource, GpuUnavailable, make_source
 
 __all__ = ["GpuMonitor", "SETTINGS_KEY", "attribute", "utcnow", "isoformat"]
 
 SETTINGS_KEY = "fracspawner_gpu_last_activity"
-
-
-def utcnow() -> datetime:
-    return datetime.now(timezone.utc)
-
-
-def isoformat(dt: datetime | None) -> str | None:
-    return None if dt is None else dt.isoformat().replace("+00:00", "Z")
 
 
 @dataclass

@@ -17,7 +17,7 @@ from __future__ import annotations
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass
-from datetime import datetime, timedelta
+from datetime import datetime, timedelta, timezone
 from fractions import Fraction
 from typing import Any
 
@@ -46,6 +46,15 @@ def seconds(value: str | None) -> float | None:
     except ValueError:
         return None
     return number if number > 0 else None
+
+
+def utcnow() -> datetime:
+    return datetime.now(timezone.utc)
+
+
+def isoformat(dt: datetime | None) -> str | None:
+    """A time as the report writes it: ISO 8601 with 'Z' for UTC."""
+    return None if dt is None else dt.isoformat().replace("+00:00", "Z")
 
 
 def gib(mib: float) -> str:
