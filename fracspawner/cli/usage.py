@@ -17,17 +17,10 @@ from typing import Any
 from ..capacity.live import LiveCapacity
 from ..capacity.snapshot import SERVERNAME_ANNOTATION, USERNAME_ANNOTATION
 from ..capacity.usage import Holder, PoolUsage, holders_from_pods, pool_usage
+from ..k8s.objects import created_at
 from .capacity import cluster_parser, read_cluster, table
 
 PROG = "fracspawner usage"
-
-
-def _created(pod: dict[str, Any]) -> float | None:
-    raw = (pod.get("metadata") or {}).get("creationTimestamp")
-    try:
-        return datetime.fromisoformat(str(raw).replace("Z", "+00:00")).timestamp()
-    except ValueError:
-        return None
 
 
 def usage_of(
@@ -44,7 +37,7 @@ def usage_of(
             annotations.get(USERNAME_ANNOTATION) or "",
             annotations.get(SERVERNAME_ANNOTATION) or "",
         )
-        created = _created(pod)
+        created = created_at(pod)
         if created is not None:
             started[key] = created
     holders = holders_from_pods(live.index.pods.values(), started)

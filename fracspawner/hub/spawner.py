@@ -43,6 +43,7 @@ from ..choice.admission import (
 from ..choice.notebook_env import notebook_env
 from ..choice.offers import build_offer_model
 from ..choice.options import OPTION_KEYS, Choice, OptionsError, describe_offer, resolve_choice
+from ..k8s.objects import created_at
 from ..model.catalog import AccessRule, Catalog, CatalogError
 from ..model.units import gpu_amount
 from .form import render_form
@@ -789,14 +790,8 @@ def _duration(seconds: float) -> str:
 
 def _pod_age(pod: Mapping[str, Any]) -> float | None:
     """Seconds since the pod was created (its creationTimestamp), None when not readable."""
-    from datetime import datetime, timezone
-
-    stamp = (pod.get("metadata") or {}).get("creationTimestamp")
-    try:
-        created = datetime.fromisoformat(str(stamp).replace("Z", "+00:00"))
-    except ValueError:
-        return None
-    return max(0.0, (datetime.now(timezone.utc) - created).total_seconds())
+    created = created_at(pod)
+    return None if created is None else max(0.0, time.time() - created)
 
 
 def _fresh_copy(value: Any) -> Any:

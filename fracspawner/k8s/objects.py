@@ -12,6 +12,7 @@ import importlib.util
 import math
 import sys
 from collections.abc import Callable, Iterable, Mapping
+from datetime import datetime
 from decimal import Decimal
 from functools import lru_cache
 from pathlib import Path
@@ -85,6 +86,15 @@ def labels(obj: Mapping[str, Any]) -> Mapping[str, str]:
 
 def annotations(obj: Mapping[str, Any]) -> Mapping[str, str]:
     return meta(obj).get("annotations") or {}
+
+
+def created_at(obj: Mapping[str, Any]) -> float | None:
+    """Unix seconds of the object's creationTimestamp; None when it has none or it is not one."""
+    raw = meta(obj).get("creationTimestamp")
+    try:
+        return datetime.fromisoformat(str(raw).replace("Z", "+00:00")).timestamp()
+    except ValueError:
+        return None
 
 
 def is_active(pod: Mapping[str, Any]) -> bool:
