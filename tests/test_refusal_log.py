@@ -53,3 +53,18 @@ def test_other_errors_keep_their_level_and_traceback(caplog):
     assert records[2].exc_info is not None
     records = _hub_logs(caplog, RuntimeError("boom"))
     assert records[2].levelno == logging.ERROR and records[2].exc_info is not None
+
+
+def test_someone_elses_400_or_503_stays_error(caplog):
+    # JupyterHub's own 400 for options it cannot apply (jupyterhub/spawner.py
+    # Spawner.apply_user_options, jupyterhub 6.1: `raise web.HTTPError(400, "Invalid user
+    # options")`) and a 503 raised by another part of the spawn (kubespawner, a hook) are not
+    # fracspawner's refusals: every line stays ERROR, the form's with its traceback
+    for error in (
+        web.HTTPError(400, "Invalid user options"),
+        web.HTTPError(503, "%s", "the Kubernetes API is unavailable (timed out)"),
+    ):
+        records = _hub_logs(caplog, error)
+        assert [r.levelno for r in records] == [logging.ERROR] * 3, error
+        assert records[2].exc_info is not None
+        assert "Traceback" in caplog.text

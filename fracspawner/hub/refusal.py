@@ -8,7 +8,7 @@ JupyterHub 4+), so the REST API answers 400 with the same sentence as its messag
 from __future__ import annotations
 
 import logging
-import re
+import weakref
 
 from tornado import web
 
@@ -19,10 +19,7 @@ def refused(message: str) -> web.HTTPError:
     """A 400 whose message, on the form ("Error: <message>", escaped by JupyterHub's template)
     and in the REST API's JSON, is just the sentence."""
     error = web.HTTPError(400, "%s", message)  # "%s": a '%' in user text is not a format
-    # both the spawn form and the API's write_error prefer this to str(error)
-    error.jupyterhub_message = message  # type: ignore[attr-defined]
-    error.fracspawner_expected = True  # type: ignore[attr-defined]
-    return error
+    return _expected(error, message)
 
 
 def gave_up(message: str) -> web.HTTPError:
@@ -31,9 +28,27 @@ def gave_up(message: str) -> web.HTTPError:
     (jupyterhub/apihandlers/users.py's progress handler words the spawn's exception with
     format_exception, which prefers `jupyterhub_message`)."""
     error = web.HTTPError(503, "%s", message)
+    return _expected(error, message)
+
+
+#: fracspawner's refusals not yet collected: JupyterHub's "Error starting" lines carry only the
+#: text of the exception, so a line is fracspawner's when it ends with one of these (alive while
+#: JupyterHub logs it: the spawn's future holds it)
+_LIVE: weakref.WeakSet[web.HTTPError] = weakref.WeakSet()
+
+
+def _expected(error: web.HTTPError, message: str) -> web.HTTPError:
+    # both the spawn form and the API's write_error prefer this to str(error)
     error.jupyterhub_message = message  # type: ignore[attr-defined]
     error.fracspawner_expected = True  # type: ignore[attr-defined]
+    _LIVE.add(error)
     return error
+
+
+def _is_ours(line: str) -> bool:
+    """Whether a logged line ends with one of fracspawner's live refusals, as it reads now
+    (JupyterHub sets its `reason` to 'error' between its two lines)."""
+    return any(line.endswith(f": {error}") for error in list(_LIVE))
 
 
 class ExpectedRefusals(logging.Filter):
@@ -57,13 +72,12 @@ class ExpectedRefusals(logging.Filter):
             record.exc_info = record.exc_text = None
             _downgrade(record)
         elif isinstance(record.msg, str) and record.msg.startswith("Error starting "):
-            # "... server: HTTP 400: Bad Request (<message>)" (the reason may read "error")
-            if _SPAWNER_REFUSAL.search(record.getMessage()):
+            # "... server: HTTP 400: Bad Request (<message>)", logged without the exception:
+            # only a line about one of fracspawner's own refusals; any other 400/503 (JupyterHub's,
+            # kubespawner's, a hook's) stays ERROR
+            if _is_ours(record.getMessage()):
                 _downgrade(record)
         return True
-
-
-_SPAWNER_REFUSAL = re.compile(r": HTTP (400|503): [^(]*\(")
 
 
 def _downgrade(record: logging.LogRecord) -> None:
