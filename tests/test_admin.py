@@ -243,7 +243,7 @@ async def test_state_api_answers_only_tokens_that_read_every_server():
     from fracspawner.culler.stateapi import state_handler
 
     class Verifier:  # the hub's answers to GET /hub/api/user, per token
-        async def model(self, token):
+        async def model(self, token, source):
             models = {
                 "service": {
                     "kind": "service",

@@ -95,7 +95,7 @@ class Receiver:
 
 
 @pytest.fixture
-async def receiver() -> AsyncIterator[Receiver]:
+async def receiver(request) -> AsyncIterator[Receiver]:
     hub = Hub({"ann-token": ANN})
 
     class WhoAmI(web.RequestHandler):
@@ -114,6 +114,7 @@ async def receiver() -> AsyncIterator[Receiver]:
         url=f"http://127.0.0.1:{hub_port}/hub/api",
         report_url=f"http://127.0.0.1:{port}",
         report_prefix="/",
+        **getattr(request, "param", {}),  # Culler settings a test asks for (indirect)
     )
     culler.initialize([])
     server = culler.start_receiver()
@@ -259,6 +260,34 @@ async def test_a_vouched_token_is_rechecked_past_the_limit(receiver):
     receiver.hub.tokens.clear()  # the token is revoked
     code, _, _ = await receiver.post(report())
     assert code == 403
+
+
+async def get_state(url: str, token: str, source: str) -> int:
+    """`GET /api/state` with `token` from the address `source`: the status, 0 when closed."""
+    where = urlparse(url)
+    reader, writer = await asyncio.open_connection(
+        where.hostname, where.port, local_addr=(source, 0)
+    )
+    writer.write(
+        f"GET /api/state HTTP/1.1\r\nHost: {where.netloc}\r\n"
+        f"Authorization: token {token}\r\nConnection: close\r\n\r\n".encode()
+    )
+    answer = await reader.read()
+    writer.close()
+    return int(answer.split(b" ", 2)[1]) if answer.startswith(b"HTTP/") else 0
+
+
+# a bucket of one unknown token per address, refilled every 100 s: one address spends it
+@pytest.mark.parametrize("receiver", [{"unknown_token_rate": 0.01}], indirect=True)
+async def test_one_address_cannot_spend_the_state_apis_budget_for_others(receiver):
+    url = receiver.url  # the state API is served next to the reports (Culler.start_receiver)
+    assert await get_state(url, secrets.token_hex(16), "127.0.0.2") == 403  # the hub asked
+    # that address has spent its unknown tokens: closed at the door, or 429
+    assert await get_state(url, secrets.token_hex(16), "127.0.0.2") in (0, 429)
+    asked = receiver.hub.asked
+    # another address still has its own: the hub is asked and says no (not 429)
+    assert await get_state(url, secrets.token_hex(16), "127.0.0.3") == 403
+    assert receiver.hub.asked == asked + 1
 
 
 def test_rate_limit_per_address_and_overall():

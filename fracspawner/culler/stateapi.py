@@ -37,7 +37,9 @@ class StateHandler(web.RequestHandler):
         if token is None:
             return self._refuse(401, "send a token that may read every server")
         try:
-            model = await self.verifier().model(token)
+            # by the caller's address, as reports are: unknown tokens spend that address's
+            # bucket, not one shared by every caller
+            model = await self.verifier().model(token, self.request.remote_ip or "")
         except Refused as exc:
             return self._refuse(exc.code, str(exc))
         if READ_SCOPE not in (model.get("scopes") or []):
