@@ -519,6 +519,47 @@ async def test_when_neither_watch_nor_hub_can_tell_held_is_unknown_never_zero(ca
     data.http.close()
 
 
+async def test_a_hub_redirect_never_carries_the_services_token_and_is_unknown(catalog):
+    # the hub's users API answers a redirect to another port (a misconfigured proxy, or an
+    # attacker able to answer there); the service's token must not follow it, and the server
+    # list is then unknown, as when the hub does not answer: never an empty "nobody holds"
+    from tornado.httpserver import HTTPServer
+    from tornado.web import Application, RequestHandler
+
+    from devcluster.localhub import free_port
+    from fracspawner.hub.admin import AdminData
+
+    hub_port, other_port = free_port(), free_port()
+    seen: list[str | None] = []
+
+    class Elsewhere(RequestHandler):
+        def get(self, path: str) -> None:
+            seen.append(self.request.headers.get("Authorization"))
+            self.write(json.dumps({"items": [], "_pagination": {"next": None}}))
+
+    class Redirects(RequestHandler):
+        def get(self, path: str) -> None:
+            self.redirect(f"http://127.0.0.1:{other_port}/{path}?{self.request.query}")
+
+    servers = [HTTPServer(Application([(r"/(.*)", Redirects)]))]
+    servers.append(HTTPServer(Application([(r"/(.*)", Elsewhere)])))
+    servers[0].listen(hub_port, "127.0.0.1")
+    servers[1].listen(other_port, "127.0.0.1")
+    data = AdminData(
+        catalog, None, hub_api_url=f"http://127.0.0.1:{hub_port}/hub/api", token="secret"
+    )
+    try:
+        assert await data.hub_users() is None
+        model = await data.model()
+        assert model["holders_known"] is False
+        assert {p["held"] for p in model["pools"]} == {None}
+        assert seen == []  # the other port was never asked, with or without the token
+    finally:
+        data.http.close()
+        for server in servers:
+            server.stop()
+
+
 def test_hibernated_gpu_memory_shows_where_a_server_reports_it(catalog):
     # the culler's row carries what the server's own report says its hibernated kernels keep
     # in host memory (GPU hibernation, issue 22); the page shows it beside the GPU state

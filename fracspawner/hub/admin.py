@@ -503,10 +503,11 @@ class AdminData:
         self._task: asyncio.Task | None = None
 
     # -- sources
-    async def _get_json(self, url: str) -> Any:
+    async def _get_json(self, url: str, accept: str = "application/json") -> Any:
+        # never follow a redirect with the service's token: a 3xx raises, as any failure does
         req = HTTPRequest(
             url,
-            headers={"Authorization": f"token {self.token}", "Accept": "application/json"},
+            headers={"Authorization": f"token {self.token}", "Accept": accept},
             request_timeout=10,
             follow_redirects=False,
         )
@@ -522,7 +523,9 @@ class AdminData:
         try:
             while True:
                 query = urlencode({"state": "active", "offset": offset, "limit": 200})
-                page = await self._get_json_paged(f"{self.hub_api_url}/users?{query}")
+                page = await self._get_json(
+                    f"{self.hub_api_url}/users?{query}", "application/jupyterhub-pagination+json"
+                )
                 if isinstance(page, list):  # a hub without pagination
                     return page
                 users.extend(page["items"])
@@ -533,17 +536,6 @@ class AdminData:
         except Exception as exc:
             app_log.warning("fracspawner admin: no server list from the hub: %s", exc)
             return None
-
-    async def _get_json_paged(self, url: str) -> Any:
-        req = HTTPRequest(
-            url,
-            headers={
-                "Authorization": f"token {self.token}",
-                "Accept": "application/jupyterhub-pagination+json",
-            },
-            request_timeout=10,
-        )
-        return json.loads((await self.http.fetch(req)).body)
 
     async def culler_state(self) -> tuple[dict[str, Any] | None, str]:
         if not self.culler_url:
