@@ -14,6 +14,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
 
+from fracspawner.serverext.doctor import pod_lines
 from tests.test_culler_support import JupyterServer, wait_for
 from tests.test_hibernation import FAKE, set_cgroup
 
@@ -129,3 +130,32 @@ def test_doctor_says_what_is_wrong(pod, tmp_path):
     assert "Hibernation: not possible here: cuda-python is not installed" in out
     assert "Culler:      NOT reachable at http://127.0.0.1:9/services/culler/api/reports" in out
     assert out.rstrip().endswith("Something needs attention: see the lines above.")
+
+
+def test_doctor_reads_the_memory_limit_of_cgroup_v1_and_unreadable_files(tmp_path):
+    # the same cgroup reading as the hibernator (checkpoint.host_headroom): a v1 pod's
+    # memory/memory.limit_in_bytes is its limit, and a memory.max that cannot be read is an
+    # unknown limit, not a traceback and not "no memory limit"
+    meminfo = tmp_path / "meminfo"
+    meminfo.write_text("MemTotal: 67108864 kB\nMemAvailable: 33554432 kB\n")  # 32 GiB
+    v1 = tmp_path / "v1"
+    (v1 / "memory").mkdir(parents=True)
+    (v1 / "memory" / "memory.limit_in_bytes").write_text(str(6 * 2**30))
+    (v1 / "memory" / "memory.usage_in_bytes").write_text(str(2 * 2**30))
+    lines = pod_lines(POD_ENV, str(v1), str(meminfo))
+    assert (
+        "Limits:      memory limit 6 GiB (4 GiB free under the pod's memory limit), no CPU limit"
+        in lines
+    ), lines
+    (v1 / "memory" / "memory.limit_in_bytes").write_text(str(2**63 - 4096))  # v1's "no limit"
+    lines = pod_lines(POD_ENV, str(v1), str(meminfo))
+    assert (
+        "Limits:      no memory limit (32 GiB free under the node's memory), no CPU limit" in lines
+    ), lines
+    unreadable = tmp_path / "unreadable"
+    (unreadable / "memory.max").mkdir(parents=True)  # exists, but read_text raises OSError
+    lines = pod_lines(POD_ENV, str(unreadable), str(meminfo))
+    assert (
+        "Limits:      memory limit unknown (32 GiB free under the node's memory), no CPU limit"
+        in lines
+    ), lines

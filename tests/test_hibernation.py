@@ -15,6 +15,7 @@ import asyncio
 import fcntl
 import importlib.util
 import json
+import math
 import os
 import signal
 from contextlib import contextmanager
@@ -313,8 +314,11 @@ def test_host_headroom_from_cgroup_files(tmp_path):
     (v1 / "memory" / "memory.limit_in_bytes").write_text(str(6 * 2**30))
     (v1 / "memory" / "memory.usage_in_bytes").write_text(str(2 * 2**30))
     assert host_headroom(v1, str(meminfo)).free_mib == 4 * GIB
+    assert host_headroom(v1, str(meminfo)).limit_mib == 6 * GIB
+    assert h.limit_mib == math.inf  # "max": no limit, which is not unknown
     nothing = host_headroom(tmp_path / "none", str(tmp_path / "no-meminfo"))
     assert nothing.free_mib is None  # unknown: never suspended on it
+    assert nothing.limit_mib is None
 
 
 async def test_work_that_does_not_pause_leaves_it_running(tmp_path, monkeypatch):

@@ -14,6 +14,7 @@ is. Every failure raises `CheckpointError` (a call refused, with the driver's er
 
 from __future__ import annotations
 
+import math
 import os
 from dataclasses import dataclass
 from pathlib import Path
@@ -118,6 +119,7 @@ def _name(err: Any) -> str:
 class Headroom:
     free_mib: float | None  # None: unknown (no cgroup files, no /proc/meminfo)
     where: str  # what the number is: "the pod's memory limit" | "the node's memory"
+    limit_mib: float | None = None  # the cgroup's limit; math.inf: none; None: unknown
 
 
 def _read_int(path: Path) -> int | None:
@@ -148,20 +150,25 @@ def host_headroom(
     MemAvailable is what there is."""
     base = Path(root)
     limit = usage = None
+    unlimited = False
     if (base / "memory.max").exists():
         raw = (base / "memory.max").read_text().strip() if _readable(base / "memory.max") else ""
-        limit = None if raw == "max" else _read_int(base / "memory.max")
+        unlimited = raw == "max"
+        limit = None if unlimited else _read_int(base / "memory.max")
         usage = _read_int(base / "memory.current")
     elif (base / "memory" / "memory.limit_in_bytes").exists():
         limit = _read_int(base / "memory" / "memory.limit_in_bytes")
         if limit is not None and limit >= 2**60:  # v1's "no limit" (PAGE_COUNTER_MAX pages)
-            limit = None
+            limit, unlimited = None, True
         usage = _read_int(base / "memory" / "memory.usage_in_bytes")
     node = _meminfo_available(Path(meminfo))
+    limit_mib = math.inf if unlimited else None if limit is None else limit / MIB
     if limit is not None and usage is not None:
         free = max(0.0, (limit - usage) / MIB)
-        return Headroom(free if node is None else min(free, node), "the pod's memory limit")
-    return Headroom(node, "the node's memory")
+        return Headroom(
+            free if node is None else min(free, node), "the pod's memory limit", limit_mib
+        )
+    return Headroom(node, "the node's memory", limit_mib)
 
 
 def _readable(path: Path) -> bool:

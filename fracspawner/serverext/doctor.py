@@ -17,6 +17,7 @@ from __future__ import annotations
 import argparse
 import glob
 import json
+import math
 import os
 import sys
 import urllib.error
@@ -66,12 +67,15 @@ def pod_lines(env: Mapping[str, str], cgroup: str, meminfo: str) -> list[str]:
         f"{_minutes(p.kernel_gpu_idle)}; server stopped GPU-idle {_minutes(p.server_gpu_idle)}, "
         f"idle {_minutes(p.server_idle)}"
     )
-    room = host_headroom(cgroup, meminfo)
-    root = Path(cgroup)
-    limit = (root / "memory.max").read_text().strip() if (root / "memory.max").exists() else ""
-    memory = f"memory limit {gib(int(limit) / 2**20)}" if limit.isdigit() else "no memory limit"
+    room = host_headroom(cgroup, meminfo)  # the hibernator's reading: cgroup v2 or v1
+    if room.limit_mib is None:
+        memory = "memory limit unknown"
+    elif math.isinf(room.limit_mib):
+        memory = "no memory limit"
+    else:
+        memory = f"memory limit {gib(room.limit_mib)}"
     free = "unknown" if room.free_mib is None else gib(room.free_mib)
-    cpu = _cpu_limit(root) or "no CPU limit"
+    cpu = _cpu_limit(Path(cgroup)) or "no CPU limit"
     lines.append(f"Limits:      {memory} ({free} free under {room.where}), {cpu}")
     gpu_env = [f"{k}={env[k]}" for k in GPU_ENV if env.get(k)]
     lines.append("GPU env:     " + (", ".join(gpu_env) if gpu_env else "none set"))
