@@ -135,6 +135,25 @@ class Base(web.RequestHandler):
             raise ApiError(404, "NotFound", "the server could not find the requested resource")
         return resource
 
+    def authorize(self, verb: str, resource: Resource, namespace: str | None) -> None:
+        """403 for a verb `cluster.forbidden` withholds, worded as the apiserver's authorization
+        filter words it (kubernetes/kubernetes staging/src/k8s.io/apiserver/pkg/endpoints/
+        handlers/responsewriters/errors.go: Forbidden, forbiddenMessage; the Status is
+        apimachinery's errors.NewForbidden: "<resource> is forbidden: <message>")."""
+        if (verb, resource.plural) not in self.cluster.forbidden:
+            return
+        user = self.request_info().user.get("username", "")
+        qualified = f"{resource.plural}.{resource.group}" if resource.group else resource.plural
+        scope = f'in the namespace "{namespace}"' if namespace else "at the cluster scope"
+        details = {"kind": resource.plural, **({"group": resource.group} if resource.group else {})}
+        raise ApiError(
+            403,
+            "Forbidden",
+            f'{qualified} is forbidden: User "{user}" cannot {verb} resource '
+            f'"{resource.plural}" in API group "{resource.group}" {scope}',
+            details,
+        )
+
     def write_error(self, status_code: int, **kwargs: Any) -> None:
         exc = kwargs.get("exc_info", (None, None))[1]
         if isinstance(exc, ApiError):
@@ -209,6 +228,8 @@ class Collection(Base):
         )
 
     async def list_or_watch(self, resource: Resource, version: str, namespace: str | None) -> Any:
+        watching = self.get_argument("watch", "false").lower() in ("true", "1")
+        self.authorize("watch" if watching else "list", resource, namespace)
         key = resource.key
         labels = parse_label_selector(self.get_argument("labelSelector", None))
         fields = parse_field_selector(self.get_argument("fieldSelector", None), key)
@@ -216,7 +237,7 @@ class Collection(Base):
         def matches(obj: Any) -> bool:
             return labels((obj.get("metadata") or {}).get("labels") or {}) and fields(obj)
 
-        if self.get_argument("watch", "false").lower() in ("true", "1"):
+        if watching:
             await self._watch(resource, version, namespace, matches)
             return None
         store = self.cluster.store

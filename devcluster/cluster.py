@@ -229,6 +229,9 @@ class DevCluster:
         self._requests: dict[str, Mapping[str, Any]] = {}  # pod uid -> resource requests
         self._running_pods: set[tuple[str, str]] = set()  # pods whose _run_pod is under way
         self._scheduler_task: asyncio.Task | None = None
+        #: (verb, plural) pairs, verb list or watch, refused 403 Forbidden as RBAC refuses a
+        #: role without them: {("watch", "pods")} is one that may list pods but not watch them
+        self.forbidden: set[tuple[str, str]] = set()
         self.url = ""
 
     # ---------------------------------------------------------------- lifecycle

@@ -346,6 +346,31 @@ async def test_bad_selectors_are_400(api):
         assert json.loads(info.value.body)["reason"] == "BadRequest"
 
 
+async def test_a_verb_rbac_withholds_is_403_forbidden_worded_as_the_apiserver(cluster, api):
+    """`cluster.forbidden` stands in for a role without a verb; the apiserver's authorization
+    filter answers with this Status (kubernetes/kubernetes staging/src/k8s.io/apiserver/pkg/
+    endpoints/handlers/responsewriters/errors.go, forbiddenMessage)."""
+    cluster.forbidden.add(("watch", "pods"))
+    await api.list_pod_for_all_namespaces()  # list is still granted
+    with pytest.raises(ApiException) as info:
+        await collect(watch.Watch().stream(api.list_pod_for_all_namespaces, timeout_seconds=1))
+    assert info.value.status == 403
+    with pytest.raises(ApiException) as info:
+        await api.list_namespaced_pod("default", watch=True, _preload_content=True)
+    status = json.loads(info.value.body)
+    assert (status["kind"], status["status"], status["reason"], status["code"]) == (
+        "Status",
+        "Failure",
+        "Forbidden",
+        403,
+    )
+    assert status["details"] == {"kind": "pods"}
+    assert status["message"] == (
+        'pods is forbidden: User "system:admin" cannot watch resource "pods" in API group "" '
+        'in the namespace "default"'
+    )
+
+
 # ---------------------------------------------------------------- capacity freed by a finished pod
 WIDGET = "example.com/widget"
 ONE_WIDGET = {"nodes": [{"name": "node-1", "capacity": {"cpu": "4", WIDGET: "1"}}]}
