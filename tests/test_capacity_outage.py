@@ -171,3 +171,46 @@ async def test_a_watcher_started_while_the_api_is_down_catches_up_by_itself(kube
     finally:
         await watcher.stop()
         await cluster.stop()
+
+
+async def test_a_role_that_may_list_pods_but_not_watch_them_backs_off_its_relists(
+    kube, monkeypatch
+):
+    """Every refused watch relists every pod of the cluster: the backoff must grow until a
+    watch delivers, not start over after each successful list (which relisted every 0.8 s
+    forever, a load on the API server that grows with the cluster)."""
+    cluster = await _cluster(demo_topology_with_t4_jobs(1), kube)
+    # RBAC without `watch` on pods: the apiserver answers each watch request 403 Forbidden
+    cluster.forbidden.add(("watch", "pods"))
+    loop = asyncio.get_running_loop()
+    lists: list[float] = []
+    list_raw = cluster.store.list_raw
+
+    def counted(key, *args, **kwargs):
+        if key == "pods":
+            lists.append(loop.time())
+        return list_raw(key, *args, **kwargs)
+
+    monkeypatch.setattr(cluster.store, "list_raw", counted)
+    cfg = _fast_retries()
+    cfg.ResourceReflector.initial_backoff = 0.05
+    cfg.ResourceReflector.max_backoff = 2.0
+    watcher = CapacityWatcher(CATALOG, config=cfg)
+    try:
+        await watcher.start()
+        await _until(lambda: len(lists) >= 6, "six lists of pods")
+        # each list works (the counts are the cluster's), each watch is refused
+        assert _t4(watcher.snapshot()) == (3, 4)
+        gaps = [b - a for a, b in zip(lists[:-1], lists[1:], strict=True)]
+        # 0.05 s doubling: the fifth retry waits 0.8 s (not 0.05 s again); a busy machine
+        # only makes gaps longer
+        assert gaps[-1] >= 8 * 0.05, gaps
+
+        # the role gets `watch`: the watch comes back by itself, current, and stays
+        cluster.forbidden.clear()
+        pods = watcher._reflectors[1]
+        await _until(lambda: pods.failures == 0, "a watch that delivers")
+        assert not watcher.snapshot().stale
+    finally:
+        await watcher.stop()
+        await cluster.stop()

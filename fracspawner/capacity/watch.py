@@ -83,7 +83,8 @@ class _SlimReflector(ResourceReflector):
     live: LiveCapacity | None = None
     synced: bool = False
     lost_at: float = 0.0  # monotonic time the cache stopped being current (or was created)
-    failures: int = 0
+    failures: int = 0  # since a watch last delivered (a list alone does not reset it)
+    down_since: float = 0.0  # monotonic time of the first of these failures
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
@@ -141,6 +142,7 @@ class _SlimReflector(ResourceReflector):
         try:
             async with w.stream(getattr(self.api, self.list_method_name), **kwargs) as events:
                 async for event in events:
+                    self._back()
                     obj = event.get("raw_object") or {}
                     kind = event.get("type")
                     if kind == "DELETED":
@@ -163,8 +165,9 @@ class _SlimReflector(ResourceReflector):
             try:
                 if resource_version is None:
                     resource_version = await self._list()
-                    self._back()
+                    self._listed()
                 resource_version = await self._watch(resource_version)
+                self._back()  # ended by the server's timeout: a healthy watch
             except asyncio.CancelledError:
                 raise
             except client.ApiException as exc:
@@ -177,22 +180,30 @@ class _SlimReflector(ResourceReflector):
                 await self._lost(exc)
         self.log.info("%s watch stopped", self.kind)
 
+    def _listed(self) -> None:
+        """The cache holds what the API server has now; the backoff goes on (see `_back`)."""
+        self.synced = True
+        if not self.first_load_future.done():
+            self.first_load_future.set_result(None)
+
     def _back(self) -> None:
+        """The watch delivers again: the backoff starts over. Not on a list alone: a watch
+        refused after every list (a role without `watch`) would relist every pod of the
+        cluster every `initial_backoff` seconds, forever."""
         if self.failures:
             self.log.warning(
                 "Watching %s again after %.0f s; capacity counts are current",
                 self.kind,
-                time.monotonic() - self.lost_at,
+                time.monotonic() - self.down_since,
             )
-        self.synced = True
-        self.failures = 0
-        if not self.first_load_future.done():
-            self.first_load_future.set_result(None)
+            self.failures = 0
 
     async def _lost(self, exc: BaseException) -> None:
         if self.synced:  # current until now (never listed: stale since created)
             self.lost_at = time.monotonic()
         self.synced = False
+        if not self.failures:
+            self.down_since = time.monotonic()
         self.failures += 1
         delay = min(self.max_backoff, self.initial_backoff * 2 ** (self.failures - 1))
         delay *= 1 + random.random() * 0.2  # spread the retries of many hubs
