@@ -290,6 +290,23 @@ async def test_one_address_cannot_spend_the_state_apis_budget_for_others(receive
     assert receiver.hub.asked == asked + 1
 
 
+# a burst of 3 unknown tokens per address (the admin's token spends one, before the hub
+# vouches for it), refilled slowly
+@pytest.mark.parametrize("receiver", [{"unknown_token_rate": 0.3}], indirect=True)
+async def test_state_api_requests_do_not_stay_pending_at_the_door(receiver):
+    # the door (ReportServer) counts each connection as pending until its request is answered;
+    # a state API request answered must count no more, or an address asking it more than its
+    # burst of times (within PENDING_S) is closed unread from then on, its reports too
+    url = receiver.url
+    receiver.hub.tokens["admin-token"] = {
+        "kind": "user",
+        "name": "admin",
+        "scopes": ["read:servers"],
+    }
+    for _ in range(6):
+        assert await get_state(url, "admin-token", "127.0.0.4") == 200
+
+
 def test_rate_limit_per_address_and_overall():
     from fracspawner.culler.identity import RateLimit
 

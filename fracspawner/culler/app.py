@@ -422,7 +422,7 @@ class Culler(CullerApplication):
         )
         app = receiver_app(self.report_prefix, self.verifier(), self.reports, self.on_report)
         prefix = "/" + self.report_prefix.strip("/") + "/" if self.report_prefix.strip("/") else "/"
-        state = state_handler(f"{prefix}api/state", self.verifier, self.state_json)
+        state = state_handler(f"{prefix}api/state", self.verifier, self.state_json, gated=True)
         app.add_handlers(r".*", [state])
         server = report_server(app, self.verifier(), max_body_size=MAX_BODY * 2)
         server.listen(where.port or 80, where.hostname or "")

@@ -23,9 +23,18 @@ READ_SCOPE = "read:servers"
 
 class StateHandler(web.RequestHandler):
     def initialize(
-        self, verifier: Callable[[], TokenVerifier], state: Callable[[float], dict[str, Any]]
+        self,
+        verifier: Callable[[], TokenVerifier],
+        state: Callable[[float], dict[str, Any]],
+        gated: bool = False,
     ) -> None:
-        self.verifier, self.state = verifier, state
+        self.verifier, self.state, self.gated = verifier, state, gated
+
+    def on_finish(self) -> None:
+        # behind the report server's door (receiver.ReportServer), which counts this request
+        # as pending until it is answered, as ReportHandler does
+        if self.gated:
+            self.verifier().limit.finished(self.request.remote_ip or "")
 
     def _refuse(self, code: int, message: str) -> None:
         self.set_status(code)
@@ -50,6 +59,11 @@ class StateHandler(web.RequestHandler):
 
 
 def state_handler(
-    path: str, verifier: Callable[[], TokenVerifier], state: Callable[[float], dict[str, Any]]
+    path: str,
+    verifier: Callable[[], TokenVerifier],
+    state: Callable[[float], dict[str, Any]],
+    gated: bool = False,
 ) -> tuple[str, type, dict[str, Any]]:
-    return (path, StateHandler, {"verifier": verifier, "state": state})
+    """The route; `gated`: served by the report server (receiver.report_server), whose door
+    must hear when a request is answered."""
+    return (path, StateHandler, {"verifier": verifier, "state": state, "gated": gated})
