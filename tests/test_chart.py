@@ -61,6 +61,7 @@ ALL_ON: dict[str, Any] = {
     "imagePullSecrets": [{"name": "registry"}],
     "culler": {
         "prometheusUrl": "http://prometheus-server.monitoring",
+        "dcgmJob": "nvidia-dcgm-exporter",  # the GPU Operator's ServiceMonitor job
         "extraArgs": ["--Culler.pod_label=exported_pod"],
         "dryRun": True,
         "extraEnv": [{"name": "TZ", "value": "UTC"}],
@@ -81,6 +82,7 @@ ALL_ON: dict[str, Any] = {
         "enabled": True,
         "namespaces": ["team-a", "team-b"],
         "prometheusUrl": "http://prometheus-server.monitoring",
+        "dcgmJob": "nvidia-dcgm-exporter",
         "dryRun": True,
         "allNotebooks": True,
         "workspaceStatusUrl": "http://{pod_ip}:8888/workspace/connect/{namespace}/{name}/api/status",
@@ -441,6 +443,11 @@ def test_the_service_runs_the_real_command_line(rendered_objects):
     app.parse_command_line(command[2:])
     config = app.config.Culler
     assert config.prometheus_url == ALL_ON["culler"]["prometheusUrl"]
+    # only dcgm-exporter's job is GPU evidence (issue 20 item 5): the chart names it, and its
+    # default is the culler's own
+    assert config.dcgm_job == "nvidia-dcgm-exporter"
+    default = yaml.safe_load((CHART / "values.yaml").read_text())["culler"]["dcgmJob"]
+    assert default == Culler.class_traits()["dcgm_job"].default_value
     assert config.metrics_port == culler["ports"][0]["containerPort"]
     assert config.dry_run is True
     assert config.pod_label == "exported_pod"
@@ -522,6 +529,7 @@ def test_the_kubeflow_culler_runs_its_real_command_line(rendered_objects):
     assert app.catalog == "/etc/fracspawner/catalog.yaml"
     assert app.namespaces == values["namespaces"]
     assert app.prometheus_url == values["prometheusUrl"]
+    assert app.dcgm_job == values["dcgmJob"]
     assert app.workspace_status_url == values["workspaceStatusUrl"]
     assert app.dry_run is True and app.gpu_only is False
     assert app.pod_label == "exported_pod"
@@ -537,6 +545,7 @@ def test_the_kubeflow_culler_runs_its_real_command_line(rendered_objects):
         ("workspaceStatusUrl", "workspace_status_url"),
         ("clusterDomain", "cluster_domain"),
         ("cullEvery", "cull_every"),
+        ("dcgmJob", "dcgm_job"),
     ):
         assert defaults[value] == traits[trait].default_value, value
     assert defaults["allNotebooks"] is not traits["gpu_only"].default_value
