@@ -322,6 +322,8 @@ def test_admin_model_joins_pods_with_the_cullers_view(catalog):
     )
     assert rows["bob"]["memory_text"] == "1.0 GiB of 3.8 GiB"
     assert rows["bob"]["next_text"].startswith("stop (gpu idle) in 30 min")
+    # alice's GPU is busy: the projection holds only if it goes idle now, not "stays" idle
+    assert rows["alice"]["next_text"].endswith("if its GPU and its user are idle until then")
     t4 = {p["name"]: p for p in model["pools"]}["t4"]
     assert (t4["held"], t4["held_gpu"], t4["idle_held_gpu"], t4["free_gpu"]) == (
         3,

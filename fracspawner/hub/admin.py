@@ -65,7 +65,7 @@ SORT_KEYS = ("user", "server", "pool", "slice", "since", "memory", "gpu", "next"
 _GPU_ORDER = {"unknown": 0, "idle": 1, "busy": 2}
 #: the condition under which the culler's next step happens when its time comes
 _IF = {
-    "gpu_idle": "if its GPU and its user stay idle",
+    "gpu_idle": "if its GPU and its user are idle until then",
     "idle": "if nobody uses it",
     "unattended": "if its user does not come back",
     "max_age": "whatever it does",
