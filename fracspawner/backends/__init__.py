@@ -38,6 +38,7 @@ __all__ = [
     "plan_slice",
     "resolve_offer",
     "safe_env",
+    "scheduler_for",
 ]
 
 ENTRY_POINT_GROUP = "fracspawner.backends"
@@ -163,6 +164,16 @@ def get_backend(name: str) -> Backend:
     if not isinstance(backend, Backend):
         raise ValueError(f"backend {name!r} ({cls!r}) is not a fracspawner Backend")
     return backend
+
+
+def scheduler_for(plan: PodPlan, pool: Pool | None) -> str | None:
+    """The scheduler a slice pod must name: the plan's, else the one the pool's backend's own
+    webhook would set (HAMi: hami-scheduler), which that webhook leaves out for a pod already
+    naming another scheduler (z2jh's user scheduler) or seen before it carried the backend's
+    resources. The hub's pods and the Kubeflow webhook's alike."""
+    if plan.scheduler_name or pool is None:  # no pool: a CPU server, no backend
+        return plan.scheduler_name
+    return getattr(get_backend(pool.backend), "own_scheduler", None)
 
 
 def check_pool(pool: Pool, where: str) -> None:

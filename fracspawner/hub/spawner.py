@@ -25,7 +25,7 @@ from kubespawner import KubeSpawner
 from tornado import web
 from traitlets import Bool, Dict, Enum, Integer, Unicode, default
 
-from ..backends import is_reserved_env, load_catalog, safe_env
+from ..backends import is_reserved_env, load_catalog, safe_env, scheduler_for
 from ..backends.podspec import container_name, is_privileged
 from ..choice.admission import (
     STATE_KEY,
@@ -594,7 +594,7 @@ class FracSpawner(KubeSpawner):
         if plan.tolerations:
             self.tolerations = [*self.tolerations, *map(dict, plan.tolerations)]
         # whatever z2jh set (its user scheduler): this backend's scheduler books the GPU
-        scheduler = plan.scheduler_name or self._own_scheduler(choice)
+        scheduler = scheduler_for(plan, choice.pool)
         if scheduler:
             self.scheduler_name = scheduler
         self._drop_privileged_init_containers(choice)
@@ -685,15 +685,6 @@ class FracSpawner(KubeSpawner):
             f"No {what} freed within {_duration(self.queue_timeout)}; your place is given up. "
             "Start again to wait again, or choose another size."
         )
-
-    def _own_scheduler(self, choice: Choice) -> str | None:
-        """The scheduler a backend's webhook would set (HAMi: `hami-scheduler`), for a pod
-        that names another one (z2jh's user scheduler), which that webhook leaves alone."""
-        if choice.pool is None:
-            return None
-        from ..backends import get_backend
-
-        return getattr(get_backend(choice.pool.backend), "own_scheduler", None)
 
     def _drop_privileged_init_containers(self, choice: Choice) -> None:
         """Leave privileged init containers out of the pods of a backend that refuses them.

@@ -19,7 +19,13 @@ from dataclasses import dataclass, replace
 from types import MappingProxyType
 from typing import Any
 
-from ..backends import LABEL_GPU, LABEL_POOL, get_backend, is_reserved_env, plan_slice
+from ..backends import (
+    LABEL_GPU,
+    LABEL_POOL,
+    is_reserved_env,
+    plan_slice,
+    scheduler_for,
+)
 from ..backends.base import PodPlan
 from ..backends.podspec import apply_plan
 from ..choice.notebook_env import notebook_env
@@ -331,11 +337,8 @@ def admit(
     plan = replace(plan, env=MappingProxyType({**plan.env, **told}))
     # a backend whose own webhook names its scheduler (HAMi: hami-scheduler) does so only for
     # pods that carry its resources when it is called; configurations are called in name
-    # order, so it may have seen a PodDefault pod before ours gave it any. Name it, as
-    # FracSpawner does on hub pods (hub/spawner.py _own_scheduler)
-    own = getattr(get_backend(choice.pool.backend), "own_scheduler", None)
-    if own and not plan.scheduler_name:
-        plan = replace(plan, scheduler_name=own)
+    # order, so it may have seen a PodDefault pod before ours gave it any: name it
+    plan = replace(plan, scheduler_name=scheduler_for(plan, choice.pool))
     if not within_quota(rule, used_gpu, plan.gpu_equivalent):
         left = max((rule.max_gpu or 0.0) - used_gpu, 0.0)
         raise Refusal(
