@@ -11,13 +11,13 @@ from __future__ import annotations
 
 import json
 import sys
-from datetime import UTC, datetime
 from typing import Any
 
 from ..capacity.live import LiveCapacity
 from ..capacity.snapshot import SERVERNAME_ANNOTATION, USERNAME_ANNOTATION
 from ..capacity.usage import Holder, PoolUsage, holders_from_pods, pool_usage
 from ..k8s.objects import created_at
+from ..model.units import utc_minute
 from .capacity import cluster_parser, read_cluster, table
 
 PROG = "fracspawner usage"
@@ -48,10 +48,6 @@ def _num(value: float | None) -> str:
     return "unknown" if value is None else f"{value:g}"
 
 
-def _since(ts: float | None) -> str:
-    return "" if ts is None else datetime.fromtimestamp(ts, UTC).strftime("%Y-%m-%d %H:%M UTC")
-
-
 def render_table(pools: list[PoolUsage], holders: list[Holder]) -> str:
     rows = [("POOL", "HELD", "WAITING", "HELD GPU", "FREE GPU", "FREE BY SIZE")]
     for p in pools:
@@ -70,7 +66,7 @@ def render_table(pools: list[PoolUsage], holders: list[Holder]) -> str:
             (
                 h.user or "?", h.server or "(default)", h.pool, h.gpu, _num(h.gpu_equivalent),
                 "unknown" if h.memory_limit_mib is None else str(h.memory_limit_mib),
-                h.node or "(waiting)", _since(h.since),
+                h.node or "(waiting)", utc_minute(h.since),
             )
         )  # fmt: skip
     lines += table(servers) if holders else ["No pod holds a GPU slice."]

@@ -26,7 +26,7 @@ import time
 from collections import deque
 from collections.abc import Iterable, Mapping
 from dataclasses import asdict
-from datetime import UTC, datetime
+from datetime import datetime
 from pathlib import Path
 from typing import Any
 from urllib.parse import urlencode
@@ -45,6 +45,7 @@ from ..choice.offers import size_label
 from ..choice.options import offer_for
 from ..model.errors import SliceError
 from ..model.slices import parse_slice
+from ..model.units import utc_minute
 
 __all__ = [
     "ADMIN_SCOPE",
@@ -142,12 +143,6 @@ def _duration(seconds: float | None) -> str:
     return f"{s / 86400:.1f} d"
 
 
-def _clock(ts: float | None) -> str:
-    if ts is None:
-        return ""
-    return datetime.fromtimestamp(ts, UTC).strftime("%Y-%m-%d %H:%M UTC")
-
-
 def _mib(value: float | None) -> str:
     if value is None:
         return "?"
@@ -204,7 +199,7 @@ def row_texts(row: Mapping[str, Any], now: float) -> dict[str, Any]:
         when = (
             "now"
             if nxt["at"] <= now + 1
-            else f"in {_duration(nxt['at'] - now)}, at {_clock(nxt['at'])}, "
+            else f"in {_duration(nxt['at'] - now)}, at {utc_minute(nxt['at'])}, "
             + _IF.get(nxt["reason"], "if nothing changes")
         )
         next_text = f"stop ({nxt['reason'].replace('_', ' ')}) {when}"
@@ -212,7 +207,7 @@ def row_texts(row: Mapping[str, Any], now: float) -> dict[str, Any]:
         next_text = "nothing due" if row["seen_by_culler"] else ""
     return {
         **row,
-        "since_text": _clock(row["since"]),
+        "since_text": utc_minute(row["since"]),
         "memory_text": f"{_mib(used)} of {_mib(limit)}",
         "gpu_text": row["gpu"]
         + (
@@ -315,7 +310,7 @@ def _env() -> Environment:
         loader=PackageLoader("fracspawner.hub", "templates"),
         autoescape=select_autoescape(default=True, default_for_string=True),
     )
-    env.filters["clock"] = _clock
+    env.filters["clock"] = utc_minute
     env.filters["duration"] = _duration
     env.filters["mib"] = _mib
     env.filters["gpu"] = lambda v: "unknown" if v is None else f"{v:.3g}"
@@ -366,7 +361,7 @@ def render_admin_page(
         events.append(
             {
                 **event,
-                "at_text": _clock(event["at"]),
+                "at_text": utc_minute(event["at"]),
                 "came_back_text": "" if back is None else f"after {_duration(back - event['at'])}",
             }
         )

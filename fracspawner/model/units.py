@@ -6,9 +6,10 @@ the API's messages show the same numbers.
 
 from __future__ import annotations
 
+from datetime import UTC, datetime
 from fractions import Fraction
 
-__all__ = ["gib", "gpu_amount", "gpu_share", "slice_text"]
+__all__ = ["gib", "gpu_amount", "gpu_share", "slice_text", "utc_minute"]
 
 #: denominators a catalog produces: fraction steps (2..16) and MIG sevenths (A100/H100 profiles),
 #: and their sums (1/7 + 1/8 = 15/56)
@@ -56,3 +57,8 @@ def slice_text(
     if kind == "whole":
         return f"{count} GPU" + ("s" if count > 1 else "")
     return "no GPU"
+
+
+def utc_minute(ts: float | None) -> str:
+    """A Unix time as '2026-11-25 18:54 UTC' (admins read one clock everywhere); '' if None."""
+    return "" if ts is None else datetime.fromtimestamp(ts, UTC).strftime("%Y-%m-%d %H:%M UTC")
