@@ -123,6 +123,9 @@ def test_admin_sees_pools_holders_culler_history_and_charts(
 
     page = new_page(browser)
     login(page, hub.url, "admin")
+    # a picker on the page lands runs the service's OAuth in the background: let it finish
+    # (see test_a_user_who_is_not_an_admin_gets_403)
+    page.wait_for_load_state("networkidle")
     response = page.goto(admin_page_url(hub))
     assert response.status == 200, response.text()
 
@@ -176,7 +179,16 @@ def test_admin_sees_pools_holders_culler_history_and_charts(
 
 def test_a_user_who_is_not_an_admin_gets_403(hub, browser):
     page = new_page(browser)
-    login(page, hub.url, "erin")
+    # erin lands on the spawn form, whose picker fetches the service's offers at once and so
+    # runs the service's OAuth in the background. Two OAuth flows begun together share one
+    # state cookie (jupyterhub/services/auth.py HubOAuth.set_state_cookie picks another name
+    # only when the request already carries one) and the later callback is refused 403
+    # ("oauth state does not match", HubOAuthCallbackHandler): a race of JupyterHub's, not
+    # the admin page's answer. Let the picker's flow finish before opening the page.
+    with page.expect_response(
+        lambda r: "/services/fracspawner/api/offers" in r.url and r.status == 200
+    ):
+        login(page, hub.url, "erin")
     response = page.goto(admin_page_url(hub))
     assert response.status == 403
     assert "read:servers" in page.content()
