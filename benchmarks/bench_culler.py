@@ -44,7 +44,6 @@ import asyncio
 import json
 import logging
 import shutil
-import socket
 import tempfile
 import time
 from dataclasses import dataclass
@@ -57,6 +56,7 @@ from tornado import web
 from tornado.httpserver import HTTPServer
 
 from benchmarks.culler_trace import HORIZON, MIXES, User, make_mix
+from devcluster.localhub import free_port
 from fracspawner.culler.app import Culler
 from fracspawner.culler.identity import Identity
 from fracspawner.culler.reports import parse_report
@@ -134,12 +134,6 @@ class SimCheckpointDriver:
 
     def unlock(self, pid: int) -> None:
         self._move(pid, "locked", "running", "cuCheckpointProcessUnlock")
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def _iso(t: float) -> str:
@@ -506,7 +500,7 @@ async def replay(users: list[User], kind: str, prom_url: str, tmp: Path) -> dict
     sim = Sim(users, kind, sim_catalog)
     sim.host = pod_host(tmp)
     hub = StandInHub(sim.hub_users, on_delete=sim.stop)
-    port = _free_port()
+    port = free_port()
     server = HTTPServer(hub.app)
     server.listen(port, "127.0.0.1")
     url = f"http://127.0.0.1:{port}/hub/api"
@@ -604,7 +598,7 @@ async def bench_cycle() -> dict:
     from tests.test_culler_support import DcgmExporter, Prometheus
 
     users = make_users(datetime.now(timezone.utc))
-    port = _free_port()
+    port = free_port()
     hub = StandInHub(lambda: users)
     server = HTTPServer(hub.app)
     server.listen(port, "127.0.0.1")

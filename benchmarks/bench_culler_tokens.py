@@ -37,6 +37,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+from devcluster.localhub import free_port
+
 TOKENS = 10_000
 ROUNDS = 3  # attacks from another pod (the machine is shared: one report's tail is noisy)
 PARALLEL = 100
@@ -57,14 +59,6 @@ REPORT = {
     "monitor_started": "2026-01-01T00:00:00+00:00",
     "server_last_activity": "2026-01-01T00:00:00+00:00",
 }
-
-
-def _free_port() -> int:
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 # --- the subprocesses ----------------------------------------------------------------------
@@ -193,7 +187,7 @@ async def _measure(
 
     from fracspawner.culler import Culler
 
-    port = _free_port()
+    port = free_port()
     culler = Culler(
         api_token="x",
         url=hub_url,
@@ -322,7 +316,7 @@ async def _bench(hub_url: str) -> dict[str, Any]:
 
 
 def run(results_dir: Path) -> dict[str, Any]:
-    port = _free_port()
+    port = free_port()
     hub = subprocess.Popen(
         [sys.executable, "-m", "benchmarks.bench_culler_tokens", "hub", str(port)],
         stdout=subprocess.PIPE, text=True, cwd=Path(__file__).resolve().parent.parent,

@@ -23,7 +23,37 @@ from typing import Any
 REPO = Path(__file__).resolve().parent.parent
 
 
+# Ports for test servers come from below the kernel's ephemeral range (Linux default
+# 32768-60999, /proc/sys/net/ipv4/ip_local_port_range), one block per pytest-xdist worker.
+# Asking the kernel for port 0 and closing the socket can hand the same port out twice
+# (CI once saw a hub's own port equal its proxy's API port: "Address already in use"),
+# and any outgoing connection can take an ephemeral port before the server binds it.
+_PORT_BASE = 20000
+_PORT_BLOCK = 2000  # 6 workers fit below 32768
+_handed_out: set[int] = set()
+
+
+def _worker_index() -> int:
+    worker = os.environ.get("PYTEST_XDIST_WORKER", "")  # "gw0", "gw1", ...
+    return int(worker[2:]) % 6 if worker[2:].isdigit() else 0
+
+
 def free_port() -> int:
+    """A port on 127.0.0.1 that is free now and that this process has not handed out before."""
+    start = _PORT_BASE + _worker_index() * _PORT_BLOCK
+    offset = (os.getpid() * 7) % _PORT_BLOCK  # two serial runs side by side start apart
+    for step in range(_PORT_BLOCK):
+        port = start + (offset + step) % _PORT_BLOCK
+        if port in _handed_out:
+            continue
+        with socket.socket() as s:
+            try:
+                s.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+        _handed_out.add(port)
+        return port
+    # the block is used up (a very long run): fall back to the kernel's choice
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]

@@ -137,14 +137,6 @@ def tool(name: str, *venvs: str) -> str | None:
     return shutil.which(name)
 
 
-def free_port() -> int:
-    import socket
-
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
 class Container:
     """A rendered Deployment's container run as a local process, as the kubelet would run it:
     its command and env (Secret keys and field refs resolved from `secrets`/`fields`), its

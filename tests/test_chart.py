@@ -30,6 +30,7 @@ from cryptography import x509
 from cryptography.hazmat.primitives import serialization
 from cryptography.x509.oid import ExtendedKeyUsageOID
 
+from devcluster.localhub import free_port
 from tests.chart_support import (
     CHART,
     KUBE_VERSION,
@@ -40,7 +41,6 @@ from tests.chart_support import (
     Container,
     by_kind,
     expected_values_schema,
-    free_port,
     objects,
     one,
     pod_specs,
