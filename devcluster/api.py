@@ -264,7 +264,7 @@ class Collection(Base):
                 api_version,
             )  # fmt: skip
         except ApiError as exc:
-            if exc.code != 410:
+            if exc.code not in (410, 504):  # too old / too large a resourceVersion
                 raise
             # like the apiserver's watch cache: once the version parsed, an error is one ERROR
             # event on a 200 stream, then the end (k8s.io/apiserver cacher.go, newErrWatcher)

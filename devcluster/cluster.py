@@ -241,6 +241,12 @@ class DevCluster:
         from .api import make_app
         from .kubeconfig import write_kubeconfig
 
+        # resourceVersions go on from the last run in this state_dir, as etcd's revision
+        # survives an apiserver restart: a client's old version is then older than anything
+        # the new watch history holds (410, relist), never mistaken for a current one
+        rv_file = self.state_dir / "resource-version"
+        if rv_file.is_file() and rv_file.read_text().strip().isdigit():
+            self.store.rv = max(self.store.rv, int(rv_file.read_text()))
         for ns in [
             "default",
             "kube-system",
@@ -252,6 +258,7 @@ class DevCluster:
             self.store.load("nodes", node)
         for pod in self.topology.get("pods") or []:
             self.store.load("pods", pod)
+        self.store.floor = self.store.rv
         self.state_dir.mkdir(parents=True, exist_ok=True)
         sock = socket.socket()
         # a restart on the same port must not wait out TIME_WAIT (~60 s) of the connections
@@ -280,6 +287,8 @@ class DevCluster:
             await self._server.close_all_connections()
         for w in list(self.store.watches):
             w.queue.put_nowait(None)
+        if self.state_dir.is_dir():
+            (self.state_dir / "resource-version").write_text(f"{self.store.rv}\n")
 
     async def __aenter__(self) -> DevCluster:
         return await self.start()

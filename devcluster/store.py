@@ -109,6 +109,11 @@ def as_version(raw: bytes, obj: Mapping[str, Any], api_version: str | None) -> b
 class Store:
     def __init__(self) -> None:
         self.rv = 0
+        #: the oldest resourceVersion a watch may resume from: the apiserver's watch cache
+        #: starts empty at the revision it finds when it (re)starts, and answers an older
+        #: one "410 too old resource version" (k8s.io/apiserver storage/cacher
+        #: watch_cache.go, getAllEventsSinceLocked; KEP-1904 on resumption after a reboot)
+        self.floor = 0
         self.resources = Registry()
         # resource key -> (namespace, name) -> entry
         self.objects: dict[str, dict[tuple[str, str], Entry]] = {r.key: {} for r in self.resources}
@@ -306,9 +311,13 @@ class Store:
                 ) from None
             # events older than the history window were compacted away, like etcd's
             full = len(self.history) == self.history.maxlen
-            oldest = self.history[0][0] if full else 0
-            if since < oldest - 1:
-                raise ApiError(410, "Expired", f"too old resource version: {since} ({oldest - 1})")
+            oldest = max(self.history[0][0] - 1 if full else 0, self.floor)
+            if since < oldest:
+                raise ApiError(410, "Expired", f"too old resource version: {since} ({oldest})")
+            if since > self.rv:  # a version this store never issued (the cacher waits 3 s first)
+                raise ApiError(
+                    504, "Timeout", f"Too large resource version: {since}, current: {self.rv}"
+                )
             for rv, hplural, kind, raw, obj, prev in self.history:
                 if rv <= since or hplural != plural:
                     continue

@@ -122,6 +122,72 @@ async def test_watch_from_a_compacted_version_is_410_expired(cluster, api):
     assert [(e["type"], e["metadata"]["name"]) for e in events] == [("ADDED", "cm-5")]
 
 
+async def test_a_restarted_api_server_never_resumes_a_watch_from_the_old_history(tmp_path):
+    """An apiserver restart keeps etcd's revision but starts its watch cache empty: a client's
+    version from before the restart is older than anything the cache can replay, so the watch
+    gets 410 and the client relists (k8s.io/apiserver pkg/storage/cacher/watch_cache.go,
+    getAllEventsSinceLocked; KEP-1904). A devcluster that started its versions at 0 again
+    let an old version resume with nothing replayed: the capacity watch kept counts from
+    before the outage and called them current (the flaky test_capacity_outage run)."""
+    state = tmp_path / "state"
+    async with DevCluster(ONE_NODE, state_dir=state) as first:
+        async with client.ApiClient(client.Configuration(host=first.url)) as c:
+            listing = await client.CoreV1Api(c).list_namespaced_config_map("default")
+            before = listing.metadata.resource_version
+
+    # the cluster changed while its API was away: the restart loads one more object
+    topology = {
+        **ONE_NODE,
+        "pods": [
+            {
+                "metadata": {"name": "arrived"},
+                "spec": {"containers": [{"name": "c", "image": "busybox"}]},
+            }
+        ],
+    }
+    async with DevCluster(topology, state_dir=state) as second:
+        assert second.store.rv > int(before)  # versions go on, as etcd's revision does
+        async with client.ApiClient(client.Configuration(host=second.url)) as c:
+            api = client.CoreV1Api(c)
+            with pytest.raises(ApiException) as old:
+                await collect(
+                    watch.Watch().stream(
+                        api.list_namespaced_pod,
+                        "default",
+                        resource_version=before,
+                        timeout_seconds=1,
+                    )
+                )
+            assert old.value.status == 410 and "too old resource version" in old.value.reason
+
+            # a version this API server never issued is refused too, not waited on forever
+            with pytest.raises(ApiException) as future:
+                await collect(
+                    watch.Watch().stream(
+                        api.list_namespaced_pod,
+                        "default",
+                        resource_version=str(second.store.rv + 100),
+                        timeout_seconds=1,
+                    )
+                )
+            assert future.value.status == 504 and "Too large resource version" in (
+                future.value.reason
+            )
+
+            # the relist sees what arrived, and a watch from its version works
+            pods = await api.list_namespaced_pod("default")
+            assert [p.metadata.name for p in pods.items] == ["arrived"]
+            events = await collect(
+                watch.Watch().stream(
+                    api.list_namespaced_pod,
+                    "default",
+                    resource_version=pods.metadata.resource_version,
+                    timeout_seconds=1,
+                )
+            )
+            assert events == []
+
+
 async def test_bookmarks_only_when_allowed(cluster, api):
     cluster.bookmark_interval = 0.2
     await api.create_namespaced_config_map("default", configmap("marked"))
