@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import quote
 
-import pytest
+from tests.missing import missing
 
 CHROMIUM = "/usr/bin/chromium"
 # Headless, loopback only: nothing in the browser may phone home during the tests.
@@ -33,10 +33,17 @@ SCREENSHOTS = REPO / "docs" / "_static"
 
 
 def require_chromium() -> None:
-    """Skip (not fail) where Debian's chromium or Playwright is not installed."""
+    """Debian's chromium and Playwright, or skip (fail in CI: tests/missing.py)."""
+    problem = None
     if not os.access(CHROMIUM, os.X_OK):
-        pytest.skip(f"{CHROMIUM} not installed (apt-get install chromium)")
-    pytest.importorskip("playwright.sync_api")
+        problem = f"{CHROMIUM} not installed (apt-get install chromium)"
+    else:
+        try:
+            import playwright.sync_api  # noqa: F401
+        except ImportError:
+            problem = "playwright is not installed (pip install -e '.[test]')"
+    if problem:
+        missing(problem)
 
 
 @contextmanager

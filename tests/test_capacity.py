@@ -8,19 +8,8 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from fracspawner.backends import load_catalog
+from fracspawner.backends import load_catalog, plan_slice
 from fracspawner.capacity import Capacity, OfferCapacity, compute_capacity
-
-# TEMPORARY: catalog.py and backends/ are being written in parallel; these tests run as soon
-# as both import. Remove this guard once they have landed.
-_catalog = pytest.importorskip("fracspawner.model.catalog")
-_backends = pytest.importorskip("fracspawner.backends")
-if not hasattr(_backends, "plan_slice") or not hasattr(_catalog, "Catalog"):
-    pytest.skip(
-        "fracspawner.model.catalog / fracspawner.backends not landed yet", allow_module_level=True
-    )
-plan_slice = _backends.plan_slice
-Catalog = _catalog.Catalog
 
 CATALOG = {
     "pools": {

@@ -19,9 +19,8 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 
-import pytest
-
 from devcluster.localhub import free_port
+from tests.missing import missing
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -249,7 +248,7 @@ class Prometheus:
         `more_scrape_configs`: YAML items appended to scrape_configs as they are."""
         binary = shutil.which("prometheus") or "/usr/bin/prometheus"
         if not Path(binary).exists():
-            pytest.skip("prometheus not installed (make system-deps installs Debian's package)")
+            missing("prometheus not installed (make system-deps installs Debian's package)")
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         config = tmp / "prometheus.yml"
@@ -323,7 +322,7 @@ class BackfilledPrometheus(Prometheus):
     def __init__(self, tmp: Path, series: list[tuple[dict[str, str], list[tuple[float, float]]]]):
         promtool = shutil.which("promtool") or "/usr/bin/promtool"
         if not Path(promtool).exists():
-            pytest.skip("promtool not installed (Debian's prometheus package ships it)")
+            missing("promtool not installed (Debian's prometheus package ships it)")
         by_metric: dict[str, list[str]] = {}
         for labels, samples in series:
             name = labels["__name__"]
