@@ -12,6 +12,7 @@ import re
 import time
 
 import pytest
+import yaml
 
 from fracspawner.backends import load_catalog
 from fracspawner.capacity.count import compute_capacity
@@ -577,3 +578,23 @@ def test_hibernated_gpu_memory_shows_where_a_server_reports_it(catalog):
     html = render_admin_page(model, user="admin", hub_prefix="/hub/", static_prefix="/s/")
     assert "hibernated: 3.0 GiB of GPU memory kept in host memory" in html
     assert html.count('data-field="hibernated"') == 1
+
+
+def test_admin_page_says_a_slice_in_words_whatever_the_catalogs_fraction_step():
+    # a catalog in quarters (fraction_step 4, not the demo's 8); bob's pod was made while the
+    # catalog was in eighths and keeps its label: the page still says what it holds in words
+    data = yaml.safe_load(DEMO_CATALOG.read_text())
+    data["fraction_step"] = 4
+    data["pools"]["h100"]["offers"] = ["1/4", "1/2", "10GiB", "20GiB", "1"]
+    quarters = load_catalog(data)
+    now = time.time()
+    pods = [gpu_pod("jupyter-alice", "alice"), gpu_pod("jupyter-bob", "bob")]
+    pods[1]["metadata"]["labels"]["fracspawner.io/gpu"] = "0.125"
+    _, holders = usage_of(quarters, [t4_node()], pods)
+    capacity = compute_capacity(quarters, [t4_node()], pods)
+    model = build_admin_model(quarters, capacity, holders, None, {}, now)
+    html = render_admin_page(model, user="admin", hub_prefix="/hub/", static_prefix="/s/")
+    table = html[html.index('id="fs-holders"') :]
+    rows = re.findall(r'<tr data-user="(\w+)"(.*?)</tr>', table, re.S)
+    slices = {user: re.findall(r"<td>(.*?)</td>", cells, re.S)[3] for user, cells in rows}
+    assert slices == {"alice": "1/4", "bob": "1/8"}

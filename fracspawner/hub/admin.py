@@ -44,7 +44,7 @@ from ..choice.admission import options_gpu_equivalent, watch_usable
 from ..choice.offers import size_label
 from ..choice.options import offer_for
 from ..model.errors import SliceError
-from ..model.slices import parse_slice
+from ..model.slices import ALLOWED_STEPS, parse_slice
 from ..model.units import utc_minute
 
 __all__ = [
@@ -220,10 +220,17 @@ def row_texts(row: Mapping[str, Any], now: float) -> dict[str, Any]:
     }
 
 
+#: the finest step any catalog may use: every fraction a pod's label can carry parses with it,
+#: also one made under an earlier, finer catalog than today's (its pod still holds that share)
+_FINEST_STEP = max(ALLOWED_STEPS)
+
+
 def _slice_words(label: str) -> str:
-    """'0.25' -> '1/4', '10Gi' -> '10 GiB', as the picker says sizes; the label if odd."""
+    """'0.25' -> '1/4', '10Gi' -> '10 GiB', as the picker says sizes; the label if odd.
+    Not the catalog's `fraction_step`: these are words for what a pod holds, not a check of
+    what may be asked for now."""
     try:
-        return size_label(parse_slice(label, step=16))
+        return size_label(parse_slice(label, step=_FINEST_STEP))
     except (SliceError, ValueError):
         return label
 
