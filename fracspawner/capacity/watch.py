@@ -33,6 +33,7 @@ from traitlets import Bool, Float, Unicode
 
 from ..k8s.index import ASSIGNED_NODE_ANNOTATION
 from ..k8s.records import NodeRecord, PodRecord
+from ..k8s.shortwatch import short_watch
 from .live import LiveCapacity
 from .snapshot import Capacity, OfferCapacity
 
@@ -130,6 +131,7 @@ class _SlimReflector(ResourceReflector):
         """One watch request; returns the resourceVersion to resume from."""
         w = _RawWatch()
         started = time.monotonic()
+        events_seen = 0
         kwargs = self._selectors()
         kwargs["resource_version"] = resource_version
         if self.timeout_seconds:
@@ -143,6 +145,7 @@ class _SlimReflector(ResourceReflector):
             async with w.stream(getattr(self.api, self.list_method_name), **kwargs) as events:
                 async for event in events:
                     self._back()
+                    events_seen += 1
                     obj = event.get("raw_object") or {}
                     kind = event.get("type")
                     if kind == "DELETED":
@@ -156,6 +159,8 @@ class _SlimReflector(ResourceReflector):
         finally:
             w.stop()
             await w.close()
+        if not events_seen and not self._stopping:
+            short_watch(started)
         return resource_version
 
     async def run(self) -> None:

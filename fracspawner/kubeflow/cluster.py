@@ -14,6 +14,7 @@ from typing import Any
 
 from kubernetes_asyncio import client, config, watch
 
+from ..k8s.shortwatch import short_watch
 from .quota import PodIndex
 
 log = logging.getLogger("fracspawner.webhook")
@@ -128,6 +129,7 @@ class PodWatch:
 
     async def _watch(self, version: str) -> str:
         w = _RawWatch()
+        started, events_seen = time.monotonic(), 0
         try:
             async with w.stream(
                 self._v1.list_pod_for_all_namespaces,
@@ -139,6 +141,7 @@ class PodWatch:
             ) as events:
                 async for event in events:
                     self._back()
+                    events_seen += 1
                     obj = event.get("raw_object") or {}
                     kind = event.get("type")
                     if kind == "DELETED":
@@ -149,6 +152,8 @@ class PodWatch:
         finally:
             w.stop()
             await w.close()
+        if not events_seen:
+            short_watch(started)  # at once and empty each time: back off, do not spin
         return version
 
     async def _run(self) -> None:
