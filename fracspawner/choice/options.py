@@ -45,10 +45,6 @@ class Choice:
     offer: Slice | None = None
 
 
-def _fmt_gpu(value: float) -> str:
-    return f"{value:g}"
-
-
 def offer_for(pool: Pool, requested: Slice) -> Slice | None:
     """The pool offer that serves `requested` (MIG pools resolve sizes to a profile), or None."""
     try:

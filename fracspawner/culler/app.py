@@ -59,9 +59,6 @@ class CycleResult:
     duration: float
     sources: dict[str, bool]
 
-    def by_action(self, action: str) -> list[Outcome]:
-        return [o for o in self.outcomes if o.decision.action == action]
-
 
 class Culler(CullerApplication):
     name = "fracspawner-culler"
