@@ -10,12 +10,14 @@ from __future__ import annotations
 import json
 import re
 import time
+from html.parser import HTMLParser
 
 import pytest
 import yaml
 
 from fracspawner.backends import load_catalog
 from fracspawner.capacity.count import compute_capacity
+from fracspawner.choice.offers import build_offer_model
 from fracspawner.cli.usage import render_json, render_table, usage_of
 from fracspawner.culler.decide import Decision, GpuFacts, Reading, ServerFacts
 from fracspawner.culler.metrics import CullerMetrics
@@ -29,7 +31,8 @@ from fracspawner.hub.admin import (
     row_texts,
     sort_and_page,
 )
-from fracspawner.model.catalog import IdlePolicy
+from fracspawner.hub.form import render_service_page
+from fracspawner.model.catalog import AccessRule, IdlePolicy
 from tests.conftest import DEMO_CATALOG, REPO
 
 DASHBOARD = REPO / "charts" / "fracspawner" / "dashboards" / "fracspawner.json"
@@ -598,3 +601,79 @@ def test_admin_page_says_a_slice_in_words_whatever_the_catalogs_fraction_step():
     rows = re.findall(r'<tr data-user="(\w+)"(.*?)</tr>', table, re.S)
     slices = {user: re.findall(r"<td>(.*?)</td>", cells, re.S)[3] for user, cells in rows}
     assert slices == {"alice": "1/4", "bob": "1/8"}
+
+
+class _Nav(HTMLParser):
+    """The page's first <nav>: its links as (text, href), the ids in it and its text."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.depth, self.done, self.in_link = 0, False, False
+        self.links: list[tuple[str, str]] = []
+        self.ids: set[str] = set()
+        self.text: list[str] = []
+
+    def handle_starttag(self, tag, attrs):
+        if self.done or (tag != "nav" and not self.depth):
+            return
+        attrs = dict(attrs)
+        self.depth += tag == "nav"
+        if attrs.get("id"):
+            self.ids.add(attrs["id"])
+        if tag == "a":
+            self.in_link = True
+            self.links.append(("", attrs.get("href") or ""))
+
+    def handle_endtag(self, tag):
+        self.in_link = self.in_link and tag != "a"
+        if tag == "nav" and self.depth:
+            self.depth -= 1
+            self.done = not self.depth
+
+    def handle_data(self, data):
+        if not self.depth or self.done:
+            return
+        self.text.append(data)
+        if self.in_link and data.strip():
+            text, href = self.links[-1]
+            self.links[-1] = (text + data.strip(), href)
+
+    @classmethod
+    def of(cls, html: str) -> _Nav:
+        nav = cls()
+        nav.feed(html)
+        return nav
+
+
+def test_admin_page_has_the_hubs_navigation_as_the_service_page_does(catalog):
+    now = time.time()
+    model = model_for(catalog, ["alice"], None, now)
+    name = '<img src=x onerror="alert(1)">'
+    html = render_admin_page(model, user=name, hub_prefix="/hub/", static_prefix="/s/")
+    nav = _Nav.of(html)
+    links = dict(nav.links)
+    # JupyterHub's navbar (jupyterhub/jupyterhub share/jupyterhub/templates/page.html, blocks
+    # nav_bar_left_items and nav_bar_right_items): Home, Token, Admin, theme toggle, user, Logout
+    assert (links["Home"], links["Token"], links["Admin"]) == (
+        "/hub/home",
+        "/hub/token",
+        "/hub/admin",
+    )
+    assert links["Logout"] == "/hub/logout" and links["GPU usage"] == ""
+    assert {"jupyterhub-logo", "dark-theme-toggle", "login_widget", "logout"} <= nav.ids
+    assert '<script src="/hub/static/js/darkmode.js"></script>' in html  # runs the toggle
+    # the user's name is text, never markup
+    assert name in " ".join(nav.text) and "<img src=x" not in html
+    assert "&lt;img src=x onerror=&#34;alert(1)&#34;&gt;" in html
+    # the same navigation as the service's own page (one template, not a copy)
+    service = _Nav.of(
+        render_service_page(
+            build_offer_model(catalog, rule=AccessRule(pools=("t4",), max_gpu=None), used_gpu=0),
+            user=name,
+            hub_prefix="/hub/",
+        )
+    )
+    assert service.ids == nav.ids
+    assert [link for link in service.links if link[0] != "GPU pools"] == [
+        link for link in nav.links if link[0] not in ("Admin", "GPU usage")
+    ]

@@ -52,9 +52,11 @@
     }
   }
   draw();
-  window.matchMedia("(prefers-color-scheme: dark)").addEventListener("change", (e) => {
-    document.documentElement.dataset.bsTheme = e.matches ? "dark" : "light";
-    draw();
+  // the hub's darkmode.js sets the theme (the navigation's toggle, or the browser's change):
+  // redraw in its colours
+  new MutationObserver(draw).observe(document.documentElement, {
+    attributes: true,
+    attributeFilter: ["data-bs-theme"],
   });
   let pending = 0;
   window.addEventListener("resize", () => {
