@@ -174,6 +174,18 @@ def test_admin_sees_pools_holders_culler_history_and_charts(
         page.wait_for_selector(".fs-chart canvas")
         assert page.evaluate("document.documentElement.dataset.bsTheme") == "dark"
         page.screenshot(path=str(SCREENSHOTS / "admin-page-dark.png"), full_page=True)
+    # the hub's navigation, as on the service page; its theme toggle (the hub's darkmode.js)
+    # recolours the charts: they are drawn again, the old canvas goes
+    nav = page.locator("nav.navbar")
+    assert nav.get_by_role("link", name="Admin").get_attribute("href") == "/hub/admin"
+    assert nav.locator("#logout").get_attribute("href") == "/hub/logout"
+    theme = page.evaluate("document.documentElement.dataset.bsTheme")
+    old = page.locator(".fs-chart canvas").first.element_handle()
+    nav.get_by_role("button", name="Toggle dark mode").click()
+    assert page.evaluate("document.documentElement.dataset.bsTheme") != theme
+    wait_until(lambda: not old.evaluate("e => e.isConnected"), 10, "the charts drawn again")
+    assert page.locator(".fs-chart canvas").count() == 3
+    assert page.errors == []
     page.context.close()
 
 
