@@ -16,6 +16,10 @@ any object with its attributes). The rules, in order:
   idle, and then only the plain `server_idle` applies ("fail-safe");
 - any server idle past `server_idle` is stopped.
 
+`server_deadlines` turns these rules into the moment each would fire; `decide_server` stops when
+one has come, and the admin page's "next step" (culler/state.py) shows the earliest, so the two
+cannot disagree.
+
 Kernels are not decided here: a server shuts its own idle GPU kernels down (fracspawner.serverext),
 so the culler never calls into a user's server.
 """
@@ -23,7 +27,7 @@ so the culler never calls into a user's server.
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Literal, Protocol
 
 NO_GPU = {"", "none", "0", "no"}
@@ -178,6 +182,52 @@ def combine(sources: Mapping[str, GpuFacts | None], now: float, rules: Rules = R
     return Reading(GpuFacts(name, observed, memory, short.idle_for, short.covered_for))
 
 
+def _holds_gpu(server: ServerFacts, gpu: GpuFacts | None) -> bool:
+    return server.gpu_slice is not None or (gpu is not None and gpu.memory_mib > 0)
+
+
+def server_deadlines(
+    server: ServerFacts, reading: Reading, policy: Policy
+) -> list[tuple[float, str]]:
+    """When each stop rule of `decide_server` first holds if nothing changes after `reading`:
+    nobody uses the server, its GPU does no more work, and its GPU data stays as it is (known
+    data counts that idle time; missing or unknown data stays so and never culls on GPU
+    grounds). (unix time, reason) in the rules' order; a past time: the rule holds already.
+    The keep rules (not ready, exempt, excluded) are `decide_server`'s alone."""
+    due: list[tuple[float, str]] = []
+    if policy.max_age and server.started is not None:
+        due.append((server.started + policy.max_age, "max_age"))
+    unattended = getattr(policy, "server_unattended", None)
+    user_last = server.user_activity
+    if unattended and user_last is not None:
+        due.append((user_last + unattended, "unattended"))
+    last, gpu = server.activity, reading.gpu
+    if last is None:
+        return due
+    if not _holds_gpu(server, gpu) or gpu is None or gpu.idle_for is None:
+        # no GPU held, or its activity missing or unknown: the plain idle timeout only
+        if policy.server_idle is not None:
+            due.append((last + policy.server_idle, "idle"))
+        return due
+    # once the GPU has been idle for `window`, no activity for as long stops the server
+    window = policy.server_gpu_idle if policy.server_gpu_idle is not None else policy.server_idle
+    if window is None:
+        return due
+    reason = "gpu_idle" if policy.server_gpu_idle is not None else "idle"
+    if gpu.idle_for >= window:
+        due.append((last + window, reason))
+        return due
+    # until then a GPU seen busy keeps the server; data too short to tell leaves the plain
+    # idle timeout, which holds only while the window is not yet covered
+    window_at = gpu.observed_at - gpu.idle_for + window
+    if not gpu.busy_seen and policy.server_idle is not None:
+        at = last + policy.server_idle
+        if at <= gpu.observed_at or at < window_at:
+            due.append((at, "idle"))
+    due.append((max(window_at, last + window), reason))
+    return due
+
+
 def decide_server(
     server: ServerFacts,
     reading: Reading | GpuFacts | None,
@@ -206,13 +256,23 @@ def decide_server(
     if not server.name and not rules.cull_default_servers:
         return Decision("keep", "excluded", "default servers are not culled")
 
-    age = None if server.started is None else now - server.started
-    if policy.max_age and age is not None and age >= policy.max_age:
-        return Decision("stop", "max_age", f"age {fmt(age)} >= max_age {fmt(policy.max_age)}")
+    if isinstance(reading, GpuFacts):  # one source's facts: checked for staleness like any
+        reading = combine({reading.source: reading}, now, rules)
+    elif reading is None:
+        reading = Reading(None, "GPU data missing")
+    gpu = reading.gpu
+    # the rules that hold now; the GPU data taken as of now: the time since it was read is
+    # not known to be idle
+    current = reading if gpu is None else Reading(replace(gpu, observed_at=now))
+    fired = {reason for at, reason in server_deadlines(server, current, policy) if at <= now}
 
-    user_last = server.user_activity
-    unattended = getattr(policy, "server_unattended", None)
-    if unattended and user_last is not None and now - user_last >= unattended:
+    if "max_age" in fired:
+        assert server.started is not None and policy.max_age
+        age = now - server.started
+        return Decision("stop", "max_age", f"age {fmt(age)} >= max_age {fmt(policy.max_age)}")
+    if "unattended" in fired:
+        user_last, unattended = server.user_activity, getattr(policy, "server_unattended", None)
+        assert user_last is not None
         return Decision(
             "stop",
             "unattended",
@@ -220,22 +280,18 @@ def decide_server(
             f"{fmt(unattended)} (GPU work does not count)",
         )
 
-    if isinstance(reading, GpuFacts):  # one source's facts: checked for staleness like any
-        reading = combine({reading.source: reading}, now, rules)
-    elif reading is None:
-        reading = Reading(None, "GPU data missing")
-    gpu = reading.gpu
+    # which GPU rule applies, for the message; whether it stops is `fired`'s
+    stop = "idle" in fired
     last = server.activity
     idle = None if last is None else now - last
-    holds_gpu = server.gpu_slice is not None or (gpu is not None and gpu.memory_mib > 0)
-    if not holds_gpu:
-        return _plain_idle(idle, policy)
+    if not _holds_gpu(server, gpu):
+        return _plain_idle(idle, policy, stop)
 
     if gpu is None:
-        return _plain_idle(idle, policy, f"{reading.missing}: not culled on GPU grounds")
+        return _plain_idle(idle, policy, stop, f"{reading.missing}: not culled on GPU grounds")
     if not gpu.known:
         return _plain_idle(
-            idle, policy, f"GPU activity unknown ({gpu.note}): not culled on GPU grounds"
+            idle, policy, stop, f"GPU activity unknown ({gpu.note}): not culled on GPU grounds"
         )
     assert gpu.idle_for is not None
     window = policy.server_gpu_idle if policy.server_gpu_idle is not None else policy.server_idle
@@ -244,6 +300,7 @@ def decide_server(
             return _plain_idle(
                 idle,
                 policy,
+                stop,
                 f"GPU data covers only {fmt(gpu.covered_for)} of {fmt(window)}: not culled "
                 "on GPU grounds",
             )
@@ -254,8 +311,8 @@ def decide_server(
             f"idle for {fmt(gpu.idle_for)}, {gpu.memory_mib:.0f} MiB)",
         )
     if policy.server_gpu_idle is None:
-        return _plain_idle(idle, policy)
-    if idle is not None and idle >= policy.server_gpu_idle:
+        return _plain_idle(idle, policy, stop)
+    if "gpu_idle" in fired:
         return Decision(
             "stop",
             "gpu_idle",
@@ -270,9 +327,9 @@ def decide_server(
     )
 
 
-def _plain_idle(idle: float | None, policy: Policy, note: str = "") -> Decision:
+def _plain_idle(idle: float | None, policy: Policy, stop: bool, note: str = "") -> Decision:
     suffix = f"; {note}, plain idle timeout only" if note else ""
-    if policy.server_idle is not None and idle is not None and idle >= policy.server_idle:
+    if stop:
         return Decision(
             "stop",
             "idle",

@@ -14,7 +14,7 @@ from collections.abc import Iterable
 from dataclasses import asdict, dataclass
 from typing import Any
 
-from .decide import Decision, GpuFacts, Policy, Reading, ServerFacts
+from .decide import Decision, GpuFacts, Policy, Reading, ServerFacts, server_deadlines
 
 HISTORY_SECONDS = 24 * 3600.0
 HISTORY_LIMIT = 10_000  # events; a class of 500 culled every hour for a day is 12,000
@@ -49,30 +49,17 @@ def next_step(
     facts: ServerFacts, reading: Reading, decision: Decision, policy: Policy, now: float
 ) -> dict[str, Any] | None:
     """What the culler will do to this server next and the earliest moment, if nothing
-    changes (the GPU stays as it is, nobody uses the server); None: nothing is due."""
+    changes (the GPU stays as it is, nobody uses the server); None: nothing is due.
+    The moments are `server_deadlines`', the ones `decide_server` stops by."""
     if decision.cull:
         return {"action": "stop", "reason": decision.reason, "at": now}
     if decision.reason in ("not_ready", "exempt", "excluded"):
         return None
-    due: list[tuple[float, str]] = []
-    if policy.max_age and facts.started is not None:
-        due.append((facts.started + policy.max_age, "max_age"))
-    unattended = getattr(policy, "server_unattended", None)
-    if unattended and facts.user_activity is not None:
-        due.append((facts.user_activity + unattended, "unattended"))
-    activity = facts.activity
-    gpu = reading.gpu
-    holds = facts.gpu_slice is not None or (gpu is not None and gpu.memory_mib > 0)
-    if activity is not None:
-        if holds and gpu is not None and gpu.known and policy.server_gpu_idle is not None:
-            assert gpu.idle_for is not None
-            gpu_idle_from = gpu.observed_at - gpu.idle_for
-            due.append((max(activity, gpu_idle_from) + policy.server_gpu_idle, "gpu_idle"))
-        if policy.server_idle is not None:
-            due.append((activity + policy.server_idle, "idle"))
+    due = server_deadlines(facts, reading, policy)
     if not due:
         return None
-    at, reason = min(due)
+    # the earliest; at a tie the first in the rules' order, the reason decide_server gives
+    at, reason = min(due, key=lambda d: d[0])
     return {"action": "stop", "reason": reason, "at": max(at, now)}
 
 
