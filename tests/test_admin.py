@@ -341,6 +341,21 @@ def test_admin_model_joins_pods_with_the_cullers_view(catalog):
     assert alone["servers"][0]["gpu"] == "unknown"
 
 
+def test_a_plain_idle_stop_of_a_server_whose_gpu_the_culler_reads_names_the_gpu_too(catalog):
+    """decide.py server_deadlines: a GPU server's plain idle timeout (server_gpu_idle off, or
+    its GPU history still short) stops it only if its GPU is idle too; the page said only
+    "if nobody uses it". Unknown GPU data does not count, so there the plain words stay."""
+    now = time.time()
+    state = culler_state(now)
+    for row in state["servers"]:
+        row["next"]["reason"] = "idle"
+    model = model_for(catalog, ["alice", "bob", "<b>eve</b>"], state, now)
+    words = {r["user"]: row_texts(r, now)["next_text"] for r in model["servers"]}
+    assert words["alice"].endswith("if nobody uses it and its GPU is idle until then")
+    assert words["bob"].endswith("if nobody uses it and its GPU is idle until then")
+    assert words["<b>eve</b>"].endswith("if nobody uses it")
+
+
 def test_admin_page_escapes_sorts_pages_and_says_how_far_back(catalog):
     now = time.time()
     model = model_for(catalog, ["alice", "bob", "<b>eve</b>"], culler_state(now), now)

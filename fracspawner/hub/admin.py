@@ -73,6 +73,15 @@ _IF = {
 }
 
 
+def _condition(reason: str, gpu_state: str) -> str:
+    """The words for when a stop happens. Where the culler reads the server's GPU, its plain
+    idle timeout also waits for that GPU to be idle (culler/decide.py server_deadlines, with
+    `server_gpu_idle` off or the GPU history still short); unknown GPU data does not count."""
+    if reason == "idle" and gpu_state in ("idle", "busy"):
+        return "if nobody uses it and its GPU is idle until then"
+    return _IF.get(reason, "if nothing changes")
+
+
 # ----------------------------------------------------------------------------- pure model
 def holders_from_servers(catalog: Any, users: Iterable[Mapping[str, Any]]) -> list[Holder]:
     """Holders from the hub's user models (no pod watch): each active server whose
@@ -200,7 +209,7 @@ def row_texts(row: Mapping[str, Any], now: float) -> dict[str, Any]:
             "now"
             if nxt["at"] <= now + 1
             else f"in {_duration(nxt['at'] - now)}, at {utc_minute(nxt['at'])}, "
-            + _IF.get(nxt["reason"], "if nothing changes")
+            + _condition(nxt["reason"], row["gpu"])
         )
         next_text = f"stop ({nxt['reason'].replace('_', ' ')}) {when}"
     else:
