@@ -3,6 +3,8 @@ culler listens) is exactly what the server extension reads, and nobody else can 
 
 from __future__ import annotations
 
+from datetime import datetime, timezone
+
 import yaml
 
 from fracspawner.backends import is_reserved_env, load_catalog
@@ -42,6 +44,7 @@ def test_a_gpu_notebook_is_told_its_pools_policy_as_the_extension_reads_it():
         "FRACSPAWNER_SERVER_GPU_IDLE_SECONDS": "7200",
         "FRACSPAWNER_SERVER_IDLE_SECONDS": "28800",
         "FRACSPAWNER_SERVER_UNATTENDED_SECONDS": "86400",
+        "FRACSPAWNER_MAX_AGE_SECONDS": "0",  # off unless the catalog sets it
         "FRACSPAWNER_CULLER_URL": URL,
     }
     pod = podinfo.PodInfo.from_environ(env)
@@ -73,6 +76,22 @@ def test_hibernation_per_pool():
     assert podinfo.PodInfo.from_environ(env).policy.kernel_gpu_hibernate is None
 
 
+def test_a_gpu_notebook_is_told_max_age_and_when_the_hub_started_it():
+    """The culler stops a server max_age after the hub started it (decide.py server_deadlines):
+    the extension is told both, so the meter warns before that stop too."""
+    cat = catalog({"max_age": "12h"})
+    started = datetime(2027, 1, 15, 9, 30, 0, 250000)  # orm_spawner.started: naive UTC
+    env = notebook_env(choose(cat, {"gpu": "1/4", "pool": "h100"}), cat, URL, started)
+    assert env["FRACSPAWNER_MAX_AGE_SECONDS"] == "43200"
+    assert env["FRACSPAWNER_SERVER_STARTED"] == "2027-01-15T09:30:00.250000Z"  # as the hub's API
+    pod = podinfo.PodInfo.from_environ(env)
+    assert pod.policy.max_age == 43200
+    assert pod.started == started.replace(tzinfo=timezone.utc)
+    # not told (a Kubeflow notebook) or nonsense: no start time, so no max_age warning
+    assert "FRACSPAWNER_SERVER_STARTED" not in notebook_env(choose(cat, {"gpu": "1/4"}), cat)
+    assert podinfo.PodInfo.from_environ({"FRACSPAWNER_SERVER_STARTED": "noon"}).started is None
+
+
 def test_a_cpu_notebook_is_told_nothing():
     cat = catalog()
     assert notebook_env(choose(cat, {"gpu": "none"}), cat, URL) == {}
@@ -83,6 +102,7 @@ def test_the_names_are_the_extensions_and_reserved():
         podinfo.ENV_SLICE, podinfo.ENV_POOL, podinfo.ENV_POOL_DISPLAY,
         podinfo.ENV_KERNEL_GPU_IDLE, podinfo.ENV_SERVER_GPU_IDLE, podinfo.ENV_SERVER_IDLE,
         podinfo.ENV_SERVER_UNATTENDED, ENV_CULLER_URL, podinfo.ENV_KERNEL_GPU_HIBERNATE,
+        podinfo.ENV_MAX_AGE, podinfo.ENV_SERVER_STARTED,
     }  # fmt: skip
     assert set(NOTEBOOK_ENV) == read
     assert all(is_reserved_env(name) for name in NOTEBOOK_ENV)

@@ -191,6 +191,7 @@ def test_report_without_pod_environment_labels_the_device(server):
         "server_unattended": None,
         "warn_before": None,
         "kernel_gpu_hibernate": None,
+        "max_age": None,
     }
     assert report["warnings"] == [] and report["server_idle"]["cull_at"] is None
     assert report["gpu_utilization"] == 0
@@ -244,6 +245,7 @@ def test_pod_environment_names():
         "server_unattended": 86400.0,
         "warn_before": 300.0,
         "kernel_gpu_hibernate": 600.0,
+        "max_age": None,
     }
     # unset or nonsense: no policy, so no warning (rather than a wrong one)
     nonsense = PodInfo.from_environ({"FRACSPAWNER_KERNEL_GPU_IDLE_SECONDS": "30m"})
@@ -254,6 +256,7 @@ def test_pod_environment_names():
         "server_unattended": None,
         "warn_before": None,
         "kernel_gpu_hibernate": None,
+        "max_age": None,
     }
 
 

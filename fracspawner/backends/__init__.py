@@ -98,6 +98,8 @@ RESERVED_ENV: frozenset[str] = frozenset(
         "FRACSPAWNER_SERVER_GPU_IDLE_SECONDS",
         "FRACSPAWNER_SERVER_IDLE_SECONDS",
         "FRACSPAWNER_SERVER_UNATTENDED_SECONDS",
+        "FRACSPAWNER_MAX_AGE_SECONDS",
+        "FRACSPAWNER_SERVER_STARTED",
         "FRACSPAWNER_CULLER_URL",
         # the demo's simulated GPU (devcluster only): never on a pod FracSpawner spawns
         "FRACSPAWNER_SIMULATED_GPU",

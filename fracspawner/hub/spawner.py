@@ -579,7 +579,11 @@ class FracSpawner(KubeSpawner):
         if dropped:
             self.log.warning("Dropped reserved GPU env from config: %s", ", ".join(dropped))
         # the slice and the idle policy for the server's own kernel culling and the meter
-        notebook = notebook_env(choice, self.fracspawner_catalog, self.culler_url)
+        # the hub's start time too (set before Spawner.start, which runs this): max_age counts
+        # from it, and the meter warns before a max_age stop
+        orm = getattr(self, "orm_spawner", None)
+        started = getattr(orm, "started", None)
+        notebook = notebook_env(choice, self.fracspawner_catalog, self.culler_url, started)
         self.environment = {**safe_env(self.environment, plan), **notebook}
         self.extra_container_config = _container_config(
             self.extra_container_config, {**plan.env, **notebook}

@@ -442,13 +442,18 @@ class GpuMonitor(BackgroundLoop):
         memory = round(sum(p.memory_mib for _, p in self.processes) + unattributed, 1)
         known = self.gpu_state != "unknown"
         gpu_idle_since = self.last_not_idle or self.started
+        # the culler's view of this server (decide.py server_deadlines), from this report: it
+        # holds a GPU by its slice or the GPU memory reported, its history began with the monitor
         server_due = server_deadline(
             self.pod.policy,
-            holds_gpu=self.pod.gpu is not None or memory > 0 or self.hibernator.total_mib() > 0,
+            holds_gpu=self.pod.gpu is not None or memory > 0,
             gpu_idle_since=gpu_idle_since,
             last_activity=server_last_activity,
+            observed_at=self.sampled_at or now,
             gpu_known=known,
             user_last_activity=user_last_activity,
+            watched_since=self.started,
+            started=self.pod.started,
         )
         if server_due is not None and server_due.warns(now):
             warnings.append(self._warning("server", server_due, now, memory))
@@ -486,6 +491,7 @@ class GpuMonitor(BackgroundLoop):
             "server_idle": {
                 "idle_since": isoformat(server_due.idle_since) if server_due else None,
                 "cull_at": isoformat(server_due.cull_at) if server_due else None,
+                "reason": server_due.reason if server_due else None,
             },
             "kernels": kernels,
             "warnings": warnings,
@@ -528,4 +534,6 @@ class GpuMonitor(BackgroundLoop):
         }
         if kernel_id is not None:
             warning["kernel_id"] = kernel_id
+        if due.reason:  # the culler's rule: "max_age", "unattended", "gpu_idle" or "idle"
+            warning["reason"] = due.reason
         return warning

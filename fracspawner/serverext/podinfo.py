@@ -6,10 +6,10 @@ culler acts. Everything here is pure apart from reading the environment in `from
 
 The deadlines are the rules themselves: a kernel holding GPU memory is shut down BY THIS SERVER
 (`kernel_deadline`) once its GPU, its messages and its user have been idle for
-`kernel_gpu_idle`; the culler (fracspawner/culler/decide.py) stops a server holding a GPU once it
-has been idle (messages and GPU) for `server_gpu_idle`, or `server_idle` where that is off or
-GPU activity is unknown, or once its user has been away for `server_unattended`. The culler acts
-on its next cycle after that time, never before.
+`kernel_gpu_idle`; the culler stops the server at the moments of fracspawner/culler/decide.py
+`server_deadlines` (`server_deadline` is this package's copy: it may not import the culler;
+tests/test_serverext_deadline_agrees.py holds the two together). The culler acts on its next
+cycle after that time, never before.
 """
 
 from __future__ import annotations
@@ -31,6 +31,9 @@ ENV_SERVER_GPU_IDLE = "FRACSPAWNER_SERVER_GPU_IDLE_SECONDS"
 ENV_SERVER_IDLE = "FRACSPAWNER_SERVER_IDLE_SECONDS"
 ENV_WARN = "FRACSPAWNER_GPU_IDLE_WARN_SECONDS"
 ENV_SERVER_UNATTENDED = "FRACSPAWNER_SERVER_UNATTENDED_SECONDS"
+ENV_MAX_AGE = "FRACSPAWNER_MAX_AGE_SECONDS"
+# when the hub started this server (ISO 8601): max_age counts from it, not from this process
+ENV_SERVER_STARTED = "FRACSPAWNER_SERVER_STARTED"
 
 NO_GPU = {"", "none", "0", "no"}
 DEFAULT_WARN = 600.0  # warn this long before the culler may act (at most a third of the limit)
@@ -46,6 +49,15 @@ def seconds(value: str | None) -> float | None:
     except ValueError:
         return None
     return number if number > 0 else None
+
+
+def instant(value: str | None) -> datetime | None:
+    """An ISO 8601 time from the environment (UTC where it names no zone); None if unparsable."""
+    try:
+        dt = datetime.fromisoformat((value or "").strip())
+    except ValueError:
+        return None
+    return dt if dt.tzinfo is not None else dt.replace(tzinfo=timezone.utc)
 
 
 def utcnow() -> datetime:
@@ -126,6 +138,7 @@ class IdlePolicy:
     warn_before: float | None = None  # None: DEFAULT_WARN, at most a third of the limit
     server_unattended: float | None = None  # no user activity (GPU work aside) this long
     kernel_gpu_hibernate: float | None = None  # suspend an idle GPU kernel's CUDA state
+    max_age: float | None = None  # the culler stops servers this old, busy or not
 
     def warning_lead(self, limit: float) -> float:
         if self.warn_before is not None:
@@ -140,6 +153,7 @@ class IdlePolicy:
             "server_unattended": self.server_unattended,
             "warn_before": self.warn_before,
             "kernel_gpu_hibernate": self.kernel_gpu_hibernate,
+            "max_age": self.max_age,
         }
 
 
@@ -150,6 +164,7 @@ class PodInfo:
     pool_display: str | None
     memory_mib: int | None
     policy: IdlePolicy
+    started: datetime | None = None  # when the hub started this server (None: not told)
 
     @classmethod
     def from_environ(cls, env: Mapping[str, str], memory_mib: int | None = None) -> PodInfo:
@@ -170,10 +185,12 @@ class PodInfo:
                 server_idle=seconds(env.get(ENV_SERVER_IDLE)),
                 server_unattended=seconds(env.get(ENV_SERVER_UNATTENDED)),
                 kernel_gpu_hibernate=seconds(env.get(ENV_KERNEL_GPU_HIBERNATE)),
+                max_age=seconds(env.get(ENV_MAX_AGE)),
                 warn_before=(
                     None if text(ENV_WARN) is None else max(0.0, seconds(env[ENV_WARN]) or 0.0)
                 ),
             ),
+            started=instant(env.get(ENV_SERVER_STARTED)),
         )
 
     def slice_json(self, device: str | None = None) -> dict:
@@ -194,12 +211,17 @@ class Deadline:
     cull_at: datetime
     warn_at: datetime
     limit: float
+    # the server's: the culler's rule (decide.py server_deadlines' reasons): "max_age",
+    # "unattended", "gpu_idle" or "idle"
+    reason: str = ""
 
     def warns(self, now: datetime) -> bool:
         return now >= self.warn_at
 
 
-def deadline(policy: IdlePolicy, limit: float | None, idle_since: datetime) -> Deadline | None:
+def deadline(
+    policy: IdlePolicy, limit: float | None, idle_since: datetime, reason: str = ""
+) -> Deadline | None:
     if limit is None:
         return None
     cull_at = idle_since + timedelta(seconds=limit)
@@ -208,6 +230,7 @@ def deadline(policy: IdlePolicy, limit: float | None, idle_since: datetime) -> D
         cull_at=cull_at,
         warn_at=cull_at - timedelta(seconds=policy.warning_lead(limit)),
         limit=limit,
+        reason=reason,
     )
 
 
@@ -250,24 +273,72 @@ def server_deadline(
     holds_gpu: bool,
     gpu_idle_since: datetime,
     last_activity: datetime | None,
+    observed_at: datetime,
     gpu_known: bool = True,
     user_last_activity: datetime | None = None,
+    watched_since: datetime | None = None,
+    started: datetime | None = None,
 ) -> Deadline | None:
-    """When the culler would stop this GPU server (decide_server's rules); None = never.
+    """When the culler stops this server if nothing changes (nobody uses it, its GPU does no
+    more work); None = never. The earliest of fracspawner/culler/decide.py `server_deadlines`,
+    from what this server reports to the culler: its activity, the GPU idle since
+    `gpu_idle_since` as of `observed_at` (its GPU history reaching back to `watched_since`), and
+    the hub's start time `started` (FRACSPAWNER_SERVER_STARTED; None: max_age is not known).
+    Keep it in step with decide.py: tests/test_serverext_deadline_agrees.py."""
+    last = last_activity or started
+    user_last = _user_last(user_last_activity, last_activity, started)
+    due = [
+        deadline(policy, policy.max_age, started, "max_age") if started else None,
+        deadline(policy, policy.server_unattended, user_last, "unattended") if user_last else None,
+    ]
+    if last is not None:
+        due += _gpu_deadlines(
+            policy, holds_gpu, gpu_known, gpu_idle_since, last, observed_at, watched_since
+        )
+    found = [d for d in due if d is not None]
+    # at a tie the rule listed first, as decide_server checks them
+    return min(found, key=lambda d: d.cull_at) if found else None
 
-    The earliest of: GPU idle and no activity for server_gpu_idle (server_idle where that is
-    off); with GPU activity unknown, no activity for server_idle; no user activity for
-    server_unattended, busy GPU or not."""
-    if not holds_gpu:
-        return None
-    due = []
-    if gpu_known:
-        limit = policy.server_gpu_idle if policy.server_gpu_idle is not None else policy.server_idle
-        since = max(t for t in (gpu_idle_since, last_activity) if t is not None)
-        due.append(deadline(policy, limit, since))
-    elif last_activity is not None:
-        due.append(deadline(policy, policy.server_idle, last_activity))
-    if user_last_activity is not None:
-        due.append(deadline(policy, policy.server_unattended, user_last_activity))
-    due = [d for d in due if d is not None]
-    return min(due, key=lambda d: d.cull_at) if due else None
+
+def _user_last(
+    user_last: datetime | None, last: datetime | None, started: datetime | None
+) -> datetime | None:
+    """The user's last activity as the culler takes it (decide.py ServerFacts.user_activity):
+    never before the server started; without a word from the server, its activity."""
+    if user_last is not None:
+        return max(user_last, started or user_last)
+    return last if last is not None else started
+
+
+def _gpu_deadlines(
+    policy: IdlePolicy,
+    holds_gpu: bool,
+    gpu_known: bool,
+    gpu_idle_since: datetime,
+    last: datetime,
+    observed_at: datetime,
+    watched_since: datetime | None,
+) -> list[Deadline | None]:
+    """The idle rules of decide.py `server_deadlines`, in its order."""
+    if not holds_gpu or not gpu_known:
+        # no GPU held, or its activity unknown: the plain idle timeout only
+        return [deadline(policy, policy.server_idle, last, "idle")]
+    gpu_window = policy.server_gpu_idle
+    window = gpu_window if gpu_window is not None else policy.server_idle
+    if window is None:
+        return []
+    reason = "gpu_idle" if gpu_window is not None else "idle"
+    idle_for = max(0.0, (observed_at - gpu_idle_since).total_seconds())
+    if idle_for >= window:
+        return [deadline(policy, window, last, reason)]
+    # until then a GPU seen busy keeps the server; a history too short to tell (never seen
+    # busy since watching began) leaves the plain idle timeout while the window is not covered
+    window_at = gpu_idle_since + timedelta(seconds=window)
+    busy_seen = watched_since is None or gpu_idle_since > watched_since
+    due: list[Deadline | None] = []
+    if not busy_seen and policy.server_idle is not None:
+        plain = deadline(policy, policy.server_idle, last, "idle")
+        if plain is not None and (plain.cull_at <= observed_at or plain.cull_at < window_at):
+            due.append(plain)
+    due.append(deadline(policy, window, max(gpu_idle_since, last), reason))
+    return due
