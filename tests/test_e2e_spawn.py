@@ -11,6 +11,7 @@ import copy
 
 import pytest
 import yaml
+from dateutil.parser import isoparse
 
 from devcluster.localhub import http_json
 from tests.conftest import DEMO_CATALOG, DEMO_TOPOLOGY
@@ -91,6 +92,10 @@ def test_rest_spawn_on_hami_pool_serves_through_proxy(hub, devcluster):
         "fracspawner.io/gpu-memory-mib": "20389",  # 25% of the 81559 MiB an H100 reports
     }
     assert env_of(pod)["FRACSPAWNER_GPU_MEMORY_MIB"] == "20389"
+    # the hub's start time, from which the culler counts max_age: the meter warns before it
+    _, user = http_json("GET", f"{hub.url}/hub/api/users/alice", token=hub.admin_token)
+    started = env_of(pod)["FRACSPAWNER_SERVER_STARTED"]
+    assert isoparse(started) == isoparse(user["servers"][""]["started"])
     # the devcluster's HAMi scheduler put it on one device, as HAMi annotates its pods
     allocated = pod["metadata"]["annotations"]["hami.io/vgpu-devices-allocated"]
     assert allocated.endswith(",NVIDIA,20389,25:;")
