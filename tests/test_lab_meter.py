@@ -234,6 +234,51 @@ def test_meter_shows_the_slice_memory_and_utilisation_then_warns_before_the_cull
     lab.set_theme("JupyterLab Light")
 
 
+def test_max_age_warning_says_using_the_server_does_not_help(tmp_path):
+    """The culler stops a server max_age after the hub started it, busy or not (culler/decide.py
+    server_deadlines): the meter warns with that time, and does not say "unless used"."""
+    from datetime import timedelta, timezone
+
+    from fracspawner.serverext.podinfo import isoformat
+
+    max_age = 12 * 3600
+    started = datetime.now(timezone.utc) - timedelta(seconds=max_age - 300)  # 5 min left
+    (tmp_path / "lab").mkdir()
+    lab = LabServer(
+        tmp_path / "lab",
+        env={
+            "FRACSPAWNER_MAX_AGE_SECONDS": str(max_age),
+            "FRACSPAWNER_SERVER_STARTED": isoformat(started),  # as FracSpawner sets it
+        },
+    )
+    try:
+        lab.set_gpu({"devices": [H100]})
+
+        def server() -> list[dict]:
+            return [w for w in lab.gpu().get("warnings", []) if w["scope"] == "server"]
+
+        (warning,) = wait_for(server, what="the server's max_age warning")
+        assert warning["reason"] == "max_age"
+        assert warning["cull_at"] == isoformat(started + timedelta(seconds=max_age))
+        at = hhmm(warning["cull_at"])
+        with chromium() as browser:
+            page = open_lab(browser, lab)
+            badge = page.locator(".fs-GpuMeter-warning")
+            badge.wait_for(state="visible", timeout=30_000)
+            assert badge.inner_text() == f"⚠ Server stops at {at} (maximum age)"
+            toast = page.locator(".Toastify__toast", has_text="maximum age")
+            toast.wait_for(state="visible", timeout=15_000)
+            sentence = re.sub(r"\s+", " ", toast.inner_text())
+            assert (
+                f"This server reaches its maximum age (12 h); it will be stopped at {at}, in "
+                "use or not. Your files stay." in sentence
+            ), sentence
+            assert page.errors == [], page.errors
+            page.context.close()
+    finally:
+        lab.stop()
+
+
 def test_no_gpu_no_meter_and_no_console_errors(lab):
     lab.set_gpu({"devices": [H100]})
     wait_for(lambda: lab.gpu()["available"], what="a GPU")

@@ -11,6 +11,8 @@ export interface IGpuWarning {
   idle_seconds: number;
   limit_seconds: number;
   cull_at: string;
+  /** A server's: the culler's rule (culler/decide.py server_deadlines). */
+  reason?: 'max_age' | 'unattended' | 'gpu_idle' | 'idle';
 }
 
 /** A kernel's GPU hibernation, as the report has it (`kernels[].hibernation`). */
@@ -191,7 +193,9 @@ export function meterText(report: IGpuReport): IMeterText | null {
 export function warningShort(w: IGpuWarning, name: string | null, now: Date): string {
   const at = formatClock(new Date(w.cull_at), now);
   if (w.scope === 'server') {
-    return `Idle server stops at ${at}`;
+    return w.reason === 'max_age'
+      ? `Server stops at ${at} (maximum age)`
+      : `Idle server stops at ${at}`;
   }
   return `Idle kernel${name ? ` (${name})` : ''} shut down at ${at}`;
 }
@@ -207,6 +211,19 @@ export function warningSentence(w: IGpuWarning, name: string | null, now: Date):
     cullAt.getTime() <= now.getTime() ? 'any moment now' : `at ${formatClock(cullAt, now)}`;
   const idle = formatDuration(w.idle_seconds);
   const memory = formatMemory(w.gpu_memory_mib);
+  if (w.scope === 'server' && w.reason === 'max_age') {
+    // using it does not help: the server is stopped at its age limit, busy or not
+    return (
+      `This server reaches its maximum age (${formatDuration(w.limit_seconds)}); ` +
+      `it will be stopped ${when}, in use or not. Your files stay.`
+    );
+  }
+  if (w.scope === 'server' && w.reason === 'unattended') {
+    return (
+      `Nobody has used this server for ${idle}; it will be stopped ${when} unless used, ` +
+      'even while its GPU works. Your files stay.'
+    );
+  }
   if (w.scope === 'server') {
     const holds = w.gpu_memory_mib > 0 ? `holds ${memory} of GPU memory and ` : '';
     return (
