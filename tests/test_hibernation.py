@@ -142,9 +142,11 @@ async def test_idle_kernel_hibernates_and_a_cell_resumes_it(env):
     assert server.api("GET", "/api/status")[1]["last_activity"] == before
     # the user runs a cell: resumed before the kernel gets it, the right result
     out = await execute(server.url, server.token, kid, "print(x * 2, my_state())")
-    assert out.strip() == "42 running"
+    assert out.strip() == "42 running"  # the kernel's own CUDA state when the cell ran
     h = hibernation(server, kid)
-    assert h["state"] == "running" and h["last_resume_seconds"] is not None
+    # the resume itself, not the state now: idle for HIBERNATE_AFTER after the cell, a loaded
+    # machine may already see it hibernating again
+    assert h["last_resume_seconds"] is not None
     assert server.gpu()["hibernation"]["resumes"][-1]["kernel_id"] == kid
     wait_for(lambda: entry(server, kid).get("gpu_memory_mib") == 4 * GIB, 15, "memory back")
     server.api("DELETE", f"/api/kernels/{kid}")
@@ -253,7 +255,10 @@ async def test_failed_restore_keeps_the_kernel_and_tells_the_user(env):
     # the notebook was told, and the cell ran once the GPU state was back
     assert "could not be restored yet" in out and "Nothing is lost" in out
     assert out.strip().endswith("42 running")
-    assert hibernation(server, kid)["state"] == "running"
+    # restored, and the report says so (not "running" itself: idle for HIBERNATE_AFTER after
+    # the cell, a loaded machine may already see it hibernate again; CI did once)
+    assert hibernation(server, kid)["state"] != "restore_failed"
+    assert server.gpu()["hibernation"]["resumes"][-1]["kernel_id"] == kid
     server.api("DELETE", f"/api/kernels/{kid}")
 
 
