@@ -76,6 +76,13 @@ def test_a_full_pool_keeps_the_choice_and_a_refusal_brings_it_back(hub, devclust
     # Start: refused before any pod; the form comes back exactly as she left it
     page.get_by_role("button", name="Start").click()
     page.locator(".spawn-error-msg").wait_for()
+    # the refused page's own first refresh must fail too before the route goes: the message
+    # is in the HTML before the picker's script fetches, and a first refresh that already
+    # succeeded never says "back" (CI saw that wait time out once)
+    page.wait_for_function(
+        "() => document.querySelector('#fs-live').textContent.includes('is unavailable')",
+        timeout=REFRESH_WAIT_MS,
+    )
     page.unroute(OFFERS_ROUTE)
     top = page.locator(".spawn-error-msg").inner_text()
     assert top.startswith("Error: No 1/4 GPU is free on T4 16GB (time-sliced) right now"), top
