@@ -27,14 +27,14 @@ from collections.abc import Iterator, Mapping
 from dataclasses import replace
 from typing import Any, ClassVar
 
-from kubernetes_asyncio import client, watch
+from kubernetes_asyncio import client
 from kubespawner.reflector import ResourceReflector
 from traitlets import Bool, Float, Unicode
 
 from ..k8s.index import ASSIGNED_NODE_ANNOTATION
 from ..k8s.records import NodeRecord, PodRecord
-from ..k8s.shortwatch import short_watch
 from .live import LiveCapacity
+from .rawwatch import watch_once
 from .snapshot import Capacity, OfferCapacity
 
 __all__ = [
@@ -49,14 +49,6 @@ __all__ = [
 _ACTIVE_PODS_SELECTOR = "status.phase!=Succeeded,status.phase!=Failed"
 #: a failing watch logs at warning level again after this many quiet retries
 _LOG_EVERY = 10
-
-
-class _RawWatch(watch.Watch):
-    """kubernetes_asyncio's Watch without building objects: events keep the raw dicts (its
-    "object" return type still round-trips each event through json.dumps/json.loads)."""
-
-    def get_return_type(self, func: object) -> str:
-        return ""
 
 
 class _SlimReflector(ResourceReflector):
@@ -129,11 +121,8 @@ class _SlimReflector(ResourceReflector):
 
     async def _watch(self, resource_version: str) -> str:
         """One watch request; returns the resourceVersion to resume from."""
-        w = _RawWatch()
         started = time.monotonic()
-        events_seen = 0
         kwargs = self._selectors()
-        kwargs["resource_version"] = resource_version
         if self.timeout_seconds:
             kwargs["timeout_seconds"] = self.timeout_seconds
         if self.request_timeout or self.timeout_seconds:
@@ -141,27 +130,15 @@ class _SlimReflector(ResourceReflector):
             # (a partition without a reset), not quiet. The margin keeps a slow, loaded API
             # server from being taken for a lost one (each loss relists everything).
             kwargs["_request_timeout"] = max(self.request_timeout, self.timeout_seconds + 30)
-        try:
-            async with w.stream(getattr(self.api, self.list_method_name), **kwargs) as events:
-                async for event in events:
-                    self._back()
-                    events_seen += 1
-                    obj = event.get("raw_object") or {}
-                    kind = event.get("type")
-                    if kind == "DELETED":
-                        self._drop(obj)
-                    elif kind in ("ADDED", "MODIFIED"):
-                        self._put(obj)
-                    version = (obj.get("metadata") or {}).get("resourceVersion")
-                    resource_version = version or resource_version
-                    if self._stopping or time.monotonic() - started >= self.restart_seconds:
-                        break
-        finally:
-            w.stop()
-            await w.close()
-        if not events_seen and not self._stopping:
-            short_watch(started)
-        return resource_version
+        return await watch_once(
+            getattr(self.api, self.list_method_name),
+            resource_version,
+            put=self._put,
+            drop=self._drop,
+            delivered=self._back,
+            until=lambda: self._stopping or time.monotonic() - started >= self.restart_seconds,
+            **kwargs,
+        )
 
     async def run(self) -> None:
         """List, then watch, forever: errors relist after a backoff; only stop() ends it."""

@@ -12,9 +12,9 @@ import random
 import time
 from typing import Any
 
-from kubernetes_asyncio import client, config, watch
+from kubernetes_asyncio import client, config
 
-from ..k8s.shortwatch import short_watch
+from ..capacity.rawwatch import watch_once
 from .quota import PodIndex
 
 log = logging.getLogger("fracspawner.webhook")
@@ -75,13 +75,6 @@ class Cluster:
         return ConfigMapRecords(self._v1, namespace, timeout=self.timeout)
 
 
-class _RawWatch(watch.Watch):
-    """Events with the raw dicts (no model objects built per event)."""
-
-    def get_return_type(self, func: object) -> str:
-        return ""
-
-
 class PodWatch:
     """Every pod of the cluster (but finished ones) into a PodIndex: list, then watch from the
     list's resourceVersion; a watch that ends resumes, an error (410 Gone included) relists
@@ -128,33 +121,17 @@ class PodWatch:
         return str((listing.get("metadata") or {}).get("resourceVersion") or "0")
 
     async def _watch(self, version: str) -> str:
-        w = _RawWatch()
-        started, events_seen = time.monotonic(), 0
-        try:
-            async with w.stream(
-                self._v1.list_pod_for_all_namespaces,
-                field_selector=self.SELECTOR,
-                resource_version=version,
-                timeout_seconds=300,
-                allow_watch_bookmarks=True,
-                _request_timeout=330,  # silent much longer than the server's timeout: dead
-            ) as events:
-                async for event in events:
-                    self._back()
-                    events_seen += 1
-                    obj = event.get("raw_object") or {}
-                    kind = event.get("type")
-                    if kind == "DELETED":
-                        self.index.drop(obj)
-                    elif kind in ("ADDED", "MODIFIED"):
-                        self.index.put(obj)
-                    version = (obj.get("metadata") or {}).get("resourceVersion") or version
-        finally:
-            w.stop()
-            await w.close()
-        if not events_seen:
-            short_watch(started)  # at once and empty each time: back off, do not spin
-        return version
+        return await watch_once(
+            self._v1.list_pod_for_all_namespaces,
+            version,
+            put=self.index.put,
+            drop=self.index.drop,
+            delivered=self._back,
+            field_selector=self.SELECTOR,
+            timeout_seconds=300,
+            allow_watch_bookmarks=True,
+            _request_timeout=330,  # silent much longer than the server's timeout: dead
+        )
 
     async def _run(self) -> None:
         version: str | None = None
