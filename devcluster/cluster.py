@@ -431,8 +431,9 @@ class DevCluster:
             defaults.pod(obj)
         if plural == "secrets":
             folded = secret_with_data(obj)
-            obj.clear()
-            obj.update(folded)
+            if folded is not obj:  # a Secret with only `data` comes back as itself: keep it
+                obj.clear()
+                obj.update(folded)
         if plural == "namespaces":
             meta = obj.setdefault("metadata", {})
             if meta.get("name"):  # the apiserver labels every namespace with its own name

@@ -677,3 +677,19 @@ def test_ages_read_like_kubectl(seconds, shown):
     now = datetime(2026, 1, 10, tzinfo=timezone.utc)
     created = (now - timedelta(seconds=seconds)).strftime("%Y-%m-%dT%H:%M:%SZ")
     assert human_age(created, now) == shown
+
+
+# ---------------------------------------------------------------- secrets
+async def test_a_secret_with_only_data_is_created_as_sent(api):
+    """Most manifests (KubeSpawner's internal-SSL secret among them) send base64 `data` and no
+    `stringData`; the apiserver stores it as sent (pkg/registry/core/secret/strategy.go
+    PrepareForCreate touches neither). Folding `stringData` must not empty such a body: it was
+    a 500 (KeyError on metadata)."""
+    body = {"metadata": {"name": "certs"}, "data": {"ssl.key": "a2V5", "ssl.crt": "Y3J0"}}
+    created = await api.create_namespaced_secret("default", body)
+    assert created.data == {"ssl.key": "a2V5", "ssl.crt": "Y3J0"}
+    read = await api.read_namespaced_secret("certs", "default")
+    assert read.data == body["data"]
+    mixed = {"metadata": {"name": "mixed"}, "data": {"a": "YQ=="}, "stringData": {"b": "b"}}
+    created = await api.create_namespaced_secret("default", mixed)
+    assert created.data == {"a": "YQ==", "b": "Yg=="} and not created.string_data
