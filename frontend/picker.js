@@ -141,6 +141,7 @@
     noneChoice.hidden = modeId !== "none";
     for (const set of modeSets) set.hidden = set.dataset.mode !== modeId;
     if (!userAction) return;
+    userChoseMode = true;
     if (modeId === "none") {
       document.getElementById("fs-gpu-none").checked = true;
     } else if (modeOf(selectedGpu()) !== modeId) {
@@ -529,12 +530,35 @@
     checked.closest(".fs-choice").appendChild(note);
     checked.setAttribute("aria-describedby", `${checked.getAttribute("aria-describedby") || ""} fs-refused`.trim());
   }
+  // One state for what is shown and what is submitted (issue 27 #1): the tabs, cards and summary
+  // are derived from the checked radio and the pool select on every way into the page. The
+  // browser restores form state without `change` events: on Back/Forward and reload Chromium
+  // restores a form's controls once the form has finished parsing (after this script, which
+  // runs inside it), and a page from the back-forward cache comes back as it was left while its
+  // counts may be old. So the tab follows the radio at DOMContentLoaded, load and pageshow.
+  // A GPU tab the user opened that has no size they may take shows no checked size: only an
+  // untouched page goes back to "No GPU" for that reason.
+  let userChoseMode = false;
+  function onEntry() {
+    const mode = modeOf(selectedGpu());
+    if (mode !== currentMode && (mode !== "none" || !userChoseMode)) {
+      currentMode = mode;
+      setMode(mode, false);
+    }
+    dropPoolIfNotOffered();
+    render();
+  }
   currentMode = modeOf(selectedGpu());
   setMode(currentMode, false);
   render();
   // JupyterHub's Start button comes after this script in the page: render again once it is
   // there, so it is off from the start when the choice cannot pass (not from the first refresh)
-  if (document.readyState === "loading") document.addEventListener("DOMContentLoaded", render);
+  if (document.readyState === "loading") document.addEventListener("DOMContentLoaded", onEntry);
+  window.addEventListener("load", onEntry);
+  window.addEventListener("pageshow", (event) => {
+    onEntry();
+    if (event.persisted) refresh(); // from the back-forward cache: counts of another moment
+  });
   if (apiUrl) {
     refresh();
     setInterval(refresh, REFRESH_MS);

@@ -358,3 +358,75 @@ def test_theme_follows_jupyterhub_and_screenshots(hub, browser, scheme):
         page.locator("#fs-summary-line").scroll_into_view_if_needed()
         page.screenshot(path=str(SCREENSHOTS / f"picker-{scheme}.png"), full_page=True)
     page.close()
+
+
+# What the page shows and what it would submit, read from the page itself: the highlighted tab,
+# the checked size, whether that size is on screen, and the summary line.
+_SHOWN_AND_SUBMITTED = """() => {
+  const tab = document.querySelector('.fs-mode-tab[aria-checked="true"]');
+  const radio = document.querySelector('#fracspawner-picker input[name="gpu"]:checked');
+  const set = radio ? radio.closest('fieldset.fs-mode') : null;
+  return {
+    tab: tab ? tab.dataset.mode : null,
+    gpu: radio ? radio.value : null,
+    gpuMode: set ? set.dataset.mode : 'none',
+    gpuVisible: !!radio && radio.offsetParent !== null,
+    summary: document.getElementById('fs-summary-line').textContent,
+  };
+}"""
+
+
+def _one_state(page) -> dict:
+    """The tab, the checked size and the summary agree (issue 27 #1): the size that Start would
+    submit is the one on screen, under the highlighted tab, and the summary names it."""
+    state = page.evaluate(_SHOWN_AND_SUBMITTED)
+    assert state["tab"] == state["gpuMode"], state
+    assert state["gpuVisible"], state
+    if state["gpu"] == "none":
+        assert "CPU-only" in state["summary"], state
+    else:
+        assert "CPU-only" not in state["summary"], state
+    return state
+
+
+@pytest.mark.parametrize("bfcache", [True, False], ids=["bfcache", "no-bfcache"])
+def test_back_forward_and_reload_show_what_start_submits(hub, devcluster, browser, bfcache):
+    """Choose 1/8, leave for Home, come Back: Chromium restores the checked radio after the
+    picker built its tabs (form restoration, or the whole page from the back-forward cache); the
+    page said "No GPU" and submitted 1/8. Back, Forward and reload each show the one choice that
+    Start submits."""
+    # without the back-forward cache Chromium re-runs the page and restores the form's state
+    args = {} if bfcache else {"extra_http_headers": {"Cache-Control": "no-store"}}
+    page = new_page(browser, **args)
+    login(page, hub.url, "dana")
+    open_spawn_form(page, hub.url, "dana")
+    assert _one_state(page)["gpu"] == "none"
+    _tab(page, "fraction").click()
+    page.locator('input[name="gpu"][value="1/8"]').check()
+    assert _one_state(page)["gpu"] == "1/8"
+
+    page.goto(hub.url + "/hub/home")
+    page.go_back()
+    page.wait_for_selector(".fs-mode-tab")
+    page.wait_for_load_state("load")
+    state = _one_state(page)
+    if state["gpu"] != "none":  # restored: the tab is the size's tab and says so
+        assert state == {**state, "tab": "fraction", "gpu": "1/8"}
+        assert "1/8" in state["summary"]
+    page.go_forward()
+    page.wait_for_url("**/hub/home")
+    page.go_back()
+    page.wait_for_selector(".fs-mode-tab")
+    page.wait_for_load_state("load")
+    _one_state(page)
+    page.reload()
+    page.wait_for_selector(".fs-mode-tab")
+    page.wait_for_load_state("load")
+    _one_state(page)
+
+    # what Start submits is what the page shows
+    shown = _one_state(page)
+    with page.expect_request(lambda r: r.method == "POST" and "/spawn" in r.url) as posted:
+        page.get_by_role("button", name="Start").click()
+    assert posted_fields(posted.value.post_data).get("gpu", "none") == shown["gpu"]
+    page.close()
