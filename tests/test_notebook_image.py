@@ -1,9 +1,21 @@
 """images/notebook/Dockerfile: a notebook image whose server has fracspawner's extension and
-JupyterLab's GPU meter. No container engine here: the Dockerfile is linted, and its two steps
-run as it runs them: the wheel is built from the checkout (its build hook builds the meter),
-then `fracspawner[notebook]` is installed from it into a throwaway environment, with that
-environment's own packages as constraints (the notebook image's jupyter-server and JupyterLab
-stand in for Jupyter Docker Stacks'). Jupyter's own commands then list what is enabled.
+JupyterLab's GPU meter.
+
+No container engine here (no Docker daemon, no BuildKit: `docker info` cannot connect), so the
+image is not built for real. Instead:
+
+- the Dockerfile is linted (hadolint), and "built" by a MODEL of Docker's rules
+  (tests/dockerfile_model.py, citing Docker's Dockerfile reference): each stage starts as its
+  base image leaves it (Jupyter Docker Stacks: USER 1000, /opt/conda owned by jovyan), each RUN
+  runs as the USER in force at that point, COPY/ADD make root-owned files unless --chown, with
+  WORKDIR, ENV and ARG as Docker applies them; the RUN steps' file effects are checked with
+  POSIX permission rules (the sticky /tmp included). This is what catches a step that works as
+  root and fails as jovyan ("Permission denied").
+- its two real steps run as it runs them: the wheel is built from the checkout (its build hook
+  builds the meter), then `fracspawner[notebook]` is installed from it into a throwaway
+  environment, with that environment's own packages as constraints (the notebook image's
+  jupyter-server and JupyterLab stand in for Jupyter Docker Stacks'). Jupyter's own commands
+  then list what is enabled.
 """
 
 from __future__ import annotations
@@ -19,6 +31,7 @@ import pytest
 
 from tests.chart_support import tool
 from tests.conftest import REPO
+from tests.dockerfile_model import BuildError, build
 from tests.test_layout import _assert_ships_the_meter, _pip_wheel
 
 DOCKERFILE = REPO / "images" / "notebook" / "Dockerfile"
@@ -41,6 +54,36 @@ def test_the_notebook_dockerfile_is_lint_clean_and_builds_on_a_cuda_stacks_image
     assert "!labextension/" in ignore
     for built in ("labextension/node_modules", "labextension/prebuilt", "labextension/lib"):
         assert built in ignore[ignore.index("!labextension/") :], built
+
+
+def _context() -> frozenset[str]:
+    """What the build context offers COPY: the paths .dockerignore lets in (`!path`)."""
+    ignore = (REPO / ".dockerignore").read_text().split()
+    return frozenset(line[1:].rstrip("/") for line in ignore if line.startswith("!"))
+
+
+def test_the_notebook_image_builds_under_dockers_ownership_rules():
+    """Built by the model of Docker's rules: the install runs as jovyan (uid 1000, the user the
+    Jupyter Docker Stacks image leaves in force) and can delete the wheels it installed from."""
+    image = build(DOCKERFILE.read_text(), _context())
+    assert image.user == "1000"  # numeric, so Kubernetes can check runAsNonRoot
+    (install,) = [(user, cmd) for user, cmd in image.runs if "pip install" in cmd]
+    assert install[0] == "1000", install  # into jovyan's /opt/conda, not as root
+    assert not [p for p in image.fs if p.startswith("/tmp/")], "the build leaves files in /tmp"
+    root_owned = [p for p, n in image.fs.items() if p.startswith("/opt/conda/") and n.uid == 0]
+    assert not root_owned, f"root-owned files in jovyan's environment: {root_owned}"
+
+
+def test_the_model_refuses_a_root_owned_copy_deleted_as_jovyan():
+    """The defect the first version of the Dockerfile had: COPY without --chown makes
+    /tmp/wheels root's, and jovyan's `rm -rf /tmp/wheels` fails as `docker build` failed."""
+    text = DOCKERFILE.read_text()
+    assert "--chown=" in text
+    without = re.sub(r"COPY --from=wheel --chown=\S+ ", "COPY --from=wheel ", text)
+    assert without != text
+    with pytest.raises(BuildError, match=r"as USER 1000: rm: cannot remove '/tmp/wheels/.*"
+                       r"Permission denied"):  # fmt: skip
+        build(without, _context())
 
 
 @pytest.mark.slow
