@@ -152,6 +152,13 @@ def main(argv: list[str]) -> int:
     parser.add_argument(
         "--password", default=None, help="the password every demo user logs in with"
     )
+    parser.add_argument(
+        "--stop-timeout",
+        type=float,
+        default=30,
+        help="seconds the hub gets to stop its servers on Ctrl-C before it is killed "
+        "(whatever it started is ended either way)",
+    )
     args = parser.parse_args(argv)
     state_dir = args.state_dir.resolve()
     state_dir.mkdir(parents=True, exist_ok=True)
@@ -196,7 +203,7 @@ def main(argv: list[str]) -> int:
         for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
             signal.signal(sig, signal.SIG_IGN)
         if hub is not None:
-            hub.stop()
+            hub.stop(grace=args.stop_timeout)
         if cluster is not None:
             stop_process(cluster)
         _say("the demo has stopped.")

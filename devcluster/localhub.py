@@ -20,6 +20,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from . import proctree
+
 REPO = Path(__file__).resolve().parent.parent
 
 
@@ -210,19 +212,23 @@ class LocalHub:
             time.sleep(0.5)
         raise TimeoutError(f"server {user}/{server} still there after {timeout}s")
 
-    def stop(self) -> None:
+    def stop(self, grace: float = 30) -> None:
+        """SIGTERM the hub and give it `grace` seconds to stop its servers, the proxy and its
+        services; whatever it started that is still running then is ended too, the proxy and
+        services included (they lead process groups of their own)."""
+        started = proctree.descendants(self.process.pid)
         if self.process.poll() is None:
             self.process.send_signal(signal.SIGTERM)
             try:
-                self.process.wait(30)
+                self.process.wait(grace)
             except subprocess.TimeoutExpired:
                 os.killpg(self.process.pid, signal.SIGKILL)
                 self.process.wait(10)
-        # the proxy is the hub's child in its own process group: make sure it is gone too
         try:
             os.killpg(self.process.pid, signal.SIGKILL)
         except ProcessLookupError:
             pass
+        proctree.end_all(started)
 
 
 def http_json(

@@ -86,6 +86,46 @@ def test_sigterm_to_the_process_group_while_it_starts_leaves_nothing(tmp_path):
     assert not _processes_mentioning(str(state)), "demo left processes behind"
 
 
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM, signal.SIGHUP], ids=str)
+def test_every_process_ends_on_a_signal_when_the_hub_is_killed_mid_clean_up(tmp_path, sig):
+    """A hub whose clean-up outlasts its grace time (8 servers to stop took 73 s) is killed; the
+    proxy and the fracspawner service lead process groups of their own, so they were left
+    running, reparented to init, and the stale service wrote into the next demo's log (issue 27
+    #2). `--stop-timeout 0` kills the hub at once, before it stops either."""
+    state = tmp_path / "demo-state"
+    demo = subprocess.Popen(
+        [sys.executable, "-m", "fracspawner", "demo", "--port", str(free_port())]
+        + ["--state-dir", str(state), "--password", "pw", "--stop-timeout", "0"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        env={**os.environ, "PYTHONUNBUFFERED": "1"},
+        start_new_session=True,  # its own process group, as make's is
+    )
+    try:
+        assert demo.stdout is not None
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline and "Ctrl-C" not in (line := demo.stdout.readline()):
+            assert line or demo.poll() is None, "the demo ended before it served"
+        # the proxy and the service are up, in process groups other than the hub's
+        hub_pid = int((state / "hub" / "jupyterhub.pid").read_text())
+        others = [pid for pid in _processes_mentioning(str(state)) if os.getpgid(pid) != hub_pid]
+        assert others, "expected the proxy and the service in groups of their own"
+        if sig == signal.SIGINT:
+            demo.send_signal(sig)  # Ctrl-C in a terminal
+        else:
+            os.killpg(demo.pid, sig)  # `kill -TERM -<pgid>`, a closed terminal's SIGHUP
+        out, _ = demo.communicate(timeout=90)
+    finally:
+        if demo.poll() is None:
+            os.killpg(demo.pid, signal.SIGKILL)
+    assert "the demo has stopped." in out, out[-2000:]
+    deadline = time.monotonic() + 10
+    while _processes_mentioning(str(state)) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert not _processes_mentioning(str(state)), "demo left processes behind"
+
+
 def test_demo_serves_the_hub_and_ctrl_c_stops_everything(tmp_path):
     port = free_port()
     state = tmp_path / "demo-state"
