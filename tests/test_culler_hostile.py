@@ -1,9 +1,14 @@
 """Hostile input at the culler's report endpoint (issue 20): any pod can reach it, and a
 server's own token makes it a sender. Everything here goes through the real receiver (the
 Culler's own HTTP server, TokenVerifier, ReportStore, metrics) on a loopback port; the hub is a
-stand-in for `GET /hub/api/user` answering as JupyterHub's SelfAPIHandler does
-(jupyterhub/jupyterhub, jupyterhub/apihandlers/users.py: 403 for a token it does not know,
-else the owner's model with `kind` and the token's `scopes`)."""
+stand-in for two of JupyterHub's REST calls (jupyterhub/jupyterhub,
+jupyterhub/apihandlers/users.py): `GET /hub/api/user` as SelfAPIHandler answers (403 for a token
+it does not know, else the owner's model with `kind` and the token's `scopes`), and
+`GET /hub/api/users?state=ready` as UserListAPIHandler answers the culler (the users with ready
+servers; with `Accept: application/jupyterhub-pagination+json`, JupyterHub >= 2.0, an object
+with `items` and `_pagination` {offset, limit, total, next}: apihandlers/base.py
+`paginated_model`); each server model with `started`, `last_activity`, `ready`, `url` and the
+`user_options` the spawner stored. `DELETE .../server` answers 204 as a stopped server does."""
 
 from __future__ import annotations
 
@@ -15,6 +20,7 @@ import secrets
 import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
+from datetime import datetime, timezone
 from urllib.parse import urlparse
 
 import pytest
@@ -37,6 +43,21 @@ ANN = {  # a server's token: the hub's `server` role (access:servers!server=ann/
 class Hub:
     tokens: dict[str, dict] = field(default_factory=dict)
     asked: int = 0
+    # user -> server name -> the server model's fields (user_options, started, last_activity)
+    servers: dict[str, dict[str, dict]] = field(default_factory=dict)
+    stopped: list[str] = field(default_factory=list)
+
+    def users_page(self) -> dict:
+        items = [
+            {"kind": "user", "name": user, "groups": [], "servers": {
+                name: {"name": name, "ready": True, "pending": None,
+                       "url": f"/user/{user}/{name}/", **model}
+                for name, model in servers.items()
+            }}
+            for user, servers in sorted(self.servers.items()) if servers
+        ]  # fmt: skip
+        info = {"offset": 0, "limit": 200, "total": len(items), "next": None}
+        return {"items": items, "_pagination": info}
 
 
 @dataclass
@@ -106,15 +127,39 @@ async def receiver(request) -> AsyncIterator[Receiver]:
                 raise web.HTTPError(403)
             self.write(json.dumps(hub.tokens[token]))
 
+    class Users(web.RequestHandler):
+        def get(self) -> None:
+            self.write(json.dumps(hub.users_page()))
+
+    class Server(web.RequestHandler):
+        def delete(self, user: str, name: str = "") -> None:
+            hub.servers.get(user, {}).pop(name, None)
+            hub.stopped.append(f"{user}/{name}")
+            self.set_status(204)
+
     hub_port, port = free_port(), free_port()
-    hub_server = HTTPServer(web.Application([(r"/hub/api/user", WhoAmI)]))
+    hub_server = HTTPServer(
+        web.Application(
+            [
+                (r"/hub/api/user", WhoAmI),
+                (r"/hub/api/users", Users),
+                (r"/hub/api/users/([^/]+)/server", Server),
+                (r"/hub/api/users/([^/]+)/servers/([^/]+)", Server),
+            ]
+        )
+    )
     hub_server.listen(hub_port, "127.0.0.1")
+    settings = dict(getattr(request, "param", {}))  # Culler settings a test asks for
+    if settings.get("catalog") == "demo":
+        from tests.conftest import DEMO_CATALOG
+
+        settings["catalog"] = str(DEMO_CATALOG)
     culler = Culler(
         api_token="x",
         url=f"http://127.0.0.1:{hub_port}/hub/api",
         report_url=f"http://127.0.0.1:{port}",
         report_prefix="/",
-        **getattr(request, "param", {}),  # Culler settings a test asks for (indirect)
+        **settings,
     )
     culler.initialize([])
     server = culler.start_receiver()
@@ -125,6 +170,12 @@ async def receiver(request) -> AsyncIterator[Receiver]:
         hub_server.stop()
         if culler._verifier is not None:
             culler._verifier.close()
+
+
+async def listed(receiver: Receiver, user: str = "ann", server: str = "gpu") -> None:
+    """The hub lists the server (a culler cycle): what its reports tell is counted from then."""
+    receiver.hub.servers.setdefault(user, {})[server] = {"user_options": {}}
+    await receiver.culler.cull_once()
 
 
 def report(**kw: object) -> dict:
@@ -146,6 +197,8 @@ def kernels(n: int, start: int = 0, at: str = "") -> list[dict]:
 
 
 # --- item 1: one server's report state is bounded; a kernel cull counts once -------------------
+# (reports faster than the extension sends them: this one server may send 50 at once)
+@pytest.mark.parametrize("receiver", [{"report_burst": 100}], indirect=True)
 async def test_one_servers_report_state_is_bounded(receiver):
     # one server's own token adding new ids under one monitor_started, report after report
     for r in range(50):
@@ -160,6 +213,7 @@ async def test_one_servers_report_state_is_bounded(receiver):
 
 async def test_a_kernel_cull_counts_once_across_restarts_and_old_ones_not_at_all(receiver):
     culls = ("fracspawner_culls_total", {"reason": "kernel_gpu_idle", "pool": ""})
+    await listed(receiver)
     told = kernels(3)
     assert (await receiver.post(report(culled_kernels=told)))[0] == 204
     assert receiver.sample(culls[0], **culls[1]) == 3
@@ -171,6 +225,84 @@ async def test_a_kernel_cull_counts_once_across_restarts_and_old_ones_not_at_all
     old = report(culled_kernels=kernels(5, start=100, at="2020-01-01T00:00:00+00:00"))
     assert (await receiver.post(old))[0] == 204
     assert receiver.sample(culls[0], **culls[1]) == 3
+
+
+# --- issue 28 item 11: one user's flood of reports cannot fill the history or forge metrics -----
+TIB = 16 * 1024 * 1024  # MiB: the most a report's number may say
+
+
+@pytest.mark.parametrize("receiver", [{"catalog": "demo"}], indirect=True)
+async def test_a_flood_of_reports_cannot_fill_the_history_or_forge_metrics(receiver):
+    """160 reports in a burst from ann's server, each telling of 64 "culled" kernels of 16 TiB
+    on a pool ann may not use (a100-mig) and 16 TiB hibernated: most are refused (429 with
+    Retry-After), at most report_events_per_hour of hers are counted, each at most her slice's
+    memory (a quarter H100, from the hub's record of the server), under the pool the hub
+    records (h100); the real stop of bob's server stays in the history."""
+    hub, culler = receiver.hub, receiver.culler
+    iso = lambda t: datetime.fromtimestamp(t, timezone.utc).isoformat()  # noqa: E731
+    now = time.time()  # bob's server idle for 25 h, ann's in use
+    hub.servers["bob"] = {
+        "": {
+            "user_options": {"gpu": "1/4", "pool": "h100"},
+            "started": iso(now - 90000),
+            "last_activity": iso(now - 90000),
+        }
+    }
+    hub.servers["ann"] = {"gpu": {"user_options": {"gpu": "1/4", "pool": "h100"},
+                                  "started": iso(now), "last_activity": iso(now)}}  # fmt: skip
+    await culler.cull_once()
+    assert hub.stopped == ["bob/"]  # a real stop, in the history
+    forged = report(
+        culled_kernels=[{"id": f"k{i}", "gpu_memory_mib": TIB} for i in range(64)],
+        slice={"pool": "a100-mig"},
+        hibernated_gpu_memory_mib=TIB,
+    )
+
+    def nth(r: int) -> dict:  # new kernel ids in every report
+        return {**forged, "culled_kernels": [{**k, "id": f"r{r}{k['id']}"} for k in forged[
+            "culled_kernels"]]}  # fmt: skip
+
+    answers = await asyncio.gather(*(receiver.post(nth(r)) for r in range(160)))
+    codes = [code for code, _, _ in answers]
+    assert codes.count(204) <= 5 and codes.count(429) >= 155, codes
+    refused = next(a for a in answers if a[0] == 429)
+    assert int(refused[2]["Retry-After"]) >= 1 and "a minute" in refused[1]["message"]
+    await culler.cull_once()
+    state = culler.state_json(time.time())
+    theirs = [e for e in state["history"] if e["user"] == "ann"]
+    assert 0 < len(theirs) <= culler.report_events_per_hour
+    slice_mib = 20389  # a quarter of an H100's 81559 MiB (NVML's total; model/gpumodels.py)
+    assert {e["gpu_memory_mib"] for e in theirs} == {slice_mib}
+    assert all(e["pool"] == "h100" for e in theirs)
+    assert [e["user"] for e in state["history"] if e["kind"] == "server"] == ["bob"]
+    assert state["summary"]["gpu_memory_mib"] <= culler.report_events_per_hour * slice_mib
+    # the metrics: nothing for the pool the reports named; h100 within the same bounds
+    assert receiver.sample("fracspawner_reclaimed_gpu_memory_mib_total", pool="a100-mig") == 0
+    assert receiver.sample("fracspawner_hibernated_bytes", pool="a100-mig") == 0
+    assert receiver.sample("fracspawner_hibernated_bytes", pool="h100") == slice_mib * 2**20
+    reclaimed = receiver.sample("fracspawner_reclaimed_gpu_memory_mib_total", pool="h100")
+    assert reclaimed <= culler.report_events_per_hour * slice_mib
+
+
+def test_one_users_kernel_events_take_at_most_their_share_of_the_history():
+    """The history keeps server stops apart from what servers report, and one user's kernel
+    events at most USER_SHARE of it: their oldest make room, nobody else's."""
+    from fracspawner.culler.state import CullerState, CullEvent
+
+    state = CullerState(0.0, limit=100, user_share=0.1)
+    now = time.time()
+
+    def event(user: str, kind: str, i: int) -> CullEvent:
+        return CullEvent(now - 1000 + i, user, "", "h100", "1/4", kind, "r", f"{i}", 1.0, 0.0)
+
+    state.record(event("bob", "server", 0))
+    state.record(event("carol", "kernel", 1))
+    for i in range(500):
+        state.record(event("mallory", "kernel", 2 + i))
+    history = state.to_json(now)["history"]
+    by_user = [e["user"] for e in history]
+    assert by_user.count("mallory") == 10 and "bob" in by_user and "carol" in by_user
+    assert [e["message"] for e in history if e["user"] == "mallory"][-1] == "501"  # the newest
 
 
 # --- item 3: authenticate first, then parse strictly; 400 with the reason ----------------------
@@ -217,6 +349,7 @@ async def test_a_non_list_of_unknown_reasons_is_400(receiver):
 
 
 async def test_report_text_cannot_forge_culler_log_lines(receiver, caplog):
+    await listed(receiver)
     forged = "k1\n[I 2026-01-01 00:00:00.000 Culler] stop bob: idle for 9:00:00"
     with caplog.at_level(logging.INFO, logger=receiver.culler.log.name):
         code, _, _ = await receiver.post(report(culled_kernels=[{"id": forged[:64]}]))

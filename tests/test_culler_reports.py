@@ -171,8 +171,13 @@ def test_hibernation_reaches_the_culler_metrics():
     """Issue 22: hibernated memory, suspends and resumes from the servers' reports, each counted
     once, in fracspawner_hibernated_bytes, fracspawner_hibernations/resumes and the duration
     histogram; a malformed hibernation field is refused like any other."""
-    c = Culler(api_token="x", report_url="http://127.0.0.1:1")
+    from fracspawner.culler.decide import ServerFacts
+    from tests.conftest import DEMO_CATALOG
+
+    c = Culler(api_token="x", report_url="http://127.0.0.1:1", catalog=str(DEMO_CATALOG))
     c.initialize([])
+    # the hub's record of ann's server (a cycle's list): its pool labels the metrics
+    c.known[("ann", "")] = ServerFacts("ann", "", user_options={"gpu": "1/4", "pool": "h100"})
     hib = {
         "hibernated_gpu_memory_mib": 4096,
         "hibernations": [{"kernel_id": "k1", "at": iso(T - 60), "gpu_memory_mib": 4096,
@@ -180,21 +185,21 @@ def test_hibernation_reaches_the_culler_metrics():
         "resumes": [{"kernel_id": "k0", "at": iso(T - 30), "gpu_memory_mib": 2048,
                      "seconds": 0.6, "why": "a message to the kernel"}],
     }  # fmt: skip
-    body = report(hibernated_gpu_memory_mib=4096, hibernation=hib, slice={"pool": ""})
-    who = Identity("ann", "")  # no catalog here: every pool's label is ""
+    body = report(hibernated_gpu_memory_mib=4096, hibernation=hib, slice={"pool": "t4"})
+    who = Identity("ann", "")  # the pool the report names (t4) is not the hub's (h100)
     for _ in range(2):  # the same events told twice: counted once
         c.on_report(who, c.reports.put("ann", "", parse_report(body, received_at=T)))
     value = c.metrics.registry.get_sample_value
-    assert value("fracspawner_hibernated_bytes", {"pool": ""}) == 4096 * 2**20
-    assert value("fracspawner_hibernations_total", {"pool": ""}) == 1
-    assert value("fracspawner_resumes_total", {"pool": ""}) == 1
+    assert value("fracspawner_hibernated_bytes", {"pool": "h100"}) == 4096 * 2**20
+    assert value("fracspawner_hibernations_total", {"pool": "h100"}) == 1
+    assert value("fracspawner_resumes_total", {"pool": "h100"}) == 1
     assert value("fracspawner_hibernation_duration_seconds_count", {"operation": "resume"}) == 1
     assert value("fracspawner_hibernation_duration_seconds_sum", {"operation": "resume"}) == 0.6
     # everything resumed: the gauge follows the latest report
     body = report(hibernated_gpu_memory_mib=0, hibernation={**hib, "hibernated_gpu_memory_mib": 0},
-                  slice={"pool": ""})  # fmt: skip
+                  slice={"pool": "h100"})  # fmt: skip
     c.on_report(who, c.reports.put("ann", "", parse_report(body, received_at=T + 60)))
-    assert value("fracspawner_hibernated_bytes", {"pool": ""}) == 0
+    assert value("fracspawner_hibernated_bytes", {"pool": "h100"}) == 0
     bad = report(hibernation={"resumes": [{"kernel_id": "k", "at": iso(T), "seconds": -1}]})
     with pytest.raises(ReportError, match=r"hibernation.resumes\[0\].seconds"):
         parse_report(bad, received_at=T)

@@ -29,11 +29,11 @@ from .decide import Decision, GpuFacts, Reading, Rules, ServerFacts, combine, de
 from .hubapi import HubClient, HubServer
 from .identity import Identity, TokenVerifier
 from .podname import DEFAULT_TEMPLATE, pod_name
-from .policy import PoolPolicy, gpu_windows, policy_for_server
+from .policy import PoolPolicy, gpu_windows, policy_for_server, slice_memory_cap
 from .prometheus import DEFAULT_JOB, DcgmConfig, PrometheusError, build_query, parse_result
 from .prometheus import query as prom_query
-from .receiver import MAX_BODY, receiver_app, report_server
-from .reports import CulledKernel, ReportStore
+from .receiver import MAX_BODY, ReportRate, receiver_app, report_server
+from .reports import EVENTS_PER_HOUR, CulledKernel, ReportStore
 from .state import CullerState, CullEvent, server_row
 from .stateapi import state_handler
 
@@ -169,6 +169,23 @@ class Culler(CullerApplication):
         help="The same over all addresses together (bursts of 10 times this): bounds the hub "
         "requests random tokens can cause.",
     )
+    report_rate = Float(
+        3.0,
+        config=True,
+        help="Reports a minute one server (and one token) may send, in bursts of "
+        "report_burst; more are answered 429 with Retry-After. The extension sends one a "
+        "minute.",
+    )
+    report_burst = Float(
+        5.0, config=True, help="Reports one server may send at once (see report_rate)."
+    )
+    report_events_per_hour = Integer(
+        EVENTS_PER_HOUR,
+        config=True,
+        help="Kernel shutdowns, and as many hibernations and resumes, counted per server an "
+        "hour (metrics and the admin page's history); a server reporting more has the rest "
+        "ignored, with a warning.",
+    )
     server_url = Unicode(
         "",
         config=True,
@@ -277,6 +294,10 @@ class Culler(CullerApplication):
         self._catalog = None
         self.reports = ReportStore()
         self._verifier: TokenVerifier | None = None
+        # the hub's record of every ready server (the last cycle's list): what a report may
+        # claim (its pool, its slice's memory) comes from here, never from the report
+        self.known: dict[tuple[str, str], ServerFacts] = {}
+        self._hibernated_labels: set[str] = set()
         # the admin page's view (GET .../api/state): last cycle + bounded 24 h history
         self.state = CullerState(time.time())
 
@@ -347,45 +368,86 @@ class Culler(CullerApplication):
         )
 
     def pool_label(self, pool: object) -> str:
-        """A metrics label from a report's pool: only the catalog's names (no user text)."""
+        """A metrics label from a pool name: only the catalog's names (no user text)."""
         if self._catalog is not None and isinstance(pool, str) and pool in self._catalog.pools:
             return pool
         return ""
 
+    def claim(self, facts: ServerFacts) -> tuple[str, float]:
+        """(pool label, most GPU memory in MiB) a server's reports may claim, from the hub's
+        record of it: its pool and slice (user_options, which FracSpawner writes back with the
+        pool the pod is on). Without a catalog, or a slice it cannot size, no memory at all:
+        a server's word alone is never counted as GPU memory given back."""
+        if self._catalog is None:
+            return "", 0.0
+        pool = self.policy_for(facts).pool
+        cap = slice_memory_cap(self._catalog, facts.pool, facts.gpu_slice)
+        return self.pool_label(pool), cap or 0.0
+
     # --- reports ------------------------------------------------------------------------------
     def on_report(self, who: Identity, culled: list[CulledKernel]) -> None:
-        """A server's report was taken: count the kernels it says it shut down."""
-        entry = self.reports.for_server(ServerFacts(user=who.user, name=who.server))
-        pool = self.pool_label(entry.pool if entry is not None else "")
+        """A server's report was taken: count what it tells (once the hub has listed it)."""
+        self.account(who.user, who.server, time.time())
+        self.update_hibernated()
+
+    def account(self, user: str, server: str, now: float) -> None:
+        """Count the kernels a server says it shut down and its hibernations, each once and at
+        most report_events_per_hour, with the pool and memory bound of the hub's record of
+        it. A server the hub has not listed yet (started since the last cycle) keeps them
+        until a cycle lists it."""
+        facts = self.known.get((user, server))
+        if facts is None:
+            return
+        culled, events, dropped = self.reports.take_new(
+            user, server, now, self.report_events_per_hour
+        )
+        if dropped:
+            self.log.warning(
+                "%s reported more than %d kernel shutdowns or hibernations in an hour: %d not "
+                "counted",
+                facts.log_name,
+                self.report_events_per_hour,
+                dropped,
+            )
+        pool, cap = self.claim(facts)
         for kernel in culled:
+            mib = min(kernel.gpu_memory_mib, cap)
             self.log.info(
                 "%s shut down its idle kernel %s (%.0f MiB of GPU memory)",
-                who.log_name,
+                facts.log_name,
                 kernel.id,
-                kernel.gpu_memory_mib,
+                mib,
             )
             self.metrics.culls.labels("kernel_gpu_idle", pool).inc()
-            self.metrics.reclaimed.labels(pool).inc(kernel.gpu_memory_mib)
+            self.metrics.reclaimed.labels(pool).inc(mib)
             self.state.record(
                 CullEvent(
-                    at=kernel.at, user=who.user, server=who.server, pool=pool,
-                    slice="", kind="kernel", reason="kernel_gpu_idle",
-                    message=f"shut down its idle kernel ({kernel.gpu_memory_mib:.0f} MiB)",
-                    gpu_memory_mib=kernel.gpu_memory_mib, gpu_equivalent=0.0,
+                    at=kernel.at, user=user, server=server, pool=pool,
+                    slice=facts.gpu_slice or "", kind="kernel", reason="kernel_gpu_idle",
+                    message=f"shut down its idle kernel ({mib:.0f} MiB)",
+                    gpu_memory_mib=mib, gpu_equivalent=0.0,
                 )
             )  # fmt: skip
         # GPU hibernation (issue 22): the server's suspends and resumes, each counted once
-        for event in self.reports.take_events(who.user, who.server):
+        for event in events:
             (
                 self.metrics.hibernations if event.kind == "hibernate" else self.metrics.resumes
             ).labels(pool).inc()
             self.metrics.hibernation_duration.labels(event.kind).observe(event.seconds)
-        by_label: dict[str, float] = {}
-        for where, mib in self.reports.hibernated_mib().items():
-            label = self.pool_label(where)  # names outside the catalog all become ""
-            by_label[label] = by_label.get(label, 0.0) + mib
+
+    def update_hibernated(self) -> None:
+        """fracspawner_hibernated_bytes by pool: the servers' latest reports, each bounded by
+        its slice and labelled with its pool as the hub records it (listed servers only)."""
+        by_label: dict[str, float] = dict.fromkeys(self._hibernated_labels, 0.0)
+        for user, server, mib in self.reports.hibernated():
+            facts = self.known.get((user, server))
+            if facts is None:
+                continue
+            label, cap = self.claim(facts)
+            by_label[label] = by_label.get(label, 0.0) + min(mib, cap)
         for label, mib in by_label.items():
             self.metrics.hibernated.labels(label).set(mib * 2**20)
+        self._hibernated_labels = set(by_label)
 
     def verifier(self) -> TokenVerifier:
         """The hub's word on tokens (reports and the state API), made on first use."""
@@ -417,7 +479,8 @@ class Culler(CullerApplication):
         where = urlparse(
             self.report_url if "://" in self.report_url else "http://" + self.report_url
         )
-        app = receiver_app(self.report_prefix, self.verifier(), self.reports, self.on_report)
+        rate = ReportRate(self.report_rate, self.report_burst)
+        app = receiver_app(self.report_prefix, self.verifier(), self.reports, self.on_report, rate)
         prefix = "/" + self.report_prefix.strip("/") + "/" if self.report_prefix.strip("/") else "/"
         state = state_handler(f"{prefix}api/state", self.verifier, self.state_json, gated=True)
         app.add_handlers(r".*", [state])
@@ -480,6 +543,7 @@ class Culler(CullerApplication):
                     facts,
                     own_last_activity=report.server_last_activity,
                     user_last_activity=report.user_last_activity,
+                    present=report.present,
                 )
                 if report.gpu is not None or holds:
                     sources["extension"] = report.gpu
@@ -512,6 +576,11 @@ class Culler(CullerApplication):
         servers = await hub.ready_servers()
         now = time.time() if at is None else at
         self.reports.prune(now - 4 * self.max_staleness)
+        # the hub's record of each server: reports held back until it was listed count now
+        self.known = {(s.facts.user, s.facts.name): s.facts for s in servers}
+        for user, server in self.known:
+            self.account(user, server, time.time())
+        self.update_hibernated()
         sources_up: dict[str, bool] = {}
         prom: dict[str, GpuFacts] | None = {}
         if self.prometheus_url:

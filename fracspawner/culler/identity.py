@@ -26,6 +26,7 @@ import json
 import math
 import time
 from collections import OrderedDict
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from tornado.httpclient import AsyncHTTPClient, HTTPRequest
@@ -97,21 +98,44 @@ class Bucket:
 class RateLimit:
     """A bucket per key (the source address) and one overall. The per-key buckets are an LRU
     of at most `keys`: an evicted key starts again with a full bucket, which the overall one
-    still bounds."""
+    still bounds.
+
+    An address `known(address)` says is a server pod's (the culler's pod watch, podwatch.py)
+    spends a bucket of its own (`known_rate`, `known_burst`) and never the overall one: random
+    tokens from other addresses cannot make a real server's first report wait (after a culler
+    restart every server's token is unvouched), and a hostile server pod spends only its own.
+    The hub requests known pods can cause are bounded by their number times `known_rate`."""
 
     def __init__(
-        self, rate: float, burst: float, total_rate: float, total_burst: float, keys: int = 4096
+        self,
+        rate: float,
+        burst: float,
+        total_rate: float,
+        total_burst: float,
+        keys: int = 4096,
+        *,
+        known: Callable[[str], bool] = lambda address: False,
+        known_rate: float = 0.2,
+        known_burst: float = 5.0,
     ):
         self.rate, self.burst = rate, max(burst, 1.0)
         self.total_rate, self.total_burst = total_rate, max(total_burst, 1.0)
         self.keys = keys
+        self.known = known
+        self.known_rate, self.known_burst = known_rate, max(known_burst, 1.0)
         self._buckets: OrderedDict[str, Bucket] = OrderedDict()
         self._total: Bucket | None = None
 
-    def _bucket(self, key: str, now: float) -> Bucket:
+    def _rates(self, key: str) -> tuple[str, float, float, bool]:
+        """(bucket key, rate, burst, known) of a source address."""
+        if key and self.known(key):
+            return "known " + key, self.known_rate, self.known_burst, True
+        return key, self.rate, self.burst, False
+
+    def _bucket(self, key: str, now: float, burst: float | None = None) -> Bucket:
         bucket = self._buckets.get(key)
         if bucket is None:
-            bucket = self._buckets[key] = Bucket(self.burst, now)
+            bucket = self._buckets[key] = Bucket(self.burst if burst is None else burst, now)
             if len(self._buckets) > self.keys:
                 self._buckets.popitem(last=False)
         else:
@@ -124,10 +148,11 @@ class RateLimit:
         refilled, not every connection waiting; a new address, as many as its burst).
         Pending counts are forgotten after PENDING_S without a new one (a connection that
         never sent a request)."""
-        bucket = self._bucket(key, now)
+        name, rate, burst, _known = self._rates(key)
+        bucket = self._bucket(name, now, burst)
         if now - bucket.since > PENDING_S:
             bucket.pending = 0
-        bucket.wait(self.rate, self.burst, now)  # refill
+        bucket.wait(rate, burst, now)  # refill
         if bucket.level - bucket.pending < 1:
             return False
         bucket.pending += 1
@@ -136,23 +161,58 @@ class RateLimit:
 
     def finished(self, key: str) -> None:
         """A request `admit` let in has been answered."""
-        bucket = self._buckets.get(key)
+        bucket = self._buckets.get(self._rates(key)[0])
         if bucket is not None and bucket.pending > 0:
             bucket.pending -= 1
 
     def take(self, key: str, now: float) -> float:
-        """0 and one taken from both buckets; else the seconds to wait (nothing taken)."""
-        bucket = self._bucket(key, now)
+        """0 and one taken from the address's bucket (and the overall one, unless the address
+        is a known server pod's); else the seconds to wait (nothing taken)."""
+        name, rate, burst, known = self._rates(key)
+        bucket = self._bucket(name, now, burst)
+        if known:
+            wait = bucket.wait(rate, burst, now)
+            if wait == 0:
+                bucket.level -= 1
+            return wait
         if self._total is None:
             self._total = Bucket(self.total_burst, now)
         wait = max(
-            bucket.wait(self.rate, self.burst, now),
+            bucket.wait(rate, burst, now),
             self._total.wait(self.total_rate, self.total_burst, now),
         )
         if wait == 0:
             bucket.level -= 1
             self._total.level -= 1
         return wait
+
+
+class Buckets:
+    """A token bucket per key (`rate` per second, at most `burst` at once), in an LRU of at
+    most `keys`: reports per sender (ReportRate), however many senders there are."""
+
+    def __init__(self, rate: float, burst: float, keys: int = 8192):
+        self.rate, self.burst, self.keys = rate, max(burst, 1.0), keys
+        self._buckets: OrderedDict[str, Bucket] = OrderedDict()
+
+    def take(self, key: str, now: float) -> float:
+        """0 and one taken; else the seconds until one may be (nothing taken)."""
+        bucket = self._buckets.get(key)
+        if bucket is None:
+            bucket = self._buckets[key] = Bucket(self.burst, now)
+            if len(self._buckets) > self.keys:
+                self._buckets.popitem(last=False)
+        else:
+            self._buckets.move_to_end(key)
+        wait = bucket.wait(self.rate, self.burst, now)
+        if wait == 0:
+            bucket.level -= 1
+        return wait
+
+
+def token_key(token: str) -> str:
+    """How a token is remembered: its SHA-256, never the token itself."""
+    return hashlib.sha256(token.encode()).hexdigest()
 
 
 @dataclass
@@ -176,6 +236,7 @@ class TokenVerifier:
         unknown_burst: float = 50.0,
         unknown_total_rate: float = 20.0,
         unknown_total_burst: float = 200.0,
+        known: Callable[[str], bool] = lambda address: False,
     ):
         self.url = hub_api_url.rstrip("/") + "/user"
         self.ttl, self.refused_ttl, self.timeout = ttl, refused_ttl, timeout
@@ -183,7 +244,9 @@ class TokenVerifier:
         self.http = AsyncHTTPClient(force_instance=True, max_clients=max(concurrency, 1))
         self.semaphore = asyncio.Semaphore(max(concurrency, 1))
         self._cache: OrderedDict[str, _Cached] = OrderedDict()
-        self.limit = RateLimit(unknown_rate, unknown_burst, unknown_total_rate, unknown_total_burst)
+        self.limit = RateLimit(
+            unknown_rate, unknown_burst, unknown_total_rate, unknown_total_burst, known=known
+        )
         self.requests = 0  # hub requests made
         self.limited = 0  # unknown tokens refused without asking the hub
 
@@ -199,7 +262,7 @@ class TokenVerifier:
     async def model(self, token: str, source: str = "") -> dict:
         """The hub's model of the token's owner (cached). Raises Refused: 403 unknown token,
         429 too many unknown tokens from `source` or overall, 503 hub unreachable."""
-        key = hashlib.sha256(token.encode()).hexdigest()
+        key = token_key(token)
         now = time.monotonic()
         cached = self._cache.get(key)
         if cached is not None and cached.expires >= now:

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 
 from ..choice.options import offer_for
 from ..model.catalog import IDLE_KEYS, Catalog, IdlePolicy
-from ..model.slices import SliceError, parse_slice
+from ..model.slices import SliceError, parse_slice, slice_memory_mib
 
 FIELDS = IDLE_KEYS
 
@@ -63,3 +63,26 @@ def gpu_windows(policies: Iterable[IdlePolicy]) -> list[int]:
     """The look-back windows (whole seconds, ascending, each once) the GPU query must cover to
     decide under these policies: their server_gpu_idle and server_idle limits that are on."""
     return sorted({int(w) for p in policies for w in (p.server_gpu_idle, p.server_idle) if w})
+
+
+def slice_memory_cap(catalog: Catalog, pool: str | None, gpu_slice: str | None) -> float | None:
+    """The most GPU memory (MiB) a server's slice can hold: the offer serving it on its pool
+    (on any candidate pool when its model names none, the largest); None when the catalog
+    cannot tell (no slice, a pool it lacks, no offer). What a server reports of its kernels'
+    memory is believed only up to this."""
+    if not gpu_slice:
+        return None
+    try:
+        requested = parse_slice(gpu_slice, step=catalog.fraction_step)
+    except SliceError:
+        return None
+    if pool:
+        names = [pool] if pool in catalog.pools else []
+    else:
+        names = candidate_pools(catalog, gpu_slice)
+    sizes = []
+    for name in names:
+        offer = offer_for(catalog.pools[name], requested)
+        if offer is not None:
+            sizes.append(slice_memory_mib(offer, catalog.pools[name].gpu))
+    return float(max(sizes)) if sizes else None

@@ -2,9 +2,22 @@
 that user servers talk to; the culler itself never calls them).
 
 401 without a token, 403 for a token the hub does not know or that may not speak for the named
-server, 429 (Retry-After) for too many unknown tokens, 400 for a body that is not a report
-(reports.REPORT: the schema and its limits), 503 while the hub cannot be asked, 204 when taken.
-The token is checked before the body is parsed.
+server, 429 (Retry-After) for too many unknown tokens or too many reports from one sender, 413
+for a body over MAX_BODY, 400 for a body that is not a report (reports.REPORT: the schema and
+its limits), 503 while the hub cannot be asked, 204 when taken.
+
+Who is asking is settled before the body is read, not only before it is parsed: the handler
+streams its body (`tornado.web.stream_request_body`), so tornado runs `prepare()` as soon as
+the headers are in (tornado/web.py `_HandlerDelegate.headers_received` calls `execute()` for
+such handlers, and `RequestHandler._execute` waits for the body only after `prepare()`);
+a refusal there finishes the response while the body is unread, and tornado then closes the
+connection instead of reading it (tornado/http1connection.py `HTTP1Connection.finish`: "Closing
+the connection is the only way to avoid reading the whole input body"). Without streaming,
+tornado reads the whole body before any handler code runs.
+
+Reports are rate-limited per sender (ReportRate): the extension reports once a minute, so a
+token, and a server, may send a few a minute (bursts for restarts); more get 429 with
+Retry-After, which the extension honours (fracspawner.serverext.reporter).
 """
 
 from __future__ import annotations
@@ -22,12 +35,27 @@ from tornado.httputil import HTTPServerRequest
 from tornado.iostream import IOStream
 from tornado.log import access_log
 
-from .identity import Identity, Refused, TokenVerifier, identity_from_model
+from .identity import Buckets, Identity, Refused, TokenVerifier, identity_from_model, token_key
 from .reports import CulledKernel, ReportError, ReportStore, load_report, parse_report
 
 MAX_BODY = 512 * 1024  # a report with hundreds of kernels is a few tens of kB
 
 OnReport = Callable[[Identity, list[CulledKernel]], None]
+
+
+class ReportRate:
+    """Reports per sender: a bucket per token (checked before the body is read) and one per
+    server (user/server, after the body names it: a user may mint several tokens)."""
+
+    def __init__(self, per_minute: float = 3.0, burst: float = 5.0) -> None:
+        self.per_minute, self.burst = per_minute, burst
+        self.buckets = Buckets(per_minute / 60.0, burst)
+        self.limited = 0  # reports refused for their sender's rate
+
+    def take(self, key: str) -> float:
+        wait = self.buckets.take(key, time.monotonic())
+        self.limited += wait > 0
+        return wait
 
 
 def request_token(request: HTTPServerRequest) -> str | None:
@@ -38,9 +66,15 @@ def request_token(request: HTTPServerRequest) -> str | None:
     return None
 
 
+@web.stream_request_body
 class ReportHandler(web.RequestHandler):
-    def initialize(self, verifier: TokenVerifier, store: ReportStore, on_report: OnReport) -> None:
-        self.verifier, self.store, self.on_report = verifier, store, on_report
+    def initialize(
+        self, verifier: TokenVerifier, store: ReportStore, on_report: OnReport, rate: ReportRate
+    ) -> None:
+        self.verifier, self.store, self.on_report, self.rate = verifier, store, on_report, rate
+        self.chunks: list[bytes] = []
+        self.size = 0
+        self.model: dict | None = None
 
     def check_xsrf_cookie(self) -> None:  # token-authenticated API, no cookies
         pass
@@ -48,37 +82,56 @@ class ReportHandler(web.RequestHandler):
     def on_finish(self) -> None:
         self.verifier.limit.finished(self.request.remote_ip or "")
 
-    def _refuse(self, code: int, message: str) -> None:
+    def _refuse(self, code: int, message: str, retry_after: float = 0.0) -> None:
         # the message may quote the body: JSON only, never the status line or a header
         if code == 429:  # over its budget: close, so its next request meets ReportServer's gate
             connection = self.request.connection
             if hasattr(connection, "_disconnect_on_finish"):
                 connection._disconnect_on_finish = True
+        if retry_after:
+            self.set_header("Retry-After", str(max(1, math.ceil(retry_after))))
         self.set_status(code)
         self.set_header("Content-Type", "application/json")
         self.finish(json.dumps({"status": code, "message": message[:300]}))
 
-    async def post(self) -> None:
-        # who is asking comes first: nothing in the body is parsed for an unknown token
+    async def prepare(self) -> None:
+        """Who is asking, before a byte of the body is read (see the module docstring)."""
+        if self.request.method != "POST":
+            return  # tornado answers 405
         token = request_token(self.request)
         if token is None:
             return self._refuse(401, "send the server's own token: Authorization: token ...")
-        if len(self.request.body) > MAX_BODY:
+        length = self.request.headers.get("Content-Length", "")
+        if length.isdigit() and int(length) > MAX_BODY:
             return self._refuse(413, f"a report is at most {MAX_BODY} bytes")
         try:
-            model = await self.verifier.model(token, self.request.remote_ip or "")
+            self.model = await self.verifier.model(token, self.request.remote_ip or "")
         except Refused as exc:
-            if exc.retry_after:
-                self.set_header("Retry-After", str(math.ceil(exc.retry_after)))
-            return self._refuse(exc.code, str(exc))
+            return self._refuse(exc.code, str(exc), exc.retry_after)
+        wait = self.rate.take("token " + token_key(token))
+        if wait:
+            return self._refuse(429, _too_often(self.rate, wait), wait)
+
+    def data_received(self, chunk: bytes) -> None:
+        self.size += len(chunk)
+        if self.size <= MAX_BODY:  # beyond it, nothing more is kept (413 in post)
+            self.chunks.append(chunk)
+
+    async def post(self) -> None:
+        if self.size > MAX_BODY or self.model is None:
+            return self._refuse(413, f"a report is at most {MAX_BODY} bytes")
+        raw, self.chunks = b"".join(self.chunks), []
         try:
-            body = load_report(self.request.body)
+            body = load_report(raw)
         except ReportError as exc:
             return self._refuse(400, f"not a report: {exc}")
         try:
-            who = identity_from_model(model, body.get("server_name"))
+            who = identity_from_model(self.model, body.get("server_name"))
         except Refused as exc:
             return self._refuse(exc.code, str(exc))
+        wait = self.rate.take(f"server {who.user}/{who.server}")
+        if wait:
+            return self._refuse(429, _too_often(self.rate, wait), wait)
         try:
             report = parse_report(body, received_at=time.time(), checked=True)
             culled = self.store.put(who.user, who.server, report)
@@ -86,6 +139,13 @@ class ReportHandler(web.RequestHandler):
             return self._refuse(400, f"not a report: {exc}")
         self.on_report(who, culled)
         self.set_status(204)
+
+
+def _too_often(rate: ReportRate, wait: float) -> str:
+    return (
+        f"too many reports from this server (at most {rate.per_minute:g} a minute); "
+        f"try again in {math.ceil(wait)} s"
+    )
 
 
 def _log_request(handler: web.RequestHandler) -> None:
@@ -125,10 +185,15 @@ class ReportServer(HTTPServer):
 
 
 def receiver_app(
-    prefix: str, verifier: TokenVerifier, store: ReportStore, on_report: OnReport
+    prefix: str,
+    verifier: TokenVerifier,
+    store: ReportStore,
+    on_report: OnReport,
+    rate: ReportRate | None = None,
 ) -> web.Application:
     prefix = "/" + prefix.strip("/") + "/" if prefix.strip("/") else "/"
-    args = {"verifier": verifier, "store": store, "on_report": on_report}
+    rate = rate if rate is not None else ReportRate()
+    args = {"verifier": verifier, "store": store, "on_report": on_report, "rate": rate}
     return web.Application(
         [(f"{prefix}api/reports", ReportHandler, args)], log_function=_log_request
     )

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import json
 import math
-from collections import Counter, OrderedDict
+from collections import Counter, OrderedDict, deque
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
@@ -85,6 +85,8 @@ REPORT = Spec(
             ),
         ),
         "slice": Spec("object", fields={"pool": Spec("text", 63)}),
+        # whether a person is at a JupyterLab tab of the server (serverext/presence.py)
+        "presence": Spec("object", fields={"known": Spec("bool"), "present": Spec("bool")}),
         # GPU hibernation (issue 22; fracspawner/serverext/hibernate.py): GPU memory its
         # suspended kernels hold in host memory, and its recent suspends and resumes
         "hibernated_gpu_memory_mib": MIB,
@@ -227,9 +229,13 @@ class ServerReport:
     gpu: GpuFacts | None  # None: the server could not read its GPU (the reason says why)
     reason: str = ""
     culled_kernels: tuple[CulledKernel, ...] = ()
-    pool: str = ""  # the pool the server says it is in (FRACSPAWNER_GPU_POOL): a label only
+    # the pool the server says it is in (FRACSPAWNER_GPU_POOL): never used for metrics or the
+    # history, which take the pool from the hub's record of the server (app.Culler.claim)
+    pool: str = ""
     hibernated_mib: float = 0.0  # GPU memory its hibernated kernels hold in host memory
     gpu_events: tuple[GpuEvent, ...] = ()
+    # a person at a tab of the server (True/False), None: no tab reports presence
+    present: bool | None = None
 
 
 def parse_report(report: object, received_at: float, *, checked: bool = False) -> ServerReport:
@@ -259,7 +265,10 @@ def parse_report(report: object, received_at: float, *, checked: bool = False) -
         for kind, key in (("hibernate", "hibernations"), ("resume", "resumes"))
         for e in hibernation.get(key) or []
     ]  # fmt: skip
+    presence = report.get("presence") or {}
+    present = bool(presence.get("present")) if presence.get("known") else None
     common = dict(
+        present=present,
         hibernated_mib=_number(report, "hibernated_gpu_memory_mib"),
         gpu_events=tuple(events),
         pool=pool or "",
@@ -298,6 +307,7 @@ def parse_report(report: object, received_at: float, *, checked: bool = False) -
 KERNELS_KEPT = 512  # culled kernel ids remembered per server (to count each once)
 KERNEL_AGE = 24 * 3600.0  # a cull older than this (by its clamped time) is neither counted nor kept
 SERVERS_PER_USER = 64  # servers one user's tokens may keep reports for at once
+EVENTS_PER_HOUR = 60  # kernel shutdowns (and as many hibernations) counted per server an hour
 
 
 @dataclass
@@ -308,6 +318,22 @@ class _Entry:
     # hibernate/resume events seen ("kind kernel at" -> at), and those not yet taken for metrics
     events_seen: OrderedDict[str, float] = field(default_factory=OrderedDict)
     events_new: list[GpuEvent] = field(default_factory=list)
+    # kernel culls told and not taken yet (taken once the hub has listed the server)
+    culled_new: list[CulledKernel] = field(default_factory=list)
+    # when culls and hibernation events were taken in the last hour (EVENTS_PER_HOUR)
+    taken: dict[str, deque[float]] = field(
+        default_factory=lambda: {"culled": deque(), "events": deque()}
+    )
+
+
+def _within(taken: deque[float], items: list, now: float, per_hour: int) -> list:
+    """The first of `items` that fit in the hour's budget; `taken` holds when each was."""
+    while taken and taken[0] <= now - 3600:
+        taken.popleft()
+    room = max(per_hour - len(taken), 0)
+    kept = items[:room]
+    taken.extend(now for _ in kept)
+    return kept
 
 
 class ReportStore:
@@ -371,22 +397,32 @@ class ReportStore:
             counted[kernel.id] = kernel.at
             if len(counted) > self.kernels_kept:
                 counted.popitem(last=False)
+        entry.culled_new.extend(new)
+        del entry.culled_new[: -self.kernels_kept]
         return new
 
-    def take_events(self, user: str, server: str) -> list[GpuEvent]:
-        """The hibernations and resumes not taken before (each once per server)."""
+    def take_new(
+        self, user: str, server: str, now: float, per_hour: int = EVENTS_PER_HOUR
+    ) -> tuple[list[CulledKernel], list[GpuEvent], int]:
+        """The kernel culls and hibernation events not taken before, each kind at most
+        `per_hour` per server in any hour (by `now`, the culler's clock); and how many were
+        dropped for that bound. Dropped ones are never taken later."""
         entry = self._entries.get((user, server))
         if entry is None:
-            return []
-        new, entry.events_new = entry.events_new, []
-        return new
+            return [], [], 0
+        culled, entry.culled_new = entry.culled_new, []
+        events, entry.events_new = entry.events_new, []
+        kept_culled = _within(entry.taken["culled"], culled, now, per_hour)
+        kept_events = _within(entry.taken["events"], events, now, per_hour)
+        return (
+            kept_culled,
+            kept_events,
+            len(culled) + len(events) - len(kept_culled) - len(kept_events),
+        )
 
-    def hibernated_mib(self) -> dict[str, float]:
-        """Per pool the server says it is in: GPU memory its hibernated kernels hold."""
-        out: dict[str, float] = {}
-        for entry in self._entries.values():
-            out[entry.report.pool] = out.get(entry.report.pool, 0.0) + entry.report.hibernated_mib
-        return out
+    def hibernated(self) -> list[tuple[str, str, float]]:
+        """(user, server, GPU memory its hibernated kernels hold) of every server's report."""
+        return [(u, s, e.report.hibernated_mib) for (u, s), e in self._entries.items()]
 
     def for_server(self, facts: ServerFacts, slack: float = 60.0) -> ServerReport | None:
         """The report of this incarnation of the server (a previous one's does not count)."""

@@ -2,14 +2,17 @@
 state and what the culler will do next, from the last cycle, and what it ended in the last 24 h.
 
 Bounded: the server view is the last cycle's (one entry per ready server), the history at most
-`HISTORY_LIMIT` events and none older than `HISTORY_SECONDS`; both live in memory, so after a
-restart the history starts again (`since` says when). Pure apart from the clock the caller
-passes in.
+`HISTORY_LIMIT` server stops and as many kernel shutdowns, none older than `HISTORY_SECONDS`;
+both live in memory, so after a restart the history starts again (`since` says when). Server
+stops are the culler's own acts; kernel shutdowns are what servers report (their own word), so
+they are kept apart: a flood of reports cannot push a real stop out, and one user's kernel
+events take at most `USER_SHARE` of their part (the user's oldest go first). Pure apart from
+the clock the caller passes in.
 """
 
 from __future__ import annotations
 
-from collections import deque
+from collections import Counter, deque
 from collections.abc import Iterable
 from dataclasses import asdict, dataclass
 from typing import Any
@@ -18,6 +21,7 @@ from .decide import Decision, GpuFacts, Policy, Reading, ServerFacts, server_dea
 
 HISTORY_SECONDS = 24 * 3600.0
 HISTORY_LIMIT = 10_000  # events; a class of 500 culled every hour for a day is 12,000
+USER_SHARE = 0.05  # of the kernel history one user's servers may fill (500 of 10,000)
 CAME_BACK_SECONDS = 30 * 60.0
 
 
@@ -66,21 +70,57 @@ def next_step(
 class CullerState:
     """The last cycle's view of every server and the bounded history of what was ended."""
 
-    def __init__(self, started_at: float, *, limit: int = HISTORY_LIMIT) -> None:
+    def __init__(
+        self, started_at: float, *, limit: int = HISTORY_LIMIT, user_share: float = USER_SHARE
+    ) -> None:
         self.started_at = started_at
         self.limit = limit
-        self.history: deque[CullEvent] = deque(maxlen=limit)
+        self.history: deque[CullEvent] = deque(maxlen=limit)  # server stops (the culler's)
+        # kernel shutdowns the servers reported, and how many each user has there
+        self.kernel_events: deque[CullEvent] = deque()
+        self.per_user = max(1, int(limit * user_share))
+        self._kernels_of: Counter[str] = Counter()
         self.servers: list[dict[str, Any]] = []
         self.last_cycle_at: float | None = None
         # (user, server) -> (gpu state, since): how long a server has been busy/unknown
         self._since: dict[tuple[str, str], tuple[str, float]] = {}
 
     def record(self, event: CullEvent) -> None:
-        self.history.append(event)
+        if event.kind != "kernel":
+            self.history.append(event)
+            return
+        if self._kernels_of[event.user] >= self.per_user:
+            # the user's share is full: their oldest event makes room, nobody else's
+            for i, old in enumerate(self.kernel_events):
+                if old.user == event.user:
+                    del self.kernel_events[i]
+                    self._kernels_of[event.user] -= 1
+                    break
+        elif len(self.kernel_events) >= self.limit:
+            self._forget(self.kernel_events.popleft())
+        self.kernel_events.append(event)
+        self._kernels_of[event.user] += 1
+
+    def _forget(self, event: CullEvent) -> None:
+        self._kernels_of[event.user] -= 1
+        if self._kernels_of[event.user] <= 0:
+            del self._kernels_of[event.user]
 
     def prune(self, now: float) -> None:
         while self.history and self.history[0].at < now - HISTORY_SECONDS:
             self.history.popleft()
+        # kernel events are kept in arrival order; their times may be older than the newest
+        old = [e for e in self.kernel_events if e.at < now - HISTORY_SECONDS]
+        if old:
+            self.kernel_events = deque(
+                e for e in self.kernel_events if e.at >= now - HISTORY_SECONDS
+            )
+            for event in old:
+                self._forget(event)
+
+    def events(self) -> list[CullEvent]:
+        """Server stops and kernel shutdowns together, oldest first."""
+        return sorted([*self.history, *self.kernel_events], key=lambda e: e.at)
 
     def cycle(
         self, rows: Iterable[dict[str, Any]], started: Iterable[ServerFacts], now: float
@@ -119,7 +159,7 @@ class CullerState:
 
     def to_json(self, now: float) -> dict[str, Any]:
         self.prune(now)
-        history = [asdict(e) for e in self.history]
+        history = [asdict(e) for e in self.events()]
         return {
             "now": now,
             "since": self.started_at,
