@@ -59,6 +59,7 @@ BUILTIN_BACKENDS: dict[str, str] = {
     "gke-mps": "fracspawner.backends.gke:GkeMpsBackend",
     "gke-mig": "fracspawner.backends.gke:GkeMigBackend",
     "whole": "fracspawner.backends.whole:WholeGpuBackend",
+    "dra": "fracspawner.backends.dra:DraBackend",
 }
 
 #: Env a user, profile or admin config must never set on a GPU pod: each either switches a
@@ -298,7 +299,8 @@ def _plan_slice(s: Slice, pool: Pool | None, image: Image | None) -> PodPlan:
         ANNOTATION_MEMORY: str(memory),
     }
     env: dict[str, str] = {}
-    enforced = backend.enforced(pool)
+    # a backend may say per offer (DRA: MIG is isolated, a memory share is only booked)
+    enforced = backend.enforced(pool) or plan.enforced
     if not enforced and offer.kind != "whole":
         # JAX's fraction is of the memory the device reports, not of the marketing figure
         env.update(_soft_caps(memory, pool.gpu.device_memory_mib))
@@ -325,6 +327,8 @@ def _plan_slice(s: Slice, pool: Pool | None, image: Image | None) -> PodPlan:
         memory_mib=memory,
         notes=notes + tuple(plan.notes),
         enforced=enforced,
+        container_claims=tuple(MappingProxyType(dict(c)) for c in plan.container_claims),
+        claim_templates=tuple(plan.claim_templates),
     )
 
 

@@ -42,6 +42,11 @@ class PodPlan:
     notes: tuple[str, ...] = ()
     #: whether the backend hard-isolates GPU memory (a process cannot exceed memory_mib)
     enforced: bool = False
+    #: Kubernetes DRA: entries of the GPU container's `resources.claims` (the pod's
+    #: `spec.resourceClaims` go in extra_pod_config), and the ResourceClaimTemplates they
+    #: name (manifests without a namespace: made in the server's namespace)
+    container_claims: tuple[Mapping[str, Any], ...] = field(default=(), hash=False)
+    claim_templates: tuple[Mapping[str, Any], ...] = field(default=(), hash=False)
 
 
 def gpu_limit(count: int | str = 1, resource: str = "nvidia.com/gpu") -> dict[str, str]:

@@ -30,6 +30,8 @@ def apply_to_container(
     resources = container.setdefault("resources", {})
     _merge(resources, "limits", dict(plan.limits))
     _merge(resources, "requests", dict(plan.requests))
+    if plan.container_claims:
+        resources["claims"] = merge_by_name(resources.get("claims"), plan.container_claims)
     if not resources:
         del container["resources"]
     env = [
@@ -79,8 +81,20 @@ def apply_plan(
     if plan.scheduler_name:
         spec["schedulerName"] = plan.scheduler_name
     for key, value in plan.extra_pod_config.items():
-        spec[key] = copy.deepcopy(value)
+        if key == "resourceClaims":  # the pod's own claims stay beside the plan's
+            spec[key] = merge_by_name(spec.get(key), value)
+        else:
+            spec[key] = copy.deepcopy(value)
     return out
+
+
+def merge_by_name(current: Any, entries: Any) -> list[dict[str, Any]]:
+    """A list of named entries (claims) with `entries` in it: an entry of the same name is
+    replaced, so applying a plan twice gives the same list."""
+    new = [dict(copy.deepcopy(dict(e))) for e in entries]
+    names = {e.get("name") for e in new}
+    kept = [copy.deepcopy(e) for e in current or [] if e.get("name") not in names]
+    return kept + new
 
 
 def is_privileged(container: Any) -> bool:

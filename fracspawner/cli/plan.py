@@ -76,6 +76,23 @@ async def build_manifest(
     config: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
     """The camelCase pod manifest FracSpawner would create for these user_options."""
+    pod, _ = await build_objects(
+        catalog, options, user=user, groups=groups, admin=admin, config=config
+    )
+    return pod
+
+
+async def build_objects(
+    catalog: str,
+    options: dict[str, Any],
+    *,
+    user: str = "alice",
+    groups: list[str] | None = None,
+    admin: bool = False,
+    config: dict[str, Any] | None = None,
+) -> tuple[dict[str, Any], list[dict[str, Any]]]:
+    """The pod FracSpawner would create and the DRA ResourceClaimTemplates it would make
+    first in the pod's namespace (none for other backends)."""
     from kubernetes_asyncio.client import ApiClient
     from traitlets.config import Config
 
@@ -95,7 +112,7 @@ async def build_manifest(
     await spawner.load_user_options()
     pod = await spawner.get_pod_manifest()
     async with ApiClient() as api:
-        return api.sanitize_for_serialization(pod)
+        return api.sanitize_for_serialization(pod), spawner.claim_templates()
 
 
 #: a z2jh single-user pod reduced to what a plan is applied onto (no kubespawner here)
@@ -130,13 +147,30 @@ def build_bare_manifest(
     admin: bool = False,
 ) -> dict[str, Any]:
     """The GPU fields of the pod for these user_options, on a minimal pod (no kubespawner)."""
+    return build_bare_objects(catalog, options, user=user, groups=groups, admin=admin)[0]
+
+
+def build_bare_objects(
+    catalog: str,
+    options: dict[str, Any],
+    *,
+    user: str = "alice",
+    groups: list[str] | None = None,
+    admin: bool = False,
+) -> tuple[dict[str, Any], list[dict[str, Any]]]:
+    """build_bare_manifest's pod and the DRA claim templates (namespace `default`)."""
     from ..backends import is_reserved_env, load_catalog
     from ..backends.podspec import apply_plan
     from ..choice.options import resolve_choice
 
     cat = load_catalog(catalog)
     choice = resolve_choice(cat, options, rule=cat.rule_for(user, groups or []), admin=admin)
-    return apply_plan(bare_pod(user), choice.plan, reserved=is_reserved_env)
+    pod = apply_plan(bare_pod(user), choice.plan, reserved=is_reserved_env)
+    templates = [
+        {**dict(t), "metadata": {**dict(t["metadata"]), "namespace": "default"}}
+        for t in choice.plan.claim_templates
+    ]
+    return pod, templates
 
 
 def _have_kubespawner() -> bool:
@@ -178,9 +212,9 @@ def main(argv: list[str]) -> int:
     who = {"user": args.user, "groups": args.group, "admin": not args.check_access}
     try:
         if _have_kubespawner():
-            manifest = asyncio.run(build_manifest(args.catalog, options, **who))
+            manifest, templates = asyncio.run(build_objects(args.catalog, options, **who))
         else:
-            manifest = build_bare_manifest(args.catalog, options, **who)
+            manifest, templates = build_bare_objects(args.catalog, options, **who)
             print(
                 "fracspawner plan: kubespawner is not installed (pip install fracspawner[hub]); "
                 "the GPU fields are exact, the rest is a minimal single-user pod",
@@ -191,8 +225,13 @@ def main(argv: list[str]) -> int:
         message = getattr(exc, "jupyterhub_message", None) or str(exc)
         print(f"fracspawner plan: {' '.join(str(message).split())}", file=sys.stderr)
         return 2
+    # a DRA slice: the pod, then the ResourceClaimTemplate(s) its claim is made from (the hub
+    # makes them in the pod's namespace first); JSON: a v1 List of both, as kubectl prints
     if args.output == "json":
-        print(json.dumps(manifest, indent=2, sort_keys=True))
+        out: Any = manifest
+        if templates:
+            out = {"apiVersion": "v1", "kind": "List", "items": [manifest, *templates]}
+        print(json.dumps(out, indent=2, sort_keys=True))
     else:
-        print(yaml.safe_dump(manifest, sort_keys=False), end="")
+        print(yaml.safe_dump_all([manifest, *templates], sort_keys=False), end="")
     return 0

@@ -158,6 +158,10 @@ class FracSpawner(KubeSpawner):
         #: what this server holds or is starting (made at admission, kept in JupyterHub's
         #: state); the quota of the user's other servers counts it
         self.hold: Hold | None = None
+        #: this spawn's DRA claims (the GPU container's resources.claims) and the templates
+        #: they name; emptied by clear_state like every trait (nothing leaks to the next spawn)
+        self._container_claims: tuple[Mapping[str, Any], ...] = ()
+        self._claim_templates: tuple[Mapping[str, Any], ...] = ()
 
     def _snapshot_config(self) -> dict[str, Any]:
         values = {}
@@ -196,6 +200,7 @@ class FracSpawner(KubeSpawner):
         """
         self._release_hold()
         self._restore_baseline()
+        self._container_claims = self._claim_templates = ()
         super().clear_state()  # kubespawner re-derives pod_name/dns_name from the namespace
 
     def get_state(self) -> dict[str, Any]:
@@ -618,6 +623,50 @@ class FracSpawner(KubeSpawner):
                 **self.extra_container_config,
                 **copy.deepcopy(dict(plan.extra_container_config)),
             }
+        self._container_claims = tuple(plan.container_claims)
+        self._claim_templates = tuple(plan.claim_templates)
+
+    # ---------------------------------------------------------------- DRA claims
+    async def get_pod_manifest(self) -> Any:
+        """kubespawner's pod, with this spawn's DRA claims on the notebook container
+        (kubespawner has no trait for a container's `resources.claims`; the pod's
+        `spec.resourceClaims` come through extra_pod_config)."""
+        pod = await super().get_pod_manifest()
+        if self._container_claims:
+            from ..backends.podspec import merge_by_name
+
+            container = pod.spec.containers[0]  # make_pod puts the notebook container first
+            if container.resources is None:
+                from kubernetes_asyncio.client import V1ResourceRequirements
+
+                container.resources = V1ResourceRequirements()
+            container.resources.claims = merge_by_name(
+                [_camel(c) for c in container.resources.claims or []], self._container_claims
+            )
+        return pod
+
+    def claim_templates(self) -> list[dict[str, Any]]:
+        """The ResourceClaimTemplates this spawn's pod names, in the server's namespace."""
+        return [
+            {**t, "metadata": {**t["metadata"], "namespace": self.namespace}}
+            for t in copy.deepcopy([dict(t) for t in self._claim_templates])
+        ]
+
+    async def _make_create_pod_request(self, pod: Any, request_timeout: float) -> Any:
+        """Make the claim templates the pod names (after kubespawner made the namespace),
+        then the pod. A template that cannot be made fails the spawn in words."""
+        if self._claim_templates:
+            from .claims import ClaimTemplateError, ensure_claim_templates
+
+            try:
+                made = await ensure_claim_templates(
+                    self.api.api_client, self.namespace, self._claim_templates
+                )
+            except ClaimTemplateError as exc:
+                raise web.HTTPError(500, str(exc)) from None
+            if made:
+                self.log.info("Claim templates for %s: %s", self._log_name, ", ".join(made))
+        return await super()._make_create_pod_request(pod, request_timeout)
 
     # ---------------------------------------------------------------- waiting in line
     def start(self) -> Any:
@@ -787,6 +836,16 @@ def _pod_age(pod: Mapping[str, Any]) -> float | None:
     """Seconds since the pod was created (its creationTimestamp), None when not readable."""
     created = created_at(pod)
     return None if created is None else max(0.0, time.time() - created)
+
+
+def _camel(claim: Any) -> dict[str, Any]:
+    """A container claim as a camelCase dict (a kubernetes_asyncio model or a dict)."""
+    if isinstance(claim, Mapping):
+        return dict(claim)
+    out = {"name": claim.name}
+    if getattr(claim, "request", None):
+        out["request"] = claim.request
+    return out
 
 
 def _fresh_copy(value: Any) -> Any:
