@@ -11,6 +11,7 @@ from __future__ import annotations
 import copy
 import json
 import os
+import re
 import shutil
 import sys
 from collections.abc import Iterator, Mapping
@@ -67,13 +68,57 @@ def embed_catalog_schema(values_schema: Mapping[str, Any], catalog: Mapping[str,
     schema["$defs"] = defs
     schema["properties"] = dict(schema["properties"])
     # {} (the default) means the chart's files/default-catalog.yaml; anything else is a catalog
+    then = dict(body)
+    then["allOf"] = [*body.get("allOf", []), hub_catalog_rules()]
     schema["properties"]["catalog"] = {
         "description": "The fracspawner catalog; {} for the chart's default catalog.",
         "type": "object",
         "if": {"minProperties": 1},
-        "then": body,
+        "then": then,
     }
     return schema
+
+
+def hub_catalog_rules() -> dict:
+    """What the hub refuses at start beyond the catalog schema, where a schema can say it, so
+    `helm install` refuses it instead of a hub that does not start: a `gpu` naming no built-in
+    model (fracspawner/model/catalog.py `_gpu_model`: `lookup_model` takes a name or alias,
+    case-insensitively, after strip()), and a replica pool (NVIDIA time-slicing/MPS, GKE
+    sharing: backends/base.py `ReplicaBackend.check_pool`) without `replicas` of 2 or more."""
+    from fracspawner.backends import BUILTIN_BACKENDS, get_backend
+    from fracspawner.backends.base import ReplicaBackend
+    from fracspawner.model.gpumodels import GPU_MODELS
+
+    names = sorted({n.lower() for m in GPU_MODELS.values() for n in (m.name, *m.aliases)})
+    assert all(re.fullmatch(r"[a-z0-9-]+", n) for n in names), names  # no regex escapes
+    alternatives = "|".join(names)
+    replica_rules = []
+    for name in BUILTIN_BACKENDS:
+        backend = get_backend(name)
+        if not isinstance(backend, ReplicaBackend):
+            continue
+        replicas: dict[str, Any] = {"minimum": 2}
+        if backend.max_replicas:
+            replicas["maximum"] = backend.max_replicas
+        replica_rules.append(
+            {
+                "if": {"properties": {"backend": {"const": name}}, "required": ["backend"]},
+                "then": {"required": ["replicas"], "properties": {"replicas": replicas}},
+            }
+        )
+    pool = {
+        "properties": {
+            "gpu": {
+                "if": {"type": "string"},
+                "then": {
+                    "description": "a built-in GPU model: " + ", ".join(GPU_MODELS),
+                    "pattern": rf"^\s*(?i:{alternatives})\s*$",
+                },
+            }
+        },
+        "allOf": replica_rules,
+    }
+    return {"properties": {"pools": {"additionalProperties": pool}}}
 
 
 def expected_values_schema() -> dict:

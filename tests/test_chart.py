@@ -15,6 +15,7 @@ import datetime
 import json
 import re
 import subprocess
+import sys
 import time
 import urllib.error
 import urllib.request
@@ -281,6 +282,87 @@ def test_values_schema_rejects_typos_and_wrong_types(values, message):
     with pytest.raises(helm.HelmValuesError) as info:
         render(values)
     assert message in str(info.value), str(info.value)
+
+
+def _with_pool(**pool: Any) -> dict:
+    catalog = copy.deepcopy(DEMO_CATALOG)
+    catalog["pools"]["extra"] = {"offers": ["1/4"], **pool}
+    return catalog
+
+
+#: pools the hub refuses at start and the schema must refuse too, and near misses it takes
+HUB_POOLS = [
+    ({"gpu": "H1000", "backend": "whole", "offers": ["1"]}, "/catalog/pools/extra/gpu"),
+    ({"gpu": "T4", "backend": "timeslicing"}, "missing property 'replicas'"),
+    ({"gpu": "T4", "backend": "mps"}, "missing property 'replicas'"),
+    ({"gpu": "L4", "backend": "gke-timesharing"}, "missing property 'replicas'"),
+    ({"gpu": "T4", "backend": "timeslicing", "replicas": 1}, "/catalog/pools/extra/replicas"),
+    ({"gpu": " t4 ", "backend": "timeslicing", "replicas": 4}, None),  # case and spaces: fine
+    ({"gpu": "h100-nvl", "backend": "whole", "offers": ["1"]}, None),  # an alias
+    ({"gpu": {"name": "B200", "memory_mib": 183359}, "backend": "whole", "offers": ["1"]}, None),
+]
+
+
+@pytest.mark.parametrize(("pool", "message"), HUB_POOLS)
+def test_values_schema_refuses_the_pools_the_hub_refuses(pool, message):
+    """An unknown GPU model or a replica pool (time-slicing, MPS, GKE sharing) without
+    `replicas` used to pass `helm install` and then stop the hub at start. The schema (Helm's
+    own validation, helm-python-sdk) now refuses what the hub's catalog loader refuses, and
+    takes what it takes: the loader (fracspawner.backends.load_catalog, what the hub runs) is
+    asked the same question."""
+    import helm_python as helm
+
+    from fracspawner.backends import load_catalog
+    from fracspawner.model.errors import CatalogError
+
+    catalog = _with_pool(**pool)
+    try:
+        load_catalog(catalog)
+        hub_refuses = False
+    except CatalogError:
+        hub_refuses = True
+    assert hub_refuses == (message is not None)
+    if message is None:
+        render({"catalog": catalog})
+        return
+    with pytest.raises(helm.HelmValuesError) as info:
+        render({"catalog": catalog})
+    assert message in str(info.value), str(info.value)
+
+
+@pytest.mark.parametrize(
+    "extra_env",
+    [
+        {"TZ": "UTC", "FROM_SECRET": {"valueFrom": {"secretKeyRef": {"name": "s", "key": "k"}}}},
+        [{"name": "TZ", "value": "UTC"}],
+    ],
+    ids=["map", "list"],
+)
+def test_extra_env_as_a_map_or_a_list_renders_without_helm_warnings(extra_env):
+    """z2jh takes extraEnv as a map or a list; Helm warns when a value's shape differs from the
+    chart default's ("destination for ...extraEnv is a table. Ignoring non-table value ([])",
+    Helm's pkg/chartutil/coalesce.go), so the chart has no default for it. Helm's Go code
+    prints the warning to the process's stderr: the render runs in a child process."""
+    values = copy.deepcopy(ALL_ON)  # every workload the chart has
+    for part in ("culler", "service", "webhook", "kubeflowCuller"):
+        values[part]["extraEnv"] = extra_env
+    script = (
+        "import json, sys\n"
+        "from tests.chart_support import render, objects\n"
+        "objs = objects(render(json.loads(sys.argv[1])))\n"
+        "print(json.dumps([c.get('env', []) for o in objs if o['kind'] == 'Deployment'"
+        " for c in o['spec']['template']['spec']['containers']]))\n"
+    )
+    proc = subprocess.run(
+        [sys.executable, "-c", script, json.dumps(values)],
+        capture_output=True, text=True, cwd=REPO, timeout=300,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "warning" not in proc.stderr.lower(), proc.stderr
+    envs = json.loads(proc.stdout)
+    assert len(envs) >= 4
+    for env in envs:
+        assert {"name": "TZ", "value": "UTC"} in env, env
 
 
 def test_default_catalog_is_a_valid_catalog(rendered_objects, tmp_path):
@@ -1182,7 +1264,12 @@ def test_webhook_configuration_matches_profile_pod_creates(rendered_objects):
         {"key": "fracspawner.io/pool", "operator": "Exists"},
     ]
     # narrowed: no webhook for the pods that are no notebook
-    assert [h["name"].split(".")[0] for h in hooks] == ["slices", "workspaces", "guard"]
+    assert [h["name"].split(".")[0] for h in hooks] == [
+        "slices",
+        "workspaces",
+        "guard",
+        "ephemeral",
+    ]
 
 
 @pytest.mark.parametrize(
