@@ -305,6 +305,48 @@ def test_one_users_kernel_events_take_at_most_their_share_of_the_history():
     assert [e["message"] for e in history if e["user"] == "mallory"][-1] == "501"  # the newest
 
 
+# --- issue 28 item 12: refused before the body is read; the reporter honours Retry-After ------
+async def head_only(url: str, headers: str, length: int = 400_000) -> bytes:
+    """Send a report's headers (announcing `length` bytes of body) and no body: the status
+    line of the answer, which a server that reads the body first never sends."""
+    where = urlparse(url)
+    reader, writer = await asyncio.open_connection(where.hostname, where.port)
+    writer.write(
+        f"POST {where.path} HTTP/1.1\r\nHost: {where.netloc}\r\n{headers}"
+        f"Content-Type: application/json\r\nContent-Length: {length}\r\n\r\n".encode()
+    )
+    try:  # the bound only ends a failing test (the old culler waits for the body forever)
+        return await asyncio.wait_for(reader.readline(), 60)
+    except asyncio.TimeoutError:
+        return b"(no answer while the body was unsent)"
+    finally:
+        writer.close()
+
+
+async def test_a_report_without_a_valid_token_is_refused_before_its_body_is_read(receiver):
+    assert b" 401 " in await head_only(receiver.url, "")
+    assert b" 403 " in await head_only(receiver.url, "Authorization: token not-a-token\r\n")
+    # a known token's report is read and taken as before
+    assert (await receiver.post(report()))[0] == 204
+
+
+@pytest.mark.parametrize("receiver", [{"report_rate": 0.5, "report_burst": 1}], indirect=True)
+async def test_the_reporter_waits_as_long_as_a_429_says(receiver):
+    """The extension's reporter against the real receiver: a server over its rate (here one
+    report, then one every 2 minutes) gets 429 with Retry-After, and the reporter's next
+    report waits that long, not its usual minute."""
+    from fracspawner.serverext.reporter import GpuReporter
+
+    reporter = GpuReporter(
+        report=lambda: report(), token="ann-token", server_name="gpu",
+        culler_url=receiver.url.removesuffix("api/reports"),
+    )  # fmt: skip
+    assert await reporter.push_once() and reporter.next_delay() == reporter.report_interval
+    assert not await reporter.push_once()  # too soon
+    assert "429" in reporter.last_error
+    assert reporter.next_delay() >= 100 and reporter.next_delay() > reporter.report_interval
+
+
 # --- item 3: authenticate first, then parse strictly; 400 with the reason ----------------------
 async def test_deep_nesting_is_refused_after_the_token_never_a_500(receiver):
     deep = b'{"culled_kernels": ' + b"[" * 100_000 + b"]" * 100_000 + b"}"

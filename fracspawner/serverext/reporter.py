@@ -6,6 +6,10 @@ culler's credentials): the server sends its report to the culler's endpoint
 the token JupyterHub gave this server, and the culler asks the hub whose token it is. The
 server's name (`$JUPYTERHUB_SERVER_NAME`) says which of its user's servers it is. Nothing is
 sent without both variables.
+
+A culler that answers 429 says when to come back (`Retry-After`, seconds): the next report is
+sent no sooner, and no later either (it may be a first report the culler was too busy for),
+whatever `report_interval` is; a Retry-After over MAX_RETRY_AFTER is taken as that.
 """
 
 from __future__ import annotations
@@ -15,6 +19,7 @@ import json
 import os
 from collections.abc import Callable
 from datetime import datetime, timezone
+from email.utils import parsedate_to_datetime
 from typing import Any
 
 from tornado.httpclient import AsyncHTTPClient, HTTPClientError, HTTPRequest
@@ -23,6 +28,7 @@ from traitlets import Float, Unicode, default
 from .loop import BackgroundLoop
 
 ENV_CULLER_URL = "FRACSPAWNER_CULLER_URL"
+MAX_RETRY_AFTER = 3600.0  # seconds: a culler's Retry-After beyond this is capped
 
 
 class GpuReporter(BackgroundLoop):
@@ -62,6 +68,7 @@ class GpuReporter(BackgroundLoop):
         self.sent = 0
         self.last_error: str | None = None
         self.last_sent_at: datetime | None = None
+        self.retry_after: float | None = None  # the culler's last 429 asked for this wait
 
     @property
     def enabled(self) -> bool:
@@ -84,7 +91,12 @@ class GpuReporter(BackgroundLoop):
                 await self.push_once()
             except Exception:  # one failed report must not end reporting for the server's life
                 self.log.exception("fracspawner: GPU report to the culler failed")
-            await asyncio.sleep(self.report_interval)
+            await asyncio.sleep(self.next_delay())
+
+    def next_delay(self) -> float:
+        """Seconds until the next report: the culler's Retry-After after a 429, else
+        report_interval."""
+        return self.report_interval if self.retry_after is None else self.retry_after
 
     async def push_once(self) -> bool:
         """POST one report; True when the culler took it."""
@@ -100,9 +112,12 @@ class GpuReporter(BackgroundLoop):
             request_timeout=self.request_timeout,
             follow_redirects=False,  # the token goes to the culler's URL and nowhere else
         )
+        self.retry_after = None
         try:
             await AsyncHTTPClient().fetch(req)
         except (HTTPClientError, OSError) as exc:
+            if isinstance(exc, HTTPClientError) and exc.code == 429:
+                self.retry_after = _retry_after(exc)
             error = str(exc)
             if error != self.last_error:  # say it once, not every minute
                 self.log.warning("fracspawner: the culler refused the GPU report: %s", error)
@@ -123,7 +138,24 @@ class GpuReporter(BackgroundLoop):
             "sent": self.sent,
             "last_sent_at": _iso(self.last_sent_at) if self.last_sent_at else None,
             "last_error": self.last_error,
+            "retry_after": self.retry_after,
         }
+
+
+def _retry_after(exc: HTTPClientError) -> float:
+    """A 429's Retry-After in seconds (RFC 9110 10.2.3: delay-seconds, or an HTTP date),
+    between 1 and MAX_RETRY_AFTER; report_interval's default (60) when it has none."""
+    value = (exc.response.headers.get("Retry-After", "") if exc.response else "").strip()
+    seconds = 60.0
+    if value.isdigit():
+        seconds = float(value)
+    elif value:
+        try:
+            when = parsedate_to_datetime(value)
+            seconds = (when - datetime.now(timezone.utc)).total_seconds()
+        except (TypeError, ValueError):
+            pass
+    return min(max(seconds, 1.0), MAX_RETRY_AFTER)
 
 
 def _iso(value: object) -> str:
