@@ -377,8 +377,21 @@ def test_the_webhook_configuration_sorts_after_kubeflows_and_sends_profile_pods(
     (mwc,) = _docs(out / "mutatingwebhookconfiguration.yaml")
     assert mwc["metadata"]["name"] == WEBHOOK_NAME
     assert WEBHOOK_NAME > "poddefaults-webhook-mutating-webhook-configuration"
-    hook, workspaces, others, guard = mwc["webhooks"]
+    hook, workspaces, others, guard, ephemeral = mwc["webhooks"]
     assert guard["rules"][0]["operations"] == ["UPDATE"]
+    # issue 28 item 6: kubectl debug's subresource, for every pod of a profile namespace
+    assert ephemeral["rules"] == [
+        {
+            "operations": ["UPDATE"],
+            "apiGroups": [""],
+            "apiVersions": ["v1"],
+            "resources": ["pods/ephemeralcontainers"],
+            "scope": "Namespaced",
+        }
+    ]
+    assert "objectSelector" not in ephemeral
+    assert ephemeral["namespaceSelector"] == hook["namespaceSelector"]
+    assert ephemeral["clientConfig"] == hook["clientConfig"]
     assert guard["objectSelector"]["matchExpressions"][0]["key"] == "fracspawner.io/pool"
     assert hook["rules"][0]["operations"] == ["CREATE"]
     assert hook["clientConfig"]["service"] == {
@@ -407,7 +420,10 @@ def test_the_webhook_configuration_sorts_after_kubeflows_and_sends_profile_pods(
         assert one["rules"] == hook["rules"] and one["clientConfig"] == hook["clientConfig"]
         assert one["failurePolicy"] == "Fail" and one["reinvocationPolicy"] == "IfNeeded"
     code, out = _write(tmp_path, CATALOG, "--slice-pods-only", "--failure-policy", "Ignore")
-    hook, workspaces, _ = _docs(out / "mutatingwebhookconfiguration.yaml")[0]["webhooks"]
+    hook, workspaces, _, ephemeral = _docs(out / "mutatingwebhookconfiguration.yaml")[0][
+        "webhooks"
+    ]
+    assert ephemeral["failurePolicy"] == "Ignore"
     assert hook["objectSelector"]["matchExpressions"][1]["key"] == "fracspawner.io/pool"
     assert workspaces["objectSelector"]["matchExpressions"][2]["key"] == "fracspawner.io/pool"
     assert hook["failurePolicy"] == "Ignore"

@@ -34,6 +34,8 @@ from ..model.access import within_quota
 from ..model.catalog import AccessRule, Catalog
 from ..model.errors import OptionsError, SliceError
 from .recognise import (
+    VISIBILITY_ENV,
+    VOID,
     catalog_resources,
     containers_of,
     gpu_asks,
@@ -43,6 +45,7 @@ from .recognise import (
     matching_plans,
     most_specific,
     pod_asks,
+    unreadable_env,
     visibility_env,
 )
 
@@ -77,6 +80,9 @@ class Review:
     pod: dict[str, Any]
     old_pod: dict[str, Any] | None
     dry_run: bool
+    #: "" for the pod itself; "ephemeralcontainers" for kubectl debug's subresource, whose
+    #: review carries the whole Pod since Kubernetes 1.22 (kubernetes/kubernetes#101034)
+    sub_resource: str = ""
 
     @property
     def name(self) -> str:
@@ -123,6 +129,7 @@ def parse_review(body: bytes) -> Review:
         pod=pod if isinstance(pod, dict) else {},
         old_pod=old if isinstance(old, dict) else None,
         dry_run=bool(request.get("dryRun")),
+        sub_resource=str(request.get("subResource") or ""),
     )
 
 
@@ -351,17 +358,62 @@ def admit(
     return Admitted(_mutate(pod, plan, catalog), plan, ask)
 
 
-def refuse_visible_gpus(pod: Mapping[str, Any], namespace: str) -> None:
+def refuse_visible_gpus(
+    pod: Mapping[str, Any],
+    namespace: str,
+    containers: list[Mapping[str, Any]] | None = None,
+) -> None:
     """Refuse a pod whose spec would let the NVIDIA container toolkit hand GPUs to a container
-    that holds no GPU resource (recognise.visibility_env): every GPU of the node, counted by
-    no quota."""
-    found = visibility_env(pod)
+    that holds no GPU of its own (recognise.visibility_env): every GPU of the node, counted by
+    no quota. Every pod, whatever it asks for; `containers`: only these (new ephemeral ones)."""
+    found = visibility_env(pod, containers)
     if found:
         raise Refusal(
             f"fracspawner refused this pod in namespace {namespace}: {'; '.join(found)}. "
             "A container holding no GPU resource must not choose GPUs through its environment "
             "(the NVIDIA toolkit would give it the node's GPUs outside every quota); remove "
             "the variable, or ask for a GPU through a fracspawner GPU configuration",
+            "invalid",
+        )
+
+
+def hide_devices_from_env(pod: Mapping[str, Any]) -> dict[str, Any]:
+    """The pod with `NVIDIA_VISIBLE_DEVICES=void` (and NVIDIA_IMEX_CHANNELS) written into each
+    init and app container that holds no GPU of its own and takes env through `envFrom`, which
+    the webhook cannot read: an `env` entry wins over every envFrom source, so whatever the
+    ConfigMap or Secret says (now or later) hands out no device. Unchanged pods are returned
+    as they are (a copy)."""
+    out = json.loads(json.dumps(pod))
+    spec = out.get("spec") or {}
+    for key in ("initContainers", "containers"):
+        for container in spec.get(key) or []:
+            if not unreadable_env(out, container):
+                continue
+            have = {str(e.get("name", "")) for e in container.get("env") or []}
+            env = container.setdefault("env", [])
+            env += [{"name": v, "value": VOID} for v in VISIBILITY_ENV if v not in have]
+    return out
+
+
+def check_ephemeral(old: Mapping[str, Any], new: Mapping[str, Any], namespace: str) -> None:
+    """Refuse ephemeral containers (kubectl debug) added to a pod that could see GPUs through
+    their env: they hold no GPU resource (an ephemeral container may not set resources), so the
+    device plugin gives them none, but the toolkit honours their NVIDIA_VISIBLE_DEVICES. An
+    `envFrom` cannot be checked and is refused too (it could be overridden as on a create, but
+    a debugging container needs no ConfigMap's env)."""
+    before = {str(c.get("name")) for c in (old.get("spec") or {}).get("ephemeralContainers") or []}
+    added = [
+        c
+        for c in (new.get("spec") or {}).get("ephemeralContainers") or []
+        if isinstance(c, Mapping) and str(c.get("name")) not in before
+    ]
+    refuse_visible_gpus(new, namespace, added)
+    unread = [str(c.get("name")) for c in added if unreadable_env(new, c)]
+    if unread:
+        raise Refusal(
+            f"fracspawner refused the ephemeral container(s) {', '.join(unread)} in namespace "
+            f"{namespace}: envFrom could set NVIDIA_VISIBLE_DEVICES, which would give the "
+            "container the node's GPUs; set the variables it needs with env instead",
             "invalid",
         )
 
@@ -441,7 +493,9 @@ __all__ = [
     "Review",
     "SliceAsk",
     "admit",
+    "check_ephemeral",
     "guard_update",
+    "hide_devices_from_env",
     "json_patch",
     "other_pod_gpu",
     "parse_review",

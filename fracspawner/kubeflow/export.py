@@ -53,6 +53,8 @@ PODDEFAULT_WEBHOOK = "poddefaults-webhook-mutating-webhook-configuration"
 WEBHOOK_NAME = "slices.webhook.fracspawner.io"
 #: the second webhook of the configuration: slice labels and quota annotations stay as admitted
 GUARD_NAME = "guard.slices.webhook.fracspawner.io"
+#: the webhook refusing ephemeral containers (kubectl debug) that would see GPUs through env
+EPHEMERAL_NAME = "ephemeral.slices.webhook.fracspawner.io"
 #: the label of every exported object: the Helm chart's objects carry it too, with the same
 #: value, and no key of the chart's labels (app.kubernetes.io/managed-by: Helm, ...) is set
 #: differently here, so applying both rewrites neither (issue 19 item 8)
@@ -250,6 +252,22 @@ def webhook_configuration(target: WebhookTarget) -> dict[str, Any]:
         "rules": [{**webhook["rules"][0], "operations": ["UPDATE"]}],
         "objectSelector": {"matchExpressions": [{"key": LABEL_POOL, "operator": "Exists"}]},
     }
+    # kubectl debug adds an ephemeral container to a running pod through the subresource
+    # pods/ephemeralcontainers (an UPDATE whose object is the whole Pod since Kubernetes 1.22,
+    # kubernetes/kubernetes#101034); a rule for "pods" does not match a subresource, so every
+    # pod's is sent here, and one whose new container could see GPUs through env is refused
+    ephemeral = {
+        **{k: v for k, v in webhook.items() if k not in ("objectSelector", "reinvocationPolicy")},
+        "name": EPHEMERAL_NAME,
+        "reinvocationPolicy": "Never",
+        "rules": [
+            {
+                **webhook["rules"][0],
+                "operations": ["UPDATE"],
+                "resources": ["pods/ephemeralcontainers"],
+            }
+        ],
+    }
     metadata: dict[str, Any] = {"name": WEBHOOK_NAME, "labels": dict(MANAGED_BY)}
     if target.inject_ca_from:
         metadata["annotations"] = {"cert-manager.io/inject-ca-from": target.inject_ca_from}
@@ -257,7 +275,13 @@ def webhook_configuration(target: WebhookTarget) -> dict[str, Any]:
         "apiVersion": "admissionregistration.k8s.io/v1",
         "kind": "MutatingWebhookConfiguration",
         "metadata": metadata,
-        "webhooks": [webhook, workspaces, *([] if target.slice_pods_only else [others]), guard],
+        "webhooks": [
+            webhook,
+            workspaces,
+            *([] if target.slice_pods_only else [others]),
+            guard,
+            ephemeral,
+        ],
     }
 
 

@@ -29,6 +29,13 @@ from dataclasses import dataclass
 from typing import Any, Protocol
 
 GPU_EQUIVALENT_ANNOTATION = "fracspawner.io/gpu-equivalent"
+#: the reservation key the webhook writes on a pod created by generateName (a Job's, a
+#: ReplicaSet's, a Katib trial's): such a pod has neither its name nor its uid at mutating
+#: admission (k8s.io/apiserver pkg/endpoints/handlers/create.go runs mutating admission before
+#: the store's create, and pkg/registry/generic/registry/store.go create sets metadata.uid by
+#: rest.FillObjectMetaSystemFields and the name from generateName only then), so the watch
+#: matches the pod to its reservation by this annotation
+RESERVATION_ANNOTATION = "fracspawner.io/reservation"
 #: a pod that left the watch is remembered this long (a reservation for it must not come back)
 _GONE_MEMORY = 600.0
 
@@ -74,7 +81,9 @@ class PodIndex:
         self.amount = amount  # GPU-equivalents one pod holds while it holds anything
         self.clock = clock
         self._pods: dict[str, dict[str, float]] = {}  # namespace -> pod name -> GPU held
-        self._gone: dict[tuple[str, str], float] = {}  # (namespace, name) -> when it left
+        self._gone: dict[tuple[str, str], float] = {}  # (namespace, key) -> when it left
+        # (namespace, reservation annotation) -> the pod name carrying it
+        self._keys: dict[tuple[str, str], str] = {}
         self.synced = False
 
     @staticmethod
@@ -82,21 +91,33 @@ class PodIndex:
         meta = pod.get("metadata") or {}
         return str(meta.get("namespace") or ""), str(meta.get("name") or "")
 
+    @staticmethod
+    def _key(pod: Mapping[str, Any]) -> str:
+        annotations = (pod.get("metadata") or {}).get("annotations") or {}
+        return str(annotations.get(RESERVATION_ANNOTATION) or "")
+
     def load(self, pods: Iterable[Mapping[str, Any]]) -> None:
         """A fresh list: pods missing from it are gone."""
         before = {(ns, name) for ns, names in self._pods.items() for name in names}
-        self._pods = {}
+        keys = dict(self._keys)
+        self._pods, self._keys = {}, {}
         for pod in pods:
             self.put(pod)
         now = self.clock()
         for key in before - {(ns, name) for ns, names in self._pods.items() for name in names}:
             self._gone[key] = now
+        for marked in keys.keys() - self._keys.keys():
+            self._gone[marked] = now
         self.synced = True
 
     def put(self, pod: Mapping[str, Any]) -> None:
         ns, name = self._where(pod)
         self._pods.setdefault(ns, {})[name] = self.amount(pod) if still_holds(pod) else 0.0
         self._gone.pop((ns, name), None)
+        key = self._key(pod)
+        if key:
+            self._keys[(ns, key)] = name
+            self._gone.pop((ns, key), None)
 
     def drop(self, pod: Mapping[str, Any]) -> None:
         ns, name = self._where(pod)
@@ -106,6 +127,9 @@ class PodIndex:
             self._pods.pop(ns, None)
         now = self.clock()
         self._gone[(ns, name)] = now
+        key = self._key(pod)
+        if key and self._keys.pop((ns, key), None) is not None:
+            self._gone[(ns, key)] = now
         for key in [k for k, at in self._gone.items() if at < now - _GONE_MEMORY]:
             del self._gone[key]
 
@@ -114,18 +138,19 @@ class PodIndex:
         pod that exists is not counted twice)."""
         return sum(v for k, v in self._pods.get(namespace, {}).items() if k != exclude)
 
-    def seen_since(self, namespace: str, name: str, since: float) -> bool:
-        """Whether pod `name` is in the watch, or left it after `since`."""
-        if name in self._pods.get(namespace, {}):
+    def seen_since(self, namespace: str, key: str, since: float) -> bool:
+        """Whether the pod named `key`, or carrying reservation annotation `key`, is in the
+        watch, or left it after `since`."""
+        if key in self._pods.get(namespace, {}) or (namespace, key) in self._keys:
             return True
-        gone = self._gone.get((namespace, name))
+        gone = self._gone.get((namespace, key))
         return gone is not None and gone >= since
 
 
 # --------------------------------------------------------------------------- reservations
 @dataclass(frozen=True)
 class Reservation:
-    pod: str  # the pod's name ('' for a generateName pod: then only the window ends it)
+    pod: str  # the pod's name, or its reservation annotation (a generateName pod)
     gpu: float
     at: float  # wall-clock time it was made (replicas compare it; clocks are NTP-close)
 

@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import math
 import re
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from decimal import Decimal
 from typing import Any
@@ -121,9 +121,14 @@ def pod_asks(pod: Mapping[str, Any]) -> dict[str, str]:
     return out
 
 
+#: every list of containers a pod has: ephemeral ones join a running pod through the
+#: pods/ephemeralcontainers subresource (kubectl debug) and may carry env like any other
+CONTAINER_LISTS = ("initContainers", "containers", "ephemeralContainers")
+
+
 def containers_of(pod: Mapping[str, Any]) -> list[Mapping[str, Any]]:
     spec = pod.get("spec") or {}
-    return [c for key in ("initContainers", "containers") for c in (spec.get(key) or [])]
+    return [c for key in CONTAINER_LISTS for c in (spec.get(key) or []) if isinstance(c, Mapping)]
 
 
 # --------------------------------------------------------------------------- catalog plans
@@ -304,36 +309,85 @@ def pod_gpu_held(pod: Mapping[str, Any], catalog: Catalog) -> float:
 #: env through which the NVIDIA container toolkit hands devices to a container that holds no
 #: GPU resource (NVIDIA/nvidia-container-toolkit internal/config/image/cuda_image.go:
 #: VisibleDevices reads NVIDIA_VISIBLE_DEVICES and honours it in unprivileged containers
-#: because builder.go defaults acceptEnvvarUnprivileged to true; ImexChannelRequests reads
+#: because api/config/v1/config.go GetDefault sets AcceptEnvvarUnprivileged, the config.toml key
+#: `accept-nvidia-visible-devices-envvar-when-unprivileged`, to true; ImexChannelRequests reads
 #: NVIDIA_IMEX_CHANNELS the same way). CUDA_VISIBLE_DEVICES only filters inside the devices
-#: a container already has, so it is harmless.
+#: a container already has, so it is harmless. A container that holds a GPU resource gets the
+#: device plugin's NVIDIA_VISIBLE_DEVICES, which overrides its own and its image's (a toolkit
+#: maintainer in NVIDIA/nvidia-container-toolkit#27: "the setting from the device plugin will
+#: overwrite this").
 VISIBILITY_ENV = ("NVIDIA_VISIBLE_DEVICES", "NVIDIA_IMEX_CHANNELS")
-#: values that hand out no device (cuda_image.go devicesFromEnvvars / NewVisibleDevices)
-_NO_DEVICES = frozenset({"", "void", "none"})
+#: what the webhook writes into a container whose env it cannot read (envFrom): an `env`
+#: entry wins over every envFrom source ("Values defined by an Env with a duplicate key will
+#: take precedence", k8s.io/api core/v1 Container.EnvFrom), and "void" hands out no device
+VOID = "void"
 
 
-def visibility_env(pod: Mapping[str, Any]) -> list[str]:
+def devices_requested(value: str) -> bool:
+    """Whether the toolkit hands a container devices for this NVIDIA_VISIBLE_DEVICES value,
+    as cuda_image.go devicesFromEnvvars and devices.go NewVisibleDevices read it: split at ',',
+    entries trimmed, empty ones dropped; nothing left, or any entry "void", is no device; else
+    the first "all" or "none" decides (all: every GPU; none: the driver, no GPU); any other
+    entry is a device (an index, a GPU or MIG UUID). Matched case-sensitively, as there: "ALL"
+    is a device name the toolkit fails to find, and counts as a request here."""
+    entries = [e.strip() for e in value.split(",") if e.strip()]
+    if not entries or VOID in entries:
+        return False
+    for entry in entries:
+        if entry in ("all", "none"):
+            return entry == "all"
+    return True
+
+
+def _holds_gpu_resource(pod: Mapping[str, Any], container: Mapping[str, Any]) -> bool:
+    return bool(gpu_asks(container))
+
+
+#: "does this container hold a GPU of its own", one answer per source (device-plugin resources
+#: today); a container any source says yes for gets its devices from that source, not its env.
+#: A new source (Dynamic Resource Allocation claims) is one more function here.
+GPU_HOLDERS: list[Callable[[Mapping[str, Any], Mapping[str, Any]], bool]] = [_holds_gpu_resource]
+
+
+def holds_gpu(pod: Mapping[str, Any], container: Mapping[str, Any]) -> bool:
+    return any(source(pod, container) for source in GPU_HOLDERS)
+
+
+def _env(container: Mapping[str, Any]) -> dict[str, Mapping[str, Any]]:
+    """The container's env by name; of duplicates the last wins, as the kubelet builds it."""
+    return {str(e.get("name", "")): e for e in container.get("env") or [] if isinstance(e, Mapping)}
+
+
+def visibility_env(
+    pod: Mapping[str, Any], containers: Iterable[Mapping[str, Any]] | None = None
+) -> list[str]:
     """What in the pod's spec would make the NVIDIA toolkit give a container that holds no
-    GPU resource some or all of the node's GPUs: `container NAME: VAR=VALUE` entries.
+    GPU of its own some or all of the node's GPUs: `container NAME: VAR=VALUE` entries, for
+    `containers` (default: init, app and ephemeral containers of the pod).
 
-    Besides NVIDIA_VISIBLE_DEVICES/NVIDIA_IMEX_CHANNELS (a value from a ConfigMap or Secret
-    cannot be checked here, so it counts), the toolkit treats a "legacy" CUDA image, one with
-    CUDA_VERSION and no NVIDIA_REQUIRE_CUDA, as asking for every GPU when
-    NVIDIA_VISIBLE_DEVICES is unset (cuda_image.go IsLegacy, devicesFromEnvvars)."""
+    A value the webhook cannot read counts as a request: `valueFrom` (a ConfigMap, Secret or
+    field), and a `$(VAR)` reference (the kubelet expands it from the container's other env,
+    envFrom included). Besides NVIDIA_VISIBLE_DEVICES/NVIDIA_IMEX_CHANNELS, the toolkit treats
+    a "legacy" CUDA image, one with CUDA_VERSION and no NVIDIA_REQUIRE_CUDA, as asking for
+    every GPU when NVIDIA_VISIBLE_DEVICES is unset (cuda_image.go IsLegacy, devicesFromEnvvars).
+    `envFrom` is not here: the webhook overrides it (hide_devices_from_env)."""
     found = []
-    for container in containers_of(pod):
-        if gpu_asks(container):
-            continue  # the device plugin sets the container's devices, over its env
-        env = {str(e.get("name", "")): e for e in container.get("env") or [] if isinstance(e, dict)}
+    for container in containers_of(pod) if containers is None else containers:
+        if holds_gpu(pod, container):
+            continue
+        env = _env(container)
         name = container.get("name", "?")
         for var in VISIBILITY_ENV:
-            if var in env:
-                entry = env[var]
-                value = entry.get("value")
-                if "valueFrom" in entry:
-                    found.append(f"container {name}: {var} from valueFrom")
-                elif str(value or "").strip() not in _NO_DEVICES:
-                    found.append(f"container {name}: {var}={value}")
+            if var not in env:
+                continue
+            entry = env[var]
+            value = str(entry.get("value") or "")
+            if "valueFrom" in entry:
+                found.append(f"container {name}: {var} from valueFrom (cannot be checked)")
+            elif "$(" in value:
+                found.append(f"container {name}: {var}={value} (a variable reference)")
+            elif devices_requested(value):
+                found.append(f"container {name}: {var}={value}")
         # set at all (even to ""), NVIDIA_VISIBLE_DEVICES overrides the legacy default
         if (
             not {"NVIDIA_REQUIRE_CUDA", "NVIDIA_VISIBLE_DEVICES"} & set(env)
@@ -346,15 +400,31 @@ def visibility_env(pod: Mapping[str, Any]) -> list[str]:
     return found
 
 
+def unreadable_env(pod: Mapping[str, Any], container: Mapping[str, Any]) -> bool:
+    """Whether a container holding no GPU of its own takes env from a source the webhook
+    cannot read (envFrom: a ConfigMap or Secret, which may hold NVIDIA_VISIBLE_DEVICES) and
+    sets no NVIDIA_VISIBLE_DEVICES/NVIDIA_IMEX_CHANNELS of its own to override it with."""
+    env = _env(container)
+    return (
+        bool(container.get("envFrom"))
+        and not holds_gpu(pod, container)
+        and not all(var in env for var in VISIBILITY_ENV)
+    )
+
+
 __all__ = [
     "ASK_ANNOTATIONS",
     "ASK_LABELS",
     "GPU_RESOURCES",
     "V1_NOTEBOOK_LABEL",
     "V2_WORKSPACE_LABEL",
+    "CONTAINER_LISTS",
+    "GPU_HOLDERS",
     "VISIBILITY_ENV",
     "KnownPlan",
     "catalog_resources",
+    "devices_requested",
+    "holds_gpu",
     "gpu_asks",
     "gpu_equivalent_of_pod",
     "is_gpu_resource",
@@ -365,5 +435,6 @@ __all__ = [
     "pod_asks",
     "pod_gpu_held",
     "resources_bound",
+    "unreadable_env",
     "visibility_env",
 ]

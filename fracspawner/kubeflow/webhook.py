@@ -18,6 +18,7 @@ import signal
 import ssl
 import sys
 import time
+import uuid
 from pathlib import Path
 from typing import Any
 
@@ -36,7 +37,9 @@ from .admission import (
     Refusal,
     Review,
     admit,
+    check_ephemeral,
     guard_update,
+    hide_devices_from_env,
     json_patch,
     other_pod_gpu,
     parse_review,
@@ -46,7 +49,7 @@ from .admission import (
 )
 from .cluster import ApiUnavailable, Cluster, ConfigException
 from .metrics import WebhookMetrics
-from .quota import Busy, Ledger, LocalLedger, PodIndex, SharedLedger
+from .quota import RESERVATION_ANNOTATION, Busy, Ledger, LocalLedger, PodIndex, SharedLedger
 from .recognise import gpu_equivalent_of_pod, notebook_kind, pod_gpu_held
 
 PROG = "fracspawner webhook"
@@ -109,6 +112,8 @@ class Webhook:
             if review.operation == "UPDATE":
                 assert review.old_pod is not None
                 guard_update(review.old_pod, review.pod)
+                # kubectl debug: pods/ephemeralcontainers, the whole pod with the new container
+                check_ephemeral(review.old_pod, review.pod, review.namespace)
                 return self._count(review, response(review.uid), "allowed")
             if review.operation != "CREATE":
                 return self._count(review, response(review.uid), "skipped")
@@ -130,19 +135,36 @@ class Webhook:
         self.metrics.admissions.labels(review.operation, result).inc()
         return answer
 
+    def _answer(
+        self, review: Review, pod: dict[str, Any], result: str, unchanged: str | None = None
+    ) -> dict[str, Any]:
+        """Allowed, with what turns the pod under review into `pod`, whose containers holding
+        no GPU get their envFrom overridden (admission.hide_devices_from_env); counted as
+        `result`, or `unchanged` where nothing changes."""
+        patch = json_patch(review.pod, hide_devices_from_env(pod))
+        label = result if patch or unchanged is None else unchanged
+        return self._count(review, response(review.uid, patch=patch), label)
+
     async def _create(self, review: Review) -> dict[str, Any]:
         ns = review.namespace
+        pod = review.pod
         # only notebook pods are mapped; any other pod is counted against the quota and
-        # otherwise left byte for byte as it is (recognise.py). A pod asking for no GPU passes
+        # otherwise left as it is (recognise.py). Every pod's containers that hold no GPU of
+        # their own are checked for GPU visibility through env; a pod asking for no GPU passes
         # before any API call: it never waits on, or fails with, the API server
-        notebook = notebook_kind(review.pod) is not None
-        other_gpu = 0.0 if notebook else gpu_equivalent_of_pod(review.pod, self.catalog)
-        if not (slice_ask(review.pod, self.catalog, AccessRule()) if notebook else other_gpu):
-            refuse_visible_gpus(review.pod, ns)
-            return self._count(review, response(review.uid), "skipped")
+        notebook = notebook_kind(pod) is not None
+        other_gpu = 0.0 if notebook else gpu_equivalent_of_pod(pod, self.catalog)
+        if not notebook:
+            refuse_visible_gpus(pod, ns)
+        if not (slice_ask(pod, self.catalog, AccessRule()) if notebook else other_gpu):
+            if notebook:
+                refuse_visible_gpus(pod, ns)
+            return self._answer(review, pod, "skipped")
         labels, annotations = await self._read(self.cluster.namespace(ns))
         rule = namespace_rule(self.catalog, ns, labels, annotations)
-        name = str((review.pod.get("metadata") or {}).get("name") or "")
+        meta = pod.get("metadata") or {}
+        name = str(meta.get("name") or "")
+        key = name or self._reservation_key(ns, meta)
         decided: list[Any] = []
 
         def decide(pending: float) -> float:
@@ -151,36 +173,40 @@ class Webhook:
             if not notebook:
                 args = {"catalog": self.catalog, "rule": rule, "namespace": ns, "used_gpu": used}
                 decided[:] = [None, used]
-                return other_pod_gpu(review.pod, **args)
-            admitted = admit(
-                review.pod, catalog=self.catalog, rule=rule, namespace=ns, used_gpu=used
-            )
+                return other_pod_gpu(pod, **args)
+            admitted = admit(pod, catalog=self.catalog, rule=rule, namespace=ns, used_gpu=used)
             assert admitted is not None
+            # the sidecars and init containers of the mapped pod (reserved env removed)
+            refuse_visible_gpus(admitted.pod, ns)
             decided[:] = [admitted, used]
             return admitted.plan.gpu_equivalent
 
+        reserved = False
         if rule.max_gpu is None:
             decide(0.0)  # no quota: nothing to count, nothing to reserve
         else:
             await self._read(self.watch.wait_synced(self.cluster.timeout))
             try:
-                await self._read(
-                    self.ledger.admit(ns, name or review.uid, name, decide, dry_run=review.dry_run)
-                )
+                await self._read(self.ledger.admit(ns, key, key, decide, dry_run=review.dry_run))
             except Busy:
                 raise Refusal(
                     "fracspawner is admitting other GPU pods of this namespace; try again",
                     "unavailable",
                 ) from None
+            reserved = True
             self.metrics.reserved.set(self.ledger.total())
         admitted, used = decided
+        out = json.loads(json.dumps(pod if admitted is None else admitted.pod))
+        if reserved and not name:
+            # a generateName pod: the watch finds its reservation by this key (quota.py)
+            out["metadata"].setdefault("annotations", {})[RESERVATION_ANNOTATION] = key
         if admitted is None:
             log.info("counted %s/%s: %.6g GPU", ns, review.name or "(new pod)", other_gpu)
-            return self._count(review, response(review.uid), "allowed")
-        patch = json_patch(review.pod, admitted.pod)
+            return self._answer(review, out, "allowed")
+        answer = self._answer(review, out, "mutated", "unchanged")
         log.info(
             "%s %s/%s: %s on %s (%s GPU; namespace holds %.6g)",
-            "mutated" if patch else "unchanged",
+            "mutated" if "patch" in answer["response"] else "unchanged",
             ns,
             review.name or "(new pod)",
             admitted.ask.options["gpu"],
@@ -188,9 +214,16 @@ class Webhook:
             f"{admitted.plan.gpu_equivalent:g}",
             used + admitted.plan.gpu_equivalent,
         )
-        return self._count(
-            review, response(review.uid, patch=patch), "mutated" if patch else "unchanged"
-        )
+        return answer
+
+    def _reservation_key(self, namespace: str, meta: dict[str, Any]) -> str:
+        """The reservation key of a generateName pod: the one an earlier call of this admission
+        wrote (a reinvocation after a later webhook changed the pod), unless a pod carrying it
+        is already in the watch (a key copied from an existing pod), else a new one."""
+        given = str((meta.get("annotations") or {}).get(RESERVATION_ANNOTATION) or "")
+        if given and len(given) <= 64 and not self.pods.seen_since(namespace, given, 0.0):
+            return given
+        return f"r-{uuid.uuid4()}"
 
     @staticmethod
     async def _read(awaitable: Any) -> Any:

@@ -1,0 +1,133 @@
+"""Issue 28 item 8: pods created by generateName (a Job's, a ReplicaSet's, a Katib trial's) fit
+their namespace's quota as soon as the webhook's watch has them.
+
+The real `fracspawner webhook` process against a devcluster. What the API server does, modelled:
+a pod created by generateName has no name and no uid when the mutating webhooks are called:
+k8s.io/apiserver pkg/endpoints/handlers/create.go calls mutating admission before the store's
+create, and pkg/registry/generic/registry/store.go `create` only then fills metadata.uid
+(rest.FillObjectMetaSystemFields) and the name from generateName; the AdmissionRequest's `uid`
+identifies the webhook call, not the object (k8s.io/api admission/v1 types.go: "The UID is meant
+to track the round trip (request/response) between the KAS and the WebHook, not the user
+request"), and a reinvocation (reinvocationPolicy IfNeeded) is a new call with a new uid. So the
+review below carries `generateName` and no name, and the pod created from the webhook's patch
+gets its name from devcluster's store as from the API server's.
+"""
+
+from __future__ import annotations
+
+import time
+import uuid
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from fracspawner.backends import load_catalog, plan_slice
+from fracspawner.kubeflow.recognise import gpu_equivalent_of_pod
+from fracspawner.model.slices import parse_slice
+from tests.kubeflow_support import (
+    WebhookProcess,
+    admission_review,
+    make_tls,
+    other_pod,
+    patched,
+)
+
+REPO = Path(__file__).resolve().parent.parent
+DEMO = REPO / "examples" / "catalogs" / "demo.yaml"
+NAMESPACE = "jobs"
+RESERVATION = "fracspawner.io/reservation"
+
+
+@pytest.fixture(scope="module")
+def setup(devcluster, tmp_path_factory):
+    """A profile namespace with a 1-GPU quota, and the webhook (reservations live 300 s)."""
+    folder = tmp_path_factory.mktemp("jobs")
+    data = yaml.safe_load(DEMO.read_text())
+    data["access"]["groups"]["one-gpu"] = {"pools": "all", "max_gpu": 1}
+    data["kubeflow"] = {"namespaces": [{"labels": {"quota": "one"}, "groups": ["one-gpu"]}]}
+    catalog = folder / "catalog.yaml"
+    catalog.write_text(yaml.safe_dump(data))
+    api = devcluster.client()
+    labels = {"app.kubernetes.io/part-of": "kubeflow-profile", "quota": "one"}
+    status, body = api.request(
+        "POST", "/api/v1/namespaces", {"metadata": {"name": NAMESPACE, "labels": labels}}
+    )
+    assert status == 201, body
+    webhook = WebhookProcess(
+        catalog, devcluster.kubeconfig, make_tls(folder / "tls"), folder / "webhook.log"
+    )
+    yield api, webhook, load_catalog(str(catalog))
+    webhook.stop()
+
+
+def job_pod(catalog: Any, job: str) -> dict[str, Any]:
+    """A pod of a Job whose template asks for half an H100 (the catalog's HAMi plan for 1/2),
+    as the Job controller posts it: generateName `<job>-`, no name (kubernetes
+    pkg/controller/job; the pod template's labels plus batch.kubernetes.io/job-name and the
+    controller's ownerReference)."""
+    plan = plan_slice(parse_slice("1/2"), catalog.pools["h100"], None)
+    resources = {"limits": dict(plan.limits), "requests": dict(plan.requests)}
+    pod = other_pod(NAMESPACE, "x", resources, command=["sleep", "3600"])
+    meta = pod["metadata"]
+    del meta["name"]
+    meta["generateName"] = f"{job}-"
+    meta["labels"] = {"batch.kubernetes.io/job-name": job, "job-name": job}
+    job_uid = str(uuid.uuid5(uuid.NAMESPACE_URL, job))
+    meta["ownerReferences"] = [
+        {"apiVersion": "batch/v1", "kind": "Job", "name": job, "uid": job_uid, "controller": True}
+    ]
+    pod["spec"]["nodeSelector"] = dict(plan.node_selector)
+    pod["spec"]["tolerations"] = [dict(t) for t in plan.tolerations]
+    assert gpu_equivalent_of_pod(pod, catalog) == pytest.approx(0.5)
+    return pod
+
+
+def _wait(predicate, what: str, seconds: float = 60) -> None:
+    deadline = time.monotonic() + seconds
+    while not predicate():
+        assert time.monotonic() < deadline, what
+        time.sleep(0.2)
+
+
+def test_a_job_of_two_half_gpu_pods_fits_a_one_gpu_quota(setup):
+    api, webhook, catalog = setup
+    base = f"/api/v1/namespaces/{NAMESPACE}/pods"
+    created: list[str] = []
+    try:
+        first = job_pod(catalog, "train")
+        answer = webhook.review(admission_review(first))
+        assert answer["allowed"] is True, answer
+        first = patched(first, answer)
+        key = (first["metadata"].get("annotations") or {}).get(RESERVATION)
+        # a later webhook changed the pod: the API server calls this one again, a new uid
+        first["metadata"]["labels"]["sidecar.example.com/injected"] = "true"
+        again = webhook.review(admission_review(first))
+        assert again["allowed"] is True, again
+        # ...which keeps the first call's reservation instead of adding a second one
+        assert (patched(first, again)["metadata"].get("annotations") or {}).get(RESERVATION) == key
+        status, stored = api.request("POST", base, patched(first, again))
+        assert status == 201, stored
+        created.append(stored["metadata"]["name"])
+        assert stored["metadata"]["name"].startswith("train-")
+        # once the webhook's watch has the first pod, its reservation is the pod: the second
+        # half fits (before: the reservation counted beside the pod for the whole window)
+        second = job_pod(catalog, "train")
+        _wait(
+            lambda: webhook.review(admission_review(second, dry_run=True))["allowed"],
+            "the second pod of the Job stayed refused: its sibling counted twice",
+            30,
+        )
+        answer = webhook.review(admission_review(second))
+        assert answer["allowed"] is True, answer
+        status, stored = api.request("POST", base, patched(second, answer))
+        assert status == 201, stored
+        created.append(stored["metadata"]["name"])
+        # the quota is full now: a third is refused, with the namespace's real numbers
+        third = webhook.review(admission_review(job_pod(catalog, "train"), dry_run=True))
+        assert third["allowed"] is False, third
+        assert "already hold 1 of its 1 GPU quota" in third["status"]["message"], third
+    finally:
+        for name in created:
+            api.request("DELETE", f"{base}/{name}?gracePeriodSeconds=0")
