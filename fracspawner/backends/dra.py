@@ -53,11 +53,17 @@ from collections.abc import Mapping
 from fractions import Fraction
 from typing import TYPE_CHECKING, Any, ClassVar
 
+from ..k8s.objects import quantity
 from ..model.errors import SliceError
 from ..model.slices import Slice, slice_memory_mib
 from .base import Backend, PodPlan, option
+from .dra_devices import DeviceRequest, NodeDevices, fit_node
+from .fit import CountedOffer, NodeCount, NotCountable, OfferCounter, SummedCounter, Tally
 
 if TYPE_CHECKING:
+    from collections.abc import Callable
+
+    from ..k8s.index import NodeSlot
     from ..model.catalog import Pool
 
 API_VERSION = "resource.k8s.io/v1"
@@ -341,6 +347,75 @@ class DraBackend(Backend):
             # MIG is split in hardware; MPS pins each client's memory
             enforced=s.kind == "mig" or bool(option(pool, "mps")),
         )
+
+    # ------------------------------------------------------------------ counting
+    def device_request(self, s: Slice, pool: Pool) -> DeviceRequest:
+        """What the scheduler's allocator matches for one claim of `s`: the attributes the
+        class and the CEL selectors name (type, productName, profile) and the capacity asked.
+        Extra `selectors` of the pool are not evaluated here (no CEL in the hub): counts
+        assume they match."""
+        request, _ = self.request(s, pool)
+        exactly = request["exactly"]
+        match: dict[str, Any] = {"type": "mig" if s.kind == "mig" else "gpu"}
+        product = product_name(pool)
+        if product is not None:
+            match["productName"] = product
+        if s.kind == "mig":
+            match["profile"] = s.profile
+        capacity = {
+            name: q
+            for name, q in (
+                (n, quantity(v))
+                for n, v in (exactly.get("capacity") or {}).get("requests", {}).items()
+            )
+            if q is not None
+        }
+        return DeviceRequest(
+            driver=_opt(pool, "driver"),
+            match=match,
+            capacity=capacity,
+            count=int(exactly.get("count", 1)),
+        )
+
+    def counter(self, offer: CountedOffer) -> OfferCounter:
+        pool = offer.pool
+        s = next((o for o in pool.offers if str(o) == offer.spec), None)
+        if s is None:
+            return NotCountable("not an offer of the pool")
+        dynamic = s.kind in ("mig", "whole") and _opt(pool, "mig") == "dynamic"
+        return DraCounter(self.device_request(s, pool), dynamic=dynamic)
+
+
+class DraCounter(SummedCounter):
+    """One offer's claim fitted onto each node's ResourceSlice devices, less what allocated
+    claims hold (backends.dra_devices.fit_node). `devices_of` is bound by the capacity layer
+    (capacity/dra.py DraIndex.node_devices); unbound, nothing is known."""
+
+    unseen = "no matching node publishes DRA devices (ResourceSlices) for this pool"
+
+    def __init__(self, request: DeviceRequest, *, dynamic: bool = False) -> None:
+        self.request = request
+        self.dynamic = dynamic
+        self.devices_of: Callable[[str], NodeDevices | None] | None = None
+        self.note = (
+            "MIG devices made on demand: what the GPUs' counters still allow"
+            if dynamic
+            else "DRA: what the scheduler could still allocate"
+        )
+
+    def count_node(self, slot: NodeSlot) -> NodeCount | None:
+        if self.devices_of is None:
+            return None
+        devices = self.devices_of(slot.name)
+        if devices is None:
+            return None
+        total = fit_node(devices, self.request, empty=True)
+        if not total:
+            return None  # this node has no device of the pool's kind
+        return NodeCount(fit_node(devices, self.request), total)
+
+    def note_for(self, tally: Tally) -> str:
+        return self.note
 
 
 def template_digest(spec: Mapping[str, Any], labels: Mapping[str, str]) -> str:

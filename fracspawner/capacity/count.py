@@ -37,12 +37,19 @@ log = logging.getLogger(__name__)
 
 
 def compute_capacity(
-    catalog: Any, nodes: Iterable[dict[str, Any]], pods: Iterable[dict[str, Any]]
+    catalog: Any,
+    nodes: Iterable[dict[str, Any]],
+    pods: Iterable[dict[str, Any]],
+    slices: Iterable[dict[str, Any]] = (),
+    claims: Iterable[dict[str, Any]] = (),
 ) -> Capacity:
-    """Free/total per pool and offer. Pure: raw API dicts in, a frozen snapshot out."""
+    """Free/total per pool and offer. Pure: raw API dicts in, a frozen snapshot out
+    (ResourceSlices and ResourceClaims for DRA pools)."""
     live = LiveCapacity(catalog)
     live.replace_nodes(nodes)
     live.replace_pods(pods)
+    live.replace_slices(slices)
+    live.replace_claims(claims)
     return live.snapshot()
 
 

@@ -25,6 +25,7 @@ from ..backends.fit import CountedOffer, NodeCount, OfferCapacity, OfferCounter,
 from ..k8s.index import ASSIGNED_NODE_ANNOTATION, ClusterIndex, NodeSlot
 from ..k8s.objects import normalise_toleration, selector_matches, tolerates_all
 from ..k8s.records import PodRecord, RecordKeys, node_record, pod_key, pod_record
+from .dra import DraIndex
 from .snapshot import (
     GPU_EQUIVALENT_ANNOTATION,
     SERVERNAME_ANNOTATION,
@@ -33,7 +34,7 @@ from .snapshot import (
     parse_gpu_equivalent,
 )
 
-__all__ = ["LiveCapacity", "record_keys"]
+__all__ = ["LiveCapacity", "record_keys", "uses_dra"]
 
 log = logging.getLogger(__name__)
 
@@ -65,6 +66,17 @@ def record_keys(catalog: Any) -> RecordKeys:
         # a user's name alone (a CPU-only notebook) holds nothing to count
         context_annotations=frozenset({USERNAME_ANNOTATION, SERVERNAME_ANNOTATION}),
     )
+
+
+def uses_dra(catalog: Any) -> bool:
+    """Whether a pool of the catalog counts from DRA objects (ResourceSlices, claims)."""
+    for pool in catalog.pools.values():
+        try:
+            if getattr(get_backend(pool.backend), "uses_dra", False):
+                return True
+        except ValueError:
+            continue
+    return False
 
 
 @dataclass
@@ -137,6 +149,11 @@ class LiveCapacity:
         self.keys = record_keys(catalog)
         self.index = ClusterIndex()
         self.offers = _prepare(catalog)
+        # DRA pools count from ResourceSlices and ResourceClaims (capacity/dra.py)
+        self.dra: DraIndex | None = DraIndex() if uses_dra(catalog) else None
+        for offer in self.offers:
+            if self.dra is not None and hasattr(offer.counter, "devices_of"):
+                offer.counter.devices_of = self.dra.node_devices  # type: ignore[union-attr]
         self._tally = [Tally() for _ in self.offers]
         self._serving: dict[str, tuple[int, ...]] = {}
         self._contrib: dict[str, dict[int, NodeCount | None]] = {}
@@ -187,6 +204,33 @@ class LiveCapacity:
             self._put(key, pod_record(raw, self.keys))
         for key in [k for k in self.index.pods if k not in seen]:
             self._put(key, None)
+
+    # DRA objects: each touches the nodes whose devices it names
+    def _dra(self, touched: set[str]) -> bool:
+        for name in touched:
+            self.index.touch(name)
+        self.changes += bool(touched)
+        return bool(touched)
+
+    def put_slice(self, raw: Mapping[str, Any]) -> bool:
+        return self.dra is not None and self._dra(self.dra.put_slice(raw))
+
+    def drop_slice(self, name: str) -> bool:
+        return self.dra is not None and self._dra(self.dra.drop_slice(name))
+
+    def replace_slices(self, raws: Iterable[Mapping[str, Any]]) -> None:
+        if self.dra is not None:
+            self._dra(self.dra.replace_slices(raws))
+
+    def put_claim(self, raw: Mapping[str, Any]) -> bool:
+        return self.dra is not None and self._dra(self.dra.put_claim(raw))
+
+    def drop_claim(self, key: str) -> bool:
+        return self.dra is not None and self._dra(self.dra.drop_claim(key))
+
+    def replace_claims(self, raws: Iterable[Mapping[str, Any]]) -> None:
+        if self.dra is not None:
+            self._dra(self.dra.replace_claims(raws))
 
     def _put(self, key: str, record: PodRecord | None) -> bool:
         old = self.index.pod(key)

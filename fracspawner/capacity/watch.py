@@ -264,6 +264,49 @@ class PodReflector(_SlimReflector):
         self.live.drop_pod(self._key(obj))
 
 
+class ResourceSliceReflector(_SlimReflector):
+    """All ResourceSlices (resource.k8s.io/v1, cluster-scoped): the DRA devices, their
+    capacity and counters. Only watched for catalogs with a DRA pool."""
+
+    kind = Unicode("resourceslices")
+    api_group_name = Unicode("ResourceV1Api")
+    list_method_name = Unicode("list_resource_slice")
+    omit_namespace = Bool(True)
+
+    def _load(self, items: list[dict[str, Any]]) -> None:
+        assert self.live is not None
+        self.live.replace_slices(items)
+
+    def _put(self, obj: dict[str, Any]) -> None:
+        assert self.live is not None
+        self.live.put_slice(obj)
+
+    def _drop(self, obj: dict[str, Any]) -> None:
+        assert self.live is not None
+        self.live.drop_slice(self._key(obj))
+
+
+class ResourceClaimReflector(_SlimReflector):
+    """All ResourceClaims, across namespaces: what each allocation holds of which device."""
+
+    kind = Unicode("resourceclaims")
+    api_group_name = Unicode("ResourceV1Api")
+    list_method_name = Unicode("list_resource_claim_for_all_namespaces")
+    omit_namespace = Bool(True)
+
+    def _load(self, items: list[dict[str, Any]]) -> None:
+        assert self.live is not None
+        self.live.replace_claims(items)
+
+    def _put(self, obj: dict[str, Any]) -> None:
+        assert self.live is not None
+        self.live.put_claim(obj)
+
+    def _drop(self, obj: dict[str, Any]) -> None:
+        assert self.live is not None
+        self.live.drop_claim(self._key(obj))
+
+
 def _pod_dict(record: PodRecord) -> dict[str, Any]:
     """A kept pod in the API's shape (only the fields the watch keeps)."""
     annotations = dict(record.annotations)
@@ -331,6 +374,11 @@ class CapacityWatcher:
             try:
                 kwargs = {"parent": None, "config": self.config} if self.config else {}
                 self._reflectors = [NodeReflector(**kwargs), PodReflector(**kwargs)]
+                if self.live.dra is not None:  # a DRA pool: its devices and claims too
+                    self._reflectors += [
+                        ResourceSliceReflector(**kwargs),
+                        ResourceClaimReflector(**kwargs),
+                    ]
             except Exception as exc:  # no client configuration: counts stay unknown
                 self.log.error("Cannot watch nodes and pods (%s); GPU capacity is unknown", exc)
                 self._reflectors = []

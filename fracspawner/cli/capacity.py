@@ -14,6 +14,7 @@ from typing import Any
 
 from ..capacity.apiconfig import load_configuration
 from ..capacity.count import Capacity, OfferCapacity, compute_capacity
+from ..capacity.live import uses_dra
 
 PROG = "fracspawner capacity"
 
@@ -44,6 +45,23 @@ async def list_cluster(kubeconfig: str | None) -> tuple[list[dict], list[dict]]:
         pods = await v1.list_pod_for_all_namespaces(_preload_content=False)
         out = []
         for response in (nodes, pods):
+            body = await response.read()
+            if not response.ok:
+                raise client.ApiException(status=response.status, reason=response.reason)
+            out.append(json.loads(body).get("items") or [])
+    return out[0], out[1]
+
+
+async def list_dra(kubeconfig: str | None) -> tuple[list[dict], list[dict]]:
+    """All ResourceSlices and ResourceClaims (resource.k8s.io/v1), for DRA pools."""
+    from kubernetes_asyncio import client
+
+    api_client = client.ApiClient(await load_configuration(kubeconfig))
+    async with api_client:
+        api = client.ResourceV1Api(api_client)
+        out = []
+        for call in (api.list_resource_slice, api.list_resource_claim_for_all_namespaces):
+            response = await call(_preload_content=False)
             body = await response.read()
             if not response.ok:
                 raise client.ApiException(status=response.status, reason=response.reason)
@@ -140,7 +158,14 @@ def main(argv: list[str] | None = None) -> int:
     if isinstance(read, int):
         return read
     catalog, nodes, pods = read
-    capacity = compute_capacity(catalog, nodes, pods)
+    slices: list[dict] = []
+    claims: list[dict] = []
+    if uses_dra(catalog):
+        try:
+            slices, claims = asyncio.run(list_dra(args.kubeconfig))
+        except Exception as exc:  # DRA pools then show as unknown, the others as counted
+            print(f"{PROG}: cannot read ResourceSlices/Claims: {_one_line(exc)}", file=sys.stderr)
+    capacity = compute_capacity(catalog, nodes, pods, slices, claims)
     render = render_json if args.output == "json" else render_table
     print(render(catalog, capacity))
     return 0

@@ -190,5 +190,13 @@ class ClusterIndex:
         self._touched, self._relabelled = set(), set()
         return touched, relabelled
 
+    def touch(self, name: str) -> None:
+        """Something counted outside this index changed for node `name` (its DRA devices or
+        their claims): recount it on the next read."""
+        slot = self.slots.get(name)
+        if slot is not None:
+            slot.changed()
+            self._touched.add(name)
+
     def slot(self, name: str) -> NodeSlot | None:
         return self.slots.get(name)
