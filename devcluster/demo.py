@@ -17,13 +17,15 @@ import time
 from importlib.resources import files
 from pathlib import Path
 
+import yaml
+
 from fracspawner.backends import load_catalog, plan_slice
 from fracspawner.choice.offers import size_label
 from fracspawner.model.access import allowed_pools, within_quota
 from fracspawner.model.catalog import AccessRule, Catalog
 from fracspawner.model.units import gpu_amount
 
-from .localhub import REPO, start_hub
+from .localhub import REPO, free_port, start_hub
 
 # The demo's users and groups: any name logs in (DummyAuthenticator-style password), "admin" is
 # a hub admin (localhub), and these group members get the catalog's group rule.
@@ -65,6 +67,63 @@ def who_sees_what(catalog: Catalog, groups: dict[str, list[str]]) -> list[str]:
             lines.append(f"{', '.join(members)} ({group}): {_sees(catalog, rule)}")
     lines.append("admin: every pool, no quota; also JupyterHub's admin page")
     return lines
+
+
+# The culler runs in the demo with timings short enough to watch (issue 27 #3), announced in the
+# banner; a catalog of one's own (--catalog) keeps its own.
+DEMO_IDLE = {
+    "kernel_gpu_idle": "5m",
+    "server_gpu_idle": "10m",
+    "server_idle": "30m",
+    "server_unattended": "2h",
+}
+DEMO_CULL_EVERY = 15  # seconds between the culler's cycles
+
+
+def with_demo_timings(catalog_file: Path, state_dir: Path) -> Path:
+    """The catalog with the demo's idle timings, written into the state dir (same name)."""
+    data = yaml.safe_load(catalog_file.read_text()) or {}
+    data["idle"] = {**(data.get("idle") or {}), **DEMO_IDLE}
+    out = state_dir / catalog_file.name
+    out.write_text(yaml.safe_dump(data, sort_keys=False))
+    return out
+
+
+def culler_config(catalog_file: Path, port: int) -> str:
+    """The GPU-aware culler as a hub-managed service: the servers push their GPU reports to
+    it, the admin page reads its state (docs/admin-guide.md has the same for real hubs)."""
+    url = f"http://127.0.0.1:{port}/services/gpu-culler/"
+    command = [
+        sys.executable, "-m", "fracspawner", "culler", f"--catalog={catalog_file}",
+        f"--cull-every={DEMO_CULL_EVERY}", "--namespace=default",
+    ]  # fmt: skip
+    return f"""
+c.JupyterHub.services.append({{
+    "name": "gpu-culler", "url": "http://127.0.0.1:{port}", "command": {command!r},
+    "display": False,
+}})
+c.JupyterHub.load_roles.append({{
+    "name": "gpu-culler", "services": ["gpu-culler"],
+    "scopes": ["list:users", "read:users:activity", "read:users:groups", "read:servers",
+               "delete:servers"],
+}})
+c.FracSpawner.culler_url = {url!r}
+for _service in c.JupyterHub.services:
+    if _service["name"] == "fracspawner":
+        _service["command"] = [*_service["command"], "--culler-url={url}"]
+"""
+
+
+def timings_line(catalog_file: Path) -> str:
+    """The banner's words for the culler's timings of this catalog."""
+    idle = (yaml.safe_load(catalog_file.read_text()) or {}).get("idle") or {}
+    words = {
+        "kernel_gpu_idle": "idle GPU kernels shut down after",
+        "server_gpu_idle": "idle GPU servers stopped after",
+        "server_idle": "any idle server after",
+    }
+    said = [f"{text} {idle[key]}" for key, text in words.items() if idle.get(key)]
+    return "; ".join(said) or "the catalog's defaults"
 
 
 READY = re.compile(r"devcluster ready: (\S+) kubeconfig=(\S+)")
@@ -165,6 +224,8 @@ def main(argv: list[str]) -> int:
     password = args.password or secrets.token_urlsafe(6)
 
     catalog_file = (args.catalog or demo_catalog()).resolve()
+    if args.catalog is None:
+        catalog_file = with_demo_timings(catalog_file, state_dir)
     banner = "".join(
         f"    {line}\n" for line in who_sees_what(load_catalog(catalog_file), DEMO_GROUP_MEMBERS)
     )
@@ -184,13 +245,15 @@ def main(argv: list[str]) -> int:
             # the hub's, the proxy's and the service's logs go to a file: the password and
             # who-sees-what stay the last lines on the screen (no proxy noise scrolls them off)
             log_to_console=False,
-            extra_config=DEMO_GROUPS,
+            extra_config=DEMO_GROUPS + culler_config(catalog_file, free_port()),
         )
         print(
             f"\n  fracspawner demo: {hub.url}/hub/login   password: {password}\n"
             f"  who sees what (the access rules of {catalog_file.name}):\n{banner}"
             f"  GPU admin page (log in as admin): {hub.url}/services/fracspawner/admin\n"
-            f"  logs: {hub.log_path} (hub, proxy, service), {state_dir / 'devcluster.log'}\n"
+            f"  the GPU culler runs{' with demo timings' if args.catalog is None else ''}: "
+            f"{timings_line(catalog_file)} (every {DEMO_CULL_EVERY} s)\n"
+            f"  logs: {hub.log_path} (hub, proxy, service, culler), {state_dir / 'devcluster.log'}\n"
             "  Ctrl-C stops everything.\n",
             flush=True,
         )

@@ -15,6 +15,7 @@ from types import SimpleNamespace
 import pytest
 
 from devcluster.localhub import free_port, http_json
+from tests.browser_helpers import login, new_page
 from tests.e2e_helpers import Browserless
 
 pytestmark = pytest.mark.e2e
@@ -126,7 +127,8 @@ def test_every_process_ends_on_a_signal_when_the_hub_is_killed_mid_clean_up(tmp_
     assert not _processes_mentioning(str(state)), "demo left processes behind"
 
 
-def test_demo_serves_the_hub_and_ctrl_c_stops_everything(tmp_path):
+def test_demo_serves_the_hub_and_ctrl_c_stops_everything(tmp_path, browser):
+    chromium = browser  # `browser` below is the requests-based newcomer
     port = free_port()
     state = tmp_path / "demo-state"
     demo = subprocess.Popen(
@@ -159,12 +161,14 @@ def test_demo_serves_the_hub_and_ctrl_c_stops_everything(tmp_path):
                 url = m.group(1)
         assert url == f"http://127.0.0.1:{port}", "demo did not print its URL"
         banner = {}
-        admin_page = None
+        admin_page = banner_culler = None
         while time.monotonic() < deadline and "Ctrl-C" not in (line := demo.stdout.readline()):
             if m := re.match(r"    (.+?): (.+)$", line):
                 banner[m.group(1)] = m.group(2)
             if m := re.match(r"  GPU admin page \(log in as admin\): (\S+)$", line):
                 admin_page = m.group(1)
+            if line.startswith("  the GPU culler runs"):
+                banner_culler = line
         # the banner links the admin page (issue 23), which opens for admin
         assert admin_page == f"{url}/services/fracspawner/admin"
         status, info = http_json("GET", f"{url}/hub/api/")
@@ -211,6 +215,25 @@ def test_demo_serves_the_hub_and_ctrl_c_stops_everything(tmp_path):
         report = gpu.json()
         assert report["available"] and report["source"] == "simulated", report
         assert report["devices"][0]["name"].endswith("(simulated)"), report["devices"]
+        # the culler runs in the demo (issue 27 #3): the admin page, in Chromium, shows the
+        # newcomer's server with the GPU memory its simulated GPU reports and the culler's next
+        # step, and the culler's history, instead of "no culler connected" and "unknown"
+        assert banner_culler and "with demo timings" in banner_culler, banner_culler
+        page = new_page(chromium)
+        login(page, url, "admin", password="pw")
+        row = page.locator('#fs-holders tbody tr[data-user="newcomer"]')
+        deadline = time.monotonic() + 180  # the extension's first report comes within a minute
+        while time.monotonic() < deadline:
+            page.goto(admin_page)
+            text = row.inner_text() if row.count() else ""
+            if "MiB of" in text or "GiB of" in text:
+                break
+            time.sleep(5)
+        assert re.search(r"\d[\d.,]* (MiB|GiB) of 9.6 GiB", text), text
+        assert "stop (" in text and "unknown" not in text, text
+        whole = page.locator("body").inner_text()
+        assert "no culler connected" not in whole and "Last cycle:" in whole, whole[-2000:]
+        page.close()
         # the processes it started all point at its state dir
         assert _processes_mentioning(str(state))
     finally:
