@@ -229,24 +229,66 @@ def test_a_pid_namespace_of_its_own_is_detected():
     assert has_own_pid_namespace(Path("/nonexistent")) is False
 
 
+def user_works(server: JupyterServer, kernel_id: str, seconds: float) -> bool:
+    """The user works in the server (browses files: API requests) for `seconds`, while the
+    kernel is checked after each request. True: it stayed. False: this test itself could not
+    keep the user working (a loaded machine stalled it or the server for half the limit),
+    and the server may rightly have taken them for gone. A kernel shut down while the
+    server saw activity well within the limit fails the test.
+
+    The server records a request's activity when it ends (jupyter-server's
+    `APIHandler.finish`): with every request ending within half the limit of its start and
+    starting within half the limit of the previous start, the server never saw the user idle
+    for the limit (`finish[i+1] - finish[i] <= end[i+1] - start[i] < limit`)."""
+    half = KERNEL_GPU_IDLE / 2
+    previous = time.monotonic()
+    deadline = previous + seconds
+    while time.monotonic() < deadline:
+        start = time.monotonic()
+        status = server.api("GET", "/api/contents")[0]
+        ended = time.monotonic()
+        assert status == 200
+        stalled = start - previous >= half or ended - start >= half
+        if not kernel_alive(server, kernel_id):
+            assert stalled, "the kernel was shut down while its user worked"
+            return False
+        if stalled:
+            return False
+        previous = start
+        time.sleep(0.3)
+    return True
+
+
 def test_idle_gpu_kernel_shut_down_by_its_server_never_while_its_user_works(
     server, nvml_state, kernel
 ):
     kernel_id, pid = kernel
-    set_state(nvml_state, gpus=[gpu([{"pid": pid, "memory_mib": 4096, "sm": 0}])])
-    report_when(server, lambda r: r.get("gpu_state") == "idle", "known idle")
-    # the user works in the same server (saves files, browses): the idle kernel stays
-    deadline = time.monotonic() + 3 * KERNEL_GPU_IDLE
-    while time.monotonic() < deadline:
-        assert server.api("GET", "/api/contents")[0] == 200
-        assert kernel_alive(server, kernel_id)
-        time.sleep(0.3)
+    for _attempt in range(5):
+        set_state(nvml_state, gpus=[gpu([{"pid": pid, "memory_mib": 4096, "sm": 0}])])
+        report_when(server, lambda r: r.get("gpu_state") == "idle", "known idle")
+        # the user works in the same server (saves files, browses): the idle kernel stays
+        if user_works(server, kernel_id, 3 * KERNEL_GPU_IDLE):
+            break
+        # the machine stalled this test: the user did not work all along. Again, on a new
+        # kernel if the old one is gone
+        if not kernel_alive(server, kernel_id):
+            status, body = server.api("POST", "/api/kernels", {"name": "python3"})
+            assert status == 201, body
+            kernel_id = body["id"]
+            code = "import os; print(os.getpid())"
+            pid = int(asyncio.run(execute(server.url, server.token, kernel_id, code)))
+    else:
+        pytest.fail("the machine stalled the test's user 5 times: nothing was shown")
     # the user goes away: the server shuts the kernel down itself
     before = server.api("GET", "/api/status")[1]["last_activity"]
     wait_for(lambda: not kernel_alive(server, kernel_id), 15, "the idle GPU kernel shut down")
-    report = report_when(server, lambda r: r.get("culled_kernels"), "the cull reported")
-    (culled,) = report["culled_kernels"]
-    assert culled["id"] == kernel_id and culled["gpu_memory_mib"] == 4096
+    report = report_when(
+        server,
+        lambda r: any(c["id"] == kernel_id for c in r.get("culled_kernels", [])),
+        "the cull reported",
+    )
+    (culled,) = [c for c in report["culled_kernels"] if c["id"] == kernel_id]
+    assert culled["gpu_memory_mib"] == 4096
     # shutting it down was not activity: the server's last activity is what it was
     after = server.api("GET", "/api/status")[1]["last_activity"]
     assert isoparse(after) == isoparse(before)

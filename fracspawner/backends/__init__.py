@@ -189,6 +189,10 @@ def check_pool(pool: Pool, where: str) -> None:
         backend.check_pool(pool)
     except (SliceError, ValueError) as exc:
         raise CatalogError(f"{where}: {exc}") from None
+    try:
+        backend.check_overcommit(pool)
+    except ValueError as exc:
+        raise CatalogError(f"{where}.overcommit: {exc}") from None
     for i, offer in enumerate(pool.offers):
         try:
             backend.check_offer(offer, pool)

@@ -83,6 +83,20 @@ class Backend:
                     'offer whole GPUs ("1") instead of all of its memory'
                 )
 
+    #: why this technology cannot over-commit GPU memory (catalog `overcommit` above 1); ""
+    #: where it can (then `check_overcommit` says what else it needs)
+    cannot_overcommit: ClassVar[str] = (
+        "fracspawner does not know how its scheduler could book more GPU memory than a GPU has"
+    )
+
+    def check_overcommit(self, pool: Pool) -> None:
+        """Raise ValueError (the reason, for the catalog's `overcommit` key) when the pool's
+        over-commit cannot work with this technology; an `overcommit` of 1 always can."""
+        if pool.overcommit != 1 and self.cannot_overcommit:
+            raise ValueError(
+                f"the {self.name} backend cannot over-commit GPU memory: {self.cannot_overcommit}"
+            )
+
     def enforced(self, pool: Pool) -> bool:
         """Whether GPU memory is hard-limited on this pool (a pool option may say so)."""
         return self.enforces_memory
@@ -120,6 +134,15 @@ def decimal(value: float) -> str:
     return text + "0" if text.endswith(".") else text
 
 
+def plugin_replicas(pool: Pool) -> int:
+    """How many times the device plugin advertises each GPU of a replica pool: the catalog's
+    `replicas` (the slice is 1/replicas of the GPU) times its `overcommit`. With `replicas: 4,
+    overcommit: 2` the plugin runs with replicas 8: eight servers of a quarter each share a GPU,
+    and the scheduler, the node's `nvidia.com/gpu.replicas` label and the capacity count all
+    see eight. check_overcommit makes sure the product is a whole number."""
+    return round((pool.replicas or 1) * pool.overcommit)
+
+
 class ReplicaBackend(Backend):
     """A device plugin that advertises each GPU `replicas` times: one replica is the only
     fraction (1/replicas) a pool can offer (NVIDIA time-slicing/MPS, GKE sharing)."""
@@ -129,6 +152,8 @@ class ReplicaBackend(Backend):
     max_replicas: ClassVar[int] = 0
     #: what `replicas` must match, for the message
     replicas_of: ClassVar[str] = "the device plugin's replicas"
+    #: nothing isolates memory: more replicas than the slice's share over-commit it
+    cannot_overcommit = ""
 
     def check_pool(self, pool: Pool) -> None:
         high = self.max_replicas
@@ -137,6 +162,23 @@ class ReplicaBackend(Backend):
             raise ValueError(
                 f"replicas: set it to {self.replicas_of} ({span}); "
                 "the only fraction such a pool offers is 1/replicas"
+            )
+
+    def check_overcommit(self, pool: Pool) -> None:
+        super().check_overcommit(pool)
+        if pool.overcommit == 1 or not pool.replicas:
+            return
+        total = pool.replicas * pool.overcommit
+        if abs(total - round(total)) > 1e-9:
+            raise ValueError(
+                f"replicas x overcommit ({pool.replicas} x {pool.overcommit:g}) must be a whole "
+                f"number: it is {self.replicas_of} on the pool's nodes"
+            )
+        high = self.max_replicas
+        if high and round(total) > high:
+            raise ValueError(
+                f"replicas x overcommit is {round(total)}, above the {high} clients per GPU "
+                f"{self.name} allows"
             )
 
     def check_offer(self, s: Slice, pool: Pool) -> None:

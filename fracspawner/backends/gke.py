@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING
 
 from ..model.errors import SliceError
 from ..model.slices import Slice
-from .base import Backend, PodPlan, ReplicaBackend, gpu_limit, option
+from .base import Backend, PodPlan, ReplicaBackend, gpu_limit, option, plugin_replicas
 
 if TYPE_CHECKING:
     from ..model.catalog import Pool
@@ -60,7 +60,8 @@ class GkeTimeSharingBackend(ReplicaBackend):
     replicas_of = "the node pool's max-shared-clients-per-gpu"
 
     def plan(self, s: Slice, pool: Pool) -> PodPlan:
-        selector = {STRATEGY: self.strategy, MAX_CLIENTS: str(pool.replicas), **_accelerator(pool)}
+        clients = str(plugin_replicas(pool))  # replicas x overcommit (base.py)
+        selector = {STRATEGY: self.strategy, MAX_CLIENTS: clients, **_accelerator(pool)}
         return PodPlan(limits=gpu_limit(1), node_selector=selector)
 
 
@@ -69,6 +70,10 @@ class GkeMpsBackend(GkeTimeSharingBackend):
     enforces_memory = True
     summary = "GKE MPS: 1 of N clients, pinned memory total/N"
     strategy = "mps"
+    cannot_overcommit = (
+        "GKE's MPS pins each client to the GPU's memory / max-shared-clients-per-gpu, so more "
+        "clients would make every slice smaller instead of over-committing; use gke-timesharing"
+    )
 
 
 class GkeMigBackend(Backend):
@@ -76,6 +81,11 @@ class GkeMigBackend(Backend):
     enforces_memory = True
     modes = frozenset({"mig"})
     summary = "GKE MIG partitions: nvidia.com/gpu on nodes of one partition size"
+    cannot_overcommit = (
+        "MIG partitions are fixed in hardware, each with memory of its own, and the CUDA "
+        "checkpoint API that swaps idle kernels out does not support MIG "
+        "(NVIDIA/cuda-checkpoint #42)"
+    )
 
     def check_offer(self, s: Slice, pool: Pool) -> None:
         super().check_offer(s, pool)

@@ -16,6 +16,14 @@ fit_checks.go), so N x 1/N always fits, whatever the device registers. Nominal M
 1/4 of an H100) left the last quarter of every GPU unschedulable. HAMi takes whole percents:
 1/8 is 12% (9787 MiB of an H100, 4% less than an exact eighth; the plan notes it).
 
+Over-commit (catalog `overcommit: S`): the pool's nodes run HAMi's device plugin with
+`deviceMemoryScaling: S` (HAMi docs/config.md: "can be greater than 1 (enable virtual device
+memory)"; a GPU of M MiB registers S x M, register.go), so S times the slices fit per GPU by
+HAMi's own bookkeeping, which the capacity count reads. A fraction is then stated as its share
+of the REGISTERED memory divided by S (a "1/4" at S = 2 asks 12 %, of 2 x M: a quarter of the
+physical GPU, not half of it); MiB offers are MiB and need no change. The culler keeps what is
+resident within the physical GPU by swapping idle kernels out (culler/pressure.py).
+
 Pool options:
 - `memory: mib | percentage` — how memory-size offers (10GiB) are stated: exact MiB (default)
   or the smallest whole gpumem-percentage of the model's NVML memory holding the size;
@@ -57,8 +65,11 @@ def _cores(s: Slice, pool: Pool) -> int | None:
     if policy == "none":
         return None
     if policy == "proportional":
-        # at least 1%: 0 would mean "no limit" to HAMi
-        return max(1, min(100, math.floor(gpu_equivalent(s, pool.gpu) * 100)))
+        # at least 1%: 0 would mean "no limit" to HAMi. Over-committed S times, S times the
+        # slices share the SMs: HAMi books gpucores per device up to 100 (fit_checks.go), so a
+        # share of 100 / S keeps its count of slices per GPU the memory's
+        share = gpu_equivalent(s, pool.gpu) * 100 / pool.overcommit
+        return max(1, min(100, math.floor(share)))
     return int(policy)
 
 
@@ -80,6 +91,19 @@ class HamiBackend(Backend):
     #: HAMi's webhook denies a pod asking its resources with any privileged container, init
     #: containers included ("container <name> is privileged", pkg/scheduler/webhook.go)
     denies_privileged: ClassVar[bool] = True
+
+    #: deviceMemoryScaling over-commits (module docstring)
+    cannot_overcommit = ""
+
+    def check_overcommit(self, pool: Pool) -> None:
+        super().check_overcommit(pool)
+        for offer in pool.offers:
+            if offer.kind == "fraction" and offer.fraction is not None:
+                if math.floor(offer.fraction * 100 / pool.overcommit) < 1:
+                    raise ValueError(
+                        f"{offer} over-committed {pool.overcommit:g} times is under 1 % of the "
+                        f"memory HAMi registers ({self.name} takes whole percents)"
+                    )
 
     def check_pool(self, pool: Pool) -> None:
         if option(pool, "memory", "mib") not in ("mib", "percentage"):
@@ -103,13 +127,16 @@ class HamiBackend(Backend):
             device = pool.gpu.device_memory_mib
             if s.kind == "fraction":
                 assert s.fraction is not None
-                percent = math.floor(s.fraction * 100)
+                # over-committed nodes register scale x the memory (deviceMemoryScaling): the
+                # slice's share of the physical GPU is fraction / scale of what HAMi books
+                scale = pool.overcommit
+                percent = math.floor(s.fraction * 100 / scale)
                 limits[mem_percent] = str(percent)
-                memory = device * percent // 100  # what computeMemreq grants on this model
-                if percent != s.fraction * 100:
-                    notes = (
-                        f"{s} is {percent}% of the GPU's memory ({self.name} takes whole percents)",
-                    )
+                # what computeMemreq grants on this model, registered at scale x its memory
+                memory = math.floor(device * scale) * percent // 100
+                if percent != s.fraction * 100 / scale:
+                    of = "the GPU's memory" if scale == 1 else f"{scale:g} x the GPU's memory"
+                    notes = (f"{s} is {percent}% of {of} ({self.name} takes whole percents)",)
             elif option(pool, "memory", "mib") == "percentage":
                 assert s.memory_mib is not None
                 # the smallest whole percent holding the size: at least what the offer says

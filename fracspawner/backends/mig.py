@@ -21,6 +21,13 @@ if TYPE_CHECKING:
     from ..model.catalog import Pool
 
 
+#: MIG cannot over-commit (Backend.cannot_overcommit)
+MIG_NO_OVERCOMMIT = (
+    "MIG instances are fixed in hardware, each with memory of its own, and the CUDA checkpoint "
+    "API that swaps idle kernels out does not support MIG (NVIDIA/cuda-checkpoint #42)"
+)
+
+
 def mig_resource(profile: str) -> str:
     """`nvidia.com/mig-<profile>`, with '+me' written '.me' as the device plugin names it."""
     return "nvidia.com/mig-" + profile.replace("+", ".")
@@ -31,6 +38,7 @@ class MigMixedBackend(Backend):
     enforces_memory = True
     modes = frozenset({"mig"})
     summary = "NVIDIA MIG, mixed strategy: one resource per profile"
+    cannot_overcommit = MIG_NO_OVERCOMMIT
 
     def check_pool(self, pool: Pool) -> None:
         if not pool.gpu.mig_profiles:
@@ -46,6 +54,7 @@ class MigSingleBackend(Backend):
     enforces_memory = True
     modes = frozenset({"mig"})
     summary = "NVIDIA MIG, single strategy: nvidia.com/gpu on nodes labelled with the profile"
+    cannot_overcommit = MIG_NO_OVERCOMMIT
 
     def check_pool(self, pool: Pool) -> None:
         if not pool.gpu.mig_profiles:

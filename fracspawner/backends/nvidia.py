@@ -16,7 +16,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from ..model.slices import Slice
-from .base import PodPlan, ReplicaBackend, gpu_limit, option
+from .base import PodPlan, ReplicaBackend, gpu_limit, option, plugin_replicas
 
 if TYPE_CHECKING:
     from ..model.catalog import Pool
@@ -37,7 +37,8 @@ class TimeSlicingBackend(ReplicaBackend):
     strategy_label: str | None = None
 
     def plan(self, s: Slice, pool: Pool) -> PodPlan:
-        selector = {"nvidia.com/gpu.replicas": str(pool.replicas)}
+        # GFD labels the node with the plugin's replicas: replicas x overcommit (base.py)
+        selector = {"nvidia.com/gpu.replicas": str(plugin_replicas(pool))}
         if self.strategy_label:
             selector["nvidia.com/gpu.sharing-strategy"] = self.strategy_label
         return PodPlan(limits=gpu_limit(1, shared_resource(pool)), node_selector=selector)
@@ -48,6 +49,13 @@ class MpsBackend(TimeSlicingBackend):
     enforces_memory = True
     summary = "NVIDIA device-plugin MPS: 1 of N replicas, memory and SMs limited to 1/N"
     strategy_label = "mps"
+    # the control daemon pins every client to total/replicas of the device memory
+    # (k8s-device-plugin internal/plugin/mps.go; shared/reference/gpu-backends.md): more
+    # replicas would shrink each slice, enforced, instead of committing more than the GPU has
+    cannot_overcommit = (
+        "MPS limits each client to the GPU's memory / the device plugin's replicas, so more "
+        "replicas would make every slice smaller instead of over-committing; use timeslicing"
+    )
 
     def check_pool(self, pool: Pool) -> None:
         super().check_pool(pool)

@@ -54,6 +54,10 @@ class RunaiBackend(Backend):
     enforces_memory = True
     modes = frozenset({"fraction", "memory", "whole"})
     summary = "Run:ai fractions: gpu-fraction / gpu-memory annotations, runai-scheduler"
+    cannot_overcommit = (
+        "Run:ai over-commits with its own GPU memory swap, a cluster setting of Run:ai "
+        "(docs.run.ai, 'GPU memory swap'): turn that on there and leave overcommit at 1"
+    )
     scheduler = "runai-scheduler"
     queue_label = "runai/queue"
 

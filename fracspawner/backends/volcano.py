@@ -52,6 +52,10 @@ class VolcanoBackend(HamiBackend):
     scheduler = "volcano"
     denies_privileged = False  # that rule is HAMi's own webhook's, not installed with Volcano
     count_note = "node totals, not per-device fit"
+    cannot_overcommit = (
+        "fracspawner counts Volcano's vGPU capacity from node totals, which do not show a "
+        "device memory scaling; use hami"
+    )
 
     def plan_annotations(self, pool: Pool) -> dict[str, str]:
         return {}  # HAMi's type/policy annotations mean nothing to Volcano

@@ -16,6 +16,7 @@ class WholeGpuBackend(Backend):
     enforces_memory = True  # nobody else is on the device
     modes = frozenset({"whole"})
     summary = "whole GPUs, no sharing"
+    cannot_overcommit = "a whole GPU is one server's: what it leaves idle no other server could use"
 
     def plan(self, s: Slice, pool: Pool) -> PodPlan:
         return PodPlan(limits=gpu_limit(s.count, option(pool, "resource", "nvidia.com/gpu")))

@@ -8,6 +8,8 @@ any object with its attributes). The rules, in order:
 
 - servers that are not ready, exempt or excluded (default/named) are kept;
 - `max_age`: servers older than this are stopped, busy or not (as jupyterhub-idle-culler does);
+- a server whose user is present (a JupyterLab tab of it is visible and was used within the
+  presence timeout, as its own report says: serverext/presence.py) is kept;
 - `server_unattended`: no user activity for this long stops a server even while its GPU is busy
   (GPU work is not user activity: a neighbour's work or a forgotten job cannot hold it for ever);
 - a server holding a GPU whose GPU is known to have been idle for `server_gpu_idle`, and whose
@@ -56,6 +58,9 @@ class ServerFacts:
     # counted, and its user's activity (everything jupyter-server counts, GPU work excepted)
     own_last_activity: float | None = None
     user_last_activity: float | None = None
+    # what the server's report says of its person (serverext/presence.py): True present, False
+    # away, None unknown (no tab reports presence, or no report)
+    present: bool | None = None
 
     @property
     def pool(self) -> str | None:
@@ -76,7 +81,11 @@ class ServerFacts:
 
     @property
     def activity(self) -> float | None:
-        """The newest evidence of any activity: the hub's and the server's own."""
+        """The newest evidence of any activity: the hub's and the server's own. Where the
+        server knows its person's presence, its own word alone: the hub's last_activity counts
+        every request through the proxy, an open tab's polling every 10 s included."""
+        if self.present is not None and self.own_last_activity is not None:
+            return max(self.own_last_activity, self.started or self.own_last_activity)
         times = [t for t in (self.last_activity, self.own_last_activity) if t is not None]
         return max(times) if times else self.started
 
@@ -197,6 +206,8 @@ def server_deadlines(
     due: list[tuple[float, str]] = []
     if policy.max_age and server.started is not None:
         due.append((server.started + policy.max_age, "max_age"))
+    if server.present:
+        return due  # a person is at it: nothing but max_age stops it while they stay
     unattended = getattr(policy, "server_unattended", None)
     user_last = server.user_activity
     if unattended and user_last is not None:
@@ -270,6 +281,10 @@ def decide_server(
         assert server.started is not None and policy.max_age
         age = now - server.started
         return Decision("stop", "max_age", f"age {fmt(age)} >= max_age {fmt(policy.max_age)}")
+    if server.present:
+        return Decision(
+            "keep", "present", "its user is at a JupyterLab tab of it (the server's presence)"
+        )
     if "unattended" in fired:
         user_last, unattended = server.user_activity, getattr(policy, "server_unattended", None)
         assert user_last is not None

@@ -100,6 +100,11 @@ class Pool:
     options: Mapping[str, Any] = field(hash=False)
     default_image: str | None = None
     idle: IdlePolicy | None = None  # this pool's policy (catalog idle with the pool's overrides)
+    #: GPU memory committed as a multiple of the GPU's (1: none). What a slice entitles to is
+    #: unchanged (a "1/4" is a quarter of the GPU's memory); `overcommit` times as many fit on
+    #: a GPU, and the culler keeps what is resident within the GPU by swapping idle kernels out
+    #: (culler/pressure.py). Each backend says whether and how it can (Backend.check_overcommit)
+    overcommit: float = 1.0
 
 
 @dataclass(frozen=True)
@@ -362,6 +367,7 @@ def _pool(
         options=MappingProxyType(dict(raw.get("options") or {})),
         default_image=raw.get("default_image"),
         idle=_idle(raw["idle"], idle, f"{where}.idle") if "idle" in raw else None,
+        overcommit=float(raw.get("overcommit", 1)),
     )
     if check is not None:
         check(pool, where)

@@ -7,17 +7,29 @@ with `pip install fracspawner[notebook]`; or with
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
-from .activity import user_activity
-from .handlers import GpuHandler, ResumeHandler
+from .activity import server_activity, user_activity
+from .handlers import GpuHandler, PresenceHandler, ResumeHandler
 from .monitor import SETTINGS_KEY, GpuMonitor
+from .presence import SETTINGS_KEY as PRESENCE_KEY
+from .presence import Presence
 from .reporter import GpuReporter
 from .resume import resuming_connection_class
 
-__all__ = ["GpuMonitor", "GpuHandler", "GpuReporter", "SETTINGS_KEY", "PAGE_CONFIG_KEY"]
+__all__ = [
+    "GpuMonitor",
+    "GpuHandler",
+    "GpuReporter",
+    "Presence",
+    "SETTINGS_KEY",
+    "PAGE_CONFIG_KEY",
+    "PRESENCE_CONFIG_KEY",
+]
 
 PAGE_CONFIG_KEY = "fracspawnerGpuUrl"  # read by the JupyterLab GPU meter (labextension/)
+PRESENCE_CONFIG_KEY = "fracspawnerPresence"  # where and how often a tab reports presence
 
 
 def _jupyter_server_extension_points() -> list[dict[str, str]]:
@@ -26,6 +38,9 @@ def _jupyter_server_extension_points() -> list[dict[str, str]]:
 
 def _load_jupyter_server_extension(serverapp: Any) -> None:
     web_app = serverapp.web_app
+    # the person at the server, as the JupyterLab tabs report it (presence.py)
+    presence = Presence(parent=serverapp, settings=web_app.settings, log=serverapp.log)
+    web_app.settings[PRESENCE_KEY] = presence
     monitor = GpuMonitor(parent=serverapp, settings=web_app.settings, log=serverapp.log)
     web_app.settings["fracspawner_gpu_monitor"] = monitor
     base_url = web_app.settings["base_url"].rstrip("/")
@@ -34,6 +49,7 @@ def _load_jupyter_server_extension(serverapp: Any) -> None:
         [
             (f"{base_url}/api/fracspawner/gpu", GpuHandler),
             (f"{base_url}/api/fracspawner/gpu/resume", ResumeHandler),
+            (f"{base_url}/api/fracspawner/presence", PresenceHandler),
         ],
     )
     # resume on use: every message to a kernel passes the hibernator first (resume.py)
@@ -46,14 +62,19 @@ def _load_jupyter_server_extension(serverapp: Any) -> None:
         monitor.hibernator.disable("kernels run behind a gateway: their messages are not seen here")
     # JupyterLab copies page_config_data into the page: the GPU meter asks for the report only
     # where this says the extension is there (no 404 in the browser console elsewhere)
-    web_app.settings.setdefault("page_config_data", {})[PAGE_CONFIG_KEY] = "api/fracspawner/gpu"
+    page_config = web_app.settings.setdefault("page_config_data", {})
+    page_config[PAGE_CONFIG_KEY] = "api/fracspawner/gpu"
+    # JSON text: page config values reach the page as strings
+    page_config[PRESENCE_CONFIG_KEY] = json.dumps(
+        {"url": "api/fracspawner/presence", "interval": presence.interval}
+    )
     # the report the culler gets is pushed from here, with this server's own token: the culler
     # never calls into the server (docs/culler.md, "Trust")
     reporter = GpuReporter(
         parent=serverapp,
         log=serverapp.log,
         report=lambda: monitor.report(
-            server_last_activity=web_app.last_activity(),
+            server_last_activity=server_activity(web_app.settings),
             user_last_activity=user_activity(web_app.settings),
         ),
     )

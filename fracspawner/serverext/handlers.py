@@ -1,4 +1,5 @@
-"""`GET /api/fracspawner/gpu`: the server's GPU use, for the user and for the culler."""
+"""`GET /api/fracspawner/gpu`: the server's GPU use, for the user and for the culler;
+`POST /api/fracspawner/presence`: a JupyterLab tab says whether its person is there."""
 
 from __future__ import annotations
 
@@ -9,7 +10,8 @@ from jupyter_server.auth.decorator import authorized
 from jupyter_server.base.handlers import APIHandler
 from tornado import web
 
-from .activity import user_activity
+from .activity import presence_of, server_activity, user_activity
+from .presence import PresenceError, parse_client_report, utcnow
 
 
 class GpuHandler(APIHandler):
@@ -23,10 +25,13 @@ class GpuHandler(APIHandler):
     @authorized
     async def get(self) -> None:
         monitor = self.settings["fracspawner_gpu_monitor"]
-        # ServerWebApplication.last_activity(): kernels, API, terminals and every *_last_activity
-        last_activity = self.application.last_activity()
+        # ServerWebApplication.last_activity(): kernels, API, terminals and every
+        # *_last_activity; the API requests left out where a tab reports presence
+        now = utcnow()
         report = monitor.report(
-            server_last_activity=last_activity, user_last_activity=user_activity(self.settings)
+            server_last_activity=server_activity(self.settings, now),
+            user_last_activity=user_activity(self.settings, now),
+            now=now,
         )
         reporter = self.settings.get("fracspawner_gpu_reporter")
         if reporter is not None:  # for the user (fracspawner doctor); not sent to the culler
@@ -64,3 +69,27 @@ class ResumeHandler(APIHandler):
         running = all(s["state"] in ("running", "cannot_hibernate") for s in states.values())
         self.set_status(200 if running else 202)
         self.finish(json.dumps({"kernels": states}))
+
+
+class PresenceHandler(APIHandler):
+    """`POST /api/fracspawner/presence` `{"client": "<tab id>", "visible": bool, "focused": bool,
+    "idle_seconds": n}`: a tab's word on its person (presence.py decides with its own timeout).
+    Answers what the server concludes, and how often to report."""
+
+    auth_resource = "api"  # about the server as a whole, as GET /api/status
+    # the report itself is not activity: what it says is (presence.py)
+    _track_activity = False
+
+    @web.authenticated
+    @authorized
+    async def post(self) -> None:
+        presence = presence_of(self.settings)
+        if presence is None:
+            raise web.HTTPError(404, "presence is not kept here")
+        now = utcnow()
+        try:
+            client, report = parse_client_report(self.get_json_body(), now)
+        except PresenceError as exc:
+            raise web.HTTPError(400, f"presence report: {exc}") from None
+        presence.record(client, report)
+        self.finish(json.dumps(presence.as_json(now)))

@@ -23,7 +23,7 @@ from typing import Any
 
 from traitlets import Bool, Float, Integer, Unicode, default
 
-from .activity import user_activity
+from .activity import presence_json, user_activity
 from .attribution import attribute, has_own_pid_namespace
 from .hibernate import Hibernator
 from .loop import BackgroundLoop
@@ -93,6 +93,14 @@ class GpuMonitor(BackgroundLoop):
         help="A device using more memory than this (MiB) while listing no process, with its "
         "utilisation unreadable (MIG), reads as GPU activity unknown, not idle.",
     )
+    late_tolerance = Float(
+        1.0,
+        config=True,
+        help="Seconds the monitor's loop may wake up late and still shut down or hibernate "
+        "kernels in that round. A later loop (a starved or blocked server) may not have "
+        "processed the requests and messages waiting for it yet: it only reads the GPU, and "
+        "decides on the next round.",
+    )
     cull_kernels = Bool(
         True,
         config=True,
@@ -123,6 +131,9 @@ class GpuMonitor(BackgroundLoop):
         self.reason: str | None = None
         self.sample: GpuSample | None = None
         self.sampled_at: datetime | None = None
+        # when the latest reading was taken (it may have come back later): what it says about
+        # the GPU holds until then, not until it came back
+        self.sample_taken: datetime | None = None
         self.kernels: dict[str, KernelGpu] = {}
         self.processes: list[tuple[str | None, Any]] = []
         self.unmatched: list[Any] = []
@@ -153,16 +164,30 @@ class GpuMonitor(BackgroundLoop):
             self.source.close()
 
     async def _run(self) -> None:
+        loop = asyncio.get_running_loop()
+        expected: float | None = None  # when this round should have begun (loop clock)
         while True:
             delay = self.poll_interval
+            late = 0.0 if expected is None else max(0.0, loop.time() - expected)
             try:
                 await self.poll_once()
-                await self.cull_idle_kernels()
-                await self.hibernate_idle_kernels()
+                if late <= self.late_tolerance:
+                    await self.cull_idle_kernels()
+                    await self.hibernate_idle_kernels()
+                else:
+                    # requests and kernel messages that came while the loop was held may still
+                    # wait to be processed: an idle time computed now could be a working
+                    # user's (issue 28, 13a)
+                    self.log.info(
+                        "fracspawner: the monitor's loop woke %.1f s late: no kernel is shut "
+                        "down or hibernated this round",
+                        late,
+                    )
             except Exception:  # one bad reading must not end monitoring for the server's life
                 self.log.exception("fracspawner: GPU reading failed")
             if self.reason is not None:
                 delay = max(delay, self.unavailable_retry)
+            expected = loop.time() + delay
             await asyncio.sleep(delay)
 
     def _kernel_ids(self) -> set[str]:
@@ -173,6 +198,7 @@ class GpuMonitor(BackgroundLoop):
         """Take one reading (off the event loop: NVML and /proc reads block) and apply it."""
         assert self.source is not None
         kernel_ids = self._kernel_ids()
+        taken = utcnow()
         try:
             sample = await asyncio.to_thread(self.source.sample)
             found = await asyncio.to_thread(
@@ -188,7 +214,9 @@ class GpuMonitor(BackgroundLoop):
             self.reason = str(exc)
             return
         self.reason = None
-        self.apply(sample, found.owned, kernel_ids, utcnow(), unmatched=found.unmatched)
+        self.apply(
+            sample, found.owned, kernel_ids, utcnow(), unmatched=found.unmatched, taken=taken
+        )
 
     def _state(self, p: Any) -> str:
         """One process's reading: busy, idle, or unknown (never read as idle when unsure)."""
@@ -206,9 +234,13 @@ class GpuMonitor(BackgroundLoop):
         kernel_ids: set[str],
         now: datetime,
         unmatched: list | tuple = (),
+        taken: datetime | None = None,
     ) -> None:
-        """Fold one reading into the per-kernel and server state."""
+        """Fold one reading into the per-kernel and server state. `now`: when it came back (a
+        busy reading counts until then); `taken`: when it was taken (an idle reading says
+        nothing later than that), `now` if not told."""
         self.sample, self.sampled_at, self.processes = sample, now, owned
+        self.sample_taken = min(taken or now, now)
         self.unmatched = list(unmatched)
         kernels = {kid: self.kernels.get(kid, KernelGpu()) for kid in kernel_ids}
         for k in kernels.values():
@@ -323,34 +355,41 @@ class GpuMonitor(BackgroundLoop):
             out.append((kid, k, execution_state, last_activity, due))
         return out
 
+    def _decided_at(self, now: datetime | None) -> datetime:
+        """The moment a decision may take as now: no later than the latest GPU reading was
+        taken (what it shows idle is not known to be idle after that)."""
+        at = now or utcnow()
+        return min(at, self.sample_taken) if self.sample_taken is not None else at
+
     async def hibernate_idle_kernels(self, now: datetime | None = None) -> list[str]:
         """Suspend the kernels idle for kernel_gpu_hibernate (hibernate.py); their ids.
 
         The same idle rule as the shut-down (GPU, messages and user idle; never while it
-        executes or its GPU activity is unknown), checked after each reading."""
+        executes or its GPU activity is unknown, never while its user is present), checked after
+        each reading, for each kernel with the activity as it is just before suspending it: a
+        suspend before it took time, and the user may have come back meanwhile."""
         limit = self.pod.policy.kernel_gpu_hibernate
         if not self.hibernator.enabled or limit is None:
             return []
         if self.reason is not None or self.sample is None:
             return []
-        now = now or utcnow()
-        server_known = self.gpu_state != "unknown"
-        user_last = user_activity(self.settings)
         done = []
-        for kid, k in sorted(self.kernels.items()):
+        for kid in sorted(self.kernels):
+            k = self.kernels[kid]
             if k.memory_mib <= 0 or self.hibernator.suspended(kid):
                 continue
+            at = self._decided_at(now)
             execution_state, last_activity = self._kernel_state(kid)
             due = hibernate_deadline(
                 self.pod.policy,
                 gpu_memory_mib=k.memory_mib,
-                activity_known=k.known and server_known,
+                activity_known=k.known and self.gpu_state != "unknown",
                 execution_state=execution_state,
                 gpu_idle_since=k.last_not_idle or self.started,
                 last_activity=last_activity,
-                user_last_activity=user_last,
+                user_last_activity=user_activity(self.settings, now),
             )
-            if due is None or now < due.cull_at:
+            if due is None or at < due.cull_at:
                 continue
             pids = sorted({p.pid for owner, p in self.processes if owner == kid and p.pid})
             if not pids and any(owner == kid for owner, _ in self.processes):
@@ -364,14 +403,26 @@ class GpuMonitor(BackgroundLoop):
         """Shut down the kernels whose time has come (`kernel_dues`); their ids.
 
         Called in the server, after each reading: the kernel manager's shutdown stops watching
-        the kernel's messages first, so this is not activity (no `last_activity` moves)."""
+        the kernel's messages first, so this is not activity (no `last_activity` moves). Each
+        kernel's deadline is computed again just before it is shut down: the shut-downs before
+        it took time (seconds each), and its user may have come back meanwhile."""
         if not self.cull_kernels or self.reason is not None or self.sample is None:
             return []
-        now = now or utcnow()
         km = self.settings.get("kernel_manager")
         done = []
-        for kid, k, _state, _last, due in self.kernel_dues(user_activity(self.settings)):
-            if due is None or now < due.cull_at:
+        first = self._decided_at(now)
+        due_now = [
+            kid
+            for kid, _k, _s, _l, due in self.kernel_dues(user_activity(self.settings, now))
+            if due is not None and first >= due.cull_at
+        ]
+        for kid in due_now:
+            at = self._decided_at(now)
+            current = {e[0]: e for e in self.kernel_dues(user_activity(self.settings, now))}
+            if kid not in current:
+                continue
+            _, k, _state, _last, due = current[kid]
+            if due is None or at < due.cull_at:
                 continue
             self.log.info(
                 "fracspawner: shutting down kernel %s: it holds %.0f MiB of GPU memory and its "
@@ -388,9 +439,10 @@ class GpuMonitor(BackgroundLoop):
                 continue
             done.append(kid)
             self.hibernator.forget(kid)
+            stamp = now or utcnow()
             self.culled = [
                 *self.culled[-49:],
-                {"id": kid, "at": isoformat(now), "gpu_memory_mib": round(k.memory_mib, 1)},
+                {"id": kid, "at": isoformat(stamp), "gpu_memory_mib": round(k.memory_mib, 1)},
             ]
         return done
 
@@ -400,6 +452,8 @@ class GpuMonitor(BackgroundLoop):
         user_last_activity: datetime | None = None,
         now: datetime | None = None,
     ) -> dict:
+        now = now or utcnow()
+        presence = presence_json(self.settings, now)
         activity = {
             "monitor_started": isoformat(self.started),
             "server_last_activity": isoformat(server_last_activity),
@@ -417,7 +471,6 @@ class GpuMonitor(BackgroundLoop):
                 "policy": self.pod.policy.as_json(),
             }
         sample = self.sample
-        now = now or utcnow()
         device = sample.devices[0].name if sample.devices else None
         kernels = []
         warnings = []
@@ -454,6 +507,7 @@ class GpuMonitor(BackgroundLoop):
             user_last_activity=user_last_activity,
             watched_since=self.started,
             started=self.pod.started,
+            present=bool(presence and presence["present"]),
         )
         if server_due is not None and server_due.warns(now):
             warnings.append(self._warning("server", server_due, now, memory))

@@ -278,13 +278,18 @@ def server_deadline(
     user_last_activity: datetime | None = None,
     watched_since: datetime | None = None,
     started: datetime | None = None,
+    present: bool = False,
 ) -> Deadline | None:
     """When the culler stops this server if nothing changes (nobody uses it, its GPU does no
     more work); None = never. The earliest of fracspawner/culler/decide.py `server_deadlines`,
     from what this server reports to the culler: its activity, the GPU idle since
     `gpu_idle_since` as of `observed_at` (its GPU history reaching back to `watched_since`), and
     the hub's start time `started` (FRACSPAWNER_SERVER_STARTED; None: max_age is not known).
+    `present`: a person is at a tab of this server (presence.py): only max_age stops it.
     Keep it in step with decide.py: tests/test_serverext_deadline_agrees.py."""
+    if present:
+        due = deadline(policy, policy.max_age, started, "max_age") if started else None
+        return due
     last = last_activity or started
     user_last = _user_last(user_last_activity, last_activity, started)
     due = [

@@ -4,7 +4,8 @@
  *
  * It reads `GET /api/fracspawner/gpu` from fracspawner's server extension, and only where that
  * extension says it is there (page config `fracspawnerGpuUrl`). No GPU, no extension, a request
- * that fails: no meter, and nothing in the console.
+ * that fails: no meter, and nothing in the console. It also tells the server whether a person
+ * is at this tab (presence.ts), where the extension asks for it (`fracspawnerPresence`).
  */
 
 import {
@@ -28,9 +29,11 @@ import {
   warningSentence,
   warningShort
 } from './format';
+import { startPresence } from './presence';
 
 const PLUGIN_ID = 'fracspawner-gpu-meter:plugin';
 const PAGE_CONFIG_KEY = 'fracspawnerGpuUrl';
+const PRESENCE_CONFIG_KEY = 'fracspawnerPresence';
 /** Seconds between two reports: the server's own poll interval, within these bounds. */
 const MIN_INTERVAL = 1;
 const MAX_INTERVAL = 10;
@@ -196,6 +199,11 @@ const plugin: JupyterFrontEndPlugin<void> = {
   autoStart: true,
   optional: [IStatusBar],
   activate: (app: JupyterFrontEnd, statusBar: IStatusBar | null) => {
+    // the person's presence (presence.ts), with or without a status bar to show the meter in
+    startPresence(
+      PageConfig.getOption(PRESENCE_CONFIG_KEY),
+      app.serviceManager.serverSettings
+    );
     const path = PageConfig.getOption(PAGE_CONFIG_KEY);
     if (!statusBar || !path) {
       return; // no status bar, or no fracspawner server extension: nothing to show

@@ -1,0 +1,181 @@
+"""Whether a person is at this server: told by the browser, never inferred from its polling.
+
+JupyterLab polls the server's REST API while its tab is visible (kernels, sessions and
+terminals every 10 s: @jupyterlab/services kernel/manager.ts, session/manager.ts and
+terminal/manager.ts, `Poll` with `interval: 10 * 1000` and `standby: 'when-hidden'`), and
+jupyter-server counts every authenticated API request as activity (`APIHandler.finish` ->
+`update_api_activity` -> `settings["api_last_activity"]`, read by
+`ServerWebApplication.last_activity()`). So a tab left open on a desk looks busy for ever, and
+a person reading a notebook for half an hour without a request looks gone.
+
+The GPU meter (labextension/src/presence.ts) tells the server what only the browser knows: is
+the tab visible, is it focused, how long since the last keyboard, mouse, touch or scroll input.
+The server decides with its own `timeout` (the browser reports facts, not a verdict): a person
+is present while some tab is visible and had input within `timeout`, as of a report no older
+than `stale`. While any tab reports (presence "known"), the API requests of the polling no
+longer count as the user's activity (activity.py); where no tab reports (another client, an
+older JupyterLab, every tab closed), nothing changes: unknown is never idle.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from datetime import datetime, timedelta, timezone
+from typing import Any
+
+from traitlets import Float, Integer, default
+from traitlets.config import LoggingConfigurable
+
+ENV_TIMEOUT = "FRACSPAWNER_PRESENCE_TIMEOUT_SECONDS"
+SETTINGS_KEY = "fracspawner_presence"  # the Presence object in the web app's settings
+# jupyter-server's last_activity() takes every settings key ending in "_last_activity": the
+# person's presence is kept there too, so what the server tells the hub includes it
+ACTIVITY_KEY = "fracspawner_presence_last_activity"
+CLIENT_MAX = 64  # characters of a client (tab) id
+MAX_CLIENTS = 32  # tabs remembered at once (the oldest report is forgotten first)
+
+
+def utcnow() -> datetime:
+    return datetime.now(timezone.utc)
+
+
+class PresenceError(ValueError):
+    """A presence report that does not make sense; the message says which field."""
+
+
+@dataclass
+class ClientReport:
+    """One tab's latest word, in the server's clock."""
+
+    visible: bool
+    focused: bool
+    last_input: datetime  # received_at - idle_seconds
+    received_at: datetime
+
+
+def parse_client_report(body: Any, received_at: datetime) -> tuple[str, ClientReport]:
+    """`{"client": "...", "visible": true, "focused": false, "idle_seconds": 12.5}` -> facts.
+    Raises PresenceError naming the field for anything else."""
+    if not isinstance(body, dict):
+        raise PresenceError("expected a JSON object")
+    client = body.get("client")
+    if not isinstance(client, str) or not client or len(client) > CLIENT_MAX:
+        raise PresenceError(f"client: expected a tab id of 1 to {CLIENT_MAX} characters")
+    flags = {}
+    for name in ("visible", "focused"):
+        value = body.get(name)
+        if not isinstance(value, bool):
+            raise PresenceError(f"{name}: expected true or false")
+        flags[name] = value
+    idle = body.get("idle_seconds")
+    if isinstance(idle, bool) or not isinstance(idle, int | float) or not 0 <= idle < 10**9:
+        raise PresenceError("idle_seconds: expected a number of seconds, 0 or more")
+    last_input = received_at - timedelta(seconds=float(idle))
+    return client, ClientReport(flags["visible"], flags["focused"], last_input, received_at)
+
+
+class Presence(LoggingConfigurable):
+    """The tabs' reports and what they say about the person (see the module's docstring)."""
+
+    timeout = Float(
+        config=True,
+        help="Seconds after a tab's last keyboard, mouse, touch or scroll input that its user "
+        "still counts as present (while the tab is visible). A person reading or listening "
+        "without touching anything for longer counts as away: their idle GPU kernels may then "
+        "be hibernated or shut down after the pool's limits. Default: "
+        f"${ENV_TIMEOUT} (set by FracSpawner), else 900 (15 min).",
+    )
+    interval = Float(
+        60.0,
+        config=True,
+        help="Seconds between two presence reports of a tab (the browser also reports at once "
+        "when the tab is shown, hidden, or used again after a pause).",
+    )
+    stale_after = Integer(
+        3,
+        config=True,
+        help="A tab that has not reported for this many intervals counts as gone (closed, "
+        "frozen or offline): its presence ends with its last report.",
+    )
+
+    @default("timeout")
+    def _default_timeout(self) -> float:
+        try:
+            value = float(os.environ.get(ENV_TIMEOUT, "").strip())
+        except ValueError:
+            return 900.0
+        return value if value > 0 else 900.0
+
+    def __init__(self, *, settings: dict | None = None, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self.settings = settings if settings is not None else {}
+        self.clients: dict[str, ClientReport] = {}
+        self._last_present: datetime | None = None
+
+    @property
+    def stale(self) -> timedelta:
+        return timedelta(seconds=self.interval * self.stale_after)
+
+    def _present_until(self, c: ClientReport) -> datetime | None:
+        """Until when this tab's last report keeps its user present (None: it does not)."""
+        if not c.visible:
+            return None
+        return min(c.last_input + timedelta(seconds=self.timeout), c.received_at + self.stale)
+
+    def _fold(self, c: ClientReport, now: datetime) -> None:
+        """Carry what `c` says into the last moment a person was seen, up to `now`."""
+        seen = [c.last_input]  # an input is a person, visible or not
+        until = self._present_until(c)
+        if until is not None and until >= c.received_at:
+            seen.append(min(until, now))
+        latest = max(t for t in seen if t <= now) if any(t <= now for t in seen) else None
+        if latest is not None and (self._last_present is None or latest > self._last_present):
+            self._last_present = latest
+            self.settings[ACTIVITY_KEY] = latest
+
+    def record(self, client: str, report: ClientReport) -> None:
+        """A tab's report: the previous one of the same tab is folded in up to this moment."""
+        old = self.clients.get(client)
+        if old is not None:
+            self._fold(old, report.received_at)
+        self.clients[client] = report
+        if len(self.clients) > MAX_CLIENTS:
+            oldest = min(self.clients, key=lambda k: self.clients[k].received_at)
+            gone = self.clients.pop(oldest)
+            self._fold(gone, report.received_at)
+        self._fold(report, report.received_at)
+
+    def _fresh(self, now: datetime) -> list[ClientReport]:
+        return [c for c in self.clients.values() if now - c.received_at <= self.stale]
+
+    def known(self, now: datetime | None = None) -> bool:
+        """Whether some tab reports presence now (otherwise presence is unknown)."""
+        return bool(self._fresh(now or utcnow()))
+
+    def present(self, now: datetime | None = None) -> bool:
+        now = now or utcnow()
+        return any((self._present_until(c) or now) > now for c in self._fresh(now))
+
+    def last_present(self, now: datetime | None = None) -> datetime | None:
+        """The last moment a person was seen at a tab ('now' while present); None: never."""
+        now = now or utcnow()
+        for c in self.clients.values():
+            self._fold(c, now)
+        return self._last_present
+
+    def as_json(self, now: datetime | None = None) -> dict:
+        """For the report: the culler keeps a present user's server, and reads the server's own
+        activity (the polling left out) where presence is known."""
+        now = now or utcnow()
+        last = self.last_present(now)
+        fresh = self._fresh(now)
+        return {
+            "known": bool(fresh),
+            "present": self.present(now),
+            "last_present": None if last is None else last.isoformat().replace("+00:00", "Z"),
+            "tabs": len(fresh),
+            "visible_tabs": sum(c.visible for c in fresh),
+            "timeout": self.timeout,
+            "interval": self.interval,
+        }

@@ -1,0 +1,153 @@
+"""A server's own kernel shut-down never acts on an idle time it has not finished reading
+(issue 28, 13a: on a loaded machine a kernel was shut down while its user kept working).
+
+Three ways the monitor could decide on stale facts, each checked with the real GpuMonitor:
+- its loop wakes up late (a starved or blocked server): requests that came meanwhile wait in
+  the event loop, and jupyter-server records a request's activity only when it finishes
+  (`APIHandler.finish` -> `update_api_activity`, jupyter_server/base/handlers.py), several
+  loop turns after it arrived;
+- shutting one kernel down takes seconds (jupyter_client waits for the kernel to exit), and
+  the user may come back meanwhile: the next kernel's deadline must be read again;
+- a GPU reading comes back later than it was taken (NVML under load): it says nothing of the
+  GPU after it was taken.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import threading
+import time
+from datetime import timedelta
+
+from fracspawner.serverext import monitor as monitor_module
+from fracspawner.serverext.sources import GpuDevice, GpuProcess, GpuSample
+
+H100 = {"name": "NVIDIA H100 80GB HBM3", "memory_total_mib": 81920}
+
+
+class FakeKernel:
+    def __init__(self, last_activity, execution_state="idle"):
+        self.last_activity, self.execution_state = last_activity, execution_state
+
+
+class FakeKernelManager:
+    """MappingKernelManager's parts the monitor reads; `on_shutdown` runs while a shutdown
+    is in progress (jupyter_client's shutdown waits for the kernel process)."""
+
+    def __init__(self, kernels, on_shutdown=None):
+        self.kernels, self.on_shutdown = kernels, on_shutdown
+        self.last_kernel_activity = None
+
+    def list_kernel_ids(self):
+        return list(self.kernels)
+
+    def get_kernel(self, kernel_id):
+        return self.kernels[kernel_id]
+
+    async def shutdown_kernel(self, kernel_id):
+        if self.on_shutdown is not None:
+            self.on_shutdown(kernel_id)
+        del self.kernels[kernel_id]
+
+
+def policy_env(monkeypatch, kernel_idle: float) -> None:
+    monkeypatch.setenv("FRACSPAWNER_GPU_SLICE", "1/4")
+    monkeypatch.setenv("FRACSPAWNER_KERNEL_GPU_IDLE_SECONDS", str(kernel_idle))
+    for name in ("FRACSPAWNER_SERVER_GPU_IDLE_SECONDS", "FRACSPAWNER_KERNEL_GPU_HIBERNATE_SECONDS"):
+        monkeypatch.delenv(name, raising=False)
+
+
+def test_a_late_loop_does_not_shut_down_a_kernel_under_a_working_user(monkeypatch, tmp_path):
+    """The user works (a request every 0.2 s); the server's loop is then held for 2 s (CPU
+    starvation, a blocking call) while the user's next request arrives. The monitor wakes
+    late, before that request is processed: it must not take the user for gone."""
+    policy_env(monkeypatch, kernel_idle=1)
+    gpu = tmp_path / "gpu.json"
+    gpu.write_text(json.dumps({"devices": [H100], "kernels": {"k": {"memory_mib": 4096}}}))
+
+    async def scenario() -> tuple[bool, bool]:
+        loop = asyncio.get_running_loop()
+        now = monitor_module.utcnow()
+        settings = {
+            "kernel_manager": FakeKernelManager({"k": FakeKernel(now)}),
+            "started": now, "api_last_activity": now, "last_activity_times": {},
+        }  # fmt: skip
+        monitor = monitor_module.GpuMonitor(
+            settings=settings, source_spec=f"sim:{gpu}", poll_interval=0.3
+        )
+
+        async def request() -> None:
+            """An API request: it takes a few loop turns, its activity counts when it ends."""
+            await asyncio.sleep(0.1)
+            settings["api_last_activity"] = monitor_module.utcnow()
+
+        monitor.start()
+        try:
+            for _ in range(10):  # 2 s of work: the kernel (1 s limit) stays
+                await request()
+                await asyncio.sleep(0.1)
+            alive_while_working = "k" in settings["kernel_manager"].kernels
+            # a request arrives while the loop is held
+            arrives = threading.Timer(
+                0.2, lambda: loop.call_soon_threadsafe(lambda: loop.create_task(request()))
+            )
+            arrives.start()
+            time.sleep(2.0)  # noqa: ASYNC251 -- holds the loop on purpose: nothing runs
+            await asyncio.sleep(0.6)  # two of the monitor's rounds after it
+            alive_after = "k" in settings["kernel_manager"].kernels
+            # the user leaves: the kernel goes, rounds on time decide again
+            deadline = time.monotonic() + 30
+            while "k" in settings["kernel_manager"].kernels and time.monotonic() < deadline:
+                await asyncio.sleep(0.1)
+            assert "k" not in settings["kernel_manager"].kernels, "never shut down"
+            return alive_while_working, alive_after
+        finally:
+            await monitor.stop()
+
+    alive_while_working, alive_after = asyncio.run(scenario())
+    assert alive_while_working
+    assert alive_after, "shut down under a working user by a late loop"
+
+
+def test_each_kernel_s_deadline_is_read_again_just_before_it_is_shut_down(monkeypatch):
+    """Two kernels idle past the limit. Shutting the first down takes seconds, and the user
+    comes back meanwhile (opens a notebook: an API request): the second stays."""
+    policy_env(monkeypatch, kernel_idle=1800)
+    t0 = monitor_module.utcnow()
+    now = t0 + timedelta(hours=1)
+    settings = {"started": t0, "api_last_activity": t0, "last_activity_times": {}}
+
+    def user_comes_back(kernel_id: str) -> None:
+        settings["api_last_activity"] = now
+
+    kernels = {"a": FakeKernel(t0), "b": FakeKernel(t0)}
+    settings["kernel_manager"] = FakeKernelManager(kernels, on_shutdown=user_comes_back)
+    monitor = monitor_module.GpuMonitor(settings=settings, source_spec="none")
+    monitor.reason, monitor.started = None, t0
+    procs = [GpuProcess("0", 4096, 0.0, kernel_id=k) for k in ("a", "b")]
+    device = GpuDevice("0", "H100", "GPU-0", 81920, 8192, 0)
+    monitor.apply(GpuSample("sim", [device], procs), [(p.kernel_id, p) for p in procs],
+                  {"a", "b"}, now)  # fmt: skip
+    assert asyncio.run(monitor.cull_idle_kernels(now)) == ["a"]
+    assert set(kernels) == {"b"}
+
+
+def test_a_reading_that_came_back_late_says_nothing_after_it_was_taken(monkeypatch):
+    """The reading was taken at 29:58 of a 30 min limit and came back at 30:05: the GPU is
+    known idle until 29:58 only, so the kernel is not shut down on it."""
+    policy_env(monkeypatch, kernel_idle=1800)
+    t0 = monitor_module.utcnow()
+    settings = {"started": t0, "api_last_activity": t0, "last_activity_times": {},
+                "kernel_manager": FakeKernelManager({"k": FakeKernel(t0)})}  # fmt: skip
+    monitor = monitor_module.GpuMonitor(settings=settings, source_spec="none")
+    monitor.reason, monitor.started = None, t0
+    procs = [GpuProcess("0", 4096, 0.0, kernel_id="k")]
+    device = GpuDevice("0", "H100", "GPU-0", 81920, 4096, 0)
+    taken, back = t0 + timedelta(seconds=1798), t0 + timedelta(seconds=1805)
+    sample = GpuSample("sim", [device], procs)
+    monitor.apply(sample, [("k", procs[0])], {"k"}, back, taken=taken)
+    assert asyncio.run(monitor.cull_idle_kernels(back)) == []
+    # the next reading, taken after the limit: now it is known
+    monitor.apply(sample, [("k", procs[0])], {"k"}, back, taken=back)
+    assert asyncio.run(monitor.cull_idle_kernels(back)) == ["k"]
