@@ -9,7 +9,9 @@ is reached), cuCheckpointProcessCheckpoint (LOCKED -> CHECKPOINTED: GPU memory c
 memory, device handles released), cuCheckpointProcessRestore (CHECKPOINTED -> LOCKED) and
 cuCheckpointProcessUnlock (LOCKED -> RUNNING); cuCheckpointProcessGetState says where a process
 is. Every failure raises `CheckpointError` (a call refused, with the driver's error name) or
-`Unsupported` (no API here at all, with the reason in plain words).
+`Unsupported` (no API here at all, with the reason in plain words). cuCheckpointProcessGetState
+may fail too (documented: INVALID_VALUE, NOT_INITIALIZED, NOT_SUPPORTED, e.g. for a pid that
+exited): callers must expect it on every call, the first included.
 """
 
 from __future__ import annotations
@@ -20,8 +22,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from .checkpoint_env import MIN_CUDA_VERSION
+
 MIB = 1024 * 1024
-MIN_CUDA_VERSION = 12080  # cuDriverGetVersion of the r570 driver: the checkpoint API's first
+# CUDA_ERROR_NOT_READY is the documented "not yet" return of cuCheckpointProcessLock (CUDA Driver
+# API, Checkpointing: Lock returns ... CUDA_ERROR_NOT_READY); with a timeout "the process will be
+# left in the RUNNING state". TIMEOUT is kept for drivers that answer a reached timeout with it.
+BUSY_CODES = frozenset({"CUDA_ERROR_NOT_READY", "CUDA_ERROR_TIMEOUT"})
 STATES = {
     0: "running",
     1: "locked",
@@ -90,6 +97,11 @@ class CheckpointDriver:
         if int(result[0]) != 0:
             raise CheckpointError(name, _name(result[0]))
         return result
+
+    def cuda_version(self) -> int:
+        """cuDriverGetVersion: 12080 for r570 (CUDA 12.8), 12090 for r575, 13000 for r580."""
+        _err, version = self._call("cuDriverGetVersion")
+        return int(version)
 
     def state(self, pid: int) -> str:
         _err, state = self._call("cuCheckpointProcessGetState", pid)

@@ -4,15 +4,29 @@ moment it is needed (its next message, or Resume in the JupyterLab meter).
 The first rung of the idle ladder (catalog `idle.kernel_gpu_hibernate`, in the environment as
 `FRACSPAWNER_KERNEL_GPU_HIBERNATE_SECONDS`): the monitor (monitor.py) asks for it when a kernel
 holding GPU memory has been idle (GPU, messages, user) that long; `kernel_gpu_idle` and the
-server cull stay as they are. Safe in every failure:
+server cull stay as they are; the culler may also ask for it under GPU pressure
+(`GpuMonitor.hibernate_now`). Safe in every failure, on a driver that behaves as NVIDIA documents
+(CUDA Driver API "Checkpointing"; NVIDIA/cuda-checkpoint's README and issues, cited in
+tests/fake_nvml/cuda/bindings/driver.py):
 
-- no host-memory headroom for the copy (the pod's cgroup limit minus its usage): not suspended,
-  and the report says why;
-- a kernel the API cannot suspend (no API, driver too old, UVM or IPC memory, GPU memory held
-  by several processes) is left running and reported "cannot hibernate: <reason>", never
-  ended for it;
+- only the kernel's own process is suspended, and only while no process it started holds GPU
+  memory (a subprocess, a background run, a DataLoader worker): suspended alone they would stall
+  while the kernel looks idle, and no message would resume them. Such a kernel is tried again
+  later, as are the other refusals that may pass: its CUDA work did not pause (Lock's
+  CUDA_ERROR_NOT_READY), its process is working on the CPU (a thread), the driver does not know
+  the process now (GetState's CUDA_ERROR_INVALID_VALUE), no host-memory headroom for the copy;
+- conditions that cannot work are stated, and nothing is tried: no API, a driver before
+  575.57.08 in a container that sees only some GPUs (NVIDIA/cuda-checkpoint #12, #24), MIG (#42),
+  NCCL peers (#30), UVM or IPC memory ("cannot hibernate: <reason>"); never ended for it;
+- a kernel is never left "hibernating": whatever a call raises, the process is put back as far
+  as the driver lets (unlocked after a refused checkpoint; if the unlock fails it is retried
+  like a restore, since its CUDA calls block meanwhile);
 - a restore that fails keeps the kernel locked, not lost: retried with backoff, the user is told
-  (meter and notebook) and may restart the kernel;
+  (meter and notebook) and may restart the kernel. A process the driver reports FAILED is
+  terminal: no more retries, and the user is told its GPU data may be lost;
+- clients that reach a hibernated kernel without this server's websocket (jupyter console on
+  the connection file, a thread printing) show on its iopub channel, which the monitor watches
+  while it is hibernated (foreign.py): any such message resumes it;
 - a suspended kernel is never GPU-busy nor activity (the monitor reads it as idle), and nothing
   here touches the server's activity.
 """
@@ -27,57 +41,72 @@ from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Any
 
-from traitlets import Bool, Float, Integer, Unicode
+from traitlets import Bool, Float, Integer, Unicode, default
 from traitlets.config import LoggingConfigurable
 
-from .checkpoint import CheckpointDriver, CheckpointError, Unsupported, host_headroom
+from .attribution import has_own_pid_namespace
+from .checkpoint import BUSY_CODES, CheckpointDriver, CheckpointError, Unsupported, host_headroom
+from .checkpoint_env import (
+    cpu_seconds,
+    driver_problem,
+    mig_problem,
+    nccl_peers,
+    nvml_driver_version,
+)
 from .podinfo import gib, isoformat, utcnow
 
 SUSPENDED = frozenset({"hibernating", "hibernated", "resuming", "restore_failed"})
 HISTORY = 50  # recent hibernations and resumes kept for the report (the culler counts them)
 
 
-class _Busy(Exception):
-    """The lock timed out: the process had CUDA work that did not finish (left RUNNING)."""
+class _Later(Exception):
+    """Not suspended this time, for a reason that may pass: tried again after
+    `retry_refused_after` (its CUDA work did not pause, the driver does not know the process
+    now)."""
 
 
-class _Refused(Exception):
-    def __init__(self, code: str, left: str):
-        super().__init__(code)
-        self.code, self.left = code, left
+class _Cannot(Exception):
+    """The driver refused this process for good (its memory kind, a state it cannot leave)."""
 
 
 @dataclass
 class KernelSleep:
     """One kernel's hibernation state (`state`: running | hibernating | hibernated | resuming
-    | restore_failed)."""
+    | restore_failed | failed). `failed` is terminal: the driver reports the process FAILED
+    ("an uncorrectable error during the checkpoint/restore process"); nothing is retried until
+    the kernel is restarted."""
 
     kernel_id: str
     state: str = "running"
     pid: int | None = None
     memory_mib: float = 0.0  # GPU memory held in host memory while hibernated
     since: datetime | None = None
-    note: str | None = None  # why it was not suspended last time (may change: headroom, busy)
-    cannot: str | None = None  # why it can never be suspended: not tried again
+    note: str | None = None  # why it was not suspended last time (may pass: tried again)
+    cannot: str | None = None  # why this process can never be suspended (a new process may)
     restore_error: str | None = None
     attempts: int = 0
     next_retry: datetime | None = None
+    next_try: datetime | None = None  # no new suspension attempt before this
     last_resume_seconds: float | None = None
     last_resumed_at: datetime | None = None
+    why: str | None = None  # what asked for the last hibernation ("idle", the culler's reason)
     lock: asyncio.Lock = field(default_factory=asyncio.Lock)
     task: asyncio.Task | None = None
+    unwatch: Callable[[], None] | None = None
 
     def as_json(self) -> dict:
         return {
-            "state": "cannot_hibernate" if self.cannot else self.state,
-            "reason": self.cannot or self.note,
+            "state": "cannot_hibernate" if self.cannot and self.state == "running" else self.state,
+            "reason": self.restore_error if self.state == "failed" else self.cannot or self.note,
             "hibernated_gpu_memory_mib": round(self.memory_mib, 1)
             if self.state in SUSPENDED
             else 0.0,
             "hibernated_since": isoformat(self.since) if self.state in SUSPENDED else None,
+            "hibernated_why": self.why if self.state in SUSPENDED else None,
             "restore_error": self.restore_error,
             "restore_attempts": self.attempts,
             "next_retry": isoformat(self.next_retry),
+            "next_try": isoformat(self.next_try) if self.note else None,
             "last_resume_seconds": self.last_resume_seconds,
             "last_resumed_at": isoformat(self.last_resumed_at),
         }
@@ -121,6 +150,43 @@ class Hibernator(LoggingConfigurable):
         5.0, config=True, help="Seconds before the first retry of a failed restore."
     )
     retry_max = Float(300.0, config=True, help="Longest wait (seconds) between restore retries.")
+    retry_refused_after = Float(
+        60.0,
+        config=True,
+        help="Seconds before a kernel that was not suspended for a reason that may pass (its "
+        "CUDA work did not pause, other processes it started hold GPU memory, its process was "
+        "working, too little host memory) is tried again.",
+    )
+    cpu_probe_seconds = Float(
+        1.0,
+        config=True,
+        help="Seconds the kernel's process is watched just before it is suspended: one that "
+        "uses the CPU then (a thread or a background task working in it while no cell runs) is "
+        "not suspended, since its next CUDA call would block until someone resumes it. 0: off.",
+    )
+    cpu_busy_percent = Float(
+        10.0,
+        config=True,
+        help="CPU use (percent of one core) during the probe above which the kernel's process "
+        "counts as working. An idle ipykernel uses well under 1 %.",
+    )
+    all_gpus_visible = Bool(
+        False,
+        config=True,
+        help="Whether notebook containers see every GPU of their node (one-GPU nodes, whole-node "
+        "pools). Drivers before 575.57.08 cannot checkpoint in a container that sees only some "
+        "of the node's GPUs (NVIDIA/cuda-checkpoint #12, #24): there hibernation stays off "
+        "unless this says the pods see them all.",
+    )
+    in_container = Bool(
+        config=True,
+        help="Whether the server runs in a container (a PID namespace of its own). Default: "
+        "detected from /proc/self/ns/pid.",
+    )
+
+    @default("in_container")
+    def _default_in_container(self) -> bool:
+        return has_own_pid_namespace()
 
     def __init__(self, driver: Any = None, **kwargs: Any):
         super().__init__(**kwargs)
@@ -133,6 +199,11 @@ class Hibernator(LoggingConfigurable):
         self.resumes: list[dict] = []
         # called (kernel id, text) when a restore fails: connections tell the notebook
         self.on_restore_failed: list[Callable[[str, str], None]] = []
+        # MIG (the monitor sets it from each reading): no checkpointing on MIG instances
+        self.device_indices: list[str] = []
+        # called with a kernel id once it is hibernated; returns what stops watching it (the
+        # monitor watches the kernel's iopub for clients that bypass this server: foreign.py)
+        self.watch: Callable[[str], Callable[[], None] | None] | None = None
 
     # --- queries ------------------------------------------------------------------------------
     def suspended(self, kernel_id: str) -> bool:
@@ -160,11 +231,14 @@ class Hibernator(LoggingConfigurable):
             self._checked = True
             try:
                 self.driver.check()
+                self.unsupported = driver_problem(
+                    nvml_driver_version(), self.in_container, self.all_gpus_visible
+                )
             except Unsupported as exc:
                 self.unsupported = str(exc)
             except Exception as exc:  # a broken binding: same as none
                 self.unsupported = f"the checkpoint API failed to start: {exc}"
-        return self.unsupported
+        return self.unsupported or mig_problem(self.device_indices)
 
     def summary(self, limit: float | None) -> dict:
         headroom = host_headroom(self.cgroup_root, self.meminfo_path)
@@ -172,7 +246,7 @@ class Hibernator(LoggingConfigurable):
             "enabled": self.enabled and limit is not None,
             "after_seconds": limit,
             "available": self.unsupported is None if self._checked else None,
-            "reason": self.unsupported,
+            "reason": self.unsupported or mig_problem(self.device_indices),
             "host_memory_free_mib": None
             if headroom.free_mib is None
             else round(headroom.free_mib, 1),
@@ -192,102 +266,211 @@ class Hibernator(LoggingConfigurable):
         s = self.kernels.pop(kernel_id, None)
         if s is not None and s.task is not None and not s.task.done():
             s.task.cancel()
+        if s is not None:
+            self._stop_watching(s)
         self.last_message.pop(kernel_id, None)
 
     # --- suspend ------------------------------------------------------------------------------
-    async def hibernate(self, kernel_id: str, pids: list[int], memory_mib: float) -> str:
-        """Suspend the kernel's CUDA process; returns its state afterwards (see KernelSleep)."""
+    async def hibernate(
+        self,
+        kernel_id: str,
+        pids: list[int],
+        memory_mib: float,
+        *,
+        kernel_pid: int | None = None,
+        why: str = "idle",
+    ) -> str:
+        """Suspend the kernel's own CUDA process; returns its state afterwards (KernelSleep).
+
+        `pids` are the processes holding the kernel's GPU memory (its own and its descendants'),
+        `kernel_pid` the kernel process itself. Only the kernel's own process is ever suspended,
+        and only while no other process it started holds GPU memory: a subprocess or a
+        DataLoader worker suspended alone would stall while the kernel looks idle, and nothing
+        would resume it. Nothing here ever ends a kernel."""
         s = self.kernels.setdefault(kernel_id, KernelSleep(kernel_id))
-        if s.state != "running" or s.cannot or s.lock.locked():
-            return s.state
-        reason = await asyncio.to_thread(self.available)
-        if reason is not None:
-            s.cannot = f"cannot hibernate: {reason}"
-            return s.state
-        if len(pids) != 1:
-            s.cannot = (
-                "cannot hibernate: its GPU process is not known"
-                if not pids
-                else f"cannot hibernate: {len(pids)} processes hold its GPU memory (a worker or "
-                "subprocess); the checkpoint API suspends one process"
-            )
-            return s.state
-        headroom = host_headroom(self.cgroup_root, self.meminfo_path)
-        need = memory_mib + self.host_margin_mib
-        if headroom.free_mib is None or headroom.free_mib < need:
-            free = "an unknown amount" if headroom.free_mib is None else gib(headroom.free_mib)
-            s.note = (
-                f"not hibernated: it needs {gib(need)} of host memory and {free} is free under "
-                f"{headroom.where}"
-            )
+        if s.lock.locked():
             return s.state
         async with s.lock:
-            s.state, s.pid, s.note = "hibernating", pids[0], None
-            started = time.monotonic()
-            try:
-                await asyncio.to_thread(self._suspend, pids[0])
-            except _Busy:
-                s.state = "running"
-                s.note = (
-                    f"not hibernated: its CUDA work did not pause within "
-                    f"{self.lock_timeout_ms / 1000:g} s; tried again at its next idle period"
+            started = utcnow()
+            target = kernel_pid  # never "the one process there is": it may be a child
+            if s.pid is not None and target is not None and target != s.pid:
+                # a restarted kernel is a new process: what held for the old one does not
+                if s.state == "failed" or s.cannot:
+                    s.state, s.cannot, s.restore_error, s.note = "running", None, None, None
+            if s.state != "running" or s.cannot:
+                return s.state
+            if s.next_try is not None and started < s.next_try:
+                return s.state
+            reason = await asyncio.to_thread(self.available)
+            if reason is not None:
+                s.cannot = f"cannot hibernate: {reason}"
+                return s.state
+            if target is None:
+                return self._later(s, "not hibernated: its GPU process is not known")
+            others = sorted(p for p in pids if p != target)
+            if others:
+                n = len(others)
+                return self._later(
+                    s,
+                    f"not hibernated: {n} other process{'es' if n > 1 else ''} it started "
+                    f"(pid {', '.join(map(str, others[:5]))}) hold GPU memory: a subprocess, a "
+                    "background run or a DataLoader worker is never suspended, nor the kernel "
+                    "while they hold the GPU; tried again later",
                 )
-                return s.state
-            except _Refused as exc:
-                s.state = "running"  # never ended for it: left as the driver left it
-                s.cannot = f"cannot hibernate: the driver refused ({exc.code})" + (
-                    ""
-                    if exc.left == "running"
-                    else f"; the driver left its CUDA state {exc.left}: restart the kernel to use "
-                    "the GPU again"
+            if await asyncio.to_thread(nccl_peers, target):
+                return self._later(
+                    s,
+                    "not hibernated: its process is in an NCCL communicator (torch.distributed), "
+                    "whose peers hang while one rank is suspended (NVIDIA/cuda-checkpoint #30); "
+                    "tried again later",
                 )
-                self.log.warning("fracspawner: kernel %s %s", kernel_id, s.cannot)
-                return s.state
-            except Unsupported as exc:
-                self.unsupported = str(exc)
-                s.state, s.cannot = "running", f"cannot hibernate: {exc}"
-                return s.state
-            seconds = round(time.monotonic() - started, 3)
-            s.state, s.memory_mib, s.since = "hibernated", memory_mib, utcnow()
-            s.restore_error, s.attempts, s.next_retry = None, 0, None
-            self.hibernations = [
-                *self.hibernations[-(HISTORY - 1) :],
-                {"kernel_id": kernel_id, "at": isoformat(s.since),
-                 "gpu_memory_mib": round(memory_mib, 1), "seconds": seconds},
-            ]  # fmt: skip
-            self.log.info(
-                "fracspawner: kernel %s hibernated: %s of GPU memory moved to host memory (%.1f s)",
-                kernel_id,
-                gib(memory_mib),
-                seconds,
-            )
+            working = await self._cpu_busy(target)
+            if working is not None:
+                return self._later(
+                    s,
+                    f"not hibernated: its process used {working:.0f} % of a CPU while no cell "
+                    "ran (a thread or a background task works in it, and its next CUDA call "
+                    "would wait); tried again later",
+                )
+            headroom = host_headroom(self.cgroup_root, self.meminfo_path)
+            need = memory_mib + self.host_margin_mib
+            if headroom.free_mib is None or headroom.free_mib < need:
+                free = "an unknown amount" if headroom.free_mib is None else gib(headroom.free_mib)
+                return self._later(
+                    s,
+                    f"not hibernated: it needs {gib(need)} of host memory and {free} is free "
+                    f"under {headroom.where}",
+                )
+            last = self.last_message.get(kernel_id)
+            if last is not None and last >= started:
+                return s.state  # a message came while it was being looked at: it is in use
+            return await self._suspend_locked(s, target, memory_mib, why)
+
+    def _later(self, s: KernelSleep, note: str) -> str:
+        s.note, s.next_try = note, utcnow() + timedelta(seconds=self.retry_refused_after)
+        return s.state
+
+    async def _cpu_busy(self, pid: int) -> float | None:
+        """The process's CPU use (percent of a core) over the probe if it is working, else None."""
+        if self.cpu_probe_seconds <= 0:
+            return None
+        before, t0 = cpu_seconds(pid), time.monotonic()
+        await asyncio.sleep(self.cpu_probe_seconds)
+        after, t1 = cpu_seconds(pid), time.monotonic()
+        if before is None or after is None or t1 <= t0:
+            return None
+        percent = (after - before) / (t1 - t0) * 100
+        return percent if percent >= self.cpu_busy_percent else None
+
+    async def _suspend_locked(self, s: KernelSleep, pid: int, memory_mib: float, why: str) -> str:
+        s.state, s.pid, s.note, s.next_try = "hibernating", pid, None, None
+        started = time.monotonic()
+        try:
+            await asyncio.to_thread(self._suspend, pid)
+        except _Later as exc:
+            s.state = "running"
+            return self._later(s, str(exc))
+        except Unsupported as exc:
+            self.unsupported = str(exc)
+            s.state, s.cannot = "running", f"cannot hibernate: {exc}"
             return s.state
+        except Exception as exc:  # _Cannot, a driver error anywhere, a broken binding
+            return await self._after_refusal(s, pid, exc)
+        except BaseException:  # cancelled: never left "hibernating", read as idle for ever
+            s.state = "running"
+            raise
+        seconds = round(time.monotonic() - started, 3)
+        s.state, s.memory_mib, s.since, s.why = "hibernated", memory_mib, utcnow(), why
+        s.restore_error, s.attempts, s.next_retry = None, 0, None
+        self.hibernations = [
+            *self.hibernations[-(HISTORY - 1) :],
+            {"kernel_id": s.kernel_id, "at": isoformat(s.since),
+             "gpu_memory_mib": round(memory_mib, 1), "seconds": seconds, "why": why},
+        ]  # fmt: skip
+        self.log.info(
+            "fracspawner: kernel %s hibernated (%s): %s of GPU memory moved to host memory "
+            "(%.1f s)",
+            s.kernel_id,
+            why,
+            gib(memory_mib),
+            seconds,
+        )
+        if self.watch is not None:
+            try:
+                s.unwatch = self.watch(s.kernel_id)
+            except Exception:  # watching is a help: the websocket still resumes it
+                self.log.warning("fracspawner: cannot watch kernel %s", s.kernel_id, exc_info=True)
+        return s.state
+
+    async def _after_refusal(self, s: KernelSleep, pid: int, exc: Exception) -> str:
+        """Put the process back as far as the driver lets, and say so."""
+        left = await asyncio.to_thread(self._settle, pid)
+        code = exc.code if isinstance(exc, CheckpointError) else str(exc)
+        if left == "locked":
+            # unlock failed: its CUDA calls block; the resume loop keeps trying to unlock
+            s.state, s.memory_mib, s.since = "restore_failed", 0.0, utcnow()
+            s.restore_error = f"unlocking after a refused checkpoint ({code}) failed"
+            s.cannot = f"cannot hibernate: the driver refused ({code})"
+            self.log.warning("fracspawner: kernel %s left locked: %s", s.kernel_id, s.restore_error)
+            self.resume(s.kernel_id, "unlock after a refused checkpoint")
+            return s.state
+        if left == "failed":
+            s.state = "failed"
+            s.restore_error = (
+                f"the driver refused ({code}) and left its CUDA state failed: restart the kernel "
+                "to use the GPU again"
+            )
+            s.cannot = f"cannot hibernate: {s.restore_error}"
+            self.log.warning("fracspawner: kernel %s %s", s.kernel_id, s.cannot)
+            return s.state
+        if left == "checkpointed":  # the checkpoint went through after all: resume on use
+            s.state, s.since = "hibernated", utcnow()
+            return s.state
+        s.state = "running"  # never ended for it: left as the driver left it
+        s.cannot = f"cannot hibernate: the driver refused ({code})"
+        self.log.warning("fracspawner: kernel %s %s", s.kernel_id, s.cannot)
+        return s.state
 
     def _suspend(self, pid: int) -> None:
-        """Lock, then checkpoint; on a refusal put the process back as far as the driver lets."""
+        """GetState, Lock, Checkpoint. Raises _Later for what may pass, else the driver's error."""
         drv = self.driver
-        state = drv.state(pid)
+        try:
+            state = drv.state(pid)
+        except CheckpointError as exc:
+            if exc.code == "CUDA_ERROR_INVALID_VALUE":  # e.g. the pid exited meanwhile
+                raise _Later(
+                    f"not hibernated: the driver does not know its process now ({exc}); "
+                    "tried again later"
+                ) from exc
+            raise _Cannot(exc.code) from exc
         if state != "running":
-            raise _Refused(f"the process is {state}", state)
+            raise _Cannot(f"the process is {state}")
         try:
             drv.lock(pid, self.lock_timeout_ms)
         except CheckpointError as exc:
-            if exc.code == "CUDA_ERROR_TIMEOUT":
-                raise _Busy() from exc  # documented: left RUNNING
-            raise _Refused(exc.code, self._state_or_unknown(pid)) from exc
-        try:
-            drv.checkpoint(pid)
-        except CheckpointError as exc:
+            if exc.code in BUSY_CODES:  # documented: left RUNNING
+                raise _Later(
+                    f"not hibernated: its CUDA work did not pause within "
+                    f"{self.lock_timeout_ms / 1000:g} s; tried again later"
+                ) from exc
+            raise
+        drv.checkpoint(pid)
+
+    def _settle(self, pid: int) -> str:
+        """After a refusal: unlock a LOCKED process; its state then ("unknown" if unreadable)."""
+        left = self._state_or_unknown(pid)
+        if left == "locked":
+            try:
+                self.driver.unlock(pid)
+            except (CheckpointError, Unsupported):
+                return "locked"
             left = self._state_or_unknown(pid)
-            if left == "locked":
-                drv.unlock(pid)
-                left = "running"
-            raise _Refused(exc.code, left) from exc
+        return left
 
     def _state_or_unknown(self, pid: int) -> str:
         try:
             return self.driver.state(pid)
-        except (CheckpointError, Unsupported):
+        except Exception:
             return "unknown"
 
     # --- resume -------------------------------------------------------------------------------
@@ -300,6 +483,21 @@ class Hibernator(LoggingConfigurable):
             s.task = asyncio.get_running_loop().create_task(self._resume(s, why))
         return s.task
 
+    def _notify(self, kernel_id: str, text: str) -> None:
+        for notify in list(self.on_restore_failed):
+            try:
+                notify(kernel_id, text)
+            except Exception:  # a closed websocket must not stop the retries
+                self.log.debug("fracspawner: restore notice not delivered", exc_info=True)
+
+    def _stop_watching(self, s: KernelSleep) -> None:
+        unwatch, s.unwatch = s.unwatch, None
+        if unwatch is not None:
+            try:
+                unwatch()
+            except Exception:
+                self.log.debug("fracspawner: unwatch failed", exc_info=True)
+
     async def _resume(self, s: KernelSleep, why: str) -> bool:
         async with s.lock:  # after a suspend in progress
             delay = self.retry_first
@@ -309,7 +507,7 @@ class Hibernator(LoggingConfigurable):
                 try:
                     assert s.pid is not None
                     await asyncio.to_thread(self._restore, s.pid)
-                except (CheckpointError, Unsupported, _Refused) as exc:
+                except Exception as exc:  # CheckpointError, Unsupported, _Cannot, a broken binding
                     if s.pid is not None and not os.path.exists(f"/proc/{s.pid}"):
                         # the process is gone (the kernel was restarted or died): nothing to
                         # bring back, and its messages go to the kernel there is now
@@ -317,7 +515,11 @@ class Hibernator(LoggingConfigurable):
                             "fracspawner: kernel %s restarted while hibernated", s.kernel_id
                         )
                         s.state, s.memory_mib, s.restore_error = "running", 0.0, None
+                        self._stop_watching(s)
                         return True
+                    left = await asyncio.to_thread(self._state_or_unknown, s.pid)
+                    if left == "failed":
+                        return self._failed(s, exc)
                     s.state, s.attempts = "restore_failed", s.attempts + 1
                     s.restore_error = str(exc)
                     s.next_retry = utcnow() + timedelta(seconds=delay)
@@ -329,13 +531,7 @@ class Hibernator(LoggingConfigurable):
                     )
                     if previous != "restore_failed" or s.attempts % 5 == 1:
                         self.log.warning("fracspawner: kernel %s: %s", s.kernel_id, exc)
-                    for notify in list(self.on_restore_failed):
-                        try:
-                            notify(s.kernel_id, text)
-                        except Exception:  # a closed websocket must not stop the retries
-                            self.log.debug(
-                                "fracspawner: restore notice not delivered", exc_info=True
-                            )
+                    self._notify(s.kernel_id, text)
                     await asyncio.sleep(delay)
                     delay = min(delay * 2, self.retry_max)
                     if self.kernels.get(s.kernel_id) is not s:  # shut down meanwhile
@@ -350,10 +546,27 @@ class Hibernator(LoggingConfigurable):
                      "seconds": seconds, "gpu_memory_mib": round(s.memory_mib, 1), "why": why},
                 ]  # fmt: skip
                 s.memory_mib = 0.0
+                self._stop_watching(s)
                 self.log.info(
                     "fracspawner: kernel %s resumed (%s) in %.1f s", s.kernel_id, why, seconds
                 )
             return s.state == "running"
+
+    def _failed(self, s: KernelSleep, exc: Exception) -> bool:
+        """FAILED is terminal (CUprocessState: "an uncorrectable error during the
+        checkpoint/restore process"; the cuda-checkpoint README: the driver "does not attempt to
+        keep the process in a good state"): no more retries, and the user is told the truth."""
+        s.state, s.next_retry, s.memory_mib = "failed", None, 0.0
+        s.restore_error = (
+            f"the CUDA driver could not restore this kernel's GPU state ({exc}) and reports its "
+            "process FAILED, which it cannot recover from: what the kernel held on the GPU may "
+            "be lost (its other variables are still there). Restart the kernel to use the GPU "
+            "again."
+        )
+        self.log.warning("fracspawner: kernel %s: %s", s.kernel_id, s.restore_error)
+        self._stop_watching(s)
+        self._notify(s.kernel_id, f"fracspawner: {s.restore_error}")
+        return False
 
     def _restore(self, pid: int) -> None:
         drv = self.driver
@@ -365,4 +578,4 @@ class Hibernator(LoggingConfigurable):
             drv.unlock(pid)
             return
         if state != "running":
-            raise _Refused(f"the process is {state}", state)
+            raise _Cannot(f"the process is {state}")

@@ -25,6 +25,7 @@ from traitlets import Bool, Float, Integer, Unicode, default
 
 from .activity import presence_json, user_activity
 from .attribution import attribute, has_own_pid_namespace
+from .foreign import watch_iopub
 from .hibernate import Hibernator
 from .loop import BackgroundLoop
 from .podinfo import (
@@ -36,6 +37,7 @@ from .podinfo import (
     server_deadline,
     utcnow,
 )
+from .procmap import kernel_id_of
 from .sources import GpuSample, GpuSource, GpuUnavailable, make_source
 
 __all__ = ["GpuMonitor", "SETTINGS_KEY", "attribute", "utcnow", "isoformat"]
@@ -146,6 +148,10 @@ class GpuMonitor(BackgroundLoop):
         self.pod = PodInfo.from_environ(os.environ, memory_mib=self.memory_entitlement_mib)
         # the first rung: idle GPU kernels suspended to host memory (hibernate.py)
         self.hibernator = Hibernator(parent=self, log=self.log)
+        # a client that bypasses the websocket resumes a hibernated kernel too (foreign.py)
+        self.hibernator.watch = lambda kid: watch_iopub(
+            self.settings, self.hibernator, kid, self.log
+        )
         try:
             self.source = make_source(self.source_spec)
         except ValueError as exc:
@@ -391,13 +397,40 @@ class GpuMonitor(BackgroundLoop):
             )
             if due is None or at < due.cull_at:
                 continue
-            pids = sorted({p.pid for owner, p in self.processes if owner == kid and p.pid})
-            if not pids and any(owner == kid for owner, _ in self.processes):
-                pid = self._kernel_pid(kid)  # simulated readings name the kernel, not a pid
-                pids = [pid] if pid else []
-            if await self.hibernator.hibernate(kid, pids, k.memory_mib) == "hibernated":
+            if await self._hibernate(kid, k.memory_mib, "idle") == "hibernated":
                 done.append(kid)
         return done
+
+    async def _hibernate(self, kid: str, memory_mib: float, why: str) -> str:
+        """Ask the hibernator to suspend the kernel's own process (never a child's alone)."""
+        assert self.sample is not None
+        self.hibernator.device_indices = [d.index for d in self.sample.devices]
+        pids = sorted({p.pid for owner, p in self.processes if owner == kid and p.pid})
+        kernel_pid = self._kernel_pid(kid)
+        if kernel_pid is None:  # the provisioner does not say: the process naming the kernel
+            kernel_pid = next((p for p in pids if kernel_id_of(p) == kid), None)
+        return await self.hibernator.hibernate(
+            kid, pids, memory_mib, kernel_pid=kernel_pid, why=why
+        )
+
+    async def hibernate_now(self, kernel_id: str, reason: str) -> str:
+        """Hibernate an idle kernel now, whatever its idle time: for the culler's request under
+        GPU pressure (the answer to this server's report). Only a kernel holding GPU memory
+        that is idle right now (no cell executing, its GPU reading idle and known) is suspended,
+        with every safety of `Hibernator.hibernate`; returns its hibernation state ("hibernated",
+        or "running" with the reason in `hibernator.kernel_json(kernel_id)`)."""
+        k = self.kernels.get(kernel_id)
+        if self.hibernator.suspended(kernel_id):
+            return self.hibernator.kernels[kernel_id].state
+        if not self.hibernator.enabled or self.sample is None or self.reason is not None:
+            return "running"
+        if k is None or k.memory_mib <= 0 or kernel_id not in self._kernel_ids():
+            return "running"
+        execution_state, _last = self._kernel_state(kernel_id)
+        gpu_idle = k.known and k.utilization is not None and k.utilization < self.busy_threshold
+        if execution_state != "idle" or not gpu_idle or self.gpu_state == "unknown":
+            return "running"
+        return await self._hibernate(kernel_id, k.memory_mib, reason)
 
     async def cull_idle_kernels(self, now: datetime | None = None) -> list[str]:
         """Shut down the kernels whose time has come (`kernel_dues`); their ids.

@@ -120,6 +120,12 @@ def nvmlShutdown() -> None:  # noqa: N802
     pass
 
 
+def nvmlSystemGetDriverVersion() -> str:  # noqa: N802
+    """The state's "driver" (NVML API reference: "the version of the system's graphics
+    driver", e.g. "575.57.08")."""
+    return str(_state().get("driver", "575.57.08"))
+
+
 def nvmlDeviceGetCount() -> int:  # noqa: N802
     return len(_state()["gpus"])
 

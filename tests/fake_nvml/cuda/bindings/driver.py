@@ -3,33 +3,86 @@ API (cuCheckpointProcess*) acting on the processes that tests/fake_nvml/pynvml.p
 not CUDA. Put tests/fake_nvml first on PYTHONPATH of the server under test.
 
 State lives in the same JSON file as the fake NVML (`$FAKE_NVML_STATE`): a process in
-`gpus[i].processes` gains `"cuda_state"` (running, locked, checkpointed, failed; absent =
-running) and `"host_mib"` (GPU memory copied to host memory). What each call does, and why:
+`gpus[i].processes` (or `gpus[i].mig[j].processes`) gains `"cuda_state"` (running, locked,
+checkpointed, failed; absent = running) and `"host_mib"` (GPU memory copied to host memory).
 
-- cuda-python's driver functions return a tuple whose first item is a `CUresult`
-  (`err, state = cuCheckpointProcessGetState(pid)`), and raise `RuntimeError('Function
-  "cuCheckpointProcessLock" not found')` where the loaded libcuda lacks the symbol: the
-  checkpoint entry points arrived with the r570 driver / CUDA 12.8 (NVIDIA/cuda-checkpoint
-  README, "570 Features": "CUDA Driver interfaces at feature parity with the cuda-checkpoint
-  utility"); `"cuda_driver_version"` below 12080 models an older driver.
-- States and transitions (CUDA Driver API, group CUDA_CHECKPOINT; cuda.bindings ProcessState):
-  Lock: RUNNING -> LOCKED, "Process must be in the RUNNING state"; "If timeoutMs is specified and
-  the timeout is reached the process will be left in the RUNNING state" (`"lock_timeout": true`
-  on a process models work that does not finish: CUDA_ERROR_TIMEOUT). Checkpoint: LOCKED ->
-  CHECKPOINTED, "The GPU memory contents will be brought into host memory and all underlying
-  references will be released" (so NVML no longer lists it: the README's nvidia-smi example).
-  Restore: CHECKPOINTED -> LOCKED. Unlock: LOCKED -> RUNNING. Any other starting state:
-  CUDA_ERROR_ILLEGAL_STATE (a documented return of each call).
-- Refusals: the README's "Functionality" section: no UVM or IPC memory
-  (`"refuse": "uvm"`/`"ipc"` -> CUDA_ERROR_NOT_SUPPORTED from Checkpoint), and it "does not
-  attempt to keep the process in a good state if an error ... is encountered during checkpoint
-  or restore": `"refuse_leaves": "failed"` leaves it FAILED, the default leaves it LOCKED.
-- `"restore_failures": n` makes the next n Restores fail with CUDA_ERROR_OUT_OF_MEMORY (a
-  time-sliced GPU filled up meanwhile) and the process stays CHECKPOINTED: an assumption (the
-  docs do not say what a failed restore leaves); the extension never relies on it, it asks.
-- Copy time: `"bandwidth_gib_s"` (top level; default 0 = instant) makes Checkpoint and
-  Restore sleep memory / bandwidth seconds, a PCIe-class copy.
-- A pid that is not a CUDA process in the state: CUDA_ERROR_INVALID_VALUE.
+Sources, cited below by their letter:
+
+[API]  CUDA Driver API reference, 6.x "CUDA Checkpointing" (group__CUDA__CHECKPOINT), the
+       Returns and Description of each cuCheckpointProcess* call;
+       https://docs.nvidia.com/cuda/cuda-driver-api/group__CUDA__CHECKPOINT.html
+[ENUM] CUprocessState: RUNNING 0 "default process state", LOCKED 1 "CUDA API locks are taken
+       so further CUDA API calls will block", CHECKPOINTED 2 "application memory contents have
+       been checkpointed and underlying allocations and device handles have been released",
+       FAILED 3 "application entered an uncorrectable error during the checkpoint/restore
+       process" (cuda.bindings.driver.CUprocessState).
+[README] NVIDIA/cuda-checkpoint README ("570 Features", "The Utility", "Functionality").
+[#n]   NVIDIA/cuda-checkpoint issue n.
+
+What each call does, and the line it models:
+
+- Every call returns a tuple whose first item is a `CUresult` (cuda-python's convention:
+  `err, state = cuCheckpointProcessGetState(pid)`). A libcuda without the entry point raises
+  `RuntimeError('Function "cuCheckpointProcessLock" not found')` (cuda-python's lazy symbol
+  lookup); the checkpoint entry points arrived with r570 / CUDA 12.8 ([README] "570 Features":
+  "CUDA Driver interfaces at feature parity with the cuda-checkpoint utility").
+  `"cuda_driver_version"` below 12080 models an older driver.
+- cuCheckpointProcessGetState ([API] Returns: SUCCESS, INVALID_VALUE, NOT_INITIALIZED,
+  NOT_SUPPORTED): a pid that is no process (it exited) -> CUDA_ERROR_INVALID_VALUE
+  (assumption: which of the two documented errors an exited pid gives is not stated); a live
+  process that never used CUDA -> CUDA_ERROR_NOT_SUPPORTED (assumption, same reason);
+  `"getstate_error": "CUDA_ERROR_..."` on a process forces either (tests). Before cuInit:
+  NOT_INITIALIZED (documented return; cuInit's contract).
+- cuCheckpointProcessLock: RUNNING -> LOCKED ([API]: "Process must be in the RUNNING state in
+  order to lock. Upon successful return the process will be in the LOCKED state"); any other
+  state: CUDA_ERROR_ILLEGAL_STATE (a documented return). "If timeoutMs is specified and the
+  timeout is reached the process will be left in the RUNNING state upon return" ([API]): a
+  process with `"lock_busy": n` (n > 0, counted down; `true` = always) has CUDA work that does
+  not finish: the call waits min(timeoutMs, 200) ms and returns CUDA_ERROR_NOT_READY, left
+  RUNNING. NOT_READY is the one "not yet" code among Lock's documented returns (SUCCESS,
+  INVALID_VALUE, NOT_INITIALIZED, ILLEGAL_STATE, NOT_SUPPORTED, NOT_READY); that a reached
+  timeout returns it, and not TIMEOUT, is an assumption the docs do not spell out.
+  Lock waits for submitted work ([README]: "already-submitted CUDA work ... are completed").
+- cuCheckpointProcessCheckpoint: LOCKED -> CHECKPOINTED; "The GPU memory contents will be
+  brought into host memory and all underlying references will be released" ([API]), so NVML no
+  longer lists the process ([README]'s nvidia-smi example). Refusals:
+  - UVM or IPC memory ([README] "Functionality": "does not support UVM or IPC memory"):
+    `"refuse": "uvm"|"ipc"` -> CUDA_ERROR_NOT_SUPPORTED;
+  - a MIG instance ([#42] "Fails with 'out of memory' on MIG-enabled GPUs", the maintainer:
+    "MIG isn't supported right now") -> CUDA_ERROR_OUT_OF_MEMORY;
+  - a container that sees a subset of the node's GPUs (`"node_gpus"` at the top level larger
+    than the GPUs in the state) on a driver before 575.57.08 ([#24]: "CHECKPOINT_DEVICES failed
+    ... operation not permitted" with partial device passthrough, a comment: fixed in
+    575.57.08's release notes; [#12]: the restore fails the same way) ->
+    CUDA_ERROR_NOT_PERMITTED;
+  the process is then left LOCKED, or FAILED with `"refuse_leaves": "failed"` ([README]: it
+  "does not attempt to keep the process in a good state if an error (such as the presence of a
+  UVM allocation) is encountered during checkpoint or restore"; which of the two a given error
+  leaves is not documented: assumption, chosen per process).
+- cuCheckpointProcessRestore: CHECKPOINTED -> LOCKED ([API]: "Process must be in the
+  CHECKPOINTED state to restore"; the state after it is LOCKED, as the README's resume
+  sequence ends "CUDA driver APIs are unlocked" only at the unlock). "The GPU to restore onto
+  needs to have enough memory" ([API]): when the GPU's free memory (memory_total_mib minus what
+  its listed processes hold) is below what the process had, -> CUDA_ERROR_OUT_OF_MEMORY and
+  the process stays CHECKPOINTED (assumption: the docs do not say what a failed restore
+  leaves). `"restore_failures": n` fails the next n restores the same way (a co-tenant filled
+  the GPU meanwhile, without timing a second process). `"restore_leaves": "failed"` makes the
+  next restore fail and leave the process FAILED ([README] "Functionality", as above).
+- cuCheckpointProcessUnlock: LOCKED -> RUNNING ([API]: "Process must be in the LOCKED state.
+  Upon successful return the process will be in the RUNNING state"); `"unlock_failures": n`
+  fails the next n unlocks with CUDA_ERROR_NOT_SUPPORTED, the process staying LOCKED
+  (assumption: a documented return, when it happens is not).
+- FAILED is terminal: every call but GetState returns CUDA_ERROR_ILLEGAL_STATE ([ENUM]
+  "uncorrectable"; [README] "does not attempt to keep the process in a good state").
+- cuCheckpointProcessGetRestoreThreadId: the process's main thread ([API]: "Returns in *tid
+  the thread ID of the CUDA restore thread"; assumption: which thread it is).
+- The process's own CUDA calls: `fake_cuda_call()` (not a CUDA name: a test-only stand-in for
+  any runtime or driver call the process itself makes, e.g. a cell touching a tensor) blocks
+  while its state is LOCKED or CHECKPOINTED ([API] Lock: "which will block further CUDA API
+  calls"; [README]: CPU threads may go on "calling runtime or driver APIs (which may block
+  until CUDA is resumed)") and raises in FAILED (assumption: an uncorrectable error).
+- Copy time: `"bandwidth_gib_s"` (top level; default 0 = instant) makes Checkpoint and Restore
+  sleep memory / bandwidth seconds, a PCIe-class copy (assumption: a model, not a measure).
 """
 
 from __future__ import annotations
@@ -43,12 +96,15 @@ from contextlib import contextmanager
 
 
 class CUresult(enum.IntEnum):
+    # values from cuda.h's enum cudaError_enum
     CUDA_SUCCESS = 0
     CUDA_ERROR_INVALID_VALUE = 1
     CUDA_ERROR_OUT_OF_MEMORY = 2
     CUDA_ERROR_NOT_INITIALIZED = 3
     CUDA_ERROR_NO_DEVICE = 100
     CUDA_ERROR_ILLEGAL_STATE = 401
+    CUDA_ERROR_NOT_READY = 600
+    CUDA_ERROR_NOT_PERMITTED = 800
     CUDA_ERROR_NOT_SUPPORTED = 801
     CUDA_ERROR_TIMEOUT = 909
 
@@ -76,6 +132,7 @@ _STATES = {
     "failed": CUprocessState.CU_PROCESS_STATE_FAILED,
 }
 _initialised = False
+PARTIAL_PASSTHROUGH_FIXED = (575, 57, 8)  # [#24]: fixed in 575.57.08's release notes
 
 
 @contextmanager
@@ -103,20 +160,49 @@ def _require(name: str) -> None:
         raise RuntimeError(f'Function "{name}" not found')
 
 
-def _process(data: dict, pid: int) -> dict | None:
-    if not data.get("any_pid") and not os.path.exists(f"/proc/{int(pid)}"):
-        return None  # a process that has exited is no CUDA process (INVALID_VALUE)
+def _devices(data: dict):
+    """(device, is_mig) for every GPU and MIG instance in the state."""
     for gpu in data.get("gpus", []):
-        for p in gpu.get("processes", []):
+        yield gpu, False
+        for mig in gpu.get("mig") or []:
+            yield mig, True
+
+
+def _find(data: dict, pid: int) -> tuple[dict | None, dict | None, bool]:
+    """(process, its device, on a MIG instance) for a CUDA process in the state."""
+    for dev, is_mig in _devices(data):
+        for p in dev.get("processes", []):
             if int(p["pid"]) == int(pid):
-                return p
-    return None
+                return p, dev, is_mig
+    return None, None, False
+
+
+def _exists(data: dict, pid: int) -> bool:
+    return bool(data.get("any_pid")) or os.path.exists(f"/proc/{int(pid)}")
 
 
 def _copy_pause(data: dict, memory_mib: float) -> None:
     bandwidth = float(data.get("bandwidth_gib_s", 0) or 0)
     if bandwidth > 0:
         time.sleep(memory_mib / 1024 / bandwidth)
+
+
+def _driver_tuple(data: dict) -> tuple[int, ...]:
+    try:
+        return tuple(int(x) for x in str(data.get("driver", "575.57.08")).split("."))
+    except ValueError:
+        return (0,)
+
+
+def _countdown(p: dict, key: str) -> bool:
+    """A per-process test switch: `true` always, n > 0 the next n times."""
+    value = p.get(key)
+    if value is True:
+        return True
+    if isinstance(value, int) and value > 0:
+        p[key] = value - 1
+        return True
+    return False
 
 
 def cuInit(flags: int) -> tuple:  # noqa: N802
@@ -140,13 +226,13 @@ def _transition(name: str, pid: int, start: str, end: str, act=None) -> tuple:
     if not _initialised:
         return (CUresult.CUDA_ERROR_NOT_INITIALIZED,)
     with _state() as data:
-        p = _process(data, pid)
-        if p is None:
+        p, dev, is_mig = _find(data, pid)
+        if p is None or not _exists(data, pid):
             return (CUresult.CUDA_ERROR_INVALID_VALUE,)
         if p.get("cuda_state", "running") != start:
-            return (CUresult.CUDA_ERROR_ILLEGAL_STATE,)
+            return (CUresult.CUDA_ERROR_ILLEGAL_STATE,)  # FAILED included: terminal
         if act is not None:
-            err = act(data, p)
+            err = act(data, p, dev, is_mig)
             if err is not None:
                 return (err,)
         p["cuda_state"] = end
@@ -157,41 +243,71 @@ def cuCheckpointProcessGetState(pid: int) -> tuple:  # noqa: N802
     _require("cuCheckpointProcessGetState")
     if not _initialised:
         return CUresult.CUDA_ERROR_NOT_INITIALIZED, None
-    p = _process(_peek(), pid)
+    data = _peek()
+    if not _exists(data, pid):
+        return CUresult.CUDA_ERROR_INVALID_VALUE, None  # exited: assumption (see above)
+    p, _dev, _mig = _find(data, pid)
     if p is None:
-        return CUresult.CUDA_ERROR_INVALID_VALUE, None
+        return CUresult.CUDA_ERROR_NOT_SUPPORTED, None  # no CUDA in it: assumption
+    if p.get("getstate_error"):
+        return CUresult[p["getstate_error"]], None
     return CUresult.CUDA_SUCCESS, _STATES[p.get("cuda_state", "running")]
 
 
+def cuCheckpointProcessGetRestoreThreadId(pid: int) -> tuple:  # noqa: N802
+    _require("cuCheckpointProcessGetRestoreThreadId")
+    if not _initialised:
+        return CUresult.CUDA_ERROR_NOT_INITIALIZED, None
+    data = _peek()
+    p, _dev, _mig = _find(data, pid)
+    if p is None or not _exists(data, pid):
+        return CUresult.CUDA_ERROR_INVALID_VALUE, None
+    return CUresult.CUDA_SUCCESS, int(pid)
+
+
 def cuCheckpointProcessLock(pid: int, args: _Args | None) -> tuple:  # noqa: N802
-    def act(data, p):
-        if p.get("lock_timeout"):
-            if args is not None and args.timeoutMs:
-                time.sleep(min(args.timeoutMs, 200) / 1000)
-                return CUresult.CUDA_ERROR_TIMEOUT  # left RUNNING
+    def act(data, p, dev, is_mig):
+        if _countdown(p, "lock_busy"):
+            wait_ms = args.timeoutMs if args is not None and args.timeoutMs else 200
+            time.sleep(min(wait_ms, 200) / 1000)
+            return CUresult.CUDA_ERROR_NOT_READY  # left RUNNING
         return None
 
     return _transition("cuCheckpointProcessLock", pid, "running", "locked", act)
 
 
 def cuCheckpointProcessCheckpoint(pid: int, args: _Args | None) -> tuple:  # noqa: N802
-    def act(data, p):
+    def act(data, p, dev, is_mig):
+        err = None
         if p.get("refuse"):
+            err = CUresult.CUDA_ERROR_NOT_SUPPORTED  # UVM / IPC memory
+        elif is_mig:
+            err = CUresult.CUDA_ERROR_OUT_OF_MEMORY  # #42
+        elif (
+            int(data.get("node_gpus", 0)) > len(data.get("gpus", []))
+            and _driver_tuple(data) < PARTIAL_PASSTHROUGH_FIXED
+        ):
+            err = CUresult.CUDA_ERROR_NOT_PERMITTED  # #12, #24
+        if err is not None:
             p["cuda_state"] = "failed" if p.get("refuse_leaves") == "failed" else "locked"
-            return CUresult.CUDA_ERROR_NOT_SUPPORTED
+            return err
         _copy_pause(data, p.get("memory_mib", 0))
         p["host_mib"], p["memory_mib"] = p.get("memory_mib", 0), 0
         return None
 
-    with_refusal = _transition("cuCheckpointProcessCheckpoint", pid, "locked", "checkpointed", act)
-    return with_refusal
+    return _transition("cuCheckpointProcessCheckpoint", pid, "locked", "checkpointed", act)
 
 
 def cuCheckpointProcessRestore(pid: int, args: _Args | None) -> tuple:  # noqa: N802
-    def act(data, p):
-        if int(p.get("restore_failures", 0)) > 0:
-            p["restore_failures"] = int(p["restore_failures"]) - 1
-            return CUresult.CUDA_ERROR_OUT_OF_MEMORY  # stays CHECKPOINTED
+    def act(data, p, dev, is_mig):
+        if p.get("restore_leaves") == "failed":
+            p.pop("restore_leaves")
+            p["cuda_state"] = "failed"
+            return CUresult.CUDA_ERROR_NOT_SUPPORTED
+        held = sum(q.get("memory_mib", 0) for q in dev.get("processes", []))
+        free = float(dev.get("memory_total_mib", 81559)) - held
+        if _countdown(p, "restore_failures") or free < float(p.get("host_mib", 0)):
+            return CUresult.CUDA_ERROR_OUT_OF_MEMORY  # stays CHECKPOINTED: assumption
         _copy_pause(data, p.get("host_mib", 0))
         p["memory_mib"], p["host_mib"] = p.get("host_mib", 0), 0
         return None
@@ -200,4 +316,28 @@ def cuCheckpointProcessRestore(pid: int, args: _Args | None) -> tuple:  # noqa: 
 
 
 def cuCheckpointProcessUnlock(pid: int, args: _Args | None) -> tuple:  # noqa: N802
-    return _transition("cuCheckpointProcessUnlock", pid, "locked", "running")
+    def act(data, p, dev, is_mig):
+        if _countdown(p, "unlock_failures"):
+            return CUresult.CUDA_ERROR_NOT_SUPPORTED  # stays LOCKED: assumption
+        return None
+
+    return _transition("cuCheckpointProcessUnlock", pid, "locked", "running", act)
+
+
+# --- the process's own side (test-only, not a CUDA name) ------------------------------------
+def fake_cuda_call(pid: int | None = None, poll_s: float = 0.02, timeout_s: float = 300.0) -> str:
+    """Stand in for a CUDA call made by process `pid` (default: this one): blocks while its
+    state is LOCKED or CHECKPOINTED, raises in FAILED, returns "running" (see the module
+    docstring). `timeout_s` only keeps a broken test from hanging for ever."""
+    pid = os.getpid() if pid is None else pid
+    deadline = time.monotonic() + timeout_s
+    while True:
+        p, _dev, _mig = _find(_peek(), pid)
+        state = "running" if p is None else p.get("cuda_state", "running")
+        if state == "running":
+            return state
+        if state == "failed":
+            raise RuntimeError("CUDA error: the process's CUDA state is FAILED")
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"CUDA call blocked for {timeout_s:g} s (state {state})")
+        time.sleep(poll_s)

@@ -1,0 +1,67 @@
+"""Resume a hibernated kernel that someone reaches without this server's websocket.
+
+resume.py sees every message the browser sends through jupyter-server. A client may instead
+talk to the kernel's ZMQ ports directly (`jupyter console --existing kernel-<id>.json`, any
+jupyter_client on the connection file), and code in the kernel may work from a thread: neither
+passes the websocket, and their next CUDA call would block in the locked process until someone
+resumes it. Both show on the kernel's iopub channel, which every client of a kernel sees: a
+kernel publishes `status: busy` (with the request as parent) before it handles a request, and a
+thread's output is a `stream` message. So while a kernel is hibernated the server subscribes to
+its iopub (the kernel manager's `connect_iopub`, as jupyter-server's own activity watch does in
+`MappingKernelManager.start_watching_activity`) and any message resumes it, except the
+kernel_info replies a reconnecting browser's websocket asks for itself (`nudge`), which touch
+no CUDA.
+
+A thread that makes a CUDA call silently (no output, no request) is not seen here: the
+hibernator does not suspend a kernel whose process uses the CPU while no cell runs (the probe in
+hibernate.py), and such a call waits for the next message or Resume in the meter otherwise.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+from jupyter_client.session import Session
+
+# requests the server itself sends to a kernel (a websocket's nudge): no user code runs
+HARMLESS_PARENTS = frozenset({"kernel_info_request"})
+
+
+def watch_iopub(
+    settings: dict, hibernator: Any, kernel_id: str, log: Any = None
+) -> Callable[[], None] | None:
+    """Subscribe to the kernel's iopub until it is resumed; returns what closes the stream."""
+    km = settings.get("kernel_manager")
+    try:
+        kernel = km.get_kernel(kernel_id)
+        stream = kernel.connect_iopub()
+    except Exception:  # gone, or a kernel that is not local (a gateway): nothing to watch
+        return None
+    session = Session(config=kernel.session.config, key=kernel.session.key)
+
+    def on_message(parts: list) -> None:
+        try:
+            _idents, fed = session.feed_identities(parts)
+            msg = session.deserialize(fed, content=False)
+        except Exception:  # not a message this session signed: not evidence of use
+            return
+        parent = (msg.get("parent_header") or {}).get("msg_type")
+        if parent in HARMLESS_PARENTS:
+            return
+        if log is not None:
+            log.info(
+                "fracspawner: kernel %s reached outside this server (%s for %s): resuming",
+                kernel_id,
+                msg["header"].get("msg_type"),
+                parent or "no request",
+            )
+        hibernator.resume(kernel_id, "a client outside this server's websocket")
+
+    stream.on_recv(on_message)
+
+    def close() -> None:
+        if not stream.closed():
+            stream.close()
+
+    return close

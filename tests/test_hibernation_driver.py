@@ -1,0 +1,416 @@
+"""Hibernation against a driver that behaves as NVIDIA documents (issue 26, item 1): the fake
+checkpoint driver (tests/fake_nvml/cuda/bindings/driver.py, each behaviour cited there) returns
+CUDA_ERROR_NOT_READY for a lock that does not get through, fails GetState for an exited pid,
+keeps FAILED terminal, blocks a locked process's own CUDA calls and refuses a restore where the
+GPU has no room. One test per defect the issue lists (1-7), each failing on the code before it.
+
+In process (the Hibernator with the fake driver) where the driver's answers are the point; a
+real jupyter server with real ipykernel kernels where processes, children and clients are.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import mmap
+import os
+import re
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from fracspawner.serverext.checkpoint import CheckpointDriver
+from fracspawner.serverext.hibernate import Hibernator
+from tests.test_culler_support import JupyterServer, execute, wait_for
+from tests.test_hibernation import (
+    FAKE,
+    GIB,
+    HIBERNATE_AFTER,
+    MY_STATE,
+    cuda_state,
+    entry,
+    fake_driver_module,
+    gpu_kernel,
+    hibernation,
+    set_cgroup,
+    state_of,
+)
+
+REPO = Path(__file__).resolve().parent.parent
+# a cell's CUDA call: blocks while the kernel's process is locked or checkpointed (the fake's
+# stand-in for any CUDA call; it gives up after 30 s so a broken build fails instead of hanging)
+CUDA_CALL = "from cuda.bindings.driver import fake_cuda_call\nfake_cuda_call(timeout_s=30)\n"
+
+
+# --- in process -------------------------------------------------------------------------------
+@pytest.fixture
+def fake(tmp_path, monkeypatch):
+    """A fake driver state with one 10 GiB GPU, and a cgroup with room for the copies."""
+    state = tmp_path / "state.json"
+    state.write_text(json.dumps({"driver": "575.57.08", "cuda_driver_version": 12080, "gpus": [
+        {"name": "NVIDIA L4", "memory_total_mib": 10 * GIB, "processes": []}]}))  # fmt: skip
+    monkeypatch.setenv("FAKE_NVML_STATE", str(state))
+    monkeypatch.syspath_prepend(str(FAKE))  # the fake pynvml answers the driver version
+    sys.modules.pop("pynvml", None)
+    cgroup = tmp_path / "cgroup"
+    cgroup.mkdir()
+    set_cgroup(cgroup, 64, 1)
+    yield state, cgroup
+    sys.modules.pop("pynvml", None)
+
+
+def hibernator(cgroup: Path, **traits) -> Hibernator:
+    settings = {"cgroup_root": str(cgroup), "retry_first": 0.05, "retry_refused_after": 0,
+                "cpu_probe_seconds": 0, "in_container": False, **traits}  # fmt: skip
+    return Hibernator(driver=CheckpointDriver(fake_driver_module()), **settings)
+
+
+def add_process(state: Path, pid: int, memory_mib: float, **extra) -> None:
+    with state_of(state) as data:
+        process = {"pid": pid, "memory_mib": memory_mib, "sm": 0, **extra}
+        data["gpus"][0]["processes"].append(process)
+
+
+def set_process(state: Path, pid: int, **values) -> None:
+    with state_of(state) as data:
+        for p in data["gpus"][0]["processes"]:
+            if p["pid"] == pid:
+                p.update(values)
+
+
+async def suspend(hib: Hibernator, kid: str, pid: int, memory_mib: float) -> str:
+    """Ask for a hibernation as the monitor does; whatever it raises, its state afterwards (the
+    code before issue 26 had no kernel_pid and let driver errors escape)."""
+    with contextlib.suppress(Exception):
+        try:
+            return await hib.hibernate(kid, [pid], memory_mib, kernel_pid=pid)
+        except TypeError:
+            return await hib.hibernate(kid, [pid], memory_mib)
+    return hib.kernels[kid].state
+
+
+@pytest.fixture
+def sleeper():
+    """A live process standing in for a kernel (the fake driver acts on real pids)."""
+    proc = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"])
+    yield proc
+    proc.kill()
+    proc.wait()
+
+
+async def test_defect1_getstate_failing_before_the_lock_never_leaves_it_hibernating(fake):
+    """cuCheckpointProcessGetState may fail before anything is locked (documented returns:
+    INVALID_VALUE, NOT_SUPPORTED): the kernel must not stay "hibernating", read as idle for
+    ever; a pid the driver does not know now is tried again later."""
+    state, cgroup = fake
+    gone = subprocess.Popen([sys.executable, "-c", "pass"])
+    gone.wait()  # exited: GetState answers CUDA_ERROR_INVALID_VALUE
+    add_process(state, gone.pid, GIB)
+    hib = hibernator(cgroup)
+    assert await suspend(hib, "k1", gone.pid, GIB) == "running"
+    assert not hib.suspended("k1")
+    assert hib.kernel_json("k1")["reason"].startswith(
+        "not hibernated: the driver does not know its process now"
+    )
+    # an unsupported process: stated, left running, never "hibernating"
+    me = os.getpid()
+    add_process(state, me, GIB, getstate_error="CUDA_ERROR_NOT_SUPPORTED")
+    assert await suspend(hib, "k2", me, GIB) == "running"
+    assert not hib.suspended("k2")
+    assert hib.kernel_json("k2")["state"] == "cannot_hibernate"
+    assert "CUDA_ERROR_NOT_SUPPORTED" in hib.kernel_json("k2")["reason"]
+
+
+async def test_defect1_unlock_failing_after_a_refused_checkpoint_is_retried(fake, sleeper):
+    """A refused checkpoint leaves the process LOCKED (README: no attempt to keep it in a good
+    state); if the unlock then fails its CUDA calls block: the kernel is shown as such and the
+    unlock retried until it is running again, never left "hibernating"."""
+    state, cgroup = fake
+    pid = sleeper.pid
+    add_process(state, pid, GIB, refuse="uvm", unlock_failures=2)
+    hib = hibernator(cgroup)
+    first = await suspend(hib, "k", pid, GIB)
+    assert first != "hibernating" and hib.kernels["k"].state != "hibernating"
+    await asyncio.to_thread(
+        wait_for, lambda: cuda_state(state, pid) == "running", 10, "unlocked again"
+    )
+    await asyncio.to_thread(
+        wait_for, lambda: hib.kernel_json("k")["state"] == "cannot_hibernate", 10, "settled"
+    )
+    assert hib.kernel_json("k")["reason"] == (
+        "cannot hibernate: the driver refused (CUDA_ERROR_NOT_SUPPORTED)"
+    )
+
+
+async def test_defect2_lock_not_ready_is_busy_and_tried_again(fake, sleeper):
+    """CUDA_ERROR_NOT_READY is cuCheckpointProcessLock's documented "not yet" (process left
+    RUNNING): not hibernated this time, tried again, never recorded as "cannot"."""
+    state, cgroup = fake
+    pid = sleeper.pid
+    add_process(state, pid, GIB, lock_busy=1)
+    hib = hibernator(cgroup, lock_timeout_ms=50)
+    assert await suspend(hib, "k", pid, GIB) == "running"
+    assert hib.kernel_json("k")["state"] == "running"
+    assert "did not pause" in hib.kernel_json("k")["reason"]
+    assert cuda_state(state, pid) == "running"
+    assert await suspend(hib, "k", pid, GIB) == "hibernated"
+    assert cuda_state(state, pid) == "checkpointed"
+
+
+async def test_defect5_failed_is_terminal_and_the_user_is_told_data_may_be_lost(fake, sleeper):
+    state, cgroup = fake
+    pid = sleeper.pid
+    add_process(state, pid, 2 * GIB)
+    hib = hibernator(cgroup)
+    told: list[str] = []
+    hib.on_restore_failed.append(lambda kid, text: told.append(text))
+    assert await suspend(hib, "k", pid, 2 * GIB) == "hibernated"
+    set_process(state, pid, restore_leaves="failed")
+    task = hib.resume("k", "test")
+    assert task is not None
+    # terminal: the resume ends (the code before retried for ever)
+    assert await asyncio.wait_for(task, 20) is False
+    h = hib.kernel_json("k")
+    assert h["state"] == "failed" and h["next_retry"] is None
+    assert "may be lost" in h["reason"] and "Restart the kernel" in h["reason"]
+    assert told and "may be lost" in told[-1] and "Nothing is lost" not in told[-1]
+    assert cuda_state(state, pid) == "failed"
+    assert not hib.suspended("k")  # its messages go on to the kernel, which can be restarted
+    assert hib.resume("k", "again") is None
+    assert await suspend(hib, "k", pid, 2 * GIB) == "failed"  # never tried again
+
+
+async def test_fake_restore_waits_for_room_on_the_gpu(fake, sleeper):
+    """The GPU to restore onto needs enough memory (CUDA Driver API, cuCheckpointProcessRestore):
+    with a co-tenant filling it the restore fails (OUT_OF_MEMORY), is retried, and succeeds once
+    there is room; the kernel's state is kept meanwhile."""
+    state, cgroup = fake
+    pid = sleeper.pid
+    add_process(state, pid, 4 * GIB)
+    hib = hibernator(cgroup)
+    assert await suspend(hib, "k", pid, 4 * GIB) == "hibernated"
+    add_process(state, os.getpid(), 8 * GIB)  # a co-tenant takes the freed memory
+    task = hib.resume("k", "test")
+    await asyncio.to_thread(
+        wait_for, lambda: hib.kernel_json("k")["state"] == "restore_failed", 10, "no room"
+    )
+    assert "CUDA_ERROR_OUT_OF_MEMORY" in hib.kernel_json("k")["restore_error"]
+    assert cuda_state(state, pid) == "checkpointed"
+    set_process(state, os.getpid(), memory_mib=2 * GIB)  # the co-tenant shrinks
+    assert await asyncio.wait_for(task, 20) is True
+    assert cuda_state(state, pid) == "running"
+
+
+def test_defect6_drivers_and_containers_that_cannot_work_are_stated(fake):
+    state, cgroup = fake
+    data = json.loads(state.read_text())
+    data["driver"] = "570.86.10"  # r570: partial GPU passthrough fails (#12, #24)
+    state.write_text(json.dumps(data))
+    old = hibernator(cgroup, in_container=True)
+    reason = old.available()
+    assert reason is not None and "570.86.10" in reason and "#12, #24" in reason
+    assert hibernator(cgroup, in_container=True, all_gpus_visible=True).available() is None
+    assert hibernator(cgroup, in_container=False).available() is None
+    data["driver"] = "575.57.08"  # fixed there
+    state.write_text(json.dumps(data))
+    fixed = hibernator(cgroup, in_container=True)
+    assert fixed.available() is None
+    fixed.device_indices = ["0:1"]  # a MIG instance (#42)
+    assert "MIG" in fixed.available() and "#42" in fixed.available()
+
+
+async def test_defect6_nccl_ranks_are_not_suspended(fake, tmp_path):
+    """Locking one NCCL rank hangs the checkpoint calls of its peers (#30): a process mapping
+    NCCL's shared memory (/dev/shm/nccl-XXXXXX) is not suspended, and told why."""
+    state, cgroup = fake
+    shm = Path("/dev/shm") if Path("/dev/shm").is_dir() else tmp_path
+    path = shm / f"nccl-{os.getpid()}test"
+    code = (
+        "import mmap, sys, time\n"
+        f"f = open({str(path)!r}, 'w+b'); f.truncate(4096)\n"
+        "m = mmap.mmap(f.fileno(), 4096); print('ready', flush=True); time.sleep(600)\n"
+    )
+    rank = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True)
+    try:
+        assert rank.stdout.readline().strip() == "ready"
+        add_process(state, rank.pid, GIB)
+        hib = hibernator(cgroup)
+        assert await suspend(hib, "k", rank.pid, GIB) == "running"
+        assert "NCCL" in hib.kernel_json("k")["reason"] and "#30" in hib.kernel_json("k")["reason"]
+        assert cuda_state(state, rank.pid) == "running"
+    finally:
+        rank.kill()
+        rank.wait()
+        path.unlink(missing_ok=True)
+    assert mmap  # the child maps it, not this process
+
+
+def test_defect6_hibernate_extra_pins_cuda_python_to_the_12_line():
+    """cuda-python 13.x targets CUDA 13 (driver r580+); the checkpoint API needs 12.8+: the
+    [hibernate] extra takes the 12.x line that r570/r575 drivers run."""
+    text = (REPO / "pyproject.toml").read_text()  # tomllib is 3.11+; the project runs on 3.10
+    section = text[text.index("\nhibernate = [") : text.index("]", text.index("\nhibernate = ["))]
+    specs = re.findall(r'^\s*"([^"]+)"', section, re.MULTILINE)
+    assert specs == ["cuda-python>=12.8,<13"]
+
+
+# --- a real jupyter server --------------------------------------------------------------------
+@pytest.fixture(scope="module")
+def server_env(tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("hibernate-driver")
+    state = tmp / "state.json"
+    state.write_text(json.dumps({"driver": "575.57.08", "cuda_driver_version": 12080, "gpus": [
+        {"name": "NVIDIA H100 80GB HBM3", "memory_total_mib": 81559, "utilization": 0,
+         "processes": []}]}))  # fmt: skip
+    cgroup = tmp / "cgroup"
+    cgroup.mkdir()
+    set_cgroup(cgroup, 64, 1)
+    server = JupyterServer(
+        tmp,
+        tmp / "unused.json",
+        source="nvml",
+        env={
+            "PYTHONPATH": os.pathsep.join([str(FAKE), os.environ.get("PYTHONPATH", "")]),
+            "FAKE_NVML_STATE": str(state),
+            "FRACSPAWNER_GPU_SLICE": "1/4",
+            "FRACSPAWNER_KERNEL_GPU_HIBERNATE_SECONDS": str(HIBERNATE_AFTER),
+            "FRACSPAWNER_KERNEL_GPU_IDLE_SECONDS": "3600",
+        },
+        monitor={"own_pid_namespace": True},
+        config={
+            "Hibernator": {
+                "cgroup_root": str(cgroup),
+                "retry_first": 1.0,
+                "retry_refused_after": 1.0,
+                "cpu_probe_seconds": 0.5,
+            }
+        },
+    )
+    try:
+        yield server, state
+    finally:
+        server.stop()
+
+
+async def start_child(server, kid: str, code: str) -> int:
+    out = await execute(
+        server.url,
+        server.token,
+        kid,
+        "import subprocess, sys\n"
+        f"child = subprocess.Popen([sys.executable, '-c', {code!r}])\n"
+        "print(child.pid)",
+    )
+    return int(out)
+
+
+async def test_defect3_a_child_holding_the_gpu_is_never_suspended_alone(server_env):
+    """A kernel that started `python train.py` (the child holds the GPU, idle in a CPU phase;
+    the kernel is idle): the child must not be checkpointed alone, since nothing would resume it
+    and the run would stall until the user comes back."""
+    server, state = server_env
+    status, body = server.api("POST", "/api/kernels", {"name": "python3"})
+    assert status == 201, body
+    kid = body["id"]
+    # the child calls CUDA every 50 ms: a suspended child would stall
+    child = await start_child(
+        server,
+        kid,
+        "import time\n"
+        "from cuda.bindings.driver import fake_cuda_call\n"
+        "while True:\n    fake_cuda_call(timeout_s=600); time.sleep(0.05)\n",
+    )
+    try:
+        add_process(state, child, 6 * GIB)
+        wait_for(
+            lambda: "other process" in str(hibernation(server, kid).get("reason")), 30, "reason"
+        )
+        assert hibernation(server, kid)["state"] == "running"
+        assert f"pid {child}" in hibernation(server, kid)["reason"]
+        assert cuda_state(state, child) == "running"
+    finally:
+        os.kill(child, signal.SIGKILL)
+        server.api("DELETE", f"/api/kernels/{kid}")
+
+
+async def test_defect4_a_worker_holding_gpu_memory_only_defers_hibernation(server_env):
+    """A DataLoader worker holding GPU memory at one idle moment is a refusal that passes: once
+    it has ended, the kernel hibernates (the code before recorded "several processes" for the
+    kernel's life)."""
+    server, state = server_env
+    kid, pid = await gpu_kernel(server, state, 2 * GIB)
+    worker = await start_child(server, kid, "import time; time.sleep(600)")
+    add_process(state, worker, GIB)
+    try:
+        wait_for(
+            lambda: "other process" in str(hibernation(server, kid).get("reason")), 30, "deferred"
+        )
+        assert hibernation(server, kid)["state"] == "running"
+        assert cuda_state(state, pid) == cuda_state(state, worker) == "running"
+    finally:
+        os.kill(worker, signal.SIGKILL)
+    with state_of(state) as data:  # the worker is gone: NVML no longer lists it
+        data["gpus"][0]["processes"] = [
+            p for p in data["gpus"][0]["processes"] if p["pid"] != worker
+        ]
+    wait_for(lambda: hibernation(server, kid).get("state") == "hibernated", 30, "hibernation")
+    assert cuda_state(state, pid) == "checkpointed"
+    assert (await execute(server.url, server.token, kid, "print(x * 2)")).strip() == "42"
+    server.api("DELETE", f"/api/kernels/{kid}")
+
+
+async def test_defect7_a_client_on_the_connection_file_resumes_the_kernel(server_env):
+    """`jupyter console --existing` talks to the kernel's ZMQ ports, not the server's websocket:
+    its cell's CUDA call must not block for ever in the hibernated kernel."""
+    from jupyter_client import BlockingKernelClient
+
+    server, state = server_env
+    kid, pid = await gpu_kernel(server, state, 2 * GIB)
+    wait_for(lambda: hibernation(server, kid).get("state") == "hibernated", 30, "hibernation")
+    connection_file = server.tmp / "runtime" / f"kernel-{kid}.json"
+    client = BlockingKernelClient(connection_file=str(connection_file))
+    client.load_connection_file()
+    client.start_channels()
+    out: list[str] = []
+    try:
+        reply = await asyncio.to_thread(
+            client.execute_interactive,
+            MY_STATE + CUDA_CALL + "print(x * 2, my_state())",
+            timeout=60,
+            output_hook=lambda m: out.append(m["content"].get("text", "")),
+        )
+    finally:
+        client.stop_channels()
+    assert reply["content"]["status"] == "ok", reply["content"]
+    assert "".join(out).strip() == "42 running"
+    wait_for(lambda: entry(server, kid).get("gpu_memory_mib") == 2 * GIB, 15, "memory back")
+    assert server.gpu()["hibernation"]["resumes"][-1]["why"] == (
+        "a client outside this server's websocket"
+    )
+    server.api("DELETE", f"/api/kernels/{kid}")
+
+
+async def test_defect7_a_kernel_working_in_a_thread_is_not_suspended(server_env):
+    """Code working in a thread of the kernel (no cell running, its GPU idle between steps)
+    would block at its next CUDA call with nobody to resume it: a kernel whose process uses the
+    CPU while no cell runs is not suspended."""
+    server, state = server_env
+    kid, pid = await gpu_kernel(server, state, GIB)
+    await execute(
+        server.url,
+        server.token,
+        kid,
+        "import threading, time\n"
+        "def work():\n"
+        "    while True:\n"
+        "        sum(i * i for i in range(20000))\n"
+        "threading.Thread(target=work, daemon=True).start()\n",
+    )
+    wait_for(lambda: "CPU" in str(hibernation(server, kid).get("reason")), 30, "reason")
+    assert hibernation(server, kid)["state"] == "running"
+    assert cuda_state(state, pid) == "running"
+    server.api("DELETE", f"/api/kernels/{kid}")
