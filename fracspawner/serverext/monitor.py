@@ -489,6 +489,9 @@ class GpuMonitor(BackgroundLoop):
         presence = presence_json(self.settings, now)
         activity = {
             "monitor_started": isoformat(self.started),
+            # whether a person is at the server (presence.py): the culler keeps a present
+            # user's server, and trusts these activity times (the polling left out) where known
+            "presence": presence,
             "server_last_activity": isoformat(server_last_activity),
             "user_last_activity": isoformat(user_last_activity),
             "culled_kernels": list(self.culled),
