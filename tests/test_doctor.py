@@ -111,7 +111,7 @@ def test_doctor_in_a_healthy_gpu_pod(pod):
     assert f"CUPY_GPU_MEMORY_LIMIT={20480 * 2**20}" in out
     assert "NVML:        1 device(s) visible" in lines
     assert "  0: NVIDIA H100 80GB HBM3, 6 GiB of 79.6 GiB used, utilisation 3%" in lines
-    assert "Hibernation: possible (CUDA checkpoint API)" in out
+    assert "Hibernation: possible (CUDA checkpoint API, driver 575.57.08, CUDA 12.8)" in out
     assert f"Culler:      reachable at {culler.url}api/reports (HTTP 401" in out
     assert "  reports:   " in out and " sent, the last at " in out
     assert out.rstrip().endswith("All fine.")
@@ -159,3 +159,34 @@ def test_doctor_reads_the_memory_limit_of_cgroup_v1_and_unreadable_files(tmp_pat
         "Limits:      memory limit unknown (32 GiB free under the node's memory), no CPU limit"
         in lines
     ), lines
+
+
+def test_doctor_says_which_driver_or_gpu_condition_stops_hibernation(tmp_path, monkeypatch):
+    """Issue 26 (6): an r570 driver in a container that sees some of the node's GPUs
+    (NVIDIA/cuda-checkpoint #12, #24) and a MIG instance (#42) cannot checkpoint: the doctor
+    names the condition instead of 'possible'."""
+    import fracspawner.serverext.doctor as doc
+
+    state = tmp_path / "nvml.json"
+    state.write_text(json.dumps({"driver": "570.86.10", "cuda_driver_version": 12080,
+                                 "gpus": [{"processes": []}]}))  # fmt: skip
+    monkeypatch.setenv("FAKE_NVML_STATE", str(state))
+    monkeypatch.syspath_prepend(str(FAKE))  # cuda.bindings.driver and pynvml: the fakes
+    for name in [m for m in sys.modules if m == "pynvml" or m.startswith("cuda")]:
+        monkeypatch.delitem(sys.modules, name)
+    cgroup = tmp_path / "cgroup"
+    cgroup.mkdir()
+    set_cgroup(cgroup, 16, 4)
+    meminfo = str(tmp_path / "meminfo")
+    lines, _ok = doc.hibernation_lines(POD_ENV, str(cgroup), meminfo, ["0"], in_container=True)
+    assert lines[0].startswith("Hibernation: not possible here: driver 570.86.10 cannot")
+    assert "#12, #24" in lines[0] and "Hibernator.all_gpus_visible" in lines[0]
+    lines, _ok = doc.hibernation_lines(POD_ENV, str(cgroup), meminfo, ["0"], in_container=False)
+    assert lines[0].startswith("Hibernation: possible (CUDA checkpoint API, driver 570.86.10")
+    lines, _ok = doc.hibernation_lines(POD_ENV, str(cgroup), meminfo, ["0:1"], in_container=False)
+    assert "MIG" in lines[0] and "#42" in lines[0] and "not possible" in lines[0]
+    report = {"kernels": [{"id": "abcdef0123", "hibernation": {
+        "state": "running", "reason": "not hibernated: 1 other process it started"}}]}  # fmt: skip
+    assert doc.kernel_hibernation_lines(report) == [
+        "  kernel abcdef01: running: not hibernated: 1 other process it started"
+    ]

@@ -5,7 +5,9 @@ pod was given and what works, in plain words on one screen.
   limits (cgroup files), and the GPU-related environment (device visibility, sharing limits,
   framework caps);
 - what NVML sees (devices, memory, processes), or why it cannot be read;
-- whether GPU hibernation is possible here, and why not;
+- whether GPU hibernation is possible here, and which condition stops it (no cuda-python, a
+  driver without the checkpoint API, a driver that cannot checkpoint in a container seeing only
+  some GPUs, MIG), and the running server's kernels that are not hibernated and why;
 - whether the culler is reachable, and whether this server's reports reach it (from the running
   server's own extension, found through jupyter-server's runtime files).
 
@@ -26,7 +28,9 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+from .attribution import has_own_pid_namespace
 from .checkpoint import CheckpointDriver, Unsupported, host_headroom
+from .checkpoint_env import driver_problem, mig_problem, nvml_driver_version
 from .podinfo import PodInfo, gib
 from .sources import GpuUnavailable, NvmlSource
 
@@ -82,12 +86,13 @@ def pod_lines(env: Mapping[str, str], cgroup: str, meminfo: str) -> list[str]:
     return lines
 
 
-def nvml_lines() -> tuple[list[str], bool]:
+def nvml_lines() -> tuple[list[str], bool, list[str]]:
+    """What NVML shows, whether it works, and the device indices ("0:3" for a MIG instance)."""
     source = NvmlSource()
     try:
         sample = source.sample()
     except GpuUnavailable as exc:
-        return [f"NVML:        cannot read the GPU: {exc}"], False
+        return [f"NVML:        cannot read the GPU: {exc}"], False, []
     finally:
         source.close()
     lines = [f"NVML:        {len(sample.devices)} device(s) visible"]
@@ -99,25 +104,61 @@ def nvml_lines() -> tuple[list[str], bool]:
         )
     mine = sum(p.memory_mib for p in sample.processes)
     lines.append(f"  {len(sample.processes)} compute process(es) listed, {gib(mine)} in all")
-    return lines, bool(sample.devices)
+    return lines, bool(sample.devices), [d.index for d in sample.devices]
 
 
-def hibernation_lines(env: Mapping[str, str], cgroup: str, meminfo: str) -> tuple[list[str], bool]:
+def hibernation_lines(
+    env: Mapping[str, str],
+    cgroup: str,
+    meminfo: str,
+    devices: list[str] | None = None,
+    in_container: bool | None = None,
+) -> tuple[list[str], bool]:
+    """Whether the CUDA checkpoint API works here, and if not which condition stops it: no
+    cuda-python, a driver without the API, a driver that cannot checkpoint in a container that
+    sees only some GPUs, MIG (checkpoint_env.py, the hibernator's own checks)."""
     policy = PodInfo.from_environ(env).policy.kernel_gpu_hibernate
+    driver = CheckpointDriver()
     try:
-        CheckpointDriver().check()
+        driver.check()
+        cuda = driver.cuda_version()
     except Unsupported as exc:
         return [f"Hibernation: not possible here: {exc}"], policy is None
     except Exception as exc:  # a broken binding says so rather than a traceback
         return [f"Hibernation: not possible here: the checkpoint API failed: {exc}"], False
+    version = nvml_driver_version()
+    container = has_own_pid_namespace() if in_container is None else in_container
+    said = f"driver {version or 'of unknown version'}, CUDA {cuda // 1000}.{cuda % 1000 // 10}"
+    problem = driver_problem(version, container, all_gpus_visible=False) or mig_problem(
+        devices or []
+    )
+    if problem is not None:
+        note = (
+            " (unless this pod sees every GPU of its node: Hibernator.all_gpus_visible)"
+            if "#12, #24" in problem
+            else ""
+        )
+        return [f"Hibernation: not possible here: {problem}{note}", f"  ({said})"], policy is None
     if policy is None:
-        return ["Hibernation: possible, but off for this pool (kernel_gpu_hibernate)"], True
+        off = f"Hibernation: possible ({said}), but off for this pool (kernel_gpu_hibernate)"
+        return [off], True
     room = host_headroom(cgroup, meminfo)
     free = "an unknown amount" if room.free_mib is None else gib(room.free_mib)
     return [
-        f"Hibernation: possible (CUDA checkpoint API); a kernel can park up to {free} of GPU "
-        f"memory in host memory ({room.where})"
+        f"Hibernation: possible (CUDA checkpoint API, {said}); a kernel can park up to {free} "
+        f"of GPU memory in host memory ({room.where})"
     ], room.free_mib is not None
+
+
+def kernel_hibernation_lines(report: dict | None, limit: int = 4) -> list[str]:
+    """The running server's kernels that are not hibernated as asked, and why (its report)."""
+    lines = []
+    for k in (report or {}).get("kernels") or []:
+        h = k.get("hibernation") or {}
+        if h.get("state") == "hibernated" or not h.get("reason"):
+            continue
+        lines.append(f"  kernel {str(k.get('id'))[:8]}: {h.get('state')}: {h.get('reason')}")
+    return lines[:limit]
 
 
 def _servers(runtime_dir: str) -> list[dict]:
@@ -196,9 +237,10 @@ def main(argv: list[str] | None = None) -> int:
     runtime = env.get("JUPYTER_RUNTIME_DIR") or os.path.expanduser("~/.local/share/jupyter/runtime")
     lines = ["fracspawner doctor: this notebook pod", ""]
     lines += pod_lines(env, args.cgroup, args.meminfo)
-    nvml, gpu_ok = nvml_lines()
-    hib, hib_ok = hibernation_lines(env, args.cgroup, args.meminfo)
+    nvml, gpu_ok, devices = nvml_lines()
+    hib, hib_ok = hibernation_lines(env, args.cgroup, args.meminfo, devices)
     report = server_report(env, runtime)
+    hib += kernel_hibernation_lines(report)
     culler, culler_ok = culler_lines(env, report)
     lines += nvml + hib + culler
     if report is not None and report.get("kernels"):
