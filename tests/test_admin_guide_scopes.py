@@ -75,7 +75,11 @@ def test_the_documented_roles_grant_the_service_what_the_z2jh_overlay_grants():
     assert set(service["oauth_client_allowed_scopes"]) == set(
         z2jh_service["oauth_client_allowed_scopes"]
     )
-    needed = expand_scopes(overlay["loadRoles"]["fracspawner-service"]["scopes"])
+    # the overlay grants the service's role from here (fracspawner.add_service_roles)
+    from fracspawner.model.hubroles import SERVICE_SCOPES
+
+    assert "add_service_roles(c, service=" in overlay["extraConfig"]["fracspawner"]
+    needed = expand_scopes(list(SERVICE_SCOPES))
     granted: set[str] = set()
     for role in roles:
         if "fracspawner" in role.get("services", []):

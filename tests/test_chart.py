@@ -1625,15 +1625,17 @@ def test_z2jh_overlay_matches_the_chart(rendered, rendered_objects):
     key = culler_env["env"][0]["valueFrom"]["secretKeyRef"]["key"]
     assert key == "hub.services.fracspawner-culler.apiToken"
     assert "fracspawner-culler" in hub["services"]
-    roles = hub["loadRoles"]
-    # users' access to the service is added to their `user` role by extraConfig (a `user`
-    # role here would replace the operator's scopes: tests/test_z2jh.py)
-    assert "user" not in roles
+    # users' access to the service and the services' own roles are added by extraConfig, to
+    # whatever roles the operator has (hub.loadRoles or hub.config: tests/test_hub_roles.py)
+    assert "loadRoles" not in hub
     assert (
         'add_user_scopes(c, "access:services!service=fracspawner")'
         in (hub["extraConfig"]["fracspawner"])
     )
-    assert roles["fracspawner-culler"]["services"] == ["fracspawner-culler"]
+    assert (
+        'add_service_roles(c, service="fracspawner", culler="fracspawner-culler")'
+        in (hub["extraConfig"]["fracspawner"])
+    )
     assert overlay["cull"]["enabled"] is False
     # NOTES.txt prints the same overlay
     notes = yaml.safe_load(
@@ -1642,7 +1644,7 @@ def test_z2jh_overlay_matches_the_chart(rendered, rendered_objects):
         .split("\nz2jh generates", 1)[0]
     )
     assert notes["hub"]["services"] == hub["services"]
-    assert notes["hub"]["loadRoles"] == roles
+    assert "loadRoles" not in notes["hub"]
     assert notes["hub"]["extraVolumes"] == hub["extraVolumes"]
     assert notes["hub"]["extraConfig"] == hub["extraConfig"]
     assert notes["singleuser"]["cloudMetadata"] == overlay["singleuser"]["cloudMetadata"]
@@ -1654,7 +1656,6 @@ def test_z2jh_overlay_matches_the_chart(rendered, rendered_objects):
     # ... and may reach it: the chart's singleuser-egress NetworkPolicy (tests/test_z2jh.py)
     egress = one(objs, "NetworkPolicy", "singleuser-egress")["spec"]["egress"]
     assert egress[0]["ports"] == [{"port": reports["port"], "protocol": "TCP"}]
-    assert "access:servers" not in roles["fracspawner-culler"]["scopes"]
 
 
 def test_z2jh_extra_config_configures_fracspawner_with_the_chart_catalog(

@@ -157,7 +157,8 @@ def test_the_culler_role_lets_exempt_groups_work(tmp_path):
     """`--Culler.exempt_groups` (the chart's suggested culler.extraArgs) needs each user's
     groups: JupyterHub's user model carries `groups` only for a token with read:users or
     read:users:groups (jupyterhub/apihandlers/base.py `user_model`, its access_map). The
-    overlay's and NOTES' culler role, expanded by JupyterHub's own scope code, must grant it."""
+    culler role the overlay's and NOTES' hub.extraConfig add (fracspawner.add_service_roles),
+    expanded by JupyterHub's own scope code, must grant it."""
     from jupyterhub.scopes import expand_scopes
 
     from tests.chart_support import render
@@ -166,8 +167,11 @@ def test_the_culler_role_lets_exempt_groups_work(tmp_path):
     printed = yaml.safe_load(
         notes.split("in the same namespace:\n", 1)[1].split("\nz2jh generates", 1)[0]
     )
-    for roles in (OVERLAY["hub"]["loadRoles"], printed["hub"]["loadRoles"]):
-        granted = expand_scopes(roles["fracspawner-culler"]["scopes"])
+    for overlay in (OVERLAY, printed):
+        c = hub_config(merged_values({}, overlay), catalog_file=str(CATALOGS / "demo.yaml"))
+        (role,) = [r for r in c.JupyterHub.load_roles if r["name"] == "fracspawner-culler"]
+        assert role["services"] == ["fracspawner-culler"]
+        granted = expand_scopes(role["scopes"])
         assert {"read:users:groups", "read:users"} & granted, granted
         assert "access:servers" not in granted  # still never into user servers
     assert "exempt_groups" in (REPO / "charts/fracspawner/values.yaml").read_text()
@@ -208,9 +212,10 @@ def test_the_overlay_after_the_operators_config_drops_none_of_its_lists():
         "access:services!service=fracspawner",
     }
     # without a `user` role of the operator's, JupyterHub's default one gains the scope
+    # through extra_user_scopes (JupyterHub >= 6; tests/test_hub_roles.py loads the roles)
     c = hub_config(merged_values({}, OVERLAY), catalog_file=str(CATALOGS / "demo.yaml"))
-    (user,) = [r for r in c.JupyterHub.load_roles if r["name"] == "user"]
-    assert set(user["scopes"]) == {"self", "access:services!service=fracspawner"}
+    assert not [r for r in c.JupyterHub.load_roles if r["name"] == "user"]
+    assert "access:services!service=fracspawner" in c.JupyterHub.extra_user_scopes
 
 
 def test_the_overlay_has_no_list_but_the_hub_volumes_which_install_md_says_to_merge():
@@ -225,12 +230,7 @@ def test_the_overlay_has_no_list_but_the_hub_volumes_which_install_md_says_to_me
                 yield from lists(value, f"{path}.{key}" if path else key)
 
     found = {p for p in lists(OVERLAY) if not p.startswith("hub.services")}
-    found -= {
-        "hub.loadRoles.fracspawner-culler.scopes",
-        "hub.loadRoles.fracspawner-culler.services",
-        "hub.loadRoles.fracspawner-service.scopes",  # the admin page (issue 23)
-        "hub.loadRoles.fracspawner-service.services",
-    }
+    # (the services' roles are added by hub.extraConfig, not hub.loadRoles: issue 28 #2)
     assert found == {"hub.extraVolumes", "hub.extraVolumeMounts"}
     text = (REPO / "docs" / "install.md").read_text()
     assert "hub.extraVolumes" in text and "Helm replaces lists" in text

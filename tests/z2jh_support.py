@@ -23,8 +23,13 @@ jupyterhub/zero-to-jupyterhub-k8s:
   OUTPUT DROP to the metadata IP, `privileged=True`, `run_as_user=0`, `NET_ADMIN`, as a
   `V1Container` model), `hub.services` (a dict) -> the `c.JupyterHub.services` list with
   each key as `name`, `hub.loadRoles` -> `c.JupyterHub.load_roles` (templates/hub/configmap
-  + jupyterhub_config.py's load_roles loop), and LAST `hub.extraConfig`, every snippet
-  exec'd in sorted key order.
+  + jupyterhub_config.py's load_roles loop), then `hub.config` passed through section by
+  section with `c[section].update(cfg)` (a key there REPLACES what the lines above built, e.g.
+  `hub.config.JupyterHub.load_roles` replaces every hub.loadRoles role; secrets popped; a
+  section not starting upper-case is FATAL, exit 1), and LAST `hub.extraConfig`, every snippet
+  exec'd in sorted key order. Checked against jupyterhub/files/hub/jupyterhub_config.py at
+  zero-to-jupyterhub-k8s commit 48ea50e3: services/roles lines 364-439, hub.config lines
+  499-526, hub.extraConfig lines 539-542.
 """
 
 from __future__ import annotations
@@ -144,6 +149,14 @@ def hub_config(
     for name, role in (values["hub"].get("loadRoles") or {}).items():
         roles.append({"name": name, **(role or {})})
     c.JupyterHub.load_roles = roles
+    for section, cfg in (values["hub"].get("config") or {}).items():
+        cfg = dict(cfg or {})
+        if section == "JupyterHub":
+            for secret in ("proxy_auth_token", "cookie_secret", "services"):
+                cfg.pop(secret, None)
+        if not section[:1].isupper():
+            raise SystemExit(1)  # z2jh: "FATAL: Invalid hub.config section name"
+        c[section].update(copy.deepcopy(cfg))
     for key, snippet in sorted((values["hub"].get("extraConfig") or {}).items()):
         if catalog_file is not None:
             snippet = snippet.replace("/etc/fracspawner/catalog.yaml", catalog_file)
