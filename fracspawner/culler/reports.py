@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 from dateutil.parser import isoparse
 
 from .decide import GpuFacts, ServerFacts
+from .pressure import SwapFacts, swap_facts
 
 
 class ReportError(ValueError):
@@ -34,6 +35,7 @@ MAX_DEPTH = 8  # nesting of objects and lists anywhere in the body
 MAX_MIB = 16 * 1024 * 1024  # GPU memory in MiB: 16 TiB, far above any server's
 MAX_CULLED = 64  # culled_kernels per report (the extension sends its last 50)
 MAX_TIME_TEXT = 64  # an ISO 8601 time
+MAX_PROCESSES = 256  # GPU processes and kernels per report
 
 
 @dataclass(frozen=True)
@@ -87,6 +89,72 @@ REPORT = Spec(
         "slice": Spec("object", fields={"pool": Spec("text", 63)}),
         # whether a person is at a JupyterLab tab of the server (serverext/presence.py)
         "presence": Spec("object", fields={"known": Spec("bool"), "present": Spec("bool")}),
+        # over-commit and swap (issue 26; culler/pressure.py): the physical GPUs the server
+        # sees (NVML UUID, size, the device's used memory), its processes on each, its kernels'
+        # idleness and the kernels waiting to resume for want of room (serverext/swap.py)
+        "devices": Spec(
+            "list",
+            16,
+            items=Spec(
+                "object",
+                fields={
+                    "index": Spec("text", 16),
+                    "uuid": Spec("text", 96),
+                    "memory_total_mib": MIB,
+                    "memory_used_mib": MIB,
+                },
+            ),
+        ),
+        "processes": Spec(
+            "list",
+            MAX_PROCESSES,
+            items=Spec(
+                "object",
+                fields={
+                    "kernel_id": KERNEL_ID,
+                    "device": Spec("text", 16),
+                    "gpu_memory_mib": MIB,
+                    "matched": Spec("bool"),
+                },
+            ),
+        ),
+        "kernels": Spec(
+            "list",
+            MAX_PROCESSES,
+            items=Spec(
+                "object",
+                fields={
+                    "id": KERNEL_ID,
+                    "execution_state": Spec("text", 32),
+                    "last_activity": TIME,
+                    "last_gpu_activity": TIME,
+                    "gpu_memory_mib": MIB,
+                    "gpu_utilization": Spec("number", high=100.0 * 16),
+                    "gpu_activity_known": Spec("bool"),
+                    "hibernation": Spec("object", fields={"state": Spec("text", 32)}),
+                },
+                required=("id",),
+            ),
+        ),
+        "swap": Spec(
+            "object",
+            fields={
+                "waiting": Spec(
+                    "list",
+                    MAX_CULLED,
+                    items=Spec(
+                        "object",
+                        fields={
+                            "kernel_id": KERNEL_ID,
+                            "gpu_memory_mib": MIB,
+                            "since": TIME,
+                            "device": Spec("text", 96),
+                        },
+                        required=("kernel_id",),
+                    ),
+                )
+            },
+        ),
         # GPU hibernation (issue 22; fracspawner/serverext/hibernate.py): GPU memory its
         # suspended kernels hold in host memory, and its recent suspends and resumes
         "hibernated_gpu_memory_mib": MIB,
@@ -236,6 +304,8 @@ class ServerReport:
     gpu_events: tuple[GpuEvent, ...] = ()
     # a person at a tab of the server (True/False), None: no tab reports presence
     present: bool | None = None
+    # its devices and kernels as over-commit's swap reads them (pressure.swap_facts)
+    swap: SwapFacts = SwapFacts()
 
 
 def parse_report(report: object, received_at: float, *, checked: bool = False) -> ServerReport:
@@ -268,6 +338,7 @@ def parse_report(report: object, received_at: float, *, checked: bool = False) -
     presence = report.get("presence") or {}
     present = bool(presence.get("present")) if presence.get("known") else None
     common = dict(
+        swap=swap_facts(report, received_at),
         present=present,
         hibernated_mib=_number(report, "hibernated_gpu_memory_mib"),
         gpu_events=tuple(events),
@@ -419,6 +490,10 @@ class ReportStore:
             kept_events,
             len(culled) + len(events) - len(kept_culled) - len(kept_events),
         )
+
+    def latest(self) -> list[tuple[str, str, ServerReport]]:
+        """(user, server, its latest report) of every server."""
+        return [(u, s, e.report) for (u, s), e in self._entries.items()]
 
     def hibernated(self) -> list[tuple[str, str, float]]:
         """(user, server, GPU memory its hibernated kernels hold) of every server's report."""

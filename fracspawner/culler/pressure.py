@@ -1,0 +1,265 @@
+"""GPU memory pressure on over-committed pools, and which idle kernels swap out (pure).
+
+A pool with `overcommit: 2` places twice as many slices on a GPU as its memory holds (catalog
+`overcommit`, backends/base.py `plugin_replicas`). That works while most kernels are idle: the
+culler keeps the memory actually on each physical GPU within its size by asking the servers of
+the least recently used idle kernels on it to hibernate them (their CUDA state goes to host
+memory through the checkpoint API, fracspawner/serverext/hibernate.py, and comes back on the
+kernel's next message). The ask travels in the answer to the server's own report
+(receiver.py): the culler never calls into a user server. Run:ai sells the same idea as "GPU
+memory swap" (docs.run.ai, Researcher/scheduling/gpu-memory-swap).
+
+The rule, per physical GPU (keyed by the NVML UUID the servers report):
+
+- resident = what its servers' kernels hold on it, each server at most its slice's memory (a
+  server's word is never worth more than its slice), and a server whose report is stale or
+  unreadable counts its whole slice: unknown memory is never counted as free. When the servers'
+  own device readings (NVML's used memory, which also shows processes nobody reports) say more,
+  the smallest of those readings counts (one inflated reading cannot evict anyone);
+- demand = resident + what kernels waiting to resume on it need (a resume refused for want of
+  room: serverext/swap.py reports it);
+- pressure: demand above size - margin. Then the least recently used idle kernels on the GPU
+  are chosen until what they hold covers the excess. A kernel is a candidate only when its
+  server's fresh report says it holds memory, executes nothing, its GPU reading is idle and
+  known, and nobody is at the server (presence); a busy, unknown, present or already hibernated
+  kernel is never chosen. Kernels already asked (and not yet seen hibernated) count as freeing
+  what they hold, so one pressure asks once.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+
+from dateutil.parser import isoparse
+
+#: idle kernels are asked again after this long if their server's report still shows them
+#: resident (a refusal that may pass, a lost answer)
+ASK_AGAIN_AFTER = 120.0
+#: the extension's hibernation states of a kernel whose memory is off the GPU (hibernate.py)
+SUSPENDED = frozenset({"hibernating", "hibernated", "resuming", "restore_failed"})
+
+
+@dataclass(frozen=True)
+class KernelOnGpu:
+    """One kernel of a server, as its latest report has it."""
+
+    kernel_id: str
+    resident_mib: float  # on the GPU now (0 while hibernated)
+    idle: bool  # no cell executing, GPU reading idle and known
+    last_used: float | None  # unix time of its last message or GPU work; None: unknown
+    hibernated: bool = False
+
+
+@dataclass(frozen=True)
+class ServerOnGpu:
+    """One server's use of one physical GPU (its latest report, bounded by its slice)."""
+
+    user: str
+    server: str
+    cap_mib: float  # its slice's memory: the most its word counts for
+    resident_mib: float | None  # None: no fresh readable report (counted as cap_mib)
+    waiting_mib: float = 0.0  # kernels waiting to resume here for want of room
+    present: bool = False  # a person is at a tab of the server
+    kernels: tuple[KernelOnGpu, ...] = ()
+    device_used_mib: float | None = None  # NVML's used memory of the whole device, its reading
+
+
+@dataclass(frozen=True)
+class Swap:
+    """Ask `server` of `user` to hibernate `kernel_id` (which holds `mib` on the GPU)."""
+
+    user: str
+    server: str
+    kernel_id: str
+    mib: float
+    reason: str
+
+
+@dataclass(frozen=True)
+class Pressure:
+    """One GPU's figures (MiB) and what to swap out."""
+
+    uuid: str
+    size_mib: float
+    margin_mib: float
+    resident_mib: float
+    waiting_mib: float
+    freeing_mib: float  # kernels asked before, not yet seen hibernated
+    swaps: tuple[Swap, ...] = ()
+    short_mib: float = 0.0  # what no idle kernel could cover (busy or present ones hold it)
+
+    @property
+    def excess_mib(self) -> float:
+        """What must leave the GPU: demand over size - margin, less what is leaving."""
+        limit = self.size_mib - self.margin_mib
+        return max(0.0, self.resident_mib + self.waiting_mib - self.freeing_mib - limit)
+
+    @property
+    def under_pressure(self) -> bool:
+        return self.excess_mib > 0
+
+
+def resident_of(servers: Iterable[ServerOnGpu]) -> float:
+    """Memory on the GPU: each server's reported resident memory within its slice, its whole
+    slice where unknown, or the smallest of the servers' device readings if that is more."""
+    servers = list(servers)
+    told = sum(
+        s.cap_mib if s.resident_mib is None else min(max(s.resident_mib, 0.0), s.cap_mib)
+        for s in servers
+    )
+    readings = [s.device_used_mib for s in servers if s.device_used_mib is not None]
+    return max(told, min(readings)) if readings else told
+
+
+def plan_swaps(
+    uuid: str,
+    size_mib: float,
+    servers: Iterable[ServerOnGpu],
+    margin_mib: float = 0.0,
+    asked: Mapping[tuple[str, str, str], float] | None = None,
+) -> Pressure:
+    """The pressure on one GPU and the idle kernels to swap out, least recently used first.
+
+    `asked`: kernels asked before (user, server, kernel id) -> MiB they held, still resident by
+    their server's report; they are not chosen again and count as freeing what they hold."""
+    servers = list(servers)
+    asked = asked or {}
+    resident = resident_of(servers)
+    waiting = sum(min(max(s.waiting_mib, 0.0), s.cap_mib) for s in servers)
+    freeing = sum(
+        asked.get((s.user, s.server, k.kernel_id), 0.0) for s in servers for k in s.kernels
+    )
+    pressure = Pressure(uuid, size_mib, margin_mib, resident, waiting, freeing)
+    excess = pressure.excess_mib
+    if excess <= 0:
+        return pressure
+    candidates = [
+        (k.last_used, s.user, s.server, k.kernel_id, min(k.resident_mib, s.cap_mib))
+        for s in servers
+        if s.resident_mib is not None and not s.present
+        for k in s.kernels
+        if k.idle
+        and not k.hibernated
+        and k.resident_mib > 0
+        and k.last_used is not None
+        and (s.user, s.server, k.kernel_id) not in asked
+    ]
+    candidates.sort(key=lambda c: (c[0], c[1], c[2], c[3]))
+    swaps = []
+    for _used, user, server, kernel_id, mib in candidates:
+        if excess <= 0:
+            break
+        swaps.append(Swap(user, server, kernel_id, mib, _reason(uuid, size_mib)))
+        excess -= mib
+    return Pressure(
+        uuid, size_mib, margin_mib, resident, waiting, freeing, tuple(swaps), max(0.0, excess)
+    )
+
+
+def _reason(uuid: str, size_mib: float) -> str:
+    return (
+        f"swapped out: the GPU it shares with other notebooks ({math.floor(size_mib / 1024)} GiB) "
+        "was full and it was the least recently used idle kernel"
+    )
+
+
+# --- the facts from a report (the extension's JSON, already checked by reports.REPORT) ---------
+@dataclass(frozen=True)
+class ReportedGpu:
+    """What one report says about one of its devices."""
+
+    uuid: str
+    total_mib: float
+    used_mib: float | None
+    resident_mib: float  # the server's own processes on it
+    kernels: tuple[KernelOnGpu, ...] = ()
+    waiting_mib: float = 0.0
+
+
+@dataclass(frozen=True)
+class SwapFacts:
+    """The devices a server's report names and its use of each."""
+
+    gpus: tuple[ReportedGpu, ...] = field(default_factory=tuple)
+
+
+def _time(value: object, ceiling: float) -> float | None:
+    if not isinstance(value, str) or not value:
+        return None
+    try:
+        return min(isoparse(value).timestamp(), ceiling)
+    except (ValueError, OverflowError):
+        return None
+
+
+def swap_facts(report: Mapping, received_at: float) -> SwapFacts:
+    """Per device: its UUID, size, the server's resident memory on it, its kernels (idle, last
+    used) and what waits to resume there. Pure; times clamped to `received_at`. A report with
+    no devices (unavailable, no GPU) says nothing."""
+    if not report.get("available"):
+        return SwapFacts()
+    devices = [d for d in report.get("devices") or [] if isinstance(d, dict) and d.get("uuid")]
+    if not devices:
+        return SwapFacts()
+    by_index = {str(d.get("index")): d["uuid"] for d in devices}
+    first = devices[0]["uuid"]
+    # a kernel's device: where its processes hold memory; a one-device server has one
+    resident: dict[str, float] = {}
+    kernel_device: dict[str, str] = {}
+    for p in report.get("processes") or []:
+        if not isinstance(p, dict) or not p.get("matched"):
+            continue
+        uuid = by_index.get(str(p.get("device")), first)
+        resident[uuid] = resident.get(uuid, 0.0) + float(p.get("gpu_memory_mib") or 0)
+        if p.get("kernel_id"):
+            kernel_device.setdefault(p["kernel_id"], uuid)
+    kernels: dict[str, list[KernelOnGpu]] = {}
+    for k in report.get("kernels") or []:
+        if not isinstance(k, dict) or not k.get("id"):
+            continue
+        hibernation = k.get("hibernation") or {}
+        # running (may be asked), cannot_hibernate / failed (never asked: it would not go),
+        # or one of the suspended states (not on the GPU)
+        state = hibernation.get("state") or "running"
+        busy_reading = (
+            not k.get("gpu_activity_known", False)
+            or k.get("gpu_utilization") is None
+            or float(k.get("gpu_utilization") or 0) >= 1.0
+        )
+        last = [
+            t
+            for t in (
+                _time(k.get("last_activity"), received_at),
+                _time(k.get("last_gpu_activity"), received_at),
+            )
+            if t is not None
+        ]
+        kernels.setdefault(kernel_device.get(k["id"], first), []).append(
+            KernelOnGpu(
+                kernel_id=k["id"],
+                resident_mib=float(k.get("gpu_memory_mib") or 0),
+                idle=k.get("execution_state") == "idle" and not busy_reading and state == "running",
+                last_used=max(last) if last else None,
+                hibernated=state in SUSPENDED,
+            )
+        )
+    waiting: dict[str, float] = {}
+    for w in (report.get("swap") or {}).get("waiting") or []:
+        if isinstance(w, dict):
+            uuid = w.get("device") if w.get("device") in by_index.values() else first
+            waiting[uuid] = waiting.get(uuid, 0.0) + float(w.get("gpu_memory_mib") or 0)
+    return SwapFacts(
+        tuple(
+            ReportedGpu(
+                uuid=d["uuid"],
+                total_mib=float(d.get("memory_total_mib") or 0),
+                used_mib=None if d.get("memory_used_mib") is None else float(d["memory_used_mib"]),
+                resident_mib=resident.get(d["uuid"], 0.0),
+                kernels=tuple(kernels.get(d["uuid"], ())),
+                waiting_mib=waiting.get(d["uuid"], 0.0),
+            )
+            for d in devices
+        )
+    )

@@ -1,0 +1,149 @@
+"""What the culler answers a server's report on an over-committed GPU: which of its idle kernels
+to swap out now, and how soon to report again while the GPU is under pressure.
+
+The decision is pressure.plan_swaps over every server whose fresh report names the same
+physical GPU; this module keeps what was asked (so one pressure asks once, and again only if a
+kernel is still resident after pressure.ASK_AGAIN_AFTER) and builds the answer. The answer goes
+back in the HTTP response to the server's own report (receiver.py): the culler never calls
+into a user server, and it names only that server's own kernels, by the ids its report gave.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+from ..model.slices import slice_memory_mib
+from .policy import slice_memory_cap
+from .pressure import ASK_AGAIN_AFTER, Pressure, ServerOnGpu, SwapFacts, plan_swaps
+
+if TYPE_CHECKING:
+    from ..model.catalog import Catalog
+    from .decide import ServerFacts
+    from .reports import ServerReport
+
+
+@dataclass(frozen=True)
+class Seat:
+    """One server as the culler knows it: the hub's record (its pool's size and over-commit,
+    its slice's memory) and its latest report's facts."""
+
+    user: str
+    server: str
+    facts: SwapFacts
+    fresh: bool  # its latest report is within max_staleness
+    cap_mib: float  # its slice's memory (the hub's record; 0: unknown slice)
+    size_mib: float | None  # the pool's GPU model's memory (None: take the report's)
+    margin_mib: float
+    present: bool = False
+
+
+class SwapDesk:
+    """Pending asks and the answers to reports."""
+
+    def __init__(self, report_in: float = 20.0, ask_again_after: float = ASK_AGAIN_AFTER) -> None:
+        self.report_in = report_in
+        self.ask_again_after = ask_again_after
+        # (user, server, kernel id) -> (MiB it held, when it was asked)
+        self.asked: dict[tuple[str, str, str], tuple[float, float]] = {}
+        self.last: dict[str, Pressure] = {}  # GPU uuid -> its latest pressure (state, metrics)
+
+    def _still_asked(self, seats: list[Seat], now: float) -> dict[tuple[str, str, str], float]:
+        """Asks whose kernel the latest report still shows resident and idle, not too old."""
+        resident = {
+            (s.user, s.server, k.kernel_id): k.resident_mib
+            for s in seats
+            for g in s.facts.gpus
+            for k in g.kernels
+            if k.resident_mib > 0 and not k.hibernated
+        }
+        for key, (_mib, at) in list(self.asked.items()):
+            if key not in resident or now - at > self.ask_again_after:
+                del self.asked[key]
+        return {key: mib for key, (mib, _at) in self.asked.items()}
+
+    def answer(self, user: str, server: str, seats: Iterable[Seat], now: float) -> dict | None:
+        """The answer to `user`/`server`'s report: {"swap": {"hibernate": [...], "report_in":
+        s}} when it has kernels to swap out or its GPU is under pressure; None otherwise."""
+        seats = list(seats)
+        me = next((s for s in seats if (s.user, s.server) == (user, server)), None)
+        if me is None or not me.fresh:
+            return None
+        asked = self._still_asked(seats, now)
+        orders: list[dict] = []
+        pressed = False
+        for gpu in me.facts.gpus:
+            on_it = []
+            for s in seats:
+                for g in s.facts.gpus:
+                    if g.uuid != gpu.uuid:
+                        continue
+                    on_it.append(
+                        ServerOnGpu(
+                            user=s.user,
+                            server=s.server,
+                            cap_mib=s.cap_mib,
+                            resident_mib=g.resident_mib if s.fresh else None,
+                            waiting_mib=g.waiting_mib if s.fresh else 0.0,
+                            present=s.present,
+                            kernels=g.kernels if s.fresh else (),
+                            device_used_mib=g.used_mib if s.fresh else None,
+                        )
+                    )
+            size = me.size_mib if me.size_mib else gpu.total_mib
+            if not size:
+                continue
+            pressure = plan_swaps(gpu.uuid, size, on_it, me.margin_mib, asked)
+            self.last[gpu.uuid] = pressure
+            pressed = pressed or pressure.under_pressure
+            for swap in pressure.swaps:
+                if (swap.user, swap.server) != (user, server):
+                    continue  # told in the answer to its own server's report
+                self.asked[(user, server, swap.kernel_id)] = (swap.mib, now)
+                orders.append({"kernel_id": swap.kernel_id, "reason": swap.reason})
+        if not orders and not pressed:
+            return None
+        body: dict = {"report_in": self.report_in}
+        if orders:
+            body["hibernate"] = orders
+        return {"swap": body}
+
+
+def seats_from(
+    reports: Iterable[tuple[str, str, ServerReport]],
+    known: Mapping[tuple[str, str], ServerFacts],
+    catalog: Catalog,
+    now: float,
+    max_staleness: float,
+    margin_mib: float | None = None,
+) -> list[Seat]:
+    """The servers on over-committed pools, each from the hub's record (pool, slice) and its
+    latest report. A server the hub has not listed, or in a pool that does not over-commit,
+    takes no part. `margin_mib` None: each pool's largest slice (room for one more of it)."""
+    seats = []
+    for user, server, report in reports:
+        facts = known.get((user, server))
+        if facts is None or not facts.pool or facts.pool not in catalog.pools:
+            continue
+        pool = catalog.pools[facts.pool]
+        if pool.overcommit <= 1:
+            continue
+        cap = slice_memory_cap(catalog, facts.pool, facts.gpu_slice) or 0.0
+        if margin_mib is None:
+            margin = float(max((slice_memory_mib(o, pool.gpu) for o in pool.offers), default=0))
+        else:
+            margin = margin_mib
+        seats.append(
+            Seat(
+                user=user,
+                server=server,
+                facts=report.swap,
+                fresh=now - report.received_at <= max_staleness,
+                cap_mib=cap,
+                size_mib=float(pool.gpu.device_memory_mib),
+                margin_mib=min(margin, pool.gpu.device_memory_mib),
+                present=bool(report.present),
+            )
+        )
+    return seats

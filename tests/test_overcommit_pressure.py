@@ -1,0 +1,205 @@
+"""The culler's decision under GPU memory pressure on an over-committed pool (pure): which idle
+kernels are swapped out, least recently used first; the margin; never a busy, unknown, present
+or already hibernated kernel; unknown memory never counted as free; one pressure asks once.
+Eight 1/4 servers of a T4 (15360 MiB as NVML reports it) over-committed twice, as in issue 26.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from fracspawner.culler.pressure import KernelOnGpu, ServerOnGpu, plan_swaps, swap_facts
+from fracspawner.culler.swapdesk import Seat, SwapDesk
+
+SIZE = 15360.0
+QUARTER = SIZE / 4
+UUID = "GPU-fake-0"
+
+
+def server(
+    i: int, *, resident: bool = True, last_used: float | None = None, **kernel
+) -> ServerOnGpu:
+    """Server s<i> with one kernel k<i> holding its quarter (resident) or hibernated."""
+    k = KernelOnGpu(
+        kernel_id=f"k{i}",
+        resident_mib=QUARTER if resident else 0.0,
+        idle=kernel.pop("idle", True),
+        last_used=float(i) if last_used is None else last_used,
+        hibernated=not resident,
+    )
+    return ServerOnGpu(
+        user=f"u{i}",
+        server="",
+        cap_mib=QUARTER,
+        resident_mib=k.resident_mib,
+        kernels=(k,),
+        **kernel,
+    )
+
+
+def chosen(pressure) -> list[str]:
+    return [s.kernel_id for s in pressure.swaps]
+
+
+def test_eight_quarters_one_gpu_the_least_recently_used_idle_kernels_go_first():
+    # u1..u4 resident, last used at 40, 5, 30 and 20; u5..u8 hibernated; u6 comes back: its
+    # kernel waits to resume, so one quarter must leave: u2's, used longest ago
+    servers = [
+        server(i, last_used=used) for i, used in zip((1, 2, 3, 4), (40, 5, 30, 20), strict=True)
+    ]
+    servers += [server(i, resident=False) for i in range(5, 9)]
+    servers[5] = ServerOnGpu(**{**servers[5].__dict__, "waiting_mib": QUARTER})
+    p = plan_swaps(UUID, SIZE, servers)
+    assert (p.resident_mib, p.waiting_mib, p.excess_mib) == (SIZE, QUARTER, QUARTER)
+    assert chosen(p) == ["k2"]
+    assert p.swaps[0].user == "u2" and p.swaps[0].mib == QUARTER
+    assert "least recently used idle kernel" in p.swaps[0].reason
+    # two waiting: the two least recently used
+    servers[6] = ServerOnGpu(**{**servers[6].__dict__, "waiting_mib": QUARTER})
+    assert chosen(plan_swaps(UUID, SIZE, servers)) == ["k2", "k4"]
+
+
+def test_the_margin_keeps_room_for_one_more_slice():
+    three = [server(i) for i in range(1, 4)]  # 3/4 of the GPU resident
+    assert not plan_swaps(UUID, SIZE, three).under_pressure
+    # room for one more quarter exactly: not above size - margin
+    assert not plan_swaps(UUID, SIZE, three, margin_mib=QUARTER).under_pressure
+    four = [server(i) for i in range(1, 5)]  # full
+    assert not plan_swaps(UUID, SIZE, four).under_pressure  # not above its size
+    p = plan_swaps(UUID, SIZE, four, margin_mib=QUARTER)
+    assert chosen(p) == ["k1"] and p.excess_mib == QUARTER
+
+
+@pytest.mark.parametrize(
+    "why, change",
+    [
+        ("a cell executes", {"idle": False}),
+        ("its user is at the server", {"present": True}),
+        ("its last use is unknown", {"last_used": None}),
+    ],
+)
+def test_never_a_busy_present_or_unknown_kernel(why, change):
+    servers = [server(i) for i in range(1, 5)]
+    last_used = change.pop("last_used", "keep")
+    if last_used is None:
+        k = servers[0].kernels[0]
+        servers[0] = ServerOnGpu(
+            **{
+                **servers[0].__dict__,
+                "kernels": (KernelOnGpu(**{**k.__dict__, "last_used": None}),),
+            }
+        )
+    else:
+        servers[0] = server(1, **change)
+    p = plan_swaps(UUID, SIZE, servers, margin_mib=QUARTER)
+    assert chosen(p) == ["k2"], why  # the next least recently used instead
+
+
+def test_nothing_to_swap_when_every_kernel_is_busy_says_what_is_short():
+    servers = [server(i, idle=False) for i in range(1, 5)]
+    p = plan_swaps(UUID, SIZE, servers, margin_mib=QUARTER)
+    assert p.swaps == () and p.short_mib == QUARTER
+
+
+def test_unknown_memory_is_never_counted_as_free():
+    # u4's report is stale: its whole slice counts as resident, and it is never chosen
+    servers = [server(i) for i in range(1, 4)]
+    servers.append(ServerOnGpu("u4", "", cap_mib=QUARTER, resident_mib=None))
+    p = plan_swaps(UUID, SIZE, servers, margin_mib=QUARTER)
+    assert p.resident_mib == SIZE and chosen(p) == ["k1"]
+    # NVML's used memory shows more than the servers tell (a process nobody reports): counted
+    two = [ServerOnGpu(**{**server(i).__dict__, "device_used_mib": SIZE}) for i in range(1, 3)]
+    p = plan_swaps(UUID, SIZE, two, margin_mib=QUARTER)
+    assert p.resident_mib == SIZE and chosen(p) == ["k1"]
+
+
+def test_a_servers_word_counts_at_most_its_slice_and_one_inflated_reading_does_not_win():
+    liar = ServerOnGpu(
+        "mallory", "", cap_mib=QUARTER, resident_mib=10 * SIZE, device_used_mib=10 * SIZE
+    )
+    honest = ServerOnGpu(**{**server(1).__dict__, "device_used_mib": 2 * QUARTER})
+    p = plan_swaps(UUID, SIZE, [liar, honest])
+    assert p.resident_mib == 2 * QUARTER and not p.under_pressure
+
+
+def test_kernels_asked_before_count_as_leaving_and_are_not_asked_again():
+    servers = [server(i) for i in range(1, 5)]
+    asked = {("u1", "", "k1"): QUARTER}
+    p = plan_swaps(UUID, SIZE, servers, margin_mib=QUARTER, asked=asked)
+    assert p.freeing_mib == QUARTER and not p.under_pressure and p.swaps == ()
+
+
+def report(kernels: list[dict], *, waiting=(), present=False) -> dict:
+    """A report as the extension sends it (serverext/monitor.py), one device."""
+    return {
+        "available": True,
+        "devices": [{"index": "0", "uuid": UUID, "memory_total_mib": SIZE,
+                     "memory_used_mib": 2 * QUARTER}],
+        "processes": [
+            {"pid": 10 + i, "kernel_id": k["id"], "device": "0",
+             "gpu_memory_mib": k["gpu_memory_mib"], "matched": True}
+            for i, k in enumerate(kernels) if k["gpu_memory_mib"]
+        ],
+        "kernels": kernels,
+        "swap": {"waiting": list(waiting)},
+        "presence": {"known": True, "present": present},
+    }  # fmt: skip
+
+
+def kernel(kid: str, mib: float, last: str, state="running", **extra) -> dict:
+    return {"id": kid, "execution_state": "idle", "last_activity": last,
+            "last_gpu_activity": None, "gpu_memory_mib": mib, "gpu_utilization": 0,
+            "gpu_activity_known": True, "hibernation": {"state": state}, **extra}  # fmt: skip
+
+
+def test_report_facts_per_device():
+    body = report(
+        [
+            kernel("a", QUARTER, "2026-01-01T10:00:00Z"),
+            kernel("b", 0, "2026-01-01T09:00:00Z", state="hibernated"),
+            kernel("c", 100, "2026-01-01T11:00:00Z", gpu_utilization=80),
+            kernel("d", 100, "2026-01-01T11:00:00Z", gpu_activity_known=False),
+            kernel("e", 100, "2026-01-01T11:00:00Z", execution_state="busy"),
+            kernel("f", 100, "2030-01-01T11:00:00Z", state="cannot_hibernate"),
+        ],
+        waiting=[{"kernel_id": "b", "gpu_memory_mib": QUARTER}],
+    )
+    (gpu,) = swap_facts(body, received_at=1893456000.0).gpus  # 2030-01-01
+    assert (gpu.uuid, gpu.total_mib, gpu.used_mib) == (UUID, SIZE, 2 * QUARTER)
+    assert gpu.resident_mib == QUARTER + 400 and gpu.waiting_mib == QUARTER
+    kernels = {k.kernel_id: k for k in gpu.kernels}
+    assert kernels["a"].idle and kernels["a"].last_used == 1767261600.0
+    assert kernels["b"].hibernated and not kernels["b"].idle
+    # GPU busy, GPU unknown, a cell running, or a kernel that cannot hibernate: never asked
+    assert not any(kernels[k].idle for k in "cdef")
+    assert kernels["f"].last_used == 1893456000.0  # a time from the future is clamped
+    assert swap_facts({"available": False}, 0.0).gpus == ()
+
+
+def seat(user: str, body: dict, fresh: bool = True, present: bool = False) -> Seat:
+    return Seat(
+        user, "", swap_facts(body, 1e10), fresh, QUARTER, SIZE, margin_mib=0.0, present=present
+    )
+
+
+def test_the_desk_answers_each_server_with_its_own_kernels_once():
+    desk = SwapDesk(report_in=10)
+    seats = [seat(f"u{i}", report([kernel(f"k{i}", QUARTER, f"2026-01-01T1{i}:00:00Z")]))
+             for i in range(1, 5)]  # fmt: skip
+    waiting = report([], waiting=[{"kernel_id": "k5", "gpu_memory_mib": QUARTER}])
+    seats.append(seat("u5", waiting))
+    # the waiting server is told to report again soon; u1's kernel is not its to swap
+    assert desk.answer("u5", "", seats, now=100.0) == {"swap": {"report_in": 10}}
+    assert desk.answer("u2", "", seats, now=101.0) == {"swap": {"report_in": 10}}
+    order = desk.answer("u1", "", seats, now=102.0)
+    assert order["swap"]["hibernate"][0]["kernel_id"] == "k1"
+    # asked once: while u1's report still shows it resident, it counts as leaving
+    assert desk.answer("u1", "", seats, now=103.0) is None
+    assert desk.answer("u2", "", seats, now=104.0) is None
+    # u1 reports it hibernated, u5's kernel is back: no pressure, nothing to say
+    seats[0] = seat("u1", report([kernel("k1", 0, "2026-01-01T11:00:00Z", state="hibernated")]))
+    seats[4] = seat("u5", report([kernel("k5", QUARTER, "2026-01-01T16:00:00Z")]))
+    assert desk.answer("u5", "", seats, now=105.0) is None
+    # a stale server gets no orders
+    seats[1] = seat("u2", seats[1].facts and report([]), fresh=False)
+    assert desk.answer("u2", "", seats, now=106.0) is None
