@@ -320,7 +320,10 @@ def test_a_forged_review_reserves_for_seconds_only(api, devcluster, tls, catalog
 
     # the default window (the helper's 300 s replaced by the default)
     default = str(_parser().get_default("reservation_ttl"))
-    webhook = start(catalog, devcluster, tls, tmp_path, "--reservation-ttl", default)
+    # --detailed-refusals: dry runs are checked against the quota (the probe below), as for a
+    # verified caller; a review from a non-pod address is the API server's as far as it knows
+    flags = ("--reservation-ttl", default, "--detailed-refusals")
+    webhook = start(catalog, devcluster, tls, tmp_path, *flags)
     try:
         # anyone reaching /mutate claims the namespace's whole quota for a pod never created
         forged = review(webhook, kubeflow_pod("forged", "ghost", "h100", "0.25"))

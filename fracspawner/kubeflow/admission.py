@@ -147,10 +147,17 @@ def _is_pod(obj: Any) -> bool:
 
 
 def response(
-    uid: str, *, patch: list[dict[str, Any]] | None = None, refusal: Refusal | None = None
+    uid: str,
+    *,
+    patch: list[dict[str, Any]] | None = None,
+    refusal: Refusal | None = None,
+    warnings: list[str] | None = None,
 ) -> dict[str, Any]:
-    """The AdmissionReview answer."""
+    """The AdmissionReview answer (`warnings`: AdmissionResponse.warnings, which the API server
+    passes to the client as Warning headers: kubectl prints them)."""
     answer: dict[str, Any] = {"uid": uid, "allowed": refusal is None}
+    if warnings:
+        answer["warnings"] = list(warnings)
     if refusal is not None:
         answer["status"] = {"code": 403, "reason": "Forbidden", "message": refusal.message}
     elif patch:

@@ -26,6 +26,11 @@ class WebhookMetrics:
             "Requests that were not an AdmissionReview v1 for a pod (answered 400).",
             registry=self.registry,
         )
+        self.pod_callers = Counter(
+            "fracspawner_webhook_pod_callers",
+            "Reviews sent from a pod's address (a tenant, never the API server; answered 403).",
+            registry=self.registry,
+        )
         self.duration = Histogram(
             "fracspawner_webhook_admission_duration_seconds",
             "Time to answer one AdmissionReview, API calls included.",

@@ -70,16 +70,27 @@ def still_holds(pod: Mapping[str, Any]) -> bool:
     return not containers or any("terminated" not in (c.get("state") or {}) for c in containers)
 
 
+class PodObserver(Protocol):
+    """Something else kept from the same pod watch (callers.PodAddresses)."""
+
+    def load(self, pods: Iterable[Mapping[str, Any]]) -> None: ...
+    def put(self, pod: Mapping[str, Any]) -> None: ...
+    def drop(self, pod: Mapping[str, Any]) -> None: ...
+
+
 class PodIndex:
-    """What each namespace's pods hold, kept per watch event (cluster.PodWatch feeds it)."""
+    """What each namespace's pods hold, kept per watch event (cluster.PodWatch feeds it), and
+    passed on to `observers`."""
 
     def __init__(
         self,
         amount: Callable[[Mapping[str, Any]], float] = pod_gpu,
         clock: Callable[[], float] = time.time,
+        observers: Iterable[PodObserver] = (),
     ) -> None:
         self.amount = amount  # GPU-equivalents one pod holds while it holds anything
         self.clock = clock
+        self.observers = list(observers)
         self._pods: dict[str, dict[str, float]] = {}  # namespace -> pod name -> GPU held
         self._gone: dict[tuple[str, str], float] = {}  # (namespace, key) -> when it left
         # (namespace, reservation annotation) -> the pod name carrying it
@@ -98,11 +109,14 @@ class PodIndex:
 
     def load(self, pods: Iterable[Mapping[str, Any]]) -> None:
         """A fresh list: pods missing from it are gone."""
+        pods = list(pods)
+        for observer in self.observers:
+            observer.load(pods)
         before = {(ns, name) for ns, names in self._pods.items() for name in names}
         keys = dict(self._keys)
         self._pods, self._keys = {}, {}
         for pod in pods:
-            self.put(pod)
+            self._put(pod)
         now = self.clock()
         for key in before - {(ns, name) for ns, names in self._pods.items() for name in names}:
             self._gone[key] = now
@@ -111,6 +125,11 @@ class PodIndex:
         self.synced = True
 
     def put(self, pod: Mapping[str, Any]) -> None:
+        for observer in self.observers:
+            observer.put(pod)
+        self._put(pod)
+
+    def _put(self, pod: Mapping[str, Any]) -> None:
         ns, name = self._where(pod)
         self._pods.setdefault(ns, {})[name] = self.amount(pod) if still_holds(pod) else 0.0
         self._gone.pop((ns, name), None)
@@ -120,6 +139,8 @@ class PodIndex:
             self._gone.pop((ns, key), None)
 
     def drop(self, pod: Mapping[str, Any]) -> None:
+        for observer in self.observers:
+            observer.drop(pod)
         ns, name = self._where(pod)
         names = self._pods.get(ns, {})
         names.pop(name, None)

@@ -19,6 +19,7 @@ import ssl
 import sys
 import time
 import uuid
+from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
@@ -47,6 +48,8 @@ from .admission import (
     response,
     slice_ask,
 )
+from .callers import DEFAULT_TRUSTED, PodAddresses
+from .claims import DraGate, is_claim_review
 from .cluster import ApiUnavailable, Cluster, ConfigException
 from .metrics import WebhookMetrics
 from .quota import RESERVATION_ANNOTATION, Busy, Ledger, LocalLedger, PodIndex, SharedLedger
@@ -60,6 +63,11 @@ MAX_BODY = 4 * 1024 * 1024
 
 #: what a refusal says to a caller that is not known to be the API server: nothing about the
 #: namespace's usage, quota or pools (anyone reaching /mutate could claim any namespace)
+#: said to a dry run whose caller is not known to be the API server
+DRY_RUN_WARNING = (
+    "fracspawner does not check the namespace's GPU quota on a dry run unless the webhook can "
+    "verify the API server's certificate; the real create is checked"
+)
 GENERIC_REFUSALS = {
     "quota": "the namespace has no GPU quota left for it",
     "access": "the namespace may not use it",
@@ -70,8 +78,10 @@ class Webhook:
     """The decisions with their I/O: namespace rule, pod watch, quota ledger, metrics.
 
     `ledger_namespace`: keep reservations in ConfigMaps there (shared by every replica); None
-    keeps them in this process (one replica only). `detailed_refusals`: a refusal may say the
-    namespace's usage, quota and pools (only where every caller is the API server)."""
+    keeps them in this process (one replica only). `detailed_refusals`: every caller is the
+    API server (a verified certificate, or the operator says nothing else reaches the port): a
+    refusal may say the namespace's usage, quota and pools, and a dry run is checked against the
+    quota. `trusted_namespaces`: pods there may relay the API server (callers.py)."""
 
     def __init__(
         self,
@@ -81,11 +91,14 @@ class Webhook:
         ledger_namespace: str | None = None,
         window: float = 10.0,
         detailed_refusals: bool = True,
+        trusted_namespaces: Iterable[str] = DEFAULT_TRUSTED,
     ):
         self.catalog = catalog
         self.cluster = cluster
+        # whose pod a request comes from, where no client certificate says who calls
+        self.callers = PodAddresses(trusted_namespaces)
         # what each pod holds: its GPU resources by the catalog's plans (notebook or not)
-        self.pods = PodIndex(lambda pod: pod_gpu_held(pod, catalog))
+        self.pods = PodIndex(lambda pod: pod_gpu_held(pod, catalog), observers=[self.callers])
         self.watch = cluster.pod_watch(self.pods)
         self.ledger: Ledger = (
             SharedLedger(cluster.records(ledger_namespace), self.pods, window)
@@ -99,13 +112,19 @@ class Webhook:
         self.client_names: set[str] = set()
         self.metrics = WebhookMetrics()
         self.metrics.conflicts.set_function(lambda: self.ledger.conflicts)
+        #: Kubernetes DRA pools: GPU held via claims counts too (kubeflow/claims.py)
+        self.dra = DraGate.attach(self)
 
     def start(self) -> None:
         """Start the pod watch (admissions of slice pods wait for its first list)."""
         self.watch.start()
+        if self.dra is not None:
+            self.dra.start()
 
     async def stop(self) -> None:
         await self.watch.stop()
+        if self.dra is not None:
+            await self.dra.stop()
 
     async def review(self, review: Review) -> dict[str, Any]:
         try:
@@ -136,18 +155,26 @@ class Webhook:
         return answer
 
     def _answer(
-        self, review: Review, pod: dict[str, Any], result: str, unchanged: str | None = None
+        self,
+        review: Review,
+        pod: dict[str, Any],
+        result: str,
+        unchanged: str | None = None,
+        warnings: list[str] | None = None,
     ) -> dict[str, Any]:
         """Allowed, with what turns the pod under review into `pod`, whose containers holding
         no GPU get their envFrom overridden (admission.hide_devices_from_env); counted as
         `result`, or `unchanged` where nothing changes."""
         patch = json_patch(review.pod, hide_devices_from_env(pod))
         label = result if patch or unchanged is None else unchanged
-        return self._count(review, response(review.uid, patch=patch), label)
+        answer = response(review.uid, patch=patch, warnings=warnings)
+        return self._count(review, answer, label)
 
     async def _create(self, review: Review) -> dict[str, Any]:
         ns = review.namespace
         pod = review.pod
+        if self.dra is not None:  # claims from templates: pools and quota, in words
+            await self.dra.check_pod(ns, pod)
         # only notebook pods are mapped; any other pod is counted against the quota and
         # otherwise left as it is (recognise.py). Every pod's containers that hold no GPU of
         # their own are checked for GPU visibility through env; a pod asking for no GPU passes
@@ -162,6 +189,13 @@ class Webhook:
             return self._answer(review, pod, "skipped")
         labels, annotations = await self._read(self.cluster.namespace(ns))
         rule = namespace_rule(self.catalog, ns, labels, annotations)
+        warnings: list[str] = []
+        if review.dry_run and not self.detailed_refusals and rule.max_gpu is not None:
+            # whoever asks may not be the API server: a dry run's answer would tell them the
+            # namespace's headroom (ask for 0.125, 0.25, ... and see where it turns), and it
+            # persists nothing, so nothing needs its quota: the real create is checked
+            rule = AccessRule(pools=rule.pools, max_gpu=None)
+            warnings.append(DRY_RUN_WARNING)
         meta = pod.get("metadata") or {}
         name = str(meta.get("name") or "")
         key = name or self._reservation_key(ns, meta)
@@ -200,10 +234,12 @@ class Webhook:
         if reserved and not name:
             # a generateName pod: the watch finds its reservation by this key (quota.py)
             out["metadata"].setdefault("annotations", {})[RESERVATION_ANNOTATION] = key
+        if reserved and self.dra is not None:
+            self.dra.expect_claims(ns, key, out)
         if admitted is None:
             log.info("counted %s/%s: %.6g GPU", ns, review.name or "(new pod)", other_gpu)
-            return self._answer(review, out, "allowed")
-        answer = self._answer(review, out, "mutated", "unchanged")
+            return self._answer(review, out, "allowed", warnings=warnings)
+        answer = self._answer(review, out, "mutated", "unchanged", warnings=warnings)
         log.info(
             "%s %s/%s: %s on %s (%s GPU; namespace holds %.6g)",
             "mutated" if "patch" in answer["response"] else "unchanged",
@@ -260,6 +296,20 @@ class MutateHandler(web.RequestHandler):
                 self.set_status(403)
                 self.finish({"error": "this client may not send admission reviews"})
                 return
+        else:
+            tenant = self.webhook.callers.tenant(self.request.remote_ip)
+            if tenant is not None:
+                # a pod's address: a tenant posting reviews of its own making (callers.py)
+                self.webhook.metrics.pod_callers.inc()
+                log.warning("403 from %s: pod %s/%s", self.request.remote_ip, *tenant)
+                self.set_status(403)
+                self.finish({"error": "admission reviews are accepted from the API server only"})
+                return
+        if self.webhook.dra is not None and is_claim_review(_json(self.request.body)):
+            answer = await self.webhook.dra.review_claim(_json(self.request.body))
+            self.set_header("Content-Type", "application/json")
+            self.finish(json.dumps(answer))
+            return
         try:
             review = parse_review(self.request.body)
         except BadReview as exc:
@@ -277,6 +327,13 @@ class MutateHandler(web.RequestHandler):
         self.webhook.metrics.duration.observe(time.perf_counter() - started)
         self.set_header("Content-Type", "application/json")
         self.finish(json.dumps(answer))
+
+
+def _json(body: bytes) -> Any:
+    try:
+        return json.loads(body)
+    except (ValueError, UnicodeDecodeError):
+        return None
 
 
 class HealthHandler(web.RequestHandler):
@@ -397,6 +454,14 @@ def _parser() -> argparse.ArgumentParser:
         help="say a namespace's usage, quota and pools in refusals without --client-ca (only "
         "where nothing but the API server can reach the webhook)",
     )
+    parser.add_argument(
+        "--trusted-pod-namespace",
+        action="append",
+        metavar="NS",
+        help="without --client-ca, a review sent from the address of a pod is refused (a "
+        "tenant's, never the API server's), except from pods of these namespaces, which may "
+        "relay the API server (Konnectivity agents); repeatable, default: kube-system",
+    )
     parser.add_argument("--log-level", default="INFO", help="DEBUG, INFO, WARNING")
     return parser
 
@@ -409,6 +474,7 @@ async def serve(args: argparse.Namespace, catalog: Catalog, context: ssl.SSLCont
         ledger_namespace=args.ledger_namespace,
         window=args.reservation_ttl,
         detailed_refusals=bool(args.client_ca) or args.detailed_refusals,
+        trusted_namespaces=args.trusted_pod_namespace or DEFAULT_TRUSTED,
     )
     webhook.verify_clients = bool(args.client_ca)
     webhook.client_names = set(args.client_name)

@@ -1,0 +1,158 @@
+"""Issue 28 item 7: a tenant cannot jam another namespace's quota with forged reviews, nor
+read its headroom with dry runs, at the chart's defaults (no client certificate required).
+
+The real `fracspawner webhook` process and a devcluster. What is modelled, and from where:
+- a pod's request to the webhook's Service arrives from the pod's IP (kube-proxy rewrites the
+  destination of Service traffic, not the source, inside the pod network: kubernetes
+  pkg/proxy/iptables/proxier.go masquerades only traffic from outside the cluster CIDR, hairpin
+  traffic, or all with --masquerade-all); devcluster gives each running pod a loopback address
+  of its own (devcluster/kubelet.py IpPool), and the tests below send the tenant's requests
+  from that address (http.client's source_address), as its process would;
+- the API server's requests come from no pod address (a hostNetwork static pod, or outside
+  the cluster): here from 127.0.0.1, which devcluster never gives a pod;
+- AdmissionRequest.dryRun: nothing is persisted (k8s.io/api admission/v1 types.go), so a dry
+  run needs no quota; AdmissionResponse.warnings reach the client as Warning headers.
+"""
+
+from __future__ import annotations
+
+import http.client
+import json
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.kubeflow_support import (
+    WebhookProcess,
+    admission_review,
+    make_client_tls,
+    make_tls,
+    notebook_pod,
+    with_poddefault,
+)
+
+REPO = Path(__file__).resolve().parent.parent
+DEMO = REPO / "examples" / "catalogs" / "demo.yaml"  # h100, up to 0.25 GPU per namespace
+PROFILE = {"app.kubernetes.io/part-of": "kubeflow-profile"}
+
+
+def notebook(namespace: str, name: str, gpu: str = "0.25") -> dict[str, Any]:
+    selector = f"fracspawner-h100-{gpu.replace('.', '-')}"
+    return with_poddefault(notebook_pod(namespace, name), "h100", gpu, selector)
+
+
+@pytest.fixture(scope="module")
+def api(devcluster):
+    client = devcluster.client()
+    for name in ("tenant-a", "tenant-b", "full", "full-verified"):
+        status, body = client.request(
+            "POST", "/api/v1/namespaces", {"metadata": {"name": name, "labels": PROFILE}}
+        )
+        assert status == 201, body
+    return client
+
+
+@pytest.fixture(scope="module")
+def tls(tmp_path_factory):
+    return make_tls(tmp_path_factory.mktemp("tls"))
+
+
+def _wait(predicate, what: str, seconds: float = 60) -> Any:
+    deadline = time.monotonic() + seconds
+    while True:
+        found = predicate()
+        if found:
+            return found
+        assert time.monotonic() < deadline, what
+        time.sleep(0.2)
+
+
+def post_from(webhook: WebhookProcess, source: str, review: dict[str, Any]) -> tuple[int, dict]:
+    """POST /mutate from the address `source` (a pod's), over verified HTTPS."""
+    conn = http.client.HTTPSConnection(
+        "127.0.0.1", webhook.port, context=webhook.context, source_address=(source, 0), timeout=30
+    )
+    try:
+        conn.request("POST", "/mutate", json.dumps(review), {"Content-Type": "application/json"})
+        answer = conn.getresponse()
+        return answer.status, json.loads(answer.read() or b"{}")
+    finally:
+        conn.close()
+
+
+def test_a_tenants_pod_cannot_hold_another_namespaces_quota(api, devcluster, tls, tmp_path):
+    base = "/api/v1/namespaces/tenant-a/pods"
+    attacker = {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"name": "forger", "namespace": "tenant-a"},
+        "spec": {
+            "containers": [{"name": "main", "image": "python:3.12", "command": ["sleep", "3600"]}]
+        },
+    }
+    status, body = api.request("POST", base, attacker)
+    assert status == 201, body
+    pod_ip = _wait(
+        lambda: (api.request("GET", f"{base}/forger")[1].get("status") or {}).get("podIP"),
+        "the tenant's pod never got an address",
+    )
+    # the chart's defaults: no client certificate, generic refusals
+    webhook = WebhookProcess(DEMO, devcluster.kubeconfig, tls, tmp_path / "webhook.log", ())
+    try:
+        victim = notebook("tenant-b", "ghost")
+        # once the webhook's watch has the tenant's pod, its reviews are refused (before: every
+        # forged review was answered, and reserved tenant-b's quota)
+        _wait(
+            lambda: post_from(webhook, pod_ip, admission_review(victim, dry_run=True))[0] == 403,
+            "a review from a tenant's pod was answered",
+            30,
+        )
+        status, answer = post_from(webhook, pod_ip, admission_review(victim))
+        assert status == 403, answer
+        assert "API server only" in answer["error"]
+        # tenant-b's real notebook, sent by the API server, gets its whole quota
+        real = webhook.review(admission_review(notebook("tenant-b", "real")))
+        assert real["allowed"] is True, real
+        status, metrics = webhook.request("GET", "/metrics")
+        assert b"fracspawner_webhook_pod_callers_total 2.0" in metrics
+    finally:
+        webhook.stop()
+        api.request("DELETE", f"{base}/forger?gracePeriodSeconds=0")
+
+
+def test_a_dry_run_from_an_unverified_caller_tells_nothing_about_the_quota(
+    api, devcluster, tls, tmp_path
+):
+    webhook = WebhookProcess(DEMO, devcluster.kubeconfig, tls, tmp_path / "webhook.log", ())
+    try:
+        assert webhook.review(admission_review(notebook("full", "first")))["allowed"]
+        # the namespace is full; a dry run does not say so (it persists nothing: the create is
+        # what counts) and warns that the quota was not checked
+        dry = webhook.review(admission_review(notebook("full", "probe", "0.125"), dry_run=True))
+        assert dry["allowed"] is True, dry
+        assert "does not check the namespace's GPU quota on a dry run" in dry["warnings"][0]
+        assert "patch" in dry  # the rest of the answer is the real one
+        real = webhook.review(admission_review(notebook("full", "probe", "0.125")))
+        assert real["allowed"] is False, real
+    finally:
+        webhook.stop()
+    # a verified caller is the API server: its dry run is the real answer, with the numbers
+    server = make_client_tls(tmp_path / "apiserver", "kube-apiserver")
+    webhook = WebhookProcess(
+        DEMO,
+        devcluster.kubeconfig,
+        tls,
+        tmp_path / "verified.log",
+        ("--client-ca", str(server["ca"])),
+        client=server,
+    )
+    try:
+        assert webhook.review(admission_review(notebook("full-verified", "first")))["allowed"]
+        dry = webhook.review(
+            admission_review(notebook("full-verified", "probe", "0.125"), dry_run=True)
+        )
+        assert dry["allowed"] is False and "0.25 of its 0.25 GPU quota" in dry["status"]["message"]
+    finally:
+        webhook.stop()
