@@ -224,7 +224,7 @@ def test_fracspawner_plan_shows_the_pod_with_its_claim_and_the_template(tmp_path
     path.write_text(yaml.safe_dump(CATALOG))
     out = subprocess.run(
         [sys.executable, "-m", "fracspawner", "plan", "--catalog", str(path), "--gpu", "10GiB",
-         "--pool", "h100-dra"],
+         "--pool", "h100-dra", "--with-templates"],
         capture_output=True, text=True, check=True,
     )  # fmt: skip
     pod, template = yaml.safe_load_all(out.stdout)
@@ -241,6 +241,14 @@ def test_fracspawner_plan_shows_the_pod_with_its_claim_and_the_template(tmp_path
     # the limits kubespawner writes hold no GPU resource
     limits = pod["spec"]["containers"][0]["resources"].get("limits") or {}
     assert not [k for k in limits if "nvidia" in k]
+    # without --with-templates: the pod alone (the CONTRACT's output), the template named
+    plain = subprocess.run(
+        [sys.executable, "-m", "fracspawner", "plan", "--catalog", str(path), "--gpu", "10GiB",
+         "--pool", "h100-dra", "-o", "json"],
+        capture_output=True, text=True, check=True,
+    )  # fmt: skip
+    assert json.loads(plain.stdout)["kind"] == "Pod"
+    assert "ResourceClaimTemplate fracspawner-h100-dra-10gi" in plain.stderr
 
 
 async def test_nothing_of_a_dra_spawn_leaks_into_the_next(tmp_path):

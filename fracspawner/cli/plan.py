@@ -199,6 +199,12 @@ def main(argv: list[str]) -> int:
         action="store_true",
         help="apply the user's access rules and quota (default: plan as an admin would spawn)",
     )
+    parser.add_argument(
+        "--with-templates",
+        action="store_true",
+        help="also print the ResourceClaimTemplates a DRA slice's claim is made from (YAML: "
+        "more documents after the pod; JSON: a v1 List of the pod and them)",
+    )
     parser.add_argument("-o", "--output", choices=["yaml", "json"], default="yaml")
     args = parser.parse_args(argv)
     options = {"gpu": args.gpu}
@@ -225,8 +231,16 @@ def main(argv: list[str]) -> int:
         message = getattr(exc, "jupyterhub_message", None) or str(exc)
         print(f"fracspawner plan: {' '.join(str(message).split())}", file=sys.stderr)
         return 2
-    # a DRA slice: the pod, then the ResourceClaimTemplate(s) its claim is made from (the hub
-    # makes them in the pod's namespace first); JSON: a v1 List of both, as kubectl prints
+    # a DRA slice: the pod names its claim's ResourceClaimTemplate (the hub makes it in the
+    # pod's namespace first); stdout stays the pod alone unless asked for the templates
+    if templates and not args.with_templates:
+        names = ", ".join(t["metadata"]["name"] for t in templates)
+        print(
+            f"fracspawner plan: the pod's GPU claim is made from ResourceClaimTemplate {names} "
+            "(--with-templates prints it)",
+            file=sys.stderr,
+        )
+        templates = []
     if args.output == "json":
         out: Any = manifest
         if templates:
