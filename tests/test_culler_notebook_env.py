@@ -40,7 +40,8 @@ def test_a_gpu_notebook_is_told_its_pools_policy_as_the_extension_reads_it():
         "FRACSPAWNER_GPU_POOL": "h100",
         "FRACSPAWNER_GPU_POOL_DISPLAY": "H100 80GB",
         "FRACSPAWNER_KERNEL_GPU_IDLE_SECONDS": "600",
-        "FRACSPAWNER_KERNEL_GPU_HIBERNATE_SECONDS": "600",  # the default: 10 min
+        # HAMi reserves the slice: hibernation frees nothing usable, off by default
+        "FRACSPAWNER_KERNEL_GPU_HIBERNATE_SECONDS": "0",
         "FRACSPAWNER_SERVER_GPU_IDLE_SECONDS": "7200",
         "FRACSPAWNER_SERVER_IDLE_SECONDS": "28800",
         "FRACSPAWNER_SERVER_UNATTENDED_SECONDS": "86400",
@@ -65,7 +66,8 @@ def test_a_catalog_without_idle_gives_the_defaults_and_off_is_zero():
 
 
 def test_hibernation_per_pool():
-    """kernel_gpu_hibernate: on by default (10 min), off or another time per pool."""
+    """kernel_gpu_hibernate: per backend by default (test_hibernation_defaults.py), off or
+    another time per pool."""
     cat = catalog({"kernel_gpu_hibernate": "off"}, {"kernel_gpu_hibernate": "5m"})
     env = notebook_env(choose(cat, {"gpu": "1/4", "pool": "h100"}), cat)
     assert env["FRACSPAWNER_KERNEL_GPU_HIBERNATE_SECONDS"] == "300"

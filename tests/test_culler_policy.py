@@ -14,7 +14,9 @@ from tests.conftest import DEMO_CATALOG
 
 H = 3600.0
 U = 24 * H  # server_unattended: the default, no catalog here sets it
-HIB = 600.0  # kernel_gpu_hibernate: the default (10 min), no catalog here sets it
+# kernel_gpu_hibernate: no catalog here sets it, so each pool's backend decides (hibernation.py):
+# 10 min on the time-sliced t4, off on HAMi (h100), MIG and without a pool
+HIB = 600.0
 NOW = 1_800_000_000.0
 
 
@@ -41,11 +43,11 @@ def facts(options: dict, idle: float) -> ServerFacts:
 
 def test_pool_overrides_from_the_catalog(catalog_file):
     c = culler(f"--catalog={catalog_file}")
-    base = IdlePolicy(30 * 60, 2 * H, 8 * H, None, U, HIB)
+    base = IdlePolicy(30 * 60, 2 * H, 8 * H, None, U, None)
     # the pool's own keys win, the rest come from the catalog's idle section
     assert c.policy_for(facts({"gpu": "1/4", "pool": "h100"}, 0)).astuple() == (
         "h100",
-        IdlePolicy(2, 90, 8 * H, None, U, HIB),
+        IdlePolicy(2, 90, 8 * H, None, U, None),
     )
     assert c.policy_for(facts({"gpu": "1/4", "pool": "t4"}, 0)).policy == IdlePolicy(
         30 * 60, 4 * H, 8 * H, 24 * H, U, HIB
@@ -69,13 +71,13 @@ def test_pool_left_out_uses_the_pools_that_serve_the_slice(catalog_file):
     # only h100 serves half a GPU: FracSpawner can only have placed it there
     assert c.policy_for(facts({"gpu": "1/2"}, 0)).astuple() == (
         "h100",
-        IdlePolicy(2, 90, 8 * H, None, U, HIB),
+        IdlePolicy(2, 90, 8 * H, None, U, None),
     )
     # a quarter fits all three (a MIG 2g.20gb on the A100): the most lenient of their policies,
     # never sooner than any of them would
     assert c.policy_for(facts({"gpu": "0.25"}, 0)).astuple() == (
         "a100-mig|h100|t4",
-        IdlePolicy(30 * 60, 4 * H, 8 * H, None, U, HIB),
+        IdlePolicy(30 * 60, 4 * H, 8 * H, None, U, None),
     )
     # nothing serves it (or it does not parse): the catalog-wide policy
     assert c.policy_for(facts({"gpu": "mig-7g.80gb"}, 0)).pool == ""

@@ -1,17 +1,21 @@
 """`fracspawner check CATALOG`: every mistake of a catalog at once, for admins and CI.
 
 Each problem on its own line with its path (`pools.h100.offers[3]: ...`) and a did-you-mean
-for a typo; exit 0 when the catalog is clean, 1 when it has problems, 2 on bad usage. The
-backends the pools name check their offers too, as at hub start-up.
+for a typo; exit 0 when the catalog is clean, 1 when it has problems, 2 on bad usage. A clean
+catalog's settings that cannot help (hibernation on a pool where the memory it frees is usable
+by no one else) are warned of, with exit 0. The backends the pools name check their offers
+too, as at hub start-up.
 """
 
 from __future__ import annotations
 
 import argparse
 import sys
+from pathlib import Path
 
 from ..backends import backend_names, check_pool
-from ..model.check import file_problems, report
+from ..model.catalog import load_yaml
+from ..model.check import catalog_warnings, file_problems, report
 
 
 def main(argv: list[str]) -> int:
@@ -22,5 +26,7 @@ def main(argv: list[str]) -> int:
     parser.add_argument("catalog", help="the catalog YAML file")
     args = parser.parse_args(argv)
     problems = file_problems(args.catalog, check_pool, backend_names())
-    print(report(args.catalog, problems), file=sys.stderr if problems else sys.stdout)
+    # settings that cannot help (hibernation where the freed memory is no one's): exit 0
+    warnings = [] if problems else catalog_warnings(load_yaml(Path(args.catalog)), check_pool)
+    print(report(args.catalog, problems, warnings), file=sys.stderr if problems else sys.stdout)
     return 1 if problems else 0

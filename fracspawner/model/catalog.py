@@ -11,6 +11,7 @@ with the path of the offending key: `pools.h100.offers[3]: "0.3" is not a multip
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import re
@@ -25,6 +26,7 @@ import yaml
 
 from .errors import CatalogError, SliceError
 from .gpumodels import GpuModel, MigProfile, lookup_model
+from .hibernation import default_hibernate
 from .profiles import KubeflowAccess, parse_kubeflow
 from .slices import Slice, parse_slice
 
@@ -61,13 +63,15 @@ IDLE_KEYS = (
 #: What a catalog without an `idle` section (or a key left out of it) gets: never "never cull".
 #: server_gpu_idle is z2jh's culler timeout (1 h): holding a slice idle longer is worse than the
 #: baseline; a kernel holding GPU memory goes after 30 min without GPU work, messages or the user.
+#: kernel_gpu_hibernate left unset is decided per pool by its backend (hibernation.py: 10 min
+#: where the memory it frees is usable by others, off elsewhere); catalog-wide it is off.
 DEFAULT_IDLE = IdlePolicy(
     kernel_gpu_idle=30 * 60.0,
     server_gpu_idle=3600.0,
     server_idle=8 * 3600.0,
     max_age=None,
     server_unattended=24 * 3600.0,
-    kernel_gpu_hibernate=10 * 60.0,
+    kernel_gpu_hibernate=None,
 )
 
 
@@ -339,8 +343,15 @@ def _gpu_model(raw: Any, where: str) -> GpuModel:
 
 
 def _pool(
-    name: str, raw: Mapping[str, Any], step: int, idle: IdlePolicy, check: PoolCheck | None
+    name: str,
+    raw: Mapping[str, Any],
+    step: int,
+    idle: IdlePolicy,
+    check: PoolCheck | None,
+    hibernate_set: bool = False,
 ) -> Pool:
+    """One pool; `hibernate_set`: the catalog's idle section sets kernel_gpu_hibernate (else the
+    pool's backend decides its default: hibernation.py)."""
     where = f"pools.{name}"
     gpu = _gpu_model(raw["gpu"], f"{where}.gpu")
     offers: list[Slice] = []
@@ -366,12 +377,33 @@ def _pool(
         replicas=raw.get("replicas"),
         options=MappingProxyType(dict(raw.get("options") or {})),
         default_image=raw.get("default_image"),
-        idle=_idle(raw["idle"], idle, f"{where}.idle") if "idle" in raw else None,
+        idle=_pool_idle(raw, idle, where, hibernate_set),
         overcommit=float(raw.get("overcommit", 1)),
     )
     if check is not None:
         check(pool, where)
     return pool
+
+
+def _pool_idle(
+    raw: Mapping[str, Any], idle: IdlePolicy, where: str, hibernate_set: bool
+) -> IdlePolicy | None:
+    """The pool's idle policy where it differs from the catalog's (None: the catalog's)."""
+    own = _idle(raw["idle"], idle, f"{where}.idle") if "idle" in raw else None
+    pool_sets = isinstance(raw.get("idle"), Mapping) and "kernel_gpu_hibernate" in raw["idle"]
+    if pool_sets or hibernate_set:
+        return own
+    base = own or idle
+    value = default_hibernate(str(raw["backend"]), float(raw.get("overcommit", 1)))
+    if value == base.kernel_gpu_hibernate:
+        return own
+    return dataclasses.replace(base, kernel_gpu_hibernate=value)
+
+
+def hibernate_set_in(data: Any) -> bool:
+    """Whether a catalog dict's idle section sets kernel_gpu_hibernate itself."""
+    idle = data.get("idle") if isinstance(data, Mapping) else None
+    return isinstance(idle, Mapping) and "kernel_gpu_hibernate" in idle
 
 
 def _rule(raw: Mapping[str, Any] | None, pools: Mapping[str, Pool], where: str) -> AccessRule:
@@ -399,7 +431,11 @@ def build_catalog(data: Any, check_pool: PoolCheck | None = None) -> Catalog:
     step = data.get("fraction_step", 8)
     idle = _idle(data.get("idle"), DEFAULT_IDLE, "idle")
 
-    pools = {name: _pool(name, raw, step, idle, check_pool) for name, raw in data["pools"].items()}
+    explicit = hibernate_set_in(data)
+    pools = {
+        name: _pool(name, raw, step, idle, check_pool, explicit)
+        for name, raw in data["pools"].items()
+    }
 
     images: dict[str, Image] = {}
     defaults = []

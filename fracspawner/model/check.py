@@ -24,14 +24,16 @@ from .catalog import (
     _pool,
     _rule,
     build_catalog,
+    hibernate_set_in,
     load_yaml,
     schema,
 )
 from .errors import CatalogError, SliceError
 from .gpumodels import GPU_MODELS, lookup_model
+from .hibernation import hibernation_helps, why_it_cannot_help
 from .slices import parse_slice
 
-__all__ = ["catalog_problems", "did_you_mean", "report"]
+__all__ = ["catalog_problems", "catalog_warnings", "did_you_mean", "report"]
 
 
 def did_you_mean(word: Any, choices: Iterable[str]) -> str:
@@ -116,6 +118,7 @@ def catalog_problems(
 
     step = data.get("fraction_step", 8) if not spoiled("fraction_step") else 8
     idle = attempt(("idle",), lambda: _idle(data.get("idle"), DEFAULT_IDLE, "idle")) or DEFAULT_IDLE
+    hibernate_set = hibernate_set_in(data)
     pool_names = list(data["pools"])
     images = data.get("images") if isinstance(data.get("images"), Mapping) else {}
     for name, raw in data["pools"].items():
@@ -152,7 +155,10 @@ def catalog_problems(
                 + (", ".join(images) or "none (the catalog has no images section)")
             )
         if len(problems) == before:
-            attempt(("pools", name), lambda n=name, r=raw: _pool(n, r, step, idle, check_pool))
+            attempt(
+                ("pools", name),
+                lambda n=name, r=raw: _pool(n, r, step, idle, check_pool, hibernate_set),
+            )
     defaults = [n for n, raw in images.items() if isinstance(raw, Mapping) and raw.get("default")]
     if len(defaults) > 1:
         problems.append(
@@ -186,9 +192,42 @@ def catalog_problems(
     return problems
 
 
-def report(source: str | Path, problems: list[str]) -> str:
-    """The problems of the catalog file `source`, one per line, for a person."""
+def catalog_warnings(data: Any, check_pool: PoolCheck | None = None) -> list[str]:
+    """Settings of a clean catalog that cannot help, each 'path: why' ([] when none, or when the
+    catalog has problems: those come first). Today: hibernation on a pool where the memory it
+    frees is usable by no one else (hibernation.py)."""
+    try:
+        catalog = build_catalog(data, check_pool)
+    except CatalogError:
+        return []
+    warnings = []
+    for name, pool in catalog.pools.items():
+        after = catalog.idle_for(name).kernel_gpu_hibernate
+        if after is None or hibernation_helps(pool.backend, pool.overcommit):
+            continue
+        raw_idle = data["pools"][name].get("idle") or {}
+        where = (
+            f"pools.{name}.idle.kernel_gpu_hibernate"
+            if "kernel_gpu_hibernate" in raw_idle
+            else "idle.kernel_gpu_hibernate"
+        )
+        warnings.append(
+            f"{where}: hibernation cannot help on pool {name!r} ({pool.backend}): "
+            f"{why_it_cannot_help(pool.backend)}; it only costs host memory. Turn it off there "
+            f"(pools.{name}.idle.kernel_gpu_hibernate: off)"
+        )
+    return warnings
+
+
+def report(source: str | Path, problems: list[str], warnings: list[str] | None = None) -> str:
+    """The problems of the catalog file `source`, one per line, for a person; the warnings of a
+    clean one after the verdict."""
     if not problems:
+        if warnings:
+            count = "1 warning" if len(warnings) == 1 else f"{len(warnings)} warnings"
+            return f"{source}: the catalog is fine, with {count}:\n" + "\n".join(
+                f"  warning: {w}" for w in warnings
+            )
         return f"{source}: the catalog is fine."
     count = "1 problem" if len(problems) == 1 else f"{len(problems)} problems"
     return f"{source}: {count} in the catalog:\n" + "\n".join(f"  {p}" for p in problems)

@@ -9,8 +9,8 @@ kernel publishes `status: busy` (with the request as parent) before it handles a
 thread's output is a `stream` message. So while a kernel is hibernated the server subscribes to
 its iopub (the kernel manager's `connect_iopub`, as jupyter-server's own activity watch does in
 `MappingKernelManager.start_watching_activity`) and any message resumes it, except the
-kernel_info replies a reconnecting browser's websocket asks for itself (`nudge`), which touch
-no CUDA.
+kernel_info replies a reconnecting browser's websocket asks for itself (`nudge`) and the welcome
+a kernel sends a new subscriber, which touch no CUDA.
 
 A thread that makes a CUDA call silently (no output, no request) is not seen here: the
 hibernator does not suspend a kernel whose process uses the CPU while no cell runs (the probe in
@@ -26,6 +26,9 @@ from jupyter_client.session import Session
 
 # requests the server itself sends to a kernel (a websocket's nudge): no user code runs
 HARMLESS_PARENTS = frozenset({"kernel_info_request"})
+# what a kernel publishes to a new subscriber (JEP 65's iopub_welcome, ipykernel 7): this
+# watch's own subscription, or a client connecting, is not yet a request
+HARMLESS_TYPES = frozenset({"iopub_welcome"})
 
 
 def watch_iopub(
@@ -47,7 +50,7 @@ def watch_iopub(
         except Exception:  # not a message this session signed: not evidence of use
             return
         parent = (msg.get("parent_header") or {}).get("msg_type")
-        if parent in HARMLESS_PARENTS:
+        if parent in HARMLESS_PARENTS or msg["header"].get("msg_type") in HARMLESS_TYPES:
             return
         if log is not None:
             log.info(
