@@ -45,6 +45,9 @@ POD_ENV = {
     "FRACSPAWNER_KERNEL_GPU_IDLE_SECONDS": str(KERNEL_GPU_IDLE),
     "FRACSPAWNER_SERVER_GPU_IDLE_SECONDS": "7200",
     "FRACSPAWNER_GPU_IDLE_WARN_SECONDS": str(WARN_BEFORE),
+    # the test's untouched page counts away a second after its last input (presence.py): it
+    # sees the warnings a person who walked away would come back to
+    "FRACSPAWNER_PRESENCE_TIMEOUT_SECONDS": "1",
 }
 H100 = {"name": "NVIDIA H100 80GB HBM3", "memory_total_mib": 81920}
 VIEWPORT = {"width": 1100, "height": 640}

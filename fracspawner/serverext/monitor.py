@@ -487,6 +487,7 @@ class GpuMonitor(BackgroundLoop):
     ) -> dict:
         now = now or utcnow()
         presence = presence_json(self.settings, now)
+        present = bool(presence and presence["present"])
         activity = {
             "monitor_started": isoformat(self.started),
             # whether a person is at the server (presence.py): the culler keeps a present
@@ -525,7 +526,8 @@ class GpuMonitor(BackgroundLoop):
                     "hibernation": self.hibernator.kernel_json(kid),
                 }
             )
-            if due is not None and due.warns(now):
+            # nothing to warn a present person of: nothing is shut down while they stay
+            if due is not None and due.warns(now) and not present:
                 warnings.append(self._warning("kernel", due, now, k.memory_mib, kernel_id=kid))
         unattributed = round(sum(p.memory_mib for p in self.unmatched), 1)
         memory = round(sum(p.memory_mib for _, p in self.processes) + unattributed, 1)
@@ -543,7 +545,7 @@ class GpuMonitor(BackgroundLoop):
             user_last_activity=user_last_activity,
             watched_since=self.started,
             started=self.pod.started,
-            present=bool(presence and presence["present"]),
+            present=present,
         )
         if server_due is not None and server_due.warns(now):
             warnings.append(self._warning("server", server_due, now, memory))
