@@ -297,3 +297,42 @@ async def test_a_notebook_on_a_dra_pool_gets_its_claim_and_is_counted_once(webho
     other = with_poddefault(notebook_pod("team-a", "nb2"), "h100-dra", "20Gi", "fracspawner-x")
     answer = await webhook.review(_review(other))
     assert not allowed(answer)
+
+
+# --------------------------------------------------------------------------- export
+def test_export_writes_each_namespaces_claim_templates_and_sends_claims_to_the_webhook(tmp_path):
+    from fracspawner.kubeflow.export import CLAIMS_NAME, ProfileNamespace, export
+
+    out = export(
+        CATALOG,
+        namespaces=[ProfileNamespace("team-a", {"team": "a"}), ProfileNamespace("other")],
+    )
+    (templates, _) = out.files["resourceclaimtemplates/team-a.yaml"]
+    # team a may use h100-dra only: its four offers' templates, in its namespace
+    assert [t["metadata"]["name"] for t in templates] == [
+        "fracspawner-h100-dra-0.125",
+        "fracspawner-h100-dra-10gi",
+        "fracspawner-h100-dra-20gi",
+        "fracspawner-h100-dra-1",
+    ]
+    assert {t["metadata"]["namespace"] for t in templates} == {"team-a"}
+    assert "resourceclaimtemplates/other.yaml" not in out.files  # it may use no pool
+    (mwc,), _ = out.files["mutatingwebhookconfiguration.yaml"]
+    (claims,) = [w for w in mwc["webhooks"] if w["name"] == CLAIMS_NAME]
+    assert claims["rules"] == [
+        {
+            "operations": ["CREATE"],
+            "apiGroups": ["resource.k8s.io"],
+            "apiVersions": ["v1"],
+            "resources": ["resourceclaims"],
+            "scope": "Namespaced",
+        }
+    ]
+    assert claims["namespaceSelector"] == mwc["webhooks"][0]["namespaceSelector"]
+
+
+async def test_a_claim_review_is_allowed_where_the_catalog_has_no_dra_pool():
+    from fracspawner.kubeflow.claims import review_claim
+
+    obj = claim("team-a", "x", claim_spec(request("gpu.nvidia.com")))
+    assert allowed(await review_claim(None, claim_review(obj)))

@@ -11,6 +11,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
+import kubernetes_validate
 import pytest
 import yaml
 
@@ -265,6 +266,9 @@ def test_every_exported_object_passes_its_strict_schema(tmp_path):
             assert code == 0, example
             for path in out.rglob("*.yaml"):
                 for doc in _docs(path):
+                    if doc.get("kind") == "ResourceClaimTemplate":  # resource.k8s.io/v1: 1.34+
+                        kubernetes_validate.validate(doc, "1.34", strict=True)
+                        continue
                     if doc.get("kind") == "MutatingWebhookConfiguration":
                         k8s_validate(doc)  # the official schema, strict
                         continue
@@ -420,9 +424,7 @@ def test_the_webhook_configuration_sorts_after_kubeflows_and_sends_profile_pods(
         assert one["rules"] == hook["rules"] and one["clientConfig"] == hook["clientConfig"]
         assert one["failurePolicy"] == "Fail" and one["reinvocationPolicy"] == "IfNeeded"
     code, out = _write(tmp_path, CATALOG, "--slice-pods-only", "--failure-policy", "Ignore")
-    hook, workspaces, _, ephemeral = _docs(out / "mutatingwebhookconfiguration.yaml")[0][
-        "webhooks"
-    ]
+    hook, workspaces, _, ephemeral = _docs(out / "mutatingwebhookconfiguration.yaml")[0]["webhooks"]
     assert ephemeral["failurePolicy"] == "Ignore"
     assert hook["objectSelector"]["matchExpressions"][1]["key"] == "fracspawner.io/pool"
     assert workspaces["objectSelector"]["matchExpressions"][2]["key"] == "fracspawner.io/pool"

@@ -334,6 +334,16 @@ def is_claim_review(review: Any) -> bool:
     )
 
 
+async def review_claim(gate: DraGate | None, review: Mapping[str, Any]) -> dict[str, Any]:
+    """A ResourceClaim review: the gate's answer; allowed where the catalog has no DRA pool
+    (nothing of it can be claimed)."""
+    if gate is None:
+        from .admission import response
+
+        return response(str((review.get("request") or {}).get("uid") or ""))
+    return await gate.review_claim(review)
+
+
 class _HeldView:
     """The pod index as the webhook and its ledger read it, with the claims' holdings added:
     a namespace holds its pods' GPUs and its claims'. A reservation of a pod whose claims are

@@ -55,6 +55,9 @@ WEBHOOK_NAME = "slices.webhook.fracspawner.io"
 GUARD_NAME = "guard.slices.webhook.fracspawner.io"
 #: the webhook refusing ephemeral containers (kubectl debug) that would see GPUs through env
 EPHEMERAL_NAME = "ephemeral.slices.webhook.fracspawner.io"
+#: Kubernetes DRA pools: ResourceClaims created in a profile namespace (directly, or by the
+#: resourceclaim controller from a pod's template) are checked and counted (kubeflow/claims.py)
+CLAIMS_NAME = "claims.slices.webhook.fracspawner.io"
 #: the label of every exported object: the Helm chart's objects carry it too, with the same
 #: value, and no key of the chart's labels (app.kubernetes.io/managed-by: Helm, ...) is set
 #: differently here, so applying both rewrites neither (issue 19 item 8)
@@ -156,6 +159,31 @@ def poddefault(pool: Pool, offer: Slice, plan: PodPlan, namespace: str | None) -
     }
 
 
+def _is_dra(pool: Pool) -> bool:
+    try:
+        return bool(getattr(get_backend(pool.backend), "uses_dra", False))
+    except ValueError:
+        return False
+
+
+def claim_templates(
+    offers: Iterable[tuple[Pool, Slice, PodPlan]], namespace: str | None
+) -> list[dict[str, Any]]:
+    """The ResourceClaimTemplates the plans of DRA offers name (the hub makes the same ones in
+    a server's namespace), labelled as every exported object."""
+    out = []
+    for _pool, _offer, plan in offers:
+        for template in plan.claim_templates:
+            obj = copy.deepcopy(dict(template))
+            meta = dict(obj["metadata"])
+            meta["labels"] = {**dict(meta.get("labels") or {}), **dict(MANAGED_BY)}
+            if namespace is not None:
+                meta["namespace"] = namespace
+            obj["metadata"] = meta
+            out.append(obj)
+    return out
+
+
 def spawner_ui_fragment(catalog: Catalog) -> dict[str, Any]:
     """The keys of spawner_ui_config.yaml's `spawnerFormDefaults` this catalog fills: the
     MIG-mixed profiles as GPU vendors. No `affinityConfig`/`tolerationGroup` options: the form's
@@ -180,7 +208,7 @@ def spawner_ui_fragment(catalog: Catalog) -> dict[str, Any]:
     return {"spawnerFormDefaults": out}
 
 
-def webhook_configuration(target: WebhookTarget) -> dict[str, Any]:
+def webhook_configuration(target: WebhookTarget, claims: bool = False) -> dict[str, Any]:
     """The MutatingWebhookConfiguration (`admissionregistration.k8s.io/v1`)."""
     client: dict[str, Any] = {
         "service": {
@@ -268,6 +296,21 @@ def webhook_configuration(target: WebhookTarget) -> dict[str, Any]:
             }
         ],
     }
+    # DRA: every ResourceClaim CREATE of a profile namespace (a claim's spec is immutable)
+    claim_hook = {
+        **{k: v for k, v in webhook.items() if k not in ("objectSelector", "reinvocationPolicy")},
+        "name": CLAIMS_NAME,
+        "reinvocationPolicy": "Never",
+        "rules": [
+            {
+                "operations": ["CREATE"],
+                "apiGroups": ["resource.k8s.io"],
+                "apiVersions": ["v1"],
+                "resources": ["resourceclaims"],
+                "scope": "Namespaced",
+            }
+        ],
+    }
     metadata: dict[str, Any] = {"name": WEBHOOK_NAME, "labels": dict(MANAGED_BY)}
     if target.inject_ca_from:
         metadata["annotations"] = {"cert-manager.io/inject-ca-from": target.inject_ca_from}
@@ -281,6 +324,7 @@ def webhook_configuration(target: WebhookTarget) -> dict[str, Any]:
             *([] if target.slice_pods_only else [others]),
             guard,
             ephemeral,
+            *([claim_hook] if claims else []),
         ],
     }
 
@@ -686,8 +730,9 @@ def export(
         raise ExportError(f"--notebooks: {notebooks!r}; use v1 or v2")
     out = Export()
     _check_unique((p, o) for p, o, _ in offers_for(catalog, None))
+    dra = [p.name for p in kubeflow_pools(catalog) if _is_dra(p)]
     out.files["mutatingwebhookconfiguration.yaml"] = (
-        [webhook_configuration(webhook)],
+        [webhook_configuration(webhook, claims=bool(dra))],
         "fracspawner webhook: gives pods labelled with a slice their pod plan, enforces access "
         "and quota per profile namespace",
     )
@@ -737,10 +782,27 @@ def export(
             "`kubectl apply -n <profile namespace> -f`; the webhook refuses what a namespace "
             "may not use",
         )
+        templates = claim_templates(offers_for(catalog, None), None)
+        if templates:
+            out.files["resourceclaimtemplates.yaml"] = (
+                templates,
+                "DRA pools: the ResourceClaimTemplate of each offer, no namespace set: "
+                "`kubectl apply -n <profile namespace> -f`; the webhook names them in a "
+                "notebook's spec.resourceClaims (a PodDefault cannot)",
+            )
         return out
     for ns in namespaces:
         rule = _namespace_rule(catalog, ns, out.notes)
-        objects = [poddefault(p, o, plan, ns.name) for p, o, plan in offers_for(catalog, rule)]
+        allowed = offers_for(catalog, rule)
+        templates = claim_templates(allowed, ns.name)
+        if templates:
+            out.files[f"resourceclaimtemplates/{ns.name}.yaml"] = (
+                templates,
+                f"DRA pools: the ResourceClaimTemplates of the offers profile namespace "
+                f"{ns.name} may use; the webhook names them in its notebooks' "
+                "spec.resourceClaims (a PodDefault cannot set resourceClaims)",
+            )
+        objects = [poddefault(p, o, plan, ns.name) for p, o, plan in allowed]
         if not objects:
             out.notes.append(f"namespace {ns.name}: its access rule allows no Kubeflow pool")
         out.files[f"poddefaults/{ns.name}.yaml"] = (

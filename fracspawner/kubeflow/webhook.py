@@ -49,8 +49,8 @@ from .admission import (
     slice_ask,
 )
 from .callers import DEFAULT_TRUSTED, PodAddresses
-from .claims import DraGate, is_claim_review
-from .claims import DraGate, is_claim_review
+from .claims import DraGate, is_claim_review, review_claim
+from .claims import DraGate, is_claim_review, review_claim
 from .cluster import ApiUnavailable, Cluster, ConfigException
 from .metrics import WebhookMetrics
 from .quota import RESERVATION_ANNOTATION, Busy, Ledger, LocalLedger, PodIndex, SharedLedger
@@ -316,13 +316,15 @@ class MutateHandler(web.RequestHandler):
                 self.set_status(403)
                 self.finish({"error": "admission reviews are accepted from the API server only"})
                 return
-        if self.webhook.dra is not None and is_claim_review(_json(self.request.body)):
-            answer = await self.webhook.dra.review_claim(_json(self.request.body))
+        body = _json(self.request.body)
+        if is_claim_review(body):  # DRA: a ResourceClaim (kubeflow/claims.py)
+            answer = await review_claim(self.webhook.dra, body)
             self.set_header("Content-Type", "application/json")
             self.finish(json.dumps(answer))
             return
-        if self.webhook.dra is not None and is_claim_review(_json(self.request.body)):
-            answer = await self.webhook.dra.review_claim(_json(self.request.body))
+        body = _json(self.request.body)
+        if is_claim_review(body):  # DRA: a ResourceClaim (kubeflow/claims.py)
+            answer = await review_claim(self.webhook.dra, body)
             self.set_header("Content-Type", "application/json")
             self.finish(json.dumps(answer))
             return
