@@ -11,7 +11,16 @@ last. The culler's and the service's own scope checks ask a real JupyterHub proc
 
 from __future__ import annotations
 
+import asyncio
+import json
+import logging
+import os
+import signal
+import subprocess
+import sys
 import tempfile
+import urllib.request
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -150,3 +159,145 @@ async def test_on_a_hub_without_extra_user_scopes_the_default_role_is_extended(m
     fracspawner.add_user_scopes(c, OFFERS)
     assert c.JupyterHub.load_roles == [{"name": "user", "scopes": ["self", OFFERS]}]
     assert set((await load_roles(c))["user"]) == {"self", OFFERS}
+
+
+# ------------------------------------------------------------------ item 2: saying what is missing
+class RealHub:
+    """A JupyterHub process (no servers spawned) with the two services and the roles a test
+    gives them; `GET /hub/api/user` answers each token's scopes as the hub expands them."""
+
+    def __init__(self, tmp: Path, roles: list[dict[str, Any]]):
+        from devcluster.localhub import find_proxy, free_port
+
+        self.tmp, self.port = tmp, free_port()
+        self.api_url = f"http://127.0.0.1:{self.port}/hub/api"
+        services = [{"name": n, "api_token": t} for n, t in TOKENS.items()]
+        (tmp / "jupyterhub_config.py").write_text(
+            f"""
+c = get_config()  # noqa
+c.JupyterHub.ip = "127.0.0.1"
+c.JupyterHub.port = {self.port}
+c.JupyterHub.hub_port = {free_port()}
+c.ConfigurableHTTPProxy.api_url = "http://127.0.0.1:{free_port()}"
+c.ConfigurableHTTPProxy.command = [{find_proxy()!r}]
+c.JupyterHub.db_url = "sqlite:///{tmp}/jupyterhub.sqlite"
+c.JupyterHub.cookie_secret_file = "{tmp}/cookie_secret"
+c.JupyterHub.pid_file = "{tmp}/jupyterhub.pid"
+c.ConfigurableHTTPProxy.pid_file = "{tmp}/proxy.pid"
+c.JupyterHub.authenticator_class = "dummy"
+c.JupyterHub.services = {services!r}
+c.JupyterHub.load_roles = {roles!r}
+"""
+        )
+        self.log = open(tmp / "hub.log", "wb")  # noqa: SIM115
+        self.process = subprocess.Popen(
+            [sys.executable, "-m", "jupyterhub", "-f", str(tmp / "jupyterhub_config.py")],
+            cwd=tmp, stdout=self.log, stderr=subprocess.STDOUT, start_new_session=True,
+        )  # fmt: skip
+        from tests.test_culler_support import wait_for
+
+        wait_for(self._up, 90, "jupyterhub")
+
+    def _up(self) -> bool:
+        if self.process.poll() is not None:
+            raise RuntimeError((self.tmp / "hub.log").read_text()[-3000:])
+        try:
+            with urllib.request.urlopen(self.api_url + "/", timeout=5) as resp:
+                return resp.status == 200
+        except OSError:
+            return False
+
+    def stop(self) -> None:
+        self.process.send_signal(signal.SIGTERM)
+        try:
+            self.process.wait(30)
+        except subprocess.TimeoutExpired:
+            pass
+        try:
+            os.killpg(self.process.pid, signal.SIGKILL)  # the proxy, should it be left
+        except ProcessLookupError:
+            pass
+        self.log.close()
+
+
+@pytest.fixture(scope="module")
+def wiped_hub(tmp_path_factory):
+    """The services' roles lost (an operator's load_roles replaced them): the culler keeps
+    only list:users (it sees users, no servers, and stops nothing: quietly useless), the
+    service has no role at all."""
+    hub = RealHub(
+        tmp_path_factory.mktemp("hub"),
+        [{"name": "ops", "scopes": ["list:users"], "services": ["fracspawner-culler"]}],
+    )
+    yield hub
+    hub.stop()
+
+
+async def _get(url: str) -> tuple[int, str]:
+    from tornado.httpclient import AsyncHTTPClient
+
+    resp = await AsyncHTTPClient().fetch(url, raise_error=False)
+    return resp.code, resp.body.decode() if resp.body else ""
+
+
+class Lines(logging.Handler):
+    def __init__(self) -> None:
+        super().__init__(logging.ERROR)
+        self.lines: list[str] = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.lines.append(record.getMessage())
+
+
+async def test_the_culler_says_at_start_which_scopes_its_token_lacks(wiped_hub):
+    from devcluster.localhub import free_port
+    from fracspawner.culler import Culler
+
+    port = free_port()
+    culler = Culler(api_token=TOKENS["fracspawner-culler"], url=wiped_hub.api_url,
+                    metrics_port=port, metrics_ip="127.0.0.1", cull_every=3600)  # fmt: skip
+    culler.initialize([])
+    errors = Lines()
+    culler.log.addHandler(errors)  # the culler's log does not propagate (traitlets)
+    task = asyncio.ensure_future(culler.run())
+    try:
+        health = f"http://127.0.0.1:{port}/health"
+        for _ in range(1200):  # until the culler has started and checked its token
+            try:
+                code, body = await _get(health)
+            except OSError:
+                code, body = 0, ""
+            if code == 503:
+                break
+            await asyncio.sleep(0.1)
+        assert code == 503, (code, body)
+        answer = json.loads(body)
+        metrics = (await _get(f"http://127.0.0.1:{port}/metrics"))[1]
+    finally:
+        task.cancel()
+    missing = ["read:users:activity", "read:servers", "delete:servers"]
+    assert answer["missing"] == missing
+    assert "delete:servers (stop idle servers)" in answer["message"]
+    assert 'fracspawner_culler_missing_scope{scope="delete:servers"} 1.0' in metrics
+    assert 'fracspawner_culler_missing_scope{scope="list:users"} 0.0' in metrics
+    culler.log.removeHandler(errors)
+    assert any("delete:servers" in e and "fracspawner.add_roles" in e for e in errors.lines)
+    state = culler.state_json(0)
+    assert state["scopes_missing"] == missing and "delete:servers" in state["problems"][0]
+
+
+async def test_the_service_says_which_scopes_its_token_lacks_on_its_admin_page(wiped_hub):
+    from fracspawner.backends import load_catalog
+    from fracspawner.hub.admin import AdminData, render_admin_page
+    from fracspawner.hub.service import own_scope_problem
+
+    problem = await own_scope_problem(wiped_hub.api_url, TOKENS["fracspawner"])
+    assert "list:users (list the users with running servers)" in problem
+    assert "read:servers" in problem
+    # the hub's 403 to the page's server list says it again, on the page
+    admin = AdminData(load_catalog(CATALOG), None, hub_api_url=wiped_hub.api_url,
+                      token=TOKENS["fracspawner"])  # fmt: skip
+    model = await admin.model()
+    assert model["problems"] == [problem]
+    page = render_admin_page(model, user="admin", hub_prefix="/hub/", static_prefix="/s/")
+    assert "list:users (list the users with running servers)" in page

@@ -10,6 +10,7 @@ their own tokens, and shut their idle GPU kernels down themselves (fracspawner.s
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 import time
 from dataclasses import dataclass, replace
@@ -18,12 +19,13 @@ from urllib.parse import urlparse
 
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from tornado import web
-from tornado.httpclient import HTTPClientError
+from tornado.httpclient import HTTPClientError, HTTPRequest
 from tornado.httpserver import HTTPServer
 from traitlets import Bool, Dict, Float, Integer, List, Unicode, default
 
 from ..backends import load_catalog
 from ..model.catalog import DEFAULT_IDLE, IdlePolicy, parse_duration
+from ..model.hubroles import CULLER_SCOPES, missing_scopes, scope_problem
 from .base import CullerApplication
 from .decide import Decision, GpuFacts, Reading, Rules, ServerFacts, combine, decide_server
 from .hubapi import HubClient, HubServer
@@ -49,6 +51,10 @@ class Outcome:
     gpu: GpuFacts | None = None
     done: bool = False  # the action was carried out (False in dry-run or on error)
     pool: str = ""  # the pool whose policy applied (metrics label)
+
+
+class HubRefused(Exception):
+    """The hub answered 403 to the culler's own token (its scopes were checked and said)."""
 
 
 @dataclass
@@ -495,6 +501,51 @@ class Culler(CullerApplication):
         )
         return server
 
+    # --- its own token ------------------------------------------------------------------------
+    def required_scopes(self) -> list[str]:
+        """What the culler's token needs (read:users:groups only for exempt_groups)."""
+        return [s for s in CULLER_SCOPES if s != "read:users:groups" or self.exempt_groups]
+
+    async def check_scopes(self, hub: HubClient) -> list[str] | None:
+        """Ask the hub what this culler's token may do (`GET /user` answers its scopes); say
+        plainly what is missing (ERROR log, /health, the metrics, the state API's problems).
+        The missing scopes, or None when the hub could not be asked."""
+        req = HTTPRequest(f"{self.url}/user", request_timeout=self.request_timeout)
+        try:
+            resp = await hub.fetch(req, raise_error=False)
+        except OSError as exc:
+            self.log.warning("the hub cannot be asked about the culler's token: %s", exc)
+            return None
+        required = self.required_scopes()
+        if resp.code in (401, 403):
+            missing, problem = (
+                required,
+                (
+                    "the hub does not know the culler's token ($JUPYTERHUB_API_TOKEN): it cannot "
+                    "list or stop servers. Register the culler as a service with that token "
+                    "(z2jh: hub.services.<name>, whose apiToken z2jh generates)"
+                ),
+            )
+        elif resp.code == 200:
+            try:
+                granted = json.loads(resp.body).get("scopes") or []
+            except (ValueError, AttributeError):
+                return None
+            missing = missing_scopes(granted, required)
+            problem = scope_problem("culler", missing, self.name_in_hub())
+        else:
+            return None
+        for scope in required:
+            self.metrics.missing_scope.labels(scope).set(int(scope in missing))
+        self.scopes_missing, self.scope_problem = missing, problem
+        if problem:
+            self.log.error("%s", problem)
+        return missing
+
+    def name_in_hub(self) -> str:
+        """The culler's service (and role) name: $JUPYTERHUB_SERVICE_NAME when hub-managed."""
+        return os.environ.get("JUPYTERHUB_SERVICE_NAME", "fracspawner-culler")
+
     # --- GPU facts ----------------------------------------------------------------------------
     async def prometheus_facts(
         self, hub: HubClient, servers: list[HubServer], at: float | None
@@ -573,7 +624,16 @@ class Culler(CullerApplication):
         return result
 
     async def _cycle(self, hub: HubClient, at: float | None) -> CycleResult:
-        servers = await hub.ready_servers()
+        if self.scopes_missing:  # until the hub grants them (a role added, the hub restarted)
+            await self.check_scopes(hub)
+        try:
+            servers = await hub.ready_servers()
+        except HTTPClientError as exc:
+            if exc.code != 403:
+                raise
+            await self.check_scopes(hub)  # says which scopes are missing
+            problem = self.scope_problem or f"the hub refused to list servers: {exc}"
+            raise HubRefused(problem) from None
         now = time.time() if at is None else at
         self.reports.prune(now - 4 * self.max_staleness)
         # the hub's record of each server: reports held back until it was listed count now
@@ -626,6 +686,8 @@ class Culler(CullerApplication):
             code = await hub.stop_server(facts.user, facts.name, self.remove_named_servers)
         except (HTTPClientError, OSError) as exc:
             self.log.error("stopping %s failed: %s", facts.log_name, exc)
+            if isinstance(exc, HTTPClientError) and exc.code == 403:
+                await self.check_scopes(hub)  # says which scopes are missing
             return
         if code == 202:
             self.log.warning("server %s is slow to stop", facts.log_name)
@@ -648,21 +710,36 @@ class Culler(CullerApplication):
         body = self.state.to_json(now)
         body["cull_every"] = self.cull_every
         body["dry_run"] = self.dry_run
+        body["problems"] = [self.scope_problem] if self.scope_problem else []
+        body["scopes_missing"] = list(self.scopes_missing)
         return body
 
     def metrics_app(self) -> web.Application:
         """/metrics (open, as Prometheus scrapes it) and /api/state (a token that may read
         every server: stateapi.py)."""
         registry = self.metrics.registry
+        culler = self
 
         class MetricsHandler(web.RequestHandler):
             def get(self) -> None:
                 self.set_header("Content-Type", CONTENT_TYPE_LATEST)
                 self.write(generate_latest(registry))
 
+        class HealthHandler(web.RequestHandler):
+            """503 while the culler's token lacks scopes it needs (it can do nothing)."""
+
+            def get(self) -> None:
+                if culler.scopes_missing:
+                    self.set_status(503)
+                    self.finish({"status": "missing scopes", "missing": culler.scopes_missing,
+                                 "message": culler.scope_problem})  # fmt: skip
+                else:
+                    self.finish({"status": "ok"})
+
         return web.Application(
             [
                 (r"/metrics", MetricsHandler),
+                (r"/health", HealthHandler),
                 state_handler(r"/api/state", self.verifier, self.state_json),
             ]
         )
@@ -675,6 +752,11 @@ class Culler(CullerApplication):
             server.listen(self.metrics_port, self.metrics_ip)
             self.log.info("metrics on http://%s:%s/metrics", self.metrics_ip, self.metrics_port)
         self.start_receiver()
+        hub = HubClient(self.url, self.api_token, request_timeout=self.request_timeout)
+        try:
+            await self.check_scopes(hub)
+        finally:
+            hub.close()
         self.log.info(
             "culling every %ss; GPU sources: %s%s",
             self.cull_every,
@@ -699,6 +781,9 @@ class Culler(CullerApplication):
                     result.requests,
                     result.duration,
                 )
+            except HubRefused as exc:
+                if not self.scope_problem:  # else said already, with the scopes missing
+                    self.log.error("culling cycle failed: %s", exc)
             except Exception:  # the service must outlive a hub restart or a bad cycle
                 self.log.exception("culling cycle failed")
             await asyncio.sleep(self.cull_every)

@@ -70,6 +70,13 @@ class CullerMetrics:
             "Ready servers seen in the last cycle.",
             registry=self.registry,
         )
+        self.missing_scope = Gauge(
+            "fracspawner_culler_missing_scope",
+            "1 for each scope the culler needs that its hub token lacks (checked at start and "
+            "on a 403): while any is 1 the culler cannot list or stop servers.",
+            ["scope"],
+            registry=self.registry,
+        )
         self.source_up = Gauge(
             "fracspawner_culler_gpu_source_up",
             "1 if the GPU source answered in the last cycle, else 0.",

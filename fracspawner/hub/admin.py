@@ -283,10 +283,12 @@ def build_admin_model(
     *,
     culler_error: str = "",
     holders_known: bool = True,
+    problems: list[str] | None = None,
 ) -> dict[str, Any]:
     """Everything the admin page shows, as plain data (the JSON API's answer too).
     `holders_known` False: neither the pod watch nor the hub could say who holds what, so the
     pools' held/waiting/idle-held are unknown (None), never 0."""
+    problems = list(problems or [])
     rows = holder_rows(holders, culler, now)
     idle: dict[str, float] = {}
     for row in rows:
@@ -308,6 +310,8 @@ def build_admin_model(
         "servers": rows,
         "stale": bool(getattr(capacity, "stale", False)),
         "holders_known": holders_known,
+        # what fracspawner's own services cannot do (their hub tokens lack scopes, issue 28)
+        "problems": [*problems, *((culler or {}).get("problems") or [])],
         "culler": {
             "connected": culler is not None,
             "error": culler_error,
@@ -512,6 +516,8 @@ class AdminData:
         self._cache: tuple[float, dict[str, Any]] | None = None
         self._lock = asyncio.Lock()
         self._task: asyncio.Task | None = None
+        # what the service's own token lacks (hub/service.py own_scope_problem), in words
+        self.problems: list[str] = []
 
     # -- sources
     async def _get_json(self, url: str, accept: str = "application/json") -> Any:
@@ -546,6 +552,13 @@ class AdminData:
                 offset = int(nxt["offset"])
         except Exception as exc:
             app_log.warning("fracspawner admin: no server list from the hub: %s", exc)
+            if getattr(exc, "code", None) == 403:  # say which scopes the token lacks
+                from .service import own_scope_problem
+
+                problem = await own_scope_problem(self.hub_api_url, self.token)
+                if problem:
+                    app_log.error("fracspawner service: %s", problem)
+                self.problems = [problem] if problem else []
             return None
 
     async def culler_state(self) -> tuple[dict[str, Any] | None, str]:
@@ -584,6 +597,7 @@ class AdminData:
                 now,
                 culler_error=error,
                 holders_known=known,
+                problems=self.problems,
             )
             self.metrics.update(model)
             self._cache = (now, model)
