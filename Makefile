@@ -92,7 +92,7 @@ test: setup lint
 # venv and runs; elsewhere every test skips with the reason. It prints a table of what it measured.
 test-gpu: $(STAMPS)/venv
 	@if command -v nvidia-smi >/dev/null 2>&1; then \
-	  $(BIN)/pip install -q 'cupy-cuda12x' 'cuda-python>=12.8' || echo "test-gpu: could not install cupy-cuda12x/cuda-python"; \
+	  $(BIN)/pip install -q 'cupy-cuda12x' 'cuda-python>=12.8,<13' || echo "test-gpu: could not install cupy-cuda12x/cuda-python"; \
 	fi
 	FRACSPAWNER_GPU_TESTS=1 $(BIN)/python -m pytest tests/gpu -rs -p no:cacheprovider $(PYTEST_ARGS)
 

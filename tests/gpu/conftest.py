@@ -2,9 +2,10 @@
 NVIDIA GPU and driver; everywhere else every test here is skipped with the reason (a plain
 `pytest` / `make test` run included: CI keeps using the fakes in tests/fake_nvml).
 
-Needs, besides the venv: `cupy-cuda12x` (allocations in real kernels) and `cuda-python>=12.8`
-(the checkpoint API; driver 570+ for hibernation), which `make test-gpu` installs. Each test
-records what it measured (`gpu_record`), printed as a table at the end of the run.
+Needs, besides the venv: `cupy-cuda12x` (allocations in real kernels) and
+`cuda-python>=12.8,<13` (the checkpoint API, the 12.x line; driver 570+ for hibernation), which
+`make test-gpu` installs. Each test records what it measured (`gpu_record`), printed as a table
+at the end of the run.
 """
 
 from __future__ import annotations

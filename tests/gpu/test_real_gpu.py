@@ -5,7 +5,10 @@ checkpoint API: what only a GPU can show (tests/gpu/conftest.py says when it run
   the meter's numbers against nvidia-smi;
 - the framework memory caps FracSpawner puts in the pod's env (CUPY_GPU_MEMORY_LIMIT, from
   backends._soft_caps) honoured by a real allocation;
-- hibernate/resume of a real kernel: memory freed per NVML, data intact after resume, resume time.
+- hibernate/resume of a real kernel: memory freed per NVML, data intact after resume, resume time;
+- a swap round trip: two kernels whose memory together exceeds the GPU, each checkpointed in
+  turn so the other fits, both restored with their data; driver version, checkpoint and restore
+  seconds per GiB and the host memory the copy takes are printed.
 """
 
 from __future__ import annotations
@@ -135,3 +138,109 @@ async def test_hibernate_and_resume_a_real_kernel(server, gpu_record):
     assert h["state"] == "running"
     assert pid in {int(p) for p, _ in smi("compute-apps=pid,used_memory")}
     server.api("DELETE", f"/api/kernels/{kid}")
+
+
+def _meminfo_available_mib() -> float:
+    for line in open("/proc/meminfo"):
+        if line.startswith("MemAvailable:"):
+            return int(line.split()[1]) / 1024
+    return float("nan")
+
+
+def _rss_mib(pid: int) -> float:
+    for line in open(f"/proc/{pid}/status"):
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1]) / 1024
+    return float("nan")
+
+
+def _fill(mib: int) -> str:
+    """A cell holding `mib` MiB of float64 on the GPU with a known checksum."""
+    return (
+        "import cupy, os\n"
+        f"a = cupy.arange({mib} * 2**20 // 8, dtype=cupy.float64)\n"
+        "cupy.cuda.Device().synchronize()\n"
+        "expected = float(a.sum())\n"
+        "print(os.getpid())"
+    )
+
+
+async def test_swap_round_trip_two_kernels_whose_memory_exceeds_the_gpu(server, gpu_record):
+    """Issue 26 (6): two kernels on one GPU whose memory together exceeds it. Kernel A fills
+    60 % of the free memory and goes idle: it is checkpointed (its memory leaves the GPU, per
+    nvidia-smi). Kernel B then allocates another 60 % and checks it, which only fits because A
+    is in host memory, and lets it go. A's next cell restores A with its data intact. Only
+    documented paths: the restore happens with room on the GPU ("The GPU to restore onto needs
+    to have enough memory", cuCheckpointProcessRestore), and one copy at a time is in host
+    memory (a node with less host memory than the GPU has could not hold two)."""
+    from fracspawner.serverext.checkpoint import CheckpointDriver, Unsupported
+    from fracspawner.serverext.checkpoint_env import driver_problem, nvml_driver_version
+
+    try:
+        CheckpointDriver().check()
+    except Unsupported as exc:
+        pytest.skip(f"hibernation not possible on this machine: {exc}")
+    driver = nvml_driver_version()
+    gpu_record("driver (NVML)", driver)
+    gpu_record("CUDA (cuDriverGetVersion)", CheckpointDriver().cuda_version())
+    problem = driver_problem(driver, in_container=True, all_gpus_visible=False)
+    gpu_record("partial-passthrough check (in a container)", problem or "fine")
+
+    (total, free), *_ = [(float(t), float(f)) for t, f in smi("gpu=memory.total,memory.free")]
+    host = _meminfo_available_mib()
+    each = int(min(free * 0.6, host * 0.8))  # the copy must fit in host memory too
+    gpu_record("GPU total / free MiB, host available MiB", f"{total:.0f} / {free:.0f}, {host:.0f}")
+    gpu_record("each kernel allocates MiB", each)
+    if 2 * each <= free:
+        pytest.skip(f"host memory ({host:.0f} MiB) too small to swap out more than half the GPU")
+
+    def settled(kid: str) -> dict | None:
+        h = entry(server, kid).get("hibernation") or {}
+        return h if h.get("state") in ("hibernated", "cannot_hibernate", "failed") else None
+
+    def on_gpu() -> dict[int, float]:
+        return {int(p): float(m) for p, m in smi("compute-apps=pid,used_memory")}
+
+    a = new_kernel(server)
+    pid_a = int(await execute(server.url, server.token, a, _fill(each)))
+    rss_before = _rss_mib(pid_a)
+    available_before = _meminfo_available_mib()
+    h = wait_for(lambda: settled(a), 300, "kernel A hibernated (or refused)")
+    if h["state"] == "cannot_hibernate":  # a driver or container condition (doctor says which)
+        server.api("DELETE", f"/api/kernels/{a}")
+        pytest.skip(f"hibernation refused here: {h['reason']}")
+    assert h["state"] == "hibernated", h
+    wait_for(lambda: pid_a not in on_gpu(), 60, "A's memory off the GPU")
+    out_a = server.gpu()["hibernation"]["hibernations"][-1]
+    assert out_a["kernel_id"] == a
+    gpu_record("checkpoint s/GiB", round(out_a["seconds"] / (each / 1024), 3))
+    gpu_record("A's RSS grew by MiB (host copy)", round(_rss_mib(pid_a) - rss_before))
+    gpu_record(
+        "host MemAvailable dropped by MiB", round(available_before - _meminfo_available_mib())
+    )
+
+    # B allocates what only fits because A is in host memory, checks it and lets it go
+    b = new_kernel(server)
+    out_b = await execute(
+        server.url,
+        server.token,
+        b,
+        _fill(each) + "\n"
+        "print(float(a.sum()) == expected)\n"
+        "del a\n"
+        "cupy.get_default_memory_pool().free_all_blocks()\n",
+    )
+    pid_b, ok_b = out_b.split()
+    assert ok_b == "True"
+    gpu_record("A + B committed / GPU total MiB", f"{2 * each} / {total:.0f}")
+    assert entry(server, a)["hibernation"]["state"] == "hibernated"  # A untouched meanwhile
+    wait_for(lambda: on_gpu().get(int(pid_b), 0) < each / 2, 60, "B's memory released")
+
+    # A's next cell restores A: its data intact
+    check_a = await execute(server.url, server.token, a, "print(float(a.sum()) == expected)")
+    assert check_a.strip() == "True"
+    h_a = entry(server, a)["hibernation"]
+    gpu_record("restore s/GiB", round(h_a["last_resume_seconds"] / (each / 1024), 3))
+    assert pid_a in on_gpu()
+    server.api("DELETE", f"/api/kernels/{a}")
+    server.api("DELETE", f"/api/kernels/{b}")
