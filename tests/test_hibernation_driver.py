@@ -414,3 +414,50 @@ async def test_defect7_a_kernel_working_in_a_thread_is_not_suspended(server_env)
     assert hibernation(server, kid)["state"] == "running"
     assert cuda_state(state, pid) == "running"
     server.api("DELETE", f"/api/kernels/{kid}")
+
+
+async def test_hibernate_now_on_request_suspends_only_an_idle_kernel(fake, sleeper, monkeypatch):
+    """GpuMonitor.hibernate_now(kernel_id, reason): the culler's request under GPU pressure
+    (answered through this server's report) suspends a kernel idle right now, whatever its idle
+    time, with every safeguard; a kernel executing a cell is left alone."""
+    from types import SimpleNamespace
+
+    from fracspawner.serverext import monitor as monitor_module
+    from fracspawner.serverext.sources import GpuDevice, GpuProcess, GpuSample
+
+    state, cgroup = fake
+    busy = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"])
+    try:
+        add_process(state, sleeper.pid, 2 * GIB)
+        add_process(state, busy.pid, GIB)
+        now = monitor_module.utcnow()
+
+        def kernel(pid: int, execution_state: str) -> SimpleNamespace:
+            return SimpleNamespace(
+                last_activity=now,
+                execution_state=execution_state,
+                provisioner=SimpleNamespace(pid=pid),
+            )
+
+        kernels = {"idle": kernel(sleeper.pid, "idle"), "busy": kernel(busy.pid, "busy")}
+        km = SimpleNamespace(list_kernel_ids=lambda: list(kernels), get_kernel=kernels.__getitem__)
+        monitor = monitor_module.GpuMonitor(settings={"kernel_manager": km}, source_spec="none")
+        monitor.reason = None
+        monitor.hibernator = hibernator(cgroup)
+        processes = [
+            GpuProcess("0", 2 * GIB, 0.0, pid=sleeper.pid),
+            GpuProcess("0", GIB, 0.0, pid=busy.pid),
+        ]
+        owned = [("idle", processes[0]), ("busy", processes[1])]
+        device = GpuDevice("0", "L4", "GPU-0", 10 * GIB, 3 * GIB, 0)
+        monitor.apply(GpuSample("nvml", [device], processes), owned, set(kernels), now)
+        assert await monitor.hibernate_now("busy", "GPU pressure") == "running"
+        assert cuda_state(state, busy.pid) == "running"
+        assert await monitor.hibernate_now("idle", "GPU pressure") == "hibernated"
+        assert cuda_state(state, sleeper.pid) == "checkpointed"
+        assert monitor.hibernator.kernel_json("idle")["hibernated_why"] == "GPU pressure"
+        assert monitor.hibernator.hibernations[-1]["why"] == "GPU pressure"
+        assert await monitor.hibernate_now("nope", "GPU pressure") == "running"
+    finally:
+        busy.kill()
+        busy.wait()
