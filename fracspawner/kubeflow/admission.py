@@ -45,6 +45,8 @@ from .recognise import (
     matching_plans,
     most_specific,
     pod_asks,
+    pool_placement,
+    pools_of_pod,
     unreadable_env,
     visibility_env,
 )
@@ -443,6 +445,44 @@ def other_pod_gpu(
     return amount
 
 
+def check_pool_access(
+    pod: Mapping[str, Any], *, catalog: Catalog, rule: AccessRule, namespace: str
+) -> None:
+    """Refuse a pod that is no notebook whose GPU could run on a pool the namespace may not
+    use (`--enforce-pool-access all-pods`): every pool it could be scheduled onto
+    (recognise.pools_of_pod) must be allowed, and at least one must be."""
+    if rule.pools is None:
+        return
+    allowed = [p for p in catalog.pools if p in rule.pools]
+    shown = ", ".join(allowed) or "none"
+    where, unknown = pools_of_pod(pod, catalog)
+    if unknown:
+        raise Refusal(
+            f"fracspawner refused this pod's GPU in namespace {namespace}: "
+            f"{', '.join(unknown)} is offered by no GPU pool of this cluster. Pools you may use: "
+            f"{shown}",
+            "access",
+        )
+    denied = [p for p in where if p not in allowed]
+    if denied or not where:
+        pins = []
+        for pool in allowed:
+            selector = pool_placement(catalog, pool).node_selector
+            if selector:
+                pins.append(f"{', '.join(f'{k}: {v}' for k, v in selector.items())} for {pool}")
+        hint = f"; pin it with that pool's nodeSelector ({'; '.join(pins)})" if pins else ""
+        what = (
+            f"it could run on pool(s) {', '.join(denied)}, which the namespace may not use"
+            if denied
+            else "it is pinned to none of the GPU pools"
+        )
+        raise Refusal(
+            f"fracspawner refused this pod's GPU in namespace {namespace}: {what}. Pools you "
+            f"may use: {shown}{hint}",
+            "access",
+        )
+
+
 def _is_gpu_resource(key: str, known: frozenset[str]) -> bool:
     """Every GPU resource of every known backend (recognise.py), and any a catalog plan uses."""
     return key in known or is_gpu_resource(key)
@@ -501,6 +541,7 @@ __all__ = [
     "SliceAsk",
     "admit",
     "check_ephemeral",
+    "check_pool_access",
     "guard_update",
     "hide_devices_from_env",
     "json_patch",

@@ -305,6 +305,60 @@ def pod_gpu_held(pod: Mapping[str, Any], catalog: Catalog) -> float:
     return max(pod_gpu(pod), gpu_equivalent_of_pod(pod, catalog))
 
 
+# --------------------------------------------------------------------------- pools
+def _tolerates(tolerations: Iterable[Mapping[str, Any]], taint: Mapping[str, Any]) -> bool:
+    """Whether one of `tolerations` tolerates a pool's taint, given as the toleration the
+    pool's plan carries (key, value, effect), matched as the scheduler does
+    (k8s.io/api core/v1 toleration.go ToleratesTaint: empty effect matches all effects; an
+    empty key with Exists matches every key; Exists ignores the value, Equal compares it)."""
+    for t in tolerations:
+        if t.get("effect") and t.get("effect") != taint.get("effect"):
+            continue
+        exists = t.get("operator") == "Exists"
+        if not t.get("key") and exists:
+            return True
+        if t.get("key") != taint.get("key"):
+            continue
+        if exists or str(t.get("value") or "") == str(taint.get("value") or ""):
+            return True
+    return False
+
+
+def pool_placement(catalog: Catalog, pool: str) -> PodPlan:
+    """The placement every plan of a pool shares (node selector, tolerations): its first
+    offer's plan."""
+    return plan_slice(catalog.pools[pool].offers[0], catalog.pools[pool], None)
+
+
+def pools_of_pod(pod: Mapping[str, Any], catalog: Catalog) -> tuple[list[str], list[str]]:
+    """(the catalog pools whose nodes this pod could be scheduled onto with its GPU, the GPU
+    resources of the pod that no pool offers). A pool is one where the pod's GPU resources (or
+    Run:ai ask fields) are offered, and whose taints (those its plans tolerate) the pod
+    tolerates. A pod whose nodeSelector carries whole pools' node selectors can land on those
+    pools' nodes only; a pod that carries none could land on the nodes of every such pool.
+    Only nodeSelector pins a pod here: node affinity is not read (a pod pinned by affinity
+    alone is taken for one that may land on any pool)."""
+    spec = pod.get("spec") or {}
+    selector = spec.get("nodeSelector") or {}
+    tolerations = [t for t in spec.get("tolerations") or [] if isinstance(t, Mapping)]
+    names = {k for c in containers_of(pod) for k in gpu_asks(c)}
+    asks = pod_asks(pod)
+    plans = known_plans(catalog)
+    offered = {k for p in plans for k in p.resources}
+    offering, pinned = [], []
+    for pool in catalog.pools:
+        mine = [p for p in plans if p.pool == pool]
+        if not any(names & set(p.resources) or (asks and dict(p.asks) == asks) for p in mine):
+            continue
+        placement = pool_placement(catalog, pool)
+        if not all(_tolerates(tolerations, t) for t in placement.tolerations):
+            continue
+        offering.append(pool)
+        if all(selector.get(k) == v for k, v in placement.node_selector.items()):
+            pinned.append(pool)  # a pool without a node selector: every pod can land there
+    return pinned or offering, sorted(names - offered)
+
+
 # --------------------------------------------------------------------------- visibility
 #: env through which the NVIDIA container toolkit hands devices to a container that holds no
 #: GPU resource (NVIDIA/nvidia-container-toolkit internal/config/image/cuda_image.go:
@@ -434,6 +488,8 @@ __all__ = [
     "notebook_kind",
     "pod_asks",
     "pod_gpu_held",
+    "pool_placement",
+    "pools_of_pod",
     "resources_bound",
     "unreadable_env",
     "visibility_env",

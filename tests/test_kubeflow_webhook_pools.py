@@ -1,0 +1,97 @@
+"""Issue 28 item 9: pool access rules for every pod, as an option the chart turns on.
+
+The real `fracspawner webhook` process and a devcluster (namespaces). The demo catalog: the
+default rule may use pool h100 only (node selector gpu: "on", HAMi), a100-mig's nodes carry
+nvidia.com/gpu.product: NVIDIA-A100-SXM4-80GB and expose nvidia.com/mig-* resources, t4's
+nodes are time-sliced `nvidia.com/gpu` replicas. A pod lands only on nodes whose labels its
+nodeSelector names and whose extended resources it asks for (the scheduler's NodeAffinity and
+NodeResourcesFit plugins), so the pools a pod could run on follow from those two.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.chart_support import objects, one, render
+from tests.kubeflow_support import WebhookProcess, admission_review, make_tls, other_pod
+
+REPO = Path(__file__).resolve().parent.parent
+DEMO = REPO / "examples" / "catalogs" / "demo.yaml"
+PROFILE = {"app.kubernetes.io/part-of": "kubeflow-profile"}
+EIGHTH = {"nvidia.com/gpu": "1", "nvidia.com/gpumem-percentage": "12", "nvidia.com/gpucores": "12"}
+
+
+@pytest.fixture(scope="module")
+def webhooks(devcluster, tmp_path_factory):
+    client = devcluster.client()
+    status, body = client.request(
+        "POST", "/api/v1/namespaces", {"metadata": {"name": "pinned", "labels": PROFILE}}
+    )
+    assert status == 201, body
+    folder = tmp_path_factory.mktemp("pools")
+    tls = make_tls(folder / "tls")
+    out = {}
+    for mode in ("notebooks", "all-pods"):
+        flags = ("--detailed-refusals", "--enforce-pool-access", mode)
+        out[mode] = WebhookProcess(DEMO, devcluster.kubeconfig, tls, folder / f"{mode}.log", flags)
+    yield out
+    for process in out.values():
+        process.stop()
+
+
+def step(limits: dict[str, str], **spec: Any) -> dict[str, Any]:
+    pod = other_pod("pinned", "train-x7k2p-1", {"limits": limits})
+    pod["spec"].update(spec)
+    return pod
+
+
+def ask(webhook: WebhookProcess, pod: dict[str, Any]) -> dict[str, Any]:
+    return webhook.review(admission_review(pod, dry_run=True))  # the pods are never created
+
+
+def test_every_gpu_pod_keeps_to_the_namespaces_pools(webhooks):
+    strict, loose = webhooks["all-pods"], webhooks["notebooks"]
+    mig = step({"nvidia.com/mig-1g.10gb": "1"})  # only the A100 pool's nodes expose it
+    # notebooks only (the webhook's default): a plain pod runs on a pool the rule forbids
+    assert ask(loose, mig)["allowed"] is True
+    refused = ask(strict, mig)
+    assert refused["allowed"] is False, refused
+    assert (
+        "could run on pool(s) a100-mig, which the namespace may not use"
+        in (refused["status"]["message"])
+    )
+    assert (
+        "Pools you may use: h100; pin it with that pool's nodeSelector (gpu: on for h100)"
+        in (refused["status"]["message"])
+    )
+    # HAMi's resources without a node selector: the T4 pool's nodes have nvidia.com/gpu too
+    loose_eighth = step(dict(EIGHTH))
+    refused = ask(strict, loose_eighth)
+    assert refused["allowed"] is False and "pool(s) t4" in refused["status"]["message"], refused
+    # pinned to the H100 pool's nodes: allowed, and counted as the 1/8 plan it is
+    pinned = step(dict(EIGHTH), nodeSelector={"gpu": "on"})
+    assert ask(strict, pinned)["allowed"] is True
+    # a resource no pool offers cannot be placed on a pool at all
+    amd = ask(strict, step({"amd.com/gpu": "1"}, nodeSelector={"gpu": "on"}))
+    assert (
+        amd["allowed"] is False
+        and "amd.com/gpu is offered by no GPU pool" in (amd["status"]["message"])
+    )
+    # pods asking for no GPU are not concerned
+    assert ask(strict, step({"cpu": "1"}))["allowed"] is True
+
+
+def test_the_chart_enforces_pool_access_on_all_pods_by_default():
+    def command(values: dict[str, Any]) -> list[str]:
+        objs = objects(render({"webhook": {"enabled": True, **values}}))
+        deploy = one(objs, "Deployment", "webhook")
+        return deploy["spec"]["template"]["spec"]["containers"][0]["command"]
+
+    assert "--enforce-pool-access=all-pods" in command({})
+    assert "--trusted-pod-namespace=kube-system" in command({})
+    assert "--enforce-pool-access=notebooks" in command({"enforcePoolAccess": "notebooks"})
+    with pytest.raises(Exception, match="enforcePoolAccess"):
+        render({"webhook": {"enabled": True, "enforcePoolAccess": "everything"}})
