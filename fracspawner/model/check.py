@@ -200,7 +200,7 @@ def catalog_warnings(data: Any, check_pool: PoolCheck | None = None) -> list[str
         catalog = build_catalog(data, check_pool)
     except CatalogError:
         return []
-    warnings = []
+    warnings = _dra_warnings(catalog)
     for name, pool in catalog.pools.items():
         after = catalog.idle_for(name).kernel_gpu_hibernate
         if after is None or hibernation_helps(pool.backend, pool.overcommit):
@@ -216,6 +216,30 @@ def catalog_warnings(data: Any, check_pool: PoolCheck | None = None) -> list[str
             f"{why_it_cannot_help(pool.backend)}; it only costs host memory. Turn it off there "
             f"(pools.{name}.idle.kernel_gpu_hibernate: off)"
         )
+    return warnings
+
+
+def _dra_warnings(catalog: Any) -> list[str]:
+    """DRA pools (backend dra) whose settings leave a gap the admin should know of."""
+    warnings = []
+    for name, pool in catalog.pools.items():
+        if pool.backend != "dra":
+            continue
+        options = pool.options or {}
+        where = f"pools.{name}.options"
+        if options.get("sharing") == "unlimited":
+            warnings.append(
+                f"{where}.sharing: with --consumable-shares=unlimited a claim that asks no "
+                "memory books none (the driver's default is 0): other namespaces' claims can "
+                "share these GPUs beyond their memory; fracspawner's own claims book their size. "
+                "sharing: memory makes every claim book memory"
+            )
+        if options.get("selectors"):
+            warnings.append(
+                f"{where}.selectors: the free counts assume these CEL expressions match every "
+                "device of the pool (fracspawner evaluates no CEL); a selector that excludes "
+                "devices makes the form show more than the scheduler can allocate"
+            )
     return warnings
 
 
