@@ -39,6 +39,7 @@ from .admission import (
     Review,
     admit,
     check_ephemeral,
+    check_pool_access,
     guard_update,
     hide_devices_from_env,
     json_patch,
@@ -49,7 +50,6 @@ from .admission import (
     slice_ask,
 )
 from .callers import DEFAULT_TRUSTED, PodAddresses
-from .claims import DraGate, is_claim_review, review_claim
 from .claims import DraGate, is_claim_review, review_claim
 from .cluster import ApiUnavailable, Cluster, ConfigException
 from .metrics import WebhookMetrics
@@ -82,7 +82,9 @@ class Webhook:
     keeps them in this process (one replica only). `detailed_refusals`: every caller is the
     API server (a verified certificate, or the operator says nothing else reaches the port): a
     refusal may say the namespace's usage, quota and pools, and a dry run is checked against the
-    quota. `trusted_namespaces`: pods there may relay the API server (callers.py)."""
+    quota. `trusted_namespaces`: pods there may relay the API server (callers.py).
+    `enforce_pool_access`: "all-pods" holds every GPU pod to the pools its namespace may use
+    (admission.check_pool_access), "notebooks" only notebook pods."""
 
     def __init__(
         self,
@@ -93,8 +95,11 @@ class Webhook:
         window: float = 10.0,
         detailed_refusals: bool = True,
         trusted_namespaces: Iterable[str] = DEFAULT_TRUSTED,
+        enforce_pool_access: str = "notebooks",
     ):
         self.catalog = catalog
+        #: "notebooks": a pool access rule binds notebook pods; "all-pods": every GPU pod
+        self.enforce_pool_access = enforce_pool_access
         self.cluster = cluster
         # whose pod a request comes from, where no client certificate says who calls
         self.callers = PodAddresses(trusted_namespaces)
@@ -115,21 +120,15 @@ class Webhook:
         self.metrics.conflicts.set_function(lambda: self.ledger.conflicts)
         #: Kubernetes DRA pools: GPU held via claims counts too (kubeflow/claims.py)
         self.dra = DraGate.attach(self)
-        #: Kubernetes DRA pools: GPU held via claims counts too (kubeflow/claims.py)
-        self.dra = DraGate.attach(self)
 
     def start(self) -> None:
         """Start the pod watch (admissions of slice pods wait for its first list)."""
         self.watch.start()
         if self.dra is not None:
             self.dra.start()
-        if self.dra is not None:
-            self.dra.start()
 
     async def stop(self) -> None:
         await self.watch.stop()
-        if self.dra is not None:
-            await self.dra.stop()
         if self.dra is not None:
             await self.dra.stop()
 
@@ -182,8 +181,6 @@ class Webhook:
         pod = review.pod
         if self.dra is not None:  # claims from templates: pools and quota, in words
             await self.dra.check_pod(ns, pod)
-        if self.dra is not None:  # claims from templates: pools and quota, in words
-            await self.dra.check_pod(ns, pod)
         # only notebook pods are mapped; any other pod is counted against the quota and
         # otherwise left as it is (recognise.py). Every pod's containers that hold no GPU of
         # their own are checked for GPU visibility through env; a pod asking for no GPU passes
@@ -214,6 +211,8 @@ class Webhook:
             # what the namespace holds now (the watch) + admitted but not yet in the watch
             used = self.pods.held(ns, exclude=name or None) + pending
             if not notebook:
+                if self.enforce_pool_access == "all-pods":
+                    check_pool_access(pod, catalog=self.catalog, rule=rule, namespace=ns)
                 args = {"catalog": self.catalog, "rule": rule, "namespace": ns, "used_gpu": used}
                 decided[:] = [None, used]
                 return other_pod_gpu(pod, **args)
@@ -243,8 +242,6 @@ class Webhook:
         if reserved and not name:
             # a generateName pod: the watch finds its reservation by this key (quota.py)
             out["metadata"].setdefault("annotations", {})[RESERVATION_ANNOTATION] = key
-        if reserved and self.dra is not None:
-            self.dra.expect_claims(ns, key, out)
         if reserved and self.dra is not None:
             self.dra.expect_claims(ns, key, out)
         if admitted is None:
@@ -322,12 +319,6 @@ class MutateHandler(web.RequestHandler):
             self.set_header("Content-Type", "application/json")
             self.finish(json.dumps(answer))
             return
-        body = _json(self.request.body)
-        if is_claim_review(body):  # DRA: a ResourceClaim (kubeflow/claims.py)
-            answer = await review_claim(self.webhook.dra, body)
-            self.set_header("Content-Type", "application/json")
-            self.finish(json.dumps(answer))
-            return
         try:
             review = parse_review(self.request.body)
         except BadReview as exc:
@@ -345,13 +336,6 @@ class MutateHandler(web.RequestHandler):
         self.webhook.metrics.duration.observe(time.perf_counter() - started)
         self.set_header("Content-Type", "application/json")
         self.finish(json.dumps(answer))
-
-
-def _json(body: bytes) -> Any:
-    try:
-        return json.loads(body)
-    except (ValueError, UnicodeDecodeError):
-        return None
 
 
 def _json(body: bytes) -> Any:
@@ -480,6 +464,14 @@ def _parser() -> argparse.ArgumentParser:
         "where nothing but the API server can reach the webhook)",
     )
     parser.add_argument(
+        "--enforce-pool-access",
+        choices=("notebooks", "all-pods"),
+        default="notebooks",
+        help="whose GPU a namespace's pool access rule binds: notebook pods only (default; "
+        "other pods are counted against the quota wherever they run), or every pod asking for "
+        "GPU, which must then be pinned (nodeSelector) to pools the namespace may use",
+    )
+    parser.add_argument(
         "--trusted-pod-namespace",
         action="append",
         metavar="NS",
@@ -500,6 +492,7 @@ async def serve(args: argparse.Namespace, catalog: Catalog, context: ssl.SSLCont
         window=args.reservation_ttl,
         detailed_refusals=bool(args.client_ca) or args.detailed_refusals,
         trusted_namespaces=args.trusted_pod_namespace or DEFAULT_TRUSTED,
+        enforce_pool_access=args.enforce_pool_access,
     )
     webhook.verify_clients = bool(args.client_ca)
     webhook.client_names = set(args.client_name)
