@@ -263,6 +263,8 @@ class SimServer:
         self.monitor.hibernator = Hibernator(
             driver=SimCheckpointDriver(),
             log=QUIET,
+            cpu_probe_seconds=0,  # no real kernel processes to watch (virtual time)
+            retry_refused_after=0,  # a refused kernel is tried at each (virtual) reading
             cgroup_root=str(host) if host else "/nonexistent",
             meminfo_path=str(host / "meminfo") if host else "/nonexistent",
         )
