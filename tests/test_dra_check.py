@@ -79,3 +79,18 @@ def test_a_clean_dra_catalog_passes_with_its_warnings(tmp_path):
     assert "the catalog is fine" in text
     assert "pools.l4.options.sharing: with --consumable-shares=unlimited" in text
     assert "pools.l4.options.selectors" in text
+
+
+def test_the_kubeflow_culler_sees_a_gpu_held_through_a_claim():
+    """A notebook whose container uses a DRA claim (no extended resource, no fracspawner
+    labels: a tenant's own template) holds a GPU as the culler counts servers."""
+    from fracspawner.culler.kubeflow import gpu_of
+
+    pod = {
+        "metadata": {},
+        "spec": {
+            "resourceClaims": [{"name": "gpu", "resourceClaimTemplateName": "mine"}],
+            "containers": [{"name": "nb", "resources": {"claims": [{"name": "gpu"}]}}],
+        },
+    }
+    assert gpu_of(pod) == ("gpu", None)

@@ -150,11 +150,14 @@ def find_notebooks(
 
 def gpu_of(pod: Mapping[str, Any]) -> tuple[str | None, str | None]:
     """(slice, pool) of a pod: its fracspawner labels, else "gpu" for any GPU resource in a
-    container's limits (a notebook from Kubeflow's own GPU field)."""
+    container's limits (a notebook from Kubeflow's own GPU field) or a DRA claim a container
+    uses (`resources.claims`: a GPU asked through a ResourceClaim holds no extended resource)."""
     labels = _meta(pod).get("labels") or {}
     if labels.get(LABEL_GPU):
         return str(labels[LABEL_GPU]), labels.get(LABEL_POOL)
     for container in (pod.get("spec") or {}).get("containers") or []:
+        if (container.get("resources") or {}).get("claims"):
+            return "gpu", None
         for key, value in ((container.get("resources") or {}).get("limits") or {}).items():
             if ("gpu" in key or key.startswith("nvidia.com/mig-")) and str(value) not in ("0", ""):
                 return "gpu", None
