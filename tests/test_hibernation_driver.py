@@ -249,6 +249,20 @@ async def test_defect6_nccl_ranks_are_not_suspended(fake, tmp_path):
     assert mmap  # the child maps it, not this process
 
 
+def test_defect6_cuda_python_13_on_a_12_driver_is_stated(fake):
+    """cuda-python 13.x targets CUDA 13 drivers (r580+): on a CUDA 12.8 driver the hibernator
+    says which to install instead of failing later."""
+    state, cgroup = fake
+    hib = hibernator(cgroup)
+    hib.driver = CheckpointDriver(fake_driver_module(), bindings_version="13.0.1")
+    assert hib.available() == (
+        "cuda-python 13.0.1 needs a CUDA 13 driver and this one is CUDA 12.8: install "
+        "cuda-python<13 (fracspawner[hibernate] pins the 12.x line)"
+    )
+    ok = CheckpointDriver(fake_driver_module(), bindings_version="12.9.0")
+    ok.check()
+
+
 def test_defect6_hibernate_extra_pins_cuda_python_to_the_12_line():
     """cuda-python 13.x targets CUDA 13 (driver r580+); the checkpoint API needs 12.8+: the
     [hibernate] extra takes the 12.x line that r570/r575 drivers run."""

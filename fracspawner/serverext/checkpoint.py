@@ -54,8 +54,10 @@ class CheckpointError(Exception):
 class CheckpointDriver:
     """The checkpoint calls by pid. Blocking: call it from a thread, not the event loop."""
 
-    def __init__(self, module: Any = None):
+    def __init__(self, module: Any = None, bindings_version: str | None = None):
         self._mod = module
+        # cuda-python's version: read from the installed package unless a module is given
+        self._bindings_version = bindings_version
         self._ready = False
 
     def _driver(self) -> Any:
@@ -69,16 +71,27 @@ class CheckpointDriver:
                     "cuda-python is not installed in the notebook image (pip install cuda-python)"
                 ) from exc
             self._mod = driver
+            if self._bindings_version is None:
+                self._bindings_version = _installed_version()
         drv = self._mod
+        # cuDriverGetVersion may be called before cuInit (CUDA Driver API, Version Management)
+        err, version = drv.cuDriverGetVersion()
+        cuda = f"CUDA {int(version) // 1000}.{int(version) % 1000 // 10}"
+        if int(err) != 0 or int(version) < MIN_CUDA_VERSION:
+            raise Unsupported(
+                f"the GPU driver ({cuda}) has no checkpoint API: it needs driver 570 or newer "
+                "(CUDA 12.8)"
+            )
+        major = _major(self._bindings_version)
+        if major is not None and major * 1000 > int(version):  # 13.x bindings on a 12.x driver
+            raise Unsupported(
+                f"cuda-python {self._bindings_version} needs a CUDA {major} driver and this one "
+                f"is {cuda}: install cuda-python<{int(version) // 1000 + 1} "
+                "(fracspawner[hibernate] pins the 12.x line)"
+            )
         (err,) = drv.cuInit(0)
         if int(err) != 0:
             raise Unsupported(f"the CUDA driver could not start ({_name(err)})")
-        err, version = drv.cuDriverGetVersion()
-        if int(err) != 0 or int(version) < MIN_CUDA_VERSION:
-            raise Unsupported(
-                f"the GPU driver (CUDA {int(version) // 1000}.{int(version) % 1000 // 10}) has no "
-                "checkpoint API: it needs driver 570 or newer (CUDA 12.8)"
-            )
         if not hasattr(drv, "cuCheckpointProcessLock"):
             raise Unsupported("this cuda-python has no checkpoint API: it needs cuda-python 12.8")
         self._ready = True
@@ -120,6 +133,24 @@ class CheckpointDriver:
 
     def unlock(self, pid: int) -> None:
         self._call("cuCheckpointProcessUnlock", pid, None)
+
+
+def _installed_version() -> str | None:
+    from importlib import metadata
+
+    for dist in ("cuda-bindings", "cuda-python"):
+        try:
+            return metadata.version(dist)
+        except metadata.PackageNotFoundError:
+            continue
+    return None
+
+
+def _major(version: str | None) -> int | None:
+    try:
+        return int(str(version).split(".")[0]) if version else None
+    except ValueError:
+        return None
 
 
 def _name(err: Any) -> str:
