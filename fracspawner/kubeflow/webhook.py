@@ -51,7 +51,6 @@ from .admission import (
 )
 from .callers import DEFAULT_TRUSTED, PodAddresses
 from .claims import DraGate, is_claim_review, review_claim
-from .claims import DraGate, is_claim_review, review_claim
 from .cluster import ApiUnavailable, Cluster, ConfigException
 from .metrics import WebhookMetrics
 from .quota import RESERVATION_ANNOTATION, Busy, Ledger, LocalLedger, PodIndex, SharedLedger
@@ -121,21 +120,15 @@ class Webhook:
         self.metrics.conflicts.set_function(lambda: self.ledger.conflicts)
         #: Kubernetes DRA pools: GPU held via claims counts too (kubeflow/claims.py)
         self.dra = DraGate.attach(self)
-        #: Kubernetes DRA pools: GPU held via claims counts too (kubeflow/claims.py)
-        self.dra = DraGate.attach(self)
 
     def start(self) -> None:
         """Start the pod watch (admissions of slice pods wait for its first list)."""
         self.watch.start()
         if self.dra is not None:
             self.dra.start()
-        if self.dra is not None:
-            self.dra.start()
 
     async def stop(self) -> None:
         await self.watch.stop()
-        if self.dra is not None:
-            await self.dra.stop()
         if self.dra is not None:
             await self.dra.stop()
 
@@ -186,8 +179,6 @@ class Webhook:
     async def _create(self, review: Review) -> dict[str, Any]:
         ns = review.namespace
         pod = review.pod
-        if self.dra is not None:  # claims from templates: pools and quota, in words
-            await self.dra.check_pod(ns, pod)
         if self.dra is not None:  # claims from templates: pools and quota, in words
             await self.dra.check_pod(ns, pod)
         # only notebook pods are mapped; any other pod is counted against the quota and
@@ -251,8 +242,6 @@ class Webhook:
         if reserved and not name:
             # a generateName pod: the watch finds its reservation by this key (quota.py)
             out["metadata"].setdefault("annotations", {})[RESERVATION_ANNOTATION] = key
-        if reserved and self.dra is not None:
-            self.dra.expect_claims(ns, key, out)
         if reserved and self.dra is not None:
             self.dra.expect_claims(ns, key, out)
         if admitted is None:
@@ -330,12 +319,6 @@ class MutateHandler(web.RequestHandler):
             self.set_header("Content-Type", "application/json")
             self.finish(json.dumps(answer))
             return
-        body = _json(self.request.body)
-        if is_claim_review(body):  # DRA: a ResourceClaim (kubeflow/claims.py)
-            answer = await review_claim(self.webhook.dra, body)
-            self.set_header("Content-Type", "application/json")
-            self.finish(json.dumps(answer))
-            return
         try:
             review = parse_review(self.request.body)
         except BadReview as exc:
@@ -353,13 +336,6 @@ class MutateHandler(web.RequestHandler):
         self.webhook.metrics.duration.observe(time.perf_counter() - started)
         self.set_header("Content-Type", "application/json")
         self.finish(json.dumps(answer))
-
-
-def _json(body: bytes) -> Any:
-    try:
-        return json.loads(body)
-    except (ValueError, UnicodeDecodeError):
-        return None
 
 
 def _json(body: bytes) -> Any:
