@@ -347,6 +347,66 @@ async def test_the_reporter_waits_as_long_as_a_429_says(receiver):
     assert reporter.next_delay() >= 100 and reporter.next_delay() > reporter.report_interval
 
 
+# --- issue 28 item 12: known server pods and the state API keep budgets of their own ---------
+#: the devcluster (the API server stand-in) holds one of the hub's server pods, at 127.0.0.9
+#: (KubeSpawner labels its pods component=singleuser-server), and another pod at 127.0.0.10
+TOPOLOGY = {
+    "nodes": [{"name": "cpu-1"}],
+    "pods": [
+        {"name": "jupyter-bea-gpu", "namespace": "default", "node": "cpu-1",
+         "labels": {"component": "singleuser-server"}, "podIP": "127.0.0.9"},
+        {"name": "tenant-job", "namespace": "default", "node": "cpu-1",
+         "labels": {"app": "job"}, "podIP": "127.0.0.10"},
+    ],
+}  # fmt: skip
+
+
+async def post_from(url: str, source: str, token: str, body: dict) -> int:
+    """A report posted from the address `source`: the status, 0 when closed unanswered."""
+    where, raw = urlparse(url), json.dumps(body).encode()
+    reader, writer = await asyncio.open_connection(
+        where.hostname, where.port, local_addr=(source, 0)
+    )
+    writer.write(
+        f"POST {where.path} HTTP/1.1\r\nHost: {where.netloc}\r\nAuthorization: token {token}"
+        f"\r\nContent-Length: {len(raw)}\r\nConnection: close\r\n\r\n".encode()
+        + raw
+    )
+    answer = await reader.read()
+    writer.close()
+    return int(answer.split(b" ", 2)[1]) if answer.startswith(b"HTTP/") else 0
+
+
+async def test_a_flood_of_random_tokens_cannot_blind_the_culler_to_real_servers(
+    receiver, devcluster
+):
+    """Right after a culler restart (no token vouched for yet) random tokens from five
+    addresses spend the shared budget of unknown tokens: a server pod the pod watch knows
+    still gets its first report taken, and the admin page's first state call is answered;
+    another pod's new token waits (429)."""
+    culler, hub = receiver.culler, receiver.hub
+    culler.watch_server_pods, culler.namespace = True, "default"
+    culler.kubeconfig = str(devcluster.kubeconfig)
+    culler.start_server_pods()
+    try:
+        await asyncio.wait_for(culler.server_pods.listed.wait(), 60)
+        assert culler.known_address("127.0.0.9") and not culler.known_address("127.0.0.10")
+        hub.tokens["bea-token"] = {"kind": "user", "name": "bea",
+                                   "scopes": ["access:servers!server=bea/gpu"]}  # fmt: skip
+        hub.tokens["admin-token"] = {"kind": "user", "name": "admin", "scopes": ["read:servers"]}
+        verifier = culler.verifier()
+        verifier.limit.total_rate = verifier.state_limit.total_rate = 0.001  # no refill here
+        await asyncio.gather(*(receiver.flood(60, source=f"127.0.0.{i}") for i in range(2, 7)))
+        assert await post_from(receiver.url, "127.0.0.10", secrets.token_hex(16), report()) in (
+            0,
+            429,
+        )  # the shared budget is spent
+        assert await post_from(receiver.url, "127.0.0.9", "bea-token", report()) == 204
+        assert await get_state(receiver.url, "admin-token", "127.0.0.7") == 200
+    finally:
+        await culler.server_pods.stop()
+
+
 # --- item 3: authenticate first, then parse strictly; 400 with the reason ----------------------
 async def test_deep_nesting_is_refused_after_the_token_never_a_500(receiver):
     deep = b'{"culled_kernels": ' + b"[" * 100_000 + b"]" * 100_000 + b"}"

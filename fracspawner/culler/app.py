@@ -192,6 +192,26 @@ class Culler(CullerApplication):
         "hour (metrics and the admin page's history); a server reporting more has the rest "
         "ignored, with a warning.",
     )
+    watch_server_pods = Bool(
+        False,
+        config=True,
+        help="Watch the hub's server pods (list and watch pods in `namespace`, labelled "
+        "server_pod_selector; RBAC: pods list, watch) so that reports from their addresses "
+        "spend a budget of their own for tokens the hub has not vouched for yet: after a "
+        "culler restart, random tokens from other pods cannot make real servers' first "
+        "reports wait.",
+    )
+    server_pod_selector = Unicode(
+        "component=singleuser-server",
+        config=True,
+        help="Label selector of the hub's server pods (KubeSpawner's component label).",
+    )
+    kubeconfig = Unicode(
+        "",
+        config=True,
+        help="Kubeconfig for the server pod watch; '' = in-cluster config inside a pod, else "
+        "$KUBECONFIG or ~/.kube/config.",
+    )
     server_url = Unicode(
         "",
         config=True,
@@ -467,8 +487,26 @@ class Culler(CullerApplication):
                 unknown_burst=10 * self.unknown_token_rate,
                 unknown_total_rate=self.unknown_token_rate_total,
                 unknown_total_burst=10 * self.unknown_token_rate_total,
+                known=self.known_address,
             )
         return self._verifier
+
+    def known_address(self, address: str) -> bool:
+        """Whether `address` is a server pod's (the pod watch): its unknown tokens spend a
+        budget of its own (identity.RateLimit)."""
+        return self.server_pods is not None and self.server_pods.known(address)
+
+    def start_server_pods(self) -> None:
+        """Start the server pod watch (watch_server_pods), in the running event loop."""
+        if self.watch_server_pods and self.server_pods is None:
+            from .serverpods import ServerPods
+
+            self.server_pods = ServerPods(
+                self.namespace,
+                selector=self.server_pod_selector,
+                kubeconfig=self.kubeconfig or None,
+            )
+            self.server_pods.start()
 
     def slice_equivalent(self, facts: ServerFacts) -> float:
         """GPU-equivalents a server's slice stands for (0 when the catalog cannot tell)."""
@@ -751,6 +789,7 @@ class Culler(CullerApplication):
             server = HTTPServer(self.metrics_app())
             server.listen(self.metrics_port, self.metrics_ip)
             self.log.info("metrics on http://%s:%s/metrics", self.metrics_ip, self.metrics_port)
+        self.start_server_pods()
         self.start_receiver()
         hub = HubClient(self.url, self.api_token, request_timeout=self.request_timeout)
         try:

@@ -247,6 +247,11 @@ class TokenVerifier:
         self.limit = RateLimit(
             unknown_rate, unknown_burst, unknown_total_rate, unknown_total_burst, known=known
         )
+        # the state API's callers (the admin page's service, admins) have budgets of their
+        # own: a flood of report tokens cannot refuse the admin page its first state call
+        self.state_limit = RateLimit(
+            unknown_rate, unknown_burst, unknown_total_rate, unknown_total_burst
+        )
         self.requests = 0  # hub requests made
         self.limited = 0  # unknown tokens refused without asking the hub
 
@@ -259,9 +264,10 @@ class TokenVerifier:
     async def verify(self, token: str, claimed: object, source: str = "") -> Identity:
         return identity_from_model(await self.model(token, source), claimed)
 
-    async def model(self, token: str, source: str = "") -> dict:
+    async def model(self, token: str, source: str = "", limit: RateLimit | None = None) -> dict:
         """The hub's model of the token's owner (cached). Raises Refused: 403 unknown token,
-        429 too many unknown tokens from `source` or overall, 503 hub unreachable."""
+        429 too many unknown tokens from `source` or overall (in `limit`, else the reports'),
+        503 hub unreachable."""
         key = token_key(token)
         now = time.monotonic()
         cached = self._cache.get(key)
@@ -270,7 +276,7 @@ class TokenVerifier:
             return await asyncio.shield(cached.future)
         vouched = cached is not None and cached.vouched
         if not vouched:
-            wait = self.limit.take(source, now)
+            wait = (limit or self.limit).take(source, now)
             if wait:
                 self.limited += 1
                 raise Refused(

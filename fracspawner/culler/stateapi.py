@@ -46,9 +46,12 @@ class StateHandler(web.RequestHandler):
         if token is None:
             return self._refuse(401, "send a token that may read every server")
         try:
-            # by the caller's address, as reports are: unknown tokens spend that address's
-            # bucket, not one shared by every caller
-            model = await self.verifier().model(token, self.request.remote_ip or "")
+            # by the caller's address, in the state API's own budget: unknown tokens spend
+            # that address's bucket, and never the reports' (nor reports this one)
+            verifier = self.verifier()
+            model = await verifier.model(
+                token, self.request.remote_ip or "", limit=verifier.state_limit
+            )
         except Refused as exc:
             return self._refuse(exc.code, str(exc))
         if READ_SCOPE not in (model.get("scopes") or []):
