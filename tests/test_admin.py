@@ -102,8 +102,9 @@ def test_usage_per_pool_and_per_server_from_pods(catalog):
     assert (bob.user, bob.server, bob.waiting, bob.memory_limit_mib) == ("bob", "train", True, 3840)
     assert alice.since == 1795600800.0  # the pod's creationTimestamp, 2026-11-25T10:00:00Z
     table = render_table(pools, holders)
-    assert re.search(r"^t4\s+1\s+1\s+0\.25\s+0\.75\s+1/4 3/4$", table, re.M), table
-    assert re.search(r"^bob\s+train\s+t4\s+0\.25\s+0\.25\s+3840\s+\(waiting\)", table, re.M)
+    # the picker's words (issue 27 #6): "1/4" and "3/4", never 0.25 and 0.75
+    assert re.search(r"^t4\s+1\s+1\s+1/4\s+3/4\s+1/4 3/4$", table, re.M), table
+    assert re.search(r"^bob\s+train\s+t4\s+0\.25\s+1/4\s+3840\s+\(waiting\)", table, re.M)
     body = json.loads(render_json(pools, holders))
     assert body["servers"][0]["user"] == "alice" and body["pools"][2]["free_gpu"] == 0.75
 
@@ -118,6 +119,15 @@ def test_usage_command_prints_the_pools_of_a_kube_context(devcluster, capsys):
     out = capsys.readouterr().out
     # the demo topology's T4: one GPU time-sliced 4 ways, nothing held
     assert re.search(r"^t4\s+0\s+0\s+0\s+1\s+1/4 4/4$", out, re.M), out
+    # two idle A100s in their MIG layout: every MIG device is free, added up, in the picker's
+    # words; it said 0.857 (the largest profile's count times its size, issue 27 #6)
+    assert re.search(
+        r"^a100-mig\s+0\s+0\s+0\s+2\s+MIG 1g\.10gb 4/4, MIG 2g\.20gb 2/2, MIG 3g\.40gb 2/2$",
+        out,
+        re.M,
+    ), out
+    assert "FREE GPU of a100-mig: the MIG devices not in use, added up" in out
+    assert "FREE GPU of h100, t4: the most that can still be handed out" in out
     assert "No pod holds a GPU slice." in out
     assert (
         main(
@@ -374,6 +384,11 @@ def test_admin_page_escapes_sorts_pages_and_says_how_far_back(catalog):
     assert "at most 1440 per pool, 24.0 h" in html and "when the service last started" in html
     assert 'aria-sort="descending"' in html
     assert "<td>1/4</td>" in html  # the slice in the picker's words, not the label's 0.25
+    # pools' amounts in the picker's words too, and what "free" means (issue 27 #6)
+    t4_card = html[html.index('data-pool="t4"') :]
+    assert re.search(r'data-field="held"[^>]*>3 slices \(3/4 GPU\)', t4_card), t4_card[:800]
+    assert re.search(r'data-field="free"[^>]*>1/4 GPU<', t4_card), t4_card[:800]
+    assert "Free: the most that can still be handed out" in t4_card
     order = re.findall(r'<tr data-user="([^"]+)" data-server="" data-gpu="(\w+)"', html)
     assert [g for _, g in order] == ["busy", "idle", "unknown"]
     assert '<script src="/s/uplot/uPlot.iife.min.js">' in html  # shipped with the page

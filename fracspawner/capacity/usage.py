@@ -7,9 +7,12 @@ GPU-equivalent and its memory entitlement come from the CONTRACT label and annot
 (`fracspawner.io/gpu`, `fracspawner.io/gpu-equivalent`, `fracspawner.io/gpu-memory-mib`); the
 user and server from kubespawner's annotations (`hub.jupyter.org/username`, `.../servername`).
 
-Free, per pool, is the most of the pool one could still hand out, in GPU-equivalents: for each
-offer its free count times its size, the largest of those (the finest offer usually); unknown
-when no offer's count is known.
+Free, per pool, is the most of the pool one could still hand out, in GPU-equivalents; unknown
+when no offer's count is known. Where every offer is a MIG profile, each free MIG device is a
+partition of its own, so free is their sum (an idle A100 in its MIG layout reads "1 GPU", not
+the largest profile's 6/7). Elsewhere the sizes are cut from the same GPU memory and do not add
+up: free is, over the offers, the largest free count times its size (the finest offer usually).
+`free_means` says which, in words, where the number is shown (issue 27 #6).
 """
 
 from __future__ import annotations
@@ -19,6 +22,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ..backends import ANNOTATION_EQUIVALENT, ANNOTATION_MEMORY, LABEL_GPU, LABEL_POOL, plan_slice
+from ..model.units import slice_text
 from .snapshot import SERVERNAME_ANNOTATION, USERNAME_ANNOTATION, Capacity, parse_gpu_equivalent
 
 __all__ = ["Holder", "OfferFree", "PoolUsage", "holders_from_pods", "pool_usage"]
@@ -46,6 +50,20 @@ class OfferFree:
     free: int | None
     total: int | None
     gpu_equivalent: float
+    label: str = ""  # the picker's words: "1/4", "10 GiB", "MIG 1g.10gb", "2 GPUs"
+
+
+def offer_label(offer: Any) -> str:
+    """An offer as the picker's size list shows it (choice/offers.py size_label's words)."""
+    kind = getattr(offer, "kind", "")
+    if kind == "fraction":
+        return str(offer)
+    return slice_text(
+        kind,
+        memory_mib=getattr(offer, "memory_mib", 0) or 0,
+        profile=getattr(offer, "profile", "") or "",
+        count=getattr(offer, "count", 0) or 0,
+    )
 
 
 @dataclass
@@ -58,6 +76,14 @@ class PoolUsage:
     waiting_gpu: float = 0.0
     free_gpu: float | None = None
     offers: list[OfferFree] = field(default_factory=list)
+    free_means: str = ""  # what `free_gpu` counts, in words
+
+
+FREE_MEANS_MIG = "the MIG devices not in use, added up (each is a partition of its own)"
+FREE_MEANS_SHARED = (
+    "the most that can still be handed out, in the size that fits most "
+    "(the sizes are cut from the same GPU memory, so they do not add up)"
+)
 
 
 def _float(raw: Any) -> float | None:
@@ -151,16 +177,21 @@ def pool_usage(
     for name, pool in catalog.pools.items():
         usage = pools[name]
         free_known = []
+        partitions = bool(pool.offers) and all(
+            getattr(offer, "kind", "") == "mig" for offer in pool.offers
+        )
+        usage.free_means = FREE_MEANS_MIG if partitions else FREE_MEANS_SHARED
         for offer in pool.offers:
             spec = str(offer)
             counts = capacity.get(name, spec) if capacity is not None else None
             size = sizes.get((name, spec), 0.0)
             free = None if counts is None else counts.free
             total = None if counts is None else counts.total
-            usage.offers.append(OfferFree(spec, free, total, size))
+            usage.offers.append(OfferFree(spec, free, total, size, offer_label(offer)))
             if free is not None and size:
                 free_known.append(free * size)
-        usage.free_gpu = round(max(free_known), 6) if free_known else None
+        if free_known:
+            usage.free_gpu = round(sum(free_known) if partitions else max(free_known), 6)
         usage.held_gpu = round(usage.held_gpu, 6)
         usage.waiting_gpu = round(usage.waiting_gpu, 6)
     return list(pools.values())

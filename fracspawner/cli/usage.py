@@ -17,7 +17,7 @@ from ..capacity.live import LiveCapacity
 from ..capacity.snapshot import SERVERNAME_ANNOTATION, USERNAME_ANNOTATION
 from ..capacity.usage import Holder, PoolUsage, holders_from_pods, pool_usage
 from ..k8s.objects import created_at
-from ..model.units import utc_minute
+from ..model.units import gpu_share, utc_minute
 from .capacity import cluster_parser, read_cluster, table
 
 PROG = "fracspawner usage"
@@ -45,20 +45,28 @@ def usage_of(
 
 
 def _num(value: float | None) -> str:
-    return "unknown" if value is None else f"{value:g}"
+    """GPU amounts in the picker's words ("1/7", "6/7", "1 1/2"), never "0.142857"."""
+    return "unknown" if value is None else gpu_share(value)
 
 
 def render_table(pools: list[PoolUsage], holders: list[Holder]) -> str:
     rows = [("POOL", "HELD", "WAITING", "HELD GPU", "FREE GPU", "FREE BY SIZE")]
     for p in pools:
         sizes = ", ".join(
-            f"{o.spec} {'?' if o.free is None else o.free}/{'?' if o.total is None else o.total}"
+            f"{o.label or o.spec} {'?' if o.free is None else o.free}/"
+            f"{'?' if o.total is None else o.total}"
             for o in p.offers
         )
         rows.append(
             (p.name, str(p.held), str(p.waiting), _num(p.held_gpu), _num(p.free_gpu), sizes)
         )
     lines = table(rows)
+    means: dict[str, list[str]] = {}
+    for p in pools:
+        if p.free_means:
+            means.setdefault(p.free_means, []).append(p.name)
+    for text, names in means.items():
+        lines.append(f"FREE GPU of {', '.join(names)}: {text}")
     lines.append("")
     servers = [("USER", "SERVER", "POOL", "SLICE", "GPU", "MEMORY MIB", "NODE", "SINCE")]
     for h in holders:

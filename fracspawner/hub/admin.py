@@ -45,7 +45,7 @@ from ..choice.offers import size_label
 from ..choice.options import offer_for
 from ..model.errors import SliceError
 from ..model.slices import ALLOWED_STEPS, parse_slice
-from ..model.units import utc_minute
+from ..model.units import gpu_share, utc_minute
 
 __all__ = [
     "ADMIN_SCOPE",
@@ -333,7 +333,8 @@ def _env() -> Environment:
     env.filters["clock"] = utc_minute
     env.filters["duration"] = _duration
     env.filters["mib"] = _mib
-    env.filters["gpu"] = lambda v: "unknown" if v is None else f"{v:.3g}"
+    # the picker's words for amounts ("1/7", "6/7", "1 1/2"), never "0.857" (issue 27 #6)
+    env.filters["gpu"] = lambda v: "unknown" if v is None else gpu_share(v)
     return env
 
 
