@@ -3,10 +3,11 @@ NCCL, and whether a kernel's process is working on the CPU. Plain checks, used b
 hibernator (hibernate.py) and by `fracspawner doctor`; each names the NVIDIA issue it follows.
 
 - Drivers before 575.57.08 (r570 up to 575.51) fail to checkpoint or restore a process in a
-  container that sees only some of the node's GPUs (NVIDIA/cuda-checkpoint #24: "CHECKPOINT_DEVICES
-  failed ... operation not permitted" with partial device passthrough, fixed per 575.57.08's
-  release notes; #12: the restore fails). A notebook pod with a GPU slice on a node with several
-  GPUs is exactly that container; `all_gpus_visible` says the pod sees every GPU of its node.
+  container that sees only some of the node's GPUs (NVIDIA/cuda-checkpoint #24:
+  "CHECKPOINT_DEVICES failed ... operation not permitted" with partial device passthrough,
+  reported fixed in 575.57.08 by a comment there pointing at that driver's release notes; #12:
+  the restore fails). A notebook pod with a GPU slice on a node with several GPUs is exactly
+  that container; `all_gpus_visible` says the pod sees every GPU of its node.
 - MIG instances cannot be checkpointed (#42: 'Could not checkpoint ...: "out of memory"'; the
   maintainer: "MIG isn't supported right now").
 - A process in an NCCL communicator with peers: locking one rank makes every checkpoint call on
@@ -45,8 +46,8 @@ def driver_problem(driver: str | None, in_container: bool, all_gpus_visible: boo
     if parsed < PARTIAL_PASSTHROUGH_FIXED:
         return (
             f"driver {driver} cannot checkpoint in a container that sees only some of the node's "
-            "GPUs (NVIDIA/cuda-checkpoint #12, #24; fixed in driver 575.57.08): upgrade the "
-            "driver, or set Hibernator.all_gpus_visible where pods see every GPU of their node"
+            "GPUs (NVIDIA/cuda-checkpoint #12, #24; reported fixed in driver 575.57.08): upgrade "
+            "the driver, or set Hibernator.all_gpus_visible where pods see every GPU of their node"
         )
     return None
 
