@@ -5,8 +5,10 @@ refusals of the CUDA driver's cuCheckpointProcess* calls, each cited there).
 
 An idle GPU kernel hibernates after the policy time and a cell the user runs resumes it first
 (the cell sees its own CUDA state "running") and returns the right result; every failure
-(no host-memory headroom, UVM refused, the driver leaving it failed, several processes, a
-restore that fails) leaves the kernel and its data in place.
+(no host-memory headroom, UVM refused, the driver leaving it failed, a restore that fails)
+leaves the kernel and its data in place. What issue 26 found against the documented driver
+(GetState errors, NOT_READY, children and workers, FAILED, driver conditions, foreign clients)
+is in tests/test_hibernation_driver.py.
 """
 
 from __future__ import annotations
