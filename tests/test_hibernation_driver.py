@@ -32,7 +32,6 @@ from tests.test_hibernation import (
     HIBERNATE_AFTER,
     MY_STATE,
     cuda_state,
-    entry,
     fake_driver_module,
     gpu_kernel,
     hibernation,
@@ -301,6 +300,8 @@ def server_env(tmp_path_factory):
                 "retry_first": 1.0,
                 "retry_refused_after": 1.0,
                 "cpu_probe_seconds": 0.5,
+                # a working thread shows even on a loaded machine; an idle kernel stays under 1 %
+                "cpu_busy_percent": 3.0,
             }
         },
     )
@@ -400,10 +401,10 @@ async def test_defect7_a_client_on_the_connection_file_resumes_the_kernel(server
     finally:
         client.stop_channels()
     assert reply["content"]["status"] == "ok", reply["content"]
-    assert "".join(out).strip() == "42 running"
-    wait_for(lambda: entry(server, kid).get("gpu_memory_mib") == 2 * GIB, 15, "memory back")
-    assert server.gpu()["hibernation"]["resumes"][-1]["why"] == (
-        "a client outside this server's websocket"
+    assert "".join(out).strip() == "42 running"  # resumed before its CUDA call went on
+    resumes = server.gpu()["hibernation"]["resumes"]
+    assert {"kernel_id": kid, "why": "a client outside this server's websocket"}.items() <= (
+        resumes[-1].items()
     )
     server.api("DELETE", f"/api/kernels/{kid}")
 
