@@ -75,6 +75,8 @@ def test_time_sliced_quarter_over_committed_twice_selects_nodes_with_eight_repli
     assert plan.annotations["fracspawner.io/gpu-memory-mib"] == str(T4_MIB // 4)
     assert plan.env["FRACSPAWNER_GPU_MEMORY_MIB"] == str(T4_MIB // 4)
     assert plan.env["XLA_PYTHON_CLIENT_MEM_FRACTION"] == "0.25"
+    # the server is told: a resume refused for want of room waits for a swap (serverext/swap.py)
+    assert plan.env["FRACSPAWNER_GPU_OVERCOMMIT"] == "2.0"
 
 
 def test_eight_quarters_fit_on_one_over_committed_gpu_and_the_count_says_so(catalog):
@@ -186,3 +188,4 @@ def test_no_overcommit_is_one_and_changes_nothing():
     assert pool.overcommit == 1
     plan = plan_slice(parse_slice("1/4"), pool, None)
     assert plan.node_selector["nvidia.com/gpu.replicas"] == "4"
+    assert "FRACSPAWNER_GPU_OVERCOMMIT" not in plan.env

@@ -107,18 +107,11 @@ def test_unknown_memory_is_never_counted_as_free():
     servers.append(ServerOnGpu("u4", "", cap_mib=QUARTER, resident_mib=None))
     p = plan_swaps(UUID, SIZE, servers, margin_mib=QUARTER)
     assert p.resident_mib == SIZE and chosen(p) == ["k1"]
-    # NVML's used memory shows more than the servers tell (a process nobody reports): counted
-    two = [ServerOnGpu(**{**server(i).__dict__, "device_used_mib": SIZE}) for i in range(1, 3)]
-    p = plan_swaps(UUID, SIZE, two, margin_mib=QUARTER)
-    assert p.resident_mib == SIZE and chosen(p) == ["k1"]
 
 
-def test_a_servers_word_counts_at_most_its_slice_and_one_inflated_reading_does_not_win():
-    liar = ServerOnGpu(
-        "mallory", "", cap_mib=QUARTER, resident_mib=10 * SIZE, device_used_mib=10 * SIZE
-    )
-    honest = ServerOnGpu(**{**server(1).__dict__, "device_used_mib": 2 * QUARTER})
-    p = plan_swaps(UUID, SIZE, [liar, honest])
+def test_a_servers_word_counts_at_most_its_slice():
+    liar = ServerOnGpu("mallory", "", cap_mib=QUARTER, resident_mib=10 * SIZE)
+    p = plan_swaps(UUID, SIZE, [liar, server(1)])
     assert p.resident_mib == 2 * QUARTER and not p.under_pressure
 
 
@@ -161,17 +154,26 @@ def test_report_facts_per_device():
             kernel("d", 100, "2026-01-01T11:00:00Z", gpu_activity_known=False),
             kernel("e", 100, "2026-01-01T11:00:00Z", execution_state="busy"),
             kernel("f", 100, "2030-01-01T11:00:00Z", state="cannot_hibernate"),
+            kernel("g", 100, "2026-01-01T11:00:00Z"),
+            # suspended by its server's word; its process's last reading predates the suspend
+            kernel("h", QUARTER, "2026-01-01T08:00:00Z", state="hibernated"),
         ],
         waiting=[{"kernel_id": "b", "gpu_memory_mib": QUARTER}],
     )
     (gpu,) = swap_facts(body, received_at=1893456000.0).gpus  # 2030-01-01
     assert (gpu.uuid, gpu.total_mib, gpu.used_mib) == (UUID, SIZE, 2 * QUARTER)
-    assert gpu.resident_mib == QUARTER + 400 and gpu.waiting_mib == QUARTER
+    g = next(k for k in body["kernels"] if k["id"] == "g")
+    g["hibernation"]["next_try"] = "2031-01-01T00:00:00Z"
+    (gpu,) = swap_facts(body, received_at=1893456000.0).gpus
+    assert gpu.resident_mib == QUARTER + 500 and gpu.waiting_mib == QUARTER
     kernels = {k.kernel_id: k for k in gpu.kernels}
     assert kernels["a"].idle and kernels["a"].last_used == 1767261600.0
     assert kernels["b"].hibernated and not kernels["b"].idle
+    assert kernels["h"].hibernated and kernels["h"].resident_mib == 0
     # GPU busy, GPU unknown, a cell running, or a kernel that cannot hibernate: never asked
     assert not any(kernels[k].idle for k in "cdef")
+    # refused a moment ago (its server tries again later): not asked meanwhile
+    assert kernels["g"].idle and kernels["g"].refused
     assert kernels["f"].last_used == 1893456000.0  # a time from the future is clamped
     assert swap_facts({"available": False}, 0.0).gpus == ()
 

@@ -94,6 +94,7 @@ RESERVED_ENV: frozenset[str] = frozenset(
         "FRACSPAWNER_GPU_SLICE",
         "FRACSPAWNER_GPU_POOL",
         "FRACSPAWNER_GPU_POOL_DISPLAY",
+        "FRACSPAWNER_GPU_OVERCOMMIT",
         "FRACSPAWNER_KERNEL_GPU_IDLE_SECONDS",
         "FRACSPAWNER_KERNEL_GPU_HIBERNATE_SECONDS",
         "FRACSPAWNER_SERVER_GPU_IDLE_SECONDS",
@@ -113,6 +114,7 @@ LABEL_GPU = "fracspawner.io/gpu"
 ANNOTATION_EQUIVALENT = "fracspawner.io/gpu-equivalent"
 ANNOTATION_MEMORY = "fracspawner.io/gpu-memory-mib"
 ENV_MEMORY = "FRACSPAWNER_GPU_MEMORY_MIB"
+ENV_OVERCOMMIT = "FRACSPAWNER_GPU_OVERCOMMIT"
 #: backends whose pools may resolve a fraction/memory request to a MIG profile
 MIG_BACKENDS = frozenset({"mig-mixed", "mig-single", "gke-mig"})
 
@@ -310,6 +312,8 @@ def _plan_slice(s: Slice, pool: Pool | None, image: Image | None) -> PodPlan:
         env.update(_soft_caps(memory, pool.gpu.device_memory_mib))
     env.update(plan.env)
     env[ENV_MEMORY] = str(memory)
+    if pool.overcommit != 1:  # the server waits for room on a full GPU (serverext/swap.py)
+        env[ENV_OVERCOMMIT] = decimal(pool.overcommit)
 
     scheduler = pool.options.get("scheduler_name") if pool.options else None
     return PodPlan(

@@ -38,6 +38,7 @@ from .receiver import MAX_BODY, ReportRate, receiver_app, report_server
 from .reports import EVENTS_PER_HOUR, CulledKernel, ReportStore
 from .state import CullerState, CullEvent, server_row
 from .stateapi import state_handler
+from .swapdesk import SwapDesk, seats_from
 
 
 def _seconds(value: float | None) -> str:
@@ -269,6 +270,24 @@ class Culler(CullerApplication):
         "safe", config=True, help="KubeSpawner.slug_scheme of the hub: 'safe' or 'escape'."
     )
 
+    # --- over-commit and swap (pressure.py) ------------------------------------------------------
+    swap_margin_mib = Float(
+        None,
+        allow_none=True,
+        config=True,
+        help="On pools with overcommit above 1: GPU memory (MiB) kept free on each GPU; beyond "
+        "its size minus this, the least recently used idle kernels on it are swapped out to host "
+        "memory (their server is told in the answer to its report). Default: the pool's largest "
+        "slice, so one more of it fits at once.",
+    )
+    swap_report_in = Float(
+        20.0,
+        config=True,
+        help="Seconds after which the servers on a GPU under memory pressure are asked to report "
+        "again (they report every minute otherwise), so a swap is told in time; keep it at "
+        "least 60 / report_rate.",
+    )
+
     # --- metrics ------------------------------------------------------------------------------
     metrics_port = Integer(
         0, config=True, help="Serve Prometheus metrics on /metrics at this port; 0 = off."
@@ -324,6 +343,7 @@ class Culler(CullerApplication):
         # claim (its pool, its slice's memory) comes from here, never from the report
         self.known: dict[tuple[str, str], ServerFacts] = {}
         self._hibernated_labels: set[str] = set()
+        self._swap_desk: SwapDesk | None = None  # over-commit's swap orders (swapdesk.py)
         # the admin page's view (GET .../api/state): last cycle + bounded 24 h history
         self.state = CullerState(time.time())
 
@@ -461,6 +481,26 @@ class Culler(CullerApplication):
             ).labels(pool).inc()
             self.metrics.hibernation_duration.labels(event.kind).observe(event.seconds)
 
+    def answer_report(self, who: Identity) -> dict | None:
+        """What the answer to a server's report carries: its own idle kernels to swap out while
+        the GPU it shares on an over-committed pool is under memory pressure (swapdesk.py)."""
+        if self._catalog is None or not any(p.overcommit > 1 for p in self._catalog.pools.values()):
+            return None
+        if self._swap_desk is None:
+            self._swap_desk = SwapDesk(report_in=self.swap_report_in)
+        now = time.time()
+        seats = seats_from(
+            self.reports.latest(), self.known, self._catalog, now, self.max_staleness,
+            self.swap_margin_mib,
+        )  # fmt: skip
+        answer = self._swap_desk.answer(who.user, who.server, seats, now)
+        for order in (answer or {}).get("swap", {}).get("hibernate", []):
+            self.log.info(
+                "%s/%s: swap out idle kernel %s (GPU memory pressure)",
+                who.user, who.server, order["kernel_id"],
+            )  # fmt: skip
+        return answer
+
     def update_hibernated(self) -> None:
         """fracspawner_hibernated_bytes by pool: the servers' latest reports, each bounded by
         its slice and labelled with its pool as the hub records it (listed servers only)."""
@@ -524,7 +564,10 @@ class Culler(CullerApplication):
             self.report_url if "://" in self.report_url else "http://" + self.report_url
         )
         rate = ReportRate(self.report_rate, self.report_burst)
-        app = receiver_app(self.report_prefix, self.verifier(), self.reports, self.on_report, rate)
+        app = receiver_app(
+            self.report_prefix, self.verifier(), self.reports, self.on_report, rate,
+            answer=self.answer_report,
+        )  # fmt: skip
         prefix = "/" + self.report_prefix.strip("/") + "/" if self.report_prefix.strip("/") else "/"
         state = state_handler(f"{prefix}api/state", self.verifier, self.state_json, gated=True)
         app.add_handlers(r".*", [state])

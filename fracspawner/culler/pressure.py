@@ -11,11 +11,12 @@ memory swap" (docs.run.ai, Researcher/scheduling/gpu-memory-swap).
 
 The rule, per physical GPU (keyed by the NVML UUID the servers report):
 
-- resident = what its servers' kernels hold on it, each server at most its slice's memory (a
+- resident = what its servers' processes hold on it, each server at most its slice's memory (a
   server's word is never worth more than its slice), and a server whose report is stale or
-  unreadable counts its whole slice: unknown memory is never counted as free. When the servers'
-  own device readings (NVML's used memory, which also shows processes nobody reports) say more,
-  the smallest of those readings counts (one inflated reading cannot evict anyone);
+  unreadable counts its whole slice: unknown memory is never counted as free. A kernel its
+  server reports suspended holds nothing there, whatever the last reading of its process said
+  (the reading may predate the suspend). NVML's used memory of the whole device is not used:
+  the servers read it at different moments, so before and after a swap they disagree;
 - demand = resident + what kernels waiting to resume on it need (a resume refused for want of
   room: serverext/swap.py reports it);
 - pressure: demand above size - margin. Then the least recently used idle kernels on the GPU
@@ -36,9 +37,11 @@ from dateutil.parser import isoparse
 
 #: idle kernels are asked again after this long if their server's report still shows them
 #: resident (a refusal that may pass, a lost answer)
-ASK_AGAIN_AFTER = 120.0
+ASK_AGAIN_AFTER = 30.0
 #: the extension's hibernation states of a kernel whose memory is off the GPU (hibernate.py)
 SUSPENDED = frozenset({"hibernating", "hibernated", "resuming", "restore_failed"})
+#: of those, the states in which its memory is not on the GPU (resuming: it is coming back)
+OFF_GPU = frozenset({"hibernating", "hibernated", "restore_failed"})
 
 
 @dataclass(frozen=True)
@@ -50,6 +53,9 @@ class KernelOnGpu:
     idle: bool  # no cell executing, GPU reading idle and known
     last_used: float | None  # unix time of its last message or GPU work; None: unknown
     hibernated: bool = False
+    # its server tried to hibernate it and was refused for a while (a subprocess holds GPU
+    # memory, its CUDA work did not pause, ...: hibernate.py's `next_try`): not asked meanwhile
+    refused: bool = False
 
 
 @dataclass(frozen=True)
@@ -63,7 +69,6 @@ class ServerOnGpu:
     waiting_mib: float = 0.0  # kernels waiting to resume here for want of room
     present: bool = False  # a person is at a tab of the server
     kernels: tuple[KernelOnGpu, ...] = ()
-    device_used_mib: float | None = None  # NVML's used memory of the whole device, its reading
 
 
 @dataclass(frozen=True)
@@ -103,14 +108,11 @@ class Pressure:
 
 def resident_of(servers: Iterable[ServerOnGpu]) -> float:
     """Memory on the GPU: each server's reported resident memory within its slice, its whole
-    slice where unknown, or the smallest of the servers' device readings if that is more."""
-    servers = list(servers)
-    told = sum(
+    slice where unknown."""
+    return sum(
         s.cap_mib if s.resident_mib is None else min(max(s.resident_mib, 0.0), s.cap_mib)
         for s in servers
     )
-    readings = [s.device_used_mib for s in servers if s.device_used_mib is not None]
-    return max(told, min(readings)) if readings else told
 
 
 def plan_swaps(
@@ -142,6 +144,7 @@ def plan_swaps(
         for k in s.kernels
         if k.idle
         and not k.hibernated
+        and not k.refused
         and k.resident_mib > 0
         and k.last_used is not None
         and (s.user, s.server, k.kernel_id) not in asked
@@ -205,11 +208,22 @@ def swap_facts(report: Mapping, received_at: float) -> SwapFacts:
         return SwapFacts()
     by_index = {str(d.get("index")): d["uuid"] for d in devices}
     first = devices[0]["uuid"]
+    # kernels off the GPU by their server's word: their processes' last reading may predate it
+    suspended = {
+        k["id"]
+        for k in report.get("kernels") or []
+        if isinstance(k, dict)
+        and k.get("id")
+        and ((k.get("hibernation") or {}).get("state") or "running") in OFF_GPU
+    }
     # a kernel's device: where its processes hold memory; a one-device server has one
     resident: dict[str, float] = {}
     kernel_device: dict[str, str] = {}
     for p in report.get("processes") or []:
         if not isinstance(p, dict) or not p.get("matched"):
+            continue
+        if p.get("kernel_id") in suspended:
+            kernel_device.setdefault(p["kernel_id"], by_index.get(str(p.get("device")), first))
             continue
         uuid = by_index.get(str(p.get("device")), first)
         resident[uuid] = resident.get(uuid, 0.0) + float(p.get("gpu_memory_mib") or 0)
@@ -239,10 +253,11 @@ def swap_facts(report: Mapping, received_at: float) -> SwapFacts:
         kernels.setdefault(kernel_device.get(k["id"], first), []).append(
             KernelOnGpu(
                 kernel_id=k["id"],
-                resident_mib=float(k.get("gpu_memory_mib") or 0),
+                resident_mib=0.0 if k["id"] in suspended else float(k.get("gpu_memory_mib") or 0),
                 idle=k.get("execution_state") == "idle" and not busy_reading and state == "running",
                 last_used=max(last) if last else None,
                 hibernated=state in SUSPENDED,
+                refused=(_time(hibernation.get("next_try"), float("inf")) or 0) > received_at,
             )
         )
     waiting: dict[str, float] = {}

@@ -4,7 +4,9 @@ that user servers talk to; the culler itself never calls them).
 401 without a token, 403 for a token the hub does not know or that may not speak for the named
 server, 429 (Retry-After) for too many unknown tokens or too many reports from one sender, 413
 for a body over MAX_BODY, 400 for a body that is not a report (reports.REPORT: the schema and
-its limits), 503 while the hub cannot be asked, 204 when taken.
+its limits), 503 while the hub cannot be asked, 204 when taken; 200 with a JSON body when the
+culler has something to say to the server about its own kernels (over-commit's swap orders:
+swapdesk.py), which the extension acts on (fracspawner.serverext.swap).
 
 Who is asking is settled before the body is read, not only before it is parsed: the handler
 streams its body (`tornado.web.stream_request_body`), so tornado runs `prepare()` as soon as
@@ -41,6 +43,9 @@ from .reports import CulledKernel, ReportError, ReportStore, load_report, parse_
 MAX_BODY = 512 * 1024  # a report with hundreds of kernels is a few tens of kB
 
 OnReport = Callable[[Identity, list[CulledKernel]], None]
+#: what the culler answers a report (200 with this JSON; None: 204): over-commit's swap orders
+#: for the server's own kernels (swapdesk.py), the only thing a report's answer carries
+Answer = Callable[[Identity], dict | None]
 
 
 class ReportRate:
@@ -69,9 +74,15 @@ def request_token(request: HTTPServerRequest) -> str | None:
 @web.stream_request_body
 class ReportHandler(web.RequestHandler):
     def initialize(
-        self, verifier: TokenVerifier, store: ReportStore, on_report: OnReport, rate: ReportRate
+        self,
+        verifier: TokenVerifier,
+        store: ReportStore,
+        on_report: OnReport,
+        rate: ReportRate,
+        answer: Answer | None = None,
     ) -> None:
         self.verifier, self.store, self.on_report, self.rate = verifier, store, on_report, rate
+        self.answer = answer
         self.chunks: list[bytes] = []
         self.size = 0
         self.model: dict | None = None
@@ -138,7 +149,12 @@ class ReportHandler(web.RequestHandler):
         except ReportError as exc:
             return self._refuse(400, f"not a report: {exc}")
         self.on_report(who, culled)
-        self.set_status(204)
+        body = self.answer(who) if self.answer is not None else None
+        if body is None:
+            self.set_status(204)
+            return
+        self.set_header("Content-Type", "application/json")
+        self.finish(json.dumps(body))
 
 
 def _too_often(rate: ReportRate, wait: float) -> str:
@@ -190,10 +206,14 @@ def receiver_app(
     store: ReportStore,
     on_report: OnReport,
     rate: ReportRate | None = None,
+    answer: Answer | None = None,
 ) -> web.Application:
     prefix = "/" + prefix.strip("/") + "/" if prefix.strip("/") else "/"
     rate = rate if rate is not None else ReportRate()
-    args = {"verifier": verifier, "store": store, "on_report": on_report, "rate": rate}
+    args = {
+        "verifier": verifier, "store": store, "on_report": on_report, "rate": rate,
+        "answer": answer,
+    }  # fmt: skip
     return web.Application(
         [(f"{prefix}api/reports", ReportHandler, args)], log_function=_log_request
     )

@@ -131,7 +131,9 @@ REPORT = Spec(
                     "gpu_memory_mib": MIB,
                     "gpu_utilization": Spec("number", high=100.0 * 16),
                     "gpu_activity_known": Spec("bool"),
-                    "hibernation": Spec("object", fields={"state": Spec("text", 32)}),
+                    "hibernation": Spec(
+                        "object", fields={"state": Spec("text", 32), "next_try": TIME}
+                    ),
                 },
                 required=("id",),
             ),

@@ -50,13 +50,14 @@ class SwapDesk:
         self.last: dict[str, Pressure] = {}  # GPU uuid -> its latest pressure (state, metrics)
 
     def _still_asked(self, seats: list[Seat], now: float) -> dict[tuple[str, str, str], float]:
-        """Asks whose kernel the latest report still shows resident and idle, not too old."""
+        """Asks whose kernel the latest report still shows resident, not refused (the next
+        kernel is asked instead), and not too old."""
         resident = {
             (s.user, s.server, k.kernel_id): k.resident_mib
             for s in seats
             for g in s.facts.gpus
             for k in g.kernels
-            if k.resident_mib > 0 and not k.hibernated
+            if k.resident_mib > 0 and not k.hibernated and not k.refused
         }
         for key, (_mib, at) in list(self.asked.items()):
             if key not in resident or now - at > self.ask_again_after:
@@ -88,7 +89,6 @@ class SwapDesk:
                             waiting_mib=g.waiting_mib if s.fresh else 0.0,
                             present=s.present,
                             kernels=g.kernels if s.fresh else (),
-                            device_used_mib=g.used_mib if s.fresh else None,
                         )
                     )
             size = me.size_mib if me.size_mib else gpu.total_mib

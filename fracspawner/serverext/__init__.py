@@ -17,6 +17,7 @@ from .presence import SETTINGS_KEY as PRESENCE_KEY
 from .presence import Presence
 from .reporter import GpuReporter
 from .resume import resuming_connection_class
+from .swap import SwapAgent
 
 __all__ = [
     "GpuMonitor",
@@ -70,15 +71,23 @@ def _load_jupyter_server_extension(serverapp: Any) -> None:
     )
     # the report the culler gets is pushed from here, with this server's own token: the culler
     # never calls into the server (docs/culler.md, "Trust")
+    # over-commit's swap (swap.py): the culler's orders come back in the answer to a report
+    swap = SwapAgent(
+        monitor, lambda seconds: reporter.report_soon(seconds), parent=serverapp, log=serverapp.log
+    )
     reporter = GpuReporter(
         parent=serverapp,
         log=serverapp.log,
-        report=lambda: monitor.report(
-            server_last_activity=server_activity(web_app.settings),
-            user_last_activity=user_activity(web_app.settings),
+        report=lambda: swap.extend(
+            monitor.report(
+                server_last_activity=server_activity(web_app.settings),
+                user_last_activity=user_activity(web_app.settings),
+            )
         ),
     )
+    reporter.on_answer = swap.on_answer
     web_app.settings["fracspawner_gpu_reporter"] = reporter
+    web_app.settings["fracspawner_swap"] = swap
     # the tasks end with the server's event loop: module extensions get no unload hook
     serverapp.io_loop.add_callback(monitor.start)
     serverapp.io_loop.add_callback(reporter.start)

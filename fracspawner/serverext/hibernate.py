@@ -59,6 +59,20 @@ SUSPENDED = frozenset({"hibernating", "hibernated", "resuming", "restore_failed"
 HISTORY = 50  # recent hibernations and resumes kept for the report (the culler counts them)
 
 
+#: what the cell says while its kernel waits for room on a full GPU (over-commit: swap.py)
+GPU_FULL = (
+    "fracspawner: the GPU this notebook shares is full right now, so this kernel waits while "
+    "another notebook's idle kernel is swapped out to host memory. Your cell runs as soon as "
+    "there is room; nothing is lost."
+)
+
+
+def _gpu_full(exc: Exception) -> bool:
+    """A restore refused for want of room on the GPU (cuCheckpointProcessRestore's
+    CUDA_ERROR_OUT_OF_MEMORY)."""
+    return isinstance(exc, CheckpointError) and exc.code == "CUDA_ERROR_OUT_OF_MEMORY"
+
+
 class _Later(Exception):
     """Not suspended this time, for a reason that may pass: tried again after
     `retry_refused_after` (its CUDA work did not pause, the driver does not know the process
@@ -90,6 +104,10 @@ class KernelSleep:
     last_resume_seconds: float | None = None
     last_resumed_at: datetime | None = None
     why: str | None = None  # what asked for the last hibernation ("idle", the culler's reason)
+    # its restore was refused for want of room on the GPU (over-commit: it waits while an idle
+    # kernel is swapped out, serverext/swap.py), and what wakes its retry early
+    gpu_full: bool = False
+    wake: asyncio.Event = field(default_factory=asyncio.Event)
     lock: asyncio.Lock = field(default_factory=asyncio.Lock)
     task: asyncio.Task | None = None
     unwatch: Callable[[], None] | None = None
@@ -109,6 +127,7 @@ class KernelSleep:
             "next_try": isoformat(self.next_try) if self.note else None,
             "last_resume_seconds": self.last_resume_seconds,
             "last_resumed_at": isoformat(self.last_resumed_at),
+            "waiting_for_gpu": self.gpu_full and self.state in ("restore_failed", "resuming"),
         }
 
 
@@ -201,6 +220,9 @@ class Hibernator(LoggingConfigurable):
         self.on_restore_failed: list[Callable[[str, str], None]] = []
         # MIG (the monitor sets it from each reading): no checkpointing on MIG instances
         self.device_indices: list[str] = []
+        # an over-committed pool (swap.py): the culler swaps idle kernels out to make room, so
+        # a restore refused for want of room waits for it, and the cell says so
+        self.swap_managed = False
         # called with a kernel id once it is hibernated; returns what stops watching it (the
         # monitor watches the kernel's iopub for clients that bypass this server: foreign.py)
         self.watch: Callable[[str], Callable[[], None] | None] | None = None
@@ -523,21 +545,31 @@ class Hibernator(LoggingConfigurable):
                     s.state, s.attempts = "restore_failed", s.attempts + 1
                     s.restore_error = str(exc)
                     s.next_retry = utcnow() + timedelta(seconds=delay)
+                    # no room on the GPU ([API] Restore: "The GPU to restore onto needs to have
+                    # enough memory"): on a shared GPU it waits while an idle kernel is swapped
+                    # out (swap.py wakes it when there is room), said once to the cell
+                    was_full, s.gpu_full = s.gpu_full, _gpu_full(exc)
+                    waits = s.gpu_full and self.swap_managed
                     text = (
                         f"fracspawner: this kernel's GPU state could not be restored yet ({exc}); "
                         f"trying again in {delay:.0f} s. Nothing is lost: the kernel and its data "
                         "are kept. Your cell runs once the GPU state is back; or restart the "
                         "kernel to start over."
                     )
+                    if waits:
+                        text = GPU_FULL
                     if previous != "restore_failed" or s.attempts % 5 == 1:
                         self.log.warning("fracspawner: kernel %s: %s", s.kernel_id, exc)
-                    self._notify(s.kernel_id, text)
-                    await asyncio.sleep(delay)
-                    delay = min(delay * 2, self.retry_max)
+                    if not (waits and was_full):
+                        self._notify(s.kernel_id, text)
+                    await self._pause(s, delay)
+                    if not waits:
+                        delay = min(delay * 2, self.retry_max)
                     if self.kernels.get(s.kernel_id) is not s:  # shut down meanwhile
                         return False
                     continue
                 seconds = round(time.monotonic() - started, 3)
+                s.gpu_full = False
                 s.state, s.last_resume_seconds, s.last_resumed_at = "running", seconds, utcnow()
                 s.restore_error, s.next_retry, s.attempts = None, None, 0
                 self.resumes = [
@@ -551,6 +583,20 @@ class Hibernator(LoggingConfigurable):
                     "fracspawner: kernel %s resumed (%s) in %.1f s", s.kernel_id, why, seconds
                 )
             return s.state == "running"
+
+    async def _pause(self, s: KernelSleep, delay: float) -> None:
+        """Wait `delay` seconds before the next restore, or until `retry_now` says there is room."""
+        s.wake.clear()
+        try:
+            await asyncio.wait_for(s.wake.wait(), delay)
+        except asyncio.TimeoutError:
+            pass
+
+    def retry_now(self, kernel_id: str) -> None:
+        """Try a waiting restore again now (swap.py: the GPU has room for it)."""
+        s = self.kernels.get(kernel_id)
+        if s is not None:
+            s.wake.set()
 
     def _failed(self, s: KernelSleep, exc: Exception) -> bool:
         """FAILED is terminal (CUprocessState: "an uncorrectable error during the

@@ -69,6 +69,10 @@ class GpuReporter(BackgroundLoop):
         self.last_error: str | None = None
         self.last_sent_at: datetime | None = None
         self.retry_after: float | None = None  # the culler's last 429 asked for this wait
+        # the culler's answer to a report (200 with JSON: over-commit's swap orders) goes here
+        self.on_answer: Callable[[dict], None] | None = None
+        self.sooner: float | None = None  # seconds: the culler or swap.py want a report soon
+        self._wake = asyncio.Event()
 
     @property
     def enabled(self) -> bool:
@@ -91,12 +95,25 @@ class GpuReporter(BackgroundLoop):
                 await self.push_once()
             except Exception:  # one failed report must not end reporting for the server's life
                 self.log.exception("fracspawner: GPU report to the culler failed")
-            await asyncio.sleep(self.next_delay())
+            self._wake.clear()
+            try:  # report_soon may cut the wait short
+                await asyncio.wait_for(self._wake.wait(), self.next_delay())
+            except asyncio.TimeoutError:
+                pass
 
     def next_delay(self) -> float:
         """Seconds until the next report: the culler's Retry-After after a 429, else
-        report_interval."""
-        return self.report_interval if self.retry_after is None else self.retry_after
+        report_interval, or sooner when asked (report_soon, the culler's report_in)."""
+        if self.retry_after is not None:
+            return self.retry_after
+        sooner, self.sooner = self.sooner, None
+        return self.report_interval if sooner is None else min(sooner, self.report_interval)
+
+    def report_soon(self, seconds: float = 0.0) -> None:
+        """Send the next report within `seconds` (not sooner than a 429's Retry-After allows)."""
+        self.sooner = seconds if self.sooner is None else min(self.sooner, seconds)
+        if seconds <= 0 and self.retry_after is None:
+            self._wake.set()
 
     async def push_once(self) -> bool:
         """POST one report; True when the culler took it."""
@@ -114,7 +131,7 @@ class GpuReporter(BackgroundLoop):
         )
         self.retry_after = None
         try:
-            await AsyncHTTPClient().fetch(req)
+            response = await AsyncHTTPClient().fetch(req)
         except (HTTPClientError, OSError) as exc:
             if isinstance(exc, HTTPClientError) and exc.code == 429:
                 self.retry_after = _retry_after(exc)
@@ -128,6 +145,13 @@ class GpuReporter(BackgroundLoop):
         self.last_error = None
         self.sent += 1
         self.last_sent_at = datetime.now(timezone.utc)
+        if response.code == 200 and response.body and self.on_answer is not None:
+            try:
+                answer = json.loads(response.body)
+            except ValueError:
+                answer = None
+            if isinstance(answer, dict):
+                self.on_answer(answer)
         return True
 
     def state(self) -> dict:

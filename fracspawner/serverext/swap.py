@@ -1,0 +1,163 @@
+"""Over-commit's swap, in the server: the culler's orders to swap idle kernels out, and kernels
+that wait for room on a full GPU.
+
+On a pool that commits more GPU memory than its GPUs have (catalog `overcommit`), the culler
+keeps what is resident on each GPU within its size (fracspawner/culler/pressure.py). It never
+calls into this server: its orders come back in the answer to this server's own report
+(reporter.py `on_answer`): `{"swap": {"hibernate": [{"kernel_id", "reason"}], "report_in": s}}`.
+This module
+
+- hibernates each kernel named, if it is still one of this server's kernels and idle, through
+  the monitor's `hibernate_now` (every safety of the hibernator holds: only the kernel's own
+  process, never one that executes, its data kept; a refusal is reported and the culler asks
+  the next least recently used kernel);
+- reports the kernels whose resume was refused for want of room on the GPU (the driver's
+  restore answered CUDA_ERROR_OUT_OF_MEMORY) as `swap.waiting`, at once (a report now, not at
+  the next minute): that is the demand the culler makes room for. The cell says the kernel
+  waits while another one is swapped out (hibernate.GPU_FULL), and the meter shows it;
+- tries such a resume again as soon as the GPU shows room for it (the monitor's readings of the
+  device's used memory), not at the end of a backoff;
+- reports again when the culler says (`report_in`), so a GPU under pressure hears of its swaps
+  in seconds rather than a minute.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+from collections.abc import Callable
+from typing import Any
+
+from traitlets import Float
+from traitlets.config import LoggingConfigurable
+
+from .podinfo import isoformat
+
+MAX_ORDERS = 16  # kernels one answer may name (a server has a few)
+ENV_OVERCOMMIT = "FRACSPAWNER_GPU_OVERCOMMIT"  # the pool's overcommit, set by FracSpawner
+
+
+def _overcommit(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        return 1.0
+    return value if value == value and value >= 1 else 1.0
+
+
+class SwapAgent(LoggingConfigurable):
+    """Acts on the culler's swap orders and reports kernels waiting for room."""
+
+    room_check = Float(
+        1.0,
+        config=True,
+        help="Seconds between two looks at the GPU's free memory while a kernel waits to resume "
+        "for want of room (it is tried again as soon as there is room for it).",
+    )
+
+    def __init__(self, monitor: Any, report_soon: Callable[[float], None], **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self.monitor = monitor
+        self.report_soon = report_soon
+        self._tasks: set[asyncio.Task] = set()
+        self._watching: asyncio.Task | None = None
+        self.orders: list[dict] = []  # the latest orders taken (doctor, tests)
+        # FracSpawner says the pool over-commits (backends.plan_slice): only then does the
+        # culler make room, and a kernel refused for want of room waits for it
+        self.overcommit = _overcommit(os.environ.get(ENV_OVERCOMMIT, ""))
+        monitor.hibernator.swap_managed = self.overcommit > 1
+        monitor.hibernator.on_restore_failed.append(self._restore_failed)
+
+    # --- the culler's answer ------------------------------------------------------------------
+    def on_answer(self, answer: dict) -> None:
+        """Take the culler's answer to a report (reporter.py)."""
+        swap = answer.get("swap") if isinstance(answer, dict) else None
+        if not isinstance(swap, dict):
+            return
+        report_in = swap.get("report_in")
+        if isinstance(report_in, int | float) and not isinstance(report_in, bool):
+            self.report_soon(max(1.0, float(report_in)))
+        live = self.monitor._kernel_ids()
+        for order in (swap.get("hibernate") or [])[:MAX_ORDERS]:
+            if not isinstance(order, dict):
+                continue
+            kid, reason = order.get("kernel_id"), order.get("reason")
+            if not isinstance(kid, str) or kid not in live:
+                continue  # only this server's own kernels, by the ids it reported
+            why = reason if isinstance(reason, str) and reason else "swapped out"
+            self.orders = [*self.orders[-49:], {"kernel_id": kid, "reason": why[:300]}]
+            task = asyncio.get_running_loop().create_task(self._swap_out(kid, why[:300]))
+            self._tasks.add(task)
+            task.add_done_callback(self._tasks.discard)
+
+    async def _swap_out(self, kernel_id: str, why: str) -> None:
+        try:
+            state = await self.monitor.hibernate_now(kernel_id, why)
+        except Exception:  # one failed order must not stop the next
+            self.log.exception("fracspawner: swapping kernel %s out failed", kernel_id)
+            return
+        self.log.info("fracspawner: the culler asked to swap kernel %s out: %s", kernel_id, state)
+        self.report_soon(0.0)  # the culler counts what left (or asks the next kernel)
+
+    # --- kernels waiting for room -------------------------------------------------------------
+    def waiting(self) -> list[dict]:
+        """Kernels whose resume waits for room on the GPU (hibernate.KernelSleep.gpu_full)."""
+        hib = self.monitor.hibernator
+        device = self._device_uuid()
+        out = []
+        for kid, s in sorted(hib.kernels.items()):
+            if s.gpu_full and s.state in ("restore_failed", "resuming"):
+                entry = {
+                    "kernel_id": kid,
+                    "gpu_memory_mib": round(s.memory_mib, 1),
+                    "since": isoformat(s.since),
+                }
+                if device:
+                    entry["device"] = device
+                out.append(entry)
+        return out
+
+    def extend(self, report: dict) -> dict:
+        """The report with `swap.waiting` (what the culler makes room for)."""
+        report["swap"] = {"waiting": self.waiting()}
+        return report
+
+    def _device_uuid(self) -> str | None:
+        sample = self.monitor.sample
+        if sample is None or len(sample.devices) != 1:
+            return None  # several devices: the culler takes the first; unknown: none
+        return sample.devices[0].uuid
+
+    def _restore_failed(self, kernel_id: str, text: str) -> None:
+        """The hibernator could not restore a kernel: if for want of room, tell the culler now
+        and watch for room."""
+        s = self.monitor.hibernator.kernels.get(kernel_id)
+        if s is None or not s.gpu_full:
+            return
+        self.report_soon(0.0)
+        if self._watching is None or self._watching.done():
+            self._watching = asyncio.get_running_loop().create_task(self._watch_room())
+
+    async def _watch_room(self) -> None:
+        """While kernels wait for room: retry each as soon as the device shows room for it."""
+        hib = self.monitor.hibernator
+        while True:
+            waiting = [
+                s for s in hib.kernels.values() if s.gpu_full and s.state == "restore_failed"
+            ]
+            if not waiting:
+                return
+            free = self._free_mib()
+            for s in sorted(waiting, key=lambda w: w.memory_mib):
+                if free is not None and free >= s.memory_mib:
+                    hib.retry_now(s.kernel_id)
+                    free -= s.memory_mib
+            await asyncio.sleep(self.room_check)
+
+    def _free_mib(self) -> float | None:
+        """The device's free memory by the monitor's latest reading (one device only)."""
+        sample = self.monitor.sample
+        if sample is None or len(sample.devices) != 1:
+            return None
+        d = sample.devices[0]
+        return d.memory_total_mib - d.memory_used_mib
