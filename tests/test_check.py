@@ -70,8 +70,10 @@ def test_check_of_a_clean_catalog_exits_zero():
 
 
 def test_check_of_a_missing_file_or_bad_yaml_is_one_problem(tmp_path):
+    # a missing file is bad usage, not "1 problem in the catalog" (issue 27 #8)
     result = _check(str(tmp_path / "nope.yaml"))
-    assert result.returncode == 1 and "cannot read the catalog" in result.stderr
+    assert result.returncode == 2, result
+    assert result.stderr.strip() == f"fracspawner check: no such file: {tmp_path / 'nope.yaml'}"
     bad = tmp_path / "bad.yaml"
     bad.write_text("pools: [\n")
     result = _check(str(bad))
@@ -122,3 +124,71 @@ def test_hub_start_up_prints_the_report_not_a_traceback(tmp_path):
     for line in EXPECTED:
         assert line in result.stderr
     assert "Traceback" not in result.stderr
+
+
+def test_a_typod_blocks_own_mistakes_show_in_the_same_run(tmp_path):
+    """A block under a typo'd key was not checked, so its mistakes came one run later; now it
+    is read as the key it most likely means, and says so (issue 27 #8)."""
+    catalog = tmp_path / "typo.yaml"
+    catalog.write_text(
+        "pools:\n  h100: {gpu: H100-80GB, backend: hami, offers: ['1/4']}\n"
+        "acess:\n  default: {pools: [h100], max_gpu: '0.25'}\n"
+    )
+    result = _check(str(catalog))
+    assert result.returncode == 1
+    lines = [line.strip() for line in result.stderr.splitlines()[1:]]
+    assert lines[0].startswith("acess: unknown key 'acess' (did you mean 'access'?)")
+    assert lines[1] == (
+        "acess.default.max_gpu: must be a number (or left empty), not a string ('0.25') "
+        "(read as 'access')"
+    )
+
+
+def test_type_mistakes_are_said_in_words_not_json_schema_terms(catalog_dict):
+    catalog_dict["access"]["default"]["max_gpu"] = "0.25"
+    problems = catalog_problems(catalog_dict)
+    assert "access.default.max_gpu: must be a number (or left empty), not a string ('0.25')" in (
+        problems
+    ), problems
+    assert not any("is not of type" in p for p in problems)
+
+
+def test_the_command_without_a_command_or_with_a_typo_says_so_and_exits_2():
+    """`fracspawner` alone exited 0 with the usage; `fracspawner chek` had no did-you-mean."""
+    alone = subprocess.run([sys.executable, "-m", "fracspawner"], capture_output=True, text=True)
+    assert alone.returncode == 2 and "a command is needed" in alone.stderr
+    typo = subprocess.run(
+        [sys.executable, "-m", "fracspawner", "chek", "x.yaml"], capture_output=True, text=True
+    )
+    assert typo.returncode == 2
+    assert "unknown command 'chek'; did you mean 'check'?" in typo.stderr
+
+
+def test_usage_without_a_kube_context_says_so_in_one_line(tmp_path):
+    """The client's raw "Invalid kube-config file. Expected key current-context" (and its
+    "Config not found" print) became: no kube context, pass --kubeconfig (issue 27 #8)."""
+    import os
+    import subprocess
+    import sys
+
+    env = {
+        k: v for k, v in os.environ.items() if k not in ("KUBECONFIG", "KUBERNETES_SERVICE_HOST")
+    }
+    env["HOME"] = str(tmp_path)
+    catalog = Path(__file__).resolve().parent.parent / "examples" / "catalogs" / "demo.yaml"
+    run = subprocess.run(
+        [sys.executable, "-m", "fracspawner", "usage", "--catalog", str(catalog)],
+        capture_output=True, text=True, env=env, cwd=tmp_path,
+    )  # fmt: skip
+    assert run.returncode == 2
+    assert run.stderr.strip() == (
+        "fracspawner usage: no kube context: pass --kubeconfig FILE, or set KUBECONFIG "
+        f"(none at {tmp_path}/.kube/config)"
+    ), run.stderr
+    (tmp_path / ".kube").mkdir()
+    (tmp_path / ".kube" / "config").write_text("apiVersion: v1\nkind: Config\nclusters: []\n")
+    run = subprocess.run(
+        [sys.executable, "-m", "fracspawner", "usage", "--catalog", str(catalog)],
+        capture_output=True, text=True, env=env, cwd=tmp_path,
+    )  # fmt: skip
+    assert run.returncode == 2 and "names no current-context" in run.stderr, run.stderr

@@ -10,6 +10,7 @@ import asyncio
 import json
 import os
 import sys
+from pathlib import Path
 from typing import Any
 
 from ..capacity.apiconfig import load_configuration
@@ -116,6 +117,36 @@ def _one_line(exc: BaseException) -> str:
     return text.splitlines()[0]
 
 
+def no_kube_context(kubeconfig: str | None) -> str:
+    """Why there is no kube context to use, in words, or '' when there is one. Mirrors how the
+    client finds one (in-cluster inside a pod, else $KUBECONFIG, else ~/.kube/config; the
+    kubeconfig's current-context), so the user reads this and not the client's raw error."""
+    if kubeconfig is None and os.environ.get("KUBERNETES_SERVICE_HOST"):
+        return ""
+    paths = [kubeconfig] if kubeconfig else None
+    if paths is None:
+        env = os.environ.get("KUBECONFIG", "")
+        paths = [p for p in env.split(os.pathsep) if p] or [os.path.expanduser("~/.kube/config")]
+    found = [p for p in paths if os.path.isfile(p)]
+    if not found:
+        return "no kube context: pass --kubeconfig FILE, or set KUBECONFIG (none at " + (
+            ", ".join(paths) + ")"
+        )
+    import yaml
+
+    for path in found:
+        try:
+            data = yaml.safe_load(Path(path).read_text()) or {}
+        except (OSError, yaml.YAMLError) as exc:
+            return f"cannot read the kubeconfig {path}: {_one_line(exc)}"
+        if isinstance(data, dict) and data.get("current-context"):
+            return ""
+    return (
+        f"no kube context: {', '.join(found)} names no current-context; "
+        "run `kubectl config use-context NAME` or pass --kubeconfig FILE"
+    )
+
+
 def read_cluster(prog: str, args: argparse.Namespace) -> tuple[Any, list[dict], list[dict]] | int:
     """(catalog, nodes, pods) for `cluster_parser`'s arguments, or the exit code after one line
     on stderr saying what is missing or wrong (no traceback)."""
@@ -143,6 +174,9 @@ def read_cluster(prog: str, args: argparse.Namespace) -> tuple[Any, list[dict], 
         return 2
     if args.kubeconfig and not os.path.isfile(args.kubeconfig):
         print(f"{prog}: no such kubeconfig: {args.kubeconfig}", file=sys.stderr)
+        return 2
+    if missing := no_kube_context(args.kubeconfig):
+        print(f"{prog}: {missing}", file=sys.stderr)
         return 2
     try:
         nodes, pods = asyncio.run(list_cluster(args.kubeconfig))

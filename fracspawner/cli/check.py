@@ -25,6 +25,9 @@ def main(argv: list[str]) -> int:
     )
     parser.add_argument("catalog", help="the catalog YAML file")
     args = parser.parse_args(argv)
+    if not Path(args.catalog).is_file():  # not "1 problem in the catalog": there is none
+        print(f"fracspawner check: no such file: {args.catalog}", file=sys.stderr)
+        return 2
     problems = file_problems(args.catalog, check_pool, backend_names())
     # settings that cannot help (hibernation where the freed memory is no one's): exit 0
     warnings = [] if problems else catalog_warnings(load_yaml(Path(args.catalog)), check_pool)

@@ -13,6 +13,7 @@ from __future__ import annotations
 import difflib
 import re
 from collections.abc import Callable, Iterable, Mapping
+from copy import deepcopy
 from pathlib import Path
 from typing import Any
 
@@ -58,7 +59,54 @@ def _suggest(message: str) -> str:
     return message.replace(f"'{match.group(1)}';", f"'{match.group(1)}'{hint};", 1)
 
 
-def _schema_problems(data: Any) -> list[tuple[tuple[Any, ...], str]]:
+#: JSON Schema types in words, for "must be a number, not a string" (issue 27 #8)
+_TYPE_WORDS = {
+    "number": "a number",
+    "integer": "a whole number",
+    "string": "a string",
+    "boolean": "true or false",
+    "object": "a mapping (key: value)",
+    "array": "a list",
+}
+
+
+def _kind_of(value: Any) -> str:
+    if value is None:
+        return "empty"
+    if isinstance(value, bool):
+        return "true/false"
+    if isinstance(value, int | float):
+        return "a number"
+    if isinstance(value, str):
+        return "a string"
+    if isinstance(value, Mapping):
+        return "a mapping"
+    if isinstance(value, list):
+        return "a list"
+    return type(value).__name__
+
+
+def _type_words(expected: Any, instance: Any) -> str:
+    """'must be a number, not a string ('0.25')' instead of JSON Schema's
+    "'0.25' is not of type 'number', 'null'"."""
+    kinds = [expected] if isinstance(expected, str) else list(expected)
+    words = [_TYPE_WORDS.get(k, k) for k in kinds if k != "null"]
+    said = " or ".join(words) + (" (or left empty)" if "null" in kinds else "")
+    shown = repr(instance) if not isinstance(instance, Mapping | list) else ""
+    return f"must be {said}, not {_kind_of(instance)}" + (f" ({shown})" if shown else "")
+
+
+def _renamed(data: Any, parent: tuple[Any, ...], key: str, to: str) -> Any:
+    """A deep copy of `data` with `key` of the mapping at `parent` renamed `to`."""
+    copy = deepcopy(data)
+    node = copy
+    for step in parent:
+        node = node[step]
+    node[to] = node.pop(key)
+    return copy
+
+
+def _schema_problems(data: Any, *, _read_as: bool = True) -> list[tuple[tuple[Any, ...], str]]:
     import jsonschema
 
     validator = jsonschema.Draft202012Validator(schema())
@@ -75,7 +123,21 @@ def _schema_problems(data: Any) -> list[tuple[tuple[Any, ...], str]]:
                     (path + (key,), f"unknown key {key!r}{did_you_mean(key, known)}; keys: "
                      + ", ".join(known))
                 )  # fmt: skip
+                # a typo'd block's own mistakes now, not after the typo is fixed: check its
+                # value as the key it most likely means (when that key is not there too)
+                close = difflib.get_close_matches(key, known, n=1, cutoff=0.6)
+                if _read_as and close and close[0] not in best.instance:
+                    again = _schema_problems(_renamed(data, path, key, close[0]), _read_as=False)
+                    inner = path + (close[0],)
+                    for where, said in again:
+                        if where[: len(inner)] == inner:
+                            found.append(
+                                (path + (key,) + where[len(inner) :],
+                                 f"{said} (read as {close[0]!r})")
+                            )  # fmt: skip
             continue
+        if best.validator == "type":
+            message = _type_words(best.validator_value, best.instance)
         if best.validator == "enum":
             message += did_you_mean(best.instance, [str(v) for v in best.validator_value])
         elif best.validator == "pattern" and "propertyNames" in str(best.schema_path):
