@@ -24,6 +24,10 @@ export interface IKernelHibernation {
   next_retry?: string | null;
   last_resume_seconds?: number | null;
   last_resumed_at?: string | null;
+  /** What asked for the hibernation: "idle", or the culler's swap reason (over-commit). */
+  hibernated_why?: string | null;
+  /** Its resume waits for room on a full, over-committed GPU (serverext/swap.py). */
+  waiting_for_gpu?: boolean;
 }
 
 /** The parts of the report the meter reads (docs/serverext.md has all of it). */
@@ -69,6 +73,17 @@ export function hibernationText(report: IGpuReport, now: Date): IHibernationText
   if (!kernels.length) {
     return null;
   }
+  const waiting = kernels.find(k => k.hibernation?.waiting_for_gpu);
+  if (waiting) {
+    return {
+      short: 'GPU full: waiting for room',
+      sentence:
+        'The GPU this notebook shares is full right now: the kernel waits while another ' +
+        "notebook's idle kernel is swapped out to host memory, and your cell runs as soon as " +
+        'there is room. Nothing is lost.',
+      failed: false
+    };
+  }
   const failed = kernels.find(k => k.hibernation?.state === 'restore_failed');
   if (failed) {
     const h = failed.hibernation!;
@@ -85,6 +100,18 @@ export function hibernationText(report: IGpuReport, now: Date): IHibernationText
     (sum, k) => sum + (k.hibernation?.hibernated_gpu_memory_mib ?? 0),
     0
   );
+  const swapped = kernels.find(k => k.hibernation?.hibernated_why?.startsWith('swapped out'));
+  if (swapped) {
+    // over-commit: the culler swapped it out to make room on a shared GPU
+    return {
+      short: `GPU swapped out: resumes when you run a cell${last}`,
+      sentence:
+        `${formatMemory(memory)} of GPU memory is parked in host memory: ` +
+        `${swapped.hibernation!.hibernated_why}. It comes back when you run a cell or press ` +
+        `Resume${last}.`,
+      failed: false
+    };
+  }
   return {
     short: `GPU hibernated: resumes when you run a cell${last}`,
     sentence:

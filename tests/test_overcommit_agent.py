@@ -1,0 +1,171 @@
+"""The server's side of over-commit's swap (serverext/swap.py, reporter.py, hibernate.py): the
+culler's answer names kernels to swap out and the server acts only on its own; a resume refused
+for want of room on an over-committed GPU waits, says so once, and goes on as soon as there is
+room; the reporter hands the culler's answer on and reports sooner when asked.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+from types import SimpleNamespace
+
+from tornado import web
+from tornado.httpserver import HTTPServer
+
+from devcluster.localhub import free_port
+from fracspawner.serverext.checkpoint import CheckpointError
+from fracspawner.serverext.hibernate import GPU_FULL, Hibernator, KernelSleep
+from fracspawner.serverext.reporter import GpuReporter
+from fracspawner.serverext.swap import SwapAgent
+
+
+class Driver:
+    """A checkpoint driver whose restore is refused for want of room while `full` (the CUDA
+    Driver API: cuCheckpointProcessRestore needs "enough memory" on the GPU; the fake in
+    tests/fake_nvml answers CUDA_ERROR_OUT_OF_MEMORY, as here)."""
+
+    def __init__(self) -> None:
+        self.full, self.states = True, {}
+
+    def check(self) -> None:
+        pass
+
+    def state(self, pid: int) -> str:
+        return self.states.get(pid, "checkpointed")
+
+    def restore(self, pid: int) -> None:
+        if self.full:
+            raise CheckpointError("cuCheckpointProcessRestore", "CUDA_ERROR_OUT_OF_MEMORY")
+        self.states[pid] = "locked"
+
+    def unlock(self, pid: int) -> None:
+        self.states[pid] = "running"
+
+
+class Monitor:
+    """The parts of GpuMonitor the agent uses."""
+
+    def __init__(self, hibernator: Hibernator, kernels: set[str]) -> None:
+        self.hibernator, self.kernels, self.asked = hibernator, kernels, []
+        device = SimpleNamespace(uuid="GPU-1", memory_total_mib=15360.0, memory_used_mib=15360.0)
+        self.sample = SimpleNamespace(devices=[device])
+
+    def _kernel_ids(self) -> set[str]:
+        return set(self.kernels)
+
+    async def hibernate_now(self, kernel_id: str, reason: str) -> str:
+        self.asked.append((kernel_id, reason))
+        return "hibernated"
+
+
+def hibernated(hib: Hibernator, kid: str) -> KernelSleep:
+    s = KernelSleep(kid, state="hibernated", pid=os.getpid(), memory_mib=3840.0)
+    hib.kernels[kid] = s
+    return s
+
+
+async def until(check, what: str, timeout: float = 30.0) -> None:
+    """Wait for a condition; the bound only ends a failing test."""
+    for _ in range(int(timeout / 0.02)):
+        if check():
+            return
+        await asyncio.sleep(0.02)
+    raise AssertionError(f"timed out waiting for {what}")
+
+
+async def test_the_agent_swaps_out_only_its_own_kernels_and_reports_sooner(monkeypatch):
+    monkeypatch.setenv("FRACSPAWNER_GPU_OVERCOMMIT", "2")
+    hib = Hibernator(driver=Driver())
+    monitor = Monitor(hib, {"k1", "k2"})
+    soon: list[float] = []
+    agent = SwapAgent(monitor, soon.append)
+    assert hib.swap_managed
+    agent.on_answer(
+        {"swap": {"report_in": 5, "hibernate": [
+            {"kernel_id": "k1", "reason": "swapped out: the GPU was full"},
+            {"kernel_id": "someone-elses", "reason": "x"}, {"kernel_id": 7}, "junk"]}}
+    )  # fmt: skip
+    await until(lambda: 0.0 in soon, "a report after the swap")
+    assert monitor.asked == [("k1", "swapped out: the GPU was full")]
+    assert soon[0] == 5.0
+    agent.on_answer({"swap": "nonsense"})
+    agent.on_answer({"other": 1})
+    assert monitor.asked == [("k1", "swapped out: the GPU was full")]
+
+
+async def test_a_resume_on_a_full_gpu_waits_says_so_once_and_goes_on_when_there_is_room(
+    monkeypatch,
+):
+    monkeypatch.setenv("FRACSPAWNER_GPU_OVERCOMMIT", "2")
+    driver = Driver()
+    # retries an hour apart: only the agent's look at the GPU's room brings it back in time
+    hib = Hibernator(driver=driver, retry_first=3600.0)
+    monitor = Monitor(hib, {"k1"})
+    soon: list[float] = []
+    agent = SwapAgent(monitor, soon.append, room_check=0.05)
+    told: list[str] = []
+    hib.on_restore_failed.append(lambda kid, text: told.append(text))
+    hibernated(hib, "k1")
+    task = hib.resume("k1", "a message to the kernel")
+    await until(lambda: hib.kernels["k1"].state == "restore_failed", "the refused restore")
+    # the cell is told, the culler hears of the demand at once, the meter shows it
+    assert told == [GPU_FULL] and 0.0 in soon
+    assert hib.kernel_json("k1")["waiting_for_gpu"] is True
+    (waiting,) = agent.extend({})["swap"]["waiting"]
+    assert {k: waiting[k] for k in ("kernel_id", "gpu_memory_mib", "device")} == {
+        "kernel_id": "k1", "gpu_memory_mib": 3840.0, "device": "GPU-1"
+    }  # fmt: skip
+    # another kernel is swapped out: the GPU shows room, the restore goes on
+    driver.full = False
+    monitor.sample.devices[0].memory_used_mib = 15360.0 - 3840.0
+    await asyncio.wait_for(task, 30)
+    assert hib.kernels["k1"].state == "running" and told == [GPU_FULL]
+    assert agent.extend({})["swap"]["waiting"] == []
+
+
+async def test_without_over_commit_a_full_gpu_is_a_failed_restore_as_before(monkeypatch):
+    monkeypatch.delenv("FRACSPAWNER_GPU_OVERCOMMIT", raising=False)
+    hib = Hibernator(driver=Driver(), retry_first=0.05)
+    agent = SwapAgent(Monitor(hib, {"k1"}), lambda s: None)
+    assert not hib.swap_managed and agent.overcommit == 1
+    told: list[str] = []
+    hib.on_restore_failed.append(lambda kid, text: told.append(text))
+    hibernated(hib, "k1")
+    hib.resume("k1", "a message")
+    await until(lambda: len(told) >= 2, "two retries")
+    # nobody makes room here: no promise of a swap, the usual words, told at each retry
+    assert "could not be restored yet" in told[0] and GPU_FULL not in told
+    hib.forget("k1")
+
+
+async def test_the_reporter_hands_the_cullers_answer_on():
+    port = free_port()
+    answers = iter([{"swap": {"report_in": 3}}, None])
+
+    class Reports(web.RequestHandler):
+        def post(self) -> None:
+            body = next(answers)
+            if body is None:
+                self.set_status(204)
+            else:
+                self.finish(json.dumps(body))
+
+    server = HTTPServer(web.Application([(r"/api/reports", Reports)]))
+    server.listen(port, "127.0.0.1")
+    try:
+        got: list[dict] = []
+        reporter = GpuReporter(
+            report=lambda: {"available": False}, token="t", server_name="",
+            culler_url=f"http://127.0.0.1:{port}/", report_interval=60.0,
+        )  # fmt: skip
+        reporter.on_answer = got.append
+        assert await reporter.push_once()
+        assert got == [{"swap": {"report_in": 3}}]
+        reporter.report_soon(3.0)
+        assert reporter.next_delay() == 3.0  # sooner, once
+        assert reporter.next_delay() == 60.0
+        assert await reporter.push_once() and got == [{"swap": {"report_in": 3}}]  # 204
+    finally:
+        server.stop()
