@@ -658,8 +658,12 @@ def run(results_dir: Path) -> dict[str, Any]:
         "watch_memory": {**memory, "ratio": round(memory_ratio, 3)},
         "spawn_cpu": spawn,
     }
+    from .dra_scale import run as dra_run
+
+    dra, details["dra"] = dra_run()  # issue 30: the DRA cluster (benchmarks/dra_scale.py)
     (results_dir / "scale_details.json").write_text(json.dumps(details, indent=2) + "\n")
     return {
+        "dra": dra,
         "churn_render_p50_ms": churn["fracspawner_render_ms"]["p50"],
         "churn_render_p99_ms": churn["fracspawner_render_ms"]["p99"],
         "kubespawner_render_median_ms": churn["kubespawner_render_ms"]["p50"],
@@ -673,6 +677,10 @@ def run(results_dir: Path) -> dict[str, Any]:
 if __name__ == "__main__":
     if sys.argv[1:2] == ["memory"]:
         print(json.dumps(asyncio.run(_held_memory(sys.argv[2], sys.argv[3]))))
+    elif sys.argv[1:2] == ["dra"]:  # only the DRA cluster, merged into the results
+        from .dra_scale import merge_into
+
+        print(json.dumps(merge_into(Path(__file__).parent / "results"), indent=2))
     elif sys.argv[1:2] == ["spawn-cpu"]:
         spawn_cpu_only(int(sys.argv[2]) if len(sys.argv) > 2 else 1)
     else:

@@ -114,9 +114,9 @@ class Allocation:
 class ClaimRecord:
     key: str  # namespace/name
     labels: Mapping[str, str] = field(hash=False)
+    #: only what counting reads: a status change that leaves these alone (status.reservedFor
+    #: as pods come and go, conditions) changes no record and recounts nothing
     allocations: tuple[Allocation, ...] = ()
-    #: the pods the claim is reserved for (status.reservedFor)
-    reserved_for: tuple[str, ...] = ()
 
 
 def _attribute_value(raw: Any) -> Any:
@@ -222,9 +222,6 @@ def claim_record(obj: Mapping[str, Any]) -> ClaimRecord:
         key=f"{meta.get('namespace')}/{meta.get('name')}",
         labels=dict(meta.get("labels") or {}),
         allocations=tuple(allocations),
-        reserved_for=tuple(
-            str(r.get("name")) for r in status.get("reservedFor") or () if r.get("name")
-        ),
     )
 
 
