@@ -294,23 +294,30 @@
     return options[0] || { pool: null, offer: { reason: "No pool you may use offers it." } };
   }
 
+  // The same list, in the same order, as the hub's refusal names after "Free instead:"
+  // (choice/options.py free_elsewhere and _closeness): what the user may take and is free now,
+  // the same size elsewhere first (in any unit), then the next smaller sizes, then larger ones
+  // that still fit the quota; at most three (issue 27 #7: the banner and the buttons disagreed).
   function alternativesFor(spec, blocked) {
-    const wanted = offersFor(spec)[0];
-    const size = wanted ? wanted.offer.gpu_equivalent : Infinity;
-    const mode = wanted ? wanted.offer.mode : null;
+    const wanted = blocked && blocked.pool ? blocked : offersFor(spec)[0];
+    const want = wanted ? wanted.offer.gpu_equivalent : null;
     const found = [];
+    let order = 0;
     for (const pool of model.pools) {
+      if (!pool.allowed) continue;
       for (const offer of pool.offers) {
-        if (!offer.allowed || offer.free === 0) continue;
-        if (blocked && blocked.pool && blocked.pool.name === pool.name && offer.spec === spec) continue;
-        // the same size elsewhere first, then the next smaller sizes of the same kind
-        let rank = null;
-        if (offer.spec === spec) rank = 0;
-        else if (offer.mode === mode && offer.gpu_equivalent < size) rank = 1 + (size - offer.gpu_equivalent);
-        if (rank !== null) found.push({ rank, pool, offer });
+        order += 1;
+        if (!offer.allowed || !offer.free) continue;
+        if (wanted && wanted.pool && wanted.pool.name === pool.name && offer.spec === spec) continue;
+        let rank = [0, 0];
+        if (want !== null && offer.spec !== spec && Math.abs(offer.gpu_equivalent - want) > 1e-9) {
+          rank = offer.gpu_equivalent < want ? [1, want - offer.gpu_equivalent] : [2, offer.gpu_equivalent - want];
+        }
+        found.push({ rank, order, pool, offer });
       }
     }
-    return found.sort((a, b) => a.rank - b.rank).slice(0, 3);
+    found.sort((a, b) => a.rank[0] - b.rank[0] || a.rank[1] - b.rank[1] || a.order - b.order);
+    return found.slice(0, 3);
   }
 
   function renderAlternatives(spec, options) {
@@ -525,7 +532,8 @@
   const refusal = document.querySelector(".spawn-error-msg");
   const checked = root.querySelector('input[name="gpu"]:checked');
   if (refusal && checked && checked.value !== "none") {
-    const text = refusal.textContent.trim().replace(/^Error:\s*/, "");
+    // the reason only: what is free instead is listed once, as buttons (issue 27 #7)
+    const text = refusal.textContent.trim().replace(/^Error:\s*/, "").split(/\s*Free instead:/)[0];
     const note = el("p", { class: "fs-refused small mb-0", id: "fs-refused" }, `Not started: ${text}`);
     checked.closest(".fs-choice").appendChild(note);
     checked.setAttribute("aria-describedby", `${checked.getAttribute("aria-describedby") || ""} fs-refused`.trim());

@@ -115,6 +115,13 @@ def test_a_full_pool_keeps_the_choice_and_a_refusal_brings_it_back(hub, devclust
     # the alternatives are offered, closest first, and only taken when she picks one
     alternatives = page.locator(".fs-alternative")
     assert alternatives.first.inner_text().startswith("1/4 GPU on H100 80GB (HAMi) (")
+    # one list (issue 27 #7): the buttons are the refusal's "Free instead" items, in its order
+    # (the banner said three, the form offered two); the note under the size is the reason only
+    listed = top.split("Free instead: ", 1)[1].rstrip(".").split("; ")
+    listed = [item.rsplit(": ", 1)[0] for item in listed if not item.startswith("and ")]
+    buttons = [text.rsplit(" (", 1)[0] for text in alternatives.all_inner_texts()]
+    assert buttons == listed, (buttons, top)
+    assert "Free instead" not in note.inner_text()
     # what she chose stays explained, on demand: its technology under a closed Details
     details = page.locator("#fs-details")
     assert details.is_visible() and details.get_attribute("open") is None
