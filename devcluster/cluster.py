@@ -23,7 +23,7 @@ from . import (
     strategicmerge,
 )
 from .admission import Admission, Attributes, RequestInfo
-from .fielderrors import invalid_error
+from .fielderrors import invalid, invalid_error
 from .kubelet import ConfigError, Kubelet, port_open
 from .resources import CRDS, MUTATING, VALIDATING, Resource
 from .store import ApiError, Store, now_iso
@@ -529,6 +529,12 @@ class DevCluster:
         # a precondition only if the client named a resourceVersion (a patch leaves the
         # current one in place, which is no precondition)
         explicit = _names_version(body if body is not None else patch)
+        if body is not None and resource.custom and not explicit:
+            # a custom resource's strategy allows no unconditional update (apiextensions-apiserver
+            # pkg/registry/customresource/strategy.go AllowUnconditionalUpdate false; the
+            # message: apiserver pkg/registry/generic/registry/store.go Update)
+            error = invalid("metadata.resourceVersion", 0, "must be specified for an update")
+            raise invalid_error(resource.kind, resource.group, name, [error])
         for _ in range(8):
             del info.warnings[:]  # each attempt says its own
             current = self.store.get(plural, namespace, name)

@@ -157,6 +157,7 @@ def test_scenarios_render_what_they_switch_on(rendered_objects):
     assert kinds["defaults"] == {
         "ConfigMap", "ClusterRole", "ClusterRoleBinding", "ServiceAccount", "Deployment",
         "Service", "NetworkPolicy",
+        "Role", "RoleBinding",  # the culler's server pod watch
     }  # fmt: skip
     assert {
         "MutatingWebhookConfiguration", "Secret", "PodDisruptionBudget", "ServiceMonitor",
@@ -479,11 +480,15 @@ def test_only_workloads_that_call_the_api_get_a_token(rendered_objects):
         w["metadata"]["labels"]["app.kubernetes.io/component"]: spec["automountServiceAccountToken"]
         for w, spec in pod_specs(objs)
     }
-    assert tokens == {"service": True, "culler": False, "webhook": True, "kubeflow-culler": True}
-    no_watch = objects(render({"service": {"liveCapacity": False}}))
+    assert tokens == {"service": True, "culler": True, "webhook": True, "kubeflow-culler": True}
+    no_watch = objects(render({"service": {"liveCapacity": False},
+                               "culler": {"watchServerPods": False}}))  # fmt: skip
     service = one(no_watch, "Deployment", "service")["spec"]["template"]["spec"]
     assert service["automountServiceAccountToken"] is False
     assert "--no-live-capacity" in service["containers"][0]["command"]
+    culler = one(no_watch, "Deployment", "culler")["spec"]["template"]["spec"]
+    assert culler["automountServiceAccountToken"] is False
+    assert not [o for o in no_watch if o["kind"] == "Role" and "culler" in o["metadata"]["name"]]
 
 
 def test_services_read_their_hub_tokens_from_z2jhs_secret(rendered_objects):
@@ -717,18 +722,18 @@ def test_capacity_clusterrole_grants_exactly_the_code_s_calls(rendered_objects):
     assert subjects == {("hub", NAMESPACE), (f"{RELEASE}-service", NAMESPACE)}
 
 
-def test_the_culler_never_calls_the_kubernetes_api():
-    """The chart's culler (hub mode) gets no token and no role: none of its modules talks to
-    the Kubernetes API (kubespawner.slugs, pure name functions, is all it takes from
-    kubespawner). culler/kubeflow.py is the Kubeflow mode, a Deployment of its own
-    (kubeflowCuller) with its own role."""
+def test_the_culler_calls_the_kubernetes_api_only_in_its_server_pod_watch():
+    """The chart's culler (hub mode) talks to the Kubernetes API only in serverpods.py (its
+    server pod watch, with a Role of its own); kubespawner.slugs (pure name functions) is all
+    it takes from kubespawner. culler/kubeflow.py is the Kubeflow mode, a Deployment of its
+    own (kubeflowCuller) with its own role."""
     import ast
 
     import fracspawner.culler
 
     root = Path(fracspawner.culler.__file__).parent
     for path in sorted(root.rglob("*.py")):
-        if path.name == "kubeflow.py":
+        if path.name in ("kubeflow.py", "serverpods.py"):
             continue
         for node in ast.walk(ast.parse(path.read_text())):
             names = []
@@ -741,6 +746,35 @@ def test_the_culler_never_calls_the_kubernetes_api():
                     name.startswith("kubespawner") and name != "kubespawner.slugs"
                 )
                 assert not api, (path, name)
+
+
+async def test_the_culler_server_pod_watch_makes_exactly_the_calls_its_role_grants(
+    devcluster, monkeypatch
+):
+    """Run the culler's server pod watch against devcluster, recording every request: their
+    RBAC verbs are the culler Role's rules (pods list, watch in its namespace)."""
+    from kubernetes_asyncio.client import rest
+
+    from fracspawner.culler.serverpods import ServerPods
+
+    calls = _record_api_calls(monkeypatch, rest)
+    pods = ServerPods("default", kubeconfig=str(devcluster.kubeconfig))
+    pods.start()
+    try:
+        await asyncio.wait_for(pods.listed.wait(), 30)
+        deadline = asyncio.get_running_loop().time() + 20
+        while {v for _, _, v in calls} != {"list", "watch"}:
+            assert asyncio.get_running_loop().time() < deadline, calls
+            await asyncio.sleep(0.05)
+    finally:
+        await pods.stop()
+    role = one(objects(render({})), "Role", "culler")
+    assert role["metadata"]["namespace"] == NAMESPACE
+    assert set(calls) == _rules(role) == {("", "pods", "list"), ("", "pods", "watch")}
+    binding = one(objects(render({})), "RoleBinding", "culler")
+    assert binding["subjects"][0]["name"] == f"{RELEASE}-culler"
+    culler = one(objects(render({})), "Deployment", "culler")["spec"]["template"]["spec"]
+    assert "--Culler.watch_server_pods=True" in culler["containers"][0]["command"]
 
 
 def _rbac_verb(method: str, path: str, query: dict[str, Any]) -> tuple[str, str, str]:
@@ -1380,8 +1414,8 @@ def test_network_policies_cover_every_workload_and_allow_what_it_needs(rendered_
             assert 8081 in egress_ports, component  # the hub API
             # z2jh's hub NetworkPolicy admits pods with this label
             assert labels["hub.jupyter.org/network-access-hub"] == "true"
-        if component in ("service", "webhook"):
-            assert 443 in egress_ports, component  # the Kubernetes API
+        if component in ("service", "webhook", "culler"):
+            assert 443 in egress_ports, component  # the Kubernetes API (culler: its pod watch)
         if component == "culler":
             assert 9090 in egress_ports  # Prometheus
             assert 8000 not in egress_ports and 8888 not in egress_ports  # never calls servers
@@ -1392,7 +1426,6 @@ def test_network_policies_cover_every_workload_and_allow_what_it_needs(rendered_
             assert report_rule["from"][0]["podSelector"]["matchLabels"]["component"] == (
                 "singleuser-server"
             )
-            assert 443 not in egress_ports
         if component == "kubeflow-culler":
             assert {443, 9090, 8888} <= egress_ports  # the API, Prometheus, notebooks' /api/status
             assert 8081 not in egress_ports  # it has nothing to do with a hub
@@ -1499,14 +1532,16 @@ def test_the_kubeflow_culler_ships_the_istio_policy_it_needs():
         "jupyterhub": {"enabled": False},
         "service": {"enabled": False},
         "culler": {"enabled": False},
-        "kubeflowCuller": {"enabled": True, "istio": {"enabled": True}},
+        "kubeflowCuller": {"enabled": True, "istio": {"enabled": True, "meshWide": True}},
     }
     objs = objects(render(base))
     (policy,) = by_kind(objs, "AuthorizationPolicy")
     account = f"{NAMESPACE}/{RELEASE}-kubeflow-culler"
     want = culler_authorization_policy(account, "istio-system")
     assert policy["spec"] == want["spec"]
-    assert policy["metadata"]["namespace"] == "istio-system"  # the root namespace: mesh-wide
+    # asked for (meshWide): the root namespace; issue 28 item 10 (tests/
+    # test_kubeflow_istio_scope.py): never without being asked
+    assert policy["metadata"]["namespace"] == "istio-system"
     assert schema_errors({**policy, "metadata": want["metadata"]}) == []
     accounts = by_kind(objs, "ServiceAccount")
     (sa,) = [o for o in accounts if "kubeflow-culler" in o["metadata"]["name"]]

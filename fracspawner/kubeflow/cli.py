@@ -18,7 +18,14 @@ import yaml
 
 from ..backends import load_catalog
 from ..model.errors import CatalogError
-from .export import Export, ExportError, ProfileNamespace, WebhookTarget, export
+from .export import (
+    Export,
+    ExportError,
+    ProfileNamespace,
+    WebhookTarget,
+    export,
+    kind_read_from_cluster,
+)
 from .names import PROFILE_LABEL
 
 PROG = "fracspawner kubeflow"
@@ -38,9 +45,18 @@ Apply in this order (docs/kubeflow.md):
   1. the webhook: its Deployment + Service (the Helm chart's webhook.enabled, or your own
      running `fracspawner webhook --catalog FILE --port N --tls-cert F --tls-key F`)
   2. kubectl apply -f mutatingwebhookconfiguration.yaml
+{kind}     and, with Istio, kubectl apply -f authorizationpolicies.yaml
+"""
+#: step 3 for a kind read with --workspace-kind-file, and for the stock kind (no
+#: resourceVersion: `kubectl replace` is refused, export.kind_read_from_cluster)
+APPLY_KIND_READ = """\
   3. kubectl replace -f workspacekind-NAME.yaml
-     and, with Istio, kubectl apply -f authorizationpolicies.yaml
      (a 409 Conflict means the kind changed since it was read: get it again, export again)
+"""
+APPLY_KIND_STOCK = """\
+  3. kubectl apply -f workspacekind-NAME.yaml
+     (built on the stock kind: its podConfig values and rules become the stock kind's and the
+     catalog's; export with --workspace-kind-file to keep a changed kind's own)
 """
 
 
@@ -236,7 +252,11 @@ def render(objects: list[dict[str, Any]], header: str) -> str:
 def write(result: Export, out_dir: Path, notebooks: str) -> list[Path]:
     """Write every file, each atomically (a temporary file renamed into place)."""
     written = []
-    order = APPLY_ORDER_V1 if notebooks == "v1" else APPLY_ORDER_V2
+    order = APPLY_ORDER_V1
+    if notebooks != "v1":
+        kinds = [o[0] for rel, (o, _) in result.files.items() if rel.startswith("workspacekind")]
+        read = not kinds or kind_read_from_cluster(kinds[0])
+        order = APPLY_ORDER_V2.format(kind=APPLY_KIND_READ if read else APPLY_KIND_STOCK)
     if "authorizationpolicies.yaml" not in result.files:
         order = "".join(line for line in order.splitlines(True) if "authorizationpolic" not in line)
     readme = order + (

@@ -586,6 +586,15 @@ def _our_filter_rule(rule: Mapping[str, Any]) -> bool:
 _KEPT_METADATA = ("name", "resourceVersion", "labels", "annotations", "finalizers")
 
 
+def kind_read_from_cluster(kind: Mapping[str, Any]) -> bool:
+    """Whether a written kind carries the resourceVersion it was read at: `kubectl replace`
+    needs one, as custom resources refuse an update without it ("metadata.resourceVersion:
+    Invalid value: 0: must be specified for an update": the CRD registry's strategy has
+    AllowUnconditionalUpdate false, apiextensions-apiserver pkg/registry/customresource
+    strategy.go). The stock kind has none: it is for `kubectl apply`, whose patch needs none."""
+    return bool((kind.get("metadata") or {}).get("resourceVersion"))
+
+
 def workspacekind_update(
     catalog: Catalog, current: Mapping[str, Any]
 ) -> tuple[dict[str, Any], list[str]]:
@@ -762,8 +771,14 @@ def export(
         out.files[f"workspacekind-{name}.yaml"] = (
             [kind],
             f"Notebooks 2.0: WorkspaceKind {name} with the catalog's podConfigs and rules, the "
-            "kind's own kept: `kubectl replace -f` (refused if the kind changed since it was "
-            "read: read it again and export again)",
+            + (
+                "kind's own kept: `kubectl replace -f` (refused if the kind changed since it "
+                "was read: read it again and export again)"
+                if kind_read_from_cluster(kind)
+                else "stock kind's own kept: `kubectl apply -f` (creates the kind, or sets "
+                "these fields of it: its podConfig values and rules become the stock kind's "
+                "and the catalog's; no resourceVersion, so not `kubectl replace`)"
+            ),
         )
         out.notes += notes
         return out
