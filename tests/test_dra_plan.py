@@ -267,3 +267,93 @@ async def test_nothing_of_a_dra_spawn_leaks_into_the_next(tmp_path):
         assert not (pod.spec.containers[0].resources.claims or [])
         assert spawner.claim_templates() == []
         stop(spawner)
+
+
+# --------------------------------------------------------------------------- templates
+class FakeResourceApi:
+    """ResourceV1Api as the API server answers it for resourceclaimtemplates (k8s apiserver
+    registry/generic/registry/store.go: create of an existing name is 409 AlreadyExists;
+    update needs the current metadata.resourceVersion, else 409 Conflict; RBAC denial 403)."""
+
+    def __init__(self, store: dict, forbidden: bool = False) -> None:
+        self.store, self.forbidden, self.calls = store, forbidden, []
+
+    def _deny(self) -> None:
+        from kubernetes_asyncio.client.exceptions import ApiException
+
+        if self.forbidden:
+            raise ApiException(status=403, reason="Forbidden")
+
+    async def create_namespaced_resource_claim_template(self, namespace, body):
+        from kubernetes_asyncio.client.exceptions import ApiException
+
+        self.calls.append("create")
+        self._deny()
+        key = (namespace, body["metadata"]["name"])
+        if key in self.store:
+            raise ApiException(status=409, reason="AlreadyExists")
+        self.store[key] = {**body, "metadata": {**body["metadata"], "resourceVersion": "1"}}
+
+    async def read_namespaced_resource_claim_template(self, name, namespace, **_):
+        self.calls.append("read")
+        body = json.dumps(self.store[(namespace, name)]).encode()
+
+        class Response:
+            async def read(self):
+                return body
+
+        return Response()
+
+    async def replace_namespaced_resource_claim_template(self, name, namespace, body):
+        from kubernetes_asyncio.client.exceptions import ApiException
+
+        self.calls.append("replace")
+        current = self.store[(namespace, name)]
+        if body["metadata"].get("resourceVersion") != current["metadata"]["resourceVersion"]:
+            raise ApiException(status=409, reason="Conflict")
+        version = str(int(current["metadata"]["resourceVersion"]) + 1)
+        self.store[(namespace, name)] = {
+            **body,
+            "metadata": {**body["metadata"], "resourceVersion": version},
+        }
+
+
+async def test_the_hub_makes_the_template_and_replaces_it_only_when_the_catalog_changed(
+    monkeypatch,
+):
+    import kubernetes_asyncio.client as k8s
+
+    from fracspawner.hub.claims import ClaimTemplateError, ensure_claim_templates
+
+    store: dict = {}
+    api = FakeResourceApi(store)
+    monkeypatch.setattr(k8s, "ResourceV1Api", lambda client: api)
+    templates = plan("10GiB").claim_templates
+    assert await ensure_claim_templates(None, "jhub", templates) == ["fracspawner-h100-dra-10gi"]
+    assert store[("jhub", "fracspawner-h100-dra-10gi")]["metadata"]["namespace"] == "jhub"
+    api.calls.clear()
+    assert await ensure_claim_templates(None, "jhub", templates) == []  # the same: left alone
+    assert api.calls == ["create", "read"]
+    # the catalog now names the model differently: the template is replaced
+    changed = {"pools": {"h100-dra": {**H100_DRA, "options": {"sharing": "memory",
+                                                              "product_name": "any"}}}}  # fmt: skip
+    new = plan("10GiB", "h100-dra", changed).claim_templates
+    assert await ensure_claim_templates(None, "jhub", new) == ["fracspawner-h100-dra-10gi"]
+    stored = store[("jhub", "fracspawner-h100-dra-10gi")]
+    assert "selectors" not in stored["spec"]["spec"]["devices"]["requests"][0]["exactly"]
+    # no role for it: the spawn fails in words naming what the hub needs
+    monkeypatch.setattr(k8s, "ResourceV1Api", lambda client: FakeResourceApi({}, True))
+    with pytest.raises(ClaimTemplateError, match="needs get, create and update on"):
+        await ensure_claim_templates(None, "jhub", templates)
+
+
+def test_the_meter_reads_the_claims_memory_from_the_pod():
+    """The JupyterLab meter's limit is FRACSPAWNER_GPU_MEMORY_MIB (serverext/podinfo.py), which
+    a DRA pod carries as its claim's memory, as the annotation does."""
+    from fracspawner.serverext.podinfo import PodInfo
+
+    pod = apply_plan(bare_pod("alice"), plan("1/8"))
+    env = {e["name"]: e["value"] for e in pod["spec"]["containers"][0]["env"]}
+    info = PodInfo.from_environ(env)
+    assert info.memory_mib == 10194
+    assert pod["metadata"]["annotations"]["fracspawner.io/gpu-memory-mib"] == "10194"
