@@ -97,3 +97,20 @@ def test_the_stock_based_kind_applies_with_kubectl(cluster, tmp_path):
     again = _run(["kubectl", "apply", "-f", str(written)], tmp_path, cluster.kubeconfig)
     assert again.returncode == 0, again.stderr
     client.request("DELETE", f"{KINDS}/jupyterlab")
+
+
+def test_an_update_without_resource_version_is_refused_as_the_api_server_does(cluster):
+    """What a client that PUTs the stock-based file unchanged meets (kubectl replace fills the
+    live resourceVersion in itself: cli-runtime's resource.Helper.Replace, overwrite=true)."""
+    client = cluster.client()
+    status, body = client.request("POST", KINDS, {**_sample(), "metadata": {"name": "bare"}})
+    assert status == 201, body
+    status, body = client.request(
+        "PUT", f"{KINDS}/bare", {**_sample(), "metadata": {"name": "bare"}}
+    )
+    assert status == 422, body
+    assert (
+        "metadata.resourceVersion: Invalid value: 0: must be specified for an update"
+        in (body["message"])
+    )
+    client.request("DELETE", f"{KINDS}/bare")
