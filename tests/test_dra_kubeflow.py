@@ -336,3 +336,25 @@ async def test_a_claim_review_is_allowed_where_the_catalog_has_no_dra_pool():
 
     obj = claim("team-a", "x", claim_spec(request("gpu.nvidia.com")))
     assert allowed(await review_claim(None, claim_review(obj)))
+
+
+def test_notebooks_v2_export_writes_the_claim_templates_too():
+    from pathlib import Path
+
+    import yaml
+
+    from fracspawner.kubeflow.export import ProfileNamespace, export
+
+    stock = (
+        Path(__file__).parent.parent / "fracspawner/kubeflow/stock/workspacekind-jupyterlab.yaml"
+    )
+    out = export(
+        CATALOG,
+        namespaces=[ProfileNamespace("team-a", {"team": "a"})],
+        notebooks="v2",
+        workspace_kind=yaml.safe_load(stock.read_text()),
+    )
+    templates, _ = out.files["resourceclaimtemplates/team-a.yaml"]
+    assert "fracspawner-h100-dra-10gi" in [t["metadata"]["name"] for t in templates]
+    # the podConfig cannot carry resourceClaims: the notes say the webhook adds them
+    assert any("resourceClaims" in note for note in out.notes)

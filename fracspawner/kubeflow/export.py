@@ -713,6 +713,34 @@ def workspacekind_update(
 
 
 # --------------------------------------------------------------------------- the whole export
+def _claim_template_files(
+    catalog: Catalog, namespaces: Sequence[ProfileNamespace], out: Export
+) -> None:
+    """DRA pools: the ResourceClaimTemplates the webhook names in a notebook's
+    spec.resourceClaims (a PodDefault or podConfig cannot set resourceClaims), per profile
+    namespace (the offers its rule allows), or one file without a namespace."""
+    if not namespaces:
+        templates = claim_templates(offers_for(catalog, None), None)
+        if templates:
+            out.files["resourceclaimtemplates.yaml"] = (
+                templates,
+                "DRA pools: the ResourceClaimTemplate of each offer, no namespace set: "
+                "`kubectl apply -n <profile namespace> -f`; the webhook names them in a "
+                "notebook's spec.resourceClaims (a PodDefault cannot)",
+            )
+        return
+    for ns in namespaces:
+        rule = namespace_rule(catalog, ns.name, ns.labels, ns.annotations)
+        templates = claim_templates(offers_for(catalog, rule), ns.name)
+        if templates:
+            out.files[f"resourceclaimtemplates/{ns.name}.yaml"] = (
+                templates,
+                f"DRA pools: the ResourceClaimTemplates of the offers profile namespace "
+                f"{ns.name} may use; the webhook names them in its notebooks' "
+                "spec.resourceClaims (a PodDefault cannot set resourceClaims)",
+            )
+
+
 def _namespace_rule(catalog: Catalog, ns: ProfileNamespace, notes: list[str]) -> AccessRule:
     if not ns.described and any(
         e.labels or e.owner is not None for e in catalog.kubeflow.namespaces
@@ -759,6 +787,7 @@ def export(
             "in each profile namespace; the profile's own policy admits only Kubeflow's "
             "notebook-controller there",
         )
+    _claim_template_files(catalog, namespaces, out)
     if notebooks == "v2":
         if workspace_kind is None:
             raise ExportError(
@@ -797,26 +826,10 @@ def export(
             "`kubectl apply -n <profile namespace> -f`; the webhook refuses what a namespace "
             "may not use",
         )
-        templates = claim_templates(offers_for(catalog, None), None)
-        if templates:
-            out.files["resourceclaimtemplates.yaml"] = (
-                templates,
-                "DRA pools: the ResourceClaimTemplate of each offer, no namespace set: "
-                "`kubectl apply -n <profile namespace> -f`; the webhook names them in a "
-                "notebook's spec.resourceClaims (a PodDefault cannot)",
-            )
         return out
     for ns in namespaces:
         rule = _namespace_rule(catalog, ns, out.notes)
         allowed = offers_for(catalog, rule)
-        templates = claim_templates(allowed, ns.name)
-        if templates:
-            out.files[f"resourceclaimtemplates/{ns.name}.yaml"] = (
-                templates,
-                f"DRA pools: the ResourceClaimTemplates of the offers profile namespace "
-                f"{ns.name} may use; the webhook names them in its notebooks' "
-                "spec.resourceClaims (a PodDefault cannot set resourceClaims)",
-            )
         objects = [poddefault(p, o, plan, ns.name) for p, o, plan in allowed]
         if not objects:
             out.notes.append(f"namespace {ns.name}: its access rule allows no Kubeflow pool")
