@@ -72,6 +72,9 @@ def who_sees_what(catalog: Catalog, groups: dict[str, list[str]]) -> list[str]:
 # The culler runs in the demo with timings short enough to watch (issue 27 #3), announced in the
 # banner; a catalog of one's own (--catalog) keeps its own.
 DEMO_IDLE = {
+    # an idle kernel's (simulated) GPU memory is parked in host memory after a minute, on every
+    # pool: the demo's GPU and its checkpoint driver are simulated (serverext/simcheckpoint.py)
+    "kernel_gpu_hibernate": "1m",
     "kernel_gpu_idle": "5m",
     "server_gpu_idle": "10m",
     "server_idle": "30m",
@@ -118,6 +121,7 @@ def timings_line(catalog_file: Path) -> str:
     """The banner's words for the culler's timings of this catalog."""
     idle = (yaml.safe_load(catalog_file.read_text()) or {}).get("idle") or {}
     words = {
+        "kernel_gpu_hibernate": "idle GPU kernels hibernate (simulated) after",
         "kernel_gpu_idle": "idle GPU kernels shut down after",
         "server_gpu_idle": "idle GPU servers stopped after",
         "server_idle": "any idle server after",

@@ -494,3 +494,61 @@ def test_the_demos_simulated_gpu_feeds_the_meter(tmp_path):
             page.context.close()
     finally:
         lab.stop()
+
+
+def test_the_demos_simulated_gpu_hibernates_and_resumes_and_says_it_is_simulated(tmp_path):
+    """Issue 27 #4: in the demo an idle kernel said "cannot hibernate: cuda-python is not
+    installed" (the demo has no GPU; installing it would not help). The demo's simulated GPU
+    comes with a simulated checkpoint driver (serverext/simcheckpoint.py): an idle kernel
+    hibernates (its simulated GPU memory leaves the GPU), the meter says so and that it is
+    simulated, a cell resumes it with its data, and the report marks it simulated."""
+    from devcluster.kubelet import simulated_gpu_env
+    from tests.test_hibernation import set_cgroup
+
+    pod = {"spec": {"nodeSelector": {"nvidia.com/gpu.product": "NVIDIA-H100-80GB-HBM3"}}}
+    container = {"resources": {"limits": {"nvidia.com/gpu": "1", "nvidia.com/gpumem": "10240"}}}
+    old = os.environ.pop("FRACSPAWNER_GPU_SOURCE", None)
+    os.environ["DEVCLUSTER_SIMULATED_GPU"] = "1"
+    try:
+        env = simulated_gpu_env(pod, container)
+    finally:
+        os.environ.pop("DEVCLUSTER_SIMULATED_GPU", None)
+        if old is not None:
+            os.environ["FRACSPAWNER_GPU_SOURCE"] = old
+    cgroup = tmp_path / "cgroup"
+    cgroup.mkdir()
+    set_cgroup(cgroup, 64, 1)  # 63 GiB of host memory free: room for the parked memory
+    (tmp_path / "lab").mkdir()
+    lab = LabServer(
+        tmp_path / "lab",
+        env={**env, "FRACSPAWNER_KERNEL_GPU_HIBERNATE_SECONDS": "2"},
+        config={"Hibernator": {"cgroup_root": str(cgroup)}},
+        source="simulated-demo",
+    )
+    try:
+        kernel = open_notebook(lab, "demo.ipynb")
+        wait_for(lambda: lab.gpu().get("gpu_memory_mib") == 1536, 60, "the simulated kernel")
+        assert asyncio.run(execute(lab.url, lab.token, kernel, "x = 41")) is not None
+
+        def hibernation() -> dict:
+            k = next((k for k in lab.gpu()["kernels"] if k["id"] == kernel), {})
+            return k.get("hibernation") or {}
+
+        wait_for(lambda: hibernation().get("state") == "hibernated", 60, "hibernated")
+        report = lab.gpu()
+        assert report["source"] == "simulated" and report["hibernation"]["simulated"] is True
+        wait_for(lambda: lab.gpu().get("gpu_memory_mib") == 0, 30, "memory off the GPU")
+        with chromium() as browser:
+            page = open_lab(browser, lab)
+            text = page.locator(".fs-GpuMeter-hibernation")
+            text.wait_for(state="visible", timeout=30_000)
+            assert text.inner_text() == "Simulated GPU hibernated: resumes when you run a cell"
+            assert text.get_attribute("title").startswith("Simulated (the demo has no GPU): ")
+            page.context.close()
+        # a cell resumes it, with its data
+        out = asyncio.run(execute(lab.url, lab.token, kernel, "print(x + 1)"))
+        assert "42" in out, out
+        assert hibernation().get("state") != "hibernated"
+        assert hibernation().get("last_resumed_at")
+    finally:
+        lab.stop()

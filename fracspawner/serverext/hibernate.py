@@ -210,6 +210,7 @@ class Hibernator(LoggingConfigurable):
     def __init__(self, driver: Any = None, **kwargs: Any):
         super().__init__(**kwargs)
         self.driver = driver if driver is not None else CheckpointDriver()
+        self.simulated = False  # the demo's simulated driver (simcheckpoint.py): reports say so
         self.kernels: dict[str, KernelSleep] = {}
         self.unsupported: str | None = None  # set once: the API is not there
         self._checked = False
@@ -265,6 +266,7 @@ class Hibernator(LoggingConfigurable):
     def summary(self, limit: float | None) -> dict:
         headroom = host_headroom(self.cgroup_root, self.meminfo_path)
         return {
+            "simulated": self.simulated,
             "enabled": self.enabled and limit is not None,
             "after_seconds": limit,
             "available": self.unsupported is None if self._checked else None,

@@ -156,6 +156,11 @@ class GpuMonitor(BackgroundLoop):
             self.source = make_source(self.source_spec)
         except ValueError as exc:
             self.reason = str(exc)
+        # the demo's simulated GPU comes with its simulated checkpoint driver (simcheckpoint.py)
+        simulated_driver = getattr(self.source, "checkpoint_driver", None)
+        if simulated_driver is not None:
+            self.hibernator.driver = simulated_driver
+            self.hibernator.simulated = True
         if self.source is None and self.reason is None:
             self.reason = "GPU reading is turned off (source 'none')"
 

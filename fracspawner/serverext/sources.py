@@ -284,6 +284,10 @@ class DemoSimulatedSource:
         self.server_pid = server_pid or os.getpid()
         self.proc = proc
         self._cpu: dict[int, tuple[float, float]] = {}  # pid -> (cpu seconds, when)
+        # the demo's simulated checkpoint driver: a checkpointed kernel holds no GPU memory
+        from .simcheckpoint import SimulatedCheckpointDriver
+
+        self.checkpoint_driver = SimulatedCheckpointDriver()
 
     def _cpu_seconds(self, pid: int) -> float | None:
         try:
@@ -298,6 +302,7 @@ class DemoSimulatedSource:
 
         now = time.monotonic()
         processes = []
+        away = self.checkpoint_driver.checkpointed()
         for entry in self.proc.iterdir():
             if not entry.name.isdigit():
                 continue
@@ -314,6 +319,8 @@ class DemoSimulatedSource:
             busy = 0.0
             if before is not None and now > before[1]:
                 busy = min(100.0, 100.0 * (cpu - before[0]) / (now - before[1]))
+            if pid in away:  # checkpointed: its memory is in host memory, off the GPU
+                continue
             processes.append(GpuProcess("0", self.kernel_memory_mib, round(busy, 1), pid=pid))
         used = sum(p.memory_mib for p in processes)
         util = max((p.utilization or 0.0 for p in processes), default=0.0)

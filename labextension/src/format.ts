@@ -17,7 +17,7 @@ export interface IGpuWarning {
 
 /** A kernel's GPU hibernation, as the report has it (`kernels[].hibernation`). */
 export interface IKernelHibernation {
-  state: string; // running | hibernating | hibernated | resuming | restore_failed | cannot_hibernate
+  state: string; // running | hibernating | hibernated | resuming | restore_failed | failed | cannot_hibernate
   reason?: string | null;
   hibernated_gpu_memory_mib?: number;
   restore_error?: string | null;
@@ -56,9 +56,34 @@ const SUSPENDED = ['hibernating', 'hibernated', 'resuming', 'restore_failed'];
 
 /**
  * 'GPU hibernated: resumes when you run a cell', with how long resuming took last time; or,
- * while a restore keeps failing, that it is retried and nothing is lost.
+ * while a restore keeps failing, that it is retried and nothing is lost. The demo's simulated
+ * GPU hibernates with a simulated driver: the words say so, as its readings do.
  */
 export function hibernationText(report: IGpuReport, now: Date): IHibernationText | null {
+  const said = hibernationWords(report, now);
+  if (!said || report.source !== 'simulated') {
+    return said;
+  }
+  return {
+    ...said,
+    short: said.short.replace(/^GPU /, 'Simulated GPU '),
+    sentence: `Simulated (the demo has no GPU): ${said.sentence}`
+  };
+}
+
+function hibernationWords(report: IGpuReport, now: Date): IHibernationText | null {
+  // the driver left the kernel's CUDA state FAILED: terminal, only a restart helps
+  const lost = (report.kernels ?? []).find(k => k.hibernation?.state === 'failed');
+  if (lost) {
+    return {
+      short: 'GPU state lost: restart the kernel',
+      sentence:
+        `The CUDA driver could not bring this kernel's GPU state back ` +
+        `(${lost.hibernation?.restore_error ?? 'its state is FAILED'}): its GPU data may be ` +
+        'lost. Restart the kernel to use the GPU again.',
+      failed: true
+    };
+  }
   const kernels = (report.kernels ?? []).filter(k =>
     SUSPENDED.includes(k.hibernation?.state ?? '')
   );
