@@ -42,7 +42,8 @@ def test_dra_enabled_grants_the_roles_dra_pools_need():
     assert binding["subjects"][0]["name"] == "hub"
     webhook = rules_of(one(objs, "ClusterRole", "webhook"))
     assert ("resource.k8s.io", "resourceclaims", "watch") in webhook
-    assert ("resource.k8s.io", "resourceclaimtemplates", "get") in webhook
+    for verb in ("get", "create", "update"):
+        assert ("resource.k8s.io", "resourceclaimtemplates", verb) in webhook
 
 
 def test_the_claims_webhook_is_the_exports():

@@ -167,7 +167,20 @@ class FakeCluster:
 
 
 @pytest.fixture
-def webhook() -> Webhook:
+def templates(monkeypatch) -> dict:
+    """The claim templates the webhook makes, through an API double with the apiserver's
+    answers (tests/test_dra_plan.py FakeResourceApi)."""
+    import kubernetes_asyncio.client as k8s
+
+    from tests.test_dra_plan import FakeResourceApi
+
+    store: dict = {}
+    monkeypatch.setattr(k8s, "ResourceV1Api", lambda client: FakeResourceApi(store))
+    return store
+
+
+@pytest.fixture
+def webhook(templates) -> Webhook:
     hook = Webhook(CATALOG, FakeCluster({"team-a": {"team": "a"}, "other": {}}))
     hook.pods.load([])
     assert hook.dra is not None
@@ -358,3 +371,20 @@ def test_notebooks_v2_export_writes_the_claim_templates_too():
     assert "fracspawner-h100-dra-10gi" in [t["metadata"]["name"] for t in templates]
     # the podConfig cannot carry resourceClaims: the notes say the webhook adds them
     assert any("resourceClaims" in note for note in out.notes)
+
+
+async def test_the_webhook_makes_the_notebooks_claim_template_in_its_namespace(webhook, templates):
+    """A namespace needs no export applied first: the template the mapped notebook names is
+    made there (not on a dry run: nothing may change)."""
+    pod = with_poddefault(notebook_pod("team-a", "dry"), "h100-dra", "10Gi", "fracspawner-h100")
+    dry = admission_review(pod, dry_run=True)
+    import json
+
+    from fracspawner.kubeflow.admission import parse_review
+
+    assert allowed(await webhook.review(parse_review(json.dumps(dry).encode())))
+    assert templates == {}
+    assert allowed(await webhook.review(_review(pod)))
+    made = templates[("team-a", "fracspawner-h100-dra-10gi")]
+    request = made["spec"]["spec"]["devices"]["requests"][0]["exactly"]
+    assert request["capacity"] == {"requests": {"memory": "10Gi"}}

@@ -323,7 +323,7 @@ async def test_the_hub_makes_the_template_and_replaces_it_only_when_the_catalog_
 ):
     import kubernetes_asyncio.client as k8s
 
-    from fracspawner.hub.claims import ClaimTemplateError, ensure_claim_templates
+    from fracspawner.capacity.templates import ClaimTemplateError, ensure_claim_templates
 
     store: dict = {}
     api = FakeResourceApi(store)

@@ -28,7 +28,8 @@ Source: kubernetes-sigs/dra-driver-nvidia-gpu (snapshot of Aug 2026):
 A slice becomes a ResourceClaimTemplate (one per offer, `claim_template_name`) that the pod
 names in `spec.resourceClaims`, and a `resources.claims` entry on the GPU container; no
 extended resource is requested. The hub makes the template in the server's namespace before
-the pod (hub/claims.py); Kubeflow export writes one per profile namespace.
+the pod (capacity/templates.py); so does the Kubeflow webhook for a notebook it maps, and
+Kubeflow export writes them per profile namespace.
 
 Pool options (`options:`; the catalog schema lists them under `$defs.dra_options`):
 - `driver` (gpu.nvidia.com), `device_class` (gpu.nvidia.com), `mig_device_class`

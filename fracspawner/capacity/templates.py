@@ -1,4 +1,5 @@
-"""The ResourceClaimTemplates of a DRA spawn, made in the server's namespace before its pod.
+"""The ResourceClaimTemplates of a DRA slice, made in the pod's namespace before its pod: by the
+hub for a server (hub/spawner.py), by the Kubeflow webhook for a notebook it maps.
 
 Why the hub makes them (and the chart only grants the role): the catalog is the hub's, so a
 changed offer takes effect on the next spawn without a chart upgrade; with
@@ -25,7 +26,7 @@ log = logging.getLogger(__name__)
 
 
 class ClaimTemplateError(Exception):
-    """A template could not be made; the message says which and what the hub's role needs."""
+    """A template could not be made; the message says which and what the role needs."""
 
 
 def _digest(obj: Mapping[str, Any] | None) -> str | None:
@@ -74,7 +75,7 @@ async def ensure_claim_templates(
         except ApiException as exc:
             raise ClaimTemplateError(
                 f"Cannot make the GPU claim template {name} in namespace {namespace}: "
-                f"{exc.status} {_status_reason(exc)}. The hub's service account needs get, "
+                f"{exc.status} {_status_reason(exc)}. The service account needs get, "
                 "create and update on resourceclaimtemplates (resource.k8s.io) there "
                 "(the chart grants them with dra.enabled)."
             ) from None

@@ -656,7 +656,7 @@ class FracSpawner(KubeSpawner):
         """Make the claim templates the pod names (after kubespawner made the namespace),
         then the pod. A template that cannot be made fails the spawn in words."""
         if self._claim_templates:
-            from .claims import ClaimTemplateError, ensure_claim_templates
+            from ..capacity.templates import ClaimTemplateError, ensure_claim_templates
 
             try:
                 made = await ensure_claim_templates(

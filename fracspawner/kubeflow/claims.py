@@ -422,6 +422,33 @@ class DraGate:
         await self.watch.stop()
 
     # ------------------------------------------------------------------ pods
+    async def make_templates(self, namespace: str, plan: Any, dry_run: bool) -> None:
+        """A notebook mapped to a DRA offer names the offer's ResourceClaimTemplate: make it in
+        the namespace if it is not there (or not the catalog's), as the hub does for its
+        servers (capacity/templates.py), so a namespace needs no export applied first. Not on
+        a dry run (nothing may change). Refusal when it cannot be made: the pod would wait for
+        a claim that is never made."""
+        if dry_run or not getattr(plan, "claim_templates", ()):
+            return
+        from ..capacity.templates import ClaimTemplateError, ensure_claim_templates
+        from .admission import Refusal
+
+        try:
+            await asyncio.wait_for(
+                ensure_claim_templates(
+                    self.webhook.cluster._api_client, namespace, plan.claim_templates
+                ),
+                self.webhook.cluster.timeout,
+            )
+        except ClaimTemplateError as exc:
+            raise Refusal(str(exc), "unavailable") from None
+        except Exception as exc:  # the API did not answer: the pod would wait for nothing
+            raise Refusal(
+                f"fracspawner cannot make the GPU claim template in namespace {namespace} "
+                f"right now ({exc}); try again in a minute",
+                "unavailable",
+            ) from None
+
     def expect_claims(self, namespace: str, key: str, pod: Mapping[str, Any]) -> None:
         """A pod admitted with a reservation: if it names claim templates, its reservation
         holds until its claims are in the watch."""

@@ -238,6 +238,8 @@ class Webhook:
             reserved = True
             self.metrics.reserved.set(self.ledger.total())
         admitted, used = decided
+        if self.dra is not None and admitted is not None:  # a DRA offer: its claim template
+            await self.dra.make_templates(ns, admitted.plan, review.dry_run)
         out = json.loads(json.dumps(pod if admitted is None else admitted.pod))
         if reserved and not name:
             # a generateName pod: the watch finds its reservation by this key (quota.py)
