@@ -139,7 +139,8 @@ class FracSpawner(KubeSpawner):
         config=True,
         help="""Watch nodes and pods to show free/total counts and refuse full pools.
 
-        Needs cluster-scoped get/list/watch on nodes and pods for the hub's service account.
+        Needs cluster-scoped get/list/watch on nodes and pods for the hub's service account
+        (and list/watch on resource.k8s.io resourceslices and resourceclaims with DRA pools).
         When False, counts show as unknown and no capacity check is made: a full pool's pod
         is created and stays Pending. Quotas still hold (they count the user's servers from
         the hub's own state).
