@@ -289,7 +289,7 @@ async def test_the_culler_says_at_start_which_scopes_its_token_lacks(wiped_hub):
 async def test_the_service_says_which_scopes_its_token_lacks_on_its_admin_page(wiped_hub):
     from fracspawner.backends import load_catalog
     from fracspawner.hub.admin import AdminData, render_admin_page
-    from fracspawner.hub.service import own_scope_problem
+    from fracspawner.hub.scopecheck import own_scope_problem
 
     problem = await own_scope_problem(wiped_hub.api_url, TOKENS["fracspawner"])
     assert "list:users (list the users with running servers)" in problem

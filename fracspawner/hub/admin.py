@@ -554,7 +554,7 @@ class AdminData:
         except Exception as exc:
             app_log.warning("fracspawner admin: no server list from the hub: %s", exc)
             if getattr(exc, "code", None) == 403:  # say which scopes the token lacks
-                from .service import own_scope_problem
+                from .scopecheck import own_scope_problem
 
                 problem = await own_scope_problem(self.hub_api_url, self.token)
                 if problem:

@@ -122,46 +122,6 @@ class HealthHandler(web.RequestHandler):
         self.finish({"status": "ok"})
 
 
-async def own_scope_problem(api_url: str, token: str, service: str = "fracspawner") -> str:
-    """What the service's own token lacks, in words ("" when nothing, or when the hub cannot
-    be asked): `GET /hub/api/user` answers the token's scopes (expanded by the hub), checked
-    against SERVICE_SCOPES (model/hubroles.py; the admin page and the culler's state API
-    need them). Said at start and when the hub answers 403 (hub/admin.py)."""
-    from tornado.httpclient import AsyncHTTPClient, HTTPRequest
-
-    from ..model.hubroles import SERVICE_SCOPES, missing_scopes, scope_problem
-
-    if not token:
-        return ""
-    http = AsyncHTTPClient(force_instance=True)
-    req = HTTPRequest(
-        api_url.rstrip("/") + "/user",
-        headers={"Authorization": f"token {token}"},
-        request_timeout=10,
-        follow_redirects=False,
-    )
-    try:
-        resp = await http.fetch(req, raise_error=False)
-    except OSError as exc:
-        app_log.warning("fracspawner service: the hub cannot be asked about its token: %s", exc)
-        return ""
-    finally:
-        http.close()
-    if resp.code in (401, 403):
-        return (
-            "the fracspawner service's hub token ($JUPYTERHUB_API_TOKEN) is unknown to the "
-            "hub: register the service with that token"
-        )
-    if resp.code != 200:
-        return ""
-    try:
-        granted = json.loads(resp.body).get("scopes") or []
-    except (ValueError, AttributeError):
-        return ""
-    missing = missing_scopes(granted, SERVICE_SCOPES)
-    return scope_problem("fracspawner service", missing, f"{service}-service")
-
-
 def make_app(catalog: Catalog, watcher: Any, prefix: str, admin: Any = None) -> web.Application:
     """The service's routes; `admin` (hub/admin.py's AdminData) adds the admin page."""
     from .admin import AdminData, admin_handlers
@@ -209,6 +169,8 @@ async def serve(
     from .admin import AdminData
 
     admin = AdminData(catalog, watcher, culler_url=culler_url, interval=history_interval)
+    from .scopecheck import own_scope_problem
+
     problem = await own_scope_problem(
         admin.hub_api_url, admin.token, os.environ.get("JUPYTERHUB_SERVICE_NAME", "fracspawner")
     )
