@@ -247,3 +247,43 @@ def test_without_slices_dra_counts_are_unknown_never_zero_or_free():
     capacity = compute_capacity(CATALOG, [node("dra-1")], [], [], [])
     free, total = counts(capacity, "h100-dra")["10GiB"]
     assert free is None and total is None
+
+
+def test_a_dra_spawn_stays_in_flight_until_its_claim_is_allocated_in_the_watch():
+    """The pod watch may see the pod bound before the claim watch sees the allocation the
+    scheduler wrote before binding it (two watches, no order between them): until then the
+    spawn's hold must stay (choice/admission.py counted), or a second spawn could take the
+    same memory while the counts do not show the first yet."""
+    from fracspawner.capacity.watch import CapacityWatcher
+    from fracspawner.choice.admission import counted
+
+    watcher = CapacityWatcher(CATALOG)
+    live = watcher.live
+    live.replace_nodes([node("dra-1")])
+    live.replace_slices([memory_slice("dra-1")])
+    pod = {
+        "metadata": {
+            "name": "jupyter-ann",
+            "namespace": "jhub",
+            "uid": "u1",
+            "labels": {"fracspawner.io/pool": "h100-dra", "fracspawner.io/gpu": "10Gi"},
+            "annotations": {
+                "hub.jupyter.org/username": "ann",
+                "fracspawner.io/gpu-equivalent": "0.125",
+            },
+        },
+        "spec": {"nodeName": "dra-1", "containers": [{"name": "notebook"}]},
+        "status": {"phase": "Pending"},
+    }
+    live.replace_pods([pod])
+    made = claim("jupyter-ann-gpu-x1", "dra-1", "gpu-0", "10Gi")
+    made["metadata"]["ownerReferences"] = [
+        {"apiVersion": "v1", "kind": "Pod", "name": "jupyter-ann", "uid": "u1", "controller": True}
+    ]
+    pending = {**made, "status": {}}
+    live.replace_claims([pending])  # made from the template, not allocated yet
+    assert not counted(watcher.pod("jhub", "jupyter-ann"))
+    assert watcher.snapshot().pools["h100-dra"]["10GiB"].free == 7
+    live.put_claim(made)  # the allocation arrives
+    assert counted(watcher.pod("jhub", "jupyter-ann"))
+    assert watcher.snapshot().pools["h100-dra"]["10GiB"].free == 6

@@ -114,6 +114,8 @@ class Allocation:
 class ClaimRecord:
     key: str  # namespace/name
     labels: Mapping[str, str] = field(hash=False)
+    #: "namespace/name" of the pod it was made for (its controller ownerReference), if any
+    owner: str | None = None
     #: only what counting reads: a status change that leaves these alone (status.reservedFor
     #: as pods come and go, conditions) changes no record and recounts nothing
     allocations: tuple[Allocation, ...] = ()
@@ -218,9 +220,18 @@ def claim_record(obj: Mapping[str, Any]) -> ClaimRecord:
                 ),
             )
         )
+    owner = next(
+        (
+            f"{meta.get('namespace')}/{r.get('name')}"
+            for r in meta.get("ownerReferences") or ()
+            if r.get("kind") == "Pod" and r.get("controller")
+        ),
+        None,
+    )
     return ClaimRecord(
         key=f"{meta.get('namespace')}/{meta.get('name')}",
         labels=dict(meta.get("labels") or {}),
+        owner=owner,
         allocations=tuple(allocations),
     )
 

@@ -39,6 +39,8 @@ class DraIndex:
         #: (driver, pool) -> its slices that publish counter sets
         self._pool_counters: dict[tuple[str, str], set[str]] = {}
         self._cache: dict[str, NodeDevices] = {}
+        #: pod "namespace/name" -> its claims (made for it by the resourceclaim controller)
+        self._owned: dict[str, set[str]] = {}
 
     # ------------------------------------------------------------------ slices
     def put_slice(self, raw: Mapping[str, Any]) -> set[str]:
@@ -120,6 +122,14 @@ class DraIndex:
                 node = self._device_node.get(allocation.device)
                 if node:
                     touched.add(node)
+        if old is not None and old.owner:
+            owned = self._owned.get(old.owner)
+            if owned is not None:
+                owned.discard(key)
+                if not owned:
+                    del self._owned[old.owner]
+        if record is not None and record.owner:
+            self._owned.setdefault(record.owner, set()).add(key)
         if old is not None:
             for allocation in old.allocations:
                 holders = self._held.get(allocation.device)
@@ -171,6 +181,12 @@ class DraIndex:
         result = NodeDevices(devices=devices, held=held, counters=counters)
         self._cache[node] = result
         return result
+
+    def pod_allocated(self, pod: str) -> bool:
+        """Whether a claim made for pod "namespace/name" is allocated in this index: only
+        then do the counts include what the pod holds (the pod watch may see the pod bound
+        before the claim watch sees its allocation)."""
+        return any(self.claims[k].allocations for k in self._owned.get(pod, ()))
 
     def claims_labelled(self, label: str, value: str) -> list[ClaimRecord]:
         return [c for c in self.claims.values() if c.labels.get(label) == value]

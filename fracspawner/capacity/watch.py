@@ -448,8 +448,26 @@ class CapacityWatcher:
         """One kept pod, in the API's shape with only the fields the watch keeps (name,
         namespace, uid, node, the counted labels and annotations), or None: no such pod, or
         one holding nothing GPU-related."""
-        record = self.live.pod(f"{namespace}/{name}")
-        return _pod_dict(record) if record is not None else None
+        key = f"{namespace}/{name}"
+        record = self.live.pod(key)
+        if record is None:
+            return None
+        pod = _pod_dict(record)
+        if self._awaits_claim(record, key):
+            # a DRA pod is in the counts once its claim's allocation is: until the claim
+            # watch shows it, the pod reads as not placed (its spawn stays in flight)
+            pod["spec"] = {}
+            pod["metadata"]["annotations"].pop(ASSIGNED_NODE_ANNOTATION, None)
+        return pod
+
+    def _awaits_claim(self, record: PodRecord, key: str) -> bool:
+        dra = self.live.dra
+        if dra is None:
+            return False
+        pool = self.catalog.pools.get(record.labels.get("fracspawner.io/pool", ""))
+        if pool is None or pool.backend != "dra":
+            return False
+        return not dra.pod_allocated(key)
 
     def nodes(self) -> Iterator[NodeRecord]:
         return self.live.index.nodes()
