@@ -176,6 +176,7 @@ def test_integer_shares_and_gpu_config():
         ({"sharing": "bytes"}, ["1"], "pools.p.options.sharing"),
         ({"sharing": "memory", "product_name": "it's"}, ["1"], "pools.p.options.product_name"),
         ({"shraing": "memory"}, ["1"], "pools.p.options: unknown key"),
+        ({"sharing": "unlimited", "mig": "static"}, ["mig-1g.10gb"], "MIG device is shared"),
     ],
 )
 def test_a_pool_the_driver_cannot_serve_is_refused_with_its_path(options, offers, message):
@@ -357,3 +358,12 @@ def test_the_meter_reads_the_claims_memory_from_the_pod():
     info = PodInfo.from_environ(env)
     assert info.memory_mib == 10194
     assert pod["metadata"]["annotations"]["fracspawner.io/gpu-memory-mib"] == "10194"
+
+
+def test_a_mig_device_on_an_integer_shares_pool_is_claimed_whole():
+    """The driver gives MIG devices the shares capacity too (consumable_shares.go applies to
+    MigDynamicDeviceType): a MIG claim asks all N shares, so nobody shares its device."""
+    pools = {"pools": {"m": {**A100_DMIG, "options": {"mig": "dynamic", "sharing": "shares",
+                                                       "shares": 4}}}}  # fmt: skip
+    request = request_of(plan("mig-1g.10gb", "m", pools).claim_templates[0])
+    assert request["exactly"]["capacity"] == {"requests": {"shares": "4"}}

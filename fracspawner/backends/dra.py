@@ -229,6 +229,13 @@ class DraBackend(Backend):
                 raise SliceError(
                     f"{s}: a pool of {shares} shares per GPU offers multiples of 1/{shares}"
                 )
+        if s.kind == "mig" and sharing == "unlimited":
+            # applyConsumableShares covers MIG devices too: with a request policy default of
+            # 0, claims asking nothing would share the MIG device with this one
+            raise SliceError(
+                f"{s}: with sharing: unlimited a MIG device is shared with every claim that "
+                "asks no memory; use sharing: memory (or none) on MIG pools"
+            )
         if s.kind != "whole" and option(pool, "mps"):
             raise SliceError(f"{s}: an MPS GpuConfig pool offers whole GPUs only")
 
@@ -251,6 +258,9 @@ class DraBackend(Backend):
             selectors.append(f"{_attr(driver, 'profile')} == {_cel_string(s.profile)}")
             device_class = _opt(pool, "mig_device_class")
             memory = slice_memory_mib(s, pool.gpu)
+            if _opt(pool, "sharing") == "shares":
+                # MIG devices get the shares capacity too: all of them keeps the device whole
+                capacity["shares"] = str(option(pool, "shares"))
         else:
             device_class = _opt(pool, "device_class")
             sharing = _opt(pool, "sharing")
