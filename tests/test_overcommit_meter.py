@@ -1,0 +1,90 @@
+"""The JupyterLab GPU meter on an over-committed pool (issue 26, item 3): a kernel whose resume
+finds the GPU full waits while another idle kernel is swapped out, and the meter says so in
+words, then goes quiet once the kernel is back. Real JupyterLab and Chromium; the kernel is
+suspended through the FAKE checkpoint driver (tests/fake_nvml/cuda), whose restore answers
+CUDA_ERROR_OUT_OF_MEMORY while the GPU lacks room ("restore_failures": a co-tenant holds it).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+
+import pytest
+
+from tests.browser_helpers import chromium
+from tests.test_culler_support import wait_for
+from tests.test_hibernation import FAKE, set_cgroup, state_of
+from tests.test_lab_meter import (
+    H100,
+    LABEXT,
+    LabServer,
+    _kernel_pid,
+    open_lab,
+    open_notebook,
+)
+
+pytestmark = pytest.mark.e2e
+
+
+def test_the_meter_says_a_resume_waits_for_room_on_a_full_gpu(tmp_path):
+    if not (LABEXT / "package.json").exists():
+        pytest.fail(f"the GPU meter is not built into {LABEXT}: run `make setup`")
+    state = tmp_path / "nvml.json"
+    state.write_text(json.dumps({"cuda_driver_version": 12080, "gpus": [{"processes": []}]}))
+    cgroup = tmp_path / "cgroup"
+    cgroup.mkdir()
+    set_cgroup(cgroup, 64, 1)
+    (tmp_path / "lab").mkdir()
+    lab = LabServer(
+        tmp_path / "lab",
+        env={
+            "PYTHONPATH": os.pathsep.join([str(FAKE), os.environ.get("PYTHONPATH", "")]),
+            "FAKE_NVML_STATE": str(state),
+            "FRACSPAWNER_KERNEL_GPU_HIBERNATE_SECONDS": "2",
+            "FRACSPAWNER_GPU_OVERCOMMIT": "2",  # as FracSpawner sets it on such a pool
+        },
+        config={"Hibernator": {"cgroup_root": str(cgroup), "retry_first": 600.0}},
+    )
+    full = {**H100, "memory_used_mib": H100["memory_total_mib"]}
+    try:
+        kernel = open_notebook(lab, "train.ipynb")
+        pid = wait_for(lambda: _kernel_pid(kernel), 30, "the kernel's process")
+        with state_of(state) as data:
+            data["gpus"][0]["processes"].append(
+                {"pid": pid, "memory_mib": 9216, "sm": 0, "restore_failures": True}
+            )
+        lab.set_gpu(
+            {"devices": [H100], "kernels": {kernel: {"memory_mib": 9216, "utilization": 0}}}
+        )
+
+        def hibernation() -> dict:
+            k = next((k for k in lab.gpu()["kernels"] if k["id"] == kernel), {})
+            return k.get("hibernation") or {}
+
+        wait_for(lambda: hibernation().get("state") == "hibernated", 30, "the kernel hibernated")
+        lab.set_gpu({"devices": [full], "kernels": {}})  # co-tenants filled the GPU meanwhile
+        with chromium() as browser:
+            page = open_lab(browser, lab)
+            text = page.locator(".fs-GpuMeter-hibernation")
+            text.wait_for(state="visible", timeout=30_000)
+            page.locator(".fs-GpuMeter-resume").click()  # as a cell would: resume
+            wait_for(lambda: hibernation().get("waiting_for_gpu"), 30, "the resume waiting")
+            page.wait_for_function(
+                "el => el.innerText.endsWith('GPU full: waiting for room')",
+                arg=text.element_handle(),
+                timeout=30_000,
+            )
+            title = text.get_attribute("title") or ""
+            assert "swapped out to host memory" in title and "Nothing is lost" in title, title
+            # another idle kernel leaves the GPU: room, and the kernel is back at once (its
+            # retries are ten minutes apart: only the look at the GPU's room brings it back)
+            with state_of(state) as data:
+                data["gpus"][0]["processes"][0]["restore_failures"] = 0
+            lab.set_gpu({"devices": [H100], "kernels": {}})
+            text.wait_for(state="hidden", timeout=60_000)
+            assert hibernation().get("state") == "running"
+            assert page.errors == [], page.errors
+            page.context.close()
+    finally:
+        lab.stop()
