@@ -231,6 +231,10 @@
     summaryLine.textContent = summaryText(spec, options);
     renderDetails(spec, options);
     renderAlternatives(spec, options);
+    if (spec === "none" && currentMode !== "none" && nothingFitsAnywhere()) {
+      alternatives.replaceChildren(holdersLine()); // who holds the quota, and where to stop it
+      alternatives.hidden = false;
+    }
     syncSizes();
     // a GPU mode with nothing the user may take: say why, and no Start into a CPU server;
     // a choice the hub would refuse (quota, access, full): no Start either, the summary says
@@ -283,6 +287,13 @@
         }
       }
     }
+  }
+
+  // Nothing the user may use fits the quota, in any mode (issue 27 #5): the quota, not the
+  // way of asking, is what stands in the way
+  function nothingFitsAnywhere() {
+    const offers = model.pools.filter((p) => p.allowed).flatMap((p) => p.offers);
+    return offers.length > 0 && !offers.some((o) => o.allowed) && offers.some((o) => o.over_quota);
   }
 
   // the chosen size is unavailable (full, quota, access) on the chosen pool or on every pool
@@ -398,6 +409,11 @@
       const name = wrongServer.target ? `“${wrongServer.target}”` : "your default server";
       return `This form shows another server's last choice, not that of ${name}; reload the page to start ${name}.`;
     }
+    if (spec === "none" && currentMode !== "none" && nothingFitsAnywhere()) {
+      // every way to ask is over quota: say it once, not "choose another way" in circles
+      const left = model.quota && model.quota.remaining_text ? ` (${model.quota.remaining_text} left)` : "";
+      return `Your GPU quota is used up${left}: no size of any kind fits it. Stop a server that holds it, or choose “No GPU” for a CPU-only server.`;
+    }
     if (spec === "none" && currentMode !== "none") {
       const label = (model.modes.find((m) => m.id === currentMode) || {}).label || currentMode;
       const reasons = new Set();
@@ -474,7 +490,9 @@
     const keep = !known && usageKnown(model.quota);
     model = Object.assign({}, model, {
       pools: keep ? keepQuotaLimits(next.pools) : next.pools,
-      quota: keep ? model.quota : next.quota,
+      // the service does not know the user's server names: the page's list of who holds the
+      // quota stays (the hub checks again at Start)
+      quota: keep ? model.quota : Object.assign({ holders: (model.quota || {}).holders }, next.quota),
     });
     // the quota line shows the API's numbers of this moment, in the same words
     const used = root.querySelector(".fs-quota-used");

@@ -430,3 +430,30 @@ def test_back_forward_and_reload_show_what_start_submits(hub, devcluster, browse
         page.get_by_role("button", name="Start").click()
     assert posted_fields(posted.value.post_data).get("gpu", "none") == shown["gpu"]
     page.close()
+
+
+def test_with_the_quota_used_up_the_form_says_so_once_and_names_who_holds_it(
+    hub, devcluster, browser
+):
+    """Issue 27 #5: with the quota used up, every way to ask listed each size as over quota and
+    ended "Choose another way to ask for a GPU", though every other way was over quota too.
+    Nothing fits anywhere: the form says so once, names the server holding the quota and links
+    to the Home page to stop it."""
+    status, body = spawn(hub, "ivy", {"gpu": "1/4", "pool": "h100"}, server="side")
+    assert status in (201, 202), body
+    hub.wait_ready("ivy", "side")
+    page = new_page(browser)
+    login(page, hub.url, "ivy")
+    open_spawn_form(page, hub.url, "ivy")
+    for mode in ("fraction", "memory"):
+        _tab(page, mode).click()
+        summary = page.locator("#fs-summary-line").inner_text()
+        assert summary.startswith("Your GPU quota is used up"), summary
+        assert "Choose another way" not in summary
+        holders = page.locator("#fs-holders")
+        assert holders.is_visible()
+        assert "Your quota is held by “side” (1/4 GPU)" in holders.inner_text()
+        link = holders.get_by_role("link", name="Stop a server on your Home page")
+        assert link.get_attribute("href").endswith("/hub/home")
+        assert page.get_by_role("button", name="Start").is_disabled()
+    page.close()

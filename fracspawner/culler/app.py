@@ -484,7 +484,9 @@ class Culler(CullerApplication):
     def answer_report(self, who: Identity) -> dict | None:
         """What the answer to a server's report carries: its own idle kernels to swap out while
         the GPU it shares on an over-committed pool is under memory pressure (swapdesk.py)."""
-        if self._catalog is None or not any(p.overcommit > 1 for p in self._catalog.pools.values()):
+        facts = self.known.get((who.user, who.server))
+        pool = self._catalog.pools.get(facts.pool or "") if self._catalog and facts else None
+        if pool is None or pool.overcommit <= 1:  # the hub's record: not an over-committed pool
             return None
         if self._swap_desk is None:
             self._swap_desk = SwapDesk(report_in=self.swap_report_in)

@@ -35,7 +35,8 @@ MAX_DEPTH = 8  # nesting of objects and lists anywhere in the body
 MAX_MIB = 16 * 1024 * 1024  # GPU memory in MiB: 16 TiB, far above any server's
 MAX_CULLED = 64  # culled_kernels per report (the extension sends its last 50)
 MAX_TIME_TEXT = 64  # an ISO 8601 time
-MAX_PROCESSES = 256  # GPU processes and kernels per report
+MAX_PROCESSES = 1024  # GPU processes and kernels per report
+MAX_DEVICES = 128  # devices per report: 8 GPUs x 7 MIG instances with room to spare
 
 
 @dataclass(frozen=True)
@@ -94,7 +95,7 @@ REPORT = Spec(
         # idleness and the kernels waiting to resume for want of room (serverext/swap.py)
         "devices": Spec(
             "list",
-            16,
+            MAX_DEVICES,
             items=Spec(
                 "object",
                 fields={
