@@ -28,31 +28,30 @@ from fracspawner.kubeflow.claims import ClaimRefused, claim_ask
 from fracspawner.kubeflow.webhook import Webhook
 from tests.kubeflow_support import admission_review, notebook_pod, patched, with_poddefault
 
-CATALOG = load_catalog(
-    {
-        "pools": {
-            "h100-dra": {
-                "gpu": "H100-80GB",
-                "backend": "dra",
-                "options": {"sharing": "memory"},
-                "offers": ["1/8", "10GiB", "20GiB", "1"],
-            },
-            "a100-dmig": {
-                "gpu": "A100-80GB",
-                "backend": "dra",
-                "options": {"mig": "dynamic"},
-                "offers": ["mig-1g.10gb", "mig-3g.40gb"],
-            },
+CATALOG_DATA: dict[str, Any] = {
+    "pools": {
+        "h100-dra": {
+            "gpu": "H100-80GB",
+            "backend": "dra",
+            "options": {"sharing": "memory"},
+            "offers": ["1/8", "10GiB", "20GiB", "1"],
         },
-        "access": {
-            "default": {"pools": [], "max_gpu": 0},
-            "groups": {
-                "team": {"pools": ["h100-dra"], "max_gpu": 0.25},
-            },
+        "a100-dmig": {
+            "gpu": "A100-80GB",
+            "backend": "dra",
+            "options": {"mig": "dynamic"},
+            "offers": ["mig-1g.10gb", "mig-3g.40gb"],
         },
-        "kubeflow": {"namespaces": [{"labels": {"team": "a"}, "groups": ["team"]}]},
-    }
-)
+    },
+    "access": {
+        "default": {"pools": [], "max_gpu": 0},
+        "groups": {
+            "team": {"pools": ["h100-dra"], "max_gpu": 0.25},
+        },
+    },
+    "kubeflow": {"namespaces": [{"labels": {"team": "a"}, "groups": ["team"]}]},
+}
+CATALOG = load_catalog(CATALOG_DATA)
 H100 = "device.attributes['gpu.nvidia.com'].productName == 'NVIDIA H100 80GB HBM3'"
 A100 = "device.attributes['gpu.nvidia.com'].productName == 'NVIDIA A100-SXM4-80GB'"
 
@@ -388,3 +387,40 @@ async def test_the_webhook_makes_the_notebooks_claim_template_in_its_namespace(w
     made = templates[("team-a", "fracspawner-h100-dra-10gi")]
     request = made["spec"]["spec"]["devices"]["requests"][0]["exactly"]
     assert request["capacity"] == {"requests": {"memory": "10Gi"}}
+
+
+# --------------------------------------------------------------------------- the real process
+def test_the_webhook_process_refuses_a_tenants_claim_for_a_pool_it_may_not_use(
+    devcluster, tmp_path
+):
+    """`fracspawner webhook` as deployed (its own process, reading the namespace from the
+    devcluster's API): a tenant's ResourceClaim for a MIG pool its profile may not use is
+    refused with the pool named; one for the pool it may use passes the access check."""
+    import yaml
+
+    from tests.kubeflow_support import WebhookProcess, make_tls
+
+    client = devcluster.client()
+    labels = {"app.kubernetes.io/part-of": "kubeflow-profile", "team": "a"}
+    status, body = client.request(
+        "POST", "/api/v1/namespaces", {"metadata": {"name": "dra-team", "labels": labels}}
+    )
+    assert status == 201, body
+    catalog = tmp_path / "catalog.yaml"
+    data = {**CATALOG_DATA, "kubeflow": {"namespaces": [{"name": "dra-team", "groups": ["team"]}]}}
+    catalog.write_text(yaml.safe_dump(data))
+    process = WebhookProcess(catalog, devcluster.kubeconfig, make_tls(tmp_path), tmp_path / "log")
+    try:
+        profile = "device.attributes['gpu.nvidia.com'].profile == '3g.40gb'"
+        mig = claim("dra-team", "big", claim_spec(request("mig.nvidia.com", profile)))
+        answer = process.review(claim_review(mig))
+        assert not answer["allowed"]
+        assert answer["status"]["message"] == (
+            "this ResourceClaim can take GPUs of pool a100-dmig, which namespace dra-team may "
+            "not use (it may use: h100-dra)"
+        )
+        # a claim of another class (not the catalog's GPUs) is none of the webhook's business
+        nic = claim("dra-team", "nic", claim_spec(request("rdma.example.com")))
+        assert process.review(claim_review(nic))["allowed"]
+    finally:
+        process.stop()
