@@ -175,7 +175,11 @@ def simulated_gpu_env(pod: Mapping[str, Any], container: Mapping[str, Any]) -> d
         return {}
     selector = (pod.get("spec") or {}).get("nodeSelector") or {}
     product = selector.get("nvidia.com/gpu.product", "GPU").replace("-", " ")
-    device = {"name": f"{product} (simulated)", "kernel_memory_mib": 1536}
+    device: dict[str, Any] = {"name": f"{product} (simulated)", "kernel_memory_mib": 1536}
+    mig = sorted(name for name in asked if name.startswith("nvidia.com/mig-"))
+    if mig:  # a MIG instance reports no utilisation (NVML: NOT_SUPPORTED), as a real one
+        device["mig"] = True
+        device["name"] = f"{product} MIG {mig[0].removeprefix('nvidia.com/mig-')} (simulated)"
     return {
         "FRACSPAWNER_GPU_SOURCE": "simulated-demo",
         "FRACSPAWNER_SIMULATED_GPU": json.dumps(device),

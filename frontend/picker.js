@@ -438,7 +438,13 @@
     let pick = usable.find((o) => o.pool.name === poolSelect.value);
     // "the pool with the most free capacity" only where there is a choice of pools (#9)
     let how = pick ? `on ${pick.pool.display_name}` : "on the pool with the most free capacity";
-    if (!pick && usable.length === 1) how = `on ${usable[0].pool.display_name}, the one pool that offers it to you`;
+    if (!pick && usable.length === 1) {
+      // another pool the user may use offers it too, but has none free now: not "the one pool"
+      const fullElsewhere = options.some((o) => !o.offer.allowed && o.pool.allowed && !o.offer.over_quota);
+      how = fullElsewhere
+        ? `on ${usable[0].pool.display_name}, the one pool with one free for you now`
+        : `on ${usable[0].pool.display_name}, the one pool that offers it to you`;
+    }
     if (!pick) pick = mostFree(usable);
     if (!pick) return `Nothing you may take offers ${displayOf(spec)}.`;
     const queue = pick.offer.waits ? " None is free right now: your server will wait in line for one, and the next page shows how the wait goes." : "";

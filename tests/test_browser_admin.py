@@ -204,6 +204,9 @@ def test_a_user_who_is_not_an_admin_gets_403(hub, browser):
     response = page.goto(admin_page_url(hub))
     assert response.status == 403
     assert "read:servers" in page.content()
+    # a page of the hub, not bare text: its navigation and a way back (issue 27 #9)
+    assert page.get_by_role("navigation", name="JupyterHub").is_visible()
+    assert page.get_by_role("link", name="Back to your Home page").is_visible()
     assert page.goto(admin_page_url(hub).replace("/admin", "/admin/api")).status == 403
     # the user's own service page still works
     assert page.goto(f"{hub.url}/services/fracspawner/").status == 200

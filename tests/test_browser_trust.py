@@ -135,6 +135,11 @@ def test_a_full_pool_keeps_the_choice_and_a_refusal_brings_it_back(hub, devclust
     assert "(on H100 80GB (HAMi))" in page.locator("#fs-summary-line").inner_text()
     assert page.locator(".fs-alternatives").is_hidden()
     assert page.get_by_role("button", name="Start").is_enabled()
+    # "any pool": the T4 offers 1/4 too, only none is free, so the H100 is not "the one pool
+    # that offers it to you" but the one with one free now (issue 27 #9)
+    page.locator(".fs-pool-any").click()
+    summary = page.locator("#fs-summary-line").inner_text()
+    assert "(on H100 80GB (HAMi), the one pool with one free for you now)" in summary, summary
     page.close()
 
 

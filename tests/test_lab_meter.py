@@ -552,3 +552,27 @@ def test_the_demos_simulated_gpu_hibernates_and_resumes_and_says_it_is_simulated
         assert hibernation().get("last_resumed_at")
     finally:
         lab.stop()
+
+
+def test_the_demos_simulated_mig_slice_reads_no_utilisation(tmp_path):
+    """Issue 27 #9: the demo's MIG meter said "Util 0%" where the user guide says MIG reads
+    "n/a" (a MIG instance cannot report utilisation: NVML answers NOT_SUPPORTED). The simulated
+    MIG slice reports none either, so the meter says "Util n/a" as on a real one."""
+    from devcluster.kubelet import simulated_gpu_env
+    from fracspawner.serverext.sources import DemoSimulatedSource
+
+    pod = {"spec": {"nodeSelector": {"nvidia.com/gpu.product": "NVIDIA-A100-SXM4-80GB"}}}
+    container = {"resources": {"limits": {"nvidia.com/mig-1g.10gb": "1"}}}
+    old = os.environ.pop("FRACSPAWNER_GPU_SOURCE", None)
+    os.environ["DEVCLUSTER_SIMULATED_GPU"] = "1"
+    try:
+        env = simulated_gpu_env(pod, container)
+    finally:
+        os.environ.pop("DEVCLUSTER_SIMULATED_GPU", None)
+        if old is not None:
+            os.environ["FRACSPAWNER_GPU_SOURCE"] = old
+    source = DemoSimulatedSource(env["FRACSPAWNER_SIMULATED_GPU"])
+    sample = source.sample()
+    assert sample.devices[0].name == "NVIDIA A100 SXM4 80GB MIG 1g.10gb (simulated)"
+    assert sample.devices[0].utilization is None
+    assert all(p.utilization is None for p in sample.processes)

@@ -667,8 +667,18 @@ def _admin_base() -> type:
         def check_xsrf_cookie(self) -> None:  # GET only
             return None
 
-        def refuse(self) -> None:
+        def refuse(self, page: bool = False) -> None:
+            """403: a page of the hub for the page (issue 27 #9), plain text for the API."""
             self.set_status(403)
+            if page:
+                self.finish(
+                    _ENV.get_template("admin_refused.html").render(
+                        user=self.current_user.get("name", ""),
+                        hub_prefix=_hub_prefix(),
+                        scope=ADMIN_SCOPE,
+                    )
+                )
+                return
             self.set_header("Content-Type", "text/plain; charset=utf-8")
             self.finish(
                 f"403: the GPU admin page is for users who may read every user's servers "
@@ -689,7 +699,7 @@ def admin_handlers(prefix: str, data: AdminData) -> list[tuple[str, type, dict[s
         @web.authenticated
         async def get(self) -> None:
             if not may_see(self.current_user):
-                return self.refuse()
+                return self.refuse(page=True)
             model = await self.data.model()
             try:
                 page = int(self.get_argument("page", "1"))

@@ -281,6 +281,8 @@ class DemoSimulatedSource:
             utilization=0.0,
         )
         self.kernel_memory_mib = float(data.get("kernel_memory_mib") or 1536)
+        # a MIG instance cannot report utilisation (NVML answers NOT_SUPPORTED): None, "n/a"
+        self.mig = bool(data.get("mig"))
         self.server_pid = server_pid or os.getpid()
         self.proc = proc
         self._cpu: dict[int, tuple[float, float]] = {}  # pid -> (cpu seconds, when)
@@ -321,9 +323,10 @@ class DemoSimulatedSource:
                 busy = min(100.0, 100.0 * (cpu - before[0]) / (now - before[1]))
             if pid in away:  # checkpointed: its memory is in host memory, off the GPU
                 continue
-            processes.append(GpuProcess("0", self.kernel_memory_mib, round(busy, 1), pid=pid))
+            util = None if self.mig else round(busy, 1)
+            processes.append(GpuProcess("0", self.kernel_memory_mib, util, pid=pid))
         used = sum(p.memory_mib for p in processes)
-        util = max((p.utilization or 0.0 for p in processes), default=0.0)
+        util = None if self.mig else max((p.utilization or 0.0 for p in processes), default=0.0)
         device = GpuDevice(**{**self.device.__dict__, "memory_used_mib": used, "utilization": util})
         return GpuSample(source=self.name, devices=[device], processes=processes)
 
