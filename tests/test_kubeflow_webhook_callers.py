@@ -24,6 +24,7 @@ from typing import Any
 
 import pytest
 
+from fracspawner.kubeflow.callers import SourceStandings
 from tests.kubeflow_support import (
     WebhookProcess,
     admission_review,
@@ -46,7 +47,7 @@ def notebook(namespace: str, name: str, gpu: str = "0.25") -> dict[str, Any]:
 @pytest.fixture(scope="module")
 def api(devcluster):
     client = devcluster.client()
-    for name in ("tenant-a", "tenant-b", "full", "full-verified"):
+    for name in ("tenant-a", "tenant-b", "full", "full-verified", "jam"):
         status, body = client.request(
             "POST", "/api/v1/namespaces", {"metadata": {"name": name, "labels": PROFILE}}
         )
@@ -156,3 +157,60 @@ def test_a_dry_run_from_an_unverified_caller_tells_nothing_about_the_quota(
         assert dry["allowed"] is False and "0.25 of its 0.25 GPU quota" in dry["status"]["message"]
     finally:
         webhook.stop()
+
+
+def _metric(webhook: WebhookProcess, name: str) -> float:
+    status, text = webhook.request("GET", "/metrics")
+    assert status == 200
+    for line in text.decode().splitlines():
+        if line.startswith(name + " "):
+            return float(line.split()[1])
+    return 0.0
+
+
+def test_forged_reviews_from_a_node_address_stop_holding_another_namespaces_quota(
+    api, devcluster, tls, tmp_path
+):
+    """What remains without a certificate: a caller on an address that is no pod's (a node
+    process, a hostNetwork pod). Its reservations never see their pod; after a few, they are
+    counted against it, not against the namespace they name."""
+    forger = "127.1.2.3"  # no pod's (devcluster's pods are 127.0.x.y), not the API server's
+    flags = ("--reservation-ttl", "2")  # the window, short for the test (default 10 s)
+    webhook = WebhookProcess(DEMO, devcluster.kubeconfig, tls, tmp_path / "webhook.log", flags)
+    ghost = notebook("jam", "ghost")  # the namespace's whole quota, for a pod never created
+
+    def forge() -> dict[str, Any]:
+        status, answer = post_from(webhook, forger, admission_review(ghost))
+        assert status == 200, answer
+        return answer["response"]
+
+    try:
+        assert forge()["allowed"] is True  # the first one holds jam's quota, for a window
+        _wait(
+            lambda: (
+                forge() and _metric(webhook, "fracspawner_webhook_unconfirmed_reservations") >= 3
+            ),
+            "the forger's reservations were never judged",
+            60,
+        )
+        # a fresh forged reservation, then tenant jam's real notebook from the API server
+        assert forge()["allowed"] is True
+        real = webhook.review(admission_review(notebook("jam", "real")))
+        assert real["allowed"] is True, real
+    finally:
+        webhook.stop()
+
+
+def test_the_api_servers_occasional_refused_pod_does_not_make_it_suspect():
+    now = [0.0]
+    standings = SourceStandings(memory=600, strikes=3, clock=lambda: now[0])
+    for i in range(20):  # 20 pods created, 3 refused by a later webhook
+        standings.ended("10.0.0.1", f"ns/p{i}", float(i), confirmed=i not in (3, 9, 15))
+        now[0] += 1
+    assert not standings.suspect("10.0.0.1")
+    for i in range(3):  # a forger: nothing it reserves is ever created
+        standings.ended("10.9.9.9", f"ns/ghost{i}", float(i), confirmed=False)
+        standings.ended("10.9.9.9", f"ns/ghost{i}", float(i), confirmed=False)  # read twice
+    assert standings.suspect("10.9.9.9") and standings.unconfirmed == 6
+    now[0] += 601  # its strikes age out
+    assert not standings.suspect("10.9.9.9")

@@ -18,8 +18,13 @@ tenants.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+import logging
+import time
+from collections import deque
+from collections.abc import Callable, Iterable, Mapping
 from typing import Any
+
+log = logging.getLogger("fracspawner.webhook")
 
 #: namespaces whose pods may relay the API server's requests (Konnectivity's agents)
 DEFAULT_TRUSTED = ("kube-system",)
@@ -74,4 +79,57 @@ class PodAddresses:
         return found if found is not None and found[0] not in self.trusted else None
 
 
-__all__ = ["DEFAULT_TRUSTED", "PodAddresses", "pod_ips"]
+class SourceStandings:
+    """How the quota reservations of each unverified caller (its address) ended: with their
+    pod in the watch (confirmed) or without (the API server never created the pod: a later
+    webhook refused it, or nobody meant to create it: a forged review). A source whose
+    reservations mostly end unconfirmed, `strikes` of them or more within `memory` seconds, is
+    suspect: its reservations are counted against it, never against the namespace they name
+    (quota.Ledger leaves them out), so forged reviews from a node's address can hold another
+    namespace's quota for at most `strikes` reservation windows per `memory`. The API server's
+    own reservations almost all end confirmed: a pod refused after this webhook now and then
+    does not make it suspect."""
+
+    def __init__(
+        self,
+        memory: float = 600.0,
+        strikes: int = 3,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.memory, self.strikes, self.clock = memory, strikes, clock
+        self._ended: dict[str, deque[tuple[float, bool]]] = {}
+        self._judged: dict[tuple[str, str, float], float] = {}
+        self.unconfirmed = 0  # reservations that ended without their pod, since start
+
+    def ended(self, source: str, key: str, at: float, confirmed: bool) -> None:
+        """Reservation `key` (made at `at`) of `source` ended; each is judged once, however
+        often its record is read."""
+        now = self.clock()
+        for old in [k for k, when in self._judged.items() if when < now - self.memory]:
+            del self._judged[old]
+        if not source or (source, key, at) in self._judged:
+            return
+        self._judged[(source, key, at)] = now
+        was = self.suspect(source)
+        history = self._ended.setdefault(source, deque())
+        history.append((now, confirmed))
+        if not confirmed:
+            self.unconfirmed += 1
+        if self.suspect(source) and not was:
+            log.warning(
+                "reservations from %s keep ending without their pod: no longer counted against "
+                "the namespaces it names (forged reviews? verify the API server: --client-ca)",
+                source,
+            )
+
+    def suspect(self, source: str) -> bool:
+        history = self._ended.get(source)
+        if not source or not history:
+            return False
+        while history and history[0][0] < self.clock() - self.memory:
+            history.popleft()
+        misses = sum(1 for _, confirmed in history if not confirmed)
+        return misses >= self.strikes and misses > len(history) - misses
+
+
+__all__ = ["DEFAULT_TRUSTED", "PodAddresses", "SourceStandings", "pod_ips"]

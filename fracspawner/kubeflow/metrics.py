@@ -43,6 +43,12 @@ class WebhookMetrics:
             "(409 Conflict; the admission counted again), since start.",
             registry=self.registry,
         )
+        self.unconfirmed = Gauge(
+            "fracspawner_webhook_unconfirmed_reservations",
+            "Reservations of unverified callers that ended without their pod in the watch "
+            "(a pod refused after this webhook, or a forged review), since start.",
+            registry=self.registry,
+        )
         self.reserved = Gauge(
             "fracspawner_webhook_reserved_gpu_equivalents",
             "GPU-equivalents admitted whose pods the API server has not listed yet.",

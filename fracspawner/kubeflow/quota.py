@@ -174,6 +174,7 @@ class Reservation:
     pod: str  # the pod's name, or its reservation annotation (a generateName pod)
     gpu: float
     at: float  # wall-clock time it was made (replicas compare it; clocks are NTP-close)
+    source: str = ""  # the unverified caller's address; "" for the verified API server
 
 
 class Busy(Exception):
@@ -185,10 +186,14 @@ class LedgerUnavailable(Exception):
 
 
 def encode(reservations: Mapping[str, Reservation]) -> str:
+    def one(r: Reservation) -> dict[str, Any]:
+        out: dict[str, Any] = {"pod": r.pod, "gpu": r.gpu, "at": round(r.at, 3)}
+        if r.source:
+            out["src"] = r.source
+        return out
+
     return json.dumps(
-        {k: {"pod": r.pod, "gpu": r.gpu, "at": round(r.at, 3)} for k, r in reservations.items()},
-        sort_keys=True,
-        separators=(",", ":"),
+        {k: one(r) for k, r in reservations.items()}, sort_keys=True, separators=(",", ":")
     )
 
 
@@ -201,7 +206,12 @@ def decode(text: str | None) -> dict[str, Reservation]:
     out = {}
     for key, value in raw.items() if isinstance(raw, dict) else ():
         try:
-            reservation = Reservation(str(value["pod"]), float(value["gpu"]), float(value["at"]))
+            reservation = Reservation(
+                str(value["pod"]),
+                float(value["gpu"]),
+                float(value["at"]),
+                str(value.get("src") or ""),
+            )
         except (TypeError, KeyError, ValueError):
             continue
         if math.isfinite(reservation.gpu) and math.isfinite(reservation.at):
@@ -214,11 +224,17 @@ class Ledger:
     Subclasses say where the record lives (`_read`, `_write`)."""
 
     def __init__(
-        self, pods: PodIndex, window: float = 10.0, clock: Callable[[], float] = time.time
+        self,
+        pods: PodIndex,
+        window: float = 10.0,
+        clock: Callable[[], float] = time.time,
+        standings: Any = None,
     ) -> None:
         self.pods = pods
         self.window = window
         self.clock = clock
+        #: callers.SourceStandings: reservations of a suspect source count against it only
+        self.standings = standings
         self.attempts = 8
         self.conflicts = 0  # writes another replica's write came before (for the metrics)
         self._locks: dict[str, asyncio.Lock] = {}
@@ -239,10 +255,23 @@ class Ledger:
         return {k: r for k, r in held.items() if now - self.window < r.at <= now + self.window}
 
     def _counted(self, namespace: str, reservation: Reservation) -> bool:
-        """Not yet counted from the watch: the pod was not seen since the reservation."""
+        """Not yet counted from the watch: the pod was not seen since the reservation; and not
+        made by a suspect source (callers.SourceStandings)."""
+        if self.standings is not None and self.standings.suspect(reservation.source):
+            return False
         return not (
             reservation.pod and self.pods.seen_since(namespace, reservation.pod, reservation.at)
         )
+
+    def _judge_ended(self, namespace: str, stored: Mapping[str, Reservation]) -> None:
+        """Tell the standings how the reservations whose window is over ended."""
+        if self.standings is None:
+            return
+        cutoff = self.clock() - self.window
+        for key, r in stored.items():
+            if r.source and r.at <= cutoff:
+                seen = bool(r.pod) and self.pods.seen_since(namespace, r.pod, r.at)
+                self.standings.ended(r.source, f"{namespace}/{key}", r.at, seen)
 
     async def admit(
         self,
@@ -252,15 +281,18 @@ class Ledger:
         decide: Callable[[float], float],
         *,
         dry_run: bool = False,
+        source: str = "",
     ) -> float:
         """`decide(pending)` with the GPU-equivalents admitted but not yet in the watch (other
         than reservation `key`'s: a retried create replaces its own), and reserve what it
         returns; a Refusal it raises goes through and nothing is reserved. A dry run reserves
-        nothing (AdmissionReview request.dryRun: the object is not persisted)."""
+        nothing (AdmissionReview request.dryRun: the object is not persisted). `source`: the
+        caller's address where it is not verified (callers.SourceStandings)."""
         lock = self._locks.setdefault(namespace, asyncio.Lock())
         async with lock:  # this replica's admissions of a namespace do not race each other
             for _ in range(self.attempts):
                 stored, version = await self._read(namespace)
+                self._judge_ended(namespace, stored)
                 live = self._live(namespace, stored)
                 self._last[namespace] = live
                 pending = sum(
@@ -269,7 +301,11 @@ class Ledger:
                 amount = decide(pending)
                 if dry_run:
                     return amount
-                live[key] = Reservation(pod, amount, self.clock())
+                # a retried review of the same pod replaces its reservation but keeps its
+                # window: re-sending a review never holds the quota past it
+                previous = live.get(key)
+                at = previous.at if previous is not None else self.clock()
+                live[key] = Reservation(pod, amount, at, source)
                 if await self._write(namespace, live, version):
                     self._last[namespace] = live
                     return amount

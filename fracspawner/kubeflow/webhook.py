@@ -49,7 +49,7 @@ from .admission import (
     response,
     slice_ask,
 )
-from .callers import DEFAULT_TRUSTED, PodAddresses
+from .callers import DEFAULT_TRUSTED, PodAddresses, SourceStandings
 from .claims import DraGate, is_claim_review, review_claim
 from .cluster import ApiUnavailable, Cluster, ConfigException
 from .metrics import WebhookMetrics
@@ -106,10 +106,14 @@ class Webhook:
         # what each pod holds: its GPU resources by the catalog's plans (notebook or not)
         self.pods = PodIndex(lambda pod: pod_gpu_held(pod, catalog), observers=[self.callers])
         self.watch = cluster.pod_watch(self.pods)
+        #: how each unverified caller's reservations ended (callers.SourceStandings)
+        self.standings = SourceStandings()
         self.ledger: Ledger = (
-            SharedLedger(cluster.records(ledger_namespace), self.pods, window)
+            SharedLedger(
+                cluster.records(ledger_namespace), self.pods, window, standings=self.standings
+            )
             if ledger_namespace
-            else LocalLedger(self.pods, window)
+            else LocalLedger(self.pods, window, standings=self.standings)
         )
         self.detailed_refusals = detailed_refusals
         #: with --client-ca: /mutate needs a verified client certificate, with one of
@@ -118,6 +122,7 @@ class Webhook:
         self.client_names: set[str] = set()
         self.metrics = WebhookMetrics()
         self.metrics.conflicts.set_function(lambda: self.ledger.conflicts)
+        self.metrics.unconfirmed.set_function(lambda: self.standings.unconfirmed)
         #: Kubernetes DRA pools: GPU held via claims counts too (kubeflow/claims.py)
         self.dra = DraGate.attach(self)
 
@@ -132,7 +137,9 @@ class Webhook:
         if self.dra is not None:
             await self.dra.stop()
 
-    async def review(self, review: Review) -> dict[str, Any]:
+    async def review(self, review: Review, source: str = "") -> dict[str, Any]:
+        """The answer to a review; `source`: the caller's address where no certificate
+        verified it ("" for the API server verified)."""
         try:
             if review.operation == "UPDATE":
                 assert review.old_pod is not None
@@ -142,7 +149,7 @@ class Webhook:
                 return self._count(review, response(review.uid), "allowed")
             if review.operation != "CREATE":
                 return self._count(review, response(review.uid), "skipped")
-            return await self._create(review)
+            return await self._create(review, source)
         except Refusal as refusal:
             self.metrics.refusals.labels(refusal.reason).inc()
             log.info(
@@ -176,7 +183,7 @@ class Webhook:
         answer = response(review.uid, patch=patch, warnings=warnings)
         return self._count(review, answer, label)
 
-    async def _create(self, review: Review) -> dict[str, Any]:
+    async def _create(self, review: Review, source: str = "") -> dict[str, Any]:
         ns = review.namespace
         pod = review.pod
         if self.dra is not None:  # claims from templates: pools and quota, in words
@@ -229,7 +236,9 @@ class Webhook:
         else:
             await self._read(self.watch.wait_synced(self.cluster.timeout))
             try:
-                await self._read(self.ledger.admit(ns, key, key, decide, dry_run=review.dry_run))
+                await self._read(
+                    self.ledger.admit(ns, key, key, decide, dry_run=review.dry_run, source=source)
+                )
             except Busy:
                 raise Refusal(
                     "fracspawner is admitting other GPU pods of this namespace; try again",
@@ -330,7 +339,8 @@ class MutateHandler(web.RequestHandler):
             self.finish({"error": f"not an AdmissionReview v1 for a pod: {exc}"})
             return
         try:
-            answer = await self.webhook.review(review)
+            source = "" if self.webhook.verify_clients else str(self.request.remote_ip or "?")
+            answer = await self.webhook.review(review, source)
         except Exception:  # a bug must not take the webhook down; the pod is refused
             log.exception("admission of %s/%s failed", review.namespace, review.name)
             refusal = Refusal("fracspawner's webhook failed on this pod; see its log", "error")
