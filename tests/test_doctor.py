@@ -190,3 +190,20 @@ def test_doctor_says_which_driver_or_gpu_condition_stops_hibernation(tmp_path, m
     assert doc.kernel_hibernation_lines(report) == [
         "  kernel abcdef01: running: not hibernated: 1 other process it started"
     ]
+
+
+def test_doctor_outside_a_notebook_pod_says_so(tmp_path):
+    """Issue 27 #8: on a laptop it printed "this notebook pod ... All fine" while NVML could
+    not start; outside a pod it says it is not in one, and exits 2."""
+    env = {
+        k: v
+        for k, v in os.environ.items()
+        if k != "KUBERNETES_SERVICE_HOST" and not k.startswith(("JUPYTERHUB_", "FRACSPAWNER_"))
+    }
+    result = subprocess.run(
+        [sys.executable, "-m", "fracspawner", "doctor"],
+        env=env, capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert result.returncode == 2, result
+    assert result.stderr.startswith("fracspawner doctor: not in a notebook pod"), result.stderr
+    assert "All fine" not in result.stdout + result.stderr

@@ -224,6 +224,14 @@ def culler_lines(env: Mapping[str, str], report: dict | None) -> tuple[list[str]
     return lines, True
 
 
+def in_notebook_pod(env: Mapping[str, str]) -> bool:
+    """Whether this looks like a notebook pod: the kubelet sets KUBERNETES_SERVICE_HOST in every
+    pod, the hub's spawner JUPYTERHUB_* in a single-user server's, FracSpawner its own."""
+    return bool(env.get("KUBERNETES_SERVICE_HOST")) or any(
+        name.startswith(("JUPYTERHUB_", "FRACSPAWNER_")) for name in env
+    )
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         prog="fracspawner doctor",
@@ -234,6 +242,14 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--meminfo", default="/proc/meminfo", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     env = os.environ
+    if not in_notebook_pod(env):  # it said "this notebook pod ... All fine" on a laptop
+        print(
+            "fracspawner doctor: not in a notebook pod (no KUBERNETES_SERVICE_HOST, no "
+            "JUPYTERHUB_* or FRACSPAWNER_* variables): it checks the pod it runs in. Run it in "
+            "a notebook's terminal, or `kubectl exec -it POD -- fracspawner doctor` as an admin.",
+            file=sys.stderr,
+        )
+        return 2
     runtime = env.get("JUPYTER_RUNTIME_DIR") or os.path.expanduser("~/.local/share/jupyter/runtime")
     lines = ["fracspawner doctor: this notebook pod", ""]
     lines += pod_lines(env, args.cgroup, args.meminfo)
