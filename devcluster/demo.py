@@ -257,7 +257,8 @@ def main(argv: list[str]) -> int:
             f"  GPU admin page (log in as admin): {hub.url}/services/fracspawner/admin\n"
             f"  the GPU culler runs{' with demo timings' if args.catalog is None else ''}: "
             f"{timings_line(catalog_file)} (every {DEMO_CULL_EVERY} s)\n"
-            f"  logs: {hub.log_path} (hub, proxy, service, culler), {state_dir / 'devcluster.log'}\n"
+            f"  logs: {hub.log_path} (hub, proxy, service, culler), "
+            f"{state_dir / 'devcluster.log'}\n"
             "  Ctrl-C stops everything.\n",
             flush=True,
         )
