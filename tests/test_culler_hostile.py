@@ -174,7 +174,9 @@ async def receiver(request) -> AsyncIterator[Receiver]:
 
 async def listed(receiver: Receiver, user: str = "ann", server: str = "gpu") -> None:
     """The hub lists the server (a culler cycle): what its reports tell is counted from then."""
-    receiver.hub.servers.setdefault(user, {})[server] = {"user_options": {}}
+    now = datetime.now(timezone.utc).isoformat()  # in use: the cycle keeps it
+    model = {"user_options": {}, "started": now, "last_activity": now}
+    receiver.hub.servers.setdefault(user, {})[server] = model
     await receiver.culler.cull_once()
 
 
@@ -282,6 +284,21 @@ async def test_a_flood_of_reports_cannot_fill_the_history_or_forge_metrics(recei
     assert receiver.sample("fracspawner_hibernated_bytes", pool="h100") == slice_mib * 2**20
     reclaimed = receiver.sample("fracspawner_reclaimed_gpu_memory_mib_total", pool="h100")
     assert reclaimed <= culler.report_events_per_hour * slice_mib
+
+
+async def test_what_a_server_tells_before_the_hub_lists_it_counts_once_it_is_listed(receiver):
+    """A server started since the last cycle: its report is kept (its activity counts), the
+    kernels it shut down are counted when a cycle finds it in the hub's list, not before, and
+    never for a server the hub does not list."""
+    culls = ("fracspawner_culls_total", {"reason": "kernel_gpu_idle", "pool": ""})
+    assert (await receiver.post(report(culled_kernels=kernels(2))))[0] == 204
+    assert receiver.sample(*culls[:1], **culls[1]) == 0  # not listed yet: not counted
+    await receiver.culler.cull_once()  # the hub lists no server of ann's
+    assert receiver.sample(*culls[:1], **culls[1]) == 0
+    await listed(receiver)  # now it does
+    assert receiver.sample(*culls[:1], **culls[1]) == 2
+    history = receiver.culler.state_json(time.time())["history"]
+    assert [e["user"] for e in history if e["kind"] == "kernel"] == ["ann"] * 2
 
 
 def test_one_users_kernel_events_take_at_most_their_share_of_the_history():
