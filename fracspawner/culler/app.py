@@ -344,6 +344,10 @@ class Culler(CullerApplication):
         self.known: dict[tuple[str, str], ServerFacts] = {}
         self._hibernated_labels: set[str] = set()
         self._swap_desk: SwapDesk | None = None  # over-commit's swap orders (swapdesk.py)
+        # what the culler's own token lacks (check_scopes); "" / [] when nothing or not known
+        self.scopes_missing: list[str] = []
+        self.scope_problem = ""
+        self.server_pods: Any = None  # serverpods.ServerPods while watch_server_pods
         # the admin page's view (GET .../api/state): last cycle + bounded 24 h history
         self.state = CullerState(time.time())
 
