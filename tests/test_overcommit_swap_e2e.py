@@ -10,9 +10,11 @@ Each kernel holds its quarter of the GPU (the test registers the kernel's proces
 as a real allocation would show in NVML) only when the GPU has room for it, as cudaMalloc on a
 full time-sliced GPU would fail. The culler's margin (the pool's largest slice, a quarter) keeps
 that room: whenever the fourth quarter lands, the least recently used idle kernel is swapped out.
-Then idle users come back: one by one, each finds room; two at once, one of them waits while
-another idle kernel is swapped out, and its cell says so. Throughout, a watcher samples the fake
-GPU and the memory on it never exceeds its size; every kernel's data survives.
+Then idle users come back: one finds room (the margin) and the next least recently used idle
+kernel goes; with no margin, two at once to a GPU with room for one: one of them waits while
+another idle kernel is swapped out, and its cell says so; then all, one by one. Throughout, a
+watcher samples the fake GPU and the memory on it never exceeds its size; every kernel's data
+survives.
 
 Eight servers are real; the machine has two cores, so the servers read the GPU twice a second,
 report every two seconds, and every wait is on a condition.
@@ -298,8 +300,10 @@ async def test_eight_quarters_on_one_gpu_swap_least_recently_used_and_nothing_is
         )
         assert all(on_gpu(gpu)[kernels[u][1]] == QUARTER for u in ("u1", "u7", "u8"))
 
-        # u2 and u3 come back at once: room for one; the other waits while u7's idle kernel is
-        # swapped out, and its cell says so
+        # without a margin the culler swaps only on demand. u2 and u3 come back at once to a
+        # GPU with room for one: the other waits while u7's idle kernel (the least recently
+        # used) is swapped out, and its cell says so
+        c.swap_margin_mib = 0.0
         outs = await asyncio.gather(
             cell(hub, "u2", kernels["u2"][0], "print(x, my_state())"),
             cell(hub, "u3", kernels["u3"][0], "print(x, my_state())"),
@@ -308,6 +312,7 @@ async def test_eight_quarters_on_one_gpu_swap_least_recently_used_and_nothing_is
         waited = [o for o in outs if GPU_FULL in o]
         assert len(waited) == 1, outs
         assert on_gpu(gpu)[kernels["u7"][1]] == 0  # the least recently used idle one left
+        assert on_gpu(gpu)[kernels["u8"][1]] == QUARTER  # one swap for one waiting kernel
 
         # every kernel's data survives: each cell resumes its kernel, one at a time
         for i, user in enumerate(USERS):
