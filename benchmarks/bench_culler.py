@@ -1,38 +1,55 @@
-"""Culler benchmarks: what users feel, against jupyterhub-idle-culler at z2jh's defaults.
+"""Culler benchmarks: what co-tenants gain, against jupyterhub-idle-culler at z2jh's defaults.
 
-(a) Days of notebook use (benchmarks/culler_trace.py: classroom, research with long silent
-runs, users taking 30-90 minute breaks), replayed minute by minute on a virtual clock under no
-culler, jupyterhub-idle-culler 2.0 with z2jh's defaults (timeout 3600 s, every 600 s; its own
-`cull_idle` against a hub API whose times are shifted to its real clock), and fracspawner's
-culler with the catalog's policy (the documented defaults, and a tighter one). Every decision
-goes through the real code and sources:
+(a) Capacity (issue 26, item 5): days of notebook use (benchmarks/culler_trace.py: classroom in
+two sections with lectures, research with long silent runs, users taking 30-90 minute breaks;
+presence modelled from the person: keyboard and mouse input, tabs closed or left open and
+polling) on a FIXED cluster per mix (culler_trace.CLUSTERS: fewer quarter-GPU slots than
+users), replayed minute by minute on a virtual clock. A user at the keyboard without a server
+asks for one; with no free slot they wait, and leave without one (turned away) if none frees
+before they go. Per backend family:
 
-- each server's GPU facts come from the server extension's own monitor (GpuMonitor: apply,
-  the in-server kernel shut-down, report), fed with the minute's GPU reading, and reach the
-  culler as the JSON report it would push (parsed by the culler's own reports.parse_report);
-- Prometheus is Debian's real one, holding the trace's dcgm-exporter series (30 s samples,
-  written with their own timestamps by promtool) and asked about each virtual moment;
-- the culler runs its whole cycle (`Culler.cull_once(now=...)`) against a stand-in hub API that
-  serves the simulated servers with JupyterHub's JSON and pagination, and stops them on DELETE;
-- the policy is read from a catalog (the demo's pools), through the same env mapping
-  FracSpawner uses for the servers (choice/notebook_env.py).
+- reserving (HAMi, DRA shares, MIG): a slice is held by its pod from start to stop, its memory
+  reserved whether the kernel uses it or not: only a server stop gives anything to others. The
+  pool is the demo catalog's HAMi `h100`, with its idle defaults.
+- time_sliced (time-slicing, MPS): pods hold the scheduler's replicas the same way, but memory
+  is shared: what kernels hold on the GPU is what co-tenants lack, and hibernation gives it
+  back. The pool is an H100 time-sliced four ways (`h100-ts`), with its idle defaults.
 
-GPU hibernation (issue 22) runs through the real monitor and hibernator
-(fracspawner/serverext/hibernate.py) with a fake checkpoint driver: a kernel idle for
-kernel_gpu_hibernate is suspended (its GPU memory leaves the GPU, held in the pod's host memory;
-each pod has a 64 GiB memory limit using 8 GiB), and the user's next cell resumes it first, in
-0.3 s + memory / 25 GiB/s (PCIe 4.0 x16). The catalog defaults now include it (10 min); the
-`fracspawner_hibernate` row gives memory back by hibernation alone (5 min; kernels never shut
-down for GPU idleness; GPU server 2 h). Its figures per mix are under the top-level key
-`hibernation` (reclaimable as % of the baseline, disruptions, host-memory peak summed over the
-mix's pods, resume latency).
+Against jupyterhub-idle-culler 2.0 with z2jh's defaults (timeout 3600 s, every 600 s; its own
+`cull_idle` against a hub API whose times are shifted to its real clock) on the same trace and
+cluster; the hub's last_activity counts what the real one does (the proxy's traffic and the
+servers' activity posts: every API request, an open tab's polling included). Every fracspawner
+decision goes through the real code:
 
-What users feel, per mix: GPU memory held by idle kernels while the user is away
-(reclaimable, GiB-hours), slices held by idle servers while the user is away (idle
-slice-hours, GPU-equivalent hours), false culls (a server or kernel ended while its GPU
-worked), culls while the user is at the keyboard, and culls the user comes back to within
-30 minutes (disruption). Goals: 0 false culls, 0 culls of a present user, reclaimable <= 20 %
-and idle slice-hours <= 100 % of the baseline, disruption <= the baseline.
+- each server's GPU facts come from the server extension's own monitor (GpuMonitor: apply, the
+  in-server kernel shut-down and hibernation, report) fed with the minute's GPU reading, its
+  presence from the extension's own Presence fed with the tab's reports as
+  labextension/src/presence.ts sends them (every minute while open: visible, seconds since the
+  last input; hidden when it closes), and reach the culler as the JSON report it would push
+  (parsed by the culler's own reports.parse_report);
+- the culler runs its whole cycle (`Culler.cull_once(now=...)`) every 5 min against a stand-in
+  hub API that serves the simulated servers with JupyterHub's JSON and pagination, and stops
+  them on DELETE; its GPU source is the servers' reports (no Prometheus in this replay);
+- hibernation runs through the real Hibernator with a fake checkpoint driver: a suspended
+  kernel's memory leaves the GPU for its pod's host memory (a 64 GiB pod limit using 8 GiB), and
+  the user's next cell resumes it first, in 0.3 s + memory / 25 GiB/s (PCIe 4.0 x16); on a
+  time-sliced GPU a resume needs room on the GPU (81,559 MiB less what the other kernels on it
+  hold) and waits while there is none (a resume failure, counted per attempt).
+
+Measures per mix and family (`culler.json` -> `capacity`; percentages are of
+jupyterhub-idle-culler's figure on the same trace and cluster): users who had to wait or were
+turned away (wait episodes) and the 95th percentile of their waits, idle reserved slice-hours
+(slices held while their user is away and their GPU idle), idle GPU memory on the GPU (GiB-hours
+held by idle kernels while their user is away), disruptions (a kernel shut down or a server
+stopped that its user comes back to within 30 min), culls of a present user, false culls (while
+the GPU worked), resume failures, stalled background runs (a silent run killed, suspended, or
+never started for want of a server), and the host memory hibernation takes, peak per node.
+Goals: waiting <= 50 % of the baseline on every mix, disruptions <= the baseline, 0 culls of a
+present user, 0 false culls.
+
+The `hibernation` key keeps the figures of the row that gives memory back by hibernation alone
+(hibernate after 5 min, kernels never shut down for GPU idleness, GPU server after 2 h), on the
+time-sliced pool, where the memory it frees is usable by others.
 
 (b) One culling cycle over 5,000 ready servers (cycle time, HTTP requests) for both cullers
 against the same stand-in hub API: 5,000 real single-user servers do not fit this machine.
@@ -55,7 +72,7 @@ import yaml
 from tornado import web
 from tornado.httpserver import HTTPServer
 
-from benchmarks.culler_trace import HORIZON, MIXES, User, make_mix
+from benchmarks.culler_trace import CLUSTERS, HORIZON, MIXES, Cluster, User, make_mix
 from devcluster.localhub import free_port
 from fracspawner.culler.app import Culler
 from fracspawner.culler.identity import Identity
@@ -64,6 +81,8 @@ from fracspawner.serverext.activity import server_activity, user_activity
 from fracspawner.serverext.hibernate import Hibernator
 from fracspawner.serverext.monitor import GpuMonitor
 from fracspawner.serverext.podinfo import PodInfo
+from fracspawner.serverext.presence import SETTINGS_KEY as PRESENCE_KEY
+from fracspawner.serverext.presence import Presence, parse_client_report
 from fracspawner.serverext.sources import GpuDevice, GpuProcess, GpuSample
 
 REPO = Path(__file__).resolve().parent.parent
@@ -71,31 +90,36 @@ N_SERVERS = 5000
 GPU_SHARE = 0.3
 MAX_PAGE = 200  # JupyterHub's default api_page_max_limit
 T0 = 1_700_006_400.0 - 1_700_006_400.0 % 86400 + 6 * 3600  # 06:00 UTC, the virtual day one
-BUSY, SAMPLE = 90.0, 30  # a working GPU's utilisation; dcgm-exporter's default interval (s)
-POOL = "h100"
+BUSY = 90.0  # a working GPU's utilisation
+GPU_MIB = 81559  # an H100 80GB HBM3 as NVML reports it
 QUIET = logging.getLogger("bench-culler")
 QUIET.setLevel(logging.ERROR)
 
-POLICIES = {
-    # a catalog without `idle`: the documented defaults (hibernate 10m, kernel 30m, GPU server
-    # 1h, 8h, 1d)
-    "fracspawner_defaults": None,
-    "fracspawner_tight": {"kernel_gpu_idle": "10m", "server_gpu_idle": "30m"},
-    # GPU hibernation (issue 22) as the way to give memory back: suspend after 5 min, never shut
-    # the kernel down for GPU idleness, stop a GPU-idle server after 2 h
-    "fracspawner_hibernate": {
-        "kernel_gpu_hibernate": "5m",
-        "kernel_gpu_idle": "off",
-        "server_gpu_idle": "2h",
-    },
-}
+# the backend families and the catalog pool each is replayed on
+FAMILIES = {"reserving": "h100", "time_sliced": "h100-ts"}
 HIBERNATE_ROW = "fracspawner_hibernate"
+# the reserving pool without the in-server kernel shut-down: on a reserving backend a kernel shut
+# down frees memory nobody else may use (the slice stays its pod's), so this row shows what the
+# shut-downs cost there (a catalog setting today, not the default)
+NO_KERNEL_ROW = "fracspawner_reserving_kernel_off"
+# over-commit with swap (issue 26 item 3; the catalog's `overcommit` on both pools): twice the
+# slots per GPU, idle kernels hibernated after 10 min (the default where a pool over-commits)
+# so the memory on each GPU fits; the `capacity` figures are these rows'
+OVERCOMMIT = 2
+OVERCOMMIT_KIND = "fracspawner_overcommit"
+# the same, with hibernation as the only way kernels give memory back (kernel_gpu_idle off):
+# what the in-server kernel shut-downs cost once hibernation swaps idle kernels out
+OVERCOMMIT_KERNEL_OFF = "fracspawner_overcommit_kernel_off"
+# GPU hibernation as the way to give memory back: suspend after 5 min, never shut the kernel
+# down for GPU idleness, stop a GPU-idle server after 2 h
+HIBERNATE_IDLE = {"kernel_gpu_hibernate": "5m", "kernel_gpu_idle": "off", "server_gpu_idle": "2h"}
 # the fake checkpoint driver's copy model: a resume (or suspend) takes a fixed part (re-acquiring
 # the GPU, restoring contexts and streams) plus the memory over a PCIe 4.0 x16 link's practical
 # host<->device bandwidth
 COPY_GIB_S = 25.0
 COPY_FIXED_S = 0.3
 POD_HOST_MEMORY_GIB, POD_HOST_USED_GIB = 64, 8  # each pod's memory limit and what it uses
+CAME_BACK_MIN = 30  # a cull its user comes back to within this is a disruption
 
 
 def copy_seconds(memory_mib: float) -> float:
@@ -146,6 +170,17 @@ def _dt(t: float) -> datetime:
 
 def v(m: int) -> float:
     return T0 + m * 60.0
+
+
+def jupyter_last_activity(settings: dict) -> datetime:
+    """jupyter-server's `ServerWebApplication.last_activity()`: the start, the kernels' activity
+    and every settings key ending in `_last_activity` (API requests, our GPU work and presence)
+    and `last_activity_times`. What the single-user server posts to the hub, and what the
+    hub's proxy poll sees move with every request (an open tab's polling included)."""
+    times = [settings["started"], settings["kernel_manager"].last_kernel_activity]
+    times += [val for key, val in settings.items() if key.endswith("_last_activity")]
+    times += list(settings["last_activity_times"].values())
+    return max(t for t in times if t is not None)
 
 
 # --- a stand-in for the hub's REST API (the two calls cullers make) ---------------------------
@@ -246,14 +281,18 @@ class Cull:
 
 
 class SimServer:
-    def __init__(self, user: User, m: int, env: dict[str, str], host: Path | None = None):
-        self.user, self.started = user, v(m)
+    def __init__(
+        self, user: User, m: int, env: dict[str, str], gpu: int, host: Path, extension: bool
+    ):
+        self.user, self.started, self.gpu = user, v(m), gpu
         self.kernels = SimKernels(self)
         now = _dt(v(m))
         self.settings: dict[str, Any] = {
             "kernel_manager": self.kernels, "started": now, "api_last_activity": now,
             "last_activity_times": {},
         }  # fmt: skip
+        if extension:  # the tab's presence reports reach the server extension
+            self.settings[PRESENCE_KEY] = Presence(settings=self.settings, log=QUIET)
         self.monitor = GpuMonitor(
             settings=self.settings, source_spec="none", log=QUIET, own_pid_namespace=False
         )
@@ -265,13 +304,14 @@ class SimServer:
             log=QUIET,
             cpu_probe_seconds=0,  # no real kernel processes to watch (virtual time)
             retry_refused_after=0,  # a refused kernel is tried at each (virtual) reading
-            cgroup_root=str(host) if host else "/nonexistent",
-            meminfo_path=str(host / "meminfo") if host else "/nonexistent",
+            cgroup_root=str(host),
+            meminfo_path=str(host / "meminfo"),
         )
         self.kernel_id: str | None = None
         self.holds_memory = self.run_alive = self.busy = False
         self.hub_last = v(m)
         self.serial = 0
+        self.tab_was_open = False
 
     def kernel_ended(self) -> None:
         self.kernel_id, self.holds_memory, self.run_alive = None, False, False
@@ -284,26 +324,57 @@ class SimServer:
             self.kernels.kernels[self.kernel_id] = SimKernel(now, pid)
         return self.kernels.kernels[self.kernel_id]
 
+    def hibernated(self) -> bool:
+        return self.kernel_id is not None and self.monitor.hibernator.suspended(self.kernel_id)
+
+    def on_gpu_mib(self) -> float:
+        """GPU memory its kernel holds on the GPU itself (not hibernated)."""
+        if self.kernel_id is None or not self.holds_memory or self.hibernated():
+            return 0.0
+        return float(self.user.memory_mib)
+
 
 class Sim:
-    """One mix under one culler on a virtual clock."""
+    """One mix under one culler, on one backend family's pool, on a fixed cluster."""
 
-    def __init__(self, users: list[User], kind: str, catalog: dict | None = None):
-        self.users, self.kind = users, kind
+    def __init__(
+        self,
+        users: list[User],
+        kind: str,
+        cluster: Cluster,
+        family: str,
+        catalog: dict,
+        overcommit: int = 1,
+    ):
+        self.users, self.kind, self.cluster, self.family = users, kind, cluster, family
+        self.pool = FAMILIES[family]
+        self.slots_per_gpu = cluster.slots_per_gpu * overcommit
+        # where kernels share the GPU's physical memory: a time-sliced GPU, or any pool that
+        # commits more memory than the GPU has; a cell needing memory there may find no room
+        self.shared_memory = family == "time_sliced" or overcommit > 1
         self.servers: dict[str, SimServer] = {}
         self.culls: list[Cull] = []
         self.minute = 0
-        self.env = notebook_env_for(catalog)
-        self.reclaimable = 0.0  # MiB-minutes
-        self.idle_slices = 0.0  # GPU-equivalent minutes
+        self.env = notebook_env_for(catalog, self.pool)
+        self.extension = kind != "idle-culler"
+        self.used = [0] * cluster.gpus  # slots taken per GPU (replicas x overcommit on each)
+        self.waiting: dict[str, int] = {}  # user -> minute they began to wait
+        self.waits: list[tuple[str, int, bool]] = []  # (user, minutes, turned away)
+        self.last_input: dict[str, int] = {}
+        self.runs_stalled: set[tuple[str, int]] = set()  # (user, first minute of the run)
+        self.runs: set[tuple[str, int]] = set()
+        self.idle_gpu_memory = 0.0  # MiB-minutes held on the GPU by idle kernels, user away
+        self.idle_slices = 0.0  # GPU-equivalent minutes held while away and GPU idle
         self.offset = 0.0  # real - virtual seconds, for jupyterhub-idle-culler
-        self.host: Path | None = None  # the pods' cgroup and meminfo files (hibernation)
+        self.host: Path = Path("/nonexistent")  # the pods' cgroup and meminfo files
         self.hibernations = 0
         self.resume_seconds: list[float] = []
-        self.host_peak_mib = 0.0
+        self.resume_failures = 0
+        self.host_peak_node_mib = 0.0
+        self.host_peak_total_mib = 0.0
 
     def hub_users(self) -> list[dict]:
-        options = {"gpu": "1/4", "pool": POOL}
+        options = {"gpu": "1/4", "pool": self.pool}
         return [
             server_model(n, s.started + self.offset, s.hub_last + self.offset, options)
             for n, s in sorted(self.servers.items())
@@ -313,61 +384,103 @@ class Sim:
         s = self.servers.pop(name, None)
         if s is not None:
             u = s.user
+            self.used[s.gpu] -= 1
             self.culls.append(Cull("server", name, self.minute, s.busy, u.present[self.minute]))
+
+    # --- demand on the fixed cluster ----------------------------------------------------------
+    def demand(self, u: User, m: int) -> SimServer | None:
+        """A person at the keyboard without a server asks for one: a free slot, or a wait; a
+        waiting person who leaves goes without (turned away)."""
+        s = self.servers.get(u.name)
+        if s is not None:
+            return s
+        if not u.present[m]:
+            if u.name in self.waiting:
+                self.waits.append((u.name, m - self.waiting.pop(u.name), True))
+            return None
+        # the least allocated GPU first, as kube-scheduler's default NodeResourcesFit scoring
+        # (LeastAllocated) and HAMi's "spread" GPU policy place pods
+        open_gpus = [g for g, n in enumerate(self.used) if n < self.slots_per_gpu]
+        free = min(open_gpus, key=lambda g: (self.used[g], g)) if open_gpus else None
+        if free is None:
+            self.waiting.setdefault(u.name, m)
+            return None
+        if u.name in self.waiting:
+            self.waits.append((u.name, m - self.waiting.pop(u.name), False))
+        self.used[free] += 1
+        s = self.servers[u.name] = SimServer(u, m, self.env, free, self.host, self.extension)
+        return s
+
+    def gpu_free_mib(self, gpu: int, besides: SimServer) -> float:
+        held = sum(
+            s.on_gpu_mib() for s in self.servers.values() if s.gpu == gpu and s is not besides
+        )
+        return GPU_MIB - held
 
     async def step(self, m: int, culler: Culler | None, url: str) -> None:
         self.minute = m
         now_t = v(m)
         now = _dt(now_t)
         for u in self.users:
-            self.act(u, m, now)
-            s = self.servers.get(u.name)
-            # a cell, or a run, on a hibernated kernel: its message resumes it first (resume.py)
-            if s is not None and s.kernel_id and (u.cell[m] and u.present[m] or u.run[m]):
+            s = self.demand(u, m)
+            if s is None:
+                if u.run[m]:  # a run with no server: never launched, or its server stopped
+                    start = m
+                    while start > 0 and u.run[start - 1]:
+                        start -= 1
+                    self.runs.add((u.name, start))
+                    self.runs_stalled.add((u.name, start))
+                continue
+            self.tab(u, s, m, now)
+            # a cell, or a run, on a hibernated kernel: its message resumes it first
+            # (resume.py); on a shared GPU only where the GPU has room for its memory again
+            if s.hibernated() and (u.cell[m] and u.present[m] or u.run[m]):
                 hib = s.monitor.hibernator
                 memory = hib.memory_of(s.kernel_id)
-                task = hib.resume(s.kernel_id, "a message to the kernel")
-                if task is not None and await task:
-                    self.resume_seconds.append(copy_seconds(memory))
-        if self.kind.startswith("fracspawner"):
+                if self.shared_memory and self.gpu_free_mib(s.gpu, s) < memory:
+                    self.resume_failures += 1  # the cell waits: co-tenants filled the GPU
+                else:
+                    task = hib.resume(s.kernel_id, "a message to the kernel")
+                    if task is not None and await task:
+                        self.resume_seconds.append(copy_seconds(memory))
+            self.act(u, s, m, now)
+        if self.extension:
             for s in list(self.servers.values()):
                 # reports go every minute in the product; the culler only reads the one before
                 # each of its cycles, so the replay builds that one
                 await self.server_side(s, m, now, culler, report=m % 5 == 0)
         if m % 5 == 0:  # CHP's activity poll and the servers' activity posts (300 s each)
             for s in self.servers.values():
-                # with the extension, GPU work is part of what servers report as activity
-                seen = server_activity if self.kind.startswith("fracspawner") else user_activity
-                s.hub_last = max(s.hub_last, seen(s.settings).timestamp())
-        if self.kind.startswith("fracspawner") and m % 5 == 0:
+                s.hub_last = max(s.hub_last, jupyter_last_activity(s.settings).timestamp())
+        if self.extension and m % 5 == 0:
             await culler.cull_once(now=now_t)
         elif self.kind == "idle-culler" and m % 10 == 0:
             from jupyterhub_idle_culler import cull_idle
 
             self.offset = time.time() - now_t  # its clock is the real one
             await cull_idle(url, "token", 3600, QUIET, concurrency=10, api_page_size=MAX_PAGE)
-        for u in self.users:
-            s = self.servers.get(u.name)
-            if s is None or u.present[m] or s.busy:
-                continue
-            self.idle_slices += u.gpu_equivalent
-            hibernated = s.kernel_id is not None and s.monitor.hibernator.suspended(s.kernel_id)
-            if s.kernel_id is not None and s.holds_memory and not hibernated:
-                self.reclaimable += u.memory_mib
-        host = sum(s.monitor.hibernator.total_mib() for s in self.servers.values())
-        self.host_peak_mib = max(self.host_peak_mib, host)
+        self.measure(m)
 
-    def act(self, u: User, m: int, now: datetime) -> None:
-        """The user's minute: (re)start the server, run cells, launch or continue a run."""
-        s = self.servers.get(u.name)
-        if u.present[m] and s is None:
-            s = self.servers[u.name] = SimServer(u, m, self.env, self.host)
-        if s is None:
-            return
-        if u.present[m]:
-            s.settings["api_last_activity"] = now  # the open JupyterLab polls the REST API
+    def tab(self, u: User, s: SimServer, m: int, now: datetime) -> None:
+        """The person's JupyterLab tab this minute: its polling, and its presence report."""
+        if u.input[m]:
+            self.last_input[u.name] = m
+        presence = s.settings.get(PRESENCE_KEY)
+        if u.tab_open[m]:
+            s.settings["api_last_activity"] = now  # polls every 10 s while visible
+        if presence is not None and (u.tab_open[m] or s.tab_was_open):
+            idle = (m - self.last_input.get(u.name, m)) * 60.0
+            body = {"client": "tab", "visible": u.tab_open[m], "focused": u.present[m],
+                    "idle_seconds": max(0.0, idle)}  # fmt: skip
+            presence.record(*parse_client_report(body, now))  # closing reports it hidden
+        s.tab_was_open = u.tab_open[m]
+
+    def act(self, u: User, s: SimServer, m: int, now: datetime) -> None:
+        """The user's minute: run cells, launch or continue a run."""
         run_start = u.run[m] and (m == 0 or not u.run[m - 1])
         cell = u.present[m] and u.cell[m]
+        if run_start:
+            self.runs.add((u.name, m))
         if cell or run_start:
             kernel = s.ensure_kernel(now)
             if cell:  # a cell's messages: kernel activity
@@ -377,25 +490,48 @@ class Sim:
         s.busy = False
         if s.kernel_id is not None:
             kernel = s.kernels.kernels[s.kernel_id]
-            running = u.run[m] and s.run_alive  # the run's cell executes, silently
-            s.busy = running or (u.present[m] and u.gpu_cell[m])
+            running = u.run[m] and s.run_alive and not s.hibernated()
+            s.busy = running or (u.present[m] and u.gpu_cell[m] and not s.hibernated())
+            if s.busy and not s.holds_memory and self.shared_memory:
+                # its first allocation: on a shared GPU there must be room for it (CUDA out of
+                # memory otherwise; the cell fails and is run again)
+                if self.gpu_free_mib(s.gpu, s) < u.memory_mib:
+                    self.resume_failures += 1
+                    s.busy = running = False
             kernel.execution_state = "busy" if (running or cell) else "idle"
             s.holds_memory = s.holds_memory or s.busy
+        if u.run[m] and not (s.run_alive and not s.hibernated()):
+            start = m
+            while start > 0 and u.run[start - 1]:
+                start -= 1
+            self.runs_stalled.add((u.name, start))  # killed, suspended or never launched
         if not u.run[m]:
             s.run_alive = False
 
+    def measure(self, m: int) -> None:
+        per_node: dict[int, float] = {}
+        for s in self.servers.values():
+            u = s.user
+            node = self.cluster.node_of(s.gpu)
+            per_node[node] = per_node.get(node, 0.0) + s.monitor.hibernator.total_mib()
+            if u.present[m] or s.busy:
+                continue
+            self.idle_slices += u.gpu_equivalent
+            self.idle_gpu_memory += s.on_gpu_mib()
+        self.host_peak_node_mib = max(self.host_peak_node_mib, *per_node.values(), 0.0)
+        self.host_peak_total_mib = max(self.host_peak_total_mib, sum(per_node.values()))
+
     async def server_side(
-        self, s: SimServer, m: int, now: datetime, culler: Culler, report: bool
+        self, s: SimServer, m: int, now: datetime, culler: Culler | None, report: bool
     ) -> None:
         """What the extension does in the server this minute: read, shut down, report."""
         u = s.user
         procs = []
-        hibernated = s.kernel_id is not None and s.monitor.hibernator.suspended(s.kernel_id)
-        if s.kernel_id is not None and s.holds_memory and not hibernated:
+        if s.on_gpu_mib():
             util = BUSY if s.busy else 0.0
             procs = [GpuProcess("0", u.memory_mib, util, kernel_id=s.kernel_id)]
         used = sum(p.memory_mib for p in procs)
-        device = GpuDevice("0", "NVIDIA H100 80GB HBM3", "GPU-sim", 81559, used, None)
+        device = GpuDevice("0", "NVIDIA H100 80GB HBM3", "GPU-sim", GPU_MIB, used, None)
         s.monitor.apply(
             GpuSample("simulated", [device], procs),
             [(s.kernel_id, p) for p in procs],
@@ -405,11 +541,11 @@ class Sim:
         for _ in await s.monitor.cull_idle_kernels(now):
             self.culls.append(Cull("kernel", u.name, m, s.busy, u.present[m]))
         self.hibernations += len(await s.monitor.hibernate_idle_kernels(now))
-        if not report:
+        if not report or culler is None:
             return
         body = s.monitor.report(
-            server_last_activity=server_activity(s.settings),
-            user_last_activity=user_activity(s.settings),
+            server_last_activity=server_activity(s.settings, now),
+            user_last_activity=user_activity(s.settings, now),
             now=now,
         )
         parsed = parse_report(json.loads(json.dumps(body)), received_at=v(m))
@@ -420,11 +556,17 @@ class Sim:
         disrupted = sum(
             1
             for c in self.culls
-            if not c.present and any(present[c.user][c.minute + 1 : c.minute + 31])
+            if not c.present and any(present[c.user][c.minute + 1 : c.minute + 1 + CAME_BACK_MIN])
         )
+        waits = [w for _, w, _ in self.waits] + [HORIZON - m for m in self.waiting.values()]
         return {
-            "reclaimable_gib_hours": round(self.reclaimable / 1024 / 60, 1),
-            "idle_slice_hours": round(self.idle_slices / 60, 1),
+            "wait_episodes": len(self.waits) + len(self.waiting),
+            "users_who_waited": len({n for n, _, _ in self.waits} | set(self.waiting)),
+            "turned_away": sum(away for _, _, away in self.waits),
+            "wait_p95_min": _percentile([float(w) for w in waits], 0.95),
+            "wait_minutes": sum(waits),
+            "idle_reserved_slice_hours": round(self.idle_slices / 60, 1),
+            "idle_gpu_memory_gib_hours": round(self.idle_gpu_memory / 1024 / 60, 1),
             "false_culls": sum(c.busy for c in self.culls),
             "culls_while_present": sum(c.present for c in self.culls),
             "culls_returned_to_within_30_min": disrupted,
@@ -432,7 +574,11 @@ class Sim:
             "kernel_shutdowns": sum(c.kind == "kernel" for c in self.culls),
             "hibernations": self.hibernations,
             "resumes": len(self.resume_seconds),
-            "host_memory_peak_gib": round(self.host_peak_mib / 1024, 1),
+            "resume_failures": self.resume_failures,
+            "runs": len(self.runs),
+            "stalled_runs": len(self.runs_stalled),
+            "host_memory_peak_per_node_gib": round(self.host_peak_node_mib / 1024, 1),
+            "host_memory_peak_gib": round(self.host_peak_total_mib / 1024, 1),
             "resume_p50_s": _percentile(self.resume_seconds, 0.5),
             "resume_max_s": max(self.resume_seconds, default=0.0),
         }
@@ -455,66 +601,63 @@ def pod_host(tmp: Path) -> Path:
     return host
 
 
-def notebook_env_for(catalog: dict | None) -> dict[str, str]:
-    """The environment FracSpawner gives a 1/4 h100 server under this catalog."""
+def notebook_env_for(catalog: dict, pool: str) -> dict[str, str]:
+    """The environment FracSpawner gives a 1/4 server on this pool under this catalog."""
     from fracspawner.backends import load_catalog
     from fracspawner.choice.notebook_env import policy_env
 
-    loaded = load_catalog(catalog or bench_catalog(None))
-    env = {"FRACSPAWNER_GPU_SLICE": "1/4", "FRACSPAWNER_GPU_POOL": POOL}
-    return env | policy_env(loaded.idle_for(POOL))
+    loaded = load_catalog(catalog)
+    env = {"FRACSPAWNER_GPU_SLICE": "1/4", "FRACSPAWNER_GPU_POOL": pool}
+    return env | policy_env(loaded.idle_for(pool))
 
 
-def bench_catalog(idle: dict | None) -> dict:
+def bench_catalog(idle: dict | None = None, overcommit: int = 1) -> dict:
+    """The demo catalog (HAMi `h100`) with an H100 time-sliced four ways (`h100-ts`), without
+    an `idle` section (the documented defaults, per backend) unless `idle` is given."""
     data = yaml.safe_load((REPO / "examples" / "catalogs" / "demo.yaml").read_text())
-    data.pop("idle", None)  # no idle section: the documented defaults
+    data.pop("idle", None)
+    data["pools"]["h100-ts"] = {
+        "display_name": "H100 80GB (time-sliced)",
+        "gpu": "H100-80GB",
+        "backend": "timeslicing",
+        "replicas": 4,
+        "node_selector": {"nvidia.com/gpu.product": "NVIDIA-H100-80GB-HBM3-SHARED"},
+        "offers": ["1/4"],
+    }
     data["access"]["default"] = {"pools": "all", "max_gpu": 1}
+    if overcommit > 1:
+        for pool in FAMILIES.values():
+            data["pools"][pool]["overcommit"] = overcommit
     if idle is not None:
         data["idle"] = idle
     return data
 
 
-# --- the ground truth Prometheus holds -------------------------------------------------------
-def dcgm_series(mixes: dict[str, list[User]]) -> list[tuple[dict, list[tuple[float, float]]]]:
-    """Each pod's dcgm-exporter series as the trace's GPU work makes them, every 30 s."""
-    series = []
-    for users in mixes.values():
-        for u in users:
-            pod = {"pod": f"jupyter-{u.name}", "namespace": "jhub", "container": "notebook"}
-            pod["job"] = "dcgm-exporter"  # the scrape job the culler reads (Culler.dcgm_job)
-            util, mem, holds = [], [], False
-            for m in range(HORIZON):
-                busy = u.run[m] or (u.present[m] and u.gpu_cell[m])
-                holds = holds or busy
-                for k in range(0, 60, SAMPLE):
-                    util.append((v(m) + k, BUSY if busy else 0.0))
-                    mem.append((v(m) + k, float(u.memory_mib if holds else 0)))
-            series.append(({"__name__": "DCGM_FI_DEV_GPU_UTIL", **pod}, util))
-            series.append(({"__name__": "DCGM_FI_DEV_FB_USED", **pod}, mem))
-    return series
-
-
-async def replay(users: list[User], kind: str, prom_url: str, tmp: Path) -> dict:
-    sim_catalog = None
-    culler = None
-    if kind in POLICIES:
-        sim_catalog = bench_catalog(POLICIES[kind])
-    sim = Sim(users, kind, sim_catalog)
+async def replay(users: list[User], kind: str, family: str, cluster: Cluster, tmp: Path) -> dict:
+    kernel_off = {"kernel_gpu_idle": "off"}
+    idle = {
+        HIBERNATE_ROW: HIBERNATE_IDLE,
+        NO_KERNEL_ROW: kernel_off,
+        OVERCOMMIT_KERNEL_OFF: kernel_off,
+    }.get(kind)
+    overcommit = OVERCOMMIT if kind in (OVERCOMMIT_KIND, OVERCOMMIT_KERNEL_OFF) else 1
+    catalog = bench_catalog(idle, overcommit)
+    sim = Sim(users, kind, cluster, family, catalog, overcommit)
     sim.host = pod_host(tmp)
     hub = StandInHub(sim.hub_users, on_delete=sim.stop)
     port = free_port()
     server = HTTPServer(hub.app)
     server.listen(port, "127.0.0.1")
     url = f"http://127.0.0.1:{port}/hub/api"
-    if kind in POLICIES:
-        path = tmp / f"{kind}.yaml"
-        path.write_text(yaml.safe_dump(sim_catalog))
+    culler = None
+    if kind != "idle-culler":
+        path = tmp / f"{kind}-{family}.yaml"
+        path.write_text(yaml.safe_dump(catalog))
         culler = Culler(api_token="token", log_level=logging.ERROR)
         culler.initialize(
             [
                 f"--url={url}",
                 f"--catalog={path}",
-                f"--prometheus-url={prom_url}",
                 "--report-url=http://127.0.0.1:9",  # reports are handed over in process
                 "--namespace=jhub",
             ]
@@ -526,6 +669,7 @@ async def replay(users: list[User], kind: str, prom_url: str, tmp: Path) -> dict
     finally:
         server.stop()
     out = sim.summary()
+    out["policy"] = {k: v for k, v in sim.env.items() if k.endswith("_SECONDS")}
     out["replay_seconds"] = round(time.perf_counter() - started, 1)
     if culler is not None:
         samples = culler.metrics.failsafe.collect()[0].samples
@@ -535,51 +679,91 @@ async def replay(users: list[User], kind: str, prom_url: str, tmp: Path) -> dict
     return out
 
 
-def goals(result: dict, baseline: dict) -> dict:
-    def ratio(key: str) -> float | None:
-        return None if not baseline[key] else round(result[key] / baseline[key], 2)
+def pct(value: float, base: float) -> float | None:
+    """value as a percentage of base; 0 where both are 0; None where only base is 0."""
+    if not base:
+        return 0.0 if not value else None
+    return round(100.0 * value / base, 1)
 
-    def within(key: str, share: float) -> bool:
-        if not baseline[key]:
-            return not result[key]
-        return result[key] <= share * baseline[key]
 
-    return {
-        "no_false_culls": result["false_culls"] == 0,
-        "no_culls_of_a_present_user": result["culls_while_present"] == 0,
-        "reclaimable_vs_baseline": ratio("reclaimable_gib_hours"),
-        "reclaimable_at_most_20_percent": within("reclaimable_gib_hours", 0.2),
-        "idle_slice_hours_vs_baseline": ratio("idle_slice_hours"),
-        "idle_slice_hours_at_most_baseline": within("idle_slice_hours", 1.0),
-        "disruption_at_most_baseline": result["culls_returned_to_within_30_min"]
-        <= baseline["culls_returned_to_within_30_min"],
+def capacity(row: dict, base: dict) -> dict:
+    """The contract's keys (../shared/design.md) for one mix and family, and the goals."""
+    out = {
+        "users_waiting_pct": pct(row["wait_episodes"], base["wait_episodes"]),
+        "wait_p95_min": row["wait_p95_min"],
+        "disruptions": row["culls_returned_to_within_30_min"],
+        "baseline_disruptions": base["culls_returned_to_within_30_min"],
+        "present_culls": row["culls_while_present"],
+        "false_culls": row["false_culls"],
+        "idle_reserved_slice_hours_pct": pct(
+            row["idle_reserved_slice_hours"], base["idle_reserved_slice_hours"]
+        ),
+        "resume_failures": row["resume_failures"],
+        "stalled_runs": row["stalled_runs"],
+        "host_memory_peak_per_node_gib": row["host_memory_peak_per_node_gib"],
+        "idle_gpu_memory_pct": pct(
+            row["idle_gpu_memory_gib_hours"], base["idle_gpu_memory_gib_hours"]
+        ),
+        "baseline_wait_episodes": base["wait_episodes"],
+        "wait_episodes": row["wait_episodes"],
+        "baseline_wait_p95_min": base["wait_p95_min"],
+        "baseline_stalled_runs": base["stalled_runs"],
     }
+    waiting = out["users_waiting_pct"]
+    out["goals"] = {
+        "waiting_at_most_half": waiting is not None and waiting <= 50.0,
+        "disruptions_at_most_baseline": out["disruptions"] <= out["baseline_disruptions"],
+        "no_culls_of_a_present_user": out["present_culls"] == 0,
+        "no_false_culls": out["false_culls"] == 0,
+    }
+    return out
 
 
-async def bench_days(tmp: Path) -> dict:
-    from tests.test_culler_support import BackfilledPrometheus
-
-    mixes = {name: make_mix(name) for name in MIXES}
-    prom = BackfilledPrometheus(tmp / "prometheus", dcgm_series(mixes))
-    try:
-        out: dict[str, Any] = {}
-        for name, users in mixes.items():
-            runs = {}
-            for kind in ("no_culler", "idle-culler", *POLICIES):
-                runs[kind] = await replay(users, kind, prom.url, tmp)
-                print(f"   {name} / {kind}: {runs[kind]}", flush=True)
-            baseline = runs["idle-culler"]
-            out[name] = {
-                "users": len(users),
-                "hours_at_keyboard": round(sum(sum(u.present) for u in users) / 60, 1),
-                "hours_of_silent_runs": round(sum(sum(u.run) for u in users) / 60, 1),
-                "no_culler": runs["no_culler"],
-                "jupyterhub_idle_culler_z2jh": baseline,
-                **{kind: {**runs[kind], "goals": goals(runs[kind], baseline)} for kind in POLICIES},
-            }
-        return out
-    finally:
-        prom.stop()
+async def bench_days(tmp: Path) -> tuple[dict, dict, dict]:
+    runs: dict[str, dict] = {}
+    out: dict[str, dict] = {}
+    plain: dict[str, dict] = {}
+    for name in MIXES:
+        users, cluster = make_mix(name), CLUSTERS[name]
+        rows: dict[str, dict] = {}
+        # jupyterhub-idle-culler stops servers only: it does the same on either family
+        rows["jupyterhub_idle_culler_z2jh"] = await replay(
+            users, "idle-culler", "reserving", cluster, tmp
+        )
+        for family in FAMILIES:
+            rows[f"fracspawner_{family}"] = await replay(users, "fracspawner", family, cluster, tmp)
+            rows[f"fracspawner_{family}_overcommit"] = await replay(
+                users, OVERCOMMIT_KIND, family, cluster, tmp
+            )
+        rows[HIBERNATE_ROW] = await replay(users, HIBERNATE_ROW, "time_sliced", cluster, tmp)
+        rows[NO_KERNEL_ROW] = await replay(users, NO_KERNEL_ROW, "reserving", cluster, tmp)
+        rows[OVERCOMMIT_KERNEL_OFF] = await replay(
+            users, OVERCOMMIT_KERNEL_OFF, "time_sliced", cluster, tmp
+        )
+        for key, row in rows.items():
+            print(f"   {name} / {key}: {row}", flush=True)
+        base = rows["jupyterhub_idle_culler_z2jh"]
+        runs[name] = {
+            "users": len(users),
+            "slots": cluster.slots,
+            "nodes": -(-cluster.gpus // cluster.gpus_per_node),
+            "hours_at_keyboard": round(sum(sum(u.present) for u in users) / 60, 1),
+            "hours_of_tabs_left_open": round(
+                sum(
+                    sum(t and not p for t, p in zip(u.tab_open, u.present, strict=True))
+                    for u in users
+                )
+                / 60,
+                1,
+            ),
+            "hours_of_silent_runs": round(sum(sum(u.run) for u in users) / 60, 1),
+            **rows,
+        }
+        out[name] = {
+            family: capacity(rows[f"fracspawner_{family}_overcommit"], base) for family in FAMILIES
+        }
+        plain[name] = {family: capacity(rows[f"fracspawner_{family}"], base) for family in FAMILIES}
+    return runs, out, plain
 
 
 # --- (b) one cycle over 5,000 servers ----------------------------------------------------------
@@ -662,19 +846,23 @@ async def bench_cycle() -> dict:
     return out
 
 
-def hibernation(days: dict) -> dict:
-    """The hibernation row against the baseline, per mix: the keys outside checks read."""
+def hibernation(runs: dict) -> dict:
+    """The hibernation row against the baseline, per mix: the keys outside checks read.
+    `reclaimable_pct`: idle GPU memory left on the GPU, as % of the baseline's."""
     out = {}
-    for mix, data in days.items():
+    for mix, data in runs.items():
         row, base = data[HIBERNATE_ROW], data["jupyterhub_idle_culler_z2jh"]
-        pct = 100.0 * row["reclaimable_gib_hours"] / base["reclaimable_gib_hours"]
         out[mix] = {
-            "reclaimable_pct": round(pct, 1) if base["reclaimable_gib_hours"] else 0.0,
+            "reclaimable_pct": pct(
+                row["idle_gpu_memory_gib_hours"], base["idle_gpu_memory_gib_hours"]
+            )
+            or 0.0,
             "disruptions": row["culls_returned_to_within_30_min"],
             "baseline_disruptions": base["culls_returned_to_within_30_min"],
             "false_culls": row["false_culls"],
             "present_culls": row["culls_while_present"],
             "host_memory_peak_gib": row["host_memory_peak_gib"],
+            "host_memory_peak_per_node_gib": row["host_memory_peak_per_node_gib"],
             "resume_p50_s": row["resume_p50_s"],
             "resume_max_s": row["resume_max_s"],
         }
@@ -683,36 +871,40 @@ def hibernation(days: dict) -> dict:
 
 # --- report -------------------------------------------------------------------------------------
 COLUMNS = [
-    ("reclaimable_gib_hours", "reclaimable GiB·h"),
-    ("idle_slice_hours", "idle slice-hours"),
-    ("false_culls", "false culls"),
+    ("wait_episodes", "waited or turned away"),
+    ("turned_away", "turned away"),
+    ("wait_p95_min", "wait p95 min"),
+    ("idle_reserved_slice_hours", "idle reserved slice-h"),
+    ("idle_gpu_memory_gib_hours", "idle GPU memory GiB·h"),
+    ("culls_returned_to_within_30_min", "disruptions"),
     ("culls_while_present", "culls of a present user"),
-    ("culls_returned_to_within_30_min", "returned to within 30 min"),
+    ("false_culls", "false culls"),
     ("server_stops", "server stops"),
     ("kernel_shutdowns", "kernel shut-downs"),
+    ("hibernations", "hibernations"),
+    ("resume_failures", "resume failures"),
+    ("stalled_runs", "stalled runs"),
+    ("host_memory_peak_per_node_gib", "host memory peak/node GiB"),
 ]
 ROWS = [
-    ("no_culler", "no culler"),
     ("jupyterhub_idle_culler_z2jh", "jupyterhub-idle-culler, z2jh defaults (baseline)"),
-    ("fracspawner_defaults", "fracspawner, catalog without `idle` (defaults)"),
-    ("fracspawner_tight", "fracspawner, kernel 10m / GPU server 30m"),
-    (HIBERNATE_ROW, "fracspawner, hibernate 5m / kernel off / GPU server 2h"),
-]
-HIBERNATION_COLUMNS = [
-    ("hibernations", "hibernations"),
-    ("resumes", "resumes"),
-    ("host_memory_peak_gib", "host memory peak GiB"),
-    ("resume_p50_s", "resume p50 s"),
-    ("resume_max_s", "resume max s"),
+    ("fracspawner_reserving", "fracspawner defaults, reserving (HAMi `h100`)"),
+    ("fracspawner_time_sliced", "fracspawner defaults, time-sliced (`h100-ts`)"),
+    (HIBERNATE_ROW, "fracspawner, hibernate 5m / kernel off / GPU server 2h (time-sliced)"),
+    (NO_KERNEL_ROW, "fracspawner, reserving, kernel_gpu_idle off"),
+    ("fracspawner_reserving_overcommit", "fracspawner, reserving, overcommit 2 (HAMi scaling)"),
+    ("fracspawner_time_sliced_overcommit", "fracspawner, time-sliced, overcommit 2"),
+    (OVERCOMMIT_KERNEL_OFF, "fracspawner, time-sliced, overcommit 2, kernel_gpu_idle off"),
 ]
 
 
-def markdown(days: dict) -> str:
+def markdown(runs: dict, cap: dict) -> str:
     lines = []
-    for mix, data in days.items():
+    for mix, data in runs.items():
         lines += [
-            f"### {mix}: {data['users']} users, {data['hours_at_keyboard']} h at the keyboard, "
-            f"{data['hours_of_silent_runs']} h of silent runs",
+            f"### {mix}: {data['users']} users on {data['slots']} slots ({data['nodes']} nodes), "
+            f"{data['hours_at_keyboard']} h at the keyboard, {data['hours_of_tabs_left_open']} h "
+            f"of tabs left open, {data['hours_of_silent_runs']} h of silent runs",
             "",
             "| | " + " | ".join(label for _, label in COLUMNS) + " |",
             "|---|" + "---|" * len(COLUMNS),
@@ -720,26 +912,13 @@ def markdown(days: dict) -> str:
         for key, label in ROWS:
             row = data[key]
             lines.append(f"| {label} | " + " | ".join(str(row[k]) for k, _ in COLUMNS) + " |")
-        for key, label in ROWS[2:]:
-            g = data[key]["goals"]
-            missed = [k for k, ok in g.items() if ok is False]
+        for family, figures in cap[mix].items():
+            missed = [k for k, ok in figures["goals"].items() if not ok]
             lines.append(
-                f"\n{label}: reclaimable {g['reclaimable_vs_baseline']} and idle slice-hours "
-                f"{g['idle_slice_hours_vs_baseline']} of the baseline; "
+                f"\n{family}: waiting {figures['users_waiting_pct']} % and idle reserved "
+                f"slice-hours {figures['idle_reserved_slice_hours_pct']} % of the baseline; "
                 + ("all goals met." if not missed else "missed: " + ", ".join(missed) + ".")
             )
-        lines += [
-            "",
-            "Hibernation (fake checkpoint driver: "
-            f"{COPY_FIXED_S} s + memory / {COPY_GIB_S:g} GiB/s, PCIe 4.0 x16):",
-            "",
-            "| | " + " | ".join(label for _, label in HIBERNATION_COLUMNS) + " |",
-            "|---|" + "---|" * len(HIBERNATION_COLUMNS),
-        ]
-        for key, label in ROWS[2:]:
-            row = data[key]
-            cells = " | ".join(str(row.get(k, "")) for k, _ in HIBERNATION_COLUMNS)
-            lines.append(f"| {label} | {cells} |")
         lines.append("")
     return "\n".join(lines)
 
@@ -747,16 +926,22 @@ def markdown(days: dict) -> str:
 def run(results_dir: Path) -> dict:
     tmp = Path(tempfile.mkdtemp(prefix="bench-culler-"))
     try:
-        days = asyncio.run(bench_days(tmp))
+        runs, cap, plain = asyncio.run(bench_days(tmp))
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     cycle = asyncio.run(bench_cycle())
-    result = {"days": days, "hibernation": hibernation(days), "cycle_5000_servers": cycle}
+    result = {
+        "capacity": cap,
+        "capacity_without_overcommit": plain,
+        "hibernation": hibernation(runs),
+        "runs": runs,
+        "cycle_5000_servers": cycle,
+    }
     (results_dir / "culler.md").write_text(
         "# Culler benchmarks\n\n"
         + (__doc__ or "")
-        + "\n## (a) Days of notebook use\n\n"
-        + markdown(days)
+        + "\n## (a) Capacity: days of notebook use on a fixed cluster\n\n"
+        + markdown(runs, cap)
         + "\n## Raw figures\n\n```json\n"
         + json.dumps(result, indent=2)
         + "\n```\n"

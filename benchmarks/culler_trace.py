@@ -1,16 +1,34 @@
-"""Workload mixes for the culler benchmark: when each user is at the keyboard, when their cells
-run, when the GPU works. Minute resolution, from a fixed seed: every run sees the same days.
+"""Workload mixes for the culler benchmark: when each person is at the keyboard, when they touch
+it, when their JupyterLab tab is open, when their cells run, when the GPU works. Minute
+resolution, from a fixed seed: every run sees the same days.
 
-Each user owns one GPU server (a quarter of an H100 through HAMi). The horizon runs from 06:00
-on day one to 18:00 on day two, so overnight runs and next-morning returns are in it.
+Presence is modelled from the person, as the product reads it (fracspawner/serverext/presence.py):
+`present` is the ground truth (the person is there), `input` the minutes they press a key, click
+or scroll, `tab_open` the minutes their JupyterLab tab is open and visible. An open tab polls the
+REST API every 10 s whether anyone looks at it or not (JupyterLab's kernel, session and terminal
+managers, `interval: 10 * 1000`, `standby: 'when-hidden'`), so `tab_open` is also when the
+server sees API requests. Three ways to be present or away that the old "every present minute
+is API activity" shortcut could not tell apart:
+- work: at the keyboard, input most minutes, cells now and then;
+- a lecture: present with the tab visible, a click every 5-20 min, the kernel holding the model
+  loaded at the start (a person who must not lose it);
+- leaving: the tab is closed or hidden (laptop shut, another window), or left open and visible
+  on the desk until its person comes back (an abandoned tab: polling, nobody there).
 
-- classroom: 30 students, two 90-minute labs a day with short GPU cells; they leave when the
-  lab ends (the tab closed, the server left running); 40 % do homework in the evening.
-- research: 12 researchers work in sessions with GPU cells, and most end a session by
-  launching a silent training run (2-12 h: the cell executes, prints nothing, the GPU works);
-  they come back hours later or the next morning.
-- breaks: 20 users work all day and step away 2-4 times for 30-90 minutes (lunch, meetings,
-  a seminar), leaving their kernels holding GPU memory; they come back to the same notebook.
+Each user owns one GPU server (a quarter of an H100). The horizon runs from 06:00 on day one to
+18:00 on day two, so overnight runs and next-morning returns are in it.
+
+- classroom: 30 students in two sections of 15 sharing the lab's cluster in turns (A at 09:00
+  and 14:00, B at 10:45 and 15:45, 90 min each); each lab opens with a 30-45 min lecture part,
+  then hands-on work with short GPU cells; 40 % do homework in the evening. 30 % of students
+  leave their lab tab open (lab PCs, laptops left open).
+- research: 12 researchers work in sessions with GPU cells, and most end a session by launching
+  a silent training run (2-12 h: the cell executes, prints nothing, the GPU works); they come
+  back hours later or the next morning. 40 % of sessions end with the tab left open (an office
+  desktop).
+- breaks: 20 users work all day and step away 2-4 times for 30-90 minutes (lunch, meetings, a
+  seminar), leaving their kernels holding GPU memory; 60 % of breaks leave the tab open on the
+  desk; they come back to the same notebook.
 """
 
 from __future__ import annotations
@@ -28,48 +46,105 @@ def at(hour: float, day: int = 0) -> int:
     return int(round((day * 24 + hour - START_HOUR) * 60))
 
 
+def _flags() -> list[bool]:
+    return [False] * HORIZON
+
+
 @dataclass
 class User:
     name: str
     memory_mib: int  # what the user's kernel allocates on the GPU once it uses it
     slice: str = "1/4"
     gpu_equivalent: float = 0.25
-    present: list[bool] = field(default_factory=lambda: [False] * HORIZON)  # at the keyboard
-    cell: list[bool] = field(default_factory=lambda: [False] * HORIZON)  # a cell runs (messages)
-    gpu_cell: list[bool] = field(default_factory=lambda: [False] * HORIZON)  # ... on the GPU
-    run: list[bool] = field(default_factory=lambda: [False] * HORIZON)  # silent training run
+    leaves_tab_open: float = 0.0  # chance that leaving leaves the tab open and visible
+    present: list[bool] = field(default_factory=_flags)  # the person is there
+    input: list[bool] = field(default_factory=_flags)  # ... and touches keyboard or mouse
+    tab_open: list[bool] = field(default_factory=_flags)  # a visible tab: polls the REST API
+    cell: list[bool] = field(default_factory=_flags)  # a cell runs (messages)
+    gpu_cell: list[bool] = field(default_factory=_flags)  # ... on the GPU
+    run: list[bool] = field(default_factory=_flags)  # silent training run
+    abandoned: list[tuple[int, int]] = field(default_factory=list)  # (from, to) open tabs
+
+    def _here(self, m: int, touched: bool) -> None:
+        self.present[m] = self.tab_open[m] = True
+        self.input[m] = self.input[m] or touched
 
     def work(self, rng: random.Random, start: int, end: int, cells: float, gpu: float) -> None:
-        """At the keyboard from start to end, running a cell some minutes, some on the GPU."""
+        """At the keyboard from start to end, running a cell some minutes, some on the GPU;
+        touching the keyboard or mouse in most minutes (reading a while without)."""
         m = max(0, start)
         while m < min(end, HORIZON):
-            self.present[m] = True
+            self._here(m, rng.random() < 0.8)
             if rng.random() < cells:
                 length = rng.randint(1, 3) if rng.random() < gpu else 1
                 for k in range(m, min(m + length, end, HORIZON)):
-                    self.present[k] = True
+                    self._here(k, True)
                     self.cell[k] = True
                     self.gpu_cell[k] = length > 1 or self.gpu_cell[k]
                 m += length
             else:
                 m += 1
 
+    def lecture(self, rng: random.Random, start: int, end: int) -> None:
+        """Present with the tab visible for a lecture: one GPU cell at the start (a model
+        loaded), then a click every 5-20 minutes."""
+        start = max(0, start)
+        for m in range(start, min(end, HORIZON)):
+            self._here(m, False)
+        for m in range(start, min(start + 2, end, HORIZON)):
+            self.input[m] = self.cell[m] = self.gpu_cell[m] = True
+        m = start + rng.randint(5, 20)
+        while m < min(end, HORIZON):
+            self.input[m] = True
+            m += rng.randint(5, 20)
+
+    def leave(self, rng: random.Random, end: int) -> None:
+        """The person leaves at `end`: the tab closes, or stays open until they are back."""
+        if end >= HORIZON or rng.random() >= self.leaves_tab_open:
+            return
+        m = end
+        while m < HORIZON and self.present[m]:  # the session's last minutes
+            m += 1
+        start = m
+        while m < HORIZON and not self.present[m]:
+            m += 1
+        # an abandoned tab polls until its person is back (or the horizon ends)
+        for k in range(start, m):
+            self.tab_open[k] = True
+        if m > start:
+            self.abandoned.append((start, m))
+
     def train(self, start: int, hours: float) -> None:
         for m in range(max(0, start), min(start + int(hours * 60), HORIZON)):
             self.run[m] = True
 
 
+def _sessions_left(u: User, rng: random.Random, ends: list[int]) -> None:
+    """Tabs left open are decided once every session is known (they run to the next one)."""
+    for end in sorted(ends):
+        u.leave(rng, end)
+
+
 def classroom(rng: random.Random, n: int = 30) -> list[User]:
     users = []
     for i in range(n):
-        u = User(f"cls-{i:02d}", rng.choice([4096, 8192, 10240]))
+        section_b = i >= n // 2
+        u = User(f"cls-{i:02d}", rng.choice([4096, 8192, 10240]), leaves_tab_open=0.3)
+        ends = []
         for day in (0, 1):
-            for lab in (9.0, 14.0):
+            for lab in (10.75, 15.75) if section_b else (9.0, 14.0):
                 arrive = at(lab, day) + rng.randint(0, 10)
-                u.work(rng, arrive, at(lab + 1.5, day) + rng.randint(-5, 5), 0.35, 0.35)
+                talk = arrive + rng.randint(30, 45)
+                end = at(lab + 1.5, day) + rng.randint(-5, 5)
+                u.lecture(rng, arrive, talk)
+                u.work(rng, talk, end, 0.35, 0.35)
+                ends.append(end)
         if rng.random() < 0.4:
             evening = at(19.0) + rng.randint(0, 60)
-            u.work(rng, evening, evening + rng.randint(30, 75), 0.3, 0.3)
+            end = evening + rng.randint(30, 75)
+            u.work(rng, evening, end, 0.3, 0.3)
+            ends.append(end)
+        _sessions_left(u, rng, ends)
         users.append(u)
     return users
 
@@ -77,7 +152,8 @@ def classroom(rng: random.Random, n: int = 30) -> list[User]:
 def research(rng: random.Random, n: int = 12) -> list[User]:
     users = []
     for i in range(n):
-        u = User(f"res-{i:02d}", rng.choice([10240, 16384, 20480]))
+        u = User(f"res-{i:02d}", rng.choice([10240, 16384, 20480]), leaves_tab_open=0.4)
+        ends = []
         t = at(8.5) + rng.randint(0, 90)
         for day in (0, 1):
             if day:
@@ -85,13 +161,16 @@ def research(rng: random.Random, n: int = 12) -> list[User]:
             while t < at(18.0, day):
                 end = t + rng.randint(60, 180)
                 u.work(rng, t, end, 0.3, 0.4)
+                ends.append(end)
                 if rng.random() < 0.7:  # launch a silent run and leave it
                     hours = rng.uniform(2, 12)
                     u.train(end, hours)
-                    u.present[min(end, HORIZON - 1)] = True  # launched at the keyboard
+                    if end < HORIZON:  # launched at the keyboard
+                        u._here(end, True)
                     t = end + int(hours * 60) + rng.randint(-30, 240)
                 else:
                     t = end + rng.randint(45, 150)
+        _sessions_left(u, rng, ends)
         users.append(u)
     return users
 
@@ -99,7 +178,8 @@ def research(rng: random.Random, n: int = 12) -> list[User]:
 def breaks(rng: random.Random, n: int = 20) -> list[User]:
     users = []
     for i in range(n):
-        u = User(f"brk-{i:02d}", rng.choice([8192, 10240, 16384]))
+        u = User(f"brk-{i:02d}", rng.choice([8192, 10240, 16384]), leaves_tab_open=0.6)
+        ends = []
         for day in (0, 1):
             t, end_of_day = at(8.5, day) + rng.randint(0, 45), at(17.5, day)
             pauses = sorted(rng.sample(range(t + 45, end_of_day - 60), rng.randint(2, 4)))
@@ -107,13 +187,39 @@ def breaks(rng: random.Random, n: int = 20) -> list[User]:
                 if pause <= t:
                     continue
                 u.work(rng, t, pause, 0.3, 0.3)
+                ends.append(pause)
                 t = pause + rng.randint(30, 90)  # away, the kernel keeps its memory
             u.work(rng, t, end_of_day, 0.3, 0.3)
+            ends.append(end_of_day)
+        _sessions_left(u, rng, ends)
         users.append(u)
     return users
 
 
 MIXES = {"classroom": classroom, "research": research, "breaks": breaks}
+
+
+@dataclass(frozen=True)
+class Cluster:
+    """The fixed cluster a mix's users share: whole H100s cut in quarters, on nodes."""
+
+    gpus: int
+    gpus_per_node: int = 2
+    slots_per_gpu: int = 4  # 1/4 slices (HAMi, DRA shares) or time-slicing replicas
+
+    @property
+    def slots(self) -> int:
+        return self.gpus * self.slots_per_gpu
+
+    def node_of(self, gpu: int) -> int:
+        return gpu // self.gpus_per_node
+
+
+# Fewer slots than accounts, the point of sharing. classroom: one section at a time (15
+# students, 16 slots); research: 12 researchers on 2 GPUs (8 slots); breaks: 20 users on 4 GPUs
+# (16 slots). At the busiest moments more people are at their keyboards than there are slots
+# (research, breaks): some wait whatever the culler does; the culler decides how many more.
+CLUSTERS = {"classroom": Cluster(4), "research": Cluster(2), "breaks": Cluster(4)}
 
 
 def make_mix(name: str, seed: int = 7) -> list[User]:
