@@ -257,7 +257,9 @@ async def test_state_api_answers_only_tokens_that_read_every_server():
     from fracspawner.culler.stateapi import state_handler
 
     class Verifier:  # the hub's answers to GET /hub/api/user, per token
-        async def model(self, token, source):
+        state_limit = None  # the state API's own budget of unknown tokens (not limited here)
+
+        async def model(self, token, source, limit=None):
             models = {
                 "service": {
                     "kind": "service",
