@@ -84,7 +84,9 @@ class Presence(LoggingConfigurable):
         "still counts as present (while the tab is visible). A person reading or listening "
         "without touching anything for longer counts as away: their idle GPU kernels may then "
         "be hibernated or shut down after the pool's limits. Default: "
-        f"${ENV_TIMEOUT} (set by FracSpawner), else 900 (15 min).",
+        f"${ENV_TIMEOUT} (an admin may put it in the notebooks' environment), else 900 (15 "
+        "min). A tab's reports are its user's word, like their API requests: they can keep "
+        "their own server, never anyone else's.",
     )
     interval = Float(
         60.0,
