@@ -86,7 +86,9 @@ TIME_SLICES = ("Default", "Short", "Medium", "Long")
 
 #: NVML product names (what the driver publishes as `productName`) of the built-in models;
 #: GFD's `nvidia.com/gpu.product` is this with spaces as '-', which cannot be undone
-#: ("NVIDIA A100-SXM4-80GB"). Sources: nvidia-smi listings of each card (SXM variants).
+#: ("NVIDIA A100-SXM4-80GB"). Sources: nvidia-smi listings of each card (SXM variants); the
+#: H200's read on one (nvidia-smi --query-gpu=name: "NVIDIA H200", 143771 MiB, driver
+#: 580.159.04; the driver's productName is NVML's nvmlDeviceGetName, deviceinfo.go).
 PRODUCT_NAMES: Mapping[str, str] = {
     "A100-40GB": "NVIDIA A100-SXM4-40GB",
     "A100-80GB": "NVIDIA A100-SXM4-80GB",
