@@ -205,3 +205,40 @@ def test_the_desk_answers_each_server_with_its_own_kernels_once():
     # a stale server gets no orders
     seats[1] = seat("u2", seats[1].facts and report([]), fresh=False)
     assert desk.answer("u2", "", seats, now=106.0) is None
+
+
+def test_seats_are_the_hub_records_servers_on_over_committed_pools():
+    from fracspawner.backends import load_catalog
+    from fracspawner.culler.decide import ServerFacts
+    from fracspawner.culler.reports import parse_report
+    from fracspawner.culler.swapdesk import seats_from
+
+    catalog = load_catalog(
+        {"pools": {
+            "t4": {"gpu": "T4", "backend": "timeslicing", "replicas": 4, "overcommit": 2,
+                   "offers": ["1/4"]},
+            "plain": {"gpu": "T4", "backend": "timeslicing", "replicas": 4, "offers": ["1/4"]},
+        }}
+    )  # fmt: skip
+    now = 1e9
+    body = report([kernel("k", QUARTER, "2001-09-09T00:00:00Z")])
+    reports = [
+        (user, "", parse_report({**body, "sampled_at": "2001-09-09T01:46:00Z"}, received_at=at))
+        for user, at in (("ann", now), ("bob", now), ("cy", now - 100), ("dan", now))
+    ]
+    known = {
+        ("ann", ""): ServerFacts("ann", user_options={"gpu": "1/4", "pool": "t4"}),
+        ("bob", ""): ServerFacts("bob", user_options={"gpu": "1/4", "pool": "plain"}),
+        ("cy", ""): ServerFacts("cy", user_options={"gpu": "nonsense", "pool": "t4"}),
+        # dan: the hub has not listed him yet
+    }
+    seats = {s.user: s for s in seats_from(reports, known, catalog, now, max_staleness=30)}
+    assert set(seats) == {"ann", "cy"}  # bob's pool does not over-commit; dan is not known
+    assert seats["ann"].fresh and not seats["cy"].fresh
+    assert seats["ann"].size_mib == SIZE and seats["ann"].margin_mib == QUARTER
+    assert seats["ann"].cap_mib == QUARTER
+    # a slice the catalog cannot size counts as the pool's largest, never as nothing
+    assert seats["cy"].cap_mib == QUARTER
+    (gpu,) = seats["ann"].facts.gpus
+    assert gpu.uuid == UUID and gpu.resident_mib == QUARTER
+    assert seats_from(reports, known, catalog, now, 30, margin_mib=0.0)[0].margin_mib == 0.0

@@ -33,7 +33,7 @@ class Seat:
     server: str
     facts: SwapFacts
     fresh: bool  # its latest report is within max_staleness
-    cap_mib: float  # its slice's memory (the hub's record; 0: unknown slice)
+    cap_mib: float  # its slice's memory (the hub's record; unknown: the pool's largest slice)
     size_mib: float | None  # the pool's GPU model's memory (None: take the report's)
     margin_mib: float
     present: bool = False
@@ -129,11 +129,10 @@ def seats_from(
         pool = catalog.pools[facts.pool]
         if pool.overcommit <= 1:
             continue
-        cap = slice_memory_cap(catalog, facts.pool, facts.gpu_slice) or 0.0
-        if margin_mib is None:
-            margin = float(max((slice_memory_mib(o, pool.gpu) for o in pool.offers), default=0))
-        else:
-            margin = margin_mib
+        largest = float(max((slice_memory_mib(o, pool.gpu) for o in pool.offers), default=0))
+        # a slice the catalog cannot size counts as the pool's largest: never as nothing
+        cap = slice_memory_cap(catalog, facts.pool, facts.gpu_slice) or largest
+        margin = largest if margin_mib is None else margin_mib
         seats.append(
             Seat(
                 user=user,
