@@ -483,7 +483,28 @@ class FracSpawner(KubeSpawner):
             value = values[0].strip() if values else ""
             if value:
                 options[key] = value
+        self._precheck(options)
         return options
+
+    def _precheck(self, options: Mapping[str, Any]) -> None:
+        """What needs no cluster and no lock (keys, sizes, pools, images, access rules) is
+        refused here, in the form's own request: JupyterHub then shows the form again with
+        the message. Checked only at spawn time, a refusal that came later than the hub's
+        slow_spawn_timeout (a loaded machine) sent the browser to the "not running" page
+        without the message on the form (issue 28 #13). Quota and capacity are checked, and
+        everything again, when the spawn admits the choice (load_user_options)."""
+        try:
+            resolve_choice(
+                self.fracspawner_catalog,
+                options,
+                rule=self.access_rule(),
+                admin=self._is_admin(),
+                admission=self.admission,
+                extra_keys=self._profile_keys(),
+            )
+        except (OptionsError, CatalogError) as exc:
+            self._note_form_refusal()
+            raise refused(str(exc)) from None
 
     # ---------------------------------------------------------------- validation + applying
     def _resolve(self, capacity: Any, usage: Usage) -> Choice:
