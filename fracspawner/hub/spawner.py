@@ -67,6 +67,54 @@ _FORM_REFUSALS: dict[str, tuple[str, float]] = {}
 _REFUSAL_FORM_S = 15.0
 
 _catalog_cache: dict[Any, Catalog] = {}
+#: per spawner class: its configurable traits, less those the baseline leaves out
+_CONFIG_TRAITS: dict[type, tuple[tuple[str, Any], ...]] = {}
+#: per spawner class: the plain class defaults of traits without a default generator
+_STATIC_DEFAULTS: dict[type, dict[str, Any]] = {}
+
+
+def _config_traits(cls: type) -> tuple[tuple[str, Any], ...]:
+    """(name, trait) of the class's configurable traits (traitlets' `traits(config=True)`
+    walks the whole class each time; the set is fixed per class)."""
+    found = _CONFIG_TRAITS.get(cls)
+    if found is None:
+        found = tuple(
+            (name, trait)
+            for name, trait in cls.class_traits(config=True).items()
+            if name not in _NOT_BASELINE
+        )
+        _CONFIG_TRAITS[cls] = found
+    return found
+
+
+def _is_plain(value: Any) -> bool:
+    """An atomic value, or a dict/list of atomic values (what `_fresh_copy` copies flat)."""
+    kind = type(value)
+    if kind in _ATOMIC:
+        return True
+    if kind is dict:
+        return all(type(k) in _ATOMIC and type(v) in _ATOMIC for k, v in value.items())
+    if kind is list:
+        return all(type(v) in _ATOMIC for v in value)
+    return False
+
+
+def _static_defaults(cls: type, unset: set[str], computed: Mapping[str, Any]) -> dict[str, Any]:
+    """The class's defaults that need no spawner to compute: traits with no default generator
+    (traitlets' @default, `_<name>_default`) whose plain default is what the first spawner,
+    which left them unset, computed for them."""
+    generators = getattr(cls, "_trait_default_generators", {})
+    out = {}
+    for name, trait in _config_traits(cls):
+        if name not in unset or name not in computed or name in generators:
+            continue
+        if callable(getattr(cls, f"_{name}_default", None)):
+            continue
+        default = trait.default()
+        if _is_plain(default) and type(default) is type(computed[name]):
+            if default == computed[name]:
+                out[name] = _fresh_copy(default)
+    return out
 
 
 def cached_catalog(source: Any) -> Catalog:
@@ -163,15 +211,31 @@ class FracSpawner(KubeSpawner):
         #: they name; emptied by clear_state like every trait (nothing leaks to the next spawn)
         self._container_claims: tuple[Mapping[str, Any], ...] = ()
         self._claim_templates: tuple[Mapping[str, Any], ...] = ()
+        #: the env this spawn's plan and notebook put in `environment` (not templates)
+        self._own_env: Mapping[str, str] = {}
 
     def _snapshot_config(self) -> dict[str, Any]:
+        """The configured value of every configurable trait, as this spawner starts.
+
+        A trait still unset here has its class's default. Where that default is a plain value
+        (no default generator, atomic or a flat container: `_static_defaults`), it is not
+        computed for each spawner: `_restore_baseline` compares against the class's copy.
+        Computing the ~150 defaults and copying them was most of a spawner's creation cost,
+        and a hub creates one per user (a storm of new users creates one per spawn).
+        """
+        cls = type(self)
+        static = _STATIC_DEFAULTS.get(cls)
+        store = self.__dict__.get("_trait_values") or {}
+        unset = {name for name, _ in _config_traits(cls) if name not in store}
         values = {}
-        for name, trait in self.traits(config=True).items():
-            if name in _NOT_BASELINE or not self.has_trait(name):
-                continue
+        for name, trait in _config_traits(cls):
             if name == "namespace" and self.enable_user_namespaces:
                 continue
-            values[name] = copy.deepcopy(trait.get(self))
+            if static is not None and name in static and name in unset:
+                continue
+            values[name] = _fresh_copy(trait.get(self))
+        if static is None:  # the first spawner of its class: learn its plain defaults
+            _STATIC_DEFAULTS[cls] = _static_defaults(cls, unset, values)
         return values
 
     def _restore_baseline(self) -> None:
@@ -179,13 +243,23 @@ class FracSpawner(KubeSpawner):
 
         Every trait is compared on every spawn (an in-place change by a hook, which traitlets
         does not notify, is found too), but read from traitlets' value store: the ~120
-        descriptor reads were most of this. Only traits that differ are set, to a copy.
+        descriptor reads were most of this. Only traits that differ are set, to a copy. A
+        trait never computed since the snapshot still holds its default: nothing to compare.
         """
         values = self.__dict__.get("_trait_values") or {}
-        for name, value in self._baseline.items():
+        baseline = self._baseline
+        for name, value in baseline.items():
             current = values.get(name, _MISSING)
             if current is _MISSING:  # not computed yet (or another traitlets): the descriptor
                 current = getattr(self, name)
+            if current is not value and current != value:
+                setattr(self, name, _fresh_copy(value))
+        for name, value in _STATIC_DEFAULTS.get(type(self), {}).items():
+            if name in baseline:
+                continue
+            current = values.get(name, _MISSING)
+            if current is _MISSING:
+                continue  # never computed or set: still the class's default
             if current is not value and current != value:
                 setattr(self, name, _fresh_copy(value))
 
@@ -202,6 +276,7 @@ class FracSpawner(KubeSpawner):
         self._release_hold()
         self._restore_baseline()
         self._container_claims = self._claim_templates = ()
+        self._own_env = {}
         super().clear_state()  # kubespawner re-derives pod_name/dns_name from the namespace
 
     def get_state(self) -> dict[str, Any]:
@@ -611,6 +686,7 @@ class FracSpawner(KubeSpawner):
         orm = getattr(self, "orm_spawner", None)
         started = getattr(orm, "started", None)
         notebook = notebook_env(choice, self.fracspawner_catalog, self.culler_url, started)
+        self._own_env = {**plan.env, **notebook}
         self.environment = {**safe_env(self.environment, plan), **notebook}
         self.extra_container_config = _container_config(
             self.extra_container_config, {**plan.env, **notebook}
@@ -666,6 +742,17 @@ class FracSpawner(KubeSpawner):
                 [_camel(c) for c in container.resources.claims or []], self._container_claims
             )
         return pod
+
+    def _expand_env(self, env: Mapping[str, Any]) -> dict[str, Any]:
+        """kubespawner expands `{username}`-style templates in the admin's `environment`
+        (KubeSpawner.get_env). The variables this spawn's plan and notebook put there are not
+        templates: they carry catalog text (a pool's display name: "{" in it made
+        str.format fail the spawn) and are kept verbatim, which also spares a template
+        expansion per variable on every spawn. A value a hook replaced is the admin's again."""
+        own = self._own_env
+        ours = {k: v for k, v in env.items() if k in own and own[k] is v}
+        expanded = super()._expand_env({k: v for k, v in env.items() if k not in ours})
+        return {**expanded, **ours}
 
     def claim_templates(self) -> list[dict[str, Any]]:
         """The ResourceClaimTemplates this spawn's pod names, in the server's namespace."""
