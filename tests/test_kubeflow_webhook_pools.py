@@ -92,6 +92,8 @@ def test_the_chart_enforces_pool_access_on_all_pods_by_default():
 
     assert "--enforce-pool-access=all-pods" in command({})
     assert "--trusted-pod-namespace=kube-system" in command({})
+    # issue 28 item 6: the image's ENV is hidden too (tests/test_kubeflow_webhook_visibility.py)
+    assert "--override-visible-devices=all" in command({})
     assert "--enforce-pool-access=notebooks" in command({"enforcePoolAccess": "notebooks"})
     with pytest.raises(Exception, match="enforcePoolAccess"):
         render({"webhook": {"enabled": True, "enforcePoolAccess": "everything"}})

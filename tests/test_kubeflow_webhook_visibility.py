@@ -16,6 +16,15 @@ What is modelled, and from where:
   value replacing an earlier one ("Values defined by an Env with a duplicate key will take
   precedence", k8s.io/api core/v1 Container.EnvFrom; pkg/kubelet/kubelet_pods.go
   makeEnvironmentVariables);
+- a container's environment over its image's: "The environment variables set using the env or
+  envFrom field override any environment variables specified in the container image"
+  (kubernetes.io/docs/tasks/inject-data-application/define-environment-variable-container);
+  CUDA base images set NVIDIA_VISIBLE_DEVICES=all (NVIDIA's "Specialized Configurations with
+  Docker": "the default value in base CUDA container images");
+- KAI's (Run:ai's) GPU sharing: its admission webhook gives the fraction container (annotation
+  gpu-fraction-container-name, else the first) NVIDIA_VISIBLE_DEVICES from a ConfigMap key,
+  which its binder fills with the allocated device (kai-scheduler
+  pkg/admission/webhook/v1alpha2/gpusharing/gpu_sharing.go, pkg/binder/common/gpu_access.go);
 - kubectl debug's request: an UPDATE of the subresource pods/ephemeralcontainers whose object
   and oldObject are the whole Pod (kubernetes/kubernetes#101034, Kubernetes >= 1.22; the
   AdmissionRequest fields of k8s.io/api admission/v1 types.go, subResource included).
@@ -250,3 +259,83 @@ def test_kubectl_debug_cannot_attach_a_container_that_sees_every_gpu(webhook):
     earlier["spec"]["ephemeralContainers"] = [{**base, "name": "old", "env": env_of("all")}]
     answer = webhook.review(debug_review(earlier, base))
     assert answer["allowed"] is True, answer
+
+
+def kai_fraction_step(**spec: Any) -> dict[str, Any]:
+    """A pipeline step asking KAI for half a GPU, as KAI's webhook leaves it (module
+    docstring): the first container's NVIDIA_VISIBLE_DEVICES and an envFrom from KAI's
+    ConfigMaps."""
+    pod = other_pod(NAMESPACE, "half-x7k2p-1", {})
+    pod["metadata"]["annotations"]["gpu-fraction"] = "0.5"
+    pod["spec"]["schedulerName"] = "kai-scheduler"
+    main = pod["spec"]["containers"][0]
+    main["env"] = [
+        {
+            "name": "NVIDIA_VISIBLE_DEVICES",
+            "valueFrom": {
+                "configMapKeyRef": {
+                    "name": "half-x7k2p-1-shared-gpu",
+                    "key": "NVIDIA_VISIBLE_DEVICES",
+                }
+            },
+        }
+    ]
+    main["envFrom"] = [{"configMapRef": {"name": "half-x7k2p-1-evar", "optional": False}}]
+    pod["spec"].update(spec)
+    return pod
+
+
+def test_a_kai_fraction_container_keeps_the_devices_its_binder_writes(webhook):
+    step = kai_fraction_step()
+    answer = webhook.review(dry(step))
+    assert answer["allowed"] is True, answer
+    assert patched(step, answer)["spec"]["containers"][0] == step["spec"]["containers"][0]
+    # its other containers are held to the rule
+    sidecar = kai_fraction_step()
+    sidecar["spec"]["containers"].append(
+        {"name": "peek", "image": "busybox", "env": sidecar["spec"]["containers"][0]["env"]}
+    )
+    refused = webhook.review(dry(sidecar))
+    assert refused["allowed"] is False and "container peek" in refused["status"]["message"]
+    # not scheduled by KAI, nobody writes that ConfigMap: the tenant's own says what it likes
+    stray = kai_fraction_step(schedulerName="default-scheduler")
+    assert webhook.review(dry(stray))["allowed"] is False
+
+
+@pytest.fixture(scope="module")
+def hiding(devcluster, webhook, tmp_path_factory):
+    """The webhook as the chart runs it: --override-visible-devices all."""
+    folder = tmp_path_factory.mktemp("hiding")
+    process = WebhookProcess(
+        webhook.catalog,
+        devcluster.kubeconfig,
+        make_tls(folder / "tls"),
+        folder / "webhook.log",
+        ("--detailed-refusals", "--override-visible-devices", "all"),
+    )
+    yield process
+    process.stop()
+
+
+def test_every_container_holding_no_gpu_is_shown_none_whatever_its_image_says(hiding):
+    cuda_image = {"NVIDIA_VISIBLE_DEVICES": "all", "CUDA_VERSION": "12.4.1"}  # its ENV
+    step = gpu_step(GPUS[0])  # a GPU step and a CUDA-image sidecar setting nothing
+    etl = other_pod(NAMESPACE, "etl-x7k2p-2", {})
+    mine = gpu_step(GPUS[0], env=env_of("none"))  # says what it wants itself
+    for pod in (step, etl, mine):
+        answer = hiding.review(dry(pod))
+        assert answer["allowed"] is True, answer
+        out = patched(pod, answer)
+        for before, after in zip(pod["spec"]["containers"], out["spec"]["containers"], strict=True):
+            holds = "nvidia.com/gpu" in ((before.get("resources") or {}).get("limits") or {})
+            seen = toolkit_devices({**cuda_image, **kubelet_env(after, {})})
+            if holds:
+                assert after == before  # the device plugin's value rules there
+            elif before.get("env"):
+                assert seen == "none"  # its own choice stands (IMEX channels: void added)
+            else:
+                assert toolkit_devices({**cuda_image, **kubelet_env(before, {})}) == "all"
+                assert seen == "void", after
+    kai = kai_fraction_step()
+    answer = hiding.review(dry(kai))
+    assert patched(kai, answer)["spec"]["containers"][0] == kai["spec"]["containers"][0]

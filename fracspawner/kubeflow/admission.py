@@ -40,6 +40,7 @@ from .recognise import (
     containers_of,
     gpu_asks,
     gpu_equivalent_of_pod,
+    holds_gpu,
     is_gpu_resource,
     known_plans,
     matching_plans,
@@ -386,21 +387,28 @@ def refuse_visible_gpus(
         )
 
 
-def hide_devices_from_env(pod: Mapping[str, Any]) -> dict[str, Any]:
+def hide_devices_from_env(pod: Mapping[str, Any], every: bool = False) -> dict[str, Any]:
     """The pod with `NVIDIA_VISIBLE_DEVICES=void` (and NVIDIA_IMEX_CHANNELS) written into each
     init and app container that holds no GPU of its own and takes env through `envFrom`, which
     the webhook cannot read: an `env` entry wins over every envFrom source, so whatever the
-    ConfigMap or Secret says (now or later) hands out no device. Unchanged pods are returned
-    as they are (a copy)."""
+    ConfigMap or Secret says (now or later) hands out no device. `every`: into every container
+    holding no GPU that does not set them itself, which also overrides the image's own ENV
+    (CUDA base images set NVIDIA_VISIBLE_DEVICES=all; a container's env wins over its image's,
+    as containerd builds the OCI spec). A container naming resource claims is left to its DRA
+    driver. Unchanged pods are returned as they are (a copy)."""
     out = json.loads(json.dumps(pod))
     spec = out.get("spec") or {}
     for key in ("initContainers", "containers"):
         for container in spec.get(key) or []:
-            if not unreadable_env(out, container):
+            claims = (container.get("resources") or {}).get("claims")
+            hidden = every and not claims and not holds_gpu(out, container)
+            if not (hidden or unreadable_env(out, container)):
                 continue
             have = {str(e.get("name", "")) for e in container.get("env") or []}
-            env = container.setdefault("env", [])
-            env += [{"name": v, "value": VOID} for v in VISIBILITY_ENV if v not in have]
+            missing = [v for v in VISIBILITY_ENV if v not in have]
+            if missing:
+                env = container.setdefault("env", [])
+                env += [{"name": v, "value": VOID} for v in missing]
     return out
 
 

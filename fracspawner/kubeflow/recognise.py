@@ -397,10 +397,47 @@ def _holds_gpu_resource(pod: Mapping[str, Any], container: Mapping[str, Any]) ->
     return bool(gpu_asks(container))
 
 
-#: "does this container hold a GPU of its own", one answer per source (device-plugin resources
-#: today); a container any source says yes for gets its devices from that source, not its env.
-#: A new source (Dynamic Resource Allocation claims) is one more function here.
-GPU_HOLDERS: list[Callable[[Mapping[str, Any], Mapping[str, Any]], bool]] = [_holds_gpu_resource]
+#: schedulers whose binder writes the NVIDIA_VISIBLE_DEVICES of a pod's GPU fraction container:
+#: KAI (and Run:ai, whose open core it is). KAI's admission webhook gives the fraction container
+#: (annotation gpu-fraction-container-name, else the first container) the env
+#: NVIDIA_VISIBLE_DEVICES from a ConfigMap key of that name, replacing any of its own
+#: (kai-scheduler pkg/admission/webhook/v1alpha2/gpusharing/gpu_sharing.go Mutate,
+#: pkg/binder/common/gpu_access.go AddGPUSharingEnvVars, env_vars.go AddEnvVarToContainer); the
+#: binder writes the allocated device into the ConfigMap that env names
+#: (gpu_access.go SetNvidiaVisibleDevices)
+FRACTION_SCHEDULERS = frozenset({"kai-scheduler", "runai-scheduler"})
+FRACTION_CONTAINER_ANNOTATION = "gpu-fraction-container-name"
+
+
+def _holds_gpu_fraction(pod: Mapping[str, Any], container: Mapping[str, Any]) -> bool:
+    """The fraction container of a pod KAI or Run:ai gives a GPU share (module comment above),
+    with NVIDIA_VISIBLE_DEVICES as their webhook writes it (a ConfigMap key the binder fills)
+    or not yet written (their webhook may come after this one)."""
+    asks = pod_asks(pod)
+    spec = pod.get("spec") or {}
+    if not {"annotation gpu-fraction", "annotation gpu-memory"} & set(asks):
+        return False
+    if spec.get("schedulerName") not in FRACTION_SCHEDULERS:
+        return False
+    annotations = (pod.get("metadata") or {}).get("annotations") or {}
+    wanted = annotations.get(FRACTION_CONTAINER_ANNOTATION)
+    first = (spec.get("containers") or [None])[0]
+    if not (container.get("name") == wanted if wanted else container is first):
+        return False
+    entry = _env(container).get("NVIDIA_VISIBLE_DEVICES")
+    if entry is None:
+        return True
+    ref = (entry.get("valueFrom") or {}).get("configMapKeyRef") or {}
+    return ref.get("key") == "NVIDIA_VISIBLE_DEVICES" and "value" not in entry
+
+
+#: "does this container hold a GPU of its own", one answer per source: device-plugin resources,
+#: a KAI/Run:ai fraction; a container any source says yes for gets its devices from that
+#: source, not its env. A new source (Dynamic Resource Allocation claims) is one more function.
+GPU_HOLDERS: list[Callable[[Mapping[str, Any], Mapping[str, Any]], bool]] = [
+    _holds_gpu_resource,
+    _holds_gpu_fraction,
+]
 
 
 def holds_gpu(pod: Mapping[str, Any], container: Mapping[str, Any]) -> bool:

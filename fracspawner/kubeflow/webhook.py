@@ -96,8 +96,12 @@ class Webhook:
         detailed_refusals: bool = True,
         trusted_namespaces: Iterable[str] = DEFAULT_TRUSTED,
         enforce_pool_access: str = "notebooks",
+        override_visible_devices: str = "env-from",
     ):
         self.catalog = catalog
+        #: which containers holding no GPU get NVIDIA_VISIBLE_DEVICES=void written into their
+        #: env: "env-from" those taking envFrom, "all" every one (the image's ENV too)
+        self.override_visible_devices = override_visible_devices
         #: "notebooks": a pool access rule binds notebook pods; "all-pods": every GPU pod
         self.enforce_pool_access = enforce_pool_access
         self.cluster = cluster
@@ -178,7 +182,8 @@ class Webhook:
         """Allowed, with what turns the pod under review into `pod`, whose containers holding
         no GPU get their envFrom overridden (admission.hide_devices_from_env); counted as
         `result`, or `unchanged` where nothing changes."""
-        patch = json_patch(review.pod, hide_devices_from_env(pod))
+        every = self.override_visible_devices == "all"
+        patch = json_patch(review.pod, hide_devices_from_env(pod, every=every))
         label = result if patch or unchanged is None else unchanged
         answer = response(review.uid, patch=patch, warnings=warnings)
         return self._count(review, answer, label)
@@ -484,6 +489,14 @@ def _parser() -> argparse.ArgumentParser:
         "GPU, which must then be pinned (nodeSelector) to pools the namespace may use",
     )
     parser.add_argument(
+        "--override-visible-devices",
+        choices=("env-from", "all"),
+        default="env-from",
+        help="write NVIDIA_VISIBLE_DEVICES=void into the containers holding no GPU that take "
+        "env through envFrom (default), or into all of them: that also hides the GPUs a "
+        "container's image would show it (CUDA images set NVIDIA_VISIBLE_DEVICES=all)",
+    )
+    parser.add_argument(
         "--trusted-pod-namespace",
         action="append",
         metavar="NS",
@@ -505,6 +518,7 @@ async def serve(args: argparse.Namespace, catalog: Catalog, context: ssl.SSLCont
         detailed_refusals=bool(args.client_ca) or args.detailed_refusals,
         trusted_namespaces=args.trusted_pod_namespace or DEFAULT_TRUSTED,
         enforce_pool_access=args.enforce_pool_access,
+        override_visible_devices=args.override_visible_devices,
     )
     webhook.verify_clients = bool(args.client_ca)
     webhook.client_names = set(args.client_name)
