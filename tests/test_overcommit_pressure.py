@@ -192,6 +192,7 @@ def test_the_desk_answers_each_server_with_its_own_kernels_once():
     seats.append(seat("u5", waiting))
     # the waiting server is told to report again soon; u1's kernel is not its to swap
     assert desk.answer("u5", "", seats, now=100.0) == {"swap": {"report_in": 10}}
+    assert desk.under_pressure() == 1
     assert desk.answer("u2", "", seats, now=101.0) == {"swap": {"report_in": 10}}
     order = desk.answer("u1", "", seats, now=102.0)
     assert order["swap"]["hibernate"][0]["kernel_id"] == "k1"
@@ -202,6 +203,7 @@ def test_the_desk_answers_each_server_with_its_own_kernels_once():
     seats[0] = seat("u1", report([kernel("k1", 0, "2026-01-01T11:00:00Z", state="hibernated")]))
     seats[4] = seat("u5", report([kernel("k5", QUARTER, "2026-01-01T16:00:00Z")]))
     assert desk.answer("u5", "", seats, now=105.0) is None
+    assert desk.under_pressure() == 0
     # a stale server gets no orders
     seats[1] = seat("u2", seats[1].facts and report([]), fresh=False)
     assert desk.answer("u2", "", seats, now=106.0) is None

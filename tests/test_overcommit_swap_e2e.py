@@ -286,6 +286,10 @@ async def test_eight_quarters_on_one_gpu_swap_least_recently_used_and_nothing_is
             if u not in swapped:
                 swapped.append(u)
         assert swapped == USERS[:5], swapped
+        orders = c.metrics.registry.get_sample_value(
+            "fracspawner_swap_orders_total", {"pool": "t4"}
+        )
+        assert orders is not None and orders >= 5
         # the meter of a swapped-out kernel says what happened
         h = hibernation(hub, "u1", kernels["u1"][0])
         assert h["state"] == "hibernated" and h["hibernated_gpu_memory_mib"] == QUARTER

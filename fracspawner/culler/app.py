@@ -35,7 +35,7 @@ from .policy import PoolPolicy, gpu_windows, policy_for_server, slice_memory_cap
 from .prometheus import DEFAULT_JOB, DcgmConfig, PrometheusError, build_query, parse_result
 from .prometheus import query as prom_query
 from .receiver import MAX_BODY, ReportRate, receiver_app, report_server
-from .reports import EVENTS_PER_HOUR, CulledKernel, ReportStore
+from .reports import EVENTS_PER_HOUR, CulledKernel, ReportStore, shown
 from .state import CullerState, CullEvent, server_row
 from .stateapi import state_handler
 from .swapdesk import SwapDesk, seats_from
@@ -500,10 +500,12 @@ class Culler(CullerApplication):
             self.swap_margin_mib,
         )  # fmt: skip
         answer = self._swap_desk.answer(who.user, who.server, seats, now)
+        self.metrics.gpus_under_pressure.set(self._swap_desk.under_pressure())
         for order in (answer or {}).get("swap", {}).get("hibernate", []):
+            self.metrics.swap_orders.labels(self.pool_label(pool.name)).inc()
             self.log.info(
                 "%s/%s: swap out idle kernel %s (GPU memory pressure)",
-                who.user, who.server, order["kernel_id"],
+                who.user, who.server, shown(order["kernel_id"]),
             )  # fmt: skip
         return answer
 

@@ -54,6 +54,20 @@ class CullerMetrics:
             buckets=(0.1, 0.25, 0.5, 1, 2, 5, 10, 20, 30, 60, 120),
             registry=self.registry,
         )
+        # over-commit's swap (pressure.py): what the culler asked, and GPUs short of memory
+        self.swap_orders = Counter(
+            "fracspawner_swap_orders",
+            "Idle kernels the culler asked their server to swap out of a GPU under memory "
+            "pressure (over-committed pools), by pool.",
+            ["pool"],
+            registry=self.registry,
+        )
+        self.gpus_under_pressure = Gauge(
+            "fracspawner_gpus_under_memory_pressure",
+            "GPUs of over-committed pools whose resident memory plus what waits to resume "
+            "exceeds their size minus the margin, at the latest report from each.",
+            registry=self.registry,
+        )
         self.cycle_duration = Histogram(
             "fracspawner_culler_cycle_duration_seconds",
             "Time one culling cycle took.",

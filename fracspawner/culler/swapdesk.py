@@ -42,12 +42,16 @@ class Seat:
 class SwapDesk:
     """Pending asks and the answers to reports."""
 
+    def under_pressure(self) -> int:
+        """GPUs whose latest look found them under pressure."""
+        return sum(p.under_pressure for p in self.last.values())
+
     def __init__(self, report_in: float = 20.0, ask_again_after: float = ASK_AGAIN_AFTER) -> None:
         self.report_in = report_in
         self.ask_again_after = ask_again_after
         # (user, server, kernel id) -> (MiB it held, when it was asked)
         self.asked: dict[tuple[str, str, str], tuple[float, float]] = {}
-        self.last: dict[str, Pressure] = {}  # GPU uuid -> its latest pressure (state, metrics)
+        self.last: dict[str, Pressure] = {}  # GPU uuid -> its latest pressure (metrics)
 
     def _still_asked(self, seats: list[Seat], now: float) -> dict[tuple[str, str, str], float]:
         """Asks whose kernel the latest report still shows resident, not refused (the next
@@ -102,6 +106,10 @@ class SwapDesk:
                     continue  # told in the answer to its own server's report
                 self.asked[(user, server, swap.kernel_id)] = (swap.mib, now)
                 orders.append({"kernel_id": swap.kernel_id, "reason": swap.reason})
+        # only GPUs some server names now (uuids come from reports: never kept without bound)
+        named = {g.uuid for s in seats for g in s.facts.gpus}
+        for uuid in [u for u in self.last if u not in named]:
+            del self.last[uuid]
         if not orders and not pressed:
             return None
         body: dict = {"report_in": self.report_in}
