@@ -50,6 +50,8 @@ RENDERS = 300
 SPAWN_ITERATIONS = 300
 #: spawns at once through the hub; see docs/benchmarks.md for why it may be reduced
 STORM_N = int(os.environ.get("FRACSPAWNER_BENCH_STORM_N", "200"))
+#: seconds of the hub's idle CPU measured before each storm
+IDLE_SECONDS = 10
 H100_MIB = 81559  # what NVML reports for an H100 80GB and HAMi registers (model/gpumodels.py)
 
 
@@ -536,6 +538,11 @@ def _storm_arm(arm: str, n: int, cluster: Any, catalog: dict, tmp: Path) -> dict
         assert status in (201, 202), body
         hub.wait_ready("warmup", timeout=300)
         time.sleep(3)
+        # the hub's own CPU with no spawn under way (its watches: kubespawner's reflector lists
+        # the namespace's single-user pods again each time its watch ends), for the net figure
+        idle_before = _cpu_seconds(hub.process.pid)
+        time.sleep(IDLE_SECONDS)
+        idle_rate = (_cpu_seconds(hub.process.pid) - idle_before) / IDLE_SECONDS
         cpu_before = _cpu_seconds(hub.process.pid)
         started = time.time()
 
@@ -570,6 +577,9 @@ def _storm_arm(arm: str, n: int, cluster: Any, catalog: dict, tmp: Path) -> dict
         "seconds_to_all_ready": round(ended - started, 1),
         "hub_cpu_s": round(cpu, 2),
         "hub_cpu_per_spawn_ms": round(cpu / n * 1000, 2),
+        "hub_idle_cpu_ms_per_s": round(idle_rate * 1000, 1),
+        # what the spawns cost beyond the hub's idle rate over the storm's duration
+        "hub_cpu_per_spawn_net_ms": round((cpu - idle_rate * (ended - started)) / n * 1000, 2),
         "loop_lag_ms": _stats([x / 1000 for x in lags]),
         "log_tail": "" if lags else log_tail,
     }
@@ -610,6 +620,12 @@ def _storm(cluster: Any, catalog: dict) -> dict[str, Any]:
             "hub_cpu_per_spawn_ms": round(
                 statistics.fmean(r["hub_cpu_per_spawn_ms"] for r in runs), 2
             ),
+            "hub_cpu_per_spawn_net_ms": round(
+                statistics.fmean(r["hub_cpu_per_spawn_net_ms"] for r in runs), 2
+            ),
+            "seconds_to_all_ready": round(
+                statistics.fmean(r["seconds_to_all_ready"] for r in runs), 1
+            ),
             "loop_lag_max_ms": max(r["loop_lag_ms"]["max"] for r in runs),
             "loop_lag_p99_ms": round(statistics.fmean(r["loop_lag_ms"]["p99"] for r in runs), 2),
             "rounds": runs,
@@ -624,15 +640,28 @@ def _storm(cluster: Any, catalog: dict) -> dict[str, Any]:
         "cpu_per_spawn_ratio": round(
             frac["hub_cpu_per_spawn_ms"] / plain["hub_cpu_per_spawn_ms"], 2
         ),
+        "cpu_per_spawn_net_ratio": round(
+            frac["hub_cpu_per_spawn_net_ms"] / plain["hub_cpu_per_spawn_net_ms"], 2
+        ),
     }
 
 
 # ----------------------------------------------------------------------------- run
+def _load() -> list[float]:
+    """The machine's 1, 5 and 15 minute load averages: how busy other work kept it."""
+    return [round(x, 2) for x in os.getloadavg()]
+
+
+def _utc_now() -> str:
+    return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+
+
 def run(results_dir: Path) -> dict[str, Any]:
     from devcluster.testing import devcluster_process
 
     topology = large_topology()
     catalog = _catalog()
+    conditions = {"started_utc": _utc_now(), "load_average_at_start": _load()}
     # one cluster for every measure (starting a 20,000-pod devcluster takes minutes here);
     # the storms come last, each hub removes its servers' pods when it stops
     with tempfile.TemporaryDirectory() as tmp:
@@ -651,6 +680,9 @@ def run(results_dir: Path) -> dict[str, Any]:
             "python": platform.python_version(),
             "note": "shared 2-core development machine: absolute times are noisy; the ratios "
             "are taken within one run",
+            **conditions,
+            "load_average_at_end": _load(),
+            "ended_utc": _utc_now(),
         },
         "topology": {"nodes": NODES, "pods": PODS, "churn_events_per_s": CHURN_PER_S},
         "churn_render": churn,
