@@ -97,3 +97,16 @@ def test_the_chart_enforces_pool_access_on_all_pods_by_default():
     assert "--enforce-pool-access=notebooks" in command({"enforcePoolAccess": "notebooks"})
     with pytest.raises(Exception, match="enforcePoolAccess"):
         render({"webhook": {"enabled": True, "enforcePoolAccess": "everything"}})
+
+
+def test_the_charts_notes_say_whose_reviews_the_webhook_cannot_verify():
+    """Issue 28 item 7: without a client CA the webhook refuses pod addresses and stays
+    generic; the install notes say so and where to turn verification on."""
+
+    def notes(values: dict[str, Any]) -> str:
+        return render({"webhook": {"enabled": True, **values}})["fracspawner/templates/NOTES.txt"]
+
+    assert "set webhook.clientAuth" in notes({})
+    assert "pool access rules bind every GPU pod" in notes({})
+    verified = {"clientAuth": {"caSecret": "apiserver-ca", "names": [], "detailedRefusals": False}}
+    assert "set webhook.clientAuth" not in notes(verified)
