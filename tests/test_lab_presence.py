@@ -105,3 +105,25 @@ def test_a_person_using_the_tab_keeps_the_kernel_without_a_request(lab):
         wait_for(lambda: not kernel_alive(lab, kernel), 90, "the idle GPU kernel shut down")
         assert page.errors == [], page.errors
         page.context.close()
+
+
+def test_closing_the_tab_says_so_at_once(tmp_path):
+    """A tab closed reports itself hidden as it goes (`pagehide`, a request started in the event
+    and kept alive past the page): its person counts as gone at once, not 3 intervals later
+    (3 min at the default interval of a minute, kept here)."""
+    (tmp_path / "lab").mkdir()
+    lab = LabServer(tmp_path / "lab", env={"FRACSPAWNER_PRESENCE_TIMEOUT_SECONDS": "600"})
+    try:
+        lab.set_gpu({"devices": [H100]})
+        with chromium() as browser:
+            page = open_lab(browser, lab)
+            wait_for(lambda: lab.gpu()["presence"]["present"], what="the person counted present")
+            assert lab.gpu()["presence"]["interval"] == 60.0
+            page.close()
+            wait_for(
+                lambda: lab.gpu()["presence"]["visible_tabs"] == 0, 30, "the closed tab's report"
+            )
+            presence = lab.gpu()["presence"]
+            assert presence["present"] is False and presence["known"] is True
+    finally:
+        lab.stop()

@@ -79,7 +79,7 @@ export class PresenceReporter {
     window.addEventListener('focus', this._onInput, { capture: true });
     window.addEventListener('blur', this._onChange, { capture: true });
     document.addEventListener('visibilitychange', this._onVisibility);
-    window.addEventListener('pagehide', this._onChange);
+    window.addEventListener('pagehide', this._onLeave);
     void this._send();
   }
 
@@ -91,7 +91,7 @@ export class PresenceReporter {
     window.removeEventListener('focus', this._onInput, { capture: true });
     window.removeEventListener('blur', this._onChange, { capture: true });
     document.removeEventListener('visibilitychange', this._onVisibility);
-    window.removeEventListener('pagehide', this._onChange);
+    window.removeEventListener('pagehide', this._onLeave);
     this._clear();
   }
 
@@ -119,8 +119,20 @@ export class PresenceReporter {
   private readonly _onVisibility = (): void => {
     if (document.visibilityState === 'visible') {
       this._lastInput = Date.now(); // showing the tab is the person's act
+      this._soon();
+    } else {
+      this._onLeave(); // hidden: possibly closing, when no timer runs any more
     }
-    this._soon();
+  };
+
+  /** Hidden or closing: say so now, in this event (a timer would not run during unload; the
+   * request is started here and `keepalive` lets it outlive the page). */
+  private readonly _onLeave = (): void => {
+    if (this._pending !== null) {
+      window.clearTimeout(this._pending);
+      this._pending = null;
+    }
+    void this._send();
   };
 
   private readonly _onChange = (): void => {
