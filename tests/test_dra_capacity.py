@@ -287,3 +287,15 @@ def test_a_dra_spawn_stays_in_flight_until_its_claim_is_allocated_in_the_watch()
     live.put_claim(made)  # the allocation arrives
     assert counted(watcher.pod("jhub", "jupyter-ann"))
     assert watcher.snapshot().pools["h100-dra"]["10GiB"].free == 6
+
+
+def test_the_admin_pages_free_gpus_of_a_dynamic_mig_pool_are_not_a_sum_of_profiles():
+    """Each profile's free count of a dynamic-MIG pool is what the same GPU's counters could
+    still make: an idle A100 is 1 GPU free, not 7/7 + 2 x 3/7 of a 1g, 3g layout."""
+    from fracspawner.capacity.usage import pool_usage
+
+    pool = {"gpu": "A100-80GB", "backend": "dra", "options": {"mig": "dynamic"}}
+    catalog = load_catalog({"pools": {"m": {**pool, "offers": ["mig-1g.10gb", "mig-3g.40gb"]}}})
+    capacity = compute_capacity(catalog, [node("mig-1")], [], [dynamic_mig_slice("mig-1")], [])
+    (usage,) = pool_usage(catalog, capacity, [])
+    assert usage.free_gpu == 1.0  # 7 x 1/7, or 2 x 3/7: at most one GPU's worth

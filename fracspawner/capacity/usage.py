@@ -177,8 +177,13 @@ def pool_usage(
     for name, pool in catalog.pools.items():
         usage = pools[name]
         free_known = []
-        partitions = bool(pool.offers) and all(
-            getattr(offer, "kind", "") == "mig" for offer in pool.offers
+        # MIG made on demand (DRA's dynamic MIG) is not a layout of partitions: each profile's
+        # count is what the same GPUs' counters could still make, so they do not add up
+        dynamic = pool.backend == "dra" and (pool.options or {}).get("mig") == "dynamic"
+        partitions = (
+            bool(pool.offers)
+            and not dynamic
+            and all(getattr(offer, "kind", "") == "mig" for offer in pool.offers)
         )
         usage.free_means = FREE_MEANS_MIG if partitions else FREE_MEANS_SHARED
         for offer in pool.offers:
