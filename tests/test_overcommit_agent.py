@@ -169,3 +169,22 @@ async def test_the_reporter_hands_the_cullers_answer_on():
         assert await reporter.push_once() and got == [{"swap": {"report_in": 3}}]  # 204
     finally:
         server.stop()
+
+
+async def test_a_refused_swap_asks_for_no_report_at_once():
+    """Refused (a cell started meanwhile): the next regular report says so and the culler asks
+    the next kernel; an immediate report would only bring the same order back, round and round."""
+    hib = Hibernator(driver=Driver())
+    monitor = Monitor(hib, {"k1"})
+
+    async def refuse(kernel_id: str, reason: str) -> str:
+        monitor.asked.append((kernel_id, reason))
+        return "running"
+
+    monitor.hibernate_now = refuse
+    soon: list[float] = []
+    agent = SwapAgent(monitor, soon.append)
+    agent.on_answer({"swap": {"hibernate": [{"kernel_id": "k1", "reason": "swapped out"}]}})
+    await until(lambda: monitor.asked, "the order taken")
+    await asyncio.gather(*agent._tasks)
+    assert soon == []

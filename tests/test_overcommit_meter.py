@@ -1,19 +1,25 @@
-"""The JupyterLab GPU meter on an over-committed pool (issue 26, item 3): a kernel whose resume
-finds the GPU full waits while another idle kernel is swapped out, and the meter says so in
-words, then goes quiet once the kernel is back. Real JupyterLab and Chromium; the kernel is
-suspended through the FAKE checkpoint driver (tests/fake_nvml/cuda), whose restore answers
-CUDA_ERROR_OUT_OF_MEMORY while the GPU lacks room ("restore_failures": a co-tenant holds it).
+"""The JupyterLab GPU meter on an over-committed pool (issue 26, item 3): a kernel the culler
+swaps out says so ("GPU swapped out", and why); its resume on a full GPU waits while another
+idle kernel is swapped out, and the meter says that too, then goes quiet once the kernel is
+back. Real JupyterLab and Chromium; the kernel is suspended through the FAKE checkpoint driver
+(tests/fake_nvml/cuda), whose restore answers CUDA_ERROR_OUT_OF_MEMORY while the GPU lacks room
+("restore_failures": a co-tenant holds it). The culler is a stand-in that answers the server's
+report as fracspawner's culler does under pressure (culler/swapdesk.py: 200 with the order).
 """
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
+import threading
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
 
+from devcluster.localhub import free_port
 from tests.browser_helpers import chromium
-from tests.test_culler_support import wait_for
+from tests.test_culler_support import execute, wait_for
 from tests.test_hibernation import FAKE, set_cgroup, state_of
 from tests.test_lab_meter import (
     H100,
@@ -25,6 +31,40 @@ from tests.test_lab_meter import (
 )
 
 pytestmark = pytest.mark.e2e
+REASON = (
+    "swapped out: the GPU it shares with other notebooks (15 GiB) was full and it was the least "
+    "recently used idle kernel"
+)
+
+
+class Culler(ThreadingHTTPServer):
+    """Takes reports; answers `order` (the culler's answer under pressure) while it is set."""
+
+    order: dict | None = None
+
+    @classmethod
+    def start(cls) -> Culler:
+        class Reports(BaseHTTPRequestHandler):
+            def do_POST(self) -> None:  # noqa: N802
+                self.rfile.read(int(self.headers.get("Content-Length") or 0))
+                order = self.server.order
+                if order is None:
+                    self.send_response(204)
+                    self.end_headers()
+                    return
+                body = json.dumps(order).encode()
+                self.send_response(200)
+                self.send_header("Content-Type", "application/json")
+                self.send_header("Content-Length", str(len(body)))
+                self.end_headers()
+                self.wfile.write(body)
+
+            def log_message(self, *args) -> None:
+                pass
+
+        server = cls(("127.0.0.1", free_port()), Reports)
+        threading.Thread(target=server.serve_forever, daemon=True).start()
+        return server
 
 
 def test_the_meter_says_a_resume_waits_for_room_on_a_full_gpu(tmp_path):
@@ -36,15 +76,22 @@ def test_the_meter_says_a_resume_waits_for_room_on_a_full_gpu(tmp_path):
     cgroup.mkdir()
     set_cgroup(cgroup, 64, 1)
     (tmp_path / "lab").mkdir()
+    culler = Culler.start()
     lab = LabServer(
         tmp_path / "lab",
         env={
             "PYTHONPATH": os.pathsep.join([str(FAKE), os.environ.get("PYTHONPATH", "")]),
             "FAKE_NVML_STATE": str(state),
-            "FRACSPAWNER_KERNEL_GPU_HIBERNATE_SECONDS": "2",
+            "FRACSPAWNER_KERNEL_GPU_HIBERNATE_SECONDS": "0",  # only the culler's swap
             "FRACSPAWNER_GPU_OVERCOMMIT": "2",  # as FracSpawner sets it on such a pool
+            # where the server reports, with its own token, as FracSpawner sets them
+            "FRACSPAWNER_CULLER_URL": f"http://127.0.0.1:{culler.server_port}/",
+            "JUPYTERHUB_API_TOKEN": "the-servers-own-token",
         },
-        config={"Hibernator": {"cgroup_root": str(cgroup), "retry_first": 600.0}},
+        config={
+            "Hibernator": {"cgroup_root": str(cgroup), "retry_first": 600.0},
+            "GpuReporter": {"report_interval": 1.0},
+        },
     )
     full = {**H100, "memory_used_mib": H100["memory_total_mib"]}
     try:
@@ -62,12 +109,20 @@ def test_the_meter_says_a_resume_waits_for_room_on_a_full_gpu(tmp_path):
             k = next((k for k in lab.gpu()["kernels"] if k["id"] == kernel), {})
             return k.get("hibernation") or {}
 
-        wait_for(lambda: hibernation().get("state") == "hibernated", 30, "the kernel hibernated")
+        # the user ran a cell, long ago (the kernel is idle, not starting)
+        assert asyncio.run(execute(lab.url, lab.token, kernel, "print(6 * 7)")).strip() == "42"
+        # the GPU comes under pressure: the culler's answer to this server's report names it
+        culler.order = {"swap": {"hibernate": [{"kernel_id": kernel, "reason": REASON}]}}
+        wait_for(lambda: hibernation().get("state") == "hibernated", 30, "the kernel swapped out")
+        culler.order = None
+        assert hibernation()["hibernated_why"] == REASON
         lab.set_gpu({"devices": [full], "kernels": {}})  # co-tenants filled the GPU meanwhile
         with chromium() as browser:
             page = open_lab(browser, lab)
             text = page.locator(".fs-GpuMeter-hibernation")
             text.wait_for(state="visible", timeout=30_000)
+            assert text.inner_text().endswith("GPU swapped out: resumes when you run a cell")
+            assert REASON in (text.get_attribute("title") or "")
             page.locator(".fs-GpuMeter-resume").click()  # as a cell would: resume
             wait_for(lambda: hibernation().get("waiting_for_gpu"), 30, "the resume waiting")
             page.wait_for_function(
@@ -88,3 +143,4 @@ def test_the_meter_says_a_resume_waits_for_room_on_a_full_gpu(tmp_path):
             page.context.close()
     finally:
         lab.stop()
+        culler.shutdown()

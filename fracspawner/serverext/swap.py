@@ -97,7 +97,10 @@ class SwapAgent(LoggingConfigurable):
             self.log.exception("fracspawner: swapping kernel %s out failed", kernel_id)
             return
         self.log.info("fracspawner: the culler asked to swap kernel %s out: %s", kernel_id, state)
-        self.report_soon(0.0)  # the culler counts what left (or asks the next kernel)
+        if state == "hibernated":
+            self.report_soon(0.0)  # the culler counts what left at once
+        # refused (busy now, or the hibernator's reason): the next report says so, and the
+        # culler asks the next kernel; an immediate report could only bring the same order back
 
     # --- kernels waiting for room -------------------------------------------------------------
     def waiting(self) -> list[dict]:
