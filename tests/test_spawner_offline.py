@@ -46,12 +46,15 @@ async def test_spawner_pod_for_every_example_offer_is_a_valid_pod(path, pool, of
     assert int(env["FRACSPAWNER_GPU_MEMORY_MIB"]) == int(
         meta["annotations"]["fracspawner.io/gpu-memory-mib"]
     )
-    # a GPU reaches the pod through a resource limit or a scheduler-read annotation/label
+    # a GPU reaches the pod through a resource limit, a scheduler-read annotation/label, or
+    # a DRA claim the GPU container uses (named in the pod's spec.resourceClaims)
     marks = {**meta["annotations"], **meta["labels"]}
+    claims = (manifest["spec"]["containers"][0].get("resources") or {}).get("claims")
     assert (
         gpu_limits(manifest)
         or {"gpu-fraction", "gpu-memory"} & set(marks)
         or any(k.startswith("clearml-injector/") for k in marks)
+        or (claims and manifest["spec"]["resourceClaims"])
     )
 
 
