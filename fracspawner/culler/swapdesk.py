@@ -54,14 +54,15 @@ class SwapDesk:
         self.last: dict[str, Pressure] = {}  # GPU uuid -> its latest pressure (metrics)
 
     def _still_asked(self, seats: list[Seat], now: float) -> dict[tuple[str, str, str], float]:
-        """Asks whose kernel the latest report still shows resident, not refused (the next
-        kernel is asked instead), and not too old."""
+        """Asks whose kernel the latest report still shows resident and idle, not refused
+        (a kernel that got busy or was refused will not go: the next one is asked instead), and
+        not too old."""
         resident = {
             (s.user, s.server, k.kernel_id): k.resident_mib
             for s in seats
             for g in s.facts.gpus
             for k in g.kernels
-            if k.resident_mib > 0 and not k.hibernated and not k.refused
+            if k.resident_mib > 0 and k.idle and not k.hibernated and not k.refused
         }
         for key, (_mib, at) in list(self.asked.items()):
             if key not in resident or now - at > self.ask_again_after:
