@@ -204,8 +204,9 @@ def test_the_desk_answers_each_server_with_its_own_kernels_once():
     seats[4] = seat("u5", report([kernel("k5", QUARTER, "2026-01-01T16:00:00Z")]))
     assert desk.answer("u5", "", seats, now=105.0) is None
     assert desk.under_pressure() == 0
-    # u1 is back, u5 waiting again: one quarter must go, u2 is asked, and its user runs a cell before it goes: it
-    # will not go, so the next least recently used kernel is asked at once, not in 30 s
+    # u1 is back, u5 waits again: one quarter must go; u2 is asked, and its user runs a cell
+    # before it goes: it will not go, so the next least recently used kernel is asked at once,
+    # not in 30 s
     seats[0] = seat("u1", report([kernel("k1", QUARTER, "2026-01-01T20:00:00Z")]))
     seats[4] = seat("u5", waiting)
     assert desk.answer("u2", "", seats, now=106.0)["swap"]["hibernate"][0]["kernel_id"] == "k2"
