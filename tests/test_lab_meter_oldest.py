@@ -62,16 +62,26 @@ def _shared_requirements(remote_entry: str) -> dict[str, str]:
 
 
 def test_the_meter_declares_the_oldest_supported_jupyterlabs_packages():
-    """package.json pins the @jupyterlab/* packages to the oldest line (what tsc checks the
-    meter against), the shared-scope ranges are those lines' with ^, and the build that
-    `make setup` installed requires exactly them of the host."""
+    """package.json asks for the oldest line's @jupyterlab/* packages or later (^), its lock
+    installs that line (what tsc checks the meter against), the shared-scope ranges are the
+    same, and the build that `make setup` installed requires exactly them of the host. The
+    JupyterLab here (4.x, newer) finds it compatible by its own check (jupyterlab/commands.py
+    `_validate_compatibility`, what `jupyter labextension list` marks "OK" or "X")."""
+    from jupyterlab.commands import _validate_compatibility, get_app_dir
+
+    lock = json.loads((REPO / "labextension" / "package-lock.json").read_text())["packages"]
     shared = PACKAGE["jupyterlab"]["sharedPackages"]
     for name, spec in PACKAGE["dependencies"].items():
+        assert spec.startswith("^"), f"{name} {spec}: a range newer JupyterLabs satisfy"
         if name.startswith("@jupyterlab/"):
-            assert spec.startswith("~"), f"{name} {spec}: pin the oldest supported line"
-        assert shared[name]["requiredVersion"] == spec.replace("~", "^"), name
+            installed = lock[f"node_modules/{name}"]["version"]
+            line = spec[1:].rsplit(".", 1)[0] + "."
+            assert installed.startswith(line), f"{name}: the lock installs {installed}"
+        assert shared[name]["requiredVersion"] == spec, name
         assert shared[name]["bundled"] is False and shared[name]["singleton"] is True, name
-    assert PACKAGE["dependencies"]["@jupyterlab/application"] == "~" + OLDEST_JUPYTERLAB
+    assert PACKAGE["dependencies"]["@jupyterlab/application"] == "^" + OLDEST_JUPYTERLAB
+    core = json.loads((Path(get_app_dir()) / "static" / "package.json").read_text())
+    assert _validate_compatibility("fracspawner-gpu-meter", PACKAGE["dependencies"], core) == []
     (entry,) = (LABEXT / "static").glob("remoteEntry.*.js")
     required = _shared_requirements(entry.read_text())
     assert required, "no shared module requirements found in the built meter"
@@ -107,6 +117,13 @@ def oldest_lab(tmp_path_factory):
     extensions = env_dir / "share" / "jupyter" / "labextensions"
     extensions.mkdir(parents=True, exist_ok=True)
     (extensions / "fracspawner-gpu-meter").symlink_to(LABEXT)
+    listed = subprocess.run(
+        [str(python), "-m", "jupyterlab.labextensions", "list"],
+        capture_output=True, text=True, timeout=300, env={**os.environ, "NO_COLOR": "1"},
+    )  # fmt: skip
+    out = re.sub(r"\x1b\[[0-9;]*m", "", listed.stdout + listed.stderr)
+    assert f"JupyterLab v{OLDEST_JUPYTERLAB}" in out, out
+    assert re.search(r"fracspawner-gpu-meter v\S+ enabled\s+OK", out), out
     gpu_file = tmp / "gpu.json"
     gpu_file.write_text(json.dumps({"devices": [H100]}))
     settings = tmp / "lab-settings" / "@jupyterlab" / "apputils-extension"
