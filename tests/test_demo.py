@@ -53,19 +53,24 @@ def allowed_pools(model: dict) -> dict[str, list[str]]:
     }
 
 
-def test_sigterm_to_the_process_group_while_it_starts_leaves_nothing(tmp_path):
-    """`kill -TERM -<pgid>` (what stopping `make demo`'s process group does) while the hub is
-    still starting: the demo stops the devcluster and the hub it started, nothing is orphaned."""
-    state = tmp_path / "demo-state"
-    demo = subprocess.Popen(
+def start_demo_group(state: Path, *extra: str) -> subprocess.Popen:
+    """`fracspawner demo` in a process group of its own, as `make demo`'s is."""
+    return subprocess.Popen(
         [sys.executable, "-m", "fracspawner", "demo", "--port", str(free_port())]
-        + ["--state-dir", str(state), "--password", "pw"],
+        + ["--state-dir", str(state), "--password", "pw", *extra],
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
         text=True,
         env={**os.environ, "PYTHONUNBUFFERED": "1"},
-        start_new_session=True,  # its own process group, as make's is
+        start_new_session=True,
     )
+
+
+def test_sigterm_to_the_process_group_while_it_starts_leaves_nothing(tmp_path):
+    """`kill -TERM -<pgid>` (what stopping `make demo`'s process group does) while the hub is
+    still starting: the demo stops the devcluster and the hub it started, nothing is orphaned."""
+    state = tmp_path / "demo-state"
+    demo = start_demo_group(state)
     try:
         # the devcluster is up and the hub is being started
         deadline = time.monotonic() + 90
@@ -94,15 +99,7 @@ def test_every_process_ends_on_a_signal_when_the_hub_is_killed_mid_clean_up(tmp_
     running, reparented to init, and the stale service wrote into the next demo's log (issue 27
     #2). `--stop-timeout 0` kills the hub at once, before it stops either."""
     state = tmp_path / "demo-state"
-    demo = subprocess.Popen(
-        [sys.executable, "-m", "fracspawner", "demo", "--port", str(free_port())]
-        + ["--state-dir", str(state), "--password", "pw", "--stop-timeout", "0"],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
-        env={**os.environ, "PYTHONUNBUFFERED": "1"},
-        start_new_session=True,  # its own process group, as make's is
-    )
+    demo = start_demo_group(state, "--stop-timeout", "0")
     try:
         assert demo.stdout is not None
         deadline = time.monotonic() + 120

@@ -496,25 +496,31 @@ def test_the_demos_simulated_gpu_feeds_the_meter(tmp_path):
         lab.stop()
 
 
+def demo_gpu_env(pod: dict, container: dict) -> dict[str, str]:
+    """The env the devcluster's kubelet gives a GPU pod under `make demo` (its simulated GPU)."""
+    from devcluster.kubelet import simulated_gpu_env
+
+    old = os.environ.pop("FRACSPAWNER_GPU_SOURCE", None)
+    os.environ["DEVCLUSTER_SIMULATED_GPU"] = "1"
+    try:
+        return simulated_gpu_env(pod, container)
+    finally:
+        os.environ.pop("DEVCLUSTER_SIMULATED_GPU", None)
+        if old is not None:
+            os.environ["FRACSPAWNER_GPU_SOURCE"] = old
+
+
 def test_the_demos_simulated_gpu_hibernates_and_resumes_and_says_it_is_simulated(tmp_path):
     """Issue 27 #4: in the demo an idle kernel said "cannot hibernate: cuda-python is not
     installed" (the demo has no GPU; installing it would not help). The demo's simulated GPU
     comes with a simulated checkpoint driver (serverext/simcheckpoint.py): an idle kernel
     hibernates (its simulated GPU memory leaves the GPU), the meter says so and that it is
     simulated, a cell resumes it with its data, and the report marks it simulated."""
-    from devcluster.kubelet import simulated_gpu_env
     from tests.test_hibernation import set_cgroup
 
     pod = {"spec": {"nodeSelector": {"nvidia.com/gpu.product": "NVIDIA-H100-80GB-HBM3"}}}
     container = {"resources": {"limits": {"nvidia.com/gpu": "1", "nvidia.com/gpumem": "10240"}}}
-    old = os.environ.pop("FRACSPAWNER_GPU_SOURCE", None)
-    os.environ["DEVCLUSTER_SIMULATED_GPU"] = "1"
-    try:
-        env = simulated_gpu_env(pod, container)
-    finally:
-        os.environ.pop("DEVCLUSTER_SIMULATED_GPU", None)
-        if old is not None:
-            os.environ["FRACSPAWNER_GPU_SOURCE"] = old
+    env = demo_gpu_env(pod, container)
     cgroup = tmp_path / "cgroup"
     cgroup.mkdir()
     set_cgroup(cgroup, 64, 1)  # 63 GiB of host memory free: room for the parked memory
@@ -558,19 +564,11 @@ def test_the_demos_simulated_mig_slice_reads_no_utilisation(tmp_path):
     """Issue 27 #9: the demo's MIG meter said "Util 0%" where the user guide says MIG reads
     "n/a" (a MIG instance cannot report utilisation: NVML answers NOT_SUPPORTED). The simulated
     MIG slice reports none either, so the meter says "Util n/a" as on a real one."""
-    from devcluster.kubelet import simulated_gpu_env
     from fracspawner.serverext.sources import DemoSimulatedSource
 
     pod = {"spec": {"nodeSelector": {"nvidia.com/gpu.product": "NVIDIA-A100-SXM4-80GB"}}}
     container = {"resources": {"limits": {"nvidia.com/mig-1g.10gb": "1"}}}
-    old = os.environ.pop("FRACSPAWNER_GPU_SOURCE", None)
-    os.environ["DEVCLUSTER_SIMULATED_GPU"] = "1"
-    try:
-        env = simulated_gpu_env(pod, container)
-    finally:
-        os.environ.pop("DEVCLUSTER_SIMULATED_GPU", None)
-        if old is not None:
-            os.environ["FRACSPAWNER_GPU_SOURCE"] = old
+    env = demo_gpu_env(pod, container)
     source = DemoSimulatedSource(env["FRACSPAWNER_SIMULATED_GPU"])
     sample = source.sample()
     assert sample.devices[0].name == "NVIDIA A100 SXM4 80GB MIG 1g.10gb (simulated)"
