@@ -23,6 +23,9 @@ from . import (
     strategicmerge,
 )
 from .admission import Admission, Attributes, RequestInfo
+from .dra import controller as dra_controller
+from .dra import kinds as dra_kinds
+from .dra.controller import Dra
 from .fielderrors import invalid, invalid_error
 from .kubelet import ConfigError, Kubelet, port_open
 from .resources import CRDS, MUTATING, VALIDATING, Resource
@@ -222,6 +225,7 @@ class DevCluster:
         self.store = Store()
         self.admission = Admission(self.store)
         self.kubelet = Kubelet(self.state_dir, self.topology.get("images") or {})
+        self.dra = Dra(self)  # Dynamic Resource Allocation: claims, allocation, slices
         self.served = SERVED_SCHEDULERS | set(self.topology.get("schedulers") or [])
         self._server: Any = None
         self._tasks: set[asyncio.Task] = set()
@@ -258,6 +262,7 @@ class DevCluster:
             self.store.load("nodes", node)
         for pod in self.topology.get("pods") or []:
             self.store.load("pods", pod)
+        self.dra.load_topology(self.topology)
         self.store.floor = self.store.rv
         self.state_dir.mkdir(parents=True, exist_ok=True)
         sock = socket.socket()
@@ -309,7 +314,12 @@ class DevCluster:
     def add_node(self, node: dict[str, Any]) -> dict[str, Any]:
         from .topology import normalise_node
 
-        return self.create("nodes", None, normalise_node(node))
+        node = dict(node)
+        dra = node.pop("dra", None)
+        created = self.create("nodes", None, normalise_node(node))
+        if dra:  # its DRA kubelet plugin publishes the node's devices
+            self.dra.publish(created["metadata"]["name"], dra)
+        return created
 
     def events_for(self, namespace: str, pod_name: str) -> list[dict[str, Any]]:
         return [
@@ -412,7 +422,7 @@ class DevCluster:
             meta["namespace"] = ns_name
         else:
             meta.pop("namespace", None)
-        if plural == "pods":
+        if plural in ("pods", dra_kinds.RESOURCECLAIMS):  # status has its own writers
             body.pop("status", None)
         if plural == CRDS:
             body.pop("status", None)
@@ -457,6 +467,8 @@ class DevCluster:
             errors += crd.errors(obj)
         elif plural in (MUTATING, VALIDATING):
             errors += admission.config_errors(obj, mutating=plural == MUTATING)
+        elif plural in dra_kinds.KEYS:
+            errors += dra_kinds.errors(plural, obj)
         if errors:
             raise invalid_error(resource.kind, resource.group, name, errors)
 
@@ -608,6 +620,8 @@ class DevCluster:
             updated["status"] = copy.deepcopy(current.get("status") or {})
         if plural in (CRDS, "namespaces"):
             updated["status"] = copy.deepcopy(current.get("status") or {})
+        if plural == dra_kinds.RESOURCECLAIMS:
+            updated = dra_kinds.prepare_update(current, updated, subresource)
         if resource.custom:
             updated = customresources.for_update(resource, current, updated, subresource)
         if plural == CRDS:
@@ -742,6 +756,7 @@ class DevCluster:
     def _on_change(self, plural: str, kind: str, obj: dict[str, Any]) -> None:
         if plural == "pods" and kind == "DELETED":
             self._requests.pop(obj["metadata"]["uid"], None)
+        self.dra.on_change(plural, kind, obj)
         if plural in ("secrets", "configmaps") and kind != "DELETED":
             self._retry_config_errors(obj["metadata"]["namespace"])
         if plural == "pods" and (
@@ -785,10 +800,21 @@ class DevCluster:
         usage = scheduler.usage_by_node(pods, self._pod_requests)
         # the store keeps pods in creation order: first come, first served, higher priority first
         for pod in sorted(pending, key=lambda p: -int(p["spec"].get("priority") or 0)):
-            node, message = scheduler.schedule(pod, nodes, usage)
+            claims, check = None, None
+            if pod["spec"].get("resourceClaims"):
+                claims, why = self.dra.prefilter(pod)
+                if claims is None:
+                    if why:
+                        self._unschedulable(pod, f"0/{len(nodes)} nodes are available: {why}.")
+                    continue  # waits for its claims (PreEnqueue), no event
+                check = self.dra.filter_for(pod, claims)
+            post = dra_controller.POST_FILTER if check else ""
+            node, message = scheduler.schedule(pod, nodes, usage, check, post)
             if node is None:
                 self._unschedulable(pod, message)
                 continue
+            if check is not None and claims is not None:
+                self.dra.reserve(pod, node, claims, check)
             node_use = usage.setdefault(node, {})
             for k, v in self._pod_requests(pod).items():
                 node_use[k] = node_use.get(k, 0) + v
@@ -895,7 +921,8 @@ class DevCluster:
             return
         container = pod["spec"]["containers"][0]
         try:
-            running = await self.kubelet.start(pod, self._lookup)
+            device_env = self.dra.claim_env(pod, container)
+            running = await self.kubelet.start(pod, self._lookup, device_env)
         except ConfigError as exc:
             pod = self._current(namespace, name)
             if pod is not None:  # the kubelet's CreateContainerConfigError: stays Pending

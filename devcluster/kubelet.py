@@ -196,7 +196,14 @@ class Kubelet:
     def pod_dir(self, namespace: str, name: str) -> Path:
         return self.state_dir / "pods" / namespace / name
 
-    async def start(self, pod: Mapping[str, Any], lookup: Lookup | None = None) -> Running:
+    async def start(
+        self,
+        pod: Mapping[str, Any],
+        lookup: Lookup | None = None,
+        device_env: Mapping[str, str] | None = None,
+    ) -> Running:
+        """Start the pod's first container; `device_env` is what its devices' CDI edits add
+        (DRA claims, devcluster/dra)."""
         meta = pod["metadata"]
         key = (meta["namespace"], meta["name"])
         container = pod["spec"]["containers"][0]
@@ -216,6 +223,7 @@ class Kubelet:
             if passthrough in os.environ:
                 env[passthrough] = os.environ[passthrough]
         env.update(simulated_gpu_env(pod, container))
+        env.update(device_env or {})
         try:
             env.update(container_env(pod, container, ip, lookup))
         except ConfigError:

@@ -25,6 +25,8 @@ class Resource:
     categories: tuple[str, ...] = ()
     #: for custom resources: the CRD's `spec` (schemas, printer columns, subresources)
     crd_spec: Mapping[str, Any] | None = field(default=None, compare=False, hash=False)
+    #: a built-in kind with a `status` subresource (resourceclaims)
+    status: bool = False
 
     @property
     def key(self) -> str:
@@ -46,6 +48,8 @@ class Resource:
         return {}
 
     def has_status(self, version: str | None = None) -> bool:
+        if self.status:
+            return True
         subresources = self.version_spec(version or self.storage).get("subresources") or {}
         return "status" in subresources
 
@@ -75,6 +79,15 @@ BUILTIN: tuple[Resource, ...] = (
              "MutatingWebhookConfiguration"),
     _grouped("admissionregistration.k8s.io", "validatingwebhookconfigurations",
              "ValidatingWebhookConfiguration"),
+    # Dynamic Resource Allocation (devcluster/dra): GA in Kubernetes 1.34
+    Resource("resource.k8s.io", "deviceclasses", "DeviceClass", False, ("v1",), "v1",
+             "deviceclass"),
+    Resource("resource.k8s.io", "resourceslices", "ResourceSlice", False, ("v1",), "v1",
+             "resourceslice"),
+    Resource("resource.k8s.io", "resourceclaims", "ResourceClaim", True, ("v1",), "v1",
+             "resourceclaim", status=True),
+    Resource("resource.k8s.io", "resourceclaimtemplates", "ResourceClaimTemplate", True,
+             ("v1",), "v1", "resourceclaimtemplate"),
 )  # fmt: skip
 
 CRDS = "customresourcedefinitions.apiextensions.k8s.io"

@@ -138,9 +138,13 @@ def _affinity_ok(pod: Mapping[str, Any], labels: Mapping[str, str]) -> bool:
 
 
 def node_failures(
-    pod: Mapping[str, Any], node: Mapping[str, Any], used: Mapping[str, Decimal]
+    pod: Mapping[str, Any],
+    node: Mapping[str, Any],
+    used: Mapping[str, Decimal],
+    extra: Callable[[Mapping[str, Any], Mapping[str, Any]], str | None] | None = None,
 ) -> list[str]:
-    """Why `pod` does not fit `node` (empty: it fits)."""
+    """Why `pod` does not fit `node` (empty: it fits). `extra` is a later filter plugin
+    (DynamicResources, devcluster/dra), run where the default filters pass."""
     if (node.get("spec") or {}).get("unschedulable"):
         return ["node(s) were unschedulable"]
     tolerations = (pod.get("spec") or {}).get("tolerations") or []
@@ -171,6 +175,10 @@ def node_failures(
         allocation, reason = hami.allocate(pod, node, used)
         if allocation is None:
             failures.append(reason)
+    if extra is not None and not failures:
+        reason = extra(pod, node)
+        if reason:
+            failures.append(reason)
     return failures
 
 
@@ -196,6 +204,8 @@ def schedule(
     pod: MutableMapping[str, Any],
     nodes: list[Mapping[str, Any]],
     usage: MutableMapping[str, MutableMapping[str, Decimal]],
+    extra: Callable[[Mapping[str, Any], Mapping[str, Any]], str | None] | None = None,
+    post_filter: str = "",
 ) -> tuple[str | None, str]:
     """(node name, "") for the first fitting node in least-allocated order, else (None, message).
 
@@ -208,7 +218,7 @@ def schedule(
     fitting = []
     for node in nodes:
         name = node["metadata"]["name"]
-        failures = node_failures(pod, node, usage.get(name, {}))
+        failures = node_failures(pod, node, usage.get(name, {}), extra)
         if failures:
             reasons.update(failures)
             resolvable = all(
@@ -227,7 +237,7 @@ def schedule(
             assert allocation is not None  # node_failures found room a moment ago
             hami.assign(pod, chosen, allocation, node_use)
         return chosen, ""
-    return None, fit_error(len(nodes), reasons, preemption)
+    return None, fit_error(len(nodes), reasons, preemption, post_filter)
 
 
 def _fit_error(num_nodes: int, reasons: Counter[str]) -> str:
@@ -238,9 +248,23 @@ def _fit_error(num_nodes: int, reasons: Counter[str]) -> str:
     return message
 
 
-def fit_error(num_nodes: int, reasons: Counter[str], preemption: Counter[str]) -> str:
+def fit_error(
+    num_nodes: int, reasons: Counter[str], preemption: Counter[str], post_filter: str = ""
+) -> str:
     """kube-scheduler's FailedScheduling message, e.g. `0/3 nodes are available: 1 node(s) had
     untolerated taint {gpu: true}, 2 Insufficient nvidia.com/gpu. preemption: 0/3 nodes are
     available: 1 Preemption is not helpful for scheduling, 2 No preemption victims found for
-    incoming pod..`"""
+    incoming pod..`
+
+    With `post_filter` (the DynamicResources PostFilter's "still not schedulable" for a pod
+    with claims), the PostFilter plugins' reasons are joined with ", ", as a 1.34 cluster
+    running NVIDIA's DRA driver words it: `0/2 nodes are available: 1 cannot allocate all
+    claims, 1 node(s) didn't match Pod's node affinity/selector. still not schedulable,
+    preemption: 0/2 nodes are available: 2 Preemption is not helpful for scheduling.`
+    (one full stop at the end there)."""
+    if post_filter:
+        return (
+            f"{_fit_error(num_nodes, reasons)} {post_filter}, preemption: "
+            f"{_fit_error(num_nodes, preemption)}"
+        )
     return f"{_fit_error(num_nodes, reasons)} preemption: {_fit_error(num_nodes, preemption)}."

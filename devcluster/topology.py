@@ -121,18 +121,23 @@ def load_topology(source: Mapping[str, Any] | str | Path) -> dict[str, Any]:
     if not isinstance(raw, Mapping) or not isinstance(raw.get("nodes"), list):
         raise ValueError("a topology needs a `nodes:` list")
     nodes = []
+    dra: dict[str, Any] = {}  # node name -> its `dra:` section (devcluster/dra/nvidia.py)
     for entry in raw["nodes"]:
         count = int(entry.get("count", 1)) if "metadata" not in entry else 1
         for i in range(count):
             item = dict(entry)
+            spec = item.pop("dra", None)
             if count > 1:
                 item["name"] = f"{entry['name']}-{i + 1}"
             nodes.append(normalise_node(item))
+            if spec:
+                dra[nodes[-1]["metadata"]["name"]] = spec
     names = [n["metadata"]["name"] for n in nodes]
     if len(set(names)) != len(names):
         raise ValueError("topology: node names must be unique")
     topology = dict(raw)
     topology["nodes"] = nodes
+    topology["dra"] = dra
     topology["pods"] = [normalise_pod(p) for p in raw.get("pods") or []]
     return topology
 

@@ -23,6 +23,14 @@ from .store import ApiError
 #: Kubernetes version whose OpenAPI schemas validate every object (kubernetes-validate ships
 #: schemas for 1.25 to 1.37; 1.33 is what /version reports and kubectl's skew policy likes).
 K8S_VERSION = "1.33.0"
+#: group versions first served after K8S_VERSION, validated with the schemas of the release
+#: that made them GA: resource.k8s.io/v1 (Dynamic Resource Allocation) is 1.34's
+SCHEMA_VERSIONS = {"resource.k8s.io/v1": "1.34.0"}
+
+
+def schema_version(api_version: str) -> str:
+    """The Kubernetes release whose schemas validate objects of `api_version`."""
+    return SCHEMA_VERSIONS.get(api_version, K8S_VERSION)
 
 
 @functools.lru_cache(maxsize=4)
@@ -45,7 +53,7 @@ def _minor(version: str) -> tuple[int, int]:
     return int(major), int(minor)
 
 
-@functools.lru_cache(maxsize=1)
+@functools.lru_cache(maxsize=4)
 def _definitions(version: str) -> Resource:
     return Resource.from_contents(
         json.loads((_schema_dir(version) / "_definitions.json").read_text())
@@ -53,8 +61,9 @@ def _definitions(version: str) -> Resource:
 
 
 @functools.lru_cache(maxsize=64)
-def validator_for(kind: str, api_version: str = "v1", version: str = K8S_VERSION) -> Any:
+def validator_for(kind: str, api_version: str = "v1", version: str | None = None) -> Any:
     """The (cached) strict validator for one kind, built as kubernetes-validate builds it."""
+    version = version or schema_version(api_version)
     # "rbac.authorization.k8s.io/v1" -> "rbac-v1", as kubernetes-validate names its files
     group, _, ver = api_version.rpartition("/")
     name = f"{kind.lower()}-{group.split('.')[0]}-{ver}" if group else f"{kind.lower()}-{ver}"
@@ -70,10 +79,11 @@ def validator_for(kind: str, api_version: str = "v1", version: str = K8S_VERSION
 
 @functools.lru_cache(maxsize=64)
 def kind_schema(
-    kind: str, api_version: str = "v1", version: str = K8S_VERSION
+    kind: str, api_version: str = "v1", version: str | None = None
 ) -> tuple[dict[str, Any], dict[str, Any]]:
     """One kind's schema and the shared definitions it refers to (`$defs`), for what the
     schemas say beyond types: strategic merge patch keys and strategies."""
+    version = version or schema_version(api_version)
     group, _, ver = api_version.rpartition("/")
     name = f"{kind.lower()}-{group.split('.')[0]}-{ver}" if group else f"{kind.lower()}-{ver}"
     path = _schema_dir(version) / f"{name}.json"

@@ -1,0 +1,304 @@
+"""devcluster speaks Dynamic Resource Allocation (resource.k8s.io/v1, issue 30 item 4): the API's
+four kinds with the apiserver's validation, the resourceclaim controller, the scheduler's
+structured-parameters allocation, NVIDIA's kubelet plugin's slices and the kubelet's CDI env.
+
+In-process DevClusters (they start in milliseconds); pods run `sleep`. What each test models is
+cited in devcluster/dra/*.py; the driver's own demo manifests are in test_devcluster_dra_demos.py.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+import urllib.request
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from kubernetes_asyncio import client
+from kubernetes_asyncio.client.rest import ApiException
+
+from devcluster import DevCluster
+from devcluster.admission import RequestInfo
+
+pytestmark = pytest.mark.e2e
+
+CLAIMS = "resourceclaims.resource.k8s.io"
+TEMPLATES = "resourceclaimtemplates.resource.k8s.io"
+SLICES = "resourceslices.resource.k8s.io"
+H100_MEMORY = {
+    "nodes": [
+        {
+            "name": "gpu-h100",
+            "capacity": {"cpu": "64", "memory": "512Gi"},
+            "dra": {"gpus": 1, "model": "H100-80GB", "consumableShares": "memory"},
+        }
+    ]
+}
+
+
+@pytest.fixture
+async def cluster(tmp_path: Path, request) -> AsyncIterator[DevCluster]:
+    topology = getattr(request, "param", H100_MEMORY)
+    async with DevCluster(topology, state_dir=tmp_path / "state") as running:
+        yield running
+
+
+@pytest.fixture
+async def api(cluster: DevCluster) -> AsyncIterator[client.ApiClient]:
+    async with client.ApiClient(client.Configuration(host=cluster.url)) as api_client:
+        yield api_client
+
+
+async def wait_for(probe, what: str, timeout: float = 20) -> Any:
+    deadline = time.monotonic() + timeout
+    while not (result := probe()):
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out waiting for {what}")
+        await asyncio.sleep(0.05)
+    return result
+
+
+def template(name: str, request: dict[str, Any], namespace: str = "default") -> dict[str, Any]:
+    return {
+        "apiVersion": "resource.k8s.io/v1",
+        "kind": "ResourceClaimTemplate",
+        "metadata": {"name": name, "namespace": namespace},
+        "spec": {"spec": {"devices": {"requests": [{"name": "gpu", **request}]}}},
+    }
+
+
+def gpu_pod(name: str, *, template_name: str = "", claim_name: str = "", ns: str = "default"):
+    source = (
+        {"resourceClaimTemplateName": template_name}
+        if template_name
+        else {"resourceClaimName": claim_name}
+    )
+    return {
+        "metadata": {"name": name, "namespace": ns},
+        "spec": {
+            "containers": [
+                {
+                    "name": "ctr",
+                    "image": "ubuntu:22.04",
+                    "command": [
+                        "sh",
+                        "-c",
+                        'echo "devices=$DEVCLUSTER_DRA_DEVICES"; exec sleep 600',
+                    ],
+                    "resources": {"claims": [{"name": "gpu"}]},
+                }
+            ],
+            "resourceClaims": [{"name": "gpu", **source}],
+        },
+    }
+
+
+async def create(cluster: DevCluster, plural: str, body: dict, ns: str | None = "default"):
+    return await cluster.api_create(plural, "v1", ns, body, RequestInfo())
+
+
+def bound(cluster: DevCluster, ns: str = "default") -> dict[str, str]:
+    return {
+        p["metadata"]["name"]: p["spec"]["nodeName"]
+        for p in cluster.list("pods", ns)
+        if p["spec"].get("nodeName")
+    }
+
+
+def claim_of(cluster: DevCluster, pod_name: str, ns: str = "default") -> dict[str, Any]:
+    pod = cluster.get("pods", ns, pod_name)
+    name = pod["status"]["resourceClaimStatuses"][0]["resourceClaimName"]
+    return cluster.get(CLAIMS, ns, name)
+
+
+def failed_scheduling(cluster: DevCluster, pod: str, ns: str = "default") -> str | None:
+    events = [e for e in cluster.events_for(ns, pod) if e["reason"] == "FailedScheduling"]
+    return events[-1]["message"] if events else None
+
+
+# ---------------------------------------------------------------- the API
+async def test_the_api_serves_resource_k8s_io_v1_validated_as_the_apiserver_does(cluster, api):
+    resource = client.ResourceV1Api(api)
+    classes = await resource.list_device_class()
+    # the chart's classes, installed with the driver on a node with `dra:`
+    assert {c.metadata.name for c in classes.items} == {"gpu.nvidia.com", "mig.nvidia.com"}
+    slices = await resource.list_resource_slice()
+    assert [s.spec.node_name for s in slices.items] == ["gpu-h100"]
+    url = f"{cluster.url}/apis/resource.k8s.io/v1"
+    discovery = json.loads(await asyncio.to_thread(lambda: urllib.request.urlopen(url).read()))
+    names = {r["name"] for r in discovery["resources"]}
+    assert {"deviceclasses", "resourceslices", "resourceclaims", "resourceclaims/status",
+            "resourceclaimtemplates"} <= names  # fmt: skip
+
+    claim = {
+        "metadata": {"name": "c1"},
+        "spec": {"devices": {"requests": [{"name": "gpu", "exactly": {
+            "deviceClassName": "gpu.nvidia.com"}}]}},
+    }  # fmt: skip
+    made = await resource.create_namespaced_resource_claim("default", claim)
+    assert made.status is None or made.status.allocation is None
+
+    # an unknown field: the 1.34 schema, strict
+    bad = {**claim, "metadata": {"name": "c2"}}
+    bad["spec"] = {"devices": {"requests": [{"name": "gpu", "exactly": {
+        "deviceClassName": "gpu.nvidia.com", "colour": "red"}}]}}  # fmt: skip
+    with pytest.raises(ApiException) as refused:
+        await resource.create_namespaced_resource_claim("default", bad)
+    assert refused.value.status == 422
+    assert "colour" in refused.value.body
+
+    # validation.go validateDeviceRequest: exactly one of exactly / firstAvailable
+    both = {"metadata": {"name": "c3"}, "spec": {"devices": {"requests": [{"name": "gpu",
+            "exactly": {"deviceClassName": "gpu.nvidia.com"},
+            "firstAvailable": [{"name": "a", "deviceClassName": "gpu.nvidia.com"}]}]}}}  # fmt: skip
+    with pytest.raises(ApiException) as refused:
+        await resource.create_namespaced_resource_claim("default", both)
+    assert refused.value.status == 422
+    assert "exactly one of `exactly` or `firstAvailable` is required" in refused.value.body
+
+    # a selector that is not CEL (validateSelector compiles it)
+    broken = {"metadata": {"name": "bad-class"}, "spec": {"selectors": [{"cel": {
+        "expression": "device.driver == "}}]}}  # fmt: skip
+    with pytest.raises(ApiException) as refused:
+        await resource.create_device_class(broken)
+    assert refused.value.status == 422
+    assert "spec.selectors[0].cel.expression" in refused.value.body
+
+    # ValidateResourceClaimUpdate: the spec is immutable
+    with pytest.raises(ApiException) as refused:
+        await resource.patch_namespaced_resource_claim(
+            "c1", "default",
+            {"spec": {"devices": {"requests": [{"name": "other", "exactly": {
+                "deviceClassName": "gpu.nvidia.com"}}]}}},
+        )  # fmt: skip
+    assert refused.value.status == 422
+    assert "field is immutable" in refused.value.body
+
+    # the status subresource writes the status only; the claim's own write leaves it alone
+    status = {"status": {"allocation": {"devices": {"results": [{"request": "gpu",
+              "driver": "gpu.nvidia.com", "pool": "gpu-h100", "device": "gpu-0"}]}}}}  # fmt: skip
+    written = await resource.patch_namespaced_resource_claim_status("c1", "default", status)
+    assert written.status.allocation.devices.results[0].device == "gpu-0"
+    relabelled = await resource.patch_namespaced_resource_claim(
+        "c1", "default", {"metadata": {"labels": {"a": "b"}}, "status": None}
+    )
+    assert relabelled.status.allocation.devices.results[0].device == "gpu-0"
+    # a result must name a request of the claim
+    with pytest.raises(ApiException) as refused:
+        await resource.patch_namespaced_resource_claim_status(
+            "c1", "default",
+            {"status": {"allocation": {"devices": {"results": [{"request": "nope",
+             "driver": "gpu.nvidia.com", "pool": "gpu-h100", "device": "gpu-0"}]}}}},
+        )  # fmt: skip
+    assert refused.value.status == 422
+
+
+async def test_a_template_makes_one_claim_per_pod_owned_by_it_as_the_controller_names_it(cluster):
+    await create(
+        cluster, TEMPLATES, template("whole", {"exactly": {"deviceClassName": "gpu.nvidia.com"}})
+    )
+    long_name = "jupyter-" + "a" * 50
+    for name in ("nb", long_name):
+        await create(cluster, "pods", gpu_pod(name, template_name="whole"))
+    pod = await wait_for(
+        lambda: (
+            (p := cluster.get("pods", "default", "nb"))["status"].get("resourceClaimStatuses") and p
+        ),
+        "the claim's name in the pod's status",
+    )
+    name = pod["status"]["resourceClaimStatuses"][0]["resourceClaimName"]
+    assert pod["status"]["resourceClaimStatuses"][0]["name"] == "gpu"
+    assert name.startswith("nb-gpu-") and len(name) == len("nb-gpu-") + 5
+    claim = cluster.get(CLAIMS, "default", name)
+    owner = claim["metadata"]["ownerReferences"][0]
+    assert (owner["kind"], owner["name"], owner["uid"], owner["controller"]) == (
+        "Pod", "nb", pod["metadata"]["uid"], True,
+    )  # fmt: skip
+    assert claim["metadata"]["annotations"]["resource.kubernetes.io/pod-claim-name"] == "gpu"
+    # over 57 characters: pod and claim names cut in proportion, no dash before the suffix
+    other = (
+        claim_of(cluster, long_name)
+        if await wait_for(
+            lambda: cluster.get("pods", "default", long_name)["status"].get(
+                "resourceClaimStatuses"
+            ),
+            "the long pod's claim",
+        )
+        else None
+    )
+    assert other["metadata"]["name"][:-5] == long_name[: len(long_name) * 57 // 63] + "-" + "gp"
+
+
+async def test_seven_10gi_claims_share_one_h100_and_the_eighth_waits_until_one_ends(cluster):
+    request = {"exactly": {"deviceClassName": "gpu.nvidia.com",
+                           "capacity": {"requests": {"memory": "10Gi"}}}}  # fmt: skip
+    await create(cluster, TEMPLATES, template("gpu-10gi", request))
+    for i in range(8):
+        await create(cluster, "pods", gpu_pod(f"nb-{i}", template_name="gpu-10gi"))
+    await wait_for(lambda: len(bound(cluster)) == 7, "seven pods bound")
+    message = await wait_for(lambda: failed_scheduling(cluster, "nb-7"), "the 8th's event")
+    # 81,559 MiB as NVML reports an H100 80GB: 7 x 10,240 fit, 8 do not
+    assert message == (
+        "0/1 nodes are available: 1 cannot allocate all claims. still not schedulable, "
+        "preemption: 0/1 nodes are available: 1 Preemption is not helpful for scheduling."
+    )
+    assert cluster.get("pods", "default", "nb-7")["status"]["phase"] == "Pending"
+    results = [claim_of(cluster, f"nb-{i}")["status"]["allocation"]["devices"]["results"][0]
+               for i in range(7)]  # fmt: skip
+    assert {r["device"] for r in results} == {"gpu-0"}
+    assert all(r["consumedCapacity"] == {"memory": "10Gi"} for r in results)
+    assert len({r["shareID"] for r in results}) == 7
+    reserved = claim_of(cluster, "nb-0")["status"]["reservedFor"]
+    assert reserved == [{"resource": "pods", "name": "nb-0",
+                         "uid": cluster.get("pods", "default", "nb-0")["metadata"]["uid"]}]  # fmt: skip
+    assert claim_of(cluster, "nb-0")["metadata"]["finalizers"] == [
+        "resource.kubernetes.io/delete-protection"
+    ]
+    gone = claim_of(cluster, "nb-0")["metadata"]["name"]
+    await cluster.delete("pods", "default", "nb-0", 0)
+    await wait_for(lambda: "nb-7" in bound(cluster), "the 8th bound once one ended")
+    # the controller deleted the claim it had made for the pod
+    await wait_for(lambda: all(c["metadata"]["name"] != gone for c in cluster.list(CLAIMS)),
+                   "the ended pod's claim deleted")  # fmt: skip
+
+
+async def test_a_shared_claim_is_deallocated_when_its_last_pod_ends(cluster):
+    claim = {"metadata": {"name": "shared"}, "spec": {"devices": {"requests": [{"name": "gpu",
+             "exactly": {"deviceClassName": "gpu.nvidia.com"}}]}}}  # fmt: skip
+    await create(cluster, CLAIMS, claim)
+    for name in ("a", "b"):
+        await create(cluster, "pods", gpu_pod(name, claim_name="shared"))
+    await wait_for(lambda: len(bound(cluster)) == 2, "both pods bound")
+    status = cluster.get(CLAIMS, "default", "shared")["status"]
+    assert sorted(c["name"] for c in status["reservedFor"]) == ["a", "b"]
+    await cluster.delete("pods", "default", "a", 0)
+    await wait_for(
+        lambda: [c["name"] for c in cluster.get(CLAIMS, "default", "shared")["status"].get(
+            "reservedFor") or []] == ["b"], "a out of reservedFor",
+    )  # fmt: skip
+    assert cluster.get(CLAIMS, "default", "shared")["status"]["allocation"]
+    await cluster.delete("pods", "default", "b", 0)
+    await wait_for(lambda: not cluster.get(CLAIMS, "default", "shared").get("status", {}).get(
+        "allocation"), "deallocated")  # fmt: skip
+    left = cluster.get(CLAIMS, "default", "shared")
+    assert not left["status"].get("reservedFor")  # the named claim stays, unallocated
+    assert not left["metadata"].get("finalizers")
+
+
+async def test_the_container_gets_what_the_cdi_spec_gives_it(cluster):
+    await create(
+        cluster, TEMPLATES, template("whole", {"exactly": {"deviceClassName": "gpu.nvidia.com"}})
+    )
+    await create(cluster, "pods", gpu_pod("nb", template_name="whole"))
+    await wait_for(lambda: cluster.get("pods", "default", "nb")["status"].get("phase") == "Running",
+                   "running")  # fmt: skip
+    uuid = cluster.list(SLICES)[0]["spec"]["devices"][0]["attributes"]["uuid"]["string"]
+    log = cluster.kubelet.pod_dir("default", "nb") / "container.log"
+    await wait_for(lambda: log.exists() and "devices=" in log.read_text(), "the log")
+    assert f"devices={uuid}" in log.read_text()
+    pod = cluster.get("pods", "default", "nb")
+    env = cluster.dra.claim_env(pod, pod["spec"]["containers"][0])
+    assert env["NVIDIA_VISIBLE_DEVICES"] == "void"
