@@ -141,10 +141,10 @@ def test_admin_sees_pools_holders_culler_history_and_charts(
     wait_until(shows_everything, 90, "the page showing holders and the culler's history")
     # the pools, now: two H100 slices and a T4 quarter held; the T4 quarter idle
     h100 = page.locator('section[data-pool="h100"]')
-    assert h100.locator('dd[data-field="held"]').inner_text() == "2 slices (0.375 GPU)"
+    assert h100.locator('dd[data-field="held"]').inner_text() == "2 slices (3/8 GPU)"
     t4 = page.locator('section[data-pool="t4"]')
-    assert t4.locator('dd[data-field="idle"]').inner_text() == "0.25 GPU"
-    assert t4.locator('dd[data-field="free"]').inner_text() == "0.75 GPU"
+    assert t4.locator('dd[data-field="idle"]').inner_text() == "1/4 GPU"
+    assert t4.locator('dd[data-field="free"]').inner_text() == "3/4 GPU"
     # the culler's history: dave's server, why, the memory it held
     (stopped,) = page.locator('#fs-culler-history tbody tr[data-user="dave"]').all()
     text = " ".join(stopped.inner_text().split())
