@@ -27,6 +27,12 @@ from . import hami
 parse_quantity = _parse_quantity()  # the kubernetes client's, without its 3 s package import
 
 NATIVE = ("cpu", "memory", "ephemeral-storage")
+
+
+class FilterError(Exception):
+    """A filter plugin's error (not a "no"): the scheduling attempt ends with its message."""
+
+
 NOT_HELPFUL = "Preemption is not helpful for scheduling"
 NO_VICTIMS = "No preemption victims found for incoming pod"
 
@@ -218,7 +224,10 @@ def schedule(
     fitting = []
     for node in nodes:
         name = node["metadata"]["name"]
-        failures = node_failures(pod, node, usage.get(name, {}), extra)
+        try:
+            failures = node_failures(pod, node, usage.get(name, {}), extra)
+        except FilterError as exc:
+            return None, str(exc)
         if failures:
             reasons.update(failures)
             resolvable = all(

@@ -252,8 +252,8 @@ async def test_seven_10gi_claims_share_one_h100_and_the_eighth_waits_until_one_e
     assert all(r["consumedCapacity"] == {"memory": "10Gi"} for r in results)
     assert len({r["shareID"] for r in results}) == 7
     reserved = claim_of(cluster, "nb-0")["status"]["reservedFor"]
-    assert reserved == [{"resource": "pods", "name": "nb-0",
-                         "uid": cluster.get("pods", "default", "nb-0")["metadata"]["uid"]}]  # fmt: skip
+    uid = cluster.get("pods", "default", "nb-0")["metadata"]["uid"]
+    assert reserved == [{"resource": "pods", "name": "nb-0", "uid": uid}]
     assert claim_of(cluster, "nb-0")["metadata"]["finalizers"] == [
         "resource.kubernetes.io/delete-protection"
     ]

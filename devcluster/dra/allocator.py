@@ -45,6 +45,10 @@ from ..scheduler import quantity
 from . import cel
 
 
+class AllocationError(Exception):
+    """What stops the allocation attempt outright (allocator.go returns an error, not "no")."""
+
+
 @dataclass(frozen=True)
 class Device:
     driver: str
@@ -206,6 +210,7 @@ class Request:
     mode: str
     count: int
     capacity: Mapping[str, Any]
+    claim: str = ""  # namespace/name, for error messages
 
 
 def _requests_of(claim: Mapping[str, Any]) -> list[list[Request]]:
@@ -230,6 +235,10 @@ def _requests_of(claim: Mapping[str, Any]) -> list[list[Request]]:
                     mode=exact.get("allocationMode") or "ExactCount",
                     count=int(exact.get("count") or 1),
                     capacity=(exact.get("capacity") or {}).get("requests") or {},
+                    claim="{}/{}".format(
+                        claim.get("metadata", {}).get("namespace", ""),
+                        claim.get("metadata", {}).get("name", ""),
+                    ),
                 )
             )
         out.append(alternatives)
@@ -257,26 +266,30 @@ class Allocator:
                     n: quantity(c.get("value"))
                     for n, c in (counter_set.get("counters") or {}).items()
                 }
-        self.errors: list[str] = []
 
     # ------------------------------------------------------------ matching
     def _matches(self, request: Request, device: Device) -> bool:
+        """The class's selectors, then the request's (allocator.go selectorsMatch); a CEL
+        runtime error is an AllocationError worded as upstream's."""
         klass = self.classes.get(request.class_name)
         if klass is None:
             return False
-        expressions = [
+        activation = cel.device_activation(device.driver, device.spec)
+        class_selectors = [
             s["cel"]["expression"]
             for s in (klass.get("spec") or {}).get("selectors") or []
             if s.get("cel")
-        ] + request.selectors
-        activation = cel.device_activation(device.driver, device.spec)
-        for expression in expressions:
-            try:
-                if not cel.matches(expression, activation):
-                    return False
-            except cel.CelError as exc:
-                self.errors.append(f"device {device.name}: {exc}")
-                return False
+        ]
+        for who, expressions in (
+            (f"class {request.class_name}", class_selectors),
+            (f"claim {request.claim}", request.selectors),
+        ):
+            for i, expression in enumerate(expressions):
+                try:
+                    if not cel.matches(expression, activation):
+                        return False
+                except cel.CelError as exc:
+                    raise AllocationError(f"{who}: selector #{i}: {exc}") from None
         return True
 
     def _fits(

@@ -16,17 +16,17 @@ Plus the string extension functions Kubernetes enables (`lowerAscii`, `upperAsci
 `replace`, `split`, `indexOf`...; cel-go ext.Strings) that cel-python lacks; `matches`,
 `startsWith`, `endsWith`, `contains`, `size` are cel-python's own.
 
-Limits (stated, not hidden): a Quantity compares by value, but `==` between quantities is
-value equality of their Decimal, as the upstream type's Equal; the CEL cost limit is not
-enforced; a runtime error (an attribute the device does not have) makes the selector fail for
-that device with the error kept for the message, where upstream fails the whole allocation
-attempt with "CEL runtime error" (allocator.go, selectorsMatch): either way the pod is not
-scheduled onto such a device.
+A runtime error (an attribute the device does not have: cel-go's "no such key: index") fails
+the allocation attempt, as allocator.go selectorsMatch does ("CEL runtime error").
+
+Limits (stated, not hidden): `==` between quantities is value equality; the CEL cost limit is
+not enforced; list attributes are empty lists; cel-python's other error messages are its own.
 """
 
 from __future__ import annotations
 
 import functools
+import re
 from collections.abc import Mapping
 from decimal import Decimal
 from typing import Any
@@ -97,7 +97,34 @@ def _as_integer(q: Quantity) -> celtypes.IntType:
     return celtypes.IntType(int(q.value))
 
 
+def _or(a: Any, b: Any) -> Any:
+    """cel-go's commutative `||`: true wins over an error, an error over false (cel-python
+    answers two errors with "no matching overload", hiding the first)."""
+    if a is True or (isinstance(a, celtypes.BoolType) and a):
+        return celtypes.BoolType(True)
+    if b is True or (isinstance(b, celtypes.BoolType) and b):
+        return celtypes.BoolType(True)
+    for side in (a, b):
+        if isinstance(side, celpy.CELEvalError):
+            return side
+    return celtypes.BoolType(False)
+
+
+def _and(a: Any, b: Any) -> Any:
+    """cel-go's commutative `&&`: false wins over an error, an error over true."""
+    if isinstance(a, (bool, celtypes.BoolType)) and not isinstance(a, celpy.CELEvalError) and not a:
+        return celtypes.BoolType(False)
+    if isinstance(b, (bool, celtypes.BoolType)) and not isinstance(b, celpy.CELEvalError) and not b:
+        return celtypes.BoolType(False)
+    for side in (a, b):
+        if isinstance(side, celpy.CELEvalError):
+            return side
+    return celtypes.BoolType(True)
+
+
 FUNCTIONS: dict[str, Any] = {
+    "_||_": _or,
+    "_&&_": _and,
     # Kubernetes' quantity library
     "quantity": _quantity,
     "isQuantity": lambda s: celtypes.BoolType(_is(_strict_quantity, s)),
@@ -214,5 +241,10 @@ def matches(expression: str, activation: Mapping[str, Any]) -> bool:
 
 
 def _short(exc: BaseException) -> str:
+    """cel-python's message, worded as cel-go's where they differ (what a cluster prints)."""
     args = getattr(exc, "args", ())
-    return str(args[0]) if args else str(exc)
+    text = str(args[0]) if args else str(exc)
+    missing = re.match(r"no such member in mapping: '(.*)'$", text)
+    if missing:
+        return f"no such key: {missing.group(1)}"
+    return text

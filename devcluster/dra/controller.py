@@ -40,6 +40,7 @@ from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
 from ..admission import RequestInfo
+from ..scheduler import FilterError
 from ..store import ApiError
 from . import allocator, nvidia
 from .kinds import DEVICECLASSES, RESOURCECLAIMS, RESOURCECLAIMTEMPLATES, RESOURCESLICES
@@ -329,7 +330,11 @@ class Dra:
             devices = allocator.node_devices(slices, name)
             by_key = {d.key: d for d in devices}
             used = allocator.in_use(others, by_key)
-            result = allocator.Allocator(devices, classes, used).allocate(pending, name)
+            try:
+                result = allocator.Allocator(devices, classes, used).allocate(pending, name)
+            except allocator.AllocationError as exc:
+                # a Filter error ends the attempt (framework RunFilterPlugins' wording)
+                raise FilterError(f'running "DynamicResources" filter plugin: {exc}') from None
             if result is None:
                 return CANNOT_ALLOCATE
             found[name] = result

@@ -249,20 +249,26 @@ def _size(profile: Profile, start: int) -> int:
 
 
 def _static_layout(model: Model, names: list[str]) -> list[tuple[int, Profile]]:
-    """Place the listed MIG devices on one GPU, largest first, at their first free placement
-    (as nvidia-mig-parted applies a layout); a layout that does not fit is a topology error."""
-    taken: set[int] = set()
-    out = []
-    for profile in sorted((_profile(model, n) for n in names), key=lambda p: -p.memory_mib):
-        for start, size in profile.placements:
-            slots = set(range(start, start + size))
+    """Place the listed MIG devices on one GPU at placements NVML allows (as nvidia-mig-parted
+    applies a layout: 3g.20gb + 2g.10gb + 2 x 1g.5gb fits only with the 3g at slice 4); a layout
+    that cannot fit is a topology error."""
+    wanted = sorted((_profile(model, n) for n in names), key=lambda p: -p.memory_mib)
+
+    def place(i: int, taken: frozenset[int]) -> list[tuple[int, Profile]] | None:
+        if i == len(wanted):
+            return []
+        for start, size in wanted[i].placements:
+            slots = frozenset(range(start, start + size))
             if not slots & taken:
-                taken |= slots
-                out.append((start, profile))
-                break
-        else:
-            raise TopologyError(f"dra: MIG layout {names} does not fit one {model.product}")
-    return sorted(out, key=lambda sp: (sp[1].memory_mib, sp[0]))
+                rest = place(i + 1, taken | slots)
+                if rest is not None:
+                    return [(start, wanted[i]), *rest]
+        return None
+
+    layout = place(0, frozenset())
+    if layout is None:
+        raise TopologyError(f"dra: MIG layout {names} does not fit one {model.product}")
+    return sorted(layout, key=lambda sp: (sp[1].memory_mib, sp[0]))
 
 
 def _mig_device(model: Model, profile: Profile, minor: int, parent: str, start: int) -> dict:
