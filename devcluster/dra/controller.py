@@ -138,6 +138,12 @@ class Dra:
             for entry in list(self.store.entries("pods", obj["metadata"]["namespace"])):
                 if entry.obj["spec"].get("resourceClaims") and not pod_done(entry.obj):
                     self._later(self._ensure_claims, entry.obj)
+        if (
+            plural == RESOURCECLAIMS
+            and kind != "DELETED"
+            and obj["metadata"].get("deletionTimestamp")
+        ):
+            self._later(self._finish_deletion, obj)
         if plural in (RESOURCECLAIMS, RESOURCESLICES, DEVICECLASSES):
             self.cluster._reschedule.set()
 
@@ -277,6 +283,29 @@ class Dra:
                 except ApiError:
                     pass
         self.cluster._reschedule.set()
+
+    async def _finish_deletion(self, claim: dict[str, Any]) -> None:
+        """A claim being deleted (a DELETE found finalizers): once nobody reserves it, the
+        controller deallocates it and removes its delete-protection finalizer."""
+        meta = claim["metadata"]
+        entry = self.store.objects[RESOURCECLAIMS].get((meta["namespace"], meta["name"]))
+        if entry is None or entry.obj["metadata"]["uid"] != meta["uid"]:
+            return
+        current = copy.deepcopy(entry.obj)
+        status = current.get("status") or {}
+        if status.get("reservedFor"):
+            return  # in use: deallocated when its last pod ends
+        finalizers = [f for f in current["metadata"].get("finalizers") or [] if f != FINALIZER]
+        if finalizers:
+            if finalizers != current["metadata"].get("finalizers"):
+                current["metadata"]["finalizers"] = finalizers
+                current.get("status", {}).pop("allocation", None)
+                self.store.update(RESOURCECLAIMS, current)
+            return  # someone else's finalizer
+        try:  # no finalizer left: gone (the registry removes it; done here if not yet)
+            self.store.remove(RESOURCECLAIMS, meta["namespace"], meta["name"])
+        except ApiError:
+            pass
 
     # ------------------------------------------------------------ scheduler
     def prefilter(self, pod: Mapping[str, Any]) -> tuple[list[dict[str, Any]] | None, str]:
