@@ -38,7 +38,7 @@ from __future__ import annotations
 import uuid
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
-from decimal import Decimal
+from decimal import ROUND_CEILING, Decimal
 from typing import Any
 
 from ..scheduler import quantity
@@ -192,7 +192,7 @@ def _fit_policy(wanted: Decimal, policy: Mapping[str, Any]) -> Decimal | None:
     step = span.get("step")
     if step is not None and quantity(step) > 0:
         size = quantity(step)
-        steps = -((low - wanted) // size)  # ceil((wanted - low) / size)
+        steps = ((wanted - low) / size).to_integral_value(rounding=ROUND_CEILING)
         wanted = low + steps * size
     if span.get("max") is not None and wanted > quantity(span["max"]):
         return None
