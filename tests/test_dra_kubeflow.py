@@ -231,6 +231,19 @@ async def test_claims_count_against_the_namespace_quota(webhook):
     assert not allowed(await webhook.dra.review_claim(claim_review(whole)))
 
 
+async def test_a_deleted_claim_frees_the_quota_at_once(webhook):
+    """Its reservation must not count again once the watch saw it come and go (found by the
+    Kubeflow e2e test: the deleted claim's reservation came back for its whole window)."""
+    spec = claim_spec(request("gpu.nvidia.com", H100, **memory("20Gi")))  # 0.25: the quota
+    quarter = claim("team-a", "quarter", spec)
+    assert allowed(await webhook.dra.review_claim(claim_review(quarter)))
+    webhook.dra.claims.put(quarter)
+    again = claim("team-a", "again", spec)
+    assert not allowed(await webhook.dra.review_claim(claim_review(again)))
+    webhook.dra.claims.drop(quarter)  # kubectl delete: the watch sees it go
+    assert allowed(await webhook.dra.review_claim(claim_review(again)))
+
+
 async def test_two_claims_at_once_cannot_both_pass_a_limit_meant_for_one(webhook):
     spec = claim_spec(request("gpu.nvidia.com", H100, **memory("20Gi")))  # 0.25 each
     answers = await asyncio.gather(

@@ -29,6 +29,7 @@ import asyncio
 import json
 import logging
 import re
+import time
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -191,9 +192,14 @@ class ClaimIndex:
     it is deleted: the scheduler may allocate it any time), fed by ClaimWatch. A claim the
     catalog cannot count (made before the webhook ran) counts as a whole GPU per request."""
 
-    def __init__(self, amount: Callable[[Mapping[str, Any]], float]) -> None:
+    def __init__(
+        self, amount: Callable[[Mapping[str, Any]], float], clock: Callable[[], float] = time.time
+    ) -> None:
         self.amount = amount
+        self.clock = clock
         self._claims: dict[str, dict[str, float]] = {}
+        #: (namespace, name) -> when it left the watch: its reservation must not come back
+        self._gone: dict[tuple[str, str], float] = {}
         #: (namespace, pod name) -> claims owned by that pod
         self._owners: dict[tuple[str, str], set[str]] = {}
         self.synced = False
@@ -204,14 +210,19 @@ class ClaimIndex:
         return str(meta.get("namespace") or ""), str(meta.get("name") or "")
 
     def load(self, claims: Iterable[Mapping[str, Any]]) -> None:
+        before = {(ns, name) for ns, names in self._claims.items() for name in names}
         self._claims, self._owners = {}, {}
         for claim in claims:
             self.put(claim)
+        now = self.clock()
+        for key in before - {(ns, name) for ns, names in self._claims.items() for name in names}:
+            self._gone[key] = now
         self.synced = True
 
     def put(self, claim: Mapping[str, Any]) -> None:
         ns, name = self._where(claim)
         value = self.amount(claim)
+        self._gone.pop((ns, name), None)
         if value > 0:
             self._claims.setdefault(ns, {})[name] = value
             for pod in _owner_pods(claim):
@@ -222,7 +233,11 @@ class ClaimIndex:
     def drop(self, claim: Mapping[str, Any]) -> None:
         ns, name = self._where(claim)
         names = self._claims.get(ns, {})
-        names.pop(name, None)
+        if names.pop(name, None) is not None:
+            now = self.clock()
+            self._gone[(ns, name)] = now
+            for key in [k for k, at in self._gone.items() if at < now - 600]:
+                del self._gone[key]
         if not names:
             self._claims.pop(ns, None)
         for pod in _owner_pods(claim):
@@ -237,6 +252,12 @@ class ClaimIndex:
 
     def has(self, namespace: str, name: str) -> bool:
         return name in self._claims.get(namespace, {})
+
+    def seen_since(self, namespace: str, name: str, since: float) -> bool:
+        """Whether the claim is in the watch, or left it after `since` (a deleted claim's
+        reservation must not count again until its window ends)."""
+        gone = self._gone.get((namespace, name))
+        return self.has(namespace, name) or (gone is not None and gone >= since)
 
     def owned_by(self, namespace: str, pod: str) -> bool:
         return bool(self._owners.get((namespace, pod)))
@@ -362,10 +383,12 @@ class _HeldView:
 
     def seen_since(self, namespace: str, key: str, since: float) -> bool:
         if key.startswith(CLAIM_KEY):
-            return self._gate.claims.has(namespace, key[len(CLAIM_KEY) :])
+            return self._gate.claims.seen_since(namespace, key[len(CLAIM_KEY) :], since)
         if not self._pods.seen_since(namespace, key, since):
             return False
         if (namespace, key) in self._gate.expected:
+            if (namespace, key) in getattr(self._pods, "_gone", {}):
+                return True  # the pod went: whatever it held is counted (or freed) already
             pod = getattr(self._pods, "_keys", {}).get((namespace, key), key)
             return self._gate.claims.owned_by(namespace, pod)
         return True
@@ -452,7 +475,6 @@ class DraGate:
     def expect_claims(self, namespace: str, key: str, pod: Mapping[str, Any]) -> None:
         """A pod admitted with a reservation: if it names claim templates, its reservation
         holds until its claims are in the watch."""
-        import time
 
         refs = (pod.get("spec") or {}).get("resourceClaims") or ()
         if any(r.get("resourceClaimTemplateName") for r in refs if isinstance(r, Mapping)):

@@ -1,0 +1,115 @@
+"""Issue 30 acceptance, Kubeflow: a tenant who creates a ResourceClaim in its profile namespace
+for a pool it may not use, or over its quota, is refused, by the API server calling
+`fracspawner webhook` through the configuration `fracspawner kubeflow export` writes.
+
+The devcluster is the API server here: it calls mutating webhooks whose rules match a request
+(resource.k8s.io/v1 resourceclaims included) and refuses the create with the webhook's words
+(devcluster/webhookcall.py; tests/test_devcluster_admission.py checks it), serves and watches
+ResourceClaims, and publishes the nodes' ResourceSlices as NVIDIA's DRA kubelet plugin does
+(devcluster/dra/nvidia.py). The webhook runs as deployed, in its own process, behind a Service.
+"""
+
+from __future__ import annotations
+
+import base64
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from fracspawner.backends import load_catalog
+from fracspawner.kubeflow.export import WebhookTarget, export
+from tests.kubeflow_support import WebhookProcess, make_tls
+from tests.test_dra_kubeflow import CATALOG_DATA, claim, claim_spec, memory, request
+
+pytestmark = pytest.mark.e2e
+
+PROFILE = {"app.kubernetes.io/part-of": "kubeflow-profile"}
+H100 = "device.attributes['gpu.nvidia.com'].productName == 'NVIDIA H100 80GB HBM3'"
+TOPOLOGY = {
+    "nodes": [
+        {
+            "name": "gpu-h100-dra-1",
+            "capacity": {"cpu": "64", "memory": "512Gi"},
+            "dra": {"gpus": 1, "model": "H100-80GB", "consumableShares": "memory"},
+        },
+        {
+            "name": "gpu-a100-dmig-1",
+            "capacity": {"cpu": "64", "memory": "512Gi"},
+            "dra": {"gpus": 1, "model": "A100-80GB", "mig": "dynamic"},
+        },
+    ]
+}
+CLAIMS = "/apis/resource.k8s.io/v1/namespaces/team-a/resourceclaims"
+
+
+@pytest.fixture(scope="module")
+def cluster(devcluster, tmp_path_factory) -> Any:
+    """What a platform team applies: the webhook behind its Service and the exported
+    configuration; a profile namespace of team a (h100-dra only, at most 0.25 GPU)."""
+    folder = tmp_path_factory.mktemp("dra-kubeflow")
+    tls = make_tls(folder, ("127.0.0.1", "localhost", "fracspawner-webhook.kubeflow.svc"))
+    catalog_file = folder / "catalog.yaml"
+    catalog_file.write_text(yaml.safe_dump(CATALOG_DATA))
+    client = devcluster.client()
+    for name, labels in (("kubeflow", {}), ("team-a", {**PROFILE, "team": "a"})):
+        status, body = client.request(
+            "POST", "/api/v1/namespaces", {"metadata": {"name": name, "labels": labels}}
+        )
+        assert status == 201, body
+    webhook = WebhookProcess(catalog_file, devcluster.kubeconfig, tls, folder / "webhook.log")
+    service = {
+        "apiVersion": "v1",
+        "kind": "Service",
+        "metadata": {"name": "fracspawner-webhook", "namespace": "kubeflow"},
+        # no selector: the devcluster sends to 127.0.0.1 at the target port (a local process)
+        "spec": {"ports": [{"port": 443, "targetPort": webhook.port, "protocol": "TCP"}]},
+    }
+    status, body = client.request("POST", "/api/v1/namespaces/kubeflow/services", service)
+    assert status == 201, body
+    exported = export(
+        load_catalog(catalog_file),
+        webhook=WebhookTarget(ca_bundle=base64.b64encode(Path(tls["ca"]).read_bytes()).decode()),
+    )
+    (configuration,), _ = exported.files["mutatingwebhookconfiguration.yaml"]
+    assert "resourceclaims" in str(configuration["webhooks"])
+    status, body = client.request(
+        "POST", "/apis/admissionregistration.k8s.io/v1/mutatingwebhookconfigurations",
+        configuration,
+    )  # fmt: skip
+    assert status == 201, body
+    yield client
+    webhook.stop()
+
+
+def test_a_tenants_claim_for_a_pool_it_may_not_use_is_refused(cluster):
+    profile = "device.attributes['gpu.nvidia.com'].profile == '1g.10gb'"
+    mig = claim("team-a", "small-mig", claim_spec(request("mig.nvidia.com", profile)))
+    status, body = cluster.request("POST", CLAIMS, mig)
+    assert status == 403, body.get("message")
+    assert "pool a100-dmig, which namespace team-a may not use" in body["message"], body
+    status, _ = cluster.request("GET", f"{CLAIMS}/small-mig")
+    assert status == 404  # nothing was made
+
+
+def test_a_tenants_claims_over_its_quota_are_refused(cluster):
+    quarter = claim(
+        "team-a", "quarter", claim_spec(request("gpu.nvidia.com", H100, **memory("20Gi")))
+    )
+    status, body = cluster.request("POST", CLAIMS, quarter)
+    assert status == 201, body
+    more = claim("team-a", "more", claim_spec(request("gpu.nvidia.com", H100, **memory("10Gi"))))
+    status, body = cluster.request("POST", CLAIMS, more)
+    assert status == 403, body
+    assert "namespace team-a holds 0.25 of its 0.25 GPU quota" in body["message"], body
+    # the quota frees with the claim
+    status, _ = cluster.request("DELETE", f"{CLAIMS}/quarter")
+    assert status == 200
+    from tests.e2e_helpers import wait_until
+
+    def admitted() -> bool:
+        status, _ = cluster.request("POST", CLAIMS, more)
+        return status == 201
+
+    wait_until(admitted, 60, "the claim admitted once the quarter is deleted")
