@@ -56,11 +56,15 @@ def test_a_gpu_notebook_is_told_its_pools_policy_as_the_extension_reads_it():
 def test_a_catalog_without_idle_gives_the_defaults_and_off_is_zero():
     cat = catalog()
     env = notebook_env(choose(cat, {"gpu": "1/4", "pool": "h100"}), cat)
-    assert env["FRACSPAWNER_KERNEL_GPU_IDLE_SECONDS"] == "1800"
+    # HAMi reserves the slice: a kernel shut down frees nothing usable, off by default
+    # (per backend: test_kernel_idle_defaults.py)
+    assert env["FRACSPAWNER_KERNEL_GPU_IDLE_SECONDS"] == "0"
     assert env["FRACSPAWNER_SERVER_GPU_IDLE_SECONDS"] == "3600"
     assert "FRACSPAWNER_CULLER_URL" not in env  # no culler_url: report to no one
+    env = notebook_env(choose(cat, {"gpu": "1/4", "pool": "t4"}), cat)
+    assert env["FRACSPAWNER_KERNEL_GPU_IDLE_SECONDS"] == "1800"  # time-sliced: 30 min
     off = catalog({"kernel_gpu_idle": "off"})
-    env = notebook_env(choose(off, {"gpu": "1/4", "pool": "h100"}), off)
+    env = notebook_env(choose(off, {"gpu": "1/4", "pool": "t4"}), off)
     assert env["FRACSPAWNER_KERNEL_GPU_IDLE_SECONDS"] == "0"
     assert podinfo.PodInfo.from_environ(env).policy.kernel_gpu_idle is None
 

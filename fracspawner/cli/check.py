@@ -2,9 +2,9 @@
 
 Each problem on its own line with its path (`pools.h100.offers[3]: ...`) and a did-you-mean
 for a typo; exit 0 when the catalog is clean, 1 when it has problems, 2 on bad usage. A clean
-catalog's settings that cannot help (hibernation on a pool where the memory it frees is usable
-by no one else) are warned of, with exit 0. The backends the pools name check their offers
-too, as at hub start-up.
+catalog's settings that cannot help (hibernation or idle-kernel shut-downs on a pool where the
+GPU memory they free is usable by no one else) are warned of, with exit 0. The backends the
+pools name check their offers too, as at hub start-up.
 """
 
 from __future__ import annotations
@@ -29,7 +29,7 @@ def main(argv: list[str]) -> int:
         print(f"fracspawner check: no such file: {args.catalog}", file=sys.stderr)
         return 2
     problems = file_problems(args.catalog, check_pool, backend_names())
-    # settings that cannot help (hibernation where the freed memory is no one's): exit 0
+    # settings that cannot help (freeing GPU memory that is no one else's): exit 0
     warnings = [] if problems else catalog_warnings(load_yaml(Path(args.catalog)), check_pool)
     print(report(args.catalog, problems, warnings), file=sys.stderr if problems else sys.stdout)
     return 1 if problems else 0

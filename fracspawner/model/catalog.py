@@ -26,7 +26,7 @@ import yaml
 
 from .errors import CatalogError, SliceError
 from .gpumodels import GpuModel, MigProfile, lookup_model
-from .hibernation import default_hibernate
+from .idle_defaults import KERNEL_GPU_IDLE_DEFAULT, PER_BACKEND, backend_default
 from .profiles import KubeflowAccess, parse_kubeflow
 from .slices import Slice, parse_slice
 
@@ -62,11 +62,11 @@ IDLE_KEYS = (
 
 #: What a catalog without an `idle` section (or a key left out of it) gets: never "never cull".
 #: server_gpu_idle is z2jh's culler timeout (1 h): holding a slice idle longer is worse than the
-#: baseline; a kernel holding GPU memory goes after 30 min without GPU work, messages or the user.
-#: kernel_gpu_hibernate left unset is decided per pool by its backend (hibernation.py: 10 min
-#: where the memory it frees is usable by others, off elsewhere); catalog-wide it is off.
+#: baseline. kernel_gpu_idle and kernel_gpu_hibernate left unset are decided per pool by its
+#: backend (idle_defaults.py: 30 and 10 min where the GPU memory an idle kernel frees is usable
+#: by others, off elsewhere); catalog-wide (a server whose pool is unknown) 30 min and off.
 DEFAULT_IDLE = IdlePolicy(
-    kernel_gpu_idle=30 * 60.0,
+    kernel_gpu_idle=KERNEL_GPU_IDLE_DEFAULT,
     server_gpu_idle=3600.0,
     server_idle=8 * 3600.0,
     max_age=None,
@@ -348,10 +348,10 @@ def _pool(
     step: int,
     idle: IdlePolicy,
     check: PoolCheck | None,
-    hibernate_set: bool = False,
+    explicit: Iterable[str] = (),
 ) -> Pool:
-    """One pool; `hibernate_set`: the catalog's idle section sets kernel_gpu_hibernate (else the
-    pool's backend decides its default: hibernation.py)."""
+    """One pool; `explicit`: the PER_BACKEND keys the catalog's idle section sets itself (the
+    pool's backend decides the others' defaults: idle_defaults.py)."""
     where = f"pools.{name}"
     gpu = _gpu_model(raw["gpu"], f"{where}.gpu")
     offers: list[Slice] = []
@@ -377,7 +377,7 @@ def _pool(
         replicas=raw.get("replicas"),
         options=MappingProxyType(dict(raw.get("options") or {})),
         default_image=raw.get("default_image"),
-        idle=_pool_idle(raw, idle, where, hibernate_set),
+        idle=_pool_idle(raw, idle, where, explicit),
         overcommit=float(raw.get("overcommit", 1)),
     )
     if check is not None:
@@ -386,24 +386,28 @@ def _pool(
 
 
 def _pool_idle(
-    raw: Mapping[str, Any], idle: IdlePolicy, where: str, hibernate_set: bool
+    raw: Mapping[str, Any], idle: IdlePolicy, where: str, explicit: Iterable[str]
 ) -> IdlePolicy | None:
-    """The pool's idle policy where it differs from the catalog's (None: the catalog's)."""
+    """The pool's idle policy where it differs from the catalog's (None: the catalog's). A
+    PER_BACKEND key set neither catalog-wide nor on the pool gets its backend's default."""
     own = _idle(raw["idle"], idle, f"{where}.idle") if "idle" in raw else None
-    pool_sets = isinstance(raw.get("idle"), Mapping) and "kernel_gpu_hibernate" in raw["idle"]
-    if pool_sets or hibernate_set:
-        return own
+    pool_keys = raw["idle"] if isinstance(raw.get("idle"), Mapping) else {}
     base = own or idle
-    value = default_hibernate(str(raw["backend"]), float(raw.get("overcommit", 1)))
-    if value == base.kernel_gpu_hibernate:
-        return own
-    return dataclasses.replace(base, kernel_gpu_hibernate=value)
+    backend, overcommit = str(raw["backend"]), float(raw.get("overcommit", 1))
+    changed = {}
+    for key in PER_BACKEND:
+        if key in explicit or key in pool_keys:
+            continue  # the catalog says: its word wins
+        value = backend_default(key, backend, overcommit)
+        if value != getattr(base, key):
+            changed[key] = value
+    return dataclasses.replace(base, **changed) if changed else own
 
 
-def hibernate_set_in(data: Any) -> bool:
-    """Whether a catalog dict's idle section sets kernel_gpu_hibernate itself."""
+def idle_keys_set_in(data: Any) -> frozenset[str]:
+    """The PER_BACKEND keys a catalog dict's idle section sets itself."""
     idle = data.get("idle") if isinstance(data, Mapping) else None
-    return isinstance(idle, Mapping) and "kernel_gpu_hibernate" in idle
+    return frozenset(k for k in PER_BACKEND if isinstance(idle, Mapping) and k in idle)
 
 
 def _rule(raw: Mapping[str, Any] | None, pools: Mapping[str, Pool], where: str) -> AccessRule:
@@ -431,7 +435,7 @@ def build_catalog(data: Any, check_pool: PoolCheck | None = None) -> Catalog:
     step = data.get("fraction_step", 8)
     idle = _idle(data.get("idle"), DEFAULT_IDLE, "idle")
 
-    explicit = hibernate_set_in(data)
+    explicit = idle_keys_set_in(data)
     pools = {
         name: _pool(name, raw, step, idle, check_pool, explicit)
         for name, raw in data["pools"].items()

@@ -25,13 +25,13 @@ from .catalog import (
     _pool,
     _rule,
     build_catalog,
-    hibernate_set_in,
+    idle_keys_set_in,
     load_yaml,
     schema,
 )
 from .errors import CatalogError, SliceError
 from .gpumodels import GPU_MODELS, lookup_model
-from .hibernation import hibernation_helps, why_it_cannot_help
+from .idle_defaults import frees_usable_memory, why_not_usable
 from .slices import parse_slice
 
 __all__ = ["catalog_problems", "catalog_warnings", "did_you_mean", "report"]
@@ -180,7 +180,7 @@ def catalog_problems(
 
     step = data.get("fraction_step", 8) if not spoiled("fraction_step") else 8
     idle = attempt(("idle",), lambda: _idle(data.get("idle"), DEFAULT_IDLE, "idle")) or DEFAULT_IDLE
-    hibernate_set = hibernate_set_in(data)
+    explicit = idle_keys_set_in(data)
     pool_names = list(data["pools"])
     images = data.get("images") if isinstance(data.get("images"), Mapping) else {}
     for name, raw in data["pools"].items():
@@ -219,7 +219,7 @@ def catalog_problems(
         if len(problems) == before:
             attempt(
                 ("pools", name),
-                lambda n=name, r=raw: _pool(n, r, step, idle, check_pool, hibernate_set),
+                lambda n=name, r=raw: _pool(n, r, step, idle, check_pool, explicit),
             )
     defaults = [n for n, raw in images.items() if isinstance(raw, Mapping) and raw.get("default")]
     if len(defaults) > 1:
@@ -254,30 +254,42 @@ def catalog_problems(
     return problems
 
 
+#: per PER_BACKEND setting: what it does, and what it costs where the memory it frees is no one's
+_IN_VAIN: dict[str, tuple[str, str]] = {
+    "kernel_gpu_hibernate": (
+        "hibernation",
+        "it only costs host memory",
+    ),
+    "kernel_gpu_idle": (
+        "shutting idle kernels down",
+        "it disrupts the user (their kernel and its state are lost) for no co-tenant gain; only "
+        "stopping the server (server_gpu_idle) gives the slice back",
+    ),
+}
+
+
 def catalog_warnings(data: Any, check_pool: PoolCheck | None = None) -> list[str]:
     """Settings of a clean catalog that cannot help, each 'path: why' ([] when none, or when the
-    catalog has problems: those come first). Today: hibernation on a pool where the memory it
-    frees is usable by no one else (hibernation.py)."""
+    catalog has problems: those come first). Today: hibernation or idle-kernel shut-downs on a
+    pool where the GPU memory they free is usable by no one else (idle_defaults.py)."""
     try:
         catalog = build_catalog(data, check_pool)
     except CatalogError:
         return []
     warnings = _dra_warnings(catalog)
     for name, pool in catalog.pools.items():
-        after = catalog.idle_for(name).kernel_gpu_hibernate
-        if after is None or hibernation_helps(pool.backend, pool.overcommit):
+        if frees_usable_memory(pool.backend, pool.overcommit):
             continue
         raw_idle = data["pools"][name].get("idle") or {}
-        where = (
-            f"pools.{name}.idle.kernel_gpu_hibernate"
-            if "kernel_gpu_hibernate" in raw_idle
-            else "idle.kernel_gpu_hibernate"
-        )
-        warnings.append(
-            f"{where}: hibernation cannot help on pool {name!r} ({pool.backend}): "
-            f"{why_it_cannot_help(pool.backend)}; it only costs host memory. Turn it off there "
-            f"(pools.{name}.idle.kernel_gpu_hibernate: off)"
-        )
+        for key, (what, cost) in _IN_VAIN.items():  # hibernation first: it acts first
+            if getattr(catalog.idle_for(name), key) is None:
+                continue
+            where = f"pools.{name}.idle.{key}" if key in raw_idle else f"idle.{key}"
+            warnings.append(
+                f"{where}: {what} cannot help on pool {name!r} ({pool.backend}): "
+                f"{why_not_usable(pool.backend, key)}; {cost}. Turn it off there "
+                f"(pools.{name}.idle.{key}: off)"
+            )
     return warnings
 
 
