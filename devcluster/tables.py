@@ -238,7 +238,10 @@ def table(
     if resource is not None and resource.custom:
         columns, row = custom_columns(resource, version or resource.storage)
     else:
-        columns, row = COLUMNS.get(plural, DEFAULT_COLUMNS), ROWS.get(plural, _default_row)
+        from .dra import printers  # the DRA kinds' columns (printers.go)
+
+        columns = {**printers.COLUMNS, **COLUMNS}.get(plural, DEFAULT_COLUMNS)
+        row = {**printers.ROWS, **ROWS}.get(plural, _default_row)
     return {
         "kind": "Table",
         "apiVersion": "meta.k8s.io/v1",

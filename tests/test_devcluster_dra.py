@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import subprocess
 import time
 import urllib.request
 from collections.abc import AsyncIterator
@@ -17,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import yaml
 from kubernetes_asyncio import client
 from kubernetes_asyncio.client.rest import ApiException
 
@@ -302,3 +304,43 @@ async def test_the_container_gets_what_the_cdi_spec_gives_it(cluster):
     pod = cluster.get("pods", "default", "nb")
     env = cluster.dra.claim_env(pod, pod["spec"]["containers"][0])
     assert env["NVIDIA_VISIBLE_DEVICES"] == "void"
+
+
+async def test_kubectl_applies_a_template_and_prints_the_claims_state(cluster, tmp_path):
+    """`kubectl apply -f` of a DRA manifest, then `kubectl get` printing a claim's STATE as
+    printers.go's resourceClaimState does ("allocated,reserved"; "pending" before)."""
+    manifest = tmp_path / "gpu.yaml"
+    manifest.write_text(
+        yaml.safe_dump_all(
+            [
+                template(
+                    "gpu-4gi",
+                    {
+                        "exactly": {
+                            "deviceClassName": "gpu.nvidia.com",
+                            "capacity": {"requests": {"memory": "4Gi"}},
+                        }
+                    },
+                ),  # fmt: skip
+                {"apiVersion": "v1", "kind": "Pod", **gpu_pod("p", template_name="gpu-4gi")},
+            ]
+        )
+    )
+
+    def kubectl(*args: str) -> str:
+        done = subprocess.run(
+            ["kubectl", "--kubeconfig", str(cluster.kubeconfig_path), *args],
+            capture_output=True, text=True, timeout=60,
+        )  # fmt: skip
+        assert done.returncode == 0, done.stderr
+        return done.stdout
+
+    out = await asyncio.to_thread(kubectl, "apply", "-f", str(manifest))
+    assert "resourceclaimtemplate.resource.k8s.io/gpu-4gi created" in out
+    await wait_for(lambda: bound(cluster), "the pod bound")
+    table = await asyncio.to_thread(kubectl, "get", "resourceclaims")
+    header, row = table.splitlines()[:2]
+    assert header.split() == ["NAME", "STATE", "AGE"]
+    assert row.split()[0].startswith("p-gpu-") and row.split()[1] == "allocated,reserved"
+    slices = await asyncio.to_thread(kubectl, "get", "resourceslices")
+    assert slices.splitlines()[0].split() == ["NAME", "NODE", "DRIVER", "POOL", "AGE"]
