@@ -87,26 +87,37 @@ def _profiles(memory: tuple[int, int, int, int, int], sms: tuple[int, ...], name
     )
 
 
-#: GPU models a topology may name; memory as NVML reports it (fracspawner's table of models)
+#: GPU models a topology may name (fracspawner's model names): productName as NVML names the
+#: device, memory as NVML reports it (fracspawner.model.gpumodels NVML_MEMORY_MIB, with its
+#: sources), architecture as go-nvlib's GetArchFamily words it (pkg/nvlib/device/device.go).
+#: MIG profiles' memory is NVML's MemorySizeMB (MiB), what the plugin publishes: A100-40GB from
+#: shared/reference/gpu-backends.md (4864, 9856, 19968, 19968, 40192), A100-80GB from the GFD
+#: labels of devcluster/topologies/demo.yaml (9856, 19968, 40192; 7g.80gb nominal: not found),
+#: H100 from nvidia-smi's GiB figures there (9.75, 19.62, 39.50, 79.25 GiB); SMs from the MIG
+#: user guide
 MODELS: dict[str, Model] = {
     "H100-80GB": Model(
         "NVIDIA H100 80GB HBM3", 81559, "Hopper", "9.0",
-        _profiles((10240, 20480, 40960, 40960, 81920), (16, 32, 60, 64, 132),
+        _profiles((9984, 20096, 40448, 40448, 81152), (16, 32, 60, 64, 132),
                   ("1g.10gb", "2g.20gb", "3g.40gb", "4g.40gb", "7g.80gb")),
     ),
     "A100-80GB": Model(
         "NVIDIA A100-SXM4-80GB", 81920, "Ampere", "8.0",
-        _profiles((10240, 20480, 40960, 40960, 81920), (14, 28, 42, 56, 98),
+        _profiles((9856, 19968, 40192, 40192, 81920), (14, 28, 42, 56, 98),
                   ("1g.10gb", "2g.20gb", "3g.40gb", "4g.40gb", "7g.80gb")),
     ),
     "A100-40GB": Model(
         "NVIDIA A100-SXM4-40GB", 40960, "Ampere", "8.0",
-        _profiles((5120, 10240, 20480, 20480, 40960), (14, 28, 42, 56, 98),
+        _profiles((4864, 9856, 19968, 19968, 40192), (14, 28, 42, 56, 98),
                   ("1g.5gb", "2g.10gb", "3g.20gb", "4g.20gb", "7g.40gb")),
     ),
-    "H200": Model("NVIDIA H200", 143771, "Hopper", "9.0"),
+    "H200-141GB": Model("NVIDIA H200", 143771, "Hopper", "9.0"),
+    "L40S": Model("NVIDIA L40S", 46068, "Ada Lovelace", "8.9"),
+    "L4": Model("NVIDIA L4", 23034, "Ada Lovelace", "8.9"),
+    "A10": Model("NVIDIA A10", 23028, "Ampere", "8.6"),
     "T4": Model("Tesla T4", 15360, "Turing", "7.5"),
 }  # fmt: skip
+MODELS["H200"] = MODELS["H200-141GB"]
 DRIVER_VERSION = "580.65.6"
 CUDA_DRIVER_VERSION = "13.0.0"
 
