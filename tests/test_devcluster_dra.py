@@ -344,3 +344,22 @@ async def test_kubectl_applies_a_template_and_prints_the_claims_state(cluster, t
     assert row.split()[0].startswith("p-gpu-") and row.split()[1] == "allocated,reserved"
     slices = await asyncio.to_thread(kubectl, "get", "resourceslices")
     assert slices.splitlines()[0].split() == ["NAME", "NODE", "DRIVER", "POOL", "AGE"]
+
+
+async def test_make_demos_simulated_gpu_reaches_a_pod_through_its_claim(cluster, monkeypatch):
+    """`make demo` (DEVCLUSTER_SIMULATED_GPU=1): a pod whose GPU comes from a claim reads the
+    simulated device its claim gives it, with the whole GPU's memory (a memory share is not
+    enforced inside the container)."""
+    monkeypatch.setenv("DEVCLUSTER_SIMULATED_GPU", "1")
+    monkeypatch.delenv("FRACSPAWNER_GPU_SOURCE", raising=False)
+    request = {"exactly": {"deviceClassName": "gpu.nvidia.com",
+                           "capacity": {"requests": {"memory": "10Gi"}}}}  # fmt: skip
+    await create(cluster, TEMPLATES, template("gpu-10gi", request))
+    await create(cluster, "pods", gpu_pod("nb", template_name="gpu-10gi"))
+    await wait_for(lambda: bound(cluster), "bound")
+    pod = cluster.get("pods", "default", "nb")
+    env = cluster.dra.claim_env(pod, pod["spec"]["containers"][0])
+    assert env["FRACSPAWNER_GPU_SOURCE"] == "simulated-demo"
+    device = json.loads(env["FRACSPAWNER_SIMULATED_GPU"])
+    assert device["name"] == "NVIDIA H100 80GB HBM3 (simulated)"
+    assert device["memory_total_mib"] == 81559

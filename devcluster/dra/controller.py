@@ -35,12 +35,14 @@ from __future__ import annotations
 
 import asyncio
 import copy
+import json
 import logging
+import os
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
 from ..admission import RequestInfo
-from ..scheduler import FilterError
+from ..scheduler import FilterError, quantity
 from ..store import ApiError
 from . import allocator, nvidia
 from .kinds import DEVICECLASSES, RESOURCECLAIMS, RESOURCECLAIMTEMPLATES, RESOURCESLICES
@@ -414,6 +416,7 @@ class Dra:
         names = claim_names(pod)
         namespace = pod["metadata"]["namespace"]
         uuids: list[str] = []
+        first_device: Mapping[str, Any] | None = None
         for ref in (container.get("resources") or {}).get("claims") or []:
             claim_name = names.get(ref.get("name"))
             entry = self.store.objects[RESOURCECLAIMS].get((namespace, claim_name or ""))
@@ -428,30 +431,58 @@ class Dra:
                     and not result["request"].startswith(f"{wanted}/")
                 ):
                     continue
-                uuid = self._device_uuid(result)
+                uuid, device = self._device(result)
+                if first_device is None:
+                    first_device = device
                 if uuid and uuid not in uuids:
                     uuids.append(uuid)
         if not uuids:
             return {}
-        return {"NVIDIA_VISIBLE_DEVICES": "void", DEVICES_ENV: ",".join(uuids)}
+        env = {"NVIDIA_VISIBLE_DEVICES": "void", DEVICES_ENV: ",".join(uuids)}
+        env.update(self._simulated(first_device))
+        return env
 
-    def _device_uuid(self, result: Mapping[str, Any]) -> str | None:
+    def _simulated(self, device: Mapping[str, Any] | None) -> dict[str, str]:
+        """`make demo`'s simulated GPU (kubelet.simulated_gpu_env) for a pod whose GPU comes
+        from a claim: the device as NVML would show it inside the container, the whole GPU's
+        memory (a memory share is not enforced: the container sees all of it) or the MIG
+        device's."""
+        from ..kubelet import SIMULATE_GPU
+
+        if device is None or os.environ.get(SIMULATE_GPU) != "1":
+            return {}
+        if "FRACSPAWNER_GPU_SOURCE" in os.environ:
+            return {}
+        attributes = device.get("attributes") or {}
+        product = (attributes.get("productName") or {}).get("string", "GPU")
+        memory = (device.get("capacity") or {}).get("memory", {}).get("value", "0")
+        spec: dict[str, Any] = {
+            "name": f"{product} (simulated)",
+            "kernel_memory_mib": 1536,
+            "memory_total_mib": int(quantity(memory) // (1024 * 1024)),
+        }
+        profile = (attributes.get("profile") or {}).get("string")
+        if profile:
+            spec["mig"] = True
+            spec["name"] = f"{product} MIG {profile} (simulated)"
+        return {"FRACSPAWNER_GPU_SOURCE": "simulated-demo",
+                "FRACSPAWNER_SIMULATED_GPU": json.dumps(spec)}  # fmt: skip
+
+    def _device(self, result: Mapping[str, Any]) -> tuple[str | None, Mapping[str, Any] | None]:
+        """An allocation result's device in its slice, and the UUID the container sees (a
+        dynamic MIG device has none until the plugin makes it: its parent GPU's)."""
         for entry in self.store.entries(RESOURCESLICES, None):
             spec = entry.obj["spec"]
-            if spec.get("driver") != result.get("driver") or (spec.get("pool") or {}).get(
-                "name"
-            ) != result.get("pool"):
+            if spec.get("driver") != result.get("driver"):
+                continue
+            if (spec.get("pool") or {}).get("name") != result.get("pool"):
                 continue
             for device in spec.get("devices") or []:
                 if device["name"] == result.get("device"):
                     attributes = device.get("attributes") or {}
-                    value = attributes.get("uuid") or attributes.get(f"{spec['driver']}/uuid")
-                    if value:
-                        return value.get("string")
-                    parent = attributes.get("parentUUID") or {}
-                    # a dynamic MIG device has no uuid until the plugin makes it: its parent's
-                    return parent.get("string")
-        return None
+                    value = attributes.get("uuid") or attributes.get("parentUUID") or {}
+                    return value.get("string"), device
+        return None, None
 
 
 def _selects(selector: Mapping[str, Any] | None, node: Mapping[str, Any]) -> bool:
