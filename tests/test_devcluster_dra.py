@@ -363,3 +363,17 @@ async def test_make_demos_simulated_gpu_reaches_a_pod_through_its_claim(cluster,
     device = json.loads(env["FRACSPAWNER_SIMULATED_GPU"])
     assert device["name"] == "NVIDIA H100 80GB HBM3 (simulated)"
     assert device["memory_total_mib"] == 81559
+
+
+async def test_the_dra_topology_publishes_a_slice_per_gpu_node(tmp_path):
+    """devcluster/topologies/dra.yaml: the nodes examples/catalogs/dra.yaml's pools need."""
+    topology = Path(__file__).resolve().parent.parent / "devcluster" / "topologies" / "dra.yaml"
+    async with DevCluster(topology, state_dir=tmp_path / "state") as running:
+        slices = {s["spec"]["nodeName"]: s["spec"] for s in running.list(SLICES)}
+    assert sorted(slices) == ["gpu-a100-dmig", "gpu-h100-dra", "gpu-l40s-dra"]
+    h100 = slices["gpu-h100-dra"]["devices"]
+    assert [d["capacity"]["memory"]["value"] for d in h100] == ["81559Mi", "81559Mi"]
+    assert slices["gpu-a100-dmig"]["sharedCounters"][0]["name"] == "gpu-0-counter-set"
+    l40s = slices["gpu-l40s-dra"]["devices"][0]
+    assert l40s["attributes"]["productName"] == {"string": "NVIDIA L40S"}
+    assert l40s["capacity"]["shares"]["value"] == "4"
