@@ -469,6 +469,8 @@ class DevCluster:
             errors += admission.config_errors(obj, mutating=plural == MUTATING)
         elif plural in dra_kinds.KEYS:
             errors += dra_kinds.errors(plural, obj)
+        elif plural == "pods":
+            errors += dra_kinds.pod_errors(obj)  # its DRA claims (core validation)
         if errors:
             raise invalid_error(resource.kind, resource.group, name, errors)
 

@@ -23,6 +23,7 @@ TYPES = {
     "Forbidden": ("Forbidden", "FieldValueForbidden"),
     "TooLong": ("Too long", "FieldValueTooLong"),
     "TooMany": ("Too many", "FieldValueTooMany"),
+    "NotFound": ("Not found", "FieldValueNotFound"),
 }
 #: types whose message leaves the value out
 _NO_VALUE = {"Required", "Forbidden", "TooLong"}

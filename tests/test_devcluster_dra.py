@@ -24,6 +24,7 @@ from kubernetes_asyncio.client.rest import ApiException
 
 from devcluster import DevCluster
 from devcluster.admission import RequestInfo
+from devcluster.store import ApiError
 
 pytestmark = pytest.mark.e2e
 
@@ -377,3 +378,26 @@ async def test_the_dra_topology_publishes_a_slice_per_gpu_node(tmp_path):
     l40s = slices["gpu-l40s-dra"]["devices"][0]
     assert l40s["attributes"]["productName"] == {"string": "NVIDIA L40S"}
     assert l40s["capacity"]["shares"]["value"] == "4"
+
+
+async def test_a_pod_whose_containers_name_no_claim_of_the_pod_is_refused(cluster):
+    """pkg/apis/core/validation validateResourceClaimNames / validatePodResourceClaimSource."""
+    pod = gpu_pod("bad", template_name="whole")
+    pod["spec"]["containers"][0]["resources"]["claims"] = [{"name": "gpus"}]
+    with pytest.raises(ApiError) as refused:
+        await create(cluster, "pods", pod)
+    assert refused.value.code == 422
+    assert refused.value.message == (
+        'Pod "bad" is invalid: spec.containers[0].resources.claims[0]: Not found: "gpus": '
+        "must be one of the names in pod.spec.resourceClaims: gpu"
+    )
+    sourceless = gpu_pod("none", template_name="whole")
+    del sourceless["spec"]["resourceClaims"][0]["resourceClaimTemplateName"]
+    with pytest.raises(ApiError) as refused:
+        await create(cluster, "pods", sourceless)
+    assert refused.value.message == (
+        'Pod "none" is invalid: spec.resourceClaims[0]: Invalid value: core.PodResourceClaim{'
+        'Name:"gpu", ResourceClaimName:(*string)(nil), ResourceClaimTemplateName:(*string)(nil)}'
+        ": must specify one of: `resourceClaimName`, `resourceClaimTemplateName`"
+    )
+    assert cluster.list("pods", "default") == []

@@ -284,3 +284,63 @@ def prepare_update(
         name = current["metadata"]["name"]
         raise invalid_error("ResourceClaim", GROUP, name, errors)
     return updated
+
+
+def _go_claim(entry: Mapping[str, Any]) -> str:
+    """A PodResourceClaim as Go's %#v prints it in the apiserver's message."""
+
+    def pointer(value: Any) -> str:
+        return "(*string)(nil)" if value is None else "(*string)(0xc000a1b2c0)"
+
+    return (
+        f'core.PodResourceClaim{{Name:"{entry.get("name", "")}", '
+        f"ResourceClaimName:{pointer(entry.get('resourceClaimName'))}, "
+        f"ResourceClaimTemplateName:{pointer(entry.get('resourceClaimTemplateName'))}}}"
+    )
+
+
+def pod_errors(pod: Mapping[str, Any]) -> list[FieldError]:
+    """A pod's claims as pkg/apis/core/validation/validation.go checks them: each
+    spec.resourceClaims entry names exactly one source (validatePodResourceClaimSource), and a
+    container's resources.claims name entries of spec.resourceClaims
+    (validateResourceClaimNames)."""
+    spec = pod.get("spec") or {}
+    errors: list[FieldError] = []
+    names: set[str] = set()
+    for i, entry in enumerate(spec.get("resourceClaims") or []):
+        names.add(entry.get("name", ""))
+        by_name, by_template = (
+            entry.get("resourceClaimName"),
+            entry.get("resourceClaimTemplateName"),
+        )
+        if by_name is not None and by_template is not None:
+            detail = (
+                "at most one of `resourceClaimName` or `resourceClaimTemplateName` may be specified"
+            )
+        elif by_name is None and by_template is None:
+            detail = "must specify one of: `resourceClaimName`, `resourceClaimTemplateName`"
+        else:
+            continue
+        errors.append(
+            FieldError(
+                "Invalid", f"spec.resourceClaims[{i}]", detail=f"{_go_claim(entry)}: {detail}"
+            )
+        )
+    for group in ("initContainers", "containers"):
+        for i, container in enumerate(spec.get(group) or []):
+            seen: set[str] = set()
+            for j, claim in enumerate((container.get("resources") or {}).get("claims") or []):
+                name = claim.get("name", "")
+                where = f"spec.{group}[{i}].resources.claims[{j}]"
+                if not name:
+                    errors.append(required(where, ""))
+                    continue
+                key = f"{name}/{claim.get('request', '')}"
+                if key in seen:
+                    errors.append(duplicate(where, name))
+                seen.add(key)
+                if name not in names:
+                    detail = "must be one of the names in pod.spec.resourceClaims"
+                    detail += ": " + ", ".join(sorted(names)) if names else " which is empty"
+                    errors.append(FieldError("NotFound", where, name, detail))
+    return errors
