@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING, Any
 from tornado import iostream, web
 from tornado.log import access_log
 
+from . import gc
 from .admission import RequestInfo
 from .resources import Registry, Resource
 from .selectors import SelectorError, parse_field_selector, parse_label_selector
@@ -375,8 +376,11 @@ class Item(Base):
         grace = None if value is None else float(value)
         if isinstance(body, dict) and body.get("dryRun") == ["All"]:
             self.request_info().dry_run = True
+        propagation = gc.propagation_policy(
+            body if isinstance(body, dict) else None, self.get_argument("propagationPolicy", None)
+        )
         deleted = await self.cluster.api_delete(
-            resource.key, version, namespace, name, grace, self.request_info()
+            resource.key, version, namespace, name, grace, self.request_info(), propagation
         )
         return at_version(resource, version, deleted)
 

@@ -17,6 +17,7 @@ from . import (
     crd,
     customresources,
     defaults,
+    gc,
     jsonpatch,
     objectmeta,
     scheduler,
@@ -32,6 +33,7 @@ from .resources import CRDS, MUTATING, VALIDATING, Resource
 from .store import ApiError, Store, now_iso
 from .topology import load_topology
 from .validation import kind_schema, validate
+from .volumes import MountError
 
 log = logging.getLogger("devcluster")
 
@@ -226,6 +228,9 @@ class DevCluster:
         self.admission = Admission(self.store)
         self.kubelet = Kubelet(self.state_dir, self.topology.get("images") or {})
         self.dra = Dra(self)  # Dynamic Resource Allocation: claims, allocation, slices
+        self.gc = gc.GarbageCollector(
+            self.store, self.delete, self._spawn, self._may_remove
+        )  # ownerReferences: dependents follow their owners (devcluster/gc.py)
         self.served = SERVED_SCHEDULERS | set(self.topology.get("schedulers") or [])
         self._server: Any = None
         self._tasks: set[asyncio.Task] = set()
@@ -278,6 +283,7 @@ class DevCluster:
         self.url = f"http://{self.host}:{self.port}"
         write_kubeconfig(self.kubeconfig_path, self.url)
         self.store.listeners.append(self._on_change)
+        self.store.listeners.append(self.gc.on_change)
         self._scheduler_task = asyncio.ensure_future(self._scheduler_loop())
         return self
 
@@ -654,6 +660,7 @@ class DevCluster:
         name: str,
         grace: float | None,
         info: RequestInfo,
+        propagation: str | None = None,
     ) -> dict[str, Any]:
         """A delete through the API: webhooks for DELETE see the object as oldObject."""
         resource = self.store.resources[plural]
@@ -664,14 +671,27 @@ class DevCluster:
         await self.admission.validate(attrs)
         if info.dry_run:
             return copy.deepcopy(current)
-        return await self.delete(plural, namespace, name, grace)
+        return await self.delete(plural, namespace, name, grace, propagation)
 
     async def delete(
-        self, plural: str, namespace: str | None, name: str, grace: float | None
+        self,
+        plural: str,
+        namespace: str | None,
+        name: str,
+        grace: float | None = None,
+        propagation: str | None = None,
     ) -> dict[str, Any]:
         obj = self.store.get(plural, namespace, name)
         if plural == "namespaces":
             return await self._delete_namespace(obj)
+        finalizers = gc.finalizers_for(obj, propagation)
+        if plural != "pods" and finalizers:
+            # finalizers keep it, being deleted, until they are gone (registry store.go Delete)
+            return self.store.update(plural, gc.mark_deleting(obj, finalizers))
+        if plural == "pods" and finalizers != (obj["metadata"].get("finalizers") or []):
+            obj = copy.deepcopy(obj)
+            obj["metadata"]["finalizers"] = finalizers
+            self.store.update(plural, obj)
         if plural != "pods":
             removed = self.store.remove(plural, namespace, name)
             if plural == CRDS:
@@ -693,7 +713,7 @@ class DevCluster:
         running = (obj["metadata"].get("namespace"), name) in self.kubelet.running
         if not running or grace == 0:
             await self.kubelet.stop(obj["metadata"]["namespace"], name, 0)
-            return self.store.remove(plural, namespace, name)
+            return self._pod_stopped(namespace or "", name)
         if not obj["metadata"].get("deletionTimestamp"):
             obj = copy.deepcopy(obj)
             obj["metadata"]["deletionTimestamp"] = now_iso()
@@ -743,9 +763,26 @@ class DevCluster:
     async def _terminate(self, namespace: str, name: str, grace: float) -> None:
         await self.kubelet.stop(namespace, name, grace)
         try:
-            self.store.remove("pods", namespace, name)
+            self._pod_stopped(namespace, name)
         except ApiError:
             pass
+
+    def _pod_stopped(self, namespace: str, name: str) -> dict[str, Any]:
+        """A deleted pod whose containers stopped goes, unless finalizers keep it (then the
+        garbage collector removes it when the last one is removed)."""
+        obj = self.store.get("pods", namespace, name)
+        if not obj["metadata"].get("finalizers"):
+            return self.store.remove("pods", namespace, name)
+        if obj["metadata"].get("deletionTimestamp"):
+            return obj
+        return self.store.update("pods", gc.mark_deleting(obj, obj["metadata"]["finalizers"]))
+
+    def _may_remove(self, plural: str, obj: Mapping[str, Any]) -> bool:
+        """Whether a deleting object without finalizers may go now: a pod once stopped."""
+        if plural != "pods":
+            return True
+        key = (obj["metadata"]["namespace"], obj["metadata"]["name"])
+        return key not in self.kubelet.running
 
     # ---------------------------------------------------------------- scheduling
     def _pod_requests(self, pod: Mapping[str, Any]) -> Mapping[str, Any]:
@@ -892,7 +929,7 @@ class DevCluster:
             waiting = statuses and (statuses[0].get("state") or {}).get("waiting") or {}
             key = (namespace, pod["metadata"]["name"])
             if (
-                waiting.get("reason") == "CreateContainerConfigError"
+                waiting.get("reason") in ("CreateContainerConfigError", "ContainerCreating")
                 and key not in self._running_pods
             ):
                 self._spawn(self._run_pod(*key))
@@ -925,6 +962,24 @@ class DevCluster:
         try:
             device_env = self.dra.claim_env(pod, container)
             running = await self.kubelet.start(pod, self._lookup, device_env)
+        except MountError as exc:
+            # the kubelet's volume manager: FailedMount, the container stays ContainerCreating
+            pod = self._current(namespace, name)
+            if pod is not None:
+                pod["status"]["containerStatuses"] = [
+                    {
+                        "name": container["name"],
+                        "image": container.get("image", ""),
+                        "imageID": "",
+                        "ready": False,
+                        "started": False,
+                        "restartCount": 0,
+                        "state": {"waiting": {"reason": "ContainerCreating"}},
+                    }
+                ]
+                self.store.update("pods", pod)
+                self.event(pod, "Warning", "FailedMount", str(exc), "kubelet")
+            return
         except ConfigError as exc:
             pod = self._current(namespace, name)
             if pod is not None:  # the kubelet's CreateContainerConfigError: stays Pending

@@ -23,6 +23,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from . import volumes
+
 #: util-linux's setpriv, to have the kernel SIGKILL a pod's process should the devcluster itself
 #: die without cleaning up (SIGKILL, a crash): prctl(PR_SET_PDEATHSIG). An orderly stop kills
 #: every pod anyway; without setpriv only that remains.
@@ -171,15 +173,21 @@ def simulated_gpu_env(pod: Mapping[str, Any], container: Mapping[str, Any]) -> d
         return {}
     resources = container.get("resources") or {}
     asked = {**(resources.get("requests") or {}), **(resources.get("limits") or {})}
-    if not any("gpu" in name or name.startswith("nvidia.com/") for name in asked):
+    claims = resources.get("claims")  # a DRA claim (devcluster/dra): a GPU without a resource
+    if not claims and not any("gpu" in name or name.startswith("nvidia.com/") for name in asked):
         return {}
     selector = (pod.get("spec") or {}).get("nodeSelector") or {}
     product = selector.get("nvidia.com/gpu.product", "GPU").replace("-", " ")
     device: dict[str, Any] = {"name": f"{product} (simulated)", "kernel_memory_mib": 1536}
-    mig = sorted(name for name in asked if name.startswith("nvidia.com/mig-"))
+    mig = [
+        n.removeprefix("nvidia.com/mig-") for n in sorted(asked) if n.startswith("nvidia.com/mig-")
+    ]
+    slice_label = ((pod.get("metadata") or {}).get("labels") or {}).get("fracspawner.io/gpu", "")
+    if claims and slice_label.startswith("mig-"):  # a DRA MIG device: the slice says its profile
+        mig = [slice_label.removeprefix("mig-")]
     if mig:  # a MIG instance reports no utilisation (NVML: NOT_SUPPORTED), as a real one
         device["mig"] = True
-        device["name"] = f"{product} MIG {mig[0].removeprefix('nvidia.com/mig-')} (simulated)"
+        device["name"] = f"{product} MIG {mig[0]} (simulated)"
     return {
         "FRACSPAWNER_GPU_SOURCE": "simulated-demo",
         "FRACSPAWNER_SIMULATED_GPU": json.dumps(device),
@@ -225,12 +233,25 @@ class Kubelet:
         env.update(simulated_gpu_env(pod, container))
         env.update(device_env or {})
         try:
-            env.update(container_env(pod, container, ip, lookup))
-        except ConfigError:
+            # volumes first: the kubelet waits for them before it makes the container's config
+            mounts = volumes.materialise(
+                pod,
+                container,
+                self.pod_dir(*key),
+                self.state_dir,
+                lookup or (lambda *_: None),
+                lambda p, path: _field_ref(p, path, ip),
+            )
+            rewrite = volumes.rewriter(mounts)
+            own = container_env(pod, container, ip, lookup)
+        except (ConfigError, volumes.MountError):
             self.ips.give(ip)
             raise
-        command = [c.replace("0.0.0.0", ip) for c in container_command(container, self.images)]
-        workdir = container.get("workingDir")
+        env.update({k: rewrite(v) for k, v in own.items()})
+        command = [
+            rewrite(c.replace("0.0.0.0", ip)) for c in container_command(container, self.images)
+        ]
+        workdir = rewrite(container.get("workingDir") or "") or None
         cwd = workdir if workdir and Path(workdir).is_dir() else str(home)
         exe = command[0] if command else ""
         if "/" in exe:
