@@ -83,10 +83,38 @@ DEMO_IDLE = {
 DEMO_CULL_EVERY = 15  # seconds between the culler's cycles
 
 
+# Kubernetes DRA in the demo (issue 30): the topology's two DRA nodes (an H100 whose NVIDIA DRA
+# driver runs --consumable-shares=memory, an A100 with DynamicMIG; devcluster/dra/nvidia.py
+# publishes their ResourceSlices) get these pools. Added to the demo's copy of the catalog, not
+# to examples/catalogs/demo.yaml, whose three pools the rest of the tests are written against.
+DEMO_DRA_POOLS = {
+    "h100-dra": {
+        "display_name": "H100 80GB (DRA memory shares)",
+        "description": "A memory share of an H100 through Kubernetes DRA (NVIDIA's DRA driver, "
+        "consumable memory): the scheduler books it, nothing limits a process to it.",
+        "gpu": "H100-80GB",
+        "backend": "dra",
+        "options": {"sharing": "memory"},
+        "offers": ["1/8", "1/4", "10GiB", "20GiB"],
+    },
+    "a100-dra-mig": {
+        "display_name": "A100 80GB (DRA, MIG made on demand)",
+        "description": "MIG instances an A100 makes when a server asks (Kubernetes DRA, "
+        "NVIDIA's DRA driver with DynamicMIG): isolated in hardware.",
+        "gpu": "A100-80GB",
+        "backend": "dra",
+        "options": {"mig": "dynamic"},
+        "offers": ["mig-1g.10gb", "mig-2g.20gb", "mig-3g.40gb", "1"],
+    },
+}
+
+
 def with_demo_timings(catalog_file: Path, state_dir: Path) -> Path:
-    """The catalog with the demo's idle timings, written into the state dir (same name)."""
+    """The catalog with the demo's idle timings and its DRA pools, written into the state dir
+    (same name)."""
     data = yaml.safe_load(catalog_file.read_text()) or {}
     data["idle"] = {**(data.get("idle") or {}), **DEMO_IDLE}
+    data["pools"] = {**(data.get("pools") or {}), **DEMO_DRA_POOLS}
     out = state_dir / catalog_file.name
     out.write_text(yaml.safe_dump(data, sort_keys=False))
     return out

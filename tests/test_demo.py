@@ -177,22 +177,36 @@ def test_demo_serves_the_hub_and_ctrl_c_stops_everything(tmp_path, browser):
             "any other name (alice, bob, ...)": "H100 80GB (HAMi) only: 1/8, 1/4, 10 GiB, "
             "20 GiB; at most 1/4 GPU in total",
             "mira, ravi (ml-research)": "every pool: A100 80GB (MIG), H100 80GB (HAMi), "
-            "T4 16GB (time-sliced); at most 2 GPUs in total",
+            "T4 16GB (time-sliced), H100 80GB (DRA memory shares), A100 80GB (DRA, MIG made on "
+            "demand); at most 2 GPUs in total",
             "admin": "every pool, no quota; also JupyterHub's admin page",
         }
         newcomer = picker_model(browser)  # before it takes a slice
         assert allowed_pools(newcomer) == {"H100 80GB (HAMi)": ["1/8", "1/4", "10 GiB", "20 GiB"]}
         assert newcomer["quota"]["max_text"] == "1/4 GPU"
         mira = picker_model(Browserless(SimpleNamespace(url=url), "mira", password="pw"))
+        # issue 30: the demo's DRA nodes (memory shares, MIG made on demand) are pools too
         assert set(allowed_pools(mira)) == {
             "A100 80GB (MIG)",
             "H100 80GB (HAMi)",
             "T4 16GB (time-sliced)",
+            "H100 80GB (DRA memory shares)",
+            "A100 80GB (DRA, MIG made on demand)",
         }
         assert mira["quota"]["max_text"] == "2 GPUs"
+        # their counts come from the DRA nodes' ResourceSlices: one H100 of 81,559 MiB takes
+        # seven 10 GiB claims; an A100 can make seven 1g.10gb or two 3g.40gb MIG instances
+        counts = {
+            (pool["name"], o["spec"]): (o["free"], o["total"])
+            for pool in mira["pools"]
+            for o in pool["offers"]
+        }
+        assert counts[("h100-dra", "10GiB")] == (7, 7)
+        assert counts[("a100-dra-mig", "mig-1g.10gb")] == (7, 7)
+        assert counts[("a100-dra-mig", "mig-3g.40gb")] == (2, 2)
         admin_browser = Browserless(SimpleNamespace(url=url), "admin", password="pw")
         admin = picker_model(admin_browser)
-        assert len(allowed_pools(admin)) == 3 and admin["quota"]["max_gpu"] is None
+        assert len(allowed_pools(admin)) == 5 and admin["quota"]["max_gpu"] is None
         page = admin_browser.session.get(admin_page, timeout=60)
         assert page.status_code == 200 and "GPU usage" in page.text, page.text[-500:]
         response = browser.submit({"gpu": "1/8", "pool": "h100", "image": "pytorch"})
