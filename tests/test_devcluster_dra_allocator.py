@@ -238,3 +238,26 @@ async def test_a_pod_with_claims_goes_only_where_they_can_be_allocated(tmp_path:
             "2 cannot allocate all claims. still not schedulable, preemption: 0/3 nodes are "
             "available: 3 Preemption is not helpful for scheduling."
         )
+
+
+def test_a_topology_may_name_the_product_instead_of_the_model():
+    """The product helper's spelling (product, memory_mib, consumable_shares, dynamic_mig) gives
+    the same slices as the model's; a bad section is refused in words."""
+    by_product = node_slice({"product": "NVIDIA H100 80GB HBM3", "memory_mib": 81559,
+                             "consumable_shares": "memory"})  # fmt: skip
+    by_model = node_slice({"model": "H100-80GB", "consumableShares": "memory"})
+    strip = [{k: v for k, v in d.items() if k != "attributes"} for d in by_model["spec"]["devices"]]
+    assert [{k: v for k, v in d.items() if k != "attributes"}
+            for d in by_product["spec"]["devices"]] == strip  # fmt: skip
+    dynamic = node_slice({"product": "NVIDIA A100-SXM4-80GB", "dynamic_mig": True})
+    assert dynamic["spec"]["sharedCounters"][0]["name"] == "gpu-0-counter-set"
+    for bad, words in (
+        ({"model": "B200"}, "unknown model 'B200'"),
+        ({"product": "NVIDIA B200"}, "give memory_mib"),
+        ({"consumableShares": "some"}, "consumableShares must be memory, unlimited or N"),
+        ({"driver": "gpu.example.com"}, "only NVIDIA's driver"),
+        ({"model": "A100-40GB", "mig": "static", "migDevices": ["7g.40gb", "1g.5gb"]},
+         "does not fit one NVIDIA A100-SXM4-40GB"),
+    ):  # fmt: skip
+        with pytest.raises(nvidia.TopologyError, match=words):
+            nvidia.node_slice("n1", bad)

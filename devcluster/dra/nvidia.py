@@ -39,14 +39,16 @@ A topology node declares, e.g.:
           migDevices: [1g.5gb, 1g.5gb, 2g.10gb, 3g.20gb]}
 
 (`migGpus`: which GPUs have MIG enabled, default all, as a nvidia-mig-parted config's
-`devices:` list; the others are published as full GPUs.)
+`devices:` list; the others are published as full GPUs.) Also accepted, as the product helper's
+proposal spells them: `product:` (NVML name) with `memory_mib:` instead of `model:`,
+`consumable_shares:`, `dynamic_mig: true`, `driver: gpu.nvidia.com`.
 """
 
 from __future__ import annotations
 
 import uuid
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 DRIVER = "gpu.nvidia.com"
@@ -185,15 +187,38 @@ def _profile(model: Model, name: str) -> Profile:
     raise TopologyError(f"dra: the {model.product} has no MIG profile {name!r} (known: {known})")
 
 
+def _model(spec: Mapping[str, Any]) -> Model:
+    """`model:` (a name of MODELS), or `product:` (an NVML product name, e.g. "NVIDIA H100 80GB
+    HBM3") with an optional `memory_mib:` overriding the model's memory."""
+    if "model" in spec:
+        model = MODELS.get(str(spec["model"]))
+        if model is None:
+            raise TopologyError(
+                f"dra: unknown model {spec['model']!r} (known: {', '.join(MODELS)})"
+            )
+        return model
+    product = spec.get("product")
+    if product is None:
+        return MODELS["H100-80GB"]
+    known = next((m for m in MODELS.values() if m.product == product), None)
+    memory = spec.get("memory_mib")
+    if known is not None:
+        return known if memory is None else replace(known, memory_mib=int(memory))
+    if memory is None:
+        raise TopologyError(f"dra: product {product!r} is not a known model: give memory_mib")
+    return Model(str(product), int(memory), str(spec.get("architecture", "")), "8.0")
+
+
 def node_slice(node: str, spec: Mapping[str, Any]) -> dict[str, Any]:
     """The one ResourceSlice the plugin publishes for a node (pool = the node's name)."""
-    model_name = str(spec.get("model", "H100-80GB"))
-    model = MODELS.get(model_name)
-    if model is None:
-        raise TopologyError(f"dra: unknown model {model_name!r} (known: {', '.join(MODELS)})")
+    if spec.get("driver", DRIVER) != DRIVER:
+        raise TopologyError(
+            f"dra: only NVIDIA's driver ({DRIVER}) is simulated, not {spec['driver']!r}"
+        )
+    model = _model(spec)
     gpus = int(spec.get("gpus", 1))
-    mig = str(spec.get("mig", "none"))
-    shares = str(spec.get("consumableShares", "disabled"))
+    mig = str(spec.get("mig", "dynamic" if spec.get("dynamic_mig") else "none"))
+    shares = str(spec.get("consumableShares", spec.get("consumable_shares", "disabled")))
     if mig not in ("none", "static", "dynamic"):
         raise TopologyError(f"dra: mig must be none, static or dynamic, not {mig!r}")
     if shares not in ("disabled", "memory", "unlimited") and not shares.isdigit():
@@ -240,7 +265,7 @@ def node_slice(node: str, spec: Mapping[str, Any]) -> dict[str, Any]:
         _shares(full, shares)
         devices.append(full)
     spec_out: dict[str, Any] = {
-        "driver": DRIVER,
+        "driver": DRIVER,  # the classes and attributes are the NVIDIA driver's: no other name
         "nodeName": node,
         "pool": {"name": node, "generation": 1, "resourceSliceCount": 1},
         "devices": devices,
