@@ -76,7 +76,7 @@ def test_demo_catalog_loads():
     assert catalog.pools["t4"].replicas == 4
     assert catalog.default_image(None).image == "quay.io/jupyter/pytorch-notebook:cuda12-latest"
     assert catalog.fraction_step == 8
-    # hibernation is decided per pool by its backend (hibernation.py): none catalog-wide
+    # hibernation is decided per pool by its backend (idle_defaults.py): none catalog-wide
     assert catalog.idle == IdlePolicy(1800, 3600, 28800, None, 86400, None)
 
 

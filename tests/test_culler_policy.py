@@ -14,7 +14,7 @@ from tests.conftest import DEMO_CATALOG
 
 H = 3600.0
 U = 24 * H  # server_unattended: the default, no catalog here sets it
-# kernel_gpu_hibernate: no catalog here sets it, so each pool's backend decides (hibernation.py):
+# kernel_gpu_hibernate: no catalog here sets it, so each pool's backend decides (idle_defaults.py):
 # 10 min on the time-sliced t4, off on HAMi (h100), MIG and without a pool
 HIB = 600.0
 NOW = 1_800_000_000.0

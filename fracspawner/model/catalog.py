@@ -394,7 +394,7 @@ def _pool_idle(
     pool_keys = raw["idle"] if isinstance(raw.get("idle"), Mapping) else {}
     base = own or idle
     backend, overcommit = str(raw["backend"]), float(raw.get("overcommit", 1))
-    changed = {}
+    changed: dict[str, float | None] = {}
     for key in PER_BACKEND:
         if key in explicit or key in pool_keys:
             continue  # the catalog says: its word wins
