@@ -75,7 +75,8 @@ DEMO_IDLE = {
     # an idle kernel's (simulated) GPU memory is parked in host memory after a minute, on every
     # pool: the demo's GPU and its checkpoint driver are simulated (serverext/simcheckpoint.py)
     "kernel_gpu_hibernate": "1m",
-    "kernel_gpu_idle": "5m",
+    # kernel_gpu_idle stays the backend's default (model/idle_defaults.py): off on the H100
+    # (HAMi reserves the slice: a shut-down kernel gives nobody anything), 30 min on the T4
     "server_gpu_idle": "10m",
     "server_idle": "30m",
     "server_unattended": "2h",
