@@ -401,3 +401,26 @@ async def test_a_pod_whose_containers_name_no_claim_of_the_pod_is_refused(cluste
         ": must specify one of: `resourceClaimName`, `resourceClaimTemplateName`"
     )
     assert cluster.list("pods", "default") == []
+
+
+async def test_a_pod_that_finishes_gives_its_claim_back(cluster):
+    """controller.go: a pod that is done (Succeeded) leaves reservedFor, its template claim is
+    deallocated and deleted, and a waiting pod gets the GPU."""
+    await create(
+        cluster, TEMPLATES, template("whole", {"exactly": {"deviceClassName": "gpu.nvidia.com"}})
+    )
+    short = gpu_pod("short", template_name="whole")
+    short["spec"]["restartPolicy"] = "Never"
+    # it ends when the test says so: no race with the scheduler on a loaded machine
+    short["spec"]["containers"][0]["command"] = [
+        "sh", "-c", 'while [ ! -e "$HOME/go" ]; do sleep 0.1; done'
+    ]  # fmt: skip
+    await create(cluster, "pods", short)
+    await wait_for(lambda: bound(cluster), "the short pod bound")
+    name = claim_of(cluster, "short")["metadata"]["name"]
+    await create(cluster, "pods", gpu_pod("next", template_name="whole"))
+    await wait_for(lambda: failed_scheduling(cluster, "next"), "next waits for the GPU")
+    (cluster.kubelet.pod_dir("default", "short") / "home" / "go").touch()
+    await wait_for(lambda: "next" in bound(cluster), "next bound once short finished")
+    assert cluster.get("pods", "default", "short")["status"]["phase"] == "Succeeded"
+    assert name not in {c["metadata"]["name"] for c in cluster.list(CLAIMS)}
