@@ -40,6 +40,12 @@ TOPOLOGY = {
             # nvidia.py publishes its slice as the gpu-kubelet-plugin does)
             "dra": {"gpus": 1, "model": "H100-80GB", "consumableShares": "memory"},
         },
+        {
+            "name": "gpu-a100-dmig-1",
+            "capacity": {"cpu": "64", "memory": "512Gi"},
+            # one A100 80GB whose MIG instances are made when a claim asks (DynamicMIG)
+            "dra": {"gpus": 1, "model": "A100-80GB", "mig": "dynamic"},
+        },
     ]
 }
 CATALOG = {
@@ -50,7 +56,14 @@ CATALOG = {
             "backend": "dra",
             "options": {"sharing": "memory"},
             "offers": ["10GiB", "1/8", "1"],
-        }
+        },
+        "a100-dmig": {
+            "display_name": "A100 80GB (DRA dynamic MIG)",
+            "gpu": "A100-80GB",
+            "backend": "dra",
+            "options": {"mig": "dynamic"},
+            "offers": ["mig-1g.10gb", "mig-3g.40gb"],
+        },
     },
     "access": {"default": {"pools": "all", "max_gpu": 1}},
 }
@@ -164,3 +177,36 @@ def test_seven_ten_gib_servers_share_one_h100_and_the_eighth_is_refused(hub, dra
     assert status == 400, body
     assert body["message"].startswith("No 10 GiB is free on H100 80GB (DRA) right now"), body
     assert not server_pods(cluster, users[7])
+
+
+def mig_free(hub: Any, user: str) -> dict[str, int]:
+    html = Browserless(hub, user).spawn_form()
+    out = {}
+    for spec in ("mig-1g.10gb", "mig-3g.40gb"):
+        card = html.split(f'data-pool="a100-dmig" data-spec="{spec}"', 1)[1].split("</span>", 1)[0]
+        match = re.search(r"(\d+) of (\d+) free", card)
+        assert match, card
+        out[spec] = int(match.group(1))
+    return out
+
+
+def test_dynamic_mig_counts_what_the_gpus_counters_still_allow(hub, dra_node):
+    """An idle A100 could make 7 x 1g.10gb or 2 x 3g.40gb; once a 3g.40gb is made, what its
+    counters still allow: 3 x 1g.10gb (and one more 3g.40gb), which the scheduler then makes."""
+    cluster = dra_node
+    wait_until(lambda: mig_free(hub, "mig0") == {"mig-1g.10gb": 7, "mig-3g.40gb": 2}, 60, "7/2")
+    status, body = spawn(hub, "mig0", {"gpu": "mig-3g.40gb", "pool": "a100-dmig"})
+    assert status in (201, 202), body
+    hub.wait_ready("mig0", timeout=180)
+    # the 3g.40gb took four of the eight memory slices: three 1g.10gb placements are left
+    wait_until(lambda: mig_free(hub, "mig1") == {"mig-1g.10gb": 3, "mig-3g.40gb": 1}, 60, "3/1")
+    for user in ("mig1", "mig2", "mig3"):
+        status, body = spawn(hub, user, {"gpu": "mig-1g.10gb", "pool": "a100-dmig"})
+        assert status in (201, 202), body
+        hub.wait_ready(user, timeout=180)
+        (pod,) = server_pods(cluster, user)
+        assert pod["spec"]["nodeName"] == "gpu-a100-dmig-1"
+    wait_until(lambda: mig_free(hub, "mig4") == {"mig-1g.10gb": 0, "mig-3g.40gb": 0}, 60, "0/0")
+    status, body = spawn(hub, "mig4", {"gpu": "mig-1g.10gb", "pool": "a100-dmig"})
+    assert status == 400, body
+    assert not server_pods(cluster, "mig4")
