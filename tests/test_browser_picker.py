@@ -398,8 +398,10 @@ def test_back_forward_and_reload_show_what_start_submits(hub, devcluster, browse
     # without the back-forward cache Chromium re-runs the page and restores the form's state
     args = {} if bfcache else {"extra_http_headers": {"Cache-Control": "no-store"}}
     page = new_page(browser, **args)
-    login(page, hub.url, "dana")
-    open_spawn_form(page, hub.url, "dana")
+    # a user of their own: a form reopens on the user's last choice
+    user = "bfc" if bfcache else "nobfc"
+    login(page, hub.url, user)
+    open_spawn_form(page, hub.url, user)
     assert _one_state(page)["gpu"] == "none"
     _tab(page, "fraction").click()
     page.locator('input[name="gpu"][value="1/8"]').check()
