@@ -424,3 +424,25 @@ async def test_a_pod_that_finishes_gives_its_claim_back(cluster):
     await wait_for(lambda: "next" in bound(cluster), "next bound once short finished")
     assert cluster.get("pods", "default", "short")["status"]["phase"] == "Succeeded"
     assert name not in {c["metadata"]["name"] for c in cluster.list(CLAIMS)}
+
+
+async def test_the_controller_tries_again_when_creating_a_claim_fails(cluster, monkeypatch):
+    """A claim create refused for a while (a webhook down under failurePolicy Fail) and a
+    template that comes after the pod: the controller's work queue tries again."""
+    original = cluster.api_create
+    refusals = []
+
+    async def flaky(plural, *args, **kwargs):
+        if plural == CLAIMS and len(refusals) < 2:
+            refusals.append(plural)
+            raise ApiError(500, "InternalError", "Internal error occurred: failed calling webhook")
+        return await original(plural, *args, **kwargs)
+
+    monkeypatch.setattr(cluster, "api_create", flaky)
+    await create(cluster, "pods", gpu_pod("early", template_name="later"))
+    await asyncio.sleep(0.2)
+    assert cluster.list(CLAIMS) == []  # no template yet: nothing made, the pod waits
+    whole = {"exactly": {"deviceClassName": "gpu.nvidia.com"}}
+    await create(cluster, TEMPLATES, template("later", whole))
+    await wait_for(lambda: "early" in bound(cluster), "bound after two refused creates")
+    assert len(refusals) == 2 and len(cluster.list(CLAIMS)) == 1

@@ -111,6 +111,8 @@ class Dra:
         for name, spec in (cluster.topology.get("dra") or {}).items():
             nvidia.node_slice(name, spec)  # a bad `dra:` section fails at load, in words
         self._creating: set[tuple[str, str, str]] = set()  # (ns, pod uid, claim) in flight
+        self._backoff: dict[str, float] = {}  # pod uid -> seconds before its next try
+        self._retrying: set[str] = set()  # pod uids with a try scheduled
 
     # ------------------------------------------------------------ set-up
     def load_topology(self, topology: Mapping[str, Any]) -> None:
@@ -178,6 +180,7 @@ class Dra:
                 if claim is None:
                     claim = await self._create_claim(current, entry["name"], template_name)
                 if claim is None:
+                    self._retry(current)
                     continue
                 current = self.cluster._current(namespace, name)
                 if current is None or current["metadata"]["uid"] != meta["uid"]:
@@ -195,6 +198,28 @@ class Dra:
                 self.cluster._reschedule.set()
             finally:
                 self._creating.discard(key)
+
+    def _retry(self, pod: dict[str, Any]) -> None:
+        """Try the pod again later, as the controller's rate-limited work queue does (5 ms
+        doubling to 1000 s there; 0.5 s doubling to 30 s here): an admission webhook that was
+        down, a template created after the pod (also retried at once on its creation)."""
+        uid = pod["metadata"]["uid"]
+        if uid in self._retrying:
+            return
+        self._retrying.add(uid)
+        delay = min(30.0, self._backoff.get(uid, 0.25) * 2)
+        self._backoff[uid] = delay
+
+        async def later() -> None:
+            await asyncio.sleep(delay)
+            self._retrying.discard(uid)
+            current = self.cluster._current(pod["metadata"]["namespace"], pod["metadata"]["name"])
+            if current is not None and current["metadata"]["uid"] == uid and not pod_done(current):
+                await self._ensure_claims(current)
+            else:
+                self._backoff.pop(uid, None)
+
+        self.cluster._spawn(later())
 
     def _find_claim(self, pod: Mapping[str, Any], claim_name: str) -> dict[str, Any] | None:
         """A claim made for this pod entry before (findPodResourceClaim)."""
