@@ -446,3 +446,23 @@ async def test_the_controller_tries_again_when_creating_a_claim_fails(cluster, m
     await create(cluster, TEMPLATES, template("later", whole))
     await wait_for(lambda: "early" in bound(cluster), "bound after two refused creates")
     assert len(refusals) == 2 and len(cluster.list(CLAIMS)) == 1
+
+
+async def test_a_node_added_with_dra_publishes_its_slice_owned_by_it_and_it_goes_with_it(cluster):
+    cluster.add_node({"name": "gpu-t4", "capacity": {"cpu": "8", "memory": "32Gi"},
+                      "dra": {"gpus": 1, "model": "T4"}})  # fmt: skip
+    node = cluster.get("nodes", None, "gpu-t4")
+    mine = await wait_for(
+        lambda: [s for s in cluster.list(SLICES) if s["spec"]["nodeName"] == "gpu-t4"], "its slice"
+    )
+    assert mine[0]["metadata"]["name"].startswith("gpu-t4-gpu.nvidia.com-")
+    owner = mine[0]["metadata"]["ownerReferences"][0]
+    assert (owner["kind"], owner["name"], owner["uid"]) == (
+        "Node",
+        "gpu-t4",
+        node["metadata"]["uid"],
+    )
+    await cluster.delete("nodes", None, "gpu-t4", None)
+    await wait_for(
+        lambda: all(s["spec"]["nodeName"] != "gpu-t4" for s in cluster.list(SLICES)), "slice gone"
+    )

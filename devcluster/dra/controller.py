@@ -127,10 +127,21 @@ class Dra:
         for klass in nvidia.device_classes():
             if ("", klass["metadata"]["name"]) not in self.store.objects[DEVICECLASSES]:
                 self.cluster.create(DEVICECLASSES, None, klass)
-        self.cluster.create(RESOURCESLICES, None, nvidia.node_slice(node, spec))
+        published = nvidia.node_slice(node, spec)
+        owner = self.store.objects["nodes"].get(("", node))
+        if owner is not None:
+            # the plugin's slices are owned by their Node (k8s.io/dynamic-resource-allocation
+            # resourceslice controller): the garbage collector removes them with it
+            published["metadata"]["ownerReferences"] = [
+                {"apiVersion": "v1", "kind": "Node", "name": node,
+                 "uid": owner.obj["metadata"]["uid"], "controller": True}
+            ]  # fmt: skip
+        self.cluster.create(RESOURCESLICES, None, published)
 
     # ------------------------------------------------------------ controller
     def on_change(self, plural: str, kind: str, obj: dict[str, Any]) -> None:
+        if plural == "nodes" and kind == "DELETED":
+            self._later(self._node_gone, obj)
         if plural == "pods":
             if not (obj.get("spec") or {}).get("resourceClaims"):
                 return
@@ -150,6 +161,17 @@ class Dra:
             self._later(self._finish_deletion, obj)
         if plural in (RESOURCECLAIMS, RESOURCESLICES, DEVICECLASSES):
             self.cluster._reschedule.set()
+
+    async def _node_gone(self, node: dict[str, Any]) -> None:
+        """A deleted node's slices go (their owner is gone: what the garbage collector does
+        with the ownerReference; done here too, whichever comes first)."""
+        name = node["metadata"]["name"]
+        for entry in list(self.store.entries(RESOURCESLICES, None)):
+            if (entry.obj.get("spec") or {}).get("nodeName") == name:
+                try:
+                    self.store.remove(RESOURCESLICES, None, entry.obj["metadata"]["name"])
+                except ApiError:
+                    pass
 
     def _later(self, fn: Any, obj: dict[str, Any]) -> None:
         """Outside the store's notification (the controller works from its informers)."""
