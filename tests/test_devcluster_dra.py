@@ -466,3 +466,35 @@ async def test_a_node_added_with_dra_publishes_its_slice_owned_by_it_and_it_goes
     await wait_for(
         lambda: all(s["spec"]["nodeName"] != "gpu-t4" for s in cluster.list(SLICES)), "slice gone"
     )
+
+
+TWO_NODES = {
+    "nodes": [
+        {"name": f"gpu-{i}", "capacity": {"cpu": "8", "memory": "32Gi"},
+         "labels": {"rack": str(i)}, "dra": {"gpus": 1, "model": "H100-80GB"}}
+        for i in (1, 2)
+    ]
+}  # fmt: skip
+
+
+@pytest.mark.parametrize("cluster", [TWO_NODES], indirect=True)
+async def test_an_allocated_claim_keeps_its_pods_on_its_node(cluster):
+    """Filter: a pod sharing an allocated claim can only go where the allocation's
+    nodeSelector points ("resourceclaim not available on the node" elsewhere)."""
+    claim = {"metadata": {"name": "shared"}, "spec": {"devices": {"requests": [{"name": "gpu",
+             "exactly": {"deviceClassName": "gpu.nvidia.com"}}]}}}  # fmt: skip
+    await create(cluster, CLAIMS, claim)
+    first = gpu_pod("first", claim_name="shared")
+    first["spec"]["nodeSelector"] = {"rack": "1"}
+    await create(cluster, "pods", first)
+    await wait_for(lambda: bound(cluster) == {"first": "gpu-1"}, "first on gpu-1")
+    second = gpu_pod("second", claim_name="shared")
+    second["spec"]["nodeSelector"] = {"rack": "2"}
+    await create(cluster, "pods", second)
+    message = await wait_for(lambda: failed_scheduling(cluster, "second"), "second refused")
+    assert message.startswith(
+        "0/2 nodes are available: 1 node(s) didn't match Pod's node affinity/selector, "
+        "1 resourceclaim not available on the node."
+    )
+    await create(cluster, "pods", gpu_pod("third", claim_name="shared"))
+    await wait_for(lambda: bound(cluster).get("third") == "gpu-1", "third joins it on gpu-1")
