@@ -261,3 +261,17 @@ def test_a_topology_may_name_the_product_instead_of_the_model():
     ):  # fmt: skip
         with pytest.raises(nvidia.TopologyError, match=words):
             nvidia.node_slice("n1", bad)
+
+
+def test_distinct_attribute_puts_each_request_on_another_gpu():
+    """KEP-5075 distinctAttribute: two shares of memory-shared GPUs, never the same GPU."""
+    slices = [node_slice({"gpus": 2, "model": "H100-80GB", "consumableShares": "memory"})]
+    small = {"capacity": {"requests": {"memory": "10Gi"}}}
+    apart = [{"requests": [], "distinctAttribute": "gpu.nvidia.com/uuid"}]
+    [spread] = allocate(slices, [claim(exactly("a", **small), exactly("b", **small),
+                                       constraints=apart)])  # fmt: skip
+    assert [d for _, d in results(spread)] == ["gpu-0", "gpu-1"]
+    [together] = allocate(slices, [claim(exactly("a", **small), exactly("b", **small))])
+    assert [d for _, d in results(together)] == ["gpu-0", "gpu-0"]
+    three = [exactly(n, **small) for n in "abc"]
+    assert allocate(slices, [claim(*three, constraints=apart)]) is None

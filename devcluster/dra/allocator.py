@@ -28,9 +28,11 @@ For one node it allocates every still-unallocated claim of a pod at once, or non
 - the search backtracks, as allocator.go's allocateOne does: a later request that cannot be
   satisfied undoes an earlier choice and tries the next device.
 
-Not modelled: device taints and tolerations, admin access, binding conditions, `distinctAttribute`
-constraints, pools split over several slices (each slice is taken as its own complete pool),
-and the per-node scoring (the first fitting node in least-allocated order is taken).
+`constraints[].distinctAttribute` (KEP-5075): no value twice among those devices.
+
+Not modelled: device taints and tolerations, admin access, binding conditions, pools split
+over several slices (each slice is taken as its own complete pool), and the per-node scoring
+(the first fitting node in least-allocated order is taken).
 """
 
 from __future__ import annotations
@@ -361,15 +363,19 @@ class Allocator:
         picks: list[tuple[int, Request, Device, dict | None]] = []
 
         def constraints_ok() -> bool:
+            """matchAttribute: one value among the devices of the named requests;
+            distinctAttribute (KEP-5075): no value twice among them; both need the attribute."""
             for index, claim in enumerate(claims):
                 for constraint in ((claim.get("spec") or {}).get("devices") or {}).get(
                     "constraints"
                 ) or []:
-                    attribute = constraint.get("matchAttribute")
+                    attribute = constraint.get("matchAttribute") or constraint.get(
+                        "distinctAttribute"
+                    )
                     if not attribute:
                         continue
                     names = set(constraint.get("requests") or [])
-                    values = set()
+                    values = []
                     for i, request, device, _ in picks:
                         if i != index or (
                             names and request.parent not in names and request.name not in names
@@ -378,8 +384,10 @@ class Allocator:
                         value = device.attribute(attribute)
                         if value is None:
                             return False
-                        values.add(value)
-                    if len(values) > 1:
+                        values.append(value)
+                    if constraint.get("matchAttribute") and len(set(values)) > 1:
+                        return False
+                    if constraint.get("distinctAttribute") and len(set(values)) < len(values):
                         return False
             return True
 

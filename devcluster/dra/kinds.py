@@ -128,11 +128,12 @@ def claim_spec_errors(path: str, spec: Mapping[str, Any]) -> list[FieldError]:
                         "and a subrequest separated by '/'",
                     )
                 )
-        attribute = constraint.get("matchAttribute")
+        key = "matchAttribute" if "matchAttribute" in constraint else "distinctAttribute"
+        attribute = constraint.get(key)
         if attribute is not None and "/" not in attribute:
             errors.append(
                 required(
-                    f"{where}.matchAttribute",
+                    f"{where}.{key}",
                     "a fully qualified name must be a domain and a name separated by a slash",
                 )
             )
