@@ -19,6 +19,7 @@ from . import (
     defaults,
     gc,
     jsonpatch,
+    lifecycle,
     objectmeta,
     scheduler,
     strategicmerge,
@@ -28,7 +29,8 @@ from .dra import controller as dra_controller
 from .dra import kinds as dra_kinds
 from .dra.controller import Dra
 from .fielderrors import invalid, invalid_error
-from .kubelet import ConfigError, Kubelet, port_open
+from .kubelet import ConfigError, Kubelet
+from .probes import DEFAULT_BACKOFF
 from .resources import CRDS, MUTATING, VALIDATING, Resource
 from .store import ApiError, Store, now_iso
 from .topology import load_topology
@@ -218,6 +220,7 @@ class DevCluster:
         port: int = 0,
         state_dir: Path | str = Path(".devcluster"),
         kubeconfig: Path | str | None = None,
+        restart_backoff: tuple[float, float] = DEFAULT_BACKOFF,
     ) -> None:
         self.topology = load_topology(topology)
         self.host = host
@@ -232,6 +235,8 @@ class DevCluster:
             self.store, self.delete, self._spawn, self._may_remove
         )  # ownerReferences: dependents follow their owners (devcluster/gc.py)
         self.served = SERVED_SCHEDULERS | set(self.topology.get("schedulers") or [])
+        #: the kubelet's crash-loop back-off, (initial, maximum) seconds (devcluster/probes.py)
+        self.restart_backoff = restart_backoff
         self._server: Any = None
         self._tasks: set[asyncio.Task] = set()
         self._reschedule = asyncio.Event()
@@ -1027,81 +1032,4 @@ class DevCluster:
                 self.store.update("pods", pod)
                 self.event(pod, "Warning", "Failed", f"Error: {exc}", "kubelet")
             return
-        started = now_iso()
-        pod = self._current(namespace, name)
-        if pod is None:
-            await self.kubelet.stop(namespace, name, 0)
-            return
-        status = pod["status"]
-        status.update(
-            {
-                "phase": "Running",
-                "podIP": running.ip,
-                "podIPs": [{"ip": running.ip}],
-                "startTime": started,
-            }
-        )
-        self._condition(pod, "Initialized", "True")
-        self._condition(pod, "ContainersReady", "False", reason="ContainersNotReady")
-        self._condition(pod, "Ready", "False", reason="ContainersNotReady")
-        status["containerStatuses"] = [
-            {
-                "name": container["name"],
-                "image": container.get("image", ""),
-                "imageID": "",
-                "ready": False,
-                "started": True,
-                "restartCount": 0,
-                "state": {"running": {"startedAt": started}},
-            }
-        ]
-        self.store.update("pods", pod)
-        # kubelet 1.33's wording; kubespawner shows these in the spawn progress
-        image = container.get("image", "")
-        pulled = f'Container image "{image}" already present on machine'
-        self.event(pod, "Normal", "Pulled", pulled, "kubelet")
-        self.event(pod, "Normal", "Created", f"Created container: {container['name']}", "kubelet")
-        self.event(pod, "Normal", "Started", f"Started container {container['name']}", "kubelet")
-        ports = [p.get("containerPort") for p in container.get("ports") or []]
-        process = running.process
-        ready = not ports
-        while process.returncode is None:
-            if not ready and await asyncio.to_thread(port_open, running.ip, int(ports[0])):
-                ready = True
-            if ready:
-                pod = self._current(namespace, name)
-                if pod is None:
-                    return
-                pod["status"]["containerStatuses"][0]["ready"] = True
-                self._condition(pod, "ContainersReady", "True")
-                self._condition(pod, "Ready", "True")
-                self.store.update("pods", pod)
-                break
-            try:
-                await asyncio.wait_for(process.wait(), 0.2)
-            except asyncio.TimeoutError:
-                pass
-        code = await process.wait()
-        pod = self._current(namespace, name)
-        if pod is None or pod["metadata"].get("deletionTimestamp"):
-            return  # deletion in progress: the pod disappears, no status to report
-        await self.kubelet.stop(namespace, name, 0)
-        policy = pod["spec"].get("restartPolicy", "Always")
-        pod["status"]["phase"] = "Succeeded" if code == 0 and policy != "Always" else "Failed"
-        pod["status"]["containerStatuses"][0].update(
-            {
-                "ready": False,
-                "started": False,
-                "state": {
-                    "terminated": {
-                        "exitCode": code,
-                        "reason": "Completed" if code == 0 else "Error",
-                        "startedAt": started,
-                        "finishedAt": now_iso(),
-                    }
-                },
-            }
-        )
-        self._condition(pod, "ContainersReady", "False", reason="PodCompleted")
-        self._condition(pod, "Ready", "False", reason="PodCompleted")
-        self.store.update("pods", pod)
+        await lifecycle.supervise(self, namespace, name, container, running, device_env)

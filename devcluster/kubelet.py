@@ -19,7 +19,7 @@ import signal
 import socket
 import sys
 from collections.abc import Callable, Iterable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -40,6 +40,8 @@ class Running:
     ip: str
     log_path: Path
     waiter: asyncio.Task | None = None
+    env: dict[str, str] = field(default_factory=dict)  # for exec probes and pods/exec
+    cwd: str = ""
 
 
 class IpPool:
@@ -209,14 +211,19 @@ class Kubelet:
         pod: Mapping[str, Any],
         lookup: Lookup | None = None,
         device_env: Mapping[str, str] | None = None,
+        ip: str | None = None,
     ) -> Running:
         """Start the pod's first container; `device_env` is what its devices' CDI edits add
-        (DRA claims, devcluster/dra)."""
+        (DRA claims, devcluster/dra); `ip`: the pod's address kept from its former run (a
+        restarted container keeps its pod's IP)."""
         meta = pod["metadata"]
         key = (meta["namespace"], meta["name"])
         container = pod["spec"]["containers"][0]
         ports = [int(p["containerPort"]) for p in container.get("ports") or []]
-        ip = self.ips.take(ports)
+        if ip is None:
+            ip = self.ips.take(ports)
+        else:
+            self.ips.used.add(ip)
         home = self.pod_dir(*key) / "home"
         home.mkdir(parents=True, exist_ok=True)
         log_path = self.pod_dir(*key) / "container.log"
@@ -276,11 +283,11 @@ class Kubelet:
             except OSError as exc:
                 self.ips.give(ip)
                 raise RuntimeError(f'exec: "{command[0]}": {exc.strerror or exc}') from exc
-        running = Running(process, ip, log_path)
+        running = Running(process, ip, log_path, env=env, cwd=cwd)
         self.running[key] = running
         return running
 
-    async def stop(self, namespace: str, name: str, grace: float) -> None:
+    async def stop(self, namespace: str, name: str, grace: float, release_ip: bool = True) -> None:
         running = self.running.pop((namespace, name), None)
         if running is None:
             return
@@ -295,7 +302,8 @@ class Kubelet:
         _kill_escaped(self.pod_dir(namespace, name) / "home")
         if process.returncode is None:
             await process.wait()
-        self.ips.give(running.ip)
+        if release_ip:
+            self.ips.give(running.ip)
 
     def kill_all(self) -> None:
         for (namespace, name), running in list(self.running.items()):
