@@ -385,15 +385,28 @@ class Dra:
 
     def filter_for(self, pod: Mapping[str, Any], claims: list[dict[str, Any]]) -> Any:
         """A per-node Filter for one scheduling attempt; remembers what it allocated."""
-        slices = [e.obj for e in self.store.entries(RESOURCESLICES, None)]
+        # slices by node and allocated results by pool, once per attempt: a node looks only
+        # at its own (a 1,000-node cluster with 20,000 claims stays cheap)
+        by_node: dict[str, list[dict[str, Any]]] = {}
+        everywhere: list[dict[str, Any]] = []
+        for entry in self.store.entries(RESOURCESLICES, None):
+            spec = entry.obj.get("spec") or {}
+            if spec.get("allNodes"):
+                everywhere.append(entry.obj)
+            elif spec.get("nodeName"):
+                by_node.setdefault(spec["nodeName"], []).append(entry.obj)
         classes = {
             e.obj["metadata"]["name"]: e.obj for e in self.store.entries(DEVICECLASSES, None)
         }
-        others = [
-            e.obj
-            for e in self.store.entries(RESOURCECLAIMS, None)
-            if all(e.obj is not c for c in claims)
-        ]
+        mine = {id(c) for c in claims}
+        results: dict[tuple[str, str], list[dict[str, Any]]] = {}
+        for entry in self.store.entries(RESOURCECLAIMS, None):
+            if id(entry.obj) in mine:
+                continue
+            allocation = (entry.obj.get("status") or {}).get("allocation") or {}
+            for result in (allocation.get("devices") or {}).get("results") or []:
+                pool = (result.get("driver", ""), result.get("pool", ""))
+                results.setdefault(pool, []).append(result)
         pending = [c for c in claims if not (c.get("status") or {}).get("allocation")]
         found: dict[str, list[dict[str, Any]]] = {}
 
@@ -405,9 +418,15 @@ class Dra:
                     return NOT_ON_NODE
             if not pending:
                 return None
-            devices = allocator.node_devices(slices, name)
+            devices = allocator.node_devices(by_node.get(name, []) + everywhere, name)
             by_key = {d.key: d for d in devices}
-            used = allocator.in_use(others, by_key)
+            pools = {(d.driver, d.pool) for d in devices}
+            held = [
+                {"status": {"allocation": {"devices": {"results": results[pool]}}}}
+                for pool in pools
+                if pool in results
+            ]
+            used = allocator.in_use(held, by_key)
             try:
                 result = allocator.Allocator(devices, classes, used).allocate(pending, name)
             except allocator.AllocationError as exc:
