@@ -498,3 +498,17 @@ async def test_an_allocated_claim_keeps_its_pods_on_its_node(cluster):
     )
     await create(cluster, "pods", gpu_pod("third", claim_name="shared"))
     await wait_for(lambda: bound(cluster).get("third") == "gpu-1", "third joins it on gpu-1")
+
+
+async def test_a_claim_naming_a_class_that_does_not_exist_says_so(cluster):
+    """allocator.go: "could not retrieve device class", a Filter error, not "no room"."""
+    typo = {"exactly": {"deviceClassName": "gpu.nvidia.co"}}
+    await create(cluster, TEMPLATES, template("typo", typo))
+    await create(cluster, "pods", gpu_pod("nb", template_name="typo"))
+    message = await wait_for(lambda: failed_scheduling(cluster, "nb"), "FailedScheduling")
+    claim = claim_of(cluster, "nb")["metadata"]["name"]
+    assert message == (
+        f'running "DynamicResources" filter plugin: claim default/{claim}, request gpu: could '
+        'not retrieve device class gpu.nvidia.co: deviceclass.resource.k8s.io "gpu.nvidia.co" '
+        "not found"
+    )

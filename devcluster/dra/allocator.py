@@ -360,6 +360,13 @@ class Allocator:
         for index, claim in enumerate(claims):
             for alternatives in _requests_of(claim):
                 slots.append((index, alternatives))
+                for request in alternatives:  # allocator.go newRequestData: the class must exist
+                    if request.class_name not in self.classes:
+                        raise AllocationError(
+                            f"claim {request.claim}, request {request.name}: could not retrieve "
+                            f"device class {request.class_name}: deviceclass.resource.k8s.io "
+                            f'"{request.class_name}" not found'
+                        )
         picks: list[tuple[int, Request, Device, dict | None]] = []
 
         def constraints_ok() -> bool:
