@@ -512,3 +512,20 @@ async def test_a_claim_naming_a_class_that_does_not_exist_says_so(cluster):
         'not retrieve device class gpu.nvidia.co: deviceclass.resource.k8s.io "gpu.nvidia.co" '
         "not found"
     )
+
+
+async def test_a_claim_deleted_while_in_use_stays_until_its_pod_ends(cluster):
+    """The scheduler's resource.kubernetes.io/delete-protection finalizer keeps a deleted claim
+    (deletionTimestamp, STATE deleted,allocated,reserved) while a pod uses it; once the pod
+    is gone the controller deallocates it, removes the finalizer, and it goes."""
+    claim = {"metadata": {"name": "shared"}, "spec": {"devices": {"requests": [{"name": "gpu",
+             "exactly": {"deviceClassName": "gpu.nvidia.com"}}]}}}  # fmt: skip
+    await create(cluster, CLAIMS, claim)
+    await create(cluster, "pods", gpu_pod("user", claim_name="shared"))
+    await wait_for(lambda: bound(cluster), "bound")
+    await cluster.api_delete(CLAIMS, "v1", "default", "shared", None, RequestInfo())
+    kept = cluster.get(CLAIMS, "default", "shared")
+    assert kept["metadata"]["deletionTimestamp"] and kept["status"]["allocation"]
+    await cluster.delete("pods", "default", "user", 0)
+    await wait_for(lambda: all(c["metadata"]["name"] != "shared" for c in cluster.list(CLAIMS)),
+                   "the claim gone once its pod is")  # fmt: skip
