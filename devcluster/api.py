@@ -13,6 +13,7 @@ from tornado.log import access_log
 
 from . import gc
 from .admission import RequestInfo
+from .podstream import PodStream
 from .resources import Registry, Resource
 from .selectors import SelectorError, parse_field_selector, parse_label_selector
 from .store import ApiError
@@ -694,6 +695,7 @@ def make_app(cluster: DevCluster) -> web.Application:
         [
             (r"/(version|api|apis|api/v1|healthz|readyz|livez)/?", Discovery, args),
             (r"/api/v1/namespaces/([^/]+)/pods/([^/]+)/log", PodLog, args),
+            (r"/api/v1/namespaces/([^/]+)/pods/([^/]+)/(exec|attach)", PodStream, args),
             (rf"/api/v1/namespaces/([^/]+)/({plurals})/([^/]+)", Item, args),
             (rf"/api/v1/namespaces/([^/]+)/({plurals})", Collection, args),
             (r"/api/v1/namespaces/([^/]+)", NamespaceItem, args),
