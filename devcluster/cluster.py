@@ -19,6 +19,7 @@ from . import (
     defaults,
     gc,
     jsonpatch,
+    kubelet,
     lifecycle,
     objectmeta,
     scheduler,
@@ -290,6 +291,8 @@ class DevCluster:
         self.store.listeners.append(self._on_change)
         self.store.listeners.append(self.gc.on_change)
         self._scheduler_task = asyncio.ensure_future(self._scheduler_loop())
+        for limit in kubelet.limitations():  # what this machine does not let it model
+            log.info("devcluster does not model: %s", limit)
         return self
 
     async def stop(self) -> None:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import functools
 import json
 import os
 import random
@@ -17,6 +18,7 @@ import re
 import shutil
 import signal
 import socket
+import subprocess
 import sys
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
@@ -29,6 +31,11 @@ from . import volumes
 #: die without cleaning up (SIGKILL, a crash): prctl(PR_SET_PDEATHSIG). An orderly stop kills
 #: every pod anyway; without setpriv only that remains.
 SETPRIV = shutil.which("setpriv")
+#: util-linux's unshare and hostname: a pod's own UTS namespace, hostname = pod name, where
+#: the machine allows it (root: CAP_SYS_ADMIN), as a container runtime gives each pod sandbox
+UNSHARE = shutil.which("unshare")
+HOSTNAME = shutil.which("hostname")
+NSENTER = shutil.which("nsenter")
 #: What runs for a container with no command/args: jupyter docker-stacks images start
 #: jupyterhub-singleuser by default. Overridable per image with the topology's `images:` map.
 DEFAULT_COMMAND = ["jupyterhub-singleuser"]
@@ -81,6 +88,49 @@ def ports_free(ip: str, ports: Iterable[int]) -> bool:
             except OSError:
                 return False
     return True
+
+
+@functools.cache
+def uts_namespaces() -> bool:
+    """Whether pods can get a UTS namespace of their own (tried once)."""
+    if not (UNSHARE and HOSTNAME) or os.geteuid() != 0:
+        return False
+    try:
+        done = subprocess.run([UNSHARE, "--uts", "--", "true"], capture_output=True, timeout=10)
+    except (OSError, subprocess.TimeoutExpired):
+        return False
+    return done.returncode == 0
+
+
+def pod_hostname(name: str) -> str:
+    """The pod's hostname: its name cut to 63 characters (kubelet GeneratePodHostNameAndDomain
+    truncates a longer one, trailing '-'/'.' dropped)."""
+    return name[:63].rstrip("-.")
+
+
+def in_own_uts(name: str, command: list[str]) -> list[str]:
+    """The command in a UTS namespace of its own whose hostname is the pod's, where possible;
+    unshare and sh exec into the command, so its pid is the one started."""
+    if not uts_namespaces():
+        return command
+    script = 'hostname "$0" && exec "$@"'
+    return [UNSHARE or "unshare", "--uts", "--", "sh", "-c", script, pod_hostname(name), *command]
+
+
+def limitations() -> list[str]:
+    """What the devcluster cannot model on this machine, said at start."""
+    said = [
+        "pods share the host's network (each an own 127.x address; 0.0.0.0 rewritten) and "
+        "Service names do not resolve in pods",
+        "pods share the host's filesystem: volumes are files under the state dir, mountPaths "
+        "rewritten in command, args, env and workingDir",
+    ]
+    if not uts_namespaces():
+        said.append(
+            "pods share the host's hostname (no UTS namespaces: needs root and util-linux "
+            "unshare); HOSTNAME is the pod's name"
+        )
+    return said
 
 
 class ConfigError(RuntimeError):
@@ -268,6 +318,7 @@ class Kubelet:
             raise RuntimeError(
                 f'exec: "{command[0] if command else ""}": executable file not found in $PATH'
             )
+        command = in_own_uts(meta["name"], command)
         argv = [SETPRIV, "--pdeathsig", "KILL", "--", *command] if SETPRIV else command
         with open(log_path, "ab") as log:
             try:

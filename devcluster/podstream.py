@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING, Any
 
 from tornado import websocket
 
+from .kubelet import NSENTER, uts_namespaces
 from .store import ApiError
 
 if TYPE_CHECKING:
@@ -120,9 +121,12 @@ class PodStream(websocket.WebSocketHandler):
         if running is None:
             self._finish({"metadata": {}, "status": "Failure", "message": "container not running"})
             return
+        argv = command
+        if uts_namespaces() and NSENTER:  # beside the container: in its UTS namespace
+            argv = [NSENTER, "--target", str(running.process.pid), "--uts", "--", *command]
         try:
             self.process = await asyncio.create_subprocess_exec(
-                *command,
+                *argv,
                 env=running.env,
                 cwd=running.cwd or None,
                 stdin=asyncio.subprocess.PIPE
