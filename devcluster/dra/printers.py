@@ -8,7 +8,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from ..tables import _column, human_age
+from ..columns import _column, human_age
 from .kinds import RESOURCECLAIMS, RESOURCESLICES
 
 
