@@ -962,6 +962,34 @@ class DevCluster:
         finally:
             self._running_pods.discard(key)
 
+    def _container_waits(
+        self,
+        namespace: str,
+        name: str,
+        container: Mapping[str, Any],
+        waiting: dict[str, str],
+        event_reason: str,
+        event_message: str,
+    ) -> None:
+        """The pod's container did not start and waits (`waiting`: reason, message), with the
+        kubelet's Warning event; nothing if the pod is gone meanwhile."""
+        pod = self._current(namespace, name)
+        if pod is None:
+            return
+        pod["status"]["containerStatuses"] = [
+            {
+                "name": container["name"],
+                "image": container.get("image", ""),
+                "imageID": "",
+                "ready": False,
+                "started": False,
+                "restartCount": 0,
+                "state": {"waiting": waiting},
+            }
+        ]
+        self.store.update("pods", pod)
+        self.event(pod, "Warning", event_reason, event_message, "kubelet")
+
     async def _run_pod_once(self, namespace: str, name: str) -> None:
         pod = self._current(namespace, name)
         if pod is None:
@@ -972,40 +1000,14 @@ class DevCluster:
             running = await self.kubelet.start(pod, self._lookup, device_env)
         except MountError as exc:
             # the kubelet's volume manager: FailedMount, the container stays ContainerCreating
-            pod = self._current(namespace, name)
-            if pod is not None:
-                pod["status"]["containerStatuses"] = [
-                    {
-                        "name": container["name"],
-                        "image": container.get("image", ""),
-                        "imageID": "",
-                        "ready": False,
-                        "started": False,
-                        "restartCount": 0,
-                        "state": {"waiting": {"reason": "ContainerCreating"}},
-                    }
-                ]
-                self.store.update("pods", pod)
-                self.event(pod, "Warning", "FailedMount", str(exc), "kubelet")
+            self._container_waits(
+                namespace, name, container, {"reason": "ContainerCreating"}, "FailedMount", str(exc)
+            )
             return
         except ConfigError as exc:
-            pod = self._current(namespace, name)
-            if pod is not None:  # the kubelet's CreateContainerConfigError: stays Pending
-                pod["status"]["containerStatuses"] = [
-                    {
-                        "name": container["name"],
-                        "image": container.get("image", ""),
-                        "imageID": "",
-                        "ready": False,
-                        "started": False,
-                        "restartCount": 0,
-                        "state": {
-                            "waiting": {"reason": "CreateContainerConfigError", "message": str(exc)}
-                        },
-                    }
-                ]
-                self.store.update("pods", pod)
-                self.event(pod, "Warning", "Failed", f"Error: {exc}", "kubelet")
+            # the kubelet's CreateContainerConfigError: stays Pending
+            waiting = {"reason": "CreateContainerConfigError", "message": str(exc)}
+            self._container_waits(namespace, name, container, waiting, "Failed", f"Error: {exc}")
             return
         except RuntimeError as exc:
             pod = self._current(namespace, name)
