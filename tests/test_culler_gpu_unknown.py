@@ -15,6 +15,7 @@ import json
 import os
 import signal
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -229,32 +230,49 @@ def test_a_pid_namespace_of_its_own_is_detected():
     assert has_own_pid_namespace(Path("/nonexistent")) is False
 
 
-def user_works(server: JupyterServer, kernel_id: str, seconds: float) -> bool:
-    """The user works in the server (browses files: API requests) for `seconds`, while the
-    kernel is checked after each request. True: it stayed. False: this test itself could not
-    keep the user working (a loaded machine stalled it or the server for half the limit),
-    and the server may rightly have taken them for gone. A kernel shut down while the
-    server saw activity well within the limit fails the test.
+def user_works(
+    server: JupyterServer,
+    kernel_id: str,
+    seconds: float,
+    *,
+    then: Callable[[], None],
+    until: Callable[[], bool],
+) -> bool:
+    """The user works in the server (browses files: API requests) while, after their first
+    request, `then()` makes the kernel's GPU idle; once `until()` (the server says so), they
+    keep working for `seconds`. The kernel is checked after each request. True: it stayed.
+    False: this test itself could not keep the user working (a loaded machine stalled it or
+    the server for half the limit), and the server may rightly have taken them for gone. A
+    kernel shut down while the server saw activity well within the limit fails the test.
 
     The server records a request's activity when it ends (jupyter-server's
     `APIHandler.finish`): with every request ending within half the limit of its start and
     starting within half the limit of the previous start, the server never saw the user idle
-    for the limit (`finish[i+1] - finish[i] <= end[i+1] - start[i] < limit`)."""
+    for the limit (`finish[i+1] - finish[i] <= end[i+1] - start[i] < limit`). The kernel only
+    becomes idle after the first request has ended, so no idle time from before the user
+    began (the previous test's last message, a slow wait for the idle report) can count: it
+    once did, and the kernel was rightly shut down before the first request (issue 28, 13)."""
     half = KERNEL_GPU_IDLE / 2
-    previous = time.monotonic()
-    deadline = previous + seconds
-    while time.monotonic() < deadline:
+    previous: float | None = None
+    deadline: float | None = None
+    give_up = time.monotonic() + 15  # the idle report never came
+    while deadline is None or time.monotonic() < deadline:
         start = time.monotonic()
         status = server.api("GET", "/api/contents")[0]
         ended = time.monotonic()
         assert status == 200
-        stalled = start - previous >= half or ended - start >= half
+        stalled = (previous is not None and start - previous >= half) or ended - start >= half
         if not kernel_alive(server, kernel_id):
             assert stalled, "the kernel was shut down while its user worked"
             return False
         if stalled:
             return False
+        if previous is None:
+            then()
         previous = start
+        if deadline is None and until():
+            deadline = time.monotonic() + seconds
+        assert deadline is not None or time.monotonic() < give_up, "no idle report came"
         time.sleep(0.3)
     return True
 
@@ -264,10 +282,21 @@ def test_idle_gpu_kernel_shut_down_by_its_server_never_while_its_user_works(
 ):
     kernel_id, pid = kernel
     for _attempt in range(5):
-        set_state(nvml_state, gpus=[gpu([{"pid": pid, "memory_mib": 4096, "sm": 0}])])
-        report_when(server, lambda r: r.get("gpu_state") == "idle", "known idle")
-        # the user works in the same server (saves files, browses): the idle kernel stays
-        if user_works(server, kernel_id, 3 * KERNEL_GPU_IDLE):
+        # the kernel computes on its GPU: never shut down
+        set_state(
+            nvml_state, gpus=[gpu([{"pid": pid, "memory_mib": 4096, "sm": 90}], utilization=90)]
+        )
+        report_when(server, lambda r: r.get("gpu_state") == "busy", "busy")
+        # the user works in the same server (saves files, browses) while the kernel's GPU
+        # goes idle: the idle kernel stays
+        idle = [{"pid": pid, "memory_mib": 4096, "sm": 0}]
+        if user_works(
+            server,
+            kernel_id,
+            3 * KERNEL_GPU_IDLE,
+            then=lambda: set_state(nvml_state, gpus=[gpu(idle)]),  # noqa: B023
+            until=lambda: server.api("GET", "/api/fracspawner/gpu")[1].get("gpu_state") == "idle",
+        ):
             break
         # the machine stalled this test: the user did not work all along. Again, on a new
         # kernel if the old one is gone
