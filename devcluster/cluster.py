@@ -19,7 +19,6 @@ from . import (
     defaults,
     gc,
     jsonpatch,
-    kubelet,
     lifecycle,
     objectmeta,
     scheduler,
@@ -31,6 +30,7 @@ from .dra import kinds as dra_kinds
 from .dra.controller import Dra
 from .fielderrors import invalid, invalid_error
 from .kubelet import ConfigError, Kubelet
+from .network import make_network
 from .probes import DEFAULT_BACKOFF
 from .resources import CRDS, MUTATING, VALIDATING, Resource
 from .store import ApiError, Store, now_iso
@@ -84,6 +84,16 @@ def namespace_object(entry: str | Mapping[str, Any]) -> dict[str, Any]:
         "spec": {"finalizers": ["kubernetes"]},
         "status": {"phase": "Active"},
     }
+
+
+def service_immutable_errors(current: Mapping[str, Any], updated: Mapping[str, Any]) -> list:
+    """ValidateServiceUpdate: a ClusterIP once set stays (unless the type turns ExternalName)."""
+    old = (current.get("spec") or {}).get("clusterIP")
+    spec = updated.get("spec") or {}
+    new = spec.get("clusterIP")
+    if old and new and new != old and spec.get("type") != "ExternalName":
+        return [invalid("spec.clusterIP", new, "field is immutable")]
+    return []
 
 
 def scheduler_of(pod: Mapping[str, Any]) -> str:
@@ -222,6 +232,7 @@ class DevCluster:
         state_dir: Path | str = Path(".devcluster"),
         kubeconfig: Path | str | None = None,
         restart_backoff: tuple[float, float] = DEFAULT_BACKOFF,
+        network: str | None = None,
     ) -> None:
         self.topology = load_topology(topology)
         self.host = host
@@ -230,7 +241,12 @@ class DevCluster:
         self.kubeconfig_path = Path(kubeconfig) if kubeconfig else self.state_dir / "kubeconfig"
         self.store = Store()
         self.admission = Admission(self.store)
-        self.kubelet = Kubelet(self.state_dir, self.topology.get("images") or {})
+        #: pod sandboxes, ClusterIPs, the Service proxy and the cluster DNS (devcluster/network.py);
+        #: `network: namespaces` in the topology: a network namespace per pod, where root
+        self.network = make_network(
+            network or self.topology.get("network") or "host", self.state_dir, self._pods_in
+        )
+        self.kubelet = Kubelet(self.state_dir, self.topology.get("images") or {}, self.network)
         self.dra = Dra(self)  # Dynamic Resource Allocation: claims, allocation, slices
         self.gc = gc.GarbageCollector(
             self.store, self.delete, self._spawn, self._may_remove
@@ -276,6 +292,7 @@ class DevCluster:
         self.dra.load_topology(self.topology)
         self.store.floor = self.store.rv
         self.state_dir.mkdir(parents=True, exist_ok=True)
+        await self.network.start()
         sock = socket.socket()
         # a restart on the same port must not wait out TIME_WAIT (~60 s) of the connections
         # stop() closed: tests take the API away and back to show outage behaviour
@@ -291,7 +308,7 @@ class DevCluster:
         self.store.listeners.append(self._on_change)
         self.store.listeners.append(self.gc.on_change)
         self._scheduler_task = asyncio.ensure_future(self._scheduler_loop())
-        for limit in kubelet.limitations():  # what this machine does not let it model
+        for limit in self.network.limitations():  # what this machine does not let it model
             log.info("devcluster does not model: %s", limit)
         return self
 
@@ -301,6 +318,7 @@ class DevCluster:
         for task in list(self._tasks):
             task.cancel()
         self.kubelet.kill_all()
+        await self.network.stop()
         if self._server is not None:
             self._server.stop()
             await self._server.close_all_connections()
@@ -490,6 +508,8 @@ class DevCluster:
 
     def _before_store(self, resource: Resource, body: dict[str, Any]) -> dict[str, Any]:
         """What the registry sets as it stores a new object (PrepareForCreate)."""
+        if resource.key == "services":
+            self.network.allocate(body, None)  # its ClusterIP
         if resource.key == "pods":
             body["status"] = {"phase": "Pending", "qosClass": scheduler.qos_class(body)}
         if resource.key == CRDS:
@@ -640,6 +660,11 @@ class DevCluster:
             updated = dra_kinds.prepare_update(current, updated, subresource)
         if resource.custom:
             updated = customresources.for_update(resource, current, updated, subresource)
+        if plural == "services":
+            errors = service_immutable_errors(current, updated)
+            if errors:
+                raise invalid_error(resource.kind, resource.group, meta.get("name", ""), errors)
+            self.network.allocate(updated, current)
         if plural == CRDS:
             errors = crd.immutable_errors(current, updated)
             if errors:
@@ -804,6 +829,8 @@ class DevCluster:
         if plural == "pods" and kind == "DELETED":
             self._requests.pop(obj["metadata"]["uid"], None)
         self.dra.on_change(plural, kind, obj)
+        if plural == "services":
+            self._spawn(self.network.on_service(kind, copy.deepcopy(obj)))
         if plural in ("secrets", "configmaps") and kind != "DELETED":
             self._retry_config_errors(obj["metadata"]["namespace"])
         if plural == "pods" and (
@@ -941,6 +968,10 @@ class DevCluster:
                 and key not in self._running_pods
             ):
                 self._spawn(self._run_pod(*key))
+
+    def _pods_in(self, namespace: str) -> list[dict[str, Any]]:
+        """The namespace's stored pods (the Service proxy's and the DNS's endpoints)."""
+        return [e.obj for (ns, _), e in self.store.objects["pods"].items() if ns == namespace]
 
     def _lookup(self, plural: str, namespace: str, name: str) -> dict[str, Any] | None:
         entry = self.store.objects[plural].get((namespace, name))

@@ -1,41 +1,39 @@
 """A kubelet that runs a bound pod's container command as a real local process.
 
-All "pods" share the host's network, so each gets its own loopback address (127.0.0.N) and the
-kubelet rewrites `0.0.0.0` in env values and args to that address: a server told to listen on
-all interfaces inside its pod listens on the pod's own IP here. Images are not pulled: the
-command runs from the current Python environment.
+Each pod runs in its sandbox (devcluster/network.py): where root, its own mount and UTS
+namespaces (hostname = pod name, the kubelet's resolv.conf and hosts), and with `network:
+namespaces` its own network namespace. On the host's network each pod gets its own loopback
+address (127.0.x.y) and the kubelet rewrites `0.0.0.0` in env values and args to that address:
+a server told to listen on all interfaces inside its pod listens on the pod's own IP there.
+Images are not pulled: the command runs from the current Python environment.
 """
 
 from __future__ import annotations
 
 import asyncio
 import base64
-import functools
 import json
 import os
-import random
 import re
 import shutil
 import signal
 import socket
-import subprocess
 import sys
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from . import volumes
+from .network import NSENTER, LoopbackPool, Network, ports_free
+
+IpPool = LoopbackPool  # the name tests and older code use
+__all__ = ["IpPool", "ports_free"]
 
 #: util-linux's setpriv, to have the kernel SIGKILL a pod's process should the devcluster itself
 #: die without cleaning up (SIGKILL, a crash): prctl(PR_SET_PDEATHSIG). An orderly stop kills
 #: every pod anyway; without setpriv only that remains.
 SETPRIV = shutil.which("setpriv")
-#: util-linux's unshare and hostname: a pod's own UTS namespace, hostname = pod name, where
-#: the machine allows it (root: CAP_SYS_ADMIN), as a container runtime gives each pod sandbox
-UNSHARE = shutil.which("unshare")
-HOSTNAME = shutil.which("hostname")
-NSENTER = shutil.which("nsenter")
 #: What runs for a container with no command/args: jupyter docker-stacks images start
 #: jupyterhub-singleuser by default. Overridable per image with the topology's `images:` map.
 DEFAULT_COMMAND = ["jupyterhub-singleuser"]
@@ -49,88 +47,16 @@ class Running:
     waiter: asyncio.Task | None = None
     env: dict[str, str] = field(default_factory=dict)  # for exec probes and pods/exec
     cwd: str = ""
+    #: the namespaces of the pod's sandbox that a command beside the container enters
+    namespaces: tuple[str, ...] = ()
 
-
-class IpPool:
-    """127.0.0.2 ... 127.0.254.254, one per running pod.
-
-    Several devclusters may share a machine (a demo beside a test run, parallel test runs), and
-    they cannot see each other's pods: each starts at a random address, and an address where a
-    container port is already taken is skipped, so a pod never answers on another's socket.
-    """
-
-    def __init__(self, seed: int | None = None) -> None:
-        self.used: set[str] = set()
-        self.next = random.Random(seed).randrange(2, 254 * 256)
-
-    def take(self, ports: Iterable[int] = ()) -> str:
-        ports = list(ports)
-        for _ in range(256 * 254):
-            n = self.next
-            self.next = self.next + 1 if self.next < 254 * 256 else 2
-            ip = f"127.0.{n // 256}.{n % 256}"
-            if n % 256 in (0, 255) or ip in self.used or not ports_free(ip, ports):
-                continue
-            self.used.add(ip)
-            return ip
-        raise RuntimeError("no free loopback address")
-
-    def give(self, ip: str) -> None:
-        self.used.discard(ip)
-
-
-def ports_free(ip: str, ports: Iterable[int]) -> bool:
-    """Whether nothing listens on `ip` at any of `ports` (a test bind, like the process's own)."""
-    for port in ports:
-        with socket.socket() as s:
-            try:
-                s.bind((ip, port))
-            except OSError:
-                return False
-    return True
-
-
-@functools.cache
-def uts_namespaces() -> bool:
-    """Whether pods can get a UTS namespace of their own (tried once)."""
-    if not (UNSHARE and HOSTNAME) or os.geteuid() != 0:
-        return False
-    try:
-        done = subprocess.run([UNSHARE, "--uts", "--", "true"], capture_output=True, timeout=10)
-    except (OSError, subprocess.TimeoutExpired):
-        return False
-    return done.returncode == 0
-
-
-def pod_hostname(name: str) -> str:
-    """The pod's hostname: its name cut to 63 characters (kubelet GeneratePodHostNameAndDomain
-    truncates a longer one, trailing '-'/'.' dropped)."""
-    return name[:63].rstrip("-.")
-
-
-def in_own_uts(name: str, command: list[str]) -> list[str]:
-    """The command in a UTS namespace of its own whose hostname is the pod's, where possible;
-    unshare and sh exec into the command, so its pid is the one started."""
-    if not uts_namespaces():
-        return command
-    script = 'hostname "$0" && exec "$@"'
-    return [UNSHARE or "unshare", "--uts", "--", "sh", "-c", script, pod_hostname(name), *command]
-
-
-def limitations() -> list[str]:
-    """What the devcluster cannot model on this machine, said at start."""
-    said = [
-        "pods share the host's network (each an own 127.x address; 0.0.0.0 rewritten) and "
-        "Service names do not resolve in pods",
-        "pods share the host's filesystem: volumes are files under the state dir, mountPaths "
-        "rewritten in command, args, env and workingDir",
-    ]
-    if not uts_namespaces():
-        said.append(
-            "pods share the host's hostname (no UTS namespaces: needs root and util-linux "
-            "unshare); HOSTNAME is the pod's name"
-        )
-    return said
+    def beside(self, command: list[str]) -> list[str]:
+        """`command` run beside the container, in its sandbox's namespaces (kubectl exec, exec
+        probes): the same hostname, /etc/resolv.conf and network."""
+        if not self.namespaces or not NSENTER:
+            return command
+        flags = [f"--{n}" for n in self.namespaces]
+        return [NSENTER, "--target", str(self.process.pid), *flags, "--", *command]
 
 
 class ConfigError(RuntimeError):
@@ -174,10 +100,16 @@ def _source_data(plural: str, ref: Mapping[str, Any], ns: str, lookup: Lookup | 
 
 
 def container_env(
-    pod: Mapping[str, Any], container: Mapping[str, Any], ip: str, lookup: Lookup | None = None
+    pod: Mapping[str, Any],
+    container: Mapping[str, Any],
+    ip: str,
+    lookup: Lookup | None = None,
+    any_address: str | None = None,
 ) -> dict[str, str]:
     """The container's environment: `envFrom` first, then `env` (value, fieldRef,
-    secretKeyRef, configMapKeyRef), with 0.0.0.0 in literal values rewritten to the pod IP."""
+    secretKeyRef, configMapKeyRef), with 0.0.0.0 in literal values rewritten to `any_address`
+    (the pod IP on the host's network; unchanged in a network namespace of its own)."""
+    any_address = ip if any_address is None else any_address
     ns = (pod.get("metadata") or {}).get("namespace", "default")
     env: dict[str, str] = {}
     for source in container.get("envFrom") or []:
@@ -188,7 +120,7 @@ def container_env(
     for item in container.get("env") or []:
         value_from = item.get("valueFrom") or {}
         if "value" in item or not value_from:
-            env[item["name"]] = str(item.get("value", "")).replace("0.0.0.0", ip)
+            env[item["name"]] = str(item.get("value", "")).replace("0.0.0.0", any_address)
         elif field_ref := value_from.get("fieldRef"):
             env[item["name"]] = _field_ref(pod, field_ref.get("fieldPath", ""), ip)
         else:
@@ -247,11 +179,21 @@ def simulated_gpu_env(pod: Mapping[str, Any], container: Mapping[str, Any]) -> d
 
 
 class Kubelet:
-    def __init__(self, state_dir: Path, images: Mapping[str, list[str]] | None = None) -> None:
+    def __init__(
+        self,
+        state_dir: Path,
+        images: Mapping[str, list[str]] | None = None,
+        network: Network | None = None,
+    ) -> None:
         self.state_dir = state_dir
         self.images = dict(images or {})
-        self.ips = IpPool()
+        self.network = network or Network(state_dir, lambda _ns: [])
+        self.ips = self.network.ips
         self.running: dict[tuple[str, str], Running] = {}
+
+    async def release(self, ip: str) -> None:
+        """The pod is gone: its address (and network namespace) go back."""
+        await self.network.release(ip)
 
     def pod_dir(self, namespace: str, name: str) -> Path:
         return self.state_dir / "pods" / namespace / name
@@ -282,7 +224,7 @@ class Kubelet:
             "HOME": str(home),
             "LANG": os.environ.get("LANG", "C.UTF-8"),
             "HOSTNAME": meta["name"],
-            "KUBERNETES_SERVICE_HOST": "127.0.0.1",
+            "KUBERNETES_SERVICE_HOST": self.network.host_ip,
         }
         for passthrough in ("PYTHONPATH", "JUPYTER_CONFIG_PATH", "FRACSPAWNER_GPU_SOURCE"):
             if passthrough in os.environ:
@@ -300,13 +242,15 @@ class Kubelet:
                 lambda p, path: _field_ref(p, path, ip),
             )
             rewrite = volumes.rewriter(mounts)
-            own = container_env(pod, container, ip, lookup)
+            any_address = ip if self.network.rewrites_any_address() else "0.0.0.0"
+            own = container_env(pod, container, ip, lookup, any_address)
         except (ConfigError, volumes.MountError):
             self.ips.give(ip)
             raise
         env.update({k: rewrite(v) for k, v in own.items()})
         command = [
-            rewrite(c.replace("0.0.0.0", ip)) for c in container_command(container, self.images)
+            rewrite(c.replace("0.0.0.0", any_address))
+            for c in container_command(container, self.images)
         ]
         workdir = rewrite(container.get("workingDir") or "") or None
         cwd = workdir if workdir and Path(workdir).is_dir() else str(home)
@@ -318,7 +262,12 @@ class Kubelet:
             raise RuntimeError(
                 f'exec: "{command[0] if command else ""}": executable file not found in $PATH'
             )
-        command = in_own_uts(meta["name"], command)
+        try:
+            sandbox = await self.network.sandbox(meta["namespace"], meta["name"], ip)
+        except RuntimeError:
+            await self.release(ip)
+            raise
+        command = [*sandbox, *command]
         argv = [SETPRIV, "--pdeathsig", "KILL", "--", *command] if SETPRIV else command
         with open(log_path, "ab") as log:
             try:
@@ -332,9 +281,12 @@ class Kubelet:
                     start_new_session=True,
                 )
             except OSError as exc:
-                self.ips.give(ip)
+                await self.release(ip)
                 raise RuntimeError(f'exec: "{command[0]}": {exc.strerror or exc}') from exc
-        running = Running(process, ip, log_path, env=env, cwd=cwd)
+        namespaces: tuple[str, ...] = ()
+        if sandbox:
+            namespaces = ("uts", "mount") + (("net",) if self.network.mode != "host" else ())
+        running = Running(process, ip, log_path, env=env, cwd=cwd, namespaces=namespaces)
         self.running[key] = running
         return running
 
@@ -354,7 +306,7 @@ class Kubelet:
         if process.returncode is None:
             await process.wait()
         if release_ip:
-            self.ips.give(running.ip)
+            await self.release(running.ip)
 
     def kill_all(self) -> None:
         for (namespace, name), running in list(self.running.items()):

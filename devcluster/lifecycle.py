@@ -84,16 +84,16 @@ async def supervise(
         if backoff > 0:
             _mark_backoff(cluster, pod, container, restarts - 1, last_state, backoff)
             if not await _wait_out(cluster, namespace, name, backoff):
-                cluster.kubelet.ips.give(ip)
+                await cluster.kubelet.release(ip)
                 return
         pod = cluster._current(namespace, name)
         if pod is None or pod["metadata"].get("deletionTimestamp"):
-            cluster.kubelet.ips.give(ip)
+            await cluster.kubelet.release(ip)
             return
         try:
             running = await cluster.kubelet.start(pod, cluster._lookup, device_env, ip=ip)
         except (ConfigError, MountError, RuntimeError) as exc:
-            cluster.kubelet.ips.give(ip)
+            await cluster.kubelet.release(ip)
             cluster.event(pod, "Warning", "Failed", f"Error: {exc}", "kubelet")
             return
 
@@ -226,7 +226,9 @@ async def _watch(
     cname = container["name"]
 
     async def try_probe(probe: probes.Probe) -> tuple[bool, str]:
-        return await probes.run(probe, running.ip, container, running.env, running.cwd)
+        return await probes.run(
+            probe, running.ip, container, running.env, running.cwd, running.beside
+        )
 
     async def kill(kind: str, message: str) -> int:
         pod = cluster._current(namespace, name)

@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from . import proctree
+from .network import with_resolver
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -264,8 +265,13 @@ def start_hub(
     env: Mapping[str, str] | None = None,
     log_to_console: bool = False,
     timeout: float = 60,
+    resolv: Path | None = None,
 ) -> LocalHub:
-    """Start `jupyterhub` in its own process group and wait until its API answers."""
+    """Start `jupyterhub` in its own process group and wait until its API answers.
+
+    `resolv`: the devcluster's resolv.conf (`<state_dir>/network/resolv.conf`): the hub (and
+    the proxy it starts) resolve Service names as a hub pod does, for KubeSpawner's
+    `services_enabled` and `internal_ssl`, which connect to `<pod>.<ns>.svc.cluster.local`."""
     state_dir.mkdir(parents=True, exist_ok=True)
     port = port or free_port()
     admin_token = os.urandom(16).hex()
@@ -291,8 +297,11 @@ def start_hub(
     proc_env["PATH"] = os.pathsep.join([bin_dir, proc_env.get("PATH", "")])
     log_path = state_dir / "jupyterhub.log"
     log_file = None if log_to_console else open(log_path, "wb")  # noqa: SIM115
+    command = [sys.executable, "-m", "jupyterhub", "-f", str(config)]
+    if resolv is not None:
+        command = with_resolver(command, resolv)
     process = subprocess.Popen(
-        [sys.executable, "-m", "jupyterhub", "-f", str(config)],
+        command,
         cwd=state_dir,
         env=proc_env,
         stdout=log_file,

@@ -21,7 +21,6 @@ from typing import TYPE_CHECKING, Any
 
 from tornado import websocket
 
-from .kubelet import NSENTER, uts_namespaces
 from .store import ApiError
 
 if TYPE_CHECKING:
@@ -121,9 +120,7 @@ class PodStream(websocket.WebSocketHandler):
         if running is None:
             self._finish({"metadata": {}, "status": "Failure", "message": "container not running"})
             return
-        argv = command
-        if uts_namespaces() and NSENTER:  # beside the container: in its UTS namespace
-            argv = [NSENTER, "--target", str(running.process.pid), "--uts", "--", *command]
+        argv = running.beside(command)  # in the container's namespaces
         try:
             self.process = await asyncio.create_subprocess_exec(
                 *argv,

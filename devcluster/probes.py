@@ -19,7 +19,7 @@ import asyncio
 import http.client
 import socket
 import ssl
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -111,8 +111,10 @@ async def run(
     container: Mapping[str, Any],
     env: Mapping[str, str],
     cwd: str,
+    beside: Callable[[list[str]], list[str]] = lambda command: command,
 ) -> tuple[bool, str]:
-    """One try: (succeeded, the failure's message)."""
+    """One try: (succeeded, the failure's message). `beside`: an exec probe's command in the
+    container's namespaces (kubelet.Running.beside), as the runtime runs it in the container."""
     spec = probe.spec
     try:
         if "httpGet" in spec:
@@ -120,18 +122,19 @@ async def run(
         if "tcpSocket" in spec:
             return await asyncio.to_thread(_tcp, ip, spec["tcpSocket"], container, probe.timeout)
         if "exec" in spec:
-            return await _exec(list(spec["exec"].get("command") or []), env, cwd, probe.timeout)
+            command = list(spec["exec"].get("command") or [])
+            return await _exec(command, beside(command), env, cwd, probe.timeout)
     except ValueError as exc:
         return False, str(exc)
     return True, ""  # grpc: not modelled, counts as passing
 
 
 async def _exec(
-    command: list[str], env: Mapping[str, str], cwd: str, timeout: float
+    command: list[str], argv: list[str], env: Mapping[str, str], cwd: str, timeout: float
 ) -> tuple[bool, str]:
     try:
         process = await asyncio.create_subprocess_exec(
-            *command,
+            *argv,
             env=dict(env),
             cwd=cwd,
             stdin=asyncio.subprocess.DEVNULL,
