@@ -111,10 +111,11 @@ def hosts_file(ip: str, hostname: str) -> str:
     )
 
 
-# "$0" hostname, "$1" resolv.conf, "$2" hosts; then the command (sh execs it: its pid stays)
+# "$0" hostname, "$1" resolv.conf, "$2" hosts; then the command (sh execs it: its pid stays).
+# A machine without one of the files keeps it so (a bind mount needs a file to cover).
 _SANDBOX = (
-    'hostname "$0" && mount --bind "$1" /etc/resolv.conf && mount --bind "$2" /etc/hosts '
-    '&& shift 2 && exec "$@"'
+    'hostname "$0" && { [ ! -e /etc/resolv.conf ] || mount --bind "$1" /etc/resolv.conf; } '
+    '&& { [ ! -e /etc/hosts ] || mount --bind "$2" /etc/hosts; } && shift 2 && exec "$@"'
 )
 
 
