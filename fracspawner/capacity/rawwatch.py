@@ -12,9 +12,31 @@ from kubernetes_asyncio import watch
 Feed = Callable[[dict[str, Any]], None]
 
 
+class _NoModels:
+    """Where kubernetes_asyncio's Watch keeps the ApiClient it builds model objects with."""
+
+    def deserialize(self, response: Any, response_type: str) -> Any:  # never: no return type
+        raise TypeError("RawWatch builds no model objects")
+
+    async def close(self) -> None:
+        return None
+
+
 class RawWatch(watch.Watch):
     """kubernetes_asyncio's Watch without building objects: events keep the raw dicts (its
-    "object" return type still round-trips each event through json.dumps/json.loads)."""
+    "object" return type still round-trips each event through json.dumps/json.loads).
+
+    Nor does it make the ApiClient `Watch.__init__` makes for that: the request goes through
+    the API object's own client, and a new ApiClient builds an SSL context (the system's CA
+    bundle loaded: ~20 ms of CPU) for every watch, which ends every `timeout_seconds`, per
+    kind, in the hub, the culler and the webhook alike."""
+
+    def __init__(self) -> None:  # Watch.__init__'s attributes, but no ApiClient
+        self._raw_return_type = None
+        self._stop = False
+        self._api_client = _NoModels()
+        self.resource_version = None
+        self.resp = None
 
     def get_return_type(self, func: object) -> str:
         return ""
