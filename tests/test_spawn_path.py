@@ -73,3 +73,61 @@ async def test_catalog_text_reaches_the_pods_env_as_written(tmp_path):
     # the admin's own variables are still templates, as kubespawner documents
     assert values["WHO"] == "ada" and values["SITE"] == "lab"
     stop(spawner)
+
+
+def _event(pod: str, uid: str, last: str | None, event_time: str | None = None) -> dict[str, Any]:
+    """A core/v1 Event as the API serves it (both times present, one of them null)."""
+    return {
+        "metadata": {"name": f"{pod}.{uid}", "namespace": "default", "uid": uid},
+        "involvedObject": {"kind": "Pod", "name": pod, "namespace": "default"},
+        "reason": "Scheduled",
+        "type": "Normal",
+        "message": f"{pod} {uid}",
+        "lastTimestamp": last,
+        "eventTime": event_time,
+    }
+
+
+async def test_a_pods_events_are_kubespawners_without_sorting_the_namespace(monkeypatch):
+    """FracSpawner.events picks the pod's events before sorting (a storm's spawns and every
+    pending page read them while the namespace's events pile up); what it returns is exactly
+    kubespawner's answer: the pod's events oldest first (lastTimestamp, else eventTime; equal
+    times in the reflector's order), after the `_last_event` marker of an earlier pod."""
+    from kubespawner import KubeSpawner
+    from kubespawner.reflector import ResourceReflector
+    from kubespawner.spawner import EventReflector
+
+    class Events:  # kubespawner's own EventReflector.events over these resources
+        events = property(EventReflector.events.fget)
+
+        def __init__(self, resources: dict[str, Any]) -> None:
+            self.resources = resources
+
+    assert issubclass(EventReflector, ResourceReflector)
+    hub = HubUsers()
+    spawner = hub.spawner(hub.user("ada"))
+    mine = spawner.pod_name
+    others = [
+        _event(f"jupyter-other{i}", f"o{i}", f"2026-11-27T03:{i % 60:02d}:00Z") for i in range(300)
+    ]
+    ours = [
+        _event(mine, "old", "2026-11-27T02:59:00Z"),  # the earlier pod of that name
+        _event(mine, "b", "2026-11-27T03:10:00Z"),
+        _event(mine, "a", None, "2026-11-27T03:05:00.123456Z"),  # events.k8s.io: eventTime only
+        _event(mine, "c", "2026-11-27T03:10:00Z"),  # the same second as b: after it, as listed
+    ]
+    resources = {
+        f"default/{e['metadata']['name']}": e for e in [*others[:150], *ours, *others[150:]]
+    }
+    monkeypatch.setattr(KubeSpawner, "event_reflector", property(lambda self: Events(resources)))
+
+    def kubespawners() -> list[dict[str, Any]]:
+        return KubeSpawner.events.fget(spawner)
+
+    for marker in (None, "old", "a", "c", "gone"):
+        spawner._last_event = marker
+        assert spawner.events == kubespawners(), marker
+    spawner._last_event = "old"
+    assert [e["metadata"]["uid"] for e in spawner.events] == ["a", "b", "c"]
+    monkeypatch.setattr(KubeSpawner, "event_reflector", property(lambda self: None))
+    assert spawner.events == []

@@ -460,6 +460,16 @@ class CapacityWatcher:
             pod["metadata"]["annotations"].pop(ASSIGNED_NODE_ANNOTATION, None)
         return pod
 
+    def placement(self, namespace: str, name: str) -> PodRecord | None:
+        """One kept pod's record as `pod` reads it (a DRA pod awaiting its claim not placed),
+        without building the dict: admission settles every in-flight spawn with it."""
+        key = f"{namespace}/{name}"
+        record = self.live.pod(key)
+        if record is not None and (record.node or record.assumed):
+            if self._awaits_claim(record, key):
+                return replace(record, node=None, assumed=None)
+        return record
+
     def _awaits_claim(self, record: PodRecord, key: str) -> bool:
         dra = self.live.dra
         if dra is None:

@@ -18,10 +18,35 @@ BackOff, Failed, FailedMount, Unhealthy ...); an unknown reason keeps its own me
 from __future__ import annotations
 
 import html
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from typing import Any
 
-__all__ = ["human_step", "progress_event"]
+__all__ = ["human_step", "pod_events", "progress_event"]
+
+
+def _event_time(event: Mapping[str, Any]) -> str:
+    # kubespawner's order (EventReflector.events): lastTimestamp, else eventTime (RFC 3339
+    # strings of one format, so they sort as times)
+    return event.get("lastTimestamp") or event.get("eventTime") or ""
+
+
+def pod_events(
+    events: Iterable[Mapping[str, Any]], pod_name: str, after_uid: str | None
+) -> list[Mapping[str, Any]]:
+    """The events of pod `pod_name`, oldest first, after the last one whose uid is
+    `after_uid` (the marker kubespawner's `_start` sets: an earlier pod's events stay out).
+
+    What kubespawner's `KubeSpawner.events` returns, but it sorts every event the hub holds
+    (every pod of the namespace) on each read, `_start` once and `progress()` every second
+    per pending spawn; this picks the pod's events first and sorts only those. Python's sort
+    is stable, so the order of equal times is the same either way."""
+    mine = [e for e in events if e["involvedObject"]["name"] == pod_name]
+    mine.sort(key=_event_time)
+    if after_uid:
+        for i in range(len(mine) - 1, -1, -1):
+            if mine[i]["metadata"]["uid"] == after_uid:
+                return mine[i + 1 :]
+    return mine
 
 
 def human_step(raw: Mapping[str, Any], *, slice_words: str = "", image: str = "") -> str:

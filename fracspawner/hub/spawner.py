@@ -47,7 +47,7 @@ from ..k8s.objects import created_at
 from ..model.catalog import AccessRule, Catalog, CatalogError
 from ..model.units import gpu_amount
 from .form import render_form
-from .progress import human_step, progress_event
+from .progress import human_step, pod_events, progress_event
 from .refusal import gave_up, install_log_filter, refused
 
 #: a trait value traitlets has not stored (a dynamic default not computed yet)
@@ -357,7 +357,7 @@ class FracSpawner(KubeSpawner):
         capacity = watcher.snapshot() if watcher is not None else None
         watch = self._watch_holdings(watcher, capacity)
         if watch is not None:
-            admissions.settle(watcher.pod)
+            admissions.settle(watcher.placement)
         usage = user_usage(self._hub_holdings(), *(watch or (None, 0.0)))
         if capacity is not None:
             own = (self.user.name, self.name)
@@ -873,6 +873,17 @@ class FracSpawner(KubeSpawner):
             self.init_containers = [c for c in self.init_containers if not is_privileged(c)]
 
     # ---------------------------------------------------------------- progress
+    @property
+    def events(self) -> list[Any]:
+        """kubespawner's `events` (this pod's events since `_last_event`, oldest first),
+        without sorting the events of every pod of the namespace on each read (hub/progress.py
+        `pod_events`): a storm's spawns each read it at start, and every pending page once a
+        second, while the events of the namespace's other pods pile up."""
+        reflector = self.event_reflector
+        if not reflector:
+            return []
+        return pod_events(reflector.resources.values(), self.pod_name, self._last_event)
+
     async def progress(self):
         """kubespawner's progress in the user's words: each pod event becomes a sentence about
         their slice and image (hub/progress.py), the scheduler's FailedScheduling says what the
