@@ -263,9 +263,12 @@ def main(argv: list[str]) -> int:
         f"    {line}\n" for line in who_sees_what(load_catalog(catalog_file), DEMO_GROUP_MEMBERS)
     )
     # SIGTERM (say, to make's process group) and SIGHUP stop everything like Ctrl-C, from the
-    # start: one before the hub was up killed this process and left the devcluster running
-    signal.signal(signal.SIGTERM, _interrupt)
-    signal.signal(signal.SIGHUP, _interrupt)
+    # start: one before the hub was up killed this process and left the devcluster running.
+    # SIGINT too, explicitly: started in the background by a script (`make demo &`, nohup),
+    # it is inherited ignored and Python then installs no KeyboardInterrupt for it, so a
+    # later `kill -INT` did nothing
+    for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
+        signal.signal(sig, _interrupt)
     cluster = hub = None
     try:
         cluster = start_devcluster(args.topology or demo_topology(), state_dir)

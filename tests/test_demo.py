@@ -53,8 +53,17 @@ def allowed_pools(model: dict) -> dict[str, list[str]]:
     }
 
 
+def _as_a_background_job() -> None:
+    # what `nohup make demo &` from a script leaves the demo with: SIGINT and SIGQUIT ignored
+    # (a non-interactive shell's `&`), SIGHUP too (nohup). Python then sets no KeyboardInterrupt
+    # for SIGINT; the demo must still stop on each
+    for sig in (signal.SIGINT, signal.SIGQUIT, signal.SIGHUP):
+        signal.signal(sig, signal.SIG_IGN)
+
+
 def start_demo_group(state: Path, *extra: str) -> subprocess.Popen:
-    """`fracspawner demo` in a process group of its own, as `make demo`'s is."""
+    """`fracspawner demo` in a process group of its own, as `make demo`'s is, started as a
+    background job (its signals inherited ignored)."""
     return subprocess.Popen(
         [sys.executable, "-m", "fracspawner", "demo", "--port", str(free_port())]
         + ["--state-dir", str(state), "--password", "pw", *extra],
@@ -63,6 +72,7 @@ def start_demo_group(state: Path, *extra: str) -> subprocess.Popen:
         text=True,
         env={**os.environ, "PYTHONUNBUFFERED": "1"},
         start_new_session=True,
+        preexec_fn=_as_a_background_job,
     )
 
 
