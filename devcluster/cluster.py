@@ -1008,15 +1008,7 @@ class DevCluster:
         if pod is None:
             return
         pod["status"]["containerStatuses"] = [
-            {
-                "name": container["name"],
-                "image": container.get("image", ""),
-                "imageID": "",
-                "ready": False,
-                "started": False,
-                "restartCount": 0,
-                "state": {"waiting": waiting},
-            }
+            lifecycle.container_status(container, {"waiting": waiting})
         ]
         self.store.update("pods", pod)
         self.event(pod, "Warning", event_reason, event_message, "kubelet")
@@ -1046,24 +1038,15 @@ class DevCluster:
                 # as containerd reports a container that cannot start: exit code 128, StartError
                 now = now_iso()
                 pod["status"]["phase"] = "Failed"
+                terminated = {
+                    "exitCode": 128,
+                    "reason": "StartError",
+                    "message": str(exc),
+                    "startedAt": now,
+                    "finishedAt": now,
+                }
                 pod["status"]["containerStatuses"] = [
-                    {
-                        "name": container["name"],
-                        "image": container.get("image", ""),
-                        "imageID": "",
-                        "ready": False,
-                        "started": False,
-                        "restartCount": 0,
-                        "state": {
-                            "terminated": {
-                                "exitCode": 128,
-                                "reason": "StartError",
-                                "message": str(exc),
-                                "startedAt": now,
-                                "finishedAt": now,
-                            }
-                        },
-                    }
+                    lifecycle.container_status(container, {"terminated": terminated})
                 ]
                 self.store.update("pods", pod)
                 self.event(pod, "Warning", "Failed", f"Error: {exc}", "kubelet")

@@ -33,6 +33,26 @@ if TYPE_CHECKING:
 TICK = 0.2  # seconds between looks at a running container
 
 
+def container_status(
+    container: Mapping[str, Any],
+    state: dict[str, Any],
+    *,
+    started: bool = False,
+    restarts: int = 0,
+) -> dict[str, Any]:
+    """A pod's `status.containerStatuses[]` entry for `container` in `state` (waiting,
+    running or terminated), not ready."""
+    return {
+        "name": container["name"],
+        "image": container.get("image", ""),
+        "imageID": "",
+        "ready": False,
+        "started": started,
+        "restartCount": restarts,
+        "state": state,
+    }
+
+
 def _should_restart(policy: str, code: int) -> bool:
     return policy == "Always" or (policy == "OnFailure" and code != 0)
 
@@ -117,15 +137,12 @@ def _mark_running(
     cluster._condition(pod, "Initialized", "True")
     cluster._condition(pod, "ContainersReady", "False", reason="ContainersNotReady")
     cluster._condition(pod, "Ready", "False", reason="ContainersNotReady")
-    entry: dict[str, Any] = {
-        "name": container["name"],
-        "image": container.get("image", ""),
-        "imageID": "",
-        "ready": False,
-        "started": not container.get("startupProbe"),
-        "restartCount": restarts,
-        "state": {"running": {"startedAt": started}},
-    }
+    entry = container_status(
+        container,
+        {"running": {"startedAt": started}},
+        started=not container.get("startupProbe"),
+        restarts=restarts,
+    )
     if last_state:
         entry["lastState"] = last_state
     status["containerStatuses"] = [entry]

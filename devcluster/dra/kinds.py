@@ -117,17 +117,7 @@ def claim_spec_errors(path: str, spec: Mapping[str, Any]) -> list[FieldError]:
         names[name] = subs
     for i, constraint in enumerate(devices.get("constraints") or []):
         where = f"{path}.devices.constraints[{i}]"
-        for j, ref in enumerate(constraint.get("requests") or []):
-            parent, _, sub = ref.partition("/")
-            if parent not in names or (sub and sub not in names[parent]):
-                errors.append(
-                    invalid(
-                        f"{where}.requests[{j}]",
-                        ref,
-                        "must be the name of a request in the claim or the name of a request "
-                        "and a subrequest separated by '/'",
-                    )
-                )
+        errors += _request_ref_errors(f"{where}.requests", constraint.get("requests"), names)
         key = "matchAttribute" if "matchAttribute" in constraint else "distinctAttribute"
         attribute = constraint.get(key)
         if attribute is not None and "/" not in attribute:
@@ -138,17 +128,28 @@ def claim_spec_errors(path: str, spec: Mapping[str, Any]) -> list[FieldError]:
                 )
             )
     for i, config in enumerate(devices.get("config") or []):
-        for j, ref in enumerate(config.get("requests") or []):
-            parent, _, sub = ref.partition("/")
-            if parent not in names or (sub and sub not in names[parent]):
-                errors.append(
-                    invalid(
-                        f"{path}.devices.config[{i}].requests[{j}]",
-                        ref,
-                        "must be the name of a request in the claim or the name of a request "
-                        "and a subrequest separated by '/'",
-                    )
+        where = f"{path}.devices.config[{i}]"
+        errors += _request_ref_errors(f"{where}.requests", config.get("requests"), names)
+    return errors
+
+
+def _request_ref_errors(
+    path: str, refs: list[str] | None, names: Mapping[str, set[str]]
+) -> list[FieldError]:
+    """A constraint's or a config's `requests`: each a request of the claim, or
+    `request/subrequest`."""
+    errors = []
+    for j, ref in enumerate(refs or []):
+        parent, _, sub = ref.partition("/")
+        if parent not in names or (sub and sub not in names[parent]):
+            errors.append(
+                invalid(
+                    f"{path}[{j}]",
+                    ref,
+                    "must be the name of a request in the claim or the name of a request "
+                    "and a subrequest separated by '/'",
                 )
+            )
     return errors
 
 
