@@ -19,11 +19,9 @@ from kubernetes_asyncio import client
 from kubernetes_asyncio.stream import WsApiClient
 
 from devcluster import DevCluster
+from tests.devcluster_helpers import NS, ONE_NODE
 
 pytestmark = pytest.mark.e2e
-
-ONE_NODE = {"nodes": [{"name": "node-1", "capacity": {"cpu": "4", "memory": "8Gi"}}]}
-NS = "default"
 
 
 @pytest.fixture

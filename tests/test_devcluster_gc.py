@@ -7,7 +7,7 @@ internal-SSL Secret name the pod as owner and are left for the collector when th
 
 from __future__ import annotations
 
-import asyncio
+import functools
 import json
 from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
@@ -18,11 +18,10 @@ from kubernetes_asyncio import client
 from kubernetes_asyncio.client.rest import ApiException
 
 from devcluster import DevCluster
+from tests.devcluster_helpers import NS, ONE_NODE
+from tests.devcluster_helpers import eventually as _eventually
 
 pytestmark = pytest.mark.e2e
-
-ONE_NODE = {"nodes": [{"name": "node-1", "capacity": {"cpu": "4", "memory": "8Gi"}}]}
-NS = "default"
 
 
 @pytest.fixture
@@ -37,14 +36,8 @@ async def api(cluster: DevCluster) -> AsyncIterator[client.CoreV1Api]:
         yield client.CoreV1Api(api_client)
 
 
-async def eventually(probe: Callable[[], Awaitable[Any]], what: str, timeout: float = 30) -> Any:
-    deadline = asyncio.get_running_loop().time() + timeout
-    while True:
-        result = await probe()
-        if result:
-            return result
-        assert asyncio.get_running_loop().time() < deadline, f"timed out waiting for {what}"
-        await asyncio.sleep(0.1)
+# the garbage collector here has 30 s to do what it is waited for
+eventually = functools.partial(_eventually, timeout=30)
 
 
 def owner(obj: Any, kind: str = "Pod", block: bool | None = None) -> dict[str, Any]:

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import urllib.request
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
@@ -21,11 +21,10 @@ from kubernetes_asyncio.client.rest import ApiException
 from kubespawner.objects import make_owner_reference, make_secret, make_service
 
 from devcluster import DevCluster
+from tests.devcluster_helpers import NS, ONE_NODE, eventually
 
 pytestmark = pytest.mark.e2e
 
-ONE_NODE = {"nodes": [{"name": "node-1", "capacity": {"cpu": "4", "memory": "8Gi"}}]}
-NS = "default"
 SSL = "/etc/jupyterhub/ssl"  # KubeSpawner's internal_ssl mount path
 # once argv[1] exists, answers every GET with the key file KubeSpawner's env names
 SERVE = r"""
@@ -45,16 +44,6 @@ async def api(tmp_path: Path) -> AsyncIterator[client.CoreV1Api]:
     async with DevCluster(ONE_NODE, state_dir=tmp_path / "state") as cluster:
         async with client.ApiClient(client.Configuration(host=cluster.url)) as api_client:
             yield client.CoreV1Api(api_client)
-
-
-async def eventually(probe: Callable[[], Awaitable[Any]], what: str, timeout: float = 60) -> Any:
-    deadline = asyncio.get_running_loop().time() + timeout
-    while True:
-        result = await probe()
-        if result:
-            return result
-        assert asyncio.get_running_loop().time() < deadline, f"timed out waiting for {what}"
-        await asyncio.sleep(0.1)
 
 
 async def test_kubespawners_ssl_secret_and_service_on_the_devcluster(api, tmp_path):

@@ -23,11 +23,10 @@ from kubernetes_asyncio import client
 
 from devcluster import DevCluster
 from devcluster.network import network_namespaces, sandboxes
+from tests.devcluster_helpers import NS, ONE_NODE, finished, ready
 
 pytestmark = pytest.mark.e2e
 
-ONE_NODE = {"nodes": [{"name": "node-1", "capacity": {"cpu": "4", "memory": "8Gi"}}]}
-NS = "default"
 PRINT_HOSTNAME = ["python", "-c", "import socket; print(socket.gethostname())"]
 
 
@@ -39,11 +38,7 @@ async def cluster(tmp_path: Path, caplog) -> AsyncIterator[DevCluster]:
 
 
 async def finished_log(api: client.CoreV1Api, name: str) -> str:
-    deadline = asyncio.get_running_loop().time() + 60
-    while (await api.read_namespaced_pod(name, NS)).status.phase not in ("Succeeded", "Failed"):
-        assert asyncio.get_running_loop().time() < deadline, f"{name} never finished"
-        await asyncio.sleep(0.1)
-    return await api.read_namespaced_pod_log(name, NS)
+    return (await finished(api, name))[1]
 
 
 @pytest.mark.skipif(not sandboxes(), reason="needs root and util-linux unshare")
@@ -144,16 +139,6 @@ def client_pod(name: str, *targets: str) -> dict:
             ],
         },
     }
-
-
-async def ready(api: client.CoreV1Api, name: str) -> client.V1Pod:
-    deadline = asyncio.get_running_loop().time() + 60
-    while True:
-        pod = await api.read_namespaced_pod(name, NS)
-        if any(c.type == "Ready" and c.status == "True" for c in pod.status.conditions or []):
-            return pod
-        assert asyncio.get_running_loop().time() < deadline, f"{name} never Ready"
-        await asyncio.sleep(0.1)
 
 
 def service(name: str, selector: dict[str, str], port: int = 80) -> dict:

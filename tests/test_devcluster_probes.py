@@ -10,7 +10,7 @@ is the DevCluster's `restart_backoff` knob (upstream's 10 s to 5 min by default)
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
@@ -18,11 +18,10 @@ import pytest
 from kubernetes_asyncio import client
 
 from devcluster import DevCluster
+from tests.devcluster_helpers import NS, ONE_NODE, eventually
 
 pytestmark = pytest.mark.e2e
 
-ONE_NODE = {"nodes": [{"name": "node-1", "capacity": {"cpu": "4", "memory": "8Gi"}}]}
-NS = "default"
 # serves HTTP on the pod's address once the file in argv[1] exists
 SERVE_WHEN = r"""
 import os, sys, time, http.server
@@ -43,16 +42,6 @@ async def cluster(tmp_path: Path) -> AsyncIterator[DevCluster]:
 async def api(cluster: DevCluster) -> AsyncIterator[client.CoreV1Api]:
     async with client.ApiClient(client.Configuration(host=cluster.url)) as api_client:
         yield client.CoreV1Api(api_client)
-
-
-async def eventually(probe: Callable[[], Awaitable[Any]], what: str, timeout: float = 60) -> Any:
-    deadline = asyncio.get_running_loop().time() + timeout
-    while True:
-        result = await probe()
-        if result:
-            return result
-        assert asyncio.get_running_loop().time() < deadline, f"timed out waiting for {what}"
-        await asyncio.sleep(0.1)
 
 
 def pod(name: str, command: list[str], policy: str = "Always", **probes: Any) -> dict:

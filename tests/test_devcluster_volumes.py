@@ -8,9 +8,8 @@ the kubelet's FailedMount event until it is created.
 
 from __future__ import annotations
 
-import asyncio
 import base64
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
@@ -18,11 +17,10 @@ import pytest
 from kubernetes_asyncio import client
 
 from devcluster import DevCluster
+from tests.devcluster_helpers import NS, ONE_NODE, eventually, finished
 
 pytestmark = pytest.mark.e2e
 
-ONE_NODE = {"nodes": [{"name": "node-1", "capacity": {"cpu": "4", "memory": "8Gi"}}]}
-NS = "default"
 
 # prints each file (mode, path, content) the pod sees under its mountPaths, then exits
 SHOW = r"""
@@ -50,16 +48,6 @@ async def api(cluster: DevCluster) -> AsyncIterator[client.CoreV1Api]:
         yield client.CoreV1Api(api_client)
 
 
-async def eventually(probe: Callable[[], Awaitable[Any]], what: str, timeout: float = 60) -> Any:
-    deadline = asyncio.get_running_loop().time() + timeout
-    while True:
-        result = await probe()
-        if result:
-            return result
-        assert asyncio.get_running_loop().time() < deadline, f"timed out waiting for {what}"
-        await asyncio.sleep(0.1)
-
-
 def show_pod(name: str, volumes: list[dict], mounts: list[dict], *tops: str) -> dict[str, Any]:
     return {
         "metadata": {"name": name, "labels": {"app": "show"}},
@@ -80,14 +68,8 @@ def show_pod(name: str, volumes: list[dict], mounts: list[dict], *tops: str) -> 
 
 
 async def finished_log(api: client.CoreV1Api, name: str) -> str:
-    async def done() -> bool:
-        pod = await api.read_namespaced_pod(name, NS)
-        return pod.status.phase in ("Succeeded", "Failed")
-
-    await eventually(done, f"{name} to finish")
-    pod = await api.read_namespaced_pod(name, NS)
-    log = await api.read_namespaced_pod_log(name, NS)
-    assert pod.status.phase == "Succeeded", log
+    phase, log = await finished(api, name)
+    assert phase == "Succeeded", log
     return log
 
 
