@@ -25,10 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from . import volumes
-from .network import NSENTER, LoopbackPool, Network, ports_free
-
-IpPool = LoopbackPool  # the name tests and older code use
-__all__ = ["IpPool", "ports_free"]
+from .network import NSENTER, Network
 
 #: util-linux's setpriv, to have the kernel SIGKILL a pod's process should the devcluster itself
 #: die without cleaning up (SIGKILL, a crash): prctl(PR_SET_PDEATHSIG). An orderly stop kills

@@ -202,9 +202,9 @@ class Network:
         self.dns_ip = ""
         #: where a pod reaches the host's own servers (the apiserver, a hub outside the cluster)
         self.host_ip = "127.0.0.1"
-        self.proxy = ServiceProxy(pods)
         self._dns: asyncio.DatagramTransport | None = None
         self._services: dict[tuple[str, str], dict[str, Any]] = {}
+        self.proxy = ServiceProxy(pods, lambda key: self._services.get(key, {}).get("spec") or {})
         self._service_lock = asyncio.Lock()  # a delete right after a create: in order
 
     @property
@@ -215,7 +215,7 @@ class Network:
     async def start(self) -> None:
         if not sandboxes():  # no mount namespaces: no pod could use the DNS server
             return
-        self.dns_ip = self.ips.take([53]) if self.mode == "host" else self.dns_ip
+        self.dns_ip = self.dns_ip or self.ips.take([53])  # the bridge's gateway, else its own
         loop = asyncio.get_running_loop()
         try:
             self._dns, _ = await loop.create_datagram_endpoint(
@@ -415,9 +415,6 @@ class NamespaceNetwork(Network):
         await _ip("addr", "del", f"{ip}/32", "dev", self.bridge, check=False)
         await super()._give_service_ip(ip)
 
-    def limitations(self) -> list[str]:
-        return super().limitations()
-
 
 def make_network(mode: str, state_dir: Path, pods: Pods) -> Network:
     """`namespaces` where asked for and allowed (said otherwise), else the host's network."""
@@ -531,15 +528,14 @@ def target_port(pod: Mapping[str, Any], port: Mapping[str, Any]) -> int | None:
 class ServiceProxy:
     """A TCP listener per ClusterIP:port that forwards each connection to a ready endpoint."""
 
-    def __init__(self, pods: Pods) -> None:
+    def __init__(self, pods: Pods, spec_of: Callable[[tuple[str, str]], Mapping[str, Any]]) -> None:
         self.pods = pods
+        self.spec_of = spec_of  # a Service's current spec (the network's record), {} if gone
         self.listeners: dict[tuple[str, str], list[asyncio.AbstractServer]] = {}
-        self.specs: dict[tuple[str, str], Mapping[str, Any]] = {}
         self._bound: dict[tuple[str, str], list[tuple[str, int]]] = {}
 
     async def sync(self, key: tuple[str, str], service: Mapping[str, Any]) -> None:
         spec = service.get("spec") or {}
-        self.specs[key] = spec
         wanted = [
             (spec["clusterIP"], int(p["port"]))
             for p in spec.get("ports") or []
@@ -547,7 +543,7 @@ class ServiceProxy:
         ]
         if self._bound.get(key) == wanted:
             return
-        await self.remove(key, keep_spec=True)
+        await self.remove(key)
         servers = []
         for ip, port in wanted:
             try:
@@ -561,12 +557,10 @@ class ServiceProxy:
         self.listeners[key] = servers
         self._bound[key] = wanted
 
-    async def remove(self, key: tuple[str, str], keep_spec: bool = False) -> None:
+    async def remove(self, key: tuple[str, str]) -> None:
         for server in self.listeners.pop(key, []):
             server.close()
         self._bound.pop(key, None)
-        if not keep_spec:
-            self.specs.pop(key, None)
 
     async def close(self) -> None:
         for key in list(self.listeners):
@@ -579,7 +573,7 @@ class ServiceProxy:
         reader: asyncio.StreamReader,
         writer: asyncio.StreamWriter,
     ) -> None:
-        spec = self.specs.get(key) or {}
+        spec = self.spec_of(key)
         service_port = next((p for p in spec.get("ports") or [] if int(p["port"]) == port), {})
         choices = [
             (p["status"]["podIP"], t)

@@ -22,7 +22,8 @@ from kubernetes_asyncio import client, watch
 from kubernetes_asyncio.client.rest import ApiException
 
 from devcluster import DevCluster
-from devcluster.kubelet import SETPRIV, IpPool
+from devcluster.kubelet import SETPRIV
+from devcluster.network import LoopbackPool
 from devcluster.testing import devcluster_process
 from devcluster.topology import generate_large
 
@@ -583,12 +584,12 @@ async def test_deleting_a_pod_ends_what_it_started_outside_its_group(cluster, ap
 
 def test_pod_addresses_skip_those_whose_port_is_taken():
     # another devcluster's pod (or anything) listening there must not be mistaken for ours
-    first = IpPool(seed=7).take([18888])
+    first = LoopbackPool(seed=7).take([18888])
     with socket.socket() as other:
         other.bind((first, 18888))
         other.listen()
-        assert IpPool(seed=7).take([18888]) != first
-        assert IpPool(seed=7).take([18889]) == first
+        assert LoopbackPool(seed=7).take([18888]) != first
+        assert LoopbackPool(seed=7).take([18889]) == first
 
 
 def test_devcluster_process_leaves_no_process_behind(tmp_path):

@@ -6,7 +6,7 @@ The real `fracspawner webhook` process and a devcluster. What is modelled, and f
   destination of Service traffic, not the source, inside the pod network: kubernetes
   pkg/proxy/iptables/proxier.go masquerades only traffic from outside the cluster CIDR, hairpin
   traffic, or all with --masquerade-all); devcluster gives each running pod a loopback address
-  of its own (devcluster/kubelet.py IpPool), and the tests below send the tenant's requests
+  of its own (devcluster/network.py LoopbackPool), and the tests below send the tenant's requests
   from that address (http.client's source_address), as its process would;
 - the API server's requests come from no pod address (a hostNetwork static pod, or outside
   the cluster): here from 127.0.0.1, which devcluster never gives a pod;
