@@ -44,3 +44,13 @@ async def ready(api: client.CoreV1Api, name: str, namespace: str = NS) -> client
         return pod if any(c.type == "Ready" and c.status == "True" for c in conditions) else None
 
     return await eventually(is_ready, f"{name} to be Ready")
+
+
+async def poll(probe: Callable[[], Any], what: str, timeout: float = 20) -> Any:
+    """Call `probe` (not a coroutine: it reads the in-process cluster) every 0.05 s until it
+    returns something truthy; that value."""
+    deadline = asyncio.get_running_loop().time() + timeout
+    while not (result := probe()):
+        assert asyncio.get_running_loop().time() < deadline, f"timed out waiting for {what}"
+        await asyncio.sleep(0.05)
+    return result

@@ -11,7 +11,6 @@ from __future__ import annotations
 import asyncio
 import json
 import subprocess
-import time
 import urllib.request
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -25,6 +24,7 @@ from kubernetes_asyncio.client.rest import ApiException
 from devcluster import DevCluster
 from devcluster.admission import RequestInfo
 from devcluster.store import ApiError
+from tests.devcluster_helpers import poll
 
 pytestmark = pytest.mark.e2e
 
@@ -53,15 +53,6 @@ async def cluster(tmp_path: Path, request) -> AsyncIterator[DevCluster]:
 async def api(cluster: DevCluster) -> AsyncIterator[client.ApiClient]:
     async with client.ApiClient(client.Configuration(host=cluster.url)) as api_client:
         yield api_client
-
-
-async def wait_for(probe, what: str, timeout: float = 20) -> Any:
-    deadline = time.monotonic() + timeout
-    while not (result := probe()):
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out waiting for {what}")
-        await asyncio.sleep(0.05)
-    return result
 
 
 def template(name: str, request: dict[str, Any], namespace: str = "default") -> dict[str, Any]:
@@ -206,7 +197,7 @@ async def test_a_template_makes_one_claim_per_pod_owned_by_it_as_the_controller_
     long_name = "jupyter-" + "a" * 50
     for name in ("nb", long_name):
         await create(cluster, "pods", gpu_pod(name, template_name="whole"))
-    pod = await wait_for(
+    pod = await poll(
         lambda: (
             (p := cluster.get("pods", "default", "nb"))["status"].get("resourceClaimStatuses") and p
         ),
@@ -224,7 +215,7 @@ async def test_a_template_makes_one_claim_per_pod_owned_by_it_as_the_controller_
     # over 57 characters: pod and claim names cut in proportion, no dash before the suffix
     other = (
         claim_of(cluster, long_name)
-        if await wait_for(
+        if await poll(
             lambda: cluster.get("pods", "default", long_name)["status"].get(
                 "resourceClaimStatuses"
             ),
@@ -241,8 +232,8 @@ async def test_seven_10gi_claims_share_one_h100_and_the_eighth_waits_until_one_e
     await create(cluster, TEMPLATES, template("gpu-10gi", request))
     for i in range(8):
         await create(cluster, "pods", gpu_pod(f"nb-{i}", template_name="gpu-10gi"))
-    await wait_for(lambda: len(bound(cluster)) == 7, "seven pods bound")
-    message = await wait_for(lambda: failed_scheduling(cluster, "nb-7"), "the 8th's event")
+    await poll(lambda: len(bound(cluster)) == 7, "seven pods bound")
+    message = await poll(lambda: failed_scheduling(cluster, "nb-7"), "the 8th's event")
     # 81,559 MiB as NVML reports an H100 80GB: 7 x 10,240 fit, 8 do not
     assert message == (
         "0/1 nodes are available: 1 cannot allocate all claims. still not schedulable, "
@@ -262,9 +253,9 @@ async def test_seven_10gi_claims_share_one_h100_and_the_eighth_waits_until_one_e
     ]
     gone = claim_of(cluster, "nb-0")["metadata"]["name"]
     await cluster.delete("pods", "default", "nb-0", 0)
-    await wait_for(lambda: "nb-7" in bound(cluster), "the 8th bound once one ended")
+    await poll(lambda: "nb-7" in bound(cluster), "the 8th bound once one ended")
     # the controller deleted the claim it had made for the pod
-    await wait_for(lambda: all(c["metadata"]["name"] != gone for c in cluster.list(CLAIMS)),
+    await poll(lambda: all(c["metadata"]["name"] != gone for c in cluster.list(CLAIMS)),
                    "the ended pod's claim deleted")  # fmt: skip
 
 
@@ -274,17 +265,17 @@ async def test_a_shared_claim_is_deallocated_when_its_last_pod_ends(cluster):
     await create(cluster, CLAIMS, claim)
     for name in ("a", "b"):
         await create(cluster, "pods", gpu_pod(name, claim_name="shared"))
-    await wait_for(lambda: len(bound(cluster)) == 2, "both pods bound")
+    await poll(lambda: len(bound(cluster)) == 2, "both pods bound")
     status = cluster.get(CLAIMS, "default", "shared")["status"]
     assert sorted(c["name"] for c in status["reservedFor"]) == ["a", "b"]
     await cluster.delete("pods", "default", "a", 0)
-    await wait_for(
+    await poll(
         lambda: [c["name"] for c in cluster.get(CLAIMS, "default", "shared")["status"].get(
             "reservedFor") or []] == ["b"], "a out of reservedFor",
     )  # fmt: skip
     assert cluster.get(CLAIMS, "default", "shared")["status"]["allocation"]
     await cluster.delete("pods", "default", "b", 0)
-    await wait_for(lambda: not cluster.get(CLAIMS, "default", "shared").get("status", {}).get(
+    await poll(lambda: not cluster.get(CLAIMS, "default", "shared").get("status", {}).get(
         "allocation"), "deallocated")  # fmt: skip
     left = cluster.get(CLAIMS, "default", "shared")
     assert not left["status"].get("reservedFor")  # the named claim stays, unallocated
@@ -296,11 +287,11 @@ async def test_the_container_gets_what_the_cdi_spec_gives_it(cluster):
         cluster, TEMPLATES, template("whole", {"exactly": {"deviceClassName": "gpu.nvidia.com"}})
     )
     await create(cluster, "pods", gpu_pod("nb", template_name="whole"))
-    await wait_for(lambda: cluster.get("pods", "default", "nb")["status"].get("phase") == "Running",
+    await poll(lambda: cluster.get("pods", "default", "nb")["status"].get("phase") == "Running",
                    "running")  # fmt: skip
     uuid = cluster.list(SLICES)[0]["spec"]["devices"][0]["attributes"]["uuid"]["string"]
     log = cluster.kubelet.pod_dir("default", "nb") / "container.log"
-    await wait_for(lambda: log.exists() and "devices=" in log.read_text(), "the log")
+    await poll(lambda: log.exists() and "devices=" in log.read_text(), "the log")
     assert f"devices={uuid}" in log.read_text()
     pod = cluster.get("pods", "default", "nb")
     env = cluster.dra.claim_env(pod, pod["spec"]["containers"][0])
@@ -338,7 +329,7 @@ async def test_kubectl_applies_a_template_and_prints_the_claims_state(cluster, t
 
     out = await asyncio.to_thread(kubectl, "apply", "-f", str(manifest))
     assert "resourceclaimtemplate.resource.k8s.io/gpu-4gi created" in out
-    await wait_for(lambda: bound(cluster), "the pod bound")
+    await poll(lambda: bound(cluster), "the pod bound")
     table = await asyncio.to_thread(kubectl, "get", "resourceclaims")
     header, row = table.splitlines()[:2]
     assert header.split() == ["NAME", "STATE", "AGE"]
@@ -357,7 +348,7 @@ async def test_make_demos_simulated_gpu_reaches_a_pod_through_its_claim(cluster,
                            "capacity": {"requests": {"memory": "10Gi"}}}}  # fmt: skip
     await create(cluster, TEMPLATES, template("gpu-10gi", request))
     await create(cluster, "pods", gpu_pod("nb", template_name="gpu-10gi"))
-    await wait_for(lambda: bound(cluster), "bound")
+    await poll(lambda: bound(cluster), "bound")
     pod = cluster.get("pods", "default", "nb")
     env = cluster.dra.claim_env(pod, pod["spec"]["containers"][0])
     assert env["FRACSPAWNER_GPU_SOURCE"] == "simulated-demo"
@@ -416,12 +407,12 @@ async def test_a_pod_that_finishes_gives_its_claim_back(cluster):
         "sh", "-c", 'while [ ! -e "$HOME/go" ]; do sleep 0.1; done'
     ]  # fmt: skip
     await create(cluster, "pods", short)
-    await wait_for(lambda: bound(cluster), "the short pod bound")
+    await poll(lambda: bound(cluster), "the short pod bound")
     name = claim_of(cluster, "short")["metadata"]["name"]
     await create(cluster, "pods", gpu_pod("next", template_name="whole"))
-    await wait_for(lambda: failed_scheduling(cluster, "next"), "next waits for the GPU")
+    await poll(lambda: failed_scheduling(cluster, "next"), "next waits for the GPU")
     (cluster.kubelet.pod_dir("default", "short") / "home" / "go").touch()
-    await wait_for(lambda: "next" in bound(cluster), "next bound once short finished")
+    await poll(lambda: "next" in bound(cluster), "next bound once short finished")
     assert cluster.get("pods", "default", "short")["status"]["phase"] == "Succeeded"
     assert name not in {c["metadata"]["name"] for c in cluster.list(CLAIMS)}
 
@@ -444,7 +435,7 @@ async def test_the_controller_tries_again_when_creating_a_claim_fails(cluster, m
     assert cluster.list(CLAIMS) == []  # no template yet: nothing made, the pod waits
     whole = {"exactly": {"deviceClassName": "gpu.nvidia.com"}}
     await create(cluster, TEMPLATES, template("later", whole))
-    await wait_for(lambda: "early" in bound(cluster), "bound after two refused creates")
+    await poll(lambda: "early" in bound(cluster), "bound after two refused creates")
     assert len(refusals) == 2 and len(cluster.list(CLAIMS)) == 1
 
 
@@ -452,7 +443,7 @@ async def test_a_node_added_with_dra_publishes_its_slice_owned_by_it_and_it_goes
     cluster.add_node({"name": "gpu-t4", "capacity": {"cpu": "8", "memory": "32Gi"},
                       "dra": {"gpus": 1, "model": "T4"}})  # fmt: skip
     node = cluster.get("nodes", None, "gpu-t4")
-    mine = await wait_for(
+    mine = await poll(
         lambda: [s for s in cluster.list(SLICES) if s["spec"]["nodeName"] == "gpu-t4"], "its slice"
     )
     assert mine[0]["metadata"]["name"].startswith("gpu-t4-gpu.nvidia.com-")
@@ -463,7 +454,7 @@ async def test_a_node_added_with_dra_publishes_its_slice_owned_by_it_and_it_goes
         node["metadata"]["uid"],
     )
     await cluster.delete("nodes", None, "gpu-t4", None)
-    await wait_for(
+    await poll(
         lambda: all(s["spec"]["nodeName"] != "gpu-t4" for s in cluster.list(SLICES)), "slice gone"
     )
 
@@ -487,17 +478,17 @@ async def test_an_allocated_claim_keeps_its_pods_on_its_node(cluster):
     first = gpu_pod("first", claim_name="shared")
     first["spec"]["nodeSelector"] = {"rack": "1"}
     await create(cluster, "pods", first)
-    await wait_for(lambda: bound(cluster) == {"first": "gpu-1"}, "first on gpu-1")
+    await poll(lambda: bound(cluster) == {"first": "gpu-1"}, "first on gpu-1")
     second = gpu_pod("second", claim_name="shared")
     second["spec"]["nodeSelector"] = {"rack": "2"}
     await create(cluster, "pods", second)
-    message = await wait_for(lambda: failed_scheduling(cluster, "second"), "second refused")
+    message = await poll(lambda: failed_scheduling(cluster, "second"), "second refused")
     assert message.startswith(
         "0/2 nodes are available: 1 node(s) didn't match Pod's node affinity/selector, "
         "1 resourceclaim not available on the node."
     )
     await create(cluster, "pods", gpu_pod("third", claim_name="shared"))
-    await wait_for(lambda: bound(cluster).get("third") == "gpu-1", "third joins it on gpu-1")
+    await poll(lambda: bound(cluster).get("third") == "gpu-1", "third joins it on gpu-1")
 
 
 async def test_a_claim_naming_a_class_that_does_not_exist_says_so(cluster):
@@ -505,7 +496,7 @@ async def test_a_claim_naming_a_class_that_does_not_exist_says_so(cluster):
     typo = {"exactly": {"deviceClassName": "gpu.nvidia.co"}}
     await create(cluster, TEMPLATES, template("typo", typo))
     await create(cluster, "pods", gpu_pod("nb", template_name="typo"))
-    message = await wait_for(lambda: failed_scheduling(cluster, "nb"), "FailedScheduling")
+    message = await poll(lambda: failed_scheduling(cluster, "nb"), "FailedScheduling")
     claim = claim_of(cluster, "nb")["metadata"]["name"]
     assert message == (
         f'running "DynamicResources" filter plugin: claim default/{claim}, request gpu: could '
@@ -522,10 +513,10 @@ async def test_a_claim_deleted_while_in_use_stays_until_its_pod_ends(cluster):
              "exactly": {"deviceClassName": "gpu.nvidia.com"}}]}}}  # fmt: skip
     await create(cluster, CLAIMS, claim)
     await create(cluster, "pods", gpu_pod("user", claim_name="shared"))
-    await wait_for(lambda: bound(cluster), "bound")
+    await poll(lambda: bound(cluster), "bound")
     await cluster.api_delete(CLAIMS, "v1", "default", "shared", None, RequestInfo())
     kept = cluster.get(CLAIMS, "default", "shared")
     assert kept["metadata"]["deletionTimestamp"] and kept["status"]["allocation"]
     await cluster.delete("pods", "default", "user", 0)
-    await wait_for(lambda: all(c["metadata"]["name"] != "shared" for c in cluster.list(CLAIMS)),
+    await poll(lambda: all(c["metadata"]["name"] != "shared" for c in cluster.list(CLAIMS)),
                    "the claim gone once its pod is")  # fmt: skip

@@ -15,8 +15,6 @@ container would see are read from the kubelet's CDI environment for every contai
 
 from __future__ import annotations
 
-import asyncio
-import time
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
@@ -27,6 +25,7 @@ import yaml
 from devcluster import DevCluster
 from devcluster.admission import RequestInfo
 from devcluster.dra.controller import DEVICES_ENV
+from tests.devcluster_helpers import poll
 
 pytestmark = pytest.mark.e2e
 
@@ -70,15 +69,6 @@ def shares_node(mode: str) -> dict[str, Any]:
 async def cluster(tmp_path: Path, request) -> AsyncIterator[DevCluster]:
     async with DevCluster(request.param, state_dir=tmp_path / "state") as running:
         yield running
-
-
-async def wait_for(probe, what: str, timeout: float = 20) -> Any:
-    deadline = time.monotonic() + timeout
-    while not (result := probe()):
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out waiting for {what}")
-        await asyncio.sleep(0.05)
-    return result
 
 
 def container(name: str, *claims: dict[str, str]) -> dict[str, Any]:
@@ -305,9 +295,9 @@ async def test_quickstart_gpu_tests_1_to_4_run_together_on_the_half_balanced_nod
     README.md "both containers operate on the same GPU device")."""
     for docs in (gpu_test1(), gpu_test2(), gpu_test3(), gpu_test4()):
         await apply(cluster, docs)
-    await wait_for(lambda: len(running(cluster, "gpu-test4")) == 4, "gpu-test4's 4 replicas run")
+    await poll(lambda: len(running(cluster, "gpu-test4")) == 4, "gpu-test4's 4 replicas run")
     for ns, expected in (("gpu-test1", 2), ("gpu-test2", 1), ("gpu-test3", 2)):
-        await wait_for(lambda ns=ns, n=expected: len(running(cluster, ns)) == n, f"{ns} runs")
+        await poll(lambda ns=ns, n=expected: len(running(cluster, ns)) == n, f"{ns} runs")
     whole = devices(cluster)
     # gpu-test1: one full GPU each, not the same
     one, two = seen(cluster, "gpu-test1", "pod1", "ctr"), seen(cluster, "gpu-test1", "pod2", "ctr")
@@ -339,7 +329,7 @@ async def test_quickstart_gpu_tests_1_to_4_run_together_on_the_half_balanced_nod
     extra = gpu_test1()[2]
     extra["metadata"]["name"] = "pod3"
     await apply(cluster, [extra])
-    message = await wait_for(lambda: event(cluster, "gpu-test1", "pod3"), "pod3 unschedulable")
+    message = await poll(lambda: event(cluster, "gpu-test1", "pod3"), "pod3 unschedulable")
     assert message.startswith("0/1 nodes are available: 1 cannot allocate all claims.")
     assert cluster.get("pods", "gpu-test1", "pod3")["status"]["phase"] == "Pending"
 
@@ -347,7 +337,7 @@ async def test_quickstart_gpu_tests_1_to_4_run_together_on_the_half_balanced_nod
 @pytest.mark.parametrize("cluster", [QUICKSTART], indirect=True)
 async def test_quickstart_gpu_test5_gets_two_gpus_with_their_sharing_configs(cluster):
     await apply(cluster, gpu_test5())
-    await wait_for(lambda: running(cluster, "gpu-test5") == ["pod0"], "pod0 runs")
+    await poll(lambda: running(cluster, "gpu-test5") == ["pod0"], "pod0 runs")
     ts, mps = (
         seen(cluster, "gpu-test5", "pod0", "ts-ctr0"),
         seen(cluster, "gpu-test5", "pod0", "mps-ctr0"),
@@ -373,7 +363,7 @@ async def test_quickstart_gpu_test6_selects_on_an_attribute_the_plugin_no_longer
     errors on the missing key, and the scheduler reports allocator.go's "CEL runtime error"; the
     pods stay Pending. (On a driver that still published `index` they would run.)"""
     await apply(cluster, gpu_test6())
-    message = await wait_for(lambda: event(cluster, "gpu-test6", "pod-0"), "FailedScheduling")
+    message = await poll(lambda: event(cluster, "gpu-test6", "pod-0"), "FailedScheduling")
     claim = cluster.get("pods", "gpu-test6", "pod-0")["status"]["resourceClaimStatuses"][0]
     assert message == (
         'running "DynamicResources" filter plugin: claim gpu-test6/'
@@ -387,7 +377,7 @@ async def test_quickstart_gpu_test6_selects_on_an_attribute_the_plugin_no_longer
 async def test_memory_sharing_replicas_share_one_gpu_by_4gi(cluster):
     """memory-sharing.yaml: 2 replicas x 4Gi run on one GPU; each claim consumed 4Gi of it."""
     await apply(cluster, sharing("gpu-share-memory", "memory-sharing", "gpu-4gi", 2, "4Gi"))
-    await wait_for(lambda: len(running(cluster, "gpu-share-memory")) == 2, "both replicas run")
+    await poll(lambda: len(running(cluster, "gpu-share-memory")) == 2, "both replicas run")
     a = seen(cluster, "gpu-share-memory", "memory-sharing-0", "ctr")
     assert a == seen(cluster, "gpu-share-memory", "memory-sharing-1", "ctr")
     for claim in cluster.list(CLAIMS, "gpu-share-memory"):
@@ -396,7 +386,7 @@ async def test_memory_sharing_replicas_share_one_gpu_by_4gi(cluster):
     # "If a ResourceClaim does not specify an explicit capacity.requests.memory value, the
     # claim will allocate the entire GPU memory quota": with 8Gi taken, it cannot fit
     await apply(cluster, sharing("whole", "whole", "gpu-all", 1))
-    message = await wait_for(lambda: event(cluster, "whole", "whole-0"), "the whole-GPU claim")
+    message = await poll(lambda: event(cluster, "whole", "whole-0"), "the whole-GPU claim")
     assert "cannot allocate all claims" in message
 
 
@@ -405,8 +395,8 @@ async def test_integer_sharing_runs_four_replicas_on_one_gpu_and_a_fifth_waits(c
     """integer-sharing.yaml (--consumable-shares=4): "Up to N claims (each consuming 1 share by
     default) can share a single ... GPU"."""
     await apply(cluster, sharing("gpu-share-integer", "integer-sharing", "gpu-1share", 5))
-    await wait_for(lambda: len(running(cluster, "gpu-share-integer")) == 4, "four replicas run")
-    message = await wait_for(
+    await poll(lambda: len(running(cluster, "gpu-share-integer")) == 4, "four replicas run")
+    message = await poll(
         lambda: event(cluster, "gpu-share-integer", "integer-sharing-4"), "the fifth waits"
     )
     assert "1 cannot allocate all claims" in message
@@ -422,7 +412,7 @@ async def test_unlimited_sharing_lets_any_number_of_replicas_share(cluster):
     allocate 0 quota, allowing an unlimited number of claims to co-allocate on the device"
     (scaled to 6 replicas as its README does)."""
     await apply(cluster, sharing("gpu-share-unlimited", "unlimited-sharing", "gpu-unlimited", 6))
-    await wait_for(lambda: len(running(cluster, "gpu-share-unlimited")) == 6, "six replicas run")
+    await poll(lambda: len(running(cluster, "gpu-share-unlimited")) == 6, "six replicas run")
     uuids = {seen(cluster, "gpu-share-unlimited", f"unlimited-sharing-{i}", "ctr")[0]
              for i in range(6)}  # fmt: skip
     assert len(uuids) == 1

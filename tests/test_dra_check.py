@@ -4,25 +4,11 @@ for settings that leave a gap (unlimited shares book nothing; CEL the counts can
 
 from __future__ import annotations
 
-import subprocess
-import sys
-from pathlib import Path
-
-import yaml
-
-
-def check(tmp_path: Path, catalog: dict) -> subprocess.CompletedProcess[str]:
-    path = tmp_path / "catalog.yaml"
-    path.write_text(yaml.safe_dump(catalog))
-    return subprocess.run(
-        [sys.executable, "-m", "fracspawner", "check", str(path)],
-        capture_output=True,
-        text=True,
-    )
+from tests.cli_helpers import check_catalog
 
 
 def test_every_dra_mistake_is_named_with_its_path(tmp_path):
-    out = check(
+    out = check_catalog(
         tmp_path,
         {
             "pools": {
@@ -61,7 +47,7 @@ def test_every_dra_mistake_is_named_with_its_path(tmp_path):
 
 def test_a_clean_dra_catalog_passes_with_its_warnings(tmp_path):
     selector = "device.attributes['gpu.nvidia.com'].architecture == 'Ada'"
-    out = check(
+    out = check_catalog(
         tmp_path,
         {
             "pools": {

@@ -5,15 +5,13 @@ otherwise, and `fracspawner check` warns where it cannot help."""
 
 from __future__ import annotations
 
-import subprocess
-import sys
-
 import yaml
 
 from fracspawner.backends import load_catalog
 from fracspawner.choice.notebook_env import notebook_env
 from fracspawner.choice.options import resolve_choice
 from fracspawner.model.catalog import AccessRule
+from tests.cli_helpers import check_catalog
 from tests.conftest import DEMO_CATALOG
 
 MPS = {"gpu": "L40S", "backend": "mps", "replicas": 8, "offers": ["1/8"]}
@@ -70,19 +68,8 @@ def test_the_catalog_can_still_say_otherwise():
     assert hibernate_after(cat, "h100") is None and cat.idle_for("h100").kernel_gpu_idle == 1200
 
 
-def _check(tmp_path, data: dict) -> subprocess.CompletedProcess:
-    path = tmp_path / "catalog.yaml"
-    path.write_text(yaml.safe_dump(data))
-    return subprocess.run(
-        [sys.executable, "-m", "fracspawner", "check", str(path)],
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
-
-
 def test_check_warns_where_hibernation_cannot_help(tmp_path):
-    result = _check(tmp_path, demo({"kernel_gpu_hibernate": "10m"}))
+    result = check_catalog(tmp_path, demo({"kernel_gpu_hibernate": "10m"}))
     assert result.returncode == 0, result  # a warning, not a mistake
     out = result.stdout
     assert "the catalog is fine, with 2 warnings:" in out
@@ -95,8 +82,8 @@ def test_check_warns_where_hibernation_cannot_help(tmp_path):
     # per pool, and an over-committed HAMi pool is fine
     data = demo()
     data["pools"]["h100"]["idle"] = {"kernel_gpu_hibernate": "10m"}
-    out = _check(tmp_path, data).stdout
+    out = check_catalog(tmp_path, data).stdout
     assert "warning: pools.h100.idle.kernel_gpu_hibernate: hibernation cannot help" in out
     data["pools"]["h100"]["overcommit"] = 2
-    out = _check(tmp_path, data).stdout
+    out = check_catalog(tmp_path, data).stdout
     assert "warning" not in out and out.strip().endswith("the catalog is fine.")

@@ -7,9 +7,6 @@ shut-down disrupts its user for no co-tenant's gain and is off unless the catalo
 
 from __future__ import annotations
 
-import subprocess
-import sys
-
 import yaml
 
 from fracspawner.backends import load_catalog
@@ -17,6 +14,7 @@ from fracspawner.choice.notebook_env import notebook_env
 from fracspawner.choice.options import resolve_choice
 from fracspawner.culler import Culler, ServerFacts
 from fracspawner.model.catalog import AccessRule
+from tests.cli_helpers import check_catalog
 from tests.conftest import DEMO_CATALOG
 
 M = 60.0
@@ -107,19 +105,8 @@ def test_an_explicit_setting_still_wins():
     assert kernel_idle(load_catalog(data), "h100") is None
 
 
-def _check(tmp_path, data: dict) -> subprocess.CompletedProcess:
-    path = tmp_path / "catalog.yaml"
-    path.write_text(yaml.safe_dump(data))
-    return subprocess.run(
-        [sys.executable, "-m", "fracspawner", "check", str(path)],
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
-
-
 def test_check_warns_where_a_kernel_shutdown_cannot_help(tmp_path):
-    result = _check(tmp_path, demo({"kernel_gpu_idle": "30m"}))
+    result = check_catalog(tmp_path, demo({"kernel_gpu_idle": "30m"}))
     assert result.returncode == 0, result  # a warning, not a mistake
     out = result.stdout
     assert "the catalog is fine, with 2 warnings:" in out, out
@@ -134,12 +121,12 @@ def test_check_warns_where_a_kernel_shutdown_cannot_help(tmp_path):
     # per pool; the catalog's pool without it is quiet; an over-committed pool is fine
     data = demo()
     data["pools"]["h100"]["idle"] = {"kernel_gpu_idle": "30m"}
-    out = _check(tmp_path, data).stdout
+    out = check_catalog(tmp_path, data).stdout
     assert "the catalog is fine, with 1 warning:" in out, out
     assert "warning: pools.h100.idle.kernel_gpu_idle: shutting idle kernels down cannot" in out
     data["pools"]["h100"]["overcommit"] = 2
-    out = _check(tmp_path, data).stdout
+    out = check_catalog(tmp_path, data).stdout
     assert "warning" not in out and out.strip().endswith("the catalog is fine."), out
     # the example catalog leaves both to the backends: nothing to warn of
-    out = _check(tmp_path, yaml.safe_load(DEMO_CATALOG.read_text())).stdout
+    out = check_catalog(tmp_path, yaml.safe_load(DEMO_CATALOG.read_text())).stdout
     assert out.strip().endswith("the catalog is fine."), out
