@@ -503,6 +503,30 @@ def test_services_read_their_hub_tokens_from_z2jhs_secret(rendered_objects):
     assert container["env"][0]["valueFrom"]["secretKeyRef"] == {"name": "t", "key": "k"}
 
 
+def test_the_culler_knows_the_services_token_for_its_own_budget(rendered_objects):
+    """Issue 34 item 9: the admin page's state calls, with the service's token, spend a budget
+    of their own at the culler (Culler.service_api_token, from this variable)."""
+    from fracspawner.culler.app import Culler
+
+    container = one(rendered_objects["defaults"], "Deployment", "culler")["spec"]["template"][
+        "spec"
+    ]["containers"][0]
+    env = {e["name"]: e for e in container["env"]}
+    ref = env["FRACSPAWNER_SERVICE_API_TOKEN"]["valueFrom"]["secretKeyRef"]
+    assert ref == {"name": "hub", "key": "hub.services.fracspawner.apiToken"}
+    assert "$FRACSPAWNER_SERVICE_API_TOKEN" in Culler.class_traits()["service_api_token"].help
+    custom = objects(render({"service": {"apiToken": {"secretName": "t", "secretKey": "s"}}}))
+    container = one(custom, "Deployment", "culler")["spec"]["template"]["spec"]["containers"][0]
+    env = {e["name"]: e for e in container["env"]}
+    assert env["FRACSPAWNER_SERVICE_API_TOKEN"]["valueFrom"]["secretKeyRef"] == {
+        "name": "t",
+        "key": "s",
+    }
+    alone = objects(render({"service": {"enabled": False}}))
+    container = one(alone, "Deployment", "culler")["spec"]["template"]["spec"]["containers"][0]
+    assert "FRACSPAWNER_SERVICE_API_TOKEN" not in {e["name"] for e in container["env"]}
+
+
 def test_the_services_hub_oauth_settings(rendered_objects):
     container = one(rendered_objects["defaults"], "Deployment", "service")["spec"]["template"][
         "spec"

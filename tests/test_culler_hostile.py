@@ -424,6 +424,59 @@ async def test_a_flood_of_random_tokens_cannot_blind_the_culler_to_real_servers(
         await culler.server_pods.stop()
 
 
+# --- issue 34 item 9: refused tokens cannot evict vouched ones; the service has a budget -------
+# a cache of 20 tokens, every answer expired at once (each report re-asks the hub)
+@pytest.mark.parametrize("receiver", [{"token_cache_size": 20}], indirect=True)
+async def test_a_flood_of_random_tokens_cannot_evict_a_vouched_token(receiver):
+    verifier = receiver.culler.verifier()
+    verifier.ttl = 0.0
+    assert (await receiver.post(report()))[0] == 204  # the hub vouches for ann's token
+    verifier.limit.total_rate = 0.001  # no refill while the test runs
+    # five pods: up to 250 random tokens refused by the hub, far more than the cache holds
+    await asyncio.gather(*(receiver.flood(60, source=f"127.0.0.{i}") for i in range(2, 7)))
+    assert verifier.requests > 20 + 1  # the hub refused more tokens than the cache holds
+    asked = receiver.hub.asked
+    # ann's token is still vouched for: re-checked with the hub past the spent budget
+    assert (await receiver.post(report()))[0] == 204
+    assert receiver.hub.asked == asked + 1
+    assert len(verifier) <= 2 * 20  # vouched and refused, each bounded
+
+
+async def state_flood(url: str, sources: range, n: int) -> list[int]:
+    """n state calls with random tokens from each of 127.0.0.<sources>, 50 at a time."""
+    gate = asyncio.Semaphore(50)
+
+    async def one(source: str) -> int:
+        async with gate:
+            try:
+                return await get_state(url, secrets.token_hex(16), source)
+            except OSError:
+                return 0
+
+    return await asyncio.gather(*(one(f"127.0.0.{i}") for i in sources for _ in range(n)))
+
+
+@pytest.mark.parametrize("receiver", [{"service_api_token": "service-token"}], indirect=True)
+async def test_the_services_state_call_succeeds_during_a_flood(receiver):
+    """Right after a culler restart (the service's token not vouched for yet) a flood of
+    random tokens at the state API spends its overall budget: the admin page's state call,
+    with the service's own token, still has a budget of its own."""
+    receiver.hub.tokens["service-token"] = {
+        "kind": "service",
+        "name": "fracspawner",
+        "scopes": ["list:users", "read:servers"],
+    }
+    verifier = receiver.culler.verifier()
+    verifier.state_limit.total_rate = 0.001  # no refill while the test runs
+    codes = await state_flood(receiver.url, range(2, 7), 60)
+    assert 403 in codes and (429 in codes or 0 in codes)  # asked, then over budget
+    assert await get_state(receiver.url, secrets.token_hex(16), "127.0.0.8") == 429
+    assert await get_state(receiver.url, "service-token", "127.0.0.9") == 200
+    # another token with the service's scopes (an admin's) still spends the shared budget
+    receiver.hub.tokens["admin-token"] = {"kind": "user", "name": "a", "scopes": ["read:servers"]}
+    assert await get_state(receiver.url, "admin-token", "127.0.0.10") == 429
+
+
 # --- item 3: authenticate first, then parse strictly; 400 with the reason ----------------------
 async def test_deep_nesting_is_refused_after_the_token_never_a_500(receiver):
     deep = b'{"culled_kernels": ' + b"[" * 100_000 + b"]" * 100_000 + b"}"

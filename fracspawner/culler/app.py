@@ -29,7 +29,7 @@ from ..model.hubroles import CULLER_SCOPES, missing_scopes, scope_problem
 from .base import CullerApplication
 from .decide import Decision, GpuFacts, Reading, Rules, ServerFacts, combine, decide_server
 from .hubapi import HubClient, HubServer
-from .identity import Identity, TokenVerifier
+from .identity import Identity, TokenVerifier, token_key
 from .podname import DEFAULT_TEMPLATE, pod_name
 from .policy import PoolPolicy, gpu_windows, policy_for_server, slice_memory_cap
 from .prometheus import DEFAULT_JOB, DcgmConfig, PrometheusError, build_query, parse_result
@@ -176,6 +176,13 @@ class Culler(CullerApplication):
         help="The same over all addresses together (bursts of 10 times this): bounds the hub "
         "requests random tokens can cause.",
     )
+    service_api_token = Unicode(
+        config=True,
+        help="The fracspawner service's hub token (default $FRACSPAWNER_SERVICE_API_TOKEN; the "
+        "chart sets it from the service's secret): the admin page's state calls with it spend "
+        "a budget of their own before the hub has vouched for it (after a culler restart), "
+        "never the one random tokens spend. Only its SHA-256 is used. '' = none.",
+    )
     report_rate = Float(
         3.0,
         config=True,
@@ -320,6 +327,10 @@ class Culler(CullerApplication):
     @default("api_token")
     def _token(self) -> str:
         return os.environ.get("JUPYTERHUB_API_TOKEN", "")
+
+    @default("service_api_token")
+    def _default_service_api_token(self) -> str:
+        return os.environ.get("FRACSPAWNER_SERVICE_API_TOKEN", "")
 
     @default("namespace")
     def _namespace(self) -> str:
@@ -536,6 +547,7 @@ class Culler(CullerApplication):
                 unknown_total_rate=self.unknown_token_rate_total,
                 unknown_total_burst=10 * self.unknown_token_rate_total,
                 known=self.known_address,
+                reserved=[token_key(self.service_api_token)] if self.service_api_token else [],
             )
         return self._verifier
 

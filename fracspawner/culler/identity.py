@@ -10,12 +10,18 @@ ever report about itself or its user's other servers, never anyone else's.
 
 Answers are cached per token (by its SHA-256, for `ttl` seconds) so a report a minute from every
 server costs the hub one request per server every few minutes; concurrent reports with one
-token share one request. Any pod can reach the culler, so asking the hub is bounded: the cache
-holds at most `max_entries` tokens (least recently used evicted, O(1)); a refusal is cached for
-`refused_ttl`; and a token the hub has never vouched for costs a hub request only within a
-token bucket per source address and one overall (beyond them: 429, nothing asked). A token the
-hub once accepted is re-checked when its answer expires without spending the buckets, so random
-tokens cannot keep a real server's report waiting.
+token share one request. Any pod can reach the culler, so asking the hub is bounded: a token the
+hub has never vouched for costs a hub request only within a token bucket per source address and
+one overall (beyond them: 429, nothing asked). A token the hub once accepted is re-checked when
+its answer expires without spending the buckets, so random tokens cannot keep a real server's
+report waiting.
+
+Vouched and refused tokens are remembered apart (issue 34 item 9), each in an LRU of at most
+`max_entries` (O(1) eviction): a refusal (kept `refused_ttl`) only ever evicts another refusal,
+so a flood of random tokens, however long, cannot make the culler forget a real server's token
+and then refuse its report for the flood's spent budget. The tokens named in `reserved` (the
+fracspawner service's: its admin page's state calls) spend a bucket of their own before the hub
+has vouched for them (after a culler restart), never the one a flood spends.
 """
 
 from __future__ import annotations
@@ -26,7 +32,7 @@ import json
 import math
 import time
 from collections import OrderedDict
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
 from tornado.httpclient import AsyncHTTPClient, HTTPRequest
@@ -219,7 +225,33 @@ def token_key(token: str) -> str:
 class _Cached:
     expires: float
     future: asyncio.Future
-    vouched: bool = False  # the hub accepted this token once: re-checks skip the rate limit
+
+
+class _Lru:
+    """At most `size` entries, the least recently used evicted first (O(1))."""
+
+    def __init__(self, size: int) -> None:
+        self.size = max(size, 1)
+        self.entries: OrderedDict[str, _Cached] = OrderedDict()
+
+    def get(self, key: str) -> _Cached | None:
+        entry = self.entries.get(key)
+        if entry is not None:
+            self.entries.move_to_end(key)
+        return entry
+
+    def put(self, key: str, entry: _Cached) -> None:
+        self.entries[key] = entry
+        self.entries.move_to_end(key)
+        while len(self.entries) > self.size:
+            self.entries.popitem(last=False)
+
+    def pop(self, key: str) -> None:
+        self.entries.pop(key, None)
+
+
+#: a reserved token (the service's) before the hub vouches for it: 1 a second, bursts of 10
+RESERVED_RATE, RESERVED_BURST = 1.0, 10.0
 
 
 class TokenVerifier:
@@ -237,13 +269,15 @@ class TokenVerifier:
         unknown_total_rate: float = 20.0,
         unknown_total_burst: float = 200.0,
         known: Callable[[str], bool] = lambda address: False,
+        reserved: Iterable[str] = (),
     ):
         self.url = hub_api_url.rstrip("/") + "/user"
         self.ttl, self.refused_ttl, self.timeout = ttl, refused_ttl, timeout
-        self.max_entries = max(max_entries, 1)
         self.http = AsyncHTTPClient(force_instance=True, max_clients=max(concurrency, 1))
         self.semaphore = asyncio.Semaphore(max(concurrency, 1))
-        self._cache: OrderedDict[str, _Cached] = OrderedDict()
+        self._vouched = _Lru(max_entries)  # the hub accepted them: answers with the model
+        self._refused = _Lru(max_entries)  # the hub said no: kept apart, so never evicts the above
+        self._asking: dict[str, _Cached] = {}  # in flight (bounded by the buckets)
         self.limit = RateLimit(
             unknown_rate, unknown_burst, unknown_total_rate, unknown_total_burst, known=known
         )
@@ -252,11 +286,24 @@ class TokenVerifier:
         self.state_limit = RateLimit(
             unknown_rate, unknown_burst, unknown_total_rate, unknown_total_burst
         )
+        # reserved tokens (by SHA-256): a bucket each, spent only by whoever holds the token
+        self.reserved = frozenset(reserved)
+        self.reserved_limit = Buckets(
+            RESERVED_RATE, RESERVED_BURST, keys=max(len(self.reserved), 1)
+        )
         self.requests = 0  # hub requests made
         self.limited = 0  # unknown tokens refused without asking the hub
 
+    @property
+    def max_entries(self) -> int:
+        return self._vouched.size
+
+    @max_entries.setter
+    def max_entries(self, size: int) -> None:
+        self._vouched.size = self._refused.size = max(size, 1)
+
     def __len__(self) -> int:
-        return len(self._cache)
+        return len(self._vouched.entries) + len(self._refused.entries)
 
     def close(self) -> None:
         self.http.close()
@@ -264,19 +311,30 @@ class TokenVerifier:
     async def verify(self, token: str, claimed: object, source: str = "") -> Identity:
         return identity_from_model(await self.model(token, source), claimed)
 
+    def _budget(self, key: str, source: str, limit: RateLimit | None, now: float) -> float:
+        """Seconds to wait before a token the hub has not vouched for may be asked about (0:
+        now, and one taken): a reserved token's own bucket, else `source`'s in `limit`."""
+        if key in self.reserved:
+            return self.reserved_limit.take(key, now)
+        return (limit or self.limit).take(source, now)
+
     async def model(self, token: str, source: str = "", limit: RateLimit | None = None) -> dict:
         """The hub's model of the token's owner (cached). Raises Refused: 403 unknown token,
         429 too many unknown tokens from `source` or overall (in `limit`, else the reports'),
         503 hub unreachable."""
         key = token_key(token)
         now = time.monotonic()
-        cached = self._cache.get(key)
-        if cached is not None and cached.expires >= now:
-            self._cache.move_to_end(key)
-            return await asyncio.shield(cached.future)
-        vouched = cached is not None and cached.vouched
-        if not vouched:
-            wait = (limit or self.limit).take(source, now)
+        asking = self._asking.get(key)
+        if asking is not None:  # concurrent requests with one token share one hub request
+            return await asyncio.shield(asking.future)
+        vouched = self._vouched.get(key)
+        if vouched is not None and vouched.expires >= now:
+            return await asyncio.shield(vouched.future)
+        refused = self._refused.get(key)
+        if refused is not None and refused.expires >= now:
+            return await asyncio.shield(refused.future)
+        if vouched is None:
+            wait = self._budget(key, source, limit, now)
             if wait:
                 self.limited += 1
                 raise Refused(
@@ -286,28 +344,24 @@ class TokenVerifier:
                     retry_after=wait,
                 )
         future: asyncio.Future = asyncio.get_running_loop().create_future()
-        entry = self._cache[key] = _Cached(now + self.ttl, future, vouched)
-        self._cache.move_to_end(key)
-        while len(self._cache) > self.max_entries:
-            self._cache.popitem(last=False)  # the least recently used
+        entry = self._asking[key] = _Cached(now + self.ttl, future)
         try:
             future.set_result(await self._ask(token))
-            entry.vouched = True
+            self._refused.pop(key)
+            self._vouched.put(key, entry)
         except Refused as exc:
-            if exc.code == 503:  # the hub is down: ask again next time
-                self._drop(key, entry)
-            else:  # the hub said no: remembered briefly, and no longer vouched for
-                entry.expires, entry.vouched = now + self.refused_ttl, False
+            if exc.code != 503:  # the hub said no: remembered briefly, no longer vouched for
+                entry.expires = now + self.refused_ttl
+                self._vouched.pop(key)
+                self._refused.put(key, entry)
+            # 503, the hub is down: ask again next time (a vouched token stays vouched)
             future.set_exception(exc)
         except asyncio.CancelledError:
-            self._drop(key, entry)
             future.cancel()
             raise
+        finally:
+            self._asking.pop(key, None)
         return await asyncio.shield(future)
-
-    def _drop(self, key: str, entry: _Cached) -> None:
-        if self._cache.get(key) is entry:
-            del self._cache[key]
 
     async def _ask(self, token: str) -> dict:
         req = HTTPRequest(

@@ -140,9 +140,10 @@ differs from the component's name */}}
 /etc/fracspawner/catalog.yaml
 {{- end }}
 
-{{/* The env entry JUPYTERHUB_API_TOKEN of a hub service: (dict "root" $ "values" .Values.culler) */}}
+{{/* The env entry JUPYTERHUB_API_TOKEN of a hub service: (dict "root" $ "values" .Values.culler),
+or another name for it: (dict "root" $ "values" .Values.service "env" "FRACSPAWNER_SERVICE_API_TOKEN") */}}
 {{- define "fracspawner.apiTokenEnv" -}}
-- name: JUPYTERHUB_API_TOKEN
+- name: {{ default "JUPYTERHUB_API_TOKEN" .env }}
   valueFrom:
     secretKeyRef:
       name: {{ default .root.Values.jupyterhub.tokenSecret .values.apiToken.secretName }}
