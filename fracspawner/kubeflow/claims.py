@@ -16,11 +16,13 @@ so the pools left are a superset of where the claim can land, and counting the w
 never counts too little. Claims of other classes (a NIC, another vendor's device) are not
 GPU claims of the catalog and pass. `allocationMode: All` cannot be counted: refused.
 
-GPU-equivalents: a `memory` capacity request that is one of the pool's offers counts as that
-offer (10Gi of an H100 is 0.125, as the hub's quota counts it); another size as its share of
-the model's nominal memory; `shares` as shares / N; a MIG profile as its compute slices; a
-request naming no capacity takes whole devices (memory mode's default is all of it;
-unlimited mode books nothing, which is never counted as nothing); times the request's count.
+GPU-equivalents: a MIG profile as its compute slices; on a pool without consumable shares,
+whole devices; on a consumable-shares pool (`sharing: memory|shares|unlimited`), what the
+scheduler's allocator gives the request (a `memory: 1Mi` takes a whole share: the driver's
+request policies, backends/dra_sizes.py), counted as the offer it matches (10Gi of an H100 is
+0.125, as the hub's quota counts it); times the request's count. The webhook refuses a size
+no pool the request may land on offers, with the sizes offered; the claim watch counts one
+(a claim made before the webhook ran) as the next offer up.
 """
 
 from __future__ import annotations
@@ -34,14 +36,13 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from ..backends import get_backend, plan_slice
+from ..backends import get_backend
 from ..backends.dra import DEFAULT_DRIVER, DEFAULT_GPU_CLASS, DEFAULT_MIG_CLASS, product_name
+from ..backends.dra_sizes import SHARING_POOLS, offer_sizes, request_size
 from ..k8s.objects import quantity
 from ..model.catalog import Catalog, Pool
-from ..model.errors import SliceError
 from ..model.slices import gpu_equivalent, parse_slice
 
-MIB = 1024 * 1024
 log = logging.getLogger("fracspawner.webhook")
 _CEL = re.compile(
     r"""^\s*device\.attributes\[\s*(['"])(?P<domain>[^'"]+)\1\s*\]\s*\.\s*"""
@@ -92,39 +93,46 @@ def _requests(spec: Mapping[str, Any]) -> list[tuple[str, list[dict[str, Any]]]]
     return out
 
 
-def _pool_equivalent(pool: Pool, mig: bool, profile: str | None, ask: Mapping[str, Any]) -> float:
+def _pool_equivalent(
+    pool: Pool, mig: bool, profile: str | None, ask: Mapping[str, Any]
+) -> tuple[float, bool]:
+    """(GPU-equivalents the request holds on `pool`, whether its size is one the pool offers)."""
     count = int(ask.get("count") or 1)
     if mig:
         if profile and profile in pool.gpu.mig_profiles:
-            return count * gpu_equivalent(parse_slice(f"mig-{profile}"), pool.gpu)
-        return float(count)  # any profile: the largest is the whole GPU
+            return count * gpu_equivalent(parse_slice(f"mig-{profile}"), pool.gpu), True
+        return float(count), True  # any profile: the largest is the whole GPU
     capacity = (ask.get("capacity") or {}).get("requests") or {}
-    memory = quantity(capacity.get("memory")) if "memory" in capacity else None
-    shares = quantity(capacity.get("shares")) if "shares" in capacity else None
     sharing = (pool.options or {}).get("sharing", "none")
-    if shares is not None and sharing == "shares":
-        n = int((pool.options or {}).get("shares") or 1)
-        return count * min(float(shares) / n, 1.0)
-    if memory is not None and memory > 0:
-        mib = int(memory // MIB)
-        for offer in pool.offers:  # one of the pool's offers counts as the hub counts it
-            if offer.kind in ("fraction", "memory"):
-                try:
-                    plan = plan_slice(offer, pool, None)
-                except SliceError:
-                    continue
-                if plan.memory_mib == mib:
-                    return count * plan.gpu_equivalent
-        return count * min(float(memory) / MIB / pool.gpu.memory_mib, 1.0)
-    if sharing == "shares" and shares is None:
-        n = int((pool.options or {}).get("shares") or 1)
-        return count / n  # the request policy's default: one share
-    return float(count)  # whole devices
+    if sharing not in SHARING_POOLS:
+        return float(count), True  # whole devices, whatever it names
+    amounts = {str(k): quantity(v) for k, v in capacity.items()}
+    requests = {k: v for k, v in amounts.items() if v is not None and v >= 0}
+    if not capacity:  # the request policy's default: one share, all memory, or none
+        per_device, _ = request_size(pool, {})
+        return count * per_device, True
+    # what the allocator gives it (a share at least on a shares pool), as an offer
+    per_device, offered = request_size(pool, requests)
+    return count * per_device, offered and len(requests) == len(amounts)
 
 
-def claim_ask(spec: Mapping[str, Any], catalog: Catalog) -> ClaimAsk:
+def _not_offered(name: str, ask: Mapping[str, Any], pools: list[Pool]) -> ClaimRefused:
+    capacity = (ask.get("capacity") or {}).get("requests") or {}
+    asked = ", ".join(f"{k}: {v}" for k, v in sorted(capacity.items()))
+    offers = "; ".join(
+        f"{p.name}: {', '.join(o.words for o in offer_sizes(p)) or 'whole GPUs'}" for p in pools
+    )
+    return ClaimRefused(
+        f"request {name} asks {asked}, a size {', '.join(p.name for p in pools)} does not "
+        f"offer (its claims take the allocator's shares, not what they name); ask one of the "
+        f"offered sizes: {offers}"
+    )
+
+
+def claim_ask(spec: Mapping[str, Any], catalog: Catalog, strict: bool = True) -> ClaimAsk:
     """What a ResourceClaimSpec asks of the catalog's DRA pools; ClaimRefused when a GPU
-    request cannot be counted."""
+    request cannot be counted, or (`strict`) asks a size no pool it may land on offers
+    (backends/dra_sizes.py); not strict, such a size counts as the next offer up."""
     pools = _dra_pools(catalog)
     if not pools:
         return NOT_GPU
@@ -170,7 +178,10 @@ def claim_ask(spec: Mapping[str, Any], catalog: Catalog) -> ClaimAsk:
             if not candidates:
                 continue  # the selectors match no pool's model: no device of the catalog
             reached.update(p.name for p in candidates)
-            amount = max(_pool_equivalent(p, mig, profile, ask) for p in candidates)
+            sizes = [_pool_equivalent(p, mig, profile, ask) for p in candidates]
+            if strict and not any(offered for _, offered in sizes):
+                raise _not_offered(name, ask, candidates)
+            amount = max(amount for amount, _ in sizes)
             worst = max(worst, amount)
             if amount:
                 words.append(f"{name}: {amount:g} GPU of {', '.join(p.name for p in candidates)}")
@@ -270,7 +281,7 @@ def claim_amount(catalog: Catalog) -> Callable[[Mapping[str, Any]], float]:
     def amount(claim: Mapping[str, Any]) -> float:
         spec = claim.get("spec") or {}
         try:
-            return claim_ask(spec, catalog).gpu
+            return claim_ask(spec, catalog, strict=False).gpu
         except ClaimRefused:
             return float(len(_requests(spec)) or 1)
 
