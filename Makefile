@@ -6,7 +6,7 @@ BIN := $(VENV)/bin
 STAMPS := .stamps
 export PATH := $(CURDIR)/node_modules/.bin:$(CURDIR)/$(BIN):$(PATH)
 
-.PHONY: help setup test lint demo bench docs clean system-deps labextension test-gpu
+.PHONY: help setup test lint demo bench docs clean system-deps labextension test-gpu controlplane
 
 help:
 	@echo "make demo   - devcluster + JupyterHub with FracSpawner on http://127.0.0.1:8000 (PORT=8080 for another)"
@@ -14,6 +14,7 @@ help:
 	@echo "make bench  - benchmarks, results in benchmarks/results/"
 	@echo "make test-gpu - the real-GPU suite (tests/gpu; skips with the reason without an NVIDIA GPU)"
 	@echo "make docs   - Sphinx docs (warnings are errors) in docs/_build/html"
+	@echo "make controlplane - build the real Kubernetes control plane (once per pin; docs/controlplane.md)"
 
 # --- set-up -------------------------------------------------------------------------------
 $(BIN)/python:
@@ -75,6 +76,13 @@ setup: $(STAMPS)/venv node_modules/.bin/configurable-http-proxy $(STAMPS)/system
 	$(STAMPS)/labextension $(CHECKOV_VENV)/bin/checkov
 
 system-deps: $(STAMPS)/system-deps
+
+# The real Kubernetes control plane (controlplane/: etcd, kube-apiserver, kube-scheduler,
+# kube-controller-manager from k8s.io/kubernetes at the pin in controlplane/go.mod) in one binary,
+# .cache/controlplane/<pin>/kube-controlplane. The script rebuilds only when go.mod, go.sum or a
+# .go file changes, checks Go, the module proxy and disk space first, and prints its progress.
+controlplane:
+	@hack/build-controlplane.sh
 
 # --- commands -----------------------------------------------------------------------------
 lint: $(STAMPS)/venv

@@ -1,0 +1,75 @@
+// Command kube-controlplane is the real Kubernetes control plane in one binary, as k3s does it:
+// each subcommand runs one component's own cobra command, so the shared packages (apiserver,
+// client-go, the API types) are compiled once. The pin is k8s.io/kubernetes in go.mod.
+//
+//	kube-controlplane etcd --data-dir DIR --client-port N --peer-port M
+//	kube-controlplane kube-apiserver ...            (kube-apiserver's own flags)
+//	kube-controlplane kube-scheduler ...
+//	kube-controlplane kube-controller-manager ...
+//	kube-controlplane version
+package main
+
+import (
+	"fmt"
+	"os"
+	"runtime/debug"
+	_ "time/tzdata" // CronJob time zones, as kube-apiserver's and kube-controller-manager's mains do
+
+	"github.com/spf13/cobra"
+	"k8s.io/component-base/cli"
+	_ "k8s.io/component-base/logs/json/register"          // JSON log format, as each component's main
+	_ "k8s.io/component-base/metrics/prometheus/clientgo" // client-go metrics
+	_ "k8s.io/component-base/metrics/prometheus/version"  // version metric
+	apiserver "k8s.io/kubernetes/cmd/kube-apiserver/app"
+	controllermanager "k8s.io/kubernetes/cmd/kube-controller-manager/app"
+	scheduler "k8s.io/kubernetes/cmd/kube-scheduler/app"
+)
+
+func usage() {
+	fmt.Fprintln(os.Stderr, "usage: kube-controlplane etcd|kube-apiserver|kube-scheduler|kube-controller-manager|version [flags]")
+}
+
+func main() {
+	if len(os.Args) < 2 {
+		usage()
+		os.Exit(2)
+	}
+	name, args := os.Args[1], os.Args[2:]
+	var command *cobra.Command
+	switch name {
+	case "etcd":
+		os.Exit(runEtcd(args))
+	case "version":
+		printVersion()
+		return
+	case "kube-apiserver":
+		command = apiserver.NewAPIServerCommand()
+	case "kube-scheduler":
+		command = scheduler.NewSchedulerCommand()
+	case "kube-controller-manager":
+		command = controllermanager.NewControllerManagerCommand()
+	default:
+		fmt.Fprintf(os.Stderr, "kube-controlplane: unknown component %q\n", name)
+		usage()
+		os.Exit(2)
+	}
+	// The component parses os.Args[1:] itself: present it as if it were its own binary.
+	command.SetArgs(args)
+	os.Exit(cli.Run(command))
+}
+
+// printVersion names the pinned modules, read from the build info (no hand-kept constant).
+func printVersion() {
+	info, ok := debug.ReadBuildInfo()
+	if !ok {
+		fmt.Println("kube-controlplane (no build info)")
+		return
+	}
+	for _, dep := range info.Deps {
+		switch dep.Path {
+		case "k8s.io/kubernetes", "go.etcd.io/etcd/server/v3":
+			fmt.Printf("%s %s\n", dep.Path, dep.Version)
+		}
+	}
+	fmt.Printf("go %s\n", info.GoVersion)
+}
