@@ -42,6 +42,7 @@ from ..backends.dra_sizes import SHARING_POOLS, offer_sizes, request_size
 from ..k8s.objects import quantity
 from ..model.catalog import Catalog, Pool
 from ..model.slices import gpu_equivalent, parse_slice
+from .quota import RESERVATION_ANNOTATION, reservation_key
 
 log = logging.getLogger("fracspawner.webhook")
 _CEL = re.compile(
@@ -213,6 +214,9 @@ class ClaimIndex:
         self._gone: dict[tuple[str, str], float] = {}
         #: (namespace, pod name) -> claims owned by that pod
         self._owners: dict[tuple[str, str], set[str]] = {}
+        #: (namespace, reservation annotation) -> the claim carrying it (a generateName claim
+        #: has no name at admission: the webhook writes its reservation key there)
+        self._keys: dict[tuple[str, str], str] = {}
         self.synced = False
 
     @staticmethod
@@ -220,20 +224,32 @@ class ClaimIndex:
         meta = claim.get("metadata") or {}
         return str(meta.get("namespace") or ""), str(meta.get("name") or "")
 
+    @staticmethod
+    def _key(claim: Mapping[str, Any]) -> str:
+        annotations = (claim.get("metadata") or {}).get("annotations") or {}
+        return str(annotations.get(RESERVATION_ANNOTATION) or "")
+
     def load(self, claims: Iterable[Mapping[str, Any]]) -> None:
         before = {(ns, name) for ns, names in self._claims.items() for name in names}
-        self._claims, self._owners = {}, {}
+        keys = dict(self._keys)
+        self._claims, self._owners, self._keys = {}, {}, {}
         for claim in claims:
             self.put(claim)
         now = self.clock()
         for key in before - {(ns, name) for ns, names in self._claims.items() for name in names}:
             self._gone[key] = now
+        for marked in keys.keys() - self._keys.keys():
+            self._gone[marked] = now
         self.synced = True
 
     def put(self, claim: Mapping[str, Any]) -> None:
         ns, name = self._where(claim)
         value = self.amount(claim)
         self._gone.pop((ns, name), None)
+        key = self._key(claim)
+        if key:
+            self._keys[(ns, key)] = name
+            self._gone.pop((ns, key), None)
         if value > 0:
             self._claims.setdefault(ns, {})[name] = value
             for pod in _owner_pods(claim):
@@ -251,6 +267,10 @@ class ClaimIndex:
                 del self._gone[key]
         if not names:
             self._claims.pop(ns, None)
+        key = self._key(claim)
+        if key and self._keys.get((ns, key)) == name:
+            del self._keys[(ns, key)]
+            self._gone[(ns, key)] = self.clock()
         for pod in _owner_pods(claim):
             owned = self._owners.get((ns, pod))
             if owned is not None:
@@ -262,7 +282,9 @@ class ClaimIndex:
         return sum(v for k, v in self._claims.get(namespace, {}).items() if k != exclude)
 
     def has(self, namespace: str, name: str) -> bool:
-        return name in self._claims.get(namespace, {})
+        """Whether the claim named `name`, or carrying reservation annotation `name`, is in
+        the watch."""
+        return name in self._claims.get(namespace, {}) or (namespace, name) in self._keys
 
     def seen_since(self, namespace: str, name: str, since: float) -> bool:
         """Whether the claim is in the watch, or left it after `since` (a deleted claim's
@@ -374,6 +396,21 @@ async def review_claim(gate: DraGate | None, review: Mapping[str, Any]) -> dict[
 
         return response(str((review.get("request") or {}).get("uid") or ""))
     return await gate.review_claim(review)
+
+
+def _mark_patch(meta: Mapping[str, Any], mark: str) -> list[dict[str, Any]] | None:
+    """JSONPatch writing reservation key `mark` on a generateName claim; on a named claim, one
+    removing an annotation of that name the tenant wrote (the watch would take it for a key)."""
+    annotations = meta.get("annotations")
+    path = "/metadata/annotations/" + RESERVATION_ANNOTATION.replace("/", "~1")
+    if mark:
+        if not isinstance(annotations, Mapping):
+            return [{"op": "add", "path": "/metadata/annotations", "value": {
+                RESERVATION_ANNOTATION: mark}}]  # fmt: skip
+        return [{"op": "add", "path": path, "value": mark}]
+    if isinstance(annotations, Mapping) and RESERVATION_ANNOTATION in annotations:
+        return [{"op": "remove", "path": path}]
+    return None
 
 
 class _HeldView:
@@ -579,8 +616,14 @@ class DraGate:
         namespace = str(request.get("namespace") or "")
         claim = request.get("object") or {}
         metrics = self.webhook.metrics
+        meta = claim.get("metadata") or {}
+        # a generateName claim has no name yet: the watch finds its reservation by a key the
+        # webhook writes on it, derived from this call (never one the tenant wrote)
+        mark = "" if meta.get("name") else reservation_key(namespace, request)
         try:
-            await self._admit_claim(namespace, claim, dry_run=bool(request.get("dryRun")))
+            reserved = await self._admit_claim(
+                namespace, claim, dry_run=bool(request.get("dryRun")), mark=mark
+            )
         except Refusal as refusal:
             metrics.refusals.labels(refusal.reason).inc()
             metrics.admissions.labels("CREATE", "refused").inc()
@@ -594,9 +637,9 @@ class DraGate:
                 )
             return response(uid, refusal=refusal)
         metrics.admissions.labels("CREATE", "allowed").inc()
-        return response(uid)
+        return response(uid, patch=_mark_patch(meta, mark if reserved else ""))
 
-    def _key_for_owner(self, namespace: str, claim: Mapping[str, Any]) -> str:
+    def _key_for_owner(self, namespace: str, claim: Mapping[str, Any], mark: str) -> str:
         """The ledger key of the pod owning a claim the resourceclaim controller makes (its
         reservation is replaced by the claim's), else the claim's own."""
         owners = _owner_pods(claim)
@@ -608,11 +651,12 @@ class DraGate:
                     return key
             return pod
         meta = claim.get("metadata") or {}
-        import uuid
+        return CLAIM_KEY + str(meta.get("name") or mark)
 
-        return CLAIM_KEY + str(meta.get("name") or f"{meta.get('generateName', '')}{uuid.uuid4()}")
-
-    async def _admit_claim(self, namespace: str, claim: Mapping[str, Any], dry_run: bool) -> None:
+    async def _admit_claim(
+        self, namespace: str, claim: Mapping[str, Any], dry_run: bool, mark: str = ""
+    ) -> bool:
+        """Refusal, or admitted: whether a reservation was made for it."""
         from ..model.access import namespace_rule
         from .admission import Refusal
         from .quota import Busy
@@ -622,17 +666,17 @@ class DraGate:
         except ClaimRefused as exc:
             raise Refusal(str(exc), "invalid") from None
         if not ask.pools:
-            return  # no GPU of the catalog
+            return False  # no GPU of the catalog
         read = self.webhook._read
         labels, annotations = await read(self.webhook.cluster.namespace(namespace))
         rule = namespace_rule(self.catalog, namespace, labels, annotations)
         self._check_access(namespace, ask, rule, "this ResourceClaim")
         if rule.max_gpu is None:
-            return
+            return False
         timeout = self.webhook.cluster.timeout
         await read(self.webhook.watch.wait_synced(timeout))
         await read(self.watch.wait_synced(timeout))
-        key = self._key_for_owner(namespace, claim)
+        key = self._key_for_owner(namespace, claim, mark)
 
         def decide(pending: float) -> float:
             used = self.webhook.pods.held(namespace) + pending
@@ -651,3 +695,4 @@ class DraGate:
                 "fracspawner is admitting other GPU claims of this namespace; try again",
                 "unavailable",
             ) from None
+        return not dry_run

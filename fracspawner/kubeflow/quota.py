@@ -21,6 +21,7 @@ the pod: another replica's watch may not have it yet.
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import json
 import math
 import time
@@ -36,6 +37,17 @@ GPU_EQUIVALENT_ANNOTATION = "fracspawner.io/gpu-equivalent"
 #: rest.FillObjectMetaSystemFields and the name from generateName only then), so the watch
 #: matches the pod to its reservation by this annotation
 RESERVATION_ANNOTATION = "fracspawner.io/reservation"
+
+
+def reservation_key(namespace: str, request: Mapping[str, Any]) -> str:
+    """A reservation key for an object created by generateName, derived from the admission
+    call (its uid, unique per call, and the requesting user: both set by the API server), so
+    no tenant can choose it or share one between objects."""
+    user = str(((request.get("userInfo") or {}).get("username")) or "")
+    seed = f"{namespace}\0{user}\0{request.get('uid') or ''}"
+    return "r-" + hashlib.sha256(seed.encode()).hexdigest()[:32]
+
+
 #: a pod that left the watch is remembered this long (a reservation for it must not come back)
 _GONE_MEMORY = 600.0
 
