@@ -34,6 +34,12 @@ def _stat(pid: int) -> tuple[str, int, int] | None:
     return fields[0], int(fields[1]), int(fields[19])
 
 
+def proc(pid: int) -> Proc | None:
+    """The living process `pid` (with its start time), None when there is none."""
+    stat = _stat(pid)
+    return None if stat is None or stat[0] == "Z" else Proc(pid, stat[2])
+
+
 def descendants(root: int) -> list[Proc]:
     """Every living descendant of `root`, parents before children."""
     children: dict[int, list[int]] = {}

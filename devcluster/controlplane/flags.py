@@ -1,0 +1,135 @@
+"""Each component's command line (pure: paths and ports in, argv out).
+
+What a default cluster runs (kubeadm's static pod manifests, kubernetes.io "Admission control":
+the recommended plugins), on loopback, plus the DRA features NVIDIA's DRA driver uses.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+from .pki import SERVICE_CIDR, ClusterPKI
+
+#: DRA features NVIDIA's DRA driver relies on (shared/reference/real-kubernetes.md). All beta and
+#: on by default in 1.36; named so a pin where one is off or gone fails loudly at start-up:
+#: - DRAPartitionableDevices (KEP-4815): counters in ResourceSlices, dynamic MIG's layout;
+#: - DRAConsumableCapacity (KEP-5075): shares of one device (allowMultipleAllocations);
+#: - DRAExtendedResource: gpu.nvidia.com's `extendedResourceName: nvidia.com/gpu`, so a pod asking
+#:   for nvidia.com/gpu can be served by DRA where no device plugin advertises it;
+#: - DRADeviceTaints: the driver taints unhealthy devices.
+FEATURE_GATES = {
+    "DRAPartitionableDevices": True,
+    "DRAConsumableCapacity": True,
+    "DRAExtendedResource": True,
+    "DRADeviceTaints": True,
+}
+#: resource.k8s.io/v1 is GA (on by default since 1.34); asked for explicitly all the same
+RUNTIME_CONFIG = "resource.k8s.io/v1=true"
+#: on top of the plugins on by default: NodeRestriction is off by default but every real cluster
+#: (kubeadm, k3s, kind) turns it on; the rest are on by default and listed so the intent is visible
+ADMISSION_PLUGINS = (
+    "NamespaceLifecycle",
+    "LimitRanger",
+    "ServiceAccount",
+    "DefaultTolerationSeconds",
+    "Priority",
+    "PodSecurity",
+    "NodeRestriction",
+    "RuntimeClass",
+    "MutatingAdmissionWebhook",
+    "ValidatingAdmissionPolicy",
+    "ValidatingAdmissionWebhook",
+    "ResourceQuota",
+)
+SERVICE_ACCOUNT_ISSUER = "https://kubernetes.default.svc.cluster.local"
+
+
+@dataclass(frozen=True)
+class Ports:
+    etcd_client: int
+    etcd_peer: int
+    apiserver: int
+    scheduler: int
+    controller_manager: int
+
+
+def feature_gates() -> str:
+    return ",".join(f"{name}={str(on).lower()}" for name, on in sorted(FEATURE_GATES.items()))
+
+
+def etcd(data_dir: Path, ports: Ports) -> list[str]:
+    return [
+        "etcd",
+        f"--data-dir={data_dir}",
+        f"--client-port={ports.etcd_client}",
+        f"--peer-port={ports.etcd_peer}",
+        "--unsafe-no-fsync",  # a throw-away cluster: fsync only slows a shared disk down
+    ]
+
+
+def kube_apiserver(pki: ClusterPKI, ports: Ports) -> list[str]:
+    return [
+        "kube-apiserver",
+        f"--etcd-servers=http://127.0.0.1:{ports.etcd_client}",
+        "--bind-address=127.0.0.1",
+        "--advertise-address=127.0.0.1",
+        f"--secure-port={ports.apiserver}",
+        f"--tls-cert-file={pki.apiserver.cert}",
+        f"--tls-private-key-file={pki.apiserver.key}",
+        f"--client-ca-file={pki.ca.cert}",
+        "--authorization-mode=Node,RBAC",
+        "--anonymous-auth=false",
+        f"--enable-admission-plugins={','.join(ADMISSION_PLUGINS)}",
+        "--allow-privileged=true",  # refusing privileged pods is Pod Security's job, per namespace
+        f"--service-cluster-ip-range={SERVICE_CIDR}",
+        f"--service-account-issuer={SERVICE_ACCOUNT_ISSUER}",
+        f"--service-account-key-file={pki.service_account_pub}",
+        f"--service-account-signing-key-file={pki.service_account_key}",
+        f"--kubelet-client-certificate={pki.apiserver_kubelet_client.cert}",
+        f"--kubelet-client-key={pki.apiserver_kubelet_client.key}",
+        f"--kubelet-certificate-authority={pki.ca.cert}",
+        f"--proxy-client-cert-file={pki.front_proxy_client.cert}",
+        f"--proxy-client-key-file={pki.front_proxy_client.key}",
+        f"--requestheader-client-ca-file={pki.front_proxy_ca.cert}",
+        "--requestheader-allowed-names=front-proxy-client",
+        "--requestheader-extra-headers-prefix=X-Remote-Extra-",
+        "--requestheader-group-headers=X-Remote-Group",
+        "--requestheader-username-headers=X-Remote-User",
+        f"--runtime-config={RUNTIME_CONFIG}",
+        f"--feature-gates={feature_gates()}",
+        "--profiling=false",
+    ]
+
+
+def _component_common(kubeconfig: Path, cert_dir: Path, port: int) -> list[str]:
+    return [
+        f"--kubeconfig={kubeconfig}",
+        f"--authentication-kubeconfig={kubeconfig}",
+        f"--authorization-kubeconfig={kubeconfig}",
+        "--bind-address=127.0.0.1",
+        f"--secure-port={port}",
+        f"--cert-dir={cert_dir}",
+        "--leader-elect=false",  # one instance per cluster: no lease to wait for
+        f"--feature-gates={feature_gates()}",
+        "--profiling=false",
+    ]
+
+
+def kube_scheduler(kubeconfig: Path, cert_dir: Path, ports: Ports) -> list[str]:
+    return ["kube-scheduler", *_component_common(kubeconfig, cert_dir, ports.scheduler)]
+
+
+def kube_controller_manager(
+    kubeconfig: Path, cert_dir: Path, pki: ClusterPKI, ports: Ports
+) -> list[str]:
+    return [
+        "kube-controller-manager",
+        *_component_common(kubeconfig, cert_dir, ports.controller_manager),
+        "--use-service-account-credentials=true",  # each controller under its own RBAC identity
+        f"--service-account-private-key-file={pki.service_account_key}",
+        f"--root-ca-file={pki.ca.cert}",
+        f"--cluster-signing-cert-file={pki.ca.cert}",
+        f"--cluster-signing-key-file={pki.ca.key}",
+        f"--service-cluster-ip-range={SERVICE_CIDR}",
+    ]

@@ -1,0 +1,168 @@
+"""Start one real control plane: certificates, ports, etcd, kube-apiserver, kube-scheduler,
+kube-controller-manager, then the objects a real GPU cluster has from the start (NVIDIA's
+DeviceClasses, the Kubeflow CRDs). Each step waits until its component answers and reports a
+component that dies with its log's last lines; a failed start stops what it started."""
+
+from __future__ import annotations
+
+import shutil
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from . import flags
+from .binary import find_binary
+from .kubeconfigs import write_kubeconfig
+from .pki import ClusterPKI, make_pki
+from .ports import PortReservation
+from .processes import Component, ComponentDied, log_tail
+from .rest import Client, ok
+
+MANIFESTS = Path(__file__).parent / "manifests"
+CRDS = "/apis/apiextensions.k8s.io/v1/customresourcedefinitions"
+
+
+class ControlPlaneError(RuntimeError):
+    """The control plane did not come up; the message says which component and why."""
+
+
+def _manifests() -> list[dict[str, Any]]:
+    """DeviceClasses first, then each vendored CRD file (manifests/crds/*.yaml)."""
+    files = [MANIFESTS / "deviceclasses.yaml", *sorted((MANIFESTS / "crds").glob("*.yaml"))]
+    return [doc for f in files for doc in yaml.safe_load_all(f.read_text()) if doc]
+
+
+class ControlPlane:
+    """One running cluster. `ControlPlane.start(dir)` returns when all of it is ready; `stop()`
+    (or leaving the `with` block) ends every process and frees its ports."""
+
+    def __init__(self, state_dir: Path, binary: Path, progress: Callable[[str], None]) -> None:
+        self.state_dir = state_dir
+        self.binary = binary
+        self._progress = progress
+        self._reservation = PortReservation(5)
+        self.ports = flags.Ports(*self._reservation.ports)
+        self.components: list[Component] = []
+        self.pki: ClusterPKI
+        self.kubeconfig: Path
+        self.client: Client
+
+    @property
+    def server(self) -> str:
+        return f"https://127.0.0.1:{self.ports.apiserver}"
+
+    @classmethod
+    def start(
+        cls,
+        state_dir: Path,
+        *,
+        timeout: float = 300.0,
+        progress: Callable[[str], None] = lambda _msg: None,
+    ) -> ControlPlane:
+        binary = find_binary()
+        cp = cls(Path(state_dir).resolve(), binary, progress)
+        try:
+            cp._start(timeout)
+        except BaseException:
+            cp.stop()
+            raise
+        return cp
+
+    # --- start-up ---------------------------------------------------------------------------
+    def _start(self, timeout: float) -> None:
+        deadline = time.monotonic() + timeout
+        shutil.rmtree(self.state_dir, ignore_errors=True)  # a fresh cluster every start
+        self.state_dir.mkdir(parents=True)
+        self.pki = pki = make_pki(self.state_dir / "pki")
+        self.kubeconfig = self._kubeconfig("admin", pki.admin)
+        self.client = Client(self.server, str(pki.ca.cert), pki.admin)
+        etcd_url = f"http://127.0.0.1:{self.ports.etcd_client}/health"
+
+        self._run("etcd", flags.etcd(self.state_dir / "etcd", self.ports))
+        self._wait("etcd", lambda: ok(etcd_url), deadline)
+        self._run("kube-apiserver", flags.kube_apiserver(pki, self.ports))
+        self._wait("kube-apiserver", self._apiserver_ready, deadline)
+        scheduler = self._kubeconfig("scheduler", pki.scheduler)
+        self._run(
+            "kube-scheduler",
+            flags.kube_scheduler(scheduler, self.state_dir / "scheduler", self.ports),
+        )
+        kcm = self._kubeconfig("controller-manager", pki.controller_manager)
+        kcm_dir = self.state_dir / "controller-manager"
+        self._run(
+            "kube-controller-manager", flags.kube_controller_manager(kcm, kcm_dir, pki, self.ports)
+        )
+        for name, port in (
+            ("kube-scheduler", self.ports.scheduler),
+            ("kube-controller-manager", self.ports.controller_manager),
+        ):
+            self._wait(name, lambda p=port: ok(f"https://127.0.0.1:{p}/healthz"), deadline)
+        self._install(deadline)
+        self._progress(f"control plane ready at {self.server} (kubeconfig {self.kubeconfig})")
+
+    def _kubeconfig(self, name: str, identity) -> Path:
+        return write_kubeconfig(
+            self.state_dir / f"{name}.kubeconfig", self.server, self.pki.ca.cert, identity, name
+        )
+
+    def _run(self, name: str, argv: list[str]) -> None:
+        self._progress(f"starting {name}")
+        component = Component(name, [str(self.binary), *argv], self.state_dir / f"{name}.log")
+        self.components.append(component)
+        component.start()
+
+    def _wait(self, what: str, ready: Callable[[], bool], deadline: float) -> None:
+        while not ready():
+            try:
+                self.check()
+            except ComponentDied as err:
+                raise ControlPlaneError(str(err)) from None
+            if time.monotonic() > deadline:
+                logs = "\n".join(
+                    f"--- {c.name} ({c.log}):\n{log_tail(c.log, 10)}" for c in self.components
+                )
+                raise ControlPlaneError(f"{what} not ready in time; the components' logs:\n{logs}")
+            time.sleep(0.25)
+
+    def _apiserver_ready(self) -> bool:
+        try:
+            return self.client.request("GET", "/readyz", timeout=5)[0] == 200
+        except OSError:
+            return False
+
+    def _install(self, deadline: float) -> None:
+        docs = _manifests()
+        self._progress(f"installing {len(docs)} objects (NVIDIA DeviceClasses, Kubeflow CRDs)")
+        for doc in docs:
+            self.client.create(doc)
+        for doc in docs:
+            if doc["kind"] == "CustomResourceDefinition":
+                name = doc["metadata"]["name"]
+                path = f"{CRDS}/{name}"
+                self._wait(name, lambda p=path: self._established(p), deadline)
+
+    def _established(self, path: str) -> bool:
+        crd = self.client.get_json(path) or {}
+        conditions = crd.get("status", {}).get("conditions", [])
+        return any(c["type"] == "Established" and c["status"] == "True" for c in conditions)
+
+    # --- running and stopping ---------------------------------------------------------------
+    def check(self) -> None:
+        """ComponentDied when a component has exited, with its log's last lines."""
+        for component in self.components:
+            component.check()
+
+    def stop(self) -> None:
+        """Stop the components in reverse order of start (etcd last) and free the ports."""
+        for component in reversed(self.components):
+            component.stop()
+        self._reservation.release()
+
+    def __enter__(self) -> ControlPlane:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()

@@ -1,0 +1,74 @@
+"""Loopback ports for one cluster's components that no other cluster on this machine takes.
+
+A port is reserved by holding an exclusive flock on a file named after it in a shared lock
+directory for as long as the cluster runs: a second cluster (another test worker, a test run
+beside the demo) that draws the same port fails the lock and draws again, and a crashed
+cluster's reservations vanish with its process. Ports come from above the kernel's ephemeral
+range so no outgoing connection is handed one between our check and the component's bind.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import os
+import random
+import socket
+import tempfile
+from pathlib import Path
+
+LOCK_DIR = Path(tempfile.gettempdir()) / "fracspawner-controlplane-ports"
+
+
+def _candidate_range() -> range:
+    try:
+        low, high = map(int, Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split())
+    except (OSError, ValueError):
+        low, high = 32768, 60999
+    if 65535 - high >= 500:
+        return range(high + 1, 65536)
+    return range(max(1024, low - 10000), low)
+
+
+def _bindable(port: int) -> bool:
+    with socket.socket() as sock:
+        try:
+            sock.bind(("127.0.0.1", port))
+        except OSError:
+            return False
+    return True
+
+
+class PortReservation:
+    """`count` ports held until release() (or this process ends)."""
+
+    def __init__(self, count: int, lock_dir: Path = LOCK_DIR) -> None:
+        lock_dir.mkdir(parents=True, exist_ok=True)
+        self._files: list[int] = []
+        self.ports: list[int] = []
+        candidates = list(_candidate_range())
+        random.shuffle(candidates)
+        for port in candidates:
+            if len(self.ports) == count:
+                break
+            fd = os.open(lock_dir / str(port), os.O_CREAT | os.O_RDWR, 0o666)
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except OSError:
+                os.close(fd)
+                continue
+            if not _bindable(port):
+                os.close(fd)
+                continue
+            self._files.append(fd)
+            self.ports.append(port)
+        if len(self.ports) < count:
+            self.release()
+            span = f"{min(candidates)}-{max(candidates)}"
+            raise RuntimeError(f"no {count} free loopback ports in {span}")
+
+    def release(self) -> None:
+        for fd in self._files:
+            with contextlib.suppress(OSError):
+                os.close(fd)
+        self._files.clear()
