@@ -84,6 +84,29 @@ def test_every_gpu_pod_keeps_to_the_namespaces_pools(webhooks):
     assert ask(strict, step({"cpu": "1"}))["allowed"] is True
 
 
+def test_a_pod_pinned_to_a_denied_pools_nodes_is_refused_whatever_it_asks(webhooks):
+    """Issue 34 item 6: a nodeSelector carrying a pool's node selector puts the pod on that
+    pool's nodes, whichever GPU resource it asks for: a node may expose more than the catalog's
+    plans name (a mig-mixed node's unpartitioned GPUs are `nvidia.com/gpu`, HAMi's device
+    plugin may run there too), so the pool is one the pod runs on, offered or not."""
+    strict = webhooks["all-pods"]
+    a100 = {"nvidia.com/gpu.product": "NVIDIA-A100-SXM4-80GB"}
+    # the H100 pool's 1/8 (allowed, within the quota), pinned to the A100 pool's nodes too
+    both = step(dict(EIGHTH), nodeSelector={**a100, "gpu": "on"})
+    refused = ask(strict, both)
+    assert refused["allowed"] is False, refused
+    assert "pool(s) a100-mig, which the namespace may not use" in refused["status"]["message"]
+    # HAMi's memory resource alone, which only the H100 pool's plans use, on the A100's nodes
+    memory = {"nvidia.com/gpumem": "10240"}
+    refused = ask(strict, step(dict(memory), nodeSelector=a100))
+    assert "pool(s) a100-mig, which the namespace may not use" in refused["status"]["message"]
+    # on the pool it may use, only its count is judged (HAMi gives a whole GPU for memory
+    # alone: over the namespace's 0.25 quota)
+    fine = ask(strict, step(dict(memory), nodeSelector={"gpu": "on"}))
+    assert "may not use" not in fine["status"]["message"] and "quota" in fine["status"]["message"]
+    assert ask(strict, step(dict(EIGHTH), nodeSelector={"gpu": "on"}))["allowed"] is True
+
+
 def test_the_chart_enforces_pool_access_on_all_pods_by_default():
     def command(values: dict[str, Any]) -> list[str]:
         objs = objects(render({"webhook": {"enabled": True, **values}}))
@@ -94,6 +117,10 @@ def test_the_chart_enforces_pool_access_on_all_pods_by_default():
     assert "--trusted-pod-namespace=kube-system" in command({})
     # issue 28 item 6: the image's ENV is hidden too (tests/test_kubeflow_webhook_visibility.py)
     assert "--override-visible-devices=all" in command({})
+    # issue 34 item 1: a GPU container's envFrom is refused unless the nodes are declared
+    assert "--device-list-strategy=envvar" in command({})
+    mounts = command({"deviceListStrategy": "volume-mounts"})
+    assert "--device-list-strategy=volume-mounts" in mounts
     assert "--enforce-pool-access=notebooks" in command({"enforcePoolAccess": "notebooks"})
     with pytest.raises(Exception, match="enforcePoolAccess"):
         render({"webhook": {"enabled": True, "enforcePoolAccess": "everything"}})

@@ -39,6 +39,7 @@ from .recognise import (
     catalog_resources,
     containers_of,
     gpu_asks,
+    gpu_container_env,
     gpu_equivalent_of_pod,
     holds_gpu,
     is_gpu_resource,
@@ -387,6 +388,46 @@ def refuse_visible_gpus(
         )
 
 
+#: the device list strategies of the NVIDIA device plugin (its `deviceListStrategy`,
+#: k8s-device-plugin api/config/v1/flags.go) under which a container's own env cannot choose
+#: its devices, given the toolkit's accept-nvidia-visible-devices-envvar-when-unprivileged =
+#: false; "envvar", the plugin's default, is the one where it can
+ENV_PROOF_STRATEGIES = ("volume-mounts", "cdi-annotations", "cdi-cri")
+DEVICE_LIST_STRATEGIES = ("envvar", *ENV_PROOF_STRATEGIES)
+
+
+def refuse_gpu_container_env(
+    pod: Mapping[str, Any], namespace: str, device_list_strategy: str = "envvar"
+) -> None:
+    """Refuse a pod whose container holding a device-plugin GPU sets NVIDIA_VISIBLE_DEVICES or
+    NVIDIA_IMEX_CHANNELS, or takes `envFrom` unless the operator declared nodes that hand
+    devices out another way (recognise.gpu_container_env)."""
+    env_from = device_list_strategy not in ENV_PROOF_STRATEGIES
+    found = gpu_container_env(pod, env_from=env_from)
+    if found:
+        hint = (
+            "; or, where every GPU node's device plugin hands devices out by volume mounts or "
+            "CDI and the toolkit ignores the variable, the webhook's --device-list-strategy "
+            "(the chart's webhook.deviceListStrategy) allows envFrom"
+            if any(": envFrom" in f for f in found)
+            else ""
+        )
+        raise Refusal(
+            f"fracspawner refused this pod in namespace {namespace}: {'; '.join(found)}. A "
+            "container holding a GPU must not choose its devices through its environment: the "
+            "kubelet puts the pod's env after the device plugin's and the NVIDIA toolkit takes "
+            "the last, so it would get whatever GPUs the variable names, outside every quota. "
+            f"Remove the variable; set what it needs with env instead of envFrom{hint}",
+            "invalid",
+        )
+
+
+def _void_entries(container: Mapping[str, Any]) -> list[dict[str, str]]:
+    """`NAME=void` for each visibility variable the container does not set itself."""
+    have = {str(e.get("name", "")) for e in container.get("env") or [] if isinstance(e, Mapping)}
+    return [{"name": v, "value": VOID} for v in VISIBILITY_ENV if v not in have]
+
+
 def hide_devices_from_env(pod: Mapping[str, Any], every: bool = False) -> dict[str, Any]:
     """The pod with `NVIDIA_VISIBLE_DEVICES=void` (and NVIDIA_IMEX_CHANNELS) written into each
     init and app container that holds no GPU of its own and takes env through `envFrom`, which
@@ -394,22 +435,54 @@ def hide_devices_from_env(pod: Mapping[str, Any], every: bool = False) -> dict[s
     ConfigMap or Secret says (now or later) hands out no device. `every`: into every container
     holding no GPU that does not set them itself, which also overrides the image's own ENV
     (CUDA base images set NVIDIA_VISIBLE_DEVICES=all; a container's env wins over its image's,
-    as containerd builds the OCI spec). A container naming resource claims is left to its DRA
-    driver. Unchanged pods are returned as they are (a copy)."""
+    as containerd builds the OCI spec). A container naming resource claims gets them too: a
+    claim may be any driver's, and NVIDIA's DRA driver hands GPUs as CDI device nodes and
+    writes NVIDIA_VISIBLE_DEVICES=void into its own CDI edits, which come after the pod's env
+    (k8s-dra-driver-gpu cmd/gpu-kubelet-plugin/cdi.go). Unchanged pods are returned as they
+    are (a copy)."""
     out = json.loads(json.dumps(pod))
     spec = out.get("spec") or {}
     for key in ("initContainers", "containers"):
         for container in spec.get(key) or []:
-            claims = (container.get("resources") or {}).get("claims")
-            hidden = every and not claims and not holds_gpu(out, container)
+            hidden = every and not holds_gpu(out, container)
             if not (hidden or unreadable_env(out, container)):
                 continue
-            have = {str(e.get("name", "")) for e in container.get("env") or []}
-            missing = [v for v in VISIBILITY_ENV if v not in have]
+            missing = _void_entries(container)
             if missing:
-                env = container.setdefault("env", [])
-                env += [{"name": v, "value": VOID} for v in missing]
+                container.setdefault("env", []).extend(missing)
     return out
+
+
+def _added_ephemeral(old: Mapping[str, Any], new: Mapping[str, Any]) -> list[tuple[int, Any]]:
+    """(index, container) of the ephemeral containers `new` has and `old` had not."""
+    before = {str(c.get("name")) for c in (old.get("spec") or {}).get("ephemeralContainers") or []}
+    return [
+        (i, c)
+        for i, c in enumerate((new.get("spec") or {}).get("ephemeralContainers") or [])
+        if isinstance(c, Mapping) and str(c.get("name")) not in before
+    ]
+
+
+def hide_devices_from_ephemeral(
+    old: Mapping[str, Any], new: Mapping[str, Any]
+) -> list[dict[str, Any]]:
+    """JSONPatch operations writing `NVIDIA_VISIBLE_DEVICES=void` (and NVIDIA_IMEX_CHANNELS)
+    into the ephemeral containers being added (kubectl debug), as hide_devices_from_env(every)
+    does for every other container holding no GPU: an ephemeral container may ask for no
+    resources, so no device plugin gives it a device, and a CUDA image's ENV would show it
+    every GPU. Only /spec/ephemeralContainers/N/env of the new ones: the API server refuses
+    any other change through this subresource."""
+    ops: list[dict[str, Any]] = []
+    for index, container in _added_ephemeral(old, new):
+        missing = _void_entries(container)
+        path = f"/spec/ephemeralContainers/{index}/env"
+        if not missing:
+            continue
+        if container.get("env"):
+            ops += [{"op": "add", "path": f"{path}/-", "value": e} for e in missing]
+        else:
+            ops.append({"op": "add", "path": path, "value": missing})
+    return ops
 
 
 def check_ephemeral(old: Mapping[str, Any], new: Mapping[str, Any], namespace: str) -> None:
@@ -418,12 +491,7 @@ def check_ephemeral(old: Mapping[str, Any], new: Mapping[str, Any], namespace: s
     device plugin gives them none, but the toolkit honours their NVIDIA_VISIBLE_DEVICES. An
     `envFrom` cannot be checked and is refused too (it could be overridden as on a create, but
     a debugging container needs no ConfigMap's env)."""
-    before = {str(c.get("name")) for c in (old.get("spec") or {}).get("ephemeralContainers") or []}
-    added = [
-        c
-        for c in (new.get("spec") or {}).get("ephemeralContainers") or []
-        if isinstance(c, Mapping) and str(c.get("name")) not in before
-    ]
+    added = [c for _, c in _added_ephemeral(old, new)]
     refuse_visible_gpus(new, namespace, added)
     unread = [str(c.get("name")) for c in added if unreadable_env(new, c)]
     if unread:
@@ -542,6 +610,7 @@ def guard_update(old: Mapping[str, Any], new: Mapping[str, Any]) -> None:
 
 
 __all__ = [
+    "DEVICE_LIST_STRATEGIES",
     "Admitted",
     "BadReview",
     "Refusal",
@@ -552,6 +621,8 @@ __all__ = [
     "check_pool_access",
     "guard_update",
     "hide_devices_from_env",
+    "hide_devices_from_ephemeral",
+    "refuse_gpu_container_env",
     "json_patch",
     "other_pod_gpu",
     "parse_review",

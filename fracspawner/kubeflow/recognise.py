@@ -335,7 +335,9 @@ def pools_of_pod(pod: Mapping[str, Any], catalog: Catalog) -> tuple[list[str], l
     resources of the pod that no pool offers). A pool is one where the pod's GPU resources (or
     Run:ai ask fields) are offered, and whose taints (those its plans tolerate) the pod
     tolerates. A pod whose nodeSelector carries whole pools' node selectors can land on those
-    pools' nodes only; a pod that carries none could land on the nodes of every such pool.
+    pools' nodes only, whatever GPU resource it asks for: their nodes may expose more than the
+    catalog's plans name (a mig-mixed node's unpartitioned GPUs, another device plugin); a pod
+    that carries none could land on the nodes of every pool offering what it asks.
     Only nodeSelector pins a pod here: node affinity is not read (a pod pinned by affinity
     alone is taken for one that may land on any pool)."""
     spec = pod.get("spec") or {}
@@ -348,14 +350,18 @@ def pools_of_pod(pod: Mapping[str, Any], catalog: Catalog) -> tuple[list[str], l
     offering, pinned = [], []
     for pool in catalog.pools:
         mine = [p for p in plans if p.pool == pool]
-        if not any(names & set(p.resources) or (asks and dict(p.asks) == asks) for p in mine):
-            continue
+        offers = any(names & set(p.resources) or (asks and dict(p.asks) == asks) for p in mine)
         placement = pool_placement(catalog, pool)
+        carried = all(selector.get(k) == v for k, v in placement.node_selector.items())
+        # a pool without a node selector: every pod can land there, if it offers the GPU
+        if not (offers or (carried and placement.node_selector)):
+            continue
         if not all(_tolerates(tolerations, t) for t in placement.tolerations):
             continue
-        offering.append(pool)
-        if all(selector.get(k) == v for k, v in placement.node_selector.items()):
-            pinned.append(pool)  # a pool without a node selector: every pod can land there
+        if offers:
+            offering.append(pool)
+        if carried:
+            pinned.append(pool)
     return pinned or offering, sorted(names - offered)
 
 
@@ -367,9 +373,8 @@ def pools_of_pod(pod: Mapping[str, Any], catalog: Catalog) -> tuple[list[str], l
 #: `accept-nvidia-visible-devices-envvar-when-unprivileged`, to true; ImexChannelRequests reads
 #: NVIDIA_IMEX_CHANNELS the same way). CUDA_VISIBLE_DEVICES only filters inside the devices
 #: a container already has, so it is harmless. A container that holds a GPU resource gets the
-#: device plugin's NVIDIA_VISIBLE_DEVICES, which overrides its own and its image's (a toolkit
-#: maintainer in NVIDIA/nvidia-container-toolkit#27: "the setting from the device plugin will
-#: overwrite this").
+#: device plugin's NVIDIA_VISIBLE_DEVICES, which overrides its image's, but not its own env:
+#: the kubelet appends that after the device plugin's (gpu_container_env).
 VISIBILITY_ENV = ("NVIDIA_VISIBLE_DEVICES", "NVIDIA_IMEX_CHANNELS")
 #: what the webhook writes into a container whose env it cannot read (envFrom): an `env`
 #: entry wins over every envFrom source ("Values defined by an Env with a duplicate key will
@@ -393,8 +398,21 @@ def devices_requested(value: str) -> bool:
     return True
 
 
+#: resources that only shape a device another resource hands out: HAMi's task priority. Its
+#: webhook adds a device count for memory or cores asked alone, never for a priority (HAMi
+#: pkg/device/nvidia/device.go MutateAdmission), so a container asking for it alone gets no
+#: device, and the toolkit reads that container's own NVIDIA_VISIBLE_DEVICES (issue 34)
+SHAPE_ONLY = frozenset({"nvidia.com/priority"})
+
+
+def device_plugin_gpu(container: Mapping[str, Any]) -> dict[str, Decimal]:
+    """The container's GPU resources through which a device plugin hands it a device (HAMi's
+    memory and cores among them: they imply a count), {} for one that gets none."""
+    return {k: v for k, v in gpu_asks(container).items() if k not in SHAPE_ONLY}
+
+
 def _holds_gpu_resource(pod: Mapping[str, Any], container: Mapping[str, Any]) -> bool:
-    return bool(gpu_asks(container))
+    return bool(device_plugin_gpu(container))
 
 
 #: schedulers whose binder writes the NVIDIA_VISIBLE_DEVICES of a pod's GPU fraction container:
@@ -491,6 +509,39 @@ def visibility_env(
     return found
 
 
+def gpu_container_env(
+    pod: Mapping[str, Any],
+    containers: Iterable[Mapping[str, Any]] | None = None,
+    *,
+    env_from: bool = True,
+) -> list[str]:
+    """What in the spec of a container holding a device-plugin GPU could choose its devices:
+    `container NAME: VAR...` for NVIDIA_VISIBLE_DEVICES or NVIDIA_IMEX_CHANNELS in its env,
+    whatever the value or its source, and (`env_from`) `container NAME: envFrom` for env the
+    webhook cannot read. The device plugin's value does not win there: the kubelet appends the
+    pod's env after the device plugin's (pkg/kubelet/kubelet_pods.go
+    GenerateRunContainerOptions), and the toolkit keeps the last of a name
+    (nvidia-container-toolkit internal/config/image/builder.go WithEnv), so `all` there is
+    every GPU of the node for the price of one (NVIDIA/k8s-device-plugin#90, #1294,
+    otwld/ollama-helm#98)."""
+    found = []
+    for container in containers_of(pod) if containers is None else containers:
+        if not device_plugin_gpu(container):
+            continue
+        name = container.get("name", "?")
+        for entry in container.get("env") or []:
+            var = str(entry.get("name", "")) if isinstance(entry, Mapping) else ""
+            if var not in VISIBILITY_ENV:
+                continue
+            if "valueFrom" in entry:
+                found.append(f"container {name}: {var} from valueFrom")
+            else:
+                found.append(f"container {name}: {var}={entry.get('value') or ''}")
+        if env_from and container.get("envFrom"):
+            found.append(f"container {name}: envFrom (may hold NVIDIA_VISIBLE_DEVICES)")
+    return found
+
+
 def unreadable_env(pod: Mapping[str, Any], container: Mapping[str, Any]) -> bool:
     """Whether a container holding no GPU of its own takes env from a source the webhook
     cannot read (envFrom: a ConfigMap or Secret, which may hold NVIDIA_VISIBLE_DEVICES) and
@@ -511,10 +562,13 @@ __all__ = [
     "V2_WORKSPACE_LABEL",
     "CONTAINER_LISTS",
     "GPU_HOLDERS",
+    "SHAPE_ONLY",
     "VISIBILITY_ENV",
     "KnownPlan",
     "catalog_resources",
     "devices_requested",
+    "device_plugin_gpu",
+    "gpu_container_env",
     "holds_gpu",
     "gpu_asks",
     "gpu_equivalent_of_pod",

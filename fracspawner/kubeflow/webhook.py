@@ -34,6 +34,7 @@ from ..model.access import namespace_rule
 from ..model.catalog import AccessRule, Catalog
 from ..model.errors import CatalogError
 from .admission import (
+    DEVICE_LIST_STRATEGIES,
     BadReview,
     Refusal,
     Review,
@@ -42,9 +43,11 @@ from .admission import (
     check_pool_access,
     guard_update,
     hide_devices_from_env,
+    hide_devices_from_ephemeral,
     json_patch,
     other_pod_gpu,
     parse_review,
+    refuse_gpu_container_env,
     refuse_visible_gpus,
     response,
     slice_ask,
@@ -97,8 +100,12 @@ class Webhook:
         trusted_namespaces: Iterable[str] = DEFAULT_TRUSTED,
         enforce_pool_access: str = "notebooks",
         override_visible_devices: str = "env-from",
+        device_list_strategy: str = "envvar",
     ):
         self.catalog = catalog
+        #: how the nodes' device plugin hands out devices, as the operator declares it: a
+        #: GPU container may take envFrom only where that is not through its env
+        self.device_list_strategy = device_list_strategy
         #: which containers holding no GPU get NVIDIA_VISIBLE_DEVICES=void written into their
         #: env: "env-from" those taking envFrom, "all" every one (the image's ENV too)
         self.override_visible_devices = override_visible_devices
@@ -150,7 +157,13 @@ class Webhook:
                 guard_update(review.old_pod, review.pod)
                 # kubectl debug: pods/ephemeralcontainers, the whole pod with the new container
                 check_ephemeral(review.old_pod, review.pod, review.namespace)
-                return self._count(review, response(review.uid), "allowed")
+                patch = []
+                if review.sub_resource == "ephemeralcontainers" and (
+                    self.override_visible_devices == "all"
+                ):
+                    patch = hide_devices_from_ephemeral(review.old_pod, review.pod)
+                answer = response(review.uid, patch=patch)
+                return self._count(review, answer, "mutated" if patch else "allowed")
             if review.operation != "CREATE":
                 return self._count(review, response(review.uid), "skipped")
             return await self._create(review, source)
@@ -201,6 +214,7 @@ class Webhook:
         other_gpu = 0.0 if notebook else gpu_equivalent_of_pod(pod, self.catalog)
         if not notebook:
             refuse_visible_gpus(pod, ns)
+            refuse_gpu_container_env(pod, ns, self.device_list_strategy)
         if not (slice_ask(pod, self.catalog, AccessRule()) if notebook else other_gpu):
             if notebook:
                 refuse_visible_gpus(pod, ns)
@@ -230,8 +244,10 @@ class Webhook:
                 return other_pod_gpu(pod, **args)
             admitted = admit(pod, catalog=self.catalog, rule=rule, namespace=ns, used_gpu=used)
             assert admitted is not None
-            # the sidecars and init containers of the mapped pod (reserved env removed)
+            # the sidecars and init containers of the mapped pod (reserved env removed), and
+            # its notebook container's envFrom
             refuse_visible_gpus(admitted.pod, ns)
+            refuse_gpu_container_env(admitted.pod, ns, self.device_list_strategy)
             decided[:] = [admitted, used]
             return admitted.plan.gpu_equivalent
 
@@ -497,6 +513,16 @@ def _parser() -> argparse.ArgumentParser:
         "container's image would show it (CUDA images set NVIDIA_VISIBLE_DEVICES=all)",
     )
     parser.add_argument(
+        "--device-list-strategy",
+        choices=DEVICE_LIST_STRATEGIES,
+        default="envvar",
+        help="how the NVIDIA device plugin of every GPU node hands out devices (its "
+        "deviceListStrategy). envvar (its default): a container's own env can choose them, so "
+        "a container holding a GPU may not take envFrom. Declare volume-mounts or cdi-* only "
+        "where the container toolkit also sets accept-nvidia-visible-devices-envvar-when-"
+        "unprivileged = false: envFrom is then allowed there (docs/kubeflow.md)",
+    )
+    parser.add_argument(
         "--trusted-pod-namespace",
         action="append",
         metavar="NS",
@@ -519,6 +545,7 @@ async def serve(args: argparse.Namespace, catalog: Catalog, context: ssl.SSLCont
         trusted_namespaces=args.trusted_pod_namespace or DEFAULT_TRUSTED,
         enforce_pool_access=args.enforce_pool_access,
         override_visible_devices=args.override_visible_devices,
+        device_list_strategy=args.device_list_strategy,
     )
     webhook.verify_clients = bool(args.client_ca)
     webhook.client_names = set(args.client_name)
