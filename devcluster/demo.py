@@ -25,7 +25,9 @@ from fracspawner.model.access import allowed_pools, within_quota
 from fracspawner.model.catalog import AccessRule, Catalog
 from fracspawner.model.units import gpu_amount
 
+from .leftovers import why_not_start
 from .localhub import REPO, free_port, start_hub
+from .stopsignals import StopSignals
 
 # The demo's users and groups: any name logs in (DummyAuthenticator-style password), "admin" is
 # a hub admin (localhub), and these group members get the catalog's group rule.
@@ -231,10 +233,6 @@ def stop_process(proc: subprocess.Popen, timeout: float = 30) -> None:
         pass
 
 
-def _interrupt(*_: object) -> None:
-    raise KeyboardInterrupt
-
-
 def main(argv: list[str]) -> int:
     parser = argparse.ArgumentParser(prog="fracspawner demo", description=__doc__)
     parser.add_argument("--port", type=int, default=8000, help="hub port on 127.0.0.1")
@@ -262,13 +260,17 @@ def main(argv: list[str]) -> int:
     banner = "".join(
         f"    {line}\n" for line in who_sees_what(load_catalog(catalog_file), DEMO_GROUP_MEMBERS)
     )
+    # an earlier demo still running (its hub holding the port) or another program on the
+    # port: say so, rather than print a password that the old hub would refuse
+    if refused := why_not_start(state_dir, args.port):
+        print(f"fracspawner demo: {refused}", file=sys.stderr)
+        return 1
     # SIGTERM (say, to make's process group) and SIGHUP stop everything like Ctrl-C, from the
     # start: one before the hub was up killed this process and left the devcluster running.
-    # SIGINT too, explicitly: started in the background by a script (`make demo &`, nohup),
-    # it is inherited ignored and Python then installs no KeyboardInterrupt for it, so a
-    # later `kill -INT` did nothing
-    for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
-        signal.signal(sig, _interrupt)
+    # Only the first interrupts; later ones (a closed terminal's second SIGHUP) cannot abort
+    # the clean-up (devcluster/stopsignals.py)
+    signals = StopSignals()
+    signals.install()
     cluster = hub = None
     try:
         cluster = start_devcluster(args.topology or demo_topology(), state_dir)
@@ -299,9 +301,13 @@ def main(argv: list[str]) -> int:
     except KeyboardInterrupt:
         _say("\nstopping the demo (Ctrl-C again will not interrupt this)...")
     finally:
-        # a second Ctrl-C or SIGTERM must not abort the clean-up half-way (orphans)
-        for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
-            signal.signal(sig, signal.SIG_IGN)
+        # from here a Ctrl-C, SIGTERM or SIGHUP must not abort the clean-up (orphans). One that
+        # comes just as the hub or devcluster ended on its own raises here, once, having marked
+        # the stop like stop() does
+        try:
+            signals.stop()
+        except KeyboardInterrupt:
+            pass
         if hub is not None:
             hub.stop(grace=args.stop_timeout)
         if cluster is not None:
