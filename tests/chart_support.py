@@ -259,14 +259,20 @@ class Container:
         return next(p["containerPort"] for p in self.container["ports"] if p["name"] == name)
 
     def probe(
-        self, kind: str = "readinessProbe", timeout: float | None = None, **urlopen: Any
+        self,
+        kind: str = "readinessProbe",
+        timeout: float | None = None,
+        until: Any = None,
+        **urlopen: Any,
     ) -> Any:
-        """Wait until the probe answers 2xx (a deadline, not a timing assertion): by default as
-        long as the kubelet would wait for the container to start (its startupProbe's
+        """Wait until the probe answers 2xx, or `until(status, body)` is true for its answer
+        whatever the status (a deadline, not a timing assertion): by default as long as the
+        kubelet would wait for the container to start (its startupProbe's
         initialDelaySeconds + periodSeconds x failureThreshold, Kubernetes' defaults 0, 10, 3),
         so a slow start on a loaded machine is not mistaken for a broken container."""
         import ssl
         import time
+        import urllib.error
         import urllib.request
 
         if timeout is None:
@@ -289,11 +295,18 @@ class Container:
             assert self.process.poll() is None, self.output()
             try:
                 with urllib.request.urlopen(url, timeout=5, **urlopen) as resp:
-                    return resp.status, resp.read()
+                    answer = resp.status, resp.read()
+                if until is None or until(*answer):
+                    return answer
+            except urllib.error.HTTPError as exc:  # answered, not 2xx
+                answer = exc.code, exc.read()
+                if until is not None and until(*answer):
+                    return answer
             except OSError:
-                if time.monotonic() > deadline:
-                    raise AssertionError(f"{url} never answered:\n{self.output()}") from None
-                time.sleep(0.1)
+                pass
+            if time.monotonic() > deadline:
+                raise AssertionError(f"{url} never answered so:\n{self.output()}") from None
+            time.sleep(0.1)
 
     def output(self) -> str:
         self.log.flush()

@@ -709,3 +709,54 @@ def test_admin_page_has_the_hubs_navigation_as_the_service_page_does(catalog):
     assert [link for link in service.links if link[0] != "GPU pools"] == [
         link for link in nav.links if link[0] not in ("Admin", "GPU usage")
     ]
+
+
+async def test_the_services_health_turns_ready_once_its_role_is_granted(catalog, monkeypatch):
+    """Issue 34 item 10: /health (the chart's readiness probe) is 503 while the service's token
+    lacks scopes and asks the hub again while it does (nobody reaches an unready pod's admin
+    page to make it ask), so the pod turns Ready once the role is granted; /health/live (the
+    liveness probe) answers throughout."""
+    from tornado.httpclient import AsyncHTTPClient
+    from tornado.httpserver import HTTPServer
+    from tornado.web import Application, RequestHandler
+
+    from devcluster.localhub import free_port
+    from fracspawner.hub import admin as admin_module
+    from fracspawner.hub.admin import AdminData
+    from fracspawner.hub.service import make_app
+
+    granted: list[str] = []  # the service token's scopes, as GET /hub/api/user answers
+
+    class WhoAmI(RequestHandler):
+        def get(self) -> None:
+            self.write(json.dumps({"kind": "service", "name": "fracspawner", "scopes": granted}))
+
+    hub_port, port = free_port(), free_port()
+    hub = HTTPServer(Application([(r"/hub/api/user", WhoAmI)]))
+    hub.listen(hub_port, "127.0.0.1")
+    data = AdminData(
+        catalog, None, hub_api_url=f"http://127.0.0.1:{hub_port}/hub/api", token="secret"
+    )
+    server = HTTPServer(make_app(catalog, None, "/services/fracspawner/", data))
+    server.listen(port, "127.0.0.1")
+    client = AsyncHTTPClient()
+
+    async def get(path: str) -> tuple[int, dict]:
+        url = f"http://127.0.0.1:{port}/services/fracspawner/{path}"
+        resp = await client.fetch(url, raise_error=False)
+        return resp.code, json.loads(resp.body)
+
+    try:
+        await data.check_scopes()  # at start (hub/service.py serve)
+        code, answer = await get("health")
+        assert code == 503 and answer["missing"] == ["list:users", "read:servers"]
+        assert "list:users (list the users with running servers)" in answer["message"]
+        assert (await get("health/live"))[0] == 200
+        granted[:] = ["list:users", "read:servers", "read:users:name"]
+        monkeypatch.setattr(admin_module, "SCOPE_RECHECK_S", 0.0)
+        assert await get("health") == (200, {"status": "ok"})
+        assert data.problems == []
+    finally:
+        server.stop()
+        hub.stop()
+        data.http.close()

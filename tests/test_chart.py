@@ -536,6 +536,16 @@ def test_the_services_hub_oauth_settings(rendered_objects):
     assert env["JUPYTERHUB_OAUTH_CALLBACK_URL"] == "/services/fracspawner/oauth_callback"
     assert env["JUPYTERHUB_CLIENT_ID"] == "service-fracspawner"  # JupyterHub's default for it
     assert container["readinessProbe"]["httpGet"]["path"] == "/services/fracspawner/health"
+    # issue 34 item 10: readiness says whether the token has its scopes; a restart would not
+    # grant them, so liveness and startup only ask whether the process answers
+    for kind in ("livenessProbe", "startupProbe"):
+        assert container[kind]["httpGet"]["path"] == "/services/fracspawner/health/live"
+    culler = one(rendered_objects["defaults"], "Deployment", "culler")["spec"]["template"]["spec"][
+        "containers"
+    ][0]
+    assert culler["readinessProbe"]["httpGet"] == {"path": "/health", "port": "metrics"}
+    for kind in ("livenessProbe", "startupProbe"):
+        assert culler[kind]["httpGet"] == {"path": "/metrics", "port": "metrics"}
     base = objects(render({"jupyterhub": {"baseUrl": "/jhub/"}}))
     container = one(base, "Deployment", "service")["spec"]["template"]["spec"]["containers"][0]
     env = {e["name"]: e.get("value") for e in container["env"]}
@@ -603,11 +613,13 @@ def test_the_rendered_service_and_culler_run_and_pass_their_probes(devcluster, t
             )
             running.append(container)
         service, culler = running
+        # no hub answers: nothing is known to be missing
         status, body = service.probe()
-        assert status == 200 and json.loads(body) == {"status": "ok"}
+        assert status == 200 and json.loads(body)["status"] == "ok"
         assert service.probe("livenessProbe")[0] == 200
         status, body = culler.probe()
-        assert status == 200 and b"fracspawner_culler" in body
+        assert status == 200 and json.loads(body)["status"] == "ok"
+        assert b"fracspawner_culler" in culler.probe("livenessProbe")[1]
         # the report endpoint listens where the chart's Service sends GPU servers, and wants
         # a server's token
         report = urllib.request.Request(

@@ -281,7 +281,7 @@ async def test_the_culler_says_at_start_which_scopes_its_token_lacks(wiped_hub):
     assert 'fracspawner_culler_missing_scope{scope="delete:servers"} 1.0' in metrics
     assert 'fracspawner_culler_missing_scope{scope="list:users"} 0.0' in metrics
     culler.log.removeHandler(errors)
-    assert any("delete:servers" in e and "fracspawner.add_roles" in e for e in errors.lines)
+    assert any("delete:servers" in e and "fracspawner.add_service_roles" in e for e in errors.lines)
     state = culler.state_json(0)
     assert state["scopes_missing"] == missing and "delete:servers" in state["problems"][0]
 
@@ -301,3 +301,74 @@ async def test_the_service_says_which_scopes_its_token_lacks_on_its_admin_page(w
     assert model["problems"] == [problem]
     page = render_admin_page(model, user="admin", hub_prefix="/hub/", static_prefix="/s/")
     assert "list:users (list the users with running servers)" in page
+
+
+# ------------------------------------------------------------------ issue 34 item 10: the probes
+def test_the_charts_readiness_probes_fail_while_the_tokens_lack_scopes(wiped_hub, tmp_path):
+    """The chart's service and culler containers, run as the kubelet runs them against a real
+    hub whose roles for them were lost: their readiness probes answer 503 with what is missing
+    (the pods leave the Service's endpoints and show not Ready), while their liveness probes
+    still pass (a restart would not grant a scope)."""
+    from devcluster.localhub import free_port
+    from tests.chart_support import Container, objects, one, render
+
+    values = {
+        "catalog": yaml.safe_load(Path(CATALOG).read_text()),
+        "service": {"port": free_port(), "liveCapacity": False},
+        "culler": {"metricsPort": free_port(), "reportPort": 0, "cullEvery": 3600},
+        "jupyterhub": {"apiUrl": wiped_hub.api_url},
+        "networkPolicy": {"enabled": False},
+    }
+    objs = objects(render(values))
+    secrets = {("hub", f"hub.services.{name}.apiToken"): t for name, t in TOKENS.items()}
+    running: list[Container] = []
+    try:
+        for component in ("service", "culler"):
+            deployment = one(objs, "Deployment", component)
+            running.append(
+                Container(
+                    deployment,
+                    objs,
+                    tmp_path / component,
+                    secrets=secrets,
+                    fields={"metadata.namespace": "jhub"},
+                )  # fmt: skip
+            )
+        service, culler = running
+        for container, missing in ((service, list(SERVICE_SCOPES)),
+                                   (culler, ["read:users:activity", "read:servers",
+                                             "delete:servers"])):  # fmt: skip
+            # the culler checks its token once it has started: until then its probe is 200
+            status, body = container.probe(until=lambda status, body: status == 503)
+            answer = json.loads(body)
+            assert answer["missing"] == missing, answer
+            assert "fracspawner.add_service_roles" in answer["message"]
+            assert container.probe("livenessProbe")[0] == 200
+    finally:
+        for container in running:
+            container.stop()
+
+
+@pytest.mark.parametrize("key", ["00-mine", "zz-mine"])
+async def test_an_extra_config_key_after_fracspawners_that_assigns_load_roles_wipes_them(key):
+    """z2jh runs hub.extraConfig's entries in the order of their keys: an operator's entry
+    sorting after the overlay's `fracspawner` that assigns load_roles replaces the services'
+    roles (one sorting before it does not). Nothing in the hub's config can undo a later
+    assignment, so the docs and the scope error say it, with what to do."""
+    from fracspawner.model.hubroles import scope_problem
+
+    mine = f"c.JupyterHub.load_roles = [{OPS_ROLE!r}]"
+    loaded = await load_roles(z2jh({"hub": {"extraConfig": {key: mine}}}))
+    assert "ops" in loaded["roles"]
+    kept = set(CULLER_SCOPES) <= loaded["fracspawner-culler"]
+    assert kept == (key < "fracspawner"), loaded["fracspawner-culler"]
+    # the remedy the advice gives: append instead of assigning
+    mine = f"c.JupyterHub.load_roles.append({OPS_ROLE!r})"
+    loaded = await load_roles(z2jh({"hub": {"extraConfig": {key: mine}}}))
+    assert set(CULLER_SCOPES) <= loaded["fracspawner-culler"]
+    assert "ops" in loaded["roles"]
+    advice = scope_problem("culler", ["delete:servers"], "fracspawner-culler")
+    assert "fracspawner.add_service_roles" in advice  # the overlay's call, by its name
+    assert "sorts after 'fracspawner'" in advice and "append" in advice
+    install = (REPO / "docs" / "install.md").read_text()
+    assert "sorts after `fracspawner`" in install

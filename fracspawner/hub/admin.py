@@ -60,6 +60,9 @@ __all__ = [
 ADMIN_SCOPE = "read:servers"
 HISTORY_SECONDS = 24 * 3600
 HISTORY_SAMPLES = 1440  # per pool: 24 h at one sample a minute
+#: while the service's token lacks scopes, /health asks the hub again at most this often, so
+#: the pod turns Ready once the role is granted (nobody reaches the page of an unready pod)
+SCOPE_RECHECK_S = 30.0
 PAGE_SIZE = 50
 HISTORY_ROWS = 200  # the culler's events the page lists (newest first; the JSON has all)
 SORT_KEYS = ("user", "server", "pool", "slice", "since", "memory", "gpu", "next")
@@ -517,8 +520,33 @@ class AdminData:
         self._cache: tuple[float, dict[str, Any]] | None = None
         self._lock = asyncio.Lock()
         self._task: asyncio.Task | None = None
-        # what the service's own token lacks (hub/service.py own_scope_problem), in words
+        # what the service's own token lacks (check_scopes): the scopes, and in words
+        self.scopes_missing: list[str] = []
         self.problems: list[str] = []
+        self._scopes_checked = -SCOPE_RECHECK_S
+        self.service = os.environ.get("JUPYTERHUB_SERVICE_NAME", "fracspawner")
+
+    # -- the service's own token
+    async def check_scopes(self) -> None:
+        """Ask the hub what the service's own token lacks (hub/scopecheck.py), for the page
+        and /health; what was known stays when the hub cannot tell."""
+        from .scopecheck import own_scopes_missing
+
+        self._scopes_checked = time.monotonic()
+        found = await own_scopes_missing(self.hub_api_url, self.token, self.service)
+        if found is None:
+            return
+        self.scopes_missing, problem = found
+        if problem:
+            app_log.error("fracspawner service: %s", problem)
+        self.problems = [problem] if problem else []
+
+    async def health(self) -> list[str]:
+        """/health's answer, the scopes the token lacks ([]: none known): asked again while
+        some are, at most every SCOPE_RECHECK_S."""
+        if self.scopes_missing and time.monotonic() - self._scopes_checked >= SCOPE_RECHECK_S:
+            await self.check_scopes()
+        return list(self.scopes_missing)
 
     # -- sources
     async def _get_json(self, url: str, accept: str = "application/json") -> Any:
@@ -554,12 +582,7 @@ class AdminData:
         except Exception as exc:
             app_log.warning("fracspawner admin: no server list from the hub: %s", exc)
             if getattr(exc, "code", None) == 403:  # say which scopes the token lacks
-                from .scopecheck import own_scope_problem
-
-                problem = await own_scope_problem(self.hub_api_url, self.token)
-                if problem:
-                    app_log.error("fracspawner service: %s", problem)
-                self.problems = [problem] if problem else []
+                await self.check_scopes()
             return None
 
     async def culler_state(self) -> tuple[dict[str, Any] | None, str]:

@@ -118,6 +118,26 @@ class PoolsPageHandler(OffersHandler):
 
 
 class HealthHandler(web.RequestHandler):
+    """The readiness probe: 503 while the service's hub token lacks scopes it needs (the
+    admin page and the culler's state API cannot work), saying which; 200 otherwise, also
+    when the hub could not be asked (nothing known to be missing)."""
+
+    def initialize(self, admin: Any) -> None:
+        self.admin = admin
+
+    async def get(self) -> None:
+        missing = await self.admin.health()
+        if missing:
+            self.set_status(503)
+            message = self.admin.problems[0] if self.admin.problems else ""
+            self.finish({"status": "missing scopes", "missing": missing, "message": message})
+        else:
+            self.finish({"status": "ok"})
+
+
+class LiveHandler(web.RequestHandler):
+    """The liveness and startup probes: the process answers (a restart grants no scope)."""
+
     def get(self) -> None:
         self.finish({"status": "ok"})
 
@@ -135,7 +155,8 @@ def make_app(catalog: Catalog, watcher: Any, prefix: str, admin: Any = None) -> 
                 OffersHandler,
                 {"catalog": catalog, "watcher": watcher},
             ),
-            (url_path_join(prefix, "health"), HealthHandler),
+            (url_path_join(prefix, "health"), HealthHandler, {"admin": admin}),
+            (url_path_join(prefix, "health/live"), LiveHandler),
             # the root, with or without its trailing slash
             (
                 url_path_join(prefix, "?"),
@@ -169,14 +190,7 @@ async def serve(
     from .admin import AdminData
 
     admin = AdminData(catalog, watcher, culler_url=culler_url, interval=history_interval)
-    from .scopecheck import own_scope_problem
-
-    problem = await own_scope_problem(
-        admin.hub_api_url, admin.token, os.environ.get("JUPYTERHUB_SERVICE_NAME", "fracspawner")
-    )
-    if problem:  # the admin page says it too (AdminData.problems)
-        app_log.error("fracspawner service: %s", problem)
-        admin.problems = [problem]
+    await admin.check_scopes()  # logged, on the admin page and /health
     admin.start()
     server = HTTPServer(make_app(catalog, watcher, prefix, admin))
     server.listen(parsed.port or 80, parsed.hostname or "127.0.0.1")

@@ -1,6 +1,6 @@
 """The JupyterHub roles fracspawner's own services need, and how to tell what a token lacks.
 
-One place for both: the z2jh overlay and NOTES grant these roles (fracspawner.add_roles, in
+One place for both: the z2jh overlay and NOTES grant these roles (fracspawner.add_service_roles, in
 hub.extraConfig), and the culler and the service check their own token against the same lists
 at start and on a 403 (`GET /hub/api/user` answers the token's `scopes`, expanded by the hub:
 jupyterhub/apihandlers/users.py SelfAPIHandler), so a role that went missing is said in words
@@ -67,6 +67,9 @@ def scope_problem(who: str, missing: list[str], role: str) -> str:
     return (
         f"the {who}'s hub token lacks the scopes {needs}. Its role {role!r} is not loaded: "
         "give it in c.JupyterHub.load_roles; with z2jh, hub.config.JupyterHub.load_roles "
-        "replaces hub.loadRoles, so keep fracspawner.add_roles(...) in hub.extraConfig "
-        "(examples/z2jh/values.yaml)"
+        "replaces hub.loadRoles, so keep fracspawner.add_service_roles(...) in "
+        "hub.extraConfig (examples/z2jh/values.yaml), which z2jh runs in the order of its "
+        "keys: an entry of yours whose key sorts after 'fracspawner' and assigns "
+        "c.JupyterHub.load_roles wipes the roles again (append to the list there instead, "
+        "or give that entry a key sorting before 'fracspawner')"
     )
