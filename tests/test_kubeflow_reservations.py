@@ -16,13 +16,19 @@ fed by hand). What is modelled (cited):
 
 from __future__ import annotations
 
+import asyncio
 import copy
+import json
+from pathlib import Path
 from typing import Any
 
 import pytest
+import yaml
 
+from fracspawner.backends import load_catalog
+from fracspawner.kubeflow.admission import parse_review
 from fracspawner.kubeflow.webhook import Webhook
-from tests.kubeflow_support import patched
+from tests.kubeflow_support import admission_review, patched
 from tests.test_dra_kubeflow import (
     CATALOG,
     H100,
@@ -36,6 +42,7 @@ from tests.test_dra_kubeflow import (
     message,
     request,
 )
+from tests.test_kubeflow_webhook_jobs import job_pod
 
 RESERVATION = "fracspawner.io/reservation"
 EIGHTH = claim_spec(request("gpu.nvidia.com", H100, **memory("10Gi")))  # 0.125 of 0.25
@@ -88,3 +95,183 @@ async def test_a_generate_name_claim_counts_once_when_the_watch_has_it(webhook):
     second = claim("team-a", "second", EIGHTH)
     answer = await webhook.dra.review_claim(claim_review(second))
     assert allowed(answer), message(answer)
+
+
+# --------------------------------------------------------------------------- item 5: pods
+DEMO_DATA = yaml.safe_load(
+    (Path(__file__).resolve().parent.parent / "examples/catalogs/demo.yaml").read_text()
+)
+ONE_GPU = load_catalog(
+    {
+        **DEMO_DATA,
+        "access": {
+            "default": {"pools": [], "max_gpu": 0},
+            "groups": {"one-gpu": {"pools": "all", "max_gpu": 1}},
+        },
+        "kubeflow": {"namespaces": [{"labels": {"quota": "one"}, "groups": ["one-gpu"]}]},
+    }
+)
+
+
+@pytest.fixture
+def jobs() -> Webhook:
+    """Namespace "jobs" holds a 1-GPU quota of the demo catalog's pools (HAMi h100)."""
+    hook = Webhook(ONE_GPU, FakeCluster({"jobs": {"quota": "one"}}))
+    hook.pods.load([])
+    return hook
+
+
+def half_gpu_job_pod(**annotations: str) -> dict[str, Any]:
+    pod = job_pod(ONE_GPU, "train")  # generateName train-, half an H100
+    if annotations:
+        pod["metadata"]["annotations"] = dict(annotations)
+    return pod
+
+
+def pod_review(pod: dict[str, Any], user: str = "system:serviceaccount:kube-system:job-controller"):
+    body = admission_review(pod)
+    body["request"]["userInfo"]["username"] = user
+    return parse_review(json.dumps(body).encode())
+
+
+def key_of(pod: dict[str, Any], answer: dict[str, Any]) -> str:
+    return patched(pod, answer["response"])["metadata"]["annotations"][RESERVATION]
+
+
+async def test_a_burst_sharing_a_tenant_set_reservation_key_cannot_overrun_the_quota(jobs):
+    """Three half-GPU generateName pods at once, each carrying the same reservation annotation
+    the tenant wrote: two fit the 1-GPU quota, not three (before: they shared one
+    reservation, and all three passed)."""
+    burst = [half_gpu_job_pod(**{RESERVATION: "r-mine"}) for _ in range(3)]
+    answers = await asyncio.gather(*(jobs.review(pod_review(p)) for p in burst))
+    assert sorted(allowed(a) for a in answers) == [False, True, True]
+    keys = {key_of(p, a) for p, a in zip(burst, answers, strict=True) if allowed(a)}
+    assert "r-mine" not in keys and len(keys) == 2
+
+
+async def test_a_reinvocation_keeps_its_key_once_and_a_copy_of_it_gets_its_own(jobs):
+    first = half_gpu_job_pod()
+    answer = await jobs.review(pod_review(first))
+    key = key_of(first, answer)
+    mutated = patched(first, answer["response"])
+    # a later webhook changed the pod: the API server calls again, with a new uid
+    mutated["metadata"]["labels"]["sidecar.example.com/injected"] = "true"
+    again = await jobs.review(pod_review(mutated))
+    assert allowed(again) and key_of(mutated, again) == key
+    # the same object sent once more (a copy of the annotation in a burst) is a new pod
+    copy_of = await jobs.review(pod_review(copy.deepcopy(mutated)))
+    assert allowed(copy_of) and key_of(mutated, copy_of) != key
+    # 0.5 + 0.5 reserved: a third half does not fit
+    assert not allowed(await jobs.review(pod_review(half_gpu_job_pod())))
+    # another user cannot take over a reservation it did not make
+    other = await jobs.review(pod_review(copy.deepcopy(mutated), user="alice@example.org"))
+    assert key_of(mutated, other) != key if allowed(other) else True
+
+
+# --------------------------------------------------------------------------- item 5: claims
+async def test_claims_naming_an_existing_pod_as_owner_each_count(webhook):
+    """A tenant's claims whose ownerReference names a pod already in the watch (before: they
+    took that pod's name as their reservation key, which the watch had seen, so none was
+    counted until the claim watch had them: all passed at once)."""
+    runner = {
+        "metadata": {"namespace": "team-a", "name": "runner"},
+        "spec": {"containers": [{"name": "c", "image": "x"}]},
+        "status": {"phase": "Running"},
+    }
+    webhook.pods.put(runner)
+    burst = [claim("team-a", f"c{i}", EIGHTH, owner="runner") for i in range(3)]
+    answers = await asyncio.gather(*(webhook.dra.review_claim(claim_review(c)) for c in burst))
+    assert sorted(allowed(a) for a in answers) == [False, True, True]
+
+
+async def test_a_dry_run_claim_review_tells_no_headroom_to_an_unverified_caller(webhook):
+    webhook.detailed_refusals = False  # the chart's default: the caller may not be the API server
+    quarter = claim("team-a", "q", QUARTER)
+    assert allowed(await webhook.dra.review_claim(claim_review(quarter)))
+    webhook.dra.claims.put(quarter)
+    probe = claim_review(claim("team-a", "probe", EIGHTH))
+    probe["request"]["dryRun"] = True
+    answer = await webhook.dra.review_claim(probe)
+    # full, but a dry run does not say so (it persists nothing: the create is checked)
+    assert allowed(answer), answer
+    assert (
+        "does not check the namespace's GPU quota on a dry run" in answer["response"]["warnings"][0]
+    )
+    probe["request"]["dryRun"] = False
+    assert not allowed(await webhook.dra.review_claim(probe))
+    # a size over the namespace's whole quota is refused on a dry run too: that says nothing
+    # about what the namespace holds
+    whole = claim_review(claim("team-a", "whole", claim_spec(request("gpu.nvidia.com", H100))))
+    whole["request"]["dryRun"] = True
+    answer = await webhook.dra.review_claim(whole)
+    assert not allowed(answer) and "more than the namespace's whole GPU quota" in message(answer)
+
+
+# --------------------------------------------------------------------------- item 5: sources
+FORGER = "127.1.2.3"
+
+
+async def _post_from(port: int, source: str, review: dict[str, Any]) -> dict[str, Any]:
+    """POST /mutate over plain HTTP from the address `source`, as a process there would."""
+    reader, writer = await asyncio.open_connection("127.0.0.1", port, local_addr=(source, 0))
+    body = json.dumps(review).encode()
+    writer.write(
+        b"POST /mutate HTTP/1.1\r\nHost: webhook\r\nContent-Type: application/json\r\n"
+        + f"Content-Length: {len(body)}\r\nConnection: close\r\n\r\n".encode()
+        + body
+    )
+    await writer.drain()
+    raw = await reader.read()
+    writer.close()
+    return json.loads(raw.split(b"\r\n\r\n", 1)[1])
+
+
+async def test_forged_claim_reviews_from_a_node_address_are_judged_by_their_source(webhook):
+    """Claim reviews for claims never created, sent from an address that is no pod's: their
+    reservations end unconfirmed and, after a few, no longer hold the namespace's quota
+    (before: claim reservations carried no source and were never judged)."""
+    from tornado.httpserver import HTTPServer
+
+    from devcluster.localhub import free_port
+    from fracspawner.kubeflow.webhook import make_app
+
+    now = [1000.0]
+    webhook.ledger.clock = lambda: now[0]
+    webhook.standings.clock = lambda: now[0]
+    port = free_port()
+    server = HTTPServer(make_app(webhook))
+    server.listen(port, "127.0.0.1")
+    try:
+        for i in range(4):  # each the whole 0.25 quota, for a claim never created
+            ghost = claim_review(claim("team-a", f"ghost-{i}", QUARTER))
+            assert (await _post_from(port, FORGER, ghost))["response"]["allowed"]
+            now[0] += 11  # its window ends without the claim
+        assert webhook.standings.suspect(FORGER)
+        ghost = claim_review(claim("team-a", "ghost-last", QUARTER))
+        assert (await _post_from(port, FORGER, ghost))["response"]["allowed"]
+        # the namespace's own claim, from the API server, gets its whole quota
+        real = claim_review(claim("team-a", "real", QUARTER))
+        assert allowed(await webhook.dra.review_claim(real))
+    finally:
+        server.stop()
+
+
+async def test_naming_existing_pods_does_not_launder_a_forgers_standing(jobs):
+    """Reviews naming pods the watch already has 'end with their pod' only in name: a
+    reservation is confirmed by a pod that appeared after it (before: a forger mixing such
+    reviews into its ghosts was never suspect)."""
+    now = [1000.0]
+    jobs.ledger.clock = jobs.pods.clock = jobs.standings.clock = lambda: now[0]
+    existing = half_gpu_job_pod()
+    existing["metadata"]["name"] = "old-0"
+    del existing["metadata"]["generateName"]
+    jobs.pods.put({**existing, "status": {"phase": "Running"}})
+    now[0] += 60
+    for i in range(4):
+        ghost = half_gpu_job_pod()
+        ghost["metadata"]["name"] = f"ghost-{i}"
+        await jobs.review(pod_review(ghost), source=FORGER)
+        await jobs.review(pod_review(existing), source=FORGER)  # names a pod that exists
+        now[0] += 11
+    await jobs.review(pod_review(half_gpu_job_pod()), source=FORGER)  # reads: judges the rest
+    assert jobs.standings.suspect(FORGER)

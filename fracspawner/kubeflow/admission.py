@@ -87,6 +87,8 @@ class Review:
     #: "" for the pod itself; "ephemeralcontainers" for kubectl debug's subresource, whose
     #: review carries the whole Pod since Kubernetes 1.22 (kubernetes/kubernetes#101034)
     sub_resource: str = ""
+    #: request.userInfo.username: who asked (set by the API server)
+    user: str = ""
 
     @property
     def name(self) -> str:
@@ -134,6 +136,7 @@ def parse_review(body: bytes) -> Review:
         old_pod=old if isinstance(old, dict) else None,
         dry_run=bool(request.get("dryRun")),
         sub_resource=str(request.get("subResource") or ""),
+        user=str((request.get("userInfo") or {}).get("username") or ""),
     )
 
 

@@ -217,6 +217,8 @@ class ClaimIndex:
         #: (namespace, reservation annotation) -> the claim carrying it (a generateName claim
         #: has no name at admission: the webhook writes its reservation key there)
         self._keys: dict[tuple[str, str], str] = {}
+        #: (namespace, name or reservation annotation) -> when the watch first had it
+        self._first: dict[tuple[str, str], float] = {}
         self.synced = False
 
     @staticmethod
@@ -246,10 +248,13 @@ class ClaimIndex:
         ns, name = self._where(claim)
         value = self.amount(claim)
         self._gone.pop((ns, name), None)
+        now = self.clock()
+        self._first.setdefault((ns, name), now)
         key = self._key(claim)
         if key:
             self._keys[(ns, key)] = name
             self._gone.pop((ns, key), None)
+            self._first.setdefault((ns, key), now)
         if value > 0:
             self._claims.setdefault(ns, {})[name] = value
             for pod in _owner_pods(claim):
@@ -265,6 +270,7 @@ class ClaimIndex:
             self._gone[(ns, name)] = now
             for key in [k for k, at in self._gone.items() if at < now - 600]:
                 del self._gone[key]
+                self._first.pop(key, None)
         if not names:
             self._claims.pop(ns, None)
         key = self._key(claim)
@@ -291,6 +297,12 @@ class ClaimIndex:
         reservation must not count again until its window ends)."""
         gone = self._gone.get((namespace, name))
         return self.has(namespace, name) or (gone is not None and gone >= since)
+
+    def appeared_since(self, namespace: str, name: str, since: float) -> bool:
+        """Whether the claim entered the watch at or after `since` (made for a reservation
+        made then, not there already)."""
+        first = self._first.get((namespace, name))
+        return first is not None and first >= since and self.seen_since(namespace, name, since)
 
     def owned_by(self, namespace: str, pod: str) -> bool:
         return bool(self._owners.get((namespace, pod)))
@@ -377,6 +389,11 @@ GENERIC = {
     "quota": "the namespace has no GPU quota left for it",
     "access": "the namespace may not use it",
 }
+#: said to a dry run whose caller is not known to be the API server
+DRY_RUN_WARNING = (
+    "fracspawner does not check the namespace's GPU quota on a dry run unless the webhook can "
+    "verify the API server's certificate; the real create is checked"
+)
 
 
 def is_claim_review(review: Any) -> bool:
@@ -388,14 +405,16 @@ def is_claim_review(review: Any) -> bool:
     )
 
 
-async def review_claim(gate: DraGate | None, review: Mapping[str, Any]) -> dict[str, Any]:
+async def review_claim(
+    gate: DraGate | None, review: Mapping[str, Any], source: str = ""
+) -> dict[str, Any]:
     """A ResourceClaim review: the gate's answer; allowed where the catalog has no DRA pool
     (nothing of it can be claimed)."""
     if gate is None:
         from .admission import response
 
         return response(str((review.get("request") or {}).get("uid") or ""))
-    return await gate.review_claim(review)
+    return await gate.review_claim(review, source)
 
 
 def _mark_patch(meta: Mapping[str, Any], mark: str) -> list[dict[str, Any]] | None:
@@ -432,14 +451,12 @@ class _HeldView:
     def seen_since(self, namespace: str, key: str, since: float) -> bool:
         if key.startswith(CLAIM_KEY):
             return self._gate.claims.seen_since(namespace, key[len(CLAIM_KEY) :], since)
-        if not self._pods.seen_since(namespace, key, since):
-            return False
-        if (namespace, key) in self._gate.expected:
-            if (namespace, key) in getattr(self._pods, "_gone", {}):
-                return True  # the pod went: whatever it held is counted (or freed) already
-            pod = getattr(self._pods, "_keys", {}).get((namespace, key), key)
-            return self._gate.claims.owned_by(namespace, pod)
-        return True
+        return self._pods.seen_since(namespace, key, since)
+
+    def appeared_since(self, namespace: str, key: str, since: float) -> bool:
+        if key.startswith(CLAIM_KEY):
+            return self._gate.claims.appeared_since(namespace, key[len(CLAIM_KEY) :], since)
+        return self._pods.appeared_since(namespace, key, since)
 
 
 def _pod_claims_amount(
@@ -470,8 +487,6 @@ class DraGate:
         self.claims = ClaimIndex(claim_amount(self.catalog))
         cluster = webhook.cluster
         self.watch = ClaimWatch(PodWatch, cluster._api_client, self.claims, cluster.timeout)
-        #: (namespace, pod reservation key) -> when: pods whose claims are still to come
-        self.expected: dict[tuple[str, str], float] = {}
 
     @classmethod
     def attach(cls, webhook: Any) -> DraGate | None:
@@ -520,16 +535,12 @@ class DraGate:
                 "unavailable",
             ) from None
 
-    def expect_claims(self, namespace: str, key: str, pod: Mapping[str, Any]) -> None:
-        """A pod admitted with a reservation: if it names claim templates, its reservation
-        holds until its claims are in the watch."""
-
-        refs = (pod.get("spec") or {}).get("resourceClaims") or ()
-        if any(r.get("resourceClaimTemplateName") for r in refs if isinstance(r, Mapping)):
-            now = time.time()
-            self.expected[(namespace, key)] = now
-            for old in [k for k, at in self.expected.items() if at < now - 600]:
-                del self.expected[old]
+    @staticmethod
+    def claims_due(pod: Mapping[str, Any] | None) -> int:
+        """How many claims the resourceclaim controller will make for a pod (one per
+        template it names): its reservation holds until each took its part over."""
+        refs = ((pod or {}).get("spec") or {}).get("resourceClaims") or ()
+        return sum(1 for r in refs if isinstance(r, Mapping) and r.get("resourceClaimTemplateName"))
 
     async def check_pod(self, namespace: str, pod: Mapping[str, Any]) -> None:
         """`pod_asks` for a pod naming claim templates, with the namespace's rule and quota
@@ -604,9 +615,10 @@ class DraGate:
             )
 
     # ------------------------------------------------------------------ claims
-    async def review_claim(self, review: Mapping[str, Any]) -> dict[str, Any]:
+    async def review_claim(self, review: Mapping[str, Any], source: str = "") -> dict[str, Any]:
         """An AdmissionReview of a ResourceClaim: CREATE is checked, anything else allowed
-        (a claim's spec is immutable)."""
+        (a claim's spec is immutable). `source`: the caller's address where no certificate
+        verified it (its reservations are judged by how they end: callers.SourceStandings)."""
         from .admission import Refusal, response
 
         request = review.get("request") or {}
@@ -620,9 +632,16 @@ class DraGate:
         # a generateName claim has no name yet: the watch finds its reservation by a key the
         # webhook writes on it, derived from this call (never one the tenant wrote)
         mark = "" if meta.get("name") else reservation_key(namespace, request)
+        user = str((request.get("userInfo") or {}).get("username") or "")
+        warnings: list[str] = []
         try:
             reserved = await self._admit_claim(
-                namespace, claim, dry_run=bool(request.get("dryRun")), mark=mark
+                namespace,
+                claim,
+                dry_run=bool(request.get("dryRun")),
+                mark=mark,
+                who=(source, user),
+                warnings=warnings,
             )
         except Refusal as refusal:
             metrics.refusals.labels(refusal.reason).inc()
@@ -637,26 +656,33 @@ class DraGate:
                 )
             return response(uid, refusal=refusal)
         metrics.admissions.labels("CREATE", "allowed").inc()
-        return response(uid, patch=_mark_patch(meta, mark if reserved else ""))
+        patch = _mark_patch(meta, mark if reserved else "")
+        return response(uid, patch=patch, warnings=warnings)
 
-    def _key_for_owner(self, namespace: str, claim: Mapping[str, Any], mark: str) -> str:
-        """The ledger key of the pod owning a claim the resourceclaim controller makes (its
-        reservation is replaced by the claim's), else the claim's own."""
+    def _owner_key(self, namespace: str, claim: Mapping[str, Any]) -> str | None:
+        """The ledger key of the pod a claim names as its owner (the resourceclaim
+        controller's claims do): its reservation's part for this claim is taken over, if the
+        pod has claims due (anyone may name any pod; only a due claim takes anything over)."""
         owners = _owner_pods(claim)
-        if owners:
-            pod = owners[0]
-            keys = getattr(self.webhook.pods, "_keys", {})
-            for (ns, key), name in list(keys.items()):
-                if ns == namespace and name == pod:
-                    return key
-            return pod
-        meta = claim.get("metadata") or {}
-        return CLAIM_KEY + str(meta.get("name") or mark)
+        if not owners:
+            return None
+        keys = getattr(self.webhook.pods, "_keys", {})
+        for (ns, key), name in list(keys.items()):
+            if ns == namespace and name == owners[0]:
+                return key
+        return owners[0]
 
     async def _admit_claim(
-        self, namespace: str, claim: Mapping[str, Any], dry_run: bool, mark: str = ""
+        self,
+        namespace: str,
+        claim: Mapping[str, Any],
+        dry_run: bool,
+        mark: str = "",
+        who: tuple[str, str] = ("", ""),
+        warnings: list[str] | None = None,
     ) -> bool:
-        """Refusal, or admitted: whether a reservation was made for it."""
+        """Refusal, or admitted: whether a reservation was made for it. `who`: (the caller's
+        unverified address, the requesting user)."""
         from ..model.access import namespace_rule
         from .admission import Refusal
         from .quota import Busy
@@ -673,10 +699,25 @@ class DraGate:
         self._check_access(namespace, ask, rule, "this ResourceClaim")
         if rule.max_gpu is None:
             return False
+        if dry_run and not self.webhook.detailed_refusals:
+            # whoever asks may not be the API server: a dry run's answer would tell them the
+            # namespace's headroom; it persists nothing, so only the namespace's own quota,
+            # which says nothing of what it holds, is checked
+            if ask.gpu > rule.max_gpu + 1e-9:
+                raise Refusal(
+                    f"this ResourceClaim holds {ask.gpu:g} GPU, more than the namespace's "
+                    f"whole GPU quota",
+                    "invalid",
+                )
+            if warnings is not None:
+                warnings.append(DRY_RUN_WARNING)
+            return False
         timeout = self.webhook.cluster.timeout
         await read(self.webhook.watch.wait_synced(timeout))
         await read(self.watch.wait_synced(timeout))
-        key = self._key_for_owner(namespace, claim, mark)
+        meta = claim.get("metadata") or {}
+        key = CLAIM_KEY + str(meta.get("name") or mark)
+        owner = self._owner_key(namespace, claim)
 
         def decide(pending: float) -> float:
             used = self.webhook.pods.held(namespace) + pending
@@ -688,8 +729,20 @@ class DraGate:
                 )
             return ask.gpu
 
+        source, user = who
         try:
-            await read(self.webhook.ledger.admit(namespace, key, key, decide, dry_run=dry_run))
+            await read(
+                self.webhook.ledger.admit(
+                    namespace,
+                    key,
+                    key,
+                    decide,
+                    dry_run=dry_run,
+                    source=source,
+                    user=user,
+                    take_over=(owner, ask.gpu) if owner else None,
+                )
+            )
         except Busy:
             raise Refusal(
                 "fracspawner is admitting other GPU claims of this namespace; try again",

@@ -26,7 +26,7 @@ import json
 import math
 import time
 from collections.abc import Callable, Iterable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, Protocol
 
 GPU_EQUIVALENT_ANNOTATION = "fracspawner.io/gpu-equivalent"
@@ -50,6 +50,8 @@ def reservation_key(namespace: str, request: Mapping[str, Any]) -> str:
 
 #: a pod that left the watch is remembered this long (a reservation for it must not come back)
 _GONE_MEMORY = 600.0
+#: how far another replica's clock may be behind this one's (NTP keeps them closer)
+_CLOCK_SLACK = 2.0
 
 
 # --------------------------------------------------------------------------- what a pod holds
@@ -107,6 +109,8 @@ class PodIndex:
         self._gone: dict[tuple[str, str], float] = {}  # (namespace, key) -> when it left
         # (namespace, reservation annotation) -> the pod name carrying it
         self._keys: dict[tuple[str, str], str] = {}
+        # (namespace, name or reservation annotation) -> when the watch first had it
+        self._first: dict[tuple[str, str], float] = {}
         self.synced = False
 
     @staticmethod
@@ -145,10 +149,13 @@ class PodIndex:
         ns, name = self._where(pod)
         self._pods.setdefault(ns, {})[name] = self.amount(pod) if still_holds(pod) else 0.0
         self._gone.pop((ns, name), None)
+        now = self.clock()
+        self._first.setdefault((ns, name), now)
         key = self._key(pod)
         if key:
             self._keys[(ns, key)] = name
             self._gone.pop((ns, key), None)
+            self._first.setdefault((ns, key), now)
 
     def drop(self, pod: Mapping[str, Any]) -> None:
         for observer in self.observers:
@@ -165,6 +172,7 @@ class PodIndex:
             self._gone[(ns, key)] = now
         for key in [k for k, at in self._gone.items() if at < now - _GONE_MEMORY]:
             del self._gone[key]
+            self._first.pop(key, None)
 
     def held(self, namespace: str, exclude: str | None = None) -> float:
         """GPU-equivalents the namespace's pods hold, but pod `exclude` (a retried create of a
@@ -179,6 +187,12 @@ class PodIndex:
         gone = self._gone.get((namespace, key))
         return gone is not None and gone >= since
 
+    def appeared_since(self, namespace: str, key: str, since: float) -> bool:
+        """Whether the pod named `key` (or carrying annotation `key`) entered the watch at or
+        after `since`: it was created for a reservation made then, not there already."""
+        first = self._first.get((namespace, key))
+        return first is not None and first >= since and self.seen_since(namespace, key, since)
+
 
 # --------------------------------------------------------------------------- reservations
 @dataclass(frozen=True)
@@ -187,6 +201,13 @@ class Reservation:
     gpu: float
     at: float  # wall-clock time it was made (replicas compare it; clocks are NTP-close)
     source: str = ""  # the unverified caller's address; "" for the verified API server
+    user: str = ""  # who asked (AdmissionRequest.userInfo.username, set by the API server)
+    #: a reinvocation already took this key over (it may be taken over once: the API server
+    #: reinvokes a webhook at most once per request)
+    again: bool = False
+    #: claims still to come from the pod's ResourceClaimTemplates: each takes its part of
+    #: this reservation over (claims.DraGate); while some are due it counts, pod seen or not
+    claims: int = 0
 
 
 class Busy(Exception):
@@ -202,6 +223,12 @@ def encode(reservations: Mapping[str, Reservation]) -> str:
         out: dict[str, Any] = {"pod": r.pod, "gpu": r.gpu, "at": round(r.at, 3)}
         if r.source:
             out["src"] = r.source
+        if r.user:
+            out["by"] = r.user
+        if r.again:
+            out["again"] = True
+        if r.claims:
+            out["claims"] = r.claims
         return out
 
     return json.dumps(
@@ -223,6 +250,9 @@ def decode(text: str | None) -> dict[str, Reservation]:
                 float(value["gpu"]),
                 float(value["at"]),
                 str(value.get("src") or ""),
+                str(value.get("by") or ""),
+                bool(value.get("again")),
+                max(int(value.get("claims") or 0), 0),
             )
         except (TypeError, KeyError, ValueError):
             continue
@@ -267,23 +297,51 @@ class Ledger:
         return {k: r for k, r in held.items() if now - self.window < r.at <= now + self.window}
 
     def _counted(self, namespace: str, reservation: Reservation) -> bool:
-        """Not yet counted from the watch: the pod was not seen since the reservation; and not
-        made by a suspect source (callers.SourceStandings)."""
+        """Not yet counted from the watch: the pod was not seen since the reservation (or its
+        claims are still due); and not made by a suspect source (callers.SourceStandings)."""
         if self.standings is not None and self.standings.suspect(reservation.source):
             return False
+        if reservation.claims > 0:
+            return True
         return not (
             reservation.pod and self.pods.seen_since(namespace, reservation.pod, reservation.at)
         )
 
+    def _confirmed(self, namespace: str, r: Reservation) -> bool:
+        """Whether the object a reservation was made for appeared after it: a review naming an
+        object the watch already had (a forger's cover) confirms nothing."""
+        if not r.pod:
+            return False
+        appeared = getattr(self.pods, "appeared_since", None)
+        if appeared is None:
+            return self.pods.seen_since(namespace, r.pod, r.at)
+        return bool(appeared(namespace, r.pod, r.at - _CLOCK_SLACK))
+
     def _judge_ended(self, namespace: str, stored: Mapping[str, Reservation]) -> None:
-        """Tell the standings how the reservations whose window is over ended."""
+        """Tell the standings how the reservations whose window is over ended (every one made
+        by an unverified caller)."""
         if self.standings is None:
             return
         cutoff = self.clock() - self.window
         for key, r in stored.items():
             if r.source and r.at <= cutoff:
-                seen = bool(r.pod) and self.pods.seen_since(namespace, r.pod, r.at)
-                self.standings.ended(r.source, f"{namespace}/{key}", r.at, seen)
+                confirmed = self._confirmed(namespace, r)
+                self.standings.ended(r.source, f"{namespace}/{key}", r.at, confirmed)
+
+    def _takes_over(
+        self, namespace: str, live: Mapping[str, Reservation], reuse: str, user: str, source: str
+    ) -> bool:
+        """Whether a reinvocation may take reservation `reuse` over: one this webhook made for
+        the same requester and caller, live, whose object is not in the watch, not taken over
+        before. Anything else carrying that key (a copy of the annotation) is a new object."""
+        r = live.get(reuse)
+        return (
+            r is not None
+            and not r.again
+            and r.user == user
+            and r.source == source
+            and not self.pods.seen_since(namespace, r.pod or reuse, r.at)
+        )
 
     async def admit(
         self,
@@ -294,12 +352,38 @@ class Ledger:
         *,
         dry_run: bool = False,
         source: str = "",
+        **more: Any,
     ) -> float:
         """`decide(pending)` with the GPU-equivalents admitted but not yet in the watch (other
         than reservation `key`'s: a retried create replaces its own), and reserve what it
         returns; a Refusal it raises goes through and nothing is reserved. A dry run reserves
         nothing (AdmissionReview request.dryRun: the object is not persisted). `source`: the
-        caller's address where it is not verified (callers.SourceStandings)."""
+        caller's address where it is not verified (callers.SourceStandings); `more`: see
+        `admit_keyed`."""
+        amount, _ = await self.admit_keyed(
+            namespace, key, pod, decide, dry_run=dry_run, source=source, **more
+        )
+        return amount
+
+    async def admit_keyed(
+        self,
+        namespace: str,
+        key: str,
+        pod: str,
+        decide: Callable[[float], float],
+        *,
+        dry_run: bool = False,
+        source: str = "",
+        user: str = "",
+        reuse: str | None = None,
+        claims: int | Callable[[], int] = 0,
+        take_over: tuple[str, float] | None = None,
+    ) -> tuple[float, str]:
+        """`admit`, answering (amount, the key reserved under). `reuse`: the key an earlier
+        call of this admission wrote (a reinvocation), taken over where `_takes_over` allows,
+        else `key`. `claims`: claims from templates still to come for this pod (a callable is
+        asked after `decide`). `take_over` (pod key, amount): a claim made for that pod takes
+        its part of the pod's reservation over while the pod has claims due."""
         lock = self._locks.setdefault(namespace, asyncio.Lock())
         async with lock:  # this replica's admissions of a namespace do not race each other
             for _ in range(self.attempts):
@@ -307,20 +391,32 @@ class Ledger:
                 self._judge_ended(namespace, stored)
                 live = self._live(namespace, stored)
                 self._last[namespace] = live
+                chosen = key
+                if reuse and self._takes_over(namespace, live, reuse, user, source):
+                    chosen = pod = reuse
+                if take_over is not None:
+                    owner_key, part = take_over
+                    owner = live.get(owner_key)
+                    if owner is not None and owner.claims > 0 and owner_key != chosen:
+                        live[owner_key] = replace(
+                            owner, gpu=max(owner.gpu - part, 0.0), claims=owner.claims - 1
+                        )
                 pending = sum(
-                    r.gpu for k, r in live.items() if k != key and self._counted(namespace, r)
+                    r.gpu for k, r in live.items() if k != chosen and self._counted(namespace, r)
                 )
                 amount = decide(pending)
                 if dry_run:
-                    return amount
+                    return amount, chosen
                 # a retried review of the same pod replaces its reservation but keeps its
                 # window: re-sending a review never holds the quota past it
-                previous = live.get(key)
+                previous = live.get(chosen)
                 at = previous.at if previous is not None else self.clock()
-                live[key] = Reservation(pod, amount, at, source)
+                again = chosen == reuse and previous is not None
+                due = claims() if callable(claims) else claims
+                live[chosen] = Reservation(pod, amount, at, source, user, again, due)
                 if await self._write(namespace, live, version):
                     self._last[namespace] = live
-                    return amount
+                    return amount, chosen
                 self.conflicts += 1
             raise Busy(f"{self.attempts} writes of the quota record of {namespace} lost a race")
 

@@ -18,7 +18,6 @@ import signal
 import ssl
 import sys
 import time
-import uuid
 from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
@@ -56,7 +55,15 @@ from .callers import DEFAULT_TRUSTED, PodAddresses, SourceStandings
 from .claims import DraGate, is_claim_review, review_claim
 from .cluster import ApiUnavailable, Cluster, ConfigException
 from .metrics import WebhookMetrics
-from .quota import RESERVATION_ANNOTATION, Busy, Ledger, LocalLedger, PodIndex, SharedLedger
+from .quota import (
+    RESERVATION_ANNOTATION,
+    Busy,
+    Ledger,
+    LocalLedger,
+    PodIndex,
+    SharedLedger,
+    reservation_key,
+)
 from .recognise import gpu_equivalent_of_pod, notebook_kind, pod_gpu_held
 
 PROG = "fracspawner webhook"
@@ -230,7 +237,13 @@ class Webhook:
             warnings.append(DRY_RUN_WARNING)
         meta = pod.get("metadata") or {}
         name = str(meta.get("name") or "")
-        key = name or self._reservation_key(ns, meta)
+        # a generateName pod: a key derived from this call; the key an earlier call of this
+        # admission wrote is kept only where the ledger says it may be (a reinvocation)
+        key = name or reservation_key(
+            ns, {"uid": review.uid, "userInfo": {"username": review.user}}
+        )
+        given = str((meta.get("annotations") or {}).get(RESERVATION_ANNOTATION) or "")
+        reuse = given if not name and 0 < len(given) <= 64 else None
         decided: list[Any] = []
 
         def decide(pending: float) -> float:
@@ -256,9 +269,24 @@ class Webhook:
             decide(0.0)  # no quota: nothing to count, nothing to reserve
         else:
             await self._read(self.watch.wait_synced(self.cluster.timeout))
+
+            def claims_due() -> int:  # a DRA notebook's claims, each taking its part over
+                admitted = decided[0] if decided else None
+                return self.dra.claims_due(admitted.pod) if self.dra and admitted else 0
+
             try:
-                await self._read(
-                    self.ledger.admit(ns, key, key, decide, dry_run=review.dry_run, source=source)
+                _, key = await self._read(
+                    self.ledger.admit_keyed(
+                        ns,
+                        key,
+                        key,
+                        decide,
+                        dry_run=review.dry_run,
+                        source=source,
+                        user=review.user,
+                        reuse=reuse,
+                        claims=claims_due,
+                    )
                 )
             except Busy:
                 raise Refusal(
@@ -274,8 +302,9 @@ class Webhook:
         if reserved and not name:
             # a generateName pod: the watch finds its reservation by this key (quota.py)
             out["metadata"].setdefault("annotations", {})[RESERVATION_ANNOTATION] = key
-        if reserved and self.dra is not None:
-            self.dra.expect_claims(ns, key, out)
+        elif name and RESERVATION_ANNOTATION in (out["metadata"].get("annotations") or {}):
+            # a named pod's is a tenant's: the watch would take it for a reservation's key
+            del out["metadata"]["annotations"][RESERVATION_ANNOTATION]
         if admitted is None:
             log.info("counted %s/%s: %.6g GPU", ns, review.name or "(new pod)", other_gpu)
             return self._answer(review, out, "allowed", warnings=warnings)
@@ -291,15 +320,6 @@ class Webhook:
             used + admitted.plan.gpu_equivalent,
         )
         return answer
-
-    def _reservation_key(self, namespace: str, meta: dict[str, Any]) -> str:
-        """The reservation key of a generateName pod: the one an earlier call of this admission
-        wrote (a reinvocation after a later webhook changed the pod), unless a pod carrying it
-        is already in the watch (a key copied from an existing pod), else a new one."""
-        given = str((meta.get("annotations") or {}).get(RESERVATION_ANNOTATION) or "")
-        if given and len(given) <= 64 and not self.pods.seen_since(namespace, given, 0.0):
-            return given
-        return f"r-{uuid.uuid4()}"
 
     @staticmethod
     async def _read(awaitable: Any) -> Any:
@@ -347,7 +367,8 @@ class MutateHandler(web.RequestHandler):
                 return
         body = _json(self.request.body)
         if is_claim_review(body):  # DRA: a ResourceClaim (kubeflow/claims.py)
-            answer = await review_claim(self.webhook.dra, body)
+            source = "" if self.webhook.verify_clients else str(self.request.remote_ip or "?")
+            answer = await review_claim(self.webhook.dra, body, source)
             self.set_header("Content-Type", "application/json")
             self.finish(json.dumps(answer))
             return
