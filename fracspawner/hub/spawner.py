@@ -48,6 +48,7 @@ from ..model.catalog import AccessRule, Catalog, CatalogError
 from ..model.units import gpu_amount
 from .form import render_form
 from .progress import human_step, pod_events, progress_event
+from .reflectors import ResumingEventReflector, ResumingPodReflector
 from .refusal import gave_up, install_log_filter, refused
 
 #: a trait value traitlets has not stored (a dynamic default not computed yet)
@@ -871,6 +872,29 @@ class FracSpawner(KubeSpawner):
                 ", ".join(dropped), self._log_name, choice.pool.backend,
             )  # fmt: skip
             self.init_containers = [c for c in self.init_containers if not is_privileged(c)]
+
+    # ---------------------------------------------------------------- reflectors
+    async def _start_watching_pods(self, replace: bool = False) -> Any:
+        """kubespawner's pod reflector, resumed from its last resourceVersion instead of
+        re-listing every pod each time a watch ends (hub/reflectors.py; same arguments as
+        KubeSpawner._start_watching_pods, including its legacy `component` label)."""
+        return await self._start_reflector(
+            kind="pods",
+            reflector_class=ResumingPodReflector,
+            labels={"component": self.component_label},
+            omit_namespace=self.enable_user_namespaces,
+            replace=replace,
+        )
+
+    async def _start_watching_events(self, replace: bool = False) -> Any:
+        """kubespawner's event reflector, resumed likewise."""
+        return await self._start_reflector(
+            kind="events",
+            reflector_class=ResumingEventReflector,
+            fields={"involvedObject.kind": "Pod"},
+            omit_namespace=self.enable_user_namespaces,
+            replace=replace,
+        )
 
     # ---------------------------------------------------------------- progress
     @property

@@ -1,0 +1,208 @@
+"""The hub's pod and event reflectors resume their watch instead of re-listing (issue 37).
+
+kubespawner's reflector lists every watched pod again each time the API server ends a watch
+(`timeout_seconds`): at 20,000 pods most of a big hub's idle CPU. FracSpawner's reflectors list
+once, follow watches from the last resourceVersion, and list again only after a 410 or a broken
+stream; what kubespawner reads (`pods`, `events`) stays whole through both.
+
+Run against the in-process devcluster on a test's time scale (watches end after 1 s); the
+assertions count requests and compare views, never time anything.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator, Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+from kubernetes_asyncio import client, config
+from kubespawner.spawner import PodReflector
+
+from devcluster import DevCluster
+from fracspawner.hub.reflectors import ResumingEventReflector, ResumingPodReflector
+from fracspawner.hub.spawner import FracSpawner
+
+pytestmark = pytest.mark.e2e
+
+LABELS = {"component": "singleuser-server"}
+TOPOLOGY: dict[str, Any] = {"nodes": []}  # no node: the pods stay Pending, as listed
+
+
+async def _until(check: Callable[[], bool], what: str, timeout: float = 60) -> None:
+    """Wait for something the reflector reaches in the background (a hang guard only)."""
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + timeout
+    while not check():
+        assert loop.time() < deadline, f"never happened: {what}"
+        await asyncio.sleep(0.05)
+
+
+class Counting:
+    """The reflector's API object, counting list and watch requests as they are sent."""
+
+    def __init__(self, api: Any) -> None:
+        self.api, self.lists, self.watches = api, 0, 0
+        self.rewind: str | None = None  # the next watch resumes from this version instead
+
+    def __getattr__(self, name: str) -> Any:
+        method = getattr(self.api, name)
+        if not name.startswith("list_"):
+            return method
+
+        def call(*args: Any, **kwargs: Any) -> Any:
+            if kwargs.get("watch"):
+                self.watches += 1
+                if self.rewind is not None:
+                    kwargs["resource_version"], self.rewind = self.rewind, None
+            else:
+                self.lists += 1
+            return method(*args, **kwargs)
+
+        call.__doc__ = method.__doc__  # kubernetes_asyncio's Watch reads the return type there
+        return call
+
+
+@pytest.fixture
+async def cluster(tmp_path: Path) -> AsyncIterator[DevCluster]:
+    saved = client.Configuration.get_default_copy()
+    dev = DevCluster(TOPOLOGY, state_dir=tmp_path / "state", kubeconfig=tmp_path / "kubeconfig")
+    await dev.start()
+    await config.load_kube_config(config_file=str(tmp_path / "kubeconfig"))
+    try:
+        yield dev
+    finally:
+        await dev.stop()
+        client.Configuration.set_default(saved)
+
+
+def _pod(name: str) -> dict[str, Any]:
+    return {
+        "metadata": {"name": name, "labels": dict(LABELS)},
+        "spec": {"containers": [{"name": "notebook", "image": "x", "command": ["sleep", "1"]}]},
+    }
+
+
+async def _api_pods(core: client.CoreV1Api) -> set[str]:
+    listing = await core.list_namespaced_pod(
+        "default", label_selector="component=singleuser-server"
+    )
+    return {f"default/{p.metadata.name}" for p in listing.items}
+
+
+def _reflector(cls: type, **kwargs: Any) -> Any:
+    reflector = cls(namespace="default", labels=LABELS, timeout_seconds=1, **kwargs)
+    reflector.api = Counting(reflector.api)
+    return reflector
+
+
+async def test_the_pod_reflector_lists_once_and_resumes_where_kubespawners_relists(cluster):
+    core = client.CoreV1Api()
+    for name in ("a", "b"):
+        await core.create_namespaced_pod("default", _pod(name))
+    theirs = _reflector(PodReflector)
+    ours = _reflector(ResumingPodReflector, initial_backoff=0.1)
+    try:
+        await theirs.start()
+        await ours.start()
+        # pods come and go while both follow
+        await core.create_namespaced_pod("default", _pod("c"))
+        await core.delete_namespaced_pod("a", "default", grace_period_seconds=0)
+        await _until(lambda: theirs.api.watches >= 4 and ours.api.watches >= 4, "4 watches each")
+        # kubespawner's: one list per watch (the cost this replaces)
+        assert theirs.api.lists >= 4
+        # ours: the start's list and no other
+        assert ours.api.lists == 1, f"{ours.api.lists} lists for {ours.api.watches} watches"
+        want = await _api_pods(core)
+        await _until(lambda: set(ours.pods) == want, "the view holds what the API holds")
+        assert want == {"default/b", "default/c"}
+        assert all("managedFields" not in p["metadata"] for p in ours.pods.values())
+    finally:
+        await theirs.stop()
+        await ours.stop()
+
+
+async def test_after_a_410_the_view_is_whole_after_one_list(cluster):
+    core = client.CoreV1Api()
+    await core.create_namespaced_pod("default", _pod("a"))
+    ours = _reflector(ResumingPodReflector, initial_backoff=0.1)
+    try:
+        await ours.start()
+        await _until(lambda: ours.api.watches >= 1, "a first watch")
+        # the watch cache is compacted past the version the reflector resumes from (here: its
+        # next watch asks for version 1, and the API keeps nothing before now): 410 Gone
+        cluster.store.floor = cluster.store.rv
+        ours.api.rewind = "1"
+        await _until(lambda: ours.api.lists == 2, "a list after the 410")
+        await core.create_namespaced_pod("default", _pod("b"))
+        await core.delete_namespaced_pod("a", "default", grace_period_seconds=0)
+        await _until(lambda: set(ours.pods) == {"default/b"}, "the view after the 410")
+        watches = ours.api.watches
+        await _until(lambda: ours.api.watches >= watches + 2, "watching on")
+        assert set(ours.pods) == await _api_pods(core) == {"default/b"}
+        assert ours.api.lists == 2  # one list per 410, then resumed
+    finally:
+        await ours.stop()
+
+
+async def test_after_the_api_server_restarts_nothing_is_missed_or_kept(tmp_path, cluster):
+    core = client.CoreV1Api()
+    for name in ("a", "b"):
+        await core.create_namespaced_pod("default", _pod(name))
+    ours = _reflector(ResumingPodReflector, initial_backoff=0.1, max_backoff=0.5)
+    events = _reflector(ResumingEventReflector, initial_backoff=0.1, max_backoff=0.5)
+    try:
+        await ours.start()
+        await events.start()
+        assert set(ours.pods) == {"default/a", "default/b"}
+        port = cluster.port
+        await cluster.stop()
+        # the new API server (same address, the same state dir: resourceVersions go on) holds
+        # other pods than the reflector last saw
+        restarted = DevCluster(
+            TOPOLOGY, port=port, state_dir=tmp_path / "state", kubeconfig=tmp_path / "kubeconfig"
+        )
+        await restarted.start()
+        try:
+            for name in ("c", "d"):
+                await core.create_namespaced_pod("default", _pod(name))
+            want = await _api_pods(core)
+            await _until(lambda: set(ours.pods) == want, "the view after the restart")
+            assert want == {"default/c", "default/d"}
+            watches = ours.api.watches
+            await _until(lambda: ours.api.watches >= watches + 2, "watching on")
+            assert set(ours.pods) == want  # no pod of the old server came back
+            assert ours.api.lists == 2  # start's, and one after the restart
+            assert events.api.lists == 2
+        finally:
+            await restarted.stop()
+    finally:
+        await ours.stop()
+        await events.stop()
+
+
+async def test_a_fracspawner_hub_watches_with_the_resuming_reflectors(tmp_path, cluster):
+    """The reflectors a FracSpawner starts for the hub (KubeSpawner's shared `reflectors`,
+    the ones `pod_reflector` / `event_reflector` read) are these, and hold the cluster's pods."""
+    from traitlets.config import Config
+
+    from fracspawner.cli.plan import _Hub, _User, use_kubeconfig
+    from tests.conftest import DEMO_CATALOG
+
+    core = client.CoreV1Api()
+    await core.create_namespaced_pod("default", _pod("jupyter-lee"))
+    cfg = Config()
+    cfg.FracSpawner.catalog_file = str(DEMO_CATALOG)
+    cfg.FracSpawner.live_capacity = False
+    cfg.FracSpawner.namespace = "default"
+    with use_kubeconfig(tmp_path / "kubeconfig"):
+        spawner = FracSpawner(config=cfg, user=_User("lee", [], False), hub=_Hub())
+    try:
+        await spawner._start_watching_pods()
+        await spawner._start_watching_events()
+        assert type(spawner.pod_reflector) is ResumingPodReflector
+        assert type(spawner.event_reflector) is ResumingEventReflector
+        assert "default/jupyter-lee" in spawner.pod_reflector.pods
+    finally:
+        await FracSpawner._stop_all_reflectors()
