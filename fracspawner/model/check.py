@@ -308,6 +308,7 @@ def _dra_warnings(catalog: Any) -> list[str]:
                 "share these GPUs beyond their memory; fracspawner's own claims book their size. "
                 "sharing: memory makes every claim book memory"
             )
+        warnings += _gate_warnings(name, pool, options)
         if options.get("selectors"):
             warnings.append(
                 f"{where}.selectors: the free counts assume these CEL expressions match every "
@@ -315,6 +316,30 @@ def _dra_warnings(catalog: Any) -> list[str]:
                 "devices makes the form show more than the scheduler can allocate"
             )
     return warnings
+
+
+#: GpuConfig sharing strategies and the NVIDIA DRA driver's alpha feature gate each needs
+#: (kubernetes-sigs/dra-driver-nvidia-gpu pkg/featuregates/featuregates.go: both default off;
+#: api/nvidia.com/resource/v1beta1/validate.go refuses the strategy without its gate)
+_GATES = {"time_slicing": ("TimeSlicing", "TimeSlicingSettings"), "mps": ("MPS", "MPSSupport")}
+
+
+def _gate_warnings(name: str, pool: Any, options: Mapping[str, Any]) -> list[str]:
+    """A DRA pool whose claims carry a TimeSlicing or MPS GpuConfig (its offers other than MIG
+    profiles: MIG devices take no GpuConfig) needs the driver's feature gate."""
+    if not any(offer.kind != "mig" for offer in pool.offers):
+        return []
+    out = []
+    for key, (strategy, gate) in _GATES.items():
+        if options.get(key) in (None, False):
+            continue
+        out.append(
+            f"pools.{name}.options.{key}: the claims of pool {name!r} carry a {strategy} "
+            f"GpuConfig, which the NVIDIA DRA driver refuses unless its alpha feature gate "
+            f"{gate} is on (off by default): the pods would stay in ContainerCreating. Turn it "
+            f"on in the driver's Helm values: featureGates: {{{gate}: true}}"
+        )
+    return out
 
 
 def report(source: str | Path, problems: list[str], warnings: list[str] | None = None) -> str:
