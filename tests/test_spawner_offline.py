@@ -301,3 +301,93 @@ def test_form_escapes_every_catalog_string():
     embedded = html.split('id="fracspawner-model">', 1)[1].split("</script>", 1)[0]
     assert "<" not in embedded
     assert json.loads(embedded)["pools"][1]["display_name"].startswith("<script>")
+
+
+#: a CPU-only container as z2jh's jupyterhub_config.py appends it to init_containers (a
+#: kubernetes_asyncio model), and sidecars an admin configured (API dicts)
+def _added_containers() -> dict:
+    from kubernetes_asyncio.client import V1Container, V1SecurityContext
+
+    block = V1Container(
+        name="block-cloud-metadata",
+        image="quay.io/jupyterhub/k8s-network-tools:4.4.0",
+        command=["iptables", "-A", "OUTPUT", "-d", "169.254.169.254", "-j", "DROP"],
+        security_context=V1SecurityContext(privileged=True, run_as_user=0),
+    )
+    return {
+        "init_containers": [block],
+        "extra_containers": [
+            {"name": "sync", "image": "rclone/rclone", "env": [{"name": "A", "value": "b"}]},
+            {"name": "own-choice", "image": "busybox", "env": [
+                {"name": "NVIDIA_VISIBLE_DEVICES", "value": "none"}]},
+            {"name": "gpu-helper", "image": "nvidia/cuda:12.4.1-base-ubuntu22.04",
+             "resources": {"limits": {"nvidia.com/gpu": "1"}}},
+        ],
+    }  # fmt: skip
+
+
+def _env(container) -> dict:
+    return {e.name if hasattr(e, "name") else e["name"]: e.value if hasattr(e, "value")
+            else e.get("value") for e in container.env or []}  # fmt: skip
+
+
+async def test_a_cpu_only_spawn_after_a_gpu_spawn_hides_the_nodes_gpus():
+    """Issue 34 item 3: the notebook image (a CUDA base: ENV NVIDIA_VISIBLE_DEVICES=all) on a
+    `gpu: none` server, and every GPU-less container the spawner adds, get
+    NVIDIA_VISIBLE_DEVICES=void; a GPU spawn's notebook container is left to its device
+    plugin; a user's options cannot set the variable."""
+    from tornado.web import HTTPError
+
+    spawner = _spawner({"KubeSpawner": _added_containers()})
+    spawner.user_options = {"gpu": "mig-1g.10gb", "pool": "a100-mig"}
+    spawner.clear_state()
+    await spawner.load_user_options()
+    pod = await spawner.get_pod_manifest()
+    notebook, sync, own, helper = pod.spec.containers
+    assert "NVIDIA_VISIBLE_DEVICES" not in _env(notebook)  # the device plugin's business
+    assert _env(sync) == {
+        "A": "b",
+        "NVIDIA_VISIBLE_DEVICES": "void",
+        "NVIDIA_IMEX_CHANNELS": "void",
+    }
+    assert _env(own)["NVIDIA_VISIBLE_DEVICES"] == "none"  # the admin's own choice stands
+    assert "NVIDIA_VISIBLE_DEVICES" not in _env(helper)  # holds a GPU: the plugin's value
+    assert _env(pod.spec.init_containers[0])["NVIDIA_VISIBLE_DEVICES"] == "void"
+    spawner.clear_state()
+
+    spawner.user_options = {"gpu": "none"}
+    spawner.clear_state()
+    await spawner.load_user_options()
+    pod = await spawner.get_pod_manifest()
+    notebook = pod.spec.containers[0]
+    env = _env(notebook)
+    assert env["NVIDIA_VISIBLE_DEVICES"] == "void" and env["NVIDIA_IMEX_CHANNELS"] == "void"
+    limits = notebook.resources.limits or {}
+    assert not [k for k in limits if "nvidia" in k or "/" in k]
+    assert pod.spec.containers[0].image == "quay.io/jupyter/pytorch-notebook:cuda12-latest"
+    assert _env(pod.spec.init_containers[0])["NVIDIA_VISIBLE_DEVICES"] == "void"
+    spawner.clear_state()
+    # the configured containers themselves are untouched (the next spawn starts from them)
+    assert spawner.init_containers[0].env is None
+    assert "env" not in spawner.extra_containers[2]
+
+    spawner.user_options = {"gpu": "none", "environment": {"NVIDIA_VISIBLE_DEVICES": "all"}}
+    spawner.clear_state()
+    with pytest.raises(HTTPError) as info:
+        await spawner.load_user_options()
+    assert info.value.status_code == 400
+    spawner.clear_state()
+
+
+def test_plan_cli_shows_a_cpu_only_server_its_gpus_hidden():
+    from fracspawner.cli.plan import build_bare_manifest
+
+    result = run_plan("--catalog", str(DEMO_CATALOG), "--gpu", "none", "-o", "json")
+    assert result.returncode == 0, result.stderr
+    for pod in (json.loads(result.stdout), build_bare_manifest(str(DEMO_CATALOG), {"gpu": "none"})):
+        box = pod["spec"]["containers"][0]
+        env = {e["name"]: e.get("value") for e in box.get("env") or []}
+        assert env["NVIDIA_VISIBLE_DEVICES"] == "void", box
+        assert env["NVIDIA_IMEX_CHANNELS"] == "void", box
+        limits = (box.get("resources") or {}).get("limits") or {}
+        assert not [k for k in limits if "/" in k]

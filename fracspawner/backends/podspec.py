@@ -9,7 +9,9 @@ gives the same pod (a webhook may be invoked again after other webhooks ran).
 from __future__ import annotations
 
 import copy
+import importlib
 from collections.abc import Mapping
+from types import MappingProxyType
 from typing import Any
 
 from .base import PodPlan
@@ -114,3 +116,54 @@ def container_name(container: Any) -> str:
     if isinstance(container, Mapping):
         return str(container.get("name", "?"))
     return str(getattr(container, "name", "?"))
+
+
+#: the env that shows a container none of its node's GPUs: the NVIDIA container toolkit hands
+#: an unprivileged container the devices NVIDIA_VISIBLE_DEVICES names (and IMEX channels from
+#: NVIDIA_IMEX_CHANNELS), `void` names none, and a container's env wins over its image's, where
+#: CUDA base images (the notebook image's among them) set NVIDIA_VISIBLE_DEVICES=all
+#: (nvidia-container-toolkit internal/config/image/cuda_image.go; docs/install.md "GPU nodes")
+NO_DEVICES_ENV: Mapping[str, str] = MappingProxyType(
+    {"NVIDIA_VISIBLE_DEVICES": "void", "NVIDIA_IMEX_CHANNELS": "void"}
+)
+#: an extended resource that hands out no device by itself (HAMi's task priority)
+_SHAPE_ONLY = frozenset({"nvidia.com/priority"})
+
+
+def _field(obj: Any, camel: str, snake: str) -> Any:
+    if isinstance(obj, Mapping):
+        return obj.get(camel, obj.get(snake))
+    return getattr(obj, snake, None)
+
+
+def holds_device(container: Any) -> bool:
+    """Whether a container (an API dict, snake_case dict or model) asks for an extended
+    resource, through which a device plugin may hand it a device: its env is the plugin's
+    business, not ours."""
+    resources = _field(container, "resources", "resources") or {}
+    for part in ("limits", "requests"):
+        asked = _field(resources, part, part) or {}
+        if any("/" in str(k) and k not in _SHAPE_ONLY for k in asked):
+            return True
+    return False
+
+
+def hide_devices(container: Any) -> Any:
+    """A copy of a container holding no device with NO_DEVICES_ENV entries for the variables
+    it does not set itself (one that does made its own choice); others as they are."""
+    if holds_device(container):
+        return container
+    env = list(_field(container, "env", "env") or [])
+    have = {str(_field(e, "name", "name")) for e in env}
+    missing = [(k, v) for k, v in NO_DEVICES_ENV.items() if k not in have]
+    if not missing:
+        return container
+    out = copy.deepcopy(container)
+    if isinstance(out, Mapping):
+        out = dict(out)
+        out["env"] = env + [{"name": k, "value": v} for k, v in missing]
+        return out
+    # a kubernetes(_asyncio) model (z2jh's block-cloud-metadata): its own V1EnvVar class
+    models = importlib.import_module(type(out).__module__.rsplit(".", 1)[0])
+    out.env = copy.deepcopy(env) + [models.V1EnvVar(name=k, value=v) for k, v in missing]
+    return out

@@ -160,12 +160,16 @@ def build_bare_objects(
 ) -> tuple[dict[str, Any], list[dict[str, Any]]]:
     """build_bare_manifest's pod and the DRA claim templates (namespace `default`)."""
     from ..backends import is_reserved_env, load_catalog
-    from ..backends.podspec import apply_plan
+    from ..backends.podspec import NO_DEVICES_ENV, apply_plan
     from ..choice.options import resolve_choice
 
     cat = load_catalog(catalog)
     choice = resolve_choice(cat, options, rule=cat.rule_for(user, groups or []), admin=admin)
     pod = apply_plan(bare_pod(user), choice.plan, reserved=is_reserved_env)
+    if choice.pool is None:  # as FracSpawner.apply_choice: a CPU-only server sees no GPU
+        pod["spec"]["containers"][0]["env"] = [
+            {"name": k, "value": v} for k, v in NO_DEVICES_ENV.items()
+        ]
     templates = [
         {**dict(t), "metadata": {**dict(t["metadata"]), "namespace": "default"}}
         for t in choice.plan.claim_templates

@@ -26,7 +26,7 @@ from tornado import web
 from traitlets import Bool, Dict, Enum, Integer, Unicode, default
 
 from ..backends import is_reserved_env, load_catalog, safe_env, scheduler_for
-from ..backends.podspec import container_name, is_privileged
+from ..backends.podspec import NO_DEVICES_ENV, container_name, hide_devices, is_privileged
 from ..choice.admission import (
     STATE_KEY,
     Admissions,
@@ -687,6 +687,10 @@ class FracSpawner(KubeSpawner):
         orm = getattr(self, "orm_spawner", None)
         started = getattr(orm, "started", None)
         notebook = notebook_env(choice, self.fracspawner_catalog, self.culler_url, started)
+        if choice.pool is None:
+            # a CPU-only server on a CUDA image (ENV NVIDIA_VISIBLE_DEVICES=all) would see
+            # every GPU of an untainted GPU node it lands on: its env says none
+            notebook = {**notebook, **NO_DEVICES_ENV}
         self._own_env = {**plan.env, **notebook}
         self.environment = {**safe_env(self.environment, plan), **notebook}
         self.extra_container_config = _container_config(
@@ -706,6 +710,10 @@ class FracSpawner(KubeSpawner):
         if scheduler:
             self.scheduler_name = scheduler
         self._drop_privileged_init_containers(choice)
+        # the containers an admin or z2jh adds beside the notebook hold no GPU: their images'
+        # ENV must not show them the node's (copies: the configured lists stay as they are)
+        self.init_containers = [hide_devices(c) for c in self.init_containers]
+        self.extra_containers = [hide_devices(c) for c in self.extra_containers]
         if plan.image:
             self.image = plan.image
         elif choice.image is not None:
