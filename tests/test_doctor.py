@@ -207,3 +207,35 @@ def test_doctor_outside_a_notebook_pod_says_so(tmp_path):
     assert result.returncode == 2, result
     assert result.stderr.startswith("fracspawner doctor: not in a notebook pod"), result.stderr
     assert "All fine" not in result.stdout + result.stderr
+
+
+def test_doctor_says_how_the_node_hands_out_gpus(pod, tmp_path):
+    """Issue 34 item 1: with the device plugin's deviceListStrategy volume-mounts the devices
+    arrive as /var/run/nvidia-container-devices/<id> (and, with the toolkit's
+    accept-nvidia-visible-devices-envvar-when-unprivileged = false, a pod's own env cannot
+    choose any); with envvar, its default, through NVIDIA_VISIBLE_DEVICES, which a pod's own
+    env overrides. The doctor says which of the two its node uses."""
+    from fracspawner.serverext.doctor import device_list_line
+
+    uuid = "GPU-6b3f9a2e-1c1d-4c3e-9b7a-2f5e8d1c0a11"
+    mounts = tmp_path / "nvidia-container-devices"
+    mounts.mkdir()
+    (mounts / uuid).touch()
+    line = device_list_line({"NVIDIA_VISIBLE_DEVICES": "void"}, str(mounts))
+    assert line.startswith(f"Devices:     by volume mounts ({mounts}: {uuid})"), line
+    absent = str(tmp_path / "absent")
+    line = device_list_line({"NVIDIA_VISIBLE_DEVICES": uuid}, absent)
+    assert line.startswith(f"Devices:     by env (NVIDIA_VISIBLE_DEVICES={uuid})"), line
+    assert "deviceListStrategy" in line and "install.md" in line
+    for value in ("void", ""):
+        line = device_list_line({"NVIDIA_VISIBLE_DEVICES": value}, absent)
+        assert line.startswith("Devices:     no device-plugin GPU here"), line
+    # the command says it too
+    server, env, cgroup, _ = pod
+    result = subprocess.run(
+        [sys.executable, "-m", "fracspawner", "doctor", f"--cgroup={cgroup}",
+         f"--devices-dir={mounts}"],
+        env={**os.environ, **env, "JUPYTER_RUNTIME_DIR": str(tmp_path / "runtime")},
+        capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert f"Devices:     by volume mounts ({mounts}: {uuid})" in result.stdout, result

@@ -4,6 +4,7 @@ pod was given and what works, in plain words on one screen.
 - the slice, pool and idle policy FracSpawner put in the environment, the pod's memory and CPU
   limits (cgroup files), and the GPU-related environment (device visibility, sharing limits,
   framework caps);
+- how the node's device plugin handed out the GPUs: by volume mounts or by env;
 - what NVML sees (devices, memory, processes), or why it cannot be read;
 - whether GPU hibernation is possible here, and which condition stops it (no cuda-python, a
   driver without the checkpoint API, a driver that cannot checkpoint in a container seeing only
@@ -84,6 +85,37 @@ def pod_lines(env: Mapping[str, str], cgroup: str, meminfo: str) -> list[str]:
     gpu_env = [f"{k}={env[k]}" for k in GPU_ENV if env.get(k)]
     lines.append("GPU env:     " + (", ".join(gpu_env) if gpu_env else "none set"))
     return lines
+
+
+#: where the NVIDIA toolkit reads a container's devices when the device plugin runs with
+#: `deviceListStrategy: volume-mounts`: one (empty) mount per device, named by its id
+#: (k8s-device-plugin api/config/v1/flags.go; the toolkit's
+#: accept-nvidia-visible-devices-as-volume-mounts)
+DEVICE_MOUNTS = "/var/run/nvidia-container-devices"
+
+
+def device_list_line(env: Mapping[str, str], mounts: str = DEVICE_MOUNTS) -> str:
+    """How this node's device plugin handed the pod its GPUs: by volume mounts (a pod's own
+    NVIDIA_VISIBLE_DEVICES then chooses nothing where the toolkit also has
+    accept-nvidia-visible-devices-envvar-when-unprivileged = false), or by env (the plugin's
+    default, `envvar`: the kubelet puts the pod's own env after the plugin's, so a pod that
+    sets the variable chooses its GPUs; issue 34)."""
+    folder = Path(mounts)
+    if folder.is_dir():
+        try:
+            names = sorted(p.name for p in folder.iterdir())
+        except OSError:
+            names = []
+        shown = ", ".join(names[:4]) + (", ..." if len(names) > 4 else "")
+        return f"Devices:     by volume mounts ({mounts}: {shown or 'none'})"
+    value = (env.get("NVIDIA_VISIBLE_DEVICES") or "").strip()
+    if value and value not in ("void", "none"):
+        return (
+            f"Devices:     by env (NVIDIA_VISIBLE_DEVICES={value}): the node's device plugin "
+            "uses deviceListStrategy envvar, where a pod's own env can choose GPUs "
+            "(docs/install.md, GPU nodes)"
+        )
+    return "Devices:     no device-plugin GPU here (no device mounts, no device in the env)"
 
 
 def nvml_lines() -> tuple[list[str], bool, list[str]]:
@@ -240,6 +272,7 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("--cgroup", default="/sys/fs/cgroup", help="the cgroup files' directory")
     parser.add_argument("--meminfo", default="/proc/meminfo", help=argparse.SUPPRESS)
+    parser.add_argument("--devices-dir", default=DEVICE_MOUNTS, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     env = os.environ
     if not in_notebook_pod(env):  # it said "this notebook pod ... All fine" on a laptop
@@ -253,6 +286,7 @@ def main(argv: list[str] | None = None) -> int:
     runtime = env.get("JUPYTER_RUNTIME_DIR") or os.path.expanduser("~/.local/share/jupyter/runtime")
     lines = ["fracspawner doctor: this notebook pod", ""]
     lines += pod_lines(env, args.cgroup, args.meminfo)
+    lines.append(device_list_line(env, args.devices_dir))
     nvml, gpu_ok, devices = nvml_lines()
     hib, hib_ok = hibernation_lines(env, args.cgroup, args.meminfo, devices)
     report = server_report(env, runtime)
