@@ -83,6 +83,7 @@ from fracspawner.serverext.monitor import GpuMonitor
 from fracspawner.serverext.podinfo import PodInfo
 from fracspawner.serverext.presence import SETTINGS_KEY as PRESENCE_KEY
 from fracspawner.serverext.presence import Presence, parse_client_report
+from fracspawner.serverext.room import Room
 from fracspawner.serverext.sources import GpuDevice, GpuProcess, GpuSample
 
 REPO = Path(__file__).resolve().parent.parent
@@ -308,6 +309,8 @@ class SimServer:
             cgroup_root=str(host),
             meminfo_path=str(host / "meminfo"),
         )
+        # the replay resumes a kernel only where its GPU has room (below), as room.py demands
+        self.monitor.hibernator.room = lambda _s: Room(True, "the replay checked the GPU's room")
         self.kernel_id: str | None = None
         self.holds_memory = self.run_alive = self.busy = False
         self.hub_last = v(m)

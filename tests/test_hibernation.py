@@ -26,6 +26,7 @@ import pytest
 
 from fracspawner.serverext.checkpoint import CheckpointDriver, Unsupported, host_headroom
 from fracspawner.serverext.hibernate import Hibernator
+from fracspawner.serverext.room import Room
 from tests.test_culler_support import JupyterServer, execute, http, wait_for
 
 FAKE = Path(__file__).parent / "fake_nvml"
@@ -224,8 +225,10 @@ async def test_refused_kernels_are_left_running_never_ended(env, extra, state, r
 
 
 async def test_failed_restore_keeps_the_kernel_and_tells_the_user(env):
+    """A restore failure that passes (not for want of room: that one loses the state on current
+    drivers, NVIDIA/cuda-checkpoint#44, and is never risked: test_hibernation_room.py)."""
     server, state, _ = env
-    kid, pid = await gpu_kernel(server, state, 2 * GIB, restore_failures=2)
+    kid, pid = await gpu_kernel(server, state, 2 * GIB, restore_transient=2)
     wait_for(lambda: hibernation(server, kid).get("state") == "hibernated", 20, "hibernation")
     cell = asyncio.ensure_future(execute(server.url, server.token, kid, "print(x * 2, my_state())"))
     # the meter is told while it retries (1 s, then 2 s)
@@ -237,10 +240,10 @@ async def test_failed_restore_keeps_the_kernel_and_tells_the_user(env):
         20,
         "restore failure in the report",
     )
-    assert "CUDA_ERROR_OUT_OF_MEMORY" in seen["restore_error"] and seen["next_retry"]
+    assert "CUDA_ERROR_NOT_READY" in seen["restore_error"] and seen["next_retry"]
     out = await asyncio.wait_for(cell, 60)
     # the notebook was told, and the cell ran once the GPU state was back
-    assert "could not be restored yet" in out and "Nothing is lost" in out
+    assert "could not be restored yet" in out and "The kernel is kept" in out
     assert out.strip().endswith("42 running")
     # restored, and the report says so (not "running" itself: idle for HIBERNATE_AFTER after
     # the cell, a loaded machine may already see it hibernate again; CI did once)
@@ -340,6 +343,7 @@ async def test_work_that_does_not_pause_leaves_it_running(tmp_path, monkeypatch)
         data["gpus"][0]["processes"][0]["lock_busy"] = False
     assert await hib.hibernate("k", [me], 1024, kernel_pid=me) == "hibernated"
     assert hib.total_mib() == 1024
+    hib.room = lambda s: Room(True, "the fake GPU is empty")  # as the server's SwapAgent says
     task = hib.resume("k", "test")
     assert task is not None and await task
     assert cuda_state(state, me) == "running" and hib.total_mib() == 0

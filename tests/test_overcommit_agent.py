@@ -23,11 +23,12 @@ from fracspawner.serverext.swap import SwapAgent
 
 class Driver:
     """A checkpoint driver whose restore is refused for want of room while `full` (the CUDA
-    Driver API: cuCheckpointProcessRestore needs "enough memory" on the GPU; the fake in
-    tests/fake_nvml answers CUDA_ERROR_OUT_OF_MEMORY, as here)."""
+    Driver API: cuCheckpointProcessRestore needs "enough memory" on the GPU), after which every
+    restore answers CUDA_ERROR_OPERATING_SYSTEM (NVIDIA/cuda-checkpoint#44; the fake in
+    tests/fake_nvml does the same)."""
 
     def __init__(self) -> None:
-        self.full, self.states = True, {}
+        self.full, self.states, self.restores, self.lost = True, {}, 0, False
 
     def check(self) -> None:
         pass
@@ -36,7 +37,11 @@ class Driver:
         return self.states.get(pid, "checkpointed")
 
     def restore(self, pid: int) -> None:
+        self.restores += 1
+        if self.lost:
+            raise CheckpointError("cuCheckpointProcessRestore", "CUDA_ERROR_OPERATING_SYSTEM")
         if self.full:
+            self.lost = True
             raise CheckpointError("cuCheckpointProcessRestore", "CUDA_ERROR_OUT_OF_MEMORY")
         self.states[pid] = "locked"
 
@@ -95,49 +100,61 @@ async def test_the_agent_swaps_out_only_its_own_kernels_and_reports_sooner(monke
     assert monitor.asked == [("k1", "swapped out: the GPU was full")]
 
 
-async def test_a_resume_on_a_full_gpu_waits_says_so_once_and_goes_on_when_there_is_room(
+async def test_a_resume_on_a_full_gpu_waits_for_the_cullers_grant_and_says_so_once(
     monkeypatch,
 ):
+    """Over-committed: no restore without the culler's grant (NVML read by each server at its
+    own moment would let two restores into room for one, and a refused restore loses the state:
+    NVIDIA/cuda-checkpoint#44). The culler hears of the demand at once; when its answer says the
+    kernel waits, the cell is told once; its grant lets the restore go."""
     monkeypatch.setenv("FRACSPAWNER_GPU_OVERCOMMIT", "2")
     driver = Driver()
-    # retries an hour apart: only the agent's look at the GPU's room brings it back in time
-    hib = Hibernator(driver=driver, retry_first=3600.0)
+    hib = Hibernator(driver=driver, retry_first=3600.0, room_poll=3600.0)
     monitor = Monitor(hib, {"k1"})
+    monitor.sample.devices[0].memory_used_mib = 0.0  # NVML shows room: not enough here
     soon: list[float] = []
     agent = SwapAgent(monitor, soon.append, room_check=0.05)
     told: list[str] = []
     hib.on_restore_failed.append(lambda kid, text: told.append(text))
     hibernated(hib, "k1")
     task = hib.resume("k1", "a message to the kernel")
-    await until(lambda: hib.kernels["k1"].state == "restore_failed", "the refused restore")
-    # the cell is told, the culler hears of the demand at once, the meter shows it
-    assert told == [GPU_FULL] and 0.0 in soon
-    assert hib.kernel_json("k1")["waiting_for_gpu"] is True
+    await until(lambda: hib.kernel_json("k1")["waiting_for_gpu"], "the resume waiting")
+    assert driver.restores == 0 and 0.0 in soon and told == []
     (waiting,) = agent.extend({})["swap"]["waiting"]
     assert {k: waiting[k] for k in ("kernel_id", "gpu_memory_mib", "device")} == {
         "kernel_id": "k1", "gpu_memory_mib": 3840.0, "device": "GPU-1"
     }  # fmt: skip
-    # another kernel is swapped out: the GPU shows room, the restore goes on
+    agent.on_answer({"swap": {"wait": [{"kernel_id": "k1"}], "report_in": 5}})
+    agent.on_answer({"swap": {"wait": [{"kernel_id": "k1"}, {"kernel_id": "other"}]}})
+    assert told == [GPU_FULL]
+    # another kernel was swapped out: the culler grants the room, the restore goes on
     driver.full = False
-    monitor.sample.devices[0].memory_used_mib = 15360.0 - 3840.0
+    agent.on_answer({"swap": {"resume": [{"kernel_id": "k1", "gpu_memory_mib": 3840.0}]}})
     await asyncio.wait_for(task, 30)
     assert hib.kernels["k1"].state == "running" and told == [GPU_FULL]
+    assert driver.restores == 1
     assert agent.extend({})["swap"]["waiting"] == []
 
 
-async def test_without_over_commit_a_full_gpu_is_a_failed_restore_as_before(monkeypatch):
+async def test_without_over_commit_nvml_of_the_device_decides_and_says_so_at_once(monkeypatch):
     monkeypatch.delenv("FRACSPAWNER_GPU_OVERCOMMIT", raising=False)
-    hib = Hibernator(driver=Driver(), retry_first=0.05)
-    agent = SwapAgent(Monitor(hib, {"k1"}), lambda s: None)
-    assert not hib.swap_managed and agent.overcommit == 1
+    monkeypatch.delenv("LD_PRELOAD", raising=False)
+    driver = Driver()
+    hib = Hibernator(driver=driver, retry_first=0.05, room_poll=0.05)
+    monitor = Monitor(hib, {"k1"})
+    agent = SwapAgent(monitor, lambda s: None, room_check=0.05)
+    assert not hib.swap_managed and agent.overcommit == 1 and agent.grant_only is None
     told: list[str] = []
     hib.on_restore_failed.append(lambda kid, text: told.append(text))
     hibernated(hib, "k1")
-    hib.resume("k1", "a message")
-    await until(lambda: len(told) >= 2, "two retries")
-    # nobody makes room here: no promise of a swap, the usual words, told at each retry
-    assert "could not be restored yet" in told[0] and GPU_FULL not in told
-    hib.forget("k1")
+    task = hib.resume("k1", "a message")
+    await until(lambda: told, "the notice")
+    # nobody makes room here: no promise of a swap; no restore into the full GPU
+    assert "no room on the GPU" in told[0] and GPU_FULL not in told and driver.restores == 0
+    driver.full = False
+    monitor.sample.devices[0].memory_used_mib = 15360.0 - 3840.0 - 1024.0
+    await asyncio.wait_for(task, 30)
+    assert driver.restores == 1 and hib.kernels["k1"].state == "running"
 
 
 async def test_the_reporter_hands_the_cullers_answer_on():

@@ -190,8 +190,11 @@ def test_the_desk_answers_each_server_with_its_own_kernels_once():
              for i in range(1, 5)]  # fmt: skip
     waiting = report([], waiting=[{"kernel_id": "k5", "gpu_memory_mib": QUARTER}])
     seats.append(seat("u5", waiting))
-    # the waiting server is told to report again soon; u1's kernel is not its to swap
-    assert desk.answer("u5", "", seats, now=100.0) == {"swap": {"report_in": 10}}
+    # the waiting server is told to report again soon, and that its kernel waits (the GPU is
+    # full: no room to grant); u1's kernel is not its to swap
+    assert desk.answer("u5", "", seats, now=100.0) == {
+        "swap": {"report_in": 10, "wait": [{"kernel_id": "k5", "reason": "the GPU is full"}]}
+    }
     assert desk.under_pressure() == 1
     assert desk.answer("u2", "", seats, now=101.0) == {"swap": {"report_in": 10}}
     order = desk.answer("u1", "", seats, now=102.0)
@@ -253,3 +256,43 @@ def test_seats_are_the_hub_records_servers_on_over_committed_pools():
     (gpu,) = seats["ann"].facts.gpus
     assert gpu.uuid == UUID and gpu.resident_mib == QUARTER
     assert seats_from(reports, known, catalog, now, 30, margin_mib=0.0)[0].margin_mib == 0.0
+
+
+def test_room_is_granted_first_come_first_served_and_never_twice():
+    """A waiting resume restores only on the culler's grant (NVIDIA/cuda-checkpoint#44: a
+    restore refused for want of room loses the kernel's GPU state). Room for one: the oldest
+    wait gets it, the next waits; a grant holds its room until its kernel is seen back; a
+    reading of the device above the slices' sum counts; a claim above its slice holds nobody
+    up."""
+    from fracspawner.culler.grants import Waiter, plan_grants
+
+    a = Waiter("ua", "", "ka", QUARTER, since=1.0, cap_mib=QUARTER)
+    b = Waiter("ub", "", "kb", QUARTER, since=2.0, cap_mib=QUARTER)
+    assert plan_grants(SIZE, 3 * QUARTER, [b, a], {}) == [a.key]
+    assert plan_grants(SIZE, 3 * QUARTER, [b, a], {a.key: QUARTER}) == [a.key]  # not b too
+    assert plan_grants(SIZE, 2 * QUARTER, [b, a], {}) == [a.key, b.key]
+    liar = Waiter("m", "", "km", 10 * SIZE, since=0.0, cap_mib=QUARTER)
+    assert plan_grants(SIZE, 3 * QUARTER, [liar, b, a], {}) == [a.key]
+    big = Waiter("ubig", "", "kbig", 2 * QUARTER, since=0.0, cap_mib=2 * QUARTER)
+    assert plan_grants(SIZE, 3 * QUARTER, [big, a], {}) == []  # first come, first served
+
+    def waiting(kid: str, since: str) -> dict:
+        return report([], waiting=[{"kernel_id": kid, "gpu_memory_mib": QUARTER,
+                                    "since": since}])  # fmt: skip
+
+    desk = SwapDesk(report_in=10)
+    seats = [seat(f"u{i}", report([kernel(f"k{i}", QUARTER, f"2026-01-01T1{i}:00:00Z")]))
+             for i in range(1, 4)]  # fmt: skip
+    seats += [seat("u4", waiting("k4", "2026-01-01T12:00:00Z")),
+              seat("u5", waiting("k5", "2026-01-01T12:00:01Z"))]  # fmt: skip
+    # u5 asks first, but u4 has waited longer: u5 waits, u4 gets the room, once
+    assert desk.answer("u5", "", seats, now=100.0)["swap"]["wait"][0]["kernel_id"] == "k5"
+    got = desk.answer("u4", "", seats, now=101.0)["swap"]
+    assert got["resume"] == [{"kernel_id": "k4", "gpu_memory_mib": QUARTER}]
+    assert "resume" not in desk.answer("u5", "", seats, now=102.0)["swap"]
+    # the device reading shows more than the slices' sum (a kernel above its slice): no room
+    desk = SwapDesk(report_in=10)
+    over = report([kernel("k1", QUARTER, "2026-01-01T11:00:00Z")])
+    over["devices"][0]["memory_used_mib"] = SIZE
+    seats[0] = seat("u1", over)
+    assert "resume" not in desk.answer("u4", "", seats, now=103.0)["swap"]

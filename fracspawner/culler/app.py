@@ -498,17 +498,20 @@ class Culler(CullerApplication):
 
     def answer_report(self, who: Identity) -> dict | None:
         """What the answer to a server's report carries: its own idle kernels to swap out while
-        the GPU it shares on an over-committed pool is under memory pressure (swapdesk.py)."""
+        the GPU it shares on an over-committed pool is under memory pressure, and room for its
+        kernels waiting to resume, on any pool (swapdesk.py)."""
         facts = self.known.get((who.user, who.server))
         pool = self._catalog.pools.get(facts.pool or "") if self._catalog and facts else None
-        if pool is None or pool.overcommit <= 1:  # the hub's record: not an over-committed pool
+        if pool is None:
             return None
+        if pool.overcommit <= 1 and not self.reports.waits(who.user, who.server):
+            return None  # the hub's record: not an over-committed pool, and nothing waits
         if self._swap_desk is None:
             self._swap_desk = SwapDesk(report_in=self.swap_report_in)
         now = time.time()
         seats = seats_from(
             self.reports.latest(), self.known, self._catalog, now, self.max_staleness,
-            self.swap_margin_mib,
+            self.swap_margin_mib, also_pool=pool.name,
         )  # fmt: skip
         answer = self._swap_desk.answer(who.user, who.server, seats, now)
         self.metrics.gpus_under_pressure.set(self._swap_desk.under_pressure())

@@ -170,6 +170,15 @@ def _reason(uuid: str, size_mib: float) -> str:
 
 # --- the facts from a report (the extension's JSON, already checked by reports.REPORT) ---------
 @dataclass(frozen=True)
+class WaitingKernel:
+    """A kernel whose resume waits for room on a GPU (serverext/swap.py `swap.waiting`)."""
+
+    kernel_id: str
+    mib: float
+    since: float  # unix time it started waiting (clamped to the report's arrival)
+
+
+@dataclass(frozen=True)
 class ReportedGpu:
     """What one report says about one of its devices."""
 
@@ -179,6 +188,7 @@ class ReportedGpu:
     resident_mib: float  # the server's own processes on it
     kernels: tuple[KernelOnGpu, ...] = ()
     waiting_mib: float = 0.0
+    waiting: tuple[WaitingKernel, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -261,10 +271,16 @@ def swap_facts(report: Mapping, received_at: float) -> SwapFacts:
             )
         )
     waiting: dict[str, float] = {}
+    waiting_kernels: dict[str, list[WaitingKernel]] = {}
     for w in (report.get("swap") or {}).get("waiting") or []:
         if isinstance(w, dict):
             uuid = w.get("device") if w.get("device") in by_index.values() else first
-            waiting[uuid] = waiting.get(uuid, 0.0) + float(w.get("gpu_memory_mib") or 0)
+            mib = float(w.get("gpu_memory_mib") or 0)
+            waiting[uuid] = waiting.get(uuid, 0.0) + mib
+            since = _time(w.get("since"), received_at)
+            waiting_kernels.setdefault(uuid, []).append(
+                WaitingKernel(str(w["kernel_id"]), mib, received_at if since is None else since)
+            )
     return SwapFacts(
         tuple(
             ReportedGpu(
@@ -274,6 +290,7 @@ def swap_facts(report: Mapping, received_at: float) -> SwapFacts:
                 resident_mib=resident.get(d["uuid"], 0.0),
                 kernels=tuple(kernels.get(d["uuid"], ())),
                 waiting_mib=waiting.get(d["uuid"], 0.0),
+                waiting=tuple(waiting_kernels.get(d["uuid"], ())),
             )
             for d in devices
         )

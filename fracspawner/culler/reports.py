@@ -498,6 +498,11 @@ class ReportStore:
         """(user, server, its latest report) of every server."""
         return [(u, s, e.report) for (u, s), e in self._entries.items()]
 
+    def waits(self, user: str, server: str) -> bool:
+        """Whether the server's latest report has kernels waiting to resume for want of room."""
+        entry = self._entries.get((user, server))
+        return entry is not None and any(g.waiting for g in entry.report.swap.gpus)
+
     def hibernated(self) -> list[tuple[str, str, float]]:
         """(user, server, GPU memory its hibernated kernels hold) of every server's report."""
         return [(u, s, e.report.hibernated_mib) for (u, s), e in self._entries.items()]

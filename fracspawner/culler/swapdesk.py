@@ -6,6 +6,11 @@ physical GPU; this module keeps what was asked (so one pressure asks once, and a
 kernel is still resident after pressure.ASK_AGAIN_AFTER) and builds the answer. The answer goes
 back in the HTTP response to the server's own report (receiver.py): the culler never calls
 into a user server, and it names only that server's own kernels, by the ids its report gave.
+
+It also gives the room on the GPU to the kernels waiting to resume (grants.py): `swap.resume:
+[{"kernel_id", "gpu_memory_mib"}]` for those that may restore now, `swap.wait: [{"kernel_id",
+"reason"}]` for the others, whose cells are told they wait. A server restores nothing without
+room (serverext/room.py): on an over-committed pool or under HAMi-core, not without a grant.
 """
 
 from __future__ import annotations
@@ -15,8 +20,16 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from ..model.slices import slice_memory_mib
+from .grants import GRANT_SECONDS, Key, Waiter, plan_grants
 from .policy import slice_memory_cap
-from .pressure import ASK_AGAIN_AFTER, Pressure, ServerOnGpu, SwapFacts, plan_swaps
+from .pressure import (
+    ASK_AGAIN_AFTER,
+    Pressure,
+    ServerOnGpu,
+    SwapFacts,
+    plan_swaps,
+    resident_of,
+)
 
 if TYPE_CHECKING:
     from ..model.catalog import Catalog
@@ -37,6 +50,7 @@ class Seat:
     size_mib: float | None  # the pool's GPU model's memory (None: take the report's)
     margin_mib: float
     present: bool = False
+    swaps: bool = True  # its pool over-commits: its idle kernels may be swapped out
 
 
 class SwapDesk:
@@ -52,6 +66,7 @@ class SwapDesk:
         # (user, server, kernel id) -> (MiB it held, when it was asked)
         self.asked: dict[tuple[str, str, str], tuple[float, float]] = {}
         self.last: dict[str, Pressure] = {}  # GPU uuid -> its latest pressure (metrics)
+        self.granted: dict[Key, tuple[float, float]] = {}  # grants in force: (MiB, when)
 
     def _still_asked(self, seats: list[Seat], now: float) -> dict[tuple[str, str, str], float]:
         """Asks whose kernel the latest report still shows resident and idle, not refused
@@ -77,7 +92,10 @@ class SwapDesk:
         if me is None or not me.fresh:
             return None
         asked = self._still_asked(seats, now)
+        granted = self._still_granted(seats, now)
         orders: list[dict] = []
+        resume: list[dict] = []
+        wait: list[dict] = []
         pressed = False
         for gpu in me.facts.gpus:
             on_it = []
@@ -99,6 +117,9 @@ class SwapDesk:
             size = me.size_mib if me.size_mib else gpu.total_mib
             if not size:
                 continue
+            self._grant(user, server, gpu.uuid, size, seats, on_it, granted, now, resume, wait)
+            if not me.swaps:
+                continue
             pressure = plan_swaps(gpu.uuid, size, on_it, me.margin_mib, asked)
             self.last[gpu.uuid] = pressure
             pressed = pressed or pressure.under_pressure
@@ -111,12 +132,70 @@ class SwapDesk:
         named = {g.uuid for s in seats for g in s.facts.gpus}
         for uuid in [u for u in self.last if u not in named]:
             del self.last[uuid]
-        if not orders and not pressed:
+        if not orders and not pressed and not resume and not wait:
             return None
         body: dict = {"report_in": self.report_in}
         if orders:
             body["hibernate"] = orders
+        if resume:
+            body["resume"] = resume
+        if wait:
+            body["wait"] = wait
         return {"swap": body}
+
+    def _still_granted(self, seats: list[Seat], now: float) -> dict[Key, float]:
+        """Grants whose kernel still waits by its server's fresh report, and not too old."""
+        waiting = {
+            (s.user, s.server, w.kernel_id)
+            for s in seats
+            if s.fresh
+            for g in s.facts.gpus
+            for w in g.waiting
+        }
+        for key, (_mib, at) in list(self.granted.items()):
+            if key not in waiting or now - at > GRANT_SECONDS:
+                del self.granted[key]
+        return {key: mib for key, (mib, _at) in self.granted.items()}
+
+    def _grant(
+        self,
+        user: str,
+        server: str,
+        uuid: str,
+        size: float,
+        seats: list[Seat],
+        on_it: list[ServerOnGpu],
+        granted: dict[Key, float],
+        now: float,
+        resume: list[dict],
+        wait: list[dict],
+    ) -> None:
+        """Room on GPU `uuid` for `user`/`server`'s waiting kernels (grants.py)."""
+        waiters, readings = [], [0.0]
+        for s in seats:
+            if not s.fresh:
+                continue
+            for g in s.facts.gpus:
+                if g.uuid != uuid:
+                    continue
+                if g.used_mib is not None:
+                    readings.append(g.used_mib)
+                waiters += [
+                    Waiter(s.user, s.server, w.kernel_id, w.mib, w.since, s.cap_mib)
+                    for w in g.waiting
+                ]
+        mine = [w for w in waiters if (w.user, w.server) == (user, server)]
+        if not mine:
+            return
+        on_gpu = max(resident_of(on_it), max(readings))
+        go = set(plan_grants(size, on_gpu, waiters, granted))
+        for w in mine:
+            if w.key in go:
+                mib = min(max(w.mib, 0.0), size)
+                self.granted.setdefault(w.key, (mib, now))
+                resume.append({"kernel_id": w.kernel_id, "gpu_memory_mib": mib})
+            else:
+                wait.append({"kernel_id": w.kernel_id, "reason": "the GPU is full"})
 
 
 def seats_from(
@@ -126,17 +205,19 @@ def seats_from(
     now: float,
     max_staleness: float,
     margin_mib: float | None = None,
+    also_pool: str | None = None,
 ) -> list[Seat]:
     """The servers on over-committed pools, each from the hub's record (pool, slice) and its
     latest report. A server the hub has not listed, or in a pool that does not over-commit,
-    takes no part. `margin_mib` None: each pool's largest slice (room for one more of it)."""
+    takes no part, unless it is `also_pool` (a waiting resume there needs the culler's grant).
+    `margin_mib` None: each pool's largest slice (room for one more of it)."""
     seats = []
     for user, server, report in reports:
         facts = known.get((user, server))
         if facts is None or not facts.pool or facts.pool not in catalog.pools:
             continue
         pool = catalog.pools[facts.pool]
-        if pool.overcommit <= 1:
+        if pool.overcommit <= 1 and facts.pool != also_pool:
             continue
         largest = float(max((slice_memory_mib(o, pool.gpu) for o in pool.offers), default=0))
         # a slice the catalog cannot size counts as the pool's largest: never as nothing
@@ -152,6 +233,7 @@ def seats_from(
                 size_mib=float(pool.gpu.device_memory_mib),
                 margin_mib=min(margin, pool.gpu.device_memory_mib),
                 present=bool(report.present),
+                swaps=pool.overcommit > 1,
             )
         )
     return seats

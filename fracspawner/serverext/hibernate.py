@@ -21,8 +21,17 @@ tests/fake_nvml/cuda/bindings/driver.py):
 - a kernel is never left "hibernating": whatever a call raises, the process is put back as far
   as the driver lets (unlocked after a refused checkpoint; if the unlock fails it is retried
   like a restore, since its CUDA calls block meanwhile);
-- a restore that fails keeps the kernel locked, not lost: retried with backoff, the user is told
-  (meter and notebook) and may restart the kernel. A process the driver reports FAILED is
+- a restore is tried only where a reading that sees the whole physical GPU says there is room
+  for it, with a margin (room.py: the culler's grant; NVML of the device where it is not
+  virtualised): on current drivers a restore refused for want of room loses the kernel's GPU
+  state for good (NVIDIA/cuda-checkpoint#44: after CUDA_ERROR_OUT_OF_MEMORY every later restore
+  fails with CUDA_ERROR_OPERATING_SYSTEM). Until there is room the kernel waits, its state in
+  host memory; past `wait_bound` the user is told how long, why, and that stopping one of their
+  own kernels makes room. If the driver refuses anyway (a reading overtaken), the user is told
+  at once; one more restore is tried when there is room, and its 304 is final: the kernel is
+  marked lost ("failed", nothing retries it) and the user is told to restart it;
+- a restore that fails otherwise keeps the kernel locked: retried with backoff, the user is
+  told (meter and notebook) and may restart the kernel. A process the driver reports FAILED is
   terminal: no more retries, and the user is told its GPU data may be lost;
 - clients that reach a hibernated kernel without this server's websocket (jupyter console on
   the connection file, a thread printing) show on its iopub channel, which the monitor watches
@@ -54,6 +63,7 @@ from .checkpoint_env import (
     nvml_driver_version,
 )
 from .podinfo import gib, isoformat, utcnow
+from .room import Room
 
 SUSPENDED = frozenset({"hibernating", "hibernated", "resuming", "restore_failed"})
 HISTORY = 50  # recent hibernations and resumes kept for the report (the culler counts them)
@@ -63,14 +73,28 @@ HISTORY = 50  # recent hibernations and resumes kept for the report (the culler 
 GPU_FULL = (
     "fracspawner: the GPU this notebook shares is full right now, so this kernel waits while "
     "another notebook's idle kernel is swapped out to host memory. Your cell runs as soon as "
-    "there is room; nothing is lost."
+    "there is room; until then the kernel's GPU state stays in host memory (it is never "
+    "restored into a full GPU)."
 )
+#: what the cell says when the driver refused a restore for want of room after all
+AT_RISK = (
+    "fracspawner: the CUDA driver refused to restore this kernel's GPU state: the GPU had no "
+    "room for it ({code}). On current drivers that refusal can lose it for good "
+    "(NVIDIA/cuda-checkpoint#44): one more restore is tried when there is room; if it fails "
+    "too, restart the kernel."
+)
+#: the words of a kernel whose GPU state the driver lost (#44: 304 after an out-of-memory)
+LOST = "the kernel's GPU state was lost: restart the kernel"
+
+
+def _code(exc: Exception) -> str | None:
+    return exc.code if isinstance(exc, CheckpointError) else None
 
 
 def _gpu_full(exc: Exception) -> bool:
     """A restore refused for want of room on the GPU (cuCheckpointProcessRestore's
     CUDA_ERROR_OUT_OF_MEMORY)."""
-    return isinstance(exc, CheckpointError) and exc.code == "CUDA_ERROR_OUT_OF_MEMORY"
+    return _code(exc) == "CUDA_ERROR_OUT_OF_MEMORY"
 
 
 class _Later(Exception):
@@ -104,9 +128,18 @@ class KernelSleep:
     last_resume_seconds: float | None = None
     last_resumed_at: datetime | None = None
     why: str | None = None  # what asked for the last hibernation ("idle", the culler's reason)
-    # its restore was refused for want of room on the GPU (over-commit: it waits while an idle
-    # kernel is swapped out, serverext/swap.py), and what wakes its retry early
+    # its resume waits for room on the GPU (room.py; over-commit: while an idle kernel is
+    # swapped out, serverext/swap.py), since when and why; what wakes it early
     gpu_full: bool = False
+    waiting_since: datetime | None = None
+    wait_why: str | None = None
+    told_waiting: bool = False
+    escalated: bool = False
+    # the culler's grant of room on the GPU for this kernel (swap.py), in force until
+    grant_mib: float | None = None
+    grant_until: datetime | None = None
+    # the driver refused a restore for want of room: on #44 drivers the next one answers 304
+    at_risk: bool = False
     wake: asyncio.Event = field(default_factory=asyncio.Event)
     lock: asyncio.Lock = field(default_factory=asyncio.Lock)
     task: asyncio.Task | None = None
@@ -127,8 +160,15 @@ class KernelSleep:
             "next_try": isoformat(self.next_try) if self.note else None,
             "last_resume_seconds": self.last_resume_seconds,
             "last_resumed_at": isoformat(self.last_resumed_at),
-            "waiting_for_gpu": self.gpu_full and self.state in ("restore_failed", "resuming"),
+            "waiting_for_gpu": self.gpu_full and self.state in SUSPENDED,
+            "waiting_since": isoformat(self.waiting_since) if self.gpu_full else None,
+            "waiting_why": self.wait_why if self.gpu_full else None,
+            "gpu_state_at_risk": self.at_risk and self.state in SUSPENDED,
         }
+
+    def waiting(self) -> bool:
+        """Its resume waits for room on the GPU."""
+        return self.gpu_full and self.state in ("hibernated", "restore_failed", "resuming")
 
 
 class Hibernator(LoggingConfigurable):
@@ -169,6 +209,19 @@ class Hibernator(LoggingConfigurable):
         5.0, config=True, help="Seconds before the first retry of a failed restore."
     )
     retry_max = Float(300.0, config=True, help="Longest wait (seconds) between restore retries.")
+    room_poll = Float(
+        2.0,
+        config=True,
+        help="Seconds between two looks at the room on the GPU while a resume waits for it "
+        "(a grant from the culler or room in a reading wakes it at once).",
+    )
+    wait_bound = Float(
+        120.0,
+        config=True,
+        help="Seconds a resume may wait for room on the GPU before the user is told how long, "
+        "why, and that stopping one of their own kernels makes room (the culler asks idle "
+        "kernels out for it first).",
+    )
     retry_refused_after = Float(
         60.0,
         config=True,
@@ -227,6 +280,11 @@ class Hibernator(LoggingConfigurable):
         # called with a kernel id once it is hibernated; returns what stops watching it (the
         # monitor watches the kernel's iopub for clients that bypass this server: foreign.py)
         self.watch: Callable[[str], Callable[[], None] | None] | None = None
+        # whether a kernel's GPU state may be restored now (room.py; swap.py sets it). None:
+        # nothing reads the GPU's room, so nothing is restored from host memory
+        self.room: Callable[[KernelSleep], Room] | None = None
+        # called with a kernel id when its resume starts to wait for room (swap.py reports it)
+        self.on_waiting: list[Callable[[str], None]] = []
 
     # --- queries ------------------------------------------------------------------------------
     def suspended(self, kernel_id: str) -> bool:
@@ -526,10 +584,17 @@ class Hibernator(LoggingConfigurable):
         async with s.lock:  # after a suspend in progress
             delay = self.retry_first
             while s.state in ("hibernated", "restore_failed", "resuming"):
+                assert s.pid is not None
+                room = await self._gate(s)
+                if room is not None:  # no room on the GPU: it waits, never restored into it
+                    await self._wait_for_room(s, room)
+                    if self.kernels.get(s.kernel_id) is not s:  # shut down meanwhile
+                        return False
+                    continue
                 previous, s.state = s.state, "resuming"
                 started = time.monotonic()
+                s.grant_mib = s.grant_until = None  # one grant, one restore
                 try:
-                    assert s.pid is not None
                     await asyncio.to_thread(self._restore, s.pid)
                 except Exception as exc:  # CheckpointError, Unsupported, _Cannot, a broken binding
                     if s.pid is not None and not os.path.exists(f"/proc/{s.pid}"):
@@ -544,34 +609,35 @@ class Hibernator(LoggingConfigurable):
                     left = await asyncio.to_thread(self._state_or_unknown, s.pid)
                     if left == "failed":
                         return self._failed(s, exc)
+                    if s.at_risk and _code(exc) not in (None, "CUDA_ERROR_OUT_OF_MEMORY"):
+                        return self._lost(s, exc)  # #44: 304 after an out-of-memory
                     s.state, s.attempts = "restore_failed", s.attempts + 1
                     s.restore_error = str(exc)
                     s.next_retry = utcnow() + timedelta(seconds=delay)
-                    # no room on the GPU ([API] Restore: "The GPU to restore onto needs to have
-                    # enough memory"): on a shared GPU it waits while an idle kernel is swapped
-                    # out (swap.py wakes it when there is room), said once to the cell
-                    was_full, s.gpu_full = s.gpu_full, _gpu_full(exc)
-                    waits = s.gpu_full and self.swap_managed
-                    text = (
-                        f"fracspawner: this kernel's GPU state could not be restored yet ({exc}); "
-                        f"trying again in {delay:.0f} s. Nothing is lost: the kernel and its data "
-                        "are kept. Your cell runs once the GPU state is back; or restart the "
-                        "kernel to start over."
-                    )
-                    if waits:
-                        text = GPU_FULL
                     if previous != "restore_failed" or s.attempts % 5 == 1:
                         self.log.warning("fracspawner: kernel %s: %s", s.kernel_id, exc)
-                    if not (waits and was_full):
-                        self._notify(s.kernel_id, text)
+                    if _gpu_full(exc):
+                        # no room after all (a reading overtaken): on #44 drivers the state may
+                        # be lost already; said at once, and tried once more when there is room
+                        first = not s.at_risk
+                        s.at_risk, s.gpu_full = True, True
+                        if first:
+                            self._notify(s.kernel_id, AT_RISK.format(code=_code(exc)))
+                        continue
+                    self._notify(
+                        s.kernel_id,
+                        f"fracspawner: this kernel's GPU state could not be restored yet ({exc}); "
+                        f"trying again in {delay:.0f} s. The kernel is kept, its GPU state in "
+                        "host memory: your cell runs once it is back; or restart the kernel to "
+                        "start over.",
+                    )
                     await self._pause(s, delay)
-                    if not waits:
-                        delay = min(delay * 2, self.retry_max)
+                    delay = min(delay * 2, self.retry_max)
                     if self.kernels.get(s.kernel_id) is not s:  # shut down meanwhile
                         return False
                     continue
                 seconds = round(time.monotonic() - started, 3)
-                s.gpu_full = False
+                self._done_waiting(s)
                 s.state, s.last_resume_seconds, s.last_resumed_at = "running", seconds, utcnow()
                 s.restore_error, s.next_retry, s.attempts = None, None, 0
                 self.resumes = [
@@ -585,6 +651,100 @@ class Hibernator(LoggingConfigurable):
                     "fracspawner: kernel %s resumed (%s) in %.1f s", s.kernel_id, why, seconds
                 )
             return s.state == "running"
+
+    async def _gate(self, s: KernelSleep) -> Room | None:
+        """None: restore now. A Room saying why not where the process's GPU state is in host
+        memory and nothing says the physical GPU has room for it (room.py)."""
+        assert s.pid is not None
+        if await asyncio.to_thread(self._state_or_unknown, s.pid) != "checkpointed":
+            return None  # locked (an unlock), running, failed, gone: no memory to bring back
+        if self.room is None:
+            return Room(False, "nothing reads the GPU's free memory here")
+        try:
+            room = self.room(s)
+        except Exception as exc:  # a broken reading is no room
+            self.log.warning("fracspawner: reading the GPU's room failed", exc_info=True)
+            return Room(False, f"the GPU's free memory could not be read ({exc})")
+        return None if room.ok else room
+
+    async def _wait_for_room(self, s: KernelSleep, room: Room) -> None:
+        """One look's worth of waiting for room; the user is told as the module says."""
+        first = not s.gpu_full or s.waiting_since is None
+        s.gpu_full, s.wait_why = True, room.why
+        if s.waiting_since is None:
+            s.waiting_since = utcnow()
+        if first:
+            self.log.info("fracspawner: kernel %s waits for room: %s", s.kernel_id, room.why)
+            for started in list(self.on_waiting):
+                try:
+                    started(s.kernel_id)
+                except Exception:
+                    self.log.debug("fracspawner: waiting notice failed", exc_info=True)
+            if not self.swap_managed and not s.at_risk:  # nobody makes room: said at once
+                self.tell_waiting(
+                    s.kernel_id,
+                    "fracspawner: there is no room on the GPU for this kernel's GPU state now "
+                    f"({room.why}), so it waits in host memory and your cell runs as soon as "
+                    "there is room (it is never restored into a full GPU).",
+                )
+        waited = (utcnow() - s.waiting_since).total_seconds()
+        if waited >= self.wait_bound and not s.escalated:
+            s.escalated = True
+            self._notify(s.kernel_id, self._escalation(waited, room))
+        await self._pause(s, max(0.01, min(self.room_poll, self.wait_bound - waited + 0.01)))
+
+    def _escalation(self, waited: float, room: Room) -> str:
+        return (
+            f"fracspawner: this kernel has waited {waited / 60:.0f} min for room on the GPU "
+            f"({room.why}); the culler asks idle kernels of other notebooks to make room first. "
+            "To make room now, shut down another of your own kernels that holds GPU memory, or "
+            "restart this one to start over; its GPU state stays in host memory until then."
+        )
+
+    def tell_waiting(self, kernel_id: str, text: str = GPU_FULL) -> None:
+        """Tell the notebook once that its kernel waits for room (swap.py: the culler's
+        answer says the GPU is full)."""
+        s = self.kernels.get(kernel_id)
+        if s is None or not s.waiting() or s.told_waiting:
+            return
+        s.told_waiting = True
+        self._notify(kernel_id, text)
+
+    def grant(self, kernel_id: str, mib: float, seconds: float) -> None:
+        """The culler made room for this kernel's restore (swap.py): in force `seconds`."""
+        s = self.kernels.get(kernel_id)
+        if s is None or not s.waiting():
+            return
+        s.grant_mib, s.grant_until = mib, utcnow() + timedelta(seconds=seconds)
+        s.wake.set()
+
+    def granted(self, s: KernelSleep) -> float | None:
+        """The culler's grant for `s` in force now, or None."""
+        if s.grant_until is None or s.grant_until <= utcnow():
+            return None
+        return s.grant_mib
+
+    def _done_waiting(self, s: KernelSleep) -> None:
+        s.gpu_full, s.waiting_since, s.wait_why, s.at_risk = False, None, None, False
+        s.told_waiting = s.escalated = False
+        s.grant_mib = s.grant_until = None
+
+    def _lost(self, s: KernelSleep, exc: Exception) -> bool:
+        """NVIDIA/cuda-checkpoint#44: after a restore refused for want of room, the driver
+        answers every restore with CUDA_ERROR_OPERATING_SYSTEM and only ending the process
+        helps. Terminal like FAILED: nothing retries it, and the user is told at once."""
+        self._done_waiting(s)
+        s.state, s.next_retry, s.memory_mib = "failed", None, 0.0
+        s.restore_error = (
+            f"{LOST} (the CUDA driver refused to restore its GPU state for want of room and now "
+            f"answers {_code(exc) or exc}: NVIDIA/cuda-checkpoint#44; only a restart recovers "
+            "it; its other variables are still there until then)"
+        )
+        s.cannot = f"cannot hibernate: {s.restore_error}"
+        self.log.warning("fracspawner: kernel %s: %s", s.kernel_id, s.restore_error)
+        self._stop_watching(s)
+        self._notify(s.kernel_id, f"fracspawner: {s.restore_error}")
+        return False
 
     async def _pause(self, s: KernelSleep, delay: float) -> None:
         """Wait `delay` seconds before the next restore, or until `retry_now` says there is room."""
@@ -604,6 +764,7 @@ class Hibernator(LoggingConfigurable):
         """FAILED is terminal (CUprocessState: "an uncorrectable error during the
         checkpoint/restore process"; the cuda-checkpoint README: the driver "does not attempt to
         keep the process in a good state"): no more retries, and the user is told the truth."""
+        self._done_waiting(s)
         s.state, s.next_retry, s.memory_mib = "failed", None, 0.0
         s.restore_error = (
             f"the CUDA driver could not restore this kernel's GPU state ({exc}) and reports its "

@@ -11,12 +11,16 @@ This module
   the monitor's `hibernate_now` (every safety of the hibernator holds: only the kernel's own
   process, never one that executes, its data kept; a refusal is reported and the culler asks
   the next least recently used kernel);
-- reports the kernels whose resume was refused for want of room on the GPU (the driver's
-  restore answered CUDA_ERROR_OUT_OF_MEMORY) as `swap.waiting`, at once (a report now, not at
-  the next minute): that is the demand the culler makes room for. The cell says the kernel
-  waits while another one is swapped out (hibernate.GPU_FULL), and the meter shows it;
-- tries such a resume again as soon as the GPU shows room for it (the monitor's readings of the
-  device's used memory), not at the end of a backoff;
+- says whether a hibernated kernel may be restored now (the hibernator asks before every
+  restore: room.py). On an over-committed pool, and wherever HAMi-core virtualises NVML, only
+  the culler's grant counts: the answer's `swap.resume: [{"kernel_id", "gpu_memory_mib"}]`,
+  in force `GRANT_SECONDS`; elsewhere NVML of the device, with `restore_margin_mib`;
+- reports the kernels whose resume waits for room as `swap.waiting` (since when they wait), at
+  once (a report now, not at the next minute): that is the demand the culler makes room for.
+  When the culler's answer says they wait (`swap.wait: [{"kernel_id", "reason"}]`) the cell
+  says so once (hibernate.GPU_FULL), and the meter shows it;
+- where NVML counts, tries such a resume again as soon as the GPU shows room for it (the
+  monitor's readings of the device's used memory), not at the end of a backoff;
 - reports again when the culler says (`report_in`), so a GPU under pressure hears of its swaps
   in seconds rather than a minute.
 """
@@ -32,8 +36,10 @@ from traitlets import Float
 from traitlets.config import LoggingConfigurable
 
 from .podinfo import isoformat
+from .room import Room, environ_grant_only, room_for
 
 MAX_ORDERS = 16  # kernels one answer may name (a server has a few)
+GRANT_SECONDS = 30.0  # a grant of room from the culler is in force this long
 ENV_OVERCOMMIT = "FRACSPAWNER_GPU_OVERCOMMIT"  # the pool's overcommit, set by FracSpawner
 
 
@@ -54,6 +60,14 @@ class SwapAgent(LoggingConfigurable):
         help="Seconds between two looks at the GPU's free memory while a kernel waits to resume "
         "for want of room (it is tried again as soon as there is room for it).",
     )
+    restore_margin_mib = Float(
+        512.0,
+        config=True,
+        help="GPU memory (MiB) that must stay free beyond what a kernel held before its state is "
+        "restored on NVML's word (where the culler's grant is not required): a reading a moment "
+        "old may be overtaken, and on current drivers a restore refused for want of room loses "
+        "the kernel's GPU state (NVIDIA/cuda-checkpoint#44).",
+    )
 
     def __init__(self, monitor: Any, report_soon: Callable[[float], None], **kwargs: Any) -> None:
         super().__init__(**kwargs)
@@ -66,7 +80,10 @@ class SwapAgent(LoggingConfigurable):
         # culler make room, and a kernel refused for want of room waits for it
         self.overcommit = _overcommit(os.environ.get(ENV_OVERCOMMIT, ""))
         monitor.hibernator.swap_managed = self.overcommit > 1
-        monitor.hibernator.on_restore_failed.append(self._restore_failed)
+        # only the culler's grant counts here (over-commit, HAMi-core's virtualised NVML): why
+        self.grant_only = environ_grant_only(self.overcommit)
+        monitor.hibernator.room = self.room
+        monitor.hibernator.on_waiting.append(self._started_waiting)
 
     # --- the culler's answer ------------------------------------------------------------------
     def on_answer(self, answer: dict) -> None:
@@ -78,6 +95,15 @@ class SwapAgent(LoggingConfigurable):
         if isinstance(report_in, int | float) and not isinstance(report_in, bool):
             self.report_soon(max(1.0, float(report_in)))
         live = self.monitor._kernel_ids()
+        hib = self.monitor.hibernator
+        for grant in (swap.get("resume") or [])[:MAX_ORDERS]:
+            if isinstance(grant, dict) and grant.get("kernel_id") in live:
+                mib = grant.get("gpu_memory_mib")
+                if isinstance(mib, int | float) and not isinstance(mib, bool) and mib >= 0:
+                    hib.grant(grant["kernel_id"], float(mib), GRANT_SECONDS)
+        for wait in (swap.get("wait") or [])[:MAX_ORDERS]:
+            if isinstance(wait, dict) and wait.get("kernel_id") in live:
+                hib.tell_waiting(wait["kernel_id"])
         for order in (swap.get("hibernate") or [])[:MAX_ORDERS]:
             if not isinstance(order, dict):
                 continue
@@ -109,11 +135,11 @@ class SwapAgent(LoggingConfigurable):
         device = self._device_uuid()
         out = []
         for kid, s in sorted(hib.kernels.items()):
-            if s.gpu_full and s.state in ("restore_failed", "resuming"):
+            if s.waiting():
                 entry = {
                     "kernel_id": kid,
                     "gpu_memory_mib": round(s.memory_mib, 1),
-                    "since": isoformat(s.since),
+                    "since": isoformat(s.waiting_since or s.since),
                 }
                 if device:
                     entry["device"] = device
@@ -131,28 +157,40 @@ class SwapAgent(LoggingConfigurable):
             return None  # several devices: the culler takes the first; unknown: none
         return sample.devices[0].uuid
 
-    def _restore_failed(self, kernel_id: str, text: str) -> None:
-        """The hibernator could not restore a kernel: if for want of room, tell the culler now
-        and watch for room."""
-        s = self.monitor.hibernator.kernels.get(kernel_id)
-        if s is None or not s.gpu_full:
-            return
+    # --- room on the GPU ----------------------------------------------------------------------
+    def room(self, s: Any) -> Room:
+        """Whether kernel `s` (hibernate.KernelSleep) may be restored now (room.py)."""
+        sample = self.monitor.sample
+        devices = (
+            [(d.memory_total_mib, d.memory_used_mib) for d in sample.devices]
+            if sample is not None
+            else None
+        )
+        return room_for(
+            s.memory_mib,
+            granted_mib=self.monitor.hibernator.granted(s),
+            devices=devices,
+            grant_only=self.grant_only,
+            margin_mib=self.restore_margin_mib,
+        )
+
+    def _started_waiting(self, kernel_id: str) -> None:
+        """A resume waits for room: tell the culler now; where NVML counts, watch for room."""
         self.report_soon(0.0)
-        if self._watching is None or self._watching.done():
+        if self.grant_only is None and (self._watching is None or self._watching.done()):
             self._watching = asyncio.get_running_loop().create_task(self._watch_room())
 
     async def _watch_room(self) -> None:
-        """While kernels wait for room: retry each as soon as the device shows room for it."""
+        """While kernels wait for room: wake each as soon as the device shows room for it (the
+        hibernator looks again, with the margin, before it restores)."""
         hib = self.monitor.hibernator
         while True:
-            waiting = [
-                s for s in hib.kernels.values() if s.gpu_full and s.state == "restore_failed"
-            ]
+            waiting = [s for s in hib.kernels.values() if s.waiting()]
             if not waiting:
                 return
             free = self._free_mib()
             for s in sorted(waiting, key=lambda w: w.memory_mib):
-                if free is not None and free >= s.memory_mib:
+                if free is not None and free - self.restore_margin_mib >= s.memory_mib:
                     hib.retry_now(s.kernel_id)
                     free -= s.memory_mib
             await asyncio.sleep(self.room_check)

@@ -26,8 +26,12 @@ export interface IKernelHibernation {
   last_resumed_at?: string | null;
   /** What asked for the hibernation: "idle", or the culler's swap reason (over-commit). */
   hibernated_why?: string | null;
-  /** Its resume waits for room on a full, over-committed GPU (serverext/swap.py). */
+  /** Its resume waits for room on the GPU (serverext/room.py, swap.py), since when and why. */
   waiting_for_gpu?: boolean;
+  waiting_since?: string | null;
+  waiting_why?: string | null;
+  /** The driver refused a restore for want of room (NVIDIA/cuda-checkpoint#44). */
+  gpu_state_at_risk?: boolean;
 }
 
 /** The parts of the report the meter reads (docs/serverext.md has all of it). */
@@ -57,7 +61,8 @@ const SUSPENDED = ['hibernating', 'hibernated', 'resuming', 'restore_failed'];
 
 /**
  * 'GPU hibernated: resumes when you run a cell', with how long resuming took last time; or,
- * while a restore keeps failing, that it is retried and nothing is lost. The demo's simulated
+ * while a restore keeps failing, that it is retried (and, once the driver lost a kernel's GPU
+ * state, that only a restart helps). The demo's simulated
  * GPU hibernates with a simulated driver: the words say so, as its readings do.
  */
 export function hibernationText(report: IGpuReport, now: Date): IHibernationText | null {
@@ -77,12 +82,13 @@ function hibernationWords(report: IGpuReport, now: Date): IHibernationText | nul
   // the driver left the kernel's CUDA state FAILED: terminal, only a restart helps
   const lost = (report.kernels ?? []).find(k => k.hibernation?.state === 'failed');
   if (lost) {
+    const error = lost.hibernation?.restore_error ?? 'its state is FAILED';
     return {
       short: 'GPU state lost: restart the kernel',
-      sentence:
-        `The CUDA driver could not bring this kernel's GPU state back ` +
-        `(${lost.hibernation?.restore_error ?? 'its state is FAILED'}): its GPU data may be ` +
-        'lost. Restart the kernel to use the GPU again.',
+      sentence: error.startsWith("the kernel's GPU state was lost")
+        ? `The kernel's GPU state was lost: restart the kernel. (${error})`
+        : `The CUDA driver could not bring this kernel's GPU state back (${error}): ` +
+          'its GPU data may be lost. Restart the kernel to use the GPU again.',
       failed: true
     };
   }
@@ -102,12 +108,26 @@ function hibernationWords(report: IGpuReport, now: Date): IHibernationText | nul
   }
   const waiting = kernels.find(k => k.hibernation?.waiting_for_gpu);
   if (waiting) {
+    const h = waiting.hibernation!;
+    const since = h.waiting_since ? `, since ${formatClock(new Date(h.waiting_since), now)}` : '';
+    if (h.gpu_state_at_risk) {
+      return {
+        short: 'GPU restore refused: its state may be lost',
+        sentence:
+          'The CUDA driver refused to restore this kernel\'s GPU state for want of room; on ' +
+          'current drivers that can lose it (NVIDIA/cuda-checkpoint#44). One more restore is ' +
+          'tried when there is room; if it fails, restart the kernel.',
+        failed: true
+      };
+    }
     return {
       short: 'GPU full: waiting for room',
       sentence:
         'The GPU this notebook shares is full right now: the kernel waits while another ' +
         "notebook's idle kernel is swapped out to host memory, and your cell runs as soon as " +
-        'there is room. Nothing is lost.',
+        `there is room (${h.waiting_why ?? 'no room'}${since})` +
+        '. Its GPU state stays in host memory meanwhile: it is never restored into a full ' +
+        'GPU. Shutting down another of your own kernels makes room.',
       failed: false
     };
   }
@@ -119,7 +139,8 @@ function hibernationWords(report: IGpuReport, now: Date): IHibernationText | nul
       short: `GPU restore failed: retrying${retry}`,
       sentence:
         `The kernel's GPU state could not be restored yet (${h.restore_error ?? 'unknown'}); ` +
-        `retrying${retry}. Nothing is lost; restart the kernel to start over.`,
+        `retrying${retry}. The kernel is kept, its GPU state in host memory; restart the ` +
+        'kernel to start over.',
       failed: true
     };
   }

@@ -64,10 +64,21 @@ What each call does, and the line it models:
   sequence ends "CUDA driver APIs are unlocked" only at the unlock). "The GPU to restore onto
   needs to have enough memory" ([API]): when the GPU's free memory (memory_total_mib minus what
   its listed processes hold) is below what the process had, -> CUDA_ERROR_OUT_OF_MEMORY and
-  the process stays CHECKPOINTED (assumption: the docs do not say what a failed restore
-  leaves). `"restore_failures": n` fails the next n restores the same way (a co-tenant filled
-  the GPU meanwhile, without timing a second process). `"restore_leaves": "failed"` makes the
-  next restore fail and leave the process FAILED ([README] "Functionality", as above).
+  the process stays CHECKPOINTED ([#44]). `"restore_failures": n` fails the next n restores
+  the same way (a co-tenant filled the GPU meanwhile, without timing a second process).
+  After such a refusal the process is lost for good, as [#44] reports on driver 580.95.05 /
+  CUDA 13.0 (NVIDIA/cuda-checkpoint#44, "Restore permanently fails after initial OOM - process
+  stuck in CHECKPOINTED state": "all subsequent restore attempts fail with
+  CUDA_ERROR_OPERATING_SYSTEM (304) - even after freeing GPU memory ... unlock returns
+  CUDA_ERROR_ILLEGAL_STATE (401). The only option is to kill the process"): every later
+  restore returns CUDA_ERROR_OPERATING_SYSTEM, room or not, GetState still answers
+  CHECKPOINTED, unlock CUDA_ERROR_ILLEGAL_STATE (it is not LOCKED), and the process's own CUDA
+  calls block for ever. The issue is open and names no fixed driver: modelled on every
+  driver version. `"restore_transient": n` fails the next n restores with
+  CUDA_ERROR_NOT_READY, the process staying CHECKPOINTED and restorable (assumption: a
+  stand-in for a failure that passes; the docs name none). `"restore_leaves": "failed"` makes
+  the next restore fail and leave the process FAILED ([README] "Functionality", as above).
+  Each restore called is counted in the process's `"restore_calls"` (tests).
 - cuCheckpointProcessUnlock: LOCKED -> RUNNING ([API]: "Process must be in the LOCKED state.
   Upon successful return the process will be in the RUNNING state"); `"unlock_failures": n`
   fails the next n unlocks with CUDA_ERROR_NOT_SUPPORTED, the process staying LOCKED
@@ -102,6 +113,7 @@ class CUresult(enum.IntEnum):
     CUDA_ERROR_OUT_OF_MEMORY = 2
     CUDA_ERROR_NOT_INITIALIZED = 3
     CUDA_ERROR_NO_DEVICE = 100
+    CUDA_ERROR_OPERATING_SYSTEM = 304
     CUDA_ERROR_ILLEGAL_STATE = 401
     CUDA_ERROR_NOT_READY = 600
     CUDA_ERROR_NOT_PERMITTED = 800
@@ -300,14 +312,20 @@ def cuCheckpointProcessCheckpoint(pid: int, args: _Args | None) -> tuple:  # noq
 
 def cuCheckpointProcessRestore(pid: int, args: _Args | None) -> tuple:  # noqa: N802
     def act(data, p, dev, is_mig):
+        p["restore_calls"] = int(p.get("restore_calls", 0)) + 1
         if p.get("restore_leaves") == "failed":
             p.pop("restore_leaves")
             p["cuda_state"] = "failed"
             return CUresult.CUDA_ERROR_NOT_SUPPORTED
+        if p.get("restore_oom"):  # #44: lost since an earlier restore ran out of memory
+            return CUresult.CUDA_ERROR_OPERATING_SYSTEM
+        if _countdown(p, "restore_transient"):
+            return CUresult.CUDA_ERROR_NOT_READY  # stays CHECKPOINTED, restorable: assumption
         held = sum(q.get("memory_mib", 0) for q in dev.get("processes", []))
         free = float(dev.get("memory_total_mib", 81559)) - held
         if _countdown(p, "restore_failures") or free < float(p.get("host_mib", 0)):
-            return CUresult.CUDA_ERROR_OUT_OF_MEMORY  # stays CHECKPOINTED: assumption
+            p["restore_oom"] = True  # stays CHECKPOINTED, and lost (#44)
+            return CUresult.CUDA_ERROR_OUT_OF_MEMORY
         _copy_pause(data, p.get("host_mib", 0))
         p["memory_mib"], p["host_mib"] = p.get("host_mib", 0), 0
         return None

@@ -1,0 +1,64 @@
+"""Which waiting resumes may restore now (pure): the culler's grants of room on one GPU.
+
+A hibernated kernel's state is restored only into room on the physical GPU (serverext/room.py):
+on current drivers a restore refused for want of room loses it for good (NVIDIA/cuda-checkpoint
+#44). The servers on a GPU cannot see each other; the culler sees all of them, so on an
+over-committed pool, and wherever HAMi-core virtualises the pods' NVML, the room is the
+culler's to give. The rule, per GPU:
+
+- on the GPU now: the larger of the servers' resident memory (each bounded by its slice, a
+  server without a fresh report counted at its slice: pressure.resident_of) and the highest
+  device reading a fresh report gives (what NVML of the whole device shows, a kernel above its
+  slice included; a virtualised reading is smaller, never larger, than the truth);
+- room: the GPU's size less that, less the grants still in force (granted, not yet seen back);
+- the waiting kernels, oldest wait first, are granted while they fit. The first that does not
+  fit stops the walk (a large kernel is not overtaken for ever by small ones) unless it asks
+  for more than its slice: such a claim waits for room without holding up the others.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+
+#: how long a grant holds its room (the server restores at once; its next report shows it)
+GRANT_SECONDS = 30.0
+
+Key = tuple[str, str, str]  # (user, server, kernel id)
+
+
+@dataclass(frozen=True)
+class Waiter:
+    """A kernel of `user`/`server` waiting to resume on the GPU."""
+
+    user: str
+    server: str
+    kernel_id: str
+    mib: float
+    since: float
+    cap_mib: float  # its server's slice
+
+    @property
+    def key(self) -> Key:
+        return (self.user, self.server, self.kernel_id)
+
+
+def plan_grants(
+    size_mib: float, on_gpu_mib: float, waiters: Iterable[Waiter], granted: Mapping[Key, float]
+) -> list[Key]:
+    """The waiting kernels that may restore now: grants in force first, then new ones in the
+    order of their wait, as the module says."""
+    waiters = sorted(waiters, key=lambda w: (w.since, w.user, w.server, w.kernel_id))
+    live = {w.key for w in waiters}
+    room = size_mib - on_gpu_mib - sum(m for k, m in granted.items() if k in live)
+    out = [w.key for w in waiters if w.key in granted]
+    for w in waiters:
+        if w.key in granted:
+            continue
+        need = min(max(w.mib, 0.0), size_mib)
+        if need <= room:
+            out.append(w.key)
+            room -= need
+        elif need <= w.cap_mib:
+            break  # first come, first served
+    return out

@@ -1,0 +1,203 @@
+"""Never restore into a full GPU, and never lose a kernel to a failed restore without saying so
+(issue 36, item 1). The fake driver follows NVIDIA/cuda-checkpoint#44 (driver 580.95.05, CUDA
+13.0): after a restore refused with CUDA_ERROR_OUT_OF_MEMORY every later restore fails with
+CUDA_ERROR_OPERATING_SYSTEM (304), unlock with ILLEGAL_STATE, and only killing the process helps.
+
+In process, as the server wires them (serverext/__init__.py): the Hibernator with the fake
+driver, the SwapAgent giving it the room on the GPU (room.py), and a monitor whose reading of
+the device is the fake GPU's (what NVML shows: its size and what its processes hold).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+
+from fracspawner.serverext.hibernate import GPU_FULL, LOST
+from fracspawner.serverext.room import room_for, virtualised_nvml
+from fracspawner.serverext.swap import SwapAgent
+from tests.test_hibernation import GIB, cuda_state
+from tests.test_hibernation_driver import (  # noqa: F401 (fixtures)
+    add_process,
+    fake,
+    hibernator,
+    set_process,
+    sleeper,
+    suspend,
+)
+
+
+class LiveMonitor:
+    """The parts of GpuMonitor the agent uses; its reading is the fake GPU's, as NVML shows it
+    (or, under HAMi-core, as the pod's virtualised NVML would: `reading` overrides it)."""
+
+    def __init__(self, hib, state: Path, kernels: set[str]) -> None:
+        self.hibernator, self.state, self.kernels = hib, state, kernels
+        self.reading: tuple[float, float] | None = None
+
+    @property
+    def sample(self):
+        gpu = json.loads(self.state.read_text())["gpus"][0]
+        total = float(gpu["memory_total_mib"])
+        used = sum(float(p.get("memory_mib", 0)) for p in gpu["processes"])
+        total, used = self.reading or (total, used)
+        device = SimpleNamespace(uuid="GPU-1", memory_total_mib=total, memory_used_mib=used)
+        return SimpleNamespace(devices=[device])
+
+    def _kernel_ids(self) -> set[str]:
+        return set(self.kernels)
+
+    async def hibernate_now(self, kernel_id: str, reason: str) -> str:
+        return "running"
+
+
+def restore_calls(state: Path, pid: int) -> int:
+    gpu = json.loads(state.read_text())["gpus"][0]
+    return next(int(p.get("restore_calls", 0)) for p in gpu["processes"] if p["pid"] == pid)
+
+
+async def until(check, what: str, timeout: float = 20.0) -> None:
+    """Wait for a condition; the bound only ends a failing test."""
+    for _ in range(int(timeout / 0.02)):
+        if check():
+            return
+        await asyncio.sleep(0.02)
+    raise AssertionError(f"timed out waiting for {what}")
+
+
+@pytest.fixture
+def plain(monkeypatch):
+    """A pool that does not over-commit, NVML not virtualised."""
+    monkeypatch.delenv("FRACSPAWNER_GPU_OVERCOMMIT", raising=False)
+    for key in [k for k in os.environ if k.startswith("CUDA_DEVICE_MEMORY_LIMIT")]:
+        monkeypatch.delenv(key)
+    monkeypatch.delenv("LD_PRELOAD", raising=False)
+
+
+def wired(state: Path, cgroup: Path, **traits):
+    hib = hibernator(cgroup, room_poll=0.05, wait_bound=3600, **traits)
+    monitor = LiveMonitor(hib, state, {"k"})
+    soon: list[float] = []
+    agent = SwapAgent(monitor, soon.append, room_check=0.05, restore_margin_mib=512)
+    told: list[str] = []
+    hib.on_restore_failed.append(lambda kid, text: told.append(text))
+    return hib, monitor, agent, soon, told
+
+
+async def test_44_no_restore_is_tried_into_a_full_gpu_and_the_kernel_survives(fake, sleeper, plain):  # noqa: F811 (the fixtures)
+    """Today the restore is tried at once, refused for want of room, and every later one answers
+    304 (#44): the kernel is lost while the cell says nothing is lost. Now it waits for room by
+    NVML of the device (not virtualised here), and is restored once, when there is room."""
+    state, cgroup = fake
+    pid = sleeper.pid
+    hib, _monitor, agent, soon, told = wired(state, cgroup)
+    add_process(state, pid, 4 * GIB)
+    assert await suspend(hib, "k", pid, 4 * GIB) == "hibernated"
+    add_process(state, os.getpid(), 8 * GIB)  # a co-tenant takes the freed memory: 2 GiB free
+    task = hib.resume("k", "a message to the kernel")
+    await until(lambda: hib.kernel_json("k")["waiting_for_gpu"], "the resume waiting")
+    await asyncio.sleep(0.3)
+    assert restore_calls(state, pid) == 0, "a restore was tried into a full GPU (#44: lost)"
+    assert cuda_state(state, pid) == "checkpointed"
+    # the user is told it waits and why; the culler hears of the demand at once
+    assert told and "no room on the GPU" in told[0] and "Nothing is lost" not in told[0]
+    assert 0.0 in soon and agent.extend({})["swap"]["waiting"][0]["kernel_id"] == "k"
+    h = hib.kernel_json("k")
+    assert h["state"] == "hibernated" and "2 GiB of the GPU's 10 GiB is free" in h["waiting_why"]
+    set_process(state, os.getpid(), memory_mib=2 * GIB)  # the co-tenant shrinks: room
+    assert await asyncio.wait_for(task, 20) is True
+    assert cuda_state(state, pid) == "running" and restore_calls(state, pid) == 1
+    assert agent.extend({})["swap"]["waiting"] == []
+    assert not hib.kernel_json("k")["waiting_for_gpu"]
+
+
+async def test_44_a_refusal_anyway_is_told_at_once_and_its_304_is_final(fake, sleeper, plain):  # noqa: F811 (the fixtures)
+    """NVML showed room but the driver refused (a reading overtaken): the user is told at once,
+    never "Nothing is lost"; the one more try answers 304 (#44) and the kernel is marked lost:
+    told, nothing retries it."""
+    state, cgroup = fake
+    pid = sleeper.pid
+    hib, _monitor, agent, _soon, told = wired(state, cgroup)
+    add_process(state, pid, 2 * GIB)
+    assert await suspend(hib, "k", pid, 2 * GIB) == "hibernated"
+    set_process(state, pid, restore_failures=1)
+    task = hib.resume("k", "a message to the kernel")
+    assert await asyncio.wait_for(task, 20) is False
+    assert all("Nothing is lost" not in t for t in told), told
+    assert "CUDA_ERROR_OUT_OF_MEMORY" in told[0] and "NVIDIA/cuda-checkpoint#44" in told[0]
+    assert f"{LOST}" in told[-1] and "CUDA_ERROR_OPERATING_SYSTEM" in told[-1]
+    h = hib.kernel_json("k")
+    assert h["state"] == "failed" and h["reason"].startswith(LOST) and h["next_retry"] is None
+    assert restore_calls(state, pid) == 2
+    # marked: nothing retries it, it is no demand, and it is never hibernated again
+    assert hib.resume("k", "again") is None
+    assert agent.extend({})["swap"]["waiting"] == []
+    await asyncio.sleep(0.3)
+    assert restore_calls(state, pid) == 2
+    assert await suspend(hib, "k", pid, 2 * GIB) == "failed"
+
+
+async def test_hami_only_the_cullers_grant_counts(fake, sleeper, plain, monkeypatch):  # noqa: F811 (the fixtures)
+    """Under HAMi-core the pod's NVML is its own limit and usage: it shows room while the GPU
+    is full. Only the culler's grant lets the restore go."""
+    state, cgroup = fake
+    monkeypatch.setenv("CUDA_DEVICE_MEMORY_LIMIT_0", "4096m")
+    pid = sleeper.pid
+    hib, monitor, agent, soon, told = wired(state, cgroup)
+    assert agent.grant_only and "HAMi-core" in agent.grant_only
+    add_process(state, pid, 2 * GIB)
+    assert await suspend(hib, "k", pid, 2 * GIB) == "hibernated"
+    add_process(state, os.getpid(), 9 * GIB)  # the physical GPU is full
+    monitor.reading = (4096.0, 0.0)  # the pod's virtualised view: all its 4 GiB free
+    task = hib.resume("k", "a message to the kernel")
+    await until(lambda: hib.kernel_json("k")["waiting_for_gpu"], "the resume waiting")
+    await asyncio.sleep(0.3)
+    assert restore_calls(state, pid) == 0 and 0.0 in soon
+    assert "waits for the culler" in hib.kernel_json("k")["waiting_why"]
+    # the culler says it waits (the GPU is full): the cell is told once
+    agent.on_answer({"swap": {"wait": [{"kernel_id": "k"}], "report_in": 5}})
+    agent.on_answer({"swap": {"wait": [{"kernel_id": "k"}], "report_in": 5}})
+    assert told.count(GPU_FULL) <= 1 and len(told) == 1
+    # it made room and grants it: restored at once
+    set_process(state, os.getpid(), memory_mib=2 * GIB)
+    agent.on_answer({"swap": {"resume": [{"kernel_id": "k", "gpu_memory_mib": 2 * GIB}]}})
+    assert await asyncio.wait_for(task, 20) is True
+    assert cuda_state(state, pid) == "running" and restore_calls(state, pid) == 1
+
+
+async def test_a_long_wait_tells_the_user_how_long_why_and_what_they_can_do(fake, sleeper, plain):  # noqa: F811 (the fixtures)
+    state, cgroup = fake
+    pid = sleeper.pid
+    hib, _monitor, _agent, _soon, told = wired(state, cgroup)
+    hib.wait_bound = 0.3
+    add_process(state, pid, 4 * GIB)
+    assert await suspend(hib, "k", pid, 4 * GIB) == "hibernated"
+    add_process(state, os.getpid(), 8 * GIB)
+    task = hib.resume("k", "a message to the kernel")
+    await until(lambda: len(told) >= 2, "the escalation")
+    assert "has waited" in told[1] and "min for room on the GPU" in told[1]
+    assert "2 GiB of the GPU's 10 GiB is free" in told[1]
+    assert "shut down another of your own kernels" in told[1]
+    assert restore_calls(state, pid) == 0
+    hib.forget("k")
+    with pytest.raises(asyncio.CancelledError):
+        await task
+
+
+def test_room_rules():
+    grant = {"granted_mib": None, "devices": [(10240.0, 4096.0)], "grant_only": None}
+    assert room_for(4096, margin_mib=512, **grant).ok
+    assert not room_for(6000, margin_mib=512, **grant).ok  # 6144 free, not with the margin
+    assert not room_for(1, margin_mib=0, **{**grant, "devices": None}).ok
+    two = [(10240.0, 0.0), (10240.0, 0.0)]
+    assert not room_for(1, margin_mib=0, **{**grant, "devices": two}).ok
+    assert not room_for(1, margin_mib=0, **{**grant, "grant_only": "over-committed"}).ok
+    assert room_for(4096, margin_mib=0, **{**grant, "grant_only": "x", "granted_mib": 4096}).ok
+    assert virtualised_nvml({"CUDA_DEVICE_MEMORY_LIMIT_0": "4096m"}, "/nonexistent")
+    assert virtualised_nvml({"LD_PRELOAD": "/usr/local/vgpu/libvgpu.so"}, "/nonexistent")
+    assert virtualised_nvml({}, "/nonexistent") is None
