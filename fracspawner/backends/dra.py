@@ -425,7 +425,10 @@ class DraCounter(SummedCounter):
         total = fit_node(devices, self.request, empty=True)
         if not total:
             return None  # this node has no device of the pool's kind
-        return NodeCount(fit_node(devices, self.request), total)
+        held = sum(
+            len(devices.held.get(d.key) or ()) for d in devices.devices if self.request.matches(d)
+        )
+        return NodeCount(fit_node(devices, self.request), total, held=held)
 
     def note_for(self, tally: Tally) -> str:
         return self.note

@@ -39,6 +39,9 @@ class OfferCapacity:
     free: int | None  # None: unknown
     total: int | None
     note: str = ""
+    #: slices (claims, pods) holding the devices that serve it, where the count knows: with
+    #: slices of several sizes, one may take the room of many (None: not counted)
+    held: int | None = None
 
 
 UNKNOWN = OfferCapacity(None, None)
@@ -61,6 +64,8 @@ class NodeCount:
     total: int
     #: some pods' placement on devices was guessed (HAMi pods without its annotation)
     estimated: bool = False
+    #: slices holding this node's devices that serve the offer (None: not counted)
+    held: int | None = None
 
 
 @dataclass
@@ -72,6 +77,8 @@ class Tally:
     free: int = 0
     total: int = 0
     estimated: int = 0
+    held: int = 0
+    held_counted: int = 0  # nodes whose count said what is held
 
     def add(self, count: NodeCount | None, sign: int = 1) -> None:
         """Add (sign 1) or take away (sign -1) one serving node's contribution."""
@@ -81,6 +88,9 @@ class Tally:
             self.free += sign * count.free
             self.total += sign * count.total
             self.estimated += sign * int(count.estimated)
+            if count.held is not None:
+                self.held += sign * count.held
+                self.held_counted += sign
 
 
 class OfferCounter:
@@ -117,7 +127,9 @@ class SummedCounter(OfferCounter):
     def result(self, tally: Tally) -> OfferCapacity:
         if not tally.seen:
             return OfferCapacity(None, None, self.unseen)
-        return OfferCapacity(min(tally.free, tally.total), tally.total, self.note_for(tally))
+        held = tally.held if tally.held_counted == tally.seen else None
+        free = min(tally.free, tally.total)
+        return OfferCapacity(free, tally.total, self.note_for(tally), held=held)
 
 
 def _extended(amounts: Mapping[str, Any]) -> dict[str, Decimal]:

@@ -320,7 +320,8 @@ class ReservedCapacity:
         if not taken:
             return counts
         note = f"{taken} being started" if not counts.note else f"{counts.note}; {taken} starting"
-        return OfferCapacity(max(counts.free - taken, 0), counts.total, note)
+        held = getattr(counts, "held", None)
+        return OfferCapacity(max(counts.free - taken, 0), counts.total, note, held)
 
 
 def _pod_facts(pod: Any) -> tuple[str, bool, Mapping[str, Any]]:

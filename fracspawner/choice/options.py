@@ -248,9 +248,15 @@ def resolve_choice(
     if free == 0 and admission == "refuse":
         total = capacity.get(pool.name, str(offer)).total
         room = None if admin else quota_left(rule, used_gpu)
+        held = getattr(capacity.get(pool.name, str(offer)), "held", None)
+        taken = (
+            f"all {total} are taken"
+            if held is None or total is None or held >= total
+            else f"{held} held there take{'s' if held == 1 else ''} the room of all {total}"
+        )
         raise OptionsError(
             f"No {describe_offer(offer)} is free on {pool.display_name} right now "
-            f"(all {total} are taken). "
+            f"({taken}). "
             + free_elsewhere(catalog, may_use, capacity, wanted=(pool, offer), room=room)
         )
     return Choice(requested, pool, image, plan, offer)
