@@ -1468,6 +1468,70 @@ def test_network_policies_cover_every_workload_and_allow_what_it_needs(rendered_
             assert "hub.jupyter.org/network-access-hub" not in labels
 
 
+#: the DNS egress z2jh's NetworkPolicies allow by default (hub/singleuser/proxy
+#: networkPolicy.egressAllowRules: jupyterhub/templates/_helpers-netpol.tpl
+#: "jupyterhub.networkPolicy.renderEgressRules"), keyed as z2jh's values name them
+Z2JH_DNS_PEERS = {
+    "dnsPortsKubeSystemNamespace": [
+        {"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "kube-system"}}}
+    ],
+    "dnsPortsCloudMetadataServer": [{"ipBlock": {"cidr": "169.254.169.254/32"}}],
+    "dnsPortsPrivateIPs": [
+        {"ipBlock": {"cidr": "10.0.0.0/8"}},
+        {"ipBlock": {"cidr": "172.16.0.0/12"}},
+        {"ipBlock": {"cidr": "192.168.0.0/16"}},
+    ],
+}
+
+
+def dns_peers(policy: dict) -> list[dict]:
+    """The peers of a NetworkPolicy's egress rule to port 53 ([] without one)."""
+    rules = [r for r in policy["spec"].get("egress") or []
+             if {p["port"] for p in r.get("ports") or []} == {53}]  # fmt: skip
+    assert len(rules) <= 1
+    if rules:
+        assert rules[0]["ports"] == [
+            {"port": 53, "protocol": "UDP"},
+            {"port": 53, "protocol": "TCP"},
+        ]
+    return rules[0]["to"] if rules else []
+
+
+def test_dns_egress_goes_where_z2jhs_does(rendered_objects):
+    """Issue 34 item 11: on GKE with Cloud DNS pods resolve through the metadata server
+    (169.254.169.254), and node-local DNS caches answer at node or private addresses: DNS
+    egress only to kube-system pods leaves the service and the culler unable to resolve
+    `hub`. Every egress policy allows DNS where z2jh's own policies do, by default, under
+    z2jh's names (networkPolicy.dns), each of which can be turned off."""
+    from tests.z2jh_support import Z2JH_DEFAULTS
+
+    rules = Z2JH_DEFAULTS["singleuser"]["networkPolicy"]["egressAllowRules"]
+    dns = yaml.safe_load((CHART / "values.yaml").read_text())["networkPolicy"]["dns"]
+    assert {k: dns[k] for k in Z2JH_DNS_PEERS} == {k: rules[k] for k in Z2JH_DNS_PEERS}
+    assert dns["cloudMetadataIp"] == Z2JH_DEFAULTS["singleuser"]["cloudMetadata"]["ip"]
+    everywhere = [peer for peers in Z2JH_DNS_PEERS.values() for peer in peers]
+    policies = [p for p in by_kind(rendered_objects["all-on"], "NetworkPolicy")
+                if "Egress" in p["spec"]["policyTypes"] and p["spec"].get("egress")]  # fmt: skip
+    assert len(policies) >= 4
+    for policy in policies:
+        if policy["metadata"]["name"].endswith("singleuser-egress"):
+            assert dns_peers(policy) == []  # z2jh's own singleuser policy allows DNS there
+            continue
+        assert dns_peers(policy) == everywhere, policy["metadata"]["name"]
+    for key in Z2JH_DNS_PEERS:
+        off = {"networkPolicy": {"dns": {key: False}}}
+        policy = one(objects(render(_deep_merge(ALL_ON, off))), "NetworkPolicy", "culler")
+        assert dns_peers(policy) == [
+            peer for k, peers in Z2JH_DNS_PEERS.items() if k != key for peer in peers
+        ], key
+    none = {"networkPolicy": {"dns": dict.fromkeys(Z2JH_DNS_PEERS, False)}}
+    assert dns_peers(one(objects(render(none)), "NetworkPolicy", "culler")) == []
+    # another metadata address (z2jh: singleuser.cloudMetadata.ip)
+    moved = {"networkPolicy": {"dns": {"cloudMetadataIp": "169.254.169.253"}}}
+    peers = dns_peers(one(objects(render(moved)), "NetworkPolicy", "culler"))
+    assert {"ipBlock": {"cidr": "169.254.169.253/32"}} in peers
+
+
 def test_kubeflow_culler_egress_follows_its_sources():
     """No Prometheus and no status URLs: its NetworkPolicy lets it reach DNS and the API only."""
     objs = objects(render({"kubeflowCuller": {"enabled": True, "statusUrl": ""}}))
@@ -1548,7 +1612,7 @@ def test_network_policies_are_narrow_by_default_and_say_what_they_could_not_narr
         if p["metadata"]["name"].endswith("webhook")
     ]
     blocks = [peer["ipBlock"]["cidr"] for rule in webhook["spec"]["egress"] for peer in rule["to"]
-              if "ipBlock" in peer]  # fmt: skip
+              if "ipBlock" in peer and rule["ports"][0]["port"] != 53]  # fmt: skip
     assert blocks == ["10.0.0.1/32"]
 
 

@@ -251,14 +251,34 @@ tests check it against the product's own function for every offer of every examp
 
 {{/* NetworkPolicy egress rules shared by the workloads. */}}
 {{- define "fracspawner.netpol.dnsEgress" -}}
+{{- if or .dnsPortsKubeSystemNamespace .dnsPortsCloudMetadataServer .dnsPortsPrivateIPs }}
+# DNS, where z2jh's policies allow it (networkPolicy.dns; z2jh's
+# jupyterhub/templates/_helpers-netpol.tpl, egressAllowRules.dnsPorts*)
 - to:
+    {{- if .dnsPortsKubeSystemNamespace }}
     - namespaceSelector:
         {{- toYaml .namespaceSelector | nindent 8 }}
+    {{- end }}
+    {{- if .dnsPortsCloudMetadataServer }}
+    # the cloud metadata server (GKE Cloud DNS)
+    - ipBlock:
+        cidr: {{ .cloudMetadataIp }}/32
+    {{- end }}
+    {{- if .dnsPortsPrivateIPs }}
+    # private addresses (node-local DNS caches, a DNS Service's address)
+    - ipBlock:
+        cidr: 10.0.0.0/8
+    - ipBlock:
+        cidr: 172.16.0.0/12
+    - ipBlock:
+        cidr: 192.168.0.0/16
+    {{- end }}
   ports:
     {{- range .ports }}
     - {port: {{ . }}, protocol: UDP}
     - {port: {{ . }}, protocol: TCP}
     {{- end }}
+{{- end }}
 {{- end }}
 {{- /*
 Where the Kubernetes API server is, as JSON {cidrs, ports, found}: networkPolicy.kubeApi.cidrs
