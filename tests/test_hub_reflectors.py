@@ -117,7 +117,13 @@ async def test_the_pod_reflector_lists_once_and_resumes_where_kubespawners_relis
         want = await _api_pods(core)
         await _until(lambda: set(ours.pods) == want, "the view holds what the API holds")
         assert want == {"default/b", "default/c"}
-        assert all("managedFields" not in p["metadata"] for p in ours.pods.values())
+        # what the hub keeps of a pod is what kubespawner and FracSpawner read of it
+        kept = ours.pods["default/b"]
+        assert set(kept["spec"]) <= {"containers", "nodeName"}
+        assert kept["spec"]["containers"] == [{"name": "notebook", "ports": []}]
+        assert set(kept["status"]) <= {"phase", "podIP", "containerStatuses"}
+        assert kept["status"]["phase"] == "Pending" and kept["metadata"]["uid"]
+        assert "managedFields" not in kept["metadata"]
     finally:
         await theirs.stop()
         await ours.stop()

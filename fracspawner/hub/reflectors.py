@@ -10,8 +10,10 @@ while nothing changes; it lists again only when the API server says the version 
 ListAndWatch / watchHandler). These reflectors do the same.
 
 What kubespawner reads stays as it is: `pods` / `events` / `resources` keyed "namespace/name",
-`first_load_future`, `start()` / `stop()`. Each kept object drops `metadata.managedFields`,
-which kubespawner never reads (a third of a pod's JSON on a real API server).
+`first_load_future`, `start()` / `stop()`. A kept pod holds only the fields kubespawner and
+FracSpawner read (`slim_pod`: is_pod_running, poll, _get_pod_port/_get_pod_url, the queue
+check), unless the admin configured a `get_pod_url` hook, which may read any field: then whole
+pods are kept, less `metadata.managedFields`, which nothing reads. Events drop managedFields.
 
 Unlike kubespawner's, the loop never gives up: errors are retried with capped, jittered
 backoff as client-go does (800 ms doubling to 30 s). kubespawner calls `on_failure` after about
@@ -47,6 +49,40 @@ def slim(obj: dict[str, Any]) -> dict[str, Any]:
     return obj
 
 
+_POD_METADATA = ("name", "namespace", "uid", "resourceVersion", "deletionTimestamp")
+_CONTAINER_STATUS = ("name", "ready", "state", "restartCount")
+
+
+def slim_pod(pod: dict[str, Any]) -> dict[str, Any]:
+    """What kubespawner (KubeSpawner.poll, is_pod_running, _get_pod_port, _get_pod_url,
+    _start's uid) and FracSpawner (the queue: phase, nodeName) read of a pod, in the API's
+    shape; labels and annotations are kept for admins' code that looks at the reflector."""
+    metadata = pod.get("metadata") or {}
+    spec = pod.get("spec") or {}
+    status = pod.get("status") or {}
+    kept_metadata = {k: metadata[k] for k in _POD_METADATA if k in metadata}
+    for key in ("labels", "annotations"):
+        if metadata.get(key):
+            kept_metadata[key] = metadata[key]
+    kept_spec: dict[str, Any] = {
+        "containers": [
+            {"name": c.get("name"), "ports": c.get("ports") or []}
+            for c in spec.get("containers") or []
+        ]
+    }
+    if "nodeName" in spec:
+        kept_spec["nodeName"] = spec["nodeName"]
+    kept_status: dict[str, Any] = {
+        "phase": status.get("phase"),
+        "podIP": status.get("podIP"),  # kubespawner reads it even before one is given
+    }
+    if "containerStatuses" in status:
+        kept_status["containerStatuses"] = [
+            {k: c[k] for k in _CONTAINER_STATUS if k in c} for c in status["containerStatuses"]
+        ]
+    return {"metadata": kept_metadata, "spec": kept_spec, "status": kept_status}
+
+
 def _key(obj: dict[str, Any]) -> str:
     metadata = obj.get("metadata") or {}
     return f"{metadata.get('namespace')}/{metadata.get('name')}"
@@ -73,6 +109,10 @@ class ResumingReflector(ResourceReflector):
 
     _listed_version: str | None = None
 
+    def keep(self, obj: dict[str, Any]) -> dict[str, Any]:
+        """What is kept of a listed or watched object."""
+        return slim(obj)
+
     async def _list_and_update(self, resource_version: str | None = None) -> str:
         """kubespawner's list, with what is kept slimmed; remembers the version so the watch
         loop that `start()` launches resumes from it instead of listing again."""
@@ -92,7 +132,7 @@ class ResumingReflector(ResourceReflector):
             raise client.ApiException(status=response.status, reason=response.reason)
         listing = json.loads(body)
         # one assignment: readers never see a half-built dictionary
-        self.resources = {_key(item): slim(item) for item in listing.get("items") or []}
+        self.resources = {_key(item): self.keep(item) for item in listing.get("items") or []}
         self.lists += 1
         if not self.first_load_future.done():
             self.first_load_future.set_result(None)
@@ -101,7 +141,7 @@ class ResumingReflector(ResourceReflector):
         return version
 
     def _put(self, obj: dict[str, Any]) -> None:
-        self.resources[_key(obj)] = slim(obj)
+        self.resources[_key(obj)] = self.keep(obj)
 
     def _drop(self, obj: dict[str, Any]) -> None:
         self.resources.pop(_key(obj), None)
@@ -174,7 +214,13 @@ class ResumingReflector(ResourceReflector):
 
 
 class ResumingPodReflector(ResumingReflector, PodReflector):
-    """kubespawner's PodReflector (`pods`), resumed instead of re-listed."""
+    """kubespawner's PodReflector (`pods`), resumed instead of re-listed, keeping slim pods."""
+
+    def keep(self, obj: dict[str, Any]) -> dict[str, Any]:
+        # an admin's get_pod_url hook may read any field of the pod: keep it whole then
+        if getattr(self.parent, "get_pod_url", None):
+            return slim(obj)
+        return slim_pod(obj)
 
 
 class ResumingEventReflector(ResumingReflector, EventReflector):
