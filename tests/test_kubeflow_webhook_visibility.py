@@ -11,7 +11,9 @@ What is modelled, and from where:
   honoured in unprivileged containers by default (api/config/v1/config.go GetDefault:
   AcceptEnvvarUnprivileged, `accept-nvidia-visible-devices-envvar-when-unprivileged`, true), so
   a container holding no GPU resource that sets it sees those GPUs. A container holding a GPU
-  resource gets the device plugin's value over its own (NVIDIA/nvidia-container-toolkit#27);
+  resource gets the device plugin's value over its image's (NVIDIA/nvidia-container-toolkit#27),
+  but not over its own env, which the kubelet appends after the plugin's (issue 34:
+  tests/test_kubeflow_webhook_gpu_env.py);
 - the kubelet's env for a container (`kubelet_env`): envFrom sources first, then `env`, a later
   value replacing an earlier one ("Values defined by an Env with a duplicate key will take
   precedence", k8s.io/api core/v1 Container.EnvFrom; pkg/kubelet/kubelet_pods.go
