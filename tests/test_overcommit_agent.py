@@ -112,6 +112,7 @@ async def test_a_resume_on_a_full_gpu_waits_for_the_cullers_grant_and_says_so_on
     hib = Hibernator(driver=driver, retry_first=3600.0, room_poll=3600.0)
     monitor = Monitor(hib, {"k1"})
     monitor.sample.devices[0].memory_used_mib = 0.0  # NVML shows room: not enough here
+    hib.room_poll = 0.05
     soon: list[float] = []
     agent = SwapAgent(monitor, soon.append, room_check=0.05)
     told: list[str] = []
@@ -127,9 +128,15 @@ async def test_a_resume_on_a_full_gpu_waits_for_the_cullers_grant_and_says_so_on
     agent.on_answer({"swap": {"wait": [{"kernel_id": "k1"}], "report_in": 5}})
     agent.on_answer({"swap": {"wait": [{"kernel_id": "k1"}, {"kernel_id": "other"}]}})
     assert told == [GPU_FULL]
-    # another kernel was swapped out: the culler grants the room, the restore goes on
-    driver.full = False
+    # the culler grants room, but this pod's NVML (not virtualised) shows the GPU full: the
+    # swap that makes the room has not landed, so the restore still waits
+    monitor.sample.devices[0].memory_used_mib = 15360.0
     agent.on_answer({"swap": {"resume": [{"kernel_id": "k1", "gpu_memory_mib": 3840.0}]}})
+    await asyncio.sleep(0.3)
+    assert driver.restores == 0 and not task.done()
+    # another kernel was swapped out: the reading shows the room, the restore goes on
+    driver.full = False
+    monitor.sample.devices[0].memory_used_mib = 15360.0 - 3840.0
     await asyncio.wait_for(task, 30)
     assert hib.kernels["k1"].state == "running" and told == [GPU_FULL]
     assert driver.restores == 1

@@ -7,9 +7,11 @@ over-committed pool, and wherever HAMi-core virtualises the pods' NVML, the room
 culler's to give. The rule, per GPU:
 
 - on the GPU now: the larger of the servers' resident memory (each bounded by its slice, a
-  server without a fresh report counted at its slice: pressure.resident_of) and the highest
+  server without a fresh report counted at its slice: pressure.resident_of) and the smallest
   device reading a fresh report gives (what NVML of the whole device shows, a kernel above its
-  slice included; a virtualised reading is smaller, never larger, than the truth);
+  slice included; the smallest, since readings of different moments disagree around a swap
+  and one server's word must not hold the room; the server itself restores only once its own
+  reading shows the room, where NVML is not virtualised: serverext/room.py);
 - room: the GPU's size less that, less the grants still in force (granted, not yet seen back);
 - the waiting kernels, oldest wait first, are granted while they fit. The first that does not
   fit stops the walk (a large kernel is not overtaken for ever by small ones) unless it asks

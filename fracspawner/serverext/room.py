@@ -11,7 +11,9 @@ memory is free, with a margin:
 - a grant from the culler, which sees every server on the GPU (culler/swapdesk.py): the one
   source on an over-committed pool, where several servers wait for the same room and NVML,
   read by each at its own moment, would let two restores into room for one; and under
-  HAMi-core, whose NVML is virtualised (the pod's own limit and usage, not the GPU's);
+  HAMi-core, whose NVML is virtualised (the pod's own limit and usage, not the GPU's). Where
+  NVML is not virtualised, a grant goes only once the pod's own reading shows the room too
+  (the swap that made it has landed; a culler misled by a report is not enough);
 - elsewhere, NVML of the device, when the pod sees exactly one device: its total minus its used
   memory, less `margin_mib`, must cover what the kernel held.
 
@@ -66,14 +68,22 @@ def room_for(
     devices: list[tuple[float, float]] | None,
     grant_only: str | None,
     margin_mib: float,
+    virtualised: bool = False,
 ) -> Room:
     """May `need_mib` be restored now?
 
     `granted_mib`: what the culler granted this kernel (None: no grant in force); `devices`:
     (total, used) MiB of each device by the pod's latest NVML reading (None: no reading);
-    `grant_only`: why only a grant counts here (over-commit, virtualised NVML), or None."""
+    `grant_only`: why only a grant counts here (over-commit, virtualised NVML), or None;
+    `virtualised`: the readings are the pod's own (HAMi-core), not the GPU's."""
     if granted_mib is not None and granted_mib >= need_mib:
-        return Room(True, f"the culler granted {gib(granted_mib)} on the GPU")
+        granted = f"the culler granted {gib(granted_mib)} on the GPU"
+        if virtualised or not devices or len(devices) != 1:
+            return Room(True, granted)
+        total, used = devices[0]
+        if total - used >= need_mib:
+            return Room(True, f"{granted} and {gib(total - used)} is free")
+        return Room(False, f"{granted}; it waits until the GPU shows it free")
     if grant_only is not None:
         return Room(False, f"it waits for the culler to make room on the GPU ({grant_only})")
     if not devices:

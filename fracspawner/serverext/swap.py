@@ -36,7 +36,7 @@ from traitlets import Float
 from traitlets.config import LoggingConfigurable
 
 from .podinfo import isoformat
-from .room import Room, environ_grant_only, room_for
+from .room import Room, environ_grant_only, room_for, virtualised_nvml
 
 MAX_ORDERS = 16  # kernels one answer may name (a server has a few)
 GRANT_SECONDS = 30.0  # a grant of room from the culler is in force this long
@@ -82,6 +82,7 @@ class SwapAgent(LoggingConfigurable):
         monitor.hibernator.swap_managed = self.overcommit > 1
         # only the culler's grant counts here (over-commit, HAMi-core's virtualised NVML): why
         self.grant_only = environ_grant_only(self.overcommit)
+        self.virtualised = virtualised_nvml(os.environ) is not None
         monitor.hibernator.room = self.room
         monitor.hibernator.on_waiting.append(self._started_waiting)
 
@@ -172,12 +173,13 @@ class SwapAgent(LoggingConfigurable):
             devices=devices,
             grant_only=self.grant_only,
             margin_mib=self.restore_margin_mib,
+            virtualised=self.virtualised,
         )
 
     def _started_waiting(self, kernel_id: str) -> None:
         """A resume waits for room: tell the culler now; where NVML counts, watch for room."""
         self.report_soon(0.0)
-        if self.grant_only is None and (self._watching is None or self._watching.done()):
+        if not self.virtualised and (self._watching is None or self._watching.done()):
             self._watching = asyncio.get_running_loop().create_task(self._watch_room())
 
     async def _watch_room(self) -> None:
@@ -190,7 +192,14 @@ class SwapAgent(LoggingConfigurable):
                 return
             free = self._free_mib()
             for s in sorted(waiting, key=lambda w: w.memory_mib):
-                if free is not None and free - self.restore_margin_mib >= s.memory_mib:
+                # granted: the culler kept the margin; the reading need only show the room
+                granted = hib.granted(s) is not None
+                margin = 0.0 if granted else self.restore_margin_mib
+                if (
+                    free is not None
+                    and (granted or self.grant_only is None)
+                    and (free - margin >= s.memory_mib)
+                ):
                     hib.retry_now(s.kernel_id)
                     free -= s.memory_mib
             await asyncio.sleep(self.room_check)
