@@ -50,8 +50,9 @@ RENDERS = 300
 SPAWN_ITERATIONS = 300
 #: spawns at once through the hub; see docs/benchmarks.md for why it may be reduced
 STORM_N = int(os.environ.get("FRACSPAWNER_BENCH_STORM_N", "200"))
-#: seconds of the hub's idle CPU measured before each storm
-IDLE_SECONDS = 10
+#: seconds of the hub's idle CPU and API traffic measured before each storm (kubespawner's
+#: reflector lists again every 10 s: the window holds several of its watches)
+IDLE_SECONDS = 30
 H100_MIB = 81559  # what NVML reports for an H100 80GB and HAMi registers (model/gpumodels.py)
 
 
@@ -404,9 +405,17 @@ async def _held_memory(arm: str, kubeconfig: str) -> dict[str, Any]:
         await reflector.start()
         held = len(reflector.resources)
     else:
+        # FracSpawner's hub holds both: kubespawner's pod reflector (resumed, slim pods:
+        # hub/reflectors.py) and the capacity watch over every pod of the cluster
+        from fracspawner.hub.reflectors import ResumingPodReflector
+
+        reflector = ResumingPodReflector(
+            parent=None, namespace="default", labels={"component": "singleuser-server"}
+        )
+        await reflector.start()
         watcher = CapacityWatcher(catalog)
         await watcher.start()
-        held = len(watcher.live.index.pods)
+        held = len(watcher.live.index.pods) + len(reflector.resources)
     await asyncio.sleep(2)
     gc.collect()
     after = tracemalloc.get_traced_memory()[0]
@@ -522,9 +531,14 @@ def _storm_arm(arm: str, n: int, cluster: Any, catalog: dict, tmp: Path) -> dict
     lag_file = where / "lag.txt"
     t4 = next(p["slug"] for p in equivalent_profiles(catalog) if p["slug"].startswith("t4-"))
     options = {"gpu": "1/4", "pool": "t4"} if arm == "fracspawner" else {"profile": t4}
+    from .byte_proxy import ByteProxy, target_of
+
+    # everything the hub reads from the API server goes through a counting forwarder
+    proxy = ByteProxy(target_of(Path(cluster.kubeconfig)))
+    kubeconfig = proxy.write_kubeconfig(Path(cluster.kubeconfig), where / "kubeconfig")
     hub = start_hub(
         state_dir=where / "hub",
-        kubeconfig=cluster.kubeconfig,
+        kubeconfig=kubeconfig,
         catalog_file=catalog_file,
         extra_config=_storm_config(arm, lag_file, catalog),
         timeout=180,
@@ -540,9 +554,10 @@ def _storm_arm(arm: str, n: int, cluster: Any, catalog: dict, tmp: Path) -> dict
         time.sleep(3)
         # the hub's own CPU with no spawn under way (its watches: kubespawner's reflector lists
         # the namespace's single-user pods again each time its watch ends), for the net figure
-        idle_before = _cpu_seconds(hub.process.pid)
+        idle_before, bytes_before = _cpu_seconds(hub.process.pid), proxy.received
         time.sleep(IDLE_SECONDS)
         idle_rate = (_cpu_seconds(hub.process.pid) - idle_before) / IDLE_SECONDS
+        idle_bytes_per_s = (proxy.received - bytes_before) / IDLE_SECONDS
         cpu_before = _cpu_seconds(hub.process.pid)
         started = time.time()
 
@@ -563,6 +578,7 @@ def _storm_arm(arm: str, n: int, cluster: Any, catalog: dict, tmp: Path) -> dict
     finally:
         log_tail = hub.log()[-3000:]
         hub.stop()  # cleanup_servers: the hub stops servers; what it had no time for goes here
+        proxy.close()
     _delete_pods(cluster, ("jupyter-storm", "jupyter-warmup"))
     lags = [
         float(lag)
@@ -578,6 +594,7 @@ def _storm_arm(arm: str, n: int, cluster: Any, catalog: dict, tmp: Path) -> dict
         "hub_cpu_s": round(cpu, 2),
         "hub_cpu_per_spawn_ms": round(cpu / n * 1000, 2),
         "hub_idle_cpu_ms_per_s": round(idle_rate * 1000, 1),
+        "idle_api_bytes_per_hour": round(idle_bytes_per_s * 3600),
         # what the spawns cost beyond the hub's idle rate over the storm's duration
         "hub_cpu_per_spawn_net_ms": round((cpu - idle_rate * (ended - started)) / n * 1000, 2),
         "loop_lag_ms": _stats([x / 1000 for x in lags]),
@@ -626,6 +643,12 @@ def _storm(cluster: Any, catalog: dict) -> dict[str, Any]:
             "seconds_to_all_ready": round(
                 statistics.fmean(r["seconds_to_all_ready"] for r in runs), 1
             ),
+            "hub_idle_cpu_ms_per_s": round(
+                statistics.fmean(r["hub_idle_cpu_ms_per_s"] for r in runs), 1
+            ),
+            "idle_api_bytes_per_hour": round(
+                statistics.fmean(r["idle_api_bytes_per_hour"] for r in runs)
+            ),
             "loop_lag_max_ms": max(r["loop_lag_ms"]["max"] for r in runs),
             "loop_lag_p99_ms": round(statistics.fmean(r["loop_lag_ms"]["p99"] for r in runs), 2),
             "rounds": runs,
@@ -639,6 +662,12 @@ def _storm(cluster: Any, catalog: dict) -> dict[str, Any]:
         "loop_lag_p99_ratio": round(frac["loop_lag_p99_ms"] / plain["loop_lag_p99_ms"], 2),
         "cpu_per_spawn_ratio": round(
             frac["hub_cpu_per_spawn_ms"] / plain["hub_cpu_per_spawn_ms"], 2
+        ),
+        "hub_idle_cpu_ratio": round(
+            frac["hub_idle_cpu_ms_per_s"] / max(plain["hub_idle_cpu_ms_per_s"], 0.1), 3
+        ),
+        "idle_api_bytes_per_hour_ratio": round(
+            frac["idle_api_bytes_per_hour"] / max(plain["idle_api_bytes_per_hour"], 1), 4
         ),
         "cpu_per_spawn_net_ratio": round(
             frac["hub_cpu_per_spawn_net_ms"] / plain["hub_cpu_per_spawn_net_ms"], 2
@@ -701,6 +730,8 @@ def run(results_dir: Path) -> dict[str, Any]:
         "kubespawner_render_median_ms": churn["kubespawner_render_ms"]["p50"],
         "storm_loop_lag_max_ratio": storm["loop_lag_max_ratio"],
         "storm_cpu_per_spawn_ratio": storm["cpu_per_spawn_ratio"],
+        "hub_idle_cpu_ratio": storm["hub_idle_cpu_ratio"],
+        "idle_api_bytes_per_hour_ratio": storm["idle_api_bytes_per_hour_ratio"],
         "watch_memory_ratio": round(memory_ratio, 3),
         "spawn_cpu_ratio": spawn["ratio_of_medians"],
     }
