@@ -275,3 +275,29 @@ async def test_naming_existing_pods_does_not_launder_a_forgers_standing(jobs):
         now[0] += 11
     await jobs.review(pod_review(half_gpu_job_pod()), source=FORGER)  # reads: judges the rest
     assert jobs.standings.suspect(FORGER)
+
+
+async def test_a_copy_of_a_created_pods_key_gets_no_share_of_its_reservation(jobs):
+    """A tenant reads the key from the pod the API server just created (the create's answer
+    carries it) and sends a copy before the webhook's watch has the first pod: the first pod
+    carries the key as a label too, which a consistent list finds, so the copy is a new pod
+    (before: it took the first pod's reservation over, and both held the quota's room once)."""
+    created: list[dict[str, Any]] = []
+
+    async def pods_labelled(namespace: str, key: str, value: str) -> bool:
+        return any((p["metadata"].get("labels") or {}).get(key) == value for p in created)
+
+    jobs.cluster.pods_labelled = pods_labelled
+    user = "alice@example.org"
+    first = half_gpu_job_pod()
+    answer = await jobs.review(pod_review(first, user=user))
+    stored = patched(first, answer["response"])
+    key = stored["metadata"]["annotations"][RESERVATION]
+    assert stored["metadata"]["labels"][RESERVATION] == key
+    stored["metadata"]["name"] = "train-abcde"
+    created.append(stored)  # persisted; the webhook's watch does not have it yet
+    copy_of = copy.deepcopy(stored)
+    del copy_of["metadata"]["name"]
+    second = await jobs.review(pod_review(copy_of, user=user))
+    assert allowed(second) and key_of(copy_of, second) != key
+    assert not allowed(await jobs.review(pod_review(half_gpu_job_pod(), user=user)))

@@ -68,6 +68,15 @@ class Cluster:
         self._namespaces[name] = (time.monotonic(), labels, annotations)
         return labels, annotations
 
+    async def pods_labelled(self, namespace: str, key: str, value: str) -> bool:
+        """Whether a pod of `namespace` carries label key=value, read from the API server's
+        storage (resourceVersion unset: a consistent read, kubernetes api-concepts
+        "Semantics for get and list"), not from a cache or the watch."""
+        found = await self._get(
+            self._v1.list_namespaced_pod, namespace, label_selector=f"{key}={value}", limit=1
+        )
+        return bool(found.get("items"))
+
     def pod_watch(self, index: PodIndex) -> PodWatch:
         return PodWatch(self._v1, index, timeout=self.timeout)
 

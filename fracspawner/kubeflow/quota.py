@@ -2,7 +2,9 @@
 
 What a namespace holds comes from a pod watch (`PodIndex`, fed by cluster.PodWatch), never from
 a list per review: one review costs memory reads, plus two API calls (read, conditional write of
-the namespace's reservation record) for a slice pod in a namespace that has a quota.
+the namespace's reservation record) for a slice pod in a namespace that has a quota, and a
+reinvocation of a generateName pod's review one more (a list of the pods labelled with its
+reservation key: webhook.Webhook._key_in_use).
 
 The API server creates a pod only after every webhook answered, so two CREATEs of one namespace
 arriving together would each miss the other's pod and both fit under the quota. An admitted

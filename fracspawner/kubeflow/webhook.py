@@ -243,7 +243,7 @@ class Webhook:
             ns, {"uid": review.uid, "userInfo": {"username": review.user}}
         )
         given = str((meta.get("annotations") or {}).get(RESERVATION_ANNOTATION) or "")
-        reuse = given if not name and 0 < len(given) <= 64 else None
+        reuse = given if not name and 0 < len(given) <= 63 else None
         decided: list[Any] = []
 
         def decide(pending: float) -> float:
@@ -269,6 +269,8 @@ class Webhook:
             decide(0.0)  # no quota: nothing to count, nothing to reserve
         else:
             await self._read(self.watch.wait_synced(self.cluster.timeout))
+            if reuse and not review.dry_run and await self._key_in_use(ns, reuse):
+                reuse = None  # a created pod carries it: this is a copy, not a reinvocation
 
             def claims_due() -> int:  # a DRA notebook's claims, each taking its part over
                 admitted = decided[0] if decided else None
@@ -300,8 +302,10 @@ class Webhook:
             await self.dra.make_templates(ns, admitted.plan, review.dry_run)
         out = json.loads(json.dumps(pod if admitted is None else admitted.pod))
         if reserved and not name:
-            # a generateName pod: the watch finds its reservation by this key (quota.py)
+            # a generateName pod: the watch finds its reservation by this key (quota.py), and
+            # a consistent list by the label (`_key_in_use`)
             out["metadata"].setdefault("annotations", {})[RESERVATION_ANNOTATION] = key
+            out["metadata"].setdefault("labels", {})[RESERVATION_ANNOTATION] = key
         elif name and RESERVATION_ANNOTATION in (out["metadata"].get("annotations") or {}):
             # a named pod's is a tenant's: the watch would take it for a reservation's key
             del out["metadata"]["annotations"][RESERVATION_ANNOTATION]
@@ -320,6 +324,19 @@ class Webhook:
             used + admitted.plan.gpu_equivalent,
         )
         return answer
+
+    async def _key_in_use(self, namespace: str, key: str) -> bool:
+        """Whether a pod the API server created carries reservation key `key` (label): a
+        consistent list, not the watch, which may not have a pod created a moment ago, whose
+        key its creator read from the create's answer. Unknown counts as in use (the copy
+        then gets a reservation of its own: counted twice for a window, never too little)."""
+        labelled = getattr(self.cluster, "pods_labelled", None)
+        if labelled is None:
+            return False
+        try:
+            return bool(await labelled(namespace, RESERVATION_ANNOTATION, key))
+        except ApiUnavailable:
+            return True
 
     @staticmethod
     async def _read(awaitable: Any) -> Any:
