@@ -84,6 +84,14 @@ DEMO_IDLE = {
     "server_unattended": "2h",
 }
 DEMO_CULL_EVERY = 15  # seconds between the culler's cycles
+# An open, visible JupyterLab tab keeps its user present until this long after their last input
+# (serverext/presence.py; 900 s by default): the README's walk watches a kernel hibernate with
+# the tab open, which took 16 minutes at the default (issue 38 #1). Set in the notebooks'
+# environment, as an admin would (FRACSPAWNER_PRESENCE_TIMEOUT_SECONDS is not reserved).
+DEMO_PRESENCE_TIMEOUT = 60
+DEMO_NOTEBOOK_ENV = f"""
+c.KubeSpawner.environment = {{"FRACSPAWNER_PRESENCE_TIMEOUT_SECONDS": "{DEMO_PRESENCE_TIMEOUT}"}}
+"""
 
 
 # Kubernetes DRA in the demo (issue 30): the topology's two DRA nodes (an H100 whose NVIDIA DRA
@@ -159,6 +167,11 @@ def timings_line(catalog_file: Path) -> str:
     }
     said = [f"{text} {idle[key]}" for key, text in words.items() if idle.get(key)]
     return "; ".join(said) or "the catalog's defaults"
+
+
+def presence_words(seconds: int) -> str:
+    """'1 min', '90 s': the banner's words for the presence timeout."""
+    return f"{seconds // 60} min" if seconds % 60 == 0 else f"{seconds} s"
 
 
 READY = re.compile(r"devcluster ready: (\S+) kubeconfig=(\S+)")
@@ -283,7 +296,7 @@ def main(argv: list[str]) -> int:
             # the hub's, the proxy's and the service's logs go to a file: the password and
             # who-sees-what stay the last lines on the screen (no proxy noise scrolls them off)
             log_to_console=False,
-            extra_config=DEMO_GROUPS + culler_config(catalog_file, free_port()),
+            extra_config=DEMO_GROUPS + DEMO_NOTEBOOK_ENV + culler_config(catalog_file, free_port()),
         )
         print(
             f"\n  fracspawner demo: {hub.url}/hub/login   password: {password}\n"
@@ -291,6 +304,8 @@ def main(argv: list[str]) -> int:
             f"  GPU admin page (log in as admin): {hub.url}/services/fracspawner/admin\n"
             f"  the GPU culler runs{' with demo timings' if args.catalog is None else ''}: "
             f"{timings_line(catalog_file)} (every {DEMO_CULL_EVERY} s)\n"
+            f"  a tab counts as away {presence_words(DEMO_PRESENCE_TIMEOUT)} after your last "
+            "input (keys, mouse, scrolling), even while it stays open\n"
             f"  logs: {hub.log_path} (hub, proxy, service, culler), "
             f"{state_dir / 'devcluster.log'}\n"
             "  Ctrl-C stops everything.\n",
