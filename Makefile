@@ -92,7 +92,7 @@ lint: $(STAMPS)/venv
 # Test files run in parallel (pytest-xdist, whole files per worker: a module's hub and
 # devcluster start once); PYTEST_WORKERS=0 runs them in this process, one after another.
 PYTEST_WORKERS ?= 3
-test: setup lint
+test: setup lint controlplane
 	$(BIN)/python -m pytest $(if $(filter 0,$(PYTEST_WORKERS)),,-n $(PYTEST_WORKERS) --dist loadfile) $(PYTEST_ARGS)
 
 # The real-GPU suite (tests/gpu; docs/serverext.md "The real-GPU suite"): not part of `make test`.

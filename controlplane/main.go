@@ -65,10 +65,11 @@ func printVersion() {
 		fmt.Println("kube-controlplane (no build info)")
 		return
 	}
-	for _, dep := range info.Deps {
-		switch dep.Path {
-		case "k8s.io/kubernetes", "go.etcd.io/etcd/server/v3":
-			fmt.Printf("%s %s\n", dep.Path, dep.Version)
+	for _, want := range []string{"k8s.io/kubernetes", "go.etcd.io/etcd/server/v3"} {
+		for _, dep := range info.Deps {
+			if dep.Path == want {
+				fmt.Printf("%s %s\n", dep.Path, dep.Version)
+			}
 		}
 	}
 	fmt.Printf("go %s\n", info.GoVersion)

@@ -16,13 +16,14 @@ import yaml
 from . import flags
 from .binary import find_binary
 from .kubeconfigs import write_kubeconfig
-from .pki import ClusterPKI, make_pki
+from .pki import ClusterPKI, KeyPair, make_pki
 from .ports import PortReservation
 from .processes import Component, ComponentDied, log_tail
 from .rest import Client, ok
 
 MANIFESTS = Path(__file__).parent / "manifests"
 CRDS = "/apis/apiextensions.k8s.io/v1/customresourcedefinitions"
+STATE_MARKER = ".controlplane-state"
 
 
 class ControlPlaneError(RuntimeError):
@@ -74,8 +75,7 @@ class ControlPlane:
     # --- start-up ---------------------------------------------------------------------------
     def _start(self, timeout: float) -> None:
         deadline = time.monotonic() + timeout
-        shutil.rmtree(self.state_dir, ignore_errors=True)  # a fresh cluster every start
-        self.state_dir.mkdir(parents=True)
+        self._fresh_state_dir()
         self.pki = pki = make_pki(self.state_dir / "pki")
         self.kubeconfig = self._kubeconfig("admin", pki.admin)
         self.client = Client(self.server, str(pki.ca.cert), pki.admin)
@@ -103,7 +103,20 @@ class ControlPlane:
         self._install(deadline)
         self._progress(f"control plane ready at {self.server} (kubeconfig {self.kubeconfig})")
 
-    def _kubeconfig(self, name: str, identity) -> Path:
+    def _fresh_state_dir(self) -> None:
+        """A fresh cluster every start: the directory is emptied, but only when it is empty or
+        one of ours (a marker file), never a directory someone named by mistake."""
+        marker = self.state_dir / STATE_MARKER
+        if self.state_dir.exists() and any(self.state_dir.iterdir()) and not marker.exists():
+            raise ControlPlaneError(
+                f"{self.state_dir} is not empty and not a control-plane state directory "
+                f"(no {STATE_MARKER}): refusing to empty it; name a new directory"
+            )
+        shutil.rmtree(self.state_dir, ignore_errors=True)
+        self.state_dir.mkdir(parents=True)
+        marker.write_text("devcluster.controlplane state; emptied at every start\n")
+
+    def _kubeconfig(self, name: str, identity: KeyPair) -> Path:
         return write_kubeconfig(
             self.state_dir / f"{name}.kubeconfig", self.server, self.pki.ca.cert, identity, name
         )
@@ -146,7 +159,7 @@ class ControlPlane:
 
     def _established(self, path: str) -> bool:
         crd = self.client.get_json(path) or {}
-        conditions = crd.get("status", {}).get("conditions", [])
+        conditions = (crd.get("status") or {}).get("conditions") or []
         return any(c["type"] == "Established" and c["status"] == "True" for c in conditions)
 
     # --- running and stopping ---------------------------------------------------------------

@@ -30,8 +30,11 @@ def _candidate_range() -> range:
     return range(max(1024, low - 10000), low)
 
 
-def _bindable(port: int) -> bool:
+def listening_free(port: int) -> bool:
+    """Nothing listens there. SO_REUSEADDR as Go's listeners set it: connections of a stopped
+    cluster still in TIME_WAIT do not keep the port from the next one."""
     with socket.socket() as sock:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         try:
             sock.bind(("127.0.0.1", port))
         except OSError:
@@ -57,7 +60,7 @@ class PortReservation:
             except OSError:
                 os.close(fd)
                 continue
-            if not _bindable(port):
+            if not listening_free(port):
                 os.close(fd)
                 continue
             self._files.append(fd)

@@ -17,6 +17,8 @@ from pathlib import Path
 from devcluster.proctree import Proc, end_all, proc
 
 PR_SET_PDEATHSIG = 1
+#: loaded here, not in the child: between fork and exec only the prctl call itself runs
+_LIBC = ctypes.CDLL(None, use_errno=True)
 
 
 class ComponentDied(RuntimeError):
@@ -24,8 +26,7 @@ class ComponentDied(RuntimeError):
 
 
 def _die_with_parent() -> None:
-    libc = ctypes.CDLL(None, use_errno=True)
-    libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
+    _LIBC.prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
 
 
 def log_tail(path: Path, lines: int = 20) -> str:
