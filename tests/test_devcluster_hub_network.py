@@ -13,6 +13,7 @@ Secret it owns (KubeSpawner relies on that: kubespawner/objects.py make_owner_re
 
 from __future__ import annotations
 
+import contextlib
 import shutil
 import subprocess
 from collections.abc import Iterator
@@ -26,6 +27,7 @@ from devcluster.network import network_namespaces, sandboxes
 from devcluster.testing import devcluster_process
 from tests.conftest import DEMO_CATALOG, DEMO_TOPOLOGY
 from tests.e2e_helpers import spawn, wait_until
+from tests.netns import OwnNetwork, links, own_network
 
 pytestmark = [
     pytest.mark.e2e,
@@ -64,10 +66,17 @@ CASES = [
 
 
 @pytest.fixture(scope="module", params=CASES, ids=lambda case: "-".join(case))
-def case(request, tmp_path_factory) -> Iterator[tuple[str, Any, LocalHub]]:
+def case(request, tmp_path_factory) -> Iterator[tuple[str, Any, LocalHub, OwnNetwork | None]]:
     kind, network = request.param
     topology = {**yaml.safe_load(DEMO_TOPOLOGY.read_text()), "network": network}
-    with devcluster_process(topology, tmp_path_factory.mktemp("devcluster")) as cluster:
+    with contextlib.ExitStack() as stack:
+        # `network: namespaces`: the devcluster (a child process), its bridge and veths, the
+        # hub and this test's requests, all in a network namespace of the test's own
+        # (tests/netns.py): the machine sees no link change
+        own = stack.enter_context(own_network()) if network == "namespaces" else None
+        cluster = stack.enter_context(
+            devcluster_process(topology, tmp_path_factory.mktemp("devcluster"))
+        )
         state = tmp_path_factory.mktemp(f"hub-{kind}")
         extra = EXTRA + f'c.JupyterHub.internal_certs_location = "{state}/internal-ssl"\n'
         if network == "namespaces":
@@ -81,7 +90,7 @@ def case(request, tmp_path_factory) -> Iterator[tuple[str, Any, LocalHub]]:
             resolv=cluster.state_dir / "network" / "resolv.conf",
         )
         try:
-            yield kind, cluster, hub
+            yield kind, cluster, hub, own
         finally:
             hub.stop()
             if request.session.testsfailed:
@@ -94,13 +103,16 @@ def objects(devcluster, namespace: str, plural: str) -> list[str]:
 
 
 def test_internal_ssl_service_user_namespace_probe_exec(case):
-    kind, devcluster, hub = case
+    kind, devcluster, hub, own = case
     user = f"ann-{kind}"
     # the hub's namespace is "default": KubeSpawner writes "user" for it (_expand_user_properties)
     namespace, pod = f"user-{user}", f"jupyter-{user}"
     status, body = spawn(hub, user, SPAWNERS[kind][1])
     assert status in (201, 202), body
     hub.wait_ready(user)
+    if own is not None:  # the bridge and the pod's veth are the test's, none the machine's
+        (bridge,) = [name for name in links() if name.startswith("dc")]
+        assert not [name for name in own.outside_links() if bridge[2:] in name]
     # the user's own namespace holds the pod, its Service and its certificates' Secret, the
     # last two owned by the pod
     assert objects(devcluster, namespace, "pods") == [pod]

@@ -15,7 +15,7 @@ import logging
 import shutil
 import subprocess
 import urllib.request
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 
 import pytest
@@ -24,6 +24,7 @@ from kubernetes_asyncio import client
 from devcluster import DevCluster
 from devcluster.network import network_namespaces, sandboxes
 from tests.devcluster_helpers import NS, ONE_NODE, finished, ready
+from tests.netns import OwnNetwork, links, own_network
 
 pytestmark = pytest.mark.e2e
 
@@ -178,11 +179,12 @@ async def test_service_names_resolve_in_pods_and_reach_ready_endpoints(cluster):
 
 
 @pytest.mark.skipif(not network_namespaces(), reason="needs root, util-linux and iproute2")
-async def test_pods_in_network_namespaces_of_their_own(tmp_path: Path):
+async def test_pods_in_network_namespaces_of_their_own(tmp_path: Path, own_netns):
     """`network: namespaces`: each pod has its own network namespace on a bridge (a CNI bridge
     plugin's layout). Two pods both bind 0.0.0.0:8888 and each answers at its own address; a
     pod's loopback is its own; pods reach each other and a Service by name; `kubectl exec` runs
-    in the pod's network; the bridge and the namespaces are gone after the devcluster stops."""
+    in the pod's network; the bridge and the namespaces are gone after the devcluster stops.
+    All of it in the test's own network namespace (own_netns), the host's from there."""
     topology = {**ONE_NODE, "network": "namespaces"}
     async with DevCluster(topology, state_dir=tmp_path / "state") as cluster:
         network = cluster.network
@@ -223,3 +225,29 @@ async def test_pods_in_network_namespaces_of_their_own(tmp_path: Path):
     gone = subprocess.run(["ip", "link", "show", bridge], capture_output=True)
     assert gone.returncode != 0
     assert not list(Path("/run/netns").glob(f"{bridge}-*"))
+
+
+@pytest.fixture
+def own_netns() -> Iterator[OwnNetwork]:
+    """The test in a network namespace of its own (tests/netns.py): what `network: namespaces`
+    adds is never a link change of the machine's, which other workers' browsers would see."""
+    with own_network() as network:
+        yield network
+
+
+@pytest.mark.skipif(not network_namespaces(), reason="needs root, util-linux and iproute2")
+async def test_a_namespaced_devcluster_changes_no_link_of_the_machine(tmp_path: Path, own_netns):
+    """Issue 34 item 12: the bridge and veth pairs of `network: namespaces` are made in the
+    test's own network namespace (tests/netns.py): the machine's link list (`ip -o link`,
+    where other workers' browsers watch for network changes) never shows them."""
+    topology = {**ONE_NODE, "network": "namespaces"}
+    async with DevCluster(topology, state_dir=tmp_path / "state") as cluster:
+        mark = cluster.network.bridge[2:]  # in the bridge's name and every veth's
+        async with client.ApiClient(client.Configuration(host=cluster.url)) as api_client:
+            api = client.CoreV1Api(api_client)
+            await api.create_namespaced_pod(NS, server_pod("a", {"app": "web"}))
+            await ready(api, "a")
+        inside = [name for name in links() if mark in name]
+        outside = [name for name in own_netns.outside_links() if mark in name]
+    assert len(inside) >= 2, inside  # the bridge and the pod's veth
+    assert outside == []
