@@ -181,7 +181,13 @@ def read_cluster(prog: str, args: argparse.Namespace) -> tuple[Any, list[dict], 
     try:
         nodes, pods = asyncio.run(list_cluster(args.kubeconfig))
     except Exception as exc:
-        print(f"{prog}: cannot read nodes and pods: {_one_line(exc)}", file=sys.stderr)
+        from .unreachable import unreachable_line
+
+        said = (
+            unreachable_line(exc, args.kubeconfig)
+            or f"cannot read nodes and pods: {_one_line(exc)}"
+        )
+        print(f"{prog}: {said}", file=sys.stderr)
         return 1
     return catalog, nodes, pods
 

@@ -25,6 +25,13 @@ def main(argv: list[str]) -> int:
     )
     parser.add_argument("catalog", help="the catalog YAML file")
     args = parser.parse_args(argv)
+    if Path(args.catalog).is_dir():
+        print(
+            f"fracspawner check: {args.catalog} is a directory; give the catalog file "
+            "(a YAML file)",
+            file=sys.stderr,
+        )
+        return 2
     if not Path(args.catalog).is_file():  # not "1 problem in the catalog": there is none
         print(f"fracspawner check: no such file: {args.catalog}", file=sys.stderr)
         return 2

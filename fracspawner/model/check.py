@@ -19,6 +19,7 @@ from typing import Any
 
 from .catalog import (
     DEFAULT_IDLE,
+    IDLE_KEYS,
     PoolCheck,
     _idle,
     _path,
@@ -27,6 +28,7 @@ from .catalog import (
     build_catalog,
     idle_keys_set_in,
     load_yaml,
+    parse_duration,
     schema,
 )
 from .errors import CatalogError, SliceError
@@ -96,6 +98,61 @@ def _type_words(expected: Any, instance: Any) -> str:
     return f"must be {said}, not {_kind_of(instance)}" + (f" ({shown})" if shown else "")
 
 
+def _plain_words(validator: str, limit: Any, instance: Any, schema_words: str) -> str:
+    """A person's words for JSON Schema's ("-1 is less than the minimum of 0" -> "must be 0 or
+    more, not -1"; issue 38 #5); the schema's own where none are written here."""
+    shown = repr(instance) if isinstance(instance, str) else str(instance)
+    if validator == "minimum":
+        return f"must be {limit} or more, not {shown}"
+    if validator == "maximum":
+        return f"must be at most {limit}, not {shown}"
+    if validator == "exclusiveMinimum":
+        return f"must be more than {limit}, not {shown}"
+    if validator == "exclusiveMaximum":
+        return f"must be less than {limit}, not {shown}"
+    if validator == "enum":
+        return f"{shown} is not allowed; use one of {', '.join(map(str, limit))}"
+    if validator == "const":
+        return f"must be {limit!r}, not {shown}"
+    if validator == "required":
+        missing = [k for k in limit if isinstance(instance, Mapping) and k not in instance]
+        return "missing " + ", ".join(f"key {k!r}" for k in missing) + " (required)"
+    if validator == "uniqueItems":
+        return "lists the same entry more than once"
+    if validator == "minItems":
+        return "must not be empty" if limit == 1 else f"must list at least {limit} entries"
+    if validator == "minLength":
+        return "must not be empty" if limit == 1 else f"must be at least {limit} characters"
+    if validator == "maxLength":
+        return f"must be at most {limit} characters, not {len(instance)}"
+    return schema_words
+
+
+def _idle_problems(raw: Any, prefix: tuple[Any, ...]) -> list[str]:
+    """Every idle value of an idle block that is no duration, each with its path (the loader
+    stops at the first; issue 38 #5). A typo'd key's value is read as the key it most likely
+    means. Values of a wrong type are the schema's to report."""
+    if not isinstance(raw, Mapping):
+        return []
+    found = []
+    for key, value in raw.items():
+        if key in IDLE_KEYS:
+            means = key
+        else:
+            close = difflib.get_close_matches(str(key), IDLE_KEYS, n=1, cutoff=0.6)
+            if not close or close[0] in raw:
+                continue
+            means = close[0]
+        if isinstance(value, bool) or not isinstance(value, str | int | float):
+            continue
+        try:
+            parse_duration(value)
+        except ValueError as exc:
+            read_as = "" if means == key else f" (read as {means!r})"
+            found.append(f"{_path(prefix + (key,))}: {exc}{read_as}")
+    return found
+
+
 def _renamed(data: Any, parent: tuple[Any, ...], key: str, to: str) -> Any:
     """A deep copy of `data` with `key` of the mapping at `parent` renamed `to`."""
     copy = deepcopy(data)
@@ -138,10 +195,12 @@ def _schema_problems(data: Any, *, _read_as: bool = True) -> list[tuple[tuple[An
             continue
         if best.validator == "type":
             message = _type_words(best.validator_value, best.instance)
-        if best.validator == "enum":
-            message += did_you_mean(best.instance, [str(v) for v in best.validator_value])
         elif best.validator == "pattern" and "propertyNames" in str(best.schema_path):
             message = f"{best.instance!r} is not a valid name (letters, digits, '-', '_', '.')"
+        else:
+            message = _plain_words(best.validator, best.validator_value, best.instance, message)
+        if best.validator == "enum":
+            message += did_you_mean(best.instance, [str(v) for v in best.validator_value])
         found.append((path, message))
     # one line per path and message, in the catalog's order of paths
     unique = dict.fromkeys(found)
@@ -179,7 +238,12 @@ def catalog_problems(
         return None
 
     step = data.get("fraction_step", 8) if not spoiled("fraction_step") else 8
-    idle = attempt(("idle",), lambda: _idle(data.get("idle"), DEFAULT_IDLE, "idle")) or DEFAULT_IDLE
+    # every bad idle value at once (the loader stops at the first), also beside a typo'd key
+    idle_found = _idle_problems(data.get("idle"), ("idle",))
+    problems += idle_found
+    idle = DEFAULT_IDLE
+    if not idle_found:
+        idle = attempt(("idle",), lambda: _idle(data.get("idle"), DEFAULT_IDLE, "idle")) or idle
     explicit = idle_keys_set_in(data)
     pool_names = list(data["pools"])
     images = data.get("images") if isinstance(data.get("images"), Mapping) else {}
@@ -216,11 +280,15 @@ def catalog_problems(
                 f"{did_you_mean(default_image, images)}; images: "
                 + (", ".join(images) or "none (the catalog has no images section)")
             )
+        pool_idle = _idle_problems(raw.get("idle"), ("pools", name, "idle"))
+        if pool_idle:  # said here, each; the pool's other checks go on without its idle block
+            raw = {k: v for k, v in raw.items() if k != "idle"}
         if len(problems) == before:
             attempt(
                 ("pools", name),
                 lambda n=name, r=raw: _pool(n, r, step, idle, check_pool, explicit),
             )
+        problems += pool_idle
     defaults = [n for n, raw in images.items() if isinstance(raw, Mapping) and raw.get("default")]
     if len(defaults) > 1:
         problems.append(
