@@ -301,3 +301,29 @@ async def test_a_copy_of_a_created_pods_key_gets_no_share_of_its_reservation(job
     second = await jobs.review(pod_review(copy_of, user=user))
     assert allowed(second) and key_of(copy_of, second) != key
     assert not allowed(await jobs.review(pod_review(half_gpu_job_pod(), user=user)))
+
+
+async def test_a_notebooks_claim_takes_its_reservation_over_and_the_rest_stays_free(webhook):
+    """A notebook mapped to a DRA offer reserves its slice with one claim due; the claim the
+    controller makes for it takes that reservation over (once), so the namespace's other
+    0.125 stays free."""
+    from fracspawner.kubeflow.admission import parse_review as parse
+    from tests.kubeflow_support import notebook_pod, with_poddefault
+
+    pod = with_poddefault(notebook_pod("team-a", "nb"), "h100-dra", "10Gi", "fracspawner-h100")
+    answer = await webhook.review(parse(json.dumps(admission_review(pod)).encode()))
+    assert allowed(answer)
+    webhook.pods.put({**patched(pod, answer["response"]), "status": {"phase": "Pending"}})
+    made = generated(EIGHTH, prefix="nb-0-gpu-")
+    made["metadata"]["ownerReferences"] = [
+        {"apiVersion": "v1", "kind": "Pod", "name": "nb-0", "uid": "u", "controller": True}
+    ]
+    answer = await webhook.dra.review_claim(claim_review(made))
+    assert allowed(answer)
+    webhook.dra.claims.put(stored(made, answer, "nb-0-gpu-x7k2p"))
+    other = claim("team-a", "other", EIGHTH)
+    assert allowed(await webhook.dra.review_claim(claim_review(other)))
+    # a second claim naming the notebook as owner takes nothing over: it is counted in full
+    webhook.dra.claims.put(other)
+    extra = claim("team-a", "extra", EIGHTH, owner="nb-0")
+    assert not allowed(await webhook.dra.review_claim(claim_review(extra)))
