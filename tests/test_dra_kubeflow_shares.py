@@ -139,3 +139,22 @@ async def test_a_half_after_shares_and_tiny_claims_is_refused(webhook):
     answer = await webhook.dra.review_claim(claim_review(half))
     assert not allowed(answer)
     assert "holds 1 of its 1 GPU quota" in message(answer)
+
+
+def test_a_claim_asking_nothing_on_an_unlimited_pool_counts_a_whole_gpu():
+    """--consumable-shares=unlimited: memory's default is 0, so it books nothing and nothing
+    keeps it from the whole GPU (consumable_shares.go)."""
+    catalog = load_catalog(
+        {
+            "pools": {
+                "l4": {
+                    "gpu": "L4",
+                    "backend": "dra",
+                    "options": {"sharing": "unlimited"},
+                    "offers": ["1/4", "1/2"],
+                }
+            }
+        }
+    )
+    spec = claim_spec(request("gpu.nvidia.com"))
+    assert claim_ask(spec, catalog).gpu == 1.0

@@ -109,7 +109,9 @@ def _pool_equivalent(
         return float(count), True  # whole devices, whatever it names
     amounts = {str(k): quantity(v) for k, v in capacity.items()}
     requests = {k: v for k, v in amounts.items() if v is not None and v >= 0}
-    if not capacity:  # the request policy's default: one share, all memory, or none
+    if not capacity:  # the request policy's default: one share, or all the memory
+        if sharing == "unlimited":
+            return float(count), True  # books nothing, and may use the whole GPU
         per_device, _ = request_size(pool, {})
         return count * per_device, True
     # what the allocator gives it (a share at least on a shares pool), as an offer
