@@ -73,6 +73,7 @@ class DockerDaemon:
     def start(self, timeout: float = 60) -> None:
         dockerd = require_tools()
         self.data_root.mkdir(parents=True, exist_ok=True)
+        self._end_stale()
         command = [
             dockerd,
             "--iptables=false",
@@ -103,6 +104,26 @@ class DockerDaemon:
         raise DockerUnavailable(
             f"dockerd did not answer within {timeout:.0f} s: {self._last_error()}"
         )
+
+    def _end_stale(self) -> None:
+        """A dockerd this harness started on the same data root in a run that was killed
+        (SIGKILL leaves no chance to stop it) would hold the data root: end it. Callers that
+        share a data root hold a lock (tests/image_builds.py), so one running now is stale."""
+        needle = f"--data-root={self.data_root}".encode()
+        stale = []
+        for entry in Path("/proc").iterdir():
+            try:
+                args = (entry / "cmdline").read_bytes().split(b"\0") if entry.name.isdigit() else []
+            except OSError:
+                continue
+            if args and args[0].endswith(b"dockerd") and needle in args:
+                stale.append(int(entry.name))
+        for pid in stale:
+            os.kill(pid, signal.SIGTERM)
+        deadline = time.monotonic() + 30
+        while stale and time.monotonic() < deadline:
+            stale = [pid for pid in stale if _alive(pid)]
+            time.sleep(0.2)
 
     def _config_file(self) -> Path:
         path = self.run_dir / "daemon.json"
@@ -167,6 +188,15 @@ class DockerDaemon:
                 pass
         # containers' mounts under the exec root are gone with their shims
         shutil.rmtree(self.run_dir, ignore_errors=True)
+
+
+def _alive(pid: int) -> bool:
+    """Running, not a zombie waiting for a parent that is not ours to reap it."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return False
+    return stat.rsplit(")", 1)[1].split()[0] != "Z"
 
 
 @contextmanager
