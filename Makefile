@@ -6,12 +6,13 @@ BIN := $(VENV)/bin
 STAMPS := .stamps
 export PATH := $(CURDIR)/node_modules/.bin:$(CURDIR)/$(BIN):$(PATH)
 
-.PHONY: help setup test lint demo bench docs clean system-deps labextension test-gpu controlplane
+.PHONY: help setup test lint demo bench docs clean system-deps labextension test-gpu images controlplane
 
 help:
 	@echo "make demo   - devcluster + JupyterHub with FracSpawner on http://127.0.0.1:8000 (PORT=8080 for another)"
 	@echo "make test   - ruff + the whole test suite (installs everything it needs)"
 	@echo "make bench  - benchmarks, results in benchmarks/results/"
+	@echo "make images - build images/*/Dockerfile with a real dockerd (make test does it too)"
 	@echo "make test-gpu - the real-GPU suite (tests/gpu; skips with the reason without an NVIDIA GPU)"
 	@echo "make docs   - Sphinx docs (warnings are errors) in docs/_build/html"
 	@echo "make controlplane - build the real Kubernetes control plane (once per pin; docs/controlplane.md)"
@@ -30,12 +31,17 @@ node_modules/.bin/configurable-http-proxy: package.json
 	@touch $@
 
 # Debian packages the tests use: chromium (picker browser tests), prometheus (culler tests),
-# kubectl (devcluster conformance; Debian's package is kubernetes-client).
-$(STAMPS)/system-deps:
+# kubectl (devcluster conformance; Debian's package is kubernetes-client), docker.io (dockerd,
+# containerd, runc: tests/test_images.py builds images/*/Dockerfile for real) and mmdebstrap
+# (the Debian root file system of its stand-in base images, docs/images.md).
+# (re-checked when this Makefile changes: a new package here reaches machines already set up)
+$(STAMPS)/system-deps: Makefile
 	@missing=""; \
 	command -v chromium >/dev/null || missing="$$missing chromium"; \
 	command -v prometheus >/dev/null || missing="$$missing prometheus"; \
 	command -v kubectl >/dev/null || missing="$$missing kubernetes-client"; \
+	[ -x /usr/sbin/dockerd ] && [ -x /usr/bin/docker ] || missing="$$missing docker.io"; \
+	command -v mmdebstrap >/dev/null || missing="$$missing mmdebstrap"; \
 	if [ -n "$$missing" ]; then \
 	  SUDO=$$( [ "$$(id -u)" = 0 ] || echo sudo ); \
 	  $$SUDO apt-get update -qq && DEBIAN_FRONTEND=noninteractive $$SUDO apt-get install -y -qq $$missing; \
@@ -103,6 +109,12 @@ test-gpu: $(STAMPS)/venv
 	  $(BIN)/pip install -q 'cupy-cuda12x' 'cuda-python>=12.8,<13' || echo "test-gpu: could not install cupy-cuda12x/cuda-python"; \
 	fi
 	FRACSPAWNER_GPU_TESTS=1 $(BIN)/python -m pytest tests/gpu -rs -p no:cacheprovider $(PYTEST_ARGS)
+
+# images/*/Dockerfile built by a real Docker daemon of its own on stand-in base images, with
+# progress (tests/image_builds.py, docs/images.md); tests/test_images.py, part of `make test`,
+# does the same and runs each image. Cached in /var/cache/fracspawner-images.
+images: $(STAMPS)/venv $(STAMPS)/system-deps
+	$(BIN)/python -m tests.image_builds
 
 demo: $(STAMPS)/venv node_modules/.bin/configurable-http-proxy
 	$(BIN)/fracspawner demo $(if $(PORT),--port $(PORT))
