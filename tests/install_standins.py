@@ -4,7 +4,7 @@ cluster for Helm and no z2jh chart:
 
 - `docker build -f F -t TAG CONTEXT`: hadolint on F, and every COPY source of F exists in the
   context and gets past .dockerignore (what the engine would send); `docker push TAG`: TAG was
-  built. The Dockerfiles' build steps run in tests/test_notebook_image.py and test_layout.py.
+  built. The Dockerfiles are built by a real Docker daemon and run in tests/test_images.py.
 - `helm repo add/update`: the z2jh repository's documented URL; `helm upgrade [--install]` of
   `charts/fracspawner`: Helm's own code (helm-python-sdk): the `--values` files merged as the
   CLI merges them, the schema, the render, every object validated strictly against the

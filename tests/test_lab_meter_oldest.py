@@ -10,7 +10,7 @@ oldest line's packages (labextension/package.json pins them) and declares their 
 so one build loads in JupyterLab OLDEST_JUPYTERLAB through 4.x.
 
 The browser test installs that JupyterLab from PyPI into a separate environment (the rest of
-this one's packages beneath it, as tests/test_notebook_image.py does), gives it only the meter
+this one's packages beneath it), gives it only the meter
 that `make setup` built, and opens it in Debian's Chromium.
 """
 
