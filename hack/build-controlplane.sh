@@ -2,11 +2,12 @@
 # Build the real Kubernetes control plane (controlplane/: one binary with etcd, kube-apiserver,
 # kube-scheduler, kube-controller-manager) into .cache/controlplane/<pin>/kube-controlplane.
 # Rebuilds only when controlplane/go.mod, go.sum, a .go file or this script changes (content
-# hash, not mtime);
-# builds into a temporary file and renames it, so a failed build leaves no half-written binary.
-# GOCACHE/GOMODCACHE are Go's defaults (outside the repository) and survive `git clean`.
+# hash, not mtime); builds into a temporary file and renames it, so a failed build leaves no
+# half-written binary. GOCACHE/GOMODCACHE are Go's defaults (outside the repository).
+# CONTROLPLANE_CACHE puts the binaries elsewhere (the tests of this script use it).
 set -euo pipefail
-cd "$(dirname "$0")/.."
+SELF="$(cd "$(dirname "$0")" && pwd)/$(basename "$0")"
+cd "$(dirname "$SELF")/.."
 SRC=controlplane
 say() { echo "controlplane: $*"; }
 fail() { echo "controlplane: $*" >&2; exit 1; }
@@ -18,9 +19,9 @@ minor=$(sed -E 's/^go1\.([0-9]+).*/\1/' <<<"$GOVER")
 
 PIN=$(awk '$1=="k8s.io/kubernetes"{print $2}' $SRC/go.mod)
 [[ -n "$PIN" ]] || fail "no k8s.io/kubernetes requirement in $SRC/go.mod"
-OUT_DIR=.cache/controlplane/$PIN
+OUT_DIR=${CONTROLPLANE_CACHE:-.cache/controlplane}/$PIN
 OUT=$OUT_DIR/kube-controlplane
-KEY=$(cat $SRC/go.mod $SRC/go.sum $SRC/*.go "$0" | sha256sum | cut -d' ' -f1)
+KEY=$(cat $SRC/go.mod $SRC/go.sum $SRC/*.go "$SELF" | sha256sum | cut -d' ' -f1)
 if [[ -x "$OUT" && -f "$OUT.key" && "$(cat "$OUT.key")" == "$KEY" ]]; then
   say "$OUT is up to date (k8s.io/kubernetes $PIN)"
   exit 0
@@ -34,7 +35,7 @@ free_kb=$(df -Pk "$GOCACHE_DIR" | awk 'NR==2{print $4}')
 
 # Modules: from the local module cache if complete, else from the module proxy.
 if ! (cd $SRC && GOPROXY=off GOFLAGS=-mod=mod go mod download >/dev/null 2>&1); then
-  say "downloading the Go modules of k8s.io/kubernetes $PIN (about 400 MB, once)"
+  say "downloading the Go modules of k8s.io/kubernetes $PIN (about 700 MB, once)"
   if ! err=$(cd $SRC && timeout 900 go mod download 2>&1); then
     fail "the Go module proxy ($(go env GOPROXY)) does not answer or refused a module: $(tail -1 <<<"$err")"
   fi
@@ -57,12 +58,15 @@ TMP=$(mktemp "$OUT_DIR/.kube-controlplane.XXXXXX")
 LOG=$(mktemp)
 trap 'rm -f "$TMP" "$LOG"' EXIT
 start=$SECONDS
-(cd $SRC && go build -v -trimpath -ldflags="$LDFLAGS" -o "../$TMP" .) >"$LOG" 2>&1 &
+TMP_ABS=$(realpath "$TMP")
+(cd $SRC && go build -v -trimpath -ldflags="$LDFLAGS" -o "$TMP_ABS" .) >"$LOG" 2>&1 &
 pid=$!
 # Progress: `go build -v` names each package as it compiles it (about 2,000 for this binary).
+last=$SECONDS
 while kill -0 "$pid" 2>/dev/null; do
-  sleep 30
-  kill -0 "$pid" 2>/dev/null || break
+  sleep 1
+  (( SECONDS - last >= 30 )) || continue
+  last=$SECONDS
   say "  ... $(( (SECONDS - start) / 60 ))m$(( (SECONDS - start) % 60 ))s, $(grep -cv '^#' "$LOG" || true) packages compiled"
 done
 if ! wait "$pid"; then
@@ -70,6 +74,9 @@ if ! wait "$pid"; then
   fail "build failed after $((SECONDS - start))s (nothing written to $OUT)"
 fi
 chmod 755 "$TMP"
+# only a binary that runs and names the pin goes into the cache (an empty file "runs" too)
+"$TMP" version 2>/dev/null | grep -qx "k8s.io/kubernetes $PIN" ||
+  fail "the built binary does not run or does not report k8s.io/kubernetes $PIN (nothing written to $OUT)"
 mv -f "$TMP" "$OUT"
 echo "$KEY" >"$OUT.key"
 say "built $OUT in $(( (SECONDS - start) / 60 ))m$(( (SECONDS - start) % 60 ))s ($("$OUT" version | head -1))"

@@ -122,17 +122,73 @@ def test_the_apiserver_runs_node_rbac_and_a_default_cluster_s_admission(tmp_path
     assert opts["--runtime-config"] == "resource.k8s.io/v1=true"
 
 
-def test_the_build_says_what_is_missing_without_go(tmp_path: Path):
-    """One clear line before anything starts; nothing written to the cache."""
+def _tools(tmp_path: Path, *names: str) -> Path:
+    """A PATH directory with only these tools of the machine's."""
     bin_dir = tmp_path / "bin"
-    bin_dir.mkdir()
-    for tool in ("bash", "dirname", "cat", "sha256sum", "cut", "awk", "sed"):
+    bin_dir.mkdir(exist_ok=True)
+    for tool in names:
         found = subprocess.run(["bash", "-c", f"command -v {tool}"], capture_output=True, text=True)
-        if found.stdout.strip():
+        if found.stdout.strip() and not (bin_dir / tool).exists():
             (bin_dir / tool).symlink_to(found.stdout.strip())
+    return bin_dir
+
+
+BASE_TOOLS = ("bash", "dirname", "basename", "pwd", "cat", "sha256sum", "cut", "awk", "sed",
+              "mkdir", "df", "tail", "mktemp", "rm", "realpath", "timeout", "grep", "sleep",
+              "chmod", "mv", "head")  # fmt: skip
+
+#: a stand-in `go`: answers what the build script asks, then fails where FAKE_GO_FAIL says
+FAKE_GO = """#!/bin/bash
+case "$1 $2" in
+  "env GOVERSION") echo go1.26.8 ;;
+  "env GOCACHE") echo "$FAKE_GOCACHE" ;;
+  "env GOPROXY") echo "the-proxy" ;;
+  "mod download") if [ "$FAKE_GO_FAIL" = proxy ]; then
+                    echo "go: dial tcp: i/o timeout" >&2; exit 1
+                  fi ;;
+  "list -m") echo "2026-07-22 18:07:38 +0000 UTC" ;;
+  build*) [ "$FAKE_GO_FAIL" = empty ] && exit 0  # "succeeds" without writing its output
+          while [ $# -gt 0 ]; do [ "$1" = -o ] && out=$2; shift; done
+          echo partial > "$out"; echo "compile: signal: killed" >&2; exit 1 ;;
+esac
+"""
+
+
+def _build_script(tmp_path: Path, fail: str, df: str | None = None):
+    """hack/build-controlplane.sh with the stand-in go (and df), its cache in tmp_path."""
+    bin_dir = _tools(tmp_path, *BASE_TOOLS)
+    go = bin_dir / "go"
+    go.write_text(FAKE_GO)
+    go.chmod(0o755)
+    if df is not None:
+        (bin_dir / "df").unlink()
+        (bin_dir / "df").write_text(
+            f"#!/bin/bash\necho 'Filesystem 1024-blocks Used Available'\necho '{df}'\n"
+        )
+        (bin_dir / "df").chmod(0o755)
+    cache = tmp_path / "cache"
+    env = {
+        "PATH": str(bin_dir),
+        "HOME": str(tmp_path),
+        "FAKE_GO_FAIL": fail,
+        "FAKE_GOCACHE": str(tmp_path / "gocache"),
+        "CONTROLPLANE_CACHE": str(cache),
+    }
     result = subprocess.run(
         ["bash", str(REPO / "hack" / "build-controlplane.sh")],
-        env={"PATH": str(bin_dir), "HOME": str(tmp_path)},
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    return result, cache
+
+
+def test_the_build_says_what_is_missing_without_go(tmp_path: Path):
+    """One clear line before anything starts; nothing written to the cache."""
+    result = subprocess.run(
+        ["bash", str(REPO / "hack" / "build-controlplane.sh")],
+        env={"PATH": str(_tools(tmp_path, *BASE_TOOLS)), "HOME": str(tmp_path)},
         capture_output=True,
         text=True,
     )
@@ -141,6 +197,44 @@ def test_the_build_says_what_is_missing_without_go(tmp_path: Path):
         "controlplane: Go is not installed; the control plane is built from Go modules "
         "(need go >= 1.26: apt-get install golang-go, or put go on PATH)"
     ]
+
+
+def test_the_build_says_when_the_module_proxy_does_not_answer(tmp_path: Path):
+    result, cache = _build_script(tmp_path, "proxy")
+    assert result.returncode == 1
+    assert result.stderr.strip().splitlines() == [
+        "controlplane: the Go module proxy (the-proxy) does not answer or refused a module: "
+        "go: dial tcp: i/o timeout"
+    ]
+    assert not list(cache.rglob("*kube-controlplane*"))
+
+
+def test_the_build_says_when_the_disk_is_too_small(tmp_path: Path):
+    result, _ = _build_script(tmp_path, "", df="/dev/x 100 99 1048576")
+    assert result.returncode == 1
+    assert result.stderr.strip() == (
+        f"controlplane: only 1 GB free under {tmp_path / 'gocache'}; "
+        "building the control plane needs >= 6 GB"
+    )
+
+
+def test_a_failed_build_leaves_nothing_in_the_cache(tmp_path: Path):
+    """The compiler dies having written part of its output: nothing reaches the cache (the
+    build writes a temporary file and renames it only when the binary runs)."""
+    result, cache = _build_script(tmp_path, "build")
+    assert result.returncode == 1
+    assert "compile: signal: killed" in result.stderr
+    assert "controlplane: build failed after" in result.stderr
+    assert [p.name for p in cache.rglob("*") if p.is_file()] == []
+
+
+def test_a_build_that_writes_no_binary_puts_nothing_in_the_cache(tmp_path: Path):
+    """A build that exits 0 without writing its output (as one given a wrong -o path did here)
+    left an empty kube-controlplane in the cache; only a binary that runs is renamed in."""
+    result, cache = _build_script(tmp_path, "empty")
+    assert result.returncode == 1
+    assert "controlplane: the built binary does not run" in result.stderr
+    assert [p.name for p in cache.rglob("*") if p.is_file()] == []
 
 
 # --- against the running control plane ---------------------------------------------------------
