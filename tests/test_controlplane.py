@@ -7,6 +7,7 @@ Without the binary these tests skip on a developer's machine and fail in CI (tes
 
 from __future__ import annotations
 
+import datetime
 import json
 import os
 import signal
@@ -346,10 +347,21 @@ def _node(name: str) -> dict:
     }
 
 
+def _lease(node: str) -> dict:
+    now = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+    return {
+        "apiVersion": "coordination.k8s.io/v1",
+        "kind": "Lease",
+        "metadata": {"name": node, "namespace": "kube-node-lease"},
+        "spec": {"holderIdentity": node, "leaseDurationSeconds": 40, "renewTime": now},
+    }
+
+
 def test_kube_scheduler_binds_a_gpu_pod_to_a_registered_node(cp: ControlPlane):
-    """A Node registered with nvidia.com/gpu (as a node agent will register it): kube-scheduler
-    binds a pod asking for the GPU to it. Node status is allowed on create."""
-    apply(cp, _node("gpu-node-1"))
+    """A Node registered with nvidia.com/gpu and its heartbeat Lease (as a node agent will
+    register it): kube-scheduler binds a pod asking for the GPU to it. Node status is allowed
+    on create; kube-controller-manager lifts the not-ready taint the apiserver put on it."""
+    apply(cp, _node("gpu-node-1"), _lease("gpu-node-1"))
     namespace(cp, "sched")
     pod = _pod("wants-gpu", resources={"limits": {"nvidia.com/gpu": "1"}})
     pod["spec"]["nodeSelector"] = {"kubernetes.io/hostname": "gpu-node-1"}
