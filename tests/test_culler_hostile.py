@@ -783,3 +783,101 @@ async def test_the_culler_applies_the_policy_of_the_pool_the_pod_is_on(tmp_path)
     for found in (live, restarted):
         assert found.pool == "h100"
         assert (found.policy.max_age, found.policy.server_gpu_idle) == (12 * 3600, 15 * 60)
+
+
+# --- over-commit: a report is bound to its pod (issue 36, items 4 and 6) ----------------------
+T4 = 15360.0  # NVML's total for a T4, the catalog's model
+OVERCOMMITTED = {
+    "pools": {"t4": {"gpu": "T4", "backend": "timeslicing", "replicas": 4, "overcommit": 2,
+                     "offers": ["1/4"]}},
+    "access": {"default": {"pools": "all", "max_gpu": 1}},
+}  # fmt: skip
+
+
+def swap_report(
+    uuids: list[str], kernels_on: dict[str, float], waiting: float = 0.0, state: str = "idle"
+) -> dict:
+    """A report of an over-committed server: the devices it names, one kernel per entry of
+    `kernels_on` (id -> MiB, in `state`) on the first device, and a resume waiting for
+    `waiting` MiB on each of the first 64 devices it names (as many as a report may list)."""
+    now = datetime.now(timezone.utc).isoformat()
+    return report(
+        available=True, sampled_at=now,
+        devices=[{"index": str(i), "uuid": u, "memory_total_mib": T4, "memory_used_mib": T4 / 2}
+                 for i, u in enumerate(uuids)],
+        processes=[{"kernel_id": k, "device": "0", "gpu_memory_mib": mib, "matched": True}
+                   for k, mib in kernels_on.items()],
+        kernels=[{"id": k, "execution_state": state, "last_activity": T0, "gpu_memory_mib": mib,
+                  "gpu_utilization": 0, "gpu_activity_known": True,
+                  "hibernation": {"state": "running"}} for k, mib in kernels_on.items()],
+        swap={"waiting": [{"kernel_id": f"w{i}", "gpu_memory_mib": waiting, "device": u}
+                          for i, u in enumerate(uuids[:64]) if waiting]},
+    )  # fmt: skip
+
+
+def server_pod(user: str, node: str) -> dict:
+    """The server's pod as the culler's pod watch lists it (KubeSpawner's name and label)."""
+    return {
+        "metadata": {"name": f"jupyter-{user}--gpu", "namespace": "jhub",
+                     "labels": {"component": "singleuser-server"}},
+        "spec": {"nodeName": node, "containers": [
+            {"name": "notebook", "resources": {"limits": {"nvidia.com/gpu": "1"}}}]},
+        "status": {"phase": "Running", "podIP": f"10.0.0.{len(user)}"},
+    }  # fmt: skip
+
+
+@pytest.fixture
+def overcommitted(tmp_path):
+    path = tmp_path / "catalog.yaml"
+    path.write_text(json.dumps(OVERCOMMITTED))
+    return {"catalog": str(path), "namespace": "jhub"}
+
+
+@pytest.mark.parametrize("mallory_node, victims", [("node-a", 3), ("node-b", 2)])
+async def test_one_report_naming_128_gpus_moves_no_one_elses_kernels(
+    receiver, overcommitted, mallory_node, victims
+):
+    """Mallory's report names 128 UUIDs, the victims' GPU among them, each with a resident
+    kernel and a resume waiting for a whole GPU. The victims share GPU-B on node-b, each a
+    quarter resident; the margin is a quarter. Mallory's word must move none of their idle
+    kernels: from another node it does not count on GPU-B at all (three victims: the GPU is at
+    its size less the margin, not above); on their node her claim on all GPUs together is her
+    slice (two victims: with her quarter the GPU is still not above it)."""
+    from fracspawner.culler.serverpods import ServerPods
+
+    culler = receiver.culler
+    for key, value in overcommitted.items():
+        setattr(culler, key, value)
+    culler._catalog = None
+    culler.initialize([])
+    victims = ["v1", "v2", "v3"][:victims]
+    for user in [*victims, "mallory"]:
+        receiver.hub.tokens[f"{user}-token"] = {
+            "kind": "user", "name": user,
+            "scopes": [f"access:servers!server={user}/gpu", f"users:activity!user={user}"],
+        }  # fmt: skip
+        now = datetime.now(timezone.utc).isoformat()
+        receiver.hub.servers.setdefault(user, {})["gpu"] = {
+            "user_options": {"gpu": "1/4", "pool": "t4"}, "started": now, "last_activity": now
+        }  # fmt: skip
+    await culler.cull_once()
+    pods = ServerPods("jhub")
+    pods.load([server_pod(u, "node-b") for u in victims] + [server_pod("mallory", mallory_node)])
+    culler.server_pods = pods
+    uuids = ["GPU-B", *[f"GPU-{i:03d}" for i in range(127)]]
+    mallory = swap_report(uuids, {"m1": T4}, waiting=T4, state="busy")  # never her own
+    code, answer, _ = await receiver.post(mallory, token="mallory-token")
+    assert code in (200, 204), answer
+    for user in victims:
+        code, answer, _ = await receiver.post(
+            swap_report(["GPU-B"], {f"{user}-k": T4 / 4}), token=f"{user}-token"
+        )
+        assert code in (200, 204), answer
+        assert not (answer or {}).get("swap", {}).get("hibernate"), (user, answer)
+    # nor on mallory's next report, once every victim has reported
+    code, answer, _ = await receiver.post(mallory, token="mallory-token")
+    for user in victims:
+        code, answer, _ = await receiver.post(
+            swap_report(["GPU-B"], {f"{user}-k": T4 / 4}), token=f"{user}-token"
+        )
+        assert not (answer or {}).get("swap", {}).get("hibernate"), (user, answer)

@@ -122,12 +122,13 @@ def test_kernels_asked_before_count_as_leaving_and_are_not_asked_again():
     assert p.freeing_mib == QUARTER and not p.under_pressure and p.swaps == ()
 
 
-def report(kernels: list[dict], *, waiting=(), present=False) -> dict:
-    """A report as the extension sends it (serverext/monitor.py), one device."""
+def report(kernels: list[dict], *, waiting=(), present=False, used=2 * QUARTER) -> dict:
+    """A report as the extension sends it (serverext/monitor.py), one device (its NVML reading
+    of the device's used memory: `used`)."""
     return {
         "available": True,
         "devices": [{"index": "0", "uuid": UUID, "memory_total_mib": SIZE,
-                     "memory_used_mib": 2 * QUARTER}],
+                     "memory_used_mib": used}],
         "processes": [
             {"pid": 10 + i, "kernel_id": k["id"], "device": "0",
              "gpu_memory_mib": k["gpu_memory_mib"], "matched": True}
@@ -186,9 +187,9 @@ def seat(user: str, body: dict, fresh: bool = True, present: bool = False) -> Se
 
 def test_the_desk_answers_each_server_with_its_own_kernels_once():
     desk = SwapDesk(report_in=10)
-    seats = [seat(f"u{i}", report([kernel(f"k{i}", QUARTER, f"2026-01-01T1{i}:00:00Z")]))
+    seats = [seat(f"u{i}", report([kernel(f"k{i}", QUARTER, f"2026-01-01T1{i}:00:00Z")], used=SIZE))
              for i in range(1, 5)]  # fmt: skip
-    waiting = report([], waiting=[{"kernel_id": "k5", "gpu_memory_mib": QUARTER}])
+    waiting = report([], waiting=[{"kernel_id": "k5", "gpu_memory_mib": QUARTER}], used=SIZE)
     seats.append(seat("u5", waiting))
     # the waiting server is told to report again soon, and that its kernel waits (the GPU is
     # full: no room to grant); u1's kernel is not its to swap
@@ -278,10 +279,11 @@ def test_room_is_granted_first_come_first_served_and_never_twice():
 
     def waiting(kid: str, since: str) -> dict:
         return report([], waiting=[{"kernel_id": kid, "gpu_memory_mib": QUARTER,
-                                    "since": since}])  # fmt: skip
+                                    "since": since}], used=3 * QUARTER)  # fmt: skip
 
     desk = SwapDesk(report_in=10)
-    seats = [seat(f"u{i}", report([kernel(f"k{i}", QUARTER, f"2026-01-01T1{i}:00:00Z")]))
+    seats = [seat(f"u{i}", report([kernel(f"k{i}", QUARTER, f"2026-01-01T1{i}:00:00Z")],
+                                  used=3 * QUARTER))
              for i in range(1, 4)]  # fmt: skip
     seats += [seat("u4", waiting("k4", "2026-01-01T12:00:00Z")),
               seat("u5", waiting("k5", "2026-01-01T12:00:01Z"))]  # fmt: skip
@@ -290,9 +292,116 @@ def test_room_is_granted_first_come_first_served_and_never_twice():
     got = desk.answer("u4", "", seats, now=101.0)["swap"]
     assert got["resume"] == [{"kernel_id": "k4", "gpu_memory_mib": QUARTER}]
     assert "resume" not in desk.answer("u5", "", seats, now=102.0)["swap"]
-    # the device reading shows more than the slices' sum (a kernel above its slice): no room
+    # every reading of the device shows more than the slices' sum (a kernel above its slice):
+    # no room; one server's reading alone does not hold the room
     desk = SwapDesk(report_in=10)
-    over = report([kernel("k1", QUARTER, "2026-01-01T11:00:00Z")])
-    over["devices"][0]["memory_used_mib"] = SIZE
-    seats[0] = seat("u1", over)
-    assert "resume" not in desk.answer("u4", "", seats, now=103.0)["swap"]
+    bodies = [report([kernel(f"k{i}", QUARTER, f"2026-01-01T1{i}:00:00Z")]) for i in (1, 2, 3)]
+    bodies += [waiting("k4", "2026-01-01T12:00:00Z"), waiting("k5", "2026-01-01T12:00:01Z")]
+    bodies[0]["devices"][0]["memory_used_mib"] = SIZE
+    seats = [seat(f"u{i}", body) for i, body in enumerate(bodies, 1)]
+    assert "resume" in desk.answer("u4", "", seats, now=103.0)["swap"]
+    for body in bodies:
+        body["devices"][0]["memory_used_mib"] = SIZE
+    desk = SwapDesk(report_in=10)
+    seats = [seat(f"u{i}", body) for i, body in enumerate(bodies, 1)]
+    assert "resume" not in desk.answer("u4", "", seats, now=104.0)["swap"]
+
+
+def test_a_gpu_full_by_every_reading_with_a_resume_waiting_orders_a_swap():
+    """Two kernels above their slice (time-slicing enforces nothing): their servers' words count
+    a quarter each, but every reading of the device shows it full. With a resume waiting, the
+    reading bounds what is resident: one idle kernel is asked out (issue 36, item 5)."""
+    desk = SwapDesk(report_in=10)
+
+    def above(i: int) -> dict:
+        body = report([kernel(f"k{i}", 2 * QUARTER, f"2026-01-01T1{i}:00:00Z")])
+        body["devices"][0]["memory_used_mib"] = SIZE
+        return body
+
+    waiting = report([], waiting=[{"kernel_id": "k3", "gpu_memory_mib": QUARTER}])
+    waiting["devices"][0]["memory_used_mib"] = SIZE
+    seats = [seat("u1", above(1)), seat("u2", above(2)), seat("u3", waiting)]
+    order = desk.answer("u1", "", seats, now=100.0)
+    assert order and order["swap"]["hibernate"][0]["kernel_id"] == "k1", order
+    assert desk.answer("u3", "", seats, now=101.0)["swap"]["wait"][0]["kernel_id"] == "k3"
+
+
+def test_a_server_that_has_not_reported_counts_its_slice_where_its_pod_is():
+    """The hub lists u4, its pod is on the GPUs' node, it has not reported yet: its slice is
+    counted on the GPU (unknown memory is never free), so the margin is kept (issue 36, item
+    5); a server on another node is not counted there."""
+    from fracspawner.backends import load_catalog
+    from fracspawner.culler.decide import ServerFacts
+    from fracspawner.culler.placement import Placement
+    from fracspawner.culler.reports import parse_report
+    from fracspawner.culler.swapdesk import seats_from
+
+    catalog = load_catalog(
+        {"pools": {"t4": {"gpu": "T4", "backend": "timeslicing", "replicas": 4,
+                          "overcommit": 2, "offers": ["1/4"]}}}
+    )  # fmt: skip
+    now = 1e9
+    at = "2001-09-09T01:46:00Z"
+    reports = [
+        (f"u{i}", "", parse_report(
+            {**report([kernel(f"k{i}", QUARTER, f"2001-09-09T00:0{i}:00Z")]), "sampled_at": at},
+            received_at=now))
+        for i in range(1, 4)
+    ]  # fmt: skip
+    known = {
+        (f"u{i}", ""): ServerFacts(f"u{i}", user_options={"gpu": "1/4", "pool": "t4"})
+        for i in range(1, 6)
+    }
+    nodes = {"u5": "node-2"}
+
+    def placement(user: str, server: str) -> Placement:
+        return Placement(nodes.get(user, "node-1"))
+
+    seats = seats_from(reports, known, catalog, now, 30, placement=placement)
+    assert {s.user for s in seats} == {"u1", "u2", "u3", "u4", "u5"}
+    order = SwapDesk(report_in=10).answer("u1", "", seats, now=now)
+    assert order and order["swap"]["hibernate"][0]["kernel_id"] == "k1"
+    # u4 elsewhere too: the GPU is within its size less the margin
+    nodes["u4"] = "node-2"
+    seats = seats_from(reports, known, catalog, now, 30, placement=placement)
+    assert SwapDesk(report_in=10).answer("u1", "", seats, now=now) is None
+
+
+def test_a_pods_placement_comes_from_the_pod_never_the_report():
+    """The node, the devices HAMi's allocation names and the GPU count of the pod; a report
+    naming others is cut to them, and its claim on all of them together is its slice."""
+    from fracspawner.culler.placement import Placement, placement_of
+    from fracspawner.culler.swapdesk import bind
+
+    pod = {
+        "metadata": {"annotations": {
+            "hami.io/vgpu-devices-allocated": "GPU-a,NVIDIA,3840,25:;"}},
+        "spec": {"nodeName": "n1", "containers": [
+            {"resources": {"limits": {"nvidia.com/gpu": "1"}}}]},
+    }  # fmt: skip
+    assert placement_of(pod) == Placement("n1", 1, frozenset({"GPU-a"}))
+    assert placement_of({"spec": {}}) == Placement(None, 1, None)
+    body = report([kernel("k", QUARTER, "2026-01-01T10:00:00Z")],
+                  waiting=[{"kernel_id": "w", "gpu_memory_mib": SIZE}])  # fmt: skip
+    body["devices"] += [{"index": str(i), "uuid": f"GPU-{i}", "memory_total_mib": SIZE}
+                        for i in range(1, 5)]  # fmt: skip
+    facts = swap_facts(body, 1e10)
+    (gpu,) = bind(facts, Placement("n1", 1, None), QUARTER, 1).gpus
+    assert gpu.uuid == f"n1/{UUID}" and gpu.resident_mib + gpu.waiting_mib == QUARTER
+    assert bind(facts, placement_of(pod), QUARTER, 1).gpus == ()  # none of them is GPU-a
+
+
+def test_a_report_from_before_a_swap_is_not_read_as_a_full_gpu():
+    """u4's kernel was just swapped out and its report from before still shows it resident,
+    while every fresh reading shows the room: u5's waiting kernel gets neither a grant (the
+    servers' word says full) nor "wait" (its cell would be told the GPU is full when it is
+    not); its server is asked to report again soon."""
+    desk = SwapDesk(report_in=20)
+    seats = [seat(f"u{i}", report([kernel(f"k{i}", QUARTER, f"2026-01-01T1{i}:00:00Z")],
+                                  used=3 * QUARTER))
+             for i in range(1, 5)]  # fmt: skip
+    seats.append(
+        seat("u5", report([], waiting=[{"kernel_id": "k5", "gpu_memory_mib": QUARTER}],
+                          used=3 * QUARTER))
+    )  # fmt: skip
+    assert desk.answer("u5", "", seats, now=100.0) == {"swap": {"report_in": 3.0}}

@@ -30,6 +30,7 @@ from .base import CullerApplication
 from .decide import Decision, GpuFacts, Reading, Rules, ServerFacts, combine, decide_server
 from .hubapi import HubClient, HubServer
 from .identity import Identity, TokenVerifier, token_key
+from .placement import Placement
 from .podname import DEFAULT_TEMPLATE, pod_name
 from .policy import PoolPolicy, gpu_windows, policy_for_server, slice_memory_cap
 from .prometheus import DEFAULT_JOB, DcgmConfig, PrometheusError, build_query, parse_result
@@ -511,7 +512,7 @@ class Culler(CullerApplication):
         now = time.time()
         seats = seats_from(
             self.reports.latest(), self.known, self._catalog, now, self.max_staleness,
-            self.swap_margin_mib, also_pool=pool.name,
+            self.swap_margin_mib, also_pool=pool.name, placement=self.placement_of,
         )  # fmt: skip
         answer = self._swap_desk.answer(who.user, who.server, seats, now)
         self.metrics.gpus_under_pressure.set(self._swap_desk.under_pressure())
@@ -522,6 +523,14 @@ class Culler(CullerApplication):
                 who.user, who.server, shown(order["kernel_id"]),
             )  # fmt: skip
         return answer
+
+    def placement_of(self, user: str, server: str) -> Placement | None:
+        """Where the server's pod is, by the pod watch (watch_server_pods): its node and the
+        GPUs its allocation names (placement.py); None where the watch is off or lacks it."""
+        if self.server_pods is None:
+            return None
+        name = pod_name(user, server, self.pod_name_template, self.slug_scheme)
+        return self.server_pods.placement(name)
 
     def update_hibernated(self) -> None:
         """fracspawner_hibernated_bytes by pool: the servers' latest reports, each bounded by

@@ -9,14 +9,18 @@ kernel's next message). The ask travels in the answer to the server's own report
 (receiver.py): the culler never calls into a user server. Run:ai sells the same idea as "GPU
 memory swap" (docs.run.ai, Researcher/scheduling/gpu-memory-swap).
 
-The rule, per physical GPU (keyed by the NVML UUID the servers report):
+The rule, per physical GPU (keyed by the node of the server's pod and the NVML UUID its report
+gives; only GPUs its pod may hold count: swapdesk.bind, placement.py):
 
 - resident = what its servers' processes hold on it, each server at most its slice's memory (a
-  server's word is never worth more than its slice), and a server whose report is stale or
-  unreadable counts its whole slice: unknown memory is never counted as free. A kernel its
-  server reports suspended holds nothing there, whatever the last reading of its process said
-  (the reading may predate the suspend). NVML's used memory of the whole device is not used:
-  the servers read it at different moments, so before and after a swap they disagree;
+  server's word is never worth more than its slice, on all its GPUs together: swapdesk.bind),
+  and a server whose report is stale or unreadable, or who has not reported, counts its whole
+  slice: unknown memory is never counted as free. A kernel its server reports suspended holds
+  nothing there, whatever the last reading of its process said (the reading may predate the
+  suspend). Where the smallest fresh reading of the device's used memory (NVML of the whole
+  device) says more, it counts: a kernel above its slice, processes nobody reports. The
+  smallest, since the servers read it at different moments (before and after a swap they
+  disagree) and one server's inflated word must move nobody;
 - demand = resident + what kernels waiting to resume on it need (a resume refused for want of
   room: serverext/swap.py reports it);
 - pressure: demand above size - margin. Then the least recently used idle kernels on the GPU
@@ -121,14 +125,17 @@ def plan_swaps(
     servers: Iterable[ServerOnGpu],
     margin_mib: float = 0.0,
     asked: Mapping[tuple[str, str, str], float] | None = None,
+    reading_mib: float | None = None,
 ) -> Pressure:
     """The pressure on one GPU and the idle kernels to swap out, least recently used first.
 
     `asked`: kernels asked before (user, server, kernel id) -> MiB they held, still resident by
-    their server's report; they are not chosen again and count as freeing what they hold."""
+    their server's report; they are not chosen again and count as freeing what they hold.
+    `reading_mib`: the smallest fresh reading of the device's used memory, which bounds what is
+    resident from below (kernels above their slice, processes nobody reports)."""
     servers = list(servers)
     asked = asked or {}
-    resident = resident_of(servers)
+    resident = max(resident_of(servers), max(reading_mib or 0.0, 0.0))
     waiting = sum(min(max(s.waiting_mib, 0.0), s.cap_mib) for s in servers)
     freeing = sum(
         asked.get((s.user, s.server, k.kernel_id), 0.0) for s in servers for k in s.kernels

@@ -8,6 +8,9 @@ get 429. An address this watch knows as a server pod's (KubeSpawner's pods carry
 `component=singleuser-server`: kubespawner/spawner.py `component_label`, and z2jh keeps it)
 spends a budget of its own instead, which nobody else can spend.
 
+The same watch says where each server pod is (its node, the GPUs its allocation names:
+placement.py), which binds a server's reports to the GPUs it may be on (swapdesk.py).
+
 One list, then watches resumed from its resourceVersion (capacity/rawwatch.py watch_once, the
 loop the other pod watches share); a lost watch relists after a backoff, a 410 at once. Until
 the first list, and while the watch is lost, addresses stay as last known (a pod's IP is not
@@ -24,6 +27,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from ..capacity.apiconfig import load_configuration
+from .placement import Placement, placement_of
 
 log = logging.getLogger(__name__)
 
@@ -56,6 +60,7 @@ class ServerPods:
         self.max_backoff = max_backoff
         self._by_pod: dict[str, set[str]] = {}  # namespace/name -> its addresses
         self._addresses: dict[str, str] = {}  # address -> namespace/name
+        self._placements: dict[str, Placement] = {}  # namespace/name -> node and GPUs
         self._task: asyncio.Task | None = None
         self.listed = asyncio.Event()
         self.failures = 0
@@ -66,6 +71,15 @@ class ServerPods:
     def __len__(self) -> int:
         return len(self._by_pod)
 
+    def placement(self, name: str, namespace: str | None = None) -> Placement | None:
+        """The node and GPUs of the server pod `name` (in `namespace`, or this watch's), or
+        None when the watch does not know it."""
+        ns = namespace if namespace is not None else self.namespace
+        if ns:
+            return self._placements.get(f"{ns}/{name}")
+        found = [p for key, p in self._placements.items() if key.split("/", 1)[1] == name]
+        return found[0] if len(found) == 1 else None  # the same name in two namespaces: unsure
+
     # -- the index
     @staticmethod
     def _key(pod: Mapping[str, Any]) -> str:
@@ -74,6 +88,8 @@ class ServerPods:
 
     def put(self, pod: dict[str, Any]) -> None:
         self.drop(pod)
+        if not (pod.get("metadata") or {}).get("deletionTimestamp"):
+            self._placements[self._key(pod)] = placement_of(pod)
         addresses = pod_addresses(pod)
         if addresses:
             key = self._key(pod)
@@ -82,6 +98,7 @@ class ServerPods:
 
     def drop(self, pod: dict[str, Any]) -> None:
         key = self._key(pod)
+        self._placements.pop(key, None)
         for address in self._by_pod.pop(key, set()):
             if self._addresses.get(address) == key:
                 del self._addresses[address]
@@ -89,6 +106,7 @@ class ServerPods:
     def load(self, pods: list[dict[str, Any]]) -> None:
         self._by_pod.clear()
         self._addresses.clear()
+        self._placements.clear()
         for pod in pods:
             self.put(pod)
 

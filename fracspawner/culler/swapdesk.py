@@ -15,12 +15,14 @@ room (serverext/room.py): on an over-committed pool or under HAMi-core, not with
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
-from dataclasses import dataclass
+import math
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING
 
 from ..model.slices import slice_memory_mib
 from .grants import GRANT_SECONDS, Key, Waiter, plan_grants
+from .placement import Placement
 from .policy import slice_memory_cap
 from .pressure import (
     ASK_AGAIN_AFTER,
@@ -37,6 +39,10 @@ if TYPE_CHECKING:
     from .reports import ServerReport
 
 
+#: how soon a server whose waiting kernel the culler could not yet decide reports again (s)
+UNSURE_REPORT_IN = 3.0
+
+
 @dataclass(frozen=True)
 class Seat:
     """One server as the culler knows it: the hub's record (its pool's size and over-commit,
@@ -51,6 +57,43 @@ class Seat:
     margin_mib: float
     present: bool = False
     swaps: bool = True  # its pool over-commits: its idle kernels may be swapped out
+    # where its pod is (the culler's pod watch: placement.py); None: not known
+    placement: Placement | None = None
+
+    def may_be_on(self, key: str) -> bool:
+        """Whether its pod may hold GPU `key` (node/uuid), by its placement alone."""
+        p = self.placement
+        if p is None or p.node is None or not key.startswith(p.node + "/"):
+            return False
+        return p.uuids is None or key[len(p.node) + 1 :] in p.uuids
+
+
+def gpu_key(node: str | None, uuid: str) -> str:
+    """A GPU as the culler groups servers: its node and NVML UUID (the UUID alone where the
+    node is not known)."""
+    return f"{node}/{uuid}" if node else uuid
+
+
+def bind(facts: SwapFacts, placement: Placement | None, cap_mib: float, gpus: int) -> SwapFacts:
+    """A report's devices as far as its pod allows (placement.py): only those its allocation
+    names (where it names them), at most as many as it may see (those where it claims the most
+    first), each keyed by its node and UUID, and its claim on all of them together (resident
+    and waiting) bounded by its slice."""
+    kept = list(facts.gpus)
+    if placement is not None and placement.uuids is not None:
+        kept = [g for g in kept if g.uuid in placement.uuids]
+    kept.sort(key=lambda g: -(g.resident_mib + g.waiting_mib))
+    kept = kept[: placement.gpus if placement is not None else gpus]
+    node = placement.node if placement is not None else None
+    budget, out = max(cap_mib, 0.0), []
+    for g in kept:
+        resident = min(max(g.resident_mib, 0.0), budget)
+        waiting = min(max(g.waiting_mib, 0.0), budget - resident)
+        budget -= resident + waiting
+        out.append(
+            replace(g, uuid=gpu_key(node, g.uuid), resident_mib=resident, waiting_mib=waiting)
+        )
+    return SwapFacts(tuple(out))
 
 
 class SwapDesk:
@@ -96,13 +139,20 @@ class SwapDesk:
         orders: list[dict] = []
         resume: list[dict] = []
         wait: list[dict] = []
-        pressed = False
+        pressed = unsure = False
         for gpu in me.facts.gpus:
             on_it = []
+            readings = []
             for s in seats:
+                if not s.facts.gpus and s.may_be_on(gpu.uuid):
+                    # no devices reported (no report yet, none readable): its whole slice
+                    # counts on each GPU its pod may be on; unknown memory is never free
+                    on_it.append(ServerOnGpu(s.user, s.server, s.cap_mib, None))
                 for g in s.facts.gpus:
                     if g.uuid != gpu.uuid:
                         continue
+                    if s.fresh and g.used_mib is not None:
+                        readings.append(g.used_mib)
                     on_it.append(
                         ServerOnGpu(
                             user=s.user,
@@ -117,10 +167,14 @@ class SwapDesk:
             size = me.size_mib if me.size_mib else gpu.total_mib
             if not size:
                 continue
-            self._grant(user, server, gpu.uuid, size, seats, on_it, granted, now, resume, wait)
+            if self._grant(user, server, gpu.uuid, size, seats, on_it, granted, now, resume, wait):
+                unsure = True
             if not me.swaps:
                 continue
-            pressure = plan_swaps(gpu.uuid, size, on_it, me.margin_mib, asked)
+            # the smallest fresh device reading: what the whole GPU holds (kernels above their
+            # slice, processes nobody reports), never one server's inflated word
+            reading = min(readings) if readings else None
+            pressure = plan_swaps(gpu.uuid, size, on_it, me.margin_mib, asked, reading)
             self.last[gpu.uuid] = pressure
             pressed = pressed or pressure.under_pressure
             for swap in pressure.swaps:
@@ -132,9 +186,11 @@ class SwapDesk:
         named = {g.uuid for s in seats for g in s.facts.gpus}
         for uuid in [u for u in self.last if u not in named]:
             del self.last[uuid]
-        if not orders and not pressed and not resume and not wait:
+        if not orders and not pressed and not resume and not wait and not unsure:
             return None
-        body: dict = {"report_in": self.report_in}
+        body: dict = {
+            "report_in": min(self.report_in, UNSURE_REPORT_IN) if unsure else self.report_in
+        }
         if orders:
             body["hibernate"] = orders
         if resume:
@@ -169,9 +225,10 @@ class SwapDesk:
         now: float,
         resume: list[dict],
         wait: list[dict],
-    ) -> None:
-        """Room on GPU `uuid` for `user`/`server`'s waiting kernels (grants.py)."""
-        waiters, readings = [], [0.0]
+    ) -> bool:
+        """Room on GPU `uuid` for `user`/`server`'s waiting kernels (grants.py); True when the
+        culler is not sure yet (its sources disagree): the server should report again soon."""
+        waiters, readings = [], []
         for s in seats:
             if not s.fresh:
                 continue
@@ -186,16 +243,24 @@ class SwapDesk:
                 ]
         mine = [w for w in waiters if (w.user, w.server) == (user, server)]
         if not mine:
-            return
-        on_gpu = max(resident_of(on_it), max(readings))
+            return False
+        on_gpu = max(resident_of(on_it), min(readings) if readings else 0.0)
         go = set(plan_grants(size, on_gpu, waiters, granted))
+        # by the readings alone there would be room: a report from before a swap still counts
+        # its kernel resident. Neither grant nor "wait" (the cell would be told the GPU is full
+        # when it is not): its server reports again soon
+        maybe = set(plan_grants(size, min(readings), waiters, granted)) if readings else go
+        unsure = False
         for w in mine:
             if w.key in go:
                 mib = min(max(w.mib, 0.0), size)
                 self.granted.setdefault(w.key, (mib, now))
                 resume.append({"kernel_id": w.kernel_id, "gpu_memory_mib": mib})
+            elif w.key in maybe:
+                unsure = True
             else:
                 wait.append({"kernel_id": w.kernel_id, "reason": "the GPU is full"})
+        return unsure
 
 
 def seats_from(
@@ -206,15 +271,20 @@ def seats_from(
     max_staleness: float,
     margin_mib: float | None = None,
     also_pool: str | None = None,
+    placement: Callable[[str, str], Placement | None] | None = None,
 ) -> list[Seat]:
     """The servers on over-committed pools, each from the hub's record (pool, slice) and its
     latest report. A server the hub has not listed, or in a pool that does not over-commit,
     takes no part, unless it is `also_pool` (a waiting resume there needs the culler's grant).
-    `margin_mib` None: each pool's largest slice (room for one more of it)."""
+    A server the hub lists that has not reported counts too (its whole slice, where its pod's
+    placement says which GPUs it may be on). Each report is bound to its pod (`bind`):
+    `placement(user, server)` is where the pod watch has it (None: not known). `margin_mib`
+    None: each pool's largest slice (room for one more of it)."""
     seats = []
-    for user, server, report in reports:
-        facts = known.get((user, server))
-        if facts is None or not facts.pool or facts.pool not in catalog.pools:
+    latest = {(user, server): report for user, server, report in reports}
+    for (user, server), facts in known.items():
+        report = latest.get((user, server))
+        if not facts.pool or facts.pool not in catalog.pools or facts.gpu_slice is None:
             continue
         pool = catalog.pools[facts.pool]
         if pool.overcommit <= 1 and facts.pool != also_pool:
@@ -223,17 +293,21 @@ def seats_from(
         # a slice the catalog cannot size counts as the pool's largest: never as nothing
         cap = slice_memory_cap(catalog, facts.pool, facts.gpu_slice) or largest
         margin = largest if margin_mib is None else margin_mib
+        size = float(pool.gpu.device_memory_mib)
+        where = placement(user, server) if placement is not None else None
+        gpus = max(1, math.ceil(cap / size)) if size > 0 else 1
         seats.append(
             Seat(
                 user=user,
                 server=server,
-                facts=report.swap,
-                fresh=now - report.received_at <= max_staleness,
+                facts=bind(report.swap, where, cap, gpus) if report else SwapFacts(),
+                fresh=report is not None and now - report.received_at <= max_staleness,
                 cap_mib=cap,
-                size_mib=float(pool.gpu.device_memory_mib),
+                size_mib=size,
                 margin_mib=min(margin, pool.gpu.device_memory_mib),
-                present=bool(report.present),
+                present=bool(report and report.present),
                 swaps=pool.overcommit > 1,
+                placement=where,
             )
         )
     return seats

@@ -1,0 +1,69 @@
+"""Where a server's pod is, and which GPUs it may hold: from the pod, never from its report
+(pure).
+
+A server's report names GPUs by NVML UUID, but a report is the server's word: a hostile one may
+name GPUs it is not on (every UUID it can guess or learn), to make the culler swap its
+neighbours' idle kernels out. What binds a server to GPUs is its pod, as the API server has it
+(the culler's pod watch, serverpods.py):
+
+- its node (`spec.nodeName`): a report's UUIDs count only among servers on the same node;
+- the devices its allocation names, where the allocation names them: HAMi's
+  `hami.io/vgpu-devices-allocated` annotation (`GPU-<uuid>,NVIDIA,<MiB>,<cores>:` per device,
+  `;` per container; Project-HAMi/HAMi pkg/device/nvidia, `SupportDevices`);
+- how many devices it may see: the `nvidia.com/gpu` limit of its containers (a time-sliced
+  replica, a HAMi vGPU: one physical GPU each), at least one.
+
+The NVIDIA device plugin writes no device ids into the pod (the kubelet's pod-resources API has
+them, the API server does not), so on time-slicing the node and the count bind a report, and its
+claim on all GPUs together is bounded by its slice (swapdesk.py).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+HAMI_ALLOCATED = "hami.io/vgpu-devices-allocated"
+GPU_RESOURCES = ("nvidia.com/gpu",)
+
+
+@dataclass(frozen=True)
+class Placement:
+    """A server pod's node and GPUs as the API server has them."""
+
+    node: str | None
+    gpus: int = 1  # devices it may see
+    uuids: frozenset[str] | None = None  # those its allocation names; None: not named
+
+
+def hami_uuids(value: str) -> frozenset[str]:
+    """The device UUIDs of a `hami.io/vgpu-devices-allocated` value."""
+    out = set()
+    for container in value.split(";"):
+        for device in container.split(":"):
+            uuid = device.split(",", 1)[0].strip()
+            if uuid:
+                out.add(uuid)
+    return frozenset(out)
+
+
+def _count(value: Any) -> int:
+    try:
+        return max(0, int(str(value)))
+    except ValueError:
+        return 0
+
+
+def placement_of(pod: Mapping[str, Any]) -> Placement:
+    meta, spec = pod.get("metadata") or {}, pod.get("spec") or {}
+    annotations = meta.get("annotations") or {}
+    allocated = annotations.get(HAMI_ALLOCATED)
+    uuids = hami_uuids(str(allocated)) if allocated else None
+    count = 0
+    for container in spec.get("containers") or []:
+        limits = ((container or {}).get("resources") or {}).get("limits") or {}
+        count += sum(_count(limits.get(r, 0)) for r in GPU_RESOURCES)
+    gpus = max(1, count, len(uuids or ()))
+    node = spec.get("nodeName")
+    return Placement(node if isinstance(node, str) and node else None, gpus, uuids or None)
