@@ -173,10 +173,25 @@ def test_host_pids_on_old_drivers_are_unmatched_work(server, nvml_state, kernel)
 
 
 def test_a_busy_device_listing_no_process_is_unknown(server, nvml_state, kernel):
+    # a driver before 535.113.01: the pod's own processes may be hidden from it
     kernel_id, pid = kernel
     state = gpu([{"pid": pid, "memory_mib": 4096, "sm": 90}], utilization=90, list_processes=False)
-    set_state(nvml_state, gpus=[state])
+    set_state(nvml_state, driver="530.30.02", gpus=[state])
     unknown_for(server, kernel_id, "lists no process")
+
+
+def test_a_neighbours_work_on_a_shared_device_is_not_this_servers(server, nvml_state, kernel):
+    """Issue 36, item 7: a 1/4 slice of a time-sliced GPU, a current driver (the pod's own
+    processes are listed by their PID in the pod), the server's kernel holds nothing on the GPU:
+    the device is busy with a neighbour's work, listed or not. That is not this server's
+    activity: its GPU reads idle, not unknown, and its idle clock goes on."""
+    neighbour = {"pid": PID_MAX + 7, "memory_mib": 20000, "sm": 95}  # not in this pod's /proc
+    set_state(nvml_state, gpus=[gpu([neighbour], utilization=95, list_processes=False)])
+    idle = report_when(server, lambda r: r.get("gpu_state") == "idle", "idle, not unknown")
+    assert idle["gpu_activity_known"] is True and idle["gpu_unknown_reasons"] == []
+    set_state(nvml_state, gpus=[gpu([neighbour], utilization=95)])  # listed, another pod's
+    idle = report_when(server, lambda r: r.get("gpu_state") == "idle", "idle, not unknown")
+    assert idle["gpu_activity_known"] is True and idle["gpu_unknown_reasons"] == []
 
 
 async def test_a_job_re_parented_to_pid_1_is_the_pods(server, nvml_state, kernel):
@@ -322,3 +337,18 @@ def test_idle_gpu_kernel_shut_down_by_its_server_never_while_its_user_works(
     after = server.api("GET", "/api/status")[1]["last_activity"]
     assert isoparse(after) == isoparse(before)
     assert "shutting down kernel " + kernel_id in server.logs()
+
+
+def test_whose_unplaced_work_is_a_neighbours():
+    from fracspawner.serverext.neighbours import neighbours_work
+
+    shared = {"FRACSPAWNER_GPU_SLICE": "1/4"}
+    assert neighbours_work(shared, "575.57.08", own_namespace=True)
+    assert neighbours_work({"FRACSPAWNER_GPU_SLICE": "10GiB"}, "575.57.08", True)
+    # the pod's own work may be hidden: whole GPUs, MPS, old drivers, no PID namespace
+    assert neighbours_work({"FRACSPAWNER_GPU_SLICE": "1"}, "575.57.08", True) is None
+    assert neighbours_work({**shared, "CUDA_MPS_PIPE_DIRECTORY": "/mps"}, "575.57.08", True) is None
+    assert neighbours_work(shared, "530.30.02", True) is None
+    assert neighbours_work(shared, None, True) is None
+    assert neighbours_work(shared, "575.57.08", False) is None
+    assert neighbours_work({"FRACSPAWNER_GPU_SLICE": "mig-1g.10gb"}, "575.57.08", True) is None

@@ -23,11 +23,12 @@ from typing import Any
 
 from traitlets import Bool, Float, Integer, Unicode, default
 
-from .activity import presence_json, user_activity
+from .activity import in_session, presence_json, user_activity
 from .attribution import attribute, has_own_pid_namespace
 from .foreign import watch_iopub
 from .hibernate import Hibernator
 from .loop import BackgroundLoop
+from .neighbours import neighbours_work
 from .podinfo import (
     Deadline,
     PodInfo,
@@ -281,12 +282,15 @@ class GpuMonitor(BackgroundLoop):
                 k.last_gpu_activity = now
             if state != "idle":
                 k.last_not_idle, k.known = now, k.known and state == "busy"
+        # on a device shared with other pods, work this server cannot place is a neighbour's
+        # where the driver lists the pod's own processes by their PID (neighbours.py)
+        theirs = neighbours_work(os.environ, sample.driver, bool(self.own_pid_namespace))
         for p in self.unmatched:
-            if self._state(p) != "idle":
+            if self._state(p) != "idle" and theirs is None:
                 unknown.append(f"GPU work by a process this server cannot match (pid {p.pid})")
         listed = {p.device for p in sample.processes}
         for d in sample.devices:
-            if d.index in listed:
+            if d.index in listed or theirs is not None:
                 continue
             if d.utilization is not None and d.utilization >= self.busy_threshold:
                 unknown.append(f"device {d.index} is busy but lists no process")
@@ -446,6 +450,8 @@ class GpuMonitor(BackgroundLoop):
         it took time (seconds each), and its user may have come back meanwhile."""
         if not self.cull_kernels or self.reason is not None or self.sample is None:
             return []
+        if in_session(self.settings, now):  # a person is there: hibernate at most (presence.py)
+            return []
         km = self.settings.get("kernel_manager")
         done = []
         first = self._decided_at(now)
@@ -460,7 +466,7 @@ class GpuMonitor(BackgroundLoop):
             if kid not in current:
                 continue
             _, k, _state, _last, due = current[kid]
-            if due is None or at < due.cull_at:
+            if due is None or at < due.cull_at or in_session(self.settings, at):
                 continue
             self.log.info(
                 "fracspawner: shutting down kernel %s: it holds %.0f MiB of GPU memory and its "
@@ -493,6 +499,8 @@ class GpuMonitor(BackgroundLoop):
         now = now or utcnow()
         presence = presence_json(self.settings, now)
         present = bool(presence and presence["present"])
+        # in session (a hidden tab of a person seen lately): no kernel is shut down either
+        session = present or bool(presence and presence.get("in_session"))
         activity = {
             "monitor_started": isoformat(self.started),
             # whether a person is at the server (presence.py): the culler keeps a present
@@ -532,7 +540,7 @@ class GpuMonitor(BackgroundLoop):
                 }
             )
             # nothing to warn a present person of: nothing is shut down while they stay
-            if due is not None and due.warns(now) and not present:
+            if due is not None and due.warns(now) and not session:
                 warnings.append(self._warning("kernel", due, now, k.memory_mib, kernel_id=kid))
         unattributed = round(sum(p.memory_mib for p in self.unmatched), 1)
         memory = round(sum(p.memory_mib for _, p in self.processes) + unattributed, 1)

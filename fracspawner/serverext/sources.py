@@ -49,6 +49,7 @@ class GpuSample:
     source: str  # "nvml" | "simulated"
     devices: list[GpuDevice] = field(default_factory=list)
     processes: list[GpuProcess] = field(default_factory=list)
+    driver: str | None = None  # the display driver's version ("575.57.08"), where NVML says
 
 
 class GpuSource(Protocol):
@@ -252,7 +253,13 @@ class NvmlSource:
                         exact=exact,
                     )
                 )
-        return GpuSample(source=self.name, devices=devices, processes=processes)
+        try:
+            driver = nv.nvmlSystemGetDriverVersion()
+        except nv.NVMLError:
+            driver = None
+        if isinstance(driver, bytes):
+            driver = driver.decode()
+        return GpuSample(self.name, devices, processes, driver=driver)
 
 
 ENV_DEMO_GPU = "FRACSPAWNER_SIMULATED_GPU"
