@@ -1,0 +1,77 @@
+"""Pod status as a kubelet reports a pod whose containers run (pkg/kubelet/status,
+kubelet_pods.go generateAPIPodStatus), for the "pods do not run" mode (as kwok fakes it): phase
+Running, the five conditions, a running and ready status per container (init containers
+terminated with Completed), podIP and hostIP. Pure: the caller writes it with pods/status."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+#: conditions the kubelet owns; others (PodScheduled, readiness gates) are kept as they are
+KUBELET_CONDITIONS = ("PodReadyToStartContainers", "Initialized", "ContainersReady", "Ready")
+
+
+def _container_id(pod_uid: str, name: str) -> str:
+    return f"devcluster://{pod_uid}/{name}"
+
+
+def running(pod: Mapping[str, Any], pod_ip: str, host_ip: str, t: str) -> dict[str, Any]:
+    spec = pod.get("spec") or {}
+    uid = pod["metadata"].get("uid", "")
+    previous = pod.get("status") or {}
+    kept = [c for c in previous.get("conditions") or [] if c["type"] not in KUBELET_CONDITIONS]
+    ours = [
+        {"type": kind, "status": "True", "lastTransitionTime": t} for kind in KUBELET_CONDITIONS
+    ]
+    return {
+        "phase": "Running",
+        "conditions": kept + ours,
+        "hostIP": host_ip,
+        "hostIPs": [{"ip": host_ip}],
+        "podIP": pod_ip,
+        "podIPs": [{"ip": pod_ip}],
+        "startTime": previous.get("startTime") or t,
+        "initContainerStatuses": [
+            {
+                "name": c["name"],
+                "image": c.get("image", ""),
+                "imageID": "",
+                "containerID": _container_id(uid, c["name"]),
+                "ready": True,
+                "restartCount": 0,
+                "started": False,
+                "state": {
+                    "terminated": {
+                        "exitCode": 0,
+                        "reason": "Completed",
+                        "startedAt": t,
+                        "finishedAt": t,
+                        "containerID": _container_id(uid, c["name"]),
+                    }
+                },
+            }
+            for c in spec.get("initContainers") or []
+        ],
+        "containerStatuses": [
+            {
+                "name": c["name"],
+                "image": c.get("image", ""),
+                "imageID": "",
+                "containerID": _container_id(uid, c["name"]),
+                "ready": True,
+                "restartCount": 0,
+                "started": True,
+                "state": {"running": {"startedAt": t}},
+            }
+            for c in spec.get("containers") or []
+        ],
+    }
+
+
+def reported(pod: Mapping[str, Any]) -> bool:
+    """Whether the pod already carries a node's Running (or final) status."""
+    status = pod.get("status") or {}
+    return status.get("phase") in ("Running", "Succeeded", "Failed") and bool(
+        status.get("containerStatuses")
+    )
