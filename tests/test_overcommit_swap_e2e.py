@@ -12,9 +12,10 @@ full time-sliced GPU would fail. The culler's margin (the pool's largest slice, 
 that room: whenever the fourth quarter lands, the least recently used idle kernel is swapped out.
 Then idle users come back: one finds room (the margin) and the next least recently used idle
 kernel goes; with no margin, two at once to a GPU with room for one: one of them waits while
-another idle kernel is swapped out, and its cell says so; then all, one by one. Throughout, a
-watcher samples the fake GPU and the memory on it never exceeds its size; every kernel's data
-survives.
+another idle kernel is swapped out; then all, one by one. No restore is tried without the
+culler's grant of room (the fake driver follows NVIDIA/cuda-checkpoint#44: a restore refused for
+want of room loses the kernel's GPU state, and none is refused here). Throughout, a watcher
+samples the fake GPU and the memory on it never exceeds its size; every kernel's data survives.
 
 Eight servers are real; the machine has two cores, so the servers read the GPU twice a second,
 report every two seconds, and every wait is on a condition.
@@ -295,9 +296,12 @@ async def test_eight_quarters_on_one_gpu_swap_least_recently_used_and_nothing_is
         assert h["state"] == "hibernated" and h["hibernated_gpu_memory_mib"] == QUARTER
         assert "least recently used idle kernel" in h["hibernated_why"]
 
-        # u1 comes back: there is room (the margin), it resumes at once and has its data
+        # u1 comes back: there is room (the margin), it resumes and has its data (on the
+        # culler's grant: its view may lag a report behind the swap that made the room, and
+        # then the cell is told it waits a moment)
         out = await cell(hub, "u1", kernels["u1"][0], "print(x, my_state())")
-        assert out.strip() == "1000 running"
+        assert out.strip().splitlines()[-1] == "1000 running", out
+        assert all(line == GPU_FULL for line in out.strip().splitlines()[:-1]), out
         # the GPU is full again: the least recently used idle kernel goes (u6's)
         await asyncio.to_thread(
             wait_until, lambda: on_gpu(gpu)[kernels["u6"][1]] == 0, 90, "u6 swapped out"
@@ -313,8 +317,8 @@ async def test_eight_quarters_on_one_gpu_swap_least_recently_used_and_nothing_is
             cell(hub, "u3", kernels["u3"][0], "print(x, my_state())"),
         )
         assert [o.strip().splitlines()[-1] for o in outs] == ["2000 running", "3000 running"]
-        waited = [o for o in outs if GPU_FULL in o]
-        assert len(waited) == 1, outs
+        # one of them waited for the room the swap made (its cell may have been told so)
+        assert all("Nothing is lost" not in o and "restart the kernel" not in o for o in outs)
         assert on_gpu(gpu)[kernels["u7"][1]] == 0  # the least recently used idle one left
         assert on_gpu(gpu)[kernels["u8"][1]] == QUARTER  # one swap for one waiting kernel
 
@@ -326,6 +330,10 @@ async def test_eight_quarters_on_one_gpu_swap_least_recently_used_and_nothing_is
         watcher.done.set()
         watcher.join(5)
         receiver.stop()
-    # the memory on the GPU never exceeded its size
+    # the memory on the GPU never exceeded its size, and no restore was ever tried into a full
+    # GPU (the fake driver follows NVIDIA/cuda-checkpoint#44: one refused restore loses the
+    # kernel's GPU state)
     assert watcher.samples > 100 and watcher.peak <= T4_MIB, (watcher.peak, watcher.samples)
+    processes = json.loads(gpu.read_text())["gpus"][0]["processes"]
+    assert not [p["pid"] for p in processes if p.get("restore_oom")], processes
     stop_all(hub, devcluster, [(u, "") for u in USERS])
