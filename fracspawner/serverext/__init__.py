@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
+from . import clients
 from .activity import server_activity, user_activity
 from .handlers import GpuHandler, PresenceHandler, ResumeHandler
 from .monitor import SETTINGS_KEY, GpuMonitor
@@ -42,6 +43,8 @@ def _load_jupyter_server_extension(serverapp: Any) -> None:
     # the person at the server, as the JupyterLab tabs report it (presence.py)
     presence = Presence(parent=serverapp, settings=web_app.settings, log=serverapp.log)
     web_app.settings[PRESENCE_KEY] = presence
+    # the user's other clients (VS Code, scripts) count while a tab reports presence (clients.py)
+    clients.install(web_app, serverapp.log)
     monitor = GpuMonitor(parent=serverapp, settings=web_app.settings, log=serverapp.log)
     web_app.settings["fracspawner_gpu_monitor"] = monitor
     base_url = web_app.settings["base_url"].rstrip("/")

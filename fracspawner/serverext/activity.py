@@ -9,8 +9,10 @@ GPU, a job nobody watches).
 
 Where a JupyterLab tab reports presence (presence.py), the API requests (`api_last_activity`)
 are left out of both: an open tab polls the REST API every 10 s whether anyone looks at it or
-not, and the person's presence, kernel messages and terminals say what is real. Where no tab
-reports, they count as before (another client, an older JupyterLab: unknown is never idle).
+not, and the person's presence, kernel messages and terminals say what is real. The requests
+of the user's other clients (VS Code, scripts, `jupyter console`: no browser page behind them,
+clients.py) still count, under their own key. Where no tab reports, every API request counts as
+before (an older JupyterLab: unknown is never idle).
 """
 
 from __future__ import annotations
@@ -56,6 +58,14 @@ def user_activity(settings: Mapping[str, Any], now: datetime | None = None) -> d
     requests (these only where no tab reports presence)."""
     times = _sources(settings, {GPU_ACTIVITY_KEY}, now or utcnow())
     return max(times) if times else None
+
+
+def in_session(settings: Mapping[str, Any], now: datetime | None = None) -> bool:
+    """Whether a person is in session at this server (presence.py): present, or a tab of theirs
+    open and hidden while they were seen within the session timeout. Their kernels may then be
+    hibernated, never shut down."""
+    presence = presence_of(settings)
+    return presence is not None and presence.in_session(now or utcnow())
 
 
 def presence_json(settings: Mapping[str, Any], now: datetime | None = None) -> dict | None:

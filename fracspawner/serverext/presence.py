@@ -15,6 +15,13 @@ is present while some tab is visible and had input within `timeout`, as of a rep
 than `stale`. While any tab reports (presence "known"), the API requests of the polling no
 longer count as the user's activity (activity.py); where no tab reports (another client, an
 older JupyterLab, every tab closed), nothing changes: unknown is never idle.
+
+A person is more than a visible tab: a student whose notebook tab is hidden behind the lecture's
+slides (another tab of the same browser) is still there. So a tab that is open and reporting,
+hidden or not, keeps its user **in session** for `session_timeout` after they were last seen:
+their idle kernels may then be hibernated (the GPU memory goes to host memory and comes back on
+the next cell), never shut down (issue 36, item 3). A visible tab nobody touches is no session:
+the person would be at the tab in front of them (the abandoned desk).
 """
 
 from __future__ import annotations
@@ -28,6 +35,8 @@ from traitlets import Float, Integer, default
 from traitlets.config import LoggingConfigurable
 
 ENV_TIMEOUT = "FRACSPAWNER_PRESENCE_TIMEOUT_SECONDS"
+ENV_SESSION = "FRACSPAWNER_PRESENCE_SESSION_SECONDS"
+SESSION_DEFAULT = 2 * 3600.0  # a lecture with its lab part (90 min), with room to spare
 SETTINGS_KEY = "fracspawner_presence"  # the Presence object in the web app's settings
 # jupyter-server's last_activity() takes every settings key ending in "_last_activity": the
 # person's presence is kept there too, so what the server tells the hub includes it
@@ -88,6 +97,14 @@ class Presence(LoggingConfigurable):
         "min). A tab's reports are its user's word, like their API requests: they can keep "
         "their own server, never anyone else's.",
     )
+    session_timeout = Float(
+        config=True,
+        help="Seconds after its user was last seen (a visible tab with input) that a tab still "
+        "open and reporting, hidden or not, keeps them in session: their idle GPU kernels may "
+        "be hibernated then, never shut down (a student whose notebook is hidden behind the "
+        "lecture's slides). A visible tab nobody touches is no session. Default: "
+        f"${ENV_SESSION}, else {SESSION_DEFAULT:.0f} (2 h); never less than `timeout`.",
+    )
     interval = Float(
         60.0,
         config=True,
@@ -108,6 +125,14 @@ class Presence(LoggingConfigurable):
         except ValueError:
             return 900.0
         return value if value > 0 else 900.0
+
+    @default("session_timeout")
+    def _default_session_timeout(self) -> float:
+        try:
+            value = float(os.environ.get(ENV_SESSION, "").strip())
+        except ValueError:
+            return SESSION_DEFAULT
+        return value if value > 0 else SESSION_DEFAULT
 
     def __init__(self, *, settings: dict | None = None, **kwargs: Any) -> None:
         super().__init__(**kwargs)
@@ -159,6 +184,25 @@ class Presence(LoggingConfigurable):
         now = now or utcnow()
         return any((self._present_until(c) or now) > now for c in self._fresh(now))
 
+    def session_until(self, now: datetime | None = None) -> datetime | None:
+        """Until when its user is in session (see the module's docstring): a person seen within
+        `session_timeout`, with a tab open and reporting that is hidden (or present). None:
+        not in session now."""
+        now = now or utcnow()
+        fresh = self._fresh(now)
+        if not fresh:
+            return None
+        if self.present(now):
+            return now
+        last = self.last_present(now)
+        if last is None or not any(not c.visible for c in fresh):
+            return None
+        until = last + timedelta(seconds=max(self.session_timeout, self.timeout))
+        return until if until > now else None
+
+    def in_session(self, now: datetime | None = None) -> bool:
+        return self.session_until(now) is not None
+
     def last_present(self, now: datetime | None = None) -> datetime | None:
         """The last moment a person was seen at a tab ('now' while present); None: never."""
         now = now or utcnow()
@@ -178,6 +222,9 @@ class Presence(LoggingConfigurable):
             "last_present": None if last is None else last.isoformat().replace("+00:00", "Z"),
             "tabs": len(fresh),
             "visible_tabs": sum(c.visible for c in fresh),
+            # a hidden tab of a person seen within session_timeout: kernels never shut down
+            "in_session": self.in_session(now),
             "timeout": self.timeout,
+            "session_timeout": self.session_timeout,
             "interval": self.interval,
         }

@@ -1,0 +1,126 @@
+"""Presence of a person, not of a tab (issue 36, item 3).
+
+- A lecture: the student ran the setup cell, then put the slides in front (another tab of the
+  same browser): their notebook tab is hidden but open and reporting. Their kernel may be
+  hibernated, never shut down while they are in session (up to `Presence.session_timeout`).
+- Other clients: while a JupyterLab tab reports presence, the API requests of the page's own
+  polling are not the user's activity, but a script's, VS Code's or `jupyter console`'s requests
+  (no browser page behind them) still are.
+
+The virtual clock and the server model are tests/test_presence.py's.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+import urllib.request
+from datetime import datetime
+
+from fracspawner.serverext.presence import ClientReport, Presence
+from tests.test_culler_support import JupyterServer
+from tests.test_presence import KERNEL_GPU_IDLE, Server, t
+
+SESSION = 2 * 3600.0  # Presence.session_timeout's default
+
+
+def run(server: Server, minutes: range, *, inputs: set[int], visible) -> int:
+    """Each minute: the tab reports (visible or not by `visible(minute)`), then one GPU reading
+    and the kernel rule. The minute the kernel was shut down (-1: never)."""
+    last_input = 0
+    for minute in minutes:
+        server.now = t(minute * 60)
+        if minute in inputs:
+            last_input = minute
+        server.tab((minute - last_input) * 60, visible=visible(minute))
+        if server.reading():
+            return minute
+    return -1
+
+
+def test_a_hidden_notebook_tab_in_a_lecture_keeps_its_kernel(monkeypatch):
+    """Setup cell at minute 0-2, slides in front from minute 2 to 62 (an hour's lecture), back
+    to the notebook after: the kernel is never shut down (today: at minute 2 + 30)."""
+    server = Server(monkeypatch)
+    culled = run(server, range(0, 62), inputs={0, 1, 2}, visible=lambda m: m <= 2)
+    assert culled == -1, f"shut down at minute {culled}, in the middle of the lecture"
+    report = server.report()
+    assert report["presence"]["present"] is False  # hidden: may be hibernated
+    assert report["presence"]["in_session"] is True  # but never shut down
+    assert report["warnings"] == []  # nothing is shut down while they stay: nothing to warn of
+    # back after the lecture: the same kernel, the model loaded
+    assert run(server, range(62, 70), inputs={62}, visible=lambda m: True) == -1
+    assert "k" in server.km.kernels
+
+
+def test_a_hidden_tab_keeps_kernels_for_the_session_timeout_only(monkeypatch):
+    """A hidden tab of a browser left running (another window in front, a locked screen) is not a
+    person for ever: its kernel, idle for kernel_gpu_idle long before, goes when the session ends
+    (last seen + the session timeout), not before."""
+    server = Server(monkeypatch)
+    culled = run(server, range(0, 200), inputs={0}, visible=lambda m: m == 0)
+    # visible at minute 0, hidden from minute 1: last seen at minute 1
+    assert culled == 1 + int(max(KERNEL_GPU_IDLE, SESSION) / 60)
+
+
+def test_a_visible_untouched_tab_is_not_a_session():
+    """The abandoned desk: a visible tab nobody touches is away after the presence timeout,
+    in session or not: the person would be at the tab they see."""
+    p = Presence(timeout=900.0, interval=60.0)
+    for second in range(0, 3600, 60):
+        p.record("a", ClientReport(True, False, t(0), t(second)))
+    assert not p.present(t(3599)) and not p.in_session(t(3599))
+    for second in range(3600, 900 + int(SESSION) + 1, 60):  # hidden later, still reporting
+        p.record("a", ClientReport(False, False, t(0), t(second)))
+    # last seen at t(900) (its input + the presence timeout): in session until + session_timeout
+    assert p.in_session(t(3600)) and p.in_session(t(900 + SESSION - 1))
+    assert not p.in_session(t(900 + SESSION))
+
+
+def test_a_closed_tab_ends_the_session_when_its_reports_stop():
+    p = Presence(timeout=900.0, interval=60.0)
+    p.record("a", ClientReport(False, False, t(0), t(60)))  # pagehide: hidden, then silence
+    assert p.in_session(t(61))
+    assert not p.in_session(t(60 + 3 * 60 + 1))  # stale: closed, frozen or offline
+
+
+def _request(url: str, token: str, *, from_page: bool) -> int:
+    """An authenticated GET; `from_page`: as a JupyterLab page's fetch() sends it (a browser adds
+    the Fetch Metadata headers to every request; a script, VS Code's Node extension host or
+    `jupyter console` send none)."""
+    req = urllib.request.Request(url, headers={"Authorization": f"token {token}"})
+    if from_page:
+        req.add_header("Sec-Fetch-Site", "same-origin")
+        req.add_header("Sec-Fetch-Mode", "cors")
+        req.add_header("Sec-Fetch-Dest", "empty")
+    with urllib.request.urlopen(req, timeout=30) as resp:
+        return resp.status
+
+
+def _user_activity(server: JupyterServer) -> datetime:
+    return datetime.fromisoformat(server.gpu()["user_last_activity"].replace("Z", "+00:00"))
+
+
+def test_other_clients_count_while_a_lab_tab_reports(tmp_path):
+    """A real jupyter server with the extension: a Lab tab reports presence (visible, its person
+    away for an hour). The page's polling is not the user's activity; a script's request is."""
+    gpu_file = tmp_path / "gpu.json"
+    gpu_file.write_text(json.dumps({"devices": []}))
+    server = JupyterServer(tmp_path, gpu_file)
+    try:
+        away = {"client": "tab-1", "visible": True, "focused": False, "idle_seconds": 3600}
+        status, body = server.api("POST", "/api/fracspawner/presence", away)
+        assert status == 200 and body["known"] and not body["present"], body
+        time.sleep(1.1)
+        before = _user_activity(server)
+        assert _request(f"{server.url}/api/kernels", server.token, from_page=True) == 200
+        assert _user_activity(server) == before  # the tab's polling: nobody
+        time.sleep(1.1)
+        assert _request(f"{server.url}/api/contents", server.token, from_page=False) == 200
+        after = _user_activity(server)
+        assert after > before, (before, after, server.logs())
+        # the page's requests still leave it where the script put it
+        assert _request(f"{server.url}/api/sessions", server.token, from_page=True) == 200
+        assert _user_activity(server) == after
+    finally:
+        server.stop()
