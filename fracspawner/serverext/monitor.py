@@ -359,8 +359,10 @@ class GpuMonitor(BackgroundLoop):
             suspended = self.hibernator.suspended(kid)
             due = kernel_deadline(
                 self.pod.policy,
-                # a hibernated kernel still holds its GPU memory, in host memory
-                gpu_memory_mib=k.memory_mib + self.hibernator.memory_of(kid),
+                # a hibernated kernel holds no GPU memory (its state is in host memory, which
+                # the culler bounds per node): kept, never shut down for it, a resume that
+                # waits for room included (issue 36, item 2); what it has on the GPU counts
+                gpu_memory_mib=k.memory_mib,
                 activity_known=suspended or (k.known and server_known),
                 execution_state=execution_state,
                 gpu_idle_since=k.last_not_idle or self.started,
