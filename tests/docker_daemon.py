@@ -186,8 +186,21 @@ class DockerDaemon:
                 os.kill(pid, signal.SIGKILL)
             except ProcessLookupError:
                 pass
-        # containers' mounts under the exec root are gone with their shims
+        # dockerd bind-mounts its data root onto itself and its network namespaces under the
+        # exec root; a clean stop undoes both, a failed start or a SIGKILL leaves them
+        for target in self.mounts():
+            subprocess.run(["umount", "--lazy", target], capture_output=True, check=False)
         shutil.rmtree(self.run_dir, ignore_errors=True)
+
+    def mounts(self) -> list[str]:
+        """Mount points this daemon made that are still there, innermost first."""
+        found = []
+        for line in Path("/proc/self/mounts").read_text().splitlines():
+            target = line.split()[1].replace("\\040", " ")
+            inside = (self.data_root, self.run_dir)
+            if any(target == str(d) or target.startswith(f"{d}/") for d in inside):
+                found.append(target)
+        return sorted(found, key=len, reverse=True)
 
 
 def _alive(pid: int) -> bool:

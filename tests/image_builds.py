@@ -293,7 +293,7 @@ def build_all(daemon: DockerDaemon, cache: Path, progress: Progress) -> dict[str
         )
     # dangling images and build cache beyond a few GB go: the cache does not grow with each change
     daemon.docker("image", "prune", "--force", check=False)
-    daemon.docker("builder", "prune", "--force", "--keep-storage", "6gb", check=False)
+    daemon.docker("builder", "prune", "--force", "--keep-storage", "3gb", check=False)
     return seconds
 
 

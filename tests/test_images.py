@@ -17,6 +17,7 @@ import pytest
 
 from tests.docker_daemon import DockerDaemon, DockerUnavailable
 from tests.image_builds import (
+    CACHE,
     IMAGES,
     STANDINS,
     BuildFailed,
@@ -95,6 +96,8 @@ def test_the_notebook_image_runs_as_jovyan_with_the_extension_and_the_meter(dock
     assert re.search(r"fracspawner\.serverext\s+OK", server), server
     lab = run(docker, NOTEBOOK, "jupyter", "labextension", "list")
     assert re.search(r"fracspawner-gpu-meter v\S+ enabled\s+OK", lab), lab
+    # the CUDA base's ENV stays in the image: why CPU-only servers need `void` (issue 34 #3)
+    assert "NVIDIA_VISIBLE_DEVICES=all" in _config(docker, NOTEBOOK, "Env")
 
 
 def test_the_notebook_image_leaves_its_environment_writable_by_the_users_group(docker):
@@ -133,6 +136,16 @@ def test_the_services_image_runs_fracspawner(docker):
     )  # fmt: skip
 
 
+def test_the_builds_ran_on_buildkit(docker):
+    """Debian's docker CLI has no buildx: DOCKER_BUILDKIT=1 makes its `docker build` use the
+    daemon's BuildKit (the `#N [stage]` log), not the classic builder ("Sending build context")."""
+    log = (CACHE / "build.log").read_text(errors="replace")
+    assert "Sending build context to Docker daemon" not in log
+    for name in IMAGES:
+        assert re.search(rf"-f \S*images/{name}/Dockerfile", log), name
+    assert re.search(r"^#\d+ \[internal\] load build definition from Dockerfile", log, re.MULTILINE)
+
+
 def test_every_base_image_has_a_stand_in():
     refs = base_images()
     assert {standin_for(ref)[0].directory for ref in refs} == {s.directory for s in STANDINS}
@@ -155,6 +168,7 @@ def test_a_stopped_daemon_leaves_no_process_and_no_socket(tmp_path):
     finally:
         daemon.stop()
     assert not daemon.descendants()
+    assert not daemon.mounts()
     assert not daemon.run_dir.exists()
     assert daemon.process is not None and daemon.process.returncode is not None
 
@@ -184,3 +198,4 @@ def test_a_dockerd_that_cannot_start_says_why(tmp_path):
     finally:
         daemon.stop()
     assert not daemon.descendants()
+    assert not daemon.mounts()  # dockerd's bind mount of its data root, left by a failed start
