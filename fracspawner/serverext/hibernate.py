@@ -87,6 +87,11 @@ AT_RISK = (
 LOST = "the kernel's GPU state was lost: restart the kernel"
 
 
+def _duration(seconds: float) -> str:
+    """`42` -> '42 s', `150` -> '3 min'."""
+    return f"{seconds:.0f} s" if seconds < 60 else f"{round(seconds / 60)} min"
+
+
 def _code(exc: Exception) -> str | None:
     return exc.code if isinstance(exc, CheckpointError) else None
 
@@ -694,11 +699,16 @@ class Hibernator(LoggingConfigurable):
         await self._pause(s, max(0.01, min(self.room_poll, self.wait_bound - waited + 0.01)))
 
     def _escalation(self, waited: float, room: Room) -> str:
+        others = (
+            "the culler asks idle kernels of other notebooks to make room first"
+            if self.swap_managed
+            else "other notebooks on this GPU hold the memory, and nothing moves theirs here"
+        )
         return (
-            f"fracspawner: this kernel has waited {waited / 60:.0f} min for room on the GPU "
-            f"({room.why}); the culler asks idle kernels of other notebooks to make room first. "
-            "To make room now, shut down another of your own kernels that holds GPU memory, or "
-            "restart this one to start over; its GPU state stays in host memory until then."
+            f"fracspawner: this kernel has waited {_duration(waited)} for room on the GPU "
+            f"({room.why}); {others}. To make room now, shut down another of your own "
+            "kernels that holds GPU memory, or restart this one to start over; its GPU state "
+            "stays in host memory until then."
         )
 
     def tell_waiting(self, kernel_id: str, text: str = GPU_FULL) -> None:
