@@ -28,6 +28,7 @@ from ..model.catalog import DEFAULT_IDLE, IdlePolicy, parse_duration
 from ..model.hubroles import CULLER_SCOPES, missing_scopes, scope_problem
 from .base import CullerApplication
 from .decide import Decision, GpuFacts, Reading, Rules, ServerFacts, combine, decide_server
+from .hostbudget import Holder, plan_evictions
 from .hubapi import HubClient, HubServer
 from .identity import Identity, TokenVerifier, token_key
 from .placement import Placement
@@ -288,6 +289,15 @@ class Culler(CullerApplication):
         "memory (their server is told in the answer to its report). Default: the pool's largest "
         "slice, so one more of it fits at once.",
     )
+    host_memory_budget_mib = Float(
+        65536.0,
+        config=True,
+        help="Host memory (MiB) the hibernated kernels of the servers on one node may keep in "
+        "all (their GPU state, copied to host memory; hostbudget.py): beyond it the oldest are "
+        "shut down by their servers, those of servers above an equal share first; never one "
+        "whose resume waits, nor a present user's. Needs the pod watch (watch_server_pods) to "
+        "know each server's node. 0: no budget (each pod's memory limit still bounds its own).",
+    )
     swap_report_in = Float(
         20.0,
         config=True,
@@ -498,6 +508,49 @@ class Culler(CullerApplication):
             self.metrics.hibernation_duration.labels(event.kind).observe(event.seconds)
 
     def answer_report(self, who: Identity) -> dict | None:
+        """What the answer to a server's report carries: the swap's orders and grants
+        (`_swap_answer`), and its hibernated kernels to shut down where its node's servers keep
+        more hibernated state than `host_memory_budget_mib` (hostbudget.py)."""
+        answer = self._swap_answer(who)
+        shutdown = self.host_budget_orders(who)
+        if shutdown:
+            answer = answer or {"swap": {}}
+            answer["swap"]["shutdown"] = shutdown
+        return answer
+
+    def host_budget_orders(self, who: Identity) -> list[dict]:
+        """The reporting server's hibernated kernels to shut down for its node's budget."""
+        budget = self.host_memory_budget_mib
+        if budget <= 0 or (who.user, who.server) not in self.known:
+            return []
+        now = time.time()
+        holders = []
+        for user, server, report in self.reports.latest():
+            facts = self.known.get((user, server))
+            if facts is None or not report.hibernated_kernels:
+                continue
+            if now - report.received_at > self.max_staleness:
+                continue  # its kernels may have come back since: not counted, never ordered
+            where = self.placement_of(user, server)
+            if where is None or not where.node:
+                continue  # its node is not known: its pod's memory limit bounds it
+            cap = self.claim(facts)[1] or budget
+            holders.append(
+                Holder(user, server, where.node, cap, bool(report.present),
+                       report.hibernated_kernels)
+            )  # fmt: skip
+        orders = []
+        for e in plan_evictions(holders, budget):
+            if (e.user, e.server) != (who.user, who.server):
+                continue  # told in the answer to its own server's report
+            self.log.info(
+                "%s: shut down hibernated kernel %s: %s", who.log_name, shown(e.kernel_id),
+                e.reason,
+            )  # fmt: skip
+            orders.append({"kernel_id": e.kernel_id, "reason": e.reason})
+        return orders
+
+    def _swap_answer(self, who: Identity) -> dict | None:
         """What the answer to a server's report carries: its own idle kernels to swap out while
         the GPU it shares on an over-committed pool is under memory pressure, and room for its
         kernels waiting to resume, on any pool (swapdesk.py)."""
@@ -516,6 +569,11 @@ class Culler(CullerApplication):
         )  # fmt: skip
         answer = self._swap_desk.answer(who.user, who.server, seats, now)
         self.metrics.gpus_under_pressure.set(self._swap_desk.under_pressure())
+        for grant in (answer or {}).get("swap", {}).get("resume", []):
+            self.log.info(
+                "%s/%s: room on the GPU for kernel %s to resume",
+                who.user, who.server, shown(grant["kernel_id"]),
+            )  # fmt: skip
         for order in (answer or {}).get("swap", {}).get("hibernate", []):
             self.metrics.swap_orders.labels(self.pool_label(pool.name)).inc()
             self.log.info(
