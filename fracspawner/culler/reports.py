@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 from dateutil.parser import isoparse
 
 from .decide import GpuFacts, ServerFacts
+from .hostbudget import HibernatedKernel, hibernated_kernels
 from .pressure import SwapFacts, swap_facts
 
 
@@ -133,7 +134,15 @@ REPORT = Spec(
                     "gpu_utilization": Spec("number", high=100.0 * 16),
                     "gpu_activity_known": Spec("bool"),
                     "hibernation": Spec(
-                        "object", fields={"state": Spec("text", 32), "next_try": TIME}
+                        "object",
+                        fields={
+                            "state": Spec("text", 32),
+                            "next_try": TIME,
+                            # host memory per node (hostbudget.py)
+                            "hibernated_gpu_memory_mib": MIB,
+                            "hibernated_since": TIME,
+                            "waiting_for_gpu": Spec("bool"),
+                        },
                     ),
                 },
                 required=("id",),
@@ -309,6 +318,8 @@ class ServerReport:
     present: bool | None = None
     # its devices and kernels as over-commit's swap reads them (pressure.swap_facts)
     swap: SwapFacts = SwapFacts()
+    # its kernels whose GPU state is in host memory (hostbudget.py: the budget per node)
+    hibernated_kernels: tuple[HibernatedKernel, ...] = ()
 
 
 def parse_report(report: object, received_at: float, *, checked: bool = False) -> ServerReport:
@@ -342,6 +353,7 @@ def parse_report(report: object, received_at: float, *, checked: bool = False) -
     present = bool(presence.get("present")) if presence.get("known") else None
     common = dict(
         swap=swap_facts(report, received_at),
+        hibernated_kernels=hibernated_kernels(report, received_at),
         present=present,
         hibernated_mib=_number(report, "hibernated_gpu_memory_mib"),
         gpu_events=tuple(events),

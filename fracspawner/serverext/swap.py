@@ -35,7 +35,7 @@ from typing import Any
 from traitlets import Float
 from traitlets.config import LoggingConfigurable
 
-from .podinfo import isoformat
+from .podinfo import isoformat, utcnow
 from .room import Room, environ_grant_only, room_for, virtualised_nvml
 
 MAX_ORDERS = 16  # kernels one answer may name (a server has a few)
@@ -116,6 +116,40 @@ class SwapAgent(LoggingConfigurable):
             task = asyncio.get_running_loop().create_task(self._swap_out(kid, why[:300]))
             self._tasks.add(task)
             task.add_done_callback(self._tasks.discard)
+        for order in (swap.get("shutdown") or [])[:MAX_ORDERS]:
+            kid = order.get("kernel_id") if isinstance(order, dict) else None
+            if isinstance(kid, str) and kid in live:  # its own kernels, by the ids it reported
+                task = asyncio.get_running_loop().create_task(self._shut_down(kid))
+                self._tasks.add(task)
+                task.add_done_callback(self._tasks.discard)
+
+    async def _shut_down(self, kernel_id: str) -> None:
+        """The culler's host-memory budget for this node (culler/hostbudget.py): shut down a
+        hibernated kernel, the last resort, counted as a kernel shutdown. Only one still
+        hibernated whose resume does not wait (its user may have come back meanwhile)."""
+        s = self.monitor.hibernator.kernels.get(kernel_id)
+        if s is None or s.state not in ("hibernated", "restore_failed") or s.waiting():
+            return
+        mib = s.memory_mib
+        km = self.monitor.settings.get("kernel_manager")
+        try:
+            await km.shutdown_kernel(kernel_id)
+        except Exception:  # gone already, or failing: the next report says which
+            self.log.exception("fracspawner: shutting down kernel %s failed", kernel_id)
+            return
+        self.log.info(
+            "fracspawner: shut down hibernated kernel %s (%.0f MiB in host memory): the node's "
+            "host memory budget for hibernated kernels is spent (the culler's order)",
+            kernel_id,
+            mib,
+        )
+        self.monitor.hibernator.forget(kernel_id)
+        at = isoformat(utcnow())
+        self.monitor.culled = [
+            *self.monitor.culled[-49:],
+            {"id": kernel_id, "at": at, "gpu_memory_mib": round(mib, 1)},
+        ]
+        self.report_soon(0.0)
 
     async def _swap_out(self, kernel_id: str, why: str) -> None:
         try:

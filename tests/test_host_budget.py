@@ -1,0 +1,135 @@
+"""Host memory per node (issue 36, item 2): hibernated kernels are kept rather than shut down,
+and the culler keeps what a node's servers hold in host memory within a budget, the oldest
+first; shutting a kernel down is the last resort, by its own server, counted as a kernel
+shutdown. Never a kernel whose resume waits, nor a present user's.
+
+The decision (culler/hostbudget.py, pure), the culler's answer to a report (the real
+`Culler.answer_report` over reports parsed as they arrive) and the server taking the order
+(serverext/swap.py's SwapAgent on tests/test_presence.py's server model).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from datetime import datetime, timezone
+
+from fracspawner.backends import load_catalog
+from fracspawner.culler.app import Culler
+from fracspawner.culler.decide import ServerFacts
+from fracspawner.culler.hostbudget import HibernatedKernel, Holder, plan_evictions
+from fracspawner.culler.identity import Identity
+from fracspawner.culler.placement import Placement
+from fracspawner.culler.reports import parse_report
+from fracspawner.serverext.hibernate import KernelSleep
+from fracspawner.serverext.swap import SwapAgent
+from tests.conftest import DEMO_CATALOG
+from tests.test_presence import Server
+
+GIB = 1024.0
+QUARTER_T4 = 3840.0  # the demo catalog's 1/4 T4 (15360 MiB)
+
+
+def holder(user: str, *kernels: tuple[str, float, float], node="node-a", **kw) -> Holder:
+    ks = tuple(HibernatedKernel(kid, mib, since, **kw.pop("k", {})) for kid, mib, since in kernels)
+    return Holder(user, "", node, kw.pop("cap", QUARTER_T4), kernels=ks, **kw)
+
+
+def test_the_oldest_hibernated_kernels_go_first_until_the_node_fits():
+    holders = [
+        holder("ann", ("a1", 3000, 100.0), ("a2", 3000, 400.0)),
+        holder("bob", ("b1", 3000, 200.0)),
+        holder("cat", ("c1", 3000, 300.0)),
+        holder("dan", ("d1", 3000, 50.0), node="node-b"),  # another node: its own budget
+    ]
+    # node-a holds 12,000 MiB, budget 7,000: two must go, the oldest (a1 at 100, b1 at 200)
+    out = plan_evictions(holders, 7000.0)
+    assert [(e.user, e.kernel_id) for e in out] == [("ann", "a1"), ("bob", "b1")]
+    assert "node-a" in out[0].reason and "oldest" in out[0].reason
+    assert plan_evictions(holders, 12000.0) == []  # within budget: nothing
+
+
+def test_never_a_waiting_resume_nor_a_present_user_s_kernel():
+    holders = [
+        holder("ann", ("a1", 3000, 100.0), k={"waiting": True}),  # its cell waits for room
+        holder("bob", ("b1", 3000, 200.0), present=True),
+        holder("cat", ("c1", 3000, 300.0)),
+    ]
+    out = plan_evictions(holders, 1000.0)
+    assert [e.kernel_id for e in out] == ["c1"]  # the only one it may touch, still over
+
+
+def test_one_servers_inflated_word_shuts_its_own_kernels_down_first():
+    """A report is its server's word: each kernel counts at most its slice, and servers above
+    an equal share of the budget lose theirs first."""
+    liar = holder("eve", *[(f"e{i}", 10**6, 500.0 + i) for i in range(4)])
+    holders = [holder("ann", ("a1", 3000, 1.0)), liar]
+    out = plan_evictions(holders, 8000.0)
+    assert {e.user for e in out} == {"eve"}
+    assert all(e.mib == QUARTER_T4 for e in out)
+
+
+# --- the culler's answer ---------------------------------------------------------------------
+def iso(t: float) -> str:
+    return datetime.fromtimestamp(t, timezone.utc).isoformat().replace("+00:00", "Z")
+
+
+def report(now: float, kernels: list[tuple[str, float, float, bool]]) -> dict:
+    return {
+        "available": True, "sampled_at": iso(now), "monitor_started": iso(now - 7200),
+        "server_last_activity": iso(now - 3600), "user_last_activity": iso(now - 3600),
+        "gpu_memory_mib": 0, "gpu_activity_known": True, "gpu_idle_since": iso(now - 3600),
+        "kernels": [
+            {"id": kid, "execution_state": "idle", "gpu_memory_mib": 0,
+             "hibernation": {"state": "hibernated", "hibernated_gpu_memory_mib": mib,
+                             "hibernated_since": iso(since), "waiting_for_gpu": waiting}}
+            for kid, mib, since, waiting in kernels
+        ],
+    }  # fmt: skip
+
+
+class Pods:
+    """The culler's pod watch, as far as the answer reads it: every server on node-a."""
+
+    def placement(self, name: str) -> Placement:
+        return Placement("node-a")
+
+
+def test_the_culler_orders_the_oldest_hibernated_kernel_of_a_full_node_shut_down():
+    culler = Culler(host_memory_budget_mib=2.5 * QUARTER_T4)
+    culler._catalog = load_catalog(str(DEMO_CATALOG))
+    culler.server_pods = Pods()
+    now = time.time()
+    kernels = {
+        "ann": [("a1", QUARTER_T4, now - 5000, False)],  # the oldest
+        "bob": [("b1", QUARTER_T4, now - 4000, False)],
+        "cat": [("c1", QUARTER_T4, now - 9000, True)],  # older still, but its cell waits
+    }
+    for user, ks in kernels.items():
+        culler.known[(user, "")] = ServerFacts(user, user_options={"gpu": "1/4", "pool": "t4"})
+        culler.reports.put(user, "", parse_report(report(now, ks), received_at=now))
+    answer = culler.answer_report(Identity("ann", ""))
+    assert answer is not None, "no order: the node keeps 3 quarters of hibernated state"
+    (order,) = answer["swap"]["shutdown"]
+    assert order["kernel_id"] == "a1" and "budget" in order["reason"]
+    assert culler.answer_report(Identity("bob", "")) is None  # a1 alone brings it within
+    assert culler.answer_report(Identity("cat", "")) is None  # waiting: never
+
+
+# --- the server takes the order --------------------------------------------------------------
+def test_the_server_shuts_down_only_a_still_hibernated_kernel(monkeypatch):
+    server = Server(monkeypatch)
+    server.km.kernels["w"] = server.km.kernels["k"]
+    hib = server.monitor.hibernator
+    hib.kernels["k"] = KernelSleep("k", state="hibernated", memory_mib=GIB)
+    hib.kernels["w"] = KernelSleep("w", state="hibernated", memory_mib=GIB, gpu_full=True)
+
+    async def take() -> None:
+        swap = SwapAgent(server.monitor, lambda seconds: None)
+        orders = [{"kernel_id": kid, "reason": "budget"} for kid in ("k", "w", "someone-else")]
+        swap.on_answer({"swap": {"shutdown": orders}})
+        await asyncio.gather(*swap._tasks)
+
+    asyncio.run(take())
+    assert list(server.km.kernels) == ["w"]  # its resume waits: kept
+    assert [c["id"] for c in server.monitor.culled] == ["k"]  # counted as a kernel shutdown
