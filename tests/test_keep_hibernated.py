@@ -16,6 +16,7 @@ import asyncio
 
 import pytest
 
+from fracspawner.culler.reports import parse_report
 from fracspawner.serverext.hibernate import KernelSleep
 from fracspawner.serverext.sources import GpuDevice, GpuSample
 from tests.test_presence import KERNEL_GPU_IDLE, Server, t
@@ -47,6 +48,10 @@ def test_a_hibernated_kernel_is_kept_not_shut_down(monkeypatch, waiting):
     (kernel,) = server.report()["kernels"]
     assert kernel["cull_at"] is None and kernel["hibernation"]["state"] == "hibernated"
     assert server.report()["warnings"] == []
+    # what the culler reads of it for the host-memory budget (culler/hostbudget.py)
+    (held,) = parse_report(server.report(), received_at=server.now.timestamp()).hibernated_kernels
+    assert (held.kernel_id, held.mib, held.waiting) == ("k", 8192.0, waiting)
+    assert held.since == t(HIBERNATE).timestamp()
 
 
 def test_a_kernel_on_the_gpu_is_still_shut_down(monkeypatch):
