@@ -1,7 +1,7 @@
 /**
  * Presence from the person, not the poller: this tab tells fracspawner's server extension
  * whether it is visible, whether it has the focus, and how long ago its user last pressed a
- * key, moved or clicked the mouse, touched, or scrolled. The server decides with its own
+ * key, moved or clicked the mouse, turned its wheel, or touched the screen. The server decides with its own
  * timeout (fracspawner/serverext/presence.py); JupyterLab's own polling of the REST API
  * (every 10 s while the tab is visible) then no longer keeps idle GPU kernels alive, and a
  * person reading without a request does not lose theirs.
@@ -15,15 +15,14 @@
 import { URLExt } from '@jupyterlab/coreutils';
 import { ServerConnection } from '@jupyterlab/services';
 
-/** Input events that only a person makes (capture phase: every target, never blocked). */
-const INPUT_EVENTS = [
-  'keydown',
-  'pointerdown',
-  'pointermove',
-  'wheel',
-  'scroll',
-  'touchstart'
-];
+/**
+ * Input events a person makes (capture phase: every target, never blocked), counted only when
+ * the browser made them from the person's input (`isTrusted`): a page script's dispatchEvent()
+ * is nobody. No `scroll`: the browser fires it, trusted, for a script's scrolling too
+ * (JupyterLab scrolls its own panels and outputs), 12 times in 6 s with nobody there (issue
+ * 38 #6); a person's scrolling comes with a wheel, key, touch or pointer event, counted here.
+ */
+const INPUT_EVENTS = ['keydown', 'pointerdown', 'pointermove', 'wheel', 'touchstart'];
 /** A pause this long (ms) in input makes the next input report at once. */
 const PAUSE_MS = 30 * 1000;
 /** Never more than one report in this long (ms), whatever happens. */
@@ -76,7 +75,7 @@ export class PresenceReporter {
     for (const name of INPUT_EVENTS) {
       window.addEventListener(name, this._onInput, { capture: true, passive: true });
     }
-    window.addEventListener('focus', this._onInput, { capture: true });
+    window.addEventListener('focus', this._onWindowFocus);
     window.addEventListener('blur', this._onChange, { capture: true });
     document.addEventListener('visibilitychange', this._onVisibility);
     window.addEventListener('pagehide', this._onLeave);
@@ -88,7 +87,7 @@ export class PresenceReporter {
     for (const name of INPUT_EVENTS) {
       window.removeEventListener(name, this._onInput, { capture: true });
     }
-    window.removeEventListener('focus', this._onInput, { capture: true });
+    window.removeEventListener('focus', this._onWindowFocus);
     window.removeEventListener('blur', this._onChange, { capture: true });
     document.removeEventListener('visibilitychange', this._onVisibility);
     window.removeEventListener('pagehide', this._onLeave);
@@ -106,13 +105,24 @@ export class PresenceReporter {
     }
   }
 
-  private readonly _onInput = (): void => {
+  private readonly _onInput = (event: Event): void => {
+    if (!event.isTrusted) {
+      return; // made by a script, not by the person
+    }
     const now = Date.now();
     const paused = now - this._lastInput >= PAUSE_MS;
     this._lastInput = now;
     // back after a pause, or the server was last told of a long pause: say so now
     if (paused || this._lastSentIdleMs >= PAUSE_MS) {
       this._soon();
+    }
+  };
+
+  /** The window itself gaining the focus (the person switched to it); not an element's focus,
+   * which JupyterLab's own code moves about (a cell's editor after a run, a dialog). */
+  private readonly _onWindowFocus = (event: Event): void => {
+    if (event.target === window) {
+      this._onInput(event);
     }
   };
 
