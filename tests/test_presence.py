@@ -259,6 +259,7 @@ def decide(hub_last_ago: float, report: dict, policy=POLICY):
         own_last_activity=parsed.server_last_activity,
         user_last_activity=parsed.user_last_activity,
         present=parsed.present,
+        in_session=parsed.in_session,
     )
     return decide_server(server, parsed.gpu, policy, NOW), server
 

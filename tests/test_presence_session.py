@@ -124,3 +124,18 @@ def test_other_clients_count_while_a_lab_tab_reports(tmp_path):
         assert _user_activity(server) == after
     finally:
         server.stop()
+
+
+def test_the_culler_keeps_a_server_whose_user_is_in_session():
+    """The lecture runs past server_gpu_idle (1 h): the server's report says its person is in
+    session (a hidden tab, seen 70 min ago); the culler keeps the server, and the kernels in it,
+    as it keeps a present user's. Once the session is over, the idle rules apply again."""
+    from tests.test_presence import decide, gpu_report
+
+    report = gpu_report(present=False, activity_ago=70 * 60, gpu_idle=70 * 60)
+    report["presence"]["in_session"] = True
+    d, _ = decide(70 * 60, report)
+    assert (d.action, d.reason) == ("keep", "in_session"), d.message
+    report["presence"]["in_session"] = False
+    d, _ = decide(70 * 60, report)
+    assert (d.action, d.reason) == ("stop", "gpu_idle"), d.message

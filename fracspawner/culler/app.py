@@ -766,6 +766,7 @@ class Culler(CullerApplication):
                     own_last_activity=report.server_last_activity,
                     user_last_activity=report.user_last_activity,
                     present=report.present,
+                    in_session=report.in_session,
                 )
                 if report.gpu is not None or holds:
                     sources["extension"] = report.gpu

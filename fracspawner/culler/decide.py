@@ -9,7 +9,9 @@ any object with its attributes). The rules, in order:
 - servers that are not ready, exempt or excluded (default/named) are kept;
 - `max_age`: servers older than this are stopped, busy or not (as jupyterhub-idle-culler does);
 - a server whose user is present (a JupyterLab tab of it is visible and was used within the
-  presence timeout, as its own report says: serverext/presence.py) is kept;
+  presence timeout, as its own report says: serverext/presence.py) is kept, and so is one whose
+  user is in session (a tab of it open and hidden, its person seen within the session timeout:
+  the lecture's slides in front of the notebook);
 - `server_unattended`: no user activity for this long stops a server even while its GPU is busy
   (GPU work is not user activity: a neighbour's work or a forgotten job cannot hold it for ever);
 - a server holding a GPU whose GPU is known to have been idle for `server_gpu_idle`, and whose
@@ -61,6 +63,8 @@ class ServerFacts:
     # what the server's report says of its person (serverext/presence.py): True present, False
     # away, None unknown (no tab reports presence, or no report)
     present: bool | None = None
+    # in session (serverext/presence.py): a hidden tab of a person seen lately: kept like present
+    in_session: bool = False
 
     @property
     def pool(self) -> str | None:
@@ -206,7 +210,7 @@ def server_deadlines(
     due: list[tuple[float, str]] = []
     if policy.max_age and server.started is not None:
         due.append((server.started + policy.max_age, "max_age"))
-    if server.present:
+    if server.present or server.in_session:
         return due  # a person is at it: nothing but max_age stops it while they stay
     unattended = getattr(policy, "server_unattended", None)
     user_last = server.user_activity
@@ -284,6 +288,13 @@ def decide_server(
     if server.present:
         return Decision(
             "keep", "present", "its user is at a JupyterLab tab of it (the server's presence)"
+        )
+    if server.in_session:
+        return Decision(
+            "keep",
+            "in_session",
+            "its user is in session: a JupyterLab tab of it is open, hidden, and they were seen "
+            "within the session timeout (the server's presence)",
         )
     if "unattended" in fired:
         user_last, unattended = server.user_activity, getattr(policy, "server_unattended", None)

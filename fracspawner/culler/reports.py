@@ -90,7 +90,10 @@ REPORT = Spec(
         ),
         "slice": Spec("object", fields={"pool": Spec("text", 63)}),
         # whether a person is at a JupyterLab tab of the server (serverext/presence.py)
-        "presence": Spec("object", fields={"known": Spec("bool"), "present": Spec("bool")}),
+        "presence": Spec(
+            "object",
+            fields={"known": Spec("bool"), "present": Spec("bool"), "in_session": Spec("bool")},
+        ),
         # over-commit and swap (issue 26; culler/pressure.py): the physical GPUs the server
         # sees (NVML UUID, size, the device's used memory), its processes on each, its kernels'
         # idleness and the kernels waiting to resume for want of room (serverext/swap.py)
@@ -316,6 +319,8 @@ class ServerReport:
     gpu_events: tuple[GpuEvent, ...] = ()
     # a person at a tab of the server (True/False), None: no tab reports presence
     present: bool | None = None
+    # a hidden tab of a person seen within the session timeout (serverext/presence.py)
+    in_session: bool = False
     # its devices and kernels as over-commit's swap reads them (pressure.swap_facts)
     swap: SwapFacts = SwapFacts()
     # its kernels whose GPU state is in host memory (hostbudget.py: the budget per node)
@@ -355,6 +360,7 @@ def parse_report(report: object, received_at: float, *, checked: bool = False) -
         swap=swap_facts(report, received_at),
         hibernated_kernels=hibernated_kernels(report, received_at),
         present=present,
+        in_session=bool(presence.get("known") and presence.get("in_session")),
         hibernated_mib=_number(report, "hibernated_gpu_memory_mib"),
         gpu_events=tuple(events),
         pool=pool or "",

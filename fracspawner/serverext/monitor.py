@@ -560,7 +560,7 @@ class GpuMonitor(BackgroundLoop):
             user_last_activity=user_last_activity,
             watched_since=self.started,
             started=self.pod.started,
-            present=present,
+            present=session,  # the culler keeps a server in session as a present one
         )
         if server_due is not None and server_due.warns(now):
             warnings.append(self._warning("server", server_due, now, memory))
