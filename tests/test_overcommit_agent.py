@@ -212,3 +212,31 @@ async def test_a_refused_swap_asks_for_no_report_at_once():
     await until(lambda: monitor.asked, "the order taken")
     await asyncio.gather(*agent._tasks)
     assert soon == []
+
+
+async def test_a_refused_restore_is_never_retried_straight_back_at_the_same_reading(monkeypatch):
+    """NVML showed room and the driver refused anyway (a reading overtaken). On a driver without
+    NVIDIA/cuda-checkpoint#44 the state is still there, but the reading that said room is stale:
+    the next try waits for the backoff (an hour here), never hammers the driver."""
+    monkeypatch.delenv("FRACSPAWNER_GPU_OVERCOMMIT", raising=False)
+    monkeypatch.delenv("LD_PRELOAD", raising=False)
+    driver = Driver()
+    original = driver.restore
+
+    def refuse(pid: int) -> None:
+        driver.lost = False  # a driver that keeps the state restorable
+        original(pid)
+
+    driver.restore = refuse
+    hib = Hibernator(driver=driver, retry_first=3600.0, room_poll=0.05)
+    monitor = Monitor(hib, {"k1"})
+    monitor.sample.devices[0].memory_used_mib = 0.0  # the stale reading: room
+    SwapAgent(monitor, lambda s: None, room_check=0.05)
+    told: list[str] = []
+    hib.on_restore_failed.append(lambda kid, text: told.append(text))
+    hibernated(hib, "k1")
+    hib.resume("k1", "a message")
+    await until(lambda: told, "the notice")
+    await asyncio.sleep(0.5)
+    assert driver.restores == 1 and "NVIDIA/cuda-checkpoint#44" in told[0]
+    hib.forget("k1")

@@ -628,6 +628,11 @@ class Hibernator(LoggingConfigurable):
                         s.at_risk, s.gpu_full = True, True
                         if first:
                             self._notify(s.kernel_id, AT_RISK.format(code=_code(exc)))
+                        # the reading that said room is overtaken: never straight back at it
+                        await self._pause(s, delay)
+                        delay = min(delay * 2, self.retry_max)
+                        if self.kernels.get(s.kernel_id) is not s:  # shut down meanwhile
+                            return False
                         continue
                     self._notify(
                         s.kernel_id,
