@@ -75,7 +75,10 @@ if ! wait "$pid"; then
 fi
 chmod 755 "$TMP"
 # only a binary that runs and names the pin goes into the cache (an empty file "runs" too)
-"$TMP" version 2>/dev/null | grep -qx "k8s.io/kubernetes $PIN" ||
+# (the output is read whole first: `grep -q` stops reading at its match, and under pipefail the
+# binary's SIGPIPE on its next line would fail a good build now and then)
+reported=$("$TMP" version 2>/dev/null || true)
+grep -qx "k8s.io/kubernetes $PIN" <<<"$reported" ||
   fail "the built binary does not run or does not report k8s.io/kubernetes $PIN (nothing written to $OUT)"
 mv -f "$TMP" "$OUT"
 echo "$KEY" >"$OUT.key"
