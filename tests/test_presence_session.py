@@ -17,6 +17,9 @@ import time
 import urllib.request
 from datetime import datetime
 
+import pytest
+
+from fracspawner.serverext.clients import from_page
 from fracspawner.serverext.presence import ClientReport, Presence
 from tests.test_culler_support import JupyterServer
 from tests.test_presence import KERNEL_GPU_IDLE, Server, t
@@ -82,6 +85,24 @@ def test_a_closed_tab_ends_the_session_when_its_reports_stop():
     p.record("a", ClientReport(False, False, t(0), t(60)))  # pagehide: hidden, then silence
     assert p.in_session(t(61))
     assert not p.in_session(t(60 + 3 * 60 + 1))  # stale: closed, frozen or offline
+
+
+@pytest.mark.parametrize(
+    ("headers", "page"),
+    [
+        ({"Sec-Fetch-Site": "same-origin", "Sec-Fetch-Mode": "cors"}, True),  # Lab's fetch()
+        ({"Sec-Fetch-Site": "same-origin", "Sec-Fetch-Mode": "navigate"}, False),  # a person
+        ({"Sec-Fetch-Site": "cross-site", "Sec-Fetch-Mode": "cors"}, False),  # another site
+        ({}, False),  # VS Code's extension host, a script, jupyter console
+        ({"Host": "hub.example.org", "Referer": "http://hub.example.org/user/a/lab"}, True),
+        ({"Host": "hub.example.org", "Referer": "http://elsewhere.example/"}, False),
+        ({"Referer": "http://hub.example.org/user/a/lab"}, False),  # no Host: not this host
+    ],
+)
+def test_which_requests_are_a_page_s(headers, page):
+    """Fetch Metadata where the browser sends it (secure origins); over plain HTTP, where it
+    sends none, a Referer of this host."""
+    assert from_page(headers) is page
 
 
 def _request(url: str, token: str, *, from_page: bool) -> int:

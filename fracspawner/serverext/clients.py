@@ -10,10 +10,11 @@ A browser marks every request with Fetch Metadata (W3C "Fetch Metadata Request H
 `Sec-Fetch-Site`, `Sec-Fetch-Mode`; Chrome 76, Firefox 90, Safari 16.4), which a page's script
 cannot set or remove (forbidden header names). A page's own `fetch()` of this server's API is
 `Sec-Fetch-Site: same-origin` with a mode other than `navigate`: that is the polling presence
-stands in for. Every other request that jupyter-server counts as activity - no Fetch Metadata
-at all (another program), a navigation (a person opening a URL), another site's page - is kept
-under CLIENT_ACTIVITY_KEY: jupyter-server's `last_activity()` reads every `*_last_activity`
-setting, and activity.py keeps this one where presence is known.
+stands in for (over plain HTTP, where browsers send no Fetch Metadata, a `Referer` of this
+host marks a page's request). Every other request that jupyter-server counts as activity - no
+Fetch Metadata at all (another program), a navigation (a person opening a URL), another site's
+page - is kept under CLIENT_ACTIVITY_KEY: jupyter-server's `last_activity()` reads every
+`*_last_activity` setting, and activity.py keeps this one where presence is known.
 
 A program that sends a page's headers only hides its own requests: they stay its user's own.
 """
@@ -23,6 +24,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from types import SimpleNamespace
 from typing import Any
+from urllib.parse import urlsplit
 
 from tornado import web
 
@@ -32,10 +34,17 @@ CLIENT_ACTIVITY_KEY = "fracspawner_client_last_activity"
 
 
 def from_page(headers: Any) -> bool:
-    """Whether a request is a same-origin page's fetch (its Fetch Metadata says so)."""
+    """Whether a request is a same-origin page's fetch: its Fetch Metadata says so, or, where a
+    browser sends none (Fetch Metadata goes only to secure origins: HTTPS or localhost, so not to
+    a hub served over plain HTTP), a `Referer` of this very host, which browsers send with a
+    page's same-origin requests and programs do not."""
     site = (headers.get("Sec-Fetch-Site") or "").strip().lower()
     mode = (headers.get("Sec-Fetch-Mode") or "").strip().lower()
-    return site == "same-origin" and mode not in ("", "navigate")
+    if site or mode:
+        return site == "same-origin" and mode not in ("", "navigate")
+    referer = urlsplit((headers.get("Referer") or "").strip())
+    host = (headers.get("Host") or "").strip().lower()
+    return bool(host) and referer.scheme in ("http", "https") and referer.netloc.lower() == host
 
 
 def counts_as_api_activity(handler: Any) -> bool:
