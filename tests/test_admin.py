@@ -104,7 +104,8 @@ def test_usage_per_pool_and_per_server_from_pods(catalog):
     table = render_table(pools, holders)
     # the picker's words (issue 27 #6): "1/4" and "3/4", never 0.25 and 0.75
     assert re.search(r"^t4\s+1\s+1\s+1/4\s+3/4\s+1/4 3/4$", table, re.M), table
-    assert re.search(r"^bob\s+train\s+t4\s+0\.25\s+1/4\s+3840\s+\(waiting\)", table, re.M)
+    # the slice and its memory in the page's words too (issue 38 #3)
+    assert re.search(r"^bob\s+train\s+t4\s+1/4\s+1/4\s+3\.8 GiB\s+\(waiting\)", table, re.M)
     body = json.loads(render_json(pools, holders))
     assert body["servers"][0]["user"] == "alice" and body["pools"][2]["free_gpu"] == 0.75
 

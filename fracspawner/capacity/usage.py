@@ -22,10 +22,20 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ..backends import ANNOTATION_EQUIVALENT, ANNOTATION_MEMORY, LABEL_GPU, LABEL_POOL, plan_slice
+from ..model.errors import SliceError
+from ..model.slices import ALLOWED_STEPS, parse_slice
 from ..model.units import slice_text
 from .snapshot import SERVERNAME_ANNOTATION, USERNAME_ANNOTATION, Capacity, parse_gpu_equivalent
 
-__all__ = ["Holder", "OfferFree", "PoolUsage", "holders_from_pods", "pool_usage"]
+__all__ = [
+    "Holder",
+    "OfferFree",
+    "PoolUsage",
+    "holders_from_pods",
+    "memory_words",
+    "pool_usage",
+    "slice_words",
+]
 
 
 @dataclass(frozen=True)
@@ -64,6 +74,23 @@ def offer_label(offer: Any) -> str:
         profile=getattr(offer, "profile", "") or "",
         count=getattr(offer, "count", 0) or 0,
     )
+
+
+def slice_words(label: str) -> str:
+    """A held slice's label in the picker's words ('0.125' -> '1/8', '10Gi' -> '10 GiB',
+    'mig-1g.10gb' -> 'MIG 1g.10gb'); the label itself where it is odd. The finest fraction step,
+    not the catalog's: these are words for what a pod holds, not a check of what may be asked."""
+    try:
+        return offer_label(parse_slice(label, step=max(ALLOWED_STEPS)))
+    except (SliceError, ValueError):
+        return label
+
+
+def memory_words(mib: float | None) -> str:
+    """GPU memory as the admin page and the picker say it: '9.6 GiB', '512 MiB', '?'."""
+    if mib is None:
+        return "?"
+    return f"{mib / 1024:.1f} GiB" if mib >= 1024 else f"{mib:.0f} MiB"
 
 
 @dataclass

@@ -1,0 +1,77 @@
+"""`fracspawner usage` says what `capacity`, the admin page and the picker say (issue 38 #3):
+DRA pools counted from their ResourceSlices and claims, not "FREE GPU unknown" and "?/?"; a
+server's slice in the picker's words ("1/8", not "0.125") and its memory in GiB as the page
+says it ("3.8 GiB", not "3840")."""
+
+from __future__ import annotations
+
+import re
+
+import pytest
+
+from fracspawner.backends import load_catalog
+from fracspawner.cli import usage
+from fracspawner.cli.usage import render_table, usage_of
+from tests.conftest import DEMO_CATALOG
+from tests.test_admin import gpu_pod, t4_node
+from tests.test_dra_capacity import claim, memory_slice, node
+
+DRA_POOL = {
+    "gpu": "H100-80GB",
+    "backend": "dra",
+    "options": {"sharing": "memory"},
+    "offers": ["1/8", "10GiB", "20GiB"],
+}
+
+
+@pytest.fixture(scope="module")
+def catalog():
+    import yaml
+
+    data = yaml.safe_load(DEMO_CATALOG.read_text())
+    data["pools"]["h100-dra"] = DRA_POOL
+    return load_catalog(data)
+
+
+def cluster() -> tuple[list, list, list, list]:
+    nodes = [t4_node(), node("dra-1")]
+    pods = [gpu_pod("jupyter-alice", "alice")]
+    return nodes, pods, [memory_slice("dra-1")], [claim("c0", "dra-1", "gpu-0", "10Gi")]
+
+
+def test_dra_pools_are_counted_from_their_slices_and_claims(catalog):
+    nodes, pods, slices, claims = cluster()
+    pools, holders = usage_of(catalog, nodes, pods, slices, claims)
+    dra = {p.name: p for p in pools}["h100-dra"]
+    assert [(o.spec, o.free, o.total) for o in dra.offers] == [
+        ("1/8", 6, 8),  # 81,559 - 10,240 MiB left: six 10,194 MiB eighths
+        ("10GiB", 6, 7),
+        ("20GiB", 3, 3),
+    ]
+    assert dra.free_gpu is not None
+    line = next(x for x in render_table(pools, holders).splitlines() if x.startswith("h100-dra"))
+    assert "unknown" not in line and "?" not in line, line
+
+
+def test_a_servers_slice_and_memory_are_in_the_pages_words(catalog):
+    nodes, pods, slices, claims = cluster()
+    table = render_table(*usage_of(catalog, nodes, pods, slices, claims))
+    assert re.search(r"^USER\s+SERVER\s+POOL\s+SLICE\s+GPU\s+MEMORY\s+NODE\s+SINCE$", table, re.M)
+    assert re.search(
+        r"^alice\s+\(default\)\s+t4\s+1/4\s+1/4\s+3\.8 GiB\s+gpu-t4-1\s", table, re.M
+    ), table
+    assert "0.25" not in table and "3840" not in table, table
+
+
+def test_the_usage_command_reads_the_dra_objects_too(catalog, monkeypatch, capsys):
+    nodes, pods, slices, claims = cluster()
+    monkeypatch.setattr(usage, "read_cluster", lambda prog, args: (catalog, nodes, pods))
+
+    async def list_dra(kubeconfig):
+        return slices, claims
+
+    monkeypatch.setattr(usage, "list_dra", list_dra, raising=False)
+    assert usage.main(["--catalog", str(DEMO_CATALOG)]) == 0
+    out = capsys.readouterr().out
+    line = next(x for x in out.splitlines() if x.startswith("h100-dra"))
+    assert "10 GiB 6/7" in line and "unknown" not in line, out
