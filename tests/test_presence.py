@@ -307,8 +307,8 @@ def test_the_report_carries_presence(monkeypatch):
     report = server.report()
     assert report["presence"] == {
         "known": True, "present": True, "last_present": "2026-03-02T09:01:00Z", "tabs": 1,
-        "visible_tabs": 1, "in_session": True, "timeout": TIMEOUT, "session_timeout": 7200.0,
-        "interval": 60.0,
+        "visible_tabs": 1, "in_session": True, "elsewhere": False, "timeout": TIMEOUT,
+        "session_timeout": 7200.0, "interval": 60.0,
     }  # fmt: skip
     assert parse_report(report, received_at=t(60).timestamp()).present is True
     # the server's own activity leaves the polling out where presence is known

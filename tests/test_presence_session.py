@@ -160,3 +160,50 @@ def test_the_culler_keeps_a_server_whose_user_is_in_session():
     report["presence"]["in_session"] = False
     d, _ = decide(70 * 60, report)
     assert (d.action, d.reason) == ("stop", "gpu_idle"), d.message
+
+
+# --- present in the hub session: a tab of another server of theirs --------------------------
+def test_a_tab_on_another_server_of_theirs_keeps_this_servers_kernels(monkeypatch):
+    """The user works in a visible tab of their server "cpu"; their GPU server's own tab is
+    hidden (or closed). The culler, answering the GPU server's report, says its user is present
+    on another server of theirs: its idle kernels may hibernate, never be shut down, for as long
+    as the culler keeps saying so (then until the word is stale: 3 report intervals)."""
+    server = Server(monkeypatch)
+    elsewhere = {"presence": {"elsewhere": "present"}}
+    for minute in range(0, 90):
+        server.now = t(minute * 60)
+        server.presence.on_culler_answer(elsewhere, server.now)
+        assert server.reading() == [], f"shut down at minute {minute}"
+    report = server.report()
+    assert report["presence"]["in_session"] is True and report["presence"]["elsewhere"] is True
+    # the culler stops saying so: the word runs out, then kernel_gpu_idle applies as before
+    minute = 90
+    while not server.reading():
+        minute += 1
+        server.now = t(minute * 60)
+    assert minute == 89 + 3
+
+
+def test_the_culler_tells_a_server_its_user_is_present_on_another():
+    from fracspawner.culler.app import Culler
+    from fracspawner.culler.decide import ServerFacts
+    from fracspawner.culler.identity import Identity
+    from fracspawner.culler.reports import parse_report
+    from tests.test_presence import NOW, gpu_report
+
+    culler = Culler()
+    for name in ("", "cpu"):
+        culler.known[("ann", name)] = ServerFacts("ann", name)
+    culler.known[("bob", "")] = ServerFacts("bob", "")
+    gpu = gpu_report(present=False, activity_ago=3600, gpu_idle=3600)
+    cpu = gpu_report(present=True, activity_ago=0, gpu_idle=3600)
+    for user, name, body in (("ann", "", gpu), ("ann", "cpu", cpu), ("bob", "", gpu)):
+        culler.reports.put(user, name, parse_report(body, received_at=NOW))
+    answer = culler.answer_report(Identity("ann", ""), now=NOW)
+    assert answer == {"presence": {"elsewhere": "present"}}
+    assert culler.answer_report(Identity("bob", ""), now=NOW) is None  # not ann's
+    # a server kept only by the word about another is no evidence for that other (no loop)
+    loop = gpu_report(present=False, activity_ago=3600, gpu_idle=3600)
+    loop["presence"].update(in_session=True, elsewhere=True)
+    culler.reports.put("ann", "cpu", parse_report(loop, received_at=NOW))
+    assert culler.answer_report(Identity("ann", ""), now=NOW) is None

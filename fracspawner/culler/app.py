@@ -507,16 +507,38 @@ class Culler(CullerApplication):
             ).labels(pool).inc()
             self.metrics.hibernation_duration.labels(event.kind).observe(event.seconds)
 
-    def answer_report(self, who: Identity) -> dict | None:
+    def answer_report(self, who: Identity, now: float | None = None) -> dict | None:
         """What the answer to a server's report carries: the swap's orders and grants
-        (`_swap_answer`), and its hibernated kernels to shut down where its node's servers keep
-        more hibernated state than `host_memory_budget_mib` (hostbudget.py)."""
+        (`_swap_answer`), its hibernated kernels to shut down where its node's servers keep
+        more hibernated state than `host_memory_budget_mib` (hostbudget.py), and whether its
+        user is at a tab of another server of theirs (`presence_elsewhere`)."""
         answer = self._swap_answer(who)
         shutdown = self.host_budget_orders(who)
         if shutdown:
             answer = answer or {"swap": {}}
             answer["swap"]["shutdown"] = shutdown
+        word = self.presence_elsewhere(who, time.time() if now is None else now)
+        if word is not None:
+            answer = answer or {}
+            answer["presence"] = {"elsewhere": word}
         return answer
+
+    def presence_elsewhere(self, who: Identity, now: float) -> str | None:
+        """The word "present" or "in_session" where a fresh report of another server of the
+        same user (the hub lists it) says so by its own tabs (serverext/presence.py): the user
+        is in the hub session, so this server's idle kernels may hibernate, never be shut down.
+        A server in session only by this word is no evidence (no loop between two servers)."""
+        word = None
+        for user, server, report in self.reports.latest():
+            if user != who.user or server == who.server or (user, server) not in self.known:
+                continue
+            if now - report.received_at > self.max_staleness:
+                continue
+            if report.present:
+                return "present"
+            if report.in_session and not report.elsewhere:
+                word = "in_session"
+        return word
 
     def host_budget_orders(self, who: Identity) -> list[dict]:
         """The reporting server's hibernated kernels to shut down for its node's budget."""

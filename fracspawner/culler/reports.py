@@ -92,7 +92,12 @@ REPORT = Spec(
         # whether a person is at a JupyterLab tab of the server (serverext/presence.py)
         "presence": Spec(
             "object",
-            fields={"known": Spec("bool"), "present": Spec("bool"), "in_session": Spec("bool")},
+            fields={
+                "known": Spec("bool"),
+                "present": Spec("bool"),
+                "in_session": Spec("bool"),
+                "elsewhere": Spec("bool"),
+            },
         ),
         # over-commit and swap (issue 26; culler/pressure.py): the physical GPUs the server
         # sees (NVML UUID, size, the device's used memory), its processes on each, its kernels'
@@ -321,6 +326,8 @@ class ServerReport:
     present: bool | None = None
     # a hidden tab of a person seen within the session timeout (serverext/presence.py)
     in_session: bool = False
+    # in session only by the culler's word about another server of the user's (never evidence)
+    elsewhere: bool = False
     # its devices and kernels as over-commit's swap reads them (pressure.swap_facts)
     swap: SwapFacts = SwapFacts()
     # its kernels whose GPU state is in host memory (hostbudget.py: the budget per node)
@@ -361,6 +368,7 @@ def parse_report(report: object, received_at: float, *, checked: bool = False) -
         hibernated_kernels=hibernated_kernels(report, received_at),
         present=present,
         in_session=bool(presence.get("known") and presence.get("in_session")),
+        elsewhere=bool(presence.get("elsewhere")),
         hibernated_mib=_number(report, "hibernated_gpu_memory_mib"),
         gpu_events=tuple(events),
         pool=pool or "",

@@ -88,7 +88,12 @@ def _load_jupyter_server_extension(serverapp: Any) -> None:
             )
         ),
     )
-    reporter.on_answer = swap.on_answer
+
+    def on_answer(answer: dict) -> None:
+        swap.on_answer(answer)
+        presence.on_culler_answer(answer)  # the user at a tab of another server of theirs
+
+    reporter.on_answer = on_answer
     web_app.settings["fracspawner_gpu_reporter"] = reporter
     web_app.settings["fracspawner_swap"] = swap
     # the tasks end with the server's event loop: module extensions get no unload hook

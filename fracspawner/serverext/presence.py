@@ -21,7 +21,9 @@ slides (another tab of the same browser) is still there. So a tab that is open a
 hidden or not, keeps its user **in session** for `session_timeout` after they were last seen:
 their idle kernels may then be hibernated (the GPU memory goes to host memory and comes back on
 the next cell), never shut down (issue 36, item 3). A visible tab nobody touches is no session:
-the person would be at the tab in front of them (the abandoned desk).
+the person would be at the tab in front of them (the abandoned desk). A person is also in session
+here while the culler says they are present (or in session) at a tab of **another server of
+theirs** (`on_culler_answer`, in the answer to this server's report), until its word is stale.
 """
 
 from __future__ import annotations
@@ -139,6 +141,8 @@ class Presence(LoggingConfigurable):
         self.settings = settings if settings is not None else {}
         self.clients: dict[str, ClientReport] = {}
         self._last_present: datetime | None = None
+        # the culler's word that the user is at a tab of another server of theirs, until when
+        self._elsewhere_until: datetime | None = None
 
     @property
     def stale(self) -> timedelta:
@@ -184,11 +188,30 @@ class Presence(LoggingConfigurable):
         now = now or utcnow()
         return any((self._present_until(c) or now) > now for c in self._fresh(now))
 
+    def on_culler_answer(self, answer: Any, now: datetime | None = None) -> None:
+        """The culler's answer to this server's report: `{"presence": {"elsewhere": "present"
+        | "in_session"}}` when its user is at a tab of another server of theirs."""
+        word = answer.get("presence") if isinstance(answer, dict) else None
+        if isinstance(word, dict) and word.get("elsewhere") in ("present", "in_session"):
+            self._elsewhere_until = (now or utcnow()) + self.stale
+
+    def elsewhere(self, now: datetime | None = None) -> bool:
+        """Whether the culler's word (at a tab of another server of theirs) still holds."""
+        until = self._elsewhere_until
+        return until is not None and (now or utcnow()) < until
+
     def session_until(self, now: datetime | None = None) -> datetime | None:
         """Until when its user is in session (see the module's docstring): a person seen within
-        `session_timeout`, with a tab open and reporting that is hidden (or present). None:
-        not in session now."""
+        `session_timeout`, with a tab open and reporting that is hidden (or present), or at a
+        tab of another server of theirs as the culler says. None: not in session now."""
         now = now or utcnow()
+        here = self._session_here(now)
+        if self.elsewhere(now):
+            assert self._elsewhere_until is not None
+            return max(here or now, self._elsewhere_until)
+        return here
+
+    def _session_here(self, now: datetime) -> datetime | None:
         fresh = self._fresh(now)
         if not fresh:
             return None
@@ -224,6 +247,9 @@ class Presence(LoggingConfigurable):
             "visible_tabs": sum(c.visible for c in fresh),
             # a hidden tab of a person seen within session_timeout: kernels never shut down
             "in_session": self.in_session(now),
+            # in session only by the culler's word about another server of theirs: the culler
+            # never counts this as evidence for that other server (no loop between two servers)
+            "elsewhere": self.elsewhere(now) and self._session_here(now) is None,
             "timeout": self.timeout,
             "session_timeout": self.session_timeout,
             "interval": self.interval,
