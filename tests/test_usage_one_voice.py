@@ -75,3 +75,32 @@ def test_the_usage_command_reads_the_dra_objects_too(catalog, monkeypatch, capsy
     out = capsys.readouterr().out
     line = next(x for x in out.splitlines() if x.startswith("h100-dra"))
     assert "10 GiB 6/7" in line and "unknown" not in line, out
+
+
+@pytest.mark.parametrize(
+    ("reason", "said"),
+    [
+        ("present", "nothing due: its user is at a JupyterLab tab of it"),
+        ("in_session", "nothing due: its user is in session (a hidden tab of it, seen lately)"),
+        ("gpu_busy", "nothing due"),
+    ],
+)
+def test_the_admin_page_says_why_nothing_is_due(catalog, reason, said):
+    """'Culler next: nothing due' for a server kept because its user is present said nothing
+    of why (issue 38 #3)."""
+    from fracspawner.hub.admin import holder_rows, row_texts
+
+    _, holders = usage_of(catalog, [t4_node()], [gpu_pod("jupyter-alice", "alice")])
+    culler = {
+        "servers": [
+            {
+                "user": "alice",
+                "server": "",
+                "gpu": {"state": "idle", "memory_mib": 1024.0},
+                "next": None,
+                "decision": {"action": "keep", "reason": reason},
+            }
+        ]
+    }
+    (row,) = holder_rows(holders, culler, now=1795600800.0)
+    assert row_texts(row, now=1795600800.0)["next_text"] == said

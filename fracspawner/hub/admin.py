@@ -196,11 +196,20 @@ def holder_rows(
                 "gpu_why": why,
                 "hibernated_mib": gpu.get("hibernated_mib"),
                 "seen_by_culler": c is not None,
+                "kept_because": ((c or {}).get("decision") or {}).get("reason"),
                 "next": nxt,
                 "next_at": None if not nxt else nxt.get("at"),
             }
         )
     return rows
+
+
+#: why the culler keeps a server with nothing due, where that is the person (issue 38 #3: "nothing
+#: due" alone for a server kept because its user was at it; culler/decide.py's reasons)
+_KEPT_WORDS = {
+    "present": "its user is at a JupyterLab tab of it",
+    "in_session": "its user is in session (a hidden tab of it, seen lately)",
+}
 
 
 def row_texts(row: Mapping[str, Any], now: float) -> dict[str, Any]:
@@ -215,8 +224,11 @@ def row_texts(row: Mapping[str, Any], now: float) -> dict[str, Any]:
             + _condition(nxt["reason"], row["gpu"])
         )
         next_text = f"stop ({nxt['reason'].replace('_', ' ')}) {when}"
+    elif row["seen_by_culler"]:
+        why = _KEPT_WORDS.get(row.get("kept_because") or "")
+        next_text = f"nothing due: {why}" if why else "nothing due"
     else:
-        next_text = "nothing due" if row["seen_by_culler"] else ""
+        next_text = ""
     return {
         **row,
         "since_text": utc_minute(row["since"]),
