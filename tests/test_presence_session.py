@@ -157,7 +157,10 @@ def test_the_culler_keeps_a_server_whose_user_is_in_session():
     report["presence"]["in_session"] = True
     d, _ = decide(70 * 60, report)
     assert (d.action, d.reason) == ("keep", "in_session"), d.message
-    report["presence"]["in_session"] = False
+    report["presence"]["elsewhere"] = True  # only by the culler's word about another server
+    d, _ = decide(70 * 60, report)
+    assert (d.action, d.reason) == ("stop", "gpu_idle"), d.message
+    report["presence"].update(in_session=False, elsewhere=False)
     d, _ = decide(70 * 60, report)
     assert (d.action, d.reason) == ("stop", "gpu_idle"), d.message
 

@@ -367,7 +367,11 @@ def parse_report(report: object, received_at: float, *, checked: bool = False) -
         swap=swap_facts(report, received_at),
         hibernated_kernels=hibernated_kernels(report, received_at),
         present=present,
-        in_session=bool(presence.get("known") and presence.get("in_session")),
+        # in session by its own tabs: the culler's word about another server is not counted
+        # here (it keeps kernels from shutdown, not an idle slice from server_gpu_idle)
+        in_session=bool(
+            presence.get("known") and presence.get("in_session") and not presence.get("elsewhere")
+        ),
         elsewhere=bool(presence.get("elsewhere")),
         hibernated_mib=_number(report, "hibernated_gpu_memory_mib"),
         gpu_events=tuple(events),
