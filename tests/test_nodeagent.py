@@ -373,3 +373,82 @@ def test_the_command_says_in_one_line_what_it_cannot_read(tmp_path: Path):
     assert result.returncode == 2
     assert result.stderr.startswith("nodeagent: cannot read the kubeconfig or topology:")
     assert len(result.stderr.strip().splitlines()) == 1
+
+
+# ---------------------------------------------------------------- run mode
+RUN_TAINT = {"key": "devcluster.io/run", "value": "true", "effect": "NoSchedule"}
+
+
+@pytest.fixture(scope="module")
+def runner(cp: ControlPlane, agent: NodeAgent) -> Iterator[NodeAgent]:
+    """A second agent, in run mode, for one node only pods that tolerate its taint go to."""
+    topology = load_topology(
+        {"nodes": [{"name": "run-node", "taints": [RUN_TAINT],
+                    "capacity": {"cpu": "8", "memory": "16Gi"}}]}
+    )  # fmt: skip
+    state = cp.state_dir / "nodeagent-run"
+    with NodeAgent.start(topology, cp.server, cp.pki.ca, state, mode="run") as running:
+        yield running
+        assert running.errors() == {}
+
+
+def run_pod(name: str, command: list[str], **container: Any) -> dict[str, Any]:
+    return {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"name": name, "namespace": "run"},
+        "spec": {
+            "restartPolicy": "Never",
+            "nodeSelector": {"kubernetes.io/hostname": "run-node"},
+            "tolerations": [{**RUN_TAINT, "operator": "Equal"}],
+            "containers": [{"name": "main", "image": "python", "command": command, **container}],
+        },
+    }
+
+
+def phase(cp: ControlPlane, name: str, *phases: str) -> dict | None:
+    pod = get_json(cp, "pod", name, "-n", "run")
+    return pod if pod["status"].get("phase") in phases else None
+
+
+def test_run_mode_runs_the_container_with_the_kubelet_s_env_and_reports_its_exit(cp, runner):
+    namespace(cp, "run")
+    check = (
+        "import os, sys; e = os.environ; "
+        "sys.exit(0 if (e['GREETING'], e['POD_NAME'], e['POD_IP'], e['KUBERNETES_SERVICE_PORT'])"
+        f" == ('hi', 'env', e['POD_IP'], '{cp.ports.apiserver}') else 5)"
+    )
+    env = [
+        {"name": "GREETING", "value": "hi"},
+        {"name": "POD_NAME", "valueFrom": {"fieldRef": {"fieldPath": "metadata.name"}}},
+        {"name": "POD_IP", "valueFrom": {"fieldRef": {"fieldPath": "status.podIP"}}},
+    ]
+    for pod in (
+        run_pod("env", ["python", "-c", check], env=env),
+        run_pod("fails", ["python", "-c", "raise SystemExit(3)"]),
+        run_pod("sleeps", ["sleep", "600"]),
+        run_pod("missing", ["no-such-program"]),
+    ):
+        kubectl(cp, "create", "-f", "-", stdin=pod)
+    done = eventually(lambda: phase(cp, "env", "Succeeded", "Failed"), "env exits")
+    assert done["status"]["phase"] == "Succeeded", done["status"]
+    failed = eventually(lambda: phase(cp, "fails", "Succeeded", "Failed"), "fails exits")
+    terminated = failed["status"]["containerStatuses"][0]["state"]["terminated"]
+    assert (failed["status"]["phase"], terminated["exitCode"]) == ("Failed", 3)
+    sleeping = eventually(lambda: phase(cp, "sleeps", "Running"), "sleeps Running")
+    assert sleeping["status"]["containerStatuses"][0]["ready"] is True
+    assert runner.runtime is not None
+    [(key, process)] = [
+        (k, r.process) for k, r in runner.runtime.kubelet.running.items() if k[1] == "sleeps"
+    ]
+    assert process.returncode is None
+    waiting = eventually(
+        lambda: get_json(cp, "pod", "missing", "-n", "run")["status"].get("containerStatuses"),
+        "missing's status",
+    )[0]["state"]["waiting"]
+    assert waiting["reason"] == "CreateContainerError"
+    assert "executable file not found" in waiting["message"]
+    # deleting the running pod stops its process, then the pod goes
+    kubectl(cp, "delete", "pod", "sleeps", "-n", "run", "--wait=true", "--timeout=60s")
+    assert key not in runner.runtime.kubelet.running
+    assert process.returncode is not None

@@ -31,6 +31,13 @@ def main(argv: list[str] | None = None) -> int:
         default=None,
         help="the cluster CA's directory (default: KUBECONFIG's pki/)",
     )
+    parser.add_argument(
+        "--mode",
+        choices=("no-run", "run"),
+        default="no-run",
+        help="no-run: pods are reported Running and nothing runs (as kwok); "
+        "run: each pod's first container runs as a local process",
+    )
     args = parser.parse_args(argv)
 
     def say(msg: str) -> None:
@@ -52,14 +59,20 @@ def main(argv: list[str] | None = None) -> int:
     state = args.kubeconfig.resolve().parent / "nodeagent"
     try:
         agent = NodeAgent.start(
-            topology, server, KeyPair(pki / "ca.crt", pki / "ca.key"), state, say=say
+            topology,
+            server,
+            KeyPair(pki / "ca.crt", pki / "ca.key"),
+            state,
+            mode=args.mode,
+            say=say,
         )
     except (ApiError, OSError, ValueError) as err:
         say(f"registration failed: {err}")
         return 1
     except KeyboardInterrupt:
         return 130
-    say(f"{len(agent.runners)} nodes Ready; pods bound to them are reported Running (Ctrl-C stops)")
+    what = "run as local processes" if args.mode == "run" else "reported Running, not run"
+    say(f"{len(agent.runners)} nodes Ready; pods bound to them are {what} (Ctrl-C stops)")
     try:
         signal.pause()
     except KeyboardInterrupt:

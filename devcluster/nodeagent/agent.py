@@ -2,9 +2,10 @@
 control plane. Per node, with the node's own credentials (credentials.py), one thread
 registers the Node and its status, creates its Lease, publishes its ResourceSlices (slices.py)
 and then watches the pods bound to it: each gets a Running status without anything being run
-("pods do not run", as kwok does), and a pod with a deletionTimestamp is removed with grace 0,
-as a kubelet does once its containers stopped. Between watch requests the Lease is renewed
-every RENEW_SECONDS."""
+("pods do not run", as kwok does) or, in "run" mode, its first container runs as a local process
+(runtime.py) and is reported Running, then Succeeded or Failed when it exits. A pod with a
+deletionTimestamp is removed with grace 0, as a kubelet does once its containers stopped.
+Between watch requests the Lease is renewed every RENEW_SECONDS."""
 
 from __future__ import annotations
 
@@ -18,10 +19,12 @@ from typing import Any
 
 from devcluster.controlplane.pki import KeyPair
 from devcluster.dra.nvidia import DRIVER
+from devcluster.kubelet import ConfigError
 
 from . import nodeobject, podstatus
 from .client import ApiError, Client
 from .credentials import node_kubeconfig
+from .runtime import START_ERRORS, ProcessRuntime
 from .slices import node_slices
 
 RENEW_SECONDS = 10.0  # the kubelet renews at a quarter of the lease's 40 s
@@ -39,6 +42,7 @@ class NodeRunner:
         client: Client,
         index: int,
         say: Callable[[str], None],
+        runtime: ProcessRuntime | None = None,
     ) -> None:
         self.node = node
         self.name = node["metadata"]["name"]
@@ -47,6 +51,12 @@ class NodeRunner:
         self.index = index
         self._say = say
         self._ips: dict[str, str] = {}  # pod uid -> IP
+        self.runtime = runtime
+        self._started: dict[str, dict[str, Any]] = {}  # run mode: pod uid -> the pod
+        self._settled: set[str] = set()  # run mode: uids whose start failed or that exited
+        #: where in-cluster clients find the apiserver; the kubelet also sets every other
+        #: Service's {SVC}_SERVICE_HOST/PORT variables, which the agent does not (yet)
+        self.service_env: dict[str, str] = {}
         self.uid = ""
         self.renewed = 0.0
         self.error: BaseException | None = None
@@ -103,6 +113,7 @@ class NodeRunner:
             while not stop.is_set():
                 if time.monotonic() - self.renewed >= RENEW_SECONDS:
                     self._renew()
+                self._report_exits()
                 try:
                     for event in self.client.watch(
                         pods, WATCH_SECONDS, fieldSelector=selector, resourceVersion=version
@@ -125,9 +136,14 @@ class NodeRunner:
         path = f"/api/v1/namespaces/{meta['namespace']}/pods/{urllib.parse.quote(meta['name'])}"
         try:
             if meta.get("deletionTimestamp"):
+                if self.runtime is not None and self._started.pop(meta["uid"], None):
+                    grace = min(int(meta.get("deletionGracePeriodSeconds") or 30), 30)
+                    self.runtime.stop(meta["namespace"], meta["name"], grace)
                 body = {"gracePeriodSeconds": 0, "preconditions": {"uid": meta["uid"]}}
                 self.client.delete(path, body)
                 self._ips.pop(meta["uid"], None)
+            elif self.runtime is not None:
+                self._run(pod, path)
             elif not podstatus.reported(pod):
                 status = podstatus.running(
                     pod, self._ip(meta["uid"]), "127.0.0.1", nodeobject.now()
@@ -136,6 +152,57 @@ class NodeRunner:
         except ApiError as err:
             if err.status not in (404, 409):  # gone, or replaced by a pod of the same name
                 raise
+
+    def _run(self, pod: dict[str, Any], path: str) -> None:
+        """Run mode: start a new pod's container and report it Running, or why it did not."""
+        meta = pod["metadata"]
+        uid = meta["uid"]
+        if uid in self._started or uid in self._settled:
+            return
+        if (pod.get("status") or {}).get("phase") in ("Succeeded", "Failed"):
+            self._settled.add(uid)
+            return
+        assert self.runtime is not None
+        try:
+            ip = self.runtime.start(pod, self._lookup, self.service_env)
+        except START_ERRORS as err:
+            self._settled.add(uid)
+            config = isinstance(err, ConfigError)
+            reason = "CreateContainerConfigError" if config else "CreateContainerError"
+            status = podstatus.waiting(pod, reason, str(err), nodeobject.now())
+        else:
+            self._started[uid] = pod
+            status = podstatus.running(pod, ip, "127.0.0.1", nodeobject.now())
+        self.client.merge_patch(f"{path}/status", {"status": status})
+
+    def _report_exits(self) -> None:
+        """Run mode: a container that exited makes its pod Succeeded or Failed."""
+        if self.runtime is None:
+            return
+        for uid, pod in list(self._started.items()):
+            meta = pod["metadata"]
+            code = self.runtime.exit_code(meta["namespace"], meta["name"])
+            if code is None:
+                continue
+            del self._started[uid]
+            self._settled.add(uid)
+            path = f"/api/v1/namespaces/{meta['namespace']}/pods/{urllib.parse.quote(meta['name'])}"
+            status = podstatus.finished(pod, code, nodeobject.now())
+            try:
+                self.client.merge_patch(f"{path}/status", {"status": status})
+            except ApiError as err:
+                if err.status != 404:
+                    raise
+
+    def _lookup(self, plural: str, namespace: str, name: str) -> dict[str, Any] | None:
+        """A secret or config map the pod's env names, read with the node's credentials (the
+        Node authorizer lets a node read those its pods reference)."""
+        try:
+            return self.client.get(f"/api/v1/namespaces/{namespace}/{plural}/{name}")
+        except ApiError as err:
+            if err.status in (403, 404):
+                return None
+            raise
 
     def _ip(self, uid: str) -> str:
         """A pod IP from the node's own /24 (10.244.<index>.0/24, as a podCIDR would give)."""
@@ -151,9 +218,15 @@ class NodeAgent:
     registered (Node, Lease, ResourceSlices); `stop()` ends the threads. The Node objects stay,
     as a stopped kubelet's do (the node-lifecycle controller then marks them NotReady)."""
 
-    def __init__(self, runners: list[NodeRunner], say: Callable[[str], None]) -> None:
+    def __init__(
+        self,
+        runners: list[NodeRunner],
+        say: Callable[[str], None],
+        runtime: ProcessRuntime | None = None,
+    ) -> None:
         self.runners = runners
         self._say = say
+        self.runtime = runtime
         self._stop = threading.Event()
         self._threads: list[threading.Thread] = []
 
@@ -165,15 +238,27 @@ class NodeAgent:
         ca: KeyPair,
         state_dir: Path,
         *,
+        mode: str = "no-run",
+        images: Mapping[str, list[str]] | None = None,
         say: Callable[[str], None] = lambda _msg: None,
     ) -> NodeAgent:
+        """`mode`: "no-run" (pods reported Running, nothing runs) or "run" (each pod's first
+        container runs as a local process); `images`: run mode's command for an image whose
+        container names none (devcluster.kubelet.DEFAULT_COMMAND otherwise)."""
+        if mode not in ("no-run", "run"):
+            raise ValueError(f"node agent: mode must be 'no-run' or 'run', not {mode!r}")
+        runtime = ProcessRuntime(Path(state_dir) / "pods", images) if mode == "run" else None
+        port = urllib.parse.urlsplit(server).port or 443
+        service_env = {"KUBERNETES_SERVICE_HOST": "127.0.0.1", "KUBERNETES_SERVICE_PORT": str(port)}
         dra = topology.get("dra") or {}
         runners = []
         for index, node in enumerate(topology["nodes"]):
             name = node["metadata"]["name"]
             client = Client(node_kubeconfig(ca, server, name, Path(state_dir)))
-            runners.append(NodeRunner(node, dra.get(name), client, index, say))
-        agent = cls(runners, say)
+            runner = NodeRunner(node, dra.get(name), client, index, say, runtime)
+            runner.service_env = service_env
+            runners.append(runner)
+        agent = cls(runners, say, runtime)
         version = runners[0].client.get("/version")["gitVersion"] if runners else ""
         for runner in runners:
             runner.register(version)
@@ -202,6 +287,8 @@ class NodeAgent:
         self._stop.set()
         for thread in self._threads:
             thread.join(timeout=WATCH_SECONDS + 35)
+        if self.runtime is not None:
+            self.runtime.close()
 
     def __enter__(self) -> NodeAgent:
         return self

@@ -75,3 +75,63 @@ def reported(pod: Mapping[str, Any]) -> bool:
     return status.get("phase") in ("Running", "Succeeded", "Failed") and bool(
         status.get("containerStatuses")
     )
+
+
+def _not_ready(pod: Mapping[str, Any], reason: str, t: str) -> list[dict[str, Any]]:
+    previous = (pod.get("status") or {}).get("conditions") or []
+    kept = [c for c in previous if c["type"] not in ("ContainersReady", "Ready")]
+    ours = [{"type": k, "status": "False", "reason": reason, "lastTransitionTime": t}
+            for k in ("ContainersReady", "Ready")]  # fmt: skip
+    return kept + ours
+
+
+def finished(pod: Mapping[str, Any], exit_code: int, t: str) -> dict[str, Any]:
+    """The pod once its (first) container exited: Succeeded on 0, else Failed (no restarts
+    yet: what a kubelet reports for restartPolicy Never)."""
+    uid = pod["metadata"].get("uid", "")
+    started = (pod.get("status") or {}).get("startTime") or t
+    statuses = []
+    for c in (pod.get("spec") or {}).get("containers") or []:
+        statuses.append({
+            "name": c["name"],
+            "image": c.get("image", ""),
+            "imageID": "",
+            "containerID": _container_id(uid, c["name"]),
+            "ready": False,
+            "restartCount": 0,
+            "started": False,
+            "state": {"terminated": {
+                "exitCode": exit_code,
+                "reason": "Completed" if exit_code == 0 else "Error",
+                "startedAt": started,
+                "finishedAt": t,
+                "containerID": _container_id(uid, c["name"]),
+            }},
+        })  # fmt: skip
+    return {
+        "phase": "Succeeded" if exit_code == 0 else "Failed",
+        "conditions": _not_ready(pod, "PodCompleted" if exit_code == 0 else "PodFailed", t),
+        "containerStatuses": statuses,
+    }
+
+
+def waiting(pod: Mapping[str, Any], reason: str, message: str, t: str) -> dict[str, Any]:
+    """A container that could not start (CreateContainerConfigError, CreateContainerError):
+    the pod stays Pending with the reason on each container."""
+    return {
+        "phase": "Pending",
+        "startTime": (pod.get("status") or {}).get("startTime") or t,
+        "conditions": _not_ready(pod, "ContainersNotReady", t),
+        "containerStatuses": [
+            {
+                "name": c["name"],
+                "image": c.get("image", ""),
+                "imageID": "",
+                "ready": False,
+                "restartCount": 0,
+                "started": False,
+                "state": {"waiting": {"reason": reason, "message": message}},
+            }
+            for c in (pod.get("spec") or {}).get("containers") or []
+        ],
+    }
