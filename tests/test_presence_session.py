@@ -12,6 +12,7 @@ The virtual clock and the server model are tests/test_presence.py's.
 
 from __future__ import annotations
 
+import asyncio
 import json
 import time
 import urllib.request
@@ -210,3 +211,31 @@ def test_the_culler_tells_a_server_its_user_is_present_on_another():
     loop["presence"].update(in_session=True, elsewhere=True)
     culler.reports.put("ann", "cpu", parse_report(loop, received_at=NOW))
     assert culler.answer_report(Identity("ann", ""), now=NOW) is None
+
+
+def test_a_hidden_notebook_tab_in_a_lecture_may_hibernate_never_be_shut_down(monkeypatch):
+    """The same lecture on a pool that hibernates idle kernels after 10 min: the setup cell's
+    model goes to host memory 10 min after the student was last seen (the tab hidden at minute
+    3), and the kernel is still there, hibernated, when the lecture ends an hour later."""
+    from fracspawner.serverext.hibernate import KernelSleep
+
+    server = Server(monkeypatch, env={"FRACSPAWNER_KERNEL_GPU_HIBERNATE_SECONDS": "600"})
+    hib = server.monitor.hibernator
+    hib.enabled = True
+    hibernated_at: list[int] = []
+
+    async def hibernate(kid, pids, memory_mib, *, kernel_pid=None, why="idle") -> str:
+        hibernated_at.append(int((server.now - t(0)).total_seconds() // 60))
+        hib.kernels[kid] = KernelSleep(kid, state="hibernated", memory_mib=memory_mib)
+        return "hibernated"
+
+    monkeypatch.setattr(hib, "hibernate", hibernate)
+    last_input = 0
+    for minute in range(0, 65):
+        server.now = t(minute * 60)
+        last_input = minute if minute <= 2 else last_input
+        server.tab((minute - last_input) * 60, visible=minute <= 2)
+        assert server.reading() == [], f"shut down at minute {minute}"
+        asyncio.run(server.monitor.hibernate_idle_kernels(server.now))
+    assert hibernated_at == [3 + 10]
+    assert "k" in server.km.kernels and hib.kernels["k"].state == "hibernated"
