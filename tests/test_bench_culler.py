@@ -1,0 +1,41 @@
+"""The capacity benchmark's own model (benchmarks/bench_culler.py): what it counts must come
+from the replayed GPUs, not from its configuration (issue 36, "what to build" item 6)."""
+
+from __future__ import annotations
+
+from datetime import datetime, timezone
+from pathlib import Path
+
+from benchmarks.bench_culler import OVERCOMMIT, OVERCOMMIT_KIND, Sim, bench_catalog, pod_host, v
+from benchmarks.culler_trace import Cluster, User
+
+
+def _lab(n: int, memory_mib: int) -> list[User]:
+    """n people at the keyboard the whole time, each running GPU cells every minute."""
+    users = []
+    for i in range(n):
+        u = User(f"lab-{i:02d}", memory_mib)
+        for m in range(10):
+            u.present[m] = u.input[m] = u.tab_open[m] = u.cell[m] = u.gpu_cell[m] = True
+        users.append(u)
+    return users
+
+
+def test_over_committed_slots_do_not_seat_users_the_gpu_memory_cannot_hold(tmp_path: Path):
+    # one H100 in quarters, over-committed twice: 8 slots for 8 people whose kernels hold
+    # 20,000 MiB each while they work. Only 4 fit in the GPU's 81,559 MiB: the others must
+    # wait for memory (a server admitted anyway meets CUDA out-of-memory in its first cell).
+    users = _lab(8, 20000)
+    sim = Sim(users, OVERCOMMIT_KIND, Cluster(1), "time_sliced", bench_catalog(None, OVERCOMMIT),
+              OVERCOMMIT)  # fmt: skip
+    sim.host = pod_host(tmp_path)
+    for m in range(3):
+        now = datetime.fromtimestamp(v(m), timezone.utc)
+        for u in users:
+            s = sim.demand(u, m)
+            if s is not None:
+                sim.act(u, s, m, now)
+    assert len(sim.servers) == 4, sorted(sim.servers)
+    assert sorted(sim.waiting) == ["lab-04", "lab-05", "lab-06", "lab-07"]
+    assert sim.admission_waits == 4
+    assert sim.resume_failures == 0  # nobody admitted met a full GPU in a cell
