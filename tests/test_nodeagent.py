@@ -22,7 +22,10 @@ import pytest
 import yaml
 
 from devcluster.controlplane import ControlPlane
-from devcluster.nodeagent import ApiError, NodeAgent
+from devcluster.controlplane.pki import KeyPair
+from devcluster.nodeagent import ApiError, NodeAgent, podstatus
+from devcluster.nodeagent.credentials import load_ca
+from devcluster.nodeagent.slices import node_slices
 from devcluster.topology import hami_register, load_topology
 from tests import test_devcluster_dra_demos as demos
 from tests.test_controlplane import _binary, eventually, get_json, kubectl, namespace
@@ -126,6 +129,43 @@ def failed_scheduling(cp: ControlPlane, ns: str, pod: str) -> str | None:
     events = get_json(cp, "events", "-n", ns, f"--field-selector=involvedObject.name={pod}")
     found = [e["message"] for e in events["items"] if e["reason"] == "FailedScheduling"]
     return found[-1] if found else None
+
+
+# ---------------------------------------------------------------- no cluster needed
+def test_dynamic_mig_slices_put_the_counter_sets_first_then_a_slice_per_gpu():
+    spec = {"gpus": 2, "model": "A100-80GB", "mig": "dynamic"}
+    first, gpu0, gpu1 = node_slices("n", spec)
+    assert [c["name"] for c in first["spec"]["sharedCounters"]] == [
+        "gpu-0-counter-set",
+        "gpu-1-counter-set",
+    ]
+    assert "devices" not in first["spec"]
+    assert {d["name"].split("-")[1] for d in gpu0["spec"]["devices"]} == {"0"}
+    assert {d["name"].split("-")[1] for d in gpu1["spec"]["devices"]} == {"1"}
+    assert {s["spec"]["pool"]["resourceSliceCount"] for s in (first, gpu0, gpu1)} == {3}
+    [whole] = node_slices("n", {"gpus": 2, "model": "H100-80GB"})
+    assert [d["name"] for d in whole["spec"]["devices"]] == ["gpu-0", "gpu-1"]
+
+
+def test_a_running_status_keeps_the_scheduler_s_condition_and_completes_init_containers():
+    scheduled = {"type": "PodScheduled", "status": "True"}
+    pod = {
+        "metadata": {"uid": "u1"},
+        "spec": {"initContainers": [{"name": "init"}], "containers": [{"name": "main"}]},
+        "status": {"phase": "Pending", "conditions": [scheduled]},
+    }
+    status = podstatus.running(pod, "10.244.0.2", "127.0.0.1", "2026-01-01T00:00:00Z")
+    assert status["conditions"][0] == scheduled
+    assert {c["type"] for c in status["conditions"]} >= {"Ready", "ContainersReady"}
+    assert status["initContainerStatuses"][0]["state"]["terminated"]["reason"] == "Completed"
+    assert podstatus.reported({**pod, "status": status})
+    done = podstatus.finished({**pod, "status": status}, 3, "2026-01-01T00:00:01Z")
+    assert done["phase"] == "Failed"
+
+
+def test_a_missing_cluster_ca_is_named(tmp_path: Path):
+    with pytest.raises(FileNotFoundError, match="no cluster CA file .*ca.crt"):
+        load_ca(KeyPair(tmp_path / "ca.crt", tmp_path / "ca.key"))
 
 
 # ---------------------------------------------------------------- registration
