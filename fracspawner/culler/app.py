@@ -38,6 +38,7 @@ from .prometheus import DEFAULT_JOB, DcgmConfig, PrometheusError, build_query, p
 from .prometheus import query as prom_query
 from .receiver import MAX_BODY, ReportRate, receiver_app, report_server
 from .reports import EVENTS_PER_HOUR, CulledKernel, ReportStore, shown
+from .room import gpu_rooms
 from .state import CullerState, CullEvent, server_row
 from .stateapi import state_handler
 from .swapdesk import SwapDesk, seats_from
@@ -364,6 +365,7 @@ class Culler(CullerApplication):
         # the hub's record of every ready server (the last cycle's list): what a report may
         # claim (its pool, its slice's memory) comes from here, never from the report
         self.known: dict[tuple[str, str], ServerFacts] = {}
+        self.listed_at: float | None = None  # when the hub last listed them (room_json)
         self._hibernated_labels: set[str] = set()
         self._swap_desk: SwapDesk | None = None  # over-commit's swap orders (swapdesk.py)
         # what the culler's own token lacks (check_scopes); "" / [] when nothing or not known
@@ -682,7 +684,11 @@ class Culler(CullerApplication):
         )  # fmt: skip
         prefix = "/" + self.report_prefix.strip("/") + "/" if self.report_prefix.strip("/") else "/"
         state = state_handler(f"{prefix}api/state", self.verifier, self.state_json, gated=True)
-        app.add_handlers(r".*", [state])
+        # any hub token (the spawning server's own, as the hub's admission sends it): no names
+        room = state_handler(
+            f"{prefix}api/room", self.verifier, self.room_json, gated=True, scope=None
+        )
+        app.add_handlers(r".*", [state, room])
         server = report_server(app, self.verifier(), max_body_size=MAX_BODY * 2)
         server.listen(where.port or 80, where.hostname or "")
         self.log.info(
@@ -832,6 +838,7 @@ class Culler(CullerApplication):
         self.reports.prune(now - 4 * self.max_staleness)
         # the hub's record of each server: reports held back until it was listed count now
         self.known = {(s.facts.user, s.facts.name): s.facts for s in servers}
+        self.listed_at = now
         for user, server in self.known:
             self.account(user, server, time.time())
         self.update_hibernated()
@@ -908,6 +915,20 @@ class Culler(CullerApplication):
         body["scopes_missing"] = list(self.scopes_missing)
         return body
 
+    def room_json(self, now: float) -> dict[str, Any]:
+        """`GET .../api/room`: per GPU of an over-committed pool, what present users and busy
+        kernels hold (room.py), for the hub's admission (hub/room.py). `listed`: False until
+        the hub has listed its servers once (until then the culler knows nobody: no answer)."""
+        gpus: list[dict[str, Any]] = []
+        if self._catalog is not None and self.listed_at is not None:
+            seats = seats_from(
+                self.reports.latest(), self.known, self._catalog, now, self.max_staleness,
+                self.swap_margin_mib, placement=self.placement_of,
+            )  # fmt: skip
+            pairs = [(self.known[(s.user, s.server)].pool or "", s) for s in seats]
+            gpus = [r.to_json() for r in gpu_rooms(pairs)]
+        return {"at": now, "listed": self.listed_at is not None, "gpus": gpus}
+
     def metrics_app(self) -> web.Application:
         """/metrics (open, as Prometheus scrapes it) and /api/state (a token that may read
         every server: stateapi.py)."""
@@ -935,6 +956,7 @@ class Culler(CullerApplication):
                 (r"/metrics", MetricsHandler),
                 (r"/health", HealthHandler),
                 state_handler(r"/api/state", self.verifier, self.state_json),
+                state_handler(r"/api/room", self.verifier, self.room_json, scope=None),
             ]
         )
 

@@ -1,9 +1,12 @@
-"""`GET .../api/state`: the culler's view for the admin page (fracspawner.culler.state), as JSON.
+"""`GET .../api/state`: the culler's view for the admin page (fracspawner.culler.state), as JSON;
+`GET .../api/room`: room on over-committed GPUs for the hub's admission (room.py), as JSON.
 
 Answered only for a token whose hub identity may read every server (`read:servers`, unfiltered:
 the fracspawner service's own token, or an admin's): the state names every user's servers, no
 more than such a token can already read from the hub. The token is checked with the hub
 (`GET /hub/api/user`, cached like the report tokens); 401 without a token, 403 otherwise.
+The room answer names nobody (counts, MiB, hashed server ids): any token the hub knows may read
+it (`scope` None), as the hub sends the spawning server's own.
 """
 
 from __future__ import annotations
@@ -27,8 +30,9 @@ class StateHandler(web.RequestHandler):
         verifier: Callable[[], TokenVerifier],
         state: Callable[[float], dict[str, Any]],
         gated: bool = False,
+        scope: str | None = READ_SCOPE,
     ) -> None:
-        self.verifier, self.state, self.gated = verifier, state, gated
+        self.verifier, self.state, self.gated, self.scope = verifier, state, gated, scope
 
     def on_finish(self) -> None:
         # behind the report server's door (receiver.ReportServer), which counts this request
@@ -54,8 +58,8 @@ class StateHandler(web.RequestHandler):
             )
         except Refused as exc:
             return self._refuse(exc.code, str(exc))
-        if READ_SCOPE not in (model.get("scopes") or []):
-            return self._refuse(403, f"this token may not {READ_SCOPE} of every user")
+        if self.scope is not None and self.scope not in (model.get("scopes") or []):
+            return self._refuse(403, f"this token may not {self.scope} of every user")
         self.set_header("Content-Type", "application/json")
         self.set_header("Cache-Control", "no-store")
         self.finish(json.dumps(self.state(time.time())))
@@ -66,7 +70,12 @@ def state_handler(
     verifier: Callable[[], TokenVerifier],
     state: Callable[[float], dict[str, Any]],
     gated: bool = False,
+    scope: str | None = READ_SCOPE,
 ) -> tuple[str, type, dict[str, Any]]:
     """The route; `gated`: served by the report server (receiver.report_server), whose door
-    must hear when a request is answered."""
-    return (path, StateHandler, {"verifier": verifier, "state": state, "gated": gated})
+    must hear when a request is answered; `scope`: what the token must carry (None: any)."""
+    return (
+        path,
+        StateHandler,
+        {"verifier": verifier, "state": state, "gated": gated, "scope": scope},
+    )

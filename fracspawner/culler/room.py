@@ -1,0 +1,117 @@
+"""Room for a new server on over-committed GPUs, as present users hold them (issue 36, item 5).
+
+Over-commit (catalog `overcommit: 2`) puts twice as many slices on a GPU as its memory holds,
+safe while the culler can swap idle kernels out (pressure.py). A present person may run a cell
+at any moment, so their kernels are not "idle memory" to count on: in a lab where everyone is
+present, the 5th..8th new servers of a 4-slot GPU over-committed twice met CUDA out-of-memory in
+their cells with no word why (issue 36, bug 4). The hub's admission asks this view before a new
+server's pod is made (hub/room.py): per GPU, what cannot be made free for a newcomer.
+
+Per GPU (node/UUID as swapdesk binds reports to pods), each server counts:
+
+- its whole slice where its user is present (at a tab of it: presence.py), where its report is
+  stale or missing (unknown is never free), or where it has not reported a device yet and its
+  pod may be on the GPU;
+- otherwise what the swap cannot take off: its resident memory less its idle, swappable kernels
+  (the candidates of `pressure.plan_swaps`), plus what waits to resume there; within its slice;
+
+and the GPU counts on top what the smallest fresh device reading shows beyond all servers' own
+memory (processes nobody reports, a kernel above its slice). Pure.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Iterable
+from dataclasses import dataclass
+
+from .pressure import ReportedGpu
+from .swapdesk import Seat
+
+
+@dataclass(frozen=True)
+class GpuRoom:
+    """One GPU of an over-committed pool: what present users and busy kernels hold on it."""
+
+    pool: str
+    gpu: str  # node/uuid (swapdesk.gpu_key)
+    size_mib: float
+    held_mib: float
+    present: int  # people present at a server on it
+    servers: tuple[str, ...]  # `server_tag` of each server counted on it
+
+    @property
+    def free_mib(self) -> float:
+        return max(0.0, self.size_mib - self.held_mib)
+
+    def to_json(self) -> dict:
+        return {
+            "pool": self.pool,
+            "gpu": self.gpu,
+            "size_mib": round(self.size_mib, 1),
+            "held_mib": round(self.held_mib, 1),
+            "free_mib": round(self.free_mib, 1),
+            "present": self.present,
+            "servers": list(self.servers),
+        }
+
+
+def server_tag(user: str, server: str) -> str:
+    """A server's id in the room answer: the hub matches its own spawns by it; the answer names
+    nobody (any server's token may read it)."""
+    return hashlib.sha256(f"{user}/{server}".encode()).hexdigest()[:16]
+
+
+def held_by(seat: Seat, gpu: ReportedGpu | None) -> float:
+    """What one server holds on a GPU that no swap can free for a newcomer (MiB)."""
+    cap = max(seat.cap_mib, 0.0)
+    if gpu is None or not seat.fresh or seat.present:
+        return cap
+    movable = sum(
+        min(k.resident_mib, cap)
+        for k in gpu.kernels
+        if k.idle
+        and not k.hibernated
+        and not k.refused
+        and k.resident_mib > 0
+        and k.last_used is not None
+    )
+    return min(cap, max(0.0, gpu.resident_mib - movable) + max(gpu.waiting_mib, 0.0))
+
+
+def gpu_rooms(seats: Iterable[tuple[str, Seat]]) -> list[GpuRoom]:
+    """Each GPU a server of an over-committed pool reports (`(pool, seat)` pairs from
+    swapdesk.seats_from), with what is held on it; sorted by pool and GPU."""
+    pairs = [(pool, s) for pool, s in seats if s.swaps]
+    gpus: dict[str, tuple[str, float]] = {}
+    for pool, s in pairs:
+        for g in s.facts.gpus:
+            size = s.size_mib or g.total_mib
+            if size:
+                gpus.setdefault(g.uuid, (pool, size))
+    rooms = []
+    for key, (pool, size) in sorted(gpus.items(), key=lambda kv: (kv[1][0], kv[0])):
+        held = resident = 0.0
+        readings = []
+        people: set[str] = set()
+        tags = []
+        for _pool, s in pairs:
+            mine = next((g for g in s.facts.gpus if g.uuid == key), None)
+            if mine is None and not (not s.facts.gpus and s.may_be_on(key)):
+                continue
+            held += held_by(s, mine)
+            tags.append(server_tag(s.user, s.server))
+            if s.present and s.fresh:
+                people.add(s.user)
+            if mine is not None and s.fresh:
+                resident += min(max(mine.resident_mib, 0.0), s.cap_mib)
+                if mine.used_mib is not None:
+                    readings.append(mine.used_mib)
+            else:  # stale or unreported: its slice, as the readings may show it
+                resident += max(s.cap_mib, 0.0)
+        # memory the device shows and no server's word accounts for (the smallest reading)
+        unreported = max(0.0, min(readings) - resident) if readings else 0.0
+        rooms.append(
+            GpuRoom(pool, key, size, min(size, held + unreported), len(people), tuple(tags))
+        )
+    return rooms
