@@ -63,7 +63,8 @@ import logging
 import shutil
 import tempfile
 import time
-from dataclasses import dataclass
+from collections.abc import Callable
+from dataclasses import dataclass, replace
 from datetime import datetime, timedelta, timezone
 from pathlib import Path
 from typing import Any
@@ -131,10 +132,18 @@ def copy_seconds(memory_mib: float) -> float:
 class SimCheckpointDriver:
     """The fake checkpoint driver for the replay: the documented states (running -> locked ->
     checkpointed -> locked -> running; tests/fake_nvml/cuda/bindings/driver.py cites them) by
-    pid, in memory; copy time from `copy_seconds` (virtual: nothing sleeps)."""
+    pid, in memory; copy time from `copy_seconds` (virtual: nothing sleeps).
 
-    def __init__(self) -> None:
+    A restore follows NVIDIA/cuda-checkpoint#44 (driver 580.95.05, CUDA 13.0), as the test
+    driver does: where the physical GPU has no room for the kernel's memory (`fits(pid)`, the
+    replay's reading of its GPU) it fails with CUDA_ERROR_OUT_OF_MEMORY, the process stays
+    CHECKPOINTED, and every later restore answers CUDA_ERROR_OPERATING_SYSTEM (304): the
+    kernel's GPU state is lost (`lost`, counted as `gpu_state_lost`)."""
+
+    def __init__(self, fits: Callable[[int], bool] = lambda _pid: True) -> None:
         self.states: dict[int, str] = {}
+        self.fits = fits
+        self.lost: set[int] = set()
 
     def check(self) -> None:
         pass
@@ -156,7 +165,15 @@ class SimCheckpointDriver:
         self._move(pid, "locked", "checkpointed", "cuCheckpointProcessCheckpoint")
 
     def restore(self, pid: int) -> None:
-        self._move(pid, "checkpointed", "locked", "cuCheckpointProcessRestore")
+        from fracspawner.serverext.checkpoint import CheckpointError
+
+        call = "cuCheckpointProcessRestore"
+        if self.state(pid) == "checkpointed" and pid in self.lost:
+            raise CheckpointError(call, "CUDA_ERROR_OPERATING_SYSTEM")  # #44: for good
+        if self.state(pid) == "checkpointed" and not self.fits(pid):
+            self.lost.add(pid)  # stays CHECKPOINTED, and lost (#44)
+            raise CheckpointError(call, "CUDA_ERROR_OUT_OF_MEMORY")
+        self._move(pid, "checkpointed", "locked", call)
 
     def unlock(self, pid: int) -> None:
         self._move(pid, "locked", "running", "cuCheckpointProcessUnlock")
@@ -284,7 +301,14 @@ class Cull:
 
 class SimServer:
     def __init__(
-        self, user: User, m: int, env: dict[str, str], gpu: int, host: Path, extension: bool
+        self,
+        user: User,
+        m: int,
+        env: dict[str, str],
+        gpu: int,
+        host: Path,
+        extension: bool,
+        free_mib: Callable[[SimServer], float] = lambda _s: float(GPU_MIB),
     ):
         self.user, self.started, self.gpu = user, v(m), gpu
         self.kernels = SimKernels(self)
@@ -301,8 +325,13 @@ class SimServer:
         self.monitor.reason, self.monitor.started = None, now  # readings come from here
         self.monitor.pod = PodInfo.from_environ(env)
         # hibernation through the fake checkpoint driver, in a pod with POD_HOST_MEMORY_GIB
+        # the driver restores only what the GPU has room for (#44 otherwise: lost)
+        self.driver = SimCheckpointDriver(
+            lambda _pid: free_mib(self) >= self.monitor.hibernator.memory_of(self.kernel_id or "")
+        )
         self.monitor.hibernator = Hibernator(
-            driver=SimCheckpointDriver(),
+            driver=self.driver,
+            retry_first=0.01,  # after a refused restore, the next try (virtual time: no waits)
             log=QUIET,
             cpu_probe_seconds=0,  # no real kernel processes to watch (virtual time)
             retry_refused_after=0,  # a refused kernel is tried at each (virtual) reading
@@ -357,6 +386,7 @@ class Sim:
         # over-committed slots seat a server only where the GPU's memory has room for its slice
         # (`admits`); the users kept waiting for memory while slots were free
         self.admission_waits = 0
+        self.gpu_state_lost = 0  # kernels of stopped servers whose restore met #44
         # where kernels share the GPU's physical memory: a time-sliced GPU, or any pool that
         # commits more memory than the GPU has; a cell needing memory there may find no room
         self.shared_memory = family == "time_sliced" or overcommit > 1
@@ -393,6 +423,7 @@ class Sim:
         if s is not None:
             u = s.user
             self.used[s.gpu] -= 1
+            self.gpu_state_lost += len(s.driver.lost)
             self.culls.append(Cull("server", name, self.minute, s.busy, u.present[self.minute]))
 
     # --- demand on the fixed cluster ----------------------------------------------------------
@@ -419,7 +450,15 @@ class Sim:
         if u.name in self.waiting:
             self.waits.append((u.name, m - self.waiting.pop(u.name), False))
         self.used[free] += 1
-        s = self.servers[u.name] = SimServer(u, m, self.env, free, self.host, self.extension)
+        s = self.servers[u.name] = SimServer(
+            u,
+            m,
+            self.env,
+            free,
+            self.host,
+            self.extension,
+            lambda me: self.gpu_free_mib(me.gpu, me),
+        )
         return s
 
     def admits(self, gpu: int, u: User) -> bool:
@@ -597,6 +636,8 @@ class Sim:
             "resumes": len(self.resume_seconds),
             "resume_failures": self.resume_failures,
             "admission_waits": self.admission_waits,
+            "gpu_state_lost": self.gpu_state_lost
+            + sum(len(s.driver.lost) for s in self.servers.values()),
             "runs": len(self.runs),
             "stalled_runs": len(self.runs_stalled),
             "host_memory_peak_per_node_gib": round(self.host_peak_node_mib / 1024, 1),
@@ -740,6 +781,44 @@ def capacity(row: dict, base: dict) -> dict:
     return out
 
 
+def half_gpus(row: dict, base: dict, half: Cluster, full: Cluster) -> dict:
+    """The headline's keys (../shared/design.md): the trace on `half` the GPUs, over-committed,
+    against jupyterhub-idle-culler on all of them (`full`), and the issue's goals."""
+    out = {
+        "users_waiting_pct_of_full_baseline": pct(row["wait_episodes"], base["wait_episodes"]),
+        "disruptions": row["culls_returned_to_within_30_min"],
+        "baseline_disruptions": base["culls_returned_to_within_30_min"],
+        "present_culls": row["culls_while_present"],
+        "false_culls": row["false_culls"],
+        "gpu_state_lost": row["gpu_state_lost"],
+        "host_memory_peak_per_node_gib": row["host_memory_peak_per_node_gib"],
+        "host_memory_budget_gib": round(Culler().host_memory_budget_mib / 1024, 1),
+        "gpus": half.gpus,
+        "baseline_gpus": full.gpus,
+        "wait_episodes": row["wait_episodes"],
+        "baseline_wait_episodes": base["wait_episodes"],
+        "turned_away": row["turned_away"],
+        "baseline_turned_away": base["turned_away"],
+        "wait_p95_min": row["wait_p95_min"],
+        "baseline_wait_p95_min": base["wait_p95_min"],
+        "admission_waits": row["admission_waits"],
+        "memory_waits": row["resume_failures"],
+        "stalled_runs": row["stalled_runs"],
+        "baseline_stalled_runs": base["stalled_runs"],
+    }
+    waiting = out["users_waiting_pct_of_full_baseline"]
+    out["goals"] = {
+        "waiting_at_most_baseline": waiting is not None and waiting <= 100.0,
+        "disruptions_at_most_baseline": out["disruptions"] <= out["baseline_disruptions"],
+        "no_culls_of_a_present_user": out["present_culls"] == 0,
+        "no_false_culls": out["false_culls"] == 0,
+        "no_gpu_state_lost": out["gpu_state_lost"] == 0,
+        "host_memory_within_budget": out["host_memory_peak_per_node_gib"]
+        <= out["host_memory_budget_gib"],
+    }
+    return out
+
+
 async def bench_days(tmp: Path) -> tuple[dict, dict, dict]:
     runs: dict[str, dict] = {}
     out: dict[str, dict] = {}
@@ -761,6 +840,12 @@ async def bench_days(tmp: Path) -> tuple[dict, dict, dict]:
         rows[OVERCOMMIT_KERNEL_OFF] = await replay(
             users, OVERCOMMIT_KERNEL_OFF, "time_sliced", cluster, tmp
         )
+        # the headline (issue 36): the same trace on half the GPUs, over-committed
+        half = replace(cluster, gpus=max(1, cluster.gpus // 2))
+        for family in FAMILIES:
+            rows[f"fracspawner_{family}_half_gpus"] = await replay(
+                users, OVERCOMMIT_KIND, family, half, tmp
+            )
         for key, row in rows.items():
             print(f"   {name} / {key}: {row}", flush=True)
         base = rows["jupyterhub_idle_culler_z2jh"]
@@ -781,7 +866,9 @@ async def bench_days(tmp: Path) -> tuple[dict, dict, dict]:
             **rows,
         }
         out[name] = {
-            family: capacity(rows[f"fracspawner_{family}_overcommit"], base) for family in FAMILIES
+            family: capacity(rows[f"fracspawner_{family}_overcommit"], base)
+            | {"half_gpus": half_gpus(rows[f"fracspawner_{family}_half_gpus"], base, half, cluster)}
+            for family in FAMILIES
         }
         plain[name] = {family: capacity(rows[f"fracspawner_{family}"], base) for family in FAMILIES}
     return runs, out, plain
@@ -904,6 +991,8 @@ COLUMNS = [
     ("kernel_shutdowns", "kernel shut-downs"),
     ("hibernations", "hibernations"),
     ("resume_failures", "resume failures"),
+    ("admission_waits", "waits for memory at admission"),
+    ("gpu_state_lost", "GPU state lost (#44)"),
     ("stalled_runs", "stalled runs"),
     ("host_memory_peak_per_node_gib", "host memory peak/node GiB"),
 ]
@@ -916,6 +1005,8 @@ ROWS = [
     ("fracspawner_reserving_overcommit", "fracspawner, reserving, overcommit 2 (HAMi scaling)"),
     ("fracspawner_time_sliced_overcommit", "fracspawner, time-sliced, overcommit 2"),
     (OVERCOMMIT_KERNEL_OFF, "fracspawner, time-sliced, overcommit 2, kernel_gpu_idle off"),
+    ("fracspawner_reserving_half_gpus", "fracspawner, reserving, overcommit 2, HALF the GPUs"),
+    ("fracspawner_time_sliced_half_gpus", "fracspawner, time-sliced, overcommit 2, HALF the GPUs"),
 ]
 
 

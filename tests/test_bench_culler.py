@@ -39,3 +39,35 @@ def test_over_committed_slots_do_not_seat_users_the_gpu_memory_cannot_hold(tmp_p
     assert sorted(sim.waiting) == ["lab-04", "lab-05", "lab-06", "lab-07"]
     assert sim.admission_waits == 4
     assert sim.resume_failures == 0  # nobody admitted met a full GPU in a cell
+
+
+def test_a_restore_into_a_full_gpu_loses_the_kernel_as_nvidia_cuda_checkpoint_44(tmp_path: Path):
+    # the replay's checkpoint driver follows NVIDIA/cuda-checkpoint#44: a restore the physical
+    # GPU has no room for fails with OUT_OF_MEMORY, every later one with 304, and the kernel
+    # counts in gpu_state_lost (never a counted retry that restores later)
+    import asyncio
+
+    import pytest
+
+    from fracspawner.serverext.checkpoint import CheckpointError
+
+    users = _lab(2, 20000)
+    sim = Sim(users, OVERCOMMIT_KIND, Cluster(1), "time_sliced", bench_catalog(None, OVERCOMMIT),
+              OVERCOMMIT)  # fmt: skip
+    sim.host = pod_host(tmp_path)
+    now = datetime.fromtimestamp(v(0), timezone.utc)
+    a, b = (sim.demand(u, 0) for u in users)
+    assert a is not None and b is not None
+    kernel = a.ensure_kernel(now)
+    a.holds_memory = True
+    hib = a.monitor.hibernator
+    state = asyncio.run(hib.hibernate(a.kernel_id, [kernel.pid], 20000.0, kernel_pid=kernel.pid))
+    assert state == "hibernated" and a.on_gpu_mib() == 0
+    b.ensure_kernel(now)
+    b.holds_memory, b.user.memory_mib = True, 70000  # a co-tenant filled the GPU meanwhile
+    with pytest.raises(CheckpointError, match="OUT_OF_MEMORY"):
+        a.driver.restore(kernel.pid)
+    b.user.memory_mib = 1000  # room again: too late on #44 drivers
+    with pytest.raises(CheckpointError, match="CUDA_ERROR_OPERATING_SYSTEM"):
+        a.driver.restore(kernel.pid)
+    assert sim.summary()["gpu_state_lost"] == 1
