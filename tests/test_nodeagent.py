@@ -75,7 +75,6 @@ def agent(cp: ControlPlane) -> Iterator[NodeAgent]:
     topology = load_topology(TOPOLOGY)
     with NodeAgent.start(topology, cp.server, cp.pki.ca, cp.state_dir / "nodeagent") as running:
         yield running
-        assert running.errors() == {}
 
 
 def schedulable_only(cp: ControlPlane, *names: str) -> None:
@@ -429,7 +428,6 @@ def runner(cp: ControlPlane, agent: NodeAgent) -> Iterator[NodeAgent]:
     state = cp.state_dir / "nodeagent-run"
     with NodeAgent.start(topology, cp.server, cp.pki.ca, state, mode="run") as running:
         yield running
-        assert running.errors() == {}
 
 
 def run_pod(name: str, command: list[str], **container: Any) -> dict[str, Any]:

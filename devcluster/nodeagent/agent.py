@@ -14,6 +14,7 @@ import threading
 import time
 import urllib.parse
 from collections.abc import Callable, Mapping
+from http.client import HTTPException
 from pathlib import Path
 from typing import Any
 
@@ -275,7 +276,8 @@ class NodeAgent:
         while not self._stop.is_set():
             try:
                 runner.run(self._stop)
-            except (ApiError, OSError, ValueError) as err:  # the apiserver went or answered badly
+            except (ApiError, OSError, ValueError, HTTPException) as err:  # the apiserver went,
+                # or answered badly (a watch cut mid-line, an etcd timeout): list again
                 runner.error = err
                 self._say(f"node {runner.name}: {err}; retrying")
                 self._stop.wait(1.0)
