@@ -104,3 +104,41 @@ def test_the_admin_page_says_why_nothing_is_due(catalog, reason, said):
     }
     (row,) = holder_rows(holders, culler, now=1795600800.0)
     assert row_texts(row, now=1795600800.0)["next_text"] == said
+
+
+def test_the_admin_page_says_the_demos_gpu_is_simulated(catalog):
+    """The README said the admin page names the demo's GPU simulated; it never did (issue 38
+    #3). A server's report says where its readings come from; the culler keeps it and the
+    page's GPU column says '(simulated GPU)'."""
+    from fracspawner.culler.reports import parse_report
+    from fracspawner.hub.admin import holder_rows, row_texts
+    from tests.test_culler_reports import T, report
+
+    simulated = parse_report(report(source="simulated"), received_at=T)
+    real = parse_report(report(source="nvml"), received_at=T)
+    assert getattr(simulated, "simulated", None) is True and real.simulated is False
+    culler_row = {
+        "user": "alice",
+        "server": "",
+        "gpu": {"state": "idle", "memory_mib": 1536.0, "since": T - 60, "simulated": True},
+        "next": None,
+        "decision": {"action": "keep", "reason": "gpu_busy"},
+    }
+    _, holders = usage_of(catalog, [t4_node()], [gpu_pod("jupyter-alice", "alice")])
+    (row,) = holder_rows(holders, {"servers": [culler_row]}, now=T)
+    assert row_texts(row, now=T)["gpu_text"] == "idle for 60 s (simulated GPU)"
+
+
+def test_the_cullers_row_carries_the_reports_word(catalog):
+    from fracspawner.culler.decide import Decision, GpuFacts, Reading, ServerFacts
+    from fracspawner.culler.state import server_row
+    from fracspawner.model.catalog import DEFAULT_IDLE
+    from tests.test_culler_reports import T
+
+    facts = ServerFacts(user="alice", name="", started=T - 3600, last_activity=T - 60)
+    gpu = GpuFacts("extension", T, 1536.0, 60.0, 3600.0)
+    row = server_row(
+        facts, Reading(gpu=gpu), Decision("keep", "gpu_busy", ""), DEFAULT_IDLE, "h100", T,
+        0.0, True,
+    )  # fmt: skip
+    assert row["gpu"]["simulated"] is True

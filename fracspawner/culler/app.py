@@ -861,7 +861,10 @@ class Culler(CullerApplication):
             outcomes.append(Outcome(server, decision, reading.gpu, pool=pool))
             report = self.reports.for_server(facts) if self.reports_enabled else None
             hibernated = None if report is None else report.hibernated_mib
-            rows.append(server_row(facts, reading, decision, policy, pool, now, hibernated))
+            simulated = report is not None and report.simulated
+            rows.append(
+                server_row(facts, reading, decision, policy, pool, now, hibernated, simulated)
+            )
         if self.reports_enabled:  # up: every GPU server's report came in time
             sources_up["extension"] = missing_reports == 0
             self.metrics.source_up.labels("extension").set(int(sources_up["extension"]))

@@ -89,6 +89,8 @@ REPORT = Spec(
             ),
         ),
         "slice": Spec("object", fields={"pool": Spec("text", 63)}),
+        # where the readings come from: "nvml", "simulated" (the demo's GPU), ...
+        "source": Spec("text", 32),
         # whether a person is at a JupyterLab tab of the server (serverext/presence.py)
         "presence": Spec(
             "object",
@@ -321,6 +323,8 @@ class ServerReport:
     # history, which take the pool from the hub's record of the server (app.Culler.claim)
     pool: str = ""
     hibernated_mib: float = 0.0  # GPU memory its hibernated kernels hold in host memory
+    # its GPU is the demo's simulated one (the readings' source): the admin page says so
+    simulated: bool = False
     gpu_events: tuple[GpuEvent, ...] = ()
     # a person at a tab of the server (True/False), None: no tab reports presence
     present: bool | None = None
@@ -374,6 +378,7 @@ def parse_report(report: object, received_at: float, *, checked: bool = False) -
         ),
         elsewhere=bool(presence.get("elsewhere")),
         hibernated_mib=_number(report, "hibernated_gpu_memory_mib"),
+        simulated=report.get("source") == "simulated",
         gpu_events=tuple(events),
         pool=pool or "",
         received_at=received_at,

@@ -180,9 +180,11 @@ def server_row(
     pool: str,
     now: float,
     hibernated_mib: float | None = None,
+    simulated: bool = False,
 ) -> dict[str, Any]:
     """One server's row; `hibernated_mib`: GPU memory its hibernated kernels keep in host
-    memory, from its own report (None: no report, so not known)."""
+    memory, from its own report (None: no report, so not known); `simulated`: its report says
+    its GPU is the demo's simulated one."""
     state, idle_for = gpu_state(reading.gpu)
     gpu = reading.gpu
     return {
@@ -199,6 +201,7 @@ def server_row(
             "source": "" if gpu is None else gpu.source,
             "note": reading.missing or ("" if gpu is None else gpu.note),
             "hibernated_mib": hibernated_mib,
+            "simulated": simulated,
         },
         "decision": {"action": decision.action, "reason": decision.reason},
         "next": next_step(facts, reading, decision, policy, now),

@@ -195,6 +195,7 @@ def holder_rows(
                 "gpu_for": None if since_state is None else max(now - since_state, 0),
                 "gpu_why": why,
                 "hibernated_mib": gpu.get("hibernated_mib"),
+                "simulated": bool(gpu.get("simulated")),
                 "seen_by_culler": c is not None,
                 "kept_because": ((c or {}).get("decision") or {}).get("reason"),
                 "next": nxt,
@@ -238,7 +239,9 @@ def row_texts(row: Mapping[str, Any], now: float) -> dict[str, Any]:
             f" for {_duration(now - since_state)}"
             if since_state is not None and row["gpu"] != "waiting"
             else ""
-        ),
+        )
+        # the demo's GPU is simulated: said wherever its readings show (issue 38 #3)
+        + (" (simulated GPU)" if row.get("simulated") else ""),
         "next_text": next_text,
         "slice_text": _slice_words(row["slice"]),
     }
