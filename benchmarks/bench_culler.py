@@ -34,7 +34,21 @@ decision goes through the real code:
   kernel's memory leaves the GPU for its pod's host memory (a 64 GiB pod limit using 8 GiB), and
   the user's next cell resumes it first, in 0.3 s + memory / 25 GiB/s (PCIe 4.0 x16); on a
   time-sliced GPU a resume needs room on the GPU (81,559 MiB less what the other kernels on it
-  hold) and waits while there is none (a resume failure, counted per attempt).
+  hold) and waits while there is none (a resume failure, counted per attempt). The driver
+  follows NVIDIA/cuda-checkpoint#44: a restore the physical GPU has no room for fails with
+  OUT_OF_MEMORY and every later one with 304, the kernel's GPU state lost (`gpu_state_lost`);
+  the replay's own reading of the GPU stands in for the culler's grant before a restore
+  (`answer_report` and `SwapAgent` are not driven yet);
+- an over-committed GPU seats a new server only where its memory reading (what the kernels on
+  it hold, hibernated ones not) has room for the slice asked for, else the user waits
+  (`admission_waits`): slots are multiplied by over-commit only as far as hibernation frees
+  memory. The hub's own admission of over-committed GPUs (issue 36 item 5) is modelled here.
+
+The headline (issue 36): the same trace on HALF the GPUs of each mix's cluster, over-committed
+(`overcommit: 2`), against jupyterhub-idle-culler on all of them (`capacity.<mix>.<family>.
+half_gpus`). The host memory budget per node is the culler's `host_memory_budget_mib` default;
+it is compared with the peak, not enforced here (the replay has no pod watch to place servers
+on nodes for `answer_report`).
 
 Measures per mix and family (`culler.json` -> `capacity`; percentages are of
 jupyterhub-idle-culler's figure on the same trace and cluster): users who had to wait or were
@@ -123,6 +137,7 @@ COPY_GIB_S = 25.0
 COPY_FIXED_S = 0.3
 POD_HOST_MEMORY_GIB, POD_HOST_USED_GIB = 64, 8  # each pod's memory limit and what it uses
 CAME_BACK_MIN = 30  # a cull its user comes back to within this is a disruption
+GROWS_BY, GROWS_TO = 0.01, 1.5  # a growing kernel: 1 % of its size a working minute, to 1.5 x
 
 
 def copy_seconds(memory_mib: float) -> float:
@@ -341,6 +356,7 @@ class SimServer:
         # the replay resumes a kernel only where its GPU has room (below), as room.py demands
         self.monitor.hibernator.room = lambda _s: Room(True, "the replay checked the GPU's room")
         self.kernel_id: str | None = None
+        self.kernel_mib = float(user.memory_mib)  # what its kernel holds once it uses the GPU
         self.holds_memory = self.run_alive = self.busy = False
         self.hub_last = v(m)
         self.serial = 0
@@ -355,6 +371,7 @@ class SimServer:
             self.kernel_id = f"{self.user.name}-{self.serial:04d}-0000-0000-000000000000"
             pid = 1000 + self.serial
             self.kernels.kernels[self.kernel_id] = SimKernel(now, pid)
+            self.kernel_mib = float(self.user.memory_mib)  # a new kernel starts at its size
         return self.kernels.kernels[self.kernel_id]
 
     def hibernated(self) -> bool:
@@ -364,7 +381,7 @@ class SimServer:
         """GPU memory its kernel holds on the GPU itself (not hibernated)."""
         if self.kernel_id is None or not self.holds_memory or self.hibernated():
             return 0.0
-        return float(self.user.memory_mib)
+        return self.kernel_mib
 
 
 class Sim:
@@ -528,12 +545,14 @@ class Sim:
         presence = s.settings.get(PRESENCE_KEY)
         if u.tab_open[m]:
             s.settings["api_last_activity"] = now  # polls every 10 s while visible
-        if presence is not None and (u.tab_open[m] or s.tab_was_open):
+        # a hidden tab's meter still reports (about once a minute: browsers slow its timers)
+        if presence is not None and (u.tab_open[m] or u.tab_hidden[m] or s.tab_was_open):
             idle = (m - self.last_input.get(u.name, m)) * 60.0
-            body = {"client": "tab", "visible": u.tab_open[m], "focused": u.present[m],
+            body = {"client": "tab", "visible": u.tab_open[m],
+                    "focused": u.present[m] and u.tab_open[m],
                     "idle_seconds": max(0.0, idle)}  # fmt: skip
             presence.record(*parse_client_report(body, now))  # closing reports it hidden
-        s.tab_was_open = u.tab_open[m]
+        s.tab_was_open = u.tab_open[m] or u.tab_hidden[m]
 
     def act(self, u: User, s: SimServer, m: int, now: datetime) -> None:
         """The user's minute: run cells, launch or continue a run."""
@@ -555,11 +574,19 @@ class Sim:
             if s.busy and not s.holds_memory and self.shared_memory:
                 # its first allocation: on a shared GPU there must be room for it (CUDA out of
                 # memory otherwise; the cell fails and is run again)
-                if self.gpu_free_mib(s.gpu, s) < u.memory_mib:
+                if self.gpu_free_mib(s.gpu, s) < s.kernel_mib:
                     self.resume_failures += 1
                     s.busy = running = False
             kernel.execution_state = "busy" if (running or cell) else "idle"
             s.holds_memory = s.holds_memory or s.busy
+            if s.busy and u.grows and s.kernel_mib < GROWS_TO * u.memory_mib:
+                # a kernel that grows as it works (caches, bigger batches): 1 % of its size a
+                # working minute; on a shared GPU only into room (CUDA out of memory otherwise)
+                step = GROWS_BY * u.memory_mib
+                if self.shared_memory and self.gpu_free_mib(s.gpu, s) < s.kernel_mib + step:
+                    self.resume_failures += 1
+                else:
+                    s.kernel_mib = min(GROWS_TO * u.memory_mib, s.kernel_mib + step)
         if u.run[m] and not (s.run_alive and not s.hibernated()):
             start = m
             while start > 0 and u.run[start - 1]:
@@ -589,7 +616,7 @@ class Sim:
         procs = []
         if s.on_gpu_mib():
             util = BUSY if s.busy else 0.0
-            procs = [GpuProcess("0", u.memory_mib, util, kernel_id=s.kernel_id)]
+            procs = [GpuProcess("0", s.kernel_mib, util, kernel_id=s.kernel_id)]
         used = sum(p.memory_mib for p in procs)
         device = GpuDevice("0", "NVIDIA H100 80GB HBM3", "GPU-sim", GPU_MIB, used, None)
         s.monitor.apply(

@@ -15,6 +15,14 @@ is API activity" shortcut could not tell apart:
 - leaving: the tab is closed or hidden (laptop shut, another window), or left open and visible
   on the desk until its person comes back (an abandoned tab: polling, nobody there).
 
+Users as they behave (issue 36, item 6): a quarter of the students hide their notebook tab
+behind the lecture's slides a few minutes in (`tab_hidden`: the meter still reports, hidden,
+the polling stands by, no input reaches it); a quarter of research sessions hold a silence of
+45-75 min at the keyboard, tab visible, no input and no cells; 30 % of researchers' and breaks
+users' kernels grow as they work (1 % of their size a working minute, to 1.5 x). Not modelled
+yet: a second notebook (one kernel per user), background runs in child processes, and slices
+other than 1/4.
+
 Each user owns one GPU server (a quarter of an H100). The horizon runs from 06:00 on day one to
 18:00 on day two, so overnight runs and next-morning returns are in it.
 
@@ -57,9 +65,14 @@ class User:
     slice: str = "1/4"
     gpu_equivalent: float = 0.25
     leaves_tab_open: float = 0.0  # chance that leaving leaves the tab open and visible
+    hides_tab: float = 0.0  # chance that a lecture's notebook tab is hidden behind the slides
+    grows: bool = False  # the kernel's memory grows while it works (caches, bigger batches)
     present: list[bool] = field(default_factory=_flags)  # the person is there
     input: list[bool] = field(default_factory=_flags)  # ... and touches keyboard or mouse
     tab_open: list[bool] = field(default_factory=_flags)  # a visible tab: polls the REST API
+    # an open notebook tab that is hidden (another tab in front: the lecture's slides): its
+    # meter still reports (hidden), its polling stands by, it sees no input
+    tab_hidden: list[bool] = field(default_factory=_flags)
     cell: list[bool] = field(default_factory=_flags)  # a cell runs (messages)
     gpu_cell: list[bool] = field(default_factory=_flags)  # ... on the GPU
     run: list[bool] = field(default_factory=_flags)  # silent training run
@@ -97,6 +110,21 @@ class User:
         while m < min(end, HORIZON):
             self.input[m] = True
             m += rng.randint(5, 20)
+        if rng.random() < self.hides_tab:  # the slides in front from a few minutes in
+            for k in range(min(start + rng.randint(3, 6), end), min(end, HORIZON)):
+                self.tab_open[k] = self.input[k] = False
+                self.tab_hidden[k] = True
+
+    def silence(self, rng: random.Random, start: int, end: int) -> None:
+        """At the keyboard with the tab visible and no input for 45-75 min (reading a paper,
+        thinking, a call) somewhere in [start, end)."""
+        length = rng.randint(45, 75)
+        if end - start <= length + 10:
+            return
+        first = rng.randint(start + 5, end - length - 5)
+        for k in range(first, min(first + length, HORIZON)):
+            if self.present[k]:
+                self.input[k] = self.cell[k] = self.gpu_cell[k] = False
 
     def leave(self, rng: random.Random, end: int) -> None:
         """The person leaves at `end`: the tab closes, or stays open until they are back."""
@@ -129,7 +157,9 @@ def classroom(rng: random.Random, n: int = 30) -> list[User]:
     users = []
     for i in range(n):
         section_b = i >= n // 2
-        u = User(f"cls-{i:02d}", rng.choice([4096, 8192, 10240]), leaves_tab_open=0.3)
+        u = User(
+            f"cls-{i:02d}", rng.choice([4096, 8192, 10240]), leaves_tab_open=0.3, hides_tab=0.25
+        )
         ends = []
         for day in (0, 1):
             for lab in (10.75, 15.75) if section_b else (9.0, 14.0):
@@ -152,7 +182,10 @@ def classroom(rng: random.Random, n: int = 30) -> list[User]:
 def research(rng: random.Random, n: int = 12) -> list[User]:
     users = []
     for i in range(n):
-        u = User(f"res-{i:02d}", rng.choice([10240, 16384, 20480]), leaves_tab_open=0.4)
+        u = User(
+            f"res-{i:02d}", rng.choice([10240, 16384, 20480]), leaves_tab_open=0.4,
+            grows=rng.random() < 0.3,
+        )  # fmt: skip
         ends = []
         t = at(8.5) + rng.randint(0, 90)
         for day in (0, 1):
@@ -161,6 +194,8 @@ def research(rng: random.Random, n: int = 12) -> list[User]:
             while t < at(18.0, day):
                 end = t + rng.randint(60, 180)
                 u.work(rng, t, end, 0.3, 0.4)
+                if rng.random() < 0.25:  # a long silence at the keyboard
+                    u.silence(rng, t, end)
                 ends.append(end)
                 if rng.random() < 0.7:  # launch a silent run and leave it
                     hours = rng.uniform(2, 12)
@@ -178,7 +213,10 @@ def research(rng: random.Random, n: int = 12) -> list[User]:
 def breaks(rng: random.Random, n: int = 20) -> list[User]:
     users = []
     for i in range(n):
-        u = User(f"brk-{i:02d}", rng.choice([8192, 10240, 16384]), leaves_tab_open=0.6)
+        u = User(
+            f"brk-{i:02d}", rng.choice([8192, 10240, 16384]), leaves_tab_open=0.6,
+            grows=rng.random() < 0.3,
+        )  # fmt: skip
         ends = []
         for day in (0, 1):
             t, end_of_day = at(8.5, day) + rng.randint(0, 45), at(17.5, day)

@@ -64,10 +64,35 @@ def test_a_restore_into_a_full_gpu_loses_the_kernel_as_nvidia_cuda_checkpoint_44
     state = asyncio.run(hib.hibernate(a.kernel_id, [kernel.pid], 20000.0, kernel_pid=kernel.pid))
     assert state == "hibernated" and a.on_gpu_mib() == 0
     b.ensure_kernel(now)
-    b.holds_memory, b.user.memory_mib = True, 70000  # a co-tenant filled the GPU meanwhile
+    b.holds_memory, b.kernel_mib = True, 70000.0  # a co-tenant filled the GPU meanwhile
     with pytest.raises(CheckpointError, match="OUT_OF_MEMORY"):
         a.driver.restore(kernel.pid)
-    b.user.memory_mib = 1000  # room again: too late on #44 drivers
+    b.kernel_mib = 1000.0  # room again: too late on #44 drivers
     with pytest.raises(CheckpointError, match="CUDA_ERROR_OPERATING_SYSTEM"):
         a.driver.restore(kernel.pid)
     assert sim.summary()["gpu_state_lost"] == 1
+
+
+def test_the_traces_hold_users_as_they_behave():
+    # issue 36 item 6: hidden notebook tabs in lectures (present, the meter reporting hidden),
+    # silences of 45+ min at a visible tab, and kernels that grow
+    from benchmarks.culler_trace import make_mix
+
+    classroom, research = make_mix("classroom"), make_mix("research")
+    hidden = [u for u in classroom if any(u.tab_hidden)]
+    assert hidden and all(
+        u.present[m] and not u.tab_open[m] and not u.input[m]
+        for u in hidden
+        for m, h in enumerate(u.tab_hidden)
+        if h
+    )
+
+    def longest_silence(u: User) -> int:
+        best = run = 0
+        for m, here in enumerate(u.present):
+            run = run + 1 if here and u.tab_open[m] and not u.input[m] else 0
+            best = max(best, run)
+        return best
+
+    assert any(longest_silence(u) >= 45 for u in research)
+    assert any(u.grows for u in research)
