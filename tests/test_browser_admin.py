@@ -148,7 +148,13 @@ def test_admin_sees_pools_holders_culler_history_and_charts(
     # the culler's history: dave's server, why, the memory it held
     (stopped,) = page.locator('#fs-culler-history tbody tr[data-user="dave"]').all()
     text = " ".join(stopped.inner_text().split())
-    assert "server stopped (1/4)" in text and "gpu idle" in text and "4.0 GiB" in text, text
+    assert "server stopped (1/4)" in text and "4.0 GiB" in text, text
+    # why, in the page's words; the culler's log line is the cell's tooltip (issue 38 #3)
+    why = stopped.locator("td").nth(5)
+    assert why.inner_text() == (
+        "its GPU sat idle longer than an idle GPU server may keep it (server_gpu_idle)"
+    )
+    assert why.get_attribute("title"), "the culler's own line, for the details"
     # the holders: what the culler does next, the link to the hub's admin entry
     (bob,) = page.locator('#fs-holders tr[data-user="bob"]').all()
     assert "stop (gpu idle) in" in bob.inner_text()

@@ -142,3 +142,31 @@ def test_the_cullers_row_carries_the_reports_word(catalog):
         0.0, True,
     )  # fmt: skip
     assert row["gpu"]["simulated"] is True
+
+
+def test_the_admin_pages_why_is_in_its_own_words(catalog):
+    """The culler's history said why with the culler's log line ('holds a GPU (1/8, 0 MiB) and
+    idle for 0:10:52 >= server_gpu_idle 0:10:00; ...'): the page says it in words, the line is
+    the cell's tooltip (issue 38 #3)."""
+    import html
+    import re
+    import time
+
+    from fracspawner.hub.admin import render_admin_page
+    from tests.test_admin import culler_state, model_for
+
+    now = time.time()
+    state = culler_state(now)
+    line = "holds a GPU (1/4, 2048 MiB) and idle for 0:10:52 >= server_gpu_idle 0:10:00"
+    state["history"][0]["message"] = line
+    page = render_admin_page(
+        model_for(catalog, ["alice"], state, now),
+        user="admin",
+        hub_prefix="/hub/",
+        static_prefix="/static/",
+    )
+    row = re.search(r'<tr data-user="dave".*?</tr>', page, re.S).group(0)
+    cells = re.findall(r"<td([^>]*)>(.*?)</td>", row, re.S)
+    attributes, why = cells[5]
+    assert why == "its GPU sat idle longer than an idle GPU server may keep it (server_gpu_idle)"
+    assert html.unescape(attributes) == f' title="{line}"'

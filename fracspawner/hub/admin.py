@@ -205,6 +205,18 @@ def holder_rows(
     return rows
 
 
+#: why the culler ended a server or kernel, in the page's words; the culler's own log line (with
+#: its numbers) is the cell's tooltip (issue 38 #3: the Why column was that log line)
+_WHY_WORDS = {
+    "gpu_idle": "its GPU sat idle longer than an idle GPU server may keep it (server_gpu_idle)",
+    "idle": "nobody used it for longer than an idle server is kept (server_idle)",
+    "unattended": "nobody used it for longer than an unattended server is kept "
+    "(server_unattended; GPU work does not count)",
+    "max_age": "it ran as long as a server may run (max_age)",
+    "kernel_gpu_idle": "the kernel held GPU memory and did nothing for longer than an idle "
+    "kernel is kept (kernel_gpu_idle)",
+}
+
 #: why the culler keeps a server with nothing due, where that is the person (issue 38 #3: "nothing
 #: due" alone for a server kept because its user was at it; culler/decide.py's reasons)
 _KEPT_WORDS = {
@@ -401,6 +413,8 @@ def render_admin_page(
             {
                 **event,
                 "at_text": utc_minute(event["at"]),
+                "why_text": _WHY_WORDS.get(event.get("reason") or "")
+                or str(event.get("reason") or "").replace("_", " "),
                 "came_back_text": "" if back is None else f"after {_duration(back - event['at'])}",
             }
         )
