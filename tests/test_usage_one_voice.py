@@ -170,3 +170,51 @@ def test_the_admin_pages_why_is_in_its_own_words(catalog):
     attributes, why = cells[5]
     assert why == "its GPU sat idle longer than an idle GPU server may keep it (server_gpu_idle)"
     assert html.unescape(attributes) == f' title="{line}"'
+
+
+def test_hibernations_are_in_the_cullers_last_24_hours(catalog):
+    """The admin page's 'The culler's last 24 hours' listed stops and kernel shutdowns but not
+    the hibernations the servers report (issue 38 #3): each is a row, counted in the summary
+    apart from the servers stopped, and said in words."""
+    import re
+    import time
+
+    from fracspawner.culler import Culler
+    from fracspawner.culler.decide import ServerFacts
+    from fracspawner.culler.identity import Identity
+    from fracspawner.culler.reports import parse_report
+    from fracspawner.hub.admin import render_admin_page
+    from tests.test_admin import model_for
+    from tests.test_culler_reports import iso, report
+
+    now = time.time()
+    c = Culler(api_token="x", report_url="http://127.0.0.1:1", catalog=str(DEMO_CATALOG))
+    c.initialize([])
+    c.known[("ann", "")] = ServerFacts("ann", "", user_options={"gpu": "1/4", "pool": "h100"})
+    hib = {
+        "hibernated_gpu_memory_mib": 4096,
+        "hibernations": [
+            {"kernel_id": "k1", "at": iso(now - 60), "gpu_memory_mib": 4096, "seconds": 0.2}
+        ],
+    }
+    body = report(sampled_at=iso(now - 5), hibernated_gpu_memory_mib=4096, hibernation=hib)
+    for _ in range(2):  # told twice: one row
+        c.on_report(Identity("ann", ""), c.reports.put("ann", "", parse_report(body, now)))
+    state = c.state.to_json(now)
+    rows = [e for e in state["history"] if e["user"] == "ann"]
+    assert [(e["kind"], e["reason"]) for e in rows] == [("hibernate", "kernel_gpu_hibernate")]
+    summary = state["summary"]
+    assert (summary["servers_stopped"], summary["kernels_hibernated"]) == (0, 1), summary
+    page = render_admin_page(
+        model_for(catalog, ["ann"], state, now),
+        user="admin",
+        hub_prefix="/hub/",
+        static_prefix="/static/",
+    )
+    history = page[page.index('id="fs-culler-history"') :]
+    row = re.search(r'<tr data-user="ann".*?</tr>', history, re.S).group(0)
+    text = " ".join(re.sub(r"<[^>]+>", " ", row).split())
+    assert "kernel hibernated" in text and "4.0 GiB" in text, text
+    assert "its GPU memory went to host memory until its next cell" in text, text
+    summary_text = re.search(r'id="fs-culler-summary">(.*?)</p>', page, re.S).group(1)
+    assert "1 kernel hibernated" in " ".join(summary_text.split()), summary_text

@@ -508,6 +508,18 @@ class Culler(CullerApplication):
                 self.metrics.hibernations if event.kind == "hibernate" else self.metrics.resumes
             ).labels(pool).inc()
             self.metrics.hibernation_duration.labels(event.kind).observe(event.seconds)
+            if event.kind == "hibernate":  # in the admin page's last 24 hours (issue 38 #3)
+                mib = min(event.gpu_memory_mib, cap)
+                self.state.record(
+                    CullEvent(
+                        at=event.at, user=user, server=server, pool=pool,
+                        slice=facts.gpu_slice or "", kind="hibernate",
+                        reason="kernel_gpu_hibernate",
+                        message=f"hibernated its idle kernel {event.kernel_id} ({mib:.0f} MiB "
+                        f"to host memory in {event.seconds:.1f} s)",
+                        gpu_memory_mib=mib, gpu_equivalent=0.0,
+                    )
+                )  # fmt: skip
 
     def answer_report(self, who: Identity, now: float | None = None) -> dict | None:
         """What the answer to a server's report carries: the swap's orders and grants

@@ -32,7 +32,9 @@ class CullEvent:
     server: str
     pool: str
     slice: str
-    kind: str  # "server" (stopped by the culler) or "kernel" (shut down by its server)
+    # "server" (stopped by the culler), "kernel" (shut down by its server) or "hibernate" (its
+    # GPU memory parked in host memory by its server; kept like kernel events)
+    kind: str
     reason: str
     message: str
     gpu_memory_mib: float
@@ -86,7 +88,7 @@ class CullerState:
         self._since: dict[tuple[str, str], tuple[str, float]] = {}
 
     def record(self, event: CullEvent) -> None:
-        if event.kind != "kernel":
+        if event.kind == "server":
             self.history.append(event)
             return
         if self._kernels_of[event.user] >= self.per_user:
@@ -212,9 +214,12 @@ def summarise(history: Iterable[dict[str, Any]], now: float) -> dict[str, Any]:
     """Totals of a history (the JSON events): servers stopped, kernels shut down, GPU memory
     and slice-hours given back, users back within 30 min. Slice-hours: the stopped slice's
     GPU-equivalents times the hours until its user started a server again (or until now)."""
-    servers = kernels = came_back = 0
+    servers = kernels = hibernated = came_back = 0
     memory = slice_hours = 0.0
     for event in history:
+        if event.get("kind") == "hibernate":  # parked, not given back: it comes back on use
+            hibernated += 1
+            continue
         memory += event.get("gpu_memory_mib") or 0.0
         if event.get("kind") == "kernel":
             kernels += 1
@@ -228,6 +233,7 @@ def summarise(history: Iterable[dict[str, Any]], now: float) -> dict[str, Any]:
     return {
         "servers_stopped": servers,
         "kernels_shut_down": kernels,
+        "kernels_hibernated": hibernated,
         "gpu_memory_mib": memory,
         "slice_hours": round(slice_hours, 3),
         "came_back_30min": came_back,

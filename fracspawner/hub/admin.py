@@ -215,6 +215,8 @@ _WHY_WORDS = {
     "max_age": "it ran as long as a server may run (max_age)",
     "kernel_gpu_idle": "the kernel held GPU memory and did nothing for longer than an idle "
     "kernel is kept (kernel_gpu_idle)",
+    "kernel_gpu_hibernate": "the kernel held GPU memory and did nothing for longer than "
+    "kernel_gpu_hibernate: its GPU memory went to host memory until its next cell",
 }
 
 #: why the culler keeps a server with nothing due, where that is the person (issue 38 #3: "nothing
