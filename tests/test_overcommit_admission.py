@@ -88,3 +88,118 @@ def test_unknown_is_never_room():
         more[i] = (f"u{i + 1}", "", parse_report({**body, "sampled_at": AT}, received_at=NOW))
     (room,) = rooms(more, users)
     assert room.free_mib == SIZE - QUARTER
+
+
+# --- the hub: the everyone-present lab ------------------------------------------------------
+class LabCuller:
+    """The culler's room answer for the lab, from the real culler code (seats_from, gpu_rooms)
+    over the reports of the servers that run: each user is present unless they left."""
+
+    def __init__(self) -> None:
+        self.running: list[str] = []
+        self.left: set[str] = set()
+        self.asked = 0
+
+    async def answer(self) -> dict:
+        self.asked += 1
+        present = {u: u not in self.left for u in self.running}
+        found = rooms(lab_reports(present), self.running) if self.running else []
+        return {"at": NOW, "listed": True, "gpus": [r.to_json() for r in found]}
+
+
+async def until(condition, limit: float = 60.0) -> None:
+    """Let the event loop run until `condition()` holds (a generous limit, no timing claim)."""
+    import asyncio
+
+    for _ in range(int(limit / 0.01)):
+        if condition():
+            return
+        await asyncio.sleep(0.01)
+    raise AssertionError("condition not reached")
+
+
+async def test_the_everyone_present_lab_waits_with_the_reason_and_lets_the_next_in(monkeypatch):
+    """8 present users on one GPU of 4 slots over-committed twice: the first four start; the
+    5th..8th wait in line with the reason (the GPU is in use by 4 people now; you are next; N
+    ahead) instead of meeting CUDA out-of-memory in a cell; one user leaving lets the next in."""
+    import asyncio
+
+    from kubespawner import KubeSpawner
+
+    import fracspawner.hub.room as room
+    import fracspawner.hub.spawner as spawner_module
+    from tests.hub_support import HubUsers, begin_spawn
+
+    monkeypatch.setattr(room, "CACHE_SECONDS", 0.0)
+    monkeypatch.setattr(spawner_module, "POLL_SECONDS", 0.01)
+    hub = HubUsers({"FracSpawner": {"catalog": LAB, "admission": "wait"}})
+    culler = LabCuller()
+    users = [f"u{i}" for i in range(1, 9)]
+    spawners = {}
+    for name in users:
+        s = hub.spawner(hub.user(name))
+        s._room_answer = culler.answer
+        spawners[name] = s
+        await begin_spawn(s, {"gpu": "1/4", "pool": "t4"})
+
+    async def created(self, pod, request_timeout):  # kubespawner's pod creation, recorded
+        culler.running.append(self.user.name)
+        return True
+
+    monkeypatch.setattr(KubeSpawner, "_make_create_pod_request", created)
+    tasks = {}
+    for name in users:  # one after the other, as students click
+        tasks[name] = asyncio.ensure_future(spawners[name]._make_create_pod_request(None, 1))
+        await until(lambda n=name: n in culler.running or spawners[n]._room_reason)
+    assert culler.running == users[:4]
+    # the 5th is next, the others are behind it; each is in line (queue_timeout counts)
+    reasons = {n: spawners[n]._room_reason for n in users[4:]}
+    assert reasons["u5"] == "The GPU is in use by 4 people now; you are next", reasons
+    assert reasons["u6"] == "The GPU is in use by 4 people now; 1 person is ahead of you"
+    assert reasons["u8"] == "The GPU is in use by 4 people now; 3 people are ahead of you"
+    assert all(spawners[n]._in_line() for n in users[4:])
+    words = spawners["u5"]._room_words(reasons["u5"])
+    assert "starts by itself" in words and "place is kept for 30 minutes" in words
+    # u1 leaves (absent: its idle kernel may be swapped out): u5 goes in, u6 is next
+    culler.left.add("u1")
+    await until(lambda: "u5" in culler.running)
+    await until(lambda: "you are next" in (spawners["u6"]._room_reason or ""))
+    assert culler.running == [*users[:4], "u5"]
+    assert spawners["u6"]._room_reason == "The GPU is in use by 4 people now; you are next"
+    assert not spawners["u5"]._in_line()
+    for name in users[5:]:
+        tasks[name].cancel()
+    await asyncio.gather(*tasks.values(), return_exceptions=True)
+    assert not room.RoomLine.shared().waiting["t4"]  # cancelled spawns leave the line
+
+
+async def test_no_answer_from_the_culler_admits_by_slot_counts(monkeypatch):
+    """The culler cannot answer: admitted as before the check (the slot counts bound it), and
+    the log says so; under admission "refuse" a full GPU refuses with the reason."""
+    import fracspawner.hub.room as room
+    from tests.hub_support import HubUsers, begin_spawn, refusal
+
+    monkeypatch.setattr(room, "CACHE_SECONDS", 0.0)
+    hub = HubUsers({"FracSpawner": {"catalog": LAB, "admission": "wait"}})
+    s = hub.spawner(hub.user("ann"))
+
+    async def nothing():
+        return None
+
+    s._room_answer = nothing
+    await begin_spawn(s, {"gpu": "1/4", "pool": "t4"})
+    await s._wait_for_room()
+    assert s._room_checked and s._room_reason is None
+    # admission "refuse": the reason, at once
+    hub = HubUsers({"FracSpawner": {"catalog": LAB, "admission": "refuse"}})
+    culler = LabCuller()
+    culler.running = ["u1", "u2", "u3", "u4"]
+    s = hub.spawner(hub.user("bob"))
+    s._room_answer = culler.answer
+    await begin_spawn(s, {"gpu": "1/4", "pool": "t4"})
+    import pytest
+    from tornado.web import HTTPError
+
+    with pytest.raises(HTTPError) as info:
+        await s._wait_for_room()
+    assert refusal(info.value).startswith("The GPU is in use by 4 people now; you are next.")

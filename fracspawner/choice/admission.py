@@ -19,6 +19,7 @@ is a single process; z2jh runs one hub replica). Nothing here does I/O.
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import math
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, replace
@@ -45,6 +46,7 @@ __all__ = [
     "options_gpu_equivalent",
     "pod_gpu_equivalent",
     "server_holdings",
+    "server_tag",
     "units_blocked",
     "user_usage",
     "watch_usable",
@@ -239,6 +241,12 @@ def check_usage_known(choice: Any, rule: AccessRule, usage: Usage, *, admin: boo
         "slice, and the cluster's pod watch is unavailable), so your GPU quota cannot be "
         "checked. Stop that server, start this one without a GPU, or try again later."
     )
+
+
+def server_tag(user: str, server: str) -> str:
+    """A server's id in the culler's room answer (culler/room.py, hub/room.py): the hub finds
+    its own spawns by it, and the answer names nobody (any server's token may read it)."""
+    return hashlib.sha256(f"{user}/{server}".encode()).hexdigest()[:16]
 
 
 # --------------------------------------------------------------------------- capacity

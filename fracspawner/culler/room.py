@@ -21,12 +21,14 @@ memory (processes nobody reports, a kernel above its slice). Pure.
 
 from __future__ import annotations
 
-import hashlib
 from collections.abc import Iterable
 from dataclasses import dataclass
 
+from ..choice.admission import server_tag
 from .pressure import ReportedGpu
 from .swapdesk import Seat
+
+__all__ = ["GpuRoom", "gpu_rooms", "held_by", "server_tag"]
 
 
 @dataclass(frozen=True)
@@ -54,12 +56,6 @@ class GpuRoom:
             "present": self.present,
             "servers": list(self.servers),
         }
-
-
-def server_tag(user: str, server: str) -> str:
-    """A server's id in the room answer: the hub matches its own spawns by it; the answer names
-    nobody (any server's token may read it)."""
-    return hashlib.sha256(f"{user}/{server}".encode()).hexdigest()[:16]
 
 
 def held_by(seat: Seat, gpu: ReportedGpu | None) -> float:

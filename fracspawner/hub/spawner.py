@@ -37,6 +37,7 @@ from ..choice.admission import (
     hold_for,
     pod_gpu_equivalent,
     pod_uid,
+    server_tag,
     user_usage,
     watch_usable,
 )
@@ -45,11 +46,13 @@ from ..choice.offers import build_offer_model
 from ..choice.options import OPTION_KEYS, Choice, OptionsError, describe_offer, resolve_choice
 from ..k8s.objects import created_at
 from ..model.catalog import AccessRule, Catalog, CatalogError
+from ..model.slices import slice_memory_mib
 from ..model.units import gpu_amount
 from .form import render_form
 from .progress import human_step, pod_events, progress_event
 from .reflectors import ResumingEventReflector, ResumingPodReflector
 from .refusal import gave_up, install_log_filter, refused
+from .room import POLL_SECONDS, RoomLine, counted_tags, fetch_room, gpus_in_pool, verdict
 
 #: a trait value traitlets has not stored (a dynamic default not computed yet)
 _MISSING = object()
@@ -183,6 +186,18 @@ class FracSpawner(KubeSpawner):
         culler never calls into servers). Empty: servers report to no one.
         """,
     )
+    culler_room_url = Unicode(
+        "",
+        config=True,
+        help="""Where the hub asks the culler for room on over-committed pools.
+
+        Empty: `culler_url` + "api/room". Before a new server's pod on a pool with
+        `overcommit` > 1 is made, the hub asks what present users' kernels hold on its GPUs
+        (with the spawning server's own token) and, where its slice does not fit beside them,
+        the spawn waits in line under admission "wait" (refused under "refuse") with the
+        reason. No culler, or no answer: admitted as before (the log says so).
+        """,
+    )
     live_capacity = Bool(
         True,
         config=True,
@@ -212,6 +227,9 @@ class FracSpawner(KubeSpawner):
         #: they name; emptied by clear_state like every trait (nothing leaks to the next spawn)
         self._container_claims: tuple[Mapping[str, Any], ...] = ()
         self._claim_templates: tuple[Mapping[str, Any], ...] = ()
+        #: why this spawn waits for room on an over-committed GPU (hub/room.py); None: not
+        self._room_reason: str | None = None
+        self._room_checked = False  # this spawn's room check is done (its pod may be made)
         #: the env this spawn's plan and notebook put in `environment` (not templates)
         self._own_env: Mapping[str, str] = {}
 
@@ -310,6 +328,7 @@ class FracSpawner(KubeSpawner):
         self.hold = None
         self.choice = None
         Admissions.shared().release(self.user.name, self.name)
+        RoomLine.shared().release((self.user.name, self.name))
 
     @property
     def fracspawner_catalog(self) -> Catalog:
@@ -639,6 +658,7 @@ class FracSpawner(KubeSpawner):
         JupyterHub's hooks ran; nothing is reset here, so what they set stays.
         """
         self._release_hold()  # a re-run starts from no reservation
+        self._room_checked = False
         try:
             choice = await self.admit()
         except (OptionsError, CatalogError) as exc:
@@ -772,7 +792,9 @@ class FracSpawner(KubeSpawner):
 
     async def _make_create_pod_request(self, pod: Any, request_timeout: float) -> Any:
         """Make the claim templates the pod names (after kubespawner made the namespace),
-        then the pod. A template that cannot be made fails the spawn in words."""
+        then the pod. A template that cannot be made fails the spawn in words. On an
+        over-committed pool the pod is made only once there is room (`_wait_for_room`)."""
+        await self._wait_for_room()
         if self._claim_templates:
             from ..capacity.templates import ClaimTemplateError, ensure_claim_templates
 
@@ -845,7 +867,81 @@ class FracSpawner(KubeSpawner):
         return None
 
     def _in_line(self) -> bool:
-        return self._queued_pod() is not None
+        return self._room_reason is not None or self._queued_pod() is not None
+
+    # ---------------------------------------------------------------- room (issue 36, item 5)
+    async def _room_answer(self) -> dict | None:
+        """The culler's room answer (hub/room.py), asked with this server's own token."""
+        url = self.culler_room_url or (
+            self.culler_url.rstrip("/") + "/api/room" if self.culler_url else ""
+        )
+        if not url or not self.api_token:
+            return None
+        return await fetch_room(url, self.api_token)
+
+    def _pool_gpus(self, choice: Choice, need_mib: float) -> int | None:
+        """The pool's physical GPUs by the capacity counts (None: not known)."""
+        watcher = self._capacity_watcher()
+        capacity = watcher.snapshot() if watcher is not None else None
+        if capacity is None or not watch_usable(capacity):
+            return None
+        pool = choice.pool
+        assert pool is not None
+        counts = capacity.get(pool.name, str(choice.offer or choice.slice))
+        size = float(pool.gpu.device_memory_mib)
+        return gpus_in_pool(counts.total, need_mib, size, pool.overcommit)
+
+    async def _wait_for_room(self) -> None:
+        """On an over-committed pool: make the pod only when a GPU of the pool has room for
+        this slice beside what present users' kernels hold (the culler's answer), in line
+        behind the spawns that asked first; under admission "refuse", refuse instead."""
+        choice = self.choice
+        if self._room_checked or choice is None or choice.pool is None:
+            return
+        pool = choice.pool
+        if pool.overcommit <= 1:
+            self._room_checked = True
+            return
+        need = float(slice_memory_mib(choice.offer or choice.slice, pool.gpu))
+        gpus = self._pool_gpus(choice, need)
+        line = RoomLine.shared()
+        key = (self.user.name, self.name)
+        loop = asyncio.get_running_loop()
+        line.join(pool.name, key)
+        try:
+            while True:
+                answer = await line.answer(self._room_answer, loop.time())
+                counted = counted_tags(answer)
+                v = verdict(
+                    answer, pool.name, need, size_mib=float(pool.gpu.device_memory_mib),
+                    gpus_in_pool=gpus,
+                    in_flight_mib=line.in_flight_mib(pool.name, counted, besides=key),
+                    ahead=line.ahead(pool.name, key),
+                )  # fmt: skip
+                if v.go:
+                    if not v.known:
+                        self.log.warning(
+                            "%s: no answer from the culler about room on over-committed pool "
+                            "%r; admitted by slot counts alone", self._log_name, pool.name,
+                        )  # fmt: skip
+                    line.admit(key, pool.name, server_tag(*key), need)
+                    break
+                if self.admission != "wait":
+                    raise refused(f"{v.reason}. Try again later, or choose another pool.")
+                if v.reason != self._room_reason:
+                    self.log.info("%s waits for room: %s", self._log_name, v.reason)
+                self._room_reason = v.reason
+                await asyncio.sleep(POLL_SECONDS)
+        finally:
+            line.leave(pool.name, key)
+            self._room_reason = None
+        self._room_checked = True
+
+    def _room_words(self, reason: str) -> str:
+        return (
+            f"{reason}. Your server starts by itself as soon as one of them leaves or their "
+            f"notebooks go idle (your place is kept for {_duration(self.queue_timeout)})."
+        )
 
     def _gave_up_message(self) -> str:
         choice = self.choice
@@ -926,8 +1022,12 @@ class FracSpawner(KubeSpawner):
             where = f"{describe_offer(choice.offer or choice.slice)} on {choice.pool.display_name}"
         image = choice.image.display_name if choice is not None and choice.image else ""
         waiting: Mapping[str, Any] | None = None  # the scheduler's last word while in line
-        async for event in super().progress():
+        async for event in self._with_room_words(super().progress()):
             raw = event.get("raw_event")
+            if not isinstance(raw, Mapping) and self._room_reason is not None:
+                # waiting for room on an over-committed GPU: the reason, not "taking long"
+                yield {"message": self._room_words(self._room_reason)}
+                continue
             if not isinstance(raw, Mapping):
                 # kubespawner's patience message ("taking longer than expected") would replace
                 # the promise under the bar while the pod waits in line: the waiting line
@@ -945,6 +1045,36 @@ class FracSpawner(KubeSpawner):
                     waiting = None
                 sentence = human_step(raw, slice_words=where, image=image)
             yield progress_event(event, sentence)
+
+    async def _with_room_words(self, events: Any) -> Any:
+        """`events`, and a plain event each time this spawn's room reason changes (looked at
+        every second): kubespawner's progress yields nothing before the pod exists."""
+        source = events.__aiter__()
+        pending: asyncio.Future | None = None
+        last = None
+        try:
+            while True:
+                if pending is None:
+                    pending = asyncio.ensure_future(source.__anext__())
+                done, _ = await asyncio.wait([pending], timeout=1)
+                reason = self._room_reason
+                if reason is not None and reason != last:
+                    yield {"message": self._room_words(reason)}
+                last = reason
+                if not done:
+                    continue
+                try:
+                    event = pending.result()
+                except StopAsyncIteration:
+                    return
+                pending = None
+                yield event
+        finally:
+            if pending is not None and not pending.done():
+                pending.cancel()
+            aclose = getattr(source, "aclose", None)
+            if aclose is not None:
+                await aclose()
 
     async def _waiting_message(self, raw: Mapping[str, Any], *, patience: bool = False) -> str:
         choice = self.choice

@@ -1,0 +1,236 @@
+"""Admission knows who is present (issue 36, item 5): on an over-committed pool a new server
+waits in line while present users' kernels hold the GPU's physical memory.
+
+The slot counts let `overcommit` times as many slices onto a GPU as its memory holds; that is
+safe while the culler can swap idle kernels out, not where everyone is present (bug 4: "8
+present users on one over-committed GPU: 28 CUDA out-of-memory errors in the cells of users 5-8
+over 40 min, and no word about why"). So before a new server's pod is made, the hub asks the
+culler's room view (`GET {culler}/api/room`, culler/room.py): per GPU, what present users'
+servers (their whole slice), busy kernels and unknown servers hold. The spawn goes on when a GPU
+of its pool has room for its slice beside that and beside the servers this hub admitted that the
+culler does not count yet, and nobody waits before it; otherwise it waits in line, first come
+first served, and the pending page says why ("The GPU is in use by 4 people now; you are
+next.").
+
+When the culler cannot answer (none configured, unreachable, not listed the hub's servers yet,
+a bad answer), the spawn is admitted as before this check, and the log says so: the slot counts
+still bound the GPU and the culler's swap still makes room for idle kernels, while holding every
+spawn of the pool for as long as the culler is down would turn its outage into the hub's. The
+unknowns *within* an answer are never room (a stale or silent server counts its slice).
+
+Pure apart from `fetch_room` (one HTTP GET) and `RoomLine`'s process-wide state.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import math
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from typing import Any, ClassVar
+
+from tornado.httpclient import AsyncHTTPClient, HTTPRequest
+
+from ..choice.admission import server_tag
+
+#: how long one answer of the culler serves every waiting spawn (s)
+CACHE_SECONDS = 5.0
+#: how long the hub waits for the culler's answer (s)
+TIMEOUT_SECONDS = 5.0
+#: how often a waiting spawn looks again (s)
+POLL_SECONDS = 2.0
+_EPSILON = 1e-6
+
+
+@dataclass(frozen=True)
+class Verdict:
+    """Whether a spawn may make its pod now; `reason`: the user's words while it waits;
+    `known`: False where the culler gave no usable answer (admitted as before the check)."""
+
+    go: bool
+    reason: str = ""
+    known: bool = True
+
+
+def _number(value: Any) -> float | None:
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return None
+    return float(value) if math.isfinite(value) else None
+
+
+def _rooms(answer: Mapping[str, Any], pool: str) -> list[tuple[float, int, frozenset[str]]]:
+    """(free MiB, people present, server tags) of each GPU of `pool` in the culler's answer."""
+    out = []
+    for gpu in answer.get("gpus") or []:
+        if not isinstance(gpu, Mapping) or gpu.get("pool") != pool:
+            continue
+        free, present = _number(gpu.get("free_mib")), _number(gpu.get("present"))
+        if free is None:
+            continue
+        tags = frozenset(str(t) for t in gpu.get("servers") or [] if isinstance(t, str))
+        out.append((max(free, 0.0), int(present or 0), tags))
+    return out
+
+
+def counted_tags(answer: Mapping[str, Any] | None) -> frozenset[str]:
+    """The servers the culler's answer counts on some GPU (by `server_tag`)."""
+    if not isinstance(answer, Mapping):
+        return frozenset()
+    return frozenset(
+        str(t)
+        for gpu in answer.get("gpus") or []
+        if isinstance(gpu, Mapping)
+        for t in gpu.get("servers") or []
+        if isinstance(t, str)
+    )
+
+
+def _people(n: int) -> str:
+    return "1 person" if n == 1 else f"{n} people"
+
+
+def verdict(
+    answer: Mapping[str, Any] | None,
+    pool: str,
+    need_mib: float,
+    *,
+    size_mib: float,
+    gpus_in_pool: int | None,
+    in_flight_mib: float = 0.0,
+    ahead: int = 0,
+) -> Verdict:
+    """May a new server of `need_mib` on `pool` (GPUs of `size_mib`) make its pod now?
+
+    `gpus_in_pool`: the pool's physical GPUs by the hub's capacity counts (None: not known;
+    then the GPUs the culler sees are the pool's, or one where it sees none); a GPU the culler
+    sees no server on is free. `in_flight_mib`: servers this hub admitted on the pool that the
+    answer does not count yet (on which GPU is not known: taken off the pool's total).
+    `ahead`: spawns in line before this one (first come, first served: a large slice is not
+    overtaken for ever by small ones). It goes when the pool's room less what is in flight
+    holds its slice and one GPU has room for it."""
+    if not isinstance(answer, Mapping) or not answer.get("listed"):
+        return Verdict(True, known=False)
+    rooms = _rooms(answer, pool)
+    unseen = (gpus_in_pool - len(rooms)) if gpus_in_pool is not None else (0 if rooms else 1)
+    frees = [free for free, _, _ in rooms] + [max(size_mib, 0.0)] * max(unseen, 0)
+    if not frees:
+        return Verdict(True)  # no GPU at all: the slot counts keep the pod in line
+    total = sum(frees) - max(in_flight_mib, 0.0)
+    if ahead == 0 and total >= need_mib - _EPSILON and max(frees) >= need_mib - _EPSILON:
+        return Verdict(True)
+    present = sum(people for _, people, _ in rooms)
+    where = "The GPU" if len(frees) == 1 else f"The pool's {len(frees)} GPUs"
+    if present:
+        words = f"{where} {'is' if len(frees) == 1 else 'are'} in use by {_people(present)} now"
+    else:
+        words = f"{where}' memory is held by notebooks that are running now"
+        if len(frees) == 1:
+            words = "The GPU's memory is held by notebooks that are running now"
+    if ahead:
+        words += f"; {_people(ahead)} {'is' if ahead == 1 else 'are'} ahead of you"
+    else:
+        words += "; you are next"
+    return Verdict(False, words)
+
+
+def gpus_in_pool(total_slots: int | None, slice_mib: float, size_mib: float, overcommit: float):
+    """Physical GPUs of a pool from its slot count for one offer: slots x slice / (GPU size x
+    over-commit). None when any is unknown."""
+    if total_slots is None or slice_mib <= 0 or size_mib <= 0 or overcommit <= 0:
+        return None
+    return max(0, round(total_slots * slice_mib / (size_mib * overcommit)))
+
+
+async def fetch_room(url: str, token: str, timeout: float = TIMEOUT_SECONDS) -> dict | None:
+    """The culler's room answer, or None when it gives none (any failure: see the module)."""
+    try:
+        response = await AsyncHTTPClient().fetch(
+            HTTPRequest(
+                url,
+                headers={"Authorization": f"token {token}"},
+                request_timeout=timeout,
+                connect_timeout=timeout,
+            )
+        )
+        body = json.loads(response.body)
+    except Exception:
+        return None
+    return body if isinstance(body, dict) else None
+
+
+Key = tuple[str, str]  # (user, server name)
+
+
+class RoomLine:
+    """The hub's line for room on over-committed pools: who waits, in order, per pool; whom it
+    admitted that the culler does not count yet; the culler's latest answer (cached)."""
+
+    _shared: ClassVar[dict[Any, RoomLine]] = {}
+
+    def __init__(self) -> None:
+        self.waiting: dict[str, list[Key]] = {}
+        self.admitted: dict[Key, tuple[str, str, float]] = {}  # key -> (pool, tag, MiB)
+        self._answer: tuple[float, dict | None] | None = None
+
+    @classmethod
+    def shared(cls) -> RoomLine:
+        """The one line of the running event loop (as choice.admission.Admissions)."""
+        try:
+            loop: Any = asyncio.get_running_loop()
+        except RuntimeError:
+            loop = None
+        if loop not in cls._shared:
+            for old in [k for k in cls._shared if k is not None and k.is_closed()]:
+                del cls._shared[old]
+            cls._shared[loop] = cls()
+        return cls._shared[loop]
+
+    async def answer(self, fetch: Any, now: float) -> dict | None:
+        """The culler's answer, asked at most once per CACHE_SECONDS for every spawn."""
+        if self._answer is None or now - self._answer[0] > CACHE_SECONDS:
+            self._answer = (now, await fetch())
+        return self._answer[1]
+
+    def join(self, pool: str, key: Key) -> None:
+        line = self.waiting.setdefault(pool, [])
+        if key not in line:
+            line.append(key)
+
+    def leave(self, pool: str, key: Key) -> None:
+        line = self.waiting.get(pool, [])
+        if key in line:
+            line.remove(key)
+
+    def ahead(self, pool: str, key: Key) -> int:
+        line = self.waiting.get(pool, [])
+        return line.index(key) if key in line else len(line)
+
+    def admit(self, key: Key, pool: str, tag: str, mib: float) -> None:
+        self.admitted[key] = (pool, tag, mib)
+
+    def release(self, key: Key) -> None:
+        self.admitted.pop(key, None)
+
+    def in_flight_mib(self, pool: str, counted: Iterable[str], besides: Key) -> float:
+        """What this hub admitted on `pool` that the culler's answer does not count yet; those
+        it counts now are forgotten (the culler's figures hold them)."""
+        counted = set(counted)
+        total = 0.0
+        for key, (where, tag, mib) in list(self.admitted.items()):
+            if tag in counted:
+                del self.admitted[key]
+            elif where == pool and key != besides:
+                total += mib
+        return total
+
+
+__all__ = [
+    "Verdict",
+    "RoomLine",
+    "counted_tags",
+    "fetch_room",
+    "gpus_in_pool",
+    "server_tag",
+    "verdict",
+]
