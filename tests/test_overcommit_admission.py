@@ -203,3 +203,57 @@ async def test_no_answer_from_the_culler_admits_by_slot_counts(monkeypatch):
     with pytest.raises(HTTPError) as info:
         await s._wait_for_room()
     assert refusal(info.value).startswith("The GPU is in use by 4 people now; you are next.")
+
+
+def test_the_culler_publishes_room_after_the_hubs_first_list():
+    """`Culler.room_json` (GET .../api/room): nothing until the hub has listed its servers
+    (the culler knows nobody yet: the hub admits by slot counts); then each GPU of an
+    over-committed pool with what present users hold, and no names."""
+    from fracspawner.culler.app import Culler
+
+    culler = Culler()
+    culler._catalog = load_catalog(LAB)
+    users = ["u1", "u2", "u3", "u4"]
+    for user, server, parsed in lab_reports(dict.fromkeys(users, True)):
+        culler.reports.put(user, server, parsed)
+    assert culler.room_json(NOW) == {"at": NOW, "listed": False, "gpus": []}
+    culler.known = {
+        (u, ""): ServerFacts(u, user_options={"gpu": "1/4", "pool": "t4"}) for u in users
+    }
+    culler.listed_at = NOW
+    body = culler.room_json(NOW)
+    (gpu,) = body["gpus"]
+    assert body["listed"] and gpu["pool"] == "t4" and gpu["gpu"] == UUID  # no pod watch: UUID
+    assert (gpu["present"], gpu["free_mib"], gpu["held_mib"]) == (4, 0.0, SIZE)
+    assert "u1" not in str(body)
+
+
+async def test_the_pending_page_says_why_while_the_spawn_waits_for_room():
+    """kubespawner's progress yields nothing before the pod exists: the reason is put among its
+    events each time it changes, and its patience message gives way to the reason."""
+    import asyncio
+
+    from tests.hub_support import HubUsers
+
+    hub = HubUsers({"FracSpawner": {"catalog": LAB, "admission": "wait"}})
+    s = hub.spawner(hub.user("eve"))
+    gate = asyncio.Event()
+
+    async def kubespawner_progress():
+        await gate.wait()
+        yield {"message": "Spawn taking longer than expected"}
+
+    s._room_reason = "The GPU is in use by 4 people now; you are next"
+    seen = []
+
+    async def read():
+        async for event in s._with_room_words(kubespawner_progress()):
+            seen.append(event["message"])
+
+    task = asyncio.ensure_future(read())
+    await until(lambda: seen)
+    assert seen[0].startswith("The GPU is in use by 4 people now; you are next. Your server")
+    s._room_reason = None
+    gate.set()
+    await task
+    assert seen[-1] == "Spawn taking longer than expected" and len(seen) == 2
