@@ -257,3 +257,15 @@ async def test_the_pending_page_says_why_while_the_spawn_waits_for_room():
     gate.set()
     await task
     assert seen[-1] == "Spawn taking longer than expected" and len(seen) == 2
+
+
+async def test_a_spawn_given_up_in_line_for_room_says_so():
+    from tests.hub_support import HubUsers
+
+    hub = HubUsers({"FracSpawner": {"catalog": LAB, "admission": "wait", "queue_timeout": 600}})
+    s = hub.spawner(hub.user("eve"))
+    s._room_reason = "The GPU is in use by 4 people now; you are next"
+    assert s._gave_up_message() == (
+        "The GPU is in use by 4 people now; you are next, and no room freed within 10 minutes;"
+        " your place is given up. Start again to wait again, or choose another pool."
+    )

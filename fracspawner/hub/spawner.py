@@ -944,6 +944,11 @@ class FracSpawner(KubeSpawner):
         )
 
     def _gave_up_message(self) -> str:
+        if self._room_reason is not None:  # in line for room on an over-committed GPU
+            return (
+                f"{self._room_reason}, and no room freed within {_duration(self.queue_timeout)};"
+                " your place is given up. Start again to wait again, or choose another pool."
+            )
         choice = self.choice
         what = "slot"
         if choice is not None and choice.pool is not None:
