@@ -400,7 +400,7 @@ def test_the_command_registers_a_topology_and_stops_on_sigterm(cp, tmp_path: Pat
         assert proc.wait(timeout=30) == 0
     finally:
         proc.kill()
-    assert "nodeagent: node cli-node registered" in proc.stderr.read()
+    assert "nodeagent: stopping" in proc.stderr.read()
 
 
 def test_the_command_says_in_one_line_what_it_cannot_read(tmp_path: Path):

@@ -57,7 +57,8 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     pki = args.pki or args.kubeconfig.resolve().parent / "pki"
     state = args.kubeconfig.resolve().parent / "nodeagent"
-    try:
+    agent = None
+    try:  # a stop request (SIGTERM, Ctrl-C) at any point, registration included, ends cleanly
         agent = NodeAgent.start(
             topology,
             server,
@@ -66,18 +67,17 @@ def main(argv: list[str] | None = None) -> int:
             mode=args.mode,
             say=say,
         )
-    except (ApiError, OSError, ValueError) as err:
-        say(f"registration failed: {err}")
-        return 1
-    except KeyboardInterrupt:
-        return 130
-    what = "run as local processes" if args.mode == "run" else "reported Running, not run"
-    say(f"{len(agent.runners)} nodes Ready; pods bound to them are {what} (Ctrl-C stops)")
-    try:
+        what = "run as local processes" if args.mode == "run" else "reported Running, not run"
+        say(f"{len(agent.runners)} nodes Ready; pods bound to them are {what} (Ctrl-C stops)")
         signal.pause()
     except KeyboardInterrupt:
         say("stopping")
-    agent.stop()
+    except (ApiError, OSError, ValueError) as err:
+        say(f"registration failed: {err}")
+        return 1
+    finally:
+        if agent is not None:
+            agent.stop()
     return 0
 
 
