@@ -269,3 +269,29 @@ async def test_a_spawn_given_up_in_line_for_room_says_so():
         "The GPU is in use by 4 people now; you are next, and no room freed within 10 minutes;"
         " your place is given up. Start again to wait again, or choose another pool."
     )
+
+
+async def test_the_pending_page_closing_early_closes_kubespawners_progress():
+    """JupyterHub closes the progress generator when the page goes away, while kubespawner's
+    waits for its next event: the wrapper closes it cleanly."""
+    import asyncio
+
+    from tests.hub_support import HubUsers
+
+    hub = HubUsers({"FracSpawner": {"catalog": LAB, "admission": "wait"}})
+    s = hub.spawner(hub.user("eve"))
+    closed = []
+
+    async def kubespawner_progress():
+        try:
+            await asyncio.Event().wait()
+            yield {"message": "never"}
+        finally:
+            closed.append(True)
+
+    s._room_reason = "The GPU is in use by 4 people now; you are next"
+    events = s._with_room_words(kubespawner_progress())
+    first = await events.__anext__()
+    assert first["message"].startswith("The GPU is in use by 4 people now")
+    await events.aclose()
+    assert closed == [True]

@@ -1077,6 +1077,8 @@ class FracSpawner(KubeSpawner):
         finally:
             if pending is not None and not pending.done():
                 pending.cancel()
+                # the source runs until the cancellation lands: aclose() before that fails
+                await asyncio.gather(pending, return_exceptions=True)
             aclose = getattr(source, "aclose", None)
             if aclose is not None:
                 await aclose()
