@@ -51,8 +51,12 @@ TOPOLOGY: dict[str, Any] = {
                          "nvidia.com/mig-3g.40gb": "2"},
         },
         {**demos.QUICKSTART["nodes"][0], "name": "quickstart"},
+        {**demos.QUICKSTART["nodes"][0], "name": "quickstart-2"},
         {"name": "share-memory", "taints": GPU_TAINT, "capacity": {"cpu": "64", "memory": "512Gi"},
          "dra": {"gpus": 1, "model": "H100-80GB", "consumableShares": "memory"}},
+        {"name": "share-unlimited", "taints": GPU_TAINT,
+         "capacity": {"cpu": "64", "memory": "512Gi"},
+         "dra": {"gpus": 1, "model": "H100-80GB", "consumableShares": "unlimited"}},
         {"name": "share-4", "taints": GPU_TAINT, "capacity": {"cpu": "64", "memory": "512Gi"},
          "dra": {"gpus": 1, "model": "H100-80GB", "consumableShares": "4"}},
         {"name": "dynamic-mig", "taints": GPU_TAINT, "capacity": {"cpu": "64", "memory": "512Gi"},
@@ -218,7 +222,14 @@ def test_resource_slices_are_laid_out_as_nvidia_s_plugin_publishes_them_on_1_36(
     by_node: dict[str, list[dict]] = {}
     for s in slices:
         by_node.setdefault(s["spec"]["nodeName"], []).append(s["spec"])
-    assert set(by_node) == {"quickstart", "share-memory", "share-4", "dynamic-mig"}
+    assert set(by_node) == {
+        "quickstart",
+        "quickstart-2",
+        "share-memory",
+        "share-unlimited",
+        "share-4",
+        "dynamic-mig",
+    }
     [quickstart] = by_node["quickstart"]
     assert len(quickstart["devices"]) == 4 * 4 + 4  # 4 GPUs of 4 MIG devices, 4 whole GPUs
     dynamic = by_node["dynamic-mig"]
@@ -326,6 +337,37 @@ def test_quickstart_gpu_test1_test4_and_mps_are_allocated_by_kube_scheduler(cp, 
         (["ts-gpu"], "TimeSlicing"),
         (["mps-gpu"], "MPS"),
     ]
+
+
+def test_quickstart_gpu_test2_test3_share_and_gpu_test6_waits_on_a_missing_attribute(cp, agent):
+    """gpu-test2: two containers, one claim, one GPU; gpu-test3: two pods, one ResourceClaim
+    reserved for both; gpu-test6 selects on `index`, which the plugin no longer publishes: the
+    scheduler's CEL evaluation fails and its pods stay Pending (as
+    tests/test_devcluster_dra_demos.py says of the Python devcluster's allocator)."""
+    schedulable_only(cp, "quickstart-2")
+    for docs in (demos.gpu_test2(), demos.gpu_test3(), demos.gpu_test6()):
+        apply_manifests(cp, docs)
+    eventually(lambda: running(cp, "gpu-test2") == ["pod"], "gpu-test2's pod Running")
+    eventually(lambda: running(cp, "gpu-test3") == ["pod1", "pod2"], "gpu-test3's pods Running")
+    [shared] = results(cp, "gpu-test2", "pod")
+    assert shared["pool"] == "quickstart-2"
+    claim = get_json(cp, CLAIMS, "single-gpu", "-n", "gpu-test3")["status"]
+    assert sorted(r["name"] for r in claim["reservedFor"]) == ["pod1", "pod2"]
+    assert len(claim["allocation"]["devices"]["results"]) == 1
+    message = eventually(lambda: failed_scheduling(cp, "gpu-test6", "pod-0"), "gpu-test6 waits")
+    assert "no such key: index" in message, message
+    assert running(cp, "gpu-test6") == []
+    kubectl(cp, "delete", "namespace", "gpu-test6", "--wait=true", "--timeout=120s")
+
+
+def test_unlimited_sharing_lets_six_replicas_share_one_gpu(cp, agent):
+    schedulable_only(cp, "share-unlimited")
+    ns = "gpu-share-unlimited"
+    apply_manifests(cp, demos.sharing(ns, "unlimited-sharing", "gpu-unlimited", 6))
+    eventually(lambda: len(running(cp, ns)) == 6, "six replicas Running")
+    found = {(r["pool"], r["device"]) for i in range(6)
+             for r in results(cp, ns, f"unlimited-sharing-{i}")}  # fmt: skip
+    assert found == {("share-unlimited", "gpu-0")}
 
 
 def test_memory_sharing_two_replicas_share_one_gpu_by_4gi(cp, agent):
