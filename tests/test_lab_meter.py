@@ -21,7 +21,7 @@ import os
 import re
 import sys
 import threading
-from datetime import datetime
+from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
@@ -149,8 +149,13 @@ def open_notebook(lab: LabServer, path: str) -> str:
 
 
 def hhmm(iso: str) -> str:
-    """The time as the meter shows it to this browser (en-GB, UTC)."""
-    return datetime.fromisoformat(iso.replace("Z", "+00:00")).strftime("%H:%M")
+    """The time as the meter shows it to this browser (en-GB, UTC): with the date when it is
+    not today (formatClock in labextension/src/format.ts), as near midnight ("29 Nov 00:00")."""
+    when = datetime.fromisoformat(iso.replace("Z", "+00:00")).astimezone(timezone.utc)
+    time_of_day = when.strftime("%H:%M")
+    if when.date() == datetime.now(timezone.utc).date():
+        return time_of_day
+    return f"{when.day} {when.strftime('%b')} {time_of_day}"
 
 
 def shot(page: Any, name: str) -> None:
