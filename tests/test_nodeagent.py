@@ -26,6 +26,7 @@ from devcluster.controlplane.pki import KeyPair
 from devcluster.nodeagent import ApiError, NodeAgent, podstatus
 from devcluster.nodeagent.credentials import load_ca
 from devcluster.nodeagent.slices import node_slices
+from devcluster.proctree import proc
 from devcluster.topology import hami_register, load_topology
 from tests import test_devcluster_dra_demos as demos
 from tests.test_controlplane import _binary, eventually, get_json, kubectl, namespace
@@ -470,6 +471,11 @@ def runner(cp: ControlPlane, agent: NodeAgent) -> Iterator[NodeAgent]:
     state = cp.state_dir / "nodeagent-run"
     with NodeAgent.start(topology, cp.server, cp.pki.ca, state, mode="run") as running:
         yield running
+        assert running.runtime is not None
+        left = [proc(r.process.pid) for r in running.runtime.kubelet.running.values()]
+        assert left, "the run-mode test leaves a pod running"
+    # a stopped agent leaves no pod's process behind
+    eventually(lambda: not any(p and p.alive() for p in left), "the pods' processes end", 30)
 
 
 def run_pod(name: str, command: list[str], **container: Any) -> dict[str, Any]:
@@ -508,6 +514,7 @@ def test_run_mode_runs_the_container_with_the_kubelet_s_env_and_reports_its_exit
         run_pod("fails", ["python", "-c", "raise SystemExit(3)"]),
         run_pod("sleeps", ["sleep", "600"]),
         run_pod("missing", ["no-such-program"]),
+        run_pod("left", ["sleep", "600"]),  # still running when the agent stops
     ):
         kubectl(cp, "create", "-f", "-", stdin=pod)
     done = eventually(lambda: phase(cp, "env", "Succeeded", "Failed"), "env exits")
@@ -515,6 +522,7 @@ def test_run_mode_runs_the_container_with_the_kubelet_s_env_and_reports_its_exit
     failed = eventually(lambda: phase(cp, "fails", "Succeeded", "Failed"), "fails exits")
     terminated = failed["status"]["containerStatuses"][0]["state"]["terminated"]
     assert (failed["status"]["phase"], terminated["exitCode"]) == ("Failed", 3)
+    eventually(lambda: phase(cp, "left", "Running"), "left Running")
     sleeping = eventually(lambda: phase(cp, "sleeps", "Running"), "sleeps Running")
     assert sleeping["status"]["containerStatuses"][0]["ready"] is True
     assert runner.runtime is not None
