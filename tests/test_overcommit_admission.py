@@ -14,6 +14,7 @@ from fracspawner.culler.placement import Placement
 from fracspawner.culler.reports import parse_report
 from fracspawner.culler.room import gpu_rooms, server_tag
 from fracspawner.culler.swapdesk import seats_from
+from tests.test_culler_hostile import receiver  # noqa: F401 (the culler with a fake hub)
 from tests.test_overcommit_pressure import QUARTER, SIZE, UUID, kernel, report
 
 LAB = {
@@ -295,3 +296,17 @@ async def test_the_pending_page_closing_early_closes_kubespawners_progress():
     assert first["message"].startswith("The GPU is in use by 4 people now")
     await events.aclose()
     assert closed == [True]
+
+
+async def test_any_servers_token_reads_the_room_and_not_the_state(receiver):  # noqa: F811
+    """The room answer names nobody, so the spawning server's own token reads it (as the hub
+    asks); the state API still wants `read:servers`; an unknown token gets no answer, which
+    the hub reads as 'no answer' (admitted by slots, logged)."""
+    from fracspawner.hub.room import fetch_room
+    from tests.test_culler_hostile import get_state
+
+    url = receiver.url.replace("/api/reports", "/api/room")  # served next to the reports
+    body = await fetch_room(url, "ann-token")
+    assert body is not None and body["listed"] is False and body["gpus"] == []
+    assert await get_state(receiver.url, "ann-token", "127.0.0.1") == 403
+    assert await fetch_room(url, "nobody's-token") is None
