@@ -46,9 +46,11 @@ decision goes through the real code:
 
 The headline (issue 36): the same trace on HALF the GPUs of each mix's cluster, over-committed
 (`overcommit: 2`), against jupyterhub-idle-culler on all of them (`capacity.<mix>.<family>.
-half_gpus`). The host memory budget per node is the culler's `host_memory_budget_mib` default;
-it is compared with the peak, not enforced here (the replay has no pod watch to place servers
-on nodes for `answer_report`).
+half_gpus`). The host memory budget per node is the culler's `host_memory_budget_mib` default,
+enforced at each culler cycle (every 5 min) by the culler's own plan (hostbudget.plan_evictions,
+as `answer_report` orders it) over the reports it holds, each server's node known to the replay
+(the product's pod watch): the oldest hibernated kernels of users not present are shut down
+(`host_budget_shutdowns`, counted as kernel shut-downs); the peak is read every minute.
 
 Measures per mix and family (`culler.json` -> `capacity`; percentages are of
 jupyterhub-idle-culler's figure on the same trace and cluster): users who had to wait or were
@@ -90,6 +92,7 @@ from tornado.httpserver import HTTPServer
 from benchmarks.culler_trace import CLUSTERS, HORIZON, MIXES, Cluster, User, make_mix
 from devcluster.localhub import free_port
 from fracspawner.culler.app import Culler
+from fracspawner.culler.hostbudget import Holder, plan_evictions
 from fracspawner.culler.identity import Identity
 from fracspawner.culler.reports import parse_report
 from fracspawner.serverext.activity import server_activity, user_activity
@@ -404,6 +407,7 @@ class Sim:
         # (`admits`); the users kept waiting for memory while slots were free
         self.admission_waits = 0
         self.gpu_state_lost = 0  # kernels of stopped servers whose restore met #44
+        self.budget_shutdowns = 0  # hibernated kernels shut down for their node's host budget
         # where kernels share the GPU's physical memory: a time-sliced GPU, or any pool that
         # commits more memory than the GPU has; a cell needing memory there may find no room
         self.shared_memory = family == "time_sliced" or overcommit > 1
@@ -526,6 +530,8 @@ class Sim:
                 # reports go every minute in the product; the culler only reads the one before
                 # each of its cycles, so the replay builds that one
                 await self.server_side(s, m, now, culler, report=m % 5 == 0)
+            if m % 5 == 0 and culler is not None:
+                await self.host_budget(culler, m)
         if m % 5 == 0:  # CHP's activity poll and the servers' activity posts (300 s each)
             for s in self.servers.values():
                 s.hub_last = max(s.hub_last, jupyter_last_activity(s.settings).timestamp())
@@ -537,6 +543,35 @@ class Sim:
             self.offset = time.time() - now_t  # its clock is the real one
             await cull_idle(url, "token", 3600, QUIET, concurrency=10, api_page_size=MAX_PAGE)
         self.measure(m)
+
+    async def host_budget(self, culler: Culler, m: int) -> None:
+        """The culler's host memory budget per node (culler/hostbudget.py), from the reports it
+        holds, as `Culler.host_budget_orders` plans it; the replay knows each server's node
+        (the product's pod watch), and each server shuts the kernels named down as
+        serverext/swap.py does (counted as kernel shut-downs)."""
+        budget = culler.host_memory_budget_mib
+        holders = []
+        for user, _server, report in culler.reports.latest():
+            s = self.servers.get(user)
+            if s is None or not report.hibernated_kernels:
+                continue
+            holders.append(
+                Holder(user, "", f"node-{self.cluster.node_of(s.gpu)}",
+                       GPU_MIB * s.user.gpu_equivalent, bool(report.present),
+                       report.hibernated_kernels)
+            )  # fmt: skip
+        for e in plan_evictions(holders, budget):
+            s = self.servers.get(e.user)
+            hib = s.monitor.hibernator if s is not None else None
+            k = hib.kernels.get(e.kernel_id) if hib is not None else None
+            if s is None or k is None or k.state not in ("hibernated", "restore_failed"):
+                continue
+            if k.waiting():
+                continue
+            await s.kernels.shutdown_kernel(e.kernel_id)
+            hib.forget(e.kernel_id)
+            self.budget_shutdowns += 1
+            self.culls.append(Cull("kernel", e.user, m, s.busy, s.user.present[m]))
 
     def tab(self, u: User, s: SimServer, m: int, now: datetime) -> None:
         """The person's JupyterLab tab this minute: its polling, and its presence report."""
@@ -663,6 +698,7 @@ class Sim:
             "resumes": len(self.resume_seconds),
             "resume_failures": self.resume_failures,
             "admission_waits": self.admission_waits,
+            "host_budget_shutdowns": self.budget_shutdowns,
             "gpu_state_lost": self.gpu_state_lost
             + sum(len(s.driver.lost) for s in self.servers.values()),
             "runs": len(self.runs),

@@ -96,3 +96,40 @@ def test_the_traces_hold_users_as_they_behave():
 
     assert any(longest_silence(u) >= 45 for u in research)
     assert any(u.grows for u in research)
+
+
+def test_the_replay_keeps_each_node_s_hibernated_kernels_within_the_culler_s_budget(
+    tmp_path: Path,
+):
+    # the culler's host memory budget per node (culler/hostbudget.py) is enforced in the
+    # replay: beyond it the oldest hibernated kernel is shut down, a present user's never
+    import asyncio
+    from types import SimpleNamespace
+
+    from fracspawner.culler.hostbudget import HibernatedKernel
+
+    users = _lab(3, 20000)
+    sim = Sim(users, OVERCOMMIT_KIND, Cluster(1), "time_sliced", bench_catalog(None, OVERCOMMIT),
+              OVERCOMMIT)  # fmt: skip
+    sim.host = pod_host(tmp_path)
+    now = datetime.fromtimestamp(v(0), timezone.utc)
+    reports = []
+    for i, u in enumerate(users):
+        s = sim.demand(u, 0)
+        assert s is not None
+        k = s.ensure_kernel(now)
+        s.holds_memory = True
+        hib = s.monitor.hibernator
+        assert asyncio.run(hib.hibernate(s.kernel_id, [k.pid], 20000.0, kernel_pid=k.pid)) == (
+            "hibernated"
+        )
+        kernel = HibernatedKernel(s.kernel_id, 20000.0, since=float(i))
+        reports.append((u.name, "", SimpleNamespace(hibernated_kernels=(kernel,),
+                                                    present=i == 0)))  # fmt: skip
+    culler = SimpleNamespace(
+        host_memory_budget_mib=30000.0, reports=SimpleNamespace(latest=lambda: reports)
+    )
+    asyncio.run(sim.host_budget(culler, 0))  # 60,000 MiB on the node: two must go
+    assert sim.budget_shutdowns == 2
+    assert sim.servers["lab-00"].kernel_id is not None  # its user is present: kept
+    assert sim.servers["lab-01"].kernel_id is None and sim.servers["lab-02"].kernel_id is None
