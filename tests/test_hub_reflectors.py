@@ -123,6 +123,7 @@ async def test_the_pod_reflector_lists_once_and_resumes_where_kubespawners_relis
         assert kept["spec"]["containers"] == [{"name": "notebook", "ports": []}]
         assert set(kept["status"]) <= {"phase", "podIP", "containerStatuses"}
         assert kept["status"]["phase"] == "Pending" and kept["metadata"]["uid"]
+        assert kept["metadata"]["creationTimestamp"]  # the pending page's "waiting for ..."
         assert "managedFields" not in kept["metadata"]
     finally:
         await theirs.stop()

@@ -49,14 +49,22 @@ def slim(obj: dict[str, Any]) -> dict[str, Any]:
     return obj
 
 
-_POD_METADATA = ("name", "namespace", "uid", "resourceVersion", "deletionTimestamp")
+_POD_METADATA = (
+    "name",
+    "namespace",
+    "uid",
+    "resourceVersion",
+    "creationTimestamp",  # the pending page: how long a queued pod has waited
+    "deletionTimestamp",
+)
 _CONTAINER_STATUS = ("name", "ready", "state", "restartCount")
 
 
 def slim_pod(pod: dict[str, Any]) -> dict[str, Any]:
     """What kubespawner (KubeSpawner.poll, is_pod_running, _get_pod_port, _get_pod_url,
-    _start's uid) and FracSpawner (the queue: phase, nodeName) read of a pod, in the API's
-    shape; labels and annotations are kept for admins' code that looks at the reflector."""
+    _start's uid) and FracSpawner (the queue: phase, nodeName, creationTimestamp) read of a
+    pod, in the API's shape; labels and annotations are kept for admins' code that looks at
+    the reflector."""
     metadata = pod.get("metadata") or {}
     spec = pod.get("spec") or {}
     status = pod.get("status") or {}
