@@ -70,7 +70,9 @@ def test_the_usage_command_reads_the_dra_objects_too(catalog, monkeypatch, capsy
     async def list_dra(kubeconfig):
         return slices, claims
 
-    monkeypatch.setattr(usage, "list_dra", list_dra, raising=False)
+    from fracspawner.cli import capacity as capacity_cli
+
+    monkeypatch.setattr(capacity_cli, "list_dra", list_dra)
     assert usage.main(["--catalog", str(DEMO_CATALOG)]) == 0
     out = capsys.readouterr().out
     line = next(x for x in out.splitlines() if x.startswith("h100-dra"))

@@ -23,7 +23,7 @@ import hashlib
 import math
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, replace
-from typing import Any, ClassVar
+from typing import Any, ClassVar, TypeVar
 
 from ..backends import plan_slice
 from ..backends.fit import OfferCapacity
@@ -370,6 +370,23 @@ def pod_gpu_equivalent(pod: Any) -> float:
     return value if math.isfinite(value) and value > 0 else 0.0
 
 
+T = TypeVar("T")
+
+
+def loop_shared(registry: dict[Any, T], make: Callable[[], T]) -> T:
+    """The one `make()` of the running event loop, kept in `registry` (asyncio locks and
+    queues belong to one loop); entries of closed loops are dropped (tests run many)."""
+    try:
+        loop: Any = asyncio.get_running_loop()
+    except RuntimeError:
+        loop = None
+    if loop not in registry:
+        for old in [k for k in registry if k is not None and k.is_closed()]:
+            del registry[old]
+        registry[loop] = make()
+    return registry[loop]
+
+
 class Admissions:
     """Spawns this hub process has admitted whose pods the capacity counts do not show yet."""
 
@@ -383,16 +400,7 @@ class Admissions:
     @classmethod
     def shared(cls) -> Admissions:
         """The one registry of the running event loop (an asyncio.Lock belongs to one loop)."""
-        try:
-            loop: Any = asyncio.get_running_loop()
-        except RuntimeError:
-            loop = None
-        if loop not in cls._shared:
-            # drop registries of closed loops (tests run many)
-            for old in [k for k in cls._shared if k is not None and k.is_closed()]:
-                del cls._shared[old]
-            cls._shared[loop] = cls()
-        return cls._shared[loop]
+        return loop_shared(cls._shared, cls)
 
     def reserve(self, hold: Hold) -> None:
         """Record (or replace) the in-flight hold of one server; CPU-only holds are not kept."""

@@ -147,6 +147,18 @@ def no_kube_context(kubeconfig: str | None) -> str:
     )
 
 
+def read_dra(prog: str, catalog: Any, kubeconfig: str | None) -> tuple[list[dict], list[dict]]:
+    """The ResourceSlices and ResourceClaims when the catalog has a DRA pool; on an error
+    (said on stderr) none, so DRA pools show as unknown and the others as counted."""
+    if not uses_dra(catalog):
+        return [], []
+    try:
+        return asyncio.run(list_dra(kubeconfig))
+    except Exception as exc:
+        print(f"{prog}: cannot read ResourceSlices/Claims: {_one_line(exc)}", file=sys.stderr)
+        return [], []
+
+
 def read_cluster(prog: str, args: argparse.Namespace) -> tuple[Any, list[dict], list[dict]] | int:
     """(catalog, nodes, pods) for `cluster_parser`'s arguments, or the exit code after one line
     on stderr saying what is missing or wrong (no traceback)."""
@@ -198,13 +210,7 @@ def main(argv: list[str] | None = None) -> int:
     if isinstance(read, int):
         return read
     catalog, nodes, pods = read
-    slices: list[dict] = []
-    claims: list[dict] = []
-    if uses_dra(catalog):
-        try:
-            slices, claims = asyncio.run(list_dra(args.kubeconfig))
-        except Exception as exc:  # DRA pools then show as unknown, the others as counted
-            print(f"{PROG}: cannot read ResourceSlices/Claims: {_one_line(exc)}", file=sys.stderr)
+    slices, claims = read_dra(PROG, catalog, args.kubeconfig)
     capacity = compute_capacity(catalog, nodes, pods, slices, claims)
     render = render_json if args.output == "json" else render_table
     print(render(catalog, capacity))

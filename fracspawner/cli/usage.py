@@ -9,12 +9,11 @@ culler.
 
 from __future__ import annotations
 
-import asyncio
 import json
 import sys
 from typing import Any
 
-from ..capacity.live import LiveCapacity, uses_dra
+from ..capacity.live import LiveCapacity
 from ..capacity.snapshot import SERVERNAME_ANNOTATION, USERNAME_ANNOTATION
 from ..capacity.usage import (
     Holder,
@@ -26,7 +25,7 @@ from ..capacity.usage import (
 )
 from ..k8s.objects import created_at
 from ..model.units import gpu_share, utc_minute
-from .capacity import _one_line, cluster_parser, list_dra, read_cluster, table
+from .capacity import cluster_parser, read_cluster, read_dra, table
 
 PROG = "fracspawner usage"
 
@@ -112,13 +111,7 @@ def main(argv: list[str] | None = None) -> int:
     if isinstance(read, int):
         return read
     catalog, nodes, pods = read
-    slices: list[dict] = []
-    claims: list[dict] = []
-    if uses_dra(catalog):
-        try:
-            slices, claims = asyncio.run(list_dra(args.kubeconfig))
-        except Exception as exc:  # DRA pools then show as unknown, the others as counted
-            print(f"{PROG}: cannot read ResourceSlices/Claims: {_one_line(exc)}", file=sys.stderr)
+    slices, claims = read_dra(PROG, catalog, args.kubeconfig)
     pools, holders = usage_of(catalog, nodes, pods, slices, claims)
     render = render_json if args.output == "json" else render_table
     print(render(pools, holders))

@@ -23,7 +23,6 @@ Pure apart from `fetch_room` (one HTTP GET) and `RoomLine`'s process-wide state.
 
 from __future__ import annotations
 
-import asyncio
 import json
 import math
 from collections.abc import Iterable, Mapping
@@ -32,7 +31,7 @@ from typing import Any, ClassVar
 
 from tornado.httpclient import AsyncHTTPClient, HTTPRequest
 
-from ..choice.admission import server_tag
+from ..choice.admission import loop_shared, server_tag
 
 #: how long one answer of the culler serves every waiting spawn (s)
 CACHE_SECONDS = 5.0
@@ -176,15 +175,7 @@ class RoomLine:
     @classmethod
     def shared(cls) -> RoomLine:
         """The one line of the running event loop (as choice.admission.Admissions)."""
-        try:
-            loop: Any = asyncio.get_running_loop()
-        except RuntimeError:
-            loop = None
-        if loop not in cls._shared:
-            for old in [k for k in cls._shared if k is not None and k.is_closed()]:
-                del cls._shared[old]
-            cls._shared[loop] = cls()
-        return cls._shared[loop]
+        return loop_shared(cls._shared, cls)
 
     async def answer(self, fetch: Any, now: float) -> dict | None:
         """The culler's answer, asked at most once per CACHE_SECONDS for every spawn."""
