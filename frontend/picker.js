@@ -173,6 +173,36 @@
   root.appendChild(alternatives);
   root.appendChild(staleNote);
 
+  // A refused spawn comes back with the hub's sentence above the form (JupyterHub's banner)
+  // and the refused choice still chosen, exactly as the user left it (issue 13 #2). Its reason
+  // is said once, with the buttons of what is free instead (issue 38 #4: it stood in the
+  // banner, under the size, in the summary and on the card, and the banner's "and 14 more
+  // choices on the form" counted what the form did not show), and only while that choice
+  // stays chosen. The hub's list after "Free instead:" is the buttons' list (issue 27 #7).
+  const banner = document.querySelector(".spawn-error-msg");
+  const checkedAtLoad = root.querySelector('input[name="gpu"]:checked');
+  const refused = banner && checkedAtLoad && checkedAtLoad.value !== "none"
+    ? {
+      spec: checkedAtLoad.value,
+      pool: poolSelect.value,
+      text: banner.textContent.trim().replace(/^Error:\s*/, "").split(/\s*Free instead:/)[0],
+    }
+    : null;
+  const refusedNote = refused ? el("p", { class: "fs-refused small mb-1", id: "fs-refused" }, `Not started: ${refused.text}`) : null;
+  if (refused) {
+    banner.style.display = "none"; // said by the note instead (a page without the picker keeps it)
+    checkedAtLoad.setAttribute("aria-describedby", `${checkedAtLoad.getAttribute("aria-describedby") || ""} fs-refused`.trim());
+  }
+
+  function refusalStands(spec) {
+    return !!refused && spec === refused.spec && poolSelect.value === refused.pool;
+  }
+
+  // the size on a pool the standing refusal is about: its own reason is the refusal's
+  function saidByRefusal(spec, pool) {
+    return refusalStands(selectedGpu()) && spec === refused.spec && refused.text.includes(pool.display_name);
+  }
+
   function render() {
     const spec = selectedGpu();
     const options = spec === "none" ? [] : offersFor(spec);
@@ -218,7 +248,7 @@
       badge.appendChild(el("span", { "aria-hidden": "true" }, badgeClass === "free" ? "● " : badgeClass === "full" ? "○ " : "? "));
       badge.appendChild(document.createTextNode(countText(offer) + (stale || serverStale ? " (stale)" : "")));
       card.appendChild(badge);
-      if (!offer.allowed) card.appendChild(el("span", { class: "fs-reason small" }, `Unavailable: ${offer.reason}`));
+      if (!offer.allowed && !saidByRefusal(spec, pool)) card.appendChild(el("span", { class: "fs-reason small" }, `Unavailable: ${offer.reason}`));
       if (offer.waits) card.appendChild(el("span", { class: "fs-wait small" }, "None free now: your server would wait for one."));
       card.addEventListener("click", () => {
         if (!offer.allowed && !chosen) return; // an unavailable pool cannot be chosen
@@ -266,7 +296,7 @@
         const item = root.querySelector(`li[data-pool="${CSS.escape(pool.name)}"][data-spec="${CSS.escape(offer.spec)}"]`);
         if (!item) continue;
         let reason = item.querySelector(".fs-reason");
-        if (offer.reason) {
+        if (offer.reason && !saidByRefusal(offer.spec, pool)) {
           if (!reason) {
             reason = el("span", { class: "fs-reason text-danger" });
             item.querySelector(".fs-summary").after(reason);
@@ -334,7 +364,9 @@
   function renderAlternatives(spec, options) {
     alternatives.replaceChildren();
     const blocked = unavailableChoice(spec, options);
-    alternatives.hidden = !blocked;
+    const stands = refusalStands(spec);
+    alternatives.hidden = !blocked && !stands;
+    if (stands) alternatives.appendChild(refusedNote);
     if (!blocked) return;
     const found = alternativesFor(spec, blocked);
     if (blocked.offer.over_quota) alternatives.appendChild(holdersLine());
@@ -344,7 +376,9 @@
       }
       return;
     }
-    alternatives.appendChild(el("p", { class: "small mb-1" }, "Free instead (your choice stays until you pick one):"));
+    // counted as shown: the buttons below, not the hub's whole list
+    const count = `${found.length} ${found.length === 1 ? "choice" : "choices"}`;
+    alternatives.appendChild(el("p", { class: "small mb-1" }, `Free instead, ${count} close to yours (your choice stays until you pick one):`));
     for (const { pool, offer } of found) {
       const button = el("button", { type: "button", class: "btn btn-sm btn-outline-primary fs-alternative", "data-pool": pool.name, "data-spec": offer.spec },
         `${words(offer)} on ${pool.display_name} (${countText(offer)})`);
@@ -432,7 +466,9 @@
       const next = blocked.offer.over_quota
         ? "Start is off until you stop a server or pick a size that fits."
         : "Start is off until you pick one of the free sizes below, or until one frees.";
-      return `Your choice, ${displayOf(spec)}${where}, is unavailable: ${blocked.offer.reason} ${next}`;
+      // a standing refusal says why below, with the buttons
+      const why = refusalStands(spec) ? "." : `: ${blocked.offer.reason}`;
+      return `Your choice, ${displayOf(spec)}${where}, is unavailable${why} ${next}`;
     }
     const usable = options.filter((o) => o.offer.allowed);
     let pick = usable.find((o) => o.pool.name === poolSelect.value);
@@ -551,17 +587,6 @@
     if (event.target.name === "gpu") dropPoolIfNotOffered();
     if (event.target.name === "gpu" || event.target === poolSelect) render();
   });
-  // a refused spawn: JupyterHub shows the message above the form; repeat it next to the size
-  // that was refused, which is still chosen exactly as the user left it (issue 13 #2)
-  const refusal = document.querySelector(".spawn-error-msg");
-  const checked = root.querySelector('input[name="gpu"]:checked');
-  if (refusal && checked && checked.value !== "none") {
-    // the reason only: what is free instead is listed once, as buttons (issue 27 #7)
-    const text = refusal.textContent.trim().replace(/^Error:\s*/, "").split(/\s*Free instead:/)[0];
-    const note = el("p", { class: "fs-refused small mb-0", id: "fs-refused" }, `Not started: ${text}`);
-    checked.closest(".fs-choice").appendChild(note);
-    checked.setAttribute("aria-describedby", `${checked.getAttribute("aria-describedby") || ""} fs-refused`.trim());
-  }
   // One state for what is shown and what is submitted (issue 27 #1): the tabs, cards and summary
   // are derived from the checked radio and the pool select on every way into the page. The
   // browser restores form state without `change` events: on Back/Forward and reload Chromium

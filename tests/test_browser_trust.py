@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import math
 import os
+import re
 
 import pytest
 
@@ -75,7 +76,8 @@ def test_a_full_pool_keeps_the_choice_and_a_refusal_brings_it_back(hub, devclust
 
     # Start: refused before any pod; the form comes back exactly as she left it
     page.get_by_role("button", name="Start").click()
-    page.locator(".spawn-error-msg").wait_for()
+    # the hub's banner: in the page, shown by the picker's note instead (issue 38 #4)
+    page.locator(".spawn-error-msg").wait_for(state="attached")
     # the refused page's own first refresh must fail too before the route goes: the message
     # is in the HTML before the picker's script fetches, and a first refresh that already
     # succeeded never says "back" (CI saw that wait time out once)
@@ -84,13 +86,14 @@ def test_a_full_pool_keeps_the_choice_and_a_refusal_brings_it_back(hub, devclust
         timeout=REFRESH_WAIT_MS,
     )
     page.unroute(OFFERS_ROUTE)
-    top = page.locator(".spawn-error-msg").inner_text()
+    top = " ".join(page.locator(".spawn-error-msg").text_content().split())
     assert top.startswith("Error: No 1/4 GPU is free on T4 16GB (time-sliced) right now"), top
     assert "HTTP" not in top and "Free instead: 1/4 GPU on H100 80GB (HAMi)" in top
     assert _tab(page, "fraction").get_attribute("aria-checked") == "true"
     assert page.locator('input[name="gpu"][value="1/4"]').is_checked()
     assert page.locator("#fs-pool").input_value() == "t4"
-    note = page.locator(".fs-choice:has(input[value='1/4']:checked) #fs-refused")
+    assert page.locator(".spawn-error-msg").is_hidden()
+    note = page.locator(".fs-alternatives #fs-refused")
     assert note.is_visible() and "No 1/4 GPU is free on T4" in note.inner_text()
     assert not server_pods(devcluster, "pia")
     _shot(page, "refused")
@@ -107,7 +110,7 @@ def test_a_full_pool_keeps_the_choice_and_a_refusal_brings_it_back(hub, devclust
     card = page.locator(".fs-pool-card[data-pool=t4]")
     assert card.get_attribute("aria-pressed") == "true"
     assert "0 of 4 free" in card.inner_text()
-    assert "Unavailable: None free right now." in card.inner_text()
+    assert "Unavailable" not in card.inner_text()  # the note says why, once (issue 38 #4)
     summary = page.locator("#fs-summary-line").inner_text()
     assert "Your choice, 1/4 GPU on T4 16GB (time-sliced), is unavailable" in summary
     assert "Start is off until you pick one of the free sizes below, or until one frees." in summary
@@ -140,6 +143,42 @@ def test_a_full_pool_keeps_the_choice_and_a_refusal_brings_it_back(hub, devclust
     page.locator(".fs-pool-any").click()
     summary = page.locator("#fs-summary-line").inner_text()
     assert "(on H100 80GB (HAMi), the one pool with one free for you now)" in summary, summary
+    page.close()
+
+
+# the full T4's refusal in either of its words: the hub's sentence or the model's reason
+FULL_T4_REASON = re.compile(r"No 1/4 GPU is free on T4|none free right now", re.I)
+
+
+def test_a_full_pool_s_refusal_is_said_once_with_the_buttons_it_counts(hub, devcluster, browser):
+    """Issue 38 #4: a full pool's refusal ended "and 14 more choices on the form" while the
+    form showed three buttons, and its reason stood in the banner, under the size, in the
+    summary and on the card. The page says it once, with the buttons, counted as shown."""
+    ensure_group(hub, "ml-research", "pia", "ravi")
+    page = new_page(browser)
+    login(page, hub.url, "pia")
+    open_spawn_form(page, hub.url, "pia")
+    _tab(page, "fraction").click()
+    page.locator('input[name="gpu"][value="1/4"]').check()
+    page.locator(".fs-pool-card[data-pool=t4]").click()
+    page.route(OFFERS_ROUTE, lambda route: route.abort())
+    status, body = spawn(hub, "ravi", {"gpu": "1/4", "pool": "t4"})
+    assert status in (201, 202), body
+    hub.wait_ready("ravi")
+    page.get_by_role("button", name="Start").click()
+    page.locator(".spawn-error-msg").wait_for(state="attached")
+    page.unroute(OFFERS_ROUTE)
+    page.locator(".fs-alternative").first.wait_for()
+
+    shown = page.evaluate("() => document.body.innerText")  # what is rendered, not hidden
+    said = FULL_T4_REASON.findall(shown)
+    assert len(said) == 1, (said, shown)
+    place = page.locator(".fs-alternatives")
+    assert FULL_T4_REASON.search(place.inner_text()), place.inner_text()
+    buttons = page.locator(".fs-alternative:visible").count()
+    counts = [int(n) for n in re.findall(r"(\d+) (?:more )?choices?\b", shown)]
+    assert buttons >= 1 and counts and all(n == buttons for n in counts), (counts, buttons, shown)
+    assert page.get_by_role("button", name="Start").is_disabled()
     page.close()
 
 
@@ -178,8 +217,8 @@ def test_a_refused_named_server_comes_back_as_itself_and_start_follows_the_model
     hub.wait_ready("nia")
     logged = len(hub.log())
     page.get_by_role("button", name="Start").click()
-    page.locator(".spawn-error-msg").wait_for()
-    top = page.locator(".spawn-error-msg").inner_text()
+    page.locator(".spawn-error-msg").wait_for(state="attached")
+    top = " ".join(page.locator(".spawn-error-msg").text_content().split())
     # the hub logs the expected refusal in one INFO line, no ERROR, no traceback (#9)
     log = hub.log()[logged:]
     assert "(refused by fracspawner): Quota: 1/4 GPU" in log, log
@@ -193,13 +232,16 @@ def test_a_refused_named_server_comes_back_as_itself_and_start_follows_the_model
     # one source of truth: the quota line, the size row and the card agree; Start is off (#3)
     quota = " ".join(page.locator("#fs-quota").inner_text().split())
     assert quota.startswith("Your GPU quota: 1/8 of 1/4 GPU in use, 1/8 GPU left."), quota
+    # the refusal is said once, with the ways out (issue 38 #4): not again under the size or
+    # on the card
+    note = page.locator(".fs-alternatives #fs-refused")
+    assert "Not started: Quota: 1/4 GPU on H100 80GB (HAMi)" in note.inner_text()
     row = page.locator('li[data-pool=h100][data-spec="1/4"] .fs-reason')
-    assert "your quota has 1/8 GPU left" in row.inner_text()
+    assert row.count() == 0
     # the size chip shows only reasons: each names its pool, or they read as one contradiction
-    assert "(unavailable on H100 80GB (HAMi): Needs 1/4 GPU" in row.inner_text()
     t4 = page.locator('li[data-pool=t4][data-spec="1/4"] .fs-reason').inner_text()
     assert "(unavailable on T4 16GB (time-sliced): Your access rules" in t4, t4
-    assert "your quota has 1/8 GPU left" in card.inner_text()
+    assert "Unavailable" not in card.inner_text()
     start = page.get_by_role("button", name="Start")
     assert start.is_disabled()
     assert "Start is off until you stop a server or pick a size that fits." in summary.inner_text()
