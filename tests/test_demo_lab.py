@@ -22,7 +22,7 @@ import pytest
 
 from devcluster.localhub import free_port
 from tests.browser_helpers import login, new_page
-from tests.e2e_helpers import Browserless
+from tests.e2e_helpers import Browserless, wait_until
 
 pytestmark = [pytest.mark.e2e, pytest.mark.browser, pytest.mark.slow]
 
@@ -65,6 +65,44 @@ def stop_demo(demo: subprocess.Popen) -> str:
         raise
 
 
+WHY_COLUMN = 5  # the culler's history: When, User, Server, Pool, What, Why, ...
+PRESENT = "nothing due: its user is at a JupyterLab tab of it"
+
+
+def admin_row_while_present(admin, lab, url: str):
+    """The newcomer's row on the admin page once the culler keeps it for her presence; her
+    pointer moves on the lab tab meanwhile (trusted input), so she stays present."""
+    where = f"{url}/services/fracspawner/admin"
+
+    def shows() -> bool:
+        lab.mouse.move(200 + time.monotonic() % 100, 300)
+        admin.goto(where)
+        row = admin.locator('#fs-holders tbody tr[data-user="newcomer"]')
+        return row.count() == 1 and PRESENT in row.inner_text()
+
+    try:
+        wait_until(shows, 120, "the admin page saying the newcomer is at her tab")
+    except TimeoutError:
+        raise AssertionError(admin.locator("#fs-holders").inner_text()) from None
+    return admin.locator('#fs-holders tbody tr[data-user="newcomer"]')
+
+
+def admin_history_row(admin, url: str, what: str):
+    """The newcomer's row in "The culler's last 24 hours" whose What cell starts with `what`."""
+    where = f"{url}/services/fracspawner/admin"
+    rows = admin.locator('#fs-culler-history tbody tr[data-user="newcomer"]', has_text=what)
+
+    def shows() -> bool:
+        admin.goto(where)
+        return rows.count() >= 1
+
+    try:
+        wait_until(shows, 60, f"the culler's history listing '{what}'")
+    except TimeoutError:
+        raise AssertionError(admin.locator("#fs-culler-history").inner_text()) from None
+    return rows.first
+
+
 def test_the_demos_idle_kernel_hibernates_with_its_lab_tab_open(tmp_path, browser):
     demo, url, banner = start_demo(tmp_path / "demo-state")
     try:
@@ -87,11 +125,25 @@ def test_the_demos_idle_kernel_hibernates_with_its_lab_tab_open(tmp_path, browse
             "() => /Mem [1-9]/.test(document.querySelector('.fs-GpuMeter-memory')?.textContent)",
             timeout=120_000,
         )
+        # meanwhile the admin sees her at it, on the simulated GPU (issue 38 #3)
+        admin = new_page(browser)
+        login(admin, url, "admin", password=PASSWORD)
+        row = admin_row_while_present(admin, page, url)
+        assert "(simulated GPU)" in row.locator(".fs-gpu").inner_text()
         # and leaves the tab open, visible, untouched
         hibernated = page.locator(".fs-GpuMeter-hibernation", has_text="hibernated")
         hibernated.wait_for(state="visible", timeout=HIBERNATED_WITHIN_S * 1000)
         assert page.evaluate("document.visibilityState") == "visible"
         assert "resumes when you run" in hibernated.inner_text(), hibernated.inner_text()
+        # the culler's last 24 hours list the hibernation, in the page's words (issue 38 #3)
+        event = admin_history_row(admin, url, "kernel hibernated")
+        assert (
+            event.locator("td")
+            .nth(WHY_COLUMN)
+            .get_attribute("title")
+            .startswith("hibernated its idle kernel")
+        )
+        admin.context.close()
         page.context.close()
     finally:
         out = stop_demo(demo)
