@@ -108,9 +108,10 @@ def test_a_person_using_the_tab_keeps_the_kernel_without_a_request(lab):
 
 
 def test_closing_the_tab_says_so_at_once(tmp_path):
-    """A tab closed reports itself hidden as it goes (`pagehide`, a request started in the event
-    and kept alive past the page): its person counts as gone at once, not 3 intervals later
-    (3 min at the default interval of a minute, kept here)."""
+    """A tab closed says so as it goes (`pagehide`, a request started in the event and kept
+    alive past the page): the server forgets the tab at once, not 3 intervals later (3 min at
+    the default interval of a minute, kept here), so its person counts as gone and a closed
+    tab is never taken for a hidden one (in session); when they were last seen is kept."""
     (tmp_path / "lab").mkdir()
     lab = LabServer(tmp_path / "lab", env={"FRACSPAWNER_PRESENCE_TIMEOUT_SECONDS": "600"})
     try:
@@ -120,10 +121,9 @@ def test_closing_the_tab_says_so_at_once(tmp_path):
             wait_for(lambda: lab.gpu()["presence"]["present"], what="the person counted present")
             assert lab.gpu()["presence"]["interval"] == 60.0
             page.close()
-            wait_for(
-                lambda: lab.gpu()["presence"]["visible_tabs"] == 0, 30, "the closed tab's report"
-            )
+            wait_for(lambda: lab.gpu()["presence"]["tabs"] == 0, 30, "the closed tab's report")
             presence = lab.gpu()["presence"]
-            assert presence["present"] is False and presence["known"] is True
+            assert presence["present"] is False and presence["in_session"] is False
+            assert presence["last_present"] is not None
     finally:
         lab.stop()

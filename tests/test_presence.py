@@ -205,6 +205,31 @@ def test_presence_rules():
     assert p.last_present(t(2000)) == t(880)  # the last report's presence ran until stale
 
 
+def test_a_reloaded_page_s_old_tab_keeps_no_one_in_session():
+    """A reload sends the old page's "hidden" report, then its "closing" one (pagehide), in
+    either order; the new page is visible and untouched. The old tab is gone at once: not a
+    hidden tab of a person seen lately (in session, so no kernel would be shut down or warned
+    of) until its reports go stale three minutes later."""
+    for order in ("hidden first", "closing first"):
+        p = Presence(timeout=1.0, interval=60.0, session_timeout=7200.0)
+        p.record("old", ClientReport(True, True, t(0), t(0)))
+        hidden = ClientReport(False, False, t(5), t(5))
+        closing = ClientReport(False, False, t(5), t(5), closing=True)
+        for report in (hidden, closing) if order == "hidden first" else (closing, hidden):
+            p.record("old", report)
+        p.record("new", ClientReport(True, False, t(5), t(6)))
+        assert list(p.clients) == ["new"], order
+        assert not p.in_session(t(30)), order
+        assert p.last_present(t(30)) == t(6), order  # what the old page said still counts
+
+
+def test_a_closing_report_must_say_true_or_false():
+    body = {"client": "a", "visible": False, "focused": False, "idle_seconds": 0}
+    assert parse_client_report({**body, "closing": True}, T0)[1].closing
+    with pytest.raises(PresenceError, match="closing"):
+        parse_client_report({**body, "closing": "yes"}, T0)
+
+
 @pytest.mark.parametrize(
     ("body", "field"),
     [

@@ -63,11 +63,13 @@ class ClientReport:
     focused: bool
     last_input: datetime  # received_at - idle_seconds
     received_at: datetime
+    closing: bool = False  # the page is going away (closed, reloaded, navigated from)
 
 
 def parse_client_report(body: Any, received_at: datetime) -> tuple[str, ClientReport]:
-    """`{"client": "...", "visible": true, "focused": false, "idle_seconds": 12.5}` -> facts.
-    Raises PresenceError naming the field for anything else."""
+    """`{"client": "...", "visible": true, "focused": false, "idle_seconds": 12.5}` (and
+    `"closing": true` from a page going away) -> facts. Raises PresenceError naming the field
+    for anything else."""
     if not isinstance(body, dict):
         raise PresenceError("expected a JSON object")
     client = body.get("client")
@@ -83,7 +85,11 @@ def parse_client_report(body: Any, received_at: datetime) -> tuple[str, ClientRe
     if isinstance(idle, bool) or not isinstance(idle, int | float) or not 0 <= idle < 10**9:
         raise PresenceError("idle_seconds: expected a number of seconds, 0 or more")
     last_input = received_at - timedelta(seconds=float(idle))
-    return client, ClientReport(flags["visible"], flags["focused"], last_input, received_at)
+    closing = body.get("closing", False)
+    if not isinstance(closing, bool):
+        raise PresenceError("closing: expected true or false")
+    report = ClientReport(flags["visible"], flags["focused"], last_input, received_at, closing)
+    return client, report
 
 
 class Presence(LoggingConfigurable):
@@ -140,6 +146,7 @@ class Presence(LoggingConfigurable):
         super().__init__(**kwargs)
         self.settings = settings if settings is not None else {}
         self.clients: dict[str, ClientReport] = {}
+        self._closed: dict[str, None] = {}  # ids of pages that said they went away (ordered)
         self._last_present: datetime | None = None
         # the culler's word that the user is at a tab of another server of theirs, until when
         self._elsewhere_until: datetime | None = None
@@ -170,6 +177,17 @@ class Presence(LoggingConfigurable):
         old = self.clients.get(client)
         if old is not None:
             self._fold(old, report.received_at)
+        if report.closing or client in self._closed:
+            # a closed or reloaded page is no tab any more, hidden or not: what it said of
+            # its person stays folded in, but it keeps no one in session (its "hidden" report,
+            # sent just before, may arrive after this one: the id is remembered)
+            self.clients.pop(client, None)
+            if report.closing and client not in self._closed:
+                self._closed[client] = None
+                while len(self._closed) > MAX_CLIENTS:
+                    del self._closed[next(iter(self._closed))]
+            self._fold(report, report.received_at)
+            return
         self.clients[client] = report
         if len(self.clients) > MAX_CLIENTS:
             oldest = min(self.clients, key=lambda k: self.clients[k].received_at)

@@ -78,7 +78,7 @@ export class PresenceReporter {
     window.addEventListener('focus', this._onWindowFocus);
     window.addEventListener('blur', this._onChange, { capture: true });
     document.addEventListener('visibilitychange', this._onVisibility);
-    window.addEventListener('pagehide', this._onLeave);
+    window.addEventListener('pagehide', this._onPageHide);
     void this._send();
   }
 
@@ -90,7 +90,7 @@ export class PresenceReporter {
     window.removeEventListener('focus', this._onWindowFocus);
     window.removeEventListener('blur', this._onChange, { capture: true });
     document.removeEventListener('visibilitychange', this._onVisibility);
-    window.removeEventListener('pagehide', this._onLeave);
+    window.removeEventListener('pagehide', this._onPageHide);
     this._clear();
   }
 
@@ -145,6 +145,16 @@ export class PresenceReporter {
     void this._send();
   };
 
+  /** The page goes away (closed, reloaded, navigated from): the server forgets this tab at
+   * once, so a reloaded page's old tab does not count as a hidden one until it goes stale. */
+  private readonly _onPageHide = (event: PageTransitionEvent): void => {
+    if (this._pending !== null) {
+      window.clearTimeout(this._pending);
+      this._pending = null;
+    }
+    void this._send(!event.persisted);
+  };
+
   private readonly _onChange = (): void => {
     this._soon();
   };
@@ -161,7 +171,7 @@ export class PresenceReporter {
     }, wait);
   }
 
-  private async _send(): Promise<void> {
+  private async _send(closing = false): Promise<void> {
     if (this._stopped) {
       return;
     }
@@ -177,7 +187,8 @@ export class PresenceReporter {
       client: this._client,
       visible: document.visibilityState === 'visible',
       focused: document.hasFocus(),
-      idle_seconds: idleMs / 1000
+      idle_seconds: idleMs / 1000,
+      ...(closing ? { closing: true } : {})
     };
     try {
       const response = await ServerConnection.makeRequest(
