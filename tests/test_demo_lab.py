@@ -125,6 +125,13 @@ def test_the_demos_idle_kernel_hibernates_with_its_lab_tab_open(tmp_path, browse
             "() => /Mem [1-9]/.test(document.querySelector('.fs-GpuMeter-memory')?.textContent)",
             timeout=120_000,
         )
+        # she runs a first cell: the state the README promises comes back after hibernation
+        page.locator(".jp-Notebook .jp-Cell .cm-content").first.click()
+        page.keyboard.type("x = 41")
+        page.keyboard.press("Shift+Enter")
+        page.locator(".jp-Notebook .jp-Cell .jp-InputPrompt", has_text="[1]").wait_for(
+            timeout=120_000
+        )
         # meanwhile the admin sees her at it, on the simulated GPU (issue 38 #3)
         admin = new_page(browser)
         login(admin, url, "admin", password=PASSWORD)
@@ -144,6 +151,12 @@ def test_the_demos_idle_kernel_hibernates_with_its_lab_tab_open(tmp_path, browse
             .startswith("hibernated its idle kernel")
         )
         admin.context.close()
+        # the README walk's end: run a cell and the kernel comes back with its variables
+        page.locator(".jp-Notebook .jp-Cell .cm-content").last.click()
+        page.keyboard.type("x + 1")
+        page.keyboard.press("Shift+Enter")
+        page.locator(".jp-Notebook .jp-OutputArea-output", has_text="42").wait_for(timeout=120_000)
+        hibernated.wait_for(state="hidden", timeout=60_000)
         page.context.close()
     finally:
         out = stop_demo(demo)
