@@ -405,3 +405,25 @@ def test_a_report_from_before_a_swap_is_not_read_as_a_full_gpu():
                           used=3 * QUARTER))
     )  # fmt: skip
     assert desk.answer("u5", "", seats, now=100.0) == {"swap": {"report_in": 3.0}}
+
+
+def test_a_swap_just_done_is_not_counted_again_by_an_older_device_reading():
+    """u5's kernel waits for a quarter of a full GPU: u1's idle kernel is asked out, and u1
+    reports it gone. The other servers' reports are still fresh but were read before the swap:
+    their device reading still holds u1's quarter. That memory is not counted twice, so u2's
+    idle kernel is not asked out too (seen in the swap e2e under load: two kernels swapped
+    0.3 s apart for one waiting kernel)."""
+    desk = SwapDesk(report_in=10)
+    seats = [seat(f"u{i}", report([kernel(f"k{i}", QUARTER, f"2026-01-01T1{i}:00:00Z")], used=SIZE))
+             for i in range(1, 5)]  # fmt: skip
+    waiting = report([], waiting=[{"kernel_id": "k5", "gpu_memory_mib": QUARTER}], used=SIZE)
+    seats.append(seat("u5", waiting))
+    desk.answer("u5", "", seats, now=100.0)
+    order = desk.answer("u1", "", seats, now=101.0)
+    assert order["swap"]["hibernate"][0]["kernel_id"] == "k1"
+    # u1's new report says hibernated, but every device reading, its own included, was taken
+    # before the memory went (NVML sampled before the suspend finished): the GPU reads full
+    gone = [kernel("k1", 0, "2026-01-01T11:00:00Z", state="hibernated")]
+    seats[0] = seat("u1", report(gone, used=SIZE))
+    answer = desk.answer("u2", "", seats, now=102.0)
+    assert not (answer or {}).get("swap", {}).get("hibernate"), answer

@@ -108,6 +108,11 @@ class SwapDesk:
         self.ask_again_after = ask_again_after
         # (user, server, kernel id) -> (MiB it held, when it was asked)
         self.asked: dict[tuple[str, str, str], tuple[float, float]] = {}
+        # swaps done lately: (user, server, kernel id) -> (GPU uuid, MiB it freed, when seen
+        # done). Other servers' device readings may predate them for a report interval: the
+        # reading floor must not count that memory again (one swap per need, not two)
+        self.freed: dict[tuple[str, str, str], tuple[str, float, float]] = {}
+        self._asked_on: dict[tuple[str, str, str], str] = {}  # kernel -> GPU uuid asked on
         self.last: dict[str, Pressure] = {}  # GPU uuid -> its latest pressure (metrics)
         self.granted: dict[Key, tuple[float, float]] = {}  # grants in force: (MiB, when)
 
@@ -122,10 +127,27 @@ class SwapDesk:
             for k in g.kernels
             if k.resident_mib > 0 and k.idle and not k.hibernated and not k.refused
         }
-        for key, (_mib, at) in list(self.asked.items()):
+        hibernated = {
+            (s.user, s.server, k.kernel_id)
+            for s in seats
+            for g in s.facts.gpus
+            for k in g.kernels
+            if k.hibernated
+        }
+        for key, (mib, at) in list(self.asked.items()):
             if key not in resident or now - at > self.ask_again_after:
                 del self.asked[key]
+                uuid = self._asked_on.pop(key, None)
+                if key in hibernated and uuid is not None:
+                    self.freed[key] = (uuid, mib, now)
+        for key, (_uuid, _mib, at) in list(self.freed.items()):
+            if now - at > self.report_in:
+                del self.freed[key]
         return {key: mib for key, (mib, _at) in self.asked.items()}
+
+    def _freed_on(self, uuid: str) -> float:
+        """MiB that swaps on GPU `uuid` freed within the last report interval."""
+        return sum(mib for (u, mib, _at) in self.freed.values() if u == uuid)
 
     def answer(self, user: str, server: str, seats: Iterable[Seat], now: float) -> dict | None:
         """The answer to `user`/`server`'s report: {"swap": {"hibernate": [...], "report_in":
@@ -174,6 +196,8 @@ class SwapDesk:
             # the smallest fresh device reading: what the whole GPU holds (kernels above their
             # slice, processes nobody reports), never one server's inflated word
             reading = min(readings) if readings else None
+            if reading is not None:  # a reading older than a swap just done still holds it
+                reading = max(0.0, reading - self._freed_on(gpu.uuid))
             pressure = plan_swaps(gpu.uuid, size, on_it, me.margin_mib, asked, reading)
             self.last[gpu.uuid] = pressure
             pressed = pressed or pressure.under_pressure
@@ -181,6 +205,7 @@ class SwapDesk:
                 if (swap.user, swap.server) != (user, server):
                     continue  # told in the answer to its own server's report
                 self.asked[(user, server, swap.kernel_id)] = (swap.mib, now)
+                self._asked_on[(user, server, swap.kernel_id)] = gpu.uuid
                 orders.append({"kernel_id": swap.kernel_id, "reason": swap.reason})
         # only GPUs some server names now (uuids come from reports: never kept without bound)
         named = {g.uuid for s in seats for g in s.facts.gpus}
