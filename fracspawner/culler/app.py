@@ -526,12 +526,13 @@ class Culler(CullerApplication):
         (`_swap_answer`), its hibernated kernels to shut down where its node's servers keep
         more hibernated state than `host_memory_budget_mib` (hostbudget.py), and whether its
         user is at a tab of another server of theirs (`presence_elsewhere`)."""
-        answer = self._swap_answer(who)
-        shutdown = self.host_budget_orders(who)
+        now = time.time() if now is None else now  # a replay in virtual time passes its own
+        answer = self._swap_answer(who, now)
+        shutdown = self.host_budget_orders(who, now)
         if shutdown:
             answer = answer or {"swap": {}}
             answer["swap"]["shutdown"] = shutdown
-        word = self.presence_elsewhere(who, time.time() if now is None else now)
+        word = self.presence_elsewhere(who, now)
         if word is not None:
             answer = answer or {}
             answer["presence"] = {"elsewhere": word}
@@ -554,12 +555,12 @@ class Culler(CullerApplication):
                 word = "in_session"
         return word
 
-    def host_budget_orders(self, who: Identity) -> list[dict]:
+    def host_budget_orders(self, who: Identity, now: float | None = None) -> list[dict]:
         """The reporting server's hibernated kernels to shut down for its node's budget."""
         budget = self.host_memory_budget_mib
         if budget <= 0 or (who.user, who.server) not in self.known:
             return []
-        now = time.time()
+        now = time.time() if now is None else now
         holders = []
         for user, server, report in self.reports.latest():
             facts = self.known.get((user, server))
@@ -586,7 +587,7 @@ class Culler(CullerApplication):
             orders.append({"kernel_id": e.kernel_id, "reason": e.reason})
         return orders
 
-    def _swap_answer(self, who: Identity) -> dict | None:
+    def _swap_answer(self, who: Identity, now: float | None = None) -> dict | None:
         """What the answer to a server's report carries: its own idle kernels to swap out while
         the GPU it shares on an over-committed pool is under memory pressure, and room for its
         kernels waiting to resume, on any pool (swapdesk.py)."""
@@ -598,7 +599,7 @@ class Culler(CullerApplication):
             return None  # the hub's record: not an over-committed pool, and nothing waits
         if self._swap_desk is None:
             self._swap_desk = SwapDesk(report_in=self.swap_report_in)
-        now = time.time()
+        now = time.time() if now is None else now
         seats = seats_from(
             self.reports.latest(), self.known, self._catalog, now, self.max_staleness,
             self.swap_margin_mib, also_pool=pool.name, placement=self.placement_of,

@@ -291,6 +291,14 @@ class Hibernator(LoggingConfigurable):
         # called with a kernel id when its resume starts to wait for room (swap.py reports it)
         self.on_waiting: list[Callable[[str], None]] = []
 
+    # the clock, and how a blocking driver call leaves the event loop: the real ones (a replay
+    # in virtual time, benchmarks/bench_culler.py, sets its own on the instance)
+    def now(self) -> datetime:
+        return utcnow()
+
+    async def offload(self, call: Callable[..., Any], *args: Any) -> Any:
+        return await asyncio.to_thread(call, *args)
+
     # --- queries ------------------------------------------------------------------------------
     def suspended(self, kernel_id: str) -> bool:
         s = self.kernels.get(kernel_id)
@@ -347,7 +355,7 @@ class Hibernator(LoggingConfigurable):
         self.enabled, self.unsupported, self._checked = False, reason, True
 
     def note_message(self, kernel_id: str) -> None:
-        self.last_message[kernel_id] = utcnow()
+        self.last_message[kernel_id] = self.now()
 
     def forget(self, kernel_id: str) -> None:
         s = self.kernels.pop(kernel_id, None)
@@ -378,7 +386,7 @@ class Hibernator(LoggingConfigurable):
         if s.lock.locked():
             return s.state
         async with s.lock:
-            started = utcnow()
+            started = self.now()
             target = kernel_pid  # never "the one process there is": it may be a child
             if s.pid is not None and target is not None and target != s.pid:
                 # a restarted kernel is a new process: what held for the old one does not
@@ -388,7 +396,7 @@ class Hibernator(LoggingConfigurable):
                 return s.state
             if s.next_try is not None and started < s.next_try:
                 return s.state
-            reason = await asyncio.to_thread(self.available)
+            reason = await self.offload(self.available)
             if reason is not None:
                 s.cannot = f"cannot hibernate: {reason}"
                 return s.state
@@ -404,7 +412,7 @@ class Hibernator(LoggingConfigurable):
                     "background run or a DataLoader worker is never suspended, nor the kernel "
                     "while they hold the GPU; tried again later",
                 )
-            if await asyncio.to_thread(nccl_peers, target):
+            if await self.offload(nccl_peers, target):
                 return self._later(
                     s,
                     "not hibernated: its process is in an NCCL communicator (torch.distributed), "
@@ -434,7 +442,7 @@ class Hibernator(LoggingConfigurable):
             return await self._suspend_locked(s, target, memory_mib, why)
 
     def _later(self, s: KernelSleep, note: str) -> str:
-        s.note, s.next_try = note, utcnow() + timedelta(seconds=self.retry_refused_after)
+        s.note, s.next_try = note, self.now() + timedelta(seconds=self.retry_refused_after)
         return s.state
 
     async def _cpu_busy(self, pid: int) -> float | None:
@@ -453,7 +461,7 @@ class Hibernator(LoggingConfigurable):
         s.state, s.pid, s.note, s.next_try = "hibernating", pid, None, None
         started = time.monotonic()
         try:
-            await asyncio.to_thread(self._suspend, pid)
+            await self.offload(self._suspend, pid)
         except _Later as exc:
             s.state = "running"
             return self._later(s, str(exc))
@@ -467,7 +475,7 @@ class Hibernator(LoggingConfigurable):
             s.state = "running"
             raise
         seconds = round(time.monotonic() - started, 3)
-        s.state, s.memory_mib, s.since, s.why = "hibernated", memory_mib, utcnow(), why
+        s.state, s.memory_mib, s.since, s.why = "hibernated", memory_mib, self.now(), why
         s.restore_error, s.attempts, s.next_retry = None, 0, None
         self.hibernations = [
             *self.hibernations[-(HISTORY - 1) :],
@@ -491,11 +499,11 @@ class Hibernator(LoggingConfigurable):
 
     async def _after_refusal(self, s: KernelSleep, pid: int, exc: Exception) -> str:
         """Put the process back as far as the driver lets, and say so."""
-        left = await asyncio.to_thread(self._settle, pid)
+        left = await self.offload(self._settle, pid)
         code = exc.code if isinstance(exc, CheckpointError) else str(exc)
         if left == "locked":
             # unlock failed: its CUDA calls block; the resume loop keeps trying to unlock
-            s.state, s.memory_mib, s.since = "restore_failed", 0.0, utcnow()
+            s.state, s.memory_mib, s.since = "restore_failed", 0.0, self.now()
             s.restore_error = f"unlocking after a refused checkpoint ({code}) failed"
             s.cannot = f"cannot hibernate: the driver refused ({code})"
             self.log.warning("fracspawner: kernel %s left locked: %s", s.kernel_id, s.restore_error)
@@ -511,7 +519,7 @@ class Hibernator(LoggingConfigurable):
             self.log.warning("fracspawner: kernel %s %s", s.kernel_id, s.cannot)
             return s.state
         if left == "checkpointed":  # the checkpoint went through after all: resume on use
-            s.state, s.since = "hibernated", utcnow()
+            s.state, s.since = "hibernated", self.now()
             return s.state
         s.state = "running"  # never ended for it: left as the driver left it
         s.cannot = f"cannot hibernate: the driver refused ({code})"
@@ -600,7 +608,7 @@ class Hibernator(LoggingConfigurable):
                 started = time.monotonic()
                 s.grant_mib = s.grant_until = None  # one grant, one restore
                 try:
-                    await asyncio.to_thread(self._restore, s.pid)
+                    await self.offload(self._restore, s.pid)
                 except Exception as exc:  # CheckpointError, Unsupported, _Cannot, a broken binding
                     if s.pid is not None and not os.path.exists(f"/proc/{s.pid}"):
                         # the process is gone (the kernel was restarted or died): nothing to
@@ -611,14 +619,14 @@ class Hibernator(LoggingConfigurable):
                         s.state, s.memory_mib, s.restore_error = "running", 0.0, None
                         self._stop_watching(s)
                         return True
-                    left = await asyncio.to_thread(self._state_or_unknown, s.pid)
+                    left = await self.offload(self._state_or_unknown, s.pid)
                     if left == "failed":
                         return self._failed(s, exc)
                     if s.at_risk and _code(exc) not in (None, "CUDA_ERROR_OUT_OF_MEMORY"):
                         return self._lost(s, exc)  # #44: 304 after an out-of-memory
                     s.state, s.attempts = "restore_failed", s.attempts + 1
                     s.restore_error = str(exc)
-                    s.next_retry = utcnow() + timedelta(seconds=delay)
+                    s.next_retry = self.now() + timedelta(seconds=delay)
                     if previous != "restore_failed" or s.attempts % 5 == 1:
                         self.log.warning("fracspawner: kernel %s: %s", s.kernel_id, exc)
                     if _gpu_full(exc):
@@ -648,7 +656,7 @@ class Hibernator(LoggingConfigurable):
                     continue
                 seconds = round(time.monotonic() - started, 3)
                 self._done_waiting(s)
-                s.state, s.last_resume_seconds, s.last_resumed_at = "running", seconds, utcnow()
+                s.state, s.last_resume_seconds, s.last_resumed_at = "running", seconds, self.now()
                 s.restore_error, s.next_retry, s.attempts = None, None, 0
                 self.resumes = [
                     *self.resumes[-(HISTORY - 1) :],
@@ -666,7 +674,7 @@ class Hibernator(LoggingConfigurable):
         """None: restore now. A Room saying why not where the process's GPU state is in host
         memory and nothing says the physical GPU has room for it (room.py)."""
         assert s.pid is not None
-        if await asyncio.to_thread(self._state_or_unknown, s.pid) != "checkpointed":
+        if await self.offload(self._state_or_unknown, s.pid) != "checkpointed":
             return None  # locked (an unlock), running, failed, gone: no memory to bring back
         if self.room is None:
             return Room(False, "nothing reads the GPU's free memory here")
@@ -682,7 +690,7 @@ class Hibernator(LoggingConfigurable):
         first = not s.gpu_full or s.waiting_since is None
         s.gpu_full, s.wait_why = True, room.why
         if s.waiting_since is None:
-            s.waiting_since = utcnow()
+            s.waiting_since = self.now()
         if first:
             self.log.info("fracspawner: kernel %s waits for room: %s", s.kernel_id, room.why)
             for started in list(self.on_waiting):
@@ -697,7 +705,7 @@ class Hibernator(LoggingConfigurable):
                     f"({room.why}), so it waits in host memory and your cell runs as soon as "
                     "there is room (it is never restored into a full GPU).",
                 )
-        waited = (utcnow() - s.waiting_since).total_seconds()
+        waited = (self.now() - s.waiting_since).total_seconds()
         if waited >= self.wait_bound and not s.escalated:
             s.escalated = True
             self._notify(s.kernel_id, self._escalation(waited, room))
@@ -730,12 +738,12 @@ class Hibernator(LoggingConfigurable):
         s = self.kernels.get(kernel_id)
         if s is None or not s.waiting():
             return
-        s.grant_mib, s.grant_until = mib, utcnow() + timedelta(seconds=seconds)
+        s.grant_mib, s.grant_until = mib, self.now() + timedelta(seconds=seconds)
         s.wake.set()
 
     def granted(self, s: KernelSleep) -> float | None:
         """The culler's grant for `s` in force now, or None."""
-        if s.grant_until is None or s.grant_until <= utcnow():
+        if s.grant_until is None or s.grant_until <= self.now():
             return None
         return s.grant_mib
 

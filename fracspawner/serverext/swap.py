@@ -35,7 +35,7 @@ from typing import Any
 from traitlets import Float
 from traitlets.config import LoggingConfigurable
 
-from .podinfo import isoformat, utcnow
+from .podinfo import isoformat
 from .room import Room, environ_grant_only, room_for, virtualised_nvml
 
 MAX_ORDERS = 16  # kernels one answer may name (a server has a few)
@@ -144,7 +144,7 @@ class SwapAgent(LoggingConfigurable):
             mib,
         )
         self.monitor.hibernator.forget(kernel_id)
-        at = isoformat(utcnow())
+        at = isoformat(self.monitor.hibernator.now())
         self.monitor.culled = [
             *self.monitor.culled[-49:],
             {"id": kernel_id, "at": at, "gpu_memory_mib": round(mib, 1)},
@@ -219,24 +219,31 @@ class SwapAgent(LoggingConfigurable):
     async def _watch_room(self) -> None:
         """While kernels wait for room: wake each as soon as the device shows room for it (the
         hibernator looks again, with the margin, before it restores)."""
-        hib = self.monitor.hibernator
         while True:
-            waiting = [s for s in hib.kernels.values() if s.waiting()]
-            if not waiting:
+            if not self.wake_if_room():
                 return
-            free = self._free_mib()
-            for s in sorted(waiting, key=lambda w: w.memory_mib):
-                # granted: the culler kept the margin; the reading need only show the room
-                granted = hib.granted(s) is not None
-                margin = 0.0 if granted else self.restore_margin_mib
-                if (
-                    free is not None
-                    and (granted or self.grant_only is None)
-                    and (free - margin >= s.memory_mib)
-                ):
-                    hib.retry_now(s.kernel_id)
-                    free -= s.memory_mib
             await asyncio.sleep(self.room_check)
+
+    def wake_if_room(self) -> bool:
+        """One look of `_watch_room`: wake each waiting kernel the device shows room for.
+        False when no kernel waits."""
+        hib = self.monitor.hibernator
+        waiting = [s for s in hib.kernels.values() if s.waiting()]
+        if not waiting:
+            return False
+        free = self._free_mib()
+        for s in sorted(waiting, key=lambda w: w.memory_mib):
+            # granted: the culler kept the margin; the reading need only show the room
+            granted = hib.granted(s) is not None
+            margin = 0.0 if granted else self.restore_margin_mib
+            if (
+                free is not None
+                and (granted or self.grant_only is None)
+                and (free - margin >= s.memory_mib)
+            ):
+                hib.retry_now(s.kernel_id)
+                free -= s.memory_mib
+        return True
 
     def _free_mib(self) -> float | None:
         """The device's free memory by the monitor's latest reading (one device only)."""
