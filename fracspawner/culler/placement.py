@@ -10,8 +10,13 @@ neighbours' idle kernels out. What binds a server to GPUs is its pod, as the API
 - the devices its allocation names, where the allocation names them: HAMi's
   `hami.io/vgpu-devices-allocated` annotation (`GPU-<uuid>,NVIDIA,<MiB>,<cores>:` per device,
   `;` per container; Project-HAMi/HAMi pkg/device/nvidia, `SupportDevices`);
+- on a DRA pool, the devices its ResourceClaims were allocated (draclaims.py, from the culler's
+  claim and slice watches): the claims the pod names (`spec.resourceClaims`; a template's
+  generated claim by `status.resourceClaimStatuses`, a DRA-backed extended resource's by
+  `status.extendedResourceClaimStatus`, KEP-5004), each device by the UUIDs its ResourceSlice
+  publishes;
 - how many devices it may see: the `nvidia.com/gpu` limit of its containers (a time-sliced
-  replica, a HAMi vGPU: one physical GPU each), at least one.
+  replica, a HAMi vGPU: one physical GPU each), or its claims' devices, at least one.
 
 The NVIDIA device plugin writes no device ids into the pod (the kubelet's pod-resources API has
 them, the API server does not), so on time-slicing the node and the count bind a report, and its
@@ -21,7 +26,7 @@ claim on all GPUs together is bounded by its slice (swapdesk.py).
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 HAMI_ALLOCATED = "hami.io/vgpu-devices-allocated"
@@ -35,6 +40,18 @@ class Placement:
     node: str | None
     gpus: int = 1  # devices it may see
     uuids: frozenset[str] | None = None  # those its allocation names; None: not named
+    # its ResourceClaims (namespace/name), whose allocation names its devices on a DRA pool
+    claims: tuple[str, ...] = ()
+    # it names a claim whose generated name is not in its status yet
+    claims_pending: bool = False
+
+    def with_claims(self, devices: tuple[frozenset[str], int] | None) -> Placement:
+        """Bound by its claims' devices (draclaims.DraClaims.devices: their UUIDs and how many
+        they are); unchanged while they are not known (the node and the count bind)."""
+        if devices is None or self.claims_pending or not self.claims:
+            return self
+        uuids, count = devices
+        return replace(self, uuids=uuids, gpus=max(1, count))
 
 
 def hami_uuids(value: str) -> frozenset[str]:
@@ -55,6 +72,35 @@ def _count(value: Any) -> int:
         return 0
 
 
+def pod_claims(pod: Mapping[str, Any]) -> tuple[tuple[str, ...], bool]:
+    """The ResourceClaims (namespace/name) a pod uses, and whether one of them is not named
+    yet (a template's claim before the resourceclaim controller writes its name into the
+    pod's status). An entry whose status names no claim needed none (types.go
+    PodResourceClaimStatus)."""
+    meta, spec, status = (pod.get(k) or {} for k in ("metadata", "spec", "status"))
+    namespace = meta.get("namespace", "")
+    generated = {
+        s.get("name"): s.get("resourceClaimName")
+        for s in status.get("resourceClaimStatuses") or ()
+        if isinstance(s, Mapping)
+    }
+    names, pending = [], False
+    for entry in spec.get("resourceClaims") or ():
+        if not isinstance(entry, Mapping):
+            continue
+        if entry.get("resourceClaimName"):
+            names.append(str(entry["resourceClaimName"]))
+        elif entry.get("resourceClaimTemplateName"):
+            if entry.get("name") not in generated:
+                pending = True
+            elif generated[entry.get("name")]:
+                names.append(str(generated[entry.get("name")]))
+    extended = (status.get("extendedResourceClaimStatus") or {}).get("resourceClaimName")
+    if extended:
+        names.append(str(extended))
+    return tuple(f"{namespace}/{n}" for n in dict.fromkeys(names)), pending
+
+
 def placement_of(pod: Mapping[str, Any]) -> Placement:
     meta, spec = pod.get("metadata") or {}, pod.get("spec") or {}
     annotations = meta.get("annotations") or {}
@@ -66,4 +112,7 @@ def placement_of(pod: Mapping[str, Any]) -> Placement:
         count += sum(_count(limits.get(r, 0)) for r in GPU_RESOURCES)
     gpus = max(1, count, len(uuids or ()))
     node = spec.get("nodeName")
-    return Placement(node if isinstance(node, str) and node else None, gpus, uuids or None)
+    claims, pending = pod_claims(pod)
+    return Placement(
+        node if isinstance(node, str) and node else None, gpus, uuids or None, claims, pending
+    )

@@ -9,7 +9,10 @@ get 429. An address this watch knows as a server pod's (KubeSpawner's pods carry
 spends a budget of its own instead, which nobody else can spend.
 
 The same watch says where each server pod is (its node, the GPUs its allocation names:
-placement.py), which binds a server's reports to the GPUs it may be on (swapdesk.py).
+placement.py), which binds a server's reports to the GPUs it may be on (swapdesk.py). On DRA
+pools (`dra=True`) the allocation is in the pods' ResourceClaims (this namespace's) and the
+device UUIDs in the ResourceSlices (cluster-scoped): two more list+watch loops fill a
+draclaims.DraClaims, read when a placement is asked for.
 
 One list, then watches resumed from its resourceVersion (capacity/rawwatch.py watch_once, the
 loop the other pod watches share); a lost watch relists after a backoff, a 410 at once. Until
@@ -27,6 +30,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from ..capacity.apiconfig import load_configuration
+from .draclaims import DraClaims
 from .placement import Placement, placement_of
 
 log = logging.getLogger(__name__)
@@ -55,15 +59,19 @@ class ServerPods:
         selector: str = SERVER_SELECTOR,
         kubeconfig: str | None = None,
         max_backoff: float = 30.0,
+        dra: bool = False,
     ) -> None:
         self.namespace, self.selector, self.kubeconfig = namespace, selector, kubeconfig
         self.max_backoff = max_backoff
+        #: the pods' claims and the devices' UUIDs (DRA pools); None: not watched
+        self.dra: DraClaims | None = DraClaims() if dra else None
         self._by_pod: dict[str, set[str]] = {}  # namespace/name -> its addresses
         self._addresses: dict[str, str] = {}  # address -> namespace/name
         self._placements: dict[str, Placement] = {}  # namespace/name -> node and GPUs
-        self._task: asyncio.Task | None = None
+        self._tasks: list[asyncio.Task] = []
         self.listed = asyncio.Event()
         self.failures = 0
+        self._failures: dict[str, int] = {}  # per watched kind
 
     def known(self, address: str) -> bool:
         return address in self._addresses
@@ -76,9 +84,13 @@ class ServerPods:
         None when the watch does not know it."""
         ns = namespace if namespace is not None else self.namespace
         if ns:
-            return self._placements.get(f"{ns}/{name}")
-        found = [p for key, p in self._placements.items() if key.split("/", 1)[1] == name]
-        return found[0] if len(found) == 1 else None  # the same name in two namespaces: unsure
+            found = self._placements.get(f"{ns}/{name}")
+        else:
+            named = [p for key, p in self._placements.items() if key.split("/", 1)[1] == name]
+            found = named[0] if len(named) == 1 else None  # in two namespaces: unsure
+        if found is None or self.dra is None or not found.claims:
+            return found
+        return found.with_claims(self.dra.devices(found.claims))
 
     # -- the index
     @staticmethod
@@ -110,91 +122,123 @@ class ServerPods:
         for pod in pods:
             self.put(pod)
 
-    # -- the watch
+    # -- the watches
     def start(self) -> None:
-        if self._task is None:
-            self._task = asyncio.ensure_future(self._run())
+        if not self._tasks:
+            self._tasks = [asyncio.ensure_future(self._run())]
 
     async def stop(self) -> None:
-        if self._task is not None:
-            self._task.cancel()
-            await asyncio.wait([self._task], timeout=5)
-            self._task = None
+        for task in self._tasks:
+            task.cancel()
+        if self._tasks:
+            await asyncio.wait(self._tasks, timeout=5)
+        self._tasks = []
 
-    def _call(self, v1: Any) -> tuple[Any, dict[str, Any]]:
-        if self.namespace:
-            return v1.list_namespaced_pod, {"namespace": self.namespace}
-        return v1.list_pod_for_all_namespaces, {}
-
-    async def _list(self, v1: Any) -> str:
+    def _watches(self, api: Any) -> list[tuple[str, Any, dict[str, Any], Any, Any, Any]]:
+        """(what, list call, its arguments, load, put, drop) per watched kind."""
         from kubernetes_asyncio import client
 
-        call, args = self._call(v1)
-        response = await call(
-            **args, label_selector=self.selector, _preload_content=False, _request_timeout=60
-        )
+        v1 = client.CoreV1Api(api)
+        if self.namespace:
+            pods = v1.list_namespaced_pod, {"namespace": self.namespace}
+        else:
+            pods = v1.list_pod_for_all_namespaces, {}
+        out = [
+            ("server pods", *pods, self._loaded, self.put, self.drop),
+        ]
+        if self.dra is not None:
+            resource = client.ResourceV1Api(api)
+            if self.namespace:
+                claims = resource.list_namespaced_resource_claim, {"namespace": self.namespace}
+            else:
+                claims = resource.list_resource_claim_for_all_namespaces, {}
+            out += [
+                ("resource claims", *claims, self.dra.load_claims, self.dra.put_claim,
+                 self.dra.drop_claim),
+                ("resource slices", resource.list_resource_slice, {}, self.dra.load_slices,
+                 self.dra.put_slice, self.dra.drop_slice),
+            ]  # fmt: skip
+        return out
+
+    def _loaded(self, pods: list[dict[str, Any]]) -> None:
+        self.load(pods)
+        self.listed.set()
+
+    async def _list(self, call: Any, args: dict[str, Any], load: Any) -> str:
+        from kubernetes_asyncio import client
+
+        response = await call(**args, _preload_content=False, _request_timeout=60)
         body = await response.read()
         if response.status != 200:
             raise client.ApiException(status=response.status, reason=response.reason)
         listing = json.loads(body)
-        self.load(listing.get("items") or [])
-        self.listed.set()
+        load(listing.get("items") or [])
         return str((listing.get("metadata") or {}).get("resourceVersion") or "0")
-
-    async def _watch(self, v1: Any, version: str) -> str:
-        from ..capacity.rawwatch import watch_once  # kubernetes_asyncio: only when watching
-
-        call, args = self._call(v1)
-        return await watch_once(
-            call,
-            version,
-            put=self.put,
-            drop=self.drop,
-            delivered=self._back,
-            label_selector=self.selector,
-            timeout_seconds=300,
-            allow_watch_bookmarks=True,
-            _request_timeout=330,  # silent much longer than the server's timeout: dead
-            **args,
-        )
 
     async def _run(self) -> None:
         from kubernetes_asyncio import client
 
         configuration = await load_configuration(self.kubeconfig)
         async with client.ApiClient(configuration) as api:
-            v1 = client.CoreV1Api(api)
-            version: str | None = None
-            while True:
-                try:
-                    if version is None:
-                        version = await self._list(v1)
-                    version = await self._watch(v1, version)
-                    self._back()
-                except asyncio.CancelledError:
-                    raise
-                except client.ApiException as exc:
-                    version = None
-                    if exc.status == 410:  # too old to resume from: relist now
-                        continue
-                    await self._lost(exc)
-                except Exception as exc:  # connection lost, a bad answer: relist after a backoff
-                    version = None
-                    await self._lost(exc)
+            loops = [self._follow(*watch) for watch in self._watches(api)]
+            await asyncio.gather(*loops)
 
-    def _back(self) -> None:
-        if self.failures:
-            log.warning("watching server pods again")
-            self.failures = 0
+    async def _follow(
+        self, what: str, call: Any, args: dict[str, Any], load: Any, put: Any, drop: Any
+    ) -> None:
+        """List, then watch from the list's resourceVersion, for ever (capacity/rawwatch.py)."""
+        from kubernetes_asyncio import client
 
-    async def _lost(self, exc: BaseException) -> None:
-        self.failures += 1
-        delay = min(self.max_backoff, 0.8 * 2 ** (self.failures - 1))
-        if self.failures == 1 or self.failures % 10 == 0:
+        from ..capacity.rawwatch import watch_once  # kubernetes_asyncio: only when watching
+
+        if what == "server pods":
+            args = {**args, "label_selector": self.selector}
+        version: str | None = None
+        while True:
+            try:
+                if version is None:
+                    version = await self._list(call, args, load)
+                version = await watch_once(
+                    call,
+                    version,
+                    put=put,
+                    drop=drop,
+                    delivered=lambda: self._back(what),
+                    timeout_seconds=300,
+                    allow_watch_bookmarks=True,
+                    _request_timeout=330,  # silent much longer than the server's timeout: dead
+                    **args,
+                )
+                self._back(what)
+            except asyncio.CancelledError:
+                raise
+            except client.ApiException as exc:
+                version = None
+                if exc.status == 410:  # too old to resume from: relist now
+                    continue
+                await self._lost(what, exc)
+            except Exception as exc:  # connection lost, a bad answer: relist after a backoff
+                version = None
+                await self._lost(what, exc)
+
+    def _back(self, what: str) -> None:
+        if self._failures.get(what):
+            log.warning("watching %s again", what)
+            self._failures[what] = 0
+            self.failures = sum(self._failures.values())
+
+    async def _lost(self, what: str, exc: BaseException) -> None:
+        failures = self._failures[what] = self._failures.get(what, 0) + 1
+        self.failures = sum(self._failures.values())
+        delay = min(self.max_backoff, 0.8 * 2 ** (failures - 1))
+        if failures == 1 or failures % 10 == 0:
             log.warning(
-                "cannot watch server pods (%s); retrying in %.1f s (until then a server's "
-                "first report shares the budget of unknown senders)",
+                "cannot watch %s (%s); retrying in %.1f s (%s)",
+                what,
                 exc,
                 delay,
+                "until then a server's first report shares the budget of unknown senders"
+                if what == "server pods"
+                else "until then a DRA server's report is bound by its node and GPU count",
             )
         await asyncio.sleep(delay * (1 + random.random() * 0.2))
