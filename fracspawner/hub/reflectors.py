@@ -10,10 +10,12 @@ while nothing changes; it lists again only when the API server says the version 
 ListAndWatch / watchHandler). These reflectors do the same.
 
 What kubespawner reads stays as it is: `pods` / `events` / `resources` keyed "namespace/name",
-`first_load_future`, `start()` / `stop()`. A kept pod holds only the fields kubespawner and
-FracSpawner read (`slim_pod`: is_pod_running, poll, _get_pod_port/_get_pod_url, the queue
-check), unless the admin configured a `get_pod_url` hook, which may read any field: then whole
-pods are kept, less `metadata.managedFields`, which nothing reads. Events drop managedFields.
+`first_load_future`, `start()` / `stop()`. The pods are a `PodCache` (fracspawner.k8s.podcache):
+a read-only mapping keeping per pod only the fields kubespawner and FracSpawner read
+(is_pod_running, poll, _get_pod_port/_get_pod_url, the queue check), a few hundred bytes a pod,
+each read a fresh dict in the API's shape; unless the admin configured a `get_pod_url` hook,
+which may read any field: then whole pods are kept, less `metadata.managedFields`, which
+nothing reads. Events drop managedFields.
 
 Unlike kubespawner's, the loop never gives up: errors are retried with capped, jittered
 backoff as client-go does (800 ms doubling to 30 s). kubespawner calls `on_failure` after about
@@ -32,9 +34,11 @@ from typing import Any
 from kubernetes_asyncio import client
 from kubespawner.reflector import ResourceReflector
 from kubespawner.spawner import EventReflector, PodReflector
+from traitlets import Any as AnyTrait
 from traitlets import Float, Int
 
 from ..capacity.rawwatch import watch_once
+from ..k8s.podcache import PodCache
 
 #: a failing watch logs at warning level again after this many quiet retries
 _LOG_EVERY = 10
@@ -47,48 +51,6 @@ def slim(obj: dict[str, Any]) -> dict[str, Any]:
     if isinstance(metadata, dict) and "managedFields" in metadata:
         metadata.pop("managedFields")
     return obj
-
-
-_POD_METADATA = (
-    "name",
-    "namespace",
-    "uid",
-    "resourceVersion",
-    "creationTimestamp",  # the pending page: how long a queued pod has waited
-    "deletionTimestamp",
-)
-_CONTAINER_STATUS = ("name", "ready", "state", "restartCount")
-
-
-def slim_pod(pod: dict[str, Any]) -> dict[str, Any]:
-    """What kubespawner (KubeSpawner.poll, is_pod_running, _get_pod_port, _get_pod_url,
-    _start's uid) and FracSpawner (the queue: phase, nodeName, creationTimestamp) read of a
-    pod, in the API's shape; labels and annotations are kept for admins' code that looks at
-    the reflector."""
-    metadata = pod.get("metadata") or {}
-    spec = pod.get("spec") or {}
-    status = pod.get("status") or {}
-    kept_metadata = {k: metadata[k] for k in _POD_METADATA if k in metadata}
-    for key in ("labels", "annotations"):
-        if metadata.get(key):
-            kept_metadata[key] = metadata[key]
-    kept_spec: dict[str, Any] = {
-        "containers": [
-            {"name": c.get("name"), "ports": c.get("ports") or []}
-            for c in spec.get("containers") or []
-        ]
-    }
-    if "nodeName" in spec:
-        kept_spec["nodeName"] = spec["nodeName"]
-    kept_status: dict[str, Any] = {
-        "phase": status.get("phase"),
-        "podIP": status.get("podIP"),  # kubespawner reads it even before one is given
-    }
-    if "containerStatuses" in status:
-        kept_status["containerStatuses"] = [
-            {k: c[k] for k in _CONTAINER_STATUS if k in c} for c in status["containerStatuses"]
-        ]
-    return {"metadata": kept_metadata, "spec": kept_spec, "status": kept_status}
 
 
 def _key(obj: dict[str, Any]) -> str:
@@ -117,9 +79,9 @@ class ResumingReflector(ResourceReflector):
 
     _listed_version: str | None = None
 
-    def keep(self, obj: dict[str, Any]) -> dict[str, Any]:
-        """What is kept of a listed or watched object."""
-        return slim(obj)
+    def _fresh(self, items: list[dict[str, Any]]) -> Any:
+        """A new store holding a listing's objects (what `resources` is)."""
+        return {_key(item): slim(item) for item in items}
 
     async def _list_and_update(self, resource_version: str | None = None) -> str:
         """kubespawner's list, with what is kept slimmed; remembers the version so the watch
@@ -140,7 +102,7 @@ class ResumingReflector(ResourceReflector):
             raise client.ApiException(status=response.status, reason=response.reason)
         listing = json.loads(body)
         # one assignment: readers never see a half-built dictionary
-        self.resources = {_key(item): self.keep(item) for item in listing.get("items") or []}
+        self.resources = self._fresh(listing.get("items") or [])
         self.lists += 1
         if not self.first_load_future.done():
             self.first_load_future.set_result(None)
@@ -149,7 +111,7 @@ class ResumingReflector(ResourceReflector):
         return version
 
     def _put(self, obj: dict[str, Any]) -> None:
-        self.resources[_key(obj)] = self.keep(obj)
+        self.resources[_key(obj)] = slim(obj)
 
     def _drop(self, obj: dict[str, Any]) -> None:
         self.resources.pop(_key(obj), None)
@@ -222,13 +184,34 @@ class ResumingReflector(ResourceReflector):
 
 
 class ResumingPodReflector(ResumingReflector, PodReflector):
-    """kubespawner's PodReflector (`pods`), resumed instead of re-listed, keeping slim pods."""
+    """kubespawner's PodReflector (`pods`), resumed instead of re-listed, keeping what
+    kubespawner reads of each pod (a `PodCache`)."""
 
-    def keep(self, obj: dict[str, Any]) -> dict[str, Any]:
-        # an admin's get_pod_url hook may read any field of the pod: keep it whole then
-        if getattr(self.parent, "get_pod_url", None):
-            return slim(obj)
-        return slim_pod(obj)
+    resources = AnyTrait(
+        help="The pods, keyed namespace/name: a read-only PodCache, or a dict of whole pods "
+        "where an admin's get_pod_url hook may read any field."
+    )
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        # an admin's get_pod_url hook may read any field of the pod: keep pods whole then
+        self._whole = bool(getattr(self.parent, "get_pod_url", None))
+        self.resources = {} if self._whole else PodCache()
+
+    def _fresh(self, items: list[dict[str, Any]]) -> Any:
+        return super()._fresh(items) if self._whole else PodCache(items)
+
+    def _put(self, obj: dict[str, Any]) -> None:
+        if self._whole:
+            super()._put(obj)
+        else:
+            self.resources.put(obj)
+
+    def _drop(self, obj: dict[str, Any]) -> None:
+        if self._whole:
+            super()._drop(obj)
+        else:
+            self.resources.drop(obj)
 
 
 class ResumingEventReflector(ResumingReflector, EventReflector):

@@ -1,0 +1,183 @@
+"""The hub's pod reflector keeps, per pod, what kubespawner and FracSpawner read of it and no
+more (issue 37: watch memory), and reads back in the API's shape."""
+
+from __future__ import annotations
+
+import copy
+import gc
+import tracemalloc
+import uuid
+from typing import Any
+
+import pytest
+from kubespawner import KubeSpawner
+
+from fracspawner.k8s.podcache import PodCache
+
+
+def _pod(i: int = 0, **status: Any) -> dict[str, Any]:
+    """A single-user pod as the API server sends it (managedFields, env, volumes and all)."""
+    return {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {
+            "name": f"jupyter-user{i}",
+            "namespace": "jhub",
+            "uid": str(uuid.UUID(int=i + 12345)),
+            "resourceVersion": str(1000 + i),
+            "creationTimestamp": "2026-11-29T01:53:59Z",
+            "labels": {
+                "component": "singleuser-server",
+                "hub.jupyter.org/username": f"user{i}",
+                "app": "jupyterhub",
+            },
+            "annotations": {"hub.jupyter.org/username": f"user{i}"},
+            "managedFields": [{"manager": "kubespawner", "fieldsV1": {"f:spec": {}}}],
+        },
+        "spec": {
+            "nodeName": f"node-{i % 7}",
+            "containers": [
+                {
+                    "name": "notebook",
+                    "image": "quay.io/jupyter/base-notebook",
+                    "env": [{"name": "JUPYTERHUB_API_TOKEN", "value": "x" * 32}],
+                    "ports": [{"name": "notebook-port", "containerPort": 8888, "protocol": "TCP"}],
+                }
+            ],
+            "volumes": [{"name": "home", "emptyDir": {}}],
+        },
+        "status": {
+            "phase": "Running",
+            "podIP": f"10.1.{i // 250}.{i % 250}",
+            "conditions": [{"type": "Ready", "status": "True"}],
+            "containerStatuses": [
+                {
+                    "name": "notebook",
+                    "ready": True,
+                    "restartCount": 0,
+                    "image": "quay.io/jupyter/base-notebook",
+                    "state": {"running": {"startedAt": "2026-11-29T01:54:10Z"}},
+                }
+            ],
+            **status,
+        },
+    }
+
+
+def test_a_kept_pod_reads_back_as_what_kubespawner_reads():
+    cache = PodCache()
+    cache.put(_pod(3))
+    assert cache["jhub/jupyter-user3"] == {
+        "metadata": {
+            "name": "jupyter-user3",
+            "namespace": "jhub",
+            "uid": str(uuid.UUID(int=12348)),
+            "creationTimestamp": "2026-11-29T01:53:59Z",
+        },
+        "spec": {
+            "nodeName": "node-3",
+            "containers": [
+                {
+                    "name": "notebook",
+                    "ports": [{"name": "notebook-port", "containerPort": 8888, "protocol": "TCP"}],
+                }
+            ],
+        },
+        "status": {
+            "phase": "Running",
+            "podIP": "10.1.0.3",
+            "containerStatuses": [
+                {"name": "notebook", "ready": True, "restartCount": 0, "state": {"running": {}}}
+            ],
+        },
+    }
+    assert list(cache) == ["jhub/jupyter-user3"] and len(cache) == 1
+    assert "jhub/jupyter-user3" in cache and cache.get("jhub/other") is None
+
+
+def _variants() -> list[dict[str, Any]]:
+    pending = _pod(1, phase="Pending", podIP=None)
+    del pending["spec"]["nodeName"]
+    del pending["status"]["containerStatuses"]
+    terminated = _pod(2, phase="Failed")
+    terminated["status"]["containerStatuses"][0].update(
+        ready=False, state={"terminated": {"exitCode": 3, "reason": "Error", "startedAt": "x"}}
+    )
+    deleting = _pod(4)
+    deleting["metadata"]["deletionTimestamp"] = "2026-11-29T02:00:00Z"
+    unready = _pod(5)
+    unready["status"]["containerStatuses"][0]["ready"] = False
+    odd = _pod(6, podIP="fd00::6")  # IPv6, a uid that is no UUID, a fractional timestamp
+    odd["metadata"].update(uid="not-a-uuid", creationTimestamp="2026-11-29T01:53:59.25Z")
+    no_ports = _pod(7)
+    no_ports["spec"]["containers"][0].pop("ports")
+    return [_pod(0), pending, terminated, deleting, unready, odd, no_ports]
+
+
+def _containers_read(pod: dict[str, Any]) -> list[tuple] | None:
+    statuses = pod["status"].get("containerStatuses")
+    if statuses is None:
+        return None
+    return [(c["name"], c["ready"], "terminated" in c["state"]) for c in statuses]
+
+
+@pytest.mark.parametrize("raw", _variants(), ids=lambda p: p["metadata"]["name"])
+def test_kubespawner_reads_the_same_of_a_kept_pod_as_of_the_whole_pod(raw):
+    cache = PodCache()
+    cache.put(copy.deepcopy(raw))
+    kept = cache[f"jhub/{raw['metadata']['name']}"]
+    spawner = KubeSpawner.__new__(KubeSpawner)  # only its pure readers are called
+    assert spawner.is_pod_running(kept) == spawner.is_pod_running(raw)
+    assert spawner.pod_has_uid(kept) and kept["metadata"]["uid"] == raw["metadata"]["uid"]
+    for part in ("phase", "podIP"):
+        assert kept["status"][part] == raw["status"][part]
+    assert _containers_read(kept) == _containers_read(raw)
+    if "terminated" in str(raw["status"]):
+        state = kept["status"]["containerStatuses"][0]["state"]["terminated"]
+        assert state["exitCode"] == 3
+    assert kept["metadata"]["creationTimestamp"] == raw["metadata"]["creationTimestamp"]
+    assert ("deletionTimestamp" in kept["metadata"]) == ("deletionTimestamp" in raw["metadata"])
+    assert kept["spec"].get("nodeName") == raw["spec"].get("nodeName")
+    ports = raw["spec"]["containers"][0].get("ports")
+    if ports:
+        assert spawner._get_pod_port(kept) == 8888
+    else:
+        with pytest.raises(KeyError):
+            spawner._get_pod_port(kept)
+
+
+def test_a_read_is_a_fresh_copy_and_updates_and_drops_follow_the_watch():
+    cache = PodCache()
+    cache.put(_pod(1, phase="Pending"))
+    first = cache["jhub/jupyter-user1"]
+    first["status"]["phase"] = "Mangled"  # a reader changing its copy changes nothing kept
+    assert cache["jhub/jupyter-user1"]["status"]["phase"] == "Pending"
+    cache.put(_pod(1))
+    assert cache["jhub/jupyter-user1"]["status"]["phase"] == "Running"
+    cache.drop(_pod(1))
+    assert "jhub/jupyter-user1" not in cache and len(cache) == 0
+    cache.drop(_pod(1))  # dropping what is gone is no error
+
+
+def test_a_listing_replaces_everything_kept():
+    cache = PodCache([_pod(1), _pod(2)])
+    assert sorted(cache) == ["jhub/jupyter-user1", "jhub/jupyter-user2"]
+    assert [p["metadata"]["name"] for p in cache.values()] == ["jupyter-user1", "jupyter-user2"]
+
+
+def test_a_kept_pod_costs_a_few_hundred_bytes():
+    """kubespawner keeps each whole pod (several kB as parsed JSON, tens of kB on a real API
+    server); the cache keeps what is read: measured here with tracemalloc, not timed."""
+    raws = [_pod(i) for i in range(2000)]
+    gc.collect()
+    tracemalloc.start()
+    try:
+        before = tracemalloc.get_traced_memory()[0]
+        cache = PodCache(raws)
+        del raws
+        gc.collect()
+        held = tracemalloc.get_traced_memory()[0] - before
+    finally:
+        tracemalloc.stop()
+    assert len(cache) == 2000
+    assert held / 2000 < 320, f"{held / 2000:.0f} bytes a pod"
