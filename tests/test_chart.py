@@ -813,6 +813,32 @@ async def test_the_culler_server_pod_watch_makes_exactly_the_calls_its_role_gran
     assert "--Culler.watch_server_pods=True" in culler["containers"][0]["command"]
 
 
+async def test_the_culler_dra_watches_make_exactly_the_calls_its_roles_grant(
+    devcluster, monkeypatch
+):
+    """With dra.enabled the culler's watch also lists and watches the ResourceClaims in its
+    namespace and the cluster's ResourceSlices (Culler.watch_dra_claims, issue 36 item 4): its
+    calls are the rules of its Role and its ClusterRole, no more, no less."""
+    from kubernetes_asyncio.client import rest
+
+    from fracspawner.culler.serverpods import ServerPods
+
+    calls = _record_api_calls(monkeypatch, rest)
+    pods = ServerPods("default", kubeconfig=str(devcluster.kubeconfig), dra=True)
+    pods.start()
+    objs = objects(render({"dra": {"enabled": True}}))
+    granted = _rules(one(objs, "Role", "culler")) | _rules(one(objs, "ClusterRole", "culler"))
+    try:
+        await asyncio.wait_for(pods.listed.wait(), 30)
+        deadline = asyncio.get_running_loop().time() + 20
+        while set(calls) != granted:
+            assert asyncio.get_running_loop().time() < deadline, (calls, granted)
+            await asyncio.sleep(0.05)
+    finally:
+        await pods.stop()
+    assert len(granted) == 6 and not pods.failures
+
+
 def _rbac_verb(method: str, path: str, query: dict[str, Any]) -> tuple[str, str, str]:
     """(apiGroup, resource, verb) of one Kubernetes API request, as the apiserver's RBAC sees
     it (https://kubernetes.io/docs/reference/access-authn-authz/authorization/#determine-the-request-verb)."""

@@ -61,3 +61,41 @@ def test_the_claims_webhook_is_the_exports():
         claims=True,
     )
     assert mwc["webhooks"] == exported["webhooks"]
+
+
+def test_the_culler_watches_claims_and_slices_only_with_dra():
+    """Issue 36 item 4: with dra.enabled the culler binds a DRA server to the GPUs its claims
+    were allocated (Culler.watch_dra_claims): its Role adds ResourceClaims (list, watch, in the
+    hub's namespace) and a ClusterRole of its own the cluster-scoped ResourceSlices; without
+    DRA neither, nor the option."""
+    objs = objects(render({"dra": {"enabled": True}}))
+    role = one(objs, "Role", "culler")
+    assert sorted(rules_of(role)) == [
+        ("", "pods", "list"), ("", "pods", "watch"),
+        ("resource.k8s.io", "resourceclaims", "list"),
+        ("resource.k8s.io", "resourceclaims", "watch"),
+    ]  # fmt: skip
+    cluster = one(objs, "ClusterRole", "culler")
+    assert sorted(rules_of(cluster)) == [
+        ("resource.k8s.io", "resourceslices", v) for v in ("list", "watch")
+    ]
+    binding = one(objs, "ClusterRoleBinding", "culler")
+    assert binding["roleRef"]["name"] == cluster["metadata"]["name"]
+    assert [(s["name"], s["namespace"]) for s in binding["subjects"]] == [
+        (role["metadata"]["name"], NAMESPACE)
+    ]
+    command = one(objs, "Deployment", "culler")["spec"]["template"]["spec"]["containers"][0][
+        "command"
+    ]
+    assert "--Culler.watch_dra_claims=True" in command
+    plain = objects(render({}))
+    assert not [
+        o
+        for o in plain
+        if o["kind"] == "ClusterRole"
+        and o["metadata"]["labels"]["app.kubernetes.io/component"] == "culler"
+    ]
+    command = one(plain, "Deployment", "culler")["spec"]["template"]["spec"]["containers"][0][
+        "command"
+    ]
+    assert "--Culler.watch_dra_claims=True" not in command

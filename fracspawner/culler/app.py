@@ -212,6 +212,15 @@ class Culler(CullerApplication):
         "culler restart, random tokens from other pods cannot make real servers' first "
         "reports wait.",
     )
+    watch_dra_claims = Bool(
+        False,
+        config=True,
+        help="With watch_server_pods, also watch the ResourceClaims in `namespace` and the "
+        "cluster's ResourceSlices (RBAC: resourceclaims list, watch in the namespace; "
+        "resourceslices list, watch: the chart grants them with dra.enabled), so that a DRA "
+        "pool's server is bound to the GPUs its claims were allocated, by the UUIDs the "
+        "slices publish. Without it a DRA server is bound by its pod's node and GPU count.",
+    )
     server_pod_selector = Unicode(
         "component=singleuser-server",
         config=True,
@@ -672,6 +681,7 @@ class Culler(CullerApplication):
                 self.namespace,
                 selector=self.server_pod_selector,
                 kubeconfig=self.kubeconfig or None,
+                dra=self.watch_dra_claims,
             )
             self.server_pods.start()
 
