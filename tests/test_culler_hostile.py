@@ -881,3 +881,57 @@ async def test_one_report_naming_128_gpus_moves_no_one_elses_kernels(
             swap_report(["GPU-B"], {f"{user}-k": T4 / 4}), token=f"{user}-token"
         )
         assert not (answer or {}).get("swap", {}).get("hibernate"), (user, answer)
+
+
+DRA_POOL = {
+    "pools": {"t4-dra": {"gpu": "T4", "backend": "dra", "options": {"sharing": "memory"},
+                         "offers": ["1/4"]}},
+    "access": {"default": {"pools": "all", "max_gpu": 1}},
+}  # fmt: skip
+
+
+async def test_a_dra_report_naming_a_gpu_its_claim_was_not_allocated_takes_no_room_there(
+    receiver, tmp_path
+):
+    """Issue 36 item 4 on a DRA pool, through the culler's own answer to reports: Vic's claim
+    was allocated gpu-0 of node-a, Mallory's gpu-1 (the claims' allocation results, the UUIDs
+    from the node's ResourceSlice: tests/test_culler_placement_dra.py). Mallory reports Vic's
+    GPU with a resume of half of it waiting since before Vic's quarter: counted there she would
+    get the room and Vic's kernel would be told the GPU is full. Her claim is not on it: Vic's
+    kernel gets the room."""
+    from fracspawner.culler.serverpods import ServerPods
+    from tests.test_culler_placement_dra import claim, node_slice, pod, uuid
+
+    path = tmp_path / "catalog.yaml"
+    path.write_text(json.dumps(DRA_POOL))
+    culler = receiver.culler
+    culler.catalog, culler.namespace, culler._catalog = str(path), "jhub", None
+    culler.initialize([])
+    for user in ("vic", "mallory"):
+        receiver.hub.tokens[f"{user}-token"] = {
+            "kind": "user", "name": user,
+            "scopes": [f"access:servers!server={user}/gpu", f"users:activity!user={user}"],
+        }  # fmt: skip
+        now = datetime.now(timezone.utc).isoformat()
+        receiver.hub.servers.setdefault(user, {})["gpu"] = {
+            "user_options": {"gpu": "1/4", "pool": "t4-dra"}, "started": now,
+            "last_activity": now,
+        }  # fmt: skip
+    await culler.cull_once()
+    pods = ServerPods("jhub", dra=True)
+    pods.load([pod(f"{u}--gpu", "node-a", template=f"{u}-gpu-1") for u in ("vic", "mallory")])
+    pods.dra.load_claims(
+        [claim(f"{u}-gpu-1", ("node-a", f"gpu-{i}"), memory="3840Mi")
+         for i, u in enumerate(("vic", "mallory"))]
+    )  # fmt: skip
+    pods.dra.load_slices([node_slice("node-a")])
+    culler.server_pods = pods
+    gpu0 = uuid("node-a", 0)
+    mallory = swap_report([gpu0], {"m1": T4 / 4}, waiting=T4 / 2, state="busy")
+    code, answer, _ = await receiver.post(mallory, token="mallory-token")
+    assert code in (200, 204), answer
+    assert not (answer or {}).get("swap", {}).get("resume"), answer
+    code, answer, _ = await receiver.post(swap_report([gpu0], {}, waiting=T4 / 4),
+                                          token="vic-token")  # fmt: skip
+    assert code == 200, answer
+    assert answer["swap"].get("resume") == [{"kernel_id": "w0", "gpu_memory_mib": T4 / 4}], answer
