@@ -30,6 +30,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from ..capacity.apiconfig import load_configuration
+from ..k8s.forbidden import refused
 from .draclaims import DraClaims
 from .placement import Placement, placement_of
 
@@ -170,7 +171,9 @@ class ServerPods:
         response = await call(**args, _preload_content=False, _request_timeout=60)
         body = await response.read()
         if response.status != 200:
-            raise client.ApiException(status=response.status, reason=response.reason)
+            refused = client.ApiException(status=response.status, reason=response.reason)
+            refused.body = body  # the apiserver's Status: a 403 names what RBAC refused
+            raise refused
         listing = json.loads(body)
         load(listing.get("items") or [])
         return str((listing.get("metadata") or {}).get("resourceVersion") or "0")
@@ -227,6 +230,33 @@ class ServerPods:
             self._failures[what] = 0
             self.failures = sum(self._failures.values())
 
+    def _why(self, what: str, exc: BaseException) -> str:
+        """What went wrong, in words: for a 403 the apiserver's message and what in the chart
+        grants the watch (rbac.yaml: the culler's Role, and with DRA its ClusterRole)."""
+        where = f"in namespace {self.namespace}" if self.namespace else "in every namespace"
+        cluster_scoped = what == "resource slices"
+        resource = {"server pods": "pods"}.get(what, what)
+
+        def grant(account: str | None) -> str:
+            role = (
+                "the chart's culler ClusterRole (dra.enabled)"
+                if cluster_scoped
+                else f"the chart's Role {account or '<release>-culler'}"
+            )
+            return (
+                f"{role} grants list and watch on {resource}: check that rbac.create is true and "
+                "that the chart's Roles and bindings are installed as it renders them, or turn "
+                "the watch off (culler.watchServerPods=false)"
+            )
+
+        words = refused(
+            exc,
+            component="the culler",
+            needs=f"list and watch {resource} " + ("(cluster-scoped)" if cluster_scoped else where),
+            grant=grant,
+        )
+        return words or str(exc).strip()
+
     async def _lost(self, what: str, exc: BaseException) -> None:
         failures = self._failures[what] = self._failures.get(what, 0) + 1
         self.failures = sum(self._failures.values())
@@ -235,7 +265,7 @@ class ServerPods:
             log.warning(
                 "cannot watch %s (%s); retrying in %.1f s (%s)",
                 what,
-                exc,
+                self._why(what, exc),
                 delay,
                 "until then a server's first report shares the budget of unknown senders"
                 if what == "server pods"
