@@ -181,3 +181,15 @@ def test_a_kept_pod_costs_a_few_hundred_bytes():
         tracemalloc.stop()
     assert len(cache) == 2000
     assert held / 2000 < 320, f"{held / 2000:.0f} bytes a pod"
+
+
+def test_comparing_two_caches_reads_no_pod(monkeypatch):
+    """traitlets compares a reflector's old `resources` with the new listing's: a Mapping's
+    equality would build every kept pod (20,000 dicts at each list)."""
+    old, new = PodCache([_pod(1)]), PodCache([_pod(1)])
+
+    def unread(self, key):
+        raise AssertionError(f"{key} read")
+
+    monkeypatch.setattr(PodCache, "__getitem__", unread)
+    assert old != new and old == old

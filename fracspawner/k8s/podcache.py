@@ -204,6 +204,13 @@ class PodCache(Mapping[str, dict[str, Any]]):
             status["containerStatuses"] = [_container_status(*kept) for kept in statuses]
         return {"metadata": metadata, "spec": spec, "status": status}
 
+    # equal only to itself: traitlets compares a reflector's old and new `resources` on each
+    # list, and a Mapping's equality would build every kept pod to do it
+    def __eq__(self, other: object) -> bool:
+        return self is other
+
+    __hash__ = object.__hash__
+
     def __contains__(self, key: object) -> bool:
         return key in self._pods
 
