@@ -6,6 +6,7 @@
 //	kube-controlplane kube-apiserver ...            (kube-apiserver's own flags)
 //	kube-controlplane kube-scheduler ...
 //	kube-controlplane kube-controller-manager ...
+//	kube-controlplane kubelet-api --port N --tls-cert-file F --tls-private-key-file K --client-ca-file CA --pods-dir DIR
 //	kube-controlplane version
 package main
 
@@ -26,7 +27,7 @@ import (
 )
 
 func usage() {
-	fmt.Fprintln(os.Stderr, "usage: kube-controlplane etcd|kube-apiserver|kube-scheduler|kube-controller-manager|version [flags]")
+	fmt.Fprintln(os.Stderr, "usage: kube-controlplane etcd|kube-apiserver|kube-scheduler|kube-controller-manager|kubelet-api|version [flags]")
 }
 
 func main() {
@@ -39,6 +40,8 @@ func main() {
 	switch name {
 	case "etcd":
 		os.Exit(runEtcd(args))
+	case "kubelet-api":
+		os.Exit(runKubeletAPI(args))
 	case "version":
 		printVersion()
 		return
