@@ -15,7 +15,13 @@ culler's to give. The rule, per GPU:
 - room: the GPU's size less that, less the grants still in force (granted, not yet seen back);
 - the waiting kernels, oldest wait first, are granted while they fit. The first that does not
   fit stops the walk (a large kernel is not overtaken for ever by small ones) unless it asks
-  for more than its slice: such a claim waits for room without holding up the others.
+  for more than its slice: such a claim waits for room without holding up the others;
+- a server's claim on the GPUs together is its slice: what it holds and what its kernels that
+  waited longer ask count against it (swapdesk.py gives each waiter what is left of its
+  server's slice as `cap_mib`), and a kernel beyond it is served only after every kernel
+  within its server's slice, with the room they leave (it may still come back: time-slicing
+  enforces nothing, and only a grant restores it). Four kernels of one server waiting a slice
+  each do not take the room of a neighbour who waited after the first.
 """
 
 from __future__ import annotations
@@ -54,13 +60,17 @@ def plan_grants(
     live = {w.key for w in waiters}
     room = size_mib - on_gpu_mib - sum(m for k, m in granted.items() if k in live)
     out = [w.key for w in waiters if w.key in granted]
-    for w in waiters:
-        if w.key in granted:
-            continue
+    new = [w for w in waiters if w.key not in granted]
+
+    def within(w: Waiter) -> bool:
+        return min(max(w.mib, 0.0), size_mib) <= w.cap_mib
+
+    # those within their server's slice first, in the order of their wait; then the others
+    for w in [w for w in new if within(w)] + [w for w in new if not within(w)]:
         need = min(max(w.mib, 0.0), size_mib)
         if need <= room:
             out.append(w.key)
             room -= need
-        elif need <= w.cap_mib:
+        elif within(w):
             break  # first come, first served
     return out

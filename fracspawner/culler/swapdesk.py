@@ -257,13 +257,14 @@ class SwapDesk:
         for s in seats:
             if not s.fresh:
                 continue
+            left = slice_left(s)
             for g in s.facts.gpus:
                 if g.uuid != uuid:
                     continue
                 if g.used_mib is not None:
                     readings.append(g.used_mib)
                 waiters += [
-                    Waiter(s.user, s.server, w.kernel_id, w.mib, w.since, s.cap_mib)
+                    Waiter(s.user, s.server, w.kernel_id, w.mib, w.since, left[w.kernel_id])
                     for w in g.waiting
                 ]
         mine = [w for w in waiters if (w.user, w.server) == (user, server)]
@@ -286,6 +287,21 @@ class SwapDesk:
             else:
                 wait.append({"kernel_id": w.kernel_id, "reason": "the GPU is full"})
         return unsure
+
+
+def slice_left(seat: Seat) -> dict[str, float]:
+    """What is left of a server's slice for each of its waiting kernels (kernel id -> MiB),
+    in the order of their wait: its slice less what it holds on all its GPUs, less what its
+    kernels that waited longer ask (grants.py: one server's claim is its slice)."""
+    left = max(0.0, seat.cap_mib - sum(max(g.resident_mib, 0.0) for g in seat.facts.gpus))
+    out = {}
+    waiting = sorted(
+        (w for g in seat.facts.gpus for w in g.waiting), key=lambda w: (w.since, w.kernel_id)
+    )
+    for w in waiting:
+        out[w.kernel_id] = left
+        left = max(0.0, left - max(w.mib, 0.0))
+    return out
 
 
 def seats_from(

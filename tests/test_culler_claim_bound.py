@@ -1,0 +1,73 @@
+"""Issue 36 item 4: one server's claim on all its GPUs together is bounded by its slice, for
+the room the culler grants to waiting resumes too (grants.py).
+
+A server's word counts at most its slice for pressure (swapdesk.bind). Its waiting kernels'
+grants were bounded one by one: each kernel at most the slice, so a server could report four
+kernels waiting a quarter each and take the whole room before a neighbour who waited after it.
+Now what it already holds and what its earlier waiting kernels ask count against its slice; a
+kernel beyond it is served only after every kernel within its server's slice (a kernel above
+its slice may still come back: time-slicing enforces nothing, and only its grant restores it).
+"""
+
+from __future__ import annotations
+
+from fracspawner.culler.grants import Waiter, plan_grants
+from fracspawner.culler.swapdesk import SwapDesk
+from tests.test_overcommit_pressure import QUARTER, SIZE, kernel, report, seat
+
+
+def waiting(*kernels: tuple[str, str], resident: float = 0.0, used: float = 2 * QUARTER) -> dict:
+    """A report with kernels (id, since) waiting a quarter each, and `resident` MiB held by a
+    running kernel r; the device reads `used`."""
+    held = [kernel("r", resident, "2026-01-01T09:00:00Z")] if resident else []
+    return report(
+        held,
+        waiting=[
+            {"kernel_id": k, "gpu_memory_mib": QUARTER, "since": since} for k, since in kernels
+        ],
+        used=used,
+    )
+
+
+def test_one_servers_waiting_kernels_together_get_at_most_its_slice_before_others():
+    """Half the GPU is free (two quarters resident). Mallory (a quarter) waits with four
+    kernels since before Vic's one: she gets one quarter, Vic the other, and her three others
+    wait."""
+    desk = SwapDesk(report_in=10)
+    seats = [
+        seat("u1", report([kernel("k1", QUARTER, "2026-01-01T10:00:00Z")])),
+        seat("u2", report([kernel("k2", QUARTER, "2026-01-01T10:00:00Z")])),
+        seat("mallory", waiting(*[(f"m{i}", f"2026-01-01T11:00:0{i}Z") for i in range(4)])),
+        seat("vic", waiting(("v", "2026-01-01T11:30:00Z"))),
+    ]
+    got = desk.answer("mallory", "", seats, now=100.0)["swap"]
+    assert got.get("resume") == [{"kernel_id": "m0", "gpu_memory_mib": QUARTER}], got
+    got = desk.answer("vic", "", seats, now=101.0)["swap"]
+    assert got.get("resume") == [{"kernel_id": "v", "gpu_memory_mib": QUARTER}], got
+
+
+def test_what_a_server_holds_counts_against_its_slice_for_its_waiting_kernels():
+    """Ann already holds her quarter; her second kernel waits since before Vic's: it is beyond
+    her slice, so Vic's quarter comes first, and hers only with room left."""
+    desk = SwapDesk(report_in=10)
+    full = 3 * QUARTER  # every reading: room for one quarter
+    seats = [
+        seat("u1", report([kernel("k1", QUARTER, "2026-01-01T10:00:00Z")], used=full)),
+        seat("ann", waiting(("a2", "2026-01-01T11:00:00Z"), resident=QUARTER, used=full)),
+        seat("vic", waiting(("v", "2026-01-01T11:30:00Z"), used=full)),
+    ]
+    got = desk.answer("ann", "", seats, now=100.0)["swap"]
+    assert not got.get("resume"), got
+    got = desk.answer("vic", "", seats, now=101.0)["swap"]
+    assert got.get("resume") == [{"kernel_id": "v", "gpu_memory_mib": QUARTER}], got
+
+
+def test_a_kernel_beyond_its_slice_comes_after_those_within_and_holds_no_one_up():
+    a = Waiter("ua", "", "ka", QUARTER, since=1.0, cap_mib=0.0)  # beyond its server's slice
+    b = Waiter("ub", "", "kb", QUARTER, since=2.0, cap_mib=QUARTER)
+    assert plan_grants(SIZE, 3 * QUARTER, [a, b], {}) == [b.key]
+    assert plan_grants(SIZE, 2 * QUARTER, [a, b], {}) == [b.key, a.key]
+    big = Waiter("uc", "", "kc", 2 * QUARTER, since=0.0, cap_mib=2 * QUARTER)
+    # a kernel within its slice that does not fit still stops the walk (first come, first
+    # served): nobody overtakes it, beyond a slice or not
+    assert plan_grants(SIZE, 3 * QUARTER, [big, a, b], {}) == []
