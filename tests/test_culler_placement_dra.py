@@ -308,3 +308,51 @@ def test_a_dra_claim_sharing_a_device_counts_its_slice_there_and_nowhere_else():
     assert by_user["nia"].may_be_on(f"node-a/{gpu0}")
     assert not by_user["wes"].may_be_on(f"node-a/{gpu0}")
     assert by_user["wes"].may_be_on(f"node-a/{uuid('node-a', 1)}")
+
+
+async def test_the_watches_bind_a_server_to_the_gpu_its_container_was_given(tmp_path):
+    """On the devcluster (the resourceclaim controller, the scheduler's allocation, NVIDIA's
+    plugin's slices, the kubelet's CDI env: devcluster/dra), two server pods claim 10Gi of a
+    two-GPU node with consumable shares. The culler's watches list pods, claims and slices
+    from the API server as the chart runs them, and each server's placement is the one GPU
+    UUID its container was given, which is what its NVML reports."""
+    import asyncio
+
+    from devcluster import DevCluster
+    from devcluster.admission import RequestInfo
+    from tests.devcluster_helpers import poll
+    from tests.test_devcluster_dra import TEMPLATES, gpu_pod, template
+
+    topology = {"nodes": [{"name": "gpu-a", "capacity": {"cpu": "64", "memory": "512Gi"},
+                           "dra": {"gpus": 2, "model": "H100-80GB",
+                                   "consumableShares": "memory"}}]}  # fmt: skip
+    request = {"exactly": {"deviceClassName": "gpu.nvidia.com",
+                           "capacity": {"requests": {"memory": "10Gi"}}}}  # fmt: skip
+    async with DevCluster(topology, state_dir=tmp_path / "state") as cluster:
+        body = template("t4-dra-10gi", request)
+        await cluster.api_create(TEMPLATES, "v1", "default", body, RequestInfo())
+        for name in ("jupyter-ann", "jupyter-bob"):
+            pod_ = gpu_pod(name, template_name="t4-dra-10gi")
+            pod_["metadata"]["labels"] = {"component": "singleuser-server"}
+            await cluster.api_create("pods", "v1", "default", pod_, RequestInfo())
+
+        def given(name: str) -> str | None:
+            log = cluster.kubelet.pod_dir("default", name) / "container.log"
+            text = log.read_text() if log.exists() else ""
+            return text.partition("devices=")[2].strip() or None
+
+        names = ("jupyter-ann", "jupyter-bob")
+        seen = {n: await poll(lambda n=n: given(n), f"{n}'s devices") for n in names}
+        watch = ServerPods("default", kubeconfig=str(cluster.kubeconfig_path), dra=True)
+        watch.start()
+        try:
+            await asyncio.wait_for(watch.listed.wait(), 30)
+            for name, device in seen.items():
+                placement = await poll(
+                    lambda name=name: (p := watch.placement(name)) and p.uuids and p,
+                    f"{name}'s claim and slice watched",
+                )
+                assert (placement.node, placement.gpus) == ("gpu-a", 1)
+                assert placement.uuids == {device}, (name, placement, device)
+        finally:
+            await watch.stop()
