@@ -24,8 +24,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from . import volumes
-from .network import NSENTER, Network
+from . import bindmounts, volumes
+from .network import NSENTER, Network, sandboxes
 
 #: util-linux's setpriv, to have the kernel SIGKILL a pod's process should the devcluster itself
 #: die without cleaning up (SIGKILL, a crash): prctl(PR_SET_PDEATHSIG). An orderly stop kills
@@ -53,7 +53,9 @@ class Running:
         if not self.namespaces or not NSENTER:
             return command
         flags = [f"--{n}" for n in self.namespaces]
-        return [NSENTER, "--target", str(self.process.pid), *flags, "--", *command]
+        # entering a mount namespace moves to its root: back to the container's working dir
+        workdir = [f"--wd={self.cwd}"] if self.cwd and "mount" in self.namespaces else []
+        return [NSENTER, "--target", str(self.process.pid), *flags, *workdir, "--", *command]
 
 
 class ConfigError(RuntimeError):
@@ -181,9 +183,14 @@ class Kubelet:
         state_dir: Path,
         images: Mapping[str, list[str]] | None = None,
         network: Network | None = None,
+        bind_mounts: bool = False,
     ) -> None:
+        """`bind_mounts`: volumes bound at their mountPaths in each pod's mount namespace
+        (devcluster/bindmounts.py, the node agent) where the machine gives pods one, instead
+        of the mountPaths rewritten on the command line."""
         self.state_dir = state_dir
         self.images = dict(images or {})
+        self.bind_mounts = bind_mounts and sandboxes()
         self.network = network or Network(state_dir, lambda _ns: [])
         self.ips = self.network.ips
         self.running: dict[tuple[str, str], Running] = {}
@@ -238,7 +245,7 @@ class Kubelet:
                 lookup or (lambda *_: None),
                 lambda p, path: _field_ref(p, path, ip),
             )
-            rewrite = volumes.rewriter(mounts)
+            rewrite = (lambda text: text) if self.bind_mounts else volumes.rewriter(mounts)
             any_address = ip if self.network.rewrites_any_address() else "0.0.0.0"
             own = container_env(pod, container, ip, lookup, any_address)
         except (ConfigError, volumes.MountError):
@@ -264,6 +271,13 @@ class Kubelet:
         except RuntimeError:
             await self.release(ip)
             raise
+        if sandbox and self.bind_mounts:
+            try:
+                binds = bindmounts.argv(mounts, self.pod_dir(*key) / "rootfs")
+            except OSError as exc:
+                await self.release(ip)
+                raise volumes.MountError(f"MountVolume.SetUp failed: {exc}") from exc
+            command = [*binds, *command]
         command = [*sandbox, *command]
         argv = [SETPRIV, "--pdeathsig", "KILL", "--", *command] if SETPRIV else command
         with open(log_path, "ab") as log:

@@ -3,8 +3,9 @@ control plane. Per node, with the node's own credentials (credentials.py), one t
 registers the Node and its status, creates its Lease, publishes its ResourceSlices (slices.py)
 and then watches the pods bound to it: each gets a Running status without anything being run
 ("pods do not run", as kwok does) or, in "run" mode, its first container runs as a local process
-(runtime.py) and is reported Running, then Succeeded or Failed when it exits. A pod with a
-deletionTimestamp is removed with grace 0, as a kubelet does once its containers stopped.
+and lives as a kubelet's pod worker says (runtime.py, podworker.py: probes, restarts, status,
+conditions and the kubelet's events). A pod with a deletionTimestamp is removed with grace 0, as
+a kubelet does once its containers stopped (in run mode, once its grace period let it stop).
 Between watch requests the Lease is renewed every RENEW_SECONDS."""
 
 from __future__ import annotations
@@ -20,12 +21,13 @@ from typing import Any
 
 from devcluster.controlplane.pki import KeyPair
 from devcluster.dra.nvidia import DRIVER
-from devcluster.kubelet import ConfigError
+from devcluster.probes import DEFAULT_BACKOFF
 
 from . import nodeobject, podstatus
 from .client import ApiError, Client
 from .credentials import node_kubeconfig
-from .runtime import START_ERRORS, ProcessRuntime
+from .runtime import ProcessRuntime
+from .serviceenv import kubernetes_service, pod_service_env
 from .slices import node_slices
 
 RENEW_SECONDS = 10.0  # the kubelet renews at a quarter of the lease's 40 s
@@ -53,11 +55,8 @@ class NodeRunner:
         self._say = say
         self._ips: dict[str, str] = {}  # pod uid -> IP
         self.runtime = runtime
-        self._started: dict[str, dict[str, Any]] = {}  # run mode: pod uid -> the pod
-        self._settled: set[str] = set()  # run mode: uids whose start failed or that exited
-        #: where in-cluster clients find the apiserver; the kubelet also sets every other
-        #: Service's {SVC}_SERVICE_HOST/PORT variables, which the agent does not (yet)
-        self.service_env: dict[str, str] = {}
+        #: the `kubernetes` Service as pods reach the apiserver (its env variables)
+        self.apiserver = kubernetes_service("127.0.0.1", 443)
         self.uid = ""
         self.renewed = 0.0
         self.error: BaseException | None = None
@@ -114,7 +113,6 @@ class NodeRunner:
             while not stop.is_set():
                 if time.monotonic() - self.renewed >= RENEW_SECONDS:
                     self._renew()
-                self._report_exits()
                 try:
                     for event in self.client.watch(
                         pods, WATCH_SECONDS, fieldSelector=selector, resourceVersion=version
@@ -127,6 +125,8 @@ class NodeRunner:
                             self._reconcile(event["object"])
                         elif event["type"] == "DELETED":
                             self._ips.pop(event["object"]["metadata"]["uid"], None)
+                            if self.runtime is not None:
+                                self.runtime.forget(event["object"]["metadata"]["uid"])
                 except ApiError as err:
                     if err.status == 410:  # resourceVersion too old: list again
                         break
@@ -135,16 +135,14 @@ class NodeRunner:
     def _reconcile(self, pod: dict[str, Any]) -> None:
         meta = pod["metadata"]
         path = f"/api/v1/namespaces/{meta['namespace']}/pods/{urllib.parse.quote(meta['name'])}"
+        if self.runtime is not None:  # run mode: the pod's worker does the rest
+            self.runtime.sync(pod, self)
+            return
         try:
             if meta.get("deletionTimestamp"):
-                if self.runtime is not None and self._started.pop(meta["uid"], None):
-                    grace = min(int(meta.get("deletionGracePeriodSeconds") or 30), 30)
-                    self.runtime.stop(meta["namespace"], meta["name"], grace)
                 body = {"gracePeriodSeconds": 0, "preconditions": {"uid": meta["uid"]}}
                 self.client.delete(path, body)
                 self._ips.pop(meta["uid"], None)
-            elif self.runtime is not None:
-                self._run(pod, path)
             elif not podstatus.reported(pod):
                 status = podstatus.running(
                     pod, self._ip(meta["uid"]), "127.0.0.1", nodeobject.now()
@@ -154,46 +152,70 @@ class NodeRunner:
             if err.status not in (404, 409):  # gone, or replaced by a pod of the same name
                 raise
 
-    def _run(self, pod: dict[str, Any], path: str) -> None:
-        """Run mode: start a new pod's container and report it Running, or why it did not."""
+    # --- run mode: what pod workers ask of their node (podworker.NodeApi) ----------------
+    @staticmethod
+    def _path(pod: Mapping[str, Any]) -> str:
         meta = pod["metadata"]
-        uid = meta["uid"]
-        if uid in self._started or uid in self._settled:
-            return
-        if (pod.get("status") or {}).get("phase") in ("Succeeded", "Failed"):
-            self._settled.add(uid)
-            return
-        assert self.runtime is not None
-        try:
-            ip = self.runtime.start(pod, self._lookup, self.service_env)
-        except START_ERRORS as err:
-            self._settled.add(uid)
-            config = isinstance(err, ConfigError)
-            reason = "CreateContainerConfigError" if config else "CreateContainerError"
-            status = podstatus.waiting(pod, reason, str(err), nodeobject.now())
-        else:
-            self._started[uid] = pod
-            status = podstatus.running(pod, ip, "127.0.0.1", nodeobject.now())
-        self.client.merge_patch(f"{path}/status", {"status": status})
+        return f"/api/v1/namespaces/{meta['namespace']}/pods/{urllib.parse.quote(meta['name'])}"
 
-    def _report_exits(self) -> None:
-        """Run mode: a container that exited makes its pod Succeeded or Failed."""
-        if self.runtime is None:
-            return
-        for uid, pod in list(self._started.items()):
-            meta = pod["metadata"]
-            code = self.runtime.exit_code(meta["namespace"], meta["name"])
-            if code is None:
-                continue
-            del self._started[uid]
-            self._settled.add(uid)
-            path = f"/api/v1/namespaces/{meta['namespace']}/pods/{urllib.parse.quote(meta['name'])}"
-            status = podstatus.finished(pod, code, nodeobject.now())
-            try:
-                self.client.merge_patch(f"{path}/status", {"status": status})
-            except ApiError as err:
-                if err.status != 404:
-                    raise
+    def patch_status(self, pod: Mapping[str, Any], status: dict[str, Any]) -> bool:
+        """Write the pod's status; False where the pod is gone."""
+        try:
+            self.client.merge_patch(f"{self._path(pod)}/status", {"status": status})
+        except ApiError as err:
+            if err.status in (404, 409):
+                return False
+            raise
+        return True
+
+    def event(
+        self, pod: Mapping[str, Any], kind: str, reason: str, message: str,
+        container: str | None = None,
+    ) -> None:  # fmt: skip
+        """A core/v1 Event about the pod from this node's kubelet, as its event recorder
+        writes them (client-go tools/record; the Node authorizer's system:node role may)."""
+        meta = pod["metadata"]
+        t = nodeobject.now()
+        involved = {"kind": "Pod", "apiVersion": "v1", "namespace": meta["namespace"],
+                    "name": meta["name"], "uid": meta["uid"]}  # fmt: skip
+        if container:
+            involved["fieldPath"] = f"spec.containers{{{container}}}"
+        event = {
+            "metadata": {
+                "name": f"{meta['name']}.{time.time_ns():x}",
+                "namespace": meta["namespace"],
+            },
+            "involvedObject": involved,
+            "reason": reason,
+            "message": message,
+            "type": kind,
+            "source": {"component": "kubelet", "host": self.name},
+            "firstTimestamp": t,
+            "lastTimestamp": t,
+            "count": 1,
+            "reportingComponent": "kubelet",
+            "reportingInstance": self.name,
+        }
+        self.client.create(f"/api/v1/namespaces/{meta['namespace']}/events", event)
+
+    def remove(self, pod: Mapping[str, Any]) -> None:
+        """Delete the pod with grace 0 once its container stopped."""
+        body = {"gracePeriodSeconds": 0, "preconditions": {"uid": pod["metadata"]["uid"]}}
+        try:
+            self.client.delete(self._path(pod), body)
+        except ApiError as err:
+            if err.status not in (404, 409):
+                raise
+        self._ips.pop(pod["metadata"]["uid"], None)
+
+    def service_env(self, pod: Mapping[str, Any]) -> dict[str, str]:
+        """The Service variables the kubelet sets for the pod (serviceenv.py)."""
+        ns = pod["metadata"]["namespace"]
+        services = self.client.get(f"/api/v1/namespaces/{ns}/services")["items"]
+        return pod_service_env(pod, services, self.apiserver)
+
+    def lookup(self, plural: str, namespace: str, name: str) -> dict[str, Any] | None:
+        return self._lookup(plural, namespace, name)
 
     def _lookup(self, plural: str, namespace: str, name: str) -> dict[str, Any] | None:
         """A secret or config map the pod's env names, read with the node's credentials (the
@@ -242,22 +264,25 @@ class NodeAgent:
         mode: str = "no-run",
         images: Mapping[str, list[str]] | None = None,
         say: Callable[[str], None] = lambda _msg: None,
+        restart_backoff: tuple[float, float] = DEFAULT_BACKOFF,
     ) -> NodeAgent:
         """`mode`: "no-run" (pods reported Running, nothing runs) or "run" (each pod's first
         container runs as a local process); `images`: run mode's command for an image whose
-        container names none (devcluster.kubelet.DEFAULT_COMMAND otherwise)."""
+        container names none (devcluster.kubelet.DEFAULT_COMMAND otherwise);
+        `restart_backoff`: run mode's crash-loop back-off, (initial, maximum) seconds."""
         if mode not in ("no-run", "run"):
             raise ValueError(f"node agent: mode must be 'no-run' or 'run', not {mode!r}")
-        runtime = ProcessRuntime(Path(state_dir) / "pods", images) if mode == "run" else None
+        runtime = None
+        if mode == "run":
+            runtime = ProcessRuntime(Path(state_dir) / "pods", images, restart_backoff)
         port = urllib.parse.urlsplit(server).port or 443
-        service_env = {"KUBERNETES_SERVICE_HOST": "127.0.0.1", "KUBERNETES_SERVICE_PORT": str(port)}
         dra = topology.get("dra") or {}
         runners = []
         for index, node in enumerate(topology["nodes"]):
             name = node["metadata"]["name"]
             client = Client(node_kubeconfig(ca, server, name, Path(state_dir)))
             runner = NodeRunner(node, dra.get(name), client, index, say, runtime)
-            runner.service_env = service_env
+            runner.apiserver = kubernetes_service("127.0.0.1", port)
             runners.append(runner)
         agent = cls(runners, say, runtime)
         version = runners[0].client.get("/version")["gitVersion"] if runners else ""

@@ -135,3 +135,109 @@ def waiting(pod: Mapping[str, Any], reason: str, message: str, t: str) -> dict[s
             for c in (pod.get("spec") or {}).get("containers") or []
         ],
     }
+
+
+# --- run mode: the status of a pod whose first container runs (podworker.py) ----------------
+def container_status(
+    container: Mapping[str, Any],
+    uid: str,
+    state: dict[str, Any],
+    *,
+    ready: bool = False,
+    started: bool = False,
+    restarts: int = 0,
+    last_state: dict[str, Any] | None = None,
+) -> dict[str, Any]:
+    """A `status.containerStatuses[]` entry; a containerID once the container was created."""
+    entry = {
+        "name": container["name"],
+        "image": container.get("image", ""),
+        "imageID": "",
+        "ready": ready,
+        "started": started,
+        "restartCount": restarts,
+        "state": state,
+    }
+    if "waiting" not in state or restarts:
+        entry["containerID"] = _container_id(uid, container["name"])
+    if last_state:
+        entry["lastState"] = last_state
+    return entry
+
+
+def _condition(
+    previous: Mapping[str, Mapping[str, Any]], kind: str, ok: bool, t: str, reason: str = "",
+    message: str = "",
+) -> dict[str, Any]:  # fmt: skip
+    """A condition; its lastTransitionTime kept while its status stays (status_manager.go)."""
+    status = "True" if ok else "False"
+    before = previous.get(kind) or {}
+    entry: dict[str, Any] = {
+        "type": kind,
+        "status": status,
+        "lastProbeTime": None,
+        "lastTransitionTime": before.get("lastTransitionTime", t)
+        if before.get("status") == status
+        else t,
+    }
+    if reason and not ok:
+        entry["reason"] = reason
+    if message and not ok:
+        entry["message"] = message
+    return entry
+
+
+def pod_status(
+    pod: Mapping[str, Any],
+    main: dict[str, Any],
+    phase: str,
+    t: str,
+    ip: str | None = None,
+    host_ip: str = "127.0.0.1",
+) -> dict[str, Any]:
+    """The pod's status with its first container's `main` entry (containers after the first do
+    not run: they are said to run and be ready, as in the "pods do not run" mode). The
+    conditions as generateAPIPodStatus makes them: ContainersReady when every container is
+    ready, Ready when also every readiness gate's condition is True; a finished pod's are False
+    with PodCompleted."""
+    spec = pod.get("spec") or {}
+    uid = pod["metadata"].get("uid", "")
+    previous_status = pod.get("status") or {}
+    previous = {c["type"]: c for c in previous_status.get("conditions") or []}
+    others = [
+        container_status(c, uid, {"running": {"startedAt": t}}, ready=True, started=True)
+        for c in (spec.get("containers") or [])[1:]
+    ]
+    statuses = [main, *others]
+    unready = [s["name"] for s in statuses if not s["ready"]]
+    gates = [g.get("conditionType") for g in spec.get("readinessGates") or []]
+    gated = [g for g in gates if (previous.get(g) or {}).get("status") != "True"]
+    done = phase in ("Succeeded", "Failed")
+    reason = "PodCompleted" if done else "ContainersNotReady"
+    words = "" if done else f"containers with unready status: [{' '.join(unready)}]"
+    ready_reason, ready_words = reason, words
+    if not unready and gated:
+        ready_reason = "ReadinessGatesNotReady"
+        ready_words = f"corresponding condition of pod readiness gate {gated[0]!r} does not exist."
+    kept = [c for c in previous.values() if c["type"] not in KUBELET_CONDITIONS]
+    status: dict[str, Any] = {
+        "phase": phase,
+        "conditions": [
+            *kept,
+            _condition(previous, "PodReadyToStartContainers", ip is not None and not done, t),
+            _condition(previous, "Initialized", True, t),
+            _condition(previous, "ContainersReady", not unready, t, reason, words),
+            _condition(previous, "Ready", not unready and not gated, t, ready_reason, ready_words),
+        ],
+        "startTime": previous_status.get("startTime") or t,
+        "containerStatuses": statuses,
+        "hostIP": host_ip,
+        "hostIPs": [{"ip": host_ip}],
+    }
+    if spec.get("initContainers"):
+        status["initContainerStatuses"] = running(pod, ip or "", host_ip, t)[
+            "initContainerStatuses"
+        ]
+    if ip:
+        status.update({"podIP": ip, "podIPs": [{"ip": ip}]})
+    return status

@@ -1,8 +1,10 @@
 """The node agent's "run" mode: a bound pod's first container runs as a local process, by the
 Python devcluster's own runner (devcluster.kubelet.Kubelet: the command from the pod's
 command/args, env as the kubelet builds it from env/envFrom/fieldRef/secrets/config maps, the
-pod's volumes, its own mount and UTS namespaces where root, a loopback pod IP). Kubelet is
-asyncio code; here it runs on an event loop of its own thread, and the node threads call it."""
+pod's volumes, its own mount and UTS namespaces where root, a loopback pod IP), and lives as
+podworker.PodWorker says (probes, restarts, status, events, deletion). Kubelet is asyncio code;
+here it and the pod workers run on an event loop of its own thread, and the node threads hand
+each pod to it."""
 
 from __future__ import annotations
 
@@ -12,43 +14,76 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from devcluster.kubelet import Kubelet, Lookup
+from devcluster import probes
+from devcluster.kubelet import Kubelet
 
-#: what Kubelet.start raises for a container that cannot start: ConfigError (a missing secret,
-#: config map or key), volumes.MountError, "executable file not found" (all RuntimeErrors)
-START_ERRORS = (RuntimeError,)
+from .podworker import NodeApi, PodWorker
 
 
 class ProcessRuntime:
-    def __init__(self, state_dir: Path, images: Mapping[str, list[str]] | None = None) -> None:
+    def __init__(
+        self,
+        state_dir: Path,
+        images: Mapping[str, list[str]] | None = None,
+        backoff: tuple[float, float] = probes.DEFAULT_BACKOFF,
+    ) -> None:
         self._loop = asyncio.new_event_loop()
         self._thread = threading.Thread(
             target=self._loop.run_forever, name="nodeagent-runtime", daemon=True
         )
         self._thread.start()
-        self.kubelet = Kubelet(Path(state_dir), images)
-        self._lock = threading.Lock()
+        self.kubelet = Kubelet(Path(state_dir), images, bind_mounts=True)
+        self.backoff = backoff
+        self.workers: dict[str, PodWorker] = {}  # pod uid -> its worker (on the loop)
+        self._ended: set[str] = set()  # uids whose worker removed the pod
 
-    def _call(self, coro: Any, timeout: float) -> Any:
-        return asyncio.run_coroutine_threadsafe(coro, self._loop).result(timeout)
+    def sync(self, pod: dict[str, Any], api: NodeApi) -> None:
+        """A bound pod as the node's watch sees it: a new one gets a worker, a known one its
+        latest version (a deletionTimestamp ends it)."""
+        self._loop.call_soon_threadsafe(self._sync, pod, api)
 
-    def start(self, pod: Mapping[str, Any], lookup: Lookup, env: Mapping[str, str]) -> str:
-        """Start the pod's first container; its pod IP. START_ERRORS when it cannot start."""
-        with self._lock:
-            running = self._call(self.kubelet.start(pod, lookup, dict(env)), timeout=60)
-        return running.ip
+    def _sync(self, pod: dict[str, Any], api: NodeApi) -> None:
+        uid = pod["metadata"]["uid"]
+        worker = self.workers.get(uid)
+        if worker is None:
+            if uid in self._ended:
+                return
+            final = (pod.get("status") or {}).get("phase") in ("Succeeded", "Failed")
+            if final and not pod["metadata"].get("deletionTimestamp"):
+                return  # finished before this agent started: nothing to run
+            worker = self.workers[uid] = PodWorker(pod, api, self.kubelet, self.backoff)
+            worker.task = self._loop.create_task(worker.main())
+            worker.task.add_done_callback(lambda _t: self._end(uid))
+        worker.update(pod)
 
-    def exit_code(self, namespace: str, name: str) -> int | None:
-        """The container's exit status once it has exited, else None."""
-        running = self.kubelet.running.get((namespace, name))
-        return None if running is None else running.process.returncode
+    def _end(self, uid: str) -> None:
+        self.workers.pop(uid, None)
+        self._ended.add(uid)
 
-    def stop(self, namespace: str, name: str, grace: float) -> None:
-        with self._lock:
-            self._call(self.kubelet.stop(namespace, name, grace), timeout=grace + 30)
+    def forget(self, uid: str) -> None:
+        """The pod is gone from the API (deleted with grace 0 by someone): stop what runs."""
+        self._loop.call_soon_threadsafe(self._forget, uid)
+
+    def _forget(self, uid: str) -> None:
+        worker = self.workers.get(uid)
+        if worker is not None and not worker.deleting.is_set():
+            worker.pod = {**worker.pod, "metadata": {**worker.pod["metadata"],
+                                                     "deletionGracePeriodSeconds": 0}}  # fmt: skip
+            worker.deleting.set()
 
     def close(self) -> None:
         """Kill every pod's processes and end the loop."""
-        self._loop.call_soon_threadsafe(self.kubelet.kill_all)
+
+        async def end() -> None:
+            tasks = [w.task for w in self.workers.values() if w.task is not None]
+            for task in tasks:
+                task.cancel()
+            await asyncio.gather(*tasks, return_exceptions=True)
+            self.kubelet.kill_all()
+
+        try:
+            asyncio.run_coroutine_threadsafe(end(), self._loop).result(30)
+        except Exception:  # the loop is stopped below whatever happened
+            self._loop.call_soon_threadsafe(self.kubelet.kill_all)
         self._loop.call_soon_threadsafe(self._loop.stop)
         self._thread.join(timeout=30)

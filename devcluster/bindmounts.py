@@ -1,0 +1,72 @@
+"""Volumes at their mountPaths, as a container runtime puts them (bind mounts into the
+container's own mount namespace), for the node agent's run mode (issue 35 item 2).
+
+A pod's process shares the host's root filesystem, so a mountPath may not exist there
+(/etc/jupyterhub/secret): the top-most missing directory on its way is made on the host, once,
+as an empty mount point (a container runtime makes it in the image's root filesystem), and inside
+the pod's mount namespace a directory of the pod's own is bound over it, so what the pod writes
+there (kubespawner's hub extracting its certificates beside its config) stays the pod's. Then
+each volume (or its subPath, a file or a directory) is bound at its mountPath. The mounts are
+private to the pod's namespace (`unshare --mount` makes propagation private): the host and
+other pods do not see them. What the host keeps are those empty mount points."""
+
+from __future__ import annotations
+
+import os
+import shutil
+from collections.abc import Mapping
+from pathlib import Path
+
+#: run inside the pod's mount namespace before its command: `sh -c SCRIPT KIND SRC DST ... --
+#: COMMAND...` (KIND: private, dir or file)
+SCRIPT = (
+    'while [ "$1" != "--" ]; do '
+    'kind="$1"; src="$2"; dst="$3"; shift 3; '
+    'if [ "$kind" = file ]; then mkdir -p "$(dirname "$dst")"; [ -e "$dst" ] || : > "$dst"; '
+    'else mkdir -p "$dst"; fi; '
+    'mount --bind "$src" "$dst" || exit 125; '
+    'done; shift; exec "$@"'
+)
+
+
+def _top_missing(path: Path) -> Path | None:
+    """The top-most ancestor of `path` (itself included) that does not exist on the host."""
+    missing = None
+    for candidate in [path, *path.parents]:
+        if candidate.exists() or candidate.is_symlink():
+            break
+        missing = candidate
+    return missing
+
+
+def plan(mounts: Mapping[str, str], private_root: Path) -> list[str]:
+    """The arguments for SCRIPT (without the command) binding each mountPath -> place (a path
+    whose real path is the volume's), making the host's missing mount points; `private_root`
+    holds the pod's own directories bound over the ones made (emptied first: a new container
+    starts from a fresh layer)."""
+    if private_root.exists():
+        shutil.rmtree(private_root)
+    args: list[str] = []
+    covered: list[Path] = []
+    for mount_path in sorted(mounts, key=lambda p: (p.count("/"), p)):
+        target = Path(mount_path)
+        source = Path(os.path.realpath(mounts[mount_path]))
+        top = _top_missing(target)
+        if top is not None and not any(top.is_relative_to(c) for c in covered):
+            if top == target and source.is_file():
+                top.touch()  # a file's mount point
+            else:
+                top.mkdir(parents=True, exist_ok=True)
+                own = private_root / str(top).lstrip("/")
+                own.mkdir(parents=True, exist_ok=True)
+                args += ["dir", str(own), str(top)]
+                covered.append(top)
+        args += ["file" if source.is_file() else "dir", str(source), str(target)]
+    return args
+
+
+def argv(mounts: Mapping[str, str], private_root: Path) -> list[str]:
+    """The argv prefix binding the volumes, then running what follows it."""
+    if not mounts:
+        return []
+    return ["sh", "-c", SCRIPT, "bindmounts", *plan(mounts, private_root), "--"]
