@@ -306,8 +306,8 @@ def main(argv: list[str]) -> int:
             f"{timings_line(catalog_file)} (every {DEMO_CULL_EVERY} s)\n"
             f"  a tab counts as away {presence_words(DEMO_PRESENCE_TIMEOUT)} after your last "
             "input (keys, mouse, scrolling), even while it stays open\n"
-            "  a hidden tab that stays open keeps you in session 2 h after you were last seen: "
-            "your idle kernels may hibernate then, never be shut down\n"
+            "  a tab that stays open, hidden or visible, keeps you in session 2 h after you were "
+            "last seen: your idle kernels may hibernate then, never be shut down\n"
             f"  logs: {hub.log_path} (hub, proxy, service, culler), "
             f"{state_dir / 'devcluster.log'}\n"
             "  Ctrl-C stops everything.\n",

@@ -1,7 +1,7 @@
 """Host memory per node (issue 36, item 2): hibernated kernels are kept rather than shut down,
 and the culler keeps what a node's servers hold in host memory within a budget, the oldest
 first; shutting a kernel down is the last resort, by its own server, counted as a kernel
-shutdown. Never a kernel whose resume waits, nor a present user's.
+shutdown. Never a kernel whose resume waits, nor one of a user present or in session.
 
 The decision (culler/hostbudget.py, pure), the culler's answer to a report (the real
 `Culler.answer_report` over reports parsed as they arrive) and the server taking the order
@@ -114,6 +114,29 @@ def test_the_culler_orders_the_oldest_hibernated_kernel_of_a_full_node_shut_down
     assert order["kernel_id"] == "a1" and "budget" in order["reason"]
     assert culler.answer_report(Identity("bob", "")) is None  # a1 alone brings it within
     assert culler.answer_report(Identity("cat", "")) is None  # waiting: never
+
+
+def test_the_budget_spares_a_user_in_session():
+    """A user in session (a tab open and reporting, seen within the session timeout: the silent
+    reader, the hidden lecture tab) keeps their kernels from shutdown (issue 36 item 3): the
+    budget takes the others' first, and never theirs."""
+    culler = Culler(host_memory_budget_mib=1.5 * QUARTER_T4)
+    culler._catalog = load_catalog(str(DEMO_CATALOG))
+    culler.server_pods = Pods()
+    now = time.time()
+    presence = {
+        "known": True, "present": False, "last_present": iso(now - 2700), "tabs": 1,
+        "visible_tabs": 1, "in_session": True, "elsewhere": False,
+    }  # fmt: skip
+    for user, since in (("ann", now - 5000), ("bob", now - 4000)):
+        body = report(now, [(f"{user[0]}1", QUARTER_T4, since, False)])
+        if user == "ann":  # the oldest, but her person reads at a visible tab since 45 min
+            body["presence"] = presence
+        culler.known[(user, "")] = ServerFacts(user, user_options={"gpu": "1/4", "pool": "t4"})
+        culler.reports.put(user, "", parse_report(body, received_at=now))
+    assert culler.answer_report(Identity("ann", "")) is None  # in session: never hers
+    (order,) = culler.answer_report(Identity("bob", ""))["swap"]["shutdown"]
+    assert order["kernel_id"] == "b1"
 
 
 # --- the server takes the order --------------------------------------------------------------

@@ -48,6 +48,8 @@ POD_ENV = {
     # the test's untouched page counts away a second after its last input (presence.py): it
     # sees the warnings a person who walked away would come back to
     "FRACSPAWNER_PRESENCE_TIMEOUT_SECONDS": "1",
+    # ... and out of session as soon (an open tab keeps its person in session 2 h by default)
+    "FRACSPAWNER_PRESENCE_SESSION_SECONDS": "1",
 }
 H100 = {"name": "NVIDIA H100 80GB HBM3", "memory_total_mib": 81920}
 VIEWPORT = {"width": 1100, "height": 640}

@@ -36,6 +36,9 @@ def lab(tmp_path_factory):
         env={
             "FRACSPAWNER_KERNEL_GPU_IDLE_SECONDS": str(KERNEL_GPU_IDLE),
             "FRACSPAWNER_PRESENCE_TIMEOUT_SECONDS": str(PRESENCE_TIMEOUT),
+            # an untouched open tab keeps its person in session no longer than the timeout
+            # (2 h by default: a reader may be silent at it; serverext/presence.py)
+            "FRACSPAWNER_PRESENCE_SESSION_SECONDS": str(PRESENCE_TIMEOUT),
         },
         config={"Presence": {"interval": 1.0}},
     )

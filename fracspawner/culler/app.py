@@ -377,6 +377,8 @@ class Culler(CullerApplication):
         self.listed_at: float | None = None  # when the hub last listed them (room_json)
         self._hibernated_labels: set[str] = set()
         self._swap_desk: SwapDesk | None = None  # over-commit's swap orders (swapdesk.py)
+        self._caps: dict[tuple[str | None, str | None], float | None] = {}  # claim()'s sizes
+        self._caps_of: object = None  # ... for this catalog
         # what the culler's own token lacks (check_scopes); "" / [] when nothing or not known
         self.scopes_missing: list[str] = []
         self.scope_problem = ""
@@ -464,8 +466,12 @@ class Culler(CullerApplication):
         if self._catalog is None:
             return "", 0.0
         pool = self.policy_for(facts).pool
-        cap = slice_memory_cap(self._catalog, facts.pool, facts.gpu_slice)
-        return self.pool_label(pool), cap or 0.0
+        if self._caps_of is not self._catalog:  # the catalog changed: sizes anew
+            self._caps_of, self._caps = self._catalog, {}
+        key = (facts.pool, facts.gpu_slice)
+        if key not in self._caps:  # asked for each server at each report: computed once
+            self._caps[key] = slice_memory_cap(self._catalog, facts.pool, facts.gpu_slice)
+        return self.pool_label(pool), self._caps[key] or 0.0
 
     # --- reports ------------------------------------------------------------------------------
     def on_report(self, who: Identity, culled: list[CulledKernel]) -> None:
@@ -581,8 +587,9 @@ class Culler(CullerApplication):
             if where is None or not where.node:
                 continue  # its node is not known: its pod's memory limit bounds it
             cap = self.claim(facts)[1] or budget
+            # a user present or in session keeps their kernels (serverext/presence.py)
             holders.append(
-                Holder(user, server, where.node, cap, bool(report.present),
+                Holder(user, server, where.node, cap, bool(report.present or report.in_session),
                        report.hibernated_kernels)
             )  # fmt: skip
         orders = []

@@ -7,7 +7,8 @@ when a node's servers together hold more, the oldest hibernated kernels are shut
 fits, each by its own server (told in the answer to its report: `{"swap": {"shutdown":
 [{"kernel_id", "reason"}]}}`, serverext/swap.py) and counted as a kernel shutdown. Shutting a
 kernel down is the last resort: never one whose resume waits for room (its cell is waiting),
-never one of a present user.
+never one of a user present or in session (`Holder.present`: a tab of theirs open and reporting,
+seen within the session timeout; serverext/presence.py).
 
 A report is its server's word: each kernel counts at most its server's slice, and the kernels of
 servers holding more than an equal share of the budget go first (oldest first among them), so
@@ -40,7 +41,7 @@ class Holder:
     server: str
     node: str
     cap_mib: float  # its slice's memory: the most one of its kernels counts for
-    present: bool = False
+    present: bool = False  # its user is present or in session: never shut down
     kernels: tuple[HibernatedKernel, ...] = ()
 
 

@@ -8,12 +8,15 @@ spawner object; the default template is kubespawner 7's `jupyter-{user_server}`.
 
 from __future__ import annotations
 
+import functools
+
 from kubespawner.slugs import escape_slug, multi_slug, safe_slug
 
 DEFAULT_TEMPLATE = "jupyter-{user_server}"
 _MAX = 48  # kubespawner's per-field slug budget
 
 
+@functools.lru_cache(maxsize=4096)  # pure; called for each server on each report
 def pod_name(
     username: str, servername: str = "", template: str = DEFAULT_TEMPLATE, scheme: str = "safe"
 ) -> str:

@@ -16,14 +16,17 @@ than `stale`. While any tab reports (presence "known"), the API requests of the 
 longer count as the user's activity (activity.py); where no tab reports (another client, an
 older JupyterLab, every tab closed), nothing changes: unknown is never idle.
 
-A person is more than a visible tab: a student whose notebook tab is hidden behind the lecture's
-slides (another tab of the same browser) is still there. So a tab that is open and reporting,
-hidden or not, keeps its user **in session** for `session_timeout` after they were last seen:
-their idle kernels may then be hibernated (the GPU memory goes to host memory and comes back on
-the next cell), never shut down (issue 36, item 3). A visible tab nobody touches is no session:
-the person would be at the tab in front of them (the abandoned desk). A person is also in session
-here while the culler says they are present (or in session) at a tab of **another server of
-theirs** (`on_culler_answer`, in the answer to this server's report), until its word is stale.
+A person is more than a visible tab with input: a student whose notebook tab is hidden behind
+the lecture's slides (another tab of the same browser) is still there, and so is a researcher
+reading or thinking for 45 minutes at a visible tab without a key or a click. So a tab that is
+open and reporting, hidden or visible, keeps its user **in session** for `session_timeout` after
+they were last seen: their idle kernels may then be hibernated (the GPU memory goes to host
+memory and comes back on the next cell), never shut down (issue 36, item 3). The browser cannot
+tell the silent reader from an abandoned desk (a visible tab nobody is at): the desk keeps its
+kernels as long, hibernated, and its server is stopped once the session ends. A person is also
+in session here while the culler says they are present (or in session) at a tab of **another
+server of theirs** (`on_culler_answer`, in the answer to this server's report), until its word
+is stale.
 """
 
 from __future__ import annotations
@@ -100,7 +103,7 @@ class Presence(LoggingConfigurable):
         help="Seconds after a tab's last keyboard, mouse, touch or scroll input that its user "
         "still counts as present (while the tab is visible). A person reading or listening "
         "without touching anything for longer counts as away: their idle GPU kernels may then "
-        "be hibernated or shut down after the pool's limits. Default: "
+        "be hibernated (shut down only once `session_timeout` has passed too). Default: "
         f"${ENV_TIMEOUT} (an admin may put it in the notebooks' environment), else 900 (15 "
         "min). A tab's reports are its user's word, like their API requests: they can keep "
         "their own server, never anyone else's.",
@@ -110,7 +113,7 @@ class Presence(LoggingConfigurable):
         help="Seconds after its user was last seen (a visible tab with input) that a tab still "
         "open and reporting, hidden or not, keeps them in session: their idle GPU kernels may "
         "be hibernated then, never shut down (a student whose notebook is hidden behind the "
-        "lecture's slides). A visible tab nobody touches is no session. Default: "
+        "lecture's slides, a reader silent at a visible tab). Default: "
         f"${ENV_SESSION}, else {SESSION_DEFAULT:.0f} (2 h); never less than `timeout`.",
     )
     interval = Float(
@@ -236,7 +239,7 @@ class Presence(LoggingConfigurable):
         if self.present(now):
             return now
         last = self.last_present(now)
-        if last is None or not any(not c.visible for c in fresh):
+        if last is None:
             return None
         until = last + timedelta(seconds=max(self.session_timeout, self.timeout))
         return until if until > now else None
