@@ -30,15 +30,29 @@ decision goes through the real code:
 - the culler runs its whole cycle (`Culler.cull_once(now=...)`) every 5 min against a stand-in
   hub API that serves the simulated servers with JupyterHub's JSON and pagination, and stops
   them on DELETE; its GPU source is the servers' reports (no Prometheus in this replay);
+- each server reports to the culler every minute where its pool over-commits (before each
+  culler cycle elsewhere), and again within the minute where the answer or its swap agent asks
+  (`report_in`, a swap done, a resume that starts to wait: up to 2 reports 30 s apart, the
+  culler's `swap_report_in` set to 30 s); the culler's real `answer_report` answers (swap
+  orders under memory pressure, grants of room for waiting resumes, the host memory budget's
+  shut-downs, presence elsewhere) and the server's real `SwapAgent` takes the answer. The
+  culler's pod watch is the replay's (each pod's node; on HAMi the device its allocation
+  names); reports name each physical GPU by its own UUID;
 - hibernation runs through the real Hibernator with a fake checkpoint driver: a suspended
   kernel's memory leaves the GPU for its pod's host memory (a 64 GiB pod limit using 8 GiB), and
-  the user's next cell resumes it first, in 0.3 s + memory / 25 GiB/s (PCIe 4.0 x16); on a
-  time-sliced GPU a resume needs room on the GPU (81,559 MiB less what the other kernels on it
-  hold) and waits while there is none (a resume failure, counted per attempt). The driver
-  follows NVIDIA/cuda-checkpoint#44: a restore the physical GPU has no room for fails with
-  OUT_OF_MEMORY and every later one with 304, the kernel's GPU state lost (`gpu_state_lost`);
-  the replay's own reading of the GPU stands in for the culler's grant before a restore
-  (`answer_report` and `SwapAgent` are not driven yet);
+  the user's next cell resumes it first, in 0.3 s + memory / 25 GiB/s (PCIe 4.0 x16), through
+  the product's restore path: the room check before every restore (serverext/room.py: on an
+  over-committed pool and under HAMi-core only the culler's grant counts, elsewhere NVML of the
+  device with a margin), the resume waiting for room meanwhile (`memory_waits`: cell-minutes).
+  Each pod's NVML is what it would read: the whole GPU on time-slicing, HAMi-core's virtualised
+  view (its slice's limit and its own use) on the reserving pool. The driver follows
+  NVIDIA/cuda-checkpoint#44: a restore the physical GPU has no room for fails with
+  OUT_OF_MEMORY and every later one with 304, the kernel's GPU state lost (`gpu_state_lost`).
+  The Hibernator's clock is the replay's (`Hibernator.now`), its driver calls run inline;
+- users as they behave (benchmarks/culler_trace.py): hidden notebook tabs in lectures, silences
+  of 45-75 min at a visible tab, kernels that grow, and silent runs in a child process of the
+  kernel (its GPU process another pid than the kernel's, the kernel idle meanwhile). Not
+  modelled: a second notebook per user (one kernel per server), slices other than 1/4;
 - an over-committed GPU seats a new server only where its memory reading (what the kernels on
   it hold, hibernated ones not) has room for the slice asked for, else the user waits
   (`admission_waits`): slots are multiplied by over-commit only as far as hibernation frees
@@ -47,10 +61,9 @@ decision goes through the real code:
 The headline (issue 36): the same trace on HALF the GPUs of each mix's cluster, over-committed
 (`overcommit: 2`), against jupyterhub-idle-culler on all of them (`capacity.<mix>.<family>.
 half_gpus`). The host memory budget per node is the culler's `host_memory_budget_mib` default,
-enforced at each culler cycle (every 5 min) by the culler's own plan (hostbudget.plan_evictions,
-as `answer_report` orders it) over the reports it holds, each server's node known to the replay
-(the product's pod watch): the oldest hibernated kernels of users not present are shut down
-(`host_budget_shutdowns`, counted as kernel shut-downs); the peak is read every minute.
+ordered by `answer_report` and carried out by each server's SwapAgent (`host_budget_orders`,
+counted as kernel shut-downs): the oldest hibernated kernels of users neither present nor in
+session; the peak is read every minute.
 
 Measures per mix and family (`culler.json` -> `capacity`; percentages are of
 jupyterhub-idle-culler's figure on the same trace and cluster): users who had to wait or were
@@ -58,8 +71,10 @@ turned away (wait episodes) and the 95th percentile of their waits, idle reserve
 (slices held while their user is away and their GPU idle), idle GPU memory on the GPU (GiB-hours
 held by idle kernels while their user is away), disruptions (a kernel shut down or a server
 stopped that its user comes back to within 30 min), culls of a present user, false culls (while
-the GPU worked), resume failures, stalled background runs (a silent run killed, suspended, or
-never started for want of a server), and the host memory hibernation takes, peak per node.
+the GPU worked), `resume_failures` (cells that met CUDA out of memory: a first allocation or
+a growing kernel with no room on a shared GPU), stalled background runs (a silent run killed,
+suspended, or never started for want of a server), and the host memory hibernation takes, peak
+per node.
 Goals: waiting <= 50 % of the baseline on every mix, disruptions <= the baseline, 0 culls of a
 present user, 0 false culls.
 
@@ -74,8 +89,10 @@ against the same stand-in hub API: 5,000 real single-user servers do not fit thi
 from __future__ import annotations
 
 import asyncio
+import functools
 import json
 import logging
+import os
 import shutil
 import tempfile
 import time
@@ -84,6 +101,7 @@ from dataclasses import dataclass, replace
 from datetime import datetime, timedelta, timezone
 from pathlib import Path
 from typing import Any
+from unittest import mock
 
 import yaml
 from tornado import web
@@ -92,17 +110,20 @@ from tornado.httpserver import HTTPServer
 from benchmarks.culler_trace import CLUSTERS, HORIZON, MIXES, Cluster, User, make_mix
 from devcluster.localhub import free_port
 from fracspawner.culler.app import Culler
-from fracspawner.culler.hostbudget import Holder, plan_evictions
 from fracspawner.culler.identity import Identity
+from fracspawner.culler.placement import Placement
+from fracspawner.culler.podname import pod_name
 from fracspawner.culler.reports import parse_report
+from fracspawner.serverext import hibernate as hibernate_module
 from fracspawner.serverext.activity import server_activity, user_activity
 from fracspawner.serverext.hibernate import Hibernator
 from fracspawner.serverext.monitor import GpuMonitor
 from fracspawner.serverext.podinfo import PodInfo
 from fracspawner.serverext.presence import SETTINGS_KEY as PRESENCE_KEY
 from fracspawner.serverext.presence import Presence, parse_client_report
-from fracspawner.serverext.room import Room
+from fracspawner.serverext.room import HAMI_ENV
 from fracspawner.serverext.sources import GpuDevice, GpuProcess, GpuSample
+from fracspawner.serverext.swap import ENV_OVERCOMMIT, SwapAgent
 
 REPO = Path(__file__).resolve().parent.parent
 N_SERVERS = 5000
@@ -143,6 +164,29 @@ CAME_BACK_MIN = 30  # a cull its user comes back to within this is a disruption
 GROWS_BY, GROWS_TO = 0.01, 1.5  # a growing kernel: 1 % of its size a working minute, to 1.5 x
 
 
+ROUNDS, ROUND_SECONDS = 2, 30  # reports within a minute where the culler or a swap asks one
+CHILD_PID = 50_000  # a kernel's child process: another pid than the kernel's
+GPU_NAME = "NVIDIA H100 80GB HBM3"
+FOREVER = 1e9  # seconds: a real-clock timeout that never comes in a replay
+
+
+async def settle() -> None:
+    """Let the tasks the replay started (a resume, a swap order, a shut-down) run until each
+    waits for something: offload is inline and real-clock timeouts never come, so they all do
+    within a few turns of the loop, in the same order on every run."""
+    loop = asyncio.get_running_loop()
+    for _ in range(10_000):
+        await asyncio.sleep(0)
+        if not loop._ready:  # type: ignore[attr-defined]  # nothing left to run now
+            return
+
+
+async def _inline(call: Callable[..., Any], *args: Any) -> Any:
+    """Hibernator.offload in the replay: the fake driver does not block, and in the event loop
+    the replay's order of events is the same on every run."""
+    return call(*args)
+
+
 def copy_seconds(memory_mib: float) -> float:
     return round(COPY_FIXED_S + memory_mib / 1024 / COPY_GIB_S, 3)
 
@@ -162,6 +206,8 @@ class SimCheckpointDriver:
         self.states: dict[int, str] = {}
         self.fits = fits
         self.lost: set[int] = set()
+        self.restored = 0  # restores that went through
+        self.on_restore: Callable[[int], None] = lambda _pid: None
 
     def check(self) -> None:
         pass
@@ -191,7 +237,9 @@ class SimCheckpointDriver:
         if self.state(pid) == "checkpointed" and not self.fits(pid):
             self.lost.add(pid)  # stays CHECKPOINTED, and lost (#44)
             raise CheckpointError(call, "CUDA_ERROR_OUT_OF_MEMORY")
+        self.on_restore(pid)
         self._move(pid, "checkpointed", "locked", call)
+        self.restored += 1
 
     def unlock(self, pid: int) -> None:
         self._move(pid, "locked", "running", "cuCheckpointProcessUnlock")
@@ -306,6 +354,7 @@ class SimKernels:
     async def shutdown_kernel(self, kernel_id: str) -> None:
         del self.kernels[kernel_id]
         self.server.kernel_ended()
+        self.server.on_shutdown(self.server)  # counted as a kernel shut-down (Sim.kernel_culled)
 
 
 @dataclass
@@ -327,10 +376,17 @@ class SimServer:
         host: Path,
         extension: bool,
         free_mib: Callable[[SimServer], float] = lambda _s: float(GPU_MIB),
+        overcommit: int = 1,
+        virtualised: bool = False,
+        clock: Callable[[], datetime] | None = None,
     ):
         self.user, self.started, self.gpu = user, v(m), gpu
+        self.uuid = f"GPU-sim-{gpu:04d}"  # the physical GPU, as NVML names it
+        self.virtualised = virtualised  # HAMi-core: its NVML shows its slice, not the GPU
         self.kernels = SimKernels(self)
+        self.on_shutdown: Callable[[SimServer], None] = lambda _s: None
         now = _dt(v(m))
+        self.clock = clock or (lambda: now)
         self.settings: dict[str, Any] = {
             "kernel_manager": self.kernels, "started": now, "api_last_activity": now,
             "last_activity_times": {},
@@ -342,28 +398,52 @@ class SimServer:
         )
         self.monitor.reason, self.monitor.started = None, now  # readings come from here
         self.monitor.pod = PodInfo.from_environ(env)
-        # hibernation through the fake checkpoint driver, in a pod with POD_HOST_MEMORY_GIB
-        # the driver restores only what the GPU has room for (#44 otherwise: lost)
+        # hibernation through the fake checkpoint driver, in a pod with POD_HOST_MEMORY_GIB;
+        # the driver restores only what the physical GPU has room for (#44 otherwise: lost)
         self.driver = SimCheckpointDriver(
             lambda _pid: free_mib(self) >= self.monitor.hibernator.memory_of(self.kernel_id or "")
         )
-        self.monitor.hibernator = Hibernator(
+        hib = self.monitor.hibernator = Hibernator(
             driver=self.driver,
-            retry_first=0.01,  # after a refused restore, the next try (virtual time: no waits)
             log=QUIET,
             cpu_probe_seconds=0,  # no real kernel processes to watch (virtual time)
             retry_refused_after=0,  # a refused kernel is tried at each (virtual) reading
             cgroup_root=str(host),
             meminfo_path=str(host / "meminfo"),
+            # virtual time: a waiting resume moves only when the culler's grant or a reading
+            # with room wakes it (never at a real-clock timeout in the middle of a minute)
+            retry_first=FOREVER,
+            room_poll=FOREVER,
+            wait_bound=FOREVER,
         )
-        # the replay resumes a kernel only where its GPU has room (below), as room.py demands
-        self.monitor.hibernator.room = lambda _s: Room(True, "the replay checked the GPU's room")
+        hib.now = self.clock  # type: ignore[method-assign]
+        hib.offload = _inline  # type: ignore[method-assign]
+        # the real swap agent (serverext/swap.py): the culler's orders and grants, the room
+        # check before every restore (serverext/room.py), in the environment FracSpawner gives
+        # the pod (FRACSPAWNER_GPU_OVERCOMMIT; HAMi-core's CUDA_DEVICE_MEMORY_LIMIT_0)
+        self.report_now = False  # the agent wants a report at once (swap.py report_soon)
+        pod_env = {ENV_OVERCOMMIT: str(overcommit)}
+        if virtualised:
+            pod_env["CUDA_DEVICE_MEMORY_LIMIT_0"] = f"{int(self.slice_mib())}m"
+        with mock.patch.dict(os.environ, pod_env):
+            for key in [k for k in os.environ if k.startswith(HAMI_ENV) and not virtualised]:
+                os.environ.pop(key)
+            self.swap = SwapAgent(self.monitor, self._report_soon, log=QUIET)
+        self.swap.room_check = FOREVER  # its watch looks once; the replay looks each minute
         self.kernel_id: str | None = None
         self.kernel_mib = float(user.memory_mib)  # what its kernel holds once it uses the GPU
         self.holds_memory = self.run_alive = self.busy = False
+        self.child_run = False  # the run works in a child process of the kernel
+        self.pod = ""  # its pod's name (the culler's pod watch)
         self.hub_last = v(m)
         self.serial = 0
         self.tab_was_open = False
+
+    def slice_mib(self) -> float:
+        return GPU_MIB * self.user.gpu_equivalent
+
+    def _report_soon(self, _seconds: float) -> None:
+        self.report_now = True
 
     def kernel_ended(self) -> None:
         self.kernel_id, self.holds_memory, self.run_alive = None, False, False
@@ -387,6 +467,24 @@ class SimServer:
         return self.kernel_mib
 
 
+class PodWatch:
+    """The culler's pod watch (serverpods.py) as the replay has the pods: each server's node,
+    and on HAMi the device its allocation names (`hami.io/vgpu-devices-allocated`)."""
+
+    def __init__(self, sim: Sim) -> None:
+        self.sim = sim
+
+    def placement(self, name: str, namespace: str | None = None) -> Placement | None:
+        s = self.sim.pods.get(name)
+        if s is None:
+            return None
+        node = f"node-{self.sim.cluster.node_of(s.gpu)}"
+        return Placement(node, 1, frozenset({s.uuid}) if s.virtualised else None)
+
+    def known(self, address: str) -> bool:
+        return False  # reports are handed over in process, not from pod addresses
+
+
 class Sim:
     """One mix under one culler, on one backend family's pool, on a fixed cluster."""
 
@@ -407,7 +505,6 @@ class Sim:
         # (`admits`); the users kept waiting for memory while slots were free
         self.admission_waits = 0
         self.gpu_state_lost = 0  # kernels of stopped servers whose restore met #44
-        self.budget_shutdowns = 0  # hibernated kernels shut down for their node's host budget
         # where kernels share the GPU's physical memory: a time-sliced GPU, or any pool that
         # commits more memory than the GPU has; a cell needing memory there may find no room
         self.shared_memory = family == "time_sliced" or overcommit > 1
@@ -431,6 +528,12 @@ class Sim:
         self.resume_failures = 0
         self.host_peak_node_mib = 0.0
         self.host_peak_total_mib = 0.0
+        self.pods: dict[str, SimServer] = {}  # pod name -> server (the culler's pod watch)
+        self.now_t = v(0)  # the virtual clock (seconds), for the servers' and culler's clocks
+        self.virtualised = family == "reserving"  # HAMi-core's NVML: the pod's slice only
+        self.memory_waits = 0  # minutes a cell waited for its kernel's room on the GPU
+        self.restores = 0  # resumes the real restore path brought back
+        self.swap_orders = self.grants = self.budget_orders = 0  # what the culler's answers said
 
     def hub_users(self) -> list[dict]:
         options = {"gpu": "1/4", "pool": self.pool}
@@ -443,6 +546,9 @@ class Sim:
         s = self.servers.pop(name, None)
         if s is not None:
             u = s.user
+            self.pods.pop(s.pod, None)
+            for kid in list(s.monitor.hibernator.kernels):
+                s.monitor.hibernator.forget(kid)  # the pod is gone: its waits end with it
             self.used[s.gpu] -= 1
             self.gpu_state_lost += len(s.driver.lost)
             self.culls.append(Cull("server", name, self.minute, s.busy, u.present[self.minute]))
@@ -479,8 +585,23 @@ class Sim:
             self.host,
             self.extension,
             lambda me: self.gpu_free_mib(me.gpu, me),
+            overcommit=self.overcommit,
+            virtualised=self.virtualised,
+            clock=lambda: _dt(self.now_t),
         )
+        s.on_shutdown = self.kernel_culled
+        s.driver.on_restore = lambda _pid: self.resume_seconds.append(
+            copy_seconds(s.monitor.hibernator.memory_of(s.kernel_id or ""))
+        )
+        s.pod = pod_name(u.name, "")
+        self.pods[s.pod] = s
         return s
+
+    def kernel_culled(self, s: SimServer) -> None:
+        """A kernel shut down: by its server's kernel_gpu_idle, or by the culler's order for
+        its node's host memory budget (swap.py); counted as a kernel shut-down."""
+        u = s.user
+        self.culls.append(Cull("kernel", u.name, self.minute, s.busy, u.present[self.minute]))
 
     def admits(self, gpu: int, u: User) -> bool:
         """Over-commit sells more slots than the GPU has memory: a server is seated on an
@@ -500,7 +621,7 @@ class Sim:
 
     async def step(self, m: int, culler: Culler | None, url: str) -> None:
         self.minute = m
-        now_t = v(m)
+        now_t = self.now_t = v(m)
         now = _dt(now_t)
         for u in self.users:
             s = self.demand(u, m)
@@ -514,24 +635,20 @@ class Sim:
                 continue
             self.tab(u, s, m, now)
             # a cell, or a run, on a hibernated kernel: its message resumes it first
-            # (resume.py); on a shared GPU only where the GPU has room for its memory again
+            # (resume.py), through the real restore path: the room check (room.py: the
+            # culler's grant, or NVML of the device where that counts), then the #44 driver; a
+            # resume that waits for room is reported (swap.waiting), and the cell waits
             if s.hibernated() and (u.cell[m] and u.present[m] or u.run[m]):
-                hib = s.monitor.hibernator
-                memory = hib.memory_of(s.kernel_id)
-                if self.shared_memory and self.gpu_free_mib(s.gpu, s) < memory:
-                    self.resume_failures += 1  # the cell waits: co-tenants filled the GPU
-                else:
-                    task = hib.resume(s.kernel_id, "a message to the kernel")
-                    if task is not None and await task:
-                        self.resume_seconds.append(copy_seconds(memory))
+                s.monitor.hibernator.resume(s.kernel_id, "a message to the kernel")
+                await settle()
+                if s.hibernated():
+                    self.memory_waits += 1  # this minute's cell waits for room
             self.act(u, s, m, now)
         if self.extension:
             for s in list(self.servers.values()):
-                # reports go every minute in the product; the culler only reads the one before
-                # each of its cycles, so the replay builds that one
-                await self.server_side(s, m, now, culler, report=m % 5 == 0)
-            if m % 5 == 0 and culler is not None:
-                await self.host_budget(culler, m)
+                await self.server_side(s, m, now)
+            if culler is not None:
+                await self.exchange(culler, m)
         if m % 5 == 0:  # CHP's activity poll and the servers' activity posts (300 s each)
             for s in self.servers.values():
                 s.hub_last = max(s.hub_last, jupyter_last_activity(s.settings).timestamp())
@@ -544,34 +661,54 @@ class Sim:
             await cull_idle(url, "token", 3600, QUIET, concurrency=10, api_page_size=MAX_PAGE)
         self.measure(m)
 
-    async def host_budget(self, culler: Culler, m: int) -> None:
-        """The culler's host memory budget per node (culler/hostbudget.py), from the reports it
-        holds, as `Culler.host_budget_orders` plans it; the replay knows each server's node
-        (the product's pod watch), and each server shuts the kernels named down as
-        serverext/swap.py does (counted as kernel shut-downs)."""
-        budget = culler.host_memory_budget_mib
-        holders = []
-        for user, _server, report in culler.reports.latest():
-            s = self.servers.get(user)
-            if s is None or not report.hibernated_kernels:
-                continue
-            holders.append(
-                Holder(user, "", f"node-{self.cluster.node_of(s.gpu)}",
-                       GPU_MIB * s.user.gpu_equivalent, bool(report.present),
-                       report.hibernated_kernels)
-            )  # fmt: skip
-        for e in plan_evictions(holders, budget):
-            s = self.servers.get(e.user)
-            hib = s.monitor.hibernator if s is not None else None
-            k = hib.kernels.get(e.kernel_id) if hib is not None else None
-            if s is None or k is None or k.state not in ("hibernated", "restore_failed"):
-                continue
-            if k.waiting():
-                continue
-            await s.kernels.shutdown_kernel(e.kernel_id)
-            hib.forget(e.kernel_id)
-            self.budget_shutdowns += 1
-            self.culls.append(Cull("kernel", e.user, m, s.busy, s.user.present[m]))
+    async def exchange(self, culler: Culler, m: int) -> None:
+        """Each server's report and the culler's answer (reporter.py, swap.py, the culler's
+        `answer_report`): once a minute, then again within the minute for the servers whose
+        answer or swap agent asked for one (`report_in`, `report_soon`: a swap done, a resume
+        that waits), up to ROUNDS rounds ROUND_SECONDS apart. The answer goes to the server's
+        real SwapAgent (swap orders, grants, waits, the host budget's shut-downs) and its
+        Presence (the user at another server of theirs). Without over-commit the culler has
+        nothing to say to a report but where a resume waits, so there the replay builds the
+        report before each culler cycle (every 5 min), and those a server asks for."""
+        every = 1 if self.overcommit > 1 else 5  # see `report_every`
+        due = [s for s in self.servers.values() if m % every == 0 or s.report_now]
+        for r in range(ROUNDS):
+            self.now_t = v(m) + r * ROUND_SECONDS
+            for s in due:
+                if self.servers.get(s.user.name) is s:
+                    s.report_now = False
+                    await self.report(s, culler)
+                    await settle()
+            due = [s for s in self.servers.values() if s.report_now]
+            if not due:
+                break
+        self.now_t = v(m)
+
+    async def report(self, s: SimServer, culler: Culler) -> None:
+        now = _dt(self.now_t)
+        if self.now_t != v(self.minute):  # a report within the minute: a fresh reading
+            self.read(s, now)
+        body = s.swap.extend(
+            s.monitor.report(
+                server_last_activity=server_activity(s.settings, now),
+                user_last_activity=user_activity(s.settings, now),
+                now=now,
+            )
+        )
+        parsed = parse_report(json.loads(json.dumps(body)), received_at=self.now_t)
+        who = Identity(s.user.name, "")
+        culler.on_report(who, culler.reports.put(s.user.name, "", parsed))
+        answer = culler.answer_report(who, now=self.now_t)
+        if not answer:
+            return
+        swap = answer.get("swap") or {}
+        self.swap_orders += len(swap.get("hibernate") or [])
+        self.grants += len(swap.get("resume") or [])
+        self.budget_orders += len(swap.get("shutdown") or [])
+        s.swap.on_answer(answer)
+        presence = s.settings.get(PRESENCE_KEY)
+        if presence is not None:
+            presence.on_culler_answer(answer, now)
 
     def tab(self, u: User, s: SimServer, m: int, now: datetime) -> None:
         """The person's JupyterLab tab this minute: its polling, and its presence report."""
@@ -601,6 +738,7 @@ class Sim:
                 kernel.last_activity = s.kernels.last_kernel_activity = now
             if run_start:
                 s.run_alive = True
+                s.child_run = u.child_runs  # launched in a child process: the kernel is idle
         s.busy = False
         if s.kernel_id is not None:
             kernel = s.kernels.kernels[s.kernel_id]
@@ -612,7 +750,7 @@ class Sim:
                 if self.gpu_free_mib(s.gpu, s) < s.kernel_mib:
                     self.resume_failures += 1
                     s.busy = running = False
-            kernel.execution_state = "busy" if (running or cell) else "idle"
+            kernel.execution_state = "busy" if (running and not s.child_run or cell) else "idle"
             s.holds_memory = s.holds_memory or s.busy
             if s.busy and u.grows and s.kernel_mib < GROWS_TO * u.memory_mib:
                 # a kernel that grows as it works (caches, bigger batches): 1 % of its size a
@@ -643,35 +781,40 @@ class Sim:
         self.host_peak_node_mib = max(self.host_peak_node_mib, *per_node.values(), 0.0)
         self.host_peak_total_mib = max(self.host_peak_total_mib, sum(per_node.values()))
 
-    async def server_side(
-        self, s: SimServer, m: int, now: datetime, culler: Culler | None, report: bool
-    ) -> None:
-        """What the extension does in the server this minute: read, shut down, report."""
-        u = s.user
+    async def server_side(self, s: SimServer, m: int, now: datetime) -> None:
+        """What the extension does in the server this minute: read the GPU, shut down and
+        hibernate."""
+        self.read(s, now)
+        await s.monitor.cull_idle_kernels(now)  # each counted by SimKernels.shutdown_kernel
+        self.hibernations += len(await s.monitor.hibernate_idle_kernels(now))
+        # where NVML of the device counts (swap.py `_watch_room`), a waiting resume is woken
+        # as soon as a reading shows room for it: here, at each reading
+        s.swap.wake_if_room()
+        await settle()
+
+    def read(self, s: SimServer, now: datetime) -> None:
+        """The monitor's GPU reading now (NVML of the device; HAMi-core's virtualised view on
+        the reserving pool). The product reads every few seconds: before each report too."""
         procs = []
         if s.on_gpu_mib():
             util = BUSY if s.busy else 0.0
-            procs = [GpuProcess("0", s.kernel_mib, util, kernel_id=s.kernel_id)]
-        used = sum(p.memory_mib for p in procs)
-        device = GpuDevice("0", "NVIDIA H100 80GB HBM3", "GPU-sim", GPU_MIB, used, None)
+            kernel = s.kernels.kernels[s.kernel_id or ""]
+            # a run in a child process of the kernel (subprocess, `!python train.py &`): its
+            # own pid, found to be the kernel's by the process tree (attribution.py)
+            pid = kernel.pid + CHILD_PID if s.child_run and s.run_alive else kernel.pid
+            procs = [GpuProcess("0", s.kernel_mib, util, pid=pid, kernel_id=s.kernel_id)]
+        own = sum(p.memory_mib for p in procs)
+        if s.virtualised:  # HAMi-core: the pod's limit and its own use, never the GPU's
+            device = GpuDevice("0", GPU_NAME, s.uuid, s.slice_mib(), own, None)
+        else:  # NVML of the device: what every process on the GPU holds
+            used = GPU_MIB - self.gpu_free_mib(s.gpu, None)
+            device = GpuDevice("0", GPU_NAME, s.uuid, GPU_MIB, used, None)
         s.monitor.apply(
             GpuSample("simulated", [device], procs),
             [(s.kernel_id, p) for p in procs],
             set(s.kernels.list_kernel_ids()),
             now,
         )
-        for _ in await s.monitor.cull_idle_kernels(now):
-            self.culls.append(Cull("kernel", u.name, m, s.busy, u.present[m]))
-        self.hibernations += len(await s.monitor.hibernate_idle_kernels(now))
-        if not report or culler is None:
-            return
-        body = s.monitor.report(
-            server_last_activity=server_activity(s.settings, now),
-            user_last_activity=user_activity(s.settings, now),
-            now=now,
-        )
-        parsed = parse_report(json.loads(json.dumps(body)), received_at=v(m))
-        culler.on_report(Identity(u.name, ""), culler.reports.put(u.name, "", parsed))
 
     def summary(self) -> dict:
         present = {u.name: u.present for u in self.users}
@@ -697,8 +840,11 @@ class Sim:
             "hibernations": self.hibernations,
             "resumes": len(self.resume_seconds),
             "resume_failures": self.resume_failures,
+            "memory_waits": self.memory_waits,
+            "swap_orders": self.swap_orders,
+            "grants": self.grants,
+            "host_budget_orders": self.budget_orders,
             "admission_waits": self.admission_waits,
-            "host_budget_shutdowns": self.budget_shutdowns,
             "gpu_state_lost": self.gpu_state_lost
             + sum(len(s.driver.lost) for s in self.servers.values()),
             "runs": len(self.runs),
@@ -785,12 +931,19 @@ async def replay(users: list[User], kind: str, family: str, cluster: Cluster, tm
                 f"--catalog={path}",
                 "--report-url=http://127.0.0.1:9",  # reports are handed over in process
                 "--namespace=jhub",
+                # servers on a GPU under pressure report again in 30 s (one more report within
+                # the replay's minute), not 20
+                f"--Culler.swap_report_in={ROUND_SECONDS}",
             ]
         )
+        culler.server_pods = PodWatch(sim)  # where each pod is, as the pod watch knows it
     started = time.perf_counter()
+    # the pods' cgroup files are the same all along in the replay: read once, not per report
+    headroom = functools.cache(hibernate_module.host_headroom)
     try:
-        for m in range(HORIZON):
-            await sim.step(m, culler, url)
+        with mock.patch.object(hibernate_module, "host_headroom", headroom):
+            for m in range(HORIZON):
+                await sim.step(m, culler, url)
     finally:
         server.stop()
     out = sim.summary()
@@ -865,7 +1018,12 @@ def half_gpus(row: dict, base: dict, half: Cluster, full: Cluster) -> dict:
         "wait_p95_min": row["wait_p95_min"],
         "baseline_wait_p95_min": base["wait_p95_min"],
         "admission_waits": row["admission_waits"],
-        "memory_waits": row["resume_failures"],
+        "memory_waits": row["memory_waits"],
+        "cuda_oom_in_cells": row["resume_failures"],
+        "swap_orders": row["swap_orders"],
+        "grants": row["grants"],
+        "resumes": row["resumes"],
+        "host_budget_orders": row["host_budget_orders"],
         "stalled_runs": row["stalled_runs"],
         "baseline_stalled_runs": base["stalled_runs"],
     }
@@ -900,9 +1058,6 @@ async def bench_days(tmp: Path) -> tuple[dict, dict, dict]:
             )
         rows[HIBERNATE_ROW] = await replay(users, HIBERNATE_ROW, "time_sliced", cluster, tmp)
         rows[KERNEL_ON_ROW] = await replay(users, KERNEL_ON_ROW, "reserving", cluster, tmp)
-        rows[OVERCOMMIT_KERNEL_OFF] = await replay(
-            users, OVERCOMMIT_KERNEL_OFF, "time_sliced", cluster, tmp
-        )
         # the headline (issue 36): the same trace on half the GPUs, over-committed
         half = replace(cluster, gpus=max(1, cluster.gpus // 2))
         for family in FAMILIES:
@@ -1053,7 +1208,11 @@ COLUMNS = [
     ("server_stops", "server stops"),
     ("kernel_shutdowns", "kernel shut-downs"),
     ("hibernations", "hibernations"),
-    ("resume_failures", "resume failures"),
+    ("resume_failures", "CUDA OOM in cells"),
+    ("memory_waits", "cell-minutes waiting for room"),
+    ("swap_orders", "swap orders"),
+    ("grants", "grants"),
+    ("host_budget_orders", "host budget shut-downs"),
     ("admission_waits", "waits for memory at admission"),
     ("gpu_state_lost", "GPU state lost (#44)"),
     ("stalled_runs", "stalled runs"),
@@ -1067,7 +1226,6 @@ ROWS = [
     (KERNEL_ON_ROW, "fracspawner, reserving, kernel_gpu_idle 30m (set in the catalog)"),
     ("fracspawner_reserving_overcommit", "fracspawner, reserving, overcommit 2 (HAMi scaling)"),
     ("fracspawner_time_sliced_overcommit", "fracspawner, time-sliced, overcommit 2"),
-    (OVERCOMMIT_KERNEL_OFF, "fracspawner, time-sliced, overcommit 2, kernel_gpu_idle off"),
     ("fracspawner_reserving_half_gpus", "fracspawner, reserving, overcommit 2, HALF the GPUs"),
     ("fracspawner_time_sliced_half_gpus", "fracspawner, time-sliced, overcommit 2, HALF the GPUs"),
 ]

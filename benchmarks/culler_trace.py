@@ -67,6 +67,9 @@ class User:
     leaves_tab_open: float = 0.0  # chance that leaving leaves the tab open and visible
     hides_tab: float = 0.0  # chance that a lecture's notebook tab is hidden behind the slides
     grows: bool = False  # the kernel's memory grows while it works (caches, bigger batches)
+    # its silent runs work in a child process of the kernel (`subprocess.Popen`, `!python
+    # train.py &`): the kernel is idle while the run holds the GPU
+    child_runs: bool = False
     present: list[bool] = field(default_factory=_flags)  # the person is there
     input: list[bool] = field(default_factory=_flags)  # ... and touches keyboard or mouse
     tab_open: list[bool] = field(default_factory=_flags)  # a visible tab: polls the REST API
@@ -186,6 +189,8 @@ def research(rng: random.Random, n: int = 12) -> list[User]:
             f"res-{i:02d}", rng.choice([10240, 16384, 20480]), leaves_tab_open=0.4,
             grows=rng.random() < 0.3,
         )  # fmt: skip
+        # its own draw: the mix's other draws (and so the days) stay as they were
+        u.child_runs = random.Random(f"{u.name}-child").random() < 0.3
         ends = []
         t = at(8.5) + rng.randint(0, 90)
         for day in (0, 1):

@@ -98,38 +98,97 @@ def test_the_traces_hold_users_as_they_behave():
     assert any(u.grows for u in research)
 
 
-def test_the_replay_keeps_each_node_s_hibernated_kernels_within_the_culler_s_budget(
-    tmp_path: Path,
-):
-    # the culler's host memory budget per node (culler/hostbudget.py) is enforced in the
-    # replay: beyond it the oldest hibernated kernel is shut down, a present user's never
-    import asyncio
-    from types import SimpleNamespace
+def _culler(sim: Sim, budget_mib: float = 65536.0):
+    """The real culler as the replay runs it: the bench catalog, the pod watch's placements, the
+    hub's record of each server (what a culler cycle would list)."""
+    from benchmarks.bench_culler import FAMILIES, PodWatch
+    from fracspawner.backends import load_catalog
+    from fracspawner.culler.app import Culler
+    from fracspawner.culler.decide import ServerFacts
 
-    from fracspawner.culler.hostbudget import HibernatedKernel
+    culler = Culler(host_memory_budget_mib=budget_mib)
+    culler._catalog = load_catalog(bench_catalog(None, OVERCOMMIT))
+    culler.server_pods = PodWatch(sim)
+    for name in sim.servers:
+        options = {"gpu": "1/4", "pool": FAMILIES[sim.family]}
+        culler.known[(name, "")] = ServerFacts(name, user_options=options)
+    return culler
+
+
+def _hibernate(s, now) -> None:
+    import asyncio
+
+    k = s.ensure_kernel(now)
+    s.holds_memory = True
+    hib = s.monitor.hibernator
+    state = asyncio.run(hib.hibernate(s.kernel_id, [k.pid], s.kernel_mib, kernel_pid=k.pid))
+    assert state == "hibernated"
+
+
+def test_the_culler_s_answer_keeps_each_node_within_its_host_budget(tmp_path: Path):
+    # the culler's host memory budget per node (culler/hostbudget.py) through the real answer:
+    # the replay's reports go to Culler.answer_report, whose `swap.shutdown` orders the servers'
+    # SwapAgents carry out (counted as kernel shut-downs); a user in session is spared
+    import asyncio
+
+    from benchmarks.bench_culler import _dt
 
     users = _lab(3, 20000)
     sim = Sim(users, OVERCOMMIT_KIND, Cluster(1), "time_sliced", bench_catalog(None, OVERCOMMIT),
               OVERCOMMIT)  # fmt: skip
     sim.host = pod_host(tmp_path)
-    now = datetime.fromtimestamp(v(0), timezone.utc)
-    reports = []
-    for i, u in enumerate(users):
-        s = sim.demand(u, 0)
-        assert s is not None
-        k = s.ensure_kernel(now)
-        s.holds_memory = True
-        hib = s.monitor.hibernator
-        assert asyncio.run(hib.hibernate(s.kernel_id, [k.pid], 20000.0, kernel_pid=k.pid)) == (
-            "hibernated"
-        )
-        kernel = HibernatedKernel(s.kernel_id, 20000.0, since=float(i))
-        reports.append((u.name, "", SimpleNamespace(hibernated_kernels=(kernel,),
-                                                    present=i == 0)))  # fmt: skip
-    culler = SimpleNamespace(
-        host_memory_budget_mib=30000.0, reports=SimpleNamespace(latest=lambda: reports)
-    )
-    asyncio.run(sim.host_budget(culler, 0))  # 60,000 MiB on the node: two must go
-    assert sim.budget_shutdowns == 2
+    now = _dt(v(0))
+    for u in users:
+        _hibernate(sim.demand(u, 0), now)
+    sim.tab(users[0], sim.servers["lab-00"], 0, now)  # lab-00's person is at a visible tab
+    culler = _culler(sim, budget_mib=30000.0)
+
+    async def minute() -> None:
+        for s in list(sim.servers.values()):
+            sim.read(s, now)
+        await sim.exchange(culler, 0)
+
+    asyncio.run(minute())  # 60,000 MiB hibernated on the node: two must go
+    assert sim.budget_orders == 2
     assert sim.servers["lab-00"].kernel_id is not None  # its user is present: kept
     assert sim.servers["lab-01"].kernel_id is None and sim.servers["lab-02"].kernel_id is None
+    assert [c.kind for c in sim.culls] == ["kernel", "kernel"]
+
+
+def test_a_resume_on_a_full_gpu_waits_for_the_culler_s_grant_and_loses_nothing(tmp_path: Path):
+    # the restore path of the product (issue 36 item 1) in the replay: a cell on a hibernated
+    # kernel whose GPU a co-tenant filled waits (the room check: only the culler's grant counts
+    # on an over-committed pool), is reported as waiting, and is restored once the culler
+    # grants room; the #44 driver never sees a restore into a full GPU
+    import asyncio
+
+    from benchmarks.bench_culler import _dt
+
+    users = _lab(2, 20000)
+    sim = Sim(users, OVERCOMMIT_KIND, Cluster(1), "time_sliced", bench_catalog(None, OVERCOMMIT),
+              OVERCOMMIT)  # fmt: skip
+    sim.host = pod_host(tmp_path)
+    now = _dt(v(0))
+    a, b = (sim.demand(u, 0) for u in users)
+    _hibernate(a, now)
+    b.ensure_kernel(now)
+    b.holds_memory, b.busy, b.kernel_mib = True, True, 70000.0  # a co-tenant's run fills it
+    culler = _culler(sim)
+
+    async def minute(m: int) -> None:
+        sim.minute, sim.now_t = m, v(m)
+        a.monitor.hibernator.resume(a.kernel_id, "a cell")
+        for s in (a, b):
+            sim.read(s, _dt(v(m)))
+        await sim.exchange(culler, m)
+
+    async def day() -> None:
+        await minute(1)
+        assert a.hibernated() and a.monitor.hibernator.kernels[a.kernel_id].waiting()
+        b.kernel_mib = 20000.0  # the run ends: its memory goes
+        await minute(2)
+
+    asyncio.run(day())
+    assert not a.hibernated() and a.on_gpu_mib() == 20000.0
+    assert sim.grants == 1 and a.driver.restored == 1
+    assert sim.summary()["gpu_state_lost"] == 0
