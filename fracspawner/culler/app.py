@@ -39,6 +39,7 @@ from .prometheus import query as prom_query
 from .receiver import MAX_BODY, ReportRate, receiver_app, report_server
 from .reports import EVENTS_PER_HOUR, CulledKernel, ReportStore, shown
 from .room import gpu_rooms
+from .shared import own_share
 from .state import CullerState, CullEvent, server_row
 from .stateapi import state_handler
 from .swapdesk import SwapDesk, seats_from
@@ -830,7 +831,9 @@ class Culler(CullerApplication):
                     sources["extension"] = report.gpu
             elif holds:
                 sources["extension"] = None
-        return facts, sources
+        # on a shared GPU, DCGM's reading is the device's: a neighbour's work is not this
+        # server's where its own report knows (shared.py)
+        return facts, own_share(sources, facts.gpu_slice)
 
     # --- one cycle ----------------------------------------------------------------------------
     async def cull_once(self, now: float | None = None) -> CycleResult:
