@@ -68,6 +68,21 @@ def record_keys(catalog: Any) -> RecordKeys:
     )
 
 
+def _gpu_equivalent(raw: Any) -> Decimal | None:
+    """parse_gpu_equivalent, one Decimal shared by the pods of each value (a few values,
+    "0.125", "0.25", recur on thousands of pods)."""
+    if not isinstance(raw, str):
+        return parse_gpu_equivalent(raw)
+    if raw not in _EQUIVALENTS:
+        if len(_EQUIVALENTS) >= 1024:
+            _EQUIVALENTS.clear()
+        _EQUIVALENTS[raw] = parse_gpu_equivalent(raw)
+    return _EQUIVALENTS[raw]
+
+
+_EQUIVALENTS: dict[str, Decimal | None] = {}
+
+
 def uses_dra(catalog: Any) -> bool:
     """Whether a pool of the catalog counts from DRA objects (ResourceSlices, claims)."""
     for pool in catalog.pools.values():
@@ -180,7 +195,8 @@ class LiveCapacity:
 
     def put_pod(self, raw: Mapping[str, Any]) -> bool:
         """Add or update a pod (a terminated pod, or one holding nothing countable, goes)."""
-        return self._put(pod_key(raw), pod_record(raw, self.keys))
+        record = pod_record(raw, self.keys)
+        return self._put(record.key if record is not None else pod_key(raw), record)
 
     def drop_pod(self, key: str) -> bool:
         return self._put(key, None)
@@ -199,9 +215,11 @@ class LiveCapacity:
         """A full list of pods: what is not in it is gone."""
         seen = set()
         for raw in raws:
-            key = pod_key(raw)
+            record = pod_record(raw, self.keys)
+            # the record's own key string: one copy a pod, not two equal ones
+            key = record.key if record is not None else pod_key(raw)
             seen.add(key)
-            self._put(key, pod_record(raw, self.keys))
+            self._put(key, record)
         for key in [k for k in self.index.pods if k not in seen]:
             self._put(key, None)
 
@@ -248,7 +266,7 @@ class LiveCapacity:
         raw = record.annotations.get(GPU_EQUIVALENT_ANNOTATION)
         if not user or raw is None:
             return
-        value = parse_gpu_equivalent(raw)
+        value = _gpu_equivalent(raw)
         if value is None:
             log.warning("Pod %s: ignoring malformed %s=%r", key, GPU_EQUIVALENT_ANNOTATION, raw)
             value = Decimal(0)

@@ -65,16 +65,22 @@ class RecordKeys:
         object.__setattr__(self, "node_annotation_match", _matcher(self.node_annotations))
 
 
-def _keep(source: Mapping[str, Any], match: Matcher) -> dict:
+def _keep(source: Mapping[str, Any], match: Matcher, *, share: bool = True) -> dict:
+    """The entries of `source` that `match` keeps; `share`: one dict for equal sets (labels
+    recur on thousands of pods; annotations naming a user or a node's devices do not)."""
     exact, prefixes = match
     if not source:
         return _EMPTY
     kept = {k: v for k, v in source.items() if k in exact or k.startswith(prefixes)}
-    return _intern(kept) if kept else _EMPTY
+    if not kept:
+        return _EMPTY
+    return _intern(kept) if share else kept
 
 
 #: one shared empty dict, and a bounded table of repeated small dicts (the same few label,
-#: request and allocatable sets recur on thousands of pods and nodes)
+#: request and allocatable sets recur on thousands of pods and nodes). Only what a record
+#: keeps is entered, never a pod's unique annotations; when full the table starts over (the
+#: records keep their dicts), so new sets are shared again instead of never.
 _EMPTY: dict = {}
 _INTERNED: dict[tuple, dict] = {}
 _INTERN_LIMIT = 8192
@@ -83,13 +89,14 @@ _INTERN_LIMIT = 8192
 def _intern(d: dict) -> dict:
     try:
         key = tuple(sorted(d.items()))
-    except TypeError:  # unorderable values: keep the dict as it is
+        found = _INTERNED.get(key)
+    except TypeError:  # unorderable or unhashable values: keep the dict as it is
         return d
-    found = _INTERNED.get(key)
     if found is not None:
         return found
-    if len(_INTERNED) < _INTERN_LIMIT:
-        _INTERNED[key] = d
+    if len(_INTERNED) >= _INTERN_LIMIT:
+        _INTERNED.clear()
+    _INTERNED[key] = d
     return d
 
 
@@ -151,7 +158,7 @@ def node_record(node: Mapping[str, Any], keys: RecordKeys) -> NodeRecord:
     return NodeRecord(
         name=str(meta(node).get("name", "")),
         labels=dict(labels(node)),
-        annotations=_keep(annotations(node), keys.node_annotation_match),
+        annotations=_keep(annotations(node), keys.node_annotation_match, share=False),
         allocatable=_intern(alloc) if alloc else _EMPTY,
         taints=taints,
         ready=is_ready(node),
@@ -164,14 +171,14 @@ def pod_record(pod: Mapping[str, Any], keys: RecordKeys) -> PodRecord | None:
     if not is_active(pod):
         return None
     requests = extended_requests(pod)
-    kept_labels = _keep(labels(pod), keys.pod_label_match)
-    kept_annotations = _keep(annotations(pod), keys.pod_annotation_match)
+    kept_labels = _keep(labels(pod), keys.pod_label_match, share=False)
+    kept_annotations = _keep(annotations(pod), keys.pod_annotation_match, share=False)
     if (
         not requests
         and not kept_labels
         and not (kept_annotations.keys() - keys.context_annotations)
     ):
-        return None
+        return None  # nothing entered in the shared table for a pod that is not kept
     node = bound_node(pod)
     assumed = None
     if not node and keys.assumed_node_annotation:
@@ -182,6 +189,6 @@ def pod_record(pod: Mapping[str, Any], keys: RecordKeys) -> PodRecord | None:
         node=node,
         assumed=assumed,
         requests=_intern(requests) if requests else _EMPTY,
-        labels=kept_labels,
+        labels=_intern(kept_labels) if kept_labels else _EMPTY,
         annotations=kept_annotations,
     )
