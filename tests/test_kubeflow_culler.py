@@ -413,3 +413,41 @@ def test_the_status_probe_follows_no_redirect_reads_a_bounded_body_and_clamps(tm
     ahead = app.judge(_nb("nb", recorded=parse_time("2100-01-01T00:00:00Z")), None, {}, now)
     honest = app.judge(_nb("nb", recorded=now), None, {}, now)
     assert ahead.decision == honest.decision
+
+
+def test_a_list_answered_429_is_asked_again_when_the_apiserver_says():
+    """The apiserver answers 429 "storage is (re)initializing" to the first list of a kind
+    whose watch cache is not ready (a CRD's objects, first asked; seen on the real control
+    plane for Workspaces: tests/test_rbac_real.py): the culler waits as told and asks again,
+    as client-go does, instead of failing the cycle."""
+    import json
+
+    from fracspawner.culler.kubeflow import KubeflowCuller, retry_after
+
+    status = {"kind": "Status", "code": 429, "message": "storage is (re)initializing",
+              "details": {"retryAfterSeconds": 1}}  # fmt: skip
+    assert retry_after("2", b"") == 2.0
+    assert retry_after(None, json.dumps(status).encode()) == 1.0
+    assert retry_after("soon", b"not json") == 1.0
+    assert retry_after("3600", b"") == 10.0  # bounded
+
+    class Answer:
+        def __init__(self, code: int, body: dict) -> None:
+            self.status, self.headers, self._body = code, {"Retry-After": "0"}, body
+
+        async def read(self) -> bytes:
+            return json.dumps(self._body).encode()
+
+    class Api:
+        def __init__(self) -> None:
+            self.answers = [Answer(429, status), Answer(429, status),
+                            Answer(200, {"items": [{"metadata": {"name": "ws"}}]})]  # fmt: skip
+
+        async def call_api(self, path: str, method: str, **_: Any) -> Any:
+            return self.answers.pop(0)
+
+    culler = KubeflowCuller()
+    api = Api()
+    culler._api = api
+    items = asyncio.run(culler._list("/apis/kubeflow.org/v1beta1/workspaces", optional=True))
+    assert items == [{"metadata": {"name": "ws"}}] and api.answers == []

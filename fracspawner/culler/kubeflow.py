@@ -201,6 +201,32 @@ class Outcome:
 
 
 # --------------------------------------------------------------------------- the service
+#: times a list answered 429 is asked again (client-go's rest.Request retries up to 10)
+_RETRIES_429 = 5
+
+
+def retry_after(header: str | None, body: bytes) -> float:
+    """Seconds to wait before asking again after a 429: the Retry-After header, else the
+    Status's details.retryAfterSeconds, else 1; at most 10."""
+    for raw in (header, _status_retry_after(body)):
+        try:
+            seconds = float(raw)  # type: ignore[arg-type]
+        except (TypeError, ValueError):
+            continue
+        if seconds >= 0:
+            return min(seconds, 10.0)
+    return 1.0
+
+
+def _status_retry_after(body: bytes) -> Any:
+    try:
+        status = json.loads(body)
+    except ValueError:
+        return None
+    details = status.get("details") if isinstance(status, dict) else None
+    return details.get("retryAfterSeconds") if isinstance(details, dict) else None
+
+
 class KubeflowCuller(CullerApplication):
     name = "fracspawner-culler-kubeflow"
     description = "Stop idle GPU notebooks of Kubeflow (Notebooks 1.x and 2.0), counting GPU work."
@@ -354,17 +380,25 @@ class KubeflowCuller(CullerApplication):
     ) -> list[dict[str, Any]]:
         """GET a list from the API server (raw JSON); a kind not served is [] when optional."""
         api = await self._client()
-        response = await api.call_api(
-            path,
-            "GET",
-            query_params=[("labelSelector", selector)] if selector else [],
-            header_params={"Accept": "application/json"},
-            auth_settings=["BearerToken"],
-            _preload_content=False,
-            _request_timeout=self.request_timeout,
-        )
-        response = response[0] if isinstance(response, tuple) else response
-        body = await response.read()
+        for attempt in range(_RETRIES_429 + 1):
+            response = await api.call_api(
+                path,
+                "GET",
+                query_params=[("labelSelector", selector)] if selector else [],
+                header_params={"Accept": "application/json"},
+                auth_settings=["BearerToken"],
+                _preload_content=False,
+                _request_timeout=self.request_timeout,
+            )
+            response = response[0] if isinstance(response, tuple) else response
+            body = await response.read()
+            if response.status != 429 or attempt == _RETRIES_429:
+                break
+            # "storage is (re)initializing": the apiserver's watch cache of a kind is not
+            # ready yet (the first list of a CRD's objects, an apiserver just started); it
+            # says when to ask again, and client-go waits and retries (rest/request.go)
+            headers = getattr(response, "headers", None) or {}
+            await asyncio.sleep(retry_after(headers.get("Retry-After"), body))
         if response.status == 404 and optional:
             return []
         if response.status != 200:

@@ -1,0 +1,407 @@
+"""The chart's RBAC, bitten by the real apiserver (issue 35 item 3): every component of the
+chart that talks to the Kubernetes API does its real work on the real control plane (with the
+node agent's nodes) authenticated by a service-account token bound to exactly the RBAC the
+chart renders (tests/rbac_support.py applies it), so a verb the chart forgets is a 403 here
+and a failed test. The hub's ServiceAccount is z2jh's, with z2jh's hub Role beside the
+chart's roles for it. Then one verb is taken away: the culler without `list` on pods is
+refused by the apiserver and says so in its log. docs/controlplane.md "RBAC".
+
+Without the control-plane binary these tests skip on a developer's machine and fail in CI."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+import yaml
+
+from devcluster.controlplane import ControlPlane
+from devcluster.controlplane.serviceaccounts import apply
+from devcluster.nodeagent import NodeAgent
+from devcluster.topology import load_topology
+from tests.chart_support import NAMESPACE, Container, objects, one, render
+from tests.conftest import REPO
+from tests.rbac_support import (
+    CULLER,
+    HUB,
+    KUBEFLOW_CULLER,
+    SERVICE,
+    VALUES,
+    WEBHOOK,
+    install,
+    rendered_rbac,
+    without_verb,
+    z2jh_hub_rbac,
+)
+from tests.test_controlplane import _binary, eventually, get_json, kubectl, with_token
+
+pytestmark = [pytest.mark.e2e, pytest.mark.slow]
+DRA_CATALOG = REPO / "examples" / "catalogs" / "dra.yaml"
+DRA_TOPOLOGY = REPO / "devcluster" / "topologies" / "dra.yaml"
+SERVER_LABELS = {"component": "singleuser-server"}
+
+
+@pytest.fixture(scope="module")
+def cp(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ControlPlane]:
+    _binary()
+    with ControlPlane.start(tmp_path_factory.mktemp("controlplane")) as running:
+        yield running
+
+
+@pytest.fixture(scope="module")
+def agent(cp: ControlPlane) -> Iterator[NodeAgent]:
+    """The DRA topology's nodes ("pods do not run" mode): a CPU node and three DRA GPU nodes."""
+    topology = load_topology(DRA_TOPOLOGY)
+    with NodeAgent.start(topology, cp.server, cp.pki.ca, cp.state_dir / "nodeagent") as running:
+        yield running
+
+
+@pytest.fixture(scope="module")
+def tokens(cp: ControlPlane, tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    """ServiceAccount -> a kubeconfig with its token, the chart's RBAC and z2jh's hub Role
+    applied."""
+    return install(cp, rendered_rbac() + z2jh_hub_rbac(), tmp_path_factory.mktemp("tokens"))
+
+
+def _server_pod(cp: ControlPlane, name: str) -> dict:
+    """A server pod in the release namespace as KubeSpawner labels one, Running on a node."""
+    pod = {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"name": name, "namespace": NAMESPACE, "labels": SERVER_LABELS},
+        "spec": {
+            "nodeSelector": {"kubernetes.io/hostname": "cpu-1"},
+            "containers": [{"name": "notebook", "image": "quay.io/jupyter/base-notebook"}],
+        },
+    }
+    kubectl(cp, "apply", "-f", "-", stdin=pod)
+    return eventually(
+        lambda: (p := get_json(cp, "pod", name, "-n", NAMESPACE))["status"].get("podIP") and p,
+        f"server pod {name} running with an address",
+    )
+
+
+def test_every_service_account_the_chart_renders_gets_a_token(tokens: dict[str, Path]):
+    assert set(tokens) == {HUB, CULLER, SERVICE, WEBHOOK, KUBEFLOW_CULLER}
+    for path in tokens.values():
+        assert "token:" in path.read_text() and "client-certificate" not in path.read_text()
+
+
+def test_a_token_holds_its_roles_and_nothing_more(cp: ControlPlane, tokens: dict[str, Path]):
+    """The hub's token reads secrets where z2jh's Role grants it (the release namespace), not
+    in every namespace; the service's token lists nodes (the capacity ClusterRole), not
+    secrets: the tokens are the ServiceAccounts', not the admin's."""
+
+    def status(account: str, path: str) -> int:
+        token = yaml.safe_load(tokens[account].read_text())["users"][0]["user"]["token"]
+        return with_token(cp, token, path)[0]
+
+    assert eventually(lambda: status(HUB, f"/api/v1/namespaces/{NAMESPACE}/secrets") == 200,
+                      "the hub's Role is in force")  # fmt: skip
+    assert status(HUB, "/api/v1/secrets") == 403
+    assert eventually(lambda: status(SERVICE, "/api/v1/nodes") == 200, "the capacity role")
+    assert status(SERVICE, f"/api/v1/namespaces/{NAMESPACE}/secrets") == 403
+
+
+async def test_the_culler_watches_the_hubs_server_pods_with_its_token(
+    cp: ControlPlane, agent: NodeAgent, tokens: dict[str, Path]
+):
+    """The culler's server pod watch (fracspawner/culler/serverpods.py) lists and watches
+    the release namespace's server pods with the culler's token: a server pod's address is
+    known, and forgotten once the pod is deleted (the watch, not the list, saw that)."""
+    from fracspawner.culler.serverpods import ServerPods
+
+    address = (await asyncio.to_thread(_server_pod, cp, "jupyter-ann"))["status"]["podIP"]
+    pods = ServerPods(NAMESPACE, kubeconfig=str(tokens[CULLER]))
+    pods.start()
+    try:
+        await asyncio.wait_for(pods.listed.wait(), 60)
+        assert pods.known(address)
+        await asyncio.to_thread(kubectl, cp, "delete", "pod", "jupyter-ann", "-n", NAMESPACE)
+        deadline = time.monotonic() + 60
+        while pods.known(address):
+            assert time.monotonic() < deadline, "the watch never saw the pod go"
+            await asyncio.sleep(0.2)
+        assert pods.failures == 0
+    finally:
+        await pods.stop()
+
+
+def test_the_culler_without_pods_list_is_refused_and_says_so(
+    cp: ControlPlane, agent: NodeAgent, tokens: dict[str, Path], tmp_path: Path
+):
+    """The chart's culler Role re-applied without `list` on pods: the culler, run as its
+    rendered Deployment runs it with its ServiceAccount's token, is refused 403 by the
+    apiserver's RBAC authoriser, and its log says so in words an admin can act on: which
+    account, which verb on what, where, and what in the chart grants it. It keeps running
+    and retrying, and watches again once the chart's Role is back."""
+    rendered = rendered_rbac()
+    full = next(o for o in rendered if o["kind"] == "Role" and o["metadata"]["name"] == CULLER)
+    apply(cp.client, [without_verb(rendered, "Role", CULLER, "pods", "list")])
+    account = f"system:serviceaccount:{NAMESPACE}:{CULLER}"
+    token = yaml.safe_load(tokens[CULLER].read_text())["users"][0]["user"]["token"]
+    pods = f"/api/v1/namespaces/{NAMESPACE}/pods"
+    eventually(lambda: with_token(cp, token, pods)[0] == 403, "the authoriser sees the edit")
+    culler = None
+    try:
+        objs = objects(render(VALUES))
+        culler = Container(
+            one(objs, "Deployment", "culler"),
+            objs,
+            tmp_path / "culler",
+            secrets={("hub", "hub.services.fracspawner-culler.apiToken"): "culler-token",
+                     ("hub", "hub.services.fracspawner.apiToken"): "service-token"},
+            fields={"metadata.namespace": NAMESPACE},
+            # in its pod the culler reads the projected token; here the same token's kubeconfig
+            env={"KUBECONFIG": str(tokens[CULLER])},
+        )  # fmt: skip
+        line = eventually(
+            lambda: next(
+                (x for x in culler.output().splitlines() if "watch server pods" in x), None
+            ),
+            "the culler says its server pod watch failed",
+        )
+        assert culler.process.poll() is None, culler.output()  # no crash loop
+        assert "forbidden" in line, line
+        assert f'User "{account}" cannot list resource "pods"' in line, line  # the apiserver's
+        assert f"the culler's ServiceAccount {CULLER} may not list pods in namespace " \
+               f"{NAMESPACE}" in line, line  # fmt: skip
+        assert f"the chart's Role {CULLER}" in line, line
+        assert "culler.watchServerPods" in line, line
+        # the Role as the chart renders it again: the culler, still retrying, recovers; it
+        # says so at its watch's first event (a server pod changing: its list already had it)
+        apply(cp.client, [full])
+        _server_pod(cp, "jupyter-bob")
+        deadline, poke = time.monotonic() + 120, 0
+        while "watching server pods again" not in culler.output():
+            assert time.monotonic() < deadline, culler.output()
+            poke += 1
+            kubectl(cp, "label", "pod", "jupyter-bob", "-n", NAMESPACE, f"poke={poke}",
+                    "--overwrite")  # fmt: skip
+            time.sleep(2)
+    finally:
+        if culler is not None:
+            culler.stop()
+        apply(cp.client, [full])
+        kubectl(cp, "delete", "pod", "jupyter-bob", "-n", NAMESPACE, "--ignore-not-found")
+
+
+@pytest.mark.parametrize("account", [SERVICE, HUB])
+async def test_the_capacity_watch_runs_on_the_service_s_and_the_hub_s_token(
+    cp: ControlPlane, agent: NodeAgent, tokens: dict[str, Path], account: str
+):
+    """The live-capacity watch (fracspawner/capacity/watch.py) of the live-offers service and
+    of FracSpawner in z2jh's hub, with a DRA catalog: nodes, pods, ResourceSlices and
+    ResourceClaims listed and watched with each one's token (the chart's capacity
+    ClusterRole), a node's new label seen through the watch, and no reflector refused."""
+    from kubernetes_asyncio import client, config
+
+    from fracspawner.backends import load_catalog
+    from fracspawner.capacity.watch import CapacityWatcher
+
+    saved = client.Configuration.get_default_copy()
+    # what kubespawner's load_config does in the pod (in-cluster config: this token)
+    await config.load_kube_config(config_file=str(tokens[account]))
+    watcher = CapacityWatcher(load_catalog(DRA_CATALOG), first_load_timeout=60)
+    label = f"rbac-{account}"
+    try:
+        await watcher.start()
+        assert [r.kind for r in watcher._reflectors] == [
+            "nodes", "pods", "resourceslices", "resourceclaims"
+        ]  # fmt: skip
+        assert watcher.freshness() == (False, 0.0), [
+            (r.kind, r.failures) for r in watcher._reflectors
+        ]
+        assert {n.name for n in watcher.nodes()} >= {"gpu-h100-dra", "cpu-1"}
+        offers = watcher.snapshot().pools["h100-dra"]
+        assert offers["1/8"].total, offers  # the DRA devices, counted from the slices
+        await asyncio.to_thread(kubectl, cp, "label", "node", "cpu-1", f"{label}=seen")
+        deadline = time.monotonic() + 60
+        while next(n for n in watcher.nodes() if n.name == "cpu-1").labels.get(label) != "seen":
+            assert time.monotonic() < deadline, "the node watch never delivered the label"
+            await asyncio.sleep(0.2)
+        assert [(r.kind, r.failures) for r in watcher._reflectors if r.failures] == []
+    finally:
+        await watcher.stop()
+        client.Configuration.set_default(saved)
+        await asyncio.to_thread(kubectl, cp, "label", "node", "cpu-1", f"{label}-")
+
+
+def _review(pod: dict, uid: str) -> bytes:
+    """The AdmissionReview the apiserver sends for the notebook controller's create of `pod`."""
+    meta = pod["metadata"]
+    return json.dumps(
+        {
+            "apiVersion": "admission.k8s.io/v1",
+            "kind": "AdmissionReview",
+            "request": {
+                "uid": uid,
+                "kind": {"group": "", "version": "v1", "kind": "Pod"},
+                "resource": {"group": "", "version": "v1", "resource": "pods"},
+                "namespace": meta["namespace"],
+                "name": meta["name"],
+                "operation": "CREATE",
+                "userInfo": {"username": "system:serviceaccount:kubeflow:notebook-controller"},
+                "object": pod,
+                "dryRun": False,
+            },
+        }
+    ).encode()
+
+
+async def test_the_webhook_admits_a_dra_notebook_with_its_token(
+    cp: ControlPlane, agent: NodeAgent, tokens: dict[str, Path]
+):
+    """The Kubeflow webhook's own code (fracspawner/kubeflow) with the webhook's token: it
+    reads the profile namespace, watches pods and ResourceClaims, makes the DRA offer's
+    ResourceClaimTemplate in the profile namespace and keeps the quota reservations in
+    ConfigMaps of the release namespace (created, then updated), as the chart's ClusterRole
+    and Role allow."""
+    from fracspawner.backends import load_catalog
+    from fracspawner.capacity.apiconfig import load_configuration
+    from fracspawner.kubeflow.admission import parse_review
+    from fracspawner.kubeflow.cluster import Cluster
+    from fracspawner.kubeflow.webhook import Webhook
+
+    profile = "kf-team"
+    await asyncio.to_thread(kubectl, cp, "create", "namespace", profile)
+    cluster = Cluster(await load_configuration(str(tokens[WEBHOOK])))
+    catalog = yaml.safe_load(DRA_CATALOG.read_text())
+    catalog["access"] = {"default": {"pools": ["h100-dra"], "max_gpu": 0.5}}  # a quota: a ledger
+    webhook = Webhook(load_catalog(catalog), cluster, ledger_namespace=NAMESPACE)
+    webhook.start()
+    answers = []
+    try:
+        for n in range(2):  # the second updates the reservation record the first created
+            pod = {
+                "apiVersion": "v1",
+                "kind": "Pod",
+                "metadata": {
+                    "name": f"nb{n}-0",
+                    "namespace": profile,
+                    "labels": {"notebook-name": f"nb{n}", "fracspawner.io/pool": "h100-dra",
+                               "fracspawner.io/gpu": "0.125"},
+                },
+                "spec": {"containers": [{"name": f"nb{n}", "image": "example.org/nb:1"}]},
+            }  # fmt: skip
+            review = parse_review(_review(pod, f"6e4b8c1a-0000-4000-8000-00000000000{n}"))
+            answers.append(await webhook.review(review))
+    finally:
+        await webhook.stop()
+        await cluster.close()
+    for answer in answers:
+        assert answer["response"]["allowed"] is True, answer
+        assert answer["response"].get("patch"), answer  # the slice was applied
+    assert webhook.watch.failures == 0
+    assert webhook.dra is not None and webhook.dra.watch._watch.failures == 0  # the claims
+    templates = await asyncio.to_thread(
+        get_json, cp, "resourceclaimtemplates.resource.k8s.io", "-n", profile
+    )
+    assert templates["items"], "the DRA offer's ResourceClaimTemplate was not made"
+    records = await asyncio.to_thread(get_json, cp, "configmaps", "-n", NAMESPACE)
+    assert f"fracspawner-quota.{profile}" in {c["metadata"]["name"] for c in records["items"]}
+
+
+def test_the_kubeflow_culler_stops_an_idle_notebook_with_its_token(
+    cp: ControlPlane, agent: NodeAgent, tokens: dict[str, Path], tmp_path: Path
+):
+    """A culling cycle of the Kubeflow culler (fracspawner/culler/kubeflow.py) with its token:
+    it lists Notebooks and Workspaces and the notebooks' pods in every namespace, and stops the
+    idle Notebook with a merge PATCH, as the chart's ClusterRole allows."""
+    from fracspawner.culler.kubeflow import KubeflowCuller, rfc3339
+    from tests.test_chart import IDLE_CATALOG, SLICE_LABELS
+
+    ns = "kf-idle"
+    kubectl(cp, "create", "namespace", ns)
+    eventually(
+        lambda: kubectl(cp, "get", "sa", "default", "-n", ns, check=False).returncode == 0,
+        f"namespace {ns}'s default ServiceAccount",
+    )
+    then = rfc3339(time.time() - 7200)  # Kubeflow recorded its activity two hours ago
+    notebook = {
+        "apiVersion": "kubeflow.org/v1",
+        "kind": "Notebook",
+        "metadata": {"name": "idle", "namespace": ns,
+                     "annotations": {"notebooks.kubeflow.org/last-activity": then}},
+        "spec": {"template": {"spec": {"containers": [{"name": "idle", "image": "scipy"}]}}},
+    }  # fmt: skip
+    pod = {  # as the notebook controller's StatefulSet makes it
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"name": "idle-0", "namespace": ns,
+                     "labels": {"notebook-name": "idle", "statefulset": "idle", **SLICE_LABELS}},
+        "spec": {"nodeSelector": {"kubernetes.io/hostname": "cpu-1"},
+                 "containers": [{"name": "idle", "image": "scipy"}]},
+    }  # fmt: skip
+    kubectl(cp, "apply", "-f", "-", stdin={"apiVersion": "v1", "kind": "List",
+                                           "items": [notebook, pod]})  # fmt: skip
+    eventually(
+        lambda: get_json(cp, "pod", "idle-0", "-n", ns)["status"].get("phase") == "Running",
+        "the notebook's pod runs",
+    )
+    catalog = tmp_path / "catalog.yaml"
+    catalog.write_text(yaml.safe_dump(IDLE_CATALOG))
+    app = KubeflowCuller()
+    app.initialize(
+        [f"--kubeconfig={tokens[KUBEFLOW_CULLER]}", f"--catalog={catalog}", "--status-url="]
+    )
+    outcomes = asyncio.run(app.cull_once())
+    done = {(o.notebook.kind, o.notebook.name) for o in outcomes
+            if o.done and o.notebook.namespace == ns}  # fmt: skip
+    assert done == {("Notebook", "idle")}, [(o.notebook.log_name, o.decision.reason)
+                                            for o in outcomes]  # fmt: skip
+    annotations = get_json(cp, "notebook", "idle", "-n", ns)["metadata"]["annotations"]
+    assert "kubeflow-resource-stopped" in annotations
+
+
+async def test_the_hub_spawns_and_stops_a_dra_server_with_z2jh_s_role_and_the_chart_s(
+    cp: ControlPlane, agent: NodeAgent, tokens: dict[str, Path]
+):
+    """FracSpawner in z2jh's hub, with the hub's token (z2jh's hub Role, the chart's capacity
+    ClusterRole and claim-templates Role): a spawn on the DRA pool makes the offer's
+    ResourceClaimTemplate, a PVC, a Service and the pod, watches pods and events, waits for the
+    pod to run (its claim allocated by kube-scheduler); stop and delete_forever remove them.
+    Not exercised: secrets (kubespawner makes one only with internal_ssl)."""
+    from kubernetes_asyncio import client, config
+
+    from tests.hub_support import HubUsers, running_server
+
+    saved = client.Configuration.get_default_copy()
+    # kubespawner's load_config runs once per process (lru_cache): set the hub's token here
+    await config.load_kube_config(config_file=str(tokens[HUB]))
+    hub = HubUsers(
+        {"FracSpawner": {"catalog_file": str(DRA_CATALOG), "namespace": NAMESPACE,
+                         "storage_pvc_ensure": True, "storage_capacity": "1Gi",
+                         "services_enabled": True, "start_timeout": 180}},
+        live_capacity=True,
+    )  # fmt: skip
+    hub.kubeconfig = tokens[HUB]
+    spawner = hub.spawner(hub.user("ann"))
+    try:
+        spawner.user_options = {"gpu": "1/8", "pool": "h100-dra"}
+        spawner.server = running_server(spawner)
+        url = await spawner.start()
+        assert url, url
+        pod = await asyncio.to_thread(get_json, cp, "pod", spawner.pod_name, "-n", NAMESPACE)
+        assert pod["status"]["phase"] == "Running"
+        assert pod["spec"]["resourceClaims"][0]["resourceClaimTemplateName"]
+        made = await asyncio.to_thread(
+            lambda: {kind: [o["metadata"]["name"] for o in get_json(cp, kind, "-n", NAMESPACE)
+                            ["items"]]
+                     for kind in ("resourceclaimtemplates.resource.k8s.io", "pvc", "services")}
+        )  # fmt: skip
+        assert made["resourceclaimtemplates.resource.k8s.io"], made
+        assert spawner.pvc_name in made["pvc"], made
+        assert spawner.pod_name in made["services"], made
+        await spawner.stop()
+        await spawner.delete_forever()
+    finally:
+        client.Configuration.set_default(saved)
+    gone = await asyncio.to_thread(
+        kubectl, cp, "get", "pod", spawner.pod_name, "-n", NAMESPACE, check=False
+    )
+    assert gone.returncode != 0 and "NotFound" in gone.stderr, gone
