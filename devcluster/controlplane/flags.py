@@ -89,6 +89,9 @@ def kube_apiserver(pki: ClusterPKI, ports: Ports) -> list[str]:
         f"--kubelet-client-certificate={pki.apiserver_kubelet_client.cert}",
         f"--kubelet-client-key={pki.apiserver_kubelet_client.key}",
         f"--kubelet-certificate-authority={pki.ca.cert}",
+        # as kubeadm sets it: a node's Hostname (its name here) resolves nowhere; the node
+        # agent's kubelet API is at its InternalIP (devcluster/nodeagent/kubeletapi.py)
+        "--kubelet-preferred-address-types=InternalIP,ExternalIP,Hostname",
         f"--proxy-client-cert-file={pki.front_proxy_client.cert}",
         f"--proxy-client-key-file={pki.front_proxy_client.key}",
         f"--requestheader-client-ca-file={pki.front_proxy_ca.cert}",

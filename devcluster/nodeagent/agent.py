@@ -26,6 +26,7 @@ from devcluster.probes import DEFAULT_BACKOFF
 from . import nodeobject, podstatus
 from .client import ApiError, Client
 from .credentials import node_kubeconfig
+from .kubeletapi import KubeletAPI
 from .runtime import ProcessRuntime
 from .serviceenv import kubernetes_service, pod_service_env
 from .slices import node_slices
@@ -55,6 +56,8 @@ class NodeRunner:
         self._say = say
         self._ips: dict[str, str] = {}  # pod uid -> IP
         self.runtime = runtime
+        #: where the apiserver finds this node's kubelet API (daemonEndpoints)
+        self.kubelet_port = nodeobject.KUBELET_PORT
         #: the `kubernetes` Service as pods reach the apiserver (its env variables)
         self.apiserver = kubernetes_service("127.0.0.1", 443)
         self.uid = ""
@@ -73,7 +76,8 @@ class NodeRunner:
             patch = {"metadata": {"labels": meta["labels"], "annotations": meta["annotations"]}}
             created = self.client.merge_patch(path, patch)
         self.uid = created["metadata"]["uid"]
-        self.client.merge_patch(f"{path}/status", {"status": nodeobject.status(self.node, version)})
+        status = nodeobject.status(self.node, version, self.kubelet_port)
+        self.client.merge_patch(f"{path}/status", {"status": status})
         self._renew()
         if self.dra:
             self._publish_slices()
@@ -250,6 +254,7 @@ class NodeAgent:
         self.runners = runners
         self._say = say
         self.runtime = runtime
+        self.kubelet_api: KubeletAPI | None = None  # set by start()
         self._stop = threading.Event()
         self._threads: list[threading.Thread] = []
 
@@ -265,16 +270,42 @@ class NodeAgent:
         images: Mapping[str, list[str]] | None = None,
         say: Callable[[str], None] = lambda _msg: None,
         restart_backoff: tuple[float, float] = DEFAULT_BACKOFF,
+        kubelet_api: bool = True,
     ) -> NodeAgent:
         """`mode`: "no-run" (pods reported Running, nothing runs) or "run" (each pod's first
         container runs as a local process); `images`: run mode's command for an image whose
         container names none (devcluster.kubelet.DEFAULT_COMMAND otherwise);
-        `restart_backoff`: run mode's crash-loop back-off, (initial, maximum) seconds."""
+        `restart_backoff`: run mode's crash-loop back-off, (initial, maximum) seconds;
+        `kubelet_api`: serve the kubelet API (exec, logs, port-forward: kubeletapi.py)."""
         if mode not in ("no-run", "run"):
             raise ValueError(f"node agent: mode must be 'no-run' or 'run', not {mode!r}")
+        api = KubeletAPI.start(ca, Path(state_dir) / "kubelet-api") if kubelet_api else None
         runtime = None
-        if mode == "run":
-            runtime = ProcessRuntime(Path(state_dir) / "pods", images, restart_backoff)
+        try:
+            if mode == "run":
+                published = api.pods_dir if api else None
+                runtime = ProcessRuntime(
+                    Path(state_dir) / "pods", images, restart_backoff, published
+                )
+            return cls._start(topology, server, ca, state_dir, say, runtime, api)
+        except BaseException:
+            if runtime is not None:
+                runtime.close()
+            if api is not None:
+                api.stop()
+            raise
+
+    @classmethod
+    def _start(
+        cls,
+        topology: Mapping[str, Any],
+        server: str,
+        ca: KeyPair,
+        state_dir: Path,
+        say: Callable[[str], None],
+        runtime: ProcessRuntime | None,
+        api: KubeletAPI | None,
+    ) -> NodeAgent:
         port = urllib.parse.urlsplit(server).port or 443
         dra = topology.get("dra") or {}
         runners = []
@@ -283,8 +314,11 @@ class NodeAgent:
             client = Client(node_kubeconfig(ca, server, name, Path(state_dir)))
             runner = NodeRunner(node, dra.get(name), client, index, say, runtime)
             runner.apiserver = kubernetes_service("127.0.0.1", port)
+            if api is not None:
+                runner.kubelet_port = api.port
             runners.append(runner)
         agent = cls(runners, say, runtime)
+        agent.kubelet_api = api
         version = runners[0].client.get("/version")["gitVersion"] if runners else ""
         for runner in runners:
             runner.register(version)
@@ -316,6 +350,8 @@ class NodeAgent:
             thread.join(timeout=WATCH_SECONDS + 35)
         if self.runtime is not None:
             self.runtime.close()
+        if self.kubelet_api is not None:
+            self.kubelet_api.stop()
 
     def __enter__(self) -> NodeAgent:
         return self

@@ -17,6 +17,7 @@ from typing import Any
 from devcluster import probes
 from devcluster.kubelet import Kubelet
 
+from .kubeletapi import PublishingKubelet
 from .podworker import NodeApi, PodWorker
 
 
@@ -26,13 +27,21 @@ class ProcessRuntime:
         state_dir: Path,
         images: Mapping[str, list[str]] | None = None,
         backoff: tuple[float, float] = probes.DEFAULT_BACKOFF,
+        pods_dir: Path | None = None,
     ) -> None:
+        """`pods_dir`: where each started container is published to the kubelet API
+        (kubeletapi.py); None: nowhere."""
         self._loop = asyncio.new_event_loop()
         self._thread = threading.Thread(
             target=self._loop.run_forever, name="nodeagent-runtime", daemon=True
         )
         self._thread.start()
-        self.kubelet = Kubelet(Path(state_dir), images, bind_mounts=True)
+        if pods_dir is None:
+            self.kubelet = Kubelet(Path(state_dir), images, bind_mounts=True)
+        else:
+            self.kubelet = PublishingKubelet(
+                Path(state_dir), images, bind_mounts=True, pods_dir=pods_dir
+            )
         self.backoff = backoff
         self.workers: dict[str, PodWorker] = {}  # pod uid -> its worker (on the loop)
         self._ended: set[str] = set()  # uids whose worker removed the pod

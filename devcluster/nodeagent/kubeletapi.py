@@ -1,0 +1,180 @@
+"""The kubelet API of the agent's nodes: what the apiserver proxies pods/exec, attach, log and
+portforward to (`kubectl exec`, `logs`, `port-forward`). It is served by the control-plane
+binary's `kubelet-api` subcommand (controlplane/kubeletapi.go, built on the kubelet's own
+streaming code, k8s.io/cri-streaming), one process for every node of the topology: each Node
+advertises InternalIP 127.0.0.1 and its port in status.daemonEndpoints.kubeletEndpoint.Port.
+
+- TLS as the apiserver expects of a kubelet (--kubelet-certificate-authority): a serving
+  certificate for 127.0.0.1 signed by the cluster CA;
+- only the apiserver gets in: a client certificate the cluster CA verifies (401 without one)
+  whose CN is the apiserver's --kubelet-client-certificate's, kube-apiserver-kubelet-client
+  (403 for any other, a node's or the admin's included);
+- the pods: `publish` writes, when a container starts, one JSON file per pod in `pods_dir`
+  (its process, env, working directory, namespaces, log file and IP), which the process reads
+  per request. A file stays after its container exits (its log stays readable) until a pod of
+  the same name starts again or the agent stops.
+
+The process dies with the thread that started it (PR_SET_PDEATHSIG, as the launcher's
+components), so a node agent killed outright leaves no kubelet-api behind."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import socket
+import ssl
+import time
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+from devcluster.certs import issue
+from devcluster.controlplane.binary import find_binary
+from devcluster.controlplane.pki import KeyPair
+from devcluster.controlplane.ports import PortReservation
+from devcluster.controlplane.processes import Component, ComponentDied, log_tail
+from devcluster.kubelet import Kubelet, Running
+
+from .credentials import load_ca
+
+#: the apiserver's kubelet client identity (devcluster/controlplane/pki.py)
+APISERVER_CLIENT = "kube-apiserver-kubelet-client"
+READY_SECONDS = 30.0
+
+
+def pod_file(pods_dir: Path, namespace: str, name: str) -> Path:
+    """`<namespace>_<name>.json`: neither a namespace nor a pod name can hold '_'."""
+    return pods_dir / f"{namespace}_{name}.json"
+
+
+def _start_time(pid: int) -> str:
+    """/proc/<pid>/stat's starttime (field 22): tells the container's process from a later
+    process given the same pid."""
+    try:
+        raw = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return ""
+    return raw.rsplit(") ", 1)[1].split()[19]
+
+
+def pod_record(pod: Mapping[str, Any], running: Running) -> dict[str, Any]:
+    """What the kubelet-api process reads about a running pod (controlplane/kubeletpods.go)."""
+    meta = pod["metadata"]
+    containers = [c["name"] for c in pod["spec"]["containers"]]
+    pid = running.process.pid
+    return {
+        "namespace": meta["namespace"],
+        "name": meta["name"],
+        "uid": meta.get("uid", ""),
+        "container": containers[0],  # the runner runs the first container only
+        "containers": containers,
+        "pid": pid,
+        "start_time": _start_time(pid),
+        "env": dict(running.env),
+        "cwd": running.cwd,
+        "log": str(running.log_path),
+        "ip": running.ip,
+        "namespaces": list(running.namespaces),
+    }
+
+
+def publish(pods_dir: Path, pod: Mapping[str, Any], running: Running) -> None:
+    """Write the pod's file whole (a reader never sees half of it)."""
+    meta = pod["metadata"]
+    target = pod_file(pods_dir, meta["namespace"], meta["name"])
+    tmp = target.with_suffix(f".{os.getpid()}.tmp")
+    tmp.write_text(json.dumps(pod_record(pod, running)))
+    tmp.chmod(0o600)  # the container's env may hold secrets
+    tmp.replace(target)
+
+
+class PublishingKubelet(Kubelet):
+    """The runner, publishing each container it starts (restarts included) to the kubelet API."""
+
+    def __init__(self, *args: Any, pods_dir: Path, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.pods_dir = pods_dir
+
+    async def start(self, pod: Mapping[str, Any], *args: Any, **kwargs: Any) -> Running:
+        running = await super().start(pod, *args, **kwargs)
+        publish(self.pods_dir, pod, running)
+        return running
+
+
+class KubeletAPI:
+    """One `kube-controlplane kubelet-api` process on a port of its own."""
+
+    def __init__(self, state_dir: Path, port: int, component: Component,
+                 reservation: PortReservation, ca_cert: Path) -> None:  # fmt: skip
+        self.state_dir = state_dir
+        self.ca_cert = ca_cert  # what the serving certificate is signed by
+        self.pods_dir = state_dir / "pods"
+        self.port = port
+        self.component = component
+        self._reservation = reservation
+
+    @classmethod
+    def start(cls, ca: KeyPair, state_dir: Path, binary: Path | None = None) -> KubeletAPI:
+        """Serve on a reserved loopback port; returns once it answers (ComponentDied with its
+        log when it exits first, TimeoutError when it does not answer)."""
+        state_dir = Path(state_dir).resolve()
+        state_dir.mkdir(parents=True, exist_ok=True)
+        pods_dir = state_dir / "pods"
+        shutil.rmtree(pods_dir, ignore_errors=True)  # a former run's pods are not this one's
+        pods_dir.mkdir(mode=0o700)
+        serving = issue(load_ca(ca), ["127.0.0.1", "localhost"], state_dir, name="kubelet")
+        reservation = PortReservation(1)
+        port = reservation.ports[0]
+        argv = [
+            str(binary or find_binary()), "kubelet-api",
+            f"--port={port}",
+            f"--tls-cert-file={serving.cert_file}",
+            f"--tls-private-key-file={serving.key_file}",
+            f"--client-ca-file={ca.cert}",
+            f"--allowed-names={APISERVER_CLIENT}",
+            f"--pods-dir={pods_dir}",
+        ]  # fmt: skip
+        component = Component("kubelet-api", argv, state_dir / "kubelet-api.log")
+        api = cls(state_dir, port, component, reservation, Path(ca.cert))
+        try:
+            component.start()
+            api._wait_ready()
+        except BaseException:
+            api.stop()
+            raise
+        return api
+
+    def _wait_ready(self) -> None:
+        """Serving once a TLS request without a client certificate is answered 401."""
+        tls = ssl.create_default_context(cafile=str(self.ca_cert))
+        deadline = time.monotonic() + READY_SECONDS
+        while True:
+            self.component.check()
+            try:
+                with socket.create_connection(("127.0.0.1", self.port), timeout=2) as raw:
+                    with tls.wrap_socket(raw, server_hostname="127.0.0.1") as conn:
+                        conn.sendall(b"GET /healthz HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n")
+                        if conn.recv(64).startswith(b"HTTP/1.1 401"):
+                            return
+            except OSError:
+                pass
+            if time.monotonic() > deadline:
+                raise TimeoutError(
+                    f"kubelet-api did not answer on 127.0.0.1:{self.port} within "
+                    f"{READY_SECONDS:g}s; last lines of {self.component.log}:\n"
+                    f"{log_tail(self.component.log)}"
+                )
+            time.sleep(0.2)
+
+    def check(self) -> None:
+        """ComponentDied if the process exited."""
+        self.component.check()
+
+    def stop(self) -> None:
+        self.component.stop(grace=5.0)
+        self._reservation.release()
+        shutil.rmtree(self.pods_dir, ignore_errors=True)
+
+
+__all__ = ["APISERVER_CLIENT", "ComponentDied", "KubeletAPI", "PublishingKubelet", "publish"]

@@ -1,0 +1,253 @@
+"""The node agent's kubelet API (devcluster/nodeagent/kubeletapi.py, served by
+`kube-controlplane kubelet-api`, controlplane/kubeletapi.go) behind the real apiserver: `kubectl
+exec` (WebSocket v5 to the apiserver, which speaks SPDY to the kubelet) and kubernetes_asyncio's
+stream client (WebSocket v4, passed through to the kubelet) run a command beside a run-mode
+pod's container with its env and get its output and exit status; `kubectl logs` (tail,
+timestamps, follow) returns the container's output; `kubectl port-forward` reaches a port the
+pod listens on; the kubelet API refuses a request without the apiserver's client certificate
+(401) and a certificate of the same CA that is not the apiserver's (403); a stopped or killed
+agent leaves no kubelet-api process. docs/controlplane.md "Node agent"."""
+
+from __future__ import annotations
+
+import datetime
+import re
+import signal
+import ssl
+import subprocess
+import sys
+import urllib.error
+import urllib.request
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+from kubernetes_asyncio import client, config
+from kubernetes_asyncio.stream import WsApiClient
+
+from devcluster.certs import make_ca
+from devcluster.controlplane import ControlPlane
+from devcluster.controlplane.pki import issue_client
+from devcluster.network import sandboxes
+from devcluster.nodeagent import NodeAgent
+from devcluster.nodeagent.credentials import load_ca
+from devcluster.proctree import descendants, proc
+from devcluster.topology import load_topology
+from tests.test_controlplane import _binary, eventually, get_json, kubectl, namespace
+
+pytestmark = [pytest.mark.e2e, pytest.mark.slow]
+REPO = Path(__file__).resolve().parent.parent
+NS = "kapi"
+NODE = "kapi-node"
+TOPOLOGY = {"nodes": [{"name": NODE, "capacity": {"cpu": "8", "memory": "16Gi"}}]}
+
+
+@pytest.fixture(scope="module")
+def cp(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ControlPlane]:
+    _binary()
+    with ControlPlane.start(tmp_path_factory.mktemp("controlplane")) as running:
+        namespace(running, NS)
+        yield running
+
+
+@pytest.fixture(scope="module")
+def agent(cp: ControlPlane) -> Iterator[NodeAgent]:
+    state = cp.state_dir / "nodeagent"
+    with NodeAgent.start(load_topology(TOPOLOGY), cp.server, cp.pki.ca, state, mode="run") as a:
+        assert a.kubelet_api is not None
+        served = proc(a.kubelet_api.component.process.pid)
+        yield a
+    # a stopped agent leaves no kubelet-api behind
+    assert served is not None and not served.alive()
+
+
+def pod(name: str, command: list[str], **container: Any) -> dict[str, Any]:
+    return {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"name": name, "namespace": NS},
+        "spec": {
+            "restartPolicy": "Never",
+            "terminationGracePeriodSeconds": 1,
+            "containers": [{"name": "main", "image": "python", "command": command, **container}],
+        },
+    }
+
+
+def started(cp: ControlPlane, manifest: dict[str, Any], *phases: str) -> dict[str, Any]:
+    kubectl(cp, "create", "-f", "-", stdin=manifest)
+    name = manifest["metadata"]["name"]
+    return eventually(
+        lambda: (p := get_json(cp, "pod", name, "-n", NS))["status"].get("phase") in phases and p,
+        f"{name} {'/'.join(phases)}",
+    )
+
+
+@pytest.fixture(scope="module")
+def sleeper(cp: ControlPlane, agent: NodeAgent) -> str:
+    env = [{"name": "MARKER", "value": "from-the-pod-spec"}]
+    started(cp, pod("sleeper", ["sleep", "600"], env=env), "Running")
+    return "sleeper"
+
+
+def test_the_node_advertises_the_kubelet_api_port(cp, agent):
+    node = get_json(cp, "node", NODE)
+    assert node["status"]["daemonEndpoints"]["kubeletEndpoint"]["Port"] == agent.kubelet_api.port
+    assert {"type": "InternalIP", "address": "127.0.0.1"} in node["status"]["addresses"]
+
+
+def test_kubectl_exec_runs_beside_the_container_with_its_env_and_exit_status(cp, sleeper):
+    done = kubectl(cp, "exec", sleeper, "-n", NS, "--", "sh", "-c",
+                   'echo "marker=$MARKER"; echo oops >&2; exit 3', check=False)  # fmt: skip
+    assert done.returncode == 3, done.stderr
+    assert done.stdout == "marker=from-the-pod-spec\n"
+    assert "oops" in done.stderr
+    if sandboxes():  # in the pod's own UTS namespace, as the container
+        assert kubectl(cp, "exec", sleeper, "-n", NS, "--", "hostname").stdout == f"{sleeper}\n"
+    # stdin reaches the command
+    echoed = subprocess.run(
+        ["kubectl", f"--kubeconfig={cp.kubeconfig}", "exec", "-i", sleeper, "-n", NS, "--",
+         "cat"], input="through stdin\n", capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+    assert (echoed.returncode, echoed.stdout) == (0, "through stdin\n"), echoed.stderr
+    # a command that is not there: an error, not a hang
+    missing = kubectl(cp, "exec", sleeper, "-n", NS, "--", "no-such-program", check=False)
+    assert missing.returncode != 0
+    assert "no-such-program" in missing.stderr
+
+
+async def test_kubernetes_asyncio_stream_exec_gets_the_output(cp, sleeper):
+    configuration = client.Configuration()
+    await config.load_kube_config(str(cp.kubeconfig), client_configuration=configuration)
+    async with WsApiClient(configuration=configuration) as ws:
+        out = await client.CoreV1Api(ws).connect_get_namespaced_pod_exec(
+            sleeper, NS, command=["sh", "-c", "echo out; echo err >&2"],
+            stdout=True, stderr=True, stdin=False, tty=False,
+        )  # fmt: skip
+    # stdout and stderr are separate streams: their order on arrival is not the command's
+    assert sorted(out.splitlines()) == ["err", "out"]
+
+
+def test_kubectl_logs_returns_the_container_s_output(cp, agent):
+    script = "import time\nfor i in range(3): print('line', i, flush=True)\ntime.sleep(2)\n"
+    started(cp, pod("talker", ["python", "-c", script]), "Running", "Succeeded")
+    eventually(
+        lambda: kubectl(cp, "logs", "talker", "-n", NS).stdout == "line 0\nline 1\nline 2\n",
+        "talker's three lines",
+    )
+    assert kubectl(cp, "logs", "talker", "-n", NS, "--tail=1").stdout == "line 2\n"
+    stamped = kubectl(cp, "logs", "talker", "-n", NS, "--timestamps").stdout.splitlines()
+    assert [line.split(" ", 1)[1] for line in stamped] == ["line 0", "line 1", "line 2"]
+    when = datetime.datetime.fromisoformat(stamped[0].split(" ", 1)[0].replace("Z", "+00:00"))
+    age = datetime.datetime.now(datetime.timezone.utc) - when
+    assert datetime.timedelta(0) <= age < datetime.timedelta(minutes=5)
+    # --follow ends when the container does
+    followed = kubectl(cp, "logs", "-f", "talker", "-n", NS)
+    assert followed.stdout == "line 0\nline 1\nline 2\n"
+    eventually(lambda: get_json(cp, "pod", "talker", "-n", NS)["status"]["phase"] == "Succeeded",
+               "talker Succeeded")  # fmt: skip
+    # an exited container's log stays readable
+    assert kubectl(cp, "logs", "talker", "-n", NS).stdout == "line 0\nline 1\nline 2\n"
+
+
+def test_kubectl_port_forward_reaches_a_port_the_pod_listens_on(cp, agent, tmp_path: Path):
+    (tmp_path / "hello.txt").write_text("hello through the tunnel\n")
+    server = pod(
+        "web",
+        ["python", "-m", "http.server", "8000", "--bind", "0.0.0.0", "--directory",
+         str(tmp_path)],
+        ports=[{"containerPort": 8000}],
+    )  # fmt: skip
+    started(cp, server, "Running")
+    forward = subprocess.Popen(
+        ["kubectl", f"--kubeconfig={cp.kubeconfig}", "port-forward", "pod/web", ":8000",
+         "-n", NS], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    try:
+        line = forward.stdout.readline() if forward.stdout else ""
+        match = re.match(r"Forwarding from 127\.0\.0\.1:(\d+) -> 8000", line)
+        assert match, (line, forward.poll())
+        url = f"http://127.0.0.1:{match[1]}/hello.txt"
+
+        def fetch() -> str | None:
+            try:
+                with urllib.request.urlopen(url, timeout=10) as resp:
+                    return resp.read().decode()
+            except OSError:
+                return None  # the server still starting
+
+        assert eventually(fetch, "the pod's server through the tunnel", 60) == (
+            "hello through the tunnel\n"
+        )
+    finally:
+        forward.terminate()
+        forward.wait(timeout=30)
+
+
+def _kubelet_get(agent: NodeAgent, path: str, cert: Any = None) -> tuple[int, str]:
+    tls = ssl.create_default_context(cafile=str(agent.kubelet_api.ca_cert))
+    if cert is not None:
+        tls.load_cert_chain(str(cert.cert), str(cert.key))
+    url = f"https://127.0.0.1:{agent.kubelet_api.port}{path}"
+    try:
+        with urllib.request.urlopen(url, context=tls, timeout=10) as resp:
+            return resp.status, resp.read().decode()
+    except urllib.error.HTTPError as err:
+        return err.code, err.read().decode()
+
+
+def test_the_kubelet_api_lets_only_the_apiserver_in(cp, agent, sleeper, tmp_path: Path):
+    path = f"/containerLogs/{NS}/{sleeper}/main"
+    assert _kubelet_get(agent, path)[0] == 401  # no client certificate
+    # a certificate of the cluster CA that is not the apiserver's: a node's
+    node = issue_client(load_ca(cp.pki.ca), tmp_path, "node", f"system:node:{NODE}",
+                        ("system:nodes",))  # fmt: skip
+    status, body = _kubelet_get(agent, path, node)
+    assert status == 403
+    assert f"user=system:node:{NODE}" in body
+    # a certificate of another CA does not get through the TLS handshake
+    other = make_ca("someone-else")
+    stranger = issue_client(other, tmp_path, "stranger", "kube-apiserver-kubelet-client")
+    with pytest.raises((ssl.SSLError, urllib.error.URLError, ConnectionError)):
+        _kubelet_get(agent, path, stranger)
+    # the apiserver's own kubelet client certificate
+    assert _kubelet_get(agent, path, cp.pki.apiserver_kubelet_client) == (200, "")
+
+
+def test_a_killed_agent_command_takes_its_kubelet_api_along(cp, tmp_path: Path):
+    topology = tmp_path / "one.yaml"
+    topology.write_text(yaml.safe_dump({"nodes": [
+        {"name": "kill-node", "unschedulable": True, "capacity": {"cpu": "4", "memory": "8Gi"}}
+    ]}))  # fmt: skip
+    agent = subprocess.Popen(
+        [sys.executable, "-m", "devcluster.nodeagent", "--kubeconfig", str(cp.kubeconfig),
+         "--topology", str(topology)],
+        cwd=REPO, stderr=subprocess.DEVNULL,
+    )  # fmt: skip
+    try:
+
+        def served() -> Any:
+            kids = [p for p in descendants(agent.pid) if b"kubelet-api" in _cmdline(p.pid)]
+            return kids and kids[0]
+
+        kubelet_api = eventually(served, "the agent's kubelet-api process", 60)
+        eventually(
+            lambda: kubectl(cp, "get", "lease", "kill-node", "-n", "kube-node-lease",
+                            check=False).returncode == 0,
+            "kill-node's Lease",
+        )  # fmt: skip
+        agent.send_signal(signal.SIGKILL)
+        agent.wait(timeout=30)
+        eventually(lambda: not kubelet_api.alive(), "the kubelet-api process ends", 30)
+    finally:
+        agent.kill()
+        agent.wait(timeout=30)
+
+
+def _cmdline(pid: int) -> bytes:
+    try:
+        return Path(f"/proc/{pid}/cmdline").read_bytes()
+    except OSError:
+        return b""
