@@ -11,9 +11,9 @@ from fracspawner.k8s.forbidden import api_status, refused, service_account
 class Refusal(Exception):
     """Shaped as kubernetes_asyncio's ApiException: `status` and the body the server sent."""
 
-    def __init__(self, status: int, body: bytes | str | None) -> None:
+    def __init__(self, status: int, body: bytes | str | None, reason: str = "Forbidden") -> None:
         super().__init__(status)
-        self.status, self.body = status, body
+        self.status, self.body, self.reason = status, body, reason
 
 
 def _status(message: str) -> bytes:
@@ -78,3 +78,13 @@ def test_a_user_that_is_not_a_service_account_is_named_as_a_user():
     assert words is not None and "the culler's user alice may not list pods" in words
     assert service_account("system:serviceaccount:ns:name") == "name"
     assert service_account("system:serviceaccount:ns") is None
+
+
+def test_a_watch_refused_has_the_message_in_its_reason():
+    """kubernetes_asyncio's Watch raises a refused watch with reason "Forbidden: <message>"
+    and no body."""
+    message = NAMESPACED.replace("cannot list", "cannot watch")
+    words = refused(Refusal(403, None, f"Forbidden: {message}"), component="the culler",
+                    needs="-", grant=grant)  # fmt: skip
+    assert words is not None and f"({message})" in words
+    assert "ServiceAccount fracspawner-culler may not watch pods in namespace jhub" in words

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -405,3 +406,48 @@ async def test_the_hub_spawns_and_stops_a_dra_server_with_z2jh_s_role_and_the_ch
         kubectl, cp, "get", "pod", spawner.pod_name, "-n", NAMESPACE, check=False
     )
     assert gone.returncode != 0 and "NotFound" in gone.stderr, gone
+
+
+async def test_the_service_without_pods_watch_is_refused_and_says_which_role_grants_it(
+    cp: ControlPlane, agent: NodeAgent, tokens: dict[str, Path], caplog: pytest.LogCaptureFixture
+):
+    """The chart's capacity ClusterRole re-applied without `watch` on pods: the service's
+    capacity watch lists pods, is refused the watch 403, and logs the apiserver's words and
+    the chart's ClusterRole that grants it (before: 'ApiException: (403) Reason: Forbidden')."""
+    from kubernetes_asyncio import client, config
+
+    from fracspawner.backends import load_catalog
+    from fracspawner.capacity.watch import CapacityWatcher
+
+    rendered = rendered_rbac()
+    role = next(o for o in rendered if o["kind"] == "ClusterRole"
+                and o["metadata"]["name"].endswith("-capacity"))  # fmt: skip
+    await asyncio.to_thread(
+        apply, cp.client, [without_verb(rendered, "ClusterRole", role["metadata"]["name"],
+                                        "pods", "watch")]
+    )  # fmt: skip
+    token = yaml.safe_load(tokens[SERVICE].read_text())["users"][0]["user"]["token"]
+    watch = "/api/v1/pods?watch=true&timeoutSeconds=1"
+    await asyncio.to_thread(
+        eventually, lambda: with_token(cp, token, watch)[0] == 403, "the authoriser sees it"
+    )
+    saved = client.Configuration.get_default_copy()
+    await config.load_kube_config(config_file=str(tokens[SERVICE]))
+    watcher = CapacityWatcher(load_catalog(DRA_CATALOG), first_load_timeout=30)
+    caplog.set_level(logging.WARNING)
+    try:
+        await watcher.start()
+        deadline = time.monotonic() + 60
+        while not (lines := [r.getMessage() for r in caplog.records
+                             if r.getMessage().startswith("Cannot watch pods")]):  # fmt: skip
+            assert time.monotonic() < deadline, caplog.text
+            await asyncio.sleep(0.2)
+    finally:
+        await watcher.stop()
+        client.Configuration.set_default(saved)
+        await asyncio.to_thread(apply, cp.client, [role])
+    line = lines[0]
+    account = f"system:serviceaccount:{NAMESPACE}:{SERVICE}"
+    assert f'User "{account}" cannot watch resource "pods"' in line, line
+    assert f"ServiceAccount {SERVICE} may not watch pods in any namespace" in line, line
+    assert "the chart's capacity ClusterRole grants list and watch on nodes and pods" in line

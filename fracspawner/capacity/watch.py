@@ -31,6 +31,7 @@ from kubernetes_asyncio import client
 from kubespawner.reflector import ResourceReflector
 from traitlets import Bool, Float, Unicode
 
+from ..k8s.forbidden import refused
 from ..k8s.index import ASSIGNED_NODE_ANNOTATION
 from ..k8s.records import NodeRecord, PodRecord
 from .live import LiveCapacity
@@ -114,7 +115,9 @@ class _SlimReflector(ResourceReflector):
         response = await getattr(self.api, self.list_method_name)(**kwargs)
         body = await response.read()
         if not response.ok:
-            raise client.ApiException(status=response.status, reason=response.reason)
+            refused = client.ApiException(status=response.status, reason=response.reason)
+            refused.body = body  # the apiserver's Status: a 403 names what RBAC refused
+            raise refused
         listing = json.loads(body)
         self._load(listing.get("items") or [])
         return (listing.get("metadata") or {}).get("resourceVersion") or "0"
@@ -180,6 +183,23 @@ class _SlimReflector(ResourceReflector):
             )
             self.failures = 0
 
+    def _why(self, exc: BaseException) -> str:
+        """What went wrong, in words: for a 403 the apiserver's message and the chart's
+        capacity ClusterRole, which grants these watches to z2jh's hub and the service."""
+        dra = " (resourceslices and resourceclaims with dra.enabled)"
+        words = refused(
+            exc,
+            component="the capacity watch",
+            needs=f"list and watch {self.kind} in every namespace",
+            grant=lambda account: (
+                f"the chart's capacity ClusterRole grants list and watch on nodes and pods{dra} "
+                "to z2jh's hub ServiceAccount (jupyterhub.hubServiceAccount) and to the "
+                "live-offers service's: check that rbac.create is true and that it and its "
+                "ClusterRoleBinding are installed as the chart renders them"
+            ),
+        )
+        return words or f"{type(exc).__name__}: {str(exc).strip()}"
+
     async def _lost(self, exc: BaseException) -> None:
         if self.synced:  # current until now (never listed: stale since created)
             self.lost_at = time.monotonic()
@@ -191,10 +211,9 @@ class _SlimReflector(ResourceReflector):
         delay *= 1 + random.random() * 0.2  # spread the retries of many hubs
         if self.failures == 1 or self.failures % _LOG_EVERY == 0:
             self.log.warning(
-                "Cannot watch %s (%s: %s); capacity counts are stale, retrying in %.1f s",
+                "Cannot watch %s (%s); capacity counts are stale, retrying in %.1f s",
                 self.kind,
-                type(exc).__name__,
-                exc,
+                self._why(exc),
                 delay,
             )
         else:

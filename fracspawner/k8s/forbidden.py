@@ -18,7 +18,7 @@ __all__ = ["api_status", "refused", "service_account"]
 
 def api_status(exc: BaseException) -> tuple[int | None, str]:
     """(HTTP status, the apiserver's Status message or "") of a kubernetes_asyncio
-    ApiException, or of anything carrying `status` and `body` the same way."""
+    ApiException, or of anything carrying `status` and `body` (or `reason`) the same way."""
     status = getattr(exc, "status", None)
     body: Any = getattr(exc, "body", None)
     if isinstance(body, bytes):
@@ -31,6 +31,11 @@ def api_status(exc: BaseException) -> tuple[int | None, str]:
             parsed = None
         if isinstance(parsed, dict) and isinstance(parsed.get("message"), str):
             message = parsed["message"]
+    reason = getattr(exc, "reason", None)
+    if not message and isinstance(reason, str) and ": " in reason:
+        # an error event of a watch: kubernetes_asyncio's Watch raises it without a body,
+        # its reason "<reason>: <message>" (watch/watch.py unmarshal_event)
+        message = reason.split(": ", 1)[1]
     return (status if isinstance(status, int) else None), message
 
 
