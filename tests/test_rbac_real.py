@@ -413,7 +413,7 @@ async def test_the_service_without_pods_watch_is_refused_and_says_which_role_gra
 ):
     """The chart's capacity ClusterRole re-applied without `watch` on pods: the service's
     capacity watch lists pods, is refused the watch 403, and logs the apiserver's words and
-    the chart's ClusterRole that grants it (before: 'ApiException: (403) Reason: Forbidden')."""
+    the chart's ClusterRole that grants it (before: the apiserver's message alone)."""
     from kubernetes_asyncio import client, config
 
     from fracspawner.backends import load_catalog
