@@ -1,4 +1,5 @@
-"""`fracspawner devcluster --topology FILE [--port N] [--kubeconfig PATH]`, in the foreground."""
+"""`fracspawner devcluster --topology FILE [--port N] [--kubeconfig PATH] [--control-plane real]`,
+in the foreground."""
 
 from __future__ import annotations
 
@@ -49,12 +50,23 @@ def main(argv: list[str]) -> int:
     parser.add_argument(
         "--state-dir", type=Path, default=Path(".devcluster"), help="pod home directories and logs"
     )
+    parser.add_argument(
+        "--control-plane",
+        choices=("python", "real"),
+        default="python",
+        help="python: the Python API server; real: kube-apiserver, etcd, kube-scheduler and "
+        "kube-controller-manager (make controlplane) with the node agent running the pods",
+    )
     parser.add_argument("--log-level", default="WARNING")
     args = parser.parse_args(argv)
     logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(name)s %(message)s")
     if not args.topology.is_file():
         print(f"fracspawner devcluster: topology not found: {args.topology}", file=sys.stderr)
         return 2
+    if args.control_plane == "real":
+        from .realcluster import run
+
+        return run(args.topology, args.state_dir, args.kubeconfig)
     try:
         asyncio.run(_serve(args))
     except (ValueError, OSError) as exc:

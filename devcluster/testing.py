@@ -7,6 +7,7 @@ import os
 import queue
 import re
 import signal
+import ssl
 import subprocess
 import sys
 import threading
@@ -22,25 +23,44 @@ from typing import IO, Any
 
 import yaml
 
-READY = re.compile(r"devcluster ready: (\S+) kubeconfig=(\S+)")
+READY = re.compile(r"devcluster ready: (\S+) kubeconfig=(\S+)(?: server=(\S+))?")
 
 
 @dataclass
 class DevClusterProcess:
+    """`url`: where a plain HTTP client reads and writes the cluster (the Python API server, or
+    on the real control plane a loopback door with the admin's identity, as `kubectl proxy`);
+    `server`: the apiserver itself (https with client certificates on the real one)."""
+
     url: str
     kubeconfig: Path
     state_dir: Path
     process: subprocess.Popen
+    server: str = ""
+    control_plane: str = "python"
 
     def client(self) -> _Client:
+        if self.control_plane == "real":
+            return _Client(self.server, _admin_tls(self.kubeconfig))
         return _Client(self.url)
+
+
+def _admin_tls(kubeconfig: Path) -> ssl.SSLContext:
+    """TLS with the kubeconfig's CA and client certificate files (the launcher writes them)."""
+    config = yaml.safe_load(Path(kubeconfig).read_text())
+    cluster = config["clusters"][0]["cluster"]
+    user = config["users"][0]["user"]
+    tls = ssl.create_default_context(cafile=cluster["certificate-authority"])
+    tls.load_cert_chain(user["client-certificate"], user["client-key"])
+    return tls
 
 
 class _Client:
     """A tiny synchronous JSON client for assertions in tests."""
 
-    def __init__(self, url: str) -> None:
+    def __init__(self, url: str, tls: ssl.SSLContext | None = None) -> None:
         self.url = url
+        self._tls = tls
 
     def request(
         self, method: str, path: str, body: Any = None, content_type: str = "application/json"
@@ -50,7 +70,7 @@ class _Client:
         if data is not None:
             req.add_header("Content-Type", content_type)
         try:
-            with urllib.request.urlopen(req, timeout=30) as resp:
+            with urllib.request.urlopen(req, timeout=30, context=self._tls) as resp:
                 return resp.status, json.loads(resp.read() or b"null")
         except urllib.error.HTTPError as exc:
             return exc.code, json.loads(exc.read() or b"null")
@@ -87,6 +107,23 @@ def _pod_processes(state_dir: Path) -> list[int]:
     return found
 
 
+def _component_processes(state_dir: Path) -> list[int]:
+    """Processes whose command line names the state dir: the real control plane's components
+    (etcd's data dir, the apiserver's certificates), which run in sessions of their own."""
+    needle = str(state_dir.resolve()).encode()
+    found = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit() or int(entry.name) == os.getpid():
+            continue
+        try:
+            cmdline = (entry / "cmdline").read_bytes()
+        except OSError:
+            continue
+        if needle in cmdline:
+            found.append(int(entry.name))
+    return found
+
+
 def _group_alive(pgid: int) -> bool:
     try:
         os.killpg(pgid, 0)
@@ -108,10 +145,20 @@ def _pump(stream: IO[str], log: IO[str], lines: queue.Queue[str | None]) -> None
 
 @contextmanager
 def devcluster_process(
-    topology: Mapping[str, Any] | str | Path, tmp_path: Path, *, timeout: float = 30
+    topology: Mapping[str, Any] | str | Path,
+    tmp_path: Path,
+    *,
+    timeout: float | None = None,
+    control_plane: str = "python",
 ) -> Iterator[DevClusterProcess]:
     """Run `python -m fracspawner devcluster` in its own process group; stop it on exit and
-    check that none of its processes (pods' processes included) is left behind."""
+    check that none of its processes (pods' processes included) is left behind.
+    `control_plane`: "python" (the Python API server) or "real" (kube-apiserver, etcd,
+    kube-scheduler, kube-controller-manager and the node agent; docs/controlplane.md)."""
+    if control_plane not in ("python", "real"):
+        raise ValueError(f"control_plane must be 'python' or 'real', not {control_plane!r}")
+    if timeout is None:
+        timeout = 30 if control_plane == "python" else 180
     tmp_path = Path(tmp_path)
     tmp_path.mkdir(parents=True, exist_ok=True)
     if isinstance(topology, Mapping):
@@ -137,6 +184,8 @@ def devcluster_process(
             str(kubeconfig),
             "--state-dir",
             str(state_dir),
+            "--control-plane",
+            control_plane,
         ],
         stdout=subprocess.PIPE,
         stderr=log,
@@ -149,7 +198,7 @@ def devcluster_process(
     pump = threading.Thread(target=_pump, args=(process.stdout, log, lines), daemon=True)
     pump.start()
     try:
-        url = None
+        url = server = None
         deadline = time.monotonic() + timeout
         while url is None and (left := deadline - time.monotonic()) > 0:
             try:
@@ -163,7 +212,7 @@ def devcluster_process(
                     pass
                 break
             if match := READY.search(line):
-                url = match.group(1)
+                url, server = match.group(1), match.group(3) or ""
         if url is None:
             why = f"exited {process.poll()}" if process.poll() is not None else "timed out"
             process.kill()
@@ -173,15 +222,15 @@ def devcluster_process(
             raise RuntimeError(
                 f"devcluster did not start ({why}; log {log_path}):\n{log_path.read_text()[-3000:]}"
             )
-        yield DevClusterProcess(url, kubeconfig, state_dir, process)
+        yield DevClusterProcess(url, kubeconfig, state_dir, process, server or url, control_plane)
     finally:
         if process.poll() is None:
             process.send_signal(signal.SIGTERM)
             try:
-                process.wait(20)
+                process.wait(20 if control_plane == "python" else 60)
             except subprocess.TimeoutExpired:
                 pass
-        left = _pod_processes(state_dir)
+        left = sorted(set(_pod_processes(state_dir)) | set(_component_processes(state_dir)))
         for pid in left:
             try:
                 os.kill(pid, signal.SIGKILL)
@@ -195,7 +244,7 @@ def devcluster_process(
             _signal_group(process.pid, signal.SIGKILL)
         pump.join(5)
         log.close()
-        assert not left, f"devcluster left pod processes behind: {left}"
+        assert not left, f"devcluster left pod or component processes behind: {left}"
         assert not group_left, f"processes of the devcluster's group {process.pid} were left"
 
 

@@ -14,6 +14,8 @@ import yaml
 REPO = Path(__file__).resolve().parent.parent
 DEMO_CATALOG = REPO / "examples" / "catalogs" / "demo.yaml"
 DEMO_TOPOLOGY = REPO / "devcluster" / "topologies" / "demo.yaml"
+#: overrides each module's CONTROL_PLANE ("python" or "real") for a whole run
+CONTROL_PLANE_ENV = "FRACSPAWNER_TEST_CONTROL_PLANE"
 
 # The tests start jupyterhub-singleuser and configurable-http-proxy from this environment.
 os.environ["PATH"] = os.pathsep.join(
@@ -39,13 +41,30 @@ def demo_topology_dict() -> dict:
 
 @pytest.fixture(scope="module")
 def devcluster(tmp_path_factory: pytest.TempPathFactory, request) -> Iterator:
-    """A devcluster subprocess on the demo topology (a module may override `topology`)."""
+    """A devcluster subprocess on the demo topology (a module may override `TOPOLOGY`), on the
+    control plane the module names: `CONTROL_PLANE = "real"` (kube-apiserver, etcd, the
+    scheduler and controller-manager, the node agent running the pods; docs/controlplane.md)
+    or, by default for now, the Python API server. FRACSPAWNER_TEST_CONTROL_PLANE=python|real
+    overrides every module's choice (to compare, or to try a module on the real one)."""
     from devcluster.testing import devcluster_process
 
     topology = getattr(request.module, "TOPOLOGY", None) or yaml.safe_load(
         DEMO_TOPOLOGY.read_text()
     )
-    with devcluster_process(topology, tmp_path_factory.mktemp("devcluster")) as cluster:
+    control_plane = os.environ.get(CONTROL_PLANE_ENV) or getattr(
+        request.module, "CONTROL_PLANE", "python"
+    )
+    if control_plane == "real":
+        from devcluster.controlplane.binary import BinaryMissing, find_binary
+        from tests.missing import missing
+
+        try:
+            find_binary()
+        except BinaryMissing as err:
+            missing(str(err))
+    with devcluster_process(
+        topology, tmp_path_factory.mktemp("devcluster"), control_plane=control_plane
+    ) as cluster:
         yield cluster
 
 

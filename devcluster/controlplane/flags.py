@@ -6,8 +6,10 @@ the recommended plugins), on loopback, plus the DRA features NVIDIA's DRA driver
 
 from __future__ import annotations
 
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from .pki import SERVICE_CIDR, ClusterPKI
 
@@ -119,8 +121,31 @@ def _component_common(kubeconfig: Path, cert_dir: Path, port: int) -> list[str]:
     ]
 
 
-def kube_scheduler(kubeconfig: Path, cert_dir: Path, ports: Ports) -> list[str]:
-    return ["kube-scheduler", *_component_common(kubeconfig, cert_dir, ports.scheduler)]
+def kube_scheduler(
+    kubeconfig: Path, cert_dir: Path, ports: Ports, config: Path | None = None
+) -> list[str]:
+    """`config`: a KubeSchedulerConfiguration file (scheduler_config), for extra profiles and
+    extenders; the flags above still set the connection and leader election."""
+    argv = ["kube-scheduler", *_component_common(kubeconfig, cert_dir, ports.scheduler)]
+    return [*argv, f"--config={config}"] if config else argv
+
+
+def scheduler_config(
+    kubeconfig: Path,
+    profiles: Sequence[Mapping[str, Any]],
+    extenders: Sequence[Mapping[str, Any]],
+) -> dict[str, Any]:
+    """A KubeSchedulerConfiguration (kubescheduler.config.k8s.io/v1) with the default profile,
+    the given profiles (a second scheduler, e.g. HAMi's hami-scheduler, as its chart runs
+    kube-scheduler under that name) and extenders."""
+    return {
+        "apiVersion": "kubescheduler.config.k8s.io/v1",
+        "kind": "KubeSchedulerConfiguration",
+        "clientConnection": {"kubeconfig": str(kubeconfig)},
+        "leaderElection": {"leaderElect": False},
+        "profiles": [{"schedulerName": "default-scheduler"}, *(dict(p) for p in profiles)],
+        "extenders": [dict(e) for e in extenders],
+    }
 
 
 def kube_controller_manager(

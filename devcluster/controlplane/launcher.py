@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import shutil
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -47,6 +47,8 @@ class ControlPlane:
         self._reservation = PortReservation(5)
         self.ports = flags.Ports(*self._reservation.ports)
         self.components: list[Component] = []
+        self.scheduler_profiles: tuple[Mapping[str, Any], ...] = ()
+        self.scheduler_extenders: tuple[Mapping[str, Any], ...] = ()
         self.pki: ClusterPKI
         self.kubeconfig: Path
         self.client: Client
@@ -62,9 +64,15 @@ class ControlPlane:
         *,
         timeout: float = 300.0,
         progress: Callable[[str], None] = lambda _msg: None,
+        scheduler_profiles: Sequence[Mapping[str, Any]] = (),
+        scheduler_extenders: Sequence[Mapping[str, Any]] = (),
     ) -> ControlPlane:
+        """`scheduler_profiles`: more kube-scheduler profiles (KubeSchedulerProfile objects)
+        besides default-scheduler; `scheduler_extenders`: KubeSchedulerConfiguration extenders."""
         binary = find_binary()
         cp = cls(Path(state_dir).resolve(), binary, progress)
+        cp.scheduler_profiles = tuple(scheduler_profiles)
+        cp.scheduler_extenders = tuple(scheduler_extenders)
         try:
             cp._start(timeout)
         except BaseException:
@@ -86,9 +94,19 @@ class ControlPlane:
         self._run("kube-apiserver", flags.kube_apiserver(pki, self.ports))
         self._wait("kube-apiserver", self._apiserver_ready, deadline)
         scheduler = self._kubeconfig("scheduler", pki.scheduler)
+        config = None
+        if self.scheduler_profiles or self.scheduler_extenders:
+            config = self.state_dir / "scheduler-config.yaml"
+            config.write_text(
+                yaml.safe_dump(
+                    flags.scheduler_config(
+                        scheduler, self.scheduler_profiles, self.scheduler_extenders
+                    )
+                )
+            )
         self._run(
             "kube-scheduler",
-            flags.kube_scheduler(scheduler, self.state_dir / "scheduler", self.ports),
+            flags.kube_scheduler(scheduler, self.state_dir / "scheduler", self.ports, config),
         )
         kcm = self._kubeconfig("controller-manager", pki.controller_manager)
         kcm_dir = self.state_dir / "controller-manager"
