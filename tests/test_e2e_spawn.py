@@ -1,4 +1,5 @@
-"""End to end: a real JupyterHub + proxy + FracSpawner on devcluster, real single-user servers.
+"""End to end: a real JupyterHub + proxy + FracSpawner on the real control plane (kube-apiserver,
+kube-scheduler with HAMi's extender, the node agent running the pods), real single-user servers.
 
 Each documented form path and REST call yields the pod its backend documents; the kubespawner#546
 leak sequence; quotas across named servers; access rules; capacity exhaustion; messages shown to
@@ -33,6 +34,7 @@ from tests.e2e_helpers import (
 )
 
 pytestmark = pytest.mark.e2e
+CONTROL_PLANE = "real"  # docs/devcluster.md: the modules on the real control plane
 
 # The demo catalog plus a clearml-image pool on an L4 node, so the four backends of the
 # acceptance list (mig-mixed, hami, timeslicing, clearml-image) all spawn for real.
@@ -96,7 +98,7 @@ def test_rest_spawn_on_hami_pool_serves_through_proxy(hub, devcluster):
     _, user = http_json("GET", f"{hub.url}/hub/api/users/alice", token=hub.admin_token)
     started = env_of(pod)["FRACSPAWNER_SERVER_STARTED"]
     assert isoparse(started) == isoparse(user["servers"][""]["started"])
-    # the devcluster's HAMi scheduler put it on one device, as HAMi annotates its pods
+    # HAMi's scheduler extender put it on one device, as HAMi annotates its pods
     allocated = pod["metadata"]["annotations"]["hami.io/vgpu-devices-allocated"]
     assert allocated.endswith(",NVIDIA,20389,25:;")
     assert "CUDA_DISABLE_CONTROL" not in env_of(pod)
