@@ -2,7 +2,8 @@
 what a kubelet's pod worker does once a pod is bound to its node - the container's status and
 the pod's conditions, readiness and liveness probes, restarts with back-off, the kubelet's Events
 (Pulled, Created, Started, Unhealthy, Killing, BackOff) written with the node's credentials,
-Service environment variables, volumes at their mountPath, and deletion with the grace period.
+Service environment variables, volumes at their mountPath, deletion with the grace period, and
+pods in network namespaces of their own reaching a Service by name and the apiserver.
 docs/devcluster.md "Node agent: pods in run mode"."""
 
 from __future__ import annotations
@@ -33,8 +34,9 @@ def agent(cp: ControlPlane) -> Iterator[NodeAgent]:
     topology = load_topology({"nodes": [{"name": "life-node", "capacity": {"cpu": "8"}}]})
     state = cp.state_dir / "nodeagent"
     with NodeAgent.start(
-        topology, cp.server, cp.pki.ca, state, mode="run", restart_backoff=(1.0, 4.0)
-    ) as running:
+        topology, cp.server, cp.pki.ca, state, mode="run", restart_backoff=(1.0, 4.0),
+        network="namespaces",
+    ) as running:  # fmt: skip
         namespace(cp, NS)
         yield running
 
@@ -167,3 +169,35 @@ def test_deleting_a_pod_stops_its_container_within_the_grace_period(cp, agent):
     kubectl(cp, "delete", "pod", "graceful", "-n", NS, "--wait=true", "--timeout=60s")
     killing = [m for r, m, _ in events(cp, "graceful") if r == "Killing"]
     assert killing == ["Stopping container main"], events(cp, "graceful")
+
+
+def test_a_service_s_name_reaches_its_ready_pod_and_the_apiserver_its_cluster_ip(cp, agent):
+    server = ["python", "-m", "http.server", "8080", "--bind", "0.0.0.0"]
+    create(cp, "web", server, c={"ports": [{"containerPort": 8080}]})
+    kubectl(cp, "label", "pod", "web", "-n", NS, "app=web")
+    service = {
+        "apiVersion": "v1",
+        "kind": "Service",
+        "metadata": {"name": "web", "namespace": NS},
+        "spec": {"selector": {"app": "web"}, "ports": [{"port": 80, "targetPort": 8080}]},
+    }
+    kubectl(cp, "create", "-f", "-", stdin=service)
+    eventually(lambda: conditions(pod(cp, "web")).get("Ready") == "True", "web Ready")
+    # by the Service's name (the cluster DNS, the search path) and the apiserver by the
+    # `kubernetes` Service's ClusterIP, verified against the cluster CA a pod is given
+    check = (
+        "import os, ssl, urllib.request, urllib.error\n"
+        "assert urllib.request.urlopen('http://web', timeout=10).status == 200\n"
+        "e = os.environ\n"
+        "host, port = e['KUBERNETES_SERVICE_HOST'], e['KUBERNETES_SERVICE_PORT']\n"
+        "ctx = ssl.create_default_context(cafile=os.environ['CA'])\n"
+        "try:\n"
+        "    urllib.request.urlopen(f'https://{host}:{port}/version', context=ctx, timeout=10)\n"
+        "except urllib.error.HTTPError as err:\n"
+        "    assert err.code in (401, 403), err.code\n"
+    )
+    env = [{"name": "CA", "value": str(cp.pki.ca.cert)}]
+    create(cp, "client", ["python", "-c", check], c={"env": env})
+    eventually(lambda: pod(cp, "client")["status"].get("phase") in ("Succeeded", "Failed"),
+               "client exits")  # fmt: skip
+    assert pod(cp, "client")["status"]["phase"] == "Succeeded", pod(cp, "client")["status"]

@@ -23,7 +23,7 @@ from devcluster.controlplane.pki import KeyPair
 from devcluster.dra.nvidia import DRIVER
 from devcluster.probes import DEFAULT_BACKOFF
 
-from . import nodeobject, podstatus
+from . import nodeobject, podstatus, services
 from .client import ApiError, Client
 from .credentials import node_kubeconfig
 from .kubeletapi import KubeletAPI
@@ -271,12 +271,15 @@ class NodeAgent:
         say: Callable[[str], None] = lambda _msg: None,
         restart_backoff: tuple[float, float] = DEFAULT_BACKOFF,
         kubelet_api: bool = True,
+        network: str = "host",
     ) -> NodeAgent:
         """`mode`: "no-run" (pods reported Running, nothing runs) or "run" (each pod's first
         container runs as a local process); `images`: run mode's command for an image whose
         container names none (devcluster.kubelet.DEFAULT_COMMAND otherwise);
         `restart_backoff`: run mode's crash-loop back-off, (initial, maximum) seconds;
-        `kubelet_api`: serve the kubelet API (exec, logs, port-forward: kubeletapi.py)."""
+        `kubelet_api`: serve the kubelet API (exec, logs, port-forward: kubeletapi.py);
+        `network`: run mode's pod network, "host" (a loopback address each) or "namespaces"
+        (a network namespace each, Services proxied and named: services.py)."""
         if mode not in ("no-run", "run"):
             raise ValueError(f"node agent: mode must be 'no-run' or 'run', not {mode!r}")
         api = KubeletAPI.start(ca, Path(state_dir) / "kubelet-api") if kubelet_api else None
@@ -285,7 +288,7 @@ class NodeAgent:
             if mode == "run":
                 published = api.pods_dir if api else None
                 runtime = ProcessRuntime(
-                    Path(state_dir) / "pods", images, restart_backoff, published
+                    Path(state_dir) / "pods", images, restart_backoff, published, network
                 )
             return cls._start(topology, server, ca, state_dir, say, runtime, api)
         except BaseException:
@@ -323,6 +326,8 @@ class NodeAgent:
         for runner in runners:
             runner.register(version)
             say(f"node {runner.name} registered")
+        if runtime is not None and runtime.kubelet.network.mode == "namespaces":
+            agent._follow_services(port)
         for runner in runners:
             thread = threading.Thread(
                 target=agent._loop, args=(runner,), name=f"nodeagent-{runner.name}", daemon=True
@@ -330,6 +335,29 @@ class NodeAgent:
             agent._threads.append(thread)
             thread.start()
         return agent
+
+    def _follow_services(self, apiserver_port: int) -> None:
+        """Pods in network namespaces: every Service proxied and named (services.py), the
+        `kubernetes` one to the apiserver; pods are told its ClusterIP."""
+        runtime = self.runtime
+        assert runtime is not None
+        client = self.runners[0].client
+        kubernetes = client.get("/api/v1/namespaces/default/services/kubernetes")
+        for runner in self.runners:
+            runner.apiserver = kubernetes
+        runtime.endpoints.append(services.apiserver_endpoint())
+
+        def hand(kind: str, service: dict[str, Any]) -> None:
+            runtime.service(kind, services.proxied(service, apiserver_port))
+
+        thread = threading.Thread(
+            target=services.follow,
+            args=(client, hand, self._stop, self._say),
+            name="nodeagent-services",
+            daemon=True,
+        )
+        self._threads.append(thread)
+        thread.start()
 
     def _loop(self, runner: NodeRunner) -> None:
         while not self._stop.is_set():

@@ -16,6 +16,7 @@ from typing import Any
 
 from devcluster import probes
 from devcluster.kubelet import Kubelet
+from devcluster.network import make_network
 
 from .kubeletapi import PublishingKubelet
 from .podworker import NodeApi, PodWorker
@@ -28,20 +29,28 @@ class ProcessRuntime:
         images: Mapping[str, list[str]] | None = None,
         backoff: tuple[float, float] = probes.DEFAULT_BACKOFF,
         pods_dir: Path | None = None,
+        network: str = "host",
     ) -> None:
         """`pods_dir`: where each started container is published to the kubelet API
-        (kubeletapi.py); None: nowhere."""
+        (kubeletapi.py); None: nowhere. `network`: "host" (each pod on a loopback address of
+        the host's network) or "namespaces" (each pod in a network namespace of its own on a
+        bridge, with Services proxied and named by a cluster DNS: services.py), where root."""
         self._loop = asyncio.new_event_loop()
         self._thread = threading.Thread(
             target=self._loop.run_forever, name="nodeagent-runtime", daemon=True
         )
         self._thread.start()
+        #: what the network proxies Services to besides the pods (the apiserver's endpoint)
+        self.endpoints: list[dict[str, Any]] = []
+        net = make_network(network, Path(state_dir), self.pods)
         if pods_dir is None:
-            self.kubelet = Kubelet(Path(state_dir), images, bind_mounts=True)
+            self.kubelet = Kubelet(Path(state_dir), images, net, bind_mounts=True)
         else:
             self.kubelet = PublishingKubelet(
-                Path(state_dir), images, bind_mounts=True, pods_dir=pods_dir
+                Path(state_dir), images, net, bind_mounts=True, pods_dir=pods_dir
             )
+        if net.mode == "namespaces":  # the host's network keeps the host's resolver
+            asyncio.run_coroutine_threadsafe(net.start(), self._loop).result(60)
         self.backoff = backoff
         self.workers: dict[str, PodWorker] = {}  # pod uid -> its worker (on the loop)
         self._ended: set[str] = set()  # uids whose worker removed the pod
@@ -69,6 +78,18 @@ class ProcessRuntime:
         self.workers.pop(uid, None)
         self._ended.add(uid)
 
+    def pods(self, namespace: str) -> list[dict[str, Any]]:
+        """The namespace's pods as this agent last wrote them (the network's endpoints)."""
+        found = [w.pod for w in list(self.workers.values()) if w.key[0] == namespace]
+        return found + [e for e in self.endpoints if e["metadata"]["namespace"] == namespace]
+
+    def service(self, kind: str, service: dict[str, Any]) -> None:
+        """A Service changed (ADDED, MODIFIED, DELETED): its proxy and DNS name follow."""
+        network = self.kubelet.network
+        self._loop.call_soon_threadsafe(
+            lambda: self._loop.create_task(network.on_service(kind, service))
+        )
+
     def forget(self, uid: str) -> None:
         """The pod is gone from the API (deleted with grace 0 by someone): stop what runs."""
         self._loop.call_soon_threadsafe(self._forget, uid)
@@ -89,6 +110,7 @@ class ProcessRuntime:
                 task.cancel()
             await asyncio.gather(*tasks, return_exceptions=True)
             self.kubelet.kill_all()
+            await self.kubelet.network.stop()  # its bridge and namespaces go
 
         try:
             asyncio.run_coroutine_threadsafe(end(), self._loop).result(30)
