@@ -188,7 +188,8 @@ def test_nodes_register_with_capacity_labels_and_hami_s_annotations(cp, agent):
         ready = next(c for c in status["conditions"] if c["type"] == "Ready")
         assert ready["status"] == "True"
         assert {"type": "InternalIP", "address": "127.0.0.1"} in status["addresses"]
-        assert status["daemonEndpoints"]["kubeletEndpoint"]["Port"] == 10250
+        # the agent's kubelet API (kubeletapi.py), on a port of its own
+        assert status["daemonEndpoints"]["kubeletEndpoint"]["Port"] == agent.kubelet_api.port
         assert status["nodeInfo"]["kubeletVersion"] == "v1.36.3"
 
 
