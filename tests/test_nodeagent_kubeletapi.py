@@ -98,12 +98,16 @@ def test_the_node_advertises_the_kubelet_api_port(cp, agent):
     assert {"type": "InternalIP", "address": "127.0.0.1"} in node["status"]["addresses"]
 
 
-def test_kubectl_exec_runs_beside_the_container_with_its_env_and_exit_status(cp, sleeper):
+def test_kubectl_exec_runs_beside_the_container_with_its_env_and_exit_status(cp, agent, sleeper):
     done = kubectl(cp, "exec", sleeper, "-n", NS, "--", "sh", "-c",
                    'echo "marker=$MARKER"; echo oops >&2; exit 3', check=False)  # fmt: skip
     assert done.returncode == 3, done.stderr
     assert done.stdout == "marker=from-the-pod-spec\n"
     assert "oops" in done.stderr
+    # in the container's working directory
+    assert agent.runtime is not None
+    cwd = agent.runtime.kubelet.running[(NS, sleeper)].cwd
+    assert kubectl(cp, "exec", sleeper, "-n", NS, "--", "pwd").stdout == f"{cwd}\n"
     if sandboxes():  # in the pod's own UTS namespace, as the container
         assert kubectl(cp, "exec", sleeper, "-n", NS, "--", "hostname").stdout == f"{sleeper}\n"
     # stdin reaches the command
@@ -126,8 +130,14 @@ async def test_kubernetes_asyncio_stream_exec_gets_the_output(cp, sleeper):
             sleeper, NS, command=["sh", "-c", "echo out; echo err >&2"],
             stdout=True, stderr=True, stdin=False, tty=False,
         )  # fmt: skip
+        # with tty=True the command's stdin and stdout are a terminal
+        terminal = await client.CoreV1Api(ws).connect_get_namespaced_pod_exec(
+            sleeper, NS, command=["sh", "-c", "test -t 0 && test -t 1 && tty"],
+            stdout=True, stderr=False, stdin=False, tty=True,
+        )  # fmt: skip
     # stdout and stderr are separate streams: their order on arrival is not the command's
     assert sorted(out.splitlines()) == ["err", "out"]
+    assert terminal.startswith("/dev/pts/"), terminal
 
 
 def test_kubectl_logs_returns_the_container_s_output(cp, agent):
@@ -143,6 +153,7 @@ def test_kubectl_logs_returns_the_container_s_output(cp, agent):
     when = datetime.datetime.fromisoformat(stamped[0].split(" ", 1)[0].replace("Z", "+00:00"))
     age = datetime.datetime.now(datetime.timezone.utc) - when
     assert datetime.timedelta(0) <= age < datetime.timedelta(minutes=5)
+    assert kubectl(cp, "logs", "talker", "-n", NS, "--since=1h").stdout.count("line") == 3
     # --follow ends when the container does
     followed = kubectl(cp, "logs", "-f", "talker", "-n", NS)
     assert followed.stdout == "line 0\nline 1\nline 2\n"
@@ -184,6 +195,24 @@ def test_kubectl_port_forward_reaches_a_port_the_pod_listens_on(cp, agent, tmp_p
     finally:
         forward.terminate()
         forward.wait(timeout=30)
+
+
+def test_kubectl_attach_streams_the_container_s_output(cp, agent):
+    script = (
+        "import itertools, time\n"
+        "for i in itertools.count(): print('tick', i, flush=True); time.sleep(0.3)\n"
+    )
+    started(cp, pod("ticker", ["python", "-c", script]), "Running")
+    attach = subprocess.Popen(
+        ["kubectl", f"--kubeconfig={cp.kubeconfig}", "attach", "ticker", "-n", NS],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    try:
+        line = attach.stdout.readline() if attach.stdout else ""
+        assert re.fullmatch(r"tick \d+\n", line), (line, attach.poll())
+    finally:
+        attach.terminate()
+        attach.wait(timeout=30)
 
 
 def _kubelet_get(agent: NodeAgent, path: str, cert: Any = None) -> tuple[int, str]:
