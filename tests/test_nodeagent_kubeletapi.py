@@ -30,7 +30,7 @@ from kubernetes_asyncio.stream import WsApiClient
 from devcluster.certs import make_ca
 from devcluster.controlplane import ControlPlane
 from devcluster.controlplane.pki import issue_client
-from devcluster.network import sandboxes
+from devcluster.network import network_namespaces, sandboxes
 from devcluster.nodeagent import NodeAgent
 from devcluster.nodeagent.credentials import load_ca
 from devcluster.proctree import descendants, proc
@@ -42,6 +42,8 @@ REPO = Path(__file__).resolve().parent.parent
 NS = "kapi"
 NODE = "kapi-node"
 TOPOLOGY = {"nodes": [{"name": NODE, "capacity": {"cpu": "8", "memory": "16Gi"}}]}
+NETNS_NODE = "kapi-netns"
+NETNS_TAINT = {"key": "kapi/netns", "value": "true", "effect": "NoSchedule"}
 
 
 @pytest.fixture(scope="module")
@@ -63,7 +65,7 @@ def agent(cp: ControlPlane) -> Iterator[NodeAgent]:
     assert served is not None and not served.alive()
 
 
-def pod(name: str, command: list[str], **container: Any) -> dict[str, Any]:
+def pod(name: str, command: list[str], node: str = NODE, **container: Any) -> dict[str, Any]:
     return {
         "apiVersion": "v1",
         "kind": "Pod",
@@ -71,6 +73,8 @@ def pod(name: str, command: list[str], **container: Any) -> dict[str, Any]:
         "spec": {
             "restartPolicy": "Never",
             "terminationGracePeriodSeconds": 1,
+            "nodeSelector": {"kubernetes.io/hostname": node},
+            "tolerations": [{**NETNS_TAINT, "operator": "Equal"}],
             "containers": [{"name": "main", "image": "python", "command": command, **container}],
         },
     }
@@ -280,3 +284,59 @@ def _cmdline(pid: int) -> bytes:
         return Path(f"/proc/{pid}/cmdline").read_bytes()
     except OSError:
         return b""
+
+
+@pytest.fixture(scope="module")
+def netns_agent(cp: ControlPlane) -> Iterator[NodeAgent]:
+    """A second agent whose pods each get a network namespace of their own."""
+    if not network_namespaces():
+        pytest.skip("pods get no network namespaces here (needs root, unshare, nsenter, ip)")
+    topology = load_topology(
+        {"nodes": [{"name": NETNS_NODE, "taints": [NETNS_TAINT], "capacity": {"cpu": "8"}}]}
+    )
+    state = cp.state_dir / "nodeagent-netns"
+    with NodeAgent.start(
+        topology, cp.server, cp.pki.ca, state, mode="run", network="namespaces"
+    ) as running:  # fmt: skip
+        yield running
+
+
+def test_in_a_network_namespace_exec_enters_it_and_port_forward_reaches_the_pod(
+    cp, netns_agent, tmp_path: Path
+):
+    (tmp_path / "hello.txt").write_text("hello from the pod's own network\n")
+    server = pod(
+        "netweb",
+        ["python", "-m", "http.server", "8000", "--bind", "0.0.0.0", "--directory",
+         str(tmp_path)],
+        node=NETNS_NODE,
+        ports=[{"containerPort": 8000}],
+    )  # fmt: skip
+    started(cp, server, "Running")
+    assert netns_agent.runtime is not None
+    pid = netns_agent.runtime.kubelet.running[(NS, "netweb")].process.pid
+    own = Path(f"/proc/{pid}/ns/net").readlink()
+    assert own != Path("/proc/self/ns/net").readlink()  # the pod's, not the host's
+    seen = kubectl(cp, "exec", "netweb", "-n", NS, "--", "readlink", "/proc/self/ns/net")
+    assert seen.stdout.strip() == str(own)
+    forward = subprocess.Popen(
+        ["kubectl", f"--kubeconfig={cp.kubeconfig}", "port-forward", "pod/netweb", ":8000",
+         "-n", NS], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    try:
+        line = forward.stdout.readline() if forward.stdout else ""
+        match = re.match(r"Forwarding from 127\.0\.0\.1:(\d+) -> 8000", line)
+        assert match, (line, forward.poll())
+
+        def fetch() -> str | None:
+            try:
+                url = f"http://127.0.0.1:{match[1]}/hello.txt"
+                with urllib.request.urlopen(url, timeout=10) as resp:
+                    return resp.read().decode()
+            except OSError:
+                return None
+
+        assert eventually(fetch, "the pod's server", 60) == "hello from the pod's own network\n"
+    finally:
+        forward.terminate()
+        forward.wait(timeout=30)
