@@ -9,7 +9,7 @@ export PATH := $(CURDIR)/node_modules/.bin:$(CURDIR)/$(BIN):$(PATH)
 .PHONY: help setup test lint demo bench docs clean system-deps labextension test-gpu images controlplane
 
 help:
-	@echo "make demo   - devcluster + JupyterHub with FracSpawner on http://127.0.0.1:8000 (PORT=8080 for another)"
+	@echo "make demo   - real Kubernetes control plane + node agent + JupyterHub with FracSpawner on http://127.0.0.1:8000 (PORT=8080 for another)"
 	@echo "make test   - ruff + the whole test suite (installs everything it needs)"
 	@echo "make bench  - benchmarks, results in benchmarks/results/"
 	@echo "make images - build images/*/Dockerfile with a real dockerd (make test does it too)"
@@ -116,7 +116,8 @@ test-gpu: $(STAMPS)/venv
 images: $(STAMPS)/venv $(STAMPS)/system-deps
 	$(BIN)/python -m tests.image_builds
 
-demo: $(STAMPS)/venv node_modules/.bin/configurable-http-proxy
+# The demo runs on the real control plane (docs/demo.md): built first, once per pin, with progress.
+demo: $(STAMPS)/venv node_modules/.bin/configurable-http-proxy controlplane
 	$(BIN)/fracspawner demo $(if $(PORT),--port $(PORT))
 
 bench: setup

@@ -1,17 +1,16 @@
-"""`fracspawner demo`: devcluster (demo topology) + a real JupyterHub with FracSpawner.
+"""`fracspawner demo`: the real Kubernetes control plane with the node agent running the demo
+topology's nodes (devcluster/democluster.py) + a real JupyterHub with FracSpawner.
 
 Everything listens on loopback. Ctrl-C stops the hub (which stops the servers and deletes
-their pods), then the devcluster (which ends any process still running): nothing stray.
+their pods), then the cluster (the node agent ends any pod still running, then the control
+plane stops, etcd last): nothing stray. A control-plane component that dies is reported with
+its log's last lines and the demo stops the same way.
 """
 
 from __future__ import annotations
 
 import argparse
-import os
-import re
 import secrets
-import signal
-import subprocess
 import sys
 import time
 from importlib.resources import files
@@ -25,6 +24,7 @@ from fracspawner.model.access import allowed_pools, within_quota
 from fracspawner.model.catalog import AccessRule, Catalog
 from fracspawner.model.units import gpu_amount
 
+from .democluster import ClusterFailed, exited, start_devcluster, stop_process
 from .leftovers import why_not_start
 from .localhub import REPO, free_port, start_hub
 from .stopsignals import StopSignals
@@ -174,76 +174,12 @@ def presence_words(seconds: int) -> str:
     return f"{seconds // 60} min" if seconds % 60 == 0 else f"{seconds} s"
 
 
-READY = re.compile(r"devcluster ready: (\S+) kubeconfig=(\S+)")
-
-
 def demo_topology() -> Path:
     return Path(str(files("devcluster") / "topologies" / "demo.yaml"))
 
 
 def demo_catalog() -> Path:
     return REPO / "examples" / "catalogs" / "demo.yaml"
-
-
-def start_devcluster(topology: Path, state_dir: Path, timeout: float = 60) -> subprocess.Popen:
-    """Start the devcluster in its own process group; return once it serves."""
-    kubeconfig = state_dir / "kubeconfig"
-    log = open(state_dir / "devcluster.log", "w")  # noqa: SIM115 - lives as long as the process
-    proc = subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "fracspawner",
-            "devcluster",
-            "--topology",
-            str(topology),
-            "--port",
-            "0",
-            "--kubeconfig",
-            str(kubeconfig),
-            "--state-dir",
-            str(state_dir / "cluster"),
-        ],
-        stdout=subprocess.PIPE,
-        stderr=log,
-        text=True,
-        start_new_session=True,
-        # the demo has no GPU: its GPU pods read a simulated one, so the JupyterLab meter and
-        # its warnings can be seen (devcluster/kubelet.py simulated_gpu_env; demo only)
-        env={**os.environ, "DEVCLUSTER_SIMULATED_GPU": "1"},
-    )
-    deadline = time.monotonic() + timeout
-    assert proc.stdout is not None
-    try:
-        while time.monotonic() < deadline:
-            line = proc.stdout.readline()
-            if not line:
-                if proc.poll() is not None:
-                    raise RuntimeError(
-                        f"devcluster exited with {proc.returncode}; "
-                        f"see {state_dir / 'devcluster.log'}"
-                    )
-                continue
-            if READY.search(line):
-                return proc
-    except BaseException:  # Ctrl-C or SIGTERM while it starts: not left running
-        stop_process(proc)
-        raise
-    stop_process(proc)
-    raise TimeoutError("devcluster did not become ready")
-
-
-def stop_process(proc: subprocess.Popen, timeout: float = 30) -> None:
-    if proc.poll() is None:
-        proc.send_signal(signal.SIGTERM)
-        try:
-            proc.wait(timeout)
-        except subprocess.TimeoutExpired:
-            pass
-    try:
-        os.killpg(proc.pid, signal.SIGKILL)
-    except ProcessLookupError:
-        pass
 
 
 def main(argv: list[str]) -> int:
@@ -285,8 +221,11 @@ def main(argv: list[str]) -> int:
     signals = StopSignals()
     signals.install()
     cluster = hub = None
+    status = 0
     try:
+        began = time.monotonic()
         cluster = start_devcluster(args.topology or demo_topology(), state_dir)
+        _say("  starting JupyterHub with FracSpawner, its picker service and the GPU culler...")
         hub = start_hub(
             state_dir=state_dir / "hub",
             kubeconfig=state_dir / "kubeconfig",
@@ -298,6 +237,7 @@ def main(argv: list[str]) -> int:
             log_to_console=False,
             extra_config=DEMO_GROUPS + DEMO_NOTEBOOK_ENV + culler_config(catalog_file, free_port()),
         )
+        _say(f"  [{time.monotonic() - began:5.1f} s] hub ready")
         print(
             f"\n  fracspawner demo: {hub.url}/hub/login   password: {password}\n"
             f"  who sees what (the access rules of {catalog_file.name}):\n{banner}"
@@ -315,8 +255,15 @@ def main(argv: list[str]) -> int:
         )
         while hub.process.poll() is None and cluster.poll() is None:
             time.sleep(0.5)
+        if cluster.poll() is not None:  # a control-plane component died, or the node agent
+            status = 1
+            _say(f"\nfracspawner demo: {exited(cluster, state_dir / 'devcluster.log')}")
+            _say("stopping the demo...")
     except KeyboardInterrupt:
         _say("\nstopping the demo (Ctrl-C again will not interrupt this)...")
+    except ClusterFailed as err:
+        status = 1
+        print(f"fracspawner demo: {err}", file=sys.stderr, flush=True)
     finally:
         # from here a Ctrl-C, SIGTERM or SIGHUP must not abort the clean-up (orphans). One that
         # comes just as the hub or devcluster ended on its own raises here, once, having marked
@@ -330,7 +277,7 @@ def main(argv: list[str]) -> int:
         if cluster is not None:
             stop_process(cluster)
         _say("the demo has stopped.")
-    return 0
+    return status
 
 
 def _say(text: str) -> None:

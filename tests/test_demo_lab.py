@@ -23,6 +23,7 @@ import pytest
 from devcluster.localhub import free_port
 from tests.browser_helpers import login, new_page
 from tests.e2e_helpers import Browserless, wait_until
+from tests.test_demo import START_S
 
 pytestmark = [pytest.mark.e2e, pytest.mark.browser, pytest.mark.slow]
 
@@ -45,7 +46,7 @@ def start_demo(state: Path) -> tuple[subprocess.Popen, str, list[str]]:
     )
     assert demo.stdout is not None
     lines: list[str] = []
-    deadline = time.monotonic() + 180
+    deadline = time.monotonic() + START_S
     while time.monotonic() < deadline and not any("Ctrl-C" in line for line in lines):
         line = demo.stdout.readline()
         if not line and demo.poll() is not None:

@@ -23,7 +23,7 @@ from pathlib import Path
 import pytest
 
 from devcluster.localhub import free_port
-from tests.test_demo import _processes_mentioning
+from tests.test_demo import START_S, _processes_mentioning
 
 pytestmark = pytest.mark.e2e
 
@@ -83,7 +83,7 @@ def test_closing_the_terminal_stops_the_whole_demo(tmp_path: Path, attempt: int)
             "--password pw\n"
         )
         os.write(master, command.encode())
-        out = _read_until(master, BANNER_END, 180)
+        out = _read_until(master, BANNER_END, START_S)
         assert BANNER_END in out, out[-3000:].decode(errors="replace")
         assert _processes_mentioning(str(state))
     finally:

@@ -11,7 +11,7 @@ import sys
 COMMANDS: dict[str, tuple[str, str]] = {
     "demo": (
         "devcluster.demo",
-        "devcluster + JupyterHub with FracSpawner on http://127.0.0.1:8000",
+        "real Kubernetes control plane + JupyterHub with FracSpawner on http://127.0.0.1:8000",
     ),
     "devcluster": (
         "devcluster.cli",
