@@ -71,13 +71,15 @@ def z2jh_hub_rbac(namespace: str = NAMESPACE) -> list[dict]:
 
 
 def without_verb(objs: list[dict], kind: str, name: str, resource: str, verb: str) -> dict:
-    """A copy of the rendered `kind` `name` with `verb` taken off every rule on `resource`."""
+    """A copy of the rendered `kind` `name` with `verb` taken off every rule on `resource`
+    (a rule left without verbs goes: the apiserver refuses one)."""
     found = [o for o in objs if o["kind"] == kind and o["metadata"]["name"] == name]
     assert len(found) == 1, (kind, name, [o["metadata"]["name"] for o in objs])
     edited = copy.deepcopy(found[0])
     for rule in edited["rules"]:
         if resource in rule["resources"]:
             rule["verbs"] = [v for v in rule["verbs"] if v != verb]
+    edited["rules"] = [r for r in edited["rules"] if r["verbs"]]  # a rule needs a verb
     return edited
 
 

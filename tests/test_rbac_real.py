@@ -13,9 +13,13 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import ssl
 import time
+import urllib.error
+import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 import yaml
@@ -307,22 +311,18 @@ async def test_the_webhook_admits_a_dra_notebook_with_its_token(
     assert f"fracspawner-quota.{profile}" in {c["metadata"]["name"] for c in records["items"]}
 
 
-def test_the_kubeflow_culler_stops_an_idle_notebook_with_its_token(
-    cp: ControlPlane, agent: NodeAgent, tokens: dict[str, Path], tmp_path: Path
-):
-    """A culling cycle of the Kubeflow culler (fracspawner/culler/kubeflow.py) with its token:
-    it lists Notebooks and Workspaces and the notebooks' pods in every namespace, and stops the
-    idle Notebook with a merge PATCH, as the chart's ClusterRole allows."""
-    from fracspawner.culler.kubeflow import KubeflowCuller, rfc3339
-    from tests.test_chart import IDLE_CATALOG, SLICE_LABELS
+def _idle_notebook(cp: ControlPlane, ns: str) -> None:
+    """In a new namespace `ns`, Notebook `idle` whose activity Kubeflow recorded two hours
+    ago, and its GPU slice pod as the notebook controller's StatefulSet makes it, running."""
+    from fracspawner.culler.kubeflow import rfc3339
+    from tests.test_chart import SLICE_LABELS
 
-    ns = "kf-idle"
     kubectl(cp, "create", "namespace", ns)
     eventually(
         lambda: kubectl(cp, "get", "sa", "default", "-n", ns, check=False).returncode == 0,
         f"namespace {ns}'s default ServiceAccount",
     )
-    then = rfc3339(time.time() - 7200)  # Kubeflow recorded its activity two hours ago
+    then = rfc3339(time.time() - 7200)
     notebook = {
         "apiVersion": "kubeflow.org/v1",
         "kind": "Notebook",
@@ -330,7 +330,7 @@ def test_the_kubeflow_culler_stops_an_idle_notebook_with_its_token(
                      "annotations": {"notebooks.kubeflow.org/last-activity": then}},
         "spec": {"template": {"spec": {"containers": [{"name": "idle", "image": "scipy"}]}}},
     }  # fmt: skip
-    pod = {  # as the notebook controller's StatefulSet makes it
+    pod = {
         "apiVersion": "v1",
         "kind": "Pod",
         "metadata": {"name": "idle-0", "namespace": ns,
@@ -344,12 +344,28 @@ def test_the_kubeflow_culler_stops_an_idle_notebook_with_its_token(
         lambda: get_json(cp, "pod", "idle-0", "-n", ns)["status"].get("phase") == "Running",
         "the notebook's pod runs",
     )
+
+
+def _kubeflow_culler(kubeconfig: Path, tmp_path: Path) -> Any:
+    from fracspawner.culler.kubeflow import KubeflowCuller
+    from tests.test_chart import IDLE_CATALOG
+
     catalog = tmp_path / "catalog.yaml"
     catalog.write_text(yaml.safe_dump(IDLE_CATALOG))
     app = KubeflowCuller()
-    app.initialize(
-        [f"--kubeconfig={tokens[KUBEFLOW_CULLER]}", f"--catalog={catalog}", "--status-url="]
-    )
+    app.initialize([f"--kubeconfig={kubeconfig}", f"--catalog={catalog}", "--status-url="])
+    return app
+
+
+def test_the_kubeflow_culler_stops_an_idle_notebook_with_its_token(
+    cp: ControlPlane, agent: NodeAgent, tokens: dict[str, Path], tmp_path: Path
+):
+    """A culling cycle of the Kubeflow culler (fracspawner/culler/kubeflow.py) with its token:
+    it lists Notebooks and Workspaces and the notebooks' pods in every namespace, and stops the
+    idle Notebook with a merge PATCH, as the chart's ClusterRole allows."""
+    ns = "kf-idle"
+    _idle_notebook(cp, ns)
+    app = _kubeflow_culler(tokens[KUBEFLOW_CULLER], tmp_path)
     outcomes = asyncio.run(app.cull_once())
     done = {(o.notebook.kind, o.notebook.name) for o in outcomes
             if o.done and o.notebook.namespace == ns}  # fmt: skip
@@ -451,3 +467,118 @@ async def test_the_service_without_pods_watch_is_refused_and_says_which_role_gra
     assert f'User "{account}" cannot watch resource "pods"' in line, line
     assert f"ServiceAccount {SERVICE} may not watch pods in any namespace" in line, line
     assert "the chart's capacity ClusterRole grants list and watch on nodes and pods" in line
+
+
+def test_the_kubeflow_culler_without_notebooks_patch_is_refused_and_says_so(
+    cp: ControlPlane, agent: NodeAgent, tokens: dict[str, Path], tmp_path: Path,
+    caplog: pytest.LogCaptureFixture,
+):  # fmt: skip
+    """The chart's kubeflow-culler ClusterRole without `patch`: the idle Notebook is not
+    stopped, and the culler's log says which account may not patch what, and what grants it."""
+    rendered = rendered_rbac()
+    role = next(o for o in rendered if o["kind"] == "ClusterRole"
+                and o["metadata"]["name"].endswith("-kubeflow-culler"))  # fmt: skip
+    name = role["metadata"]["name"]
+    apply(cp.client, [without_verb(rendered, "ClusterRole", name, "notebooks", "patch")])
+    ns = "kf-idle-refused"
+    _idle_notebook(cp, ns)
+    try:
+        token = yaml.safe_load(tokens[KUBEFLOW_CULLER].read_text())["users"][0]["user"]["token"]
+        path = f"/apis/kubeflow.org/v1/namespaces/{ns}/notebooks/idle"
+        tls = ssl.create_default_context(cafile=str(cp.pki.ca.cert))
+
+        def patch_refused() -> bool:
+            req = urllib.request.Request(
+                cp.server + path,
+                data=b"{}",
+                method="PATCH",
+                headers={
+                    "Authorization": f"Bearer {token}",
+                    "Content-Type": "application/merge-patch+json",
+                },
+            )
+            try:
+                urllib.request.urlopen(req, context=tls, timeout=10).close()
+            except urllib.error.HTTPError as err:
+                return err.code == 403
+            return False
+
+        # fmt: skip
+
+        eventually(patch_refused, "the authoriser sees the edit")
+        app = _kubeflow_culler(tokens[KUBEFLOW_CULLER], tmp_path)
+        app.log.addHandler(caplog.handler)  # the application's logger does not propagate
+        try:
+            outcomes = asyncio.run(app.cull_once())
+        finally:
+            app.log.removeHandler(caplog.handler)
+    finally:
+        apply(cp.client, [role])
+    mine = [o for o in outcomes if o.notebook.namespace == ns]
+    assert mine and not any(o.done for o in mine), mine
+    account = f"system:serviceaccount:{NAMESPACE}:{KUBEFLOW_CULLER}"
+    line = next(r.getMessage() for r in caplog.records if "stopping" in r.getMessage())
+    assert f'User "{account}" cannot patch resource "notebooks"' in line, line
+    assert f"ServiceAccount {KUBEFLOW_CULLER} may not patch notebooks.kubeflow.org in " \
+           f"namespace {ns}" in line, line  # fmt: skip
+    assert "the chart's kubeflow-culler ClusterRole grants list and patch" in line, line
+    annotations = get_json(cp, "notebook", "idle", "-n", ns)["metadata"].get("annotations") or {}
+    assert "kubeflow-resource-stopped" not in annotations
+
+
+async def test_the_webhook_without_namespaces_get_is_refused_and_says_so(
+    cp: ControlPlane, agent: NodeAgent, tokens: dict[str, Path], caplog: pytest.LogCaptureFixture
+):
+    """The chart's webhook ClusterRole without `get` on namespaces: a slice pod's admission
+    is refused to its tenant as "cannot check right now", and the webhook's log tells the admin
+    which account may not get which namespace, and what in the chart grants it."""
+    from fracspawner.backends import load_catalog
+    from fracspawner.capacity.apiconfig import load_configuration
+    from fracspawner.kubeflow.admission import parse_review
+    from fracspawner.kubeflow.cluster import Cluster
+    from fracspawner.kubeflow.webhook import Webhook
+
+    rendered = rendered_rbac()
+    role = next(o for o in rendered if o["kind"] == "ClusterRole"
+                and o["metadata"]["name"].endswith("-webhook"))  # fmt: skip
+    edited = without_verb(rendered, "ClusterRole", role["metadata"]["name"], "namespaces", "get")
+    await asyncio.to_thread(apply, cp.client, [edited])
+    profile = "kf-refused"
+    await asyncio.to_thread(kubectl, cp, "create", "namespace", profile)
+    token = yaml.safe_load(tokens[WEBHOOK].read_text())["users"][0]["user"]["token"]
+    await asyncio.to_thread(
+        eventually,
+        lambda: with_token(cp, token, f"/api/v1/namespaces/{profile}")[0] == 403,
+        "the authoriser sees the edit",
+    )
+    caplog.set_level(logging.WARNING)
+    cluster = Cluster(await load_configuration(str(tokens[WEBHOOK])))
+    catalog = yaml.safe_load(DRA_CATALOG.read_text())
+    webhook = Webhook(load_catalog(catalog), cluster, ledger_namespace=NAMESPACE)
+    webhook.start()
+    try:
+        pod = {
+            "apiVersion": "v1",
+            "kind": "Pod",
+            "metadata": {"name": "nb-0", "namespace": profile,
+                         "labels": {"notebook-name": "nb", "fracspawner.io/pool": "h100-dra",
+                                    "fracspawner.io/gpu": "0.125"}},
+            "spec": {"containers": [{"name": "nb", "image": "example.org/nb:1"}]},
+        }  # fmt: skip
+        answer = await webhook.review(
+            parse_review(_review(pod, "6e4b8c1a-0000-4000-8000-0000000000ff"))
+        )
+    finally:
+        await webhook.stop()
+        await cluster.close()
+        await asyncio.to_thread(apply, cp.client, [role])
+    assert answer["response"]["allowed"] is False, answer
+    assert "cannot check GPU access and quota right now" in answer["response"]["status"]["message"]
+    account = f"system:serviceaccount:{NAMESPACE}:{WEBHOOK}"
+    lines = [
+        r.getMessage() for r in caplog.records if "forbidden by the API server" in r.getMessage()
+    ]
+    assert lines, caplog.text
+    assert f'User "{account}" cannot get resource "namespaces"' in lines[0], lines
+    assert f"ServiceAccount {WEBHOOK} may not get namespaces" in lines[0], lines
+    assert "the chart's webhook ClusterRole grants get on namespaces" in lines[0], lines

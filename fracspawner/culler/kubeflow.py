@@ -39,6 +39,7 @@ from traitlets import Bool, Dict, Float, Integer, List, Unicode
 
 from ..backends import load_catalog
 from ..capacity.apiconfig import load_configuration
+from ..k8s.forbidden import Answer, refused
 from ..model.catalog import Catalog
 from ..model.errors import CatalogError
 from .base import CullerApplication
@@ -201,6 +202,21 @@ class Outcome:
 
 
 # --------------------------------------------------------------------------- the service
+def _forbidden(answer: Answer, needs: str) -> str | None:
+    """For a 403 the admin's words: the apiserver's message and what in the chart grants it."""
+    return refused(
+        answer,
+        component="the Kubeflow culler",
+        needs=needs,
+        grant=lambda _: (
+            "the chart's kubeflow-culler ClusterRole grants list and patch on notebooks and "
+            "workspaces and list on pods, bound in every namespace or in each of "
+            "kubeflowCuller.namespaces: check that rbac.create is true and that it and its "
+            "bindings are installed as the chart renders them"
+        ),
+    )
+
+
 #: times a list answered 429 is asked again (client-go's rest.Request retries up to 10)
 _RETRIES_429 = 5
 
@@ -402,7 +418,8 @@ class KubeflowCuller(CullerApplication):
         if response.status == 404 and optional:
             return []
         if response.status != 200:
-            raise RuntimeError(f"GET {path}: {response.status} {body[:200]!r}")
+            words = _forbidden(Answer(response.status, body), f"list {path}")
+            raise RuntimeError(f"GET {path}: " + (words or f"{response.status} {body[:200]!r}"))
         return json.loads(body).get("items") or []
 
     def _paths(self, prefix: str, plural: str) -> list[str]:
@@ -446,7 +463,8 @@ class KubeflowCuller(CullerApplication):
         response = response[0] if isinstance(response, tuple) else response
         body = await response.read()
         if response.status != 200:
-            raise RuntimeError(f"PATCH {path}: {response.status} {body[:300]!r}")
+            words = _forbidden(Answer(response.status, body), f"patch {path}")
+            raise RuntimeError(f"PATCH {path}: " + (words or f"{response.status} {body[:300]!r}"))
 
     # --- activity and GPU ---------------------------------------------------------------------
     async def probe(self, http: AsyncHTTPClient, nb: Notebook) -> float | None:

@@ -11,14 +11,16 @@ from __future__ import annotations
 import json
 import re
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
-__all__ = ["api_status", "refused", "service_account"]
+__all__ = ["Answer", "api_status", "refused", "service_account"]
 
 
-def api_status(exc: BaseException) -> tuple[int | None, str]:
+def api_status(exc: object) -> tuple[int | None, str]:
     """(HTTP status, the apiserver's Status message or "") of a kubernetes_asyncio
-    ApiException, or of anything carrying `status` and `body` (or `reason`) the same way."""
+    ApiException, or of anything carrying `status` and `body` (or `reason`) the same way (an
+    `Answer`)."""
     status = getattr(exc, "status", None)
     body: Any = getattr(exc, "body", None)
     if isinstance(body, bytes):
@@ -57,8 +59,16 @@ def service_account(username: str) -> str | None:
     return None
 
 
+@dataclass(frozen=True)
+class Answer:
+    """An API answer read raw (`_preload_content=False`): its status and body."""
+
+    status: int
+    body: bytes | str
+
+
 def refused(
-    exc: BaseException,
+    exc: object,
     *,
     component: str,
     needs: str,

@@ -15,6 +15,7 @@ from typing import Any
 from kubernetes_asyncio import client, config
 
 from ..capacity.rawwatch import watch_once
+from ..k8s.forbidden import Answer, refused
 from .quota import PodIndex
 
 log = logging.getLogger("fracspawner.webhook")
@@ -28,13 +29,33 @@ class ApiUnavailable(Exception):
 ConfigException = config.ConfigException
 
 
+#: what in the chart grants the webhook's calls (rbac.yaml, webhook.enabled)
+WEBHOOK_GRANT = (
+    "the chart's webhook ClusterRole grants get on namespaces and list and watch on pods (with "
+    "dra.enabled also resourceclaims, and resourceclaimtemplates get, create and update), its "
+    "webhook Role in the release namespace get, create and update on configmaps: check that "
+    "rbac.create is true and that they and their bindings are installed as the chart renders "
+    "them"
+)
+
+
+def forbidden_words(answer: object, needs: str) -> str | None:
+    """For a 403 the admin's words (the apiserver's message, the account, what grants it)."""
+    return refused(answer, component="the webhook", needs=needs, grant=lambda _: WEBHOOK_GRANT)
+
+
 async def _fetch(call: Any, timeout: float, *args: Any, **kwargs: Any) -> tuple[int, bytes]:
-    """(status, raw body) of one API call; ApiUnavailable when it could not be made."""
+    """(status, raw body) of one API call; ApiUnavailable when it could not be made. A 403 is
+    logged in words: the tenant's refusal says only that the API answered 403."""
     try:
         response = await call(*args, _preload_content=False, _request_timeout=timeout, **kwargs)
-        return response.status, await response.read()
+        status, body = response.status, await response.read()
     except Exception as exc:  # connection refused, TLS, timeout: all mean "cannot know"
         raise ApiUnavailable(f"the Kubernetes API is unavailable ({exc})") from exc
+    words = forbidden_words(Answer(status, body), f"make {getattr(call, '__name__', 'a')} call")
+    if words:
+        log.warning("%s", words)
+    return status, body
 
 
 class Cluster:
@@ -123,7 +144,9 @@ class PodWatch:
         )
         body = await response.read()
         if response.status != 200:
-            raise client.ApiException(status=response.status, reason=response.reason)
+            refused = client.ApiException(status=response.status, reason=response.reason)
+            refused.body = body  # the apiserver's Status: a 403 names what RBAC refused
+            raise refused
         listing = json.loads(body)
         self.index.load(listing.get("items") or [])
         self._synced.set()
@@ -175,7 +198,8 @@ class PodWatch:
         self.failures += 1
         delay = min(self.max_backoff, 0.8 * 2 ** (self.failures - 1))
         if self.failures == 1 or self.failures % 10 == 0:
-            log.warning("cannot watch pods (%s); retrying in %.1f s", exc, delay)
+            why = forbidden_words(exc, "list and watch pods in every namespace") or exc
+            log.warning("cannot watch pods (%s); retrying in %.1f s", why, delay)
         await asyncio.sleep(delay * (1 + random.random() * 0.2))
 
 
