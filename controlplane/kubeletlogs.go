@@ -84,9 +84,16 @@ func (a *kubeletAPI) containerLogs(w http.ResponseWriter, r *http.Request) {
 	if !container(w, r, pod) {
 		return
 	}
+	// this container's part of the log, or with previous=true the part of the one before it
+	// (the runner appends a restarted container's output to the same file)
+	start, end := pod.LogStart, int64(-1)
 	if r.URL.Query().Get("previous") == "true" {
-		http.Error(w, fmt.Sprintf("previous terminated container %q in pod %q not found", pod.Container, pod.Name), http.StatusBadRequest)
-		return
+		if pod.PreviousLogStart == nil {
+			http.Error(w, fmt.Sprintf("previous terminated container %q in pod %q not found", pod.Container, pod.Name), http.StatusBadRequest)
+			return
+		}
+		start, end = *pod.PreviousLogStart, pod.LogStart
+		opts.follow = false // it has ended
 	}
 	f, err := os.Open(pod.Log)
 	if err != nil {
@@ -100,7 +107,15 @@ func (a *kubeletAPI) containerLogs(w http.ResponseWriter, r *http.Request) {
 	out := &limitedWriter{w: w, left: opts.limitBytes}
 
 	// what is there now: whole lines, filtered by time, the last tailLines of them
-	data, err := io.ReadAll(f)
+	var reader io.Reader = f
+	if end >= 0 {
+		reader = io.LimitReader(f, end-start)
+	}
+	if _, err := f.Seek(start, io.SeekStart); err != nil {
+		http.Error(w, err.Error(), http.StatusInternalServerError)
+		return
+	}
+	data, err := io.ReadAll(reader)
 	if err != nil {
 		http.Error(w, err.Error(), http.StatusInternalServerError)
 		return
@@ -112,7 +127,7 @@ func (a *kubeletAPI) containerLogs(w http.ResponseWriter, r *http.Request) {
 		if end >= 0 {
 			next = off + end + 1
 		}
-		t := a.stamps.timeOf(pod.Log, int64(off))
+		t := a.stamps.timeOf(pod.Log, start+int64(off))
 		if opts.since.IsZero() || !t.Before(opts.since) {
 			lines = append(lines, logLine{t, data[off:next]})
 		}
@@ -132,7 +147,7 @@ func (a *kubeletAPI) containerLogs(w http.ResponseWriter, r *http.Request) {
 	if !opts.follow {
 		return
 	}
-	offset := int64(len(data))
+	offset := start + int64(len(data))
 	pending := []byte{}
 	follow(r.Context(), f, pod, func(chunk []byte) error {
 		a.stamps.observe(pod.Log)

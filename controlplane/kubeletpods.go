@@ -36,8 +36,12 @@ type podInfo struct {
 	Env        map[string]string `json:"env"`
 	Cwd        string            `json:"cwd"`
 	Log        string            `json:"log"`
-	IP         string            `json:"ip"`
-	Namespaces []string          `json:"namespaces"` // nsenter's names: uts, mount, net
+	// where this container's output starts in Log, and where the previous one's of the same
+	// pod started (nil: none), as the runner appends a restarted container's output
+	LogStart         int64    `json:"log_start"`
+	PreviousLogStart *int64   `json:"previous_log_start"`
+	IP               string   `json:"ip"`
+	Namespaces       []string `json:"namespaces"` // nsenter's names: uts, mount, net
 }
 
 type podDir struct{ dir string }

@@ -57,7 +57,9 @@ def cp(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ControlPlane]:
 @pytest.fixture(scope="module")
 def agent(cp: ControlPlane) -> Iterator[NodeAgent]:
     state = cp.state_dir / "nodeagent"
-    with NodeAgent.start(load_topology(TOPOLOGY), cp.server, cp.pki.ca, state, mode="run") as a:
+    with NodeAgent.start(
+        load_topology(TOPOLOGY), cp.server, cp.pki.ca, state, mode="run", restart_backoff=(1, 4)
+    ) as a:
         assert a.kubelet_api is not None
         served = proc(a.kubelet_api.component.process.pid)
         yield a
@@ -199,6 +201,34 @@ def test_kubectl_port_forward_reaches_a_port_the_pod_listens_on(cp, agent, tmp_p
     finally:
         forward.terminate()
         forward.wait(timeout=30)
+
+
+def test_logs_are_the_running_container_s_and_previous_the_one_before(cp, agent, sleeper, tmp_path):
+    marker = tmp_path / "ran-once"
+    script = (
+        "import os, sys, time\n"
+        f"if os.path.exists({str(marker)!r}): print('second run', flush=True); time.sleep(600)\n"
+        f"open({str(marker)!r}, 'w').close(); print('first run', flush=True); sys.exit(1)\n"
+    )
+    manifest = pod("restarts", ["python", "-c", script])
+    manifest["spec"]["restartPolicy"] = "OnFailure"
+    kubectl(cp, "create", "-f", "-", stdin=manifest)
+
+    def restarted() -> bool:
+        statuses = get_json(cp, "pod", "restarts", "-n", NS)["status"].get("containerStatuses")
+        return (
+            bool(statuses)
+            and statuses[0]["restartCount"] >= 1
+            and "running" in (statuses[0]["state"])
+        )
+
+    eventually(restarted, "restarts runs again")
+    logs = lambda *more: kubectl(cp, "logs", "restarts", "-n", NS, *more, check=False)  # noqa: E731
+    eventually(lambda: logs().stdout == "second run\n", "the second run's log alone")
+    assert logs("--previous").stdout == "first run\n"
+    never = kubectl(cp, "logs", sleeper, "-n", NS, "--previous", check=False)
+    assert never.returncode != 0
+    assert "previous terminated container" in never.stderr
 
 
 def test_kubectl_attach_streams_the_container_s_output(cp, agent):

@@ -10,9 +10,10 @@ advertises InternalIP 127.0.0.1 and its port in status.daemonEndpoints.kubeletEn
   whose CN is the apiserver's --kubelet-client-certificate's, kube-apiserver-kubelet-client
   (403 for any other, a node's or the admin's included);
 - the pods: `publish` writes, when a container starts, one JSON file per pod in `pods_dir`
-  (its process, env, working directory, namespaces, log file and IP), which the process reads
-  per request. A file stays after its container exits (its log stays readable) until a pod of
-  the same name starts again or the agent stops.
+  (its process, env, working directory, namespaces, log file and where in it this container's
+  output and the previous container's begin, IP), which the process reads per request. A file
+  stays after its container exits (its log stays readable) until a pod of the same name starts
+  again or the agent stops.
 
 The process dies with the thread that started it (PR_SET_PDEATHSIG, as the launcher's
 components), so a node agent killed outright leaves no kubelet-api behind."""
@@ -58,8 +59,12 @@ def _start_time(pid: int) -> str:
     return raw.rsplit(") ", 1)[1].split()[19]
 
 
-def pod_record(pod: Mapping[str, Any], running: Running) -> dict[str, Any]:
-    """What the kubelet-api process reads about a running pod (controlplane/kubeletpods.go)."""
+def pod_record(
+    pod: Mapping[str, Any], running: Running, log_start: int = 0, previous: int | None = None
+) -> dict[str, Any]:
+    """What the kubelet-api process reads about a running pod (controlplane/kubeletpods.go).
+    `log_start`: where this container's output begins in its log file, `previous`: where the
+    previous container's of the same pod began (the runner appends a restart's output)."""
     meta = pod["metadata"]
     containers = [c["name"] for c in pod["spec"]["containers"]]
     pid = running.process.pid
@@ -74,17 +79,18 @@ def pod_record(pod: Mapping[str, Any], running: Running) -> dict[str, Any]:
         "env": dict(running.env),
         "cwd": running.cwd,
         "log": str(running.log_path),
+        "log_start": log_start,
+        "previous_log_start": previous,
         "ip": running.ip,
         "namespaces": list(running.namespaces),
     }
 
 
-def publish(pods_dir: Path, pod: Mapping[str, Any], running: Running) -> None:
-    """Write the pod's file whole (a reader never sees half of it)."""
-    meta = pod["metadata"]
-    target = pod_file(pods_dir, meta["namespace"], meta["name"])
+def publish(pods_dir: Path, record: Mapping[str, Any]) -> None:
+    """Write a pod's record (pod_record) whole: a reader never sees half of it."""
+    target = pod_file(pods_dir, record["namespace"], record["name"])
     tmp = target.with_suffix(f".{os.getpid()}.tmp")
-    tmp.write_text(json.dumps(pod_record(pod, running)))
+    tmp.write_text(json.dumps(record))
     tmp.chmod(0o600)  # the container's env may hold secrets
     tmp.replace(target)
 
@@ -95,10 +101,20 @@ class PublishingKubelet(Kubelet):
     def __init__(self, *args: Any, pods_dir: Path, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self.pods_dir = pods_dir
+        #: (namespace, name) -> (uid, log_start) of the container started last
+        self._started: dict[tuple[str, str], tuple[str, int]] = {}
 
     async def start(self, pod: Mapping[str, Any], *args: Any, **kwargs: Any) -> Running:
+        meta = pod["metadata"]
+        key = (meta["namespace"], meta["name"])
+        log = self.pod_dir(*key) / "container.log"  # where Kubelet.start appends its output
+        log_start = log.stat().st_size if log.exists() else 0
         running = await super().start(pod, *args, **kwargs)
-        publish(self.pods_dir, pod, running)
+        uid = meta.get("uid", "")
+        before = self._started.get(key)
+        previous = before[1] if before and before[0] == uid else None  # a restart
+        self._started[key] = (uid, log_start)
+        publish(self.pods_dir, pod_record(pod, running, log_start, previous))
         return running
 
 
@@ -177,4 +193,11 @@ class KubeletAPI:
         shutil.rmtree(self.pods_dir, ignore_errors=True)
 
 
-__all__ = ["APISERVER_CLIENT", "ComponentDied", "KubeletAPI", "PublishingKubelet", "publish"]
+__all__ = [
+    "APISERVER_CLIENT",
+    "ComponentDied",
+    "KubeletAPI",
+    "PublishingKubelet",
+    "pod_record",
+    "publish",
+]
