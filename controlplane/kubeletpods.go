@@ -17,6 +17,7 @@ import (
 	"path/filepath"
 	"strconv"
 	"strings"
+	"sync"
 	"syscall"
 	"time"
 
@@ -44,7 +45,18 @@ type podInfo struct {
 	Namespaces       []string `json:"namespaces"` // nsenter's names: uts, mount, net
 }
 
-type podDir struct{ dir string }
+type podDir struct {
+	dir string
+	mu  sync.Mutex
+	// the stamper's view: file name -> its log, re-read only when the file changes (it looks
+	// every stampInterval, and a storm's hundreds of pods would be parsed as often otherwise)
+	seen map[string]seenPod
+}
+
+type seenPod struct {
+	mod time.Time
+	log string
+}
 
 func (d *podDir) get(namespace, name string) (*podInfo, error) {
 	if strings.ContainsAny(namespace+name, "/_") || namespace == "" || name == "" {
@@ -63,20 +75,37 @@ func (d *podDir) get(namespace, name string) (*podInfo, error) {
 
 // logs are the log files of every pod the agent has written a file for.
 func (d *podDir) logs() []string {
+	d.mu.Lock()
+	defer d.mu.Unlock()
 	entries, _ := os.ReadDir(d.dir)
 	var logs []string
+	now := map[string]seenPod{}
 	for _, e := range entries {
 		if !strings.HasSuffix(e.Name(), ".json") {
 			continue
 		}
-		parts := strings.SplitN(strings.TrimSuffix(e.Name(), ".json"), "_", 2)
-		if len(parts) != 2 {
+		info, err := e.Info()
+		if err != nil {
 			continue
 		}
-		if pod, err := d.get(parts[0], parts[1]); err == nil && pod.Log != "" {
-			logs = append(logs, pod.Log)
+		known, ok := d.seen[e.Name()]
+		if !ok || !known.mod.Equal(info.ModTime()) {
+			parts := strings.SplitN(strings.TrimSuffix(e.Name(), ".json"), "_", 2)
+			if len(parts) != 2 {
+				continue
+			}
+			pod, err := d.get(parts[0], parts[1])
+			if err != nil {
+				continue
+			}
+			known = seenPod{mod: info.ModTime(), log: pod.Log}
+		}
+		now[e.Name()] = known
+		if known.log != "" {
+			logs = append(logs, known.log)
 		}
 	}
+	d.seen = now
 	return logs
 }
 
