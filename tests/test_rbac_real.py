@@ -117,15 +117,21 @@ async def test_the_culler_watches_the_hubs_server_pods_with_its_token(
 ):
     """The culler's server pod watch (fracspawner/culler/serverpods.py) lists and watches
     the release namespace's server pods with the culler's token: a server pod's address is
-    known, and forgotten once the pod is deleted (the watch, not the list, saw that)."""
+    known, and forgotten once the pod is deleted (the watch, not the list, saw that). With
+    DRA (Culler.watch_dra_claims, the chart's dra.enabled) it also lists and watches the
+    namespace's ResourceClaims (its Role) and the ResourceSlices (its ClusterRole)."""
     from fracspawner.culler.serverpods import ServerPods
 
     address = (await asyncio.to_thread(_server_pod, cp, "jupyter-ann"))["status"]["podIP"]
-    pods = ServerPods(NAMESPACE, kubeconfig=str(tokens[CULLER]))
+    pods = ServerPods(NAMESPACE, kubeconfig=str(tokens[CULLER]), dra=True)
     pods.start()
     try:
         await asyncio.wait_for(pods.listed.wait(), 60)
         assert pods.known(address)
+        deadline = time.monotonic() + 60
+        while not (pods.dra is not None and pods.dra._slices):  # the node agent's slices
+            assert time.monotonic() < deadline and not pods.failures, pods._failures
+            await asyncio.sleep(0.2)
         await asyncio.to_thread(kubectl, cp, "delete", "pod", "jupyter-ann", "-n", NAMESPACE)
         deadline = time.monotonic() + 60
         while pods.known(address):
@@ -171,6 +177,8 @@ def test_the_culler_without_pods_list_is_refused_and_says_so(
             "the culler says its server pod watch failed",
         )
         assert culler.process.poll() is None, culler.output()  # no crash loop
+        # only what was taken away is refused: its claims and slices watches (dra) are not
+        assert "cannot watch resource" not in culler.output(), culler.output()
         assert "forbidden" in line, line
         assert f'User "{account}" cannot list resource "pods"' in line, line  # the apiserver's
         assert f"the culler's ServiceAccount {CULLER} may not list pods in namespace " \
