@@ -104,7 +104,9 @@ def test_the_node_advertises_the_kubelet_api_port(cp, agent):
     assert {"type": "InternalIP", "address": "127.0.0.1"} in node["status"]["addresses"]
 
 
-def test_kubectl_exec_runs_beside_the_container_with_its_env_and_exit_status(cp, agent, sleeper):
+def test_kubectl_exec_runs_beside_the_container_with_its_env_and_exit_status(
+    cp, agent, sleeper, tmp_path: Path
+):
     done = kubectl(cp, "exec", sleeper, "-n", NS, "--", "sh", "-c",
                    'echo "marker=$MARKER"; echo oops >&2; exit 3', check=False)  # fmt: skip
     assert done.returncode == 3, done.stderr
@@ -122,6 +124,10 @@ def test_kubectl_exec_runs_beside_the_container_with_its_env_and_exit_status(cp,
          "cat"], input="through stdin\n", capture_output=True, text=True, timeout=60,
     )  # fmt: skip
     assert (echoed.returncode, echoed.stdout) == (0, "through stdin\n"), echoed.stderr
+    # kubectl cp: tar through exec, its stdin closed at the end of the file
+    (tmp_path / "local.txt").write_text("copied in\n")
+    kubectl(cp, "cp", str(tmp_path / "local.txt"), f"{NS}/{sleeper}:{tmp_path}/copied.txt")
+    assert (tmp_path / "copied.txt").read_text() == "copied in\n"
     # a command that is not there: an error, not a hang
     missing = kubectl(cp, "exec", sleeper, "-n", NS, "--", "no-such-program", check=False)
     assert missing.returncode != 0
