@@ -431,7 +431,7 @@ class SimServer:
             self.swap = SwapAgent(self.monitor, self._report_soon, log=QUIET)
         self.swap.room_check = FOREVER  # its watch looks once; the replay looks each minute
         self.kernel_id: str | None = None
-        self.kernel_mib = float(user.memory_mib)  # what its kernel holds once it uses the GPU
+        self.kernel_mib = self.first_mib()  # what its kernel holds once it uses the GPU
         self.holds_memory = self.run_alive = self.busy = False
         self.child_run = False  # the run works in a child process of the kernel
         self.pod = ""  # its pod's name (the culler's pod watch)
@@ -441,6 +441,13 @@ class SimServer:
 
     def slice_mib(self) -> float:
         return GPU_MIB * self.user.gpu_equivalent
+
+    def first_mib(self) -> float:
+        """What its kernel holds once it uses the GPU: under HAMi-core no more than the slice
+        (its limit: an allocation beyond fails with CUDA out of memory; the user fits the
+        batch to it)."""
+        mib = float(self.user.memory_mib)
+        return min(mib, self.slice_mib()) if self.virtualised else mib
 
     def _report_soon(self, _seconds: float) -> None:
         self.report_now = True
@@ -454,7 +461,7 @@ class SimServer:
             self.kernel_id = f"{self.user.name}-{self.serial:04d}-0000-0000-000000000000"
             pid = 1000 + self.serial
             self.kernels.kernels[self.kernel_id] = SimKernel(now, pid)
-            self.kernel_mib = float(self.user.memory_mib)  # a new kernel starts at its size
+            self.kernel_mib = self.first_mib()  # a new kernel starts at its size
         return self.kernels.kernels[self.kernel_id]
 
     def hibernated(self) -> bool:
@@ -756,7 +763,10 @@ class Sim:
                 # a kernel that grows as it works (caches, bigger batches): 1 % of its size a
                 # working minute; on a shared GPU only into room (CUDA out of memory otherwise)
                 step = GROWS_BY * u.memory_mib
-                if self.shared_memory and self.gpu_free_mib(s.gpu, s) < s.kernel_mib + step:
+                over_limit = s.virtualised and s.kernel_mib + step > s.slice_mib()  # HAMi-core
+                if over_limit or (
+                    self.shared_memory and self.gpu_free_mib(s.gpu, s) < s.kernel_mib + step
+                ):
                     self.resume_failures += 1
                 else:
                     s.kernel_mib = min(GROWS_TO * u.memory_mib, s.kernel_mib + step)
