@@ -83,6 +83,7 @@ DEMO_IDLE = {
     "server_idle": "30m",
     "server_unattended": "2h",
 }
+HUB_START_TIMEOUT = 180  # seconds: JupyterHub, its proxy and its two managed services
 DEMO_CULL_EVERY = 15  # seconds between the culler's cycles
 # An open, visible JupyterLab tab keeps its user present until this long after their last input
 # (serverext/presence.py; 900 s by default): the README's walk watches a kernel hibernate with
@@ -236,6 +237,9 @@ def main(argv: list[str]) -> int:
             # who-sees-what stay the last lines on the screen (no proxy noise scrolls them off)
             log_to_console=False,
             extra_config=DEMO_GROUPS + DEMO_NOTEBOOK_ENV + culler_config(catalog_file, free_port()),
+            # its two managed services start one after the other: over a minute on a busy
+            # 2-core machine
+            timeout=HUB_START_TIMEOUT,
         )
         _say(f"  [{time.monotonic() - began:5.1f} s] hub ready")
         print(
@@ -261,7 +265,7 @@ def main(argv: list[str]) -> int:
             _say("stopping the demo...")
     except KeyboardInterrupt:
         _say("\nstopping the demo (Ctrl-C again will not interrupt this)...")
-    except ClusterFailed as err:
+    except (ClusterFailed, RuntimeError, TimeoutError) as err:  # the cluster's or the hub's
         status = 1
         print(f"fracspawner demo: {err}", file=sys.stderr, flush=True)
     finally:

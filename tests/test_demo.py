@@ -41,6 +41,35 @@ def _processes_mentioning(text: str) -> list[int]:
     return found
 
 
+def _commands(pids: list[int]) -> list[str]:
+    """Each process's command line (those gone meanwhile left out)."""
+    found = []
+    for pid in pids:
+        try:
+            found.append(Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode())
+        except OSError:
+            pass
+    return found
+
+
+#: what the demo's cluster runs, each a process of its own whose command line names the state
+#: dir: the control plane's components (one binary, a subcommand each), the node agent's kubelet
+#: API, and the devcluster process that runs the node agent (the pods it starts come with a spawn)
+CLUSTER_PROCESSES = (
+    "kube-controlplane etcd",
+    "kube-controlplane kube-apiserver",
+    "kube-controlplane kube-scheduler",
+    "kube-controlplane kube-controller-manager",
+    "kube-controlplane kubelet-api",
+    "fracspawner devcluster --control-plane real",
+)
+
+
+def _missing(pids: list[int], wanted: tuple[str, ...]) -> list[str]:
+    commands = _commands(pids)
+    return [what for what in wanted if not any(what in c for c in commands)]
+
+
 def picker_model(browser: Browserless) -> dict:
     """The offer model the user's spawn form embeds (what the picker shows them)."""
     form = browser.spawn_form()
@@ -137,6 +166,44 @@ def test_every_process_ends_on_a_signal_when_the_hub_is_killed_mid_clean_up(tmp_
     while _processes_mentioning(str(state)) and time.monotonic() < deadline:
         time.sleep(0.2)
     assert not _processes_mentioning(str(state)), "demo left processes behind"
+
+
+def test_a_control_plane_component_that_dies_is_reported_and_the_demo_stops(tmp_path):
+    """kube-apiserver killed while the demo serves (issue 35): the demo says which component
+    died with the last lines of its log, stops the hub and the cluster, exits 1, and leaves no
+    etcd, control-plane component, kubelet API or pod behind."""
+    state = tmp_path / "demo-state"
+    demo = start_demo_group(state)
+    try:
+        assert demo.stdout is not None
+        seen = []
+        deadline = time.monotonic() + START_S
+        while time.monotonic() < deadline and "Ctrl-C" not in (line := demo.stdout.readline()):
+            assert line or demo.poll() is None, "the demo ended before it served:\n" + "".join(seen)
+            seen.append(line)
+        # it said its progress as it happened: the control plane, the nodes, the hub
+        said = "".join(seen)
+        for step in ("starting etcd", "starting kube-apiserver", "control plane ready",
+                     "node gpu-h100-1 registered", "cluster ready", "hub ready"):  # fmt: skip
+            assert step in said, said
+        running = _processes_mentioning(str(state))
+        assert not _missing(running, CLUSTER_PROCESSES), _commands(running)
+        component = "kube-controlplane kube-apiserver "
+        apiserver = [pid for pid in running if component in "".join(_commands([pid]))]
+        assert len(apiserver) == 1, _commands(running)
+        os.kill(apiserver[0], signal.SIGKILL)
+        out, _ = demo.communicate(timeout=120)
+    finally:
+        if demo.poll() is None:
+            os.killpg(demo.pid, signal.SIGKILL)
+    assert demo.returncode == 1, out[-3000:]
+    assert "kube-apiserver exited with status -9; last lines of" in out, out[-3000:]
+    assert "kube-apiserver.log" in out and "the demo has stopped." in out, out[-3000:]
+    deadline = time.monotonic() + 10
+    while _processes_mentioning(str(state)) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    left = _processes_mentioning(str(state))
+    assert not left, f"demo left processes behind: {_commands(left)}"
 
 
 def test_demo_serves_the_hub_and_ctrl_c_stops_everything(tmp_path, browser):
@@ -260,8 +327,12 @@ def test_demo_serves_the_hub_and_ctrl_c_stops_everything(tmp_path, browser):
         whole = page.locator("body").inner_text()
         assert "no culler connected" not in whole and "Last cycle:" in whole, whole[-2000:]
         page.close()
-        # the processes it started all point at its state dir
-        assert _processes_mentioning(str(state))
+        # the processes it started all point at its state dir: the control plane's, the node
+        # agent's and the newcomer's server pod (so the checks below cover each)
+        running = _processes_mentioning(str(state))
+        assert not _missing(running, (*CLUSTER_PROCESSES, "jupyterhub-singleuser")), _commands(
+            running
+        )
     finally:
         demo.send_signal(signal.SIGINT)
         time.sleep(0.5)
