@@ -90,6 +90,8 @@ def run_tests(root: Path, site: Path, kubeconfig: Path, spawner: str, extra: lis
         "KUBESPAWNER_TESTS_CLUSTER_ONLY": "1",
         "KUBESPAWNER_TESTS_SPAWNER": spawner,
     }
+    if spawner == "fracspawner":  # FracSpawner needs a catalog: the demo's (CPU by default)
+        env.setdefault("FRACSPAWNER_CATALOG", str(REPO / "examples" / "catalogs" / "demo.yaml"))
     argv = [sys.executable, "-m", "pytest", "-p", "pytest_asyncio.plugin",
             "-p", "kubespawner_plugin", "-rfE", "tests", *extra]  # fmt: skip
     print(f"== kubespawner's tests with {spawner}: {' '.join(argv[1:])}", flush=True)
