@@ -2,11 +2,12 @@
 for a pool it may not use, or over its quota, is refused, by the API server calling
 `fracspawner webhook` through the configuration `fracspawner kubeflow export` writes.
 
-The devcluster is the API server here: it calls mutating webhooks whose rules match a request
-(resource.k8s.io/v1 resourceclaims included) and refuses the create with the webhook's words
-(devcluster/webhookcall.py; tests/test_devcluster_admission.py checks it), serves and watches
-ResourceClaims, and publishes the nodes' ResourceSlices as NVIDIA's DRA kubelet plugin does
-(devcluster/dra/nvidia.py). The webhook runs as deployed, in its own process, behind a Service.
+On the real control plane (issue 35 item 3): kube-apiserver calls the webhook over TLS (the
+caBundle of the test CA) for resource.k8s.io/v1 resourceclaims and refuses the create with the
+webhook's words; the node agent publishes the nodes' ResourceSlices as NVIDIA's DRA kubelet
+plugin does. The webhook runs as deployed, in its own process; the exported configuration's
+Service reference is replaced by the webhook's loopback URL (kubeflow_support.at_url: the
+apiserver reaches a Service only through its ClusterIP, which nothing routes here).
 """
 
 from __future__ import annotations
@@ -20,10 +21,11 @@ import yaml
 
 from fracspawner.backends import load_catalog
 from fracspawner.kubeflow.export import WebhookTarget, export
-from tests.kubeflow_support import WebhookProcess, make_tls
+from tests.kubeflow_support import WebhookProcess, at_url, make_tls
 from tests.test_dra_kubeflow import CATALOG_DATA, claim, claim_spec, memory, request
 
 pytestmark = pytest.mark.e2e
+CONTROL_PLANE = "real"
 
 PROFILE = {"app.kubernetes.io/part-of": "kubeflow-profile"}
 H100 = "device.attributes['gpu.nvidia.com'].productName == 'NVIDIA H100 80GB HBM3'"
@@ -46,8 +48,8 @@ CLAIMS = "/apis/resource.k8s.io/v1/namespaces/team-a/resourceclaims"
 
 @pytest.fixture(scope="module")
 def cluster(devcluster, tmp_path_factory) -> Any:
-    """What a platform team applies: the webhook behind its Service and the exported
-    configuration; a profile namespace of team a (h100-dra only, at most 0.25 GPU)."""
+    """What a platform team applies: the webhook and the exported configuration; a profile
+    namespace of team a (h100-dra only, at most 0.25 GPU)."""
     folder = tmp_path_factory.mktemp("dra-kubeflow")
     tls = make_tls(folder, ("127.0.0.1", "localhost", "fracspawner-webhook.kubeflow.svc"))
     catalog_file = folder / "catalog.yaml"
@@ -59,15 +61,6 @@ def cluster(devcluster, tmp_path_factory) -> Any:
         )
         assert status == 201, body
     webhook = WebhookProcess(catalog_file, devcluster.kubeconfig, tls, folder / "webhook.log")
-    service = {
-        "apiVersion": "v1",
-        "kind": "Service",
-        "metadata": {"name": "fracspawner-webhook", "namespace": "kubeflow"},
-        # no selector: the devcluster sends to 127.0.0.1 at the target port (a local process)
-        "spec": {"ports": [{"port": 443, "targetPort": webhook.port, "protocol": "TCP"}]},
-    }
-    status, body = client.request("POST", "/api/v1/namespaces/kubeflow/services", service)
-    assert status == 201, body
     exported = export(
         load_catalog(catalog_file),
         webhook=WebhookTarget(ca_bundle=base64.b64encode(Path(tls["ca"]).read_bytes()).decode()),
@@ -76,7 +69,7 @@ def cluster(devcluster, tmp_path_factory) -> Any:
     assert "resourceclaims" in str(configuration["webhooks"])
     status, body = client.request(
         "POST", "/apis/admissionregistration.k8s.io/v1/mutatingwebhookconfigurations",
-        configuration,
+        at_url(configuration, webhook.url),
     )  # fmt: skip
     assert status == 201, body
     yield client
