@@ -38,6 +38,13 @@ def main(argv: list[str] | None = None) -> int:
         help="no-run: pods are reported Running and nothing runs (as kwok); "
         "run: each pod's first container runs as a local process",
     )
+    parser.add_argument(
+        "--network",
+        choices=("host", "namespaces"),
+        default="host",
+        help="run mode's pod network: host (a loopback address per pod) or namespaces (a "
+        "network namespace per pod, Services proxied and named by a cluster DNS; needs root)",
+    )
     args = parser.parse_args(argv)
 
     def say(msg: str) -> None:
@@ -65,6 +72,7 @@ def main(argv: list[str] | None = None) -> int:
             KeyPair(pki / "ca.crt", pki / "ca.key"),
             state,
             mode=args.mode,
+            network=args.network,
             say=say,
         )
         what = "run as local processes" if args.mode == "run" else "reported Running, not run"
