@@ -9,9 +9,10 @@ The H100's ResourceSlice is the one NVIDIA's kubelet plugin publishes in
 cmd/gpu-kubelet-plugin/consumable_shares.go applyConsumableShares: allowMultipleAllocations,
 memory in bytes rounded down to 1Mi, request policy default = all of it, min/step 1Mi;
 deviceinfo.go Attributes), published by the devcluster from the topology's `dra:` node, with
-the driver chart's DeviceClasses (devcluster/dra/nvidia.py). The devcluster's scheduler
-allocates claims as kube-scheduler's DRA plugin does (the devcluster's own tests check it
-against the driver's demo manifests).
+the driver chart's DeviceClasses (devcluster/dra/nvidia.py). The module runs on the real
+control plane (issue 35): kube-controller-manager's resourceclaim controller makes each pod's
+claim from its template and kube-scheduler's DynamicResources plugin allocates it; the node
+agent publishes the slices (devcluster/nodeagent/slices.py).
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ from devcluster.localhub import http_json
 from tests.e2e_helpers import Browserless, server_pods, spawn, wait_until
 
 pytestmark = pytest.mark.e2e
+CONTROL_PLANE = "real"
 
 NODE = "gpu-h100-dra-1"
 H100_MIB = 81559
@@ -103,6 +105,38 @@ def _mib(quantity: str) -> int:
     return int(int(number) * units[unit or ""])
 
 
+def claim_made_for(cluster: Any, pod: dict, ref: dict) -> dict:
+    """The claim made from `ref`'s template for `pod`: named in the pod's status, annotated with
+    the pod's claim name, owned by the pod, reserved for it and allocated 10 GiB on the H100.
+    On the real control plane, who wrote it (its managedFields): the control plane alone."""
+    (state,) = pod["status"]["resourceClaimStatuses"]
+    assert state["name"] == ref["name"], state
+    status, claim = http_json(
+        "GET",
+        f"{cluster.url}/apis/resource.k8s.io/v1/namespaces/default/resourceclaims/"
+        f"{state['resourceClaimName']}",
+    )
+    assert status == 200, claim
+    meta = claim["metadata"]
+    assert meta["annotations"]["resource.kubernetes.io/pod-claim-name"] == ref["name"], meta
+    (owner,) = meta["ownerReferences"]
+    assert (owner["kind"], owner["uid"], owner.get("controller")) == (
+        "Pod",
+        pod["metadata"]["uid"],
+        True,
+    ), owner
+    assert [r["uid"] for r in claim["status"]["reservedFor"]] == [pod["metadata"]["uid"]]
+    (result,) = claim["status"]["allocation"]["devices"]["results"]
+    assert (result["pool"], result["device"]) == (NODE, "gpu-0"), result
+    assert _mib(result["consumedCapacity"]["memory"]) == 10240, result
+    if cluster.control_plane == "real":
+        # kube-controller-manager and kube-scheduler are one built binary (docs/controlplane.md),
+        # so one manager name: the claim and its allocation were written by it and nobody else
+        writers = {(f["manager"], f.get("subresource", "")) for f in meta["managedFields"]}
+        assert writers == {("kube-controlplane", ""), ("kube-controlplane", "status")}, writers
+    return claim
+
+
 def form_free(hub: Any, user: str) -> int:
     html = Browserless(hub, user).spawn_form()
     card = html.split('data-pool="h100-dra" data-spec="10GiB"', 1)[1].split("</span>", 1)[0]
@@ -126,6 +160,7 @@ def test_seven_ten_gib_servers_share_one_h100_and_the_eighth_is_refused(hub, dra
         (pod,) = server_pods(cluster, user)
         assert pod["spec"]["nodeName"] == NODE
         (ref,) = pod["spec"]["resourceClaims"]
+        claim_made_for(cluster, pod, ref)
         assert pod["spec"]["containers"][0]["resources"]["claims"] == [{"name": ref["name"]}]
         assert not [k for k in pod["spec"]["containers"][0]["resources"].get("limits", {})
                     if "nvidia" in k]  # fmt: skip
