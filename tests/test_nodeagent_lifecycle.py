@@ -108,6 +108,7 @@ def test_a_crashing_container_restarts_with_back_off(cp, agent):
     assert main["lastState"]["terminated"]["exitCode"] == 4
     assert pod(cp, "crashes")["status"]["phase"] == "Running"
     eventually(lambda: "BackOff" in reasons(cp, "crashes"), "a BackOff event")
+    kubectl(cp, "delete", "pod", "crashes", "-n", NS, "--wait=false")  # no more restarts
 
 
 def test_a_failing_liveness_probe_kills_and_restarts_the_container(cp, agent):
@@ -119,6 +120,7 @@ def test_a_failing_liveness_probe_kills_and_restarts_the_container(cp, agent):
     killing = [m for r, m, _ in said if r == "Killing"]
     assert "Container main failed liveness probe, will be restarted" in killing, said
     assert any(r == "Unhealthy" and m.startswith("Liveness probe failed") for r, m, _ in said)
+    kubectl(cp, "delete", "pod", "unlive", "-n", NS, "--wait=false")
 
 
 def test_the_env_has_the_namespace_s_services_as_the_kubelet_sets_them(cp, agent):
