@@ -365,8 +365,11 @@ async def test_the_reporter_waits_as_long_as_a_429_says(receiver):
 
 
 # --- issue 28 item 12: known server pods and the state API keep budgets of their own ---------
-#: the devcluster (the API server stand-in) holds one of the hub's server pods, at 127.0.0.9
-#: (KubeSpawner labels its pods component=singleuser-server), and another pod at 127.0.0.10
+#: the cluster holds one of the hub's server pods (KubeSpawner labels its pods
+#: component=singleuser-server) and another pod; their addresses are the cluster's (the node
+#: agent gives each pod its own loopback address on the real control plane)
+#: the `devcluster` fixture's control plane (tests/conftest.py): kube-apiserver and the node agent
+CONTROL_PLANE = "real"
 TOPOLOGY = {
     "nodes": [{"name": "cpu-1"}],
     "pods": [
@@ -394,6 +397,17 @@ async def post_from(url: str, source: str, token: str, body: dict) -> int:
     return int(answer.split(b" ", 2)[1]) if answer.startswith(b"HTTP/") else 0
 
 
+async def pod_ips(cluster, *names: str) -> list[str]:
+    """The pods' addresses once the cluster has given each one."""
+    for _ in range(300):
+        found = {p["metadata"]["name"]: p.get("status", {}).get("podIP") for p in
+                 await asyncio.to_thread(cluster.client().pods, "default")}  # fmt: skip
+        if all(found.get(n) for n in names):
+            return [found[n] for n in names]
+        await asyncio.sleep(0.2)
+    raise TimeoutError(f"no address for the pods {names}: {found}")
+
+
 async def test_a_flood_of_random_tokens_cannot_blind_the_culler_to_real_servers(
     receiver, devcluster
 ):
@@ -406,19 +420,24 @@ async def test_a_flood_of_random_tokens_cannot_blind_the_culler_to_real_servers(
     culler.kubeconfig = str(devcluster.kubeconfig)
     culler.start_server_pods()
     try:
+        server_ip, other_ip = await pod_ips(devcluster, "jupyter-bea-gpu", "tenant-job")
         await asyncio.wait_for(culler.server_pods.listed.wait(), 60)
-        assert culler.known_address("127.0.0.9") and not culler.known_address("127.0.0.10")
+        for _ in range(100):  # the watch sees the server pod's address once it has one
+            if culler.known_address(server_ip):
+                break
+            await asyncio.sleep(0.2)
+        assert culler.known_address(server_ip) and not culler.known_address(other_ip)
         hub.tokens["bea-token"] = {"kind": "user", "name": "bea",
                                    "scopes": ["access:servers!server=bea/gpu"]}  # fmt: skip
         hub.tokens["admin-token"] = {"kind": "user", "name": "admin", "scopes": ["read:servers"]}
         verifier = culler.verifier()
         verifier.limit.total_rate = verifier.state_limit.total_rate = 0.001  # no refill here
         await asyncio.gather(*(receiver.flood(60, source=f"127.0.0.{i}") for i in range(2, 7)))
-        assert await post_from(receiver.url, "127.0.0.10", secrets.token_hex(16), report()) in (
+        assert await post_from(receiver.url, other_ip, secrets.token_hex(16), report()) in (
             0,
             429,
         )  # the shared budget is spent
-        assert await post_from(receiver.url, "127.0.0.9", "bea-token", report()) == 204
+        assert await post_from(receiver.url, server_ip, "bea-token", report()) == 204
         assert await get_state(receiver.url, "admin-token", "127.0.0.7") == 200
     finally:
         await culler.server_pods.stop()
