@@ -173,6 +173,19 @@ def at_url(config: dict[str, Any], base: str) -> dict[str, Any]:
 
 
 # --------------------------------------------------------------------------- Kubeflow objects
+def profile_namespace(client: Any, name: str, labels: dict[str, str]) -> None:
+    """A profile namespace as Kubeflow's Profile controller makes it: the namespace with its
+    labels, and the ServiceAccount `default-editor` notebook and pipeline pods run as (the
+    ServiceAccount admission plugin refuses a pod whose account is missing)."""
+    status, body = client.request(
+        "POST", "/api/v1/namespaces", {"metadata": {"name": name, "labels": labels}}
+    )
+    assert status == 201, body
+    account = {"apiVersion": "v1", "kind": "ServiceAccount", "metadata": {"name": "default-editor"}}
+    status, body = client.request("POST", f"/api/v1/namespaces/{name}/serviceaccounts", account)
+    assert status == 201, body
+
+
 def notebook_pod(
     namespace: str, notebook: str, labels: dict[str, str] | None = None, **extra: Any
 ) -> dict[str, Any]:

@@ -1,8 +1,8 @@
 """The real `fracspawner webhook` process, asked over verified HTTPS with AdmissionReviews as the
-API server sends them, reading namespaces and pods from a devcluster: the plan it applies, the
-access rules and quota per profile namespace (also under concurrency), what it refuses and how,
-and that it never falls over on bad input. tests/test_kubeflow_e2e.py goes through the
-devcluster's own admission path."""
+API server sends them, reading namespaces and pods from the real control plane's kube-apiserver:
+the plan it applies, the access rules and quota per profile namespace (also under concurrency),
+what it refuses and how, and that it never falls over on bad input. tests/test_kubeflow_e2e.py
+has kube-apiserver call it through the exported MutatingWebhookConfiguration."""
 
 from __future__ import annotations
 
@@ -36,6 +36,7 @@ from tests.kubeflow_support import (
     other_pod,
     patched,
     podconfig_spec,
+    profile_namespace,
     with_poddefault,
     workspace_pod,
 )
@@ -44,6 +45,7 @@ REPO = Path(__file__).resolve().parent.parent
 DEMO = REPO / "examples" / "catalogs" / "demo.yaml"
 EXAMPLES = sorted((REPO / "examples" / "catalogs").glob("*.yaml"))
 PROFILE = {"app.kubernetes.io/part-of": "kubeflow-profile"}
+CONTROL_PLANE = "real"
 
 
 def kubeflow_catalog() -> dict[str, Any]:
@@ -70,12 +72,7 @@ def api(devcluster):
         ("agree", {}),
         ("dry", {}),
     ]:
-        status, body = client.request(
-            "POST",
-            "/api/v1/namespaces",
-            {"metadata": {"name": name, "labels": {**PROFILE, **labels}}},
-        )
-        assert status == 201, body
+        profile_namespace(client, name, {**PROFILE, **labels})
     return client
 
 
@@ -462,6 +459,9 @@ def test_a_renewed_certificate_is_served_without_a_restart(tmp_path):
 def _namespace(api: Any, name: str, labels: dict[str, str] | None = None) -> None:
     body = {"metadata": {"name": name, "labels": {**PROFILE, **(labels or {})}}}
     status, answer = api.request("POST", "/api/v1/namespaces", body)
+    assert status in (201, 409), answer
+    account = {"metadata": {"name": "default-editor"}}  # as the Profile controller makes it
+    status, answer = api.request("POST", f"/api/v1/namespaces/{name}/serviceaccounts", account)
     assert status in (201, 409), answer
 
 
