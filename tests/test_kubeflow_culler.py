@@ -1,8 +1,8 @@
-"""`fracspawner culler kubeflow` on a devcluster with Kubeflow's Notebook and Workspace CRDs,
-notebook pods running real jupyter-servers, and Debian's real Prometheus scraping a
-dcgm-exporter-format endpoint: an idle GPU notebook is stopped the way Kubeflow stops one
-(`kubeflow-resource-stopped`; a Workspace's `spec.paused`), a busy one is kept, and with
-Prometheus down nothing is stopped."""
+"""`fracspawner culler kubeflow` on the real control plane with Kubeflow's Notebook and Workspace
+CRDs (the launcher's upstream YAML), notebook pods the node agent runs as real jupyter-servers,
+and Debian's real Prometheus scraping a dcgm-exporter-format endpoint: an idle GPU notebook is
+stopped the way Kubeflow stops one (`kubeflow-resource-stopped`; a Workspace's `spec.paused`), a
+busy one is kept, and with Prometheus down nothing is stopped."""
 
 from __future__ import annotations
 
@@ -26,6 +26,7 @@ from fracspawner.culler.kubeflow import (
 from tests.test_culler_support import DcgmExporter
 
 pytestmark = pytest.mark.e2e
+CONTROL_PLANE = "real"
 
 REPO = Path(__file__).resolve().parent.parent
 CRDS = [
@@ -185,11 +186,13 @@ def kubeflow(devcluster):
     """Notebooks idle and busy, and a Workspace wsidle, each with its running pod."""
     client = devcluster.client()
     for crd in CRDS:
-        _create(
-            client,
+        status, body = client.request(
+            "POST",
             "/apis/apiextensions.k8s.io/v1/customresourcedefinitions",
             yaml.safe_load(crd.read_text()),
         )
+        # 409 on the real control plane: its launcher installed the upstream CRD already
+        assert status == 201 or (status == 409 and devcluster.control_plane == "real"), body
     for name in ("idle", "busy"):
         _create(client, "/apis/kubeflow.org/v1/namespaces/alice/notebooks", notebook_cr(name))
         labels = {
@@ -228,16 +231,26 @@ def kubeflow(devcluster):
             "wsidle", "ws-wsidle-x7k2p-0", labels, "main", "/workspace/connect/alice/wsidle"
         ),
     )
-    # the Workspace controller's own probe last saw activity an hour ago
+    # the Workspace controller's own probe last saw activity an hour ago; the status it
+    # writes whole (every field the upstream CRD requires: kubeflow/notebooks v2.0.0-beta.0
+    # kubeflow.org_workspaces.yaml, as kube-apiserver enforces it)
+    now = int(time.time())
     status, body = client.request(
         "PATCH",
         "/apis/kubeflow.org/v1beta1/namespaces/alice/workspaces/wsidle/status",
         {
             "status": {
-                "activity": {
-                    "lastActivity": int(time.time()) - 3600,
-                    "lastUpdate": int(time.time()),
-                }
+                "activity": {"lastActivity": now - 3600, "lastUpdate": now},
+                "lastRunningTime": now - 3600,
+                "pauseTime": 0,
+                "pendingRestart": False,
+                "podTemplateOptions": {
+                    "imageConfig": {"desired": "jupyterlab_scipy"},
+                    "podConfig": {"desired": "fracspawner-t4-0-25"},
+                },
+                "podTemplatePod": {"name": "ws-wsidle-x7k2p-0", "nodeName": "gpu-t4-1"},
+                "state": "Running",
+                "stateMessage": "",
             }
         },
         content_type="application/merge-patch+json",
