@@ -1,6 +1,7 @@
 """Issue 28 item 9: pool access rules for every pod, as an option the chart turns on.
 
-The real `fracspawner webhook` process and a devcluster (namespaces). The demo catalog: the
+The real `fracspawner webhook` process and the real control plane (namespaces). The demo catalog:
+the
 default rule may use pool h100 only (node selector gpu: "on", HAMi), a100-mig's nodes carry
 nvidia.com/gpu.product: NVIDIA-A100-SXM4-80GB and expose nvidia.com/mig-* resources, t4's
 nodes are time-sliced `nvidia.com/gpu` replicas. A pod lands only on nodes whose labels its
@@ -16,21 +17,25 @@ from typing import Any
 import pytest
 
 from tests.chart_support import objects, one, render
-from tests.kubeflow_support import WebhookProcess, admission_review, make_tls, other_pod
+from tests.kubeflow_support import (
+    WebhookProcess,
+    admission_review,
+    make_tls,
+    other_pod,
+    profile_namespace,
+)
 
 REPO = Path(__file__).resolve().parent.parent
 DEMO = REPO / "examples" / "catalogs" / "demo.yaml"
 PROFILE = {"app.kubernetes.io/part-of": "kubeflow-profile"}
+CONTROL_PLANE = "real"
 EIGHTH = {"nvidia.com/gpu": "1", "nvidia.com/gpumem-percentage": "12", "nvidia.com/gpucores": "12"}
 
 
 @pytest.fixture(scope="module")
 def webhooks(devcluster, tmp_path_factory):
     client = devcluster.client()
-    status, body = client.request(
-        "POST", "/api/v1/namespaces", {"metadata": {"name": "pinned", "labels": PROFILE}}
-    )
-    assert status == 201, body
+    profile_namespace(client, "pinned", PROFILE)
     folder = tmp_path_factory.mktemp("pools")
     tls = make_tls(folder / "tls")
     out = {}
