@@ -1,12 +1,12 @@
 """Issue 28 item 9: pool access rules for every pod, as an option the chart turns on.
 
-The real `fracspawner webhook` process and the real control plane (namespaces). The demo catalog:
-the
-default rule may use pool h100 only (node selector gpu: "on", HAMi), a100-mig's nodes carry
-nvidia.com/gpu.product: NVIDIA-A100-SXM4-80GB and expose nvidia.com/mig-* resources, t4's
-nodes are time-sliced `nvidia.com/gpu` replicas. A pod lands only on nodes whose labels its
-nodeSelector names and whose extended resources it asks for (the scheduler's NodeAffinity and
-NodeResourcesFit plugins), so the pools a pod could run on follow from those two.
+The real `fracspawner webhook` process and the real control plane (namespaces). The demo
+catalog: the default rule may use pool h100 only (node selector gpu: "on", HAMi), a100-mig's
+nodes carry nvidia.com/gpu.product: NVIDIA-A100-SXM4-80GB and expose nvidia.com/mig-*
+resources, t4's nodes are time-sliced `nvidia.com/gpu` replicas. A pod lands only on nodes
+whose labels its nodeSelector names and whose extended resources it asks for (the scheduler's
+NodeAffinity and NodeResourcesFit plugins), so the pools a pod could run on follow from those
+two.
 """
 
 from __future__ import annotations
