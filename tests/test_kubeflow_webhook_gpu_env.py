@@ -2,7 +2,8 @@
 `kubectl debug`.
 
 The real `fracspawner webhook` process, asked over verified HTTPS with AdmissionReviews as the
-API server sends them (devcluster for the namespaces), as the chart runs it
+API server sends them (the real control plane's kube-apiserver for the namespaces), as the
+chart runs it
 (`--override-visible-devices all`).
 
 What is modelled, and from where (besides tests/test_kubeflow_webhook_visibility.py's models):
@@ -39,6 +40,7 @@ from tests.kubeflow_support import (
     notebook_pod,
     other_pod,
     patched,
+    profile_namespace,
     with_poddefault,
 )
 from tests.test_kubeflow_webhook_visibility import (
@@ -49,6 +51,7 @@ from tests.test_kubeflow_webhook_visibility import (
 )
 
 NAMESPACE = "gpuenv"
+CONTROL_PLANE = "real"
 PROFILE = {"app.kubernetes.io/part-of": "kubeflow-profile", "team": "research"}
 CUDA_IMAGE_ENV = {"NVIDIA_VISIBLE_DEVICES": "all", "NVIDIA_REQUIRE_CUDA": "cuda>=12.4"}
 #: GPUs as every backend hands them to a container through a device plugin
@@ -89,10 +92,7 @@ def runtime_env(device_plugin: dict[str, str], container: dict[str, Any]) -> dic
 @pytest.fixture(scope="module")
 def folder(devcluster, tmp_path_factory):
     client = devcluster.client()
-    status, body = client.request(
-        "POST", "/api/v1/namespaces", {"metadata": {"name": NAMESPACE, "labels": PROFILE}}
-    )
-    assert status == 201, body
+    profile_namespace(client, NAMESPACE, PROFILE)
     folder = tmp_path_factory.mktemp("gpuenv")
     (folder / "catalog.yaml").write_text(yaml.safe_dump(kubeflow_catalog()))
     return folder
