@@ -24,9 +24,9 @@ from fracspawner.model.access import allowed_pools, within_quota
 from fracspawner.model.catalog import AccessRule, Catalog
 from fracspawner.model.units import gpu_amount
 
-from .democluster import ClusterFailed, exited, start_devcluster, stop_process
+from .democluster import ClusterFailed, exited, hub_waits_for, start_devcluster, stop_process
 from .leftovers import why_not_start
-from .localhub import REPO, free_port, start_hub
+from .localhub import REPO, free_port, launch_hub, wait_hub
 from .stopsignals import StopSignals
 
 # The demo's users and groups: any name logs in (DummyAuthenticator-style password), "admin" is
@@ -132,6 +132,17 @@ def with_demo_timings(catalog_file: Path, state_dir: Path) -> Path:
     return out
 
 
+# JupyterHub 6 gives a managed service 30 s to answer, then exits ("Cannot connect to
+# gpu-culler service managed"): the culler took longer on a busy 2-core machine (importing
+# kubespawner alone ~10 s there). Service.timeout is new in JupyterHub 6 (5 has none).
+SERVICE_TIMEOUT = """
+from jupyterhub.services.service import Service as _Service
+if "timeout" in _Service.class_trait_names():
+    for _service in c.JupyterHub.services:
+        _service.setdefault("timeout", 120)
+"""
+
+
 def culler_config(catalog_file: Path, port: int) -> str:
     """The GPU-aware culler as a hub-managed service: the servers push their GPU reports to
     it, the admin page reads its state (docs/admin-guide.md has the same for real hubs)."""
@@ -154,7 +165,7 @@ c.FracSpawner.culler_url = {url!r}
 for _service in c.JupyterHub.services:
     if _service["name"] == "fracspawner":
         _service["command"] = [*_service["command"], "--culler-url={url}"]
-"""
+{SERVICE_TIMEOUT}"""
 
 
 def timings_line(catalog_file: Path) -> str:
@@ -226,8 +237,13 @@ def main(argv: list[str]) -> int:
     try:
         began = time.monotonic()
         cluster = start_devcluster(args.topology or demo_topology(), state_dir)
-        _say("  starting JupyterHub with FracSpawner, its picker service and the GPU culler...")
-        hub = start_hub(
+        # the hub starts beside the cluster and waits in its configuration until the cluster
+        # serves (democluster.hub_waits_for): their start-ups overlap
+        _say(
+            "  starting JupyterHub with FracSpawner, its picker service and the GPU culler "
+            "(it goes on once the cluster is ready)..."
+        )
+        hub = launch_hub(
             state_dir=state_dir / "hub",
             kubeconfig=state_dir / "kubeconfig",
             catalog_file=catalog_file,
@@ -236,11 +252,15 @@ def main(argv: list[str]) -> int:
             # the hub's, the proxy's and the service's logs go to a file: the password and
             # who-sees-what stay the last lines on the screen (no proxy noise scrolls them off)
             log_to_console=False,
-            extra_config=DEMO_GROUPS + DEMO_NOTEBOOK_ENV + culler_config(catalog_file, free_port()),
-            # its two managed services start one after the other: over a minute on a busy
-            # 2-core machine
-            timeout=HUB_START_TIMEOUT,
+            extra_config=hub_waits_for(cluster.ready_file)
+            + DEMO_GROUPS
+            + DEMO_NOTEBOOK_ENV
+            + culler_config(catalog_file, free_port()),
         )
+        cluster.wait_ready()
+        # its two managed services start one after the other: over a minute on a busy 2-core
+        # machine
+        hub = wait_hub(hub, HUB_START_TIMEOUT)
         _say(f"  [{time.monotonic() - began:5.1f} s] hub ready")
         print(
             f"\n  fracspawner demo: {hub.url}/hub/login   password: {password}\n"
@@ -261,7 +281,7 @@ def main(argv: list[str]) -> int:
             time.sleep(0.5)
         if cluster.poll() is not None:  # a control-plane component died, or the node agent
             status = 1
-            _say(f"\nfracspawner demo: {exited(cluster, state_dir / 'devcluster.log')}")
+            _say(f"\nfracspawner demo: {exited(cluster.proc, cluster.log_path)}")
             _say("stopping the demo...")
     except KeyboardInterrupt:
         _say("\nstopping the demo (Ctrl-C again will not interrupt this)...")

@@ -37,10 +37,12 @@ class ClusterFailed(RuntimeError):
 
 
 def cluster_command(topology: Path, state_dir: Path) -> list[str]:
+    """`fracspawner devcluster --control-plane real` (realcluster.run) by this module's main:
+    `fracspawner devcluster` imports the Python API server first (devcluster/cli.py), 5-9 s of
+    the demo's start on a busy 2-core machine, for nothing on the real control plane."""
     return [
-        sys.executable, "-m", "fracspawner", "devcluster", "--control-plane", "real",
-        "--topology", str(topology), "--port", "0",
-        "--kubeconfig", str(state_dir / "kubeconfig"), "--state-dir", str(state_dir / "cluster"),
+        sys.executable, "-m", "devcluster.democluster", str(topology),
+        str(state_dir / "cluster"), str(state_dir / "kubeconfig"),
     ]  # fmt: skip
 
 
@@ -65,27 +67,79 @@ class LogFollower:
 
 
 def exited(proc: subprocess.Popen, log_path: Path) -> ClusterFailed:
+    """The cluster's process has exited: its status and its log's last lines."""
     return ClusterFailed(
         f"the demo's cluster exited with {proc.returncode}; the last lines of {log_path}:\n"
         + log_tail(log_path, 30)
     )
 
 
+class DemoCluster:
+    """The cluster's process while it starts and serves: `wait_ready()` says its progress until it
+    serves, then writes `ready_file` (the hub, started beside it, waits for that file)."""
+
+    def __init__(
+        self, proc: subprocess.Popen, log_path: Path, ready_file: Path, say: Callable[[str], None]
+    ) -> None:
+        self.proc = proc
+        self.log_path = log_path
+        self.ready_file = ready_file
+        self.say = say
+        self.started = time.monotonic()
+        self._ready = threading.Event()
+        self._follower = LogFollower(log_path)
+        threading.Thread(target=self._read_stdout, daemon=True, name="devcluster-stdout").start()
+
+    def _read_stdout(self) -> None:  # the READY line comes on stdout; drained to its end
+        assert self.proc.stdout is not None
+        for line in self.proc.stdout:
+            if READY.search(line):
+                self._ready.set()
+
+    def poll(self) -> int | None:
+        return self.proc.poll()
+
+    def elapsed(self) -> str:
+        return f"[{time.monotonic() - self.started:5.1f} s]"
+
+    def _relay(self) -> None:
+        for line in self._follower.new_lines():
+            if line.startswith(PROGRESS):
+                self.say(f"  {self.elapsed()} {line.removeprefix(PROGRESS)}")
+
+    def wait_ready(self, timeout: float = START_TIMEOUT) -> None:
+        """Say the cluster's progress until it serves; ClusterFailed if it exits or is late."""
+        while not self._ready.wait(0.25):
+            self._relay()
+            if self.proc.poll() is not None:
+                time.sleep(0.2)  # its last lines reach the log
+                self._relay()
+                raise exited(self.proc, self.log_path)
+            if time.monotonic() - self.started > timeout:
+                raise ClusterFailed(
+                    f"the demo's cluster did not start in {timeout:.0f} s; the last lines of "
+                    f"{self.log_path}:\n{log_tail(self.log_path, 30)}"
+                )
+        self._relay()
+        self.ready_file.write_text("ready\n")
+        self.say(f"  {self.elapsed()} cluster ready")
+
+
 def start_devcluster(
     topology: Path,
     state_dir: Path,
-    timeout: float = START_TIMEOUT,
     say: Callable[[str], None] = lambda text: print(text, flush=True),
-) -> subprocess.Popen:
-    """Start the cluster in its own process group, saying its progress; return once it serves
-    (its admin kubeconfig at `<state_dir>/kubeconfig`)."""
+) -> DemoCluster:
+    """Start the cluster in its own process group (its admin kubeconfig will be at
+    `<state_dir>/kubeconfig`); `wait_ready()` on the answer waits until it serves."""
     try:
         find_binary()  # before anything starts: one line saying how to build it
     except BinaryMissing as err:
         raise ClusterFailed(str(err)) from None
+    ready_file = state_dir / "cluster-ready"
+    ready_file.unlink(missing_ok=True)  # an earlier demo's
     log_path = state_dir / "devcluster.log"
     log = open(log_path, "w")  # noqa: SIM115 - lives as long as the process
-    started = time.monotonic()
     say(
         f"  starting Kubernetes {kubernetes_pin()} (etcd, kube-apiserver, kube-scheduler, "
         "kube-controller-manager) and the node agent that runs the demo's pods..."
@@ -101,45 +155,25 @@ def start_devcluster(
         # agent's runner applies; demo only)
         env={**os.environ, "DEVCLUSTER_SIMULATED_GPU": "1"},
     )
-    ready = threading.Event()
-
-    def read_stdout() -> None:  # the READY line comes on stdout; drained to its end
-        assert proc.stdout is not None
-        for line in proc.stdout:
-            if READY.search(line):
-                ready.set()
-
-    threading.Thread(target=read_stdout, daemon=True, name="devcluster-stdout").start()
-    follower = LogFollower(log_path)
-
-    def relay() -> None:
-        for line in follower.new_lines():
-            if line.startswith(PROGRESS):
-                say(f"  [{time.monotonic() - started:5.1f} s] {line.removeprefix(PROGRESS)}")
-
-    try:
-        while not ready.wait(0.25):
-            relay()
-            if proc.poll() is not None:
-                time.sleep(0.2)  # its last lines reach the log
-                relay()
-                raise exited(proc, log_path)
-            if time.monotonic() - started > timeout:
-                raise ClusterFailed(
-                    f"the demo's cluster did not start in {timeout:.0f} s; the last lines of "
-                    f"{log_path}:\n{log_tail(log_path, 30)}"
-                )
-        relay()
-        say(f"  [{time.monotonic() - started:5.1f} s] cluster ready")
-        return proc
-    except BaseException:  # Ctrl-C or SIGTERM while it starts: not left running
-        stop_process(proc)
-        raise
+    return DemoCluster(proc, log_path, ready_file, say)
 
 
-def stop_process(proc: subprocess.Popen, timeout: float = 30) -> None:
+def hub_waits_for(ready_file: Path) -> str:
+    """Hub configuration that holds the hub until the cluster is ready: the demo starts the hub
+    beside the cluster, so that its imports (JupyterHub, kubespawner, fracspawner: 20 s on a
+    busy 2-core machine) overlap the control plane's start. At the end of the configuration,
+    before the hub reads the kubeconfig or starts its services."""
+    return f"""
+import os as _os, time as _time  # noqa: E401
+while not _os.path.exists({str(ready_file)!r}):
+    _time.sleep(0.2)
+"""
+
+
+def stop_process(cluster: DemoCluster, timeout: float = 30) -> None:
     """SIGTERM the cluster (it stops the node agent's pods, then the control plane, etcd last),
     then SIGKILL whatever is left in its process group."""
+    proc = cluster.proc
     if proc.poll() is None:
         proc.send_signal(signal.SIGTERM)
         try:
@@ -150,3 +184,21 @@ def stop_process(proc: subprocess.Popen, timeout: float = 30) -> None:
         os.killpg(proc.pid, signal.SIGKILL)
     except ProcessLookupError:
         pass
+
+
+def main(argv: list[str]) -> int:
+    """`python -m devcluster.democluster TOPOLOGY STATE_DIR KUBECONFIG`: the real cluster in the
+    foreground, as `fracspawner devcluster --control-plane real` runs it."""
+    from .realcluster import run
+
+    if len(argv) != 3:
+        print(
+            "usage: python -m devcluster.democluster TOPOLOGY STATE_DIR KUBECONFIG", file=sys.stderr
+        )
+        return 2
+    topology, state, kubeconfig = (Path(arg) for arg in argv)
+    return run(topology, state, kubeconfig)
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

@@ -254,7 +254,13 @@ def http_json(
         return status, raw.decode(errors="replace")
 
 
-def start_hub(
+def start_hub(*, timeout: float = 60, **launch: Any) -> LocalHub:
+    """Start `jupyterhub` in its own process group and wait until its API answers (launch_hub's
+    arguments)."""
+    return wait_hub(launch_hub(**launch), timeout)
+
+
+def launch_hub(
     *,
     state_dir: Path,
     kubeconfig: Path,
@@ -264,10 +270,9 @@ def start_hub(
     extra_config: str = "",
     env: Mapping[str, str] | None = None,
     log_to_console: bool = False,
-    timeout: float = 60,
     resolv: Path | None = None,
 ) -> LocalHub:
-    """Start `jupyterhub` in its own process group and wait until its API answers.
+    """Start `jupyterhub` in its own process group; `wait_hub` waits until its API answers.
 
     `resolv`: the devcluster's resolv.conf (`<state_dir>/network/resolv.conf`): the hub (and
     the proxy it starts) resolve Service names as a hub pod does, for KubeSpawner's
@@ -308,7 +313,12 @@ def start_hub(
         stderr=subprocess.STDOUT if log_file else None,
         start_new_session=True,
     )
-    hub = LocalHub(f"http://127.0.0.1:{port}", admin_token, process, log_path, state_dir, proc_env)
+    return LocalHub(f"http://127.0.0.1:{port}", admin_token, process, log_path, state_dir, proc_env)
+
+
+def wait_hub(hub: LocalHub, timeout: float = 60) -> LocalHub:
+    """Wait until the hub's API answers; the hub is stopped if it does not (or on Ctrl-C)."""
+    process = hub.process
     deadline = time.monotonic() + timeout
     try:
         while time.monotonic() < deadline:

@@ -54,14 +54,14 @@ def _commands(pids: list[int]) -> list[str]:
 
 #: what the demo's cluster runs, each a process of its own whose command line names the state
 #: dir: the control plane's components (one binary, a subcommand each), the node agent's kubelet
-#: API, and the devcluster process that runs the node agent (the pods it starts come with a spawn)
+#: API, and the cluster's process that runs the node agent (the pods it starts come with a spawn)
 CLUSTER_PROCESSES = (
     "kube-controlplane etcd",
     "kube-controlplane kube-apiserver",
     "kube-controlplane kube-scheduler",
     "kube-controlplane kube-controller-manager",
     "kube-controlplane kubelet-api",
-    "fracspawner devcluster --control-plane real",
+    "-m devcluster.democluster",
 )
 
 

@@ -115,6 +115,9 @@ def hangup():
 
 class Process:
     calls = 0
+    ready_file = "cluster-ready"
+    def wait_ready(self):
+        pass
     def poll(self):
         Process.calls += 1
         if Process.calls == 2:
@@ -146,7 +149,8 @@ def each_line(frame, event, arg):
 
 demo._say = say
 demo.start_devcluster = lambda topology, state_dir: Process()
-demo.start_hub = lambda **kwargs: Hub()
+demo.launch_hub = lambda **kwargs: Hub()
+demo.wait_hub = lambda hub, timeout: hub
 demo.stop_process = lambda proc: done.append("cluster")
 sys.settrace(trace_main)
 try:
