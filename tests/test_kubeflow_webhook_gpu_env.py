@@ -3,8 +3,7 @@
 
 The real `fracspawner webhook` process, asked over verified HTTPS with AdmissionReviews as the
 API server sends them (the real control plane's kube-apiserver for the namespaces), as the
-chart runs it
-(`--override-visible-devices all`).
+chart runs it (`--override-visible-devices all`).
 
 What is modelled, and from where (besides tests/test_kubeflow_webhook_visibility.py's models):
 - the environment a container holding a device-plugin GPU ends up with (`runtime_env`): the

@@ -1,7 +1,7 @@
 """Issue 28 item 6: no container of a profile namespace's pod sees GPUs it does not hold.
 
 The real `fracspawner webhook` process, asked over verified HTTPS with AdmissionReviews as the
-API server sends them (devcluster for the namespaces and pods).
+API server sends them (the real control plane's kube-apiserver for the namespaces and pods).
 
 What is modelled, and from where:
 - the NVIDIA container toolkit's reading of NVIDIA_VISIBLE_DEVICES (`toolkit_devices` below,
@@ -50,6 +50,7 @@ from tests.kubeflow_support import (
     notebook_pod,
     other_pod,
     patched,
+    profile_namespace,
     with_poddefault,
 )
 
@@ -57,6 +58,7 @@ REPO = Path(__file__).resolve().parent.parent
 DEMO = REPO / "examples" / "catalogs" / "demo.yaml"
 PROFILE = {"app.kubernetes.io/part-of": "kubeflow-profile"}
 NAMESPACE = "seer"
+CONTROL_PLANE = "real"
 
 
 def toolkit_devices(env: dict[str, str]) -> str:
@@ -95,12 +97,7 @@ def kubeflow_catalog() -> dict[str, Any]:
 @pytest.fixture(scope="module")
 def webhook(devcluster, tmp_path_factory):
     client = devcluster.client()
-    status, body = client.request(
-        "POST",
-        "/api/v1/namespaces",
-        {"metadata": {"name": NAMESPACE, "labels": {**PROFILE, "team": "research"}}},
-    )
-    assert status == 201, body
+    profile_namespace(client, NAMESPACE, {**PROFILE, "team": "research"})
     folder = tmp_path_factory.mktemp("visibility")
     catalog = folder / "catalog.yaml"
     catalog.write_text(yaml.safe_dump(kubeflow_catalog()))
