@@ -1,7 +1,8 @@
 """Issue 28 item 8: pods created by generateName (a Job's, a ReplicaSet's, a Katib trial's) fit
 their namespace's quota as soon as the webhook's watch has them.
 
-The real `fracspawner webhook` process against a devcluster. What the API server does, modelled:
+The real `fracspawner webhook` process against the real control plane (kube-apiserver names the
+pods; its garbage collector keeps them only while their Job exists). What the API server does:
 a pod created by generateName has no name and no uid when the mutating webhooks are called:
 k8s.io/apiserver pkg/endpoints/handlers/create.go calls mutating admission before the store's
 create, and pkg/registry/generic/registry/store.go `create` only then fills metadata.uid
@@ -10,7 +11,7 @@ identifies the webhook call, not the object (k8s.io/api admission/v1 types.go: "
 to track the round trip (request/response) between the KAS and the WebHook, not the user
 request"), and a reinvocation (reinvocationPolicy IfNeeded) is a new call with a new uid. So the
 review below carries `generateName` and no name, and the pod created from the webhook's patch
-gets its name from devcluster's store as from the API server's.
+gets its name from the API server's store.
 """
 
 from __future__ import annotations
@@ -32,12 +33,14 @@ from tests.kubeflow_support import (
     make_tls,
     other_pod,
     patched,
+    profile_namespace,
 )
 
 REPO = Path(__file__).resolve().parent.parent
 DEMO = REPO / "examples" / "catalogs" / "demo.yaml"
 NAMESPACE = "jobs"
 RESERVATION = "fracspawner.io/reservation"
+CONTROL_PLANE = "real"
 
 
 @pytest.fixture(scope="module")
@@ -51,10 +54,7 @@ def setup(devcluster, tmp_path_factory):
     catalog.write_text(yaml.safe_dump(data))
     api = devcluster.client()
     labels = {"app.kubernetes.io/part-of": "kubeflow-profile", "quota": "one"}
-    status, body = api.request(
-        "POST", "/api/v1/namespaces", {"metadata": {"name": NAMESPACE, "labels": labels}}
-    )
-    assert status == 201, body
+    profile_namespace(api, NAMESPACE, labels)
     webhook = WebhookProcess(
         catalog, devcluster.kubeconfig, make_tls(folder / "tls"), folder / "webhook.log"
     )
@@ -62,7 +62,31 @@ def setup(devcluster, tmp_path_factory):
     webhook.stop()
 
 
-def job_pod(catalog: Any, job: str) -> dict[str, Any]:
+def owner_job(api: Any, job: str) -> str:
+    """A Job for the pods to belong to, so the garbage collector keeps them (kube-controller-
+    manager deletes a pod whose owner does not exist), that the Job controller leaves alone
+    (`spec.managedBy` another controller: JobManagedBy, kubernetes pkg/controller/job), as the
+    test makes its pods itself; its uid."""
+    body = {
+        "apiVersion": "batch/v1",
+        "kind": "Job",
+        "metadata": {"name": job},
+        "spec": {
+            "managedBy": "example.com/test-makes-the-pods",
+            "template": {
+                "spec": {
+                    "containers": [{"name": "main", "image": "python:3.11"}],
+                    "restartPolicy": "Never",
+                }
+            },
+        },
+    }
+    status, created = api.request("POST", f"/apis/batch/v1/namespaces/{NAMESPACE}/jobs", body)
+    assert status == 201, created
+    return created["metadata"]["uid"]
+
+
+def job_pod(catalog: Any, job: str, job_uid: str | None = None) -> dict[str, Any]:
     """A pod of a Job whose template asks for half an H100 (the catalog's HAMi plan for 1/2),
     as the Job controller posts it: generateName `<job>-`, no name (kubernetes
     pkg/controller/job; the pod template's labels plus batch.kubernetes.io/job-name and the
@@ -74,7 +98,7 @@ def job_pod(catalog: Any, job: str) -> dict[str, Any]:
     del meta["name"]
     meta["generateName"] = f"{job}-"
     meta["labels"] = {"batch.kubernetes.io/job-name": job, "job-name": job}
-    job_uid = str(uuid.uuid5(uuid.NAMESPACE_URL, job))
+    job_uid = job_uid or str(uuid.uuid5(uuid.NAMESPACE_URL, job))
     meta["ownerReferences"] = [
         {"apiVersion": "batch/v1", "kind": "Job", "name": job, "uid": job_uid, "controller": True}
     ]
@@ -95,8 +119,9 @@ def test_a_job_of_two_half_gpu_pods_fits_a_one_gpu_quota(setup):
     api, webhook, catalog = setup
     base = f"/api/v1/namespaces/{NAMESPACE}/pods"
     created: list[str] = []
+    uid = owner_job(api, "train")
     try:
-        first = job_pod(catalog, "train")
+        first = job_pod(catalog, "train", uid)
         answer = webhook.review(admission_review(first))
         assert answer["allowed"] is True, answer
         first = patched(first, answer)
@@ -113,7 +138,7 @@ def test_a_job_of_two_half_gpu_pods_fits_a_one_gpu_quota(setup):
         assert stored["metadata"]["name"].startswith("train-")
         # once the webhook's watch has the first pod, its reservation is the pod: the second
         # half fits (before: the reservation counted beside the pod for the whole window)
-        second = job_pod(catalog, "train")
+        second = job_pod(catalog, "train", uid)
         _wait(
             lambda: webhook.review(admission_review(second, dry_run=True))["allowed"],
             "the second pod of the Job stayed refused: its sibling counted twice",
@@ -125,7 +150,7 @@ def test_a_job_of_two_half_gpu_pods_fits_a_one_gpu_quota(setup):
         assert status == 201, stored
         created.append(stored["metadata"]["name"])
         # the quota is full now: a third is refused, with the namespace's real numbers
-        third = webhook.review(admission_review(job_pod(catalog, "train"), dry_run=True))
+        third = webhook.review(admission_review(job_pod(catalog, "train", uid), dry_run=True))
         assert third["allowed"] is False, third
         assert "already hold 1 of its 1 GPU quota" in third["status"]["message"], third
     finally:
