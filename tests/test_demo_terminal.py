@@ -172,14 +172,29 @@ def test_a_second_sighup_during_the_clean_up_does_not_abort_it(tmp_path: Path) -
     assert run.returncode == 0, run.stderr[-3000:]
 
 
-def _demo_refusal(state: Path, port: int) -> subprocess.CompletedProcess:
+def _demo_refusal(state: Path, port: int, **env: str) -> subprocess.CompletedProcess:
     return subprocess.run(
         [sys.executable, "-m", "fracspawner", "demo", "--port", str(port)]
         + ["--state-dir", str(state), "--password", "pw"],
         capture_output=True,
         text=True,
         timeout=120,
+        env={**os.environ, **env},
     )
+
+
+def test_a_control_plane_not_built_is_said_before_anything_starts(tmp_path: Path) -> None:
+    """`fracspawner demo` without `make controlplane` (or with a binary that is not there): one
+    line saying what is missing, no password, nothing started."""
+    state = tmp_path / "demo-state"
+    run = _demo_refusal(state, free_port(), FRACSPAWNER_CONTROLPLANE_BIN=str(tmp_path / "none"))
+    assert run.returncode == 1, run.stdout + run.stderr
+    assert "password" not in run.stdout, run.stdout
+    assert run.stderr.strip() == (
+        f"fracspawner demo: FRACSPAWNER_CONTROLPLANE_BIN={tmp_path / 'none'} is not an "
+        "executable file"
+    ), run.stderr
+    assert not (state / "devcluster.log").exists() and not (state / "hub").exists()
 
 
 LISTEN = "import socket, sys, time; s = socket.socket(); s.bind(('127.0.0.1', int(sys.argv[1])))\n"
