@@ -173,10 +173,14 @@ def at_url(config: dict[str, Any], base: str) -> dict[str, Any]:
 
 
 # --------------------------------------------------------------------------- Kubeflow objects
-def profile_namespace(client: Any, name: str, labels: dict[str, str]) -> None:
+def profile_namespace(
+    client: Any, name: str, labels: dict[str, str], *, real: bool = False
+) -> None:
     """A profile namespace as Kubeflow's Profile controller makes it: the namespace with its
     labels, and the ServiceAccount `default-editor` notebook and pipeline pods run as (the
-    ServiceAccount admission plugin refuses a pod whose account is missing)."""
+    ServiceAccount admission plugin refuses a pod whose account is missing). On the real
+    control plane (`real`) it waits for the account `default` kube-controller-manager makes in
+    every namespace, which pods that name none run as (the Python devcluster makes none)."""
     status, body = client.request(
         "POST", "/api/v1/namespaces", {"metadata": {"name": name, "labels": labels}}
     )
@@ -184,6 +188,13 @@ def profile_namespace(client: Any, name: str, labels: dict[str, str]) -> None:
     account = {"apiVersion": "v1", "kind": "ServiceAccount", "metadata": {"name": "default-editor"}}
     status, body = client.request("POST", f"/api/v1/namespaces/{name}/serviceaccounts", account)
     assert status == 201, body
+    deadline = time.monotonic() + 60
+    while (
+        real
+        and client.request("GET", f"/api/v1/namespaces/{name}/serviceaccounts/default")[0] != 200
+    ):
+        assert time.monotonic() < deadline, f"no ServiceAccount default in {name} after 60 s"
+        time.sleep(0.2)
 
 
 def notebook_pod(

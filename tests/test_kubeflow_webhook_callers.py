@@ -1,15 +1,15 @@
 """Issue 28 item 7: a tenant cannot jam another namespace's quota with forged reviews, nor
 read its headroom with dry runs, at the chart's defaults (no client certificate required).
 
-The real `fracspawner webhook` process and a devcluster. What is modelled, and from where:
+The real `fracspawner webhook` process and the real control plane. What is modelled, and from where:
 - a pod's request to the webhook's Service arrives from the pod's IP (kube-proxy rewrites the
   destination of Service traffic, not the source, inside the pod network: kubernetes
   pkg/proxy/iptables/proxier.go masquerades only traffic from outside the cluster CIDR, hairpin
-  traffic, or all with --masquerade-all); devcluster gives each running pod a loopback address
+  traffic, or all with --masquerade-all); the node agent gives each running pod an address
   of its own (devcluster/network.py LoopbackPool), and the tests below send the tenant's requests
   from that address (http.client's source_address), as its process would;
 - the API server's requests come from no pod address (a hostNetwork static pod, or outside
-  the cluster): here from 127.0.0.1, which devcluster never gives a pod;
+  the cluster): here from 127.0.0.1, which the node agent never gives a pod;
 - AdmissionRequest.dryRun: nothing is persisted (k8s.io/api admission/v1 types.go), so a dry
   run needs no quota; AdmissionResponse.warnings reach the client as Warning headers.
 """
@@ -31,12 +31,14 @@ from tests.kubeflow_support import (
     make_client_tls,
     make_tls,
     notebook_pod,
+    profile_namespace,
     with_poddefault,
 )
 
 REPO = Path(__file__).resolve().parent.parent
 DEMO = REPO / "examples" / "catalogs" / "demo.yaml"  # h100, up to 0.25 GPU per namespace
 PROFILE = {"app.kubernetes.io/part-of": "kubeflow-profile"}
+CONTROL_PLANE = "real"
 
 
 def notebook(namespace: str, name: str, gpu: str = "0.25") -> dict[str, Any]:
@@ -48,10 +50,7 @@ def notebook(namespace: str, name: str, gpu: str = "0.25") -> dict[str, Any]:
 def api(devcluster):
     client = devcluster.client()
     for name in ("tenant-a", "tenant-b", "full", "full-verified", "jam"):
-        status, body = client.request(
-            "POST", "/api/v1/namespaces", {"metadata": {"name": name, "labels": PROFILE}}
-        )
-        assert status == 201, body
+        profile_namespace(client, name, PROFILE, real=devcluster.control_plane == "real")
     return client
 
 
