@@ -11,7 +11,8 @@ kind}); the resourceclaim controller (kubernetes pkg/controller/resourceclaim/co
 handleClaim) creates a pod's claim from its template with generateName and an ownerReference
 to the pod (controller: true), through the same admission. The webhook runs in process here
 with its cluster reads replaced (namespace labels, the template); the claim and pod watches'
-indexes are fed directly, as the watches would.
+indexes are fed directly, as the watches would; the last test runs the webhook process against
+the real control plane's kube-apiserver.
 """
 
 from __future__ import annotations
@@ -52,6 +53,7 @@ CATALOG_DATA: dict[str, Any] = {
     "kubeflow": {"namespaces": [{"labels": {"team": "a"}, "groups": ["team"]}]},
 }
 CATALOG = load_catalog(CATALOG_DATA)
+CONTROL_PLANE = "real"
 H100 = "device.attributes['gpu.nvidia.com'].productName == 'NVIDIA H100 80GB HBM3'"
 A100 = "device.attributes['gpu.nvidia.com'].productName == 'NVIDIA A100-SXM4-80GB'"
 
@@ -411,7 +413,7 @@ def test_the_webhook_process_refuses_a_tenants_claim_for_a_pool_it_may_not_use(
     devcluster, tmp_path
 ):
     """`fracspawner webhook` as deployed (its own process, reading the namespace from the
-    devcluster's API): a tenant's ResourceClaim for a MIG pool its profile may not use is
+    control plane's API): a tenant's ResourceClaim for a MIG pool its profile may not use is
     refused with the pool named; one for the pool it may use passes the access check."""
     import yaml
 
