@@ -22,7 +22,6 @@ from typing import Any
 import pytest
 import yaml
 
-from devcluster.validation import validate as k8s_validate
 from fracspawner.backends import load_catalog
 from fracspawner.cli import main as fracspawner_main
 from fracspawner.model.slices import parse_slice
@@ -37,6 +36,7 @@ from tests.kubeflow_support import (
     patched,
     podconfig_spec,
     profile_namespace,
+    validated_by_the_api_server,
     with_poddefault,
     workspace_pod,
 )
@@ -100,7 +100,7 @@ def kubeflow_pod(namespace: str, notebook: str, pool: str, gpu: str) -> dict[str
 
 
 # --------------------------------------------------------------------------- the plan
-def test_a_notebook_pod_gets_exactly_the_plan_and_passes_strict_validation(webhook, capsys):
+def test_a_notebook_pod_gets_exactly_the_plan_and_passes_strict_validation(webhook, api, capsys):
     pod = kubeflow_pod("alice", "analysis", "h100", "0.25")
     answer = webhook.review(admission_review(pod))
     assert answer["allowed"] is True
@@ -113,7 +113,7 @@ def test_a_notebook_pod_gets_exactly_the_plan_and_passes_strict_validation(webho
     assert_plan_applied(pod, mutated, "analysis", expected)
     assert expected["box.limits.nvidia.com/gpucores"] == "25"
     assert expected["metadata.annotations.fracspawner.io/gpu-equivalent"] == "0.25"
-    k8s_validate(mutated)  # kubernetes-validate, strict: the pod the API server would store
+    validated_by_the_api_server(api, mutated)  # the pod kube-apiserver would store
     # everything Kubeflow put there is still there
     assert mutated["spec"]["containers"][0]["image"] == pod["spec"]["containers"][0]["image"]
     assert {"name": "NB_PREFIX", "value": "/notebook/alice/analysis"} in mutated["spec"][

@@ -42,7 +42,6 @@ from typing import Any
 import pytest
 import yaml
 
-from devcluster.validation import validate as k8s_validate
 from tests.kubeflow_support import (
     WebhookProcess,
     admission_review,
@@ -51,6 +50,7 @@ from tests.kubeflow_support import (
     other_pod,
     patched,
     profile_namespace,
+    validated_by_the_api_server,
     with_poddefault,
 )
 
@@ -188,7 +188,7 @@ def test_which_values_of_the_variable_pass(webhook):
         assert "container peek: NVIDIA_VISIBLE_DEVICES" in answer["status"]["message"]
 
 
-def test_env_from_a_configmap_is_overridden_in_containers_holding_no_gpu(webhook):
+def test_env_from_a_configmap_is_overridden_in_containers_holding_no_gpu(webhook, devcluster):
     """envFrom cannot be read at admission (and the ConfigMap may change later): the webhook
     writes NVIDIA_VISIBLE_DEVICES=void into the container's env, which wins over it."""
     configmaps = {"settings": {"NVIDIA_VISIBLE_DEVICES": "all", "S3_BUCKET": "data"}}
@@ -200,7 +200,7 @@ def test_env_from_a_configmap_is_overridden_in_containers_holding_no_gpu(webhook
         answer = webhook.review(dry(pod))
         assert answer["allowed"] is True, answer
         out = patched(pod, answer)
-        k8s_validate(out)  # strict schema: the pod the API server would store
+        validated_by_the_api_server(devcluster.client(), out)  # what kube-apiserver would store
         for before, after in zip(pod["spec"]["containers"], out["spec"]["containers"], strict=True):
             holds = "nvidia.com/gpu" in ((before.get("resources") or {}).get("limits") or {})
             if holds:  # the device plugin's value rules there: left as it was
