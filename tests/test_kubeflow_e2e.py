@@ -16,7 +16,10 @@ from __future__ import annotations
 import asyncio
 import base64
 import json
+import os
+import shutil
 import ssl
+import subprocess
 import threading
 from pathlib import Path
 from typing import Any
@@ -351,6 +354,39 @@ def test_each_pod_goes_to_its_webhook_through_the_exported_object_selectors(clus
         'admission webhook "pods.slices.webhook.fracspawner.io" denied the request: '
         "fracspawner refused this pod's GPU in namespace bob"
     )
+
+
+@pytest.mark.skipif(shutil.which("kubectl") is None, reason="needs kubectl (make system-deps)")
+def test_kubectl_debug_goes_through_the_ephemeral_containers_webhook(cluster, devcluster):
+    """Issue 35 item 3: Debian's kubectl debug adds an ephemeral container through
+    pods/ephemeralcontainers; kube-apiserver sends that UPDATE to the exported
+    ephemeral.slices... webhook, which refuses a debugger that would see the node's GPUs
+    through its env and lets a plain one in."""
+    client = cluster["client"]
+    status, created = create(client, controller_pod("lab", "debugged", None))
+    assert status == 201, created
+
+    def debug(name: str, *args: str) -> subprocess.CompletedProcess:
+        return subprocess.run(
+            ["kubectl", "debug", "-n", "lab", "debugged-0", f"--container={name}"]
+            + ["--image=nvidia/cuda:12.4.1-base-ubuntu22.04", *args, "--", "true"],
+            env={**os.environ, "KUBECONFIG": str(devcluster.kubeconfig)},
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
+
+    refused = debug("peek", "--env=NVIDIA_VISIBLE_DEVICES=all")
+    assert refused.returncode != 0
+    assert (
+        'admission webhook "ephemeral.slices.webhook.fracspawner.io" denied the request'
+        in refused.stderr
+    ), refused.stderr
+    assert "NVIDIA_VISIBLE_DEVICES" in refused.stderr, refused.stderr
+    done = debug("debugger")
+    assert done.returncode == 0, done.stderr
+    pod = client.get("/api/v1/namespaces/lab/pods/debugged-0")
+    assert [c["name"] for c in pod["spec"]["ephemeralContainers"]] == ["debugger"]
 
 
 def test_with_the_webhook_down_slice_pods_are_refused_and_others_only_if_so_configured(
