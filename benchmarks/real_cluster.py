@@ -208,12 +208,15 @@ class ScaleCluster:
             try:
                 self.api.merge_patch(f"{LEASES}/{name}", body)
                 self.lease_renewals += 1
-            except (RuntimeError, OSError):
+            except (RuntimeError, OSError, http.client.HTTPException):
                 pass  # the apiserver restarting: the next round renews it
 
         with ThreadPoolExecutor(2) as pool:
             while not self._stop.wait(LEASE_RENEW_SECONDS):
-                list(pool.map(renew, self.background))
+                try:
+                    list(pool.map(renew, self.background))
+                except Exception as err:  # never let the keeper die: the nodes would go NotReady
+                    print(f"lease keeper: {err!r}", flush=True)
 
     def _start_agent(self, topology: dict[str, Any], state_dir: Path, say: Callable) -> None:
         """STORM_NODES T4 nodes like the topology's, run by the node agent in run mode."""
