@@ -106,3 +106,72 @@ def test_a_tenants_claims_over_its_quota_are_refused(cluster):
         return status == 201
 
     wait_until(admitted, 60, "the claim admitted once the quarter is deleted")
+    status, _ = cluster.request("DELETE", f"{CLAIMS}/more")  # the quota free for the next test
+    assert status == 200
+
+
+def _template_pod(name: str, template: str) -> dict[str, Any]:
+    """A pipeline step naming a ResourceClaimTemplate: kube-controller-manager's resourceclaim
+    controller makes its claim (through admission), kube-scheduler allocates it."""
+    return {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"name": name, "namespace": "team-a"},
+        "spec": {
+            "containers": [
+                {
+                    "name": "main",
+                    "image": "python:3.11",
+                    "command": ["sleep", "3600"],
+                    "resources": {"claims": [{"name": "gpu"}]},
+                }
+            ],
+            "resourceClaims": [{"name": "gpu", "resourceClaimTemplateName": template}],
+            "restartPolicy": "Never",
+        },
+    }
+
+
+def test_a_claim_made_from_a_template_is_allocated_and_counts_against_the_quota(cluster):
+    """Issue 35 item 3: the claim kube-controller-manager makes from a pod's template passes the
+    webhook and kube-scheduler allocates it on the node agent's H100 share; a second pod's
+    template over the quota is refused by the webhook, with its words."""
+    from tests.e2e_helpers import wait_until
+
+    base = "/apis/resource.k8s.io/v1/namespaces/team-a/resourceclaimtemplates"
+    for name, amount in (("quarter-tpl", "20Gi"), ("more-tpl", "10Gi")):
+        body = {
+            "apiVersion": "resource.k8s.io/v1",
+            "kind": "ResourceClaimTemplate",
+            "metadata": {"name": name, "namespace": "team-a"},
+            "spec": {"spec": claim_spec(request("gpu.nvidia.com", H100, **memory(amount)))},
+        }
+        status, answer = cluster.request("POST", base, body)
+        assert status == 201, answer
+    pods = "/api/v1/namespaces/team-a/pods"
+    # admitted once the webhook's claim watch has seen the claims of earlier tests go
+    wait_until(
+        lambda: cluster.request("POST", pods, _template_pod("step-1", "quarter-tpl"))[0] == 201,
+        60,
+        "step-1 admitted with the namespace's quota free",
+    )
+
+    def allocated() -> dict[str, Any] | None:
+        claims = cluster.request("GET", CLAIMS)[1]["items"]
+        mine = [c for c in claims if c["metadata"]["name"].startswith("step-1-gpu-")]
+        return mine[0] if mine and (mine[0].get("status") or {}).get("allocation") else None
+
+    wait_until(allocated, 120, "the template's claim made and allocated")
+    made = allocated()
+    assert made is not None
+    assert made["metadata"]["ownerReferences"][0]["name"] == "step-1"
+    (result,) = made["status"]["allocation"]["devices"]["results"]
+    assert result["pool"] == "gpu-h100-dra-1", result
+    wait_until(
+        lambda: cluster.request("GET", f"{pods}/step-1")[1]["spec"].get("nodeName"),
+        120,
+        "step-1 scheduled",
+    )
+    status, answer = cluster.request("POST", pods, _template_pod("step-2", "more-tpl"))
+    assert status == 403, answer
+    assert "0.25 of its 0.25 GPU quota" in answer["message"], answer
