@@ -230,6 +230,23 @@ class ScaleCluster:
             mode="run",
         )
         say(f"node agent (run mode) for {STORM_NODES} storm nodes")
+        # a new node carries node.kubernetes.io/not-ready until the node-lifecycle controller
+        # sees it Ready: FracSpawner counts no slot there meanwhile (a loaded run refused)
+        deadline = time.monotonic() + 300
+        names = {f"t4-storm-{i}" for i in range(STORM_NODES)}
+        while True:
+            nodes = self.api.ok("GET", "/api/v1/nodes?labelSelector=nvidia.com%2Fgpu.product")
+            ready = {
+                n["metadata"]["name"]
+                for n in nodes["items"]
+                if n["metadata"]["name"] in names and not (n.get("spec") or {}).get("taints")
+            }
+            if ready == names:
+                break
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"storm nodes still tainted after 300 s: {names - ready}")
+            time.sleep(1)
+        say("storm nodes ready and untainted")
 
     # --- what the benchmark does to it ---------------------------------------------------------
     def pod_names(self, namespace: str = "default", selector: str = "") -> list[str]:
