@@ -33,6 +33,7 @@ from tests.test_culler_support import CULLER_SCOPES
 
 pytestmark = pytest.mark.e2e
 
+CONTROL_PLANE = "real"
 CATALOG = yaml.safe_load(DEMO_CATALOG.read_text())
 CATALOG["access"]["default"] = {"pools": "all", "max_gpu": 1}
 CATALOG["idle"] = {"kernel_gpu_idle": "1h", "server_gpu_idle": "1h", "server_idle": "8h"}
@@ -249,8 +250,10 @@ async def test_idle_gpu_server_stopped_and_pod_deleted_unless_a_source_fails(
     # a user name kubespawner must slug ('.' is not allowed in a pod name) and a named server
     user, server = "bob.smith", "train"
     for args in (
-        # no pool: FracSpawner places half a GPU on h100, the only pool serving it (4 s policy)
-        (user, {"gpu": "1/2"}, server),
+        # no pool: FracSpawner places a whole GPU on h100, the only pool serving it (4 s
+        # policy). Whole, so DCGM's reading is the pod's own: on a shared slice it is the
+        # device's and the culler counts the server's own report instead (culler/shared.py)
+        (user, {"gpu": "1"}, server),
         ("carol", {"gpu": "1/4", "pool": "t4"}, ""),  # the catalog's hour
     ):
         status, body = spawn(hub, *args)
