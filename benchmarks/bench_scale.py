@@ -770,7 +770,7 @@ def run(results_dir: Path) -> dict[str, Any]:
         "cluster": {
             "kind": "real control plane (devcluster/controlplane), docs/controlplane.md",
             "versions": versions,
-            "background": "1,000 nodes and 20,000 bound pods written through the API with a "
+            "background": f"{NODES:,} nodes and {PODS:,} bound pods written through the API with a "
             "Running status (nothing runs, as kwok); their Leases renewed every "
             f"{LEASE_RENEW_SECONDS:.0f} s by the benchmark; cordoned",
             "storm_nodes": f"{STORM_NODES} T4 nodes of the node agent in run mode",
