@@ -529,17 +529,37 @@ def _cpu_seconds(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
-def _count(hub: Any, state: str) -> int:
-    """Users with a server in `state` (ready; active: ready or starting), one cheap request."""
+def _users_page(hub: Any, state: str, offset: int) -> dict[str, Any]:
+    """One page of `GET /users?state=...` (JupyterHub's paginated form)."""
     request = urllib.request.Request(
-        f"{hub.api_url}/users?state={state}&limit=1",
+        f"{hub.api_url}/users?state={state}&offset={offset}&limit=200",
         headers={
             "Authorization": f"token {hub.admin_token}",
             "Accept": "application/jupyterhub-pagination+json",
         },
     )
     with urllib.request.urlopen(request, timeout=60) as response:
-        return int(json.loads(response.read())["_pagination"]["total"])
+        return json.loads(response.read())
+
+
+def _count(hub: Any, state: str) -> int:
+    """Users with a server in `state` (ready; active: ready or starting).
+
+    For "ready" the items are counted, page by page: JupyterHub's `_pagination.total` is the
+    active count there too (it counts before filtering each page's rows for readiness;
+    jupyterhub/apihandlers/users.py, UserListAPIHandler.get), so a storm that compared the
+    two totals stopped as soon as its spawn requests answered."""
+    page = _users_page(hub, state, 0)
+    total = int(page["_pagination"]["total"])
+    if state != "ready":
+        return total
+    ready = len(page["items"])
+    offset = int(page["_pagination"]["limit"])
+    while offset < total:
+        page = _users_page(hub, state, offset)
+        ready += len(page["items"])
+        offset += int(page["_pagination"]["limit"])
+    return ready
 
 
 def _storm_arm(arm: str, n: int, cluster: Any, catalog: dict, tmp: Path) -> dict[str, Any]:
