@@ -97,6 +97,7 @@ class WebhookProcess:
         client: dict[str, Path] | None = None,
     ):
         self.catalog = catalog
+        self.tls = tls
         self.port = free_port()
         self.url = f"https://127.0.0.1:{self.port}"
         self.context = ssl.create_default_context(cafile=str(tls["ca"]))
@@ -178,6 +179,106 @@ def at_url(config: dict[str, Any], base: str) -> dict[str, Any]:
         client = webhook["clientConfig"]
         service = client.pop("service")
         client["url"] = base + service.get("path", "/")
+    return out
+
+
+# --------------------------------------------------------------------------- through kube-apiserver
+MUTATING = "/apis/admissionregistration.k8s.io/v1/mutatingwebhookconfigurations"
+
+
+def apply_object(client: Any, path: str, obj: dict[str, Any]) -> None:
+    """Create `obj` at `path`, or replace the one of its name there (as `kubectl apply`)."""
+    status, body = client.request("POST", path, obj)
+    if status == 409:
+        name = obj["metadata"]["name"]
+        current = client.get(f"{path}/{name}")
+        meta = {**obj["metadata"], "resourceVersion": current["metadata"]["resourceVersion"]}
+        status, body = client.request("PUT", f"{path}/{name}", {**obj, "metadata": meta})
+    assert status in (200, 201), body
+
+
+def register(
+    client: Any, webhook: WebhookProcess, name: str, namespace: str, *, claims: bool = False
+) -> None:
+    """Register `webhook` with kube-apiserver as `fracspawner kubeflow export` writes its
+    MutatingWebhookConfiguration (export.webhook_configuration, the CA of its serving
+    certificate as caBundle), at its loopback URL (at_url), as configuration `name`, for the
+    pods of `namespace` only (so that differently run webhooks share a cluster). Returns once
+    kube-apiserver calls it: its configuration watch takes a moment to see a new object."""
+    from fracspawner.kubeflow.export import WebhookTarget, webhook_configuration
+
+    ca = base64.b64encode(webhook.tls["ca"].read_bytes()).decode()
+    config = at_url(webhook_configuration(WebhookTarget(ca_bundle=ca), claims), webhook.url)
+    config["metadata"]["name"] = name
+    only = {"key": "kubernetes.io/metadata.name", "operator": "In", "values": [namespace]}
+    for hook in config["webhooks"]:
+        hook["namespaceSelector"] = {**hook["namespaceSelector"], "matchExpressions": [only]}
+    apply_object(client, MUTATING, config)
+    # a GPU-less pod choosing every GPU through env: the webhook refuses it (dry run)
+    probe = other_pod(namespace, "probe-x7k2p-1", {})
+    probe["spec"]["containers"][0]["env"] = [{"name": "NVIDIA_VISIBLE_DEVICES", "value": "all"}]
+    deadline = time.monotonic() + 60
+    while not denied(create_pod(client, probe, dry_run=True)[1]):
+        assert time.monotonic() < deadline, f"kube-apiserver does not call {name} after 60 s"
+        time.sleep(0.2)
+
+
+def create_pod(
+    client: Any, pod: dict[str, Any], *, dry_run: bool = False
+) -> tuple[int, dict[str, Any]]:
+    """POST `pod` to kube-apiserver, with strict field validation (as kubectl sends it);
+    `dry_run`: admitted, validated and answered as it would be stored, but not stored."""
+    namespace = pod["metadata"]["namespace"]
+    query = "?fieldValidation=Strict" + ("&dryRun=All" if dry_run else "")
+    return client.request("POST", f"/api/v1/namespaces/{namespace}/pods{query}", pod)
+
+
+def add_ephemeral(
+    client: Any, namespace: str, name: str, debugger: dict[str, Any], *, dry_run: bool = False
+) -> tuple[int, dict[str, Any]]:
+    """What `kubectl debug` sends: the pod with `debugger` appended to its ephemeral
+    containers, PUT to the subresource pods/ephemeralcontainers (kubectl/pkg/cmd/debug
+    debug.go debugByEphemeralContainer falls back to an update of the whole pod's spec)."""
+    path = f"/api/v1/namespaces/{namespace}/pods/{name}"
+    pod = client.get(path)
+    pod["spec"].setdefault("ephemeralContainers", []).append(debugger)
+    query = "?fieldValidation=Strict" + ("&dryRun=All" if dry_run else "")
+    return client.request("PUT", f"{path}/ephemeralcontainers{query}", pod)
+
+
+def denied(body: Any, webhook: str | None = None) -> str | None:
+    """The webhook's own words where kube-apiserver answered that an admission webhook
+    (`webhook`, if named) denied the request, else None."""
+    if not isinstance(body, dict) or body.get("kind") != "Status":
+        return None
+    prefix = f'admission webhook "{webhook}" denied the request: ' if webhook else None
+    message = body.get("message") or ""
+    if (
+        prefix is None
+        and message.startswith("admission webhook ")
+        and " denied the request: " in message
+    ):
+        return message.split(" denied the request: ", 1)[1]
+    if prefix and message.startswith(prefix):
+        return message[len(prefix) :]
+    return None
+
+
+def as_sent(stored: dict[str, Any], sent: dict[str, Any]) -> dict[str, Any]:
+    """A container as kube-apiserver stored it, narrowed to what `sent` gave (the API server's
+    defaults left out): its fields, requests only where sent (else the API server copied
+    them from the limits), volume mounts less the ServiceAccount plugin's token mount."""
+    out = {k: stored.get(k) for k in sent}
+    if "resources" in sent and "requests" not in sent["resources"]:
+        out["resources"] = {
+            k: v for k, v in (stored.get("resources") or {}).items() if k != "requests"
+        }
+    if "volumeMounts" in sent:
+        out["volumeMounts"] = [
+            m
+            for m in stored.get("volumeMounts") or []
+            if not m["name"].startswith("kube-api-access-")
+        ]
     return out
 
 

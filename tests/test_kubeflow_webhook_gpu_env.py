@@ -1,9 +1,12 @@
 """Issue 34 items 1, 2 and 6 (visibility): no GPU escape through a pod's own environment or
 `kubectl debug`.
 
-The real `fracspawner webhook` process, asked over verified HTTPS with AdmissionReviews as the
-API server sends them (the real control plane's kube-apiserver for the namespaces), as the
-chart runs it (`--override-visible-devices all`).
+The real `fracspawner webhook` process as the chart runs it (`--override-visible-devices all`),
+registered with the real control plane's kube-apiserver by the MutatingWebhookConfiguration the
+export writes (kubeflow_support.register) and called by it over TLS: pods are created through
+the API (dry runs: validated and admitted, nothing stored), `kubectl debug`'s container is added
+through pods/ephemeralcontainers, and the tests read what kube-apiserver would store or the
+refusal it passes on to the user.
 
 What is modelled, and from where (besides tests/test_kubeflow_webhook_visibility.py's models):
 - the environment a container holding a device-plugin GPU ends up with (`runtime_env`): the
@@ -23,36 +26,35 @@ What is modelled, and from where (besides tests/test_kubeflow_webhook_visibility
 
 from __future__ import annotations
 
-import base64
 import copy
-import json
 from typing import Any
 
 import pytest
 import yaml
 
-from devcluster.validation import validate as k8s_validate
 from tests.kubeflow_support import (
     WebhookProcess,
-    admission_review,
+    add_ephemeral,
+    as_sent,
+    create_pod,
+    denied,
     make_tls,
     notebook_pod,
     other_pod,
-    patched,
     profile_namespace,
+    register,
     with_poddefault,
 )
-from tests.test_kubeflow_webhook_visibility import (
-    debug_review,
-    kubeflow_catalog,
-    kubelet_env,
-    toolkit_devices,
-)
+from tests.test_kubeflow_webhook_visibility import kubeflow_catalog, kubelet_env, toolkit_devices
 
 NAMESPACE = "gpuenv"
+#: pods of this namespace go to the webhook run with --device-list-strategy volume-mounts
+MOUNTS = "gpuenv-mounts"
 CONTROL_PLANE = "real"
+TOPOLOGY = {"nodes": [{"name": "cpu-1", "capacity": {"cpu": "8", "memory": "32Gi"}}]}
 PROFILE = {"app.kubernetes.io/part-of": "kubeflow-profile", "team": "research"}
 CUDA_IMAGE_ENV = {"NVIDIA_VISIBLE_DEVICES": "all", "NVIDIA_REQUIRE_CUDA": "cuda>=12.4"}
+
 #: GPUs as every backend hands them to a container through a device plugin
 GPUS = {
     "whole-gpu": {"nvidia.com/gpu": "1"},
@@ -91,7 +93,8 @@ def runtime_env(device_plugin: dict[str, str], container: dict[str, Any]) -> dic
 @pytest.fixture(scope="module")
 def folder(devcluster, tmp_path_factory):
     client = devcluster.client()
-    profile_namespace(client, NAMESPACE, PROFILE)
+    for namespace in (NAMESPACE, MOUNTS):
+        profile_namespace(client, namespace, PROFILE)
     folder = tmp_path_factory.mktemp("gpuenv")
     (folder / "catalog.yaml").write_text(yaml.safe_dump(kubeflow_catalog()))
     return folder
@@ -107,48 +110,52 @@ def _webhook(devcluster, folder, name: str, args: tuple[str, ...]) -> WebhookPro
 
 
 @pytest.fixture(scope="module")
-def webhook(devcluster, folder):
-    """The webhook as the chart runs it."""
-    process = _webhook(devcluster, folder, "chart", CHART)
-    yield process
-    process.stop()
+def api(devcluster, folder):
+    """kube-apiserver calling the webhook as the chart runs it for NAMESPACE, and the one
+    where the operator declared volume-mount nodes for MOUNTS."""
+    client = devcluster.client()
+    chart = _webhook(devcluster, folder, "chart", CHART)
+    mounts = _webhook(
+        devcluster, folder, "mounts", (*CHART, "--device-list-strategy", "volume-mounts")
+    )
+    try:
+        register(client, chart, "gpuenv.slices.webhook.fracspawner.io", NAMESPACE)
+        register(client, mounts, "mounts.slices.webhook.fracspawner.io", MOUNTS)
+        yield client
+    finally:
+        chart.stop()
+        mounts.stop()
 
 
-@pytest.fixture(scope="module")
-def declared(devcluster, folder):
-    """The chart's webhook where the operator declared volume-mount nodes."""
-    args = (*CHART, "--device-list-strategy", "volume-mounts")
-    process = _webhook(devcluster, folder, "mounts", args)
-    yield process
-    process.stop()
-
-
-def dry(pod: dict[str, Any]) -> dict[str, Any]:
-    return admission_review(pod, dry_run=True)  # nothing is created, nothing stays reserved
-
-
-def step(gpu: dict[str, str], **main: Any) -> dict[str, Any]:
+def step(gpu: dict[str, str], namespace: str = NAMESPACE, **main: Any) -> dict[str, Any]:
     """A pipeline step holding `gpu` in its container `main` (with `main`'s other fields)."""
-    return other_pod(NAMESPACE, "train-x7k2p-1", {"limits": dict(gpu)}, **main)
+    return other_pod(namespace, "train-x7k2p-1", {"limits": dict(gpu)}, **main)
+
+
+def dry(api: Any, pod: dict[str, Any]) -> tuple[str | None, dict[str, Any]]:
+    """The webhook's refusal as kube-apiserver passes it to the user (None where admitted),
+    and the pod as it would be stored: a dry run, nothing created, nothing stays reserved."""
+    status, body = create_pod(api, pod, dry_run=True)
+    refusal = denied(body)
+    assert (status == 201) == (refusal is None), (status, body)
+    return refusal, body
 
 
 # --------------------------------------------------------------------------- item 1
 @pytest.mark.parametrize("gpu", list(GPUS), ids=list(GPUS))
 @pytest.mark.parametrize("chosen", list(CHOSEN), ids=list(CHOSEN))
-def test_a_gpu_container_may_not_choose_its_devices_through_env(webhook, gpu, chosen):
+def test_a_gpu_container_may_not_choose_its_devices_through_env(api, gpu, chosen):
     pod = step(GPUS[gpu], env=[{"name": "S3_BUCKET", "value": "data"}, *CHOSEN[chosen]])
     if chosen == "all":  # what the toolkit would have done: every GPU of the node
         plugin = {"NVIDIA_VISIBLE_DEVICES": "GPU-6b3f9a2e-1c1d-4c3e-9b7a-2f5e8d1c0a11"}
         assert toolkit_devices(runtime_env(plugin, pod["spec"]["containers"][0])) == "all"
-    answer = webhook.review(dry(pod))
-    assert answer["allowed"] is False, answer
-    message = answer["status"]["message"]
+    message, _ = dry(api, pod)
     var = CHOSEN[chosen][0]["name"]
-    assert f"container main: {var}" in message, message
+    assert message and f"container main: {var}" in message, message
     assert "device plugin" in message, message
 
 
-def test_an_init_container_holding_a_gpu_is_held_to_it_too(webhook):
+def test_an_init_container_holding_a_gpu_is_held_to_it_too(api):
     pod = step({"cpu": "1"})
     pod["spec"]["initContainers"] = [
         {
@@ -158,96 +165,102 @@ def test_an_init_container_holding_a_gpu_is_held_to_it_too(webhook):
             "env": CHOSEN["all"],
         }
     ]
-    answer = webhook.review(dry(pod))
-    assert answer["allowed"] is False, answer
-    assert "container warm-cache: NVIDIA_VISIBLE_DEVICES" in answer["status"]["message"]
+    message, _ = dry(api, pod)
+    assert message and "container warm-cache: NVIDIA_VISIBLE_DEVICES" in message, message
 
 
 @pytest.mark.parametrize("gpu", ["whole-gpu", "hami-eighth"])
-def test_env_from_in_a_gpu_container_only_where_nodes_hand_devices_by_volume_mounts(
-    webhook, gpu, request
-):
+def test_env_from_in_a_gpu_container_only_where_nodes_hand_devices_by_volume_mounts(api, gpu):
     pod = step(GPUS[gpu], envFrom=[{"configMapRef": {"name": "settings"}}])
-    answer = webhook.review(dry(pod))
-    assert answer["allowed"] is False, answer
-    message = answer["status"]["message"]
-    assert "container main: envFrom" in message and "--device-list-strategy" in message, message
+    message, _ = dry(api, pod)
+    assert message and "container main: envFrom" in message, message
+    assert "--device-list-strategy" in message, message
     # the operator says the nodes ignore the variable (volume mounts, the toolkit's
     # accept-nvidia-visible-devices-envvar-when-unprivileged = false): allowed, unchanged
-    answer = request.getfixturevalue("declared").review(dry(pod))
-    assert answer["allowed"] is True, answer
-    assert patched(pod, answer)["spec"]["containers"][0] == pod["spec"]["containers"][0]
+    there = step(GPUS[gpu], MOUNTS, envFrom=[{"configMapRef": {"name": "settings"}}])
+    message, stored = dry(api, there)
+    assert message is None
+    sent = there["spec"]["containers"][0]
+    assert as_sent(stored["spec"]["containers"][0], sent) == sent
 
 
-def test_a_notebooks_gpu_container_loses_the_variable_and_may_not_take_env_from(webhook):
+def test_a_notebooks_gpu_container_loses_the_variable_and_may_not_take_env_from(api):
     nb = with_poddefault(notebook_pod(NAMESPACE, "lab"), "h100", "0.25", "fracspawner-h100-0-25")
     nb["spec"]["containers"][0]["env"] += CHOSEN["all"]
-    answer = webhook.review(dry(nb))
-    assert answer["allowed"] is True, answer
-    box = patched(nb, answer)["spec"]["containers"][0]
+    message, stored = dry(api, nb)
+    assert message is None
+    box = stored["spec"]["containers"][0]
     assert "NVIDIA_VISIBLE_DEVICES" not in {e["name"] for e in box["env"]}, box
     form = notebook_pod(NAMESPACE, "lab2", resources={"limits": {"nvidia.com/mig-1g.10gb": "1"}})
     form["spec"]["containers"][0]["envFrom"] = [{"secretRef": {"name": "s3"}}]
-    answer = webhook.review(dry(form))
-    assert answer["allowed"] is False, answer
-    assert "container lab2: envFrom" in answer["status"]["message"], answer
+    message, _ = dry(api, form)
+    assert message and "container lab2: envFrom" in message, message
 
 
 # --------------------------------------------------------------------------- item 2
-def _operations(answer: dict[str, Any]) -> list[dict[str, Any]]:
-    return json.loads(base64.b64decode(answer["patch"])) if "patch" in answer else []
-
-
-def test_kubectl_debug_gets_void_like_every_other_gpu_less_container(webhook):
+def test_kubectl_debug_gets_void_like_every_other_gpu_less_container(api):
+    """kubectl debug's container, added through pods/ephemeralcontainers (kube-apiserver
+    sends that UPDATE to the export's ephemeral.slices... webhook), gets the void value; an
+    earlier ephemeral container and the pod's own containers are left as stored."""
     running = step(GPUS["whole-gpu"])
-    running["spec"]["ephemeralContainers"] = [
-        {"name": "earlier", "image": "busybox", "stdin": True}  # added before: left alone
-    ]
+    running["metadata"]["name"] = "serve-x7k2p-1"
+    running["spec"]["schedulerName"] = "not-served"  # stays Pending: admission is under test
+    status, created = create_pod(api, running)
+    assert status == 201, created
+    name = running["metadata"]["name"]
+    earlier = {"name": "earlier", "image": "busybox", "stdin": True}
+    status, body = add_ephemeral(api, NAMESPACE, name, earlier)
+    assert status == 200, body
+    before = api.get(f"/api/v1/namespaces/{NAMESPACE}/pods/{name}")
     # kubectl debug -it --image=nvidia/cuda:12.4.1-base-ubuntu22.04 (its image ENV: all)
     bare = {"name": "debugger-x1", "image": "nvidia/cuda:12.4.1-base-ubuntu22.04", "stdin": True}
     with_env = {**bare, "name": "debugger-x2", "env": [{"name": "TERM", "value": "xterm"}]}
     for debugger in (bare, with_env):
-        review = debug_review(running, debugger)
-        assert review["request"]["subResource"] == "ephemeralcontainers"
-        answer = webhook.review(review)
-        assert answer["allowed"] is True, answer
-        ops = _operations(answer)
-        assert ops and all(o["path"].startswith("/spec/ephemeralContainers/1/env") for o in ops)
-        out = patched(review["request"]["object"], answer)
-        k8s_validate(out)
+        status, out = add_ephemeral(api, NAMESPACE, name, debugger, dry_run=True)
+        assert status == 200, out  # validated by kube-apiserver after the webhook's patch
         added = out["spec"]["ephemeralContainers"][1]
         env = {**CUDA_IMAGE_ENV, **kubelet_env(added, {})}
         assert toolkit_devices(env) == "void", added
         assert env["NVIDIA_IMEX_CHANNELS"] == "void"
-        assert out["spec"]["ephemeralContainers"][0] == running["spec"]["ephemeralContainers"][0]
-        assert out["spec"]["containers"] == running["spec"]["containers"]
+        assert out["spec"]["ephemeralContainers"][0] == before["spec"]["ephemeralContainers"][0]
+        assert out["spec"]["containers"] == before["spec"]["containers"]
+        assert out["metadata"]["labels"] == before["metadata"]["labels"]
+        assert out["metadata"]["annotations"] == before["metadata"]["annotations"]
+        sent = {k: v for k, v in debugger.items() if k != "env"}
+        assert {k: added.get(k) for k in sent} == sent  # only its env changed
         if debugger is with_env:
             assert env["TERM"] == "xterm"
     # one that says "none" itself keeps it (IMEX channels: void added beside it)
     own = {**bare, "env": [{"name": "NVIDIA_VISIBLE_DEVICES", "value": "none"}]}
-    out = patched(debug_review(running, own)["request"]["object"],
-                  webhook.review(debug_review(running, own)))  # fmt: skip
+    status, out = add_ephemeral(api, NAMESPACE, name, own, dry_run=True)
+    assert status == 200, out
     assert (
         kubelet_env(out["spec"]["ephemeralContainers"][1], {})["NVIDIA_VISIBLE_DEVICES"] == "none"
     )
+    # and one that would see every GPU is refused, with the webhook's words
+    peek = {**bare, "env": CHOSEN["all"]}
+    status, body = add_ephemeral(api, NAMESPACE, name, peek, dry_run=True)
+    message = denied(body, "ephemeral.slices.webhook.fracspawner.io")
+    assert message and "container debugger-x1: NVIDIA_VISIBLE_DEVICES=all" in message, body
+    status, body = api.request("DELETE", f"/api/v1/namespaces/{NAMESPACE}/pods/{name}")
+    assert status == 200, body
 
 
 # --------------------------------------------------------------------------- item 6
-def test_hamis_priority_alone_holds_no_gpu(webhook):
+def test_hamis_priority_alone_holds_no_gpu(api):
     """`nvidia.com/priority` only ranks a HAMi task; with nothing else the container gets no
     device, so its own NVIDIA_VISIBLE_DEVICES (or its image's) is what the toolkit reads."""
     chooses = step({"nvidia.com/priority": "1"}, env=CHOSEN["all"])
-    answer = webhook.review(dry(chooses))
-    assert answer["allowed"] is False, answer
-    assert "container main: NVIDIA_VISIBLE_DEVICES=all" in answer["status"]["message"]
+    message, _ = dry(api, chooses)
+    assert message and "container main: NVIDIA_VISIBLE_DEVICES=all" in message, message
     silent = step({"nvidia.com/priority": "1"})  # a CUDA image: its ENV shows every GPU
-    answer = webhook.review(dry(silent))
-    assert answer["allowed"] is True, answer
-    main = patched(silent, answer)["spec"]["containers"][0]
+    message, stored = dry(api, silent)
+    assert message is None
+    main = stored["spec"]["containers"][0]
     assert toolkit_devices({**CUDA_IMAGE_ENV, **kubelet_env(main, {})}) == "void", main
 
 
-def test_a_sidecar_naming_a_resource_claim_still_gets_void(webhook):
+def test_a_sidecar_naming_a_resource_claim_still_gets_void(api):
     pod = step(GPUS["whole-gpu"])
     pod["spec"]["resourceClaims"] = [{"name": "fpga", "resourceClaimTemplateName": "fpga-one"}]
     pod["spec"]["containers"].append(
@@ -257,24 +270,27 @@ def test_a_sidecar_naming_a_resource_claim_still_gets_void(webhook):
             "resources": {"claims": [{"name": "fpga"}]},
         }
     )
-    answer = webhook.review(dry(pod))
-    assert answer["allowed"] is True, answer
-    out = patched(pod, answer)
-    k8s_validate(out)
+    message, out = dry(api, pod)  # kube-apiserver validated the pod after the webhook's patch
+    assert message is None
     peek = out["spec"]["containers"][1]
     assert toolkit_devices({**CUDA_IMAGE_ENV, **kubelet_env(peek, {})}) == "void", peek
-    assert out["spec"]["containers"][0] == pod["spec"]["containers"][0]
+    sent = pod["spec"]["containers"][0]
+    assert as_sent(out["spec"]["containers"][0], sent) == sent
 
 
-def test_unchanged_pods_stay_unchanged(webhook):
+def test_unchanged_pods_stay_unchanged(api):
     """What the rules above must not catch: a GPU container that sets nothing, a GPU-less
     container's harmless value, CUDA_VISIBLE_DEVICES (it only filters the given devices)."""
     fine = step(GPUS["whole-gpu"], env=[{"name": "CUDA_VISIBLE_DEVICES", "value": "0"}])
-    answer = webhook.review(dry(fine))
-    assert answer["allowed"] is True and "patch" not in answer, answer
+    message, stored = dry(api, fine)
+    assert message is None
+    for box, sent in zip(stored["spec"]["containers"], fine["spec"]["containers"], strict=True):
+        assert as_sent(box, sent) == sent
+    assert stored["metadata"]["labels"] == fine["metadata"]["labels"]
+    assert stored["metadata"]["annotations"] == fine["metadata"]["annotations"]
     again = copy.deepcopy(fine)
     again["spec"]["containers"].append(
         {"name": "sync", "image": "rclone/rclone", "env": CHOSEN["void"]}
     )
-    answer = webhook.review(dry(again))
-    assert answer["allowed"] is True, answer
+    message, _ = dry(api, again)
+    assert message is None
