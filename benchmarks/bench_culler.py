@@ -53,10 +53,12 @@ decision goes through the real code:
   of 45-75 min at a visible tab, kernels that grow, and silent runs in a child process of the
   kernel (its GPU process another pid than the kernel's, the kernel idle meanwhile). Not
   modelled: a second notebook per user (one kernel per server), slices other than 1/4;
-- an over-committed GPU seats a new server only where its memory reading (what the kernels on
-  it hold, hibernated ones not) has room for the slice asked for, else the user waits
-  (`admission_waits`): slots are multiplied by over-commit only as far as hibernation frees
-  memory. The hub's own admission of over-committed GPUs (issue 36 item 5) is modelled here.
+- on an over-committed pool a new server is admitted by the hub's admission by presence (issue
+  36 item 5), the product's: the culler's room answer (`Culler.room_json`: a present user's
+  server holds its whole slice, an absent one what the swap cannot take off) and the hub's
+  verdict and line (hub/room.py), with the servers admitted since the culler's last count in
+  flight; a user with a free slot but no room waits in line with the hub's reason
+  (`admission_waits`; `Sim.room_reasons`). The culler has listed the hub before the day starts.
 
 The headline (issue 36): the same trace on HALF the GPUs of each mix's cluster, over-committed
 (`overcommit: 2`), against jupyterhub-idle-culler on all of them (`capacity.<mix>.<family>.
@@ -114,6 +116,8 @@ from fracspawner.culler.identity import Identity
 from fracspawner.culler.placement import Placement
 from fracspawner.culler.podname import pod_name
 from fracspawner.culler.reports import parse_report
+from fracspawner.hub.room import RoomLine, counted_tags, server_tag
+from fracspawner.hub.room import verdict as room_verdict
 from fracspawner.serverext import hibernate as hibernate_module
 from fracspawner.serverext.activity import server_activity, user_activity
 from fracspawner.serverext.hibernate import Hibernator
@@ -508,8 +512,8 @@ class Sim:
         self.pool = FAMILIES[family]
         self.slots_per_gpu = cluster.slots_per_gpu * overcommit
         self.overcommit = overcommit
-        # over-committed slots seat a server only where the GPU's memory has room for its slice
-        # (`admits`); the users kept waiting for memory while slots were free
+        # over-committed slots seat a server only where the hub's admission by presence finds
+        # room for its slice (`room_for`); the users kept waiting for room while slots were free
         self.admission_waits = 0
         self.gpu_state_lost = 0  # kernels of stopped servers whose restore met #44
         # where kernels share the GPU's physical memory: a time-sliced GPU, or any pool that
@@ -541,6 +545,12 @@ class Sim:
         self.memory_waits = 0  # minutes a cell waited for its kernel's room on the GPU
         self.restores = 0  # resumes the real restore path brought back
         self.swap_orders = self.grants = self.budget_orders = 0  # what the culler's answers said
+        # the hub's admission by presence (room_for): its line, the culler's answer this
+        # minute, and each waiting user's reason as the pending page says it
+        self.culler: Culler | None = None
+        self.room_line = RoomLine()
+        self.room_answer: dict | None = None
+        self.room_reasons: dict[str, str] = {}
 
     def hub_users(self) -> list[dict]:
         options = {"gpu": "1/4", "pool": self.pool}
@@ -557,6 +567,7 @@ class Sim:
             for kid in list(s.monitor.hibernator.kernels):
                 s.monitor.hibernator.forget(kid)  # the pod is gone: its waits end with it
             self.used[s.gpu] -= 1
+            self.room_line.release((name, ""))
             self.gpu_state_lost += len(s.driver.lost)
             self.culls.append(Cull("server", name, self.minute, s.busy, u.present[self.minute]))
 
@@ -570,15 +581,17 @@ class Sim:
         if not u.present[m]:
             if u.name in self.waiting:
                 self.waits.append((u.name, m - self.waiting.pop(u.name), True))
+                self.room_line.leave(self.pool, (u.name, ""))
             return None
         # the least allocated GPU first, as kube-scheduler's default NodeResourcesFit scoring
-        # (LeastAllocated) and HAMi's "spread" GPU policy place pods
+        # (LeastAllocated) and HAMi's "spread" GPU policy place pods; the hub's admission by
+        # presence (the product's) before it, where the pool over-commits
         slotted = [g for g, n in enumerate(self.used) if n < self.slots_per_gpu]
-        open_gpus = [g for g in slotted if self.admits(g, u)]
-        free = min(open_gpus, key=lambda g: (self.used[g], g)) if open_gpus else None
+        free = min(slotted, key=lambda g: (self.used[g], g)) if slotted else None
+        if free is not None and not self.room_for(u):
+            self.admission_waits += u.name not in self.waiting  # a slot, but no room behind it
+            free = None
         if free is None:
-            if slotted and u.name not in self.waiting:
-                self.admission_waits += 1  # a slot, but no memory behind it
             self.waiting.setdefault(u.name, m)
             return None
         if u.name in self.waiting:
@@ -610,15 +623,35 @@ class Sim:
         u = s.user
         self.culls.append(Cull("kernel", u.name, self.minute, s.busy, u.present[self.minute]))
 
-    def admits(self, gpu: int, u: User) -> bool:
-        """Over-commit sells more slots than the GPU has memory: a server is seated on an
-        over-committed GPU only where the GPU's reading (the memory its kernels hold on it, a
-        hibernated kernel's not) leaves room for the slice it asks for, so a slot is multiplied
-        only as far as the culler's swap (hibernation) has freed memory. The hub's own admission
-        of over-committed GPUs (issue 36 item 5) is modelled here, not called."""
-        if self.overcommit <= 1:
+    def room_for(self, u: User) -> bool:
+        """The hub's admission by presence (issue 36 item 5; hub/room.py as FracSpawner's
+        `_wait_for_room` runs it): on an over-committed pool a new server's pod is made only
+        where the culler's room answer (`Culler.room_json`: present users' slices, busy
+        kernels, unknown servers) leaves a GPU room for its slice beside the servers admitted
+        since the culler's last count, first come first served; otherwise its user waits in
+        line with the hub's reason (`room_reasons`). No answer (no culler, none listed yet):
+        admitted by slots, as the product does."""
+        if self.overcommit <= 1 or self.culler is None:
             return True
-        return self.gpu_free_mib(gpu, None) >= GPU_MIB * u.gpu_equivalent
+        line, key, need = self.room_line, (u.name, ""), GPU_MIB * u.gpu_equivalent
+        if self.room_answer is None:  # one answer a minute (the hub caches it 5 s)
+            self.room_answer = self.culler.room_json(self.now_t)
+        line.join(self.pool, key)
+        v = room_verdict(
+            self.room_answer, self.pool, need, size_mib=float(GPU_MIB),
+            gpus_in_pool=self.cluster.gpus,
+            in_flight_mib=line.in_flight_mib(
+                self.pool, counted_tags(self.room_answer), besides=key
+            ),
+            ahead=line.ahead(self.pool, key),
+        )  # fmt: skip
+        if not v.go:
+            self.room_reasons[u.name] = v.reason
+            return False
+        line.leave(self.pool, key)
+        line.admit(key, self.pool, server_tag(u.name, ""), need)
+        self.room_reasons.pop(u.name, None)
+        return True
 
     def gpu_free_mib(self, gpu: int, besides: SimServer | None) -> float:
         held = sum(
@@ -630,6 +663,7 @@ class Sim:
         self.minute = m
         now_t = self.now_t = v(m)
         now = _dt(now_t)
+        self.culler, self.room_answer = culler, None
         for u in self.users:
             s = self.demand(u, m)
             if s is None:
@@ -915,7 +949,17 @@ def bench_catalog(idle: dict | None = None, overcommit: int = 1) -> dict:
     return data
 
 
-async def replay(users: list[User], kind: str, family: str, cluster: Cluster, tmp: Path) -> dict:
+async def replay(
+    users: list[User],
+    kind: str,
+    family: str,
+    cluster: Cluster,
+    tmp: Path,
+    minutes: int = HORIZON,
+    sims: list | None = None,
+) -> dict:
+    """One mix under one culler on one family's pool, for the first `minutes` of the trace;
+    the replay's `Sim` goes into `sims` where given (tests read its state)."""
     idle = {
         HIBERNATE_ROW: HIBERNATE_IDLE,
         KERNEL_ON_ROW: {"kernel_gpu_idle": "30m"},
@@ -925,6 +969,8 @@ async def replay(users: list[User], kind: str, family: str, cluster: Cluster, tm
     catalog = bench_catalog(idle, overcommit)
     sim = Sim(users, kind, cluster, family, catalog, overcommit)
     sim.host = pod_host(tmp)
+    if sims is not None:
+        sims.append(sim)
     hub = StandInHub(sim.hub_users, on_delete=sim.stop)
     port = free_port()
     server = HTTPServer(hub.app)
@@ -947,12 +993,15 @@ async def replay(users: list[User], kind: str, family: str, cluster: Cluster, tm
             ]
         )
         culler.server_pods = PodWatch(sim)  # where each pod is, as the pod watch knows it
+        # a culler that has been running: it has listed the hub before the day starts (its
+        # room answer counts nobody until it has: the hub then admits by slots alone)
+        await culler.cull_once(now=v(0) - 60.0)
     started = time.perf_counter()
     # the pods' cgroup files are the same all along in the replay: read once, not per report
     headroom = functools.cache(hibernate_module.host_headroom)
     try:
         with mock.patch.object(hibernate_module, "host_headroom", headroom):
-            for m in range(HORIZON):
+            for m in range(min(minutes, HORIZON)):
                 await sim.step(m, culler, url)
     finally:
         server.stop()

@@ -21,26 +21,6 @@ def _lab(n: int, memory_mib: int) -> list[User]:
     return users
 
 
-def test_over_committed_slots_do_not_seat_users_the_gpu_memory_cannot_hold(tmp_path: Path):
-    # one H100 in quarters, over-committed twice: 8 slots for 8 people whose kernels hold
-    # 20,000 MiB each while they work. Only 4 fit in the GPU's 81,559 MiB: the others must
-    # wait for memory (a server admitted anyway meets CUDA out-of-memory in its first cell).
-    users = _lab(8, 20000)
-    sim = Sim(users, OVERCOMMIT_KIND, Cluster(1), "time_sliced", bench_catalog(None, OVERCOMMIT),
-              OVERCOMMIT)  # fmt: skip
-    sim.host = pod_host(tmp_path)
-    for m in range(3):
-        now = datetime.fromtimestamp(v(m), timezone.utc)
-        for u in users:
-            s = sim.demand(u, m)
-            if s is not None:
-                sim.act(u, s, m, now)
-    assert len(sim.servers) == 4, sorted(sim.servers)
-    assert sorted(sim.waiting) == ["lab-04", "lab-05", "lab-06", "lab-07"]
-    assert sim.admission_waits == 4
-    assert sim.resume_failures == 0  # nobody admitted met a full GPU in a cell
-
-
 def test_a_restore_into_a_full_gpu_loses_the_kernel_as_nvidia_cuda_checkpoint_44(tmp_path: Path):
     # the replay's checkpoint driver follows NVIDIA/cuda-checkpoint#44: a restore the physical
     # GPU has no room for fails with OUT_OF_MEMORY, every later one with 304, and the kernel
@@ -192,3 +172,43 @@ def test_a_resume_on_a_full_gpu_waits_for_the_culler_s_grant_and_loses_nothing(t
     assert not a.hibernated() and a.on_gpu_mib() == 20000.0
     assert sim.grants == 1 and a.driver.restored == 1
     assert sim.summary()["gpu_state_lost"] == 0
+
+
+def _present_lab(n: int, memory_mib: int, minutes: int) -> list[User]:
+    """n people at a visible tab the whole time, touching it and running GPU cells every
+    minute; their kernels grow as they work (1 % a minute, to 1.5 x)."""
+    users = _lab(n, memory_mib)
+    for u in users:
+        u.grows = True
+        for m in range(minutes):
+            u.present[m] = u.input[m] = u.tab_open[m] = u.cell[m] = u.gpu_cell[m] = True
+    return users
+
+
+def test_the_everyone_present_lab_waits_with_the_hub_s_reason_and_meets_no_oom(tmp_path: Path):
+    # issue 36 items 5 and 6: the replay admits through the product's room check (the culler's
+    # `room_json`, the hub's `verdict` and line), not its own reading of the GPU's memory. 8
+    # present users on one H100 over-committed twice (8 quarter slots): kernels of 10 GiB that
+    # grow to 15 GiB. Four present users hold the GPU; the 5th..8th wait with the hub's reason,
+    # and nobody admitted meets CUDA out of memory in a cell.
+    import asyncio
+
+    from benchmarks.bench_culler import replay
+
+    users = _present_lab(8, 10240, 40)
+    sims: list[Sim] = []
+    row = asyncio.run(
+        replay(users, OVERCOMMIT_KIND, "time_sliced", Cluster(1), tmp_path, minutes=40, sims=sims)
+    )
+    (sim,) = sims
+    assert sorted(sim.servers) == [u.name for u in users[:4]], sorted(sim.servers)
+    assert list(sim.waiting) == [u.name for u in users[4:]]
+    assert sim.room_reasons["lab-04"] == "The GPU is in use by 4 people now; you are next"
+    assert sim.room_reasons["lab-05"] == (
+        "The GPU is in use by 4 people now; 1 person is ahead of you"
+    )
+    assert sim.room_reasons["lab-07"] == (
+        "The GPU is in use by 4 people now; 3 people are ahead of you"
+    )
+    assert row["admission_waits"] == 4
+    assert row["resume_failures"] == 0, row  # no CUDA out of memory in anyone's cell
