@@ -148,15 +148,22 @@ class ScaleCluster:
 
     @classmethod
     def start(
-        cls, state_dir: Path, topology: dict[str, Any], say: Callable[[str], None] = print
+        cls,
+        state_dir: Path,
+        topology: dict[str, Any],
+        say: Callable[[str], None] = print,
+        *,
+        storm_nodes: bool = True,
     ) -> ScaleCluster:
         """Must be called from a thread that lives as long as the cluster (the components die
-        with the thread that started them: PR_SET_PDEATHSIG)."""
+        with the thread that started them: PR_SET_PDEATHSIG). `storm_nodes`: start the node
+        agent's run-mode nodes for spawns (a benchmark that spawns nothing leaves them out)."""
         cp = ControlPlane.start(Path(state_dir) / "controlplane", timeout=600, progress=say)
         cluster = cls(cp)
         try:
             cluster._populate(topology, say)
-            cluster._start_agent(topology, Path(state_dir) / "agent", say)
+            if storm_nodes:
+                cluster._start_agent(topology, Path(state_dir) / "agent", say)
         except BaseException:
             cluster.stop()
             raise
