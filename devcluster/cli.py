@@ -1,5 +1,5 @@
-"""`fracspawner devcluster --topology FILE [--port N] [--kubeconfig PATH] [--control-plane real]`,
-in the foreground."""
+"""`fracspawner devcluster --topology FILE [--kubeconfig PATH] [--state-dir DIR]`: the real
+control plane with the node agent, in the foreground."""
 
 from __future__ import annotations
 
@@ -10,7 +10,10 @@ import signal
 import sys
 from pathlib import Path
 
+import yaml
+
 from .cluster import DevCluster
+from .topology import load_topology
 
 
 async def _serve(args: argparse.Namespace) -> None:
@@ -53,15 +56,23 @@ def main(argv: list[str]) -> int:
     parser.add_argument(
         "--control-plane",
         choices=("python", "real"),
-        default="python",
-        help="python: the Python API server; real: kube-apiserver, etcd, kube-scheduler and "
-        "kube-controller-manager (make controlplane) with the node agent running the pods",
+        default="real",
+        help="real: kube-apiserver, etcd, kube-scheduler and kube-controller-manager (make "
+        "controlplane) with the node agent running the pods; python: the Python API server "
+        "(going, issue 35 item 4)",
     )
     parser.add_argument("--log-level", default="WARNING")
     args = parser.parse_args(argv)
     logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(name)s %(message)s")
     if not args.topology.is_file():
         print(f"fracspawner devcluster: topology not found: {args.topology}", file=sys.stderr)
+        return 2
+    try:  # a bad topology is one line and exit 2, before anything starts
+        load_topology(args.topology)
+    except (ValueError, KeyError, TypeError, yaml.YAMLError) as exc:
+        why = f"an entry has no {exc} key" if isinstance(exc, KeyError) else str(exc)
+        why = " ".join(why.split())  # a YAML error's lines, on one
+        print(f"fracspawner devcluster: {args.topology}: {why}", file=sys.stderr)
         return 2
     if args.control_plane == "real":
         from .realcluster import run

@@ -37,7 +37,7 @@ class DevClusterProcess:
     state_dir: Path
     process: subprocess.Popen
     server: str = ""
-    control_plane: str = "python"
+    control_plane: str = "real"
 
     def client(self) -> _Client:
         if self.control_plane == "real":
@@ -149,12 +149,13 @@ def devcluster_process(
     tmp_path: Path,
     *,
     timeout: float | None = None,
-    control_plane: str = "python",
+    control_plane: str = "real",
 ) -> Iterator[DevClusterProcess]:
     """Run `python -m fracspawner devcluster` in its own process group; stop it on exit and
     check that none of its processes (pods' processes included) is left behind.
-    `control_plane`: "python" (the Python API server) or "real" (kube-apiserver, etcd,
-    kube-scheduler, kube-controller-manager and the node agent; docs/controlplane.md)."""
+    `control_plane`: "real" (kube-apiserver, etcd, kube-scheduler, kube-controller-manager and
+    the node agent; docs/controlplane.md), or "python" (the Python API server, until issue 35
+    item 4 deletes it)."""
     if control_plane not in ("python", "real"):
         raise ValueError(f"control_plane must be 'python' or 'real', not {control_plane!r}")
     if timeout is None:

@@ -23,6 +23,7 @@ from kubernetes_asyncio.client.rest import ApiException
 
 pytestmark = pytest.mark.e2e
 
+CONTROL_PLANE = "python"  # tests the Python API server itself (issue 35 item 4)
 NS = "default"
 MIG = "nvidia.com/mig-1g.10gb"
 GPU_TAINT = {"key": "nvidia.com/gpu", "value": "present", "effect": "NoSchedule"}

@@ -30,6 +30,7 @@ from devcluster.certs import CertificateAuthority, issue, make_ca
 
 pytestmark = pytest.mark.e2e
 
+CONTROL_PLANE = "python"  # tests the Python API server itself (issue 35 item 4)
 PROFILE = {"app.kubernetes.io/part-of": "kubeflow-profile"}
 TOPOLOGY = {
     "namespaces": [

@@ -21,6 +21,7 @@ import yaml
 
 pytestmark = pytest.mark.e2e
 
+CONTROL_PLANE = "python"  # tests the Python API server itself (issue 35 item 4)
 TOPOLOGY = {
     "namespaces": [
         "crd-a",

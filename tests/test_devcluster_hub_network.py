@@ -75,7 +75,9 @@ def case(request, tmp_path_factory) -> Iterator[tuple[str, Any, LocalHub, OwnNet
         # (tests/netns.py): the machine sees no link change
         own = stack.enter_context(own_network()) if network == "namespaces" else None
         cluster = stack.enter_context(
-            devcluster_process(topology, tmp_path_factory.mktemp("devcluster"))
+            devcluster_process(
+                topology, tmp_path_factory.mktemp("devcluster"), control_plane="python"
+            )
         )
         state = tmp_path_factory.mktemp(f"hub-{kind}")
         extra = EXTRA + f'c.JupyterHub.internal_certs_location = "{state}/internal-ssl"\n'

@@ -594,7 +594,7 @@ def test_pod_addresses_skip_those_whose_port_is_taken():
 
 def test_devcluster_process_leaves_no_process_behind(tmp_path):
     topology = {**ONE_NODE, "images": {"example.org/escaper:1": [sys.executable, "-c", ESCAPE]}}
-    with devcluster_process(topology, tmp_path) as running:
+    with devcluster_process(topology, tmp_path, control_plane="python") as running:
         api = running.client()
         status, body = api.request(
             "POST",
@@ -625,7 +625,7 @@ def test_devcluster_process_leaves_no_process_behind(tmp_path):
 @pytest.mark.skipif(SETPRIV is None, reason="needs util-linux setpriv")
 def test_pod_processes_die_with_a_killed_devcluster(tmp_path):
     """Even a SIGKILLed devcluster (no clean-up at all) leaves no pod process running."""
-    with devcluster_process(ONE_NODE, tmp_path) as running:
+    with devcluster_process(ONE_NODE, tmp_path, control_plane="python") as running:
         status, body = running.client().request(
             "POST",
             "/api/v1/namespaces/default/pods",
@@ -659,7 +659,7 @@ def test_pod_processes_die_with_a_killed_devcluster(tmp_path):
 
 def test_devcluster_process_shows_the_log_when_the_devcluster_cannot_start(tmp_path):
     with pytest.raises(RuntimeError) as info:
-        with devcluster_process({"nodes": "not a list"}, tmp_path):
+        with devcluster_process({"nodes": "not a list"}, tmp_path, control_plane="python"):
             pass
     assert "did not start (exited 2" in str(info.value)
     assert "nodes" in str(info.value)  # the devcluster's own one-line reason
