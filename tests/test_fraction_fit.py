@@ -1,30 +1,33 @@
 """N x 1/N of a GPU fits the memory the device really registers (issue 14, item 7).
 
 The pods are what `fracspawner plan` would send for the demo catalog's HAMi pool; the node is
-the demo topology's H100 node, registering what NVML reports (81559 MiB, not 81920); the
-devcluster's scheduler fits HAMi's resources per device as HAMi's extender does
-(devcluster/hami.py).
+the demo topology's H100 node, registering what NVML reports (81559 MiB, not 81920), brought up
+by the node agent on the real control plane (issue 35): kube-scheduler with HAMi's
+`hami-scheduler` profile and extender fits HAMi's resources per device as HAMi's Filter does
+(devcluster/controlplane/hamiextender.py, devcluster/hami.py), and writes the allocation onto
+the pod. Pods are created one at a time, each settled (bound or Unschedulable) before the next,
+so which one is left over does not depend on the scheduling queue's order.
 """
 
 from __future__ import annotations
 
-import asyncio
 import copy
 import json
 import time
-from pathlib import Path
+from collections.abc import Iterator
 
 import pytest
 import yaml
 
-from devcluster import DevCluster
 from fracspawner.cli.plan import build_bare_manifest
 from fracspawner.model.gpumodels import GPU_MODELS
 from tests.conftest import DEMO_CATALOG, DEMO_TOPOLOGY
 
-pytestmark = pytest.mark.e2e
+pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 
+CONTROL_PLANE = "real"
 H100_NVML_MIB = GPU_MODELS["H100-80GB"].nvml_memory_mib
+PODS = "/api/v1/namespaces/default/pods"
 
 
 def one_gpu_h100() -> dict:
@@ -39,12 +42,26 @@ def one_gpu_h100() -> dict:
     return {"nodes": [node]}
 
 
+TOPOLOGY = one_gpu_h100()
+
+
 def test_the_demo_topology_registers_what_nvml_reports():
     demo = yaml.safe_load(DEMO_TOPOLOGY.read_text())
     node = next(n for n in demo["nodes"] if n["name"] == "gpu-h100-1")
     devices = json.loads(node["annotations"]["hami.io/node-nvidia-register"])
     assert {d["devmem"] for d in devices} == {H100_NVML_MIB} == {81559}
     assert node["labels"]["nvidia.com/gpu.memory"] == "81559"
+
+
+async def test_the_bare_plan_names_the_scheduler_the_spawner_names():
+    """Without kubespawner, `fracspawner plan` applies the same plan onto a minimal pod: the
+    scheduler is one of its GPU fields (a 1.36 default scheduler refuses HAMi's resources)."""
+    from fracspawner.cli.plan import build_objects
+
+    options = {"gpu": "1/4", "pool": "h100"}
+    spawned, _ = await build_objects(str(DEMO_CATALOG), options, admin=True)
+    bare = build_bare_manifest(str(DEMO_CATALOG), options, admin=True)
+    assert bare["spec"].get("schedulerName") == spawned["spec"]["schedulerName"] == "hami-scheduler"
 
 
 def slice_pod(spec: str, name: str) -> dict:
@@ -58,18 +75,6 @@ def slice_pod(spec: str, name: str) -> dict:
     return pod
 
 
-async def settle(cluster: DevCluster, names: list[str]) -> dict[str, dict]:
-    """The pods once each is bound or reported unschedulable."""
-    deadline = time.monotonic() + 20
-    while True:
-        pods = {n: cluster.get("pods", "default", n) for n in names}
-        if all(p["spec"].get("nodeName") or _unschedulable(p) for p in pods.values()):
-            return pods
-        if time.monotonic() > deadline:
-            raise AssertionError(f"pods did not settle: {pods}")
-        await asyncio.sleep(0.05)
-
-
 def _unschedulable(pod: dict) -> bool:
     return any(
         c["type"] == "PodScheduled" and c.get("reason") == "Unschedulable"
@@ -77,20 +82,57 @@ def _unschedulable(pod: dict) -> bool:
     )
 
 
-async def place(tmp_path: Path, pods: list[dict]) -> dict[str, dict]:
-    async with DevCluster(one_gpu_h100(), state_dir=tmp_path / "state") as cluster:
+def _why(pod: dict) -> str:
+    """Where the pod went, or kube-scheduler's reason it went nowhere."""
+    if pod["spec"].get("nodeName"):
+        return pod["spec"]["nodeName"]
+    cond = [c for c in pod["status"].get("conditions") or [] if c["type"] == "PodScheduled"]
+    return cond[0].get("message", "") if cond else "not yet scheduled"
+
+
+def _settle(api, name: str) -> dict:
+    """The pod once it is bound or reported unschedulable (a hang guard, not a timing check)."""
+    deadline = time.monotonic() + 120
+    while True:
+        pod = api.get(f"{PODS}/{name}")
+        if pod["spec"].get("nodeName") or _unschedulable(pod):
+            return pod
+        if time.monotonic() > deadline:
+            raise AssertionError(f"pod {name} did not settle: {pod['status']}")
+        time.sleep(0.2)
+
+
+@pytest.fixture
+def place(devcluster) -> Iterator:
+    """Create pods one by one, each settled before the next; delete them all afterwards (and
+    wait until they are gone: the extender charges every unfinished pod it placed)."""
+    api = devcluster.client()
+    made: list[str] = []
+
+    def _place(pods: list[dict]) -> dict[str, dict]:
+        placed = {}
         for pod in pods:
-            cluster.create("pods", "default", pod)
-        return await settle(cluster, [p["metadata"]["name"] for p in pods])
+            status, body = api.request("POST", PODS, pod)
+            assert status == 201, body
+            made.append(pod["metadata"]["name"])
+            placed[pod["metadata"]["name"]] = _settle(api, pod["metadata"]["name"])
+        return placed
+
+    yield _place
+    for name in made:
+        api.request("DELETE", f"{PODS}/{name}", {"gracePeriodSeconds": 0})
+    deadline = time.monotonic() + 120
+    while [p for p in api.pods("default") if p["metadata"]["name"] in made]:
+        assert time.monotonic() < deadline, "the test's pods were not deleted"
+        time.sleep(0.2)
 
 
 @pytest.mark.parametrize(("spec", "n"), [("1/4", 4), ("1/8", 8), ("1/2", 2)])
-async def test_n_slices_of_one_nth_fill_a_gpu_and_no_more(tmp_path, spec, n):
-    pods = [slice_pod(spec, f"s{i}") for i in range(n + 1)]
-    placed = await place(tmp_path, pods)
+def test_n_slices_of_one_nth_fill_a_gpu_and_no_more(place, spec, n):
+    placed = place([slice_pod(spec, f"s{i}") for i in range(n + 1)])
     bound = [name for name, p in placed.items() if p["spec"].get("nodeName")]
     # all N fit on the one GPU; the (N+1)th waits, as on a real HAMi node
-    assert bound == [f"s{i}" for i in range(n)], placed[f"s{n}"]["status"]
+    assert bound == [f"s{i}" for i in range(n)], {k: _why(p) for k, p in placed.items()}
     assert _unschedulable(placed[f"s{n}"])
     held = 0
     for name in bound:
@@ -99,13 +141,13 @@ async def test_n_slices_of_one_nth_fill_a_gpu_and_no_more(tmp_path, spec, n):
     assert held <= H100_NVML_MIB
 
 
-async def test_mixed_fractions_that_add_up_to_one_gpu_fit(tmp_path):
+def test_mixed_fractions_that_add_up_to_one_gpu_fit(place):
     specs = ["1/2", "1/4", "1/8", "1/8"]
-    placed = await place(tmp_path, [slice_pod(s, f"m{i}") for i, s in enumerate(specs)])
-    assert all(p["spec"].get("nodeName") == "gpu-h100-1" for p in placed.values())
+    placed = place([slice_pod(s, f"m{i}") for i, s in enumerate(specs)])
+    assert all(p["spec"].get("nodeName") == "gpu-h100-1" for p in placed.values()), placed
 
 
-async def test_nominal_mib_leaves_the_last_quarter_unschedulable(tmp_path):
+def test_nominal_mib_leaves_the_last_quarter_unschedulable(place):
     # what fracspawner asked before: 20480 MiB for 1/4 of an "80 GB" card. Four of those need
     # 81920 MiB; the device has 81559, so the fourth never schedules (the bug this fixes)
     pods = []
@@ -115,6 +157,6 @@ async def test_nominal_mib_leaves_the_last_quarter_unschedulable(tmp_path):
         del limits["nvidia.com/gpumem-percentage"]
         limits["nvidia.com/gpumem"] = "20480"
         pods.append(pod)
-    placed = await place(tmp_path, pods)
+    placed = place(pods)
     assert [n for n, p in placed.items() if p["spec"].get("nodeName")] == ["n0", "n1", "n2"]
     assert _unschedulable(placed["n3"])

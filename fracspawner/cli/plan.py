@@ -16,6 +16,7 @@ import sys
 import tempfile
 from collections.abc import Iterator
 from contextlib import contextmanager
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -159,13 +160,16 @@ def build_bare_objects(
     admin: bool = False,
 ) -> tuple[dict[str, Any], list[dict[str, Any]]]:
     """build_bare_manifest's pod and the DRA claim templates (namespace `default`)."""
-    from ..backends import is_reserved_env, load_catalog
+    from ..backends import is_reserved_env, load_catalog, scheduler_for
     from ..backends.podspec import NO_DEVICES_ENV, apply_plan
     from ..choice.options import resolve_choice
 
     cat = load_catalog(catalog)
     choice = resolve_choice(cat, options, rule=cat.rule_for(user, groups or []), admin=admin)
-    pod = apply_plan(bare_pod(user), choice.plan, reserved=is_reserved_env)
+    # the scheduler FracSpawner names (HAMi: hami-scheduler): without it a 1.36 cluster's
+    # default scheduler refuses HAMi's gpumem/gpucores, which no node advertises
+    plan = replace(choice.plan, scheduler_name=scheduler_for(choice.plan, choice.pool))
+    pod = apply_plan(bare_pod(user), plan, reserved=is_reserved_env)
     if choice.pool is None:  # as FracSpawner.apply_choice: a CPU-only server sees no GPU
         pod["spec"]["containers"][0]["env"] = [
             {"name": k, "value": v} for k, v in NO_DEVICES_ENV.items()
