@@ -12,12 +12,11 @@ from __future__ import annotations
 import copy
 import random
 from collections.abc import Mapping
+from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
 import yaml
-
-from .store import now_iso
 
 
 def normalise_node(raw: Mapping[str, Any]) -> dict[str, Any]:
@@ -67,6 +66,10 @@ def normalise_node(raw: Mapping[str, Any]) -> dict[str, Any]:
             },
         },
     }
+
+
+def now_iso() -> str:
+    return datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
 def _ready() -> dict[str, str]:

@@ -12,14 +12,15 @@ from __future__ import annotations
 import asyncio
 from collections import Counter
 from collections.abc import AsyncIterator
+from pathlib import Path
 
 import pytest
+import yaml
 from kubernetes_asyncio import client, config
 from tornado import web
 from tornado.httpserver import HTTPServer
 from traitlets.config import Config
 
-from devcluster.kubeconfig import write_kubeconfig
 from devcluster.localhub import free_port
 from fracspawner.backends import load_catalog
 from fracspawner.capacity.watch import CapacityWatcher
@@ -28,6 +29,17 @@ from fracspawner.kubeflow.quota import PodIndex
 from tests.conftest import DEMO_CATALOG
 
 SECONDS = 2.0
+
+
+def write_kubeconfig(path: Path, url: str) -> Path:
+    """A kubeconfig for the plain-HTTP server below (it checks no credentials)."""
+    cluster = {"name": "short", "cluster": {"server": url}}
+    context = {"name": "short", "context": {"cluster": "short", "user": "short"}}
+    user = {"name": "short", "user": {"token": "short"}}
+    config = {"apiVersion": "v1", "kind": "Config", "clusters": [cluster], "contexts": [context],
+              "users": [user], "current-context": "short"}  # fmt: skip
+    path.write_text(yaml.safe_dump(config))
+    return path
 
 
 class Requests(Counter):
