@@ -385,6 +385,10 @@ class SimServer:
         clock: Callable[[], datetime] | None = None,
     ):
         self.user, self.started, self.gpu = user, v(m), gpu
+        # its slice (the hub's record, the pod's limit): the user's on the reserving pool, a
+        # quarter replica on the time-sliced one (it offers only 1/replicas)
+        self.slice = env.get("FRACSPAWNER_GPU_SLICE", user.slice)
+        self.gpu_equivalent = slice_equivalent(self.slice)
         self.uuid = f"GPU-sim-{gpu:04d}"  # the physical GPU, as NVML names it
         self.virtualised = virtualised  # HAMi-core: its NVML shows its slice, not the GPU
         self.kernels = SimKernels(self)
@@ -444,7 +448,7 @@ class SimServer:
         self.tab_was_open = False
 
     def slice_mib(self) -> float:
-        return GPU_MIB * self.user.gpu_equivalent
+        return GPU_MIB * self.gpu_equivalent
 
     def first_mib(self) -> float:
         """What its kernel holds once it uses the GPU: under HAMi-core no more than the slice
@@ -510,7 +514,8 @@ class Sim:
     ):
         self.users, self.kind, self.cluster, self.family = users, kind, cluster, family
         self.pool = FAMILIES[family]
-        self.slots_per_gpu = cluster.slots_per_gpu * overcommit
+        # what a GPU seats, in GPU-equivalents: slots of a quarter, times over-commit
+        self.gpu_capacity = cluster.slots_per_gpu * 0.25 * overcommit
         self.overcommit = overcommit
         # over-committed slots seat a server only where the hub's admission by presence finds
         # room for its slice (`room_for`); the users kept waiting for room while slots were free
@@ -524,7 +529,7 @@ class Sim:
         self.minute = 0
         self.env = notebook_env_for(catalog, self.pool)
         self.extension = kind != "idle-culler"
-        self.used = [0] * cluster.gpus  # slots taken per GPU (replicas x overcommit on each)
+        self.used = [0.0] * cluster.gpus  # GPU-equivalents taken per GPU (slices, replicas)
         self.waiting: dict[str, int] = {}  # user -> minute they began to wait
         self.waits: list[tuple[str, int, bool]] = []  # (user, minutes, turned away)
         self.last_input: dict[str, int] = {}
@@ -553,9 +558,13 @@ class Sim:
         self.room_reasons: dict[str, str] = {}
 
     def hub_users(self) -> list[dict]:
-        options = {"gpu": "1/4", "pool": self.pool}
         return [
-            server_model(n, s.started + self.offset, s.hub_last + self.offset, options)
+            server_model(
+                n,
+                s.started + self.offset,
+                s.hub_last + self.offset,
+                {"gpu": s.slice, "pool": self.pool},
+            )  # fmt: skip
             for n, s in sorted(self.servers.items())
         ]
 
@@ -566,7 +575,7 @@ class Sim:
             self.pods.pop(s.pod, None)
             for kid in list(s.monitor.hibernator.kernels):
                 s.monitor.hibernator.forget(kid)  # the pod is gone: its waits end with it
-            self.used[s.gpu] -= 1
+            self.used[s.gpu] -= s.gpu_equivalent
             self.room_line.release((name, ""))
             self.gpu_state_lost += len(s.driver.lost)
             self.culls.append(Cull("server", name, self.minute, s.busy, u.present[self.minute]))
@@ -586,9 +595,11 @@ class Sim:
         # the least allocated GPU first, as kube-scheduler's default NodeResourcesFit scoring
         # (LeastAllocated) and HAMi's "spread" GPU policy place pods; the hub's admission by
         # presence (the product's) before it, where the pool over-commits
-        slotted = [g for g, n in enumerate(self.used) if n < self.slots_per_gpu]
+        piece = self.slice_for(u)
+        eq = slice_equivalent(piece)
+        slotted = [g for g, n in enumerate(self.used) if n + eq <= self.gpu_capacity + 1e-9]
         free = min(slotted, key=lambda g: (self.used[g], g)) if slotted else None
-        if free is not None and not self.room_for(u):
+        if free is not None and not self.room_for(u, eq):
             self.admission_waits += u.name not in self.waiting  # a slot, but no room behind it
             free = None
         if free is None:
@@ -596,11 +607,11 @@ class Sim:
             return None
         if u.name in self.waiting:
             self.waits.append((u.name, m - self.waiting.pop(u.name), False))
-        self.used[free] += 1
+        self.used[free] += eq
         s = self.servers[u.name] = SimServer(
             u,
             m,
-            self.env,
+            self.env | {"FRACSPAWNER_GPU_SLICE": piece},
             free,
             self.host,
             self.extension,
@@ -623,7 +634,13 @@ class Sim:
         u = s.user
         self.culls.append(Cull("kernel", u.name, self.minute, s.busy, u.present[self.minute]))
 
-    def room_for(self, u: User) -> bool:
+    def slice_for(self, u: User) -> str:
+        """The slice a user's server gets: theirs on the reserving pool (HAMi offers 1/8 to
+        whole GPUs), a quarter replica on the time-sliced pool (time-slicing offers only
+        1/replicas: docs/catalog.md), where their kernel still holds what their work needs."""
+        return u.slice if self.family == "reserving" else "1/4"
+
+    def room_for(self, u: User, eq: float) -> bool:
         """The hub's admission by presence (issue 36 item 5; hub/room.py as FracSpawner's
         `_wait_for_room` runs it): on an over-committed pool a new server's pod is made only
         where the culler's room answer (`Culler.room_json`: present users' slices, busy
@@ -633,7 +650,7 @@ class Sim:
         admitted by slots, as the product does."""
         if self.overcommit <= 1 or self.culler is None:
             return True
-        line, key, need = self.room_line, (u.name, ""), GPU_MIB * u.gpu_equivalent
+        line, key, need = self.room_line, (u.name, ""), GPU_MIB * eq
         if self.room_answer is None:  # one answer a minute (the hub caches it 5 s)
             self.room_answer = self.culler.room_json(self.now_t)
         line.join(self.pool, key)
@@ -820,7 +837,7 @@ class Sim:
             per_node[node] = per_node.get(node, 0.0) + s.monitor.hibernator.total_mib()
             if u.present[m] or s.busy:
                 continue
-            self.idle_slices += u.gpu_equivalent
+            self.idle_slices += s.gpu_equivalent
             self.idle_gpu_memory += s.on_gpu_mib()
         self.host_peak_node_mib = max(self.host_peak_node_mib, *per_node.values(), 0.0)
         self.host_peak_total_mib = max(self.host_peak_total_mib, sum(per_node.values()))
@@ -917,8 +934,15 @@ def pod_host(tmp: Path) -> Path:
     return host
 
 
+def slice_equivalent(piece: str) -> float:
+    """A slice's fraction of a GPU ("1/8" -> 0.125, "1" -> 1.0)."""
+    top, _, bottom = piece.partition("/")
+    return float(top) / float(bottom or 1)
+
+
 def notebook_env_for(catalog: dict, pool: str) -> dict[str, str]:
-    """The environment FracSpawner gives a 1/4 server on this pool under this catalog."""
+    """The environment FracSpawner gives a 1/4 server on this pool under this catalog (each
+    server's own slice replaces the quarter: `Sim.demand`)."""
     from fracspawner.backends import load_catalog
     from fracspawner.choice.notebook_env import policy_env
 

@@ -19,11 +19,13 @@ Users as they behave (issue 36, item 6): a quarter of the students hide their no
 behind the lecture's slides a few minutes in (`tab_hidden`: the meter still reports, hidden,
 the polling stands by, no input reaches it); a quarter of research sessions hold a silence of
 45-75 min at the keyboard, tab visible, no input and no cells; 30 % of researchers' and breaks
-users' kernels grow as they work (1 % of their size a working minute, to 1.5 x). Not modelled
-yet: a second notebook (one kernel per user), background runs in child processes, and slices
-other than 1/4.
+users' kernels grow as they work (1 % of their size a working minute, to 1.5 x); users ask
+slices from 1/8 to a whole H100 (`SLICE_MIX`, per mix: students small, researchers up to whole
+GPUs), their kernels' memory in proportion to their slice (the quarter's draw times slice / 1/4,
+at most 95 % of the GPU). Each draw of these has its own random stream, so the days (who is
+there when, cells, runs) are the same as without them.
 
-Each user owns one GPU server (a quarter of an H100). The horizon runs from 06:00 on day one to
+Each user owns one GPU server (an H100 slice). The horizon runs from 06:00 on day one to
 18:00 on day two, so overnight runs and next-morning returns are in it.
 
 - classroom: 30 students in two sections of 15 sharing the lab's cluster in turns (A at 09:00
@@ -52,6 +54,26 @@ HORIZON = 36 * 60  # minutes: 06:00 day one to 18:00 day two
 def at(hour: float, day: int = 0) -> int:
     """Minutes since the start for a wall-clock hour (9.5 = 09:30) on day 0 or 1."""
     return int(round((day * 24 + hour - START_HOUR) * 60))
+
+
+# the slices users ask, with their weights, per mix (HAMi's `h100` offers 1/8, 1/4, 1/2, 1)
+SLICES = {"1/8": 0.125, "1/4": 0.25, "1/2": 0.5, "1": 1.0}
+SLICE_MIX = {
+    "classroom": {"1/8": 0.3, "1/4": 0.6, "1/2": 0.1},
+    "research": {"1/8": 0.1, "1/4": 0.5, "1/2": 0.3, "1": 0.1},
+    "breaks": {"1/8": 0.25, "1/4": 0.5, "1/2": 0.2, "1": 0.05},
+}
+GPU_MEMORY_MIB = 81559  # an H100 80GB HBM3 as NVML reports it
+
+
+def ask_slice(u: User, mix: str) -> None:
+    """The slice `u` asks for (its own random stream: the mix's days stay as they were) and
+    the memory its kernel needs, in proportion to it (at most 95 % of the GPU)."""
+    weights = SLICE_MIX[mix]
+    piece = random.Random(f"{u.name}-slice").choices(list(weights), list(weights.values()))[0]
+    u.slice, u.gpu_equivalent = piece, SLICES[piece]
+    scaled = u.memory_mib * u.gpu_equivalent / 0.25
+    u.memory_mib = int(min(scaled, 0.95 * GPU_MEMORY_MIB))
 
 
 def _flags() -> list[bool]:
@@ -266,4 +288,7 @@ CLUSTERS = {"classroom": Cluster(4), "research": Cluster(2), "breaks": Cluster(4
 
 
 def make_mix(name: str, seed: int = 7) -> list[User]:
-    return MIXES[name](random.Random(f"{name}-{seed}"))
+    users = MIXES[name](random.Random(f"{name}-{seed}"))
+    for u in users:
+        ask_slice(u, name)
+    return users

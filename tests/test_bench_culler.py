@@ -212,3 +212,39 @@ def test_the_everyone_present_lab_waits_with_the_hub_s_reason_and_meets_no_oom(t
     )
     assert row["admission_waits"] == 4
     assert row["resume_failures"] == 0, row  # no CUDA out of memory in anyone's cell
+
+
+def test_slices_from_an_eighth_to_a_whole_gpu_take_their_share_of_the_gpu(tmp_path: Path):
+    # issue 36 item 6: users ask 1/8 to whole GPUs. On the reserving pool (HAMi offers 1/8,
+    # 1/4, 1/2, 1) a GPU seats slices up to its size (times over-commit), the hub's record and
+    # the pod's limit are the user's slice; on the time-sliced pool (replicas 4: it offers only
+    # 1/4, docs/catalog.md) every server is a quarter replica, its kernel holding what its
+    # work needs
+    from benchmarks.culler_trace import make_mix
+
+    def user(name: str, piece: str, eq: float) -> User:
+        u = _lab(1, 8192)[0]
+        u.name, u.slice, u.gpu_equivalent = name, piece, eq
+        return u
+
+    users = [user("half", "1/2", 0.5), user("q1", "1/4", 0.25), user("q2", "1/4", 0.25),
+             user("eighth", "1/8", 0.125)]  # fmt: skip
+    sim = Sim(users, "fracspawner", Cluster(1), "reserving", bench_catalog(None))
+    sim.host = pod_host(tmp_path)
+    seated = [u.name for u in users if sim.demand(u, 0) is not None]
+    assert seated == ["half", "q1", "q2"] and list(sim.waiting) == ["eighth"]
+    assert {m["name"]: m["servers"][""]["user_options"]["gpu"] for m in sim.hub_users()} == {
+        "half": "1/2",
+        "q1": "1/4",
+        "q2": "1/4",
+    }
+    assert sim.servers["half"].slice_mib() == 81559 / 2
+    sim.stop("q1")  # a quarter frees: the eighth fits
+    assert sim.demand(users[3], 1) is not None and sim.servers["eighth"].slice_mib() == 81559 / 8
+    ts = Sim(users, "fracspawner", Cluster(1), "time_sliced", bench_catalog(None))
+    ts.host = pod_host(tmp_path)
+    assert all(ts.demand(u, 0) is not None for u in users)  # four quarter replicas
+    assert {m["servers"][""]["user_options"]["gpu"] for m in ts.hub_users()} == {"1/4"}
+    # the traces ask slices other than 1/4 (research up to a whole GPU)
+    slices = {u.slice for mix in ("classroom", "research", "breaks") for u in make_mix(mix)}
+    assert {"1/8", "1/4", "1/2", "1"} <= slices
