@@ -1,6 +1,13 @@
 """`fracspawner kubeflow export` and the catalog's `kubeflow:` section: which access rule a
-profile namespace gets, what is written for Notebooks 1.x and 2.0, strict schema checks of every
-written object (docs/kubeflow.md), and bad input exiting 2 with the path at fault."""
+profile namespace gets, what is written for Notebooks 1.x and 2.0, strict checks of every
+written object (docs/kubeflow.md), and bad input exiting 2 with the path at fault.
+
+Every written object of a kind the real control plane serves (the MutatingWebhookConfiguration,
+ResourceClaimTemplates, and PodDefaults and WorkspaceKinds through the upstream CRDs its launcher
+installs, devcluster/controlplane/manifests/crds) is validated by kube-apiserver itself: a
+create with dryRun=All and fieldValidation=Strict (as `kubectl apply --dry-run=server`), on one
+cluster for the module, started only by the tests that need it. The rest (the spawner_ui_config
+fragment, Istio's AuthorizationPolicies) by fracspawner's own schemas."""
 
 from __future__ import annotations
 
@@ -11,11 +18,9 @@ import sys
 from pathlib import Path
 from typing import Any
 
-import kubernetes_validate
 import pytest
 import yaml
 
-from devcluster.validation import validate as k8s_validate
 from fracspawner.backends import load_catalog
 from fracspawner.kubeflow.cli import main as kubeflow_main
 from fracspawner.kubeflow.export import (
@@ -30,6 +35,9 @@ from fracspawner.model.access import namespace_rule
 from fracspawner.model.catalog import AccessRule, CatalogError
 
 REPO = Path(__file__).resolve().parent.parent
+#: the apiserver starts only for the tests that validate with it (the `apiserver` fixture)
+CONTROL_PLANE = "real"
+TOPOLOGY = {"nodes": [{"name": "cpu-1", "capacity": {"cpu": "8", "memory": "32Gi"}}]}
 EXAMPLES = sorted((REPO / "examples" / "catalogs").glob("*.yaml"))
 #: a stock Notebooks 2.0 WorkspaceKind as `kubectl get -o yaml` prints it (the upstream sample)
 STOCK_KIND = REPO / "fracspawner" / "kubeflow" / "stock" / "workspacekind-jupyterlab.yaml"
@@ -257,7 +265,47 @@ def test_a_namespace_given_by_name_only_is_matched_by_name_and_says_so(tmp_path,
     assert "namespace carol: its labels and owner are unknown (pass --namespaces-file)" in err
 
 
-def test_every_exported_object_passes_its_strict_schema(tmp_path):
+#: kinds the real control plane serves: their collection, by kind
+SERVED = {
+    "MutatingWebhookConfiguration": "mutatingwebhookconfigurations",
+    "ResourceClaimTemplate": "resourceclaimtemplates",
+    "PodDefault": "poddefaults",
+    "WorkspaceKind": "workspacekinds",
+}
+
+
+@pytest.fixture(scope="module")
+def apiserver(devcluster):
+    return devcluster.client()
+
+
+def server_validates(client: Any, doc: dict[str, Any]) -> None:
+    """kube-apiserver accepts `doc` as `kubectl apply --dry-run=server` would create it:
+    validated strictly (an unknown field is an error), CRDs' schemas and CEL rules included;
+    nothing is stored. A namespaced object without a namespace goes to `default`."""
+    doc = copy.deepcopy(doc)
+    meta = doc["metadata"]
+    for key in ("resourceVersion", "uid", "generation", "creationTimestamp", "managedFields"):
+        meta.pop(key, None)  # a kind read from a cluster: created anew here
+    group = doc["apiVersion"] if "/" in doc["apiVersion"] else "core/" + doc["apiVersion"]
+    base = "/api/v1" if group.startswith("core/") else f"/apis/{group}"
+    where = ""
+    if doc["kind"] not in ("MutatingWebhookConfiguration", "WorkspaceKind"):
+        namespace = meta.setdefault("namespace", "default")
+        status, body = client.request("GET", f"/api/v1/namespaces/{namespace}")
+        if status == 404:
+            ns = {"metadata": {"name": namespace}}
+            status, body = client.request("POST", "/api/v1/namespaces", ns)
+            assert status in (201, 409), body
+        where = f"/namespaces/{namespace}"
+    path = f"{base}{where}/{SERVED[doc['kind']]}?dryRun=All&fieldValidation=Strict"
+    status, body = client.request("POST", path, doc)
+    message = body.get("message") if isinstance(body, dict) else body
+    assert status == 201, f"{doc['kind']} {meta.get('name')}: {status} {message}"
+
+
+def test_every_exported_object_passes_its_strict_schema(tmp_path, apiserver):
+    seen = set()
     for i, example in enumerate(EXAMPLES + [None]):
         data = yaml.safe_load(example.read_text()) if example else CATALOG
         for notebooks in ("v1", "v2"):
@@ -266,14 +314,32 @@ def test_every_exported_object_passes_its_strict_schema(tmp_path):
             assert code == 0, example
             for path in out.rglob("*.yaml"):
                 for doc in _docs(path):
-                    if doc.get("kind") == "ResourceClaimTemplate":  # resource.k8s.io/v1: 1.34+
-                        kubernetes_validate.validate(doc, "1.34", strict=True)
-                        continue
-                    if doc.get("kind") == "MutatingWebhookConfiguration":
-                        k8s_validate(doc)  # the official schema, strict
-                        continue
+                    if doc.get("kind") in SERVED:
+                        server_validates(apiserver, doc)
+                        seen.add(doc["kind"])
+                    if doc.get("kind") in ("MutatingWebhookConfiguration", "ResourceClaimTemplate"):
+                        continue  # fracspawner has no schema of its own for these
                     kind = None if "kind" in doc else "spawner_ui_config"
                     assert schema_errors(doc, kind) == [], (example, path.name)
+    assert seen == set(SERVED)  # every served kind was written and checked
+
+
+def test_the_api_server_refuses_what_the_export_must_not_write(apiserver):
+    """The check above bites: an unknown field in a PodDefault (the CRD's schema, strict
+    field validation), a webhook name that is no domain of three segments."""
+    pd = {
+        "apiVersion": "kubeflow.org/v1alpha1",
+        "kind": "PodDefault",
+        "metadata": {"name": "x", "namespace": "alice"},
+        "spec": {"selector": {"matchLabels": {"x": "true"}}, "color": "red"},
+    }
+    with pytest.raises(AssertionError, match="unknown field"):
+        server_validates(apiserver, pd)
+    config = export(load_catalog(CATALOG)).files["mutatingwebhookconfiguration.yaml"][0][0]
+    config = copy.deepcopy(config)
+    config["webhooks"][0]["name"] = "nodots"
+    with pytest.raises(AssertionError, match="at least three segments"):
+        server_validates(apiserver, config)
 
 
 def test_the_schemas_refuse_unknown_fields_and_kubeflow_limits():
@@ -562,23 +628,46 @@ def test_v2_gpu_podconfigs_keep_the_kinds_cpu_and_memory(catalog):
         assert any(k.startswith("nvidia.com/") for k in value["spec"]["resources"]["limits"])
 
 
-def test_v2_re_export_after_a_catalog_change_passes_the_kinds_own_checks(catalog):
-    """Issue 19 item 4, against the rules the real WorkspaceKind webhook and CRD apply
-    (tests/workspacekind_model.py cites them): the export is the whole kind for `kubectl
-    replace` (activityRules/filterRules are atomic lists: a server-side apply of ours alone
-    conflicts with the kind's owner), keeping the kind's own values and rules; a catalog change
-    makes new podConfig ids, and the podConfig a running Workspace uses stays unchanged,
-    hidden and redirected to its successor."""
-    from tests.workspacekind_model import server_side_apply_conflicts, update_errors
+def test_v2_re_export_after_a_catalog_change_passes_the_kinds_own_checks(catalog, apiserver):
+    """Issue 19 item 4, against the rules the real WorkspaceKind webhook applies
+    (tests/workspacekind_model.py cites them) and kube-apiserver's server-side apply with the
+    upstream CRD: the export is the whole kind for `kubectl replace` (activityRules and
+    filterRules are atomic lists: a server-side apply of ours alone conflicts with the kind's
+    owner), keeping the kind's own values and rules; a catalog change makes new podConfig ids,
+    and the podConfig a running Workspace uses stays unchanged, hidden and redirected to its
+    successor."""
+    from tests.workspacekind_model import update_errors
 
     stock = _stock_kind()
-    # the patch of earlier versions, server-side applied: the kind's owner holds both lists
-    patch = {"spec": {"activityRules": [{"config": {"secondsSinceActive": 16}}], "filterRules": []}}
-    owner = {
-        "activityRules": "kubectl-client-side-apply",
-        "filterRules": "kubectl-client-side-apply",
+    # the kind as `kubectl apply` made it (the upstream kustomization), then the patch of
+    # earlier versions, server-side applied: the kind's owner holds both lists, and
+    # kube-apiserver answers a conflict on each (structured-merge-diff: an atomic list is one
+    # field, owned whole)
+    name = stock["metadata"]["name"]
+    live = copy.deepcopy(stock)
+    for key in ("resourceVersion", "uid", "generation", "creationTimestamp", "finalizers"):
+        live["metadata"].pop(key, None)
+    kinds = "/apis/kubeflow.org/v1beta1/workspacekinds"
+    status, body = apiserver.request(
+        "POST", f"{kinds}?fieldManager=kubectl-client-side-apply", live
+    )
+    assert status == 201, body
+    patch = {
+        "apiVersion": "kubeflow.org/v1beta1",
+        "kind": "WorkspaceKind",
+        "metadata": {"name": name},
+        "spec": {"activityRules": [{"config": {"secondsSinceActive": 16}}], "filterRules": []},
     }
-    assert len(server_side_apply_conflicts(owner, patch, stock, "fracspawner")) == 2
+    status, body = apiserver.request(
+        "PATCH",
+        f"{kinds}/{name}?fieldManager=fracspawner&dryRun=All",
+        patch,
+        "application/apply-patch+yaml",
+    )
+    assert status == 409, body
+    causes = {c["field"] for c in body["details"]["causes"]}
+    assert causes == {".spec.activityRules", ".spec.filterRules"}, body
+    assert 'conflicts with "kubectl-client-side-apply"' in body["message"], body
 
     first = export(catalog, notebooks="v2", workspace_kind=stock)
     (kind1,) = first.files["workspacekind-jupyterlab.yaml"][0]
@@ -661,7 +750,7 @@ def test_profile_namespace_defaults():
     assert ProfileNamespace("x").described
 
 
-def test_the_kubeflow_example_exports_per_namespace(tmp_path):
+def test_the_kubeflow_example_exports_per_namespace(tmp_path, apiserver):
     example = REPO / "examples" / "kubeflow"
     out = tmp_path / "out"
     code = kubeflow_main(
@@ -685,9 +774,9 @@ def test_the_kubeflow_example_exports_per_namespace(tmp_path):
     for path in out.rglob("*.yaml"):
         for doc in _docs(path):
             assert "&id" not in path.read_text()  # plain YAML, no anchors
-            if doc.get("kind") == "MutatingWebhookConfiguration":
-                k8s_validate(doc)
-            else:
+            if doc.get("kind") in SERVED:
+                server_validates(apiserver, doc)
+            if doc.get("kind") not in ("MutatingWebhookConfiguration", "ResourceClaimTemplate"):
                 assert schema_errors(doc, None if "kind" in doc else "spawner_ui_config") == []
 
 

@@ -1,7 +1,10 @@
-"""What Kubeflow Notebooks 2.0 checks when a WorkspaceKind is written, for tests of
-`fracspawner kubeflow export --notebooks v2`. The devcluster runs no Kubeflow controller, so
-this reproduces the checks the real one makes, each cited (kubeflow/notebooks branch
-`notebooks-v2`, tag v2.0.0-beta.0; paths under workspaces/controller/):
+"""What Kubeflow Notebooks 2.0's own admission webhook checks when a WorkspaceKind is written,
+for tests of `fracspawner kubeflow export --notebooks v2`. kube-apiserver checks the kind against
+the upstream CRD (its schema, its CEL rules, server-side apply's field ownership: the tests ask
+it, devcluster/controlplane/manifests/crds), but these checks are the Kubeflow controller's
+validating webhook, a Go program the test cluster does not run, so they are reproduced here,
+each cited (kubeflow/notebooks branch `notebooks-v2`, tag v2.0.0-beta.0; paths under
+workspaces/controller/):
 
 - internal/webhook/workspacekind_webhook.go `ValidateUpdate`: a podConfig value's `spec` may
   not change while a Workspace uses it ("podConfig value %q is in use and cannot be changed"),
@@ -10,12 +13,11 @@ this reproduces the checks the real one makes, each cited (kubeflow/notebooks br
   (`validatePodConfigRedirects`), activity rules are validated (`validateActivityRules`).
   Usage is counted from the Workspaces' `spec.podTemplate.options.podConfig`
   (`getOptionsUsageCounts`). `redirect` and `spawner` are not part of `spec`: they may change.
-- manifests/kustomize/base/crd/kubeflow.org_workspacekinds.yaml: `activityRules` and
-  `filterRules` are `x-kubernetes-list-type: atomic` (server-side apply owns them whole); at
-  most one catch-all activity rule, and it must be last (spec.activityRules description);
-  `effect.pauseWorkspace: true` is refused without `podTemplate.activityProbe` (the CRD's
-  pauseWorkspace description: "the webhook rejects rules with pauseWorkspace: true when no
-  activityProbe is configured").
+- manifests/kustomize/base/crd/kubeflow.org_workspacekinds.yaml (the CRD's descriptions, which
+  the webhook enforces; the CRD itself has no rule for them): at most one catch-all activity
+  rule, and it must be last (spec.activityRules description); `effect.pauseWorkspace: true` is
+  refused without `podTemplate.activityProbe` (the CRD's pauseWorkspace description: "the
+  webhook rejects rules with pauseWorkspace: true when no activityProbe is configured").
 """
 
 from __future__ import annotations
@@ -68,18 +70,3 @@ def update_errors(
     if not probe and any((r.get("effect") or {}).get("pauseWorkspace") for r in rules):
         errors.append("pauseWorkspace rules need spec.podTemplate.activityProbe")
     return errors
-
-
-def server_side_apply_conflicts(
-    live_owner: Mapping[str, str], applied: Mapping[str, Any], live: Mapping[str, Any], manager: str
-) -> list[str]:
-    """Atomic top-level spec lists under server-side apply (k8s.io/apimachinery
-    structured-merge-diff: an atomic list is one field, owned whole): applying a different
-    value to a field another manager owns is a conflict unless forced."""
-    return [
-        f"conflict with {owner!r}: .spec.{field}"
-        for field, owner in live_owner.items()
-        if owner != manager
-        and field in applied.get("spec", {})
-        and applied["spec"][field] != live.get("spec", {}).get(field)
-    ]
