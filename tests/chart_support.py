@@ -25,8 +25,9 @@ CHART = REPO / "charts" / "fracspawner"
 VALUES_SCHEMA = CHART / "values.schema.json"
 RELEASE = "fracspawner"
 NAMESPACE = "jhub"
-#: the Kubernetes version the chart is linted and its objects validated against
-#: (the devcluster's, devcluster/validation.py K8S_VERSION)
+#: the Kubernetes version the chart is linted and its objects validated against with
+#: kubernetes-validate's published schemas: a release the chart supports (Chart.yaml kubeVersion
+#: >=1.28); its RBAC objects also go to the real control plane (v1.36.3, tests/rbac_support.py)
 KUBE_VERSION = "1.33.0"
 
 
