@@ -51,8 +51,10 @@ decision goes through the real code:
   The Hibernator's clock is the replay's (`Hibernator.now`), its driver calls run inline;
 - users as they behave (benchmarks/culler_trace.py): hidden notebook tabs in lectures, silences
   of 45-75 min at a visible tab, kernels that grow, and silent runs in a child process of the
-  kernel (its GPU process another pid than the kernel's, the kernel idle meanwhile). Not
-  modelled: a second notebook per user (one kernel per server), slices other than 1/4;
+  kernel (its GPU process another pid than the kernel's, the kernel idle meanwhile), slices
+  from 1/8 to a whole GPU (the user's on the reserving pool; a quarter replica on the
+  time-sliced pool, which offers only that), and a second notebook (a second kernel in the
+  server, with its own memory, idle between its cells);
 - on an over-committed pool a new server is admitted by the hub's admission by presence (issue
   36 item 5), the product's: the culler's room answer (`Culler.room_json`: a present user's
   server holds its whole slice, an absent one what the swap cannot take off) and the hub's
@@ -109,7 +111,15 @@ import yaml
 from tornado import web
 from tornado.httpserver import HTTPServer
 
-from benchmarks.culler_trace import CLUSTERS, HORIZON, MIXES, Cluster, User, make_mix
+from benchmarks.culler_trace import (
+    CLUSTERS,
+    HORIZON,
+    MIXES,
+    SECOND_SHARE,
+    Cluster,
+    User,
+    make_mix,
+)
 from devcluster.localhub import free_port
 from fracspawner.culler.app import Culler
 from fracspawner.culler.identity import Identity
@@ -357,7 +367,7 @@ class SimKernels:
 
     async def shutdown_kernel(self, kernel_id: str) -> None:
         del self.kernels[kernel_id]
-        self.server.kernel_ended()
+        self.server.kernel_ended(kernel_id)
         self.server.on_shutdown(self.server)  # counted as a kernel shut-down (Sim.kernel_culled)
 
 
@@ -409,7 +419,10 @@ class SimServer:
         # hibernation through the fake checkpoint driver, in a pod with POD_HOST_MEMORY_GIB;
         # the driver restores only what the physical GPU has room for (#44 otherwise: lost)
         self.driver = SimCheckpointDriver(
-            lambda _pid: free_mib(self) >= self.monitor.hibernator.memory_of(self.kernel_id or "")
+            lambda pid: (
+                free_mib(self) - self.on_gpu_mib(besides=self.kernel_of(pid))
+                >= self.monitor.hibernator.memory_of(self.kernel_of(pid))
+            )
         )
         hib = self.monitor.hibernator = Hibernator(
             driver=self.driver,
@@ -441,6 +454,11 @@ class SimServer:
         self.kernel_id: str | None = None
         self.kernel_mib = self.first_mib()  # what its kernel holds once it uses the GPU
         self.holds_memory = self.run_alive = self.busy = False
+        # the user's second notebook (culler_trace `second`): its own kernel, idle unless its
+        # cells run, holding SECOND_SHARE of the main kernel's memory once it used the GPU
+        self.kernel2_id: str | None = None
+        self.kernel2_mib = 0.0
+        self.holds2 = self.busy2 = False
         self.child_run = False  # the run works in a child process of the kernel
         self.pod = ""  # its pod's name (the culler's pod watch)
         self.hub_last = v(m)
@@ -460,8 +478,28 @@ class SimServer:
     def _report_soon(self, _seconds: float) -> None:
         self.report_now = True
 
-    def kernel_ended(self) -> None:
+    def kernel_ended(self, kernel_id: str | None = None) -> None:
+        if kernel_id is not None and kernel_id == self.kernel2_id:
+            self.kernel2_id, self.holds2, self.busy2 = None, False, False
+            return
         self.kernel_id, self.holds_memory, self.run_alive = None, False, False
+
+    def ensure_kernel2(self, now: datetime) -> SimKernel:
+        """The second notebook's kernel (started by its first cell)."""
+        if self.kernel2_id is None:
+            self.serial += 1
+            self.kernel2_id = f"{self.user.name}-{self.serial:04d}-0000-0000-000000000002"
+            self.kernels.kernels[self.kernel2_id] = SimKernel(now, 1000 + self.serial)
+            mib = float(self.user.memory_mib) * SECOND_SHARE
+            self.kernel2_mib = min(mib, self.slice_mib()) if self.virtualised else mib
+        return self.kernels.kernels[self.kernel2_id]
+
+    def kernel_of(self, pid: int) -> str:
+        """The kernel whose process `pid` is (the checkpoint driver names processes)."""
+        return next((k for k, sk in self.kernels.kernels.items() if sk.pid == pid), "")
+
+    def hibernated2(self) -> bool:
+        return self.kernel2_id is not None and self.monitor.hibernator.suspended(self.kernel2_id)
 
     def ensure_kernel(self, now: datetime) -> SimKernel:
         if self.kernel_id is None:
@@ -475,16 +513,21 @@ class SimServer:
     def hibernated(self) -> bool:
         return self.kernel_id is not None and self.monitor.hibernator.suspended(self.kernel_id)
 
-    def on_gpu_mib(self) -> float:
-        """GPU memory its kernel holds on the GPU itself (not hibernated)."""
-        if self.kernel_id is None or not self.holds_memory or self.hibernated():
-            return 0.0
-        return self.kernel_mib
+    def on_gpu_mib(self, besides: str | None = None) -> float:
+        """GPU memory its kernels hold on the GPU itself (not hibernated), but `besides`."""
+        first = second = 0.0
+        if self.kernel_id is not None and self.holds_memory and not self.hibernated():
+            first = self.kernel_mib if besides != self.kernel_id else 0.0
+        if self.kernel2_id is not None and self.holds2 and not self.hibernated2():
+            second = self.kernel2_mib if besides != self.kernel2_id else 0.0
+        return first + second
 
 
 class PodWatch:
     """The culler's pod watch (serverpods.py) as the replay has the pods: each server's node,
-    and on HAMi the device its allocation names (`hami.io/vgpu-devices-allocated`)."""
+    on HAMi the device its allocation names (`hami.io/vgpu-devices-allocated`), and its pool
+    and slice's memory by FracSpawner's label and annotation; every pod from the moment it is
+    made, before the culler's next hub listing (`placements`: culler/unlisted.py)."""
 
     def __init__(self, sim: Sim) -> None:
         self.sim = sim
@@ -494,7 +537,11 @@ class PodWatch:
         if s is None:
             return None
         node = f"node-{self.sim.cluster.node_of(s.gpu)}"
-        return Placement(node, 1, frozenset({s.uuid}) if s.virtualised else None)
+        uuids = frozenset({s.uuid}) if s.virtualised else None
+        return Placement(node, 1, uuids, pool=self.sim.pool, memory_mib=s.slice_mib())
+
+    def placements(self) -> list[tuple[str, Placement]]:
+        return [(name, p) for name in self.sim.pods if (p := self.placement(name)) is not None]
 
     def known(self, address: str) -> bool:
         return False  # reports are handed over in process, not from pod addresses
@@ -578,7 +625,8 @@ class Sim:
             self.used[s.gpu] -= s.gpu_equivalent
             self.room_line.release((name, ""))
             self.gpu_state_lost += len(s.driver.lost)
-            self.culls.append(Cull("server", name, self.minute, s.busy, u.present[self.minute]))
+            busy = s.busy or s.busy2
+            self.culls.append(Cull("server", name, self.minute, busy, u.present[self.minute]))
 
     # --- demand on the fixed cluster ----------------------------------------------------------
     def demand(self, u: User, m: int) -> SimServer | None:
@@ -621,8 +669,8 @@ class Sim:
             clock=lambda: _dt(self.now_t),
         )
         s.on_shutdown = self.kernel_culled
-        s.driver.on_restore = lambda _pid: self.resume_seconds.append(
-            copy_seconds(s.monitor.hibernator.memory_of(s.kernel_id or ""))
+        s.driver.on_restore = lambda pid: self.resume_seconds.append(
+            copy_seconds(s.monitor.hibernator.memory_of(s.kernel_of(pid)))
         )
         s.pod = pod_name(u.name, "")
         self.pods[s.pod] = s
@@ -632,7 +680,8 @@ class Sim:
         """A kernel shut down: by its server's kernel_gpu_idle, or by the culler's order for
         its node's host memory budget (swap.py); counted as a kernel shut-down."""
         u = s.user
-        self.culls.append(Cull("kernel", u.name, self.minute, s.busy, u.present[self.minute]))
+        busy = s.busy or s.busy2
+        self.culls.append(Cull("kernel", u.name, self.minute, busy, u.present[self.minute]))
 
     def slice_for(self, u: User) -> str:
         """The slice a user's server gets: theirs on the reserving pool (HAMi offers 1/8 to
@@ -696,10 +745,16 @@ class Sim:
             # (resume.py), through the real restore path: the room check (room.py: the
             # culler's grant, or NVML of the device where that counts), then the #44 driver; a
             # resume that waits for room is reported (swap.waiting), and the cell waits
-            if s.hibernated() and (u.cell[m] and u.present[m] or u.run[m]):
-                s.monitor.hibernator.resume(s.kernel_id, "a message to the kernel")
+            cell = u.cell[m] and u.present[m]
+            wake = []  # the second notebook's cells message its own kernel
+            if s.hibernated() and (cell and not u.second[m] or u.run[m]):
+                wake.append(s.kernel_id)
+            if s.hibernated2() and cell and u.second[m]:
+                wake.append(s.kernel2_id)
+            for kid in wake:
+                s.monitor.hibernator.resume(kid, "a message to the kernel")
                 await settle()
-                if s.hibernated():
+                if s.monitor.hibernator.suspended(kid):
                     self.memory_waits += 1  # this minute's cell waits for room
             self.act(u, s, m, now)
         if self.extension:
@@ -787,7 +842,8 @@ class Sim:
     def act(self, u: User, s: SimServer, m: int, now: datetime) -> None:
         """The user's minute: run cells, launch or continue a run."""
         run_start = u.run[m] and (m == 0 or not u.run[m - 1])
-        cell = u.present[m] and u.cell[m]
+        cell2 = u.present[m] and u.cell[m] and u.second[m]  # in the second notebook
+        cell = u.present[m] and u.cell[m] and not cell2
         if run_start:
             self.runs.add((u.name, m))
         if cell or run_start:
@@ -801,11 +857,15 @@ class Sim:
         if s.kernel_id is not None:
             kernel = s.kernels.kernels[s.kernel_id]
             running = u.run[m] and s.run_alive and not s.hibernated()
-            s.busy = running or (u.present[m] and u.gpu_cell[m] and not s.hibernated())
-            if s.busy and not s.holds_memory and self.shared_memory:
-                # its first allocation: on a shared GPU there must be room for it (CUDA out of
-                # memory otherwise; the cell fails and is run again)
-                if self.gpu_free_mib(s.gpu, s) < s.kernel_mib:
+            s.busy = running or (cell and u.gpu_cell[m] and not s.hibernated())
+            if s.busy and not s.holds_memory:
+                # its first allocation: on a shared GPU there must be room for it, under
+                # HAMi-core within the pod's slice beside its second notebook's kernel (CUDA out
+                # of memory otherwise; the cell fails and is run again)
+                mine = s.on_gpu_mib()
+                over_limit = s.virtualised and mine + s.kernel_mib > s.slice_mib()
+                no_room = self.shared_memory and (self.gpu_free_mib(s.gpu, s) - mine < s.kernel_mib)
+                if over_limit or no_room:
                     self.resume_failures += 1
                     s.busy = running = False
             kernel.execution_state = "busy" if (running and not s.child_run or cell) else "idle"
@@ -814,10 +874,9 @@ class Sim:
                 # a kernel that grows as it works (caches, bigger batches): 1 % of its size a
                 # working minute; on a shared GPU only into room (CUDA out of memory otherwise)
                 step = GROWS_BY * u.memory_mib
-                over_limit = s.virtualised and s.kernel_mib + step > s.slice_mib()  # HAMi-core
-                if over_limit or (
-                    self.shared_memory and self.gpu_free_mib(s.gpu, s) < s.kernel_mib + step
-                ):
+                mine = s.on_gpu_mib()  # both its kernels: HAMi-core limits the pod
+                over_limit = s.virtualised and mine + step > s.slice_mib()
+                if over_limit or (self.shared_memory and self.gpu_free_mib(s.gpu, s) < mine + step):
                     self.resume_failures += 1
                 else:
                     s.kernel_mib = min(GROWS_TO * u.memory_mib, s.kernel_mib + step)
@@ -828,6 +887,29 @@ class Sim:
             self.runs_stalled.add((u.name, start))  # killed, suspended or never launched
         if not u.run[m]:
             s.run_alive = False
+        self.second_notebook(u, s, m, now, cell2)
+
+    def second_notebook(self, u: User, s: SimServer, m: int, now: datetime, cell: bool) -> None:
+        """The user's second notebook this minute: its kernel starts with its first cell, runs
+        its cells, and its first GPU cell allocates its memory: into room on a shared GPU,
+        within the pod's slice under HAMi-core (CUDA out of memory otherwise)."""
+        s.busy2 = False
+        if cell:
+            kernel = s.ensure_kernel2(now)
+            kernel.last_activity = s.kernels.last_kernel_activity = now
+            s.busy2 = u.gpu_cell[m] and not s.hibernated2()
+            if s.busy2 and not s.holds2:
+                mine = s.on_gpu_mib()
+                over_limit = s.virtualised and mine + s.kernel2_mib > s.slice_mib()
+                no_room = self.shared_memory and self.gpu_free_mib(s.gpu, s) < (
+                    mine + s.kernel2_mib
+                )
+                if over_limit or no_room:
+                    self.resume_failures += 1
+                    s.busy2 = False
+            s.holds2 = s.holds2 or s.busy2
+        if s.kernel2_id is not None:
+            s.kernels.kernels[s.kernel2_id].execution_state = "busy" if cell else "idle"
 
     def measure(self, m: int) -> None:
         per_node: dict[int, float] = {}
@@ -835,7 +917,7 @@ class Sim:
             u = s.user
             node = self.cluster.node_of(s.gpu)
             per_node[node] = per_node.get(node, 0.0) + s.monitor.hibernator.total_mib()
-            if u.present[m] or s.busy:
+            if u.present[m] or s.busy or s.busy2:
                 continue
             self.idle_slices += s.gpu_equivalent
             self.idle_gpu_memory += s.on_gpu_mib()
@@ -857,13 +939,17 @@ class Sim:
         """The monitor's GPU reading now (NVML of the device; HAMi-core's virtualised view on
         the reserving pool). The product reads every few seconds: before each report too."""
         procs = []
-        if s.on_gpu_mib():
+        if s.on_gpu_mib(besides=s.kernel2_id):
             util = BUSY if s.busy else 0.0
             kernel = s.kernels.kernels[s.kernel_id or ""]
             # a run in a child process of the kernel (subprocess, `!python train.py &`): its
             # own pid, found to be the kernel's by the process tree (attribution.py)
             pid = kernel.pid + CHILD_PID if s.child_run and s.run_alive else kernel.pid
             procs = [GpuProcess("0", s.kernel_mib, util, pid=pid, kernel_id=s.kernel_id)]
+        if s.on_gpu_mib(besides=s.kernel_id) and s.kernel2_id is not None:  # its second notebook
+            k2 = s.kernels.kernels[s.kernel2_id]
+            util = BUSY if s.busy2 else 0.0
+            procs.append(GpuProcess("0", s.kernel2_mib, util, pid=k2.pid, kernel_id=s.kernel2_id))
         own = sum(p.memory_mib for p in procs)
         if s.virtualised:  # HAMi-core: the pod's limit and its own use, never the GPU's
             device = GpuDevice("0", GPU_NAME, s.uuid, s.slice_mib(), own, None)
@@ -872,7 +958,7 @@ class Sim:
             device = GpuDevice("0", GPU_NAME, s.uuid, GPU_MIB, used, None)
         s.monitor.apply(
             GpuSample("simulated", [device], procs),
-            [(s.kernel_id, p) for p in procs],
+            [(p.kernel_id, p) for p in procs],
             set(s.kernels.list_kernel_ids()),
             now,
         )

@@ -22,8 +22,11 @@ the polling stands by, no input reaches it); a quarter of research sessions hold
 users' kernels grow as they work (1 % of their size a working minute, to 1.5 x); users ask
 slices from 1/8 to a whole H100 (`SLICE_MIX`, per mix: students small, researchers up to whole
 GPUs), their kernels' memory in proportion to their slice (the quarter's draw times slice / 1/4,
-at most 95 % of the GPU). Each draw of these has its own random stream, so the days (who is
-there when, cells, runs) are the same as without them.
+at most 95 % of the GPU); some open a second notebook (`SECOND_NOTEBOOK`, per mix) and work in
+it a while now and then (`second`: the minutes their cells run there, its kernel holding half
+their main kernel's memory once it uses the GPU, and left open afterwards). Each draw of these
+has its own random stream, so the days (who is there when, cells, runs) are the same as
+without them.
 
 Each user owns one GPU server (an H100 slice). The horizon runs from 06:00 on day one to
 18:00 on day two, so overnight runs and next-morning returns are in it.
@@ -64,6 +67,25 @@ SLICE_MIX = {
     "breaks": {"1/8": 0.25, "1/4": 0.5, "1/2": 0.2, "1": 0.05},
 }
 GPU_MEMORY_MIB = 81559  # an H100 80GB HBM3 as NVML reports it
+# the share of users who open a second notebook, per mix; what its kernel holds on the GPU, as a
+# share of their main kernel's
+SECOND_NOTEBOOK = {"classroom": 0.15, "research": 0.4, "breaks": 0.3}
+SECOND_SHARE = 0.5
+
+
+def open_second(u: User, share: float) -> None:
+    """With chance `share`, `u` opens a second notebook: from time to time (at 5 % of their
+    cell minutes) their cells go there for 10-40 minutes (its own random stream)."""
+    rng = random.Random(f"{u.name}-second")
+    if rng.random() >= share:
+        return
+    m = 0
+    while m < HORIZON:
+        if u.cell[m] and rng.random() < 0.05:
+            for k in range(m, min(m + rng.randint(10, 40), HORIZON)):
+                u.second[k] = True
+            m += 40
+        m += 1
 
 
 def ask_slice(u: User, mix: str) -> None:
@@ -99,6 +121,7 @@ class User:
     # meter still reports (hidden), its polling stands by, it sees no input
     tab_hidden: list[bool] = field(default_factory=_flags)
     cell: list[bool] = field(default_factory=_flags)  # a cell runs (messages)
+    second: list[bool] = field(default_factory=_flags)  # ... in their second notebook
     gpu_cell: list[bool] = field(default_factory=_flags)  # ... on the GPU
     run: list[bool] = field(default_factory=_flags)  # silent training run
     abandoned: list[tuple[int, int]] = field(default_factory=list)  # (from, to) open tabs
@@ -291,4 +314,5 @@ def make_mix(name: str, seed: int = 7) -> list[User]:
     users = MIXES[name](random.Random(f"{name}-{seed}"))
     for u in users:
         ask_slice(u, name)
+        open_second(u, SECOND_NOTEBOOK[name])
     return users

@@ -248,3 +248,33 @@ def test_slices_from_an_eighth_to_a_whole_gpu_take_their_share_of_the_gpu(tmp_pa
     # the traces ask slices other than 1/4 (research up to a whole GPU)
     slices = {u.slice for mix in ("classroom", "research", "breaks") for u in make_mix(mix)}
     assert {"1/8", "1/4", "1/2", "1"} <= slices
+
+
+def test_a_second_notebook_is_a_second_kernel_on_the_gpu(tmp_path: Path):
+    # issue 36 item 6: a user's second notebook runs its own kernel in the same server. Its
+    # first GPU cell allocates half the main kernel's memory; the server's report and the
+    # GPU's reading hold both kernels; under HAMi-core both count against the pod's slice
+    import asyncio
+
+    from benchmarks.bench_culler import replay
+    from benchmarks.culler_trace import make_mix
+
+    u = _present_lab(1, 16384, 20)[0]
+    u.grows = False
+    for m in range(5):
+        u.second[m] = True  # the first five minutes' cells run in the second notebook
+    sims: list[Sim] = []
+    asyncio.run(replay([u], OVERCOMMIT_KIND, "time_sliced", Cluster(1), tmp_path, 20, sims))
+    s = sims[0].servers[u.name]
+    assert s.kernel_id is not None and s.kernel2_id is not None and s.kernel_id != s.kernel2_id
+    assert s.on_gpu_mib() == 16384 + 8192
+    assert sims[0].gpu_free_mib(0, None) == 81559 - 16384 - 8192
+    ids = {k["id"]: k for k in s.monitor.report(now=datetime.fromtimestamp(v(20), timezone.utc))[
+        "kernels"]}  # fmt: skip
+    assert {s.kernel_id, s.kernel2_id} <= set(ids)
+    # HAMi: a quarter's limit (20,389 MiB) holds the main kernel's 16 GiB, not 8 GiB more
+    sims = []
+    asyncio.run(replay([u], OVERCOMMIT_KIND, "reserving", Cluster(1), tmp_path, 20, sims))
+    s = sims[0].servers[u.name]
+    assert s.on_gpu_mib() == 8192 and sims[0].resume_failures > 0  # the main kernel's cells
+    assert any(any(u.second) for u in make_mix("research"))
