@@ -1209,32 +1209,68 @@ def half_gpus(row: dict, base: dict, half: Cluster, full: Cluster) -> dict:
     return out
 
 
-async def bench_days(tmp: Path) -> tuple[dict, dict, dict]:
+# a partial run (`python -m benchmarks.bench_culler`): which mixes, which rows, how long
+ENV_MIXES = "FRACSPAWNER_BENCH_CULLER_MIXES"  # comma-separated mix names (default: all)
+ENV_ROWS = "FRACSPAWNER_BENCH_CULLER_ROWS"  # "all" (default) or "headline"
+ENV_MINUTES = "FRACSPAWNER_BENCH_CULLER_MINUTES"  # the trace's first minutes (default: all)
+HEADLINE_ROWS = ("jupyterhub_idle_culler_z2jh", *(f"fracspawner_{f}_half_gpus" for f in FAMILIES))
+
+
+@dataclass(frozen=True)
+class Knobs:
+    mixes: tuple[str, ...]
+    headline: bool  # only the baseline and the half-the-GPUs rows
+    minutes: int
+
+    @property
+    def partial(self) -> bool:
+        return self.mixes != tuple(MIXES) or self.headline or self.minutes < HORIZON
+
+
+def knobs(env: dict[str, str] | None = None) -> Knobs:
+    """The partial run's settings from the environment, each checked."""
+    env = dict(os.environ) if env is None else env
+    mixes = tuple(m.strip() for m in env.get(ENV_MIXES, "").split(",") if m.strip())
+    unknown = [m for m in mixes if m not in MIXES]
+    if unknown:
+        raise ValueError(
+            f"{ENV_MIXES}: unknown mix {', '.join(unknown)} (known: {', '.join(MIXES)})"
+        )
+    rows = env.get(ENV_ROWS, "all").strip() or "all"
+    if rows not in ("all", "headline"):
+        raise ValueError(f"{ENV_ROWS}: {rows!r} is neither 'all' nor 'headline'")
+    text = env.get(ENV_MINUTES, "").strip() or str(HORIZON)
+    if not text.isdigit() or not 1 <= int(text) <= HORIZON:
+        raise ValueError(f"{ENV_MINUTES}: {text!r} is not a number of minutes from 1 to {HORIZON}")
+    return Knobs(mixes or tuple(MIXES), rows == "headline", int(text))
+
+
+async def bench_days(tmp: Path, knob: Knobs | None = None) -> tuple[dict, dict, dict]:
+    knob = knob or Knobs(tuple(MIXES), False, HORIZON)
     runs: dict[str, dict] = {}
     out: dict[str, dict] = {}
     plain: dict[str, dict] = {}
-    for name in MIXES:
+    for name in knob.mixes:
         users, cluster = make_mix(name), CLUSTERS[name]
         rows: dict[str, dict] = {}
+
+        async def row(kind: str, family: str, on: Cluster = cluster, who=users) -> dict:
+            return await replay(who, kind, family, on, tmp, minutes=knob.minutes)
+
         # jupyterhub-idle-culler stops servers only: it does the same on either family
-        rows["jupyterhub_idle_culler_z2jh"] = await replay(
-            users, "idle-culler", "reserving", cluster, tmp
-        )
-        for family in FAMILIES:
-            rows[f"fracspawner_{family}"] = await replay(users, "fracspawner", family, cluster, tmp)
-            rows[f"fracspawner_{family}_overcommit"] = await replay(
-                users, OVERCOMMIT_KIND, family, cluster, tmp
-            )
-        rows[HIBERNATE_ROW] = await replay(users, HIBERNATE_ROW, "time_sliced", cluster, tmp)
-        rows[KERNEL_ON_ROW] = await replay(users, KERNEL_ON_ROW, "reserving", cluster, tmp)
+        rows["jupyterhub_idle_culler_z2jh"] = await row("idle-culler", "reserving")
+        if not knob.headline:
+            for family in FAMILIES:
+                rows[f"fracspawner_{family}"] = await row("fracspawner", family)
+                rows[f"fracspawner_{family}_overcommit"] = await row(OVERCOMMIT_KIND, family)
+            rows[HIBERNATE_ROW] = await row(HIBERNATE_ROW, "time_sliced")
+            rows[KERNEL_ON_ROW] = await row(KERNEL_ON_ROW, "reserving")
         # the headline (issue 36): the same trace on half the GPUs, over-committed
         half = replace(cluster, gpus=max(1, cluster.gpus // 2))
         for family in FAMILIES:
-            rows[f"fracspawner_{family}_half_gpus"] = await replay(
-                users, OVERCOMMIT_KIND, family, half, tmp
-            )
-        for key, row in rows.items():
-            print(f"   {name} / {key}: {row}", flush=True)
+            rows[f"fracspawner_{family}_half_gpus"] = await row(OVERCOMMIT_KIND, family, half)
+        for key, data in rows.items():
+            print(f"   {name} / {key}: {data}", flush=True)
         base = rows["jupyterhub_idle_culler_z2jh"]
         runs[name] = {
             "users": len(users),
@@ -1252,9 +1288,15 @@ async def bench_days(tmp: Path) -> tuple[dict, dict, dict]:
             "hours_of_silent_runs": round(sum(sum(u.run) for u in users) / 60, 1),
             **rows,
         }
+        heads = {
+            f: {"half_gpus": half_gpus(rows[f"fracspawner_{f}_half_gpus"], base, half, cluster)}
+            for f in FAMILIES
+        }
+        if knob.headline:
+            out[name] = heads
+            continue
         out[name] = {
-            family: capacity(rows[f"fracspawner_{family}_overcommit"], base)
-            | {"half_gpus": half_gpus(rows[f"fracspawner_{family}_half_gpus"], base, half, cluster)}
+            family: capacity(rows[f"fracspawner_{family}_overcommit"], base) | heads[family]
             for family in FAMILIES
         }
         plain[name] = {family: capacity(rows[f"fracspawner_{family}"], base) for family in FAMILIES}
@@ -1426,6 +1468,11 @@ def markdown(runs: dict, cap: dict) -> str:
 
 
 def run(results_dir: Path) -> dict:
+    if knobs().partial:  # culler.json holds the whole run: a partial one goes elsewhere
+        raise RuntimeError(
+            f"{ENV_MIXES}, {ENV_ROWS} or {ENV_MINUTES} is set: run the partial replay with "
+            "`python -m benchmarks.bench_culler` (it writes results/culler_partial.json)"
+        )
     tmp = Path(tempfile.mkdtemp(prefix="bench-culler-"))
     try:
         runs, cap, plain = asyncio.run(bench_days(tmp))
@@ -1449,3 +1496,31 @@ def run(results_dir: Path) -> dict:
         + "\n```\n"
     )
     return result
+
+
+def run_partial(results_dir: Path) -> dict:
+    """The replay of the mixes and rows the environment names (`knobs`), for the trace's first
+    minutes it says: `capacity` and `runs` as the whole run has them for those; no cycle."""
+    knob = knobs()
+    tmp = Path(tempfile.mkdtemp(prefix="bench-culler-"))
+    started = time.perf_counter()
+    try:
+        runs, cap, plain = asyncio.run(bench_days(tmp, knob))
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    result = {
+        "partial": {"mixes": list(knob.mixes), "headline_only": knob.headline,
+                    "minutes": knob.minutes},
+        "capacity": cap,
+        "capacity_without_overcommit": plain,
+        "runs": runs,
+        "wall_seconds": round(time.perf_counter() - started, 1),
+    }  # fmt: skip
+    (results_dir / "culler_partial.json").write_text(json.dumps(result, indent=2) + "\n")
+    return result
+
+
+if __name__ == "__main__":  # a partial run: FRACSPAWNER_BENCH_CULLER_MIXES, _ROWS, _MINUTES
+    results = REPO / "benchmarks" / "results"
+    results.mkdir(exist_ok=True)
+    print(json.dumps(run_partial(results)["capacity"], indent=2))

@@ -278,3 +278,25 @@ def test_a_second_notebook_is_a_second_kernel_on_the_gpu(tmp_path: Path):
     s = sims[0].servers[u.name]
     assert s.on_gpu_mib() == 8192 and sims[0].resume_failures > 0  # the main kernel's cells
     assert any(any(u.second) for u in make_mix("research"))
+
+
+def test_a_partial_run_is_chosen_by_the_environment_and_checked():
+    # one trace of the culler benchmark (the whole run takes ~36 min): mixes, rows, minutes
+    import pytest
+
+    from benchmarks.bench_culler import HORIZON, knobs, run
+
+    k = knobs({"FRACSPAWNER_BENCH_CULLER_MIXES": "research", "FRACSPAWNER_BENCH_CULLER_ROWS":
+               "headline", "FRACSPAWNER_BENCH_CULLER_MINUTES": "600"})  # fmt: skip
+    assert (k.mixes, k.headline, k.minutes, k.partial) == (("research",), True, 600, True)
+    assert not knobs({}).partial and knobs({}).minutes == HORIZON
+    with pytest.raises(ValueError, match="unknown mix lab"):
+        knobs({"FRACSPAWNER_BENCH_CULLER_MIXES": "lab"})
+    with pytest.raises(ValueError, match="neither 'all' nor 'headline'"):
+        knobs({"FRACSPAWNER_BENCH_CULLER_ROWS": "half"})
+    with pytest.raises(ValueError, match="not a number of minutes"):
+        knobs({"FRACSPAWNER_BENCH_CULLER_MINUTES": "0"})
+    with pytest.MonkeyPatch.context() as mp:  # the whole run's culler.json is never partial
+        mp.setenv("FRACSPAWNER_BENCH_CULLER_MIXES", "research")
+        with pytest.raises(RuntimeError, match="python -m benchmarks.bench_culler"):
+            run(Path("/nonexistent"))
