@@ -1,7 +1,10 @@
 """Issue 28 item 6: no container of a profile namespace's pod sees GPUs it does not hold.
 
-The real `fracspawner webhook` process, asked over verified HTTPS with AdmissionReviews as the
-API server sends them (the real control plane's kube-apiserver for the namespaces and pods).
+The real `fracspawner webhook` process, registered with the real control plane's kube-apiserver
+by the MutatingWebhookConfiguration the export writes (kubeflow_support.register) and called by
+it over TLS: pods are created through the API (dry runs: admitted and validated, nothing
+stored), `kubectl debug`'s container is added through pods/ephemeralcontainers, and the tests
+read what kube-apiserver would store, or the refusal it passes on to the user.
 
 What is modelled, and from where:
 - the NVIDIA container toolkit's reading of NVIDIA_VISIBLE_DEVICES (`toolkit_devices` below,
@@ -27,9 +30,6 @@ What is modelled, and from where:
   gpu-fraction-container-name, else the first) NVIDIA_VISIBLE_DEVICES from a ConfigMap key,
   which its binder fills with the allocated device (kai-scheduler
   pkg/admission/webhook/v1alpha2/gpusharing/gpu_sharing.go, pkg/binder/common/gpu_access.go);
-- kubectl debug's request: an UPDATE of the subresource pods/ephemeralcontainers whose object
-  and oldObject are the whole Pod (kubernetes/kubernetes#101034, Kubernetes >= 1.22; the
-  AdmissionRequest fields of k8s.io/api admission/v1 types.go, subResource included).
 """
 
 from __future__ import annotations
@@ -44,13 +44,15 @@ import yaml
 
 from tests.kubeflow_support import (
     WebhookProcess,
-    admission_review,
+    add_ephemeral,
+    as_sent,
+    create_pod,
+    denied,
     make_tls,
     notebook_pod,
     other_pod,
-    patched,
     profile_namespace,
-    validated_by_the_api_server,
+    register,
     with_poddefault,
 )
 
@@ -58,7 +60,12 @@ REPO = Path(__file__).resolve().parent.parent
 DEMO = REPO / "examples" / "catalogs" / "demo.yaml"
 PROFILE = {"app.kubernetes.io/part-of": "kubeflow-profile"}
 NAMESPACE = "seer"
+#: pods of this namespace go to the webhook run as the chart runs it (`hiding` below)
+HIDING = "seer-hiding"
+#: this namespace's webhook is registered only after a pod there was debugged (`late` below)
+LATE = "seer-late"
 CONTROL_PLANE = "real"
+TOPOLOGY = {"nodes": [{"name": "cpu-1", "capacity": {"cpu": "8", "memory": "32Gi"}}]}
 
 
 def toolkit_devices(env: dict[str, str]) -> str:
@@ -97,30 +104,44 @@ def kubeflow_catalog() -> dict[str, Any]:
 @pytest.fixture(scope="module")
 def webhook(devcluster, tmp_path_factory):
     client = devcluster.client()
-    profile_namespace(client, NAMESPACE, {**PROFILE, "team": "research"})
+    for namespace in (NAMESPACE, HIDING, LATE):
+        profile_namespace(client, namespace, {**PROFILE, "team": "research"})
     folder = tmp_path_factory.mktemp("visibility")
     catalog = folder / "catalog.yaml"
     catalog.write_text(yaml.safe_dump(kubeflow_catalog()))
     process = WebhookProcess(
         catalog, devcluster.kubeconfig, make_tls(folder / "tls"), folder / "webhook.log"
     )
-    yield process
-    process.stop()
+    try:
+        register(client, process, "seer.slices.webhook.fracspawner.io", NAMESPACE)
+        yield process
+    finally:
+        process.stop()
 
 
-def gpu_step(gpu: dict[str, str], **sidecar: Any) -> dict[str, Any]:
+@pytest.fixture(scope="module")
+def api(devcluster, webhook):
+    """kube-apiserver, calling the webhook for NAMESPACE's pods."""
+    return devcluster.client()
+
+
+def gpu_step(gpu: dict[str, str], namespace: str = NAMESPACE, **sidecar: Any) -> dict[str, Any]:
     """A Kubeflow Pipelines step holding `gpu` in its `main` container, with a sidecar
     container (`sidecar` its fields: env, envFrom)."""
-    step = other_pod(NAMESPACE, f"train-{uuid.uuid4().hex[:5]}-1", {"limits": gpu})
+    step = other_pod(namespace, f"train-{uuid.uuid4().hex[:5]}-1", {"limits": gpu})
     step["spec"]["containers"].append(
         {"name": "peek", "image": "nvidia/cuda:12.4.1-base-ubuntu22.04", **sidecar}
     )
     return step
 
 
-def dry(pod: dict[str, Any]) -> dict[str, Any]:
-    """A dry-run review (the pods are never created: nothing may stay reserved)."""
-    return admission_review(pod, dry_run=True)
+def dry(api: Any, pod: dict[str, Any]) -> tuple[str | None, dict[str, Any]]:
+    """The webhook's refusal as kube-apiserver passes it to the user (None where admitted),
+    and the pod as it would be stored: a dry run (nothing created, nothing stays reserved)."""
+    status, body = create_pod(api, pod, dry_run=True)
+    refusal = denied(body)
+    assert (status == 201) == (refusal is None), (status, body)
+    return refusal, body
 
 
 def env_of(value: str) -> list[dict[str, Any]]:
@@ -132,7 +153,7 @@ GPUS = [{"nvidia.com/gpu": "1"}, {"nvidia.com/mig-1g.10gb": "1"}]
 
 @pytest.mark.parametrize("gpu", GPUS, ids=["whole-gpu", "mig-slice"])
 @pytest.mark.parametrize("where", ["sidecar", "initContainer", "native-sidecar"])
-def test_a_gpu_pod_whose_other_container_chooses_every_gpu_is_refused(webhook, gpu, where):
+def test_a_gpu_pod_whose_other_container_chooses_every_gpu_is_refused(api, gpu, where):
     step = gpu_step(gpu)
     peek = step["spec"]["containers"].pop()
     peek["env"] = env_of("all")
@@ -142,14 +163,12 @@ def test_a_gpu_pod_whose_other_container_chooses_every_gpu_is_refused(webhook, g
         if where == "native-sidecar":
             peek["restartPolicy"] = "Always"
         step["spec"]["initContainers"] = [peek]
-    answer = webhook.review(dry(step))
-    assert answer["allowed"] is False, answer
-    message = answer["status"]["message"]
-    assert "container peek: NVIDIA_VISIBLE_DEVICES=all" in message, message
+    message, _ = dry(api, step)
+    assert message and "container peek: NVIDIA_VISIBLE_DEVICES=all" in message, message
     assert toolkit_devices(kubelet_env(peek, {})) == "all"  # what it would have seen
 
 
-def test_which_values_of_the_variable_pass(webhook):
+def test_which_values_of_the_variable_pass(api):
     risky = [
         "all",
         "0",
@@ -160,14 +179,14 @@ def test_which_values_of_the_variable_pass(webhook):
     ]
     for value in risky:
         assert toolkit_devices({"NVIDIA_VISIBLE_DEVICES": value}) not in ("void", "none")
-        answer = webhook.review(dry(gpu_step(GPUS[0], env=env_of(value))))
-        assert answer["allowed"] is False, (value, answer)
+        message, _ = dry(api, gpu_step(GPUS[0], env=env_of(value)))
+        assert message, value
     # "none,all": the first of all/none decides (the driver, no GPU)
     harmless = ["void", "none", "", "0,void", "none,all"]
     for value in harmless:
         assert toolkit_devices({"NVIDIA_VISIBLE_DEVICES": value}) in ("void", "none")
-        answer = webhook.review(dry(gpu_step(GPUS[0], env=env_of(value))))
-        assert answer["allowed"] is True, (value, answer)
+        message, _ = dry(api, gpu_step(GPUS[0], env=env_of(value)))
+        assert message is None, value
     # values the webhook cannot read are refused: a ConfigMap key, a $(VAR) the kubelet
     # expands from the container's other env (envFrom included)
     unknown = [
@@ -183,12 +202,11 @@ def test_which_values_of_the_variable_pass(webhook):
         ],
     ]
     for env in unknown:
-        answer = webhook.review(dry(gpu_step(GPUS[0], env=env)))
-        assert answer["allowed"] is False, (env, answer)
-        assert "container peek: NVIDIA_VISIBLE_DEVICES" in answer["status"]["message"]
+        message, _ = dry(api, gpu_step(GPUS[0], env=env))
+        assert message and "container peek: NVIDIA_VISIBLE_DEVICES" in message, (env, message)
 
 
-def test_env_from_a_configmap_is_overridden_in_containers_holding_no_gpu(webhook, devcluster):
+def test_env_from_a_configmap_is_overridden_in_containers_holding_no_gpu(api):
     """envFrom cannot be read at admission (and the ConfigMap may change later): the webhook
     writes NVIDIA_VISIBLE_DEVICES=void into the container's env, which wins over it."""
     configmaps = {"settings": {"NVIDIA_VISIBLE_DEVICES": "all", "S3_BUCKET": "data"}}
@@ -197,14 +215,12 @@ def test_env_from_a_configmap_is_overridden_in_containers_holding_no_gpu(webhook
         gpu_step(GPUS[0], envFrom=source),  # a GPU step's sidecar
         other_pod(NAMESPACE, "etl-x7k2p-1", {}, envFrom=source),  # a pod holding no GPU
     ):
-        answer = webhook.review(dry(pod))
-        assert answer["allowed"] is True, answer
-        out = patched(pod, answer)
-        validated_by_the_api_server(devcluster.client(), out)  # what kube-apiserver would store
+        message, out = dry(api, pod)  # what kube-apiserver would store, validated by it
+        assert message is None
         for before, after in zip(pod["spec"]["containers"], out["spec"]["containers"], strict=True):
             holds = "nvidia.com/gpu" in ((before.get("resources") or {}).get("limits") or {})
             if holds:  # the device plugin's value rules there: left as it was
-                assert after == before
+                assert as_sent(after, before) == before
                 continue
             assert toolkit_devices(kubelet_env(before, configmaps)) == "all"  # the escape
             env = kubelet_env(after, configmaps)
@@ -213,58 +229,68 @@ def test_env_from_a_configmap_is_overridden_in_containers_holding_no_gpu(webhook
             assert env["NVIDIA_IMEX_CHANNELS"] == "void"
 
 
-def test_a_notebooks_sidecar_is_checked_and_its_env_from_overridden(webhook):
+def test_a_notebooks_sidecar_is_checked_and_its_env_from_overridden(api):
     nb = with_poddefault(notebook_pod(NAMESPACE, "lab"), "h100", "0.25", "fracspawner-h100-0-25")
     nb["spec"]["containers"].append(
         {"name": "sync", "image": "rclone/rclone", "envFrom": [{"secretRef": {"name": "s3"}}]}
     )
-    answer = webhook.review(dry(nb))
-    assert answer["allowed"] is True, answer
-    sync = patched(nb, answer)["spec"]["containers"][1]
+    message, out = dry(api, nb)
+    assert message is None
+    sync = out["spec"]["containers"][1]
     assert {"name": "NVIDIA_VISIBLE_DEVICES", "value": "void"} in sync["env"]
     legacy = copy.deepcopy(nb)
     legacy["spec"]["containers"][1]["env"] = [{"name": "CUDA_VERSION", "value": "11.0"}]
-    refused = webhook.review(dry(legacy))
-    assert refused["allowed"] is False and "CUDA_VERSION" in refused["status"]["message"]
+    message, _ = dry(api, legacy)
+    assert message and "CUDA_VERSION" in message, message
 
 
-def debug_review(pod: dict[str, Any], debugger: dict[str, Any]) -> dict[str, Any]:
-    """The AdmissionReview of `kubectl debug` adding `debugger` to a running pod (module
-    docstring): UPDATE of pods/ephemeralcontainers, object and oldObject whole Pods."""
-    old = copy.deepcopy(pod)
-    new = copy.deepcopy(pod)
-    new["spec"].setdefault("ephemeralContainers", []).append(debugger)
-    review = admission_review(new, operation="UPDATE", old=old)
-    request = review["request"]
-    request["subResource"] = request["requestSubResource"] = "ephemeralcontainers"
-    request["options"] = {"apiVersion": "meta.k8s.io/v1", "kind": "UpdateOptions"}
-    return review
+def _running(api: Any, namespace: str, name: str) -> None:
+    """A GPU step created for real (it stays Pending: no scheduler serves it), to debug."""
+    pod = other_pod(namespace, name, {"limits": {"nvidia.com/gpu": "1"}})
+    pod["spec"]["schedulerName"] = "not-served"
+    status, body = create_pod(api, pod)
+    assert status == 201, body
 
 
-def test_kubectl_debug_cannot_attach_a_container_that_sees_every_gpu(webhook):
-    running = other_pod(NAMESPACE, "serve-x7k2p-1", {"limits": {"nvidia.com/gpu": "1"}})
+def test_kubectl_debug_cannot_attach_a_container_that_sees_every_gpu(api, webhook):
+    """kubectl debug's container goes through pods/ephemeralcontainers, which kube-apiserver
+    sends to the export's ephemeral.slices... webhook (kubernetes/kubernetes#101034: an UPDATE
+    whose object is the whole Pod, Kubernetes >= 1.22)."""
+    _running(api, NAMESPACE, "serve-x7k2p-1")
     base = {"name": "debugger-x1", "image": "nvidia/cuda:12.4.1-base-ubuntu22.04", "stdin": True}
-    answer = webhook.review(debug_review(running, {**base, "env": env_of("all")}))
-    assert answer["allowed"] is False, answer
-    assert "container debugger-x1: NVIDIA_VISIBLE_DEVICES=all" in answer["status"]["message"]
+    hook = "ephemeral.slices.webhook.fracspawner.io"
+
+    def debug(namespace: str, debugger: dict[str, Any], dry_run: bool = True) -> Any:
+        return add_ephemeral(api, namespace, "serve-x7k2p-1", debugger, dry_run=dry_run)
+
+    status, body = debug(NAMESPACE, {**base, "env": env_of("all")})
+    message = denied(body, hook)
+    assert message and "container debugger-x1: NVIDIA_VISIBLE_DEVICES=all" in message, body
     env_from = {**base, "envFrom": [{"configMapRef": {"name": "settings"}}]}
-    answer = webhook.review(debug_review(running, env_from))
-    assert answer["allowed"] is False and "envFrom" in answer["status"]["message"], answer
+    status, body = debug(NAMESPACE, env_from)
+    message = denied(body, hook)
+    assert message and "envFrom" in message, body
     # a plain debugging container is let through, unchanged
-    answer = webhook.review(debug_review(running, {**base, "env": env_of("void")}))
-    assert answer["allowed"] is True and "patch" not in answer, answer
-    # an earlier ephemeral container is not judged again
-    earlier = copy.deepcopy(running)
-    earlier["spec"]["ephemeralContainers"] = [{**base, "name": "old", "env": env_of("all")}]
-    answer = webhook.review(debug_review(earlier, base))
-    assert answer["allowed"] is True, answer
+    plain = {**base, "env": env_of("void")}
+    status, out = debug(NAMESPACE, plain)
+    assert status == 200, out
+    assert as_sent(out["spec"]["ephemeralContainers"][0], plain) == plain
+    # an earlier ephemeral container is not judged again: one added before the webhook was
+    # registered for its namespace
+    _running(api, LATE, "serve-x7k2p-1")
+    status, body = debug(LATE, {**base, "name": "old", "env": env_of("all")}, dry_run=False)
+    assert status == 200, body
+    register(api, webhook, "late.slices.webhook.fracspawner.io", LATE)
+    status, out = debug(LATE, base)
+    assert status == 200, out
+    assert [c["name"] for c in out["spec"]["ephemeralContainers"]] == ["old", "debugger-x1"]
 
 
 def kai_fraction_step(**spec: Any) -> dict[str, Any]:
     """A pipeline step asking KAI for half a GPU, as KAI's webhook leaves it (module
     docstring): the first container's NVIDIA_VISIBLE_DEVICES and an envFrom from KAI's
     ConfigMaps."""
-    pod = other_pod(NAMESPACE, "half-x7k2p-1", {})
+    pod = other_pod(spec.pop("namespace", NAMESPACE), "half-x7k2p-1", {})
     pod["metadata"]["annotations"]["gpu-fraction"] = "0.5"
     pod["spec"]["schedulerName"] = "kai-scheduler"
     main = pod["spec"]["containers"][0]
@@ -284,26 +310,28 @@ def kai_fraction_step(**spec: Any) -> dict[str, Any]:
     return pod
 
 
-def test_a_kai_fraction_container_keeps_the_devices_its_binder_writes(webhook):
+def test_a_kai_fraction_container_keeps_the_devices_its_binder_writes(api):
     step = kai_fraction_step()
-    answer = webhook.review(dry(step))
-    assert answer["allowed"] is True, answer
-    assert patched(step, answer)["spec"]["containers"][0] == step["spec"]["containers"][0]
+    message, out = dry(api, step)
+    assert message is None
+    sent = step["spec"]["containers"][0]
+    assert as_sent(out["spec"]["containers"][0], sent) == sent
     # its other containers are held to the rule
     sidecar = kai_fraction_step()
     sidecar["spec"]["containers"].append(
         {"name": "peek", "image": "busybox", "env": sidecar["spec"]["containers"][0]["env"]}
     )
-    refused = webhook.review(dry(sidecar))
-    assert refused["allowed"] is False and "container peek" in refused["status"]["message"]
+    message, _ = dry(api, sidecar)
+    assert message and "container peek" in message, message
     # not scheduled by KAI, nobody writes that ConfigMap: the tenant's own says what it likes
     stray = kai_fraction_step(schedulerName="default-scheduler")
-    assert webhook.review(dry(stray))["allowed"] is False
+    assert dry(api, stray)[0]
 
 
 @pytest.fixture(scope="module")
 def hiding(devcluster, webhook, tmp_path_factory):
-    """The webhook as the chart runs it: --override-visible-devices all."""
+    """kube-apiserver calling the webhook as the chart runs it (--override-visible-devices
+    all) for HIDING's pods."""
     folder = tmp_path_factory.mktemp("hiding")
     process = WebhookProcess(
         webhook.catalog,
@@ -312,29 +340,34 @@ def hiding(devcluster, webhook, tmp_path_factory):
         folder / "webhook.log",
         ("--detailed-refusals", "--override-visible-devices", "all"),
     )
-    yield process
-    process.stop()
+    client = devcluster.client()
+    try:
+        register(client, process, "hiding.slices.webhook.fracspawner.io", HIDING)
+        yield client
+    finally:
+        process.stop()
 
 
 def test_every_container_holding_no_gpu_is_shown_none_whatever_its_image_says(hiding):
     cuda_image = {"NVIDIA_VISIBLE_DEVICES": "all", "CUDA_VERSION": "12.4.1"}  # its ENV
-    step = gpu_step(GPUS[0])  # a GPU step and a CUDA-image sidecar setting nothing
-    etl = other_pod(NAMESPACE, "etl-x7k2p-2", {})
-    mine = gpu_step(GPUS[0], env=env_of("none"))  # says what it wants itself
+    step = gpu_step(GPUS[0], HIDING)  # a GPU step and a CUDA-image sidecar setting nothing
+    etl = other_pod(HIDING, "etl-x7k2p-2", {})
+    mine = gpu_step(GPUS[0], HIDING, env=env_of("none"))  # says what it wants itself
     for pod in (step, etl, mine):
-        answer = hiding.review(dry(pod))
-        assert answer["allowed"] is True, answer
-        out = patched(pod, answer)
+        message, out = dry(hiding, pod)
+        assert message is None
         for before, after in zip(pod["spec"]["containers"], out["spec"]["containers"], strict=True):
             holds = "nvidia.com/gpu" in ((before.get("resources") or {}).get("limits") or {})
             seen = toolkit_devices({**cuda_image, **kubelet_env(after, {})})
             if holds:
-                assert after == before  # the device plugin's value rules there
+                assert as_sent(after, before) == before  # the device plugin's value rules there
             elif before.get("env"):
                 assert seen == "none"  # its own choice stands (IMEX channels: void added)
             else:
                 assert toolkit_devices({**cuda_image, **kubelet_env(before, {})}) == "all"
                 assert seen == "void", after
-    kai = kai_fraction_step()
-    answer = hiding.review(dry(kai))
-    assert patched(kai, answer)["spec"]["containers"][0] == kai["spec"]["containers"][0]
+    kai = kai_fraction_step(namespace=HIDING)
+    message, out = dry(hiding, kai)
+    assert message is None
+    sent = kai["spec"]["containers"][0]
+    assert as_sent(out["spec"]["containers"][0], sent) == sent
