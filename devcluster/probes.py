@@ -171,7 +171,9 @@ def next_backoff(
 class Tracker:
     """A probe's schedule and thresholds for one container run."""
 
-    def __init__(self, probe: Probe, started_at: float, initially: bool) -> None:
+    def __init__(self, probe: Probe, started_at: float, initially: bool | None) -> None:
+        """`initially`: the result before any try; None (unknown) lets either threshold flip
+        it, as a startup probe's must (failureThreshold failures kill the container)."""
         self.probe = probe
         self.next_at = started_at + probe.initial_delay
         self.result = initially

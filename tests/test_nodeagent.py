@@ -5,7 +5,7 @@ NodeRestriction keeps a node to its own objects, and NVIDIA's DRA driver's demo 
 applied with kubectl to ResourceSlices laid out as its kubelet plugin publishes them on 1.36,
 are allocated by kube-scheduler as their comments say. docs/controlplane.md "Node agent".
 
-The demo manifests are tests/test_devcluster_dra_demos.py's (each written there to the same
+The demo manifests are tests/dra_demo_manifests.py's (each written there to the same
 effect as the driver's file it names; a Deployment's replicas as the pods it would make)."""
 
 from __future__ import annotations
@@ -28,7 +28,7 @@ from devcluster.nodeagent.credentials import load_ca
 from devcluster.nodeagent.slices import node_slices
 from devcluster.proctree import proc
 from devcluster.topology import hami_register, load_topology
-from tests import test_devcluster_dra_demos as demos
+from tests import dra_demo_manifests as demos
 from tests.test_controlplane import _binary, eventually, get_json, kubectl, namespace
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
@@ -345,7 +345,7 @@ def test_quickstart_gpu_test2_test3_share_and_gpu_test6_waits_on_a_missing_attri
     """gpu-test2: two containers, one claim, one GPU; gpu-test3: two pods, one ResourceClaim
     reserved for both; gpu-test6 selects on `index`, which the plugin no longer publishes: the
     scheduler's CEL evaluation fails and its pods stay Pending (as
-    tests/test_devcluster_dra_demos.py says of the Python devcluster's allocator)."""
+    the Python devcluster's allocator said before issue 35)."""
     schedulable_only(cp, "quickstart-2")
     for docs in (demos.gpu_test2(), demos.gpu_test3(), demos.gpu_test6()):
         apply_manifests(cp, docs)

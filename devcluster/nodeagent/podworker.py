@@ -199,7 +199,8 @@ class PodWorker:
         startup = probes.Probe.of(container.get("startupProbe"))
         readiness = probes.Probe.of(container.get("readinessProbe"))
         liveness = probes.Probe.of(container.get("livenessProbe"))
-        start_track = probes.Tracker(startup, t0, False) if startup else None
+        # unknown at first (the kubelet's Unknown): failing failureThreshold times kills it
+        start_track = probes.Tracker(startup, t0, None) if startup else None
         ready_track = probes.Tracker(readiness, t0, False) if readiness else None
         live_track = probes.Tracker(liveness, t0, True) if liveness else None
         ports = [p.get("containerPort") for p in container.get("ports") or []]
