@@ -21,6 +21,10 @@ node agent in run mode).
    the same pod fields as static configuration.
 5. recovery (benchmarks/recovery.py): the hubs' pod views after a kube-apiserver restart and
    after a 410 Gone forced by compacting etcd: seconds until whole, pods missed or kept, lists.
+6. DRA (benchmarks/dra_scale.py), on a control plane of its own once this one is stopped: form
+   render while claims are allocated by kube-scheduler and freed, against KubeSpawner's static
+   profile_list, and the DRA records' memory; FRACSPAWNER_BENCH_SKIP_DRA=1 keeps the last
+   committed `dra` figures instead.
 
 `benchmarks/results/scale.json` holds exactly the headline figures (outside checks read them);
 `benchmarks/results/scale_details.json` everything else (p50/p99/max, counts, N, the run's
@@ -811,7 +815,8 @@ def run(results_dir: Path) -> dict[str, Any]:
     else:
         from .dra_scale import run as dra_run
 
-        dra, details["dra"] = dra_run()  # issue 30: the DRA cluster (benchmarks/dra_scale.py)
+        # issues 30, 35: the DRA cluster (benchmarks/dra_scale.py), on its own control plane
+        dra, details["dra"] = dra_run()
     (results_dir / "scale_details.json").write_text(json.dumps(details, indent=2) + "\n")
     restart, gone = recovered["restart"], recovered["gone_410"]
     return {
