@@ -10,12 +10,19 @@ create, and pkg/registry/generic/registry/store.go `create` only then fills meta
 identifies the webhook call, not the object (k8s.io/api admission/v1 types.go: "The UID is meant
 to track the round trip (request/response) between the KAS and the WebHook, not the user
 request"), and a reinvocation (reinvocationPolicy IfNeeded) is a new call with a new uid. So the
-review below carries `generateName` and no name, and the pod created from the webhook's patch
-gets its name from the API server's store.
+pods below are posted with `generateName` and no name, and get their names from the API
+server's store.
+
+The webhook is registered with kube-apiserver by the export's MutatingWebhookConfiguration
+(kubeflow_support.register) and called by it over TLS; a stand-in sidecar injector registered
+after it (its configuration's name sorts later: k8s.io/apiserver mutating_webhook_manager.go
+orders by name) changes every Job pod, so kube-apiserver calls the webhook again
+(reinvocationPolicy IfNeeded), as it would beside Istio's injector.
 """
 
 from __future__ import annotations
 
+import base64
 import time
 import uuid
 from pathlib import Path
@@ -28,19 +35,25 @@ from fracspawner.backends import load_catalog, plan_slice
 from fracspawner.kubeflow.recognise import gpu_equivalent_of_pod
 from fracspawner.model.slices import parse_slice
 from tests.kubeflow_support import (
+    MUTATING,
     WebhookProcess,
-    admission_review,
+    apply_object,
+    create_pod,
+    denied,
     make_tls,
     other_pod,
-    patched,
     profile_namespace,
+    register,
 )
+from tests.test_kubeflow_e2e import PodDefaultStandIn
 
 REPO = Path(__file__).resolve().parent.parent
 DEMO = REPO / "examples" / "catalogs" / "demo.yaml"
 NAMESPACE = "jobs"
 RESERVATION = "fracspawner.io/reservation"
 CONTROL_PLANE = "real"
+TOPOLOGY = {"nodes": [{"name": "cpu-1", "capacity": {"cpu": "8", "memory": "32Gi"}}]}
+INJECTED = "sidecar.example.com/injected"
 
 
 @pytest.fixture(scope="module")
@@ -55,11 +68,52 @@ def setup(devcluster, tmp_path_factory):
     api = devcluster.client()
     labels = {"app.kubernetes.io/part-of": "kubeflow-profile", "quota": "one"}
     profile_namespace(api, NAMESPACE, labels)
-    webhook = WebhookProcess(
-        catalog, devcluster.kubeconfig, make_tls(folder / "tls"), folder / "webhook.log"
-    )
-    yield api, webhook, load_catalog(str(catalog))
-    webhook.stop()
+    tls = make_tls(folder / "tls")
+    webhook = WebhookProcess(catalog, devcluster.kubeconfig, tls, folder / "webhook.log")
+    try:
+        register(api, webhook, "jobs.slices.webhook.fracspawner.io", NAMESPACE)
+        injector = sidecar_injector(api, tls)
+        yield api, injector, load_catalog(str(catalog))
+    finally:
+        webhook.stop()
+
+
+def sidecar_injector(api: Any, tls: dict[str, Path]) -> PodDefaultStandIn:
+    """A mutating webhook after fracspawner's that labels every Job pod of NAMESPACE (a
+    PodDefault-like label merge: tests/test_kubeflow_e2e.py), registered with kube-apiserver."""
+    rule = {"selector": {"matchLabels": {"batch.kubernetes.io/job-name": "train"}}}
+    poddefault = {
+        "metadata": {"namespace": NAMESPACE},
+        "spec": {**rule, "labels": {INJECTED: "true"}},
+    }
+    injector = PodDefaultStandIn([poddefault], tls)
+    hook = {
+        "name": "injector.sidecar.example.com",
+        "admissionReviewVersions": ["v1"],
+        "sideEffects": "None",
+        "failurePolicy": "Fail",
+        "clientConfig": {
+            "url": f"https://127.0.0.1:{injector.port}/inject",
+            "caBundle": base64.b64encode(tls["ca"].read_bytes()).decode(),
+        },
+        "rules": [
+            {
+                "operations": ["CREATE"],
+                "apiGroups": [""],
+                "apiVersions": ["v1"],
+                "resources": ["pods"],
+            }
+        ],
+        "namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": NAMESPACE}},
+    }
+    config = {
+        "apiVersion": "admissionregistration.k8s.io/v1",
+        "kind": "MutatingWebhookConfiguration",
+        "metadata": {"name": "zz-sidecar-injector.example.com"},  # sorts after fracspawner's
+        "webhooks": [hook],
+    }
+    apply_object(api, MUTATING, config)
+    return injector
 
 
 def owner_job(api: Any, job: str) -> str:
@@ -116,43 +170,46 @@ def _wait(predicate, what: str, seconds: float = 60) -> None:
 
 
 def test_a_job_of_two_half_gpu_pods_fits_a_one_gpu_quota(setup):
-    api, webhook, catalog = setup
+    api, injector, catalog = setup
     base = f"/api/v1/namespaces/{NAMESPACE}/pods"
     created: list[str] = []
     uid = owner_job(api, "train")
     try:
-        first = job_pod(catalog, "train", uid)
-        answer = webhook.review(admission_review(first))
-        assert answer["allowed"] is True, answer
-        first = patched(first, answer)
-        key = (first["metadata"].get("annotations") or {}).get(RESERVATION)
-        # a later webhook changed the pod: the API server calls this one again, a new uid
-        first["metadata"]["labels"]["sidecar.example.com/injected"] = "true"
-        again = webhook.review(admission_review(first))
-        assert again["allowed"] is True, again
-        # ...which keeps the first call's reservation instead of adding a second one
-        assert (patched(first, again)["metadata"].get("annotations") or {}).get(RESERVATION) == key
-        status, stored = api.request("POST", base, patched(first, again))
+        # the injector's configuration takes a moment to reach kube-apiserver's watch
+        _wait(
+            lambda: (
+                INJECTED
+                in create_pod(api, job_pod(catalog, "train", uid), dry_run=True)[1]["metadata"][
+                    "labels"
+                ]
+            ),
+            "kube-apiserver does not call the sidecar injector",
+        )
+        calls = injector.calls
+        status, stored = create_pod(api, job_pod(catalog, "train", uid))
         assert status == 201, stored
         created.append(stored["metadata"]["name"])
         assert stored["metadata"]["name"].startswith("train-")
+        # the injector changed the pod after fracspawner's webhook: kube-apiserver called it
+        # again (a new call, a new uid), which kept the first call's reservation
+        assert injector.calls == calls + 1 and stored["metadata"]["labels"][INJECTED] == "true"
+        assert stored["metadata"]["annotations"][RESERVATION]
         # once the webhook's watch has the first pod, its reservation is the pod: the second
-        # half fits (before: the reservation counted beside the pod for the whole window)
-        second = job_pod(catalog, "train", uid)
+        # half fits (before: the reservation counted beside the pod for the whole window, and
+        # a reinvocation's second reservation besides)
         _wait(
-            lambda: webhook.review(admission_review(second, dry_run=True))["allowed"],
+            lambda: create_pod(api, job_pod(catalog, "train", uid), dry_run=True)[0] == 201,
             "the second pod of the Job stayed refused: its sibling counted twice",
             30,
         )
-        answer = webhook.review(admission_review(second))
-        assert answer["allowed"] is True, answer
-        status, stored = api.request("POST", base, patched(second, answer))
+        status, stored = create_pod(api, job_pod(catalog, "train", uid))
         assert status == 201, stored
         created.append(stored["metadata"]["name"])
-        # the quota is full now: a third is refused, with the namespace's real numbers
-        third = webhook.review(admission_review(job_pod(catalog, "train", uid), dry_run=True))
-        assert third["allowed"] is False, third
-        assert "already hold 1 of its 1 GPU quota" in third["status"]["message"], third
+        # the quota is full now: a third is refused, with the namespace's real numbers, in the
+        # words kube-apiserver passes on to the Job controller (its FailedCreate event)
+        status, body = create_pod(api, job_pod(catalog, "train", uid), dry_run=True)
+        message = denied(body, "pods.slices.webhook.fracspawner.io")
+        assert message and "already hold 1 of its 1 GPU quota" in message, body
     finally:
         for name in created:
             api.request("DELETE", f"{base}/{name}?gracePeriodSeconds=0")
