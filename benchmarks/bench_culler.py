@@ -538,7 +538,8 @@ class PodWatch:
             return None
         node = f"node-{self.sim.cluster.node_of(s.gpu)}"
         uuids = frozenset({s.uuid}) if s.virtualised else None
-        return Placement(node, 1, uuids, pool=self.sim.pool, memory_mib=s.slice_mib())
+        return Placement(node, 1, uuids, pool=self.sim.pool, memory_mib=s.slice_mib(),
+                         owner=(s.user.name, ""))  # fmt: skip
 
     def placements(self) -> list[tuple[str, Placement]]:
         return [(name, p) for name in self.sim.pods if (p := self.placement(name)) is not None]

@@ -42,7 +42,8 @@ from .room import gpu_rooms
 from .shared import own_share
 from .state import CullerState, CullEvent, server_row
 from .stateapi import state_handler
-from .swapdesk import SwapDesk, seats_from
+from .swapdesk import Seat, SwapDesk, seats_from
+from .unlisted import unlisted_seats
 
 
 def _seconds(value: float | None) -> str:
@@ -621,6 +622,7 @@ class Culler(CullerApplication):
             self.reports.latest(), self.known, self._catalog, now, self.max_staleness,
             self.swap_margin_mib, also_pool=pool.name, placement=self.placement_of,
         )  # fmt: skip
+        seats += self.unlisted(now, also_pool=pool.name)
         answer = self._swap_desk.answer(who.user, who.server, seats, now)
         self.metrics.gpus_under_pressure.set(self._swap_desk.under_pressure())
         for grant in (answer or {}).get("swap", {}).get("resume", []):
@@ -635,6 +637,27 @@ class Culler(CullerApplication):
                 who.user, who.server, shown(order["kernel_id"]),
             )  # fmt: skip
         return answer
+
+    def unlisted(self, now: float, also_pool: str | None = None) -> list[Seat]:
+        """Seats for the server pods the hub has not listed yet (started since the last cycle):
+        they hold GPU memory too (unlisted.py). None without the pod watch."""
+        pods = getattr(self.server_pods, "placements", None)
+        if pods is None or self._catalog is None:
+            return []
+
+        def name(user: str, server: str) -> str:
+            return pod_name(user, server, self.pod_name_template, self.slug_scheme)
+
+        listed_pods = {name(user, server) for user, server in self.known}
+        reports = {
+            (user, server): report
+            for user, server, report in self.reports.latest()
+            if (user, server) not in self.known
+        }
+        return unlisted_seats(
+            pods(), self.known, listed_pods, reports, self._catalog, now, self.max_staleness,
+            self.swap_margin_mib, also_pool,
+        )  # fmt: skip
 
     def placement_of(self, user: str, server: str) -> Placement | None:
         """Where the server's pod is, by the pod watch (watch_server_pods): its node and the
@@ -962,6 +985,7 @@ class Culler(CullerApplication):
                 self.swap_margin_mib, placement=self.placement_of,
             )  # fmt: skip
             pairs = [(self.known[(s.user, s.server)].pool or "", s) for s in seats]
+            pairs += [(s.placement.pool or "", s) for s in self.unlisted(now) if s.placement]
             gpus = [r.to_json() for r in gpu_rooms(pairs)]
         return {"at": now, "listed": self.listed_at is not None, "gpus": gpus}
 

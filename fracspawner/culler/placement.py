@@ -18,6 +18,12 @@ neighbours' idle kernels out. What binds a server to GPUs is its pod, as the API
 - how many devices it may see: the `nvidia.com/gpu` limit of its containers (a time-sliced
   replica, a HAMi vGPU: one physical GPU each), or its claims' devices, at least one.
 
+FracSpawner's own labels on the pod (backends/__init__.py `LABEL_POOL`, `ANNOTATION_MEMORY`) say
+its pool and its slice's memory, and KubeSpawner's annotations its user and server
+(`hub.jupyter.org/username`, `.../servername`: kubespawner/spawner.py
+`_build_common_annotations`): what a server the hub has not listed yet (started since the
+culler's last cycle) holds at most on its GPU, and whose it is (unlisted.py).
+
 The NVIDIA device plugin writes no device ids into the pod (the kubelet's pod-resources API has
 them, the API server does not), so on time-slicing the node and the count bind a report, and its
 claim on all GPUs together is bounded by its slice (swapdesk.py).
@@ -30,6 +36,10 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 HAMI_ALLOCATED = "hami.io/vgpu-devices-allocated"
+# FracSpawner's pod label and annotation (backends/__init__.py, design.md's contract keys)
+LABEL_POOL = "fracspawner.io/pool"
+ANNOTATION_MEMORY = "fracspawner.io/gpu-memory-mib"
+USERNAME, SERVERNAME = "hub.jupyter.org/username", "hub.jupyter.org/servername"  # KubeSpawner's
 GPU_RESOURCES = ("nvidia.com/gpu",)
 
 
@@ -44,6 +54,9 @@ class Placement:
     claims: tuple[str, ...] = ()
     # it names a claim whose generated name is not in its status yet
     claims_pending: bool = False
+    pool: str | None = None  # FracSpawner's pool label; None: not a FracSpawner GPU pod
+    memory_mib: float | None = None  # its slice's memory by FracSpawner's annotation
+    owner: tuple[str, str] | None = None  # (user, server) by KubeSpawner's annotations
 
     def with_claims(self, devices: tuple[frozenset[str], int] | None) -> Placement:
         """Bound by its claims' devices (draclaims.DraClaims.devices: their UUIDs and how many
@@ -101,9 +114,20 @@ def pod_claims(pod: Mapping[str, Any]) -> tuple[tuple[str, ...], bool]:
     return tuple(f"{namespace}/{n}" for n in dict.fromkeys(names)), pending
 
 
+def _mib(value: Any) -> float | None:
+    try:
+        mib = float(str(value))
+    except ValueError:
+        return None
+    return mib if mib == mib and 0 < mib < float("inf") else None
+
+
 def placement_of(pod: Mapping[str, Any]) -> Placement:
     meta, spec = pod.get("metadata") or {}, pod.get("spec") or {}
     annotations = meta.get("annotations") or {}
+    pool = (meta.get("labels") or {}).get(LABEL_POOL)
+    user, server = annotations.get(USERNAME), annotations.get(SERVERNAME) or ""
+    owner = (user, server) if isinstance(user, str) and user and isinstance(server, str) else None
     allocated = annotations.get(HAMI_ALLOCATED)
     uuids = hami_uuids(str(allocated)) if allocated else None
     count = 0
@@ -114,5 +138,7 @@ def placement_of(pod: Mapping[str, Any]) -> Placement:
     node = spec.get("nodeName")
     claims, pending = pod_claims(pod)
     return Placement(
-        node if isinstance(node, str) and node else None, gpus, uuids or None, claims, pending
-    )
+        node if isinstance(node, str) and node else None, gpus, uuids or None, claims, pending,
+        pool=pool if isinstance(pool, str) and pool else None,
+        memory_mib=_mib(annotations.get(ANNOTATION_MEMORY)), owner=owner,
+    )  # fmt: skip

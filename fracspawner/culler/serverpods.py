@@ -93,6 +93,18 @@ class ServerPods:
             return found
         return found.with_claims(self.dra.devices(found.claims))
 
+    def placements(self) -> list[tuple[str, Placement]]:
+        """Every server pod the watch knows (in this watch's namespace, or all) by name, with
+        its placement: the servers the hub has not listed yet are among them (unlisted.py)."""
+        out = []
+        for key in list(self._placements):
+            namespace, name = key.split("/", 1)
+            if not self.namespace or namespace == self.namespace:
+                found = self.placement(name, namespace)
+                if found is not None:
+                    out.append((name, found))
+        return out
+
     # -- the index
     @staticmethod
     def _key(pod: Mapping[str, Any]) -> str:
