@@ -3,22 +3,24 @@ control plane): a 410 Gone (etcd compacted past the version a watch resumes from
 of kube-apiserver alone each cost one list, after which the view is what the API holds (no pod
 missed or kept).
 
-tests/test_hub_reflectors.py shows the same on the Python devcluster, with kubespawner's
-reflector beside it; the scale benchmark measures it at 20,000 pods (benchmarks/recovery.py).
+tests/test_hub_reflectors.py shows, on the same control plane, kubespawner's reflector relisting
+where this one resumes; the scale benchmark measures it at 20,000 pods (benchmarks/recovery.py).
 No timing is asserted: waits are hang guards.
 """
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 from kubernetes_asyncio import client, config
 
 from benchmarks.real_cluster import compact_etcd, restart_apiserver
 from devcluster.controlplane import ControlPlane
-from fracspawner.hub.reflectors import ResumingPodReflector
+from fracspawner.hub.reflectors import ResumingEventReflector, ResumingPodReflector
 from tests.test_controlplane import _binary
 from tests.test_hub_reflectors import Counting, _api_pods, _pod, _until
 
@@ -49,12 +51,21 @@ async def core(cp: ControlPlane) -> AsyncIterator[client.CoreV1Api]:
         client.Configuration.set_default(saved)
 
 
-def _reflector() -> ResumingPodReflector:
-    reflector = ResumingPodReflector(
+def _reflector(cls: type = ResumingPodReflector) -> Any:
+    reflector = cls(
         namespace="default", labels=LABELS, timeout_seconds=1, initial_backoff=0.1, max_backoff=0.5
     )
     reflector.api = Counting(reflector.api)
     return reflector
+
+
+def _about(events: ResumingEventReflector, pod: str) -> bool:
+    return any(e["involvedObject"]["name"] == pod for e in events.resources.values())
+
+
+async def _api_events(core: client.CoreV1Api) -> set[str]:
+    listing = await core.list_namespaced_event("default", field_selector="involvedObject.kind=Pod")
+    return {f"default/{e.metadata.name}" for e in listing.items}
 
 
 async def test_a_410_from_etcd_costs_one_list(cp, core):
@@ -89,8 +100,16 @@ async def test_after_kube_apiserver_restarts_the_view_is_whole_after_one_list(
     for name in ("a", "b"):
         await core.create_namespaced_pod("default", _pod(name))
     ours = _reflector()
+    # the pods' events as a hub watches them (kubespawner: involvedObject.kind=Pod); with no
+    # node, kube-scheduler writes a FailedScheduling event for each pod
+    events = ResumingEventReflector(
+        namespace="default", fields={"involvedObject.kind": "Pod"}, timeout_seconds=1,
+        initial_backoff=0.1, max_backoff=0.5,
+    )  # fmt: skip
+    events.api = Counting(events.api)
     try:
         await ours.start()
+        await events.start()
         assert set(ours.pods) == {"default/a", "default/b"}
         restart_apiserver(cp)  # etcd, the scheduler and the controller manager stay up
         await core.create_namespaced_pod("default", _pod("c"))
@@ -105,5 +124,14 @@ async def test_after_kube_apiserver_restarts_the_view_is_whole_after_one_list(
         await _until(lambda: ours.api.watches >= watches + 2, "watching on")
         assert set(ours.pods) == want  # nothing of before the restart came back
         assert ours.lists == 2  # start's, and one after the restart
+        # the event reflector too: it resumes where it can (etcd kept the version it saw) or
+        # lists once, and sees what happened after the restart
+        await _until(lambda: _about(events, "c"), "an event about the pod made after the restart")
+        deadline = asyncio.get_running_loop().time() + 60
+        while set(events.resources) != (api_events := await _api_events(core)):
+            assert asyncio.get_running_loop().time() < deadline, (events.resources, api_events)
+            await asyncio.sleep(0.2)
+        assert events.lists <= 2
     finally:
         await ours.stop()
+        await events.stop()
