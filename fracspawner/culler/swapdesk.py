@@ -277,6 +277,19 @@ class SwapDesk:
         # when it is not): its server reports again soon
         maybe = set(plan_grants(size, min(readings), waiters, granted)) if readings else go
         unsure = False
+        # who holds the GPU: people present at a server with memory on it (their kernels are
+        # never swapped out: pressure.py), as the hub's admission words it (hub/room.py)
+        present = {
+            s.user
+            for s in seats
+            if s.fresh and s.present and (s.user, s.server) != (user, server)
+            for g in s.facts.gpus
+            if g.uuid == uuid and g.resident_mib > 0
+        }
+        line = sorted(
+            (w for w in waiters if w.key not in go),
+            key=lambda w: (w.since, w.user, w.server, w.kernel_id),
+        )
         for w in mine:
             if w.key in go:
                 mib = min(max(w.mib, 0.0), size)
@@ -285,8 +298,26 @@ class SwapDesk:
             elif w.key in maybe:
                 unsure = True
             else:
-                wait.append({"kernel_id": w.kernel_id, "reason": "the GPU is full"})
+                ahead = {(o.user, o.server) for o in line[: line.index(w)]} - {(user, server)}
+                wait.append(
+                    {"kernel_id": w.kernel_id, "reason": wait_reason(len(present), len(ahead))}
+                )
         return unsure
+
+
+def _people(n: int) -> str:
+    return "1 person" if n == 1 else f"{n} people"
+
+
+def wait_reason(present: int, ahead: int) -> str:
+    """Why a resume waits, in the hub's words for a new server (hub/room.py): who holds the
+    GPU (people present: nothing of theirs is swapped out) and the place in line."""
+    if ahead:
+        place = f"; {_people(ahead)} {'is' if ahead == 1 else 'are'} ahead of you"
+    else:
+        place = "; you are next" if present else ""
+    words = f"the GPU is in use by {_people(present)} now" if present else "the GPU is full"
+    return words + place
 
 
 def slice_left(seat: Seat) -> dict[str, float]:

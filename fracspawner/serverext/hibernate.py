@@ -76,6 +76,14 @@ GPU_FULL = (
     "there is room; until then the kernel's GPU state stays in host memory (it is never "
     "restored into a full GPU)."
 )
+#: what the cell says while its kernel waits behind people present at the GPU (the culler's
+#: reason, e.g. "the GPU is in use by 4 people now; you are next": their kernels are never
+#: swapped out, so no swap is promised)
+GPU_IN_USE = (
+    "fracspawner: {reason}. This kernel waits: your cell runs as soon as one of them leaves or "
+    "their notebooks go idle; until then the kernel's GPU state stays in host memory (it is "
+    "never restored into a full GPU)."
+)
 #: what the cell says when the driver refused a restore for want of room after all
 AT_RISK = (
     "fracspawner: the CUDA driver refused to restore this kernel's GPU state: the GPU had no "

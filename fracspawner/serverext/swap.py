@@ -18,7 +18,8 @@ This module
 - reports the kernels whose resume waits for room as `swap.waiting` (since when they wait), at
   once (a report now, not at the next minute): that is the demand the culler makes room for.
   When the culler's answer says they wait (`swap.wait: [{"kernel_id", "reason"}]`) the cell
-  says so once (hibernate.GPU_FULL), and the meter shows it;
+  says so once (hibernate.GPU_FULL; GPU_IN_USE with the culler's reason where people present
+  at the GPU hold it: no swap is promised), and the meter shows it;
 - where NVML counts, tries such a resume again as soon as the GPU shows room for it (the
   monitor's readings of the device's used memory), not at the end of a backoff;
 - reports again when the culler says (`report_in`), so a GPU under pressure hears of its swaps
@@ -35,12 +36,22 @@ from typing import Any
 from traitlets import Float
 from traitlets.config import LoggingConfigurable
 
+from .hibernate import GPU_FULL, GPU_IN_USE
 from .podinfo import isoformat
 from .room import Room, environ_grant_only, room_for, virtualised_nvml
 
 MAX_ORDERS = 16  # kernels one answer may name (a server has a few)
 GRANT_SECONDS = 30.0  # a grant of room from the culler is in force this long
 ENV_OVERCOMMIT = "FRACSPAWNER_GPU_OVERCOMMIT"  # the pool's overcommit, set by FracSpawner
+IN_USE = "the GPU is in use by "  # the culler's reason for a resume behind present people
+
+
+def waiting_words(reason: Any) -> str:
+    """What the cell says while its resume waits: behind people present at the GPU (the
+    culler's reason names them: culler/swapdesk.py `wait_reason`), or for a swap (GPU_FULL)."""
+    if isinstance(reason, str) and reason.startswith(IN_USE) and reason.isprintable():
+        return GPU_IN_USE.format(reason=reason[:200])
+    return GPU_FULL
 
 
 def _overcommit(text: str) -> float:
@@ -104,7 +115,7 @@ class SwapAgent(LoggingConfigurable):
                     hib.grant(grant["kernel_id"], float(mib), GRANT_SECONDS)
         for wait in (swap.get("wait") or [])[:MAX_ORDERS]:
             if isinstance(wait, dict) and wait.get("kernel_id") in live:
-                hib.tell_waiting(wait["kernel_id"])
+                hib.tell_waiting(wait["kernel_id"], waiting_words(wait.get("reason")))
         for order in (swap.get("hibernate") or [])[:MAX_ORDERS]:
             if not isinstance(order, dict):
                 continue
