@@ -1,9 +1,10 @@
-"""`fracspawner devcluster --control-plane real`: a topology on the real control plane, in the
-foreground. One process starts kube-apiserver, etcd, kube-scheduler (with HAMi's
-hami-scheduler profile and extender) and kube-controller-manager (devcluster/controlplane), the
-topology's namespaces and background pods, the node agent in run mode (pods run as local
-processes) and a plain-HTTP door to the apiserver with the admin's identity (as `kubectl proxy`),
-then prints the same READY line as the Python devcluster:
+"""`fracspawner devcluster`: a topology on the real control plane, in the foreground. One
+process starts kube-apiserver, etcd, kube-scheduler (with HAMi's hami-scheduler profile and
+extender) and kube-controller-manager (devcluster/controlplane), the topology's namespaces and
+background pods, the node agent in run mode (pods run as local processes; the topology's
+`network: namespaces` puts each in a network namespace of its own, with Services proxied and
+named, its resolv.conf at `<state>/nodeagent/pods/network/`) and a plain-HTTP door to the
+apiserver with the admin's identity (as `kubectl proxy`), then prints its READY line:
 
     devcluster ready: <proxy url> kubeconfig=<admin kubeconfig> server=<apiserver url>
 
@@ -88,7 +89,7 @@ def _populate(client: Client, topology: Mapping[str, Any], say: Callable[[str], 
 
 
 class RealCluster:
-    """Everything one `--control-plane real` devcluster runs; `stop()` ends it all."""
+    """Everything one `fracspawner devcluster` runs; `stop()` ends it all."""
 
     def __init__(self) -> None:
         self.extender: HamiExtender | None = None
@@ -123,6 +124,7 @@ class RealCluster:
             mode="run",
             images=topology.get("images") or {},
             say=say,
+            network=str(topology.get("network") or "host"),
         )
         self.proxy = ApiProxy(self.cp.server, str(self.cp.pki.ca.cert), self.cp.pki.admin)
         kubeconfig.parent.mkdir(parents=True, exist_ok=True)

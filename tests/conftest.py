@@ -41,9 +41,8 @@ def demo_topology_dict() -> dict:
 def devcluster(tmp_path_factory: pytest.TempPathFactory, request) -> Iterator:
     """The real control plane (kube-apiserver, etcd, kube-scheduler, kube-controller-manager)
     with the node agent running the pods, on the demo topology (a module may override
-    `TOPOLOGY`), in a subprocess (docs/controlplane.md). Skipped without `make controlplane` on
-    a developer's machine, failed in CI (tests/missing.py). The Python API server's own tests
-    name `CONTROL_PLANE = "python"` until issue 35 item 4 deletes them with it."""
+    `TOPOLOGY`), in a subprocess (`fracspawner devcluster`, docs/controlplane.md). Skipped
+    without `make controlplane` on a developer's machine, failed in CI (tests/missing.py)."""
     from devcluster.controlplane.binary import BinaryMissing, find_binary
     from devcluster.testing import devcluster_process
     from tests.missing import missing
@@ -51,15 +50,11 @@ def devcluster(tmp_path_factory: pytest.TempPathFactory, request) -> Iterator:
     topology = getattr(request.module, "TOPOLOGY", None) or yaml.safe_load(
         DEMO_TOPOLOGY.read_text()
     )
-    control_plane = getattr(request.module, "CONTROL_PLANE", "real")
-    if control_plane == "real":
-        try:
-            find_binary()
-        except BinaryMissing as err:
-            missing(str(err))
-    with devcluster_process(
-        topology, tmp_path_factory.mktemp("devcluster"), control_plane=control_plane
-    ) as cluster:
+    try:
+        find_binary()
+    except BinaryMissing as err:
+        missing(str(err))
+    with devcluster_process(topology, tmp_path_factory.mktemp("devcluster")) as cluster:
         yield cluster
 
 
