@@ -1,65 +1,38 @@
 """`fracspawner devcluster --topology FILE [--kubeconfig PATH] [--state-dir DIR]`: the real
-control plane with the node agent, in the foreground."""
+control plane with the node agent running the topology's pods, in the foreground
+(devcluster/realcluster.py)."""
 
 from __future__ import annotations
 
 import argparse
-import asyncio
 import logging
-import signal
 import sys
 from pathlib import Path
 
 import yaml
 
-from .cluster import DevCluster
 from .topology import load_topology
-
-
-async def _serve(args: argparse.Namespace) -> None:
-    cluster = DevCluster(
-        args.topology,
-        host=args.host,
-        port=args.port,
-        state_dir=args.state_dir,
-        kubeconfig=args.kubeconfig,
-    )
-    stop = asyncio.Event()
-    loop = asyncio.get_running_loop()
-    for sig in (signal.SIGINT, signal.SIGTERM):
-        loop.add_signal_handler(sig, stop.set)
-    await cluster.start()
-    try:
-        print(f"devcluster ready: {cluster.url} kubeconfig={cluster.kubeconfig_path}", flush=True)
-        await stop.wait()
-    finally:
-        await cluster.stop()
 
 
 def main(argv: list[str]) -> int:
     parser = argparse.ArgumentParser(
         prog="fracspawner devcluster",
-        description="A local Kubernetes stand-in with simulated GPU nodes (for demos and tests).",
+        description="A local Kubernetes with simulated GPU nodes, for demos and tests: "
+        "kube-apiserver, etcd, kube-scheduler and kube-controller-manager (make controlplane) "
+        "with the node agent running the pods as local processes.",
     )
     parser.add_argument("--topology", required=True, type=Path, help="topology YAML file")
-    parser.add_argument("--host", default="127.0.0.1", help="address to listen on")
-    parser.add_argument("--port", type=int, default=0, help="port (0: pick a free one)")
     parser.add_argument(
         "--kubeconfig",
         type=Path,
         default=Path(".devcluster/kubeconfig"),
-        help="where to write the kubeconfig",
+        help="where to write the admin kubeconfig",
     )
     parser.add_argument(
-        "--state-dir", type=Path, default=Path(".devcluster"), help="pod home directories and logs"
-    )
-    parser.add_argument(
-        "--control-plane",
-        choices=("python", "real"),
-        default="real",
-        help="real: kube-apiserver, etcd, kube-scheduler and kube-controller-manager (make "
-        "controlplane) with the node agent running the pods; python: the Python API server "
-        "(going, issue 35 item 4)",
+        "--state-dir",
+        type=Path,
+        default=Path(".devcluster"),
+        help="the cluster's certificates, etcd data, logs and pods' home directories",
     )
     parser.add_argument("--log-level", default="WARNING")
     args = parser.parse_args(argv)
@@ -74,13 +47,6 @@ def main(argv: list[str]) -> int:
         why = " ".join(why.split())  # a YAML error's lines, on one
         print(f"fracspawner devcluster: {args.topology}: {why}", file=sys.stderr)
         return 2
-    if args.control_plane == "real":
-        from .realcluster import run
+    from .realcluster import run
 
-        return run(args.topology, args.state_dir, args.kubeconfig)
-    try:
-        asyncio.run(_serve(args))
-    except (ValueError, OSError) as exc:
-        print(f"fracspawner devcluster: {exc}", file=sys.stderr)
-        return 2
-    return 0
+    return run(args.topology, args.state_dir, args.kubeconfig)

@@ -1,5 +1,5 @@
 """The demo's cluster: the real Kubernetes control plane with the node agent running its pods
-(`fracspawner devcluster --control-plane real`, devcluster/realcluster.py), started in a process
+(`fracspawner devcluster`, devcluster/realcluster.py), started in a process
 group of its own, with its progress said on the demo's screen as it happens (issue 35).
 
 The devcluster's own lines go to `<state>/devcluster.log`; while it starts, its progress lines
@@ -37,9 +37,8 @@ class ClusterFailed(RuntimeError):
 
 
 def cluster_command(topology: Path, state_dir: Path) -> list[str]:
-    """`fracspawner devcluster --control-plane real` (realcluster.run) by this module's main:
-    `fracspawner devcluster` imports the Python API server first (devcluster/cli.py), 5-9 s of
-    the demo's start on a busy 2-core machine, for nothing on the real control plane."""
+    """`fracspawner devcluster`'s cluster (realcluster.run) by this module's main, which skips
+    the `fracspawner` command's own start-up."""
     return [
         sys.executable, "-m", "devcluster.democluster", str(topology),
         str(state_dir / "cluster"), str(state_dir / "kubeconfig"),
@@ -188,7 +187,7 @@ def stop_process(cluster: DemoCluster, timeout: float = 30) -> None:
 
 def main(argv: list[str]) -> int:
     """`python -m devcluster.democluster TOPOLOGY STATE_DIR KUBECONFIG`: the real cluster in the
-    foreground, as `fracspawner devcluster --control-plane real` runs it."""
+    foreground, as `fracspawner devcluster` runs it."""
     from .realcluster import run
 
     if len(argv) != 3:

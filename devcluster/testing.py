@@ -1,4 +1,5 @@
-"""`devcluster_process`: the devcluster in a subprocess, for tests, benchmarks and the demo."""
+"""`devcluster_process`: `fracspawner devcluster` (the real control plane with the node agent) in
+a subprocess, for tests and benchmarks."""
 
 from __future__ import annotations
 
@@ -28,9 +29,9 @@ READY = re.compile(r"devcluster ready: (\S+) kubeconfig=(\S+)(?: server=(\S+))?"
 
 @dataclass
 class DevClusterProcess:
-    """`url`: where a plain HTTP client reads and writes the cluster (the Python API server, or
-    on the real control plane a loopback door with the admin's identity, as `kubectl proxy`);
-    `server`: the apiserver itself (https with client certificates on the real one)."""
+    """`url`: a loopback door to the apiserver with the admin's identity, as `kubectl proxy`
+    (bare urllib works); `server`: the apiserver itself (https with client certificates);
+    `client()`: a small JSON client speaking TLS with the admin's certificate."""
 
     url: str
     kubeconfig: Path
@@ -40,9 +41,7 @@ class DevClusterProcess:
     control_plane: str = "real"
 
     def client(self) -> _Client:
-        if self.control_plane == "real":
-            return _Client(self.server, _admin_tls(self.kubeconfig))
-        return _Client(self.url)
+        return _Client(self.server, _admin_tls(self.kubeconfig))
 
 
 def _admin_tls(kubeconfig: Path) -> ssl.SSLContext:
@@ -151,15 +150,15 @@ def devcluster_process(
     timeout: float | None = None,
     control_plane: str = "real",
 ) -> Iterator[DevClusterProcess]:
-    """Run `python -m fracspawner devcluster` in its own process group; stop it on exit and
-    check that none of its processes (pods' processes included) is left behind.
-    `control_plane`: "real" (kube-apiserver, etcd, kube-scheduler, kube-controller-manager and
-    the node agent; docs/controlplane.md), or "python" (the Python API server, until issue 35
-    item 4 deletes it)."""
-    if control_plane not in ("python", "real"):
-        raise ValueError(f"control_plane must be 'python' or 'real', not {control_plane!r}")
+    """Run `python -m fracspawner devcluster` (kube-apiserver, etcd, kube-scheduler,
+    kube-controller-manager and the node agent; docs/controlplane.md) in its own process group;
+    stop it on exit and check that none of its processes (pods' processes and the control
+    plane's components included) is left behind. `control_plane`: "real", the only one since
+    issue 35 deleted the Python API server."""
+    if control_plane != "real":
+        raise ValueError(f"control_plane must be 'real' (the only one), not {control_plane!r}")
     if timeout is None:
-        timeout = 30 if control_plane == "python" else 180
+        timeout = 180
     tmp_path = Path(tmp_path)
     tmp_path.mkdir(parents=True, exist_ok=True)
     if isinstance(topology, Mapping):
@@ -179,14 +178,10 @@ def devcluster_process(
             "devcluster",
             "--topology",
             str(topo_file),
-            "--port",
-            "0",
             "--kubeconfig",
             str(kubeconfig),
             "--state-dir",
             str(state_dir),
-            "--control-plane",
-            control_plane,
         ],
         stdout=subprocess.PIPE,
         stderr=log,
@@ -228,7 +223,7 @@ def devcluster_process(
         if process.poll() is None:
             process.send_signal(signal.SIGTERM)
             try:
-                process.wait(20 if control_plane == "python" else 60)
+                process.wait(60)
             except subprocess.TimeoutExpired:
                 pass
         left = sorted(set(_pod_processes(state_dir)) | set(_component_processes(state_dir)))

@@ -15,7 +15,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     ),
     "devcluster": (
         "devcluster.cli",
-        "the local Kubernetes stand-in, in the foreground",
+        "the real control plane with simulated GPU nodes (a node agent), in the foreground",
     ),
     "plan": ("fracspawner.cli.plan", "print the pod a spawn would create, without a cluster"),
     "check": ("fracspawner.cli.check", "every mistake of a catalog at once; exit 0 when clean"),
