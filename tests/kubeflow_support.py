@@ -198,24 +198,31 @@ def apply_object(client: Any, path: str, obj: dict[str, Any]) -> None:
 
 
 def register(
-    client: Any, webhook: WebhookProcess, name: str, namespace: str, *, claims: bool = False
+    client: Any,
+    webhook: WebhookProcess,
+    name: str,
+    namespace: str | tuple[str, ...],
+    *,
+    claims: bool = False,
 ) -> None:
     """Register `webhook` with kube-apiserver as `fracspawner kubeflow export` writes its
     MutatingWebhookConfiguration (export.webhook_configuration, the CA of its serving
     certificate as caBundle), at its loopback URL (at_url), as configuration `name`, for the
-    pods of `namespace` only (so that differently run webhooks share a cluster). Returns once
-    kube-apiserver calls it: its configuration watch takes a moment to see a new object."""
+    pods of `namespace` (one or several) only, so that differently run webhooks share a
+    cluster. Returns once kube-apiserver calls it: its configuration watch takes a moment to
+    see a new object."""
     from fracspawner.kubeflow.export import WebhookTarget, webhook_configuration
 
     ca = base64.b64encode(webhook.tls["ca"].read_bytes()).decode()
     config = at_url(webhook_configuration(WebhookTarget(ca_bundle=ca), claims), webhook.url)
     config["metadata"]["name"] = name
-    only = {"key": "kubernetes.io/metadata.name", "operator": "In", "values": [namespace]}
+    namespaces = [namespace] if isinstance(namespace, str) else list(namespace)
+    only = {"key": "kubernetes.io/metadata.name", "operator": "In", "values": namespaces}
     for hook in config["webhooks"]:
         hook["namespaceSelector"] = {**hook["namespaceSelector"], "matchExpressions": [only]}
     apply_object(client, MUTATING, config)
     # a GPU-less pod choosing every GPU through env: the webhook refuses it (dry run)
-    probe = other_pod(namespace, "probe-x7k2p-1", {})
+    probe = other_pod(namespaces[0], "probe-x7k2p-1", {})
     probe["spec"]["containers"][0]["env"] = [{"name": "NVIDIA_VISIBLE_DEVICES", "value": "all"}]
     deadline = time.monotonic() + 60
     while not denied(create_pod(client, probe, dry_run=True)[1]):
