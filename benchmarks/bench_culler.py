@@ -1287,6 +1287,10 @@ async def bench_days(tmp: Path, knob: Knobs | None = None) -> tuple[dict, dict, 
                 1,
             ),
             "hours_of_silent_runs": round(sum(sum(u.run) for u in users) / 60, 1),
+            "slices": {
+                p: sum(u.slice == p for u in users) for p in sorted({u.slice for u in users})
+            },
+            "users_with_a_second_notebook": sum(any(u.second) for u in users),
             **rows,
         }
         heads = {
