@@ -3,7 +3,8 @@
 (kubernetes-validate, strict) or the CRD schemas in tests/chart_crds/, scanned by checkov; the
 images linted by hadolint; the z2jh overlay (examples/z2jh/values.yaml) checked against the
 chart; the ClusterRoles (capacity, webhook, Kubeflow culler) compared with the API calls the code
-really makes against the devcluster; the rendered containers run.
+really makes against the real control plane (kube-apiserver, docs/controlplane.md); the rendered
+containers run against it.
 """
 
 from __future__ import annotations
@@ -49,6 +50,8 @@ from tests.chart_support import (
     tool,
 )
 
+#: the `devcluster` fixture: kube-apiserver and the node agent (tests/conftest.py)
+CONTROL_PLANE = "real"
 DEMO_CATALOG = yaml.safe_load((REPO / "examples" / "catalogs" / "demo.yaml").read_text())
 EXAMPLE_CATALOGS = sorted((REPO / "examples" / "catalogs").glob("*.yaml"))
 Z2JH_OVERLAY = REPO / "examples" / "z2jh" / "values.yaml"
@@ -1001,6 +1004,7 @@ def _kubeflow_notebooks(api: Any, namespace: str) -> None:
         assert code in (201, 409), body  # 409: an earlier test installed it
     ns = {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": namespace}}
     assert api.request("POST", "/api/v1/namespaces", ns)[0] == 201
+    _wait_for_default_serviceaccount(api, namespace)
     then = time.time() - 7200
     notebook = {
         "apiVersion": "kubeflow.org/v1",
@@ -1028,10 +1032,25 @@ def _kubeflow_notebooks(api: Any, namespace: str) -> None:
         path = f"/apis/{obj['apiVersion']}/namespaces/{namespace}/{plural}"
         code, body = api.request("POST", path, obj)
         assert code == 201, body
+    # the status the Workspace controller writes whole (every field the upstream CRD
+    # requires: kubeflow/notebooks v2.0.0-beta.0 kubeflow.org_workspaces.yaml)
+    status = {
+        "activity": {"lastActivity": int(then), "lastUpdate": int(time.time())},
+        "lastRunningTime": int(then),
+        "pauseTime": 0,
+        "pendingRestart": False,
+        "podTemplateOptions": {
+            "imageConfig": {"desired": "jupyterlab_scipy"},
+            "podConfig": {"desired": "fracspawner-h100"},
+        },
+        "podTemplatePod": {"name": "ws-ws-x7k2p-0", "nodeName": "gpu-h100-1"},
+        "state": "Running",
+        "stateMessage": "",
+    }
     code, body = api.request(
         "PATCH",
         f"/apis/kubeflow.org/v1beta1/namespaces/{namespace}/workspaces/ws/status",
-        {"status": {"activity": {"lastActivity": int(then), "lastUpdate": int(time.time())}}},
+        {"status": status},
         content_type="application/merge-patch+json",
     )
     assert code == 200, body
@@ -1234,13 +1253,29 @@ def test_webhook_client_auth_values_become_its_flags():
 
 
 def test_the_rendered_webhook_really_works(devcluster, tmp_path):
-    """The chart's webhook, as the chart runs it (its command, the generated certificate and
-    key from its Secret, the catalog from its ConfigMap), registered in devcluster with the
-    chart's own MutatingWebhookConfiguration (caBundle, Service, path, namespaceSelector):
-    a slice pod created in a Kubeflow profile namespace comes out with its slice; others not."""
+    """The chart's webhook, as the chart runs it (its command, its certificate and key from its
+    Secret, the catalog from its ConfigMap), registered with kube-apiserver by the chart's own
+    MutatingWebhookConfiguration (path, rules, namespaceSelector, failure policy) and called by
+    it over TLS: a slice pod created in a Kubeflow profile namespace comes out with its slice;
+    others not. Two things differ from a cluster, both because kube-apiserver reaches a Service
+    only through its ClusterIP, which nothing routes to a local process: each webhook calls the
+    process's loopback URL at its Service's path (kubeflow_support.at_url), and the Secret holds
+    a certificate for 127.0.0.1 of a test CA, which is the configuration's caBundle (the chart's
+    own pair is checked in test_generated_webhook_certificate_is_a_pair_with_the_configuration)."""
+    from tests.kubeflow_support import at_url, make_tls
+
     port = free_port()
     objs = objects(render({"catalog": DEMO_CATALOG, "webhook": {"enabled": True, "port": port}}))
     deployment = one(objs, "Deployment", "webhook")
+    tls = make_tls(tmp_path / "tls")
+    pem = {"ca.crt": tls["ca"], "tls.crt": tls["cert"], "tls.key": tls["key"]}
+    secret_names = {
+        v["secret"]["secretName"] for v in deployment["spec"]["template"]["spec"]["volumes"]
+        if "secret" in v
+    }  # fmt: skip
+    for secret in (o for o in objs if o["kind"] == "Secret"):
+        if secret["metadata"]["name"] in secret_names and "tls.crt" in secret.get("data", {}):
+            secret["data"] = {k: base64.b64encode(f.read_bytes()).decode() for k, f in pem.items()}
     webhook = Container(
         deployment,
         objs,
@@ -1249,15 +1284,13 @@ def test_the_rendered_webhook_really_works(devcluster, tmp_path):
     )
     api = devcluster.client()
     mwc = one(objs, "MutatingWebhookConfiguration", "webhook")
+    for hook in mwc["webhooks"]:
+        hook["clientConfig"]["caBundle"] = base64.b64encode(tls["ca"].read_bytes()).decode()
+    mwc = at_url(mwc, f"https://127.0.0.1:{port}")
     mwc_path = "/apis/admissionregistration.k8s.io/v1/mutatingwebhookconfigurations"
     try:
         status, body = webhook.probe()
         assert status == 200, body
-        # the chart's Service, without its selector: devcluster then sends the webhook's
-        # traffic to 127.0.0.1 at the target port, where the process listens
-        service = copy.deepcopy(one(objs, "Service", "webhook"))
-        del service["spec"]["selector"]
-        service["spec"]["ports"][0]["targetPort"] = port
         for namespace, labels in (
             (NAMESPACE, {}),
             ("team-a", {"app.kubernetes.io/part-of": "kubeflow-profile"}),
@@ -1266,12 +1299,14 @@ def test_the_rendered_webhook_really_works(devcluster, tmp_path):
             ns = {"apiVersion": "v1", "kind": "Namespace",
                   "metadata": {"name": namespace, "labels": labels}}  # fmt: skip
             assert api.request("POST", "/api/v1/namespaces", ns)[0] in (201, 409)
-        code, answer = api.request("POST", f"/api/v1/namespaces/{NAMESPACE}/services", service)
-        assert code == 201, answer
+            _wait_for_default_serviceaccount(api, namespace)
         code, answer = api.request("POST", mwc_path, mwc)
         assert code == 201, answer
 
-        def create(namespace: str, name: str, labels: dict[str, str], keep: bool = False) -> dict:
+        def create(
+            namespace: str, name: str, labels: dict[str, str], keep: bool = False,
+            dry_run: bool = False,
+        ) -> dict:  # fmt: skip
             pod = {
                 "apiVersion": "v1",
                 "kind": "Pod",
@@ -1282,9 +1317,10 @@ def test_the_rendered_webhook_really_works(devcluster, tmp_path):
                     "restartPolicy": "Never",
                 },
             }  # fmt: skip
-            code, created = api.request("POST", f"/api/v1/namespaces/{namespace}/pods", pod)
+            query = "?dryRun=All" if dry_run else ""
+            code, created = api.request("POST", f"/api/v1/namespaces/{namespace}/pods{query}", pod)
             assert code == 201, (json.dumps(created), webhook.output())
-            if not keep:
+            if not keep and not dry_run:
                 api.request("DELETE", f"/api/v1/namespaces/{namespace}/pods/{name}")
             return created
 
@@ -1295,6 +1331,15 @@ def test_the_rendered_webhook_really_works(devcluster, tmp_path):
             "fracspawner.io/pool": "h100",
             "fracspawner.io/gpu": "0.25",
         }
+        # kube-apiserver's configuration watch takes a moment to see a new webhook: dry runs
+        # until it calls it (nothing is stored)
+        deadline = time.monotonic() + 60
+        while "fracspawner.io/gpu-equivalent" not in (
+            create("team-a", "nb-0", slice_labels, dry_run=True)["metadata"].get("annotations")
+            or {}
+        ):
+            assert time.monotonic() < deadline, ("webhook never called", webhook.output())
+            time.sleep(0.2)
         mutated = create("team-a", "nb-0", slice_labels, keep=True)
         # the guard: a running slice pod's slice labels cannot be changed
         code, refused = api.request(
@@ -1317,6 +1362,15 @@ def test_the_rendered_webhook_really_works(devcluster, tmp_path):
     finally:
         api.request("DELETE", f"{mwc_path}/{mwc['metadata']['name']}")
         webhook.stop()
+
+
+def _wait_for_default_serviceaccount(api: Any, namespace: str) -> None:
+    """kube-controller-manager makes a new namespace's `default` ServiceAccount, which the
+    ServiceAccount admission plugin needs before any pod there is admitted."""
+    deadline = time.monotonic() + 60
+    while api.request("GET", f"/api/v1/namespaces/{namespace}/serviceaccounts/default")[0] != 200:
+        assert time.monotonic() < deadline, f"no default ServiceAccount in {namespace}"
+        time.sleep(0.2)
 
 
 def test_webhook_configuration_matches_profile_pod_creates(rendered_objects):
