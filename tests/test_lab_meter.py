@@ -28,6 +28,7 @@ from typing import Any
 import pytest
 
 from tests.browser_helpers import SCREENSHOTS, chromium, login, new_page
+from tests.browser_log import PageLog
 from tests.e2e_helpers import env_of, spawn, stop, the_pod
 from tests.test_culler_support import JupyterServer, execute, wait_for
 
@@ -139,11 +140,21 @@ def open_lab(browser: Any, lab: LabServer) -> Any:
             page.errors.append(f"console.{msg.type}: {msg.text}") if msg.type == "error" else None
         ),
     )
+    page.log = PageLog(page)
     page.goto(f"{lab.url}/lab?token={lab.token}")
-    # JupyterLab shows its status bar once its plugins are restored: on a loaded CI machine
-    # (a demo and two clusters beside it) that took over 60 s; a wait, not a timing check
-    page.wait_for_selector("#jp-main-statusbar", timeout=LAB_BOOT_MS)
+    wait_for_status_bar(page)
     return page
+
+
+def wait_for_status_bar(page: Any) -> None:
+    """JupyterLab's status bar shows once its shell is laid out in the theme; if it does not,
+    the failure says what the page said and asked meanwhile (tests/browser_log.py)."""
+    from playwright.sync_api import TimeoutError as PlaywrightTimeout
+
+    try:
+        page.wait_for_selector("#jp-main-statusbar", timeout=LAB_BOOT_MS)
+    except PlaywrightTimeout as exc:
+        raise AssertionError(f"{exc}\n{page.log.report('#jp-main-statusbar')}") from None
 
 
 def open_notebook(lab: LabServer, path: str) -> str:
@@ -310,7 +321,7 @@ def test_no_gpu_no_meter_and_no_console_errors(lab):
         # a fresh JupyterLab on a server without a GPU: it asks once, then shows nothing
         with page.expect_response(lambda r: "/api/fracspawner/gpu" in r.url) as response:
             page.reload()
-            page.wait_for_selector("#jp-main-statusbar", timeout=LAB_BOOT_MS)
+            wait_for_status_bar(page)
         assert response.value.json()["available"] is False
         page.wait_for_timeout(500)  # let the answer be applied: nothing may appear
         assert page.locator(".fs-GpuMeter").is_hidden()
