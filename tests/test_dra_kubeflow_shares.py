@@ -22,15 +22,12 @@ import pytest
 from fracspawner.backends import load_catalog
 from fracspawner.kubeflow.claims import ClaimRefused, claim_amount, claim_ask
 from fracspawner.kubeflow.webhook import Webhook
+from tests.kubeflow_inprocess import FakeCluster, FakeWatch, allowed, message
 from tests.test_dra_kubeflow import (
-    FakeCluster,
-    FakeWatch,
-    allowed,
     claim,
     claim_review,
     claim_spec,
     memory,
-    message,
     request,
 )
 

@@ -28,18 +28,15 @@ import yaml
 from fracspawner.backends import load_catalog
 from fracspawner.kubeflow.admission import parse_review
 from fracspawner.kubeflow.webhook import Webhook
+from tests.kubeflow_inprocess import FakeCluster, FakeWatch, allowed, message
 from tests.kubeflow_support import admission_review, patched
 from tests.test_dra_kubeflow import (
     CATALOG,
     H100,
-    FakeCluster,
-    FakeWatch,
-    allowed,
     claim,
     claim_review,
     claim_spec,
     memory,
-    message,
     request,
 )
 from tests.test_kubeflow_webhook_jobs import job_pod
