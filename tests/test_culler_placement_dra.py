@@ -16,7 +16,10 @@ result's consumedCapacity and shareID).
 
 from __future__ import annotations
 
+import json
 from typing import Any
+
+import pytest
 
 from fracspawner.backends import load_catalog
 from fracspawner.culler.decide import ServerFacts
@@ -310,48 +313,90 @@ def test_a_dra_claim_sharing_a_device_counts_its_slice_there_and_nowhere_else():
     assert by_user["wes"].may_be_on(f"node-a/{uuid('node-a', 1)}")
 
 
-async def test_the_watches_bind_a_server_to_the_gpu_its_container_was_given(tmp_path):
-    """On the devcluster (the resourceclaim controller, the scheduler's allocation, NVIDIA's
-    plugin's slices, the kubelet's CDI env: devcluster/dra), two server pods claim 10Gi of a
-    two-GPU node with consumable shares. The culler's watches list pods, claims and slices
-    from the API server as the chart runs them, and each server's placement is the one GPU
-    UUID its container was given, which is what its NVML reports."""
+@pytest.mark.e2e
+@pytest.mark.slow
+async def test_the_watches_bind_a_server_to_the_gpu_its_claim_was_allocated(tmp_path):
+    """On the real control plane (issue 35): kube-controller-manager's resourceclaim controller
+    makes each server pod's claim from its template, kube-scheduler's DynamicResources plugin
+    allocates it from the slices the node agent publishes as NVIDIA's kubelet plugin does
+    (devcluster/nodeagent/slices.py). Two server pods claim 10Gi of a two-GPU node with
+    consumable shares. The culler's watches list pods, claims and slices from kube-apiserver
+    as the chart runs them, and each server's placement is the one GPU UUID of the device its
+    claim was allocated (which the plugin's CDI spec would hand its container)."""
     import asyncio
+    import time
 
-    from devcluster import DevCluster
-    from devcluster.admission import RequestInfo
-    from tests.devcluster_helpers import poll
-    from tests.test_devcluster_dra import TEMPLATES, gpu_pod, template
+    from devcluster.controlplane import ControlPlane
+    from devcluster.nodeagent import NodeAgent
+    from devcluster.topology import load_topology
+    from tests.test_controlplane import _binary
 
+    _binary()
     topology = {"nodes": [{"name": "gpu-a", "capacity": {"cpu": "64", "memory": "512Gi"},
                            "dra": {"gpus": 2, "model": "H100-80GB",
                                    "consumableShares": "memory"}}]}  # fmt: skip
-    request = {"exactly": {"deviceClassName": "gpu.nvidia.com",
-                           "capacity": {"requests": {"memory": "10Gi"}}}}  # fmt: skip
-    async with DevCluster(topology, state_dir=tmp_path / "state") as cluster:
-        body = template("t4-dra-10gi", request)
-        await cluster.api_create(TEMPLATES, "v1", "default", body, RequestInfo())
-        for name in ("jupyter-ann", "jupyter-bob"):
-            pod_ = gpu_pod(name, template_name="t4-dra-10gi")
-            pod_["metadata"]["labels"] = {"component": "singleuser-server"}
-            await cluster.api_create("pods", "v1", "default", pod_, RequestInfo())
+    ask = {"deviceClassName": "gpu.nvidia.com", "capacity": {"requests": {"memory": "10Gi"}}}
+    request = {"name": "gpu", "exactly": ask}
+    template = {"apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaimTemplate",
+                "metadata": {"name": "t4-dra-10gi", "namespace": "default"},
+                "spec": {"spec": {"devices": {"requests": [request]}}}}  # fmt: skip
+    names = ("jupyter-ann", "jupyter-bob")
+    # started from this thread: a component dies with the thread that started it
+    with (
+        ControlPlane.start(tmp_path / "controlplane") as cp,
+        NodeAgent.start(load_topology(topology), cp.server, cp.pki.ca, tmp_path / "agent"),
+    ):
+        api = cp.client
+
+        def call(method: str, path: str, body: Any = None) -> Any:
+            status, text = api.request(method, path, body)
+            assert status in (200, 201), (method, path, status, text)
+            return json.loads(text)
+
+        call("POST", "/apis/resource.k8s.io/v1/namespaces/default/resourceclaimtemplates",
+             template)  # fmt: skip
+        for name in names:
+            notebook = {"name": "notebook", "image": "x", "command": ["sleep", "infinity"],
+                        "resources": {"claims": [{"name": "gpu"}]}}  # fmt: skip
+            pod = {"apiVersion": "v1", "kind": "Pod",
+                   "metadata": {"name": name, "labels": {"component": "singleuser-server"}},
+                   "spec": {"resourceClaims": [{"name": "gpu",
+                                                "resourceClaimTemplateName": "t4-dra-10gi"}],
+                            "containers": [notebook]}}  # fmt: skip
+            call("POST", "/api/v1/namespaces/default/pods", pod)
 
         def given(name: str) -> str | None:
-            log = cluster.kubelet.pod_dir("default", name) / "container.log"
-            text = log.read_text() if log.exists() else ""
-            return text.partition("devices=")[2].strip() or None
+            """The UUID of the device the pod's claim was allocated, from the claim and the
+            node's slices (None until the pod is bound)."""
+            pod = call("GET", f"/api/v1/namespaces/default/pods/{name}")
+            if not pod["spec"].get("nodeName"):
+                return None
+            (claim_status,) = pod["status"]["resourceClaimStatuses"]
+            claim = call("GET", "/apis/resource.k8s.io/v1/namespaces/default/resourceclaims/"
+                         + claim_status["resourceClaimName"])  # fmt: skip
+            (result,) = claim["status"]["allocation"]["devices"]["results"]
+            slices = call("GET", "/apis/resource.k8s.io/v1/resourceslices")["items"]
+            return next(
+                d["attributes"]["uuid"]["string"]
+                for s in slices if s["spec"]["pool"]["name"] == result["pool"]
+                for d in s["spec"].get("devices") or [] if d["name"] == result["device"]
+            )  # fmt: skip
 
-        names = ("jupyter-ann", "jupyter-bob")
-        seen = {n: await poll(lambda n=n: given(n), f"{n}'s devices") for n in names}
-        watch = ServerPods("default", kubeconfig=str(cluster.kubeconfig_path), dra=True)
+        seen: dict[str, str] = {}
+        deadline = time.monotonic() + 120
+        while len(seen) < len(names):
+            assert time.monotonic() < deadline, f"pods not scheduled: {names} ({seen})"
+            seen = {n: u for n in names if (u := given(n))}
+            await asyncio.sleep(0.5)
+        watch = ServerPods("default", kubeconfig=str(cp.kubeconfig), dra=True)
         watch.start()
         try:
-            await asyncio.wait_for(watch.listed.wait(), 30)
+            await asyncio.wait_for(watch.listed.wait(), 60)
             for name, device in seen.items():
-                placement = await poll(
-                    lambda name=name: (p := watch.placement(name)) and p.uuids and p,
-                    f"{name}'s claim and slice watched",
-                )
+                deadline = time.monotonic() + 60
+                while not ((placement := watch.placement(name)) and placement.uuids):
+                    assert time.monotonic() < deadline, f"{name}'s claim and slice watched"
+                    await asyncio.sleep(0.2)
                 assert (placement.node, placement.gpus) == ("gpu-a", 1)
                 assert placement.uuids == {device}, (name, placement, device)
         finally:
