@@ -5,6 +5,12 @@ their reservations end within seconds, dry runs reserve nothing, a caller not kn
 API server learns nothing about the namespace, the API server's client certificate can be
 required, and a review costs no pod list.
 
+A dry run and a terminating pod go through kube-apiserver (the webhook registered by the
+export's MutatingWebhookConfiguration, kubeflow_support.register); forged reviews are posted
+to the webhook directly, as a forger would; the two replicas are asked directly too (one
+kube-apiserver reaches two webhook processes only through a Service, which nothing routes
+to loopback processes here).
+
 Kubernetes semantics relied on (kube-apiserver's own: the module runs on the real control plane):
 - optimistic concurrency: an update naming an older metadata.resourceVersion is answered 409
   Conflict (kubernetes/community contributors/devel/sig-architecture/api-conventions.md,
@@ -43,11 +49,13 @@ from fracspawner.kubeflow.quota import (
 from tests.kubeflow_support import (
     WebhookProcess,
     admission_review,
+    create_pod,
+    denied,
     make_client_tls,
     make_tls,
     notebook_pod,
-    patched,
     profile_namespace,
+    register,
     with_poddefault,
 )
 
@@ -260,16 +268,23 @@ def test_two_webhook_processes_hold_one_namespace_quota(api, devcluster, tls, ca
 
 
 def test_a_dry_run_writes_no_reservation(api, devcluster, tls, catalog, tmp_path):
+    """`kubectl apply --dry-run=server`: kube-apiserver calls the webhook with dryRun (its
+    configuration says sideEffects NoneOnDryRun), and no reservation is written."""
     webhook = start(catalog, devcluster, tls, tmp_path, "--ledger-namespace", LEDGER_NS)
     try:
+        register(api, webhook, "dry.slices.webhook.fracspawner.io", "dry")
         for i in range(3):
-            dry = review(webhook, kubeflow_pod("dry", f"d{i}", "h100", "0.25"), dry_run=True)
-            assert dry["allowed"] is True and "patch" in dry  # the answer is the real one
+            status, dry = create_pod(
+                api, kubeflow_pod("dry", f"d{i}", "h100", "0.25"), dry_run=True
+            )
+            assert status == 201, dry  # the answer is the real one
+            assert dry["metadata"]["annotations"]["fracspawner.io/gpu-equivalent"] == "0.25"
         status, _ = api.request(
             "GET", f"/api/v1/namespaces/{LEDGER_NS}/configmaps/fracspawner-quota.dry"
         )
         assert status == 404
-        assert review(webhook, kubeflow_pod("dry", "real", "h100", "0.25"))["allowed"]
+        status, body = create_pod(api, kubeflow_pod("dry", "real", "h100", "0.25"), dry_run=False)
+        assert status == 201, body
     finally:
         webhook.stop()
 
@@ -290,11 +305,11 @@ def test_a_terminating_pod_still_counts_until_it_is_gone(api, devcluster, tls, c
     webhook = start(catalog, devcluster, tls, tmp_path, "--detailed-refusals")
     base = "/api/v1/namespaces/stubborn/pods"
     try:
+        register(api, webhook, "stubborn.slices.webhook.fracspawner.io", "stubborn")
         pod = kubeflow_pod("stubborn", "hog", "h100", "0.25")
         pod["spec"]["containers"][0]["command"] = STUBBORN
         pod["spec"]["terminationGracePeriodSeconds"] = 3600
-        pod = patched(pod, review(webhook, pod))
-        status, body = api.request("POST", base, pod)
+        status, body = create_pod(api, pod)
         assert status == 201, body
         _wait(lambda: ready(api.request("GET", f"{base}/hog-0")[1]), "the pod never got ready")
         status, deleted = api.request("DELETE", f"{base}/hog-0")
@@ -304,14 +319,14 @@ def test_a_terminating_pod_still_counts_until_it_is_gone(api, devcluster, tls, c
         assert status == 200 and terminating["metadata"]["deletionGracePeriodSeconds"] == 3600
         next_pod = kubeflow_pod("stubborn", "next", "h100", "0.25")
         time.sleep(1)  # the watch has the deletion (a refusal below must not be a stale count)
-        answer = review(webhook, next_pod, dry_run=True)
-        assert answer["allowed"] is False, answer
-        assert "already hold 0.25 of its 0.25 GPU quota" in answer["status"]["message"]
+        status, body = create_pod(api, next_pod, dry_run=True)
+        message = denied(body)
+        assert message and "already hold 0.25 of its 0.25 GPU quota" in message, body
         # forced (grace 0): gone, and the GPU with it
         status, _ = api.request("DELETE", f"{base}/hog-0?gracePeriodSeconds=0")
         assert status == 200
         _wait(lambda: api.request("GET", f"{base}/hog-0")[0] == 404, "the pod stayed")
-        _wait(lambda: review(webhook, next_pod, dry_run=True)["allowed"], "still counted")
+        _wait(lambda: create_pod(api, next_pod, dry_run=True)[0] == 201, "still counted")
     finally:
         api.request("DELETE", f"{base}/hog-0?gracePeriodSeconds=0")
         webhook.stop()
