@@ -289,11 +289,12 @@ MIXES = {"classroom": classroom, "research": research, "breaks": breaks}
 
 @dataclass(frozen=True)
 class Cluster:
-    """The fixed cluster a mix's users share: whole H100s cut in quarters, on nodes."""
+    """The fixed cluster a mix's users share: whole H100s, on nodes. A GPU seats slices up to
+    `slots_per_gpu` quarters (times over-commit): four 1/4, eight 1/8, one whole GPU."""
 
     gpus: int
     gpus_per_node: int = 2
-    slots_per_gpu: int = 4  # 1/4 slices (HAMi, DRA shares) or time-slicing replicas
+    slots_per_gpu: int = 4  # in quarters: HAMi / DRA shares, or time-slicing replicas
 
     @property
     def slots(self) -> int:
