@@ -849,6 +849,7 @@ class Culler(CullerApplication):
                     user_last_activity=report.user_last_activity,
                     present=report.present,
                     in_session=report.in_session,
+                    resume_waiting=any(g.waiting for g in report.swap.gpus),
                 )
                 if report.gpu is not None or holds:
                     sources["extension"] = report.gpu

@@ -14,6 +14,9 @@ any object with its attributes). The rules, in order:
   the lecture's slides in front of the notebook);
 - `server_unattended`: no user activity for this long stops a server even while its GPU is busy
   (GPU work is not user activity: a neighbour's work or a forgotten job cannot hold it for ever);
+- a server whose report has a kernel waiting to resume for room on the GPU (a cell of its user
+  is waiting: serverext/swap.py) is kept: stopping it would shut that kernel down, which issue 36
+  item 2 forbids; only `max_age` and `server_unattended` stop it;
 - a server holding a GPU whose GPU is known to have been idle for `server_gpu_idle`, and whose
   activity is as old, is stopped; known means a source read it and no configured source failed:
   a failed source, stale data, utilisation nobody can read or too short a history is never
@@ -65,6 +68,10 @@ class ServerFacts:
     present: bool | None = None
     # in session (serverext/presence.py): a hidden tab of a person seen lately: kept like present
     in_session: bool = False
+    # its report has a kernel whose resume waits for room on the GPU (serverext/swap.py): a
+    # cell its user sent is waiting; stopping the server would shut that kernel down (issue
+    # 36 item 2: never), so only max_age and server_unattended stop it
+    resume_waiting: bool = False
 
     @property
     def pool(self) -> str | None:
@@ -216,6 +223,8 @@ def server_deadlines(
     user_last = server.user_activity
     if unattended and user_last is not None:
         due.append((user_last + unattended, "unattended"))
+    if server.resume_waiting:
+        return due  # a cell waits for its kernel: no idle timeout stops it
     last, gpu = server.activity, reading.gpu
     if last is None:
         return due
@@ -304,6 +313,13 @@ def decide_server(
             "unattended",
             f"no user activity for {fmt(now - user_last)} >= server_unattended "
             f"{fmt(unattended)} (GPU work does not count)",
+        )
+    if server.resume_waiting:
+        return Decision(
+            "keep",
+            "resume_waiting",
+            "a kernel of it waits to resume for room on the GPU (a cell of its user is "
+            "waiting): never stopped for idleness",
         )
 
     # which GPU rule applies, for the message; whether it stops is `fired`'s

@@ -224,6 +224,7 @@ _WHY_WORDS = {
 _KEPT_WORDS = {
     "present": "its user is at a JupyterLab tab of it",
     "in_session": "its user is in session (a hidden tab of it, seen lately)",
+    "resume_waiting": "a cell of its user waits for its kernel to resume (the GPU is full)",
 }
 
 
