@@ -18,6 +18,9 @@ from __future__ import annotations
 
 import http.client
 import json
+import os
+import shutil
+import subprocess
 import time
 from pathlib import Path
 from typing import Any
@@ -28,10 +31,13 @@ from fracspawner.kubeflow.callers import SourceStandings
 from tests.kubeflow_support import (
     WebhookProcess,
     admission_review,
+    create_pod,
+    denied,
     make_client_tls,
     make_tls,
     notebook_pod,
     profile_namespace,
+    register,
     with_poddefault,
 )
 
@@ -112,9 +118,14 @@ def test_a_tenants_pod_cannot_hold_another_namespaces_quota(api, devcluster, tls
         status, answer = post_from(webhook, pod_ip, admission_review(victim))
         assert status == 403, answer
         assert "API server only" in answer["error"]
-        # tenant-b's real notebook, sent by the API server, gets its whole quota
-        real = webhook.review(admission_review(notebook("tenant-b", "real")))
-        assert real["allowed"] is True, real
+        # tenant-b's real notebook, sent by kube-apiserver (registered by the export's
+        # configuration; its calls come from 127.0.0.1, no pod's address), gets its whole quota
+        register(api, webhook, "tenant-b.slices.webhook.fracspawner.io", "tenant-b")
+        real = notebook("tenant-b", "real")
+        real["spec"]["nodeName"] = "not-a-node"  # stays Pending, runs nothing
+        status, stored = create_pod(api, real)
+        assert status == 201, stored
+        assert stored["metadata"]["annotations"]["fracspawner.io/gpu-equivalent"] == "0.25"
         status, metrics = webhook.request("GET", "/metrics")
         assert b"fracspawner_webhook_pod_callers_total 2.0" in metrics
     finally:
@@ -125,17 +136,39 @@ def test_a_tenants_pod_cannot_hold_another_namespaces_quota(api, devcluster, tls
 def test_a_dry_run_from_an_unverified_caller_tells_nothing_about_the_quota(
     api, devcluster, tls, tmp_path
 ):
+    """Through kube-apiserver, which the webhook cannot tell from a tenant without a client
+    certificate: `kubectl create --dry-run=server` is admitted and shows the webhook's warning
+    (AdmissionResponse.warnings reach the client as Warning headers); the real create is
+    refused."""
     webhook = WebhookProcess(DEMO, devcluster.kubeconfig, tls, tmp_path / "webhook.log", ())
     try:
-        assert webhook.review(admission_review(notebook("full", "first")))["allowed"]
+        register(api, webhook, "full.slices.webhook.fracspawner.io", "full")
+        first = notebook("full", "first")
+        first["spec"]["nodeName"] = "not-a-node"  # stays Pending, runs nothing
+        assert create_pod(api, first)[0] == 201
         # the namespace is full; a dry run does not say so (it persists nothing: the create is
         # what counts) and warns that the quota was not checked
-        dry = webhook.review(admission_review(notebook("full", "probe", "0.125"), dry_run=True))
-        assert dry["allowed"] is True, dry
-        assert "does not check the namespace's GPU quota on a dry run" in dry["warnings"][0]
-        assert "patch" in dry  # the rest of the answer is the real one
-        real = webhook.review(admission_review(notebook("full", "probe", "0.125")))
-        assert real["allowed"] is False, real
+        probe = notebook("full", "probe", "0.125")
+        if shutil.which("kubectl"):
+            dry = subprocess.run(
+                ["kubectl", "create", "--dry-run=server", "-o", "json", "-f", "-"],
+                input=json.dumps(probe),
+                env={**os.environ, "KUBECONFIG": str(devcluster.kubeconfig)},
+                capture_output=True,
+                text=True,
+                timeout=120,
+            )
+            assert dry.returncode == 0, dry.stderr
+            assert "Warning: fracspawner does not check the namespace's GPU quota on a dry run" in (
+                dry.stderr
+            )
+            # the rest of the answer is the real one
+            mapped = json.loads(dry.stdout)
+            assert mapped["metadata"]["annotations"]["fracspawner.io/gpu-equivalent"] == "0.125"
+        status, body = create_pod(api, probe, dry_run=True)
+        assert status == 201, body
+        status, body = create_pod(api, probe)
+        assert denied(body), (status, body)
     finally:
         webhook.stop()
     # a verified caller is the API server: its dry run is the real answer, with the numbers
