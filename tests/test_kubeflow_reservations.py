@@ -1,7 +1,12 @@
 """Issue 34 items 5 and 6: quota reservations a tenant cannot steer.
 
-The webhook runs in process (tests/test_dra_kubeflow.py's FakeCluster: namespace labels, watches
-fed by hand). What is modelled (cited):
+What a tenant does through the API (a burst of pods carrying a reservation key it wrote, claims
+naming a running pod as their owner) goes through the real control plane's kube-apiserver, which
+calls the webhook process registered by the export's MutatingWebhookConfiguration. The rest
+runs the webhook in process (tests/kubeflow_inprocess.py: namespace labels, watches fed by hand,
+a clock of its own), where what is under test is an order of events kube-apiserver and the
+watches would not reliably produce (a reinvocation, a copy sent before the watch has the
+first pod) or reviews only a forger sends. What is modelled (cited):
 - a claim or pod created by generateName has no name at mutating admission (k8s.io/apiserver
   pkg/endpoints/handlers/create.go runs admission before the store names it); the webhook's
   JSONPatch is applied to what is stored, so an annotation it writes is on the object the
@@ -19,6 +24,8 @@ from __future__ import annotations
 import asyncio
 import copy
 import json
+import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -29,7 +36,16 @@ from fracspawner.backends import load_catalog
 from fracspawner.kubeflow.admission import parse_review
 from fracspawner.kubeflow.webhook import Webhook
 from tests.kubeflow_inprocess import FakeCluster, FakeWatch, allowed, message
-from tests.kubeflow_support import admission_review, patched
+from tests.kubeflow_support import (
+    WebhookProcess,
+    admission_review,
+    create_pod,
+    denied,
+    make_tls,
+    patched,
+    profile_namespace,
+    register,
+)
 from tests.test_dra_kubeflow import (
     CATALOG,
     H100,
@@ -39,8 +55,11 @@ from tests.test_dra_kubeflow import (
     memory,
     request,
 )
-from tests.test_kubeflow_webhook_jobs import job_pod
+from tests.test_kubeflow_webhook_jobs import job_pod, owner_job
 
+CONTROL_PLANE = "real"
+TOPOLOGY = {"nodes": [{"name": "cpu-1", "capacity": {"cpu": "8", "memory": "32Gi"}}]}
+PROFILE = {"app.kubernetes.io/part-of": "kubeflow-profile"}
 RESERVATION = "fracspawner.io/reservation"
 EIGHTH = claim_spec(request("gpu.nvidia.com", H100, **memory("10Gi")))  # 0.125 of 0.25
 QUARTER = claim_spec(request("gpu.nvidia.com", H100, **memory("20Gi")))  # the whole quota
@@ -98,16 +117,45 @@ async def test_a_generate_name_claim_counts_once_when_the_watch_has_it(webhook):
 DEMO_DATA = yaml.safe_load(
     (Path(__file__).resolve().parent.parent / "examples/catalogs/demo.yaml").read_text()
 )
-ONE_GPU = load_catalog(
-    {
-        **DEMO_DATA,
-        "access": {
-            "default": {"pools": [], "max_gpu": 0},
-            "groups": {"one-gpu": {"pools": "all", "max_gpu": 1}},
-        },
-        "kubeflow": {"namespaces": [{"labels": {"quota": "one"}, "groups": ["one-gpu"]}]},
-    }
-)
+ONE_GPU_DATA = {
+    **DEMO_DATA,
+    "access": {
+        "default": {"pools": [], "max_gpu": 0},
+        "groups": {"one-gpu": {"pools": "all", "max_gpu": 1}},
+    },
+    "kubeflow": {"namespaces": [{"labels": {"quota": "one"}, "groups": ["one-gpu"]}]},
+}
+ONE_GPU = load_catalog(ONE_GPU_DATA)
+
+
+@pytest.fixture(scope="module")
+def api(devcluster, tmp_path_factory):
+    """kube-apiserver calling the webhook for namespace "jobs" (1 GPU of the demo catalog's
+    pools) and, claims included, for "team-a" (0.25 GPU of pool h100-dra)."""
+    from tests.test_dra_kubeflow import CATALOG_DATA
+
+    client = devcluster.client()
+    profile_namespace(client, "jobs", {**PROFILE, "quota": "one"}, real=True)
+    profile_namespace(client, "team-a", {**PROFILE, "team": "a"}, real=True)
+    folder = tmp_path_factory.mktemp("reservations")
+    processes = []
+    try:
+        for name, data, namespace in (
+            ("one", ONE_GPU_DATA, "jobs"),
+            ("dra", CATALOG_DATA, "team-a"),
+        ):
+            catalog = folder / f"{name}.yaml"
+            catalog.write_text(yaml.safe_dump(data))
+            tls = make_tls(folder / f"tls-{name}")
+            processes.append(
+                WebhookProcess(catalog, devcluster.kubeconfig, tls, folder / f"{name}.log")
+            )
+            config = f"{namespace}.slices.webhook.fracspawner.io"
+            register(client, processes[-1], config, namespace, claims=name == "dra")
+        yield client
+    finally:
+        for process in processes:
+            process.stop()
 
 
 @pytest.fixture
@@ -135,14 +183,22 @@ def key_of(pod: dict[str, Any], answer: dict[str, Any]) -> str:
     return patched(pod, answer["response"])["metadata"]["annotations"][RESERVATION]
 
 
-async def test_a_burst_sharing_a_tenant_set_reservation_key_cannot_overrun_the_quota(jobs):
-    """Three half-GPU generateName pods at once, each carrying the same reservation annotation
-    the tenant wrote: two fit the 1-GPU quota, not three (before: they shared one
-    reservation, and all three passed)."""
-    burst = [half_gpu_job_pod(**{RESERVATION: "r-mine"}) for _ in range(3)]
-    answers = await asyncio.gather(*(jobs.review(pod_review(p)) for p in burst))
-    assert sorted(allowed(a) for a in answers) == [False, True, True]
-    keys = {key_of(p, a) for p, a in zip(burst, answers, strict=True) if allowed(a)}
+def test_a_burst_sharing_a_tenant_set_reservation_key_cannot_overrun_the_quota(api):
+    """Three half-GPU generateName pods created at once, each carrying the same reservation
+    annotation the tenant wrote: two fit the 1-GPU quota, not three (before: they shared one
+    reservation, and all three passed); what is stored carries keys of the webhook's own."""
+    uid = owner_job(api, "train")
+    burst = [job_pod(ONE_GPU, "train", uid) for _ in range(3)]
+    for pod in burst:
+        pod["metadata"]["annotations"] = {RESERVATION: "r-mine"}
+    with ThreadPoolExecutor(3) as pool:
+        answers = list(pool.map(lambda p: create_pod(api, p), burst))
+    assert sorted(status for status, _ in answers) == [201, 201, 403], answers
+    (refused,) = [denied(body) for status, body in answers if status != 201]
+    assert refused and "1 GPU quota" in refused, refused
+    keys = {
+        body["metadata"]["annotations"][RESERVATION] for status, body in answers if status == 201
+    }
     assert "r-mine" not in keys and len(keys) == 2
 
 
@@ -166,19 +222,27 @@ async def test_a_reinvocation_keeps_its_key_once_and_a_copy_of_it_gets_its_own(j
 
 
 # --------------------------------------------------------------------------- item 5: claims
-async def test_claims_naming_an_existing_pod_as_owner_each_count(webhook):
+def test_claims_naming_an_existing_pod_as_owner_each_count(api):
     """A tenant's claims whose ownerReference names a pod already in the watch (before: they
     took that pod's name as their reservation key, which the watch had seen, so none was
     counted until the claim watch had them: all passed at once)."""
     runner = {
+        "apiVersion": "v1",
+        "kind": "Pod",
         "metadata": {"namespace": "team-a", "name": "runner"},
-        "spec": {"containers": [{"name": "c", "image": "x"}]},
-        "status": {"phase": "Running"},
+        "spec": {"containers": [{"name": "c", "image": "x"}], "schedulerName": "not-served"},
     }
-    webhook.pods.put(runner)
-    burst = [claim("team-a", f"c{i}", EIGHTH, owner="runner") for i in range(3)]
-    answers = await asyncio.gather(*(webhook.dra.review_claim(claim_review(c)) for c in burst))
-    assert sorted(allowed(a) for a in answers) == [False, True, True]
+    status, created = create_pod(api, runner)
+    assert status == 201, created
+    owner = {"apiVersion": "v1", "kind": "Pod", "name": "runner", "uid": created["metadata"]["uid"]}
+    time.sleep(1)  # the webhook's pod watch has the runner
+    burst = [claim("team-a", f"c{i}", EIGHTH) for i in range(3)]
+    for obj in burst:
+        obj["metadata"]["ownerReferences"] = [{**owner, "controller": True}]
+    path = "/apis/resource.k8s.io/v1/namespaces/team-a/resourceclaims"
+    with ThreadPoolExecutor(3) as pool:
+        answers = list(pool.map(lambda c: api.request("POST", path, c), burst))
+    assert sorted(status for status, _ in answers) == [201, 201, 403], answers
 
 
 async def test_a_dry_run_claim_review_tells_no_headroom_to_an_unverified_caller(webhook):
