@@ -161,15 +161,6 @@ class WebhookProcess:
         self._log.close()
 
 
-def validated_by_the_api_server(client: Any, pod: dict[str, Any]) -> None:
-    """`pod` passes kube-apiserver's own validation, strict (an unknown field is an error),
-    as a dry run: nothing is stored (`dryRun=All`, `fieldValidation=Strict`)."""
-    namespace = pod["metadata"]["namespace"]
-    path = f"/api/v1/namespaces/{namespace}/pods?dryRun=All&fieldValidation=Strict"
-    status, body = client.request("POST", path, pod)
-    assert status == 201, body
-
-
 def at_url(config: dict[str, Any], base: str) -> dict[str, Any]:
     """A copy of a webhook configuration whose webhooks call `base` (the local webhook process,
     e.g. https://127.0.0.1:PORT) at their Service's path instead of the Service: kube-apiserver
