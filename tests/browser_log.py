@@ -22,8 +22,11 @@ _LAYOUT_JS = """async (selector) => {
       + ` display=${s.display} visibility=${s.visibility}`
       + ` ${Math.round(r.width)}x${Math.round(r.height)}`);
   }
+  // a stylesheet that failed has an empty sheet: its rules say whether it arrived
+  const rules = l => { try { return l.sheet ? l.sheet.cssRules.length : 'none'; }
+                       catch (e) { return String(e); } };
   const sheets = [...document.querySelectorAll('link[rel=stylesheet]')].map(
-    l => `${l.href} loaded=${!!l.sheet}`);
+    l => `${l.href} rules=${rules(l)}`);
   // JupyterLab hides its shell while a theme loads and shows it in an animation frame
   const frame = await new Promise(done => {
     const timer = setTimeout(() => done(false), 2000);

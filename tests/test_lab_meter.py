@@ -307,6 +307,29 @@ def test_max_age_warning_says_using_the_server_does_not_help(tmp_path):
         lab.stop()
 
 
+def test_a_lab_whose_theme_never_loads_fails_with_the_reason(lab):
+    """The fresh-clone failures' state: the status bar in the page but hidden. JupyterLab lays
+    its shell out without the theme's sizes (--jp-statusbar-height) and lays it out again only
+    once its theme's stylesheet has loaded (@jupyterlab/apputils ThemeManager._loadTheme); a
+    theme request that fails is not retried ("Error Loading Theme"). open_lab's failure then
+    names the request and the status bar's height (tests/browser_log.py)."""
+    with chromium() as browser:
+        context = browser.new_context(viewport=VIEWPORT)
+        context.route("**/lab/api/themes/**", lambda route: route.abort())
+        page = context.new_page()
+        page.log = PageLog(page)
+        page.goto(f"{lab.url}/lab?token={lab.token}")
+        page.locator(".jp-Dialog", has_text="Error Loading Theme").wait_for(timeout=LAB_BOOT_MS)
+        page.wait_for_selector("#jp-main-statusbar", state="attached", timeout=LAB_BOOT_MS)
+        report = page.log.report("#jp-main-statusbar")
+        context.close()
+    assert re.search(r"GET \S+/lab/api/themes/\S+/index\.css failed", report), report
+    assert re.search(r"#jp-main-statusbar\S* display=flex visibility=visible \d+x0", report), report
+    # the theme's variables are missing: the shell was laid out without them
+    assert re.search(r"^statusbarHeight: *$", report, re.M), report
+    assert "Error Loading Theme" in report, report
+
+
 def test_no_gpu_no_meter_and_no_console_errors(lab):
     lab.set_gpu({"devices": [H100]})
     wait_for(lambda: lab.gpu()["available"], what="a GPU")
