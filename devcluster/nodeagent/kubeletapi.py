@@ -35,8 +35,9 @@ from devcluster.controlplane.binary import find_binary
 from devcluster.controlplane.pki import KeyPair
 from devcluster.controlplane.ports import PortReservation
 from devcluster.controlplane.processes import Component, ComponentDied, log_tail
-from devcluster.kubelet import Kubelet, Running
+from devcluster.kubelet import Running
 
+from .containers import ContainerRunner
 from .credentials import load_ca
 
 #: the apiserver's kubelet client identity (devcluster/controlplane/pki.py)
@@ -72,7 +73,7 @@ def pod_record(
         "namespace": meta["namespace"],
         "name": meta["name"],
         "uid": meta.get("uid", ""),
-        "container": containers[0],  # the runner runs the first container only
+        "container": containers[0],  # the first app container: the one published
         "containers": containers,
         "pid": pid,
         "start_time": _start_time(pid),
@@ -95,8 +96,9 @@ def publish(pods_dir: Path, record: Mapping[str, Any]) -> None:
     tmp.replace(target)
 
 
-class PublishingKubelet(Kubelet):
-    """The runner, publishing each container it starts (restarts included) to the kubelet API."""
+class PublishingKubelet(ContainerRunner):
+    """The runner, publishing the first app container of each pod whenever it starts (restarts
+    included) to the kubelet API."""
 
     def __init__(self, *args: Any, pods_dir: Path, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)

@@ -137,7 +137,7 @@ def waiting(pod: Mapping[str, Any], reason: str, message: str, t: str) -> dict[s
     }
 
 
-# --- run mode: the status of a pod whose first container runs (podworker.py) ----------------
+# --- run mode: the status of a pod whose containers run (podworker.py) ----------------------
 def container_status(
     container: Mapping[str, Any],
     uid: str,
@@ -187,29 +187,64 @@ def _condition(
     return entry
 
 
+def phase_of(spec: Mapping[str, Any], initialized: bool, statuses: list[dict[str, Any]]) -> str:
+    """The pod's phase from its app containers' statuses, as the kubelet's getPhase
+    (pkg/kubelet/kubelet_pods.go): Pending while initializing or while a container waits to be
+    created; Running while one runs or will restart; once every one has stopped for good,
+    Succeeded if each exited 0, else Failed."""
+    if not initialized:
+        return "Pending"
+    running = waiting = stopped = succeeded = 0
+    for s in statuses:
+        state = s.get("state") or {}
+        if "running" in state:
+            running += 1
+        elif "terminated" in state:
+            stopped += 1
+            succeeded += state["terminated"].get("exitCode") == 0
+        elif "terminated" in (s.get("lastState") or {}):  # between restarts
+            stopped += 1
+        else:
+            waiting += 1
+    if waiting:
+        return "Pending"
+    if running:
+        return "Running"
+    policy = spec.get("restartPolicy", "Always")
+    if policy == "Always" or (policy == "OnFailure" and succeeded < stopped):
+        return "Running"  # about to restart
+    return "Succeeded" if succeeded == stopped else "Failed"
+
+
 def pod_status(
     pod: Mapping[str, Any],
-    main: dict[str, Any],
+    statuses: list[dict[str, Any]],
     phase: str,
     t: str,
     ip: str | None = None,
     host_ip: str = "127.0.0.1",
+    init_statuses: list[dict[str, Any]] | None = None,
+    initialized: bool = True,
 ) -> dict[str, Any]:
-    """The pod's status with its first container's `main` entry (containers after the first do
-    not run: they are said to run and be ready, as in the "pods do not run" mode). The
-    conditions as generateAPIPodStatus makes them: ContainersReady when every container is
-    ready, Ready when also every readiness gate's condition is True; a finished pod's are False
-    with PodCompleted."""
+    """The pod's status with every container's entry (`statuses` for the app containers,
+    `init_statuses` for the init containers and sidecars). The conditions as
+    generateAPIPodStatus makes them (pkg/kubelet/status/generate.go): Initialized once every
+    init container completed (sidecars started), else False with ContainersNotInitialized;
+    ContainersReady when every app container and sidecar is ready, Ready when also every
+    readiness gate's condition is True; a finished pod's are False with PodCompleted."""
     spec = pod.get("spec") or {}
-    uid = pod["metadata"].get("uid", "")
     previous_status = pod.get("status") or {}
     previous = {c["type"]: c for c in previous_status.get("conditions") or []}
-    others = [
-        container_status(c, uid, {"running": {"startedAt": t}}, ready=True, started=True)
-        for c in (spec.get("containers") or [])[1:]
-    ]
-    statuses = [main, *others]
-    unready = [s["name"] for s in statuses if not s["ready"]]
+    inits = init_statuses or []
+    sidecars = {c["name"] for c in spec.get("initContainers") or []
+                if c.get("restartPolicy") == "Always"}  # fmt: skip
+    counted = [s for s in inits if s["name"] in sidecars] + list(statuses)
+    unready = [s["name"] for s in counted if not s["ready"]]
+    incomplete = [
+        s["name"] for s in inits
+        if not (s["name"] in sidecars and s.get("started"))
+        and (s.get("state") or {}).get("terminated", {}).get("exitCode") != 0
+    ]  # fmt: skip
     gates = [g.get("conditionType") for g in spec.get("readinessGates") or []]
     gated = [g for g in gates if (previous.get(g) or {}).get("status") != "True"]
     done = phase in ("Succeeded", "Failed")
@@ -219,25 +254,25 @@ def pod_status(
     if not unready and gated:
         ready_reason = "ReadinessGatesNotReady"
         ready_words = f"corresponding condition of pod readiness gate {gated[0]!r} does not exist."
+    init_reason = "PodCompleted" if done and initialized else "ContainersNotInitialized"
+    init_words = f"containers with incomplete status: [{' '.join(incomplete)}]"
     kept = [c for c in previous.values() if c["type"] not in KUBELET_CONDITIONS]
     status: dict[str, Any] = {
         "phase": phase,
         "conditions": [
             *kept,
             _condition(previous, "PodReadyToStartContainers", ip is not None and not done, t),
-            _condition(previous, "Initialized", True, t),
+            _condition(previous, "Initialized", initialized, t, init_reason, init_words),
             _condition(previous, "ContainersReady", not unready, t, reason, words),
             _condition(previous, "Ready", not unready and not gated, t, ready_reason, ready_words),
         ],
         "startTime": previous_status.get("startTime") or t,
-        "containerStatuses": statuses,
+        "containerStatuses": list(statuses),
         "hostIP": host_ip,
         "hostIPs": [{"ip": host_ip}],
     }
-    if spec.get("initContainers"):
-        status["initContainerStatuses"] = running(pod, ip or "", host_ip, t)[
-            "initContainerStatuses"
-        ]
+    if inits:
+        status["initContainerStatuses"] = list(inits)
     if ip:
         status.update({"podIP": ip, "podIPs": [{"ip": ip}]})
     return status

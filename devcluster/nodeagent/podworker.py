@@ -1,21 +1,33 @@
 """A bound pod's life in run mode: what the kubelet's pod worker does (kubernetes
 pkg/kubelet/kubelet.go syncPod and SyncTerminatingPod, pkg/kubelet/prober/worker.go,
 pkg/kubelet/kuberuntime/kuberuntime_manager.go computePodActions/doBackOff,
-pkg/kubelet/status/status_manager.go), for the pod's first container, run by
-devcluster.kubelet.Kubelet on the runtime's event loop:
+pkg/kubelet/status/status_manager.go), for every container of the pod, each a process of its own
+(containers.py) on devcluster.kubelet.Kubelet, on the runtime's event loop:
 
-- the container is created with the Service env (serviceenv.py); until it can be, the pod stays
-  Pending with the kubelet's waiting reason and event (ContainerCreating with FailedMount,
+- init containers run in order, each to completion before the next starts; a failing one is
+  restarted with the back-off (the pod stays Pending, `Init:Error`/`Init:CrashLoopBackOff`)
+  unless the pod's restartPolicy is Never, which fails the pod (kubernetes.io, "Init
+  Containers"). An init container with restartPolicy Always is a sidecar (KEP-753, "Sidecar
+  Containers"): once it is started (its startupProbe passed, at once without one) the next init
+  container starts; it keeps running, is restarted whatever the pod's policy, counts for the
+  pod's readiness and is stopped after the app containers. Until then the app containers wait
+  with PodInitializing and Initialized is False (ContainersNotInitialized);
+- then every app container starts, each restarted by the pod's restartPolicy on its own; the
+  phase follows the kubelet's getPhase (podstatus.phase_of);
+- a container is created with the Service env (serviceenv.py); until it can be, it waits with
+  the kubelet's reason and event (ContainerCreating with FailedMount,
   CreateContainerConfigError, CreateContainerError) and is tried again;
-- once started: Pulled, Created and Started events, phase Running; `started` after the
-  startupProbe (at once without one); Ready after the readinessProbe passes (with Unhealthy
-  events while it fails) or, without one, once the first container port answers (at once
-  without ports: the devcluster's rule, images take that long to start anyway); a failing
-  liveness or startup probe kills the container (Killing "... will be restarted");
-- an exited container is restarted as restartPolicy says after the crash-loop back-off
-  (CrashLoopBackOff, BackOff event, restartCount, lastState), or the pod ends Succeeded/Failed;
-- a deleted pod's container gets SIGTERM and its grace period (Killing "Stopping container"),
-  then the pod is removed with grace 0, as a kubelet does once its containers stopped.
+- once started: Pulled, Created and Started events; `started` after the startupProbe (at once
+  without one); Ready after the readinessProbe passes (with Unhealthy events while it fails)
+  or, without one, once its first container port answers (at once without ports: the
+  devcluster's rule, images take that long to start anyway); a regular init container is never
+  Ready while it runs; a failing liveness or startup probe kills the container (Killing
+  "... will be restarted");
+- an exited container is restarted as its policy says after the crash-loop back-off
+  (CrashLoopBackOff, BackOff event, restartCount, lastState);
+- a deleted pod's containers get SIGTERM and the grace period (Killing "Stopping container"),
+  app containers first, then the sidecars in reverse order; then the pod is removed with grace
+  0, as a kubelet does once its containers stopped.
 
 Every API call (status, events, reads) goes through `NodeApi`, the node's own credentials."""
 
@@ -24,13 +36,15 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Mapping
+from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from devcluster import probes
-from devcluster.kubelet import ConfigError, Kubelet, Running, port_open
+from devcluster.kubelet import ConfigError, Running, port_open
 from devcluster.volumes import MountError
 
 from . import podstatus
+from .containers import ContainerRunner, all_ports
 from .nodeobject import now
 
 log = logging.getLogger("devcluster.nodeagent")
@@ -52,12 +66,28 @@ def _should_restart(policy: str, code: int) -> bool:
     return policy == "Always" or (policy == "OnFailure" and code != 0)
 
 
+@dataclass
+class Box:
+    """One container of the pod: its spec, kind (init, sidecar, app) and status entry."""
+
+    spec: dict[str, Any]
+    kind: str
+    entry: dict[str, Any]
+    restarts: int = 0
+    last_state: dict[str, Any] | None = None
+    started: asyncio.Event = field(default_factory=asyncio.Event)
+
+    @property
+    def name(self) -> str:
+        return self.spec["name"]
+
+
 class PodWorker:
     def __init__(
         self,
         pod: dict[str, Any],
         api: NodeApi,
-        kubelet: Kubelet,
+        kubelet: ContainerRunner,
         backoff: tuple[float, float] = probes.DEFAULT_BACKOFF,
     ) -> None:
         self.pod = pod
@@ -67,13 +97,26 @@ class PodWorker:
         meta = pod["metadata"]
         self.key = (meta["namespace"], meta["name"])
         self.uid = meta["uid"]
-        self.container = pod["spec"]["containers"][0]
+        spec = pod["spec"]
+        # not yet run: init containers and, during init, app containers wait PodInitializing
+        waiting = {"waiting": {"reason": "PodInitializing"}}
+        creating = (
+            waiting if spec.get("initContainers") else {"waiting": {"reason": "ContainerCreating"}}
+        )
+        self.inits = []
+        for c in spec.get("initContainers") or []:
+            kind = "sidecar" if c.get("restartPolicy") == "Always" else "init"
+            self.inits.append(Box(c, kind, self._blank(c, waiting)))
+        self.apps = [Box(c, "app", self._blank(c, creating)) for c in spec["containers"]]
+        self.initialized = not self.inits
+        self.final: str | None = None  # Succeeded or Failed once the pod is done for good
         self.ip: str | None = None
-        self.restarts = 0
-        self.last_state: dict[str, Any] | None = None
         self.deleting = asyncio.Event()
         self.task: asyncio.Task | None = None
         self._written: dict[str, Any] | None = None
+
+    def _blank(self, container: dict[str, Any], state: dict[str, Any]) -> dict[str, Any]:
+        return podstatus.container_status(container, self.uid, state)
 
     # --- from the node's watch (on the runtime's loop) --------------------------------------
     def update(self, pod: dict[str, Any]) -> None:
@@ -91,10 +134,10 @@ class PodWorker:
             await asyncio.wait({life, deleting}, return_when=asyncio.FIRST_COMPLETED)
             if not self.deleting.is_set():
                 await self.deleting.wait()  # finished for good: the pod stays until deleted
-        finally:  # deleted, or the agent stops
+        finally:  # deleted, or the agent stops: the life ends (its sidecars' tasks with it)
             life.cancel()
             deleting.cancel()
-        [outcome] = await asyncio.gather(life, return_exceptions=True)
+            [outcome, _] = await asyncio.gather(life, deleting, return_exceptions=True)
         if isinstance(outcome, Exception):  # the apiserver went, or a bug: said, then deleted
             log.warning("nodeagent: pod %s/%s: %r", *self.key, outcome)
         await self._terminate()
@@ -103,14 +146,26 @@ class PodWorker:
     async def _call(self, method: str, *args: Any) -> Any:
         return await asyncio.to_thread(getattr(self.api, method), *args)
 
-    async def _event(self, kind: str, reason: str, message: str) -> None:
+    async def _event(self, box: Box, kind: str, reason: str, message: str) -> None:
         try:
-            await self._call("event", self.pod, kind, reason, message, self.container["name"])
+            await self._call("event", self.pod, kind, reason, message, box.name)
         except Exception as err:  # an event is best effort, as the kubelet's recorder
             log.warning("nodeagent: event %s for %s/%s: %s", reason, *self.key, err)
 
-    async def _status(self, main: dict[str, Any], phase: str) -> None:
-        status = podstatus.pod_status(self.pod, main, phase, now(), self.ip)
+    async def _set(self, box: Box, state: dict[str, Any], **more: Any) -> None:
+        """The container's new status entry, and the pod's status written."""
+        box.entry = podstatus.container_status(
+            box.spec, self.uid, state, restarts=box.restarts, last_state=box.last_state, **more
+        )
+        await self._status()
+
+    async def _status(self) -> None:
+        statuses = [b.entry for b in self.apps]
+        phase = self.final or podstatus.phase_of(self.pod["spec"], self.initialized, statuses)
+        status = podstatus.pod_status(
+            self.pod, statuses, phase, now(), self.ip,
+            init_statuses=[b.entry for b in self.inits], initialized=self.initialized,
+        )  # fmt: skip
         comparable = {**status, "conditions": [{**c, "lastTransitionTime": ""}
                                                for c in status["conditions"]]}  # fmt: skip
         if comparable == self._written:
@@ -120,20 +175,49 @@ class PodWorker:
             # the pod as written: later conditions keep their transition times
             self.pod = {**self.pod, "status": {**(self.pod.get("status") or {}), **status}}
 
-    def _entry(self, state: dict[str, Any], **more: Any) -> dict[str, Any]:
-        return podstatus.container_status(
-            self.container, self.uid, state, restarts=self.restarts,
-            last_state=self.last_state, **more,
-        )  # fmt: skip
+    # --- the pod's life ----------------------------------------------------------------------
+    async def _life(self) -> None:
+        self.kubelet.fresh_volumes(self.pod)
+        self.ip = self.kubelet.ips.take(all_ports(self.pod))
+        await self._status()
+        policy = self.pod["spec"].get("restartPolicy", "Always")
+        # an init container is restarted only when it fails (kuberuntime computeInitContainer
+        # Actions); with Never its failure fails the pod
+        init_policy = "Never" if policy == "Never" else "OnFailure"
+        sidecars: list[asyncio.Task] = []
+        try:
+            for box in self.inits:
+                if box.kind == "sidecar":
+                    sidecars.append(asyncio.create_task(self._run(box, "Always")))
+                    await box.started.wait()
+                    continue
+                code = await self._run(box, init_policy)
+                if code != 0:
+                    self.final = "Failed"
+                    await self._status()
+                    return
+            self.initialized = True
+            await self._status()
+            codes = await asyncio.gather(*(self._run(b, policy) for b in self.apps))
+            self.final = "Succeeded" if all(c == 0 for c in codes) else "Failed"
+        finally:
+            for task in sidecars:
+                task.cancel()
+            await asyncio.gather(*sidecars, return_exceptions=True)
+        await self._stop_sidecars(0.0)
+        await self._status()
+        await self.kubelet.release(self.ip)  # its address goes back
+        self.ip = None
 
-    # --- the container's life ---------------------------------------------------------------
-    async def _create(self) -> Running:
+    async def _create(self, box: Box) -> Running:
         """Start the container, trying again (with the back-off) while it cannot be."""
         wait: float | None = None
         while True:
             try:
                 env = await self._call("service_env", self.pod)
-                return await self.kubelet.start(self.pod, self.api.lookup, env, ip=self.ip)
+                return await self.kubelet.start_container(
+                    self.pod, box.name, self.api.lookup, env, ip=self.ip
+                )
             except MountError as err:
                 reason, words, event = "ContainerCreating", "", ("FailedMount", str(err))
             except ConfigError as err:
@@ -142,75 +226,78 @@ class PodWorker:
             except RuntimeError as err:
                 reason, words, event = "CreateContainerError", str(err), ("Failed", f"Error: {err}")
             waiting = {"reason": reason, **({"message": words} if words else {})}
-            await self._status(self._entry({"waiting": waiting}), "Pending")
-            await self._event("Warning", *event)
+            await self._set(box, {"waiting": waiting})
+            await self._event(box, "Warning", *event)
             wait = probes.next_backoff(wait, 0.0, self.backoff) or 1.0
             await asyncio.sleep(wait)
 
-    async def _life(self) -> None:
+    async def _run(self, box: Box, policy: str) -> int:
+        """The container's life: started, watched, restarted as `policy` says; its last exit
+        code once it is not restarted."""
         loop = asyncio.get_running_loop()
         backoff: float | None = None
-        name = self.container["name"]
+        name = box.name
         while True:
-            running = await self._create()
-            self.ip = running.ip
+            running = await self._create(box)
             began, started_at = loop.time(), now()
-            image = self.container.get("image", "")
-            await self._event("Normal", "Pulled",
+            image = box.spec.get("image", "")
+            await self._event(box, "Normal", "Pulled",
                               f'Container image "{image}" already present on machine')  # fmt: skip
-            await self._event("Normal", "Created", f"Created container: {name}")
-            await self._event("Normal", "Started", f"Started container {name}")
-            code = await self._watch(running, started_at)
-            policy = self.pod["spec"].get("restartPolicy", "Always")
+            await self._event(box, "Normal", "Created", f"Created container: {name}")
+            await self._event(box, "Normal", "Started", f"Started container {name}")
+            code = await self._watch(box, running, started_at)
             terminated = {
                 "exitCode": code,
                 "reason": "Completed" if code == 0 else "Error",
                 "startedAt": started_at,
                 "finishedAt": now(),
-                "containerID": podstatus.container_status(self.container, self.uid, {})[
-                    "containerID"
-                ],
+                "containerID": podstatus.container_status(box.spec, self.uid, {})["containerID"],
             }
+            await self.kubelet.stop_container(self.pod, name, 0)
+            box.started.clear()
             if not _should_restart(policy, code):
-                phase = "Succeeded" if code == 0 and policy != "Always" else "Failed"
-                await self._status(self._entry({"terminated": terminated}), phase)
-                await self.kubelet.stop(*self.key, 0)  # its address goes back
-                self.ip = None
-                return
-            await self.kubelet.stop(*self.key, 0, release_ip=False)
+                # a completed init container is reported ready (kubelet_pods.go)
+                await self._set(
+                    box, {"terminated": terminated}, ready=box.kind == "init" and code == 0
+                )
+                return code
             backoff = probes.next_backoff(backoff, loop.time() - began, self.backoff)
-            self.last_state = {"terminated": terminated}
+            box.last_state = {"terminated": terminated}
             if backoff > 0:
                 meta = self.pod["metadata"]
                 who = f"{meta['name']}_{meta['namespace']}({self.uid})"
                 words = f"back-off {backoff:g}s restarting failed container={name} pod={who}"
                 waiting = {"reason": "CrashLoopBackOff", "message": words}
-                await self._status(self._entry({"waiting": waiting}), "Running")
+                await self._set(box, {"waiting": waiting})
                 said = f"Back-off restarting failed container {name} in pod {who}"
-                await self._event("Warning", "BackOff", said)
+                await self._event(box, "Warning", "BackOff", said)
                 await asyncio.sleep(backoff)
-            self.restarts += 1
+            box.restarts += 1
 
-    async def _watch(self, running: Running, started_at: str) -> int:
+    async def _watch(self, box: Box, running: Running, started_at: str) -> int:
         """Until the container exits (its code; a probe's kill counts as 137)."""
         loop = asyncio.get_running_loop()
-        container = self.container
+        container = box.spec
         t0 = loop.time()
-        startup = probes.Probe.of(container.get("startupProbe"))
-        readiness = probes.Probe.of(container.get("readinessProbe"))
-        liveness = probes.Probe.of(container.get("livenessProbe"))
+        # a regular init container has no probes and is never Ready while it runs
+        regular_init = box.kind == "init"
+        startup = None if regular_init else probes.Probe.of(container.get("startupProbe"))
+        readiness = None if regular_init else probes.Probe.of(container.get("readinessProbe"))
+        liveness = None if regular_init else probes.Probe.of(container.get("livenessProbe"))
         # unknown at first (the kubelet's Unknown): failing failureThreshold times kills it
         start_track = probes.Tracker(startup, t0, None) if startup else None
         ready_track = probes.Tracker(readiness, t0, False) if readiness else None
         live_track = probes.Tracker(liveness, t0, True) if liveness else None
         ports = [p.get("containerPort") for p in container.get("ports") or []]
         started = start_track is None
-        ready = started and ready_track is None and not ports  # else once it answers
+        ready = started and ready_track is None and not ports and not regular_init
         process = running.process
 
         async def show() -> None:
-            state = {"running": {"startedAt": started_at}}
-            await self._status(self._entry(state, ready=ready, started=started), "Running")
+            await self._set(box, {"running": {"startedAt": started_at}}, ready=ready,
+                            started=started)  # fmt: skip
+            if started:
+                box.started.set()
 
         async def attempt(probe: probes.Probe) -> tuple[bool, str]:
             return await probes.run(
@@ -218,11 +305,11 @@ class PodWorker:
             )
 
         async def kill(kind: str, message: str) -> int:
-            await self._event("Warning", "Unhealthy", f"{kind} probe failed: {message}")
+            await self._event(box, "Warning", "Unhealthy", f"{kind} probe failed: {message}")
             why = f"Container {container['name']} failed {kind.lower()} probe, will be restarted"
-            await self._event("Normal", "Killing", why)
+            await self._event(box, "Normal", "Killing", why)
             grace = float(self.pod["spec"].get("terminationGracePeriodSeconds", 30))
-            await self.kubelet.stop(*self.key, grace, release_ip=False)
+            await self.kubelet.stop_container(self.pod, box.name, grace)
             return 137
 
         await show()
@@ -244,11 +331,12 @@ class PodWorker:
                 ok, message = await attempt(ready_track.probe)
                 flipped = ready_track.record(ok, loop.time())
                 if not ok and process.returncode is None:
-                    await self._event("Warning", "Unhealthy", f"Readiness probe failed: {message}")
+                    await self._event(box, "Warning", "Unhealthy",
+                                      f"Readiness probe failed: {message}")  # fmt: skip
                 if flipped is not None and flipped != ready:
                     ready = flipped
                     await show()
-            elif started and ready_track is None and not ready:
+            elif started and ready_track is None and not ready and not regular_init:
                 if not ports or await asyncio.to_thread(port_open, running.ip, int(ports[0])):
                     ready = True
                     await show()
@@ -258,7 +346,8 @@ class PodWorker:
                 if live_track.record(ok, loop.time()) is False and alive:
                     return await kill("Liveness", message)  # its own Unhealthy event
                 if not ok and alive:
-                    await self._event("Warning", "Unhealthy", f"Liveness probe failed: {message}")
+                    await self._event(box, "Warning", "Unhealthy",
+                                      f"Liveness probe failed: {message}")  # fmt: skip
             try:
                 await asyncio.wait_for(process.wait(), TICK)
             except asyncio.TimeoutError:
@@ -266,18 +355,28 @@ class PodWorker:
         return process.returncode
 
     # --- deletion ----------------------------------------------------------------------------
+    async def _stop(self, boxes: list[Box], grace: float) -> None:
+        async def one(box: Box) -> None:
+            running = self.kubelet.running_container(self.pod, box.name)
+            if running is not None and running.process.returncode is None:
+                await self._event(box, "Normal", "Killing", f"Stopping container {box.name}")
+            await self.kubelet.stop_container(self.pod, box.name, grace)
+
+        await asyncio.gather(*(one(b) for b in boxes))
+
+    async def _stop_sidecars(self, grace: float) -> None:
+        """Sidecars stop after the app containers, in the reverse of their order (KEP-753)."""
+        for box in reversed([b for b in self.inits if b.kind == "sidecar"]):
+            await self._stop([box], grace)
+
     async def _terminate(self) -> None:
         meta = self.pod["metadata"]
         grace = meta.get("deletionGracePeriodSeconds")
         if grace is None:
             grace = self.pod["spec"].get("terminationGracePeriodSeconds", 30)
-        running = self.kubelet.running.get(self.key)
-        if running is not None and running.process.returncode is None:
-            await self._event("Normal", "Killing", f"Stopping container {self.container['name']}")
-            await self.kubelet.stop(*self.key, float(grace))
-        elif running is not None:
-            await self.kubelet.stop(*self.key, 0)
-        elif self.ip is not None:
+        await self._stop([b for b in self.inits if b.kind == "init"] + self.apps, float(grace))
+        await self._stop_sidecars(float(grace))
+        if self.ip is not None:
             await self.kubelet.release(self.ip)
         self.ip = None
         await self._call("remove", self.pod)

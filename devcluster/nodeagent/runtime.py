@@ -1,5 +1,5 @@
-"""The node agent's "run" mode: a bound pod's first container runs as a local process, by the
-Python devcluster's own runner (devcluster.kubelet.Kubelet: the command from the pod's
+"""The node agent's "run" mode: every container of a bound pod runs as a local process
+(containers.py), by the devcluster's runner (devcluster.kubelet.Kubelet: the command from the pod's
 command/args, env as the kubelet builds it from env/envFrom/fieldRef/secrets/config maps, the
 pod's volumes, its own mount and UTS namespaces where root, a loopback pod IP), and lives as
 podworker.PodWorker says (probes, restarts, status, events, deletion). Kubelet is asyncio code;
@@ -15,9 +15,9 @@ from pathlib import Path
 from typing import Any
 
 from devcluster import probes
-from devcluster.kubelet import Kubelet
 from devcluster.network import make_network
 
+from .containers import ContainerRunner
 from .kubeletapi import PublishingKubelet
 from .podworker import NodeApi, PodWorker
 
@@ -44,16 +44,21 @@ class ProcessRuntime:
         self.endpoints: list[dict[str, Any]] = []
         net = make_network(network, Path(state_dir), self.pods)
         if pods_dir is None:
-            self.kubelet = Kubelet(Path(state_dir), images, net, bind_mounts=True)
+            self.kubelet = ContainerRunner(Path(state_dir), images, net, bind_mounts=True)
         else:
             self.kubelet = PublishingKubelet(
                 Path(state_dir), images, net, bind_mounts=True, pods_dir=pods_dir
             )
+        self.kubelet: ContainerRunner
         if net.mode == "namespaces":  # the host's network keeps the host's resolver
             asyncio.run_coroutine_threadsafe(net.start(), self._loop).result(60)
         self.backoff = backoff
         self.workers: dict[str, PodWorker] = {}  # pod uid -> its worker (on the loop)
         self._ended: set[str] = set()  # uids whose worker removed the pod
+
+    def alive(self) -> bool:
+        """Whether the pods' event loop still runs (close() ends it)."""
+        return self._thread.is_alive()
 
     def sync(self, pod: dict[str, Any], api: NodeApi) -> None:
         """A bound pod as the node's watch sees it: a new one gets a worker, a known one its
