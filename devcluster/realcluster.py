@@ -8,8 +8,9 @@ apiserver with the admin's identity (as `kubectl proxy`), then prints its READY 
 
     devcluster ready: <proxy url> kubeconfig=<admin kubeconfig> server=<apiserver url>
 
-SIGTERM or Ctrl-C stops everything it started, pods included; a control-plane component that
-dies ends it with that component's log.
+SIGTERM or Ctrl-C stops everything it started, pods included; a control-plane component or the
+node agent's kubelet-api process that dies, or a node agent's thread that ends, ends it with that
+part's log (or error) and stops the rest.
 """
 
 from __future__ import annotations
@@ -130,6 +131,13 @@ class RealCluster:
         kubeconfig.parent.mkdir(parents=True, exist_ok=True)
         shutil.copyfile(self.cp.kubeconfig, kubeconfig)
 
+    def check(self) -> None:
+        """ComponentDied when a control-plane component, the kubelet API or a node agent's
+        thread ended: the cluster is then stopped with what ended said."""
+        for part in (self.cp, self.agent):
+            if part is not None:
+                part.check()
+
     def stop(self) -> None:
         for part in (self.agent, self.proxy, self.extender, self.cp):
             if part is not None:
@@ -155,7 +163,7 @@ def run(topology: Path, state_dir: Path, kubeconfig: Path) -> int:
             flush=True,
         )
         while True:
-            cluster.cp.check()
+            cluster.check()
             time.sleep(1)
     except KeyboardInterrupt:
         say("stopping")

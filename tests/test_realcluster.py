@@ -125,3 +125,30 @@ def test_a_killed_devcluster_takes_its_pods_and_components_along(tmp_path: Path)
         wait(lambda: not alive(pid), "the pod's process ends with the devcluster", 30)
         left = lambda: _component_processes(running.state_dir)  # noqa: E731
         wait(lambda: not left(), "etcd, kube-apiserver and the rest end with it", 30)
+
+
+@pytest.mark.slow
+def test_a_dead_kubelet_api_is_reported_and_the_cluster_stops(tmp_path: Path):
+    """The node agent's kubelet-api process SIGKILLed while the cluster serves: as for a
+    control-plane component, the cluster says it died with the last lines of its log, stops
+    everything (the pod's process, the components) and exits 1, instead of serving on with no
+    kubectl exec or logs and no word."""
+    from tests.test_controlplane import _binary
+
+    _binary()
+    sleeper = [sys.executable, "-c", "import os, time; print(os.getpid(), flush=True); time.sleep(600)"]  # fmt: skip  # noqa: E501
+    with devcluster_process(ONE_NODE, tmp_path) as running:
+        create_pod(running, "bystander", {"image": "x", "command": sleeper})
+        pid = first_word_of_log(running, "bystander")
+        components = _component_processes(running.state_dir)
+        api = [p for p in components if b"kubelet-api" in Path(f"/proc/{p}/cmdline").read_bytes()]
+        assert len(api) == 1, components
+        os.kill(api[0], 9)
+        code = running.process.wait(90)
+        log = (tmp_path / "devcluster.log").read_text()
+        assert code == 1, log[-3000:]
+        assert "kubelet-api exited with status -9; last lines of" in log, log[-3000:]
+        assert "kubelet-api.log" in log, log[-3000:]
+        assert not alive(pid), "the pod's process outlived the cluster"
+        wait(lambda: not _component_processes(running.state_dir), "no component left", 30)
+    # the context's own check passed: nothing of the cluster was left to kill

@@ -13,6 +13,7 @@ from __future__ import annotations
 import json
 import threading
 import time
+import traceback
 import urllib.parse
 from collections.abc import Callable, Mapping
 from http.client import HTTPException
@@ -20,6 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from devcluster.controlplane.pki import KeyPair
+from devcluster.controlplane.processes import ComponentDied
 from devcluster.dra.nvidia import DRIVER
 from devcluster.probes import DEFAULT_BACKOFF
 
@@ -257,6 +259,39 @@ class NodeAgent:
         self.kubelet_api: KubeletAPI | None = None  # set by start()
         self._stop = threading.Event()
         self._threads: list[threading.Thread] = []
+        #: thread name -> the last lines of the exception that ended it
+        self._ended: dict[str, str] = {}
+
+    def _thread(self, target: Callable[..., None], args: tuple, name: str) -> None:
+        """A daemon thread of the agent; an exception that ends it is kept for check()."""
+
+        def guarded() -> None:
+            try:
+                target(*args)
+            except BaseException:
+                self._ended[name] = "\n".join(traceback.format_exc().splitlines()[-6:])
+                raise
+
+        thread = threading.Thread(target=guarded, name=name, daemon=True)
+        self._threads.append(thread)
+        thread.start()
+
+    def check(self) -> None:
+        """ComponentDied if a part of the agent ended while it should run, as
+        ControlPlane.check() for the control plane's components: the kubelet-api process
+        (its exit status and log's last lines), a node's or the Services' thread or the
+        runtime's event loop (with the error that ended it). Without it, pods bound to the
+        nodes would never start and nothing would say why."""
+        if self._stop.is_set():
+            return
+        if self.kubelet_api is not None:
+            self.kubelet_api.check()
+        for thread in self._threads:
+            if not thread.is_alive():
+                why = self._ended.get(thread.name, "(no error recorded)")
+                raise ComponentDied(f"node agent thread {thread.name} ended:\n{why}")
+        if self.runtime is not None and not self.runtime.alive():
+            raise ComponentDied("node agent: the pods' event loop (nodeagent-runtime) ended")
 
     @classmethod
     def start(
@@ -329,11 +364,7 @@ class NodeAgent:
         if runtime is not None and runtime.kubelet.network.mode == "namespaces":
             agent._follow_services(port)
         for runner in runners:
-            thread = threading.Thread(
-                target=agent._loop, args=(runner,), name=f"nodeagent-{runner.name}", daemon=True
-            )
-            agent._threads.append(thread)
-            thread.start()
+            agent._thread(agent._loop, (runner,), f"nodeagent-{runner.name}")
         return agent
 
     def _follow_services(self, apiserver_port: int) -> None:
@@ -350,14 +381,7 @@ class NodeAgent:
         def hand(kind: str, service: dict[str, Any]) -> None:
             runtime.service(kind, services.proxied(service, apiserver_port))
 
-        thread = threading.Thread(
-            target=services.follow,
-            args=(client, hand, self._stop, self._say),
-            name="nodeagent-services",
-            daemon=True,
-        )
-        self._threads.append(thread)
-        thread.start()
+        self._thread(services.follow, (client, hand, self._stop, self._say), "nodeagent-services")
 
     def _loop(self, runner: NodeRunner) -> None:
         while not self._stop.is_set():
