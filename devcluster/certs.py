@@ -18,6 +18,13 @@ from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 
+# kubeadm's lifetimes (k8s.io/kubernetes cmd/kubeadm/app/constants/constants.go,
+# CACertificateValidityPeriod, CertificateValidityPeriod, CertificateBackdate): a demo left
+# running for days keeps working, and a leaf never outlives its CA.
+CA_VALIDITY = datetime.timedelta(days=365 * 10)
+CERT_VALIDITY = datetime.timedelta(days=365)
+BACKDATE = datetime.timedelta(minutes=5)
+
 
 @dataclass(frozen=True)
 class CertificateAuthority:
@@ -53,8 +60,8 @@ def make_ca(common_name: str = "devcluster test CA") -> CertificateAuthority:
         .issuer_name(_name(common_name))
         .public_key(key.public_key())
         .serial_number(x509.random_serial_number())
-        .not_valid_before(now - datetime.timedelta(minutes=5))
-        .not_valid_after(now + datetime.timedelta(days=1))
+        .not_valid_before(now - BACKDATE)
+        .not_valid_after(now + CA_VALIDITY)
         .add_extension(x509.BasicConstraints(ca=True, path_length=None), critical=True)
         .add_extension(
             x509.KeyUsage(
@@ -95,8 +102,8 @@ def issue(
         .issuer_name(ca.cert.subject)
         .public_key(key.public_key())
         .serial_number(x509.random_serial_number())
-        .not_valid_before(now - datetime.timedelta(minutes=5))
-        .not_valid_after(now + datetime.timedelta(days=1))
+        .not_valid_before(now - BACKDATE)
+        .not_valid_after(now + CERT_VALIDITY)
         .add_extension(x509.SubjectAlternativeName(sans), critical=False)
         .add_extension(x509.BasicConstraints(ca=False, path_length=None), critical=True)
         .add_extension(x509.ExtendedKeyUsage([ExtendedKeyUsageOID.SERVER_AUTH]), critical=False)

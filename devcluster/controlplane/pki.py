@@ -4,7 +4,8 @@ front-proxy CA for the aggregation layer, and the service-account signing key pa
 
 Client identities are the ones the components' default RBAC expects: system:kube-scheduler,
 system:kube-controller-manager, and an admin in system:masters. The CAs come from
-devcluster.certs (make_ca), the serving certificate from certs.issue.
+devcluster.certs (make_ca), the serving certificate from certs.issue; every lifetime is
+kubeadm's (certs.CA_VALIDITY, certs.CERT_VALIDITY).
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec, rsa
 from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 
-from devcluster.certs import CertificateAuthority, issue, make_ca
+from devcluster.certs import BACKDATE, CERT_VALIDITY, CertificateAuthority, issue, make_ca
 
 #: the first address of --service-cluster-ip-range: the `kubernetes` Service's ClusterIP, which
 #: in-cluster clients reach the apiserver by, so the serving certificate names it
@@ -91,8 +92,8 @@ def issue_client(
         .issuer_name(ca.cert.subject)
         .public_key(key.public_key())
         .serial_number(x509.random_serial_number())
-        .not_valid_before(now - datetime.timedelta(minutes=5))
-        .not_valid_after(now + datetime.timedelta(days=1))
+        .not_valid_before(now - BACKDATE)
+        .not_valid_after(now + CERT_VALIDITY)
         .add_extension(x509.BasicConstraints(ca=False, path_length=None), critical=True)
         .add_extension(x509.ExtendedKeyUsage([ExtendedKeyUsageOID.CLIENT_AUTH]), critical=False)
         .sign(ca.key, hashes.SHA256())
