@@ -50,11 +50,13 @@ class PageLog:
         self.page = page
         self.start = time.monotonic()
         self.lines: list[str] = []
-        self.pending: dict[int, tuple[float, str]] = {}
+        self.pending: dict[Any, tuple[float, str]] = {}
+        self.status: dict[Any, int] = {}
         page.on("console", lambda m: self._note(f"console.{m.type}: {m.text[:500]}"))
         page.on("pageerror", lambda e: self._note(f"pageerror: {e}"))
         page.on("crash", lambda _p: self._note("the page crashed"))
         page.on("request", self._request)
+        page.on("response", self._response)
         page.on("requestfinished", self._finished)
         page.on("requestfailed", self._failed)
 
@@ -65,17 +67,21 @@ class PageLog:
         self.lines.append(f"{self._now():7.2f}s {line}")
 
     def _request(self, request: Any) -> None:
-        self.pending[id(request)] = (self._now(), f"{request.method} {request.url}")
+        self.pending[request] = (self._now(), f"{request.method} {request.url}")
+
+    def _response(self, response: Any) -> None:
+        # the status from the event itself: no call back into the browser from a handler
+        self.status[response.request] = response.status
 
     def _finished(self, request: Any) -> None:
-        began, what = self.pending.pop(id(request), (self._now(), request.url))
-        response = request.response()
-        status = response.status if response is not None else "-"
-        if not isinstance(status, int) or status >= 400 or self._now() - began > 10:
+        began, what = self.pending.pop(request, (self._now(), request.url))
+        status = self.status.pop(request, None)
+        if status is None or status >= 400 or self._now() - began > 10:
             self._note(f"{what} -> {status} after {self._now() - began:.1f}s")
 
     def _failed(self, request: Any) -> None:
-        self.pending.pop(id(request), None)
+        self.pending.pop(request, None)
+        self.status.pop(request, None)
         self._note(f"{request.method} {request.url} failed: {request.failure}")
 
     def report(self, selector: str) -> str:
