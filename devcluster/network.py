@@ -1,4 +1,5 @@
-"""The cluster's network: pod sandboxes, Service ClusterIPs, a Service proxy and the cluster DNS.
+"""The pods' network: pod sandboxes, a Service proxy and the cluster DNS (kube-apiserver gives
+Services their ClusterIPs).
 
 What each part stands for (and where it is simpler):
 
@@ -12,8 +13,6 @@ What each part stands for (and where it is simpler):
   `ndots:5` and the `<ns>.svc.<domain> svc.<domain> <domain>` search path;
   pkg/kubelet/kubelet_pods.go managedHostsFileContent): bind-mounted over /etc/resolv.conf and
   /etc/hosts in a mount namespace of the pod's own, with its hostname in a UTS namespace.
-- **ClusterIPs** (the apiserver's allocator, pkg/registry/core/service/ipallocator): every
-  Service but a headless one (`clusterIP: None`) gets one at creation, immutable after.
 - **Service proxy** (kube-proxy's former userspace mode, removed in 1.26 but the same
   contract): a TCP listener on each ClusterIP:port forwards a connection to a ready pod the
   selector matches, at its targetPort (number or container port name). With no ready endpoint
@@ -235,21 +234,6 @@ class Network:
             self._dns.close()
         await self.proxy.close()
 
-    def limitations(self) -> list[str]:
-        said = []
-        if self.mode == "host":
-            said.append(
-                "pods share the host's network (each an own 127.x address; 0.0.0.0 rewritten); "
-                "`network: namespaces` in the topology gives each its own, where root"
-            )
-        if not sandboxes():
-            said.append(
-                "pods share the host's hostname, /etc/hosts and /etc/resolv.conf, and Service "
-                "names do not resolve in pods (no mount/UTS namespaces: needs root and "
-                "util-linux unshare); HOSTNAME is the pod's name"
-            )
-        return said
-
     # ---------------------------------------------------------------- pods
     async def sandbox(self, namespace: str, name: str, ip: str) -> list[str]:
         """The argv prefix that runs a pod's command in its sandbox; the files it needs are
@@ -274,29 +258,6 @@ class Network:
         return self.mode == "host"
 
     # ---------------------------------------------------------------- services
-    def allocate(self, service: dict[str, Any], old: Mapping[str, Any] | None) -> None:
-        """The apiserver's ClusterIP allocation at create (kept from `old` on update)."""
-        spec = service.setdefault("spec", {})
-        kind = spec.get("type") or "ClusterIP"
-        spec["type"] = kind
-        if kind == "ExternalName":
-            return
-        previous = ((old or {}).get("spec") or {}).get("clusterIP")
-        if previous and not spec.get("clusterIP"):
-            spec["clusterIP"] = previous
-        if not spec.get("clusterIP"):
-            ports = [int(p.get("port", 0)) for p in spec.get("ports") or []]
-            spec["clusterIP"] = self.service_ips.take(ports)
-        spec.setdefault("clusterIPs", [spec["clusterIP"]])
-        if spec["clusterIP"] != "None":
-            spec.setdefault("ipFamilies", ["IPv4"])
-            spec.setdefault("ipFamilyPolicy", "SingleStack")
-        spec.setdefault("sessionAffinity", "None")
-        spec.setdefault("internalTrafficPolicy", "Cluster")
-        for port in spec.get("ports") or []:
-            port.setdefault("protocol", "TCP")
-            port.setdefault("targetPort", port.get("port"))
-
     async def on_service(self, kind: str, service: Mapping[str, Any]) -> None:
         """The store's change of a Service: its proxy and DNS name follow."""
         async with self._service_lock:

@@ -1,5 +1,5 @@
 """ResourceSlices as NVIDIA's DRA kubelet plugin for GPUs publishes them, from a topology node's
-`dra:` section, and the DeviceClasses its Helm chart installs.
+`dra:` section (the DeviceClasses its Helm chart installs are the launcher's manifests).
 
 Sources (kubernetes-sigs/dra-driver-nvidia-gpu at 9593204, Aug 2026):
 
@@ -330,25 +330,3 @@ def _counters(profile: Profile, start: int, size: int) -> dict[str, dict[str, st
     for i in range(start, start + size):
         counters[f"memory-slice-{i}"] = {"value": "1"}
     return counters
-
-
-def device_classes() -> list[dict[str, Any]]:
-    """gpu.nvidia.com and mig.nvidia.com as the chart installs them."""
-    return [
-        {
-            "apiVersion": "resource.k8s.io/v1",
-            "kind": "DeviceClass",
-            "metadata": {"name": name},
-            "spec": {
-                "selectors": [
-                    {
-                        "cel": {
-                            "expression": f"device.driver == '{DRIVER}' && "
-                            f"device.attributes['{DRIVER}'].type == '{kind}'"
-                        }
-                    }
-                ]
-            },
-        }
-        for name, kind in (("gpu.nvidia.com", "gpu"), ("mig.nvidia.com", "mig"))
-    ]
