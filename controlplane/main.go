@@ -56,7 +56,12 @@ func main() {
 		usage()
 		os.Exit(2)
 	}
-	// The component parses os.Args[1:] itself: present it as if it were its own binary.
+	// Present the component as if it were its own binary: it parses its own arguments, and
+	// os.Args[0] is what client-go's DefaultKubernetesUserAgent (rest/config.go) puts first in
+	// its User-Agent, which the apiserver takes as the field manager's name (apiserver
+	// pkg/endpoints/handlers/create.go prefixFromUserAgent) and audit logs record. Without this
+	// every component would write as "kube-controlplane".
+	os.Args = append([]string{name}, args...)
 	command.SetArgs(args)
 	os.Exit(cli.Run(command))
 }

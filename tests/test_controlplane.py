@@ -428,6 +428,65 @@ def test_kube_scheduler_allocates_a_resource_claim_from_a_published_resource_sli
     )
 
 
+def _managed(cp: ControlPlane, *args: str) -> dict:
+    """kubectl get with managedFields (which kubectl leaves out unless asked)."""
+    return get_json(cp, *args, "--show-managed-fields")
+
+
+def _managers(obj: dict, subresource: str = "") -> set[str]:
+    return {
+        m["manager"]
+        for m in obj["metadata"].get("managedFields", [])
+        if m.get("subresource", "") == subresource
+    }
+
+
+def test_each_component_writes_under_its_own_manager_name(cp: ControlPlane):
+    """One binary runs every component, but each names itself as its own binary does: the
+    apiserver's field manager is the User-Agent's first word (apiserver
+    pkg/endpoints/handlers/create.go prefixFromUserAgent), which client-go's
+    DefaultKubernetesUserAgent takes from os.Args[0] (client-go rest/config.go)."""
+    namespace(cp, "managers")
+    # kube-scheduler writes an unschedulable pod's PodScheduled condition (pods/status)
+    stuck = _pod("nowhere")
+    stuck["spec"]["nodeSelector"] = {"kubernetes.io/hostname": "no-such-node"}
+    kubectl(cp, "create", "-n", "managers", "-f", "-", stdin=stuck)
+    status = eventually(
+        lambda: _managers(_managed(cp, "pod", "nowhere", "-n", "managers"), "status"),
+        "kube-scheduler writes the pod's status",
+    )
+    assert status == {"kube-scheduler"}
+    # kube-controller-manager's deployment controller makes the ReplicaSet, its replicaset
+    # controller the pod
+    deployment = {
+        "apiVersion": "apps/v1",
+        "kind": "Deployment",
+        "metadata": {"name": "web", "namespace": "managers"},
+        "spec": {
+            "replicas": 1,
+            "selector": {"matchLabels": {"app": "web"}},
+            "template": {
+                "metadata": {"labels": {"app": "web"}},
+                "spec": _pod("web")["spec"],
+            },
+        },
+    }
+    apply(cp, deployment)
+    [rs] = eventually(
+        lambda: _managed(cp, "rs", "-n", "managers", "-l", "app=web")["items"],
+        "the deployment controller makes a ReplicaSet",
+    )
+    assert _managers(rs) == {"kube-controller-manager"}
+    [pod] = eventually(
+        lambda: _managed(cp, "pod", "-n", "managers", "-l", "app=web")["items"],
+        "the replicaset controller makes a pod",
+    )
+    assert _managers(pod) == {"kube-controller-manager"}
+    # kube-apiserver reconciles the `kubernetes` Service itself
+    service = _managed(cp, "service", "kubernetes", "-n", "default")
+    assert _managers(service) == {"kube-apiserver"}
+
+
 def test_two_clusters_side_by_side_then_nothing_left_behind(cp: ControlPlane, tmp_path: Path):
     """A second cluster starts while the first runs, on ports of its own; a component that dies
     is reported with its log; stopping ends every process and frees every port."""
