@@ -175,14 +175,25 @@ func container(w http.ResponseWriter, r *http.Request, pod *podInfo) bool {
 	return false
 }
 
-func (a *kubeletAPI) exec(w http.ResponseWriter, r *http.Request) {
-	opts, err := remotecommand.NewOptions(r)
+// streamTarget reads the preamble exec, attach and port-forward share, in the kubelet's order:
+// the streaming options (400 when malformed), then the pod (404), then, where the route names
+// one, its running container (400). ok is false when an error has been answered.
+func streamTarget[O any](a *kubeletAPI, w http.ResponseWriter, r *http.Request,
+	parse func(*http.Request) (O, error), withContainer bool) (opts O, pod *podInfo, ok bool) {
+	opts, err := parse(r)
 	if err != nil {
 		http.Error(w, err.Error(), http.StatusBadRequest)
-		return
+		return opts, nil, false
 	}
-	pod, ok := a.pod(w, r)
-	if !ok || !container(w, r, pod) {
+	if pod, ok = a.pod(w, r); !ok || (withContainer && !container(w, r, pod)) {
+		return opts, nil, false
+	}
+	return opts, pod, true
+}
+
+func (a *kubeletAPI) exec(w http.ResponseWriter, r *http.Request) {
+	opts, pod, ok := streamTarget(a, w, r, remotecommand.NewOptions, true)
+	if !ok {
 		return
 	}
 	cmd := r.URL.Query()["command"]
@@ -195,13 +206,8 @@ func (a *kubeletAPI) exec(w http.ResponseWriter, r *http.Request) {
 }
 
 func (a *kubeletAPI) attach(w http.ResponseWriter, r *http.Request) {
-	opts, err := remotecommand.NewOptions(r)
-	if err != nil {
-		http.Error(w, err.Error(), http.StatusBadRequest)
-		return
-	}
-	pod, ok := a.pod(w, r)
-	if !ok || !container(w, r, pod) {
+	opts, pod, ok := streamTarget(a, w, r, remotecommand.NewOptions, true)
+	if !ok {
 		return
 	}
 	remotecommand.ServeAttach(w, r, &attacher{pod: pod}, pod.Name, pod.UID, pod.Container, opts,
@@ -209,12 +215,7 @@ func (a *kubeletAPI) attach(w http.ResponseWriter, r *http.Request) {
 }
 
 func (a *kubeletAPI) portForward(w http.ResponseWriter, r *http.Request) {
-	opts, err := portforward.NewV4Options(r)
-	if err != nil {
-		http.Error(w, err.Error(), http.StatusBadRequest)
-		return
-	}
-	pod, ok := a.pod(w, r)
+	opts, pod, ok := streamTarget(a, w, r, portforward.NewV4Options, false)
 	if !ok {
 		return
 	}
