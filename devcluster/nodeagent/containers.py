@@ -68,8 +68,9 @@ class ContainerRunner(Kubelet):
                 target.mkdir(parents=True)
 
     def _view(self, pod: Mapping[str, Any], container: dict[str, Any]) -> dict[str, Any]:
-        """The pod as the runner sees it for one container: only that container, its emptyDirs
-        as the pod's directories (the runner would empty an emptyDir at each start)."""
+        """The pod as the runner sees it for one container: that container first (the one it
+        starts), no init containers, its emptyDirs as the pod's directories (the runner would
+        empty an emptyDir at each start)."""
         meta = pod["metadata"]
         volumes = []
         for volume in pod["spec"].get("volumes") or []:
@@ -77,7 +78,9 @@ class ContainerRunner(Kubelet):
                 path = self.pod_dir(meta["namespace"], meta["name"]) / "volumes" / volume["name"]
                 volume = {"name": volume["name"], "hostPath": {"path": str(path)}}
             volumes.append(volume)
-        spec = {**pod["spec"], "containers": [container], "volumes": volumes}
+        # the runner starts the first; the app containers are listed for the kubelet API
+        apps = [c for c in pod["spec"]["containers"] if c["name"] != container["name"]]
+        spec = {**pod["spec"], "containers": [container, *apps], "volumes": volumes}
         spec.pop("initContainers", None)
         return {**pod, "spec": spec}
 
@@ -94,7 +97,12 @@ class ContainerRunner(Kubelet):
         # one start at a time (the kubelet's SyncPod starts containers one by one too): the
         # runner records the container it starts under the pod's key, taken back below
         async with self._starting:
-            return await self._start(pod, name, lookup, env, ip)
+            try:
+                return await self._start(pod, name, lookup, env, ip)
+            except BaseException:
+                if ip is not None:  # the runner gives a failed start's address back: it stays
+                    self.ips.used.add(ip)  # the pod's while it waits (its siblings may run)
+                raise
 
     async def _start(
         self, pod: Mapping[str, Any], name: str, lookup: Any, env: Any, ip: str | None
