@@ -29,7 +29,8 @@ from devcluster.nodeagent.slices import node_slices
 from devcluster.proctree import proc
 from devcluster.topology import hami_register, load_topology
 from tests import dra_demo_manifests as demos
-from tests.test_controlplane import _binary, eventually, get_json, kubectl, namespace
+from tests.realcluster_support import control_plane_fixture, node_agent_fixture
+from tests.test_controlplane import eventually, get_json, kubectl, namespace
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 REPO = Path(__file__).resolve().parent.parent
@@ -68,18 +69,8 @@ TOPOLOGY: dict[str, Any] = {
 NODES = [n["name"] for n in TOPOLOGY["nodes"]]
 
 
-@pytest.fixture(scope="module")
-def cp(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ControlPlane]:
-    _binary()
-    with ControlPlane.start(tmp_path_factory.mktemp("controlplane")) as running:
-        yield running
-
-
-@pytest.fixture(scope="module")
-def agent(cp: ControlPlane) -> Iterator[NodeAgent]:
-    topology = load_topology(TOPOLOGY)
-    with NodeAgent.start(topology, cp.server, cp.pki.ca, cp.state_dir / "nodeagent") as running:
-        yield running
+cp = control_plane_fixture()
+agent = node_agent_fixture(TOPOLOGY)
 
 
 def schedulable_only(cp: ControlPlane, *names: str) -> None:

@@ -7,37 +7,24 @@ prints it (READY, STATUS, RESTARTS). docs/controlplane.md "Node agent"."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 
 from devcluster.controlplane import ControlPlane
-from devcluster.nodeagent import NodeAgent
-from devcluster.topology import load_topology
-from tests.test_controlplane import _binary, eventually, get_json, kubectl, namespace
+from tests.realcluster_support import control_plane_fixture, node_agent_fixture
+from tests.test_controlplane import eventually, get_json, kubectl
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 NS = "multi"
 
 
-@pytest.fixture(scope="module")
-def cp(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ControlPlane]:
-    _binary()
-    with ControlPlane.start(tmp_path_factory.mktemp("controlplane")) as running:
-        yield running
-
-
-@pytest.fixture(scope="module")
-def agent(cp: ControlPlane) -> Iterator[NodeAgent]:
-    topology = load_topology({"nodes": [{"name": "multi-node", "capacity": {"cpu": "8"}}]})
-    state = cp.state_dir / "nodeagent"
-    with NodeAgent.start(
-        topology, cp.server, cp.pki.ca, state, mode="run", restart_backoff=(1.0, 4.0)
-    ) as running:
-        namespace(cp, NS)
-        yield running
+cp = control_plane_fixture()
+agent = node_agent_fixture(
+    {"nodes": [{"name": "multi-node", "capacity": {"cpu": "8"}}]},
+    namespaces=[NS], mode="run", restart_backoff=(1.0, 4.0),
+)  # fmt: skip
 
 
 def sh(name: str, script: str, **more: Any) -> dict[str, Any]:
@@ -64,6 +51,17 @@ def printed(cp: ControlPlane, name: str) -> tuple[str, str, str]:
     return line[1], line[2], line[3]
 
 
+def shows(cp: ControlPlane, name: str, ready: str, status: str, restarts: str = "0") -> None:
+    """Wait until `kubectl get pod` prints READY, STATUS and RESTARTS; else fail with what it
+    printed last and the pod's status."""
+    want = (ready, status, restarts)
+    try:
+        eventually(lambda: printed(cp, name) == want, f"{name}: {' '.join(want)}")
+    except AssertionError as err:
+        last = printed(cp, name)
+        raise AssertionError(f"{err}; it shows {last}: {pod(cp, name)['status']}") from None
+
+
 def conditions(p: dict[str, Any]) -> dict[str, dict[str, Any]]:
     return {c["type"]: c for c in p["status"].get("conditions") or []}
 
@@ -75,7 +73,8 @@ def statuses(p: dict[str, Any], key: str = "containerStatuses") -> dict[str, dic
 WORK = {"volumes": [{"name": "work", "emptyDir": {}}]}
 MOUNT = {"volumeMounts": [{"name": "work", "mountPath": "/work"}]}
 #: the sidecar is started once its file is there: only then does the app container start
-STARTED = {"exec": {"command": ["test", "-f", "/work/sidecar-up"]}, "periodSeconds": 1}
+STARTED = {"exec": {"command": ["test", "-f", "/work/sidecar-up"]}, "periodSeconds": 1,
+           "failureThreshold": 60}  # fmt: skip
 
 
 def test_an_init_container_runs_to_completion_and_leaves_a_file_the_app_reads(cp, agent):
@@ -99,7 +98,7 @@ def test_an_init_container_runs_to_completion_and_leaves_a_file_the_app_reads(cp
     assert app["state"]["waiting"]["reason"] == "PodInitializing", app
     assert printed(cp, "init-file")[0] == "0/1"
 
-    eventually(lambda: printed(cp, "init-file") == ("1/1", "Running", "0"), "1/1 Running")
+    shows(cp, "init-file", "1/1", "Running")
     done = pod(cp, "init-file")
     prepare = statuses(done, "initContainerStatuses")["prepare"]
     assert prepare["state"]["terminated"]["exitCode"] == 0, prepare
@@ -156,11 +155,11 @@ def test_two_app_containers_run_and_one_exiting_leaves_the_pod_running_not_ready
         restartPolicy="Never",
         **WORK,
     )
-    eventually(lambda: printed(cp, "two-apps") == ("2/2", "Running", "0"), "2/2 Running")
+    shows(cp, "two-apps", "2/2", "Running")
     # the job ends (told through the first container, the one kubectl exec reaches): the
     # server still runs, so the pod is Running but not Ready
     kubectl(cp, "exec", "two-apps", "-n", NS, "-c", "server", "--", "touch", "/work/done")
-    eventually(lambda: printed(cp, "two-apps") == ("1/2", "NotReady", "0"), "1/2 NotReady")
+    shows(cp, "two-apps", "1/2", "NotReady")
     p = pod(cp, "two-apps")
     assert p["status"]["phase"] == "Running"
     job, server = statuses(p)["job"], statuses(p)["server"]
@@ -189,7 +188,7 @@ def test_a_sidecar_starts_before_the_app_keeps_running_and_counts_for_ready(cp, 
         restartPolicy="Never",
         **WORK,
     )
-    eventually(lambda: printed(cp, "sidecar") == ("2/2", "Running", "0"), "2/2 Running")
+    shows(cp, "sidecar", "2/2", "Running")
     p = pod(cp, "sidecar")
     helper = statuses(p, "initContainerStatuses")["helper"]
     assert helper["state"]["running"] and helper["started"] and helper["ready"], helper

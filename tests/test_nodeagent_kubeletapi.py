@@ -35,7 +35,8 @@ from devcluster.nodeagent import NodeAgent
 from devcluster.nodeagent.credentials import load_ca
 from devcluster.proctree import descendants, proc
 from devcluster.topology import load_topology
-from tests.test_controlplane import _binary, eventually, get_json, kubectl, namespace
+from tests.realcluster_support import control_plane_fixture
+from tests.test_controlplane import eventually, get_json, kubectl
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 REPO = Path(__file__).resolve().parent.parent
@@ -46,12 +47,7 @@ NETNS_NODE = "kapi-netns"
 NETNS_TAINT = {"key": "kapi/netns", "value": "true", "effect": "NoSchedule"}
 
 
-@pytest.fixture(scope="module")
-def cp(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ControlPlane]:
-    _binary()
-    with ControlPlane.start(tmp_path_factory.mktemp("controlplane")) as running:
-        namespace(running, NS)
-        yield running
+cp = control_plane_fixture(namespaces=[NS])
 
 
 @pytest.fixture(scope="module")

@@ -8,37 +8,23 @@ docs/devcluster.md "Node agent: pods in run mode"."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from typing import Any
 
 import pytest
 
 from devcluster.controlplane import ControlPlane
-from devcluster.nodeagent import NodeAgent
-from devcluster.topology import load_topology
-from tests.test_controlplane import _binary, eventually, get_json, kubectl, namespace
+from tests.realcluster_support import control_plane_fixture, node_agent_fixture
+from tests.test_controlplane import eventually, get_json, kubectl
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 NS = "life"
 
 
-@pytest.fixture(scope="module")
-def cp(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ControlPlane]:
-    _binary()
-    with ControlPlane.start(tmp_path_factory.mktemp("controlplane")) as running:
-        yield running
-
-
-@pytest.fixture(scope="module")
-def agent(cp: ControlPlane) -> Iterator[NodeAgent]:
-    topology = load_topology({"nodes": [{"name": "life-node", "capacity": {"cpu": "8"}}]})
-    state = cp.state_dir / "nodeagent"
-    with NodeAgent.start(
-        topology, cp.server, cp.pki.ca, state, mode="run", restart_backoff=(1.0, 4.0),
-        network="namespaces",
-    ) as running:  # fmt: skip
-        namespace(cp, NS)
-        yield running
+cp = control_plane_fixture()
+agent = node_agent_fixture(
+    {"nodes": [{"name": "life-node", "capacity": {"cpu": "8"}}]},
+    namespaces=[NS], mode="run", restart_backoff=(1.0, 4.0), network="namespaces",
+)  # fmt: skip
 
 
 def create(cp: ControlPlane, name: str, command: list[str], policy: str = "Never", **more: Any):

@@ -17,7 +17,6 @@ import os
 import signal
 import sys
 import urllib.request
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -27,9 +26,8 @@ from kubespawner.objects import make_owner_reference, make_secret, make_service
 
 from devcluster.controlplane import ControlPlane
 from devcluster.network import LoopbackPool, sandboxes
-from devcluster.nodeagent import NodeAgent
-from devcluster.topology import load_topology
-from tests.test_controlplane import _binary, eventually, get_json, kubectl, namespace
+from tests.realcluster_support import control_plane_fixture, node_agent_fixture
+from tests.test_controlplane import eventually, get_json, kubectl
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 NS = "pods"
@@ -53,22 +51,11 @@ ESCAPE = (
 )
 
 
-@pytest.fixture(scope="module")
-def cp(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ControlPlane]:
-    _binary()
-    with ControlPlane.start(tmp_path_factory.mktemp("controlplane")) as running:
-        yield running
-
-
-@pytest.fixture(scope="module")
-def agent(cp: ControlPlane) -> Iterator[NodeAgent]:
-    topology = load_topology({"nodes": [{"name": "pods-node", "capacity": {"cpu": "16"}}]})
-    with NodeAgent.start(
-        topology, cp.server, cp.pki.ca, cp.state_dir / "nodeagent", mode="run",
-        images=IMAGES, restart_backoff=(1.0, 4.0),
-    ) as running:  # fmt: skip
-        namespace(cp, NS)
-        yield running
+cp = control_plane_fixture()
+agent = node_agent_fixture(
+    {"nodes": [{"name": "pods-node", "capacity": {"cpu": "16"}}]},
+    namespaces=[NS], mode="run", images=IMAGES, restart_backoff=(1.0, 4.0),
+)  # fmt: skip
 
 
 def create(cp: ControlPlane, name: str, command: list[str] | None, **more: Any) -> None:

@@ -17,7 +17,6 @@ import ssl
 import time
 import urllib.error
 import urllib.request
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -27,7 +26,6 @@ import yaml
 from devcluster.controlplane import ControlPlane
 from devcluster.controlplane.serviceaccounts import apply
 from devcluster.nodeagent import NodeAgent
-from devcluster.topology import load_topology
 from tests.chart_support import NAMESPACE, Container, objects, one, render
 from tests.conftest import REPO
 from tests.rbac_support import (
@@ -42,7 +40,8 @@ from tests.rbac_support import (
     without_verb,
     z2jh_hub_rbac,
 )
-from tests.test_controlplane import _binary, eventually, get_json, kubectl, with_token
+from tests.realcluster_support import control_plane_fixture, node_agent_fixture
+from tests.test_controlplane import eventually, get_json, kubectl, with_token
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 DRA_CATALOG = REPO / "examples" / "catalogs" / "dra.yaml"
@@ -50,19 +49,9 @@ DRA_TOPOLOGY = REPO / "devcluster" / "topologies" / "dra.yaml"
 SERVER_LABELS = {"component": "singleuser-server"}
 
 
-@pytest.fixture(scope="module")
-def cp(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ControlPlane]:
-    _binary()
-    with ControlPlane.start(tmp_path_factory.mktemp("controlplane")) as running:
-        yield running
-
-
-@pytest.fixture(scope="module")
-def agent(cp: ControlPlane) -> Iterator[NodeAgent]:
-    """The DRA topology's nodes ("pods do not run" mode): a CPU node and three DRA GPU nodes."""
-    topology = load_topology(DRA_TOPOLOGY)
-    with NodeAgent.start(topology, cp.server, cp.pki.ca, cp.state_dir / "nodeagent") as running:
-        yield running
+cp = control_plane_fixture()
+#: the DRA topology's nodes ("pods do not run" mode): a CPU node and three DRA GPU nodes
+agent = node_agent_fixture(DRA_TOPOLOGY)
 
 
 @pytest.fixture(scope="module")
