@@ -12,6 +12,7 @@ import json
 import platform
 import sys
 import time
+import traceback
 from pathlib import Path
 
 HERE = Path(__file__).parent
@@ -47,6 +48,7 @@ def main(argv: list[str]) -> int:
             result = module.run(RESULTS)
         except Exception as exc:  # report and go on: one broken benchmark must not hide the others
             failed += 1
+            traceback.print_exc()  # where it failed: a bare repr lost an hour's run once
             print(f"   FAILED: {exc!r}", flush=True)
             sections[name] = ["", f"FAILED: `{exc!r}`"]
             continue
