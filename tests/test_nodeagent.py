@@ -158,6 +158,23 @@ def test_a_running_status_keeps_the_scheduler_s_condition_and_completes_init_con
     assert done["phase"] == "Failed"
 
 
+def test_a_sidecar_is_reported_running_and_ready_in_the_pods_do_not_run_mode():
+    """An init container with restartPolicy Always (a sidecar, KEP-753) runs beside the app
+    containers: running, started and ready, not Completed (kubectl would print 1/2)."""
+    pod = {
+        "metadata": {"name": "p", "namespace": "default", "uid": "u"},
+        "spec": {
+            "initContainers": [{"name": "setup"}, {"name": "proxy", "restartPolicy": "Always"}],
+            "containers": [{"name": "main"}],
+        },
+    }
+    status = podstatus.running(pod, "10.244.0.2", "127.0.0.1", "2026-01-01T00:00:00Z")
+    setup, proxy = status["initContainerStatuses"]
+    assert setup["state"]["terminated"]["reason"] == "Completed"
+    assert proxy["state"] == {"running": {"startedAt": "2026-01-01T00:00:00Z"}}, proxy
+    assert proxy["ready"] and proxy["started"], proxy
+
+
 def test_a_missing_cluster_ca_is_named(tmp_path: Path):
     with pytest.raises(FileNotFoundError, match="no cluster CA file .*ca.crt"):
         load_ca(KeyPair(tmp_path / "ca.crt", tmp_path / "ca.key"))

@@ -1,7 +1,9 @@
 """Pod status as a kubelet reports a pod whose containers run (pkg/kubelet/status,
 kubelet_pods.go generateAPIPodStatus), for the "pods do not run" mode (as kwok fakes it): phase
 Running, the five conditions, a running and ready status per container (init containers
-terminated with Completed), podIP and hostIP. Pure: the caller writes it with pods/status."""
+terminated with Completed, sidecars running), podIP and hostIP; and, for run mode, each
+container's entry, the pod's conditions and phase (podworker.py). Pure: the caller writes it
+with pods/status."""
 
 from __future__ import annotations
 
@@ -32,27 +34,7 @@ def running(pod: Mapping[str, Any], pod_ip: str, host_ip: str, t: str) -> dict[s
         "podIP": pod_ip,
         "podIPs": [{"ip": pod_ip}],
         "startTime": previous.get("startTime") or t,
-        "initContainerStatuses": [
-            {
-                "name": c["name"],
-                "image": c.get("image", ""),
-                "imageID": "",
-                "containerID": _container_id(uid, c["name"]),
-                "ready": True,
-                "restartCount": 0,
-                "started": False,
-                "state": {
-                    "terminated": {
-                        "exitCode": 0,
-                        "reason": "Completed",
-                        "startedAt": t,
-                        "finishedAt": t,
-                        "containerID": _container_id(uid, c["name"]),
-                    }
-                },
-            }
-            for c in spec.get("initContainers") or []
-        ],
+        "initContainerStatuses": [_init_done(c, uid, t) for c in spec.get("initContainers") or []],
         "containerStatuses": [
             {
                 "name": c["name"],
@@ -66,6 +48,28 @@ def running(pod: Mapping[str, Any], pod_ip: str, host_ip: str, t: str) -> dict[s
             }
             for c in spec.get("containers") or []
         ],
+    }
+
+
+def _init_done(container: Mapping[str, Any], uid: str, t: str) -> dict[str, Any]:
+    """An init container of a running pod: Completed, or running, started and ready for a
+    sidecar (restartPolicy Always, KEP-753), which runs beside the app containers."""
+    sidecar = container.get("restartPolicy") == "Always"
+    state: dict[str, Any] = {"running": {"startedAt": t}} if sidecar else {
+        "terminated": {
+            "exitCode": 0, "reason": "Completed", "startedAt": t, "finishedAt": t,
+            "containerID": _container_id(uid, container["name"]),
+        }
+    }  # fmt: skip
+    return {
+        "name": container["name"],
+        "image": container.get("image", ""),
+        "imageID": "",
+        "containerID": _container_id(uid, container["name"]),
+        "ready": True,
+        "restartCount": 0,
+        "started": sidecar,
+        "state": state,
     }
 
 
