@@ -108,7 +108,8 @@ def _mib(quantity: str) -> int:
 def claim_made_for(cluster: Any, pod: dict, ref: dict) -> dict:
     """The claim made from `ref`'s template for `pod`: named in the pod's status, annotated with
     the pod's claim name, owned by the pod, reserved for it and allocated 10 GiB on the H100.
-    On the real control plane, who wrote it (its managedFields): the control plane alone."""
+    On the real control plane, who wrote it (its managedFields): kube-controller-manager made it,
+    kube-scheduler allocated it."""
     (state,) = pod["status"]["resourceClaimStatuses"]
     assert state["name"] == ref["name"], state
     status, claim = http_json(
@@ -130,10 +131,16 @@ def claim_made_for(cluster: Any, pod: dict, ref: dict) -> dict:
     assert (result["pool"], result["device"]) == (NODE, "gpu-0"), result
     assert _mib(result["consumedCapacity"]["memory"]) == 10240, result
     if cluster.control_plane == "real":
-        # kube-controller-manager and kube-scheduler are one built binary (docs/controlplane.md),
-        # so one manager name: the claim and its allocation were written by it and nobody else
+        # made by kube-controller-manager's resourceclaim controller; kube-scheduler adds the
+        # delete-protection finalizer, then allocates and reserves it (its DynamicResources
+        # plugin's PreBind, pkg/scheduler/framework/plugins/dynamicresources); nobody else.
+        # Each names itself though one binary runs both (docs/controlplane.md).
         writers = {(f["manager"], f.get("subresource", "")) for f in meta["managedFields"]}
-        assert writers == {("kube-controlplane", ""), ("kube-controlplane", "status")}, writers
+        assert writers == {
+            ("kube-controller-manager", ""),
+            ("kube-scheduler", ""),
+            ("kube-scheduler", "status"),
+        }, writers
     return claim
 
 
