@@ -31,7 +31,8 @@ node_modules/.bin/configurable-http-proxy: package.json
 	@touch $@
 
 # Debian packages the tests use: chromium (picker browser tests), prometheus (culler tests),
-# kubectl (devcluster conformance; Debian's package is kubernetes-client), docker.io (dockerd,
+# kubectl (the tests drive the real control plane and the node agent's kubelet API with it;
+# Debian's package is kubernetes-client), docker.io (dockerd,
 # containerd, runc: tests/test_images.py builds images/*/Dockerfile for real) and mmdebstrap
 # (the Debian root file system of its stand-in base images, docs/images.md).
 # (re-checked when this Makefile changes: a new package here reaches machines already set up)
@@ -116,7 +117,7 @@ test-gpu: $(STAMPS)/venv
 images: $(STAMPS)/venv $(STAMPS)/system-deps
 	$(BIN)/python -m tests.image_builds
 
-# The demo runs on the real control plane (docs/demo.md): built first, once per pin, with progress.
+# The demo runs on the real control plane (docs/quickstart.md): built first, once per pin, with progress.
 demo: $(STAMPS)/venv node_modules/.bin/configurable-http-proxy controlplane
 	$(BIN)/fracspawner demo $(if $(PORT),--port $(PORT))
 
