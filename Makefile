@@ -11,7 +11,7 @@ export PATH := $(CURDIR)/node_modules/.bin:$(CURDIR)/$(BIN):$(PATH)
 help:
 	@echo "make demo   - real Kubernetes control plane + node agent + JupyterHub with FracSpawner on http://127.0.0.1:8000 (PORT=8080 for another)"
 	@echo "make test   - ruff + the whole test suite (installs what it needs; Go 1.26+ must be there)"
-	@echo "make bench  - benchmarks, results in benchmarks/results/ (form and scale need make controlplane first)"
+	@echo "make bench  - benchmarks, results in benchmarks/results/ (builds the control plane first)"
 	@echo "make images - build images/*/Dockerfile with a real dockerd (make test does it too)"
 	@echo "make test-gpu - the real-GPU suite (tests/gpu; skips with the reason without an NVIDIA GPU)"
 	@echo "make docs   - Sphinx docs (warnings are errors) in docs/_build/html"
@@ -121,7 +121,7 @@ images: $(STAMPS)/venv $(STAMPS)/system-deps
 demo: $(STAMPS)/venv node_modules/.bin/configurable-http-proxy controlplane
 	$(BIN)/fracspawner demo $(if $(PORT),--port $(PORT))
 
-bench: setup
+bench: setup controlplane
 	$(BIN)/python -m benchmarks $(BENCH_ARGS)
 
 docs: $(STAMPS)/venv

@@ -36,7 +36,7 @@ def main(argv: list[str] | None = None) -> int:
         choices=("no-run", "run"),
         default="no-run",
         help="no-run: pods are reported Running and nothing runs (as kwok); "
-        "run: each pod's first container runs as a local process",
+        "run: each pod's containers (init, sidecar, app) run as local processes",
     )
     parser.add_argument(
         "--network",

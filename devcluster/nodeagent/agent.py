@@ -2,7 +2,7 @@
 control plane. Per node, with the node's own credentials (credentials.py), one thread
 registers the Node and its status, creates its Lease, publishes its ResourceSlices (slices.py)
 and then watches the pods bound to it: each gets a Running status without anything being run
-("pods do not run", as kwok does) or, in "run" mode, its first container runs as a local process
+("pods do not run", as kwok does) or, in "run" mode, its containers run as local processes
 and lives as a kubelet's pod worker says (runtime.py, podworker.py: probes, restarts, status,
 conditions and the kubelet's events). A pod with a deletionTimestamp is removed with grace 0, as
 a kubelet does once its containers stopped (in run mode, once its grace period let it stop).
