@@ -451,6 +451,9 @@ class SimServer:
                 os.environ.pop(key)
             self.swap = SwapAgent(self.monitor, self._report_soon, log=QUIET)
         self.swap.room_check = FOREVER  # its watch looks once; the replay looks each minute
+        # it reports to the culler: it hibernates with room in its node's host budget only
+        # (serverext/__init__.py sets this where the reporter is on; culler/hostroom.py)
+        self.swap.ask_host_room = True
         self.kernel_id: str | None = None
         self.kernel_mib = self.first_mib()  # what its kernel holds once it uses the GPU
         self.holds_memory = self.run_alive = self.busy = False
@@ -670,6 +673,16 @@ class Sim:
             clock=lambda: _dt(self.now_t),
         )
         s.on_shutdown = self.kernel_culled
+        # the idle rung's hibernations, whether at a reading or once the culler gave the
+        # node's host room (swap.py `_hibernate_due`)
+        real_idle = s.monitor.hibernate_idle_kernels
+
+        async def idle_hibernations(now: datetime | None = None) -> list[str]:
+            done = await real_idle(now)
+            self.hibernations += len(done)
+            return done
+
+        s.monitor.hibernate_idle_kernels = idle_hibernations  # type: ignore[method-assign]
         s.driver.on_restore = lambda pid: self.resume_seconds.append(
             copy_seconds(s.monitor.hibernator.memory_of(s.kernel_of(pid)))
         )
@@ -930,7 +943,7 @@ class Sim:
         hibernate."""
         self.read(s, now)
         await s.monitor.cull_idle_kernels(now)  # each counted by SimKernels.shutdown_kernel
-        self.hibernations += len(await s.monitor.hibernate_idle_kernels(now))
+        await s.monitor.hibernate_idle_kernels(now)  # counted (demand: idle_hibernations)
         # where NVML of the device counts (swap.py `_watch_room`), a waiting resume is woken
         # as soon as a reading shows room for it: here, at each reading
         s.swap.wake_if_room()

@@ -3,7 +3,7 @@ from the replayed GPUs, not from its configuration (issue 36, "what to build" it
 
 from __future__ import annotations
 
-from datetime import datetime, timezone
+from datetime import datetime, timedelta, timezone
 from pathlib import Path
 
 from benchmarks.bench_culler import OVERCOMMIT, OVERCOMMIT_KIND, Sim, bench_catalog, pod_host, v
@@ -41,6 +41,7 @@ def test_a_restore_into_a_full_gpu_loses_the_kernel_as_nvidia_cuda_checkpoint_44
     kernel = a.ensure_kernel(now)
     a.holds_memory = True
     hib = a.monitor.hibernator
+    a.swap.host_room[a.kernel_id] = now + timedelta(hours=1)  # the culler's room, given before
     state = asyncio.run(hib.hibernate(a.kernel_id, [kernel.pid], 20000.0, kernel_pid=kernel.pid))
     assert state == "hibernated" and a.on_gpu_mib() == 0
     b.ensure_kernel(now)
@@ -101,6 +102,7 @@ def _hibernate(s, now) -> None:
     k = s.ensure_kernel(now)
     s.holds_memory = True
     hib = s.monitor.hibernator
+    s.swap.host_room[s.kernel_id] = now + timedelta(hours=1)  # the culler's room, given before
     state = asyncio.run(hib.hibernate(s.kernel_id, [k.pid], s.kernel_mib, kernel_pid=k.pid))
     assert state == "hibernated"
 

@@ -28,7 +28,8 @@ from ..model.catalog import DEFAULT_IDLE, IdlePolicy, parse_duration
 from ..model.hubroles import CULLER_SCOPES, missing_scopes, scope_problem
 from .base import CullerApplication
 from .decide import Decision, GpuFacts, Reading, Rules, ServerFacts, combine, decide_server
-from .hostbudget import Holder, plan_evictions
+from .hostbudget import Holder, Want, plan_evictions
+from .hostroom import UNKNOWN_MIB, HostRoom
 from .hubapi import HubClient, HubServer
 from .identity import Identity, TokenVerifier, token_key
 from .placement import Placement
@@ -379,6 +380,7 @@ class Culler(CullerApplication):
         self.listed_at: float | None = None  # when the hub last listed them (room_json)
         self._hibernated_labels: set[str] = set()
         self._swap_desk: SwapDesk | None = None  # over-commit's swap orders (swapdesk.py)
+        self._host_room = HostRoom()  # room given to hibernate, per node (hostroom.py)
         self._caps: dict[tuple[str | None, str | None], float | None] = {}  # claim()'s sizes
         self._caps_of: object = None  # ... for this catalog
         # what the culler's own token lacks (check_scopes); "" / [] when nothing or not known
@@ -545,6 +547,7 @@ class Culler(CullerApplication):
         user is at a tab of another server of theirs (`presence_elsewhere`)."""
         now = time.time() if now is None else now  # a replay in virtual time passes its own
         answer = self._swap_answer(who, now)
+        answer = self.host_room_answer(who, now, answer)
         shutdown = self.host_budget_orders(who, now)
         if shutdown:
             answer = answer or {"swap": {}}
@@ -572,12 +575,117 @@ class Culler(CullerApplication):
                 word = "in_session"
         return word
 
+    def host_room_answer(self, who: Identity, now: float, answer: dict | None) -> dict | None:
+        """Hibernation within the node's host budget (hostroom.py): room for the kernels the
+        server would hibernate (`swap.host_room`, or why not: `swap.host_wait`), and the
+        culler's own swap orders only where they fit."""
+        entry = self.reports.get(who.user, who.server)
+        orders = ((answer or {}).get("swap") or {}).get("hibernate") or []
+        if entry is None or (not entry.host_wants and not orders):
+            return answer
+        report, key = entry, (who.user, who.server)
+        facts = self.known.get(key)
+        budget = self.host_memory_budget_mib
+        where = self.placement_of(who.user, who.server)
+        wants = list(report.host_wants)
+        if orders:  # the culler's own swap orders: each kernel at what it holds on the GPU
+            on_gpu = {k.kernel_id: k.resident_mib for g in report.swap.gpus for k in g.kernels}
+            named = {w.kernel_id for w in wants}
+            wants += [
+                Want(o["kernel_id"], on_gpu.get(o["kernel_id"], UNKNOWN_MIB))
+                for o in orders
+                if o["kernel_id"] not in named
+            ]
+        if facts is None and budget > 0 and where is not None and where.node:
+            # not listed by the hub yet (started since the last cycle): not counted on its node
+            # either, so no room until it is (its kernels stay on the GPU meanwhile)
+            why = "not hibernated yet: the culler has not listed this server yet"
+            waits = [{"kernel_id": w.kernel_id, "reason": why} for w in report.host_wants]
+            answer = answer or {"swap": {}}
+            answer["swap"]["host_wait"] = waits
+            answer["swap"].pop("hibernate", None)
+            return answer
+        if budget <= 0 or facts is None or where is None or not where.node:
+            # no budget, or the node is not known: each pod's memory limit bounds its own
+            room = [{"kernel_id": w.kernel_id, "gpu_memory_mib": w.mib} for w in report.host_wants]
+            if room:
+                answer = answer or {"swap": {}}
+                answer["swap"]["host_room"] = room
+            return answer
+        holders = self.host_holders(now, budget).get(where.node, [])
+        away = not (report.present or report.in_session)
+        plan = self._host_room.plan(
+            who.user, who.server, where.node, holders, wants, self.host_cap(facts, budget),
+            budget, now, away=away,
+        )  # fmt: skip
+        granted = {w.kernel_id: w.mib for w in plan.grants}
+        answer = answer or {"swap": {}}
+        swap = answer["swap"]
+        if orders:
+            kept = [o for o in orders if o["kernel_id"] in granted]
+            if kept:
+                swap["hibernate"] = kept
+            else:
+                swap.pop("hibernate", None)
+        asked = {w.kernel_id for w in report.host_wants}
+        room = [{"kernel_id": k, "gpu_memory_mib": m} for k, m in granted.items() if k in asked]
+        if room:
+            swap["host_room"] = room
+        waits = [{"kernel_id": k, "reason": why} for k, why in plan.waits if k in asked]
+        if waits:
+            swap["host_wait"] = waits
+        for kid, why in plan.waits:
+            self.log.info("%s: kernel %s not hibernated now: %s", who.log_name, shown(kid), why)
+        return answer
+
+    def host_cap(self, facts: ServerFacts, budget: float) -> float:
+        """The most host memory one hibernated kernel of the server counts for: what its GPU
+        holds (a kernel on a time-sliced pool may hold more than its slice, and hibernating
+        it copies all of it), at least its slice; the budget where the catalog cannot tell."""
+        pool = self._catalog.pools.get(facts.pool or "") if self._catalog is not None else None
+        device = float(pool.gpu.device_memory_mib) if pool is not None else 0.0
+        return max(self.claim(facts)[1], device) or budget
+
+    def host_holders(self, now: float, budget: float) -> dict[str, list[Holder]]:
+        """Every node's hibernated kernels, by the servers' fresh reports (spared included)."""
+        out: dict[str, list[Holder]] = {}
+        for user, server, report in self.reports.latest():
+            facts = self.known.get((user, server))
+            if facts is None or not report.hibernated_kernels:
+                continue
+            if now - report.received_at > self.max_staleness:
+                continue  # its kernels may have come back since: not counted, never ordered
+            where = self.placement_of(user, server)
+            if where is None or not where.node:
+                continue  # its node is not known: its pod's memory limit bounds it
+            cap = self.host_cap(facts, budget)
+            # a user present or in session keeps their kernels (serverext/presence.py)
+            out.setdefault(where.node, []).append(
+                Holder(user, server, where.node, cap, bool(report.present or report.in_session),
+                       report.hibernated_kernels)
+            )  # fmt: skip
+        return out
+
     def host_budget_orders(self, who: Identity, now: float | None = None) -> list[dict]:
-        """The reporting server's hibernated kernels to shut down for its node's budget."""
+        """The reporting server's hibernated kernels to shut down for its node's budget: those
+        ordered to make room for another kernel to hibernate (hostroom.py), and any beyond the
+        budget (a culler restarted, reports grown: plan_evictions)."""
         budget = self.host_memory_budget_mib
         if budget <= 0 or (who.user, who.server) not in self.known:
             return []
         now = time.time() if now is None else now
+        entry = self.reports.get(who.user, who.server)
+        ordered = self._host_room.orders_for(who.user, who.server, now)
+        orders = []
+        if ordered and entry is not None and not (entry.present or entry.in_session):
+            for k in entry.hibernated_kernels:
+                if k.kernel_id in ordered and not k.waiting:
+                    why = ordered[k.kernel_id]
+                    self.log.info(
+                        "%s: shut down hibernated kernel %s: %s", who.log_name,
+                        shown(k.kernel_id), why,
+                    )  # fmt: skip
+                    orders.append({"kernel_id": k.kernel_id, "reason": why})
         holders = []
         for user, server, report in self.reports.latest():
             facts = self.known.get((user, server))
@@ -594,10 +702,11 @@ class Culler(CullerApplication):
                 Holder(user, server, where.node, cap, bool(report.present or report.in_session),
                        report.hibernated_kernels)
             )  # fmt: skip
-        orders = []
         for e in plan_evictions(holders, budget):
             if (e.user, e.server) != (who.user, who.server):
                 continue  # told in the answer to its own server's report
+            if any(o["kernel_id"] == e.kernel_id for o in orders):
+                continue
             self.log.info(
                 "%s: shut down hibernated kernel %s: %s", who.log_name, shown(e.kernel_id),
                 e.reason,

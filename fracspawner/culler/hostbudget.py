@@ -115,3 +115,101 @@ def plan_evictions(holders: Iterable[Holder], budget_mib: float) -> list[Evictio
                 )
             )
     return out
+
+
+# --- hibernation within the budget -----------------------------------------------------------
+# The budget bounds hibernation itself, not only shut-downs afterwards: a kernel is hibernated
+# only with room for it in its node's budget, counting every hibernated kernel on the node (the
+# spared ones of users present or in session included, which the budget may never shut down).
+# Otherwise a present user's hidden tab could fill the node and the budget would then take the
+# away users' kernels, or nothing, after the fact.
+
+
+WAITS_FOR = "waits for "  # a want's wait for shut-downs that make its room
+
+
+@dataclass(frozen=True)
+class Want:
+    """A kernel its server would hibernate (idle past kernel_gpu_hibernate, or the culler's own
+    swap order), waiting for room in its node's host budget."""
+
+    kernel_id: str
+    mib: float
+
+
+@dataclass(frozen=True)
+class RoomPlan:
+    grants: tuple[Want, ...] = ()  # hibernate now: within the budget
+    evictions: tuple[Eviction, ...] = ()  # away users' oldest kernels, to make room
+    waits: tuple[tuple[str, str], ...] = ()  # (kernel_id, why): stays on the GPU
+
+
+def node_held(holders: Iterable[Holder]) -> float:
+    """Host memory the hibernated kernels of `holders` keep, each at most its slice."""
+    return sum(min(k.mib, h.cap_mib) for h in holders for k in h.kernels)
+
+
+def plan_room(
+    node: str,
+    holders: Iterable[Holder],
+    reserved_mib: float,
+    wants: Iterable[Want],
+    cap_mib: float,
+    budget_mib: float,
+    *,
+    may_evict: bool,
+    evicting: frozenset[str] = frozenset(),
+) -> RoomPlan:
+    """Which of one server's `wants` may hibernate on `node` now: those that fit in
+    `budget_mib` less what the node's hibernated kernels hold (all of them) and `reserved_mib`
+    (room granted to other kernels not yet hibernated). Where one does not fit and `may_evict`
+    (its user is away), the oldest hibernated kernels of away users on the node are shut down
+    to make room, only if that frees enough (the want waits until they are gone); otherwise it
+    stays on the GPU. `evicting`: kernel ids already ordered out (not counted twice)."""
+    group = list(holders)
+    room = budget_mib - node_held(group) - reserved_mib
+    grants: list[Want] = []
+    evictions: list[Eviction] = []
+    waits: list[tuple[str, str]] = []
+    spare = sorted(
+        ((h, k) for h in group if not h.present for k in h.kernels
+         if not k.waiting and k.mib > 0 and k.kernel_id not in evicting),
+        key=lambda e: (e[1].since, e[0].user, e[1].kernel_id),
+    )  # fmt: skip
+    for want in wants:
+        mib = min(max(want.mib, 0.0), cap_mib)
+        if mib <= room:
+            grants.append(Want(want.kernel_id, mib))
+            room -= mib
+            continue
+        freed, picked = 0.0, []
+        if may_evict:
+            for h, k in spare:
+                if room + freed >= mib:
+                    break
+                picked.append((h, k))
+                freed += min(k.mib, h.cap_mib)
+        if may_evict and room + freed >= mib:
+            for h, k in picked:
+                spare.remove((h, k))
+                evictions.append(
+                    Eviction(
+                        h.user, h.server, k.kernel_id, min(k.mib, h.cap_mib),
+                        f"the host memory budget of node {node} ({budget_mib:.0f} MiB) is "
+                        f"spent, and this was the oldest hibernated kernel of a user away: it "
+                        f"makes room for another kernel to hibernate",
+                    )
+                )  # fmt: skip
+            room += freed - mib  # held for this want until the shut-downs are seen
+            waits.append((want.kernel_id, f"{WAITS_FOR}{len(picked)} older hibernated "
+                          f"kernel(s) on node {node} to be shut down"))  # fmt: skip
+            continue
+        waits.append(
+            (
+                want.kernel_id,
+                f"not hibernated: the host memory budget of node {node} ({budget_mib:.0f} MiB) "
+                f"has {max(room, 0.0):.0f} MiB left and it needs {mib:.0f} MiB; it stays on "
+                "the GPU",
+            )
+        )
+    return RoomPlan(tuple(grants), tuple(evictions), tuple(waits))

@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 from dateutil.parser import isoparse
 
 from .decide import GpuFacts, ServerFacts
-from .hostbudget import HibernatedKernel, hibernated_kernels
+from .hostbudget import HibernatedKernel, Want, hibernated_kernels
 from .pressure import SwapFacts, swap_facts
 
 
@@ -174,7 +174,18 @@ REPORT = Spec(
                         },
                         required=("kernel_id",),
                     ),
-                )
+                ),
+                # kernels it would hibernate, waiting for room in its node's host memory
+                # budget (hostbudget.plan_room; serverext/swap.py `host_gate`)
+                "hibernate_wanted": Spec(
+                    "list",
+                    MAX_CULLED,
+                    items=Spec(
+                        "object",
+                        fields={"kernel_id": KERNEL_ID, "gpu_memory_mib": MIB},
+                        required=("kernel_id",),
+                    ),
+                ),
             },
         ),
         # GPU hibernation (issue 22; fracspawner/serverext/hibernate.py): GPU memory its
@@ -336,6 +347,16 @@ class ServerReport:
     swap: SwapFacts = SwapFacts()
     # its kernels whose GPU state is in host memory (hostbudget.py: the budget per node)
     hibernated_kernels: tuple[HibernatedKernel, ...] = ()
+    # kernels it would hibernate, waiting for room in its node's host budget (hostbudget.py)
+    host_wants: tuple[Want, ...] = ()
+
+
+def host_wants(report: dict) -> tuple[Want, ...]:
+    """A checked report's kernels waiting for host room to hibernate (each named once)."""
+    out: dict[str, Want] = {}
+    for w in (report.get("swap") or {}).get("hibernate_wanted") or []:
+        out.setdefault(str(w["kernel_id"]), Want(str(w["kernel_id"]), _number(w, "gpu_memory_mib")))
+    return tuple(out.values())
 
 
 def parse_report(report: object, received_at: float, *, checked: bool = False) -> ServerReport:
@@ -370,6 +391,7 @@ def parse_report(report: object, received_at: float, *, checked: bool = False) -
     common = dict(
         swap=swap_facts(report, received_at),
         hibernated_kernels=hibernated_kernels(report, received_at),
+        host_wants=host_wants(report),
         present=present,
         # in session by its own tabs: the culler's word about another server is not counted
         # here (it keeps kernels from shutdown, not an idle slice from server_gpu_idle)
@@ -532,6 +554,11 @@ class ReportStore:
     def latest(self) -> list[tuple[str, str, ServerReport]]:
         """(user, server, its latest report) of every server."""
         return [(u, s, e.report) for (u, s), e in self._entries.items()]
+
+    def get(self, user: str, server: str) -> ServerReport | None:
+        """The server's latest report, or None."""
+        entry = self._entries.get((user, server))
+        return None if entry is None else entry.report
 
     def waits(self, user: str, server: str) -> bool:
         """Whether the server's latest report has kernels waiting to resume for want of room."""

@@ -298,6 +298,10 @@ class Hibernator(LoggingConfigurable):
         self.room: Callable[[KernelSleep], Room] | None = None
         # called with a kernel id when its resume starts to wait for room (swap.py reports it)
         self.on_waiting: list[Callable[[str], None]] = []
+        # whether the node's host memory budget has room to hibernate this kernel (kernel id,
+        # MiB): None when it has, else why not (swap.py asks the culler: culler/hostroom.py).
+        # Unset: only the pod's memory limit bounds it
+        self.host_gate: Callable[[str, float], str | None] | None = None
 
     # the clock, and how a blocking driver call leaves the event loop: the real ones (a replay
     # in virtual time, benchmarks/bench_culler.py, sets its own on the instance)
@@ -435,6 +439,11 @@ class Hibernator(LoggingConfigurable):
                     "ran (a thread or a background task works in it, and its next CUDA call "
                     "would wait); tried again later",
                 )
+            if self.host_gate is not None:
+                held_back = self.host_gate(kernel_id, memory_mib)
+                if held_back is not None:  # asked again at the next reading: no retry delay
+                    s.note = held_back
+                    return s.state
             headroom = host_headroom(self.cgroup_root, self.meminfo_path)
             need = memory_mib + self.host_margin_mib
             if headroom.free_mib is None or headroom.free_mib < need:

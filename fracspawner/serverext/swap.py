@@ -23,7 +23,13 @@ This module
 - where NVML counts, tries such a resume again as soon as the GPU shows room for it (the
   monitor's readings of the device's used memory), not at the end of a backoff;
 - reports again when the culler says (`report_in`), so a GPU under pressure hears of its swaps
-  in seconds rather than a minute.
+  in seconds rather than a minute;
+- hibernates a kernel only with room for it in its node's host memory budget, where it reports
+  to a culler (`ask_host_room`): a kernel due to hibernate is reported at once as
+  `swap.hibernate_wanted`, and hibernated once the answer gives it room
+  (`swap.host_room: [{"kernel_id", "gpu_memory_mib"}]`, in force `GRANT_SECONDS`; a swap order
+  is such room too); where the answer says why not (`swap.host_wait`) it stays on the GPU
+  (culler/hostroom.py). So the node's hibernated kernels never hold more than the budget.
 """
 
 from __future__ import annotations
@@ -31,6 +37,7 @@ from __future__ import annotations
 import asyncio
 import os
 from collections.abc import Callable
+from datetime import datetime, timedelta
 from typing import Any
 
 from traitlets import Float
@@ -44,6 +51,11 @@ MAX_ORDERS = 16  # kernels one answer may name (a server has a few)
 GRANT_SECONDS = 30.0  # a grant of room from the culler is in force this long
 ENV_OVERCOMMIT = "FRACSPAWNER_GPU_OVERCOMMIT"  # the pool's overcommit, set by FracSpawner
 IN_USE = "the GPU is in use by "  # the culler's reason for a resume behind present people
+WANT_SECONDS = 120.0  # a kernel not asked for again this long is no longer due to hibernate
+HOST_WAIT = (
+    "not hibernated yet: waiting for the culler's room in its node's host memory budget for "
+    "hibernated kernels; it stays on the GPU meanwhile"
+)
 
 
 def waiting_words(reason: Any) -> str:
@@ -96,6 +108,13 @@ class SwapAgent(LoggingConfigurable):
         self.virtualised = virtualised_nvml(os.environ) is not None
         monitor.hibernator.room = self.room
         monitor.hibernator.on_waiting.append(self._started_waiting)
+        # the node's host budget (culler/hostroom.py): asked only where a reporter sends this
+        # server's reports to a culler (__init__.py sets it); elsewhere the pod's memory limit
+        self.ask_host_room = False
+        self.host_room: dict[str, datetime] = {}  # kernel id -> room given until
+        self.host_wanted: dict[str, tuple[float, datetime]] = {}  # kernel id -> (MiB, asked)
+        self.host_why: dict[str, str] = {}  # kernel id -> the culler's word why it waits
+        monitor.hibernator.host_gate = self.host_gate
 
     # --- the culler's answer ------------------------------------------------------------------
     def on_answer(self, answer: dict) -> None:
@@ -116,12 +135,28 @@ class SwapAgent(LoggingConfigurable):
         for wait in (swap.get("wait") or [])[:MAX_ORDERS]:
             if isinstance(wait, dict) and wait.get("kernel_id") in live:
                 hib.tell_waiting(wait["kernel_id"], waiting_words(wait.get("reason")))
+        roomed = False
+        for room in (swap.get("host_room") or [])[:MAX_ORDERS]:
+            if isinstance(room, dict) and room.get("kernel_id") in live:
+                self.host_room[room["kernel_id"]] = self._room_until()
+                self.host_why.pop(room["kernel_id"], None)
+                roomed = True
+        if roomed:  # the room is held for a short while: hibernate now, not at the next reading
+            task = asyncio.get_running_loop().create_task(self._hibernate_due())
+            self._tasks.add(task)
+            task.add_done_callback(self._tasks.discard)
+        for wait in (swap.get("host_wait") or [])[:MAX_ORDERS]:
+            if isinstance(wait, dict) and wait.get("kernel_id") in live:
+                why = wait.get("reason")
+                if isinstance(why, str) and why.isprintable():
+                    self.host_why[wait["kernel_id"]] = why[:300]
         for order in (swap.get("hibernate") or [])[:MAX_ORDERS]:
             if not isinstance(order, dict):
                 continue
             kid, reason = order.get("kernel_id"), order.get("reason")
             if not isinstance(kid, str) or kid not in live:
                 continue  # only this server's own kernels, by the ids it reported
+            self.host_room[kid] = self._room_until()  # ordered within the node's budget
             why = reason if isinstance(reason, str) and reason else "swapped out"
             self.orders = [*self.orders[-49:], {"kernel_id": kid, "reason": why[:300]}]
             task = asyncio.get_running_loop().create_task(self._swap_out(kid, why[:300]))
@@ -174,6 +209,54 @@ class SwapAgent(LoggingConfigurable):
         # refused (busy now, or the hibernator's reason): the next report says so, and the
         # culler asks the next kernel; an immediate report could only bring the same order back
 
+    # --- the node's host memory budget ---------------------------------------------------------
+    def host_gate(self, kernel_id: str, memory_mib: float) -> str | None:
+        """Whether this kernel may hibernate now (hibernate.Hibernator.host_gate): None with
+        the culler's room for it in force, else why not (and it is reported as wanted)."""
+        if not self.ask_host_room:
+            return None
+        now = self.monitor.hibernator.now()
+        until = self.host_room.get(kernel_id)
+        if until is not None and until > now:
+            self.host_wanted.pop(kernel_id, None)
+            return None
+        self.host_room.pop(kernel_id, None)
+        new = kernel_id not in self.host_wanted
+        self.host_wanted[kernel_id] = (memory_mib, now)
+        if new:
+            self.report_soon(0.0)  # the culler's answer brings the room, or why not
+        return self.host_why.get(kernel_id) or HOST_WAIT
+
+    def _room_until(self) -> datetime:
+        return self.monitor.hibernator.now() + timedelta(seconds=GRANT_SECONDS)
+
+    async def _hibernate_due(self) -> None:
+        try:
+            done = await self.monitor.hibernate_idle_kernels(self.monitor.hibernator.now())
+        except Exception:  # the next reading tries again
+            self.log.exception("fracspawner: hibernating with the culler's host room failed")
+            return
+        if done:
+            self.report_soon(0.0)  # the culler counts them in the node's budget at once
+
+    def hibernate_wanted(self) -> list[dict]:
+        """The kernels due to hibernate that wait for the culler's room (asked recently)."""
+        hib = self.monitor.hibernator
+        now, live = hib.now(), self.monitor._kernel_ids()
+        for kid in list(self.host_wanted):
+            _mib, asked = self.host_wanted[kid]
+            if (
+                kid not in live
+                or hib.suspended(kid)
+                or (now - asked).total_seconds() > WANT_SECONDS
+            ):
+                del self.host_wanted[kid]
+                self.host_why.pop(kid, None)
+        return [
+            {"kernel_id": kid, "gpu_memory_mib": round(mib, 1)}
+            for kid, (mib, _asked) in sorted(self.host_wanted.items())
+        ]
+
     # --- kernels waiting for room -------------------------------------------------------------
     def waiting(self) -> list[dict]:
         """Kernels whose resume waits for room on the GPU (hibernate.KernelSleep.gpu_full)."""
@@ -195,6 +278,9 @@ class SwapAgent(LoggingConfigurable):
     def extend(self, report: dict) -> dict:
         """The report with `swap.waiting` (what the culler makes room for)."""
         report["swap"] = {"waiting": self.waiting()}
+        wanted = self.hibernate_wanted()
+        if wanted:
+            report["swap"]["hibernate_wanted"] = wanted
         return report
 
     def _device_uuid(self) -> str | None:

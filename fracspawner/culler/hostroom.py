@@ -1,0 +1,99 @@
+"""The host memory budget bounds hibernation itself (issue 36, item 2; hostbudget.py).
+
+A kernel's server hibernates it only with room for it in its node's budget, which the culler
+gives in the answer to the server's report (`{"swap": {"host_room": [{"kernel_id",
+"gpu_memory_mib"}]}}`), counting every hibernated kernel on the node, those of users present or
+in session included (the budget may never shut theirs down, so they must never push it over).
+Where a kernel does not fit, its server is told why (`swap.host_wait`) and the kernel stays on
+the GPU: for a user away, the oldest hibernated kernels of other users away on the node are shut
+down first if that frees enough (the last resort, counted as a disruption), and the kernel
+waits until they are gone. The culler's own swap orders (pressure.py) pass the same check.
+
+Room given is held for the kernel (`GRANT_SECONDS`, longer while shut-downs it waits for are
+under way) until its server's report shows it hibernated: two servers on one node cannot both
+take the same room. The memory peak per node is then within the budget by construction.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+
+from .hostbudget import WAITS_FOR, Eviction, Holder, RoomPlan, Want, plan_room
+
+GRANT_SECONDS = 30.0  # room given to a kernel is held this long for it to hibernate
+EVICT_SECONDS = 180.0  # room that waits for shut-downs (their servers report once a minute)
+UNKNOWN_MIB = 2.0**40  # a kernel whose memory a report does not give: counted at its cap
+
+
+@dataclass
+class HostRoom:
+    """Room given and shut-downs ordered, per node (the culler's state between reports)."""
+
+    # (user, server, kernel_id) -> (node, MiB, held until: unix seconds)
+    held: dict[tuple[str, str, str], tuple[str, float, float]] = field(default_factory=dict)
+    # (user, server) -> {kernel_id: (reason, until)}: told in the answer to that server's report
+    evicting: dict[tuple[str, str], dict[str, tuple[str, float]]] = field(default_factory=dict)
+
+    def reserved(self, node: str, holders: Iterable[Holder], now: float,
+                 skip: tuple[str, str] | None = None) -> float:  # fmt: skip
+        """Room held on `node` for kernels not yet seen hibernated (their own server's `skip`
+        kernels excepted: they are planned again)."""
+        hibernated = {(h.user, h.server, k.kernel_id) for h in holders for k in h.kernels}
+        for key in [key for key, (_n, _m, until) in self.held.items() if until <= now]:
+            del self.held[key]
+        return sum(
+            mib
+            for key, (n, mib, _until) in self.held.items()
+            if n == node and key not in hibernated and key[:2] != skip
+        )
+
+    def plan(
+        self,
+        user: str,
+        server: str,
+        node: str,
+        holders: list[Holder],
+        wants: Iterable[Want],
+        cap_mib: float,
+        budget_mib: float,
+        now: float,
+        *,
+        away: bool,
+    ) -> RoomPlan:
+        """Room for one server's `wants` on its node now (hostbudget.plan_room), held for them;
+        the shut-downs it needs are kept for their servers' next reports."""
+        wants = list(wants)
+        for key in [k for k in self.held if k[:2] == (user, server)]:
+            if key[2] in {w.kernel_id for w in wants}:
+                del self.held[key]  # planned again below
+        reserved = self.reserved(node, holders, now, skip=(user, server))
+        evicting = frozenset(k for ks in self.evicting.values() for k in ks)
+        out = plan_room(
+            node, holders, reserved, wants, cap_mib, budget_mib, may_evict=away,
+            evicting=evicting,
+        )  # fmt: skip
+        for w in out.grants:
+            self.held[(user, server, w.kernel_id)] = (node, w.mib, now + GRANT_SECONDS)
+        if out.evictions:
+            self.order(out.evictions, now)
+            waiting = {kid for kid, why in out.waits if why.startswith(WAITS_FOR)}
+            for w in wants:  # hold the room the shut-downs free for the kernels that wait
+                if w.kernel_id in waiting:
+                    mib = min(w.mib, cap_mib)
+                    self.held[(user, server, w.kernel_id)] = (node, mib, now + EVICT_SECONDS)
+        return out
+
+    def order(self, evictions: Iterable[Eviction], now: float) -> None:
+        for e in evictions:
+            mine = self.evicting.setdefault((e.user, e.server), {})
+            mine[e.kernel_id] = (e.reason, now + EVICT_SECONDS)
+
+    def orders_for(self, user: str, server: str, now: float) -> dict[str, str]:
+        """The shut-downs ordered for this server's kernels still in force: {kernel_id: why}."""
+        mine = self.evicting.get((user, server), {})
+        for kid in [k for k, (_r, until) in mine.items() if until <= now]:
+            del mine[kid]
+        if not mine:
+            self.evicting.pop((user, server), None)
+        return {kid: reason for kid, (reason, _until) in mine.items()}

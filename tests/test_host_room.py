@@ -1,0 +1,125 @@
+"""The host memory budget bounds hibernation itself (issue 36 item 2, goal "host memory peak
+per node within the stated budget").
+
+The budget used to be enforced after the fact: servers hibernated freely, and the culler then
+shut down the oldest hibernated kernels of users away. Kernels it may never touch (those of
+users present or in session: a hidden lecture tab may hibernate, never be shut down) could fill
+a node past the budget, and the budget then took the away users' kernels, or nothing. Now a
+kernel is hibernated only with room for it in its node's budget, counting every hibernated
+kernel on the node (culler/hostroom.py, hostbudget.plan_room; serverext/swap.py asks).
+
+Through the pure plan, and the capacity benchmark's replay of the product (the real monitor,
+Hibernator, SwapAgent, Presence and `Culler.answer_report`, benchmarks/bench_culler.py).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from benchmarks.bench_culler import OVERCOMMIT_KIND, Sim, replay
+from benchmarks.culler_trace import Cluster, User
+from fracspawner.culler.app import Culler
+from fracspawner.culler.hostbudget import HibernatedKernel, Holder
+
+try:  # the plan's names: new with this rule (the replay test runs on main without them)
+    from fracspawner.culler.hostbudget import Want, plan_room
+except ImportError:  # pragma: no cover
+    Want = plan_room = None  # type: ignore[assignment,misc]
+
+Q = 20000.0  # a kernel of a 1/4 H100 slice
+
+
+def holder(user: str, since: float, *, present: bool = False) -> Holder:
+    return Holder(user, "", "node-0", Q, present, (HibernatedKernel(f"{user}-k", Q, since),))
+
+
+def test_a_present_user_s_kernel_that_does_not_fit_stays_on_the_gpu():
+    spared = [holder("ann", 100.0, present=True), holder("bob", 200.0, present=True)]
+    plan = plan_room("node-0", spared, 0.0, [Want("cat-k", Q)], Q, 50000.0, may_evict=False)
+    assert plan.grants == () and plan.evictions == ()
+    ((kid, why),) = plan.waits
+    assert kid == "cat-k" and "10000 MiB left" in why and "stays on the GPU" in why
+    # room held for another kernel (granted, not yet hibernated) counts too
+    plan = plan_room("node-0", [], 40000.0, [Want("cat-k", Q)], Q, 50000.0, may_evict=False)
+    assert plan.grants == ()
+    plan = plan_room("node-0", spared, 0.0, [Want("cat-k", 9000.0)], Q, 50000.0, may_evict=False)
+    assert plan.grants == (Want("cat-k", 9000.0),)
+
+
+def test_an_away_user_s_kernel_makes_room_only_where_shutting_the_oldest_away_down_frees_it():
+    # ann (present) and bob (away, the oldest) hold 40,000 of 50,000 MiB: cat's kernel needs
+    # 20,000; bob's going frees enough, ann's is never touched
+    group = [holder("ann", 50.0, present=True), holder("bob", 100.0)]
+    plan = plan_room("node-0", group, 0.0, [Want("cat-k", Q)], Q, 50000.0, may_evict=True)
+    assert [e.kernel_id for e in plan.evictions] == ["bob-k"] and plan.grants == ()
+    assert plan.waits[0][1].startswith("waits for 1 older")
+    # with only spared kernels there, nothing is shut down: it stays on the GPU
+    spared = [holder("ann", 50.0, present=True), holder("dan", 60.0, present=True)]
+    plan = plan_room("node-0", spared, 0.0, [Want("cat-k", Q)], Q, 50000.0, may_evict=True)
+    assert plan.evictions == () and plan.grants == ()
+
+
+def _lecture(minutes: int) -> list[User]:
+    """Five students run a GPU cell in the first minutes. Four stay in the lecture with their
+    notebook tab hidden behind the slides (in session: their kernels may hibernate, never be
+    shut down); the fifth leaves at minute 3, closing the tab (away)."""
+    users = []
+    for i in range(5):
+        u = User(f"st-{i}", int(Q))
+        for m in range(minutes):
+            if i < 4 or m < 3:
+                u.present[m] = True
+                u.tab_hidden[m] = m >= 3
+                u.tab_open[m] = m < 3
+                u.input[m] = m < 3
+            u.cell[m] = u.gpu_cell[m] = m < 2
+        users.append(u)
+    return users
+
+
+def test_hibernation_stays_within_the_node_budget_when_spared_kernels_hold_it(
+    tmp_path: Path, monkeypatch
+):
+    """A node's budget of 3 kernels: the four students in session fill it as their kernels
+    hibernate, the fourth's stays on the GPU; the student who left is not hibernated into a
+    full budget (and so not shut down for it: no disruption)."""
+    monkeypatch.setattr(Culler.host_memory_budget_mib, "default_value", 3 * Q + 1000.0)
+    sims: list[Sim] = []
+    minutes = 40
+    import asyncio
+
+    out = asyncio.run(
+        replay(_lecture(minutes), OVERCOMMIT_KIND, "time_sliced", Cluster(1), tmp_path,
+               minutes=minutes, sims=sims)
+    )  # fmt: skip
+    (sim,) = sims
+    budget = 3 * Q + 1000.0
+    assert sim.host_peak_node_mib <= budget, (
+        f"hibernated beyond the node's budget: {sim.host_peak_node_mib:.0f} MiB held against "
+        f"{budget:.0f} MiB"
+    )
+    assert out["kernel_shutdowns"] == 0 and sim.budget_orders == 0  # nobody loses a kernel
+    assert out["culls_while_present"] == 0
+    held = [s for s in sim.servers.values() if s.hibernated()]
+    assert len(held) == 3  # the budget's worth is hibernated (idle, or swapped out)
+    (kept,) = [s for s in sim.servers.values() if not s.hibernated() and s.kernel_id]
+    note = kept.monitor.hibernator.kernels[kept.kernel_id].note
+    assert "host memory budget of node node-0" in note and "stays on the GPU" in note
+
+
+def test_the_culler_orders_no_swap_out_the_node_budget_has_no_room_for(tmp_path: Path, monkeypatch):
+    """The culler's own swap orders (GPU memory pressure on the over-committed GPU) pass the
+    same check: with a budget smaller than one kernel, none is ordered out, and the GPU stays
+    held (newcomers wait in admission) instead of the node's host memory going over."""
+    budget = Q / 2
+    monkeypatch.setattr(Culler.host_memory_budget_mib, "default_value", budget)
+    sims: list[Sim] = []
+    import asyncio
+
+    asyncio.run(
+        replay(_lecture(20), OVERCOMMIT_KIND, "time_sliced", Cluster(1), tmp_path, minutes=20,
+               sims=sims)
+    )  # fmt: skip
+    (sim,) = sims
+    assert sim.swap_orders == 0, f"{sim.swap_orders} swap order(s) beyond the node's budget"
+    assert sim.host_peak_node_mib == 0.0
