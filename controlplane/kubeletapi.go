@@ -161,18 +161,26 @@ func (a *kubeletAPI) pod(w http.ResponseWriter, r *http.Request) (*podInfo, bool
 	return pod, true
 }
 
-// container checks the request's container is the pod's running one.
-func container(w http.ResponseWriter, r *http.Request, pod *podInfo) bool {
+// container is the pod seen through the request's container, answering 400 when the spec has
+// none of that name (the apiserver's own words; it checks first) and, with `running`, when the
+// container is not running (the kubelet's GetExec: "container not found"); without, when it was
+// never started (the kubelet's validateContainerLogStatus for a container still waiting).
+func container(w http.ResponseWriter, r *http.Request, pod *podInfo, running bool) *podInfo {
 	name := r.PathValue("container")
-	if name == pod.Container {
-		return true
-	}
-	if slices.Contains(pod.Containers, name) {
-		http.Error(w, fmt.Sprintf("container %q in pod %q is not running (the node agent runs only its first container)", name, pod.Name), http.StatusBadRequest)
-	} else {
+	if !slices.Contains(pod.Containers, name) {
 		http.Error(w, fmt.Sprintf("container %s is not valid for pod %s", name, pod.Name), http.StatusBadRequest)
+		return nil
 	}
-	return false
+	view := pod.with(name)
+	switch {
+	case running && (view == nil || !view.running()):
+		http.Error(w, fmt.Sprintf("container not found (%q)", name), http.StatusBadRequest)
+		return nil
+	case view == nil:
+		http.Error(w, fmt.Sprintf("container %q in pod %q is waiting to start: ContainerCreating", name, pod.Name), http.StatusBadRequest)
+		return nil
+	}
+	return view
 }
 
 // streamTarget reads the preamble exec, attach and port-forward share, in the kubelet's order:
@@ -185,8 +193,13 @@ func streamTarget[O any](a *kubeletAPI, w http.ResponseWriter, r *http.Request,
 		http.Error(w, err.Error(), http.StatusBadRequest)
 		return opts, nil, false
 	}
-	if pod, ok = a.pod(w, r); !ok || (withContainer && !container(w, r, pod)) {
+	if pod, ok = a.pod(w, r); !ok {
 		return opts, nil, false
+	}
+	if withContainer {
+		if pod = container(w, r, pod, true); pod == nil {
+			return opts, nil, false
+		}
 	}
 	return opts, pod, true
 }

@@ -81,7 +81,7 @@ func (a *kubeletAPI) containerLogs(w http.ResponseWriter, r *http.Request) {
 	if !ok {
 		return
 	}
-	if !container(w, r, pod) {
+	if pod = container(w, r, pod, false); pod == nil {
 		return
 	}
 	// this container's part of the log, or with previous=true the part of the one before it

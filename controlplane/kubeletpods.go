@@ -2,8 +2,10 @@ package main
 
 // The node agent's running pods as the kubelet API sees them, and what exec, attach and
 // port-forward do with one. The agent (devcluster/nodeagent/kubeletapi.py) writes
-// <pods-dir>/<namespace>_<name>.json when a pod's container starts and removes it when the pod
-// is deleted, so the log of an exited container stays readable, as the kubelet's does.
+// <pods-dir>/<namespace>_<name>.json whenever one of a pod's containers starts (init containers
+// and sidecars included, each with its process, environment and log file) and keeps it until a
+// pod of that name starts again, so the log of an exited container stays readable, as the
+// kubelet's does.
 
 import (
 	"context"
@@ -26,23 +28,51 @@ import (
 	utilexec "k8s.io/utils/exec"
 )
 
-type podInfo struct {
-	Namespace  string            `json:"namespace"`
-	Name       string            `json:"name"`
-	UID        string            `json:"uid"`
-	Container  string            `json:"container"`  // the one container that runs
-	Containers []string          `json:"containers"` // every container of the spec
-	PID        int               `json:"pid"`
-	StartTime  string            `json:"start_time"` // /proc/<pid>/stat field 22: tells a reused pid
-	Env        map[string]string `json:"env"`
-	Cwd        string            `json:"cwd"`
-	Log        string            `json:"log"`
-	// where this container's output starts in Log, and where the previous one's of the same
-	// pod started (nil: none), as the runner appends a restarted container's output
+// podRecord is the agent's file for a pod: its containers, and each started one by name.
+type podRecord struct {
+	Namespace  string                      `json:"namespace"`
+	Name       string                      `json:"name"`
+	UID        string                      `json:"uid"`
+	Default    string                      `json:"default"`    // the first app container
+	Containers []string                    `json:"containers"` // every container of the spec, init ones included
+	IP         string                      `json:"ip"`
+	Started    map[string]*containerRecord `json:"started"`
+}
+
+type containerRecord struct {
+	PID       int               `json:"pid"`
+	StartTime string            `json:"start_time"` // /proc/<pid>/stat field 22: tells a reused pid
+	Env       map[string]string `json:"env"`
+	Cwd       string            `json:"cwd"`
+	Log       string            `json:"log"`
+	// where this run's output starts in Log, and where the previous run's of the same
+	// container started (nil: none), as the runner appends a restarted container's output
 	LogStart         int64    `json:"log_start"`
 	PreviousLogStart *int64   `json:"previous_log_start"`
-	IP               string   `json:"ip"`
 	Namespaces       []string `json:"namespaces"` // nsenter's names: uts, mount, net
+}
+
+// podInfo: a pod as one request sees it, with the container it names (none for port-forward).
+type podInfo struct {
+	*containerRecord
+	Namespace  string
+	Name       string
+	UID        string
+	Container  string
+	Containers []string
+	IP         string
+	started    map[string]*containerRecord
+}
+
+// with is the pod seen through its started container `name` (nil: never started).
+func (p *podInfo) with(name string) *podInfo {
+	c := p.started[name]
+	if c == nil {
+		return nil
+	}
+	view := *p
+	view.containerRecord, view.Container = c, name
+	return &view
 }
 
 type podDir struct {
@@ -54,8 +84,8 @@ type podDir struct {
 }
 
 type seenPod struct {
-	mod time.Time
-	log string
+	mod  time.Time
+	logs []string
 }
 
 func (d *podDir) get(namespace, name string) (*podInfo, error) {
@@ -66,14 +96,15 @@ func (d *podDir) get(namespace, name string) (*podInfo, error) {
 	if err != nil {
 		return nil, fmt.Errorf("pod %q does not exist", name)
 	}
-	var pod podInfo
-	if err := json.Unmarshal(data, &pod); err != nil {
+	var rec podRecord
+	if err := json.Unmarshal(data, &rec); err != nil {
 		return nil, fmt.Errorf("pod %s/%s: %v", namespace, name, err)
 	}
-	return &pod, nil
+	return &podInfo{Namespace: rec.Namespace, Name: rec.Name, UID: rec.UID, Container: rec.Default,
+		Containers: rec.Containers, IP: rec.IP, started: rec.Started}, nil
 }
 
-// logs are the log files of every pod the agent has written a file for.
+// logs are the log files of every started container of the pods the agent has written a file for.
 func (d *podDir) logs() []string {
 	d.mu.Lock()
 	defer d.mu.Unlock()
@@ -98,12 +129,15 @@ func (d *podDir) logs() []string {
 			if err != nil {
 				continue
 			}
-			known = seenPod{mod: info.ModTime(), log: pod.Log}
+			known = seenPod{mod: info.ModTime()}
+			for _, c := range pod.started {
+				if c.Log != "" {
+					known.logs = append(known.logs, c.Log)
+				}
+			}
 		}
 		now[e.Name()] = known
-		if known.log != "" {
-			logs = append(logs, known.log)
-		}
+		logs = append(logs, known.logs...)
 	}
 	d.seen = now
 	return logs

@@ -156,8 +156,8 @@ def test_two_app_containers_run_and_one_exiting_leaves_the_pod_running_not_ready
         **WORK,
     )
     shows(cp, "two-apps", "2/2", "Running")
-    # the job ends (told through the first container, the one kubectl exec reaches): the
-    # server still runs, so the pod is Running but not Ready
+    # the job ends (told through the server's exec, in the same emptyDir): the server still
+    # runs, so the pod is Running but not Ready
     kubectl(cp, "exec", "two-apps", "-n", NS, "-c", "server", "--", "touch", "/work/done")
     shows(cp, "two-apps", "1/2", "NotReady")
     p = pod(cp, "two-apps")
@@ -167,7 +167,7 @@ def test_two_app_containers_run_and_one_exiting_leaves_the_pod_running_not_ready
     assert server["state"]["running"] and server["ready"], server
     assert conditions(p)["ContainersReady"]["status"] == "False"
     assert "job" in conditions(p)["ContainersReady"]["message"]
-    # the first container is the runner's own: the one the kubelet API execs into and logs
+    # the first app container is the runner's own
     assert (NS, "two-apps") in agent.runtime.kubelet.running
 
 

@@ -251,6 +251,40 @@ def test_kubectl_attach_streams_the_container_s_output(cp, agent):
         attach.wait(timeout=30)
 
 
+def test_exec_and_logs_reach_every_container_of_the_pod(cp, agent):
+    manifest = pod("multi", ["sh", "-c", "echo main up; exec sleep 600"],
+                   env=[{"name": "WHO", "value": "main"}])  # fmt: skip
+    spec = manifest["spec"]
+    spec["containers"].append({
+        "name": "second", "image": "python", "env": [{"name": "WHO", "value": "second"}],
+        "command": ["sh", "-c", "echo second up; exec sleep 600"],
+    })  # fmt: skip
+    spec["initContainers"] = [
+        {"name": "init", "image": "python", "command": ["sh", "-c", "echo init ran"]},
+        {"name": "sidecar", "image": "python", "restartPolicy": "Always",
+         "command": ["sh", "-c", "echo sidecar up; exec sleep 600"]},
+    ]  # fmt: skip
+    started(cp, manifest, "Running")
+    run = lambda *a: kubectl(cp, "-n", NS, *a, check=False)  # noqa: E731
+    # exec runs beside the named container, with its environment
+    who = 'echo "$WHO"'
+    second = run("exec", "multi", "-c", "second", "--", "sh", "-c", who)
+    assert second.stdout == "second\n", second.stderr
+    assert run("exec", "multi", "-c", "main", "--", "sh", "-c", who).stdout == "main\n"
+    # each container's own log, init containers and sidecars included
+    for name, line in [("main", "main up"), ("second", "second up"), ("init", "init ran"),
+                       ("sidecar", "sidecar up")]:  # fmt: skip
+        eventually(lambda n=name, want=line: run("logs", "multi", "-c", n).stdout == f"{want}\n",
+                   f"{name}'s log")  # fmt: skip
+    # an exited init container is not there to exec into: the kubelet's words
+    gone = run("exec", "multi", "-c", "init", "--", "true")
+    assert gone.returncode != 0
+    assert 'container not found ("init")' in gone.stderr
+    never = run("logs", "multi", "-c", "second", "--previous")
+    assert never.returncode != 0
+    assert 'previous terminated container "second"' in never.stderr
+
+
 def _kubelet_get(agent: NodeAgent, path: str, cert: Any = None) -> tuple[int, str]:
     tls = ssl.create_default_context(cafile=str(agent.kubelet_api.ca_cert))
     if cert is not None:

@@ -3,10 +3,11 @@ that starts one container per pod: each container is handed to it as a pod of th
 container, in the same sandbox (the pod's IP, network namespace, hostname and volumes).
 
 - The pod's first app container is the runner's own (`Kubelet.running[(ns, name)]`, its log
-  `container.log`, the pod's HOME): what the kubelet API execs into and logs.
+  `container.log`, the pod's HOME).
 - Every other container (init containers, sidecars, the other app containers) is kept here,
   by (namespace, pod, container), with a log (`<container>.log`) and a HOME of its own, so
   stopping one never touches its siblings' processes.
+- The kubelet API reaches each of them (kubeletapi.PublishingKubelet publishes every start).
 - emptyDir volumes are made once per pod (`fresh_volumes`) and handed to each container as the
   same directory, so what an init container writes there the app containers read, and a
   restarted container finds what it left (kubernetes.io "Volumes": an emptyDir lives as long as
@@ -121,8 +122,7 @@ class ContainerRunner(Kubelet):
         own = {**(env or {}), "HOME": str(home), "DEVCLUSTER_CONTAINER_LOG": str(log)}
         main = self.running.pop(key, None)  # the runner keeps one container per pod
         try:
-            # the runner's own start, not a subclass's: only the first app container is
-            # published to the kubelet API
+            # the runner's own start: it records the container under the pod's key
             running = await Kubelet.start(self, self._view(pod, wrapped), lookup, own, ip=ip)
             self.running.pop(key, None)
         finally:

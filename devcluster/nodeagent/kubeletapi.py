@@ -9,11 +9,12 @@ advertises InternalIP 127.0.0.1 and its port in status.daemonEndpoints.kubeletEn
 - only the apiserver gets in: a client certificate the cluster CA verifies (401 without one)
   whose CN is the apiserver's --kubelet-client-certificate's, kube-apiserver-kubelet-client
   (403 for any other, a node's or the admin's included);
-- the pods: `publish` writes, when a container starts, one JSON file per pod in `pods_dir`
-  (its process, env, working directory, namespaces, log file and where in it this container's
-  output and the previous container's begin, IP), which the process reads per request. A file
-  stays after its container exits (its log stays readable) until a pod of the same name starts
-  again or the agent stops.
+- the pods: `publish` writes, whenever one of its containers starts, one JSON file per pod in
+  `pods_dir`: its IP, the names of its containers, and per started container (init containers
+  and sidecars included) its process, env, working directory, namespaces, log file and where in
+  it this run's output and the previous run's begin, which the process reads per request. A
+  file stays after its containers exit (their logs stay readable) until a pod of the same name
+  starts again or the agent stops.
 
 The process dies with the thread that started it (PR_SET_PDEATHSIG, as the launcher's
 components), so a node agent killed outright leaves no kubelet-api behind."""
@@ -37,7 +38,7 @@ from devcluster.controlplane.ports import PortReservation
 from devcluster.controlplane.processes import Component, ComponentDied, log_tail
 from devcluster.kubelet import Running
 
-from .containers import ContainerRunner
+from .containers import ContainerRunner, main_name
 from .credentials import load_ca
 
 #: the apiserver's kubelet client identity (devcluster/controlplane/pki.py)
@@ -60,21 +61,15 @@ def _start_time(pid: int) -> str:
     return raw.rsplit(") ", 1)[1].split()[19]
 
 
-def pod_record(
-    pod: Mapping[str, Any], running: Running, log_start: int = 0, previous: int | None = None
+def container_record(
+    running: Running, log_start: int = 0, previous: int | None = None
 ) -> dict[str, Any]:
-    """What the kubelet-api process reads about a running pod (controlplane/kubeletpods.go).
-    `log_start`: where this container's output begins in its log file, `previous`: where the
-    previous container's of the same pod began (the runner appends a restart's output)."""
-    meta = pod["metadata"]
-    containers = [c["name"] for c in pod["spec"]["containers"]]
+    """What the kubelet-api process reads about one started container of a pod
+    (controlplane/kubeletpods.go). `log_start`: where this run's output begins in its log file,
+    `previous`: where the previous run's of the same container began (the runner appends a
+    restart's output)."""
     pid = running.process.pid
     return {
-        "namespace": meta["namespace"],
-        "name": meta["name"],
-        "uid": meta.get("uid", ""),
-        "container": containers[0],  # the first app container: the one published
-        "containers": containers,
         "pid": pid,
         "start_time": _start_time(pid),
         "env": dict(running.env),
@@ -82,8 +77,25 @@ def pod_record(
         "log": str(running.log_path),
         "log_start": log_start,
         "previous_log_start": previous,
-        "ip": running.ip,
         "namespaces": list(running.namespaces),
+    }
+
+
+def pod_record(pod: Mapping[str, Any], ip: str) -> dict[str, Any]:
+    """A pod's record with no container started yet; `started` is filled by container_record,
+    by container name. `containers`: every container of the spec (init containers and sidecars
+    included, as the apiserver's `container ... is not valid for pod` check counts them)."""
+    meta = pod["metadata"]
+    spec = pod["spec"]
+    names = [c["name"] for c in [*(spec.get("initContainers") or []), *spec["containers"]]]
+    return {
+        "namespace": meta["namespace"],
+        "name": meta["name"],
+        "uid": meta.get("uid", ""),
+        "default": spec["containers"][0]["name"],
+        "containers": names,
+        "ip": ip,
+        "started": {},
     }
 
 
@@ -92,31 +104,39 @@ def publish(pods_dir: Path, record: Mapping[str, Any]) -> None:
     target = pod_file(pods_dir, record["namespace"], record["name"])
     tmp = target.with_suffix(f".{os.getpid()}.tmp")
     tmp.write_text(json.dumps(record))
-    tmp.chmod(0o600)  # the container's env may hold secrets
+    tmp.chmod(0o600)  # the containers' env may hold secrets
     tmp.replace(target)
 
 
 class PublishingKubelet(ContainerRunner):
-    """The runner, publishing the first app container of each pod whenever it starts (restarts
-    included) to the kubelet API."""
+    """The runner, publishing each container of a pod to the kubelet API whenever it starts
+    (init containers, sidecars, every app container; restarts included)."""
 
     def __init__(self, *args: Any, pods_dir: Path, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self.pods_dir = pods_dir
-        #: (namespace, name) -> (uid, log_start) of the container started last
-        self._started: dict[tuple[str, str], tuple[str, int]] = {}
+        #: (namespace, name) -> the pod's record as last published
+        self._records: dict[tuple[str, str], dict[str, Any]] = {}
 
-    async def start(self, pod: Mapping[str, Any], *args: Any, **kwargs: Any) -> Running:
+    async def start_container(self, pod: Mapping[str, Any], name: str, *args: Any,
+                              **kwargs: Any) -> Running:  # fmt: skip
         meta = pod["metadata"]
         key = (meta["namespace"], meta["name"])
-        log = self.pod_dir(*key) / "container.log"  # where Kubelet.start appends its output
+        # where the runner appends this container's output (containers.py)
+        file = "container.log" if name == main_name(pod) else f"{name}.log"
+        log = self.pod_dir(*key) / file
         log_start = log.stat().st_size if log.exists() else 0
-        running = await super().start(pod, *args, **kwargs)
-        uid = meta.get("uid", "")
-        before = self._started.get(key)
-        previous = before[1] if before and before[0] == uid else None  # a restart
-        self._started[key] = (uid, log_start)
-        publish(self.pods_dir, pod_record(pod, running, log_start, previous))
+        running = await super().start_container(pod, name, *args, **kwargs)
+        record = self._records.get(key)
+        if record is None or record["uid"] != meta.get("uid", ""):  # a new pod of that name
+            record = pod_record(pod, running.ip)
+        before = record["started"].get(name)
+        previous = before["log_start"] if before else None  # a restart
+        record = {**record, "ip": running.ip,
+                  "started": {**record["started"],
+                              name: container_record(running, log_start, previous)}}  # fmt: skip
+        self._records[key] = record
+        publish(self.pods_dir, record)
         return running
 
 
@@ -200,6 +220,7 @@ __all__ = [
     "ComponentDied",
     "KubeletAPI",
     "PublishingKubelet",
+    "container_record",
     "pod_record",
     "publish",
 ]
