@@ -366,9 +366,11 @@ class SimKernels:
         return self.kernels[kernel_id]
 
     async def shutdown_kernel(self, kernel_id: str) -> None:
+        s = self.server
+        busy = s.busy2 if kernel_id == s.kernel2_id else s.busy  # the kernel shut down, working?
         del self.kernels[kernel_id]
-        self.server.kernel_ended(kernel_id)
-        self.server.on_shutdown(self.server)  # counted as a kernel shut-down (Sim.kernel_culled)
+        s.kernel_ended(kernel_id)
+        s.on_shutdown(s, busy)  # counted as a kernel shut-down (Sim.kernel_culled)
 
 
 @dataclass
@@ -402,7 +404,7 @@ class SimServer:
         self.uuid = f"GPU-sim-{gpu:04d}"  # the physical GPU, as NVML names it
         self.virtualised = virtualised  # HAMi-core: its NVML shows its slice, not the GPU
         self.kernels = SimKernels(self)
-        self.on_shutdown: Callable[[SimServer], None] = lambda _s: None
+        self.on_shutdown: Callable[[SimServer, bool], None] = lambda _s, _busy: None
         now = _dt(v(m))
         self.clock = clock or (lambda: now)
         self.settings: dict[str, Any] = {
@@ -690,11 +692,11 @@ class Sim:
         self.pods[s.pod] = s
         return s
 
-    def kernel_culled(self, s: SimServer) -> None:
+    def kernel_culled(self, s: SimServer, busy: bool) -> None:
         """A kernel shut down: by its server's kernel_gpu_idle, or by the culler's order for
-        its node's host memory budget (swap.py); counted as a kernel shut-down."""
+        its node's host memory budget (swap.py); counted as a kernel shut-down. `busy`: that
+        kernel was working (the server's other kernel working makes no false cull of it)."""
         u = s.user
-        busy = s.busy or s.busy2
         self.culls.append(Cull("kernel", u.name, self.minute, busy, u.present[self.minute]))
 
     def slice_for(self, u: User) -> str:

@@ -616,7 +616,7 @@ class Culler(CullerApplication):
         away = not (report.present or report.in_session)
         plan = self._host_room.plan(
             who.user, who.server, where.node, holders, wants, self.host_cap(facts, budget),
-            budget, now, away=away,
+            budget, now, {(u, n): r.received_at for u, n, r in self.reports.latest()}, away=away,
         )  # fmt: skip
         granted = {w.kernel_id: w.mib for w in plan.grants}
         answer = answer or {"swap": {}}

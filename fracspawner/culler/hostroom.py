@@ -16,13 +16,14 @@ take the same room. The memory peak per node is then within the budget by constr
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 
 from .hostbudget import WAITS_FOR, Eviction, Holder, RoomPlan, Want, plan_room
 
 GRANT_SECONDS = 30.0  # room given to a kernel is held this long for it to hibernate
 EVICT_SECONDS = 180.0  # room that waits for shut-downs (their servers report once a minute)
+LONGEST_SECONDS = 600.0  # room held for a server that does not report again
 UNKNOWN_MIB = 2.0**40  # a kernel whose memory a report does not give: counted at its cap
 
 
@@ -30,23 +31,28 @@ UNKNOWN_MIB = 2.0**40  # a kernel whose memory a report does not give: counted a
 class HostRoom:
     """Room given and shut-downs ordered, per node (the culler's state between reports)."""
 
-    # (user, server, kernel_id) -> (node, MiB, held until: unix seconds)
-    held: dict[tuple[str, str, str], tuple[str, float, float]] = field(default_factory=dict)
+    # (user, server, kernel_id) -> (node, MiB, given at: unix seconds, for how long)
+    held: dict[tuple[str, str, str], tuple[str, float, float, float]] = field(default_factory=dict)
     # (user, server) -> {kernel_id: (reason, until)}: told in the answer to that server's report
     evicting: dict[tuple[str, str], dict[str, tuple[str, float]]] = field(default_factory=dict)
 
     def reserved(self, node: str, holders: Iterable[Holder], now: float,
-                 skip: tuple[str, str] | None = None) -> float:  # fmt: skip
-        """Room held on `node` for kernels not yet seen hibernated (their own server's `skip`
-        kernels excepted: they are planned again)."""
+                 reported: Mapping[tuple[str, str], float]) -> float:  # fmt: skip
+        """Room held on `node` for kernels not yet seen hibernated. Held until the kernel's
+        server reports it hibernated (then its report counts it), or reports after the room
+        ran out without it (`reported`: when each server's latest report came), never by time
+        alone while it has not reported since (it may have hibernated the kernel meanwhile);
+        at most `LONGEST_SECONDS`."""
         hibernated = {(h.user, h.server, k.kernel_id) for h in holders for k in h.kernels}
-        for key in [key for key, (_n, _m, until) in self.held.items() if until <= now]:
-            del self.held[key]
-        return sum(
-            mib
-            for key, (n, mib, _until) in self.held.items()
-            if n == node and key not in hibernated and key[:2] != skip
-        )
+        for key, (_n, _mib, at, hold) in list(self.held.items()):
+            last = reported.get(key[:2])
+            if (
+                key in hibernated
+                or (last is not None and last > at + hold)
+                or now > at + LONGEST_SECONDS
+            ):
+                del self.held[key]
+        return sum(mib for (n, mib, _at, _hold) in self.held.values() if n == node)
 
     def plan(
         self,
@@ -58,6 +64,7 @@ class HostRoom:
         cap_mib: float,
         budget_mib: float,
         now: float,
+        reported: Mapping[tuple[str, str], float],
         *,
         away: bool,
     ) -> RoomPlan:
@@ -67,21 +74,21 @@ class HostRoom:
         for key in [k for k in self.held if k[:2] == (user, server)]:
             if key[2] in {w.kernel_id for w in wants}:
                 del self.held[key]  # planned again below
-        reserved = self.reserved(node, holders, now, skip=(user, server))
+        reserved = self.reserved(node, holders, now, reported)
         evicting = frozenset(k for ks in self.evicting.values() for k in ks)
         out = plan_room(
             node, holders, reserved, wants, cap_mib, budget_mib, may_evict=away,
             evicting=evicting,
         )  # fmt: skip
         for w in out.grants:
-            self.held[(user, server, w.kernel_id)] = (node, w.mib, now + GRANT_SECONDS)
+            self.held[(user, server, w.kernel_id)] = (node, w.mib, now, GRANT_SECONDS)
         if out.evictions:
             self.order(out.evictions, now)
             waiting = {kid for kid, why in out.waits if why.startswith(WAITS_FOR)}
             for w in wants:  # hold the room the shut-downs free for the kernels that wait
                 if w.kernel_id in waiting:
                     mib = min(w.mib, cap_mib)
-                    self.held[(user, server, w.kernel_id)] = (node, mib, now + EVICT_SECONDS)
+                    self.held[(user, server, w.kernel_id)] = (node, mib, now, EVICT_SECONDS)
         return out
 
     def order(self, evictions: Iterable[Eviction], now: float) -> None:
