@@ -262,9 +262,16 @@ def test_exec_and_logs_reach_every_container_of_the_pod(cp, agent):
     spec["initContainers"] = [
         {"name": "init", "image": "python", "command": ["sh", "-c", "echo init ran"]},
         {"name": "sidecar", "image": "python", "restartPolicy": "Always",
-         "command": ["sh", "-c", "echo sidecar up; exec sleep 600"]},
+         "command": ["sh", "-c", "echo sidecar up; while sleep 0.3; do echo tick; done"]},
     ]  # fmt: skip
     started(cp, manifest, "Running")
+
+    def all_running() -> bool:  # Running once one app container runs: the others follow
+        status = get_json(cp, "pod", "multi", "-n", NS)["status"]
+        apps = status.get("containerStatuses") or []
+        return len(apps) == 2 and all("running" in c["state"] for c in apps)
+
+    eventually(all_running, "multi's app containers running")
     run = lambda *a: kubectl(cp, "-n", NS, *a, check=False)  # noqa: E731
     # exec runs beside the named container, with its environment
     who = 'echo "$WHO"'
@@ -274,8 +281,20 @@ def test_exec_and_logs_reach_every_container_of_the_pod(cp, agent):
     # each container's own log, init containers and sidecars included
     for name, line in [("main", "main up"), ("second", "second up"), ("init", "init ran"),
                        ("sidecar", "sidecar up")]:  # fmt: skip
-        eventually(lambda n=name, want=line: run("logs", "multi", "-c", n).stdout == f"{want}\n",
-                   f"{name}'s log")  # fmt: skip
+        eventually(lambda n=name, want=line: run("logs", "multi", "-c", n).stdout
+                   .startswith(f"{want}\n"), f"{name}'s log")  # fmt: skip
+    assert run("logs", "multi", "-c", "init").stdout == "init ran\n"
+    # attach streams the named container's output
+    attach = subprocess.Popen(
+        ["kubectl", f"--kubeconfig={cp.kubeconfig}", "-n", NS, "attach", "multi", "-c",
+         "sidecar"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    try:
+        line = attach.stdout.readline() if attach.stdout else ""
+        assert line == "tick\n", (line, attach.poll())
+    finally:
+        attach.terminate()
+        attach.wait(timeout=30)
     # an exited init container is not there to exec into: the kubelet's words
     gone = run("exec", "multi", "-c", "init", "--", "true")
     assert gone.returncode != 0
@@ -283,6 +302,21 @@ def test_exec_and_logs_reach_every_container_of_the_pod(cp, agent):
     never = run("logs", "multi", "-c", "second", "--previous")
     assert never.returncode != 0
     assert 'previous terminated container "second"' in never.stderr
+
+
+def test_an_init_container_s_previous_log_is_its_run_before(cp, agent, tmp_path: Path):
+    marker = tmp_path / "init-ran-once"
+    init = f"if [ -f {marker} ]; then echo init second; exit 0; fi; touch {marker}; echo init first"
+    init += "; exit 1"
+    manifest = pod("reinit", ["sleep", "600"])
+    manifest["spec"]["restartPolicy"] = "OnFailure"
+    manifest["spec"]["initContainers"] = [
+        {"name": "init", "image": "python", "command": ["sh", "-c", init]}
+    ]
+    started(cp, manifest, "Running")
+    logs = lambda *more: kubectl(cp, "-n", NS, "logs", "reinit", "-c", "init", *more)  # noqa: E731
+    assert logs().stdout == "init second\n"
+    assert logs("--previous").stdout == "init first\n"
 
 
 def _kubelet_get(agent: NodeAgent, path: str, cert: Any = None) -> tuple[int, str]:
