@@ -308,8 +308,8 @@ class NodeAgent:
         kubelet_api: bool = True,
         network: str = "host",
     ) -> NodeAgent:
-        """`mode`: "no-run" (pods reported Running, nothing runs) or "run" (each pod's first
-        container runs as a local process); `images`: run mode's command for an image whose
+        """`mode`: "no-run" (pods reported Running, nothing runs) or "run" (each pod's
+        containers run as local processes); `images`: run mode's command for an image whose
         container names none (devcluster.kubelet.DEFAULT_COMMAND otherwise);
         `restart_backoff`: run mode's crash-loop back-off, (initial, maximum) seconds;
         `kubelet_api`: serve the kubelet API (exec, logs, port-forward: kubeletapi.py);
