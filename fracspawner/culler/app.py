@@ -13,6 +13,7 @@ import asyncio
 import json
 import os
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, replace
 from typing import Any
 from urllib.parse import urlparse
@@ -646,8 +647,12 @@ class Culler(CullerApplication):
         device = float(pool.gpu.device_memory_mib) if pool is not None else 0.0
         return max(self.claim(facts)[1], device) or budget
 
-    def host_holders(self, now: float, budget: float) -> dict[str, list[Holder]]:
-        """Every node's hibernated kernels, by the servers' fresh reports (spared included)."""
+    def host_holders(
+        self, now: float, budget: float, cap_of: Callable[[ServerFacts], float] | None = None
+    ) -> dict[str, list[Holder]]:
+        """Every node's hibernated kernels, by the servers' fresh reports (spared included);
+        each server's kernels counted up to `cap_of(facts)` (host_cap by default)."""
+        cap_of = cap_of or (lambda facts: self.host_cap(facts, budget))
         out: dict[str, list[Holder]] = {}
         for user, server, report in self.reports.latest():
             facts = self.known.get((user, server))
@@ -658,7 +663,7 @@ class Culler(CullerApplication):
             where = self.placement_of(user, server)
             if where is None or not where.node:
                 continue  # its node is not known: its pod's memory limit bounds it
-            cap = self.host_cap(facts, budget)
+            cap = cap_of(facts)
             # a user present or in session keeps their kernels (serverext/presence.py)
             out.setdefault(where.node, []).append(
                 Holder(user, server, where.node, cap, bool(report.present or report.in_session),
@@ -686,22 +691,8 @@ class Culler(CullerApplication):
                         shown(k.kernel_id), why,
                     )  # fmt: skip
                     orders.append({"kernel_id": k.kernel_id, "reason": why})
-        holders = []
-        for user, server, report in self.reports.latest():
-            facts = self.known.get((user, server))
-            if facts is None or not report.hibernated_kernels:
-                continue
-            if now - report.received_at > self.max_staleness:
-                continue  # its kernels may have come back since: not counted, never ordered
-            where = self.placement_of(user, server)
-            if where is None or not where.node:
-                continue  # its node is not known: its pod's memory limit bounds it
-            cap = self.claim(facts)[1] or budget
-            # a user present or in session keeps their kernels (serverext/presence.py)
-            holders.append(
-                Holder(user, server, where.node, cap, bool(report.present or report.in_session),
-                       report.hibernated_kernels)
-            )  # fmt: skip
+        by_node = self.host_holders(now, budget, lambda facts: self.claim(facts)[1] or budget)
+        holders = [h for node in by_node.values() for h in node]
         for e in plan_evictions(holders, budget):
             if (e.user, e.server) != (who.user, who.server):
                 continue  # told in the answer to its own server's report
