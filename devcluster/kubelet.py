@@ -177,6 +177,21 @@ def simulated_gpu_env(pod: Mapping[str, Any], container: Mapping[str, Any]) -> d
     }
 
 
+async def terminate(process: asyncio.subprocess.Process, grace: float, home: Path) -> None:
+    """The kubelet's stop: SIGTERM to the container's process group, `grace` seconds, then
+    SIGKILL to the group and to what it started outside it (found by its HOME)."""
+    if process.returncode is None:
+        _signal_group(process.pid, signal.SIGTERM)
+        try:
+            await asyncio.wait_for(process.wait(), timeout=max(grace, 0))
+        except asyncio.TimeoutError:
+            pass
+    _signal_group(process.pid, signal.SIGKILL)  # also children that outlived the leader
+    _kill_escaped(home)
+    if process.returncode is None:
+        await process.wait()
+
+
 class Kubelet:
     def __init__(
         self,
@@ -305,17 +320,7 @@ class Kubelet:
         running = self.running.pop((namespace, name), None)
         if running is None:
             return
-        process = running.process
-        if process.returncode is None:
-            _signal_group(process.pid, signal.SIGTERM)
-            try:
-                await asyncio.wait_for(process.wait(), timeout=max(grace, 0))
-            except asyncio.TimeoutError:
-                pass
-        _signal_group(process.pid, signal.SIGKILL)  # also children that outlived the leader
-        _kill_escaped(self.pod_dir(namespace, name) / "home")
-        if process.returncode is None:
-            await process.wait()
+        await terminate(running.process, grace, self.pod_dir(namespace, name) / "home")
         if release_ip:
             await self.release(running.ip)
 

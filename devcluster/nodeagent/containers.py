@@ -24,7 +24,14 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from devcluster.kubelet import Kubelet, Running, _kill_escaped, _signal_group, container_command
+from devcluster.kubelet import (
+    Kubelet,
+    Running,
+    _kill_escaped,
+    _signal_group,
+    container_command,
+    terminate,
+)
 
 #: run in front of a container that is not the runner's own: its output to a log of its own
 _TO_LOG = 'exec >>"$DEVCLUSTER_CONTAINER_LOG" 2>&1; unset DEVCLUSTER_CONTAINER_LOG; exec "$@"'
@@ -148,17 +155,9 @@ class ContainerRunner(Kubelet):
         running = self.others.pop((meta["namespace"], meta["name"], name), None)
         if running is None:
             return
-        process = running.process
-        if process.returncode is None:
-            _signal_group(process.pid, signal.SIGTERM)
-            try:
-                await asyncio.wait_for(process.wait(), timeout=max(grace, 0))
-            except asyncio.TimeoutError:
-                pass
-        _signal_group(process.pid, signal.SIGKILL)
-        _kill_escaped(self.pod_dir(meta["namespace"], meta["name"]) / f"home-{name}")
-        if process.returncode is None:
-            await process.wait()
+        await terminate(
+            running.process, grace, self.pod_dir(meta["namespace"], meta["name"]) / f"home-{name}"
+        )
 
     def kill_all(self) -> None:
         for (namespace, name, container), running in list(self.others.items()):
