@@ -336,6 +336,7 @@ def _count_claim_events(watcher: Any) -> dict[str, int]:
 
 async def churn_render(cluster: Any, offers: Offers) -> dict[str, Any]:
     from kubespawner import KubeSpawner
+    from kubespawner.clients import load_config
     from traitlets.config import Config
 
     from fracspawner.cli.plan import use_kubeconfig
@@ -347,6 +348,9 @@ async def churn_render(cluster: Any, offers: Offers) -> dict[str, Any]:
     data = catalog()
     cfg = Config()
     cfg.FracSpawner.catalog = data
+    # kubespawner loads the client configuration once per process (an lru_cache): after the
+    # scale run's own cluster it still named that cluster's deleted CA (FileNotFoundError)
+    load_config.cache_clear()
     with use_kubeconfig(cluster.kubeconfig):
         frac = FracSpawner(_mock=True, config=cfg, user=HubUser("alice"))
         plain = KubeSpawner(_mock=True, user=HubUser("alice"))
