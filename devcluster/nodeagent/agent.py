@@ -25,7 +25,7 @@ from devcluster.controlplane.processes import ComponentDied
 from devcluster.dra.nvidia import DRIVER
 from devcluster.probes import DEFAULT_BACKOFF
 
-from . import nodeobject, podstatus, services
+from . import claimenv, nodeobject, podstatus, services
 from .client import ApiError, Client
 from .credentials import node_kubeconfig
 from .kubeletapi import KubeletAPI
@@ -36,6 +36,7 @@ from .slices import node_slices
 RENEW_SECONDS = 10.0  # the kubelet renews at a quarter of the lease's 40 s
 WATCH_SECONDS = 3  # each watch request ends this often, so renewals and stop() are timely
 SLICES = "/apis/resource.k8s.io/v1/resourceslices"
+RESOURCE = "/apis/resource.k8s.io/v1"
 
 
 class NodeRunner:
@@ -219,6 +220,26 @@ class NodeRunner:
         ns = pod["metadata"]["namespace"]
         services = self.client.get(f"/api/v1/namespaces/{ns}/services")["items"]
         return pod_service_env(pod, services, self.apiserver)
+
+    def claim_env(self, pod: Mapping[str, Any], container: str) -> dict[str, str]:
+        """What the DRA claims `container` references give it (claimenv.py): the claims read
+        with the node's credentials (the Node authorizer lets a node read its pods' claims),
+        the devices' UUIDs from the slices this node publishes. ClaimNotReady until allocated."""
+        refs = claimenv.container_claims(pod, container)
+        if not refs:
+            return {}
+        ns = pod["metadata"]["namespace"]
+        claims = {name: self._get(f"{RESOURCE}/namespaces/{ns}/resourceclaims/{name}")
+                  for name, _ in refs}  # fmt: skip
+        return claimenv.device_env(refs, claims, node_slices(self.name, self.dra or {}))
+
+    def _get(self, path: str) -> dict[str, Any] | None:
+        try:
+            return self.client.get(path)
+        except ApiError as err:
+            if err.status in (403, 404):
+                return None
+            raise
 
     def lookup(self, plural: str, namespace: str, name: str) -> dict[str, Any] | None:
         return self._lookup(plural, namespace, name)

@@ -44,6 +44,7 @@ from devcluster.kubelet import ConfigError, Running, port_open
 from devcluster.volumes import MountError
 
 from . import podstatus
+from .claimenv import ClaimNotReady
 from .containers import ContainerRunner, all_ports
 from .nodeobject import now
 
@@ -60,6 +61,7 @@ class NodeApi(Protocol):
     def remove(self, pod: Mapping[str, Any]) -> None: ...
     def lookup(self, plural: str, namespace: str, name: str) -> dict[str, Any] | None: ...
     def service_env(self, pod: Mapping[str, Any]) -> dict[str, str]: ...
+    def claim_env(self, pod: Mapping[str, Any], container: str) -> dict[str, str]: ...
 
 
 def _should_restart(policy: str, code: int) -> bool:
@@ -215,11 +217,15 @@ class PodWorker:
         while True:
             try:
                 env = await self._call("service_env", self.pod)
+                env.update(await self._call("claim_env", self.pod, box.name))
                 return await self.kubelet.start_container(
                     self.pod, box.name, self.api.lookup, env, ip=self.ip
                 )
             except MountError as err:
                 reason, words, event = "ContainerCreating", "", ("FailedMount", str(err))
+            except ClaimNotReady as err:  # the kubelet's PrepareDynamicResources fails
+                reason, words = "ContainerCreating", str(err)
+                event = ("FailedPrepareDynamicResources", str(err))
             except ConfigError as err:
                 reason, words = "CreateContainerConfigError", str(err)
                 event = ("Failed", f"Error: {err}")
