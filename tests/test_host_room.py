@@ -145,3 +145,65 @@ def test_room_given_is_held_until_its_server_reports_again():
     plan = rooms.plan("cat", "", "node-0", ann, [Want("cat-k", 8000.0)], Q, 30000.0, 61.0,
                       {("bob", ""): 60.0}, away=False)  # fmt: skip
     assert plan.grants == (Want("cat-k", 8000.0),)
+
+
+def test_one_servers_report_takes_at_most_its_own_gpus_of_the_node_budget():
+    """A report is its server's word (issue 36 item 4: a report never moves other users'
+    kernels). Each hibernated kernel counts up to its GPU's memory (a time-sliced kernel may
+    hold more than its slice), so one report listing 50 kernels of 80 GiB used to fill the
+    node's budget, and every other user's idle kernel then stayed on the GPU. All of one
+    server's kernels together now count at most what its pod can hold on the GPUs it is bound
+    to (Culler.host_share): the excess is ignored, logged once, and the others get room."""
+    import logging
+    import time
+
+    from fracspawner.backends import load_catalog
+    from fracspawner.culler.decide import ServerFacts
+    from fracspawner.culler.identity import Identity
+    from fracspawner.culler.reports import parse_report
+    from tests.conftest import DEMO_CATALOG
+    from tests.test_host_budget import Pods, report
+
+    gpu = 80 * 1024.0  # the demo catalog's H100 80GB, each of eve's kernels claims all of it
+    culler = Culler(host_memory_budget_mib=2 * gpu)
+    culler._catalog = load_catalog(str(DEMO_CATALOG))
+    culler.server_pods = Pods()  # both pods on node-a, one GPU each
+    now = time.time()
+    presence = {
+        "known": True, "present": True, "last_present": iso_now(now), "tabs": 1,
+        "visible_tabs": 1, "in_session": True, "elsewhere": False,
+    }  # fmt: skip
+    eve = report(now, [(f"e{i}", gpu, now - 5000 + i, False) for i in range(50)])
+    eve["presence"] = presence  # present: hers may never be shut down to make room
+    eve["swap"] = {"hibernate_wanted": [{"kernel_id": "e-more", "gpu_memory_mib": gpu}]}
+    ann = report(now, [])
+    ann["swap"] = {"hibernate_wanted": [{"kernel_id": "a1", "gpu_memory_mib": 10 * 1024.0}]}
+    for user, body in (("eve", eve), ("ann", ann)):
+        culler.known[(user, "")] = ServerFacts(user, user_options={"gpu": "1/8", "pool": "h100"})
+        culler.reports.put(user, "", parse_report(body, received_at=now))
+    lines: list[str] = []
+    handler = logging.Handler(logging.INFO)
+    handler.emit = lambda record: lines.append(record.getMessage())  # type: ignore[method-assign]
+    culler.log.addHandler(handler)
+    try:
+        answer = culler.answer_report(Identity("ann", ""), now) or {}
+        swap = answer.get("swap") or {}
+        assert swap.get("host_room") == [{"kernel_id": "a1", "gpu_memory_mib": 10 * 1024.0}], (
+            f"another user's kernel got no room beside one hostile report: {swap}"
+        )
+        # eve's own further kernel waits: her kernels already hold all her GPU can
+        swap = (culler.answer_report(Identity("eve", ""), now) or {}).get("swap") or {}
+        assert "host_room" not in swap
+        ((wait,),) = [swap["host_wait"]]
+        assert wait["kernel_id"] == "e-more" and "its pod's GPUs" in wait["reason"]
+        culler.answer_report(Identity("ann", ""), now)
+    finally:
+        culler.log.removeHandler(handler)
+    over = [line for line in lines if "beyond what its pod" in line]
+    assert len(over) == 1 and over[0].startswith("eve"), over
+
+
+def iso_now(t: float) -> str:
+    from tests.test_host_budget import iso
+
+    return iso(t)

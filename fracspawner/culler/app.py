@@ -382,6 +382,7 @@ class Culler(CullerApplication):
         self._hibernated_labels: set[str] = set()
         self._swap_desk: SwapDesk | None = None  # over-commit's swap orders (swapdesk.py)
         self._host_room = HostRoom()  # room given to hibernate, per node (hostroom.py)
+        self._host_over: set[tuple[str, str]] = set()  # reports beyond their share: logged once
         self._caps: dict[tuple[str | None, str | None], float | None] = {}  # claim()'s sizes
         self._caps_of: object = None  # ... for this catalog
         # what the culler's own token lacks (check_scopes); "" / [] when nothing or not known
@@ -618,6 +619,7 @@ class Culler(CullerApplication):
         plan = self._host_room.plan(
             who.user, who.server, where.node, holders, wants, self.host_cap(facts, budget),
             budget, now, {(u, n): r.received_at for u, n, r in self.reports.latest()}, away=away,
+            share_mib=self.host_share(facts, where, budget),
         )  # fmt: skip
         granted = {w.kernel_id: w.mib for w in plan.grants}
         answer = answer or {"swap": {}}
@@ -647,6 +649,14 @@ class Culler(CullerApplication):
         device = float(pool.gpu.device_memory_mib) if pool is not None else 0.0
         return max(self.claim(facts)[1], device) or budget
 
+    def host_share(self, facts: ServerFacts, where: Placement, budget: float) -> float:
+        """The most host memory all the server's hibernated kernels together (and room held for
+        it) count for on its node: what its pod can hold on the GPUs it is bound to (host_cap
+        each, by the pod's device count: placement.py), never its report's word. Hibernating
+        moves what its kernels hold on its GPUs to the host; a report listing more is ignored
+        beyond this, so it can take its own share of the node's budget, never others'."""
+        return self.host_cap(facts, budget) * max(1, where.gpus)
+
     def host_holders(
         self, now: float, budget: float, cap_of: Callable[[ServerFacts], float] | None = None
     ) -> dict[str, list[Holder]]:
@@ -663,13 +673,30 @@ class Culler(CullerApplication):
             where = self.placement_of(user, server)
             if where is None or not where.node:
                 continue  # its node is not known: its pod's memory limit bounds it
-            cap = cap_of(facts)
+            cap, share = cap_of(facts), self.host_share(facts, where, budget)
             # a user present or in session keeps their kernels (serverext/presence.py)
-            out.setdefault(where.node, []).append(
-                Holder(user, server, where.node, cap, bool(report.present or report.in_session),
-                       report.hibernated_kernels)
-            )  # fmt: skip
+            holder = Holder(user, server, where.node, cap,
+                            bool(report.present or report.in_session), report.hibernated_kernels,
+                            share)  # fmt: skip
+            out.setdefault(where.node, []).append(holder)
+            self._note_over_share(replace(holder, cap_mib=self.host_cap(facts, budget)))
         return out
+
+    def _note_over_share(self, holder: Holder) -> None:
+        """Log once a server whose report says its kernels hold more than its share (hostile,
+        or a culler restarted after hibernations it did not grant): the excess is ignored."""
+        key, said = (holder.user, holder.server), holder.said_mib()
+        if said <= holder.share_mib:
+            self._host_over.discard(key)
+        elif key not in self._host_over:
+            self._host_over.add(key)
+            self.log.warning(
+                "%s: its report says %d hibernated kernel(s) on node %s hold %.0f MiB, beyond "
+                "what its pod can hold on its GPUs (%.0f MiB): the excess is ignored",
+                Identity(holder.user, holder.server).log_name, len(holder.kernels), holder.node,
+                said,
+                holder.share_mib,
+            )  # fmt: skip
 
     def host_budget_orders(self, who: Identity, now: float | None = None) -> list[dict]:
         """The reporting server's hibernated kernels to shut down for its node's budget: those

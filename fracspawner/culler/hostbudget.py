@@ -10,13 +10,16 @@ kernel down is the last resort: never one whose resume waits for room (its cell 
 never one of a user present or in session (`Holder.present`: a tab of theirs open and reporting,
 seen within the session timeout; serverext/presence.py).
 
-A report is its server's word: each kernel counts at most its server's slice, and the kernels of
-servers holding more than an equal share of the budget go first (oldest first among them), so
-one server's inflated word shuts its own kernels down before anyone else's. Pure: no I/O.
+A report is its server's word: each kernel counts at most its server's slice, all its kernels
+together at most what its pod can hold on the GPUs it is bound to (`Holder.share_mib`), and the
+kernels of servers holding more than an equal share of the budget go first (oldest first among
+them), so one server's inflated word shuts its own kernels down before anyone else's. Pure: no
+I/O.
 """
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterable
 from dataclasses import dataclass
 from datetime import datetime
@@ -43,6 +46,17 @@ class Holder:
     cap_mib: float  # its slice's memory: the most one of its kernels counts for
     present: bool = False  # its user is present or in session: never shut down
     kernels: tuple[HibernatedKernel, ...] = ()
+    # the most all its kernels together count for: its pod's GPUs' memory (Culler.host_share),
+    # so one report listing many kernels takes at most its own share of the node's budget
+    share_mib: float = math.inf
+
+    def said_mib(self) -> float:
+        """What its report says its kernels hold, each at most `cap_mib`."""
+        return sum(min(k.mib, self.cap_mib) for k in self.kernels)
+
+    def held_mib(self) -> float:
+        """What it counts for on its node: its word, at most `share_mib`."""
+        return min(self.said_mib(), self.share_mib)
 
 
 @dataclass(frozen=True)
@@ -88,7 +102,8 @@ def plan_evictions(holders: Iterable[Holder], budget_mib: float) -> list[Evictio
         by_node.setdefault(h.node, []).append(h)
     out: list[Eviction] = []
     for node, group in sorted(by_node.items()):
-        held = {id(h): sum(min(k.mib, h.cap_mib) for k in h.kernels) for h in group}
+        said = {id(h): h.said_mib() for h in group}
+        held = {id(h): h.held_mib() for h in group}
         total = sum(held.values())
         if total <= budget_mib:
             continue
@@ -101,15 +116,17 @@ def plan_evictions(holders: Iterable[Holder], budget_mib: float) -> list[Evictio
             h, k = min(above or left, key=lambda e: (e[1].since, e[0].user, e[1].kernel_id))
             left.remove((h, k))
             mib = min(k.mib, h.cap_mib)
-            held[id(h)] -= mib
-            total -= mib
+            said[id(h)] -= mib
+            freed = held[id(h)] - min(said[id(h)], h.share_mib)  # 0 while above its share
+            held[id(h)] -= freed
+            total -= freed
             out.append(
                 Eviction(
                     h.user,
                     h.server,
                     k.kernel_id,
                     mib,
-                    f"the hibernated kernels on node {node} held {total + mib:.0f} MiB of host "
+                    f"the hibernated kernels on node {node} held {total + freed:.0f} MiB of host "
                     f"memory, over its budget of {budget_mib:.0f} MiB, and this one was the "
                     "oldest",
                 )
@@ -145,8 +162,9 @@ class RoomPlan:
 
 
 def node_held(holders: Iterable[Holder]) -> float:
-    """Host memory the hibernated kernels of `holders` keep, each at most its slice."""
-    return sum(min(k.mib, h.cap_mib) for h in holders for k in h.kernels)
+    """Host memory the hibernated kernels of `holders` keep, each at most its cap, each
+    holder's together at most its share."""
+    return sum(h.held_mib() for h in holders)
 
 
 def plan_room(
@@ -159,18 +177,23 @@ def plan_room(
     *,
     may_evict: bool,
     evicting: frozenset[str] = frozenset(),
+    own_mib: float = 0.0,
+    share_mib: float = math.inf,
 ) -> RoomPlan:
     """Which of one server's `wants` may hibernate on `node` now: those that fit in
     `budget_mib` less what the node's hibernated kernels hold (all of them) and `reserved_mib`
     (room granted to other kernels not yet hibernated). Where one does not fit and `may_evict`
     (its user is away), the oldest hibernated kernels of away users on the node are shut down
     to make room, only if that frees enough (the want waits until they are gone); otherwise it
-    stays on the GPU. `evicting`: kernel ids already ordered out (not counted twice)."""
+    stays on the GPU. `evicting`: kernel ids already ordered out (not counted twice).
+    `own_mib`: what the server's kernels hold and have room for already; with a want, at most
+    `share_mib` (what its pod can hold on its GPUs): beyond it, the want stays on the GPU."""
     group = list(holders)
     room = budget_mib - node_held(group) - reserved_mib
     grants: list[Want] = []
     evictions: list[Eviction] = []
     waits: list[tuple[str, str]] = []
+    said = {id(h): h.said_mib() for h in group}  # what shutting kernels down leaves of each
     spare = sorted(
         ((h, k) for h in group if not h.present for k in h.kernels
          if not k.waiting and k.mib > 0 and k.kernel_id not in evicting),
@@ -178,18 +201,27 @@ def plan_room(
     )  # fmt: skip
     for want in wants:
         mib = min(max(want.mib, 0.0), cap_mib)
+        if own_mib + mib > share_mib:
+            waits.append((want.kernel_id, f"not hibernated: its server's hibernated kernels and "
+                          f"room given hold {own_mib:.0f} MiB of the {share_mib:.0f} MiB its "
+                          "pod's GPUs can hold; it stays on the GPU"))  # fmt: skip
+            continue
         if mib <= room:
             grants.append(Want(want.kernel_id, mib))
             room -= mib
+            own_mib += mib
             continue
-        freed, picked = 0.0, []
+        freed, picked, after = 0.0, [], dict(said)
         if may_evict:
             for h, k in spare:
                 if room + freed >= mib:
                     break
                 picked.append((h, k))
-                freed += min(k.mib, h.cap_mib)
+                before = min(after[id(h)], h.share_mib)
+                after[id(h)] -= min(k.mib, h.cap_mib)
+                freed += before - min(after[id(h)], h.share_mib)  # 0 while above its share
         if may_evict and room + freed >= mib:
+            said = after
             for h, k in picked:
                 spare.remove((h, k))
                 evictions.append(
@@ -201,6 +233,7 @@ def plan_room(
                     )
                 )  # fmt: skip
             room += freed - mib  # held for this want until the shut-downs are seen
+            own_mib += mib
             waits.append((want.kernel_id, f"{WAITS_FOR}{len(picked)} older hibernated "
                           f"kernel(s) on node {node} to be shut down"))  # fmt: skip
             continue

@@ -16,6 +16,7 @@ take the same room. The memory peak per node is then within the budget by constr
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 
@@ -67,18 +68,22 @@ class HostRoom:
         reported: Mapping[tuple[str, str], float],
         *,
         away: bool,
+        share_mib: float = math.inf,
     ) -> RoomPlan:
         """Room for one server's `wants` on its node now (hostbudget.plan_room), held for them;
-        the shut-downs it needs are kept for their servers' next reports."""
+        the shut-downs it needs are kept for their servers' next reports. What its kernels hold
+        and the room held for it, with its wants, stay within `share_mib`."""
         wants = list(wants)
         for key in [k for k in self.held if k[:2] == (user, server)]:
             if key[2] in {w.kernel_id for w in wants}:
                 del self.held[key]  # planned again below
         reserved = self.reserved(node, holders, now, reported)
         evicting = frozenset(k for ks in self.evicting.values() for k in ks)
+        own = sum(h.held_mib() for h in holders if (h.user, h.server) == (user, server))
+        own += sum(m for key, (_n, m, _a, _h) in self.held.items() if key[:2] == (user, server))
         out = plan_room(
             node, holders, reserved, wants, cap_mib, budget_mib, may_evict=away,
-            evicting=evicting,
+            evicting=evicting, own_mib=own, share_mib=share_mib,
         )  # fmt: skip
         for w in out.grants:
             self.held[(user, server, w.kernel_id)] = (node, w.mib, now, GRANT_SECONDS)
