@@ -207,3 +207,19 @@ def iso_now(t: float) -> str:
     from tests.test_host_budget import iso
 
     return iso(t)
+
+
+def test_shutting_down_a_server_above_its_share_frees_nothing_until_it_is_within():
+    """A server counts at most its share (Holder.share_mib): shutting one of its many listed
+    kernels down frees no counted room while the rest still fill its share, so the plan asks
+    for all of them (its own) before counting the room as made, and never ann's."""
+    eve = Holder("eve", "", "node-0", Q, False,
+                 tuple(HibernatedKernel(f"e{i}", Q, float(i)) for i in range(5)), Q)  # fmt: skip
+    group = [eve, holder("ann", 100.0)]
+    plan = plan_room("node-0", group, 0.0, [Want("cat-k", Q)], Q, 2 * Q, may_evict=True)
+    assert [e.kernel_id for e in plan.evictions] == ["e0", "e1", "e2", "e3", "e4"]
+    assert plan.grants == () and plan.waits[0][1].startswith("waits for 5 older")
+    # eve's own want beyond her share stays on the GPU, whatever room the node has
+    plan = plan_room("node-0", group, 0.0, [Want("e5", Q)], Q, 100 * Q, may_evict=True,
+                     own_mib=eve.held_mib(), share_mib=eve.share_mib)  # fmt: skip
+    assert plan.grants == () and "its pod's GPUs can hold" in plan.waits[0][1]
