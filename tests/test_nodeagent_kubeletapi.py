@@ -87,6 +87,45 @@ def started(cp: ControlPlane, manifest: dict[str, Any], *phases: str) -> dict[st
     )
 
 
+def ready(cp: ControlPlane, name: str) -> dict[str, Any]:
+    """The pod once its Ready condition is True (`kubectl wait --for=condition=Ready`)."""
+
+    def probe() -> dict[str, Any] | None:
+        got = get_json(cp, "pod", name, "-n", NS)
+        states = {c["type"]: c["status"] for c in got["status"].get("conditions") or []}
+        return got if states.get("Ready") == "True" else None
+
+    return eventually(probe, f"{name} Ready")
+
+
+def through_port_forward(cp: ControlPlane, name: str, port: int, path: str) -> str:
+    """GET `path` from the pod's `port` through `kubectl port-forward`, as a user would: once
+    the pod is Ready (without a readinessProbe the node agent's pod is Ready when its first
+    containerPort answers, podworker.py), and after kubectl printed 'Forwarding from'. Running
+    is not enough: a connection the pod refuses ends kubectl port-forward ('lost connection to
+    pod', kubectl >= 1.23, kubernetes/kubernetes#103526, kubectl#1169), as with the real
+    kubelet, so a retry after it reaches nothing."""
+    ready(cp, name)
+    forward = subprocess.Popen(
+        ["kubectl", f"--kubeconfig={cp.kubeconfig}", "port-forward", f"pod/{name}", f":{port}",
+         "-n", NS], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    try:
+        line = forward.stdout.readline() if forward.stdout else ""
+        match = re.match(rf"Forwarding from 127\.0\.0\.1:(\d+) -> {port}\n", line)
+        assert match, (line, forward.poll())
+        try:
+            with urllib.request.urlopen(f"http://127.0.0.1:{match[1]}{path}", timeout=60) as resp:
+                return resp.read().decode()
+        except OSError as exc:
+            forward.terminate()
+            _, stderr = forward.communicate(timeout=30)
+            raise AssertionError(f"{exc}; kubectl port-forward: {stderr}") from exc
+    finally:
+        forward.terminate()
+        forward.wait(timeout=30)
+
+
 @pytest.fixture(scope="module")
 def sleeper(cp: ControlPlane, agent: NodeAgent) -> str:
     env = [{"name": "MARKER", "value": "from-the-pod-spec"}]
@@ -180,29 +219,7 @@ def test_kubectl_port_forward_reaches_a_port_the_pod_listens_on(cp, agent, tmp_p
         ports=[{"containerPort": 8000}],
     )  # fmt: skip
     started(cp, server, "Running")
-    forward = subprocess.Popen(
-        ["kubectl", f"--kubeconfig={cp.kubeconfig}", "port-forward", "pod/web", ":8000",
-         "-n", NS], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-    )  # fmt: skip
-    try:
-        line = forward.stdout.readline() if forward.stdout else ""
-        match = re.match(r"Forwarding from 127\.0\.0\.1:(\d+) -> 8000", line)
-        assert match, (line, forward.poll())
-        url = f"http://127.0.0.1:{match[1]}/hello.txt"
-
-        def fetch() -> str | None:
-            try:
-                with urllib.request.urlopen(url, timeout=10) as resp:
-                    return resp.read().decode()
-            except OSError:
-                return None  # the server still starting
-
-        assert eventually(fetch, "the pod's server through the tunnel", 60) == (
-            "hello through the tunnel\n"
-        )
-    finally:
-        forward.terminate()
-        forward.wait(timeout=30)
+    assert through_port_forward(cp, "web", 8000, "/hello.txt") == "hello through the tunnel\n"
 
 
 def test_logs_are_the_running_container_s_and_previous_the_one_before(cp, agent, sleeper, tmp_path):
@@ -419,24 +436,5 @@ def test_in_a_network_namespace_exec_enters_it_and_port_forward_reaches_the_pod(
     assert own != Path("/proc/self/ns/net").readlink()  # the pod's, not the host's
     seen = kubectl(cp, "exec", "netweb", "-n", NS, "--", "readlink", "/proc/self/ns/net")
     assert seen.stdout.strip() == str(own)
-    forward = subprocess.Popen(
-        ["kubectl", f"--kubeconfig={cp.kubeconfig}", "port-forward", "pod/netweb", ":8000",
-         "-n", NS], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-    )  # fmt: skip
-    try:
-        line = forward.stdout.readline() if forward.stdout else ""
-        match = re.match(r"Forwarding from 127\.0\.0\.1:(\d+) -> 8000", line)
-        assert match, (line, forward.poll())
-
-        def fetch() -> str | None:
-            try:
-                url = f"http://127.0.0.1:{match[1]}/hello.txt"
-                with urllib.request.urlopen(url, timeout=10) as resp:
-                    return resp.read().decode()
-            except OSError:
-                return None
-
-        assert eventually(fetch, "the pod's server", 60) == "hello from the pod's own network\n"
-    finally:
-        forward.terminate()
-        forward.wait(timeout=30)
+    hello = through_port_forward(cp, "netweb", 8000, "/hello.txt")
+    assert hello == "hello from the pod's own network\n"
