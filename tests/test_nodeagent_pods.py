@@ -26,6 +26,7 @@ from kubespawner.objects import make_owner_reference, make_secret, make_service
 
 from devcluster.controlplane import ControlPlane
 from devcluster.network import LoopbackPool, sandboxes
+from devcluster.proctree import proc
 from tests.realcluster_support import control_plane_fixture, node_agent_fixture
 from tests.test_controlplane import eventually, get_json, kubectl
 
@@ -96,14 +97,6 @@ def finished_log(cp: ControlPlane, name: str) -> str:
     log = kubectl(cp, "logs", name, "-n", NS).stdout
     assert status["phase"] == "Succeeded", (status, log)
     return log
-
-
-def alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    return Path(f"/proc/{pid}/stat").read_text().split()[2] != "Z"
 
 
 def secret(name: str, **data: str) -> dict[str, Any]:
@@ -288,10 +281,10 @@ def test_a_container_ignoring_sigterm_is_killed_after_the_grace_period(cp, agent
     eventually(lambda: pod(cp, "stubborn")["status"].get("phase") == "Running", "stubborn runs")
     words = eventually(lambda: kubectl(cp, "logs", "stubborn", "-n", NS).stdout.split(), "its pid")
     process = int(words[1])
-    assert alive(process)
+    assert proc(process)
     kubectl(cp, "delete", "pod", "stubborn", "-n", NS, "--wait=true", "--timeout=60s")
     assert events(cp, "stubborn", "Killing") == ["Stopping container main"]
-    eventually(lambda: not alive(process), "the stubborn process killed")
+    eventually(lambda: not proc(process), "the stubborn process killed")
 
 
 def test_deleting_a_pod_ends_what_it_started_outside_its_group(cp, agent):
@@ -300,11 +293,11 @@ def test_deleting_a_pod_ends_what_it_started_outside_its_group(cp, agent):
     log = eventually(lambda: kubectl(cp, "logs", "escaper", "-n", NS).stdout.split(), "a pid")
     pid = int(log[0])
     try:
-        assert alive(pid)
+        assert proc(pid)
         kubectl(cp, "delete", "pod", "escaper", "-n", NS, "--wait=true", "--timeout=60s")
-        eventually(lambda: not alive(pid), "the escaped child ends")
+        eventually(lambda: not proc(pid), "the escaped child ends")
     finally:
-        if alive(pid):  # the test failed: still leave nothing behind
+        if proc(pid):  # the test failed: still leave nothing behind
             os.kill(pid, signal.SIGKILL)
 
 

@@ -16,6 +16,7 @@ from typing import Any
 
 import pytest
 
+from devcluster.proctree import proc
 from devcluster.testing import DevClusterProcess, _component_processes, devcluster_process
 
 pytestmark = pytest.mark.e2e
@@ -27,14 +28,6 @@ ESCAPE = (
     "child = subprocess.Popen(['sleep', '600'], start_new_session=True); "
     "print(child.pid, flush=True); subprocess.run(['sleep', '600'])"
 )
-
-
-def alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    return Path(f"/proc/{pid}/stat").read_text().split()[2] != "Z"
 
 
 def wait(probe: Any, what: str, timeout: float = 120.0) -> Any:
@@ -97,11 +90,11 @@ def test_devcluster_process_leaves_no_process_behind(tmp_path: Path):
         create_pod(running, "p", {"image": "example.org/escaper:1"})
         escaped = first_word_of_log(running, "p")
         devcluster_pid = running.process.pid
-        assert alive(escaped)
+        assert proc(escaped)
         assert [n["metadata"]["name"] for n in running.client().list("nodes")] == ["node-1"]
     # the context's own check passed (it raises if it had to kill anything)
-    assert not alive(escaped)
-    assert running.process.returncode is not None and not alive(devcluster_pid)
+    assert not proc(escaped)
+    assert running.process.returncode is not None and not proc(devcluster_pid)
 
 
 @pytest.mark.slow
@@ -119,10 +112,10 @@ def test_a_killed_devcluster_takes_its_pods_and_components_along(tmp_path: Path)
     with devcluster_process(ONE_NODE, tmp_path) as running:
         create_pod(running, "orphan", {"image": "x", "command": sleeper})
         pid = first_word_of_log(running, "orphan")
-        assert alive(pid)
+        assert proc(pid)
         running.process.kill()
         running.process.wait(10)
-        wait(lambda: not alive(pid), "the pod's process ends with the devcluster", 30)
+        wait(lambda: not proc(pid), "the pod's process ends with the devcluster", 30)
         left = lambda: _component_processes(running.state_dir)  # noqa: E731
         wait(lambda: not left(), "etcd, kube-apiserver and the rest end with it", 30)
 
@@ -149,6 +142,6 @@ def test_a_dead_kubelet_api_is_reported_and_the_cluster_stops(tmp_path: Path):
         assert code == 1, log[-3000:]
         assert "kubelet-api exited with status -9; last lines of" in log, log[-3000:]
         assert "kubelet-api.log" in log, log[-3000:]
-        assert not alive(pid), "the pod's process outlived the cluster"
+        assert not proc(pid), "the pod's process outlived the cluster"
         wait(lambda: not _component_processes(running.state_dir), "no component left", 30)
     # the context's own check passed: nothing of the cluster was left to kill
