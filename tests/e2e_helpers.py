@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import json
 import re
 import socket
 import time
+import urllib.request
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
@@ -195,3 +197,28 @@ def error_on_page(html: str) -> str:
 def kill_leftovers_check(user: str) -> None:
     left = processes_of_user(user)
     assert not left, f"processes of {user} left behind: {left}"
+
+
+def progress_events(
+    hub: Any, user: str, when: str = "", then: Any = None, timeout: float = 90
+) -> list[dict]:
+    """Read the hub's spawn progress event stream for `user` until the spawn is ready or
+    failed (or `timeout`); `then()` runs once, at the first message containing `when`."""
+    request = urllib.request.Request(f"{hub.api_url}/users/{user}/server/progress")
+    request.add_header("Authorization", f"token {hub.admin_token}")
+    events: list[dict] = []
+    deadline = time.monotonic() + timeout
+    with urllib.request.urlopen(request, timeout=timeout) as stream:
+        for raw in stream:
+            line = raw.decode().strip()
+            if line.startswith("data:"):
+                event = json.loads(line[5:])
+                events.append(event)
+                if then is not None and when in event.get("message", ""):
+                    then()
+                    then = None
+                if event.get("ready") or event.get("failed"):
+                    break
+            if time.monotonic() > deadline:
+                break
+    return events

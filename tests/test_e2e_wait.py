@@ -4,16 +4,13 @@ slot frees."""
 
 from __future__ import annotations
 
-import json
-import time
-import urllib.request
-
 import pytest
 
 from devcluster.localhub import http_json
 from tests.e2e_helpers import (
     demo_topology_with_t4_jobs,
     ensure_group,
+    progress_events,
     server_pods,
     spawn,
     stop,
@@ -25,29 +22,6 @@ CONTROL_PLANE = "real"  # docs/devcluster.md: the modules on the real control pl
 
 TOPOLOGY = demo_topology_with_t4_jobs(4)
 HUB_EXTRA_CONFIG = 'c.FracSpawner.admission = "wait"'
-
-
-def progress_events(hub, user: str, on_waiting=None, timeout: float = 90) -> list[dict]:
-    """Read the hub's spawn progress event stream until the spawn is ready or failed;
-    `on_waiting()` runs once, at the first "Waiting for a free" message."""
-    request = urllib.request.Request(f"{hub.api_url}/users/{user}/server/progress")
-    request.add_header("Authorization", f"token {hub.admin_token}")
-    events: list[dict] = []
-    deadline = time.monotonic() + timeout
-    with urllib.request.urlopen(request, timeout=timeout) as stream:
-        for raw in stream:
-            line = raw.decode().strip()
-            if line.startswith("data:"):
-                event = json.loads(line[5:])
-                events.append(event)
-                if on_waiting and "Waiting for a free" in event.get("message", ""):
-                    on_waiting()
-                    on_waiting = None
-                if event.get("ready") or event.get("failed"):
-                    break
-            if time.monotonic() > deadline:
-                break
-    return events
 
 
 def test_pending_pod_explains_what_it_waits_for_and_starts_when_a_slot_frees(hub, devcluster):
@@ -62,7 +36,7 @@ def test_pending_pod_explains_what_it_waits_for_and_starts_when_a_slot_frees(hub
         url = f"{devcluster.url}/api/v1/namespaces/default/pods/training-0"
         assert http_json("DELETE", url)[0] == 200
 
-    events = progress_events(hub, "wanda", on_waiting=a_training_job_ends)
+    events = progress_events(hub, "wanda", "Waiting for a free", a_training_job_ends)
     messages = [e.get("message", "") for e in events]
     waiting = [m for m in messages if "Waiting for a free" in m]
     assert waiting, messages

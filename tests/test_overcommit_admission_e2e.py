@@ -15,14 +15,12 @@ verdict and line, a stale or silent server never room, no answer admits by slots
 from __future__ import annotations
 
 import asyncio
-import json
 import threading
 import time
-import urllib.request
 
 import pytest
 
-from tests.e2e_helpers import server_pods, spawn, stop_all, the_pod, wait_until
+from tests.e2e_helpers import progress_events, server_pods, spawn, stop_all, the_pod, wait_until
 from tests.test_overcommit_swap_e2e import (  # the same cluster and simulated GPU
     CATALOG,
     TOPOLOGY,
@@ -71,28 +69,6 @@ class Tabs(threading.Thread):
                     pass
 
 
-def progress_until_ready(hub, user: str, on_reason, timeout: float = 300) -> list[str]:
-    """The hub's progress messages for `user`'s spawn until it is ready or failed;
-    `on_reason()` runs once, at the first message with REASON."""
-    request = urllib.request.Request(f"{hub.api_url}/users/{user}/server/progress")
-    request.add_header("Authorization", f"token {hub.admin_token}")
-    messages: list[str] = []
-    deadline = time.monotonic() + timeout
-    with urllib.request.urlopen(request, timeout=timeout) as stream:
-        for raw in stream:
-            line = raw.decode().strip()
-            if not line.startswith("data:"):
-                continue
-            event = json.loads(line[5:])
-            messages.append(event.get("message", ""))
-            if on_reason is not None and REASON in messages[-1]:
-                on_reason()
-                on_reason = None
-            if event.get("ready") or event.get("failed") or time.monotonic() > deadline:
-                break
-    return messages
-
-
 async def test_a_newcomer_waits_while_present_users_hold_the_gpu_and_starts_when_one_leaves(
     hub,
     devcluster,
@@ -132,7 +108,8 @@ async def test_a_newcomer_waits_while_present_users_hold_the_gpu_and_starts_when
             seen["pods_while_waiting"] = server_pods(devcluster, NEWCOMER)
             tabs.hide("p1")  # p1's tab hidden: not present; its server holds no memory
 
-        messages = await asyncio.to_thread(progress_until_ready, hub, NEWCOMER, one_leaves)
+        events = await asyncio.to_thread(progress_events, hub, NEWCOMER, REASON, one_leaves, 300)
+        messages = [e.get("message", "") for e in events]
         waiting = [m for m in messages if REASON in m]
         assert waiting, messages
         assert "starts by itself" in waiting[0] and "place is kept" in waiting[0]
