@@ -221,12 +221,14 @@ class Kubelet:
         self,
         pod: Mapping[str, Any],
         lookup: Lookup | None = None,
-        device_env: Mapping[str, str] | None = None,
+        extra_env: Mapping[str, str] | None = None,
         ip: str | None = None,
     ) -> Running:
-        """Start the pod's first container; `device_env` is what its devices' CDI edits add
-        (DRA claims, devcluster/dra); `ip`: the pod's address kept from its former run (a
-        restarted container keeps its pod's IP)."""
+        """Start the pod's first container (or the one `pod` is viewed as, containers.py);
+        `extra_env`: what the node agent adds under the container's own env (Service
+        variables, its DRA claims' CDI edits, claimenv.py; a sibling's HOME and log);
+        `ip`: the pod's address kept from its former run (a restarted container keeps its
+        pod's IP)."""
         meta = pod["metadata"]
         key = (meta["namespace"], meta["name"])
         container = pod["spec"]["containers"][0]
@@ -249,7 +251,7 @@ class Kubelet:
             if passthrough in os.environ:
                 env[passthrough] = os.environ[passthrough]
         env.update(simulated_gpu_env(pod, container))
-        env.update(device_env or {})
+        env.update(extra_env or {})
         try:
             # volumes first: the kubelet waits for them before it makes the container's config
             mounts = volumes.materialise(
