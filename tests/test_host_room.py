@@ -223,3 +223,55 @@ def test_shutting_down_a_server_above_its_share_frees_nothing_until_it_is_within
     plan = plan_room("node-0", group, 0.0, [Want("e5", Q)], Q, 100 * Q, may_evict=True,
                      own_mib=eve.held_mib(), share_mib=eve.share_mib)  # fmt: skip
     assert plan.grants == () and "its pod's GPUs can hold" in plan.waits[0][1]
+
+
+def test_the_over_share_log_forgets_a_server_gone_or_within_its_share():
+    """The culler logs an over-share report once per server (Culler._note_over_share), not at
+    every report; what it remembers for that is bounded by the servers reporting now: a server
+    gone, or whose report is within its share again, is forgotten (its set grew by one entry per
+    server over the culler's life), so a later excess of a server of that name is logged again."""
+    import logging
+    import time
+
+    from fracspawner.backends import load_catalog
+    from fracspawner.culler.decide import ServerFacts
+    from fracspawner.culler.identity import Identity
+    from fracspawner.culler.reports import parse_report
+    from tests.conftest import DEMO_CATALOG
+    from tests.test_host_budget import Pods, report
+
+    gpu = 80 * 1024.0  # the demo catalog's H100 80GB: three kernels of it are over eve's share
+    culler = Culler(host_memory_budget_mib=4 * gpu)
+    culler._catalog = load_catalog(str(DEMO_CATALOG))
+    culler.server_pods = Pods()
+    now = time.time()
+
+    def reports(user: str, kernels: int) -> None:
+        culler.known[(user, "")] = ServerFacts(user, user_options={"gpu": "1/8", "pool": "h100"})
+        body = report(now, [(f"{user}{i}", gpu, now - 5000 + i, False) for i in range(kernels)])
+        culler.reports.put(user, "", parse_report(body, received_at=now))
+        culler.answer_report(Identity(user, ""), now)
+
+    lines: list[str] = []
+    handler = logging.Handler(logging.INFO)
+    handler.emit = lambda record: lines.append(record.getMessage())  # type: ignore[method-assign]
+    culler.log.addHandler(handler)
+    try:
+        reports("ann", 0)
+        for user in ("eve", "bob"):
+            reports(user, 3)
+            reports(user, 3)  # once per server, not per report
+        assert culler._host_over == {("eve", ""), ("bob", "")}
+        # eve's server is gone (culled: Culler._act forgets its report; the hub lists it no
+        # more), and bob's report is within his share again
+        culler.reports.forget("eve", "")
+        del culler.known[("eve", "")]
+        reports("bob", 1)
+        reports("ann", 0)
+        assert culler._host_over == set(), "a server gone or within its share is remembered"
+        reports("eve", 3)  # a new server of eve's, over its share: logged again
+        reports("bob", 3)
+    finally:
+        culler.log.removeHandler(handler)
+    over = [line.split(":")[0] for line in lines if "beyond what its pod" in line]
+    assert over == ["eve", "bob", "eve", "bob"], over

@@ -664,6 +664,7 @@ class Culler(CullerApplication):
         each server's kernels counted up to `cap_of(facts)` (host_cap by default)."""
         cap_of = cap_of or (lambda facts: self.host_cap(facts, budget))
         out: dict[str, list[Holder]] = {}
+        over: set[tuple[str, str]] = set()
         for user, server, report in self.reports.latest():
             facts = self.known.get((user, server))
             if facts is None or not report.hibernated_kernels:
@@ -679,17 +680,22 @@ class Culler(CullerApplication):
                             bool(report.present or report.in_session), report.hibernated_kernels,
                             share)  # fmt: skip
             out.setdefault(where.node, []).append(holder)
-            self._note_over_share(replace(holder, cap_mib=self.host_cap(facts, budget)))
+            if self._note_over_share(replace(holder, cap_mib=self.host_cap(facts, budget))):
+                over.add((user, server))
+        # every fresh report was read: a server gone (or within its share, or no longer
+        # counted) is forgotten, so the set stays as small as the servers over now, and a
+        # later excess of the same name is logged again
+        self._host_over = over
         return out
 
-    def _note_over_share(self, holder: Holder) -> None:
-        """Log once a server whose report says its kernels hold more than its share (hostile,
-        or a culler restarted after hibernations it did not grant): the excess is ignored."""
-        key, said = (holder.user, holder.server), holder.said_mib()
+    def _note_over_share(self, holder: Holder) -> bool:
+        """Whether a server's report says its kernels hold more than its share (hostile, or a
+        culler restarted after hibernations it did not grant): the excess is ignored, logged
+        once while it lasts (host_holders keeps `_host_over` to those over now)."""
+        said = holder.said_mib()
         if said <= holder.share_mib:
-            self._host_over.discard(key)
-        elif key not in self._host_over:
-            self._host_over.add(key)
+            return False
+        if (holder.user, holder.server) not in self._host_over:
             self.log.warning(
                 "%s: its report says %d hibernated kernel(s) on node %s hold %.0f MiB, beyond "
                 "what its pod can hold on its GPUs (%.0f MiB): the excess is ignored",
@@ -697,6 +703,7 @@ class Culler(CullerApplication):
                 said,
                 holder.share_mib,
             )  # fmt: skip
+        return True
 
     def host_budget_orders(self, who: Identity, now: float | None = None) -> list[dict]:
         """The reporting server's hibernated kernels to shut down for its node's budget: those
