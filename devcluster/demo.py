@@ -26,7 +26,7 @@ from fracspawner.model.units import gpu_amount
 
 from .democluster import ClusterFailed, exited, hub_waits_for, start_devcluster, stop_process
 from .leftovers import why_not_start
-from .localhub import REPO, free_port, launch_hub, wait_hub
+from .localhub import REPO, free_port, keep_port, launch_hub, wait_hub
 from .stopsignals import StopSignals
 
 # The demo's users and groups: any name logs in (DummyAuthenticator-style password), "admin" is
@@ -226,6 +226,9 @@ def main(argv: list[str]) -> int:
     if refused := why_not_start(state_dir, args.port):
         print(f"fracspawner demo: {refused}", file=sys.stderr)
         return 1
+    # the caller (a test, a script) may have drawn --port from the block free_port() draws
+    # from: the culler's and the hub's own ports must not be drawn on top of it
+    keep_port(args.port)
     # SIGTERM (say, to make's process group) and SIGHUP stop everything like Ctrl-C, from the
     # start: one before the hub was up killed this process and left the devcluster running.
     # Only the first interrupts; later ones (a closed terminal's second SIGHUP) cannot abort

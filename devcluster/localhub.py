@@ -41,6 +41,14 @@ def _worker_index() -> int:
     return int(worker[2:]) % 6 if worker[2:].isdigit() else 0
 
 
+def keep_port(port: int) -> int:
+    """Mark `port`, chosen elsewhere (the demo's --port, a test's), as handed out, so this
+    process's free_port() never draws it for another of the hub's listeners: the caller that
+    chose it draws from the same block and nothing listens there yet to tell us."""
+    _handed_out.add(port)
+    return port
+
+
 def free_port() -> int:
     """A port on 127.0.0.1 that is free now and that this process has not handed out before."""
     start = _PORT_BASE + _worker_index() * _PORT_BLOCK
@@ -278,7 +286,7 @@ def launch_hub(
     the proxy it starts) resolve Service names as a hub pod does, for KubeSpawner's
     `services_enabled` and `internal_ssl`, which connect to `<pod>.<ns>.svc.cluster.local`."""
     state_dir.mkdir(parents=True, exist_ok=True)
-    port = port or free_port()
+    port = keep_port(port) if port else free_port()
     admin_token = os.urandom(16).hex()
     config = state_dir / "jupyterhub_config.py"
     config.write_text(

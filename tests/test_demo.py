@@ -110,6 +110,32 @@ def start_demo_group(state: Path, *extra: str) -> subprocess.Popen:
     )
 
 
+def _log_tails(state: Path, lines: int = 30) -> str:
+    """The last lines of the demo's logs (the cluster's, the hub's), for a failure message."""
+    tails = []
+    for log in (state / "devcluster.log", *sorted((state / "hub").glob("*.log"))):
+        if log.is_file():
+            tail = log.read_text(errors="replace").splitlines()[-lines:]
+            tails.append(f"--- {log.name}:\n" + "\n".join(tail))
+    return "\n".join(tails)
+
+
+def wait_served(demo: subprocess.Popen, state: Path) -> str:
+    """Read the demo's output until it says Ctrl-C stops it (it serves); what it said. A demo
+    that ends or stays silent first fails with what it said and its logs' last lines."""
+    assert demo.stdout is not None
+    seen: list[str] = []
+    deadline = time.monotonic() + START_S
+    while "Ctrl-C" not in (seen[-1] if seen else ""):
+        line = demo.stdout.readline()
+        ended = not line and demo.poll() is not None
+        if ended or time.monotonic() > deadline:
+            why = f"ended with status {demo.returncode}" if ended else f"was silent {START_S} s"
+            raise AssertionError(f"the demo {why}; it said:\n{''.join(seen)}\n{_log_tails(state)}")
+        seen.append(line)
+    return "".join(seen)
+
+
 def test_sigterm_to_the_process_group_while_it_starts_leaves_nothing(tmp_path):
     """`kill -TERM -<pgid>` (what stopping `make demo`'s process group does) while the hub is
     still starting: the demo stops the devcluster and the hub it started, nothing is orphaned."""
@@ -145,10 +171,7 @@ def test_every_process_ends_on_a_signal_when_the_hub_is_killed_mid_clean_up(tmp_
     state = tmp_path / "demo-state"
     demo = start_demo_group(state, "--stop-timeout", "0")
     try:
-        assert demo.stdout is not None
-        deadline = time.monotonic() + START_S
-        while time.monotonic() < deadline and "Ctrl-C" not in (line := demo.stdout.readline()):
-            assert line or demo.poll() is None, "the demo ended before it served"
+        wait_served(demo, state)
         # the proxy and the service are up, in process groups other than the hub's
         hub_pid = int((state / "hub" / "jupyterhub.pid").read_text())
         others = [pid for pid in _processes_mentioning(str(state)) if os.getpgid(pid) != hub_pid]
@@ -175,14 +198,8 @@ def test_a_control_plane_component_that_dies_is_reported_and_the_demo_stops(tmp_
     state = tmp_path / "demo-state"
     demo = start_demo_group(state)
     try:
-        assert demo.stdout is not None
-        seen = []
-        deadline = time.monotonic() + START_S
-        while time.monotonic() < deadline and "Ctrl-C" not in (line := demo.stdout.readline()):
-            assert line or demo.poll() is None, "the demo ended before it served:\n" + "".join(seen)
-            seen.append(line)
+        said = wait_served(demo, state)
         # it said its progress as it happened: the control plane, the nodes, the hub
-        said = "".join(seen)
         for step in ("starting etcd", "starting kube-apiserver", "control plane ready",
                      "node gpu-h100-1 registered", "cluster ready", "hub ready"):  # fmt: skip
             assert step in said, said
