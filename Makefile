@@ -97,7 +97,8 @@ lint: $(STAMPS)/venv
 	$(BIN)/ruff format --check fracspawner devcluster tests benchmarks
 
 # Test files run in parallel (pytest-xdist, whole files per worker: a module's hub and
-# devcluster start once); PYTEST_WORKERS=0 runs them in this process, one after another.
+# devcluster start once), the slowest files first (tests/xdist_order.py); PYTEST_WORKERS=0 runs
+# them in this process, one after another.
 PYTEST_WORKERS ?= 3
 test: setup lint controlplane
 	$(BIN)/python -m pytest $(if $(filter 0,$(PYTEST_WORKERS)),,-n $(PYTEST_WORKERS) --dist loadfile) $(PYTEST_ARGS)

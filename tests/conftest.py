@@ -21,6 +21,17 @@ os.environ["PATH"] = os.pathsep.join(
 )
 
 
+@pytest.hookimpl(optionalhook=True)
+def pytest_xdist_make_scheduler(config: pytest.Config, log):
+    """`make test`'s `--dist loadfile` hands out the slowest modules first (tests/xdist_order.py):
+    xdist's own order (most tests first) left the long one-test modules to the end."""
+    if config.getvalue("dist") != "loadfile":
+        return None
+    from tests.xdist_order import SlowestModulesFirst
+
+    return SlowestModulesFirst(config, log)
+
+
 @pytest.fixture(scope="session")
 def demo_catalog_dict() -> dict:
     return yaml.safe_load(DEMO_CATALOG.read_text())
