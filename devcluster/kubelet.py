@@ -290,7 +290,9 @@ class Kubelet:
             raise
         if sandbox and self.bind_mounts:
             try:
-                binds = bindmounts.argv(mounts, self.pod_dir(*key) / "rootfs")
+                # the container's own rootfs: a sibling's start never empties it
+                rootfs = self.pod_dir(*key) / "rootfs" / container["name"]
+                binds = bindmounts.argv(mounts, rootfs, self.pod_dir(*key) / "mountpoints")
             except OSError as exc:
                 await self.release(ip)
                 raise volumes.MountError(f"MountVolume.SetUp failed: {exc}") from exc

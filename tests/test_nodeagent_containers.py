@@ -13,6 +13,7 @@ from typing import Any
 import pytest
 
 from devcluster.controlplane import ControlPlane
+from devcluster.network import sandboxes
 from tests.realcluster_support import control_plane_fixture, node_agent_fixture
 from tests.test_controlplane import eventually, get_json, kubectl
 
@@ -213,3 +214,34 @@ def test_every_container_of_a_deleted_pod_is_stopped(cp, agent):
         if str(home).encode() in environ:
             left.append(proc.name)
     assert not left, f"processes of the deleted pod left: {left}"
+
+
+@pytest.mark.skipif(not sandboxes(), reason="needs root and util-linux unshare")
+def test_a_restarted_container_keeps_its_siblings_files_under_a_mount_path_the_host_lacks(
+    cp, agent, tmp_path
+):
+    """A mountPath whose parent the host lacks is made on the host as an empty mount point,
+    with a directory of the container's own bound over it (devcluster/bindmounts.py): its
+    rootfs, which a container's start empties (a new container starts from a fresh layer).
+    Only its own: a sibling that crashes and restarts leaves what the other container wrote
+    there, and what the restarted one writes stays its own, never on the host's mount point."""
+    top = tmp_path / "not-on-the-host"
+    data = {"volumeMounts": [{"name": "work", "mountPath": str(top / "data")}]}
+    create(
+        cp,
+        "siblings",
+        [sh("keeper", f"echo kept > {top}/note; sleep 600", **data),
+         sh("crasher", f"echo mine > {top}/own; sleep 2; exit 1", **data)],
+        restartPolicy="Always",
+        **WORK,
+    )  # fmt: skip
+    eventually(lambda: statuses(pod(cp, "siblings"))["crasher"].get("restartCount", 0) >= 2,
+               "crasher restarted twice")  # fmt: skip
+    seen = kubectl(cp, "exec", "siblings", "-n", NS, "-c", "keeper", "--", "ls", "-A", str(top),
+                   check=False)  # fmt: skip
+    kept = kubectl(cp, "exec", "siblings", "-n", NS, "-c", "keeper", "--", "cat", f"{top}/note",
+                   check=False)  # fmt: skip
+    assert kept.stdout == "kept\n", f"keeper's file lost: {kept.stderr} (it sees {seen.stdout!r})"
+    assert seen.stdout.split() == ["data", "note"], seen  # not the crasher's
+    assert sorted(p.name for p in top.iterdir()) == [], "written on the host's mount point"
+    kubectl(cp, "delete", "pod", "siblings", "-n", NS, "--wait=false")
