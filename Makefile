@@ -24,6 +24,11 @@ $(BIN)/python:
 
 $(STAMPS)/venv: pyproject.toml | $(BIN)/python
 	$(BIN)/pip install -q -e '.[test,docs]'
+	@# rfc3987-syntax compiles ~35 Earley parsers when jsonschema imports it: 1.7 s of CPU in
+	@# every hub, single-user server and culler the tests start (jupyter-server#1559,
+	@# jsonschema#1428). It is only jsonschema's optional IRI format checker, pulled in by
+	@# jupyter-events' jsonschema[format-nongpl]; no schema here or in Jupyter uses that format.
+	$(BIN)/pip uninstall -y -q rfc3987-syntax
 	@mkdir -p $(STAMPS) && touch $@
 
 node_modules/.bin/configurable-http-proxy: package.json
