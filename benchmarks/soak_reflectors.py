@@ -149,7 +149,7 @@ def main(argv: list[str]) -> int:
 
     with (
         tempfile.TemporaryDirectory() as tmp,
-        devcluster_process(TOPOLOGY, Path(tmp), control_plane="real") as cluster,
+        devcluster_process(TOPOLOGY, Path(tmp)) as cluster,
     ):
         result = asyncio.run(soak(cluster.kubeconfig, args.minutes))
     result["cluster"] = "real control plane (kube-apiserver v1.36.3) with the node agent"

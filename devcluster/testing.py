@@ -38,7 +38,6 @@ class DevClusterProcess:
     state_dir: Path
     process: subprocess.Popen
     server: str = ""
-    control_plane: str = "real"
 
     def client(self) -> _Client:
         return _Client(self.server, _admin_tls(self.kubeconfig))
@@ -148,15 +147,11 @@ def devcluster_process(
     tmp_path: Path,
     *,
     timeout: float | None = None,
-    control_plane: str = "real",
 ) -> Iterator[DevClusterProcess]:
     """Run `python -m fracspawner devcluster` (kube-apiserver, etcd, kube-scheduler,
     kube-controller-manager and the node agent; docs/controlplane.md) in its own process group;
     stop it on exit and check that none of its processes (pods' processes and the control
-    plane's components included) is left behind. `control_plane`: "real", the only one since
-    issue 35 deleted the Python API server."""
-    if control_plane != "real":
-        raise ValueError(f"control_plane must be 'real' (the only one), not {control_plane!r}")
+    plane's components included) is left behind."""
     if timeout is None:
         timeout = 180
     tmp_path = Path(tmp_path)
@@ -218,7 +213,7 @@ def devcluster_process(
             raise RuntimeError(
                 f"devcluster did not start ({why}; log {log_path}):\n{log_path.read_text()[-3000:]}"
             )
-        yield DevClusterProcess(url, kubeconfig, state_dir, process, server or url, control_plane)
+        yield DevClusterProcess(url, kubeconfig, state_dir, process, server or url)
     finally:
         if process.poll() is None:
             process.send_signal(signal.SIGTERM)

@@ -281,14 +281,12 @@ def as_sent(stored: dict[str, Any], sent: dict[str, Any]) -> dict[str, Any]:
 
 
 # --------------------------------------------------------------------------- Kubeflow objects
-def profile_namespace(
-    client: Any, name: str, labels: dict[str, str], *, real: bool = False
-) -> None:
+def profile_namespace(client: Any, name: str, labels: dict[str, str]) -> None:
     """A profile namespace as Kubeflow's Profile controller makes it: the namespace with its
     labels, and the ServiceAccount `default-editor` notebook and pipeline pods run as (the
-    ServiceAccount admission plugin refuses a pod whose account is missing). On the real
-    control plane (`real`) it waits for the account `default` kube-controller-manager makes in
-    every namespace, which pods that name none run as (the Python devcluster makes none)."""
+    ServiceAccount admission plugin refuses a pod whose account is missing). Then it waits for
+    the account `default` kube-controller-manager makes in every namespace, which pods that name
+    none run as."""
     status, body = client.request(
         "POST", "/api/v1/namespaces", {"metadata": {"name": name, "labels": labels}}
     )
@@ -297,10 +295,7 @@ def profile_namespace(
     status, body = client.request("POST", f"/api/v1/namespaces/{name}/serviceaccounts", account)
     assert status == 201, body
     deadline = time.monotonic() + 60
-    while (
-        real
-        and client.request("GET", f"/api/v1/namespaces/{name}/serviceaccounts/default")[0] != 200
-    ):
+    while client.request("GET", f"/api/v1/namespaces/{name}/serviceaccounts/default")[0] != 200:
         assert time.monotonic() < deadline, f"no ServiceAccount default in {name} after 60 s"
         time.sleep(0.2)
 

@@ -35,8 +35,6 @@ from fracspawner.hub.form import render_service_page
 from fracspawner.model.catalog import AccessRule, IdlePolicy
 from tests.conftest import DEMO_CATALOG, REPO
 
-#: its cluster tests (usage, the service's health) run on the real control plane
-CONTROL_PLANE = "real"  # docs/devcluster.md
 DASHBOARD = REPO / "charts" / "fracspawner" / "dashboards" / "fracspawner.json"
 
 

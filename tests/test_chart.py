@@ -50,8 +50,6 @@ from tests.chart_support import (
     tool,
 )
 
-#: the `devcluster` fixture: kube-apiserver and the node agent (tests/conftest.py)
-CONTROL_PLANE = "real"
 DEMO_CATALOG = yaml.safe_load((REPO / "examples" / "catalogs" / "demo.yaml").read_text())
 EXAMPLE_CATALOGS = sorted((REPO / "examples" / "catalogs").glob("*.yaml"))
 Z2JH_OVERLAY = REPO / "examples" / "z2jh" / "values.yaml"

@@ -1,7 +1,8 @@
 """The real Kubernetes control plane (devcluster/controlplane, issue 35): built by
 `make controlplane`, started per test module with its own certificates and ports, and real in
-what the Python devcluster only models: authentication and RBAC, built-in admission (Pod
-Security, ResourceQuota), scheduling by kube-scheduler. docs/controlplane.md.
+what the Python devcluster only modelled before issue 35 deleted it: authentication and RBAC,
+built-in admission (Pod Security, ResourceQuota), scheduling by kube-scheduler.
+docs/controlplane.md.
 
 Without the binary these tests skip on a developer's machine and fail in CI (tests/missing.py)."""
 

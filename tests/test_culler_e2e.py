@@ -33,7 +33,6 @@ from tests.test_culler_support import CULLER_SCOPES
 
 pytestmark = pytest.mark.e2e
 
-CONTROL_PLANE = "real"
 CATALOG = yaml.safe_load(DEMO_CATALOG.read_text())
 CATALOG["access"]["default"] = {"pools": "all", "max_gpu": 1}
 CATALOG["idle"] = {"kernel_gpu_idle": "1h", "server_gpu_idle": "1h", "server_idle": "8h"}

@@ -368,8 +368,6 @@ async def test_the_reporter_waits_as_long_as_a_429_says(receiver):
 #: the cluster holds one of the hub's server pods (KubeSpawner labels its pods
 #: component=singleuser-server) and another pod; their addresses are the cluster's (the node
 #: agent gives each pod its own loopback address on the real control plane)
-#: the `devcluster` fixture's control plane (tests/conftest.py): kube-apiserver and the node agent
-CONTROL_PLANE = "real"
 TOPOLOGY = {
     "nodes": [{"name": "cpu-1"}],
     "pods": [

@@ -26,7 +26,6 @@ from devcluster.localhub import http_json
 from tests.e2e_helpers import Browserless, server_pods, spawn, wait_until
 
 pytestmark = pytest.mark.e2e
-CONTROL_PLANE = "real"
 
 NODE = "gpu-h100-dra-1"
 H100_MIB = 81559
@@ -130,17 +129,16 @@ def claim_made_for(cluster: Any, pod: dict, ref: dict) -> dict:
     (result,) = claim["status"]["allocation"]["devices"]["results"]
     assert (result["pool"], result["device"]) == (NODE, "gpu-0"), result
     assert _mib(result["consumedCapacity"]["memory"]) == 10240, result
-    if cluster.control_plane == "real":
-        # made by kube-controller-manager's resourceclaim controller; kube-scheduler adds the
-        # delete-protection finalizer, then allocates and reserves it (its DynamicResources
-        # plugin's PreBind, pkg/scheduler/framework/plugins/dynamicresources); nobody else.
-        # Each names itself though one binary runs both (docs/controlplane.md).
-        writers = {(f["manager"], f.get("subresource", "")) for f in meta["managedFields"]}
-        assert writers == {
-            ("kube-controller-manager", ""),
-            ("kube-scheduler", ""),
-            ("kube-scheduler", "status"),
-        }, writers
+    # made by kube-controller-manager's resourceclaim controller; kube-scheduler adds the
+    # delete-protection finalizer, then allocates and reserves it (its DynamicResources
+    # plugin's PreBind, pkg/scheduler/framework/plugins/dynamicresources); nobody else.
+    # Each names itself though one binary runs both (docs/controlplane.md).
+    writers = {(f["manager"], f.get("subresource", "")) for f in meta["managedFields"]}
+    assert writers == {
+        ("kube-controller-manager", ""),
+        ("kube-scheduler", ""),
+        ("kube-scheduler", "status"),
+    }, writers
     return claim
 
 

@@ -67,7 +67,6 @@ CATALOG_DATA: dict[str, Any] = {
     "kubeflow": {"namespaces": [{"labels": {"team": "a"}, "groups": ["team"]}]},
 }
 CATALOG = load_catalog(CATALOG_DATA)
-CONTROL_PLANE = "real"
 TOPOLOGY = {"nodes": [{"name": "cpu-1", "capacity": {"cpu": "8", "memory": "32Gi"}}]}
 PROFILE = {"app.kubernetes.io/part-of": "kubeflow-profile"}
 #: profile namespaces of team a (h100-dra only, up to 0.25 GPU), one per test that holds
@@ -167,7 +166,7 @@ def api(devcluster, tmp_path_factory):
     namespaces."""
     client = devcluster.client()
     for name in TEAM_A:
-        profile_namespace(client, name, {**PROFILE, "team": "a"}, real=True)
+        profile_namespace(client, name, {**PROFILE, "team": "a"})
     profile_namespace(client, "other", PROFILE)
     folder = tmp_path_factory.mktemp("dra-kubeflow")
     catalog = folder / "catalog.yaml"

@@ -25,7 +25,6 @@ from tests.kubeflow_support import WebhookProcess, at_url, make_tls
 from tests.test_dra_kubeflow import CATALOG_DATA, claim, claim_spec, memory, request
 
 pytestmark = pytest.mark.e2e
-CONTROL_PLANE = "real"
 
 PROFILE = {"app.kubernetes.io/part-of": "kubeflow-profile"}
 H100 = "device.attributes['gpu.nvidia.com'].productName == 'NVIDIA H100 80GB HBM3'"

@@ -20,7 +20,6 @@ from tests.e2e_helpers import (
 )
 
 pytestmark = pytest.mark.e2e
-CONTROL_PLANE = "real"  # docs/devcluster.md: the modules on the real control plane
 
 # Hooks as admins write them (in-place changes to the spawner's traits). JupyterHub runs the
 # auth_state_hook and the pre_spawn_hook before Spawner.start (jupyterhub/user.py User.spawn).

@@ -11,7 +11,6 @@ import pytest
 from tests.e2e_helpers import Browserless, server_pods, spawn
 
 pytestmark = pytest.mark.e2e
-CONTROL_PLANE = "real"  # docs/devcluster.md: the modules on the real control plane
 
 HUGE = 100_000
 

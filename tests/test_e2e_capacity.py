@@ -25,7 +25,6 @@ from tests.e2e_helpers import (
 )
 
 pytestmark = pytest.mark.e2e
-CONTROL_PLANE = "real"  # docs/devcluster.md: the modules on the real control plane
 
 # Three of the T4's four time-slicing replicas are held by pods that were there before.
 TOPOLOGY = demo_topology_with_t4_jobs(3)

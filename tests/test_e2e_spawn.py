@@ -34,7 +34,6 @@ from tests.e2e_helpers import (
 )
 
 pytestmark = pytest.mark.e2e
-CONTROL_PLANE = "real"  # docs/devcluster.md: the modules on the real control plane
 
 # The demo catalog plus a clearml-image pool on an L4 node, so the four backends of the
 # acceptance list (mig-mixed, hami, timeslicing, clearml-image) all spawn for real.

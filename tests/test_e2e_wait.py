@@ -18,7 +18,6 @@ from tests.e2e_helpers import (
 )
 
 pytestmark = pytest.mark.e2e
-CONTROL_PLANE = "real"  # docs/devcluster.md: the modules on the real control plane
 
 TOPOLOGY = demo_topology_with_t4_jobs(4)
 HUB_EXTRA_CONFIG = 'c.FracSpawner.admission = "wait"'

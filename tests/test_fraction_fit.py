@@ -25,7 +25,6 @@ from tests.conftest import DEMO_CATALOG, DEMO_TOPOLOGY
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 
-CONTROL_PLANE = "real"
 H100_NVML_MIB = GPU_MODELS["H100-80GB"].nvml_memory_mib
 PODS = "/api/v1/namespaces/default/pods"
 

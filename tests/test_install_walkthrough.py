@@ -40,8 +40,6 @@ def test_capacity_without_the_hub_extra_names_it():
 
 
 # ------------------------------------------------------------------ the walk-through
-#: kubectl and fracspawner run against the real control plane (docs/devcluster.md)
-CONTROL_PLANE = "real"
 INSTALL_MD = REPO / "docs" / "install.md"
 #: what the walk-through's commands may start with; anything else fails the test
 KNOWN = {"kubectl", "docker", "helm", "pip", "fracspawner", "cp"}

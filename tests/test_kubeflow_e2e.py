@@ -46,7 +46,6 @@ from tests.kubeflow_support import (
 from tests.test_kubeflow_webhook import kubeflow_catalog, plan_pod
 
 pytestmark = pytest.mark.e2e
-CONTROL_PLANE = "real"
 
 PROFILE = {"app.kubernetes.io/part-of": "kubeflow-profile"}
 TOPOLOGY = {

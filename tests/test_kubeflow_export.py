@@ -36,7 +36,6 @@ from fracspawner.model.catalog import AccessRule, CatalogError
 
 REPO = Path(__file__).resolve().parent.parent
 #: the apiserver starts only for the tests that validate with it (the `apiserver` fixture)
-CONTROL_PLANE = "real"
 TOPOLOGY = {"nodes": [{"name": "cpu-1", "capacity": {"cpu": "8", "memory": "32Gi"}}]}
 EXAMPLES = sorted((REPO / "examples" / "catalogs").glob("*.yaml"))
 #: a stock Notebooks 2.0 WorkspaceKind as `kubectl get -o yaml` prints it (the upstream sample)

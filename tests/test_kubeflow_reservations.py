@@ -57,7 +57,6 @@ from tests.test_dra_kubeflow import (
 )
 from tests.test_kubeflow_webhook_jobs import job_pod, owner_job
 
-CONTROL_PLANE = "real"
 TOPOLOGY = {"nodes": [{"name": "cpu-1", "capacity": {"cpu": "8", "memory": "32Gi"}}]}
 PROFILE = {"app.kubernetes.io/part-of": "kubeflow-profile"}
 RESERVATION = "fracspawner.io/reservation"
@@ -135,8 +134,8 @@ def api(devcluster, tmp_path_factory):
     from tests.test_dra_kubeflow import CATALOG_DATA
 
     client = devcluster.client()
-    profile_namespace(client, "jobs", {**PROFILE, "quota": "one"}, real=True)
-    profile_namespace(client, "team-a", {**PROFILE, "team": "a"}, real=True)
+    profile_namespace(client, "jobs", {**PROFILE, "quota": "one"})
+    profile_namespace(client, "team-a", {**PROFILE, "team": "a"})
     folder = tmp_path_factory.mktemp("reservations")
     processes = []
     try:

@@ -54,7 +54,6 @@ REPO = Path(__file__).resolve().parent.parent
 DEMO = REPO / "examples" / "catalogs" / "demo.yaml"
 EXAMPLES = sorted((REPO / "examples" / "catalogs").glob("*.yaml"))
 PROFILE = {"app.kubernetes.io/part-of": "kubeflow-profile"}
-CONTROL_PLANE = "real"
 TOPOLOGY = {"nodes": [{"name": "cpu-1", "capacity": {"cpu": "8", "memory": "32Gi"}}]}
 #: the profile namespaces whose pods go to the module's webhook (and their labels)
 NAMESPACES = {

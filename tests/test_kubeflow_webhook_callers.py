@@ -44,7 +44,6 @@ from tests.kubeflow_support import (
 REPO = Path(__file__).resolve().parent.parent
 DEMO = REPO / "examples" / "catalogs" / "demo.yaml"  # h100, up to 0.25 GPU per namespace
 PROFILE = {"app.kubernetes.io/part-of": "kubeflow-profile"}
-CONTROL_PLANE = "real"
 
 
 def notebook(namespace: str, name: str, gpu: str = "0.25") -> dict[str, Any]:
@@ -56,7 +55,7 @@ def notebook(namespace: str, name: str, gpu: str = "0.25") -> dict[str, Any]:
 def api(devcluster):
     client = devcluster.client()
     for name in ("tenant-a", "tenant-b", "full", "full-verified", "jam"):
-        profile_namespace(client, name, PROFILE, real=devcluster.control_plane == "real")
+        profile_namespace(client, name, PROFILE)
     return client
 
 

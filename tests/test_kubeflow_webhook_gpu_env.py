@@ -50,7 +50,6 @@ from tests.test_kubeflow_webhook_visibility import kubeflow_catalog, kubelet_env
 NAMESPACE = "gpuenv"
 #: pods of this namespace go to the webhook run with --device-list-strategy volume-mounts
 MOUNTS = "gpuenv-mounts"
-CONTROL_PLANE = "real"
 TOPOLOGY = {"nodes": [{"name": "cpu-1", "capacity": {"cpu": "8", "memory": "32Gi"}}]}
 PROFILE = {"app.kubernetes.io/part-of": "kubeflow-profile", "team": "research"}
 CUDA_IMAGE_ENV = {"NVIDIA_VISIBLE_DEVICES": "all", "NVIDIA_REQUIRE_CUDA": "cuda>=12.4"}

@@ -51,7 +51,6 @@ REPO = Path(__file__).resolve().parent.parent
 DEMO = REPO / "examples" / "catalogs" / "demo.yaml"
 NAMESPACE = "jobs"
 RESERVATION = "fracspawner.io/reservation"
-CONTROL_PLANE = "real"
 TOPOLOGY = {"nodes": [{"name": "cpu-1", "capacity": {"cpu": "8", "memory": "32Gi"}}]}
 INJECTED = "sidecar.example.com/injected"
 

@@ -33,7 +33,6 @@ from tests.kubeflow_support import (
 REPO = Path(__file__).resolve().parent.parent
 DEMO = REPO / "examples" / "catalogs" / "demo.yaml"
 PROFILE = {"app.kubernetes.io/part-of": "kubeflow-profile"}
-CONTROL_PLANE = "real"
 TOPOLOGY = {"nodes": [{"name": "cpu-1", "capacity": {"cpu": "8", "memory": "32Gi"}}]}
 #: the namespace whose pods go to the webhook run with --enforce-pool-access MODE
 NAMESPACES = {"all-pods": "pinned", "notebooks": "pinned-loose"}

@@ -63,7 +63,6 @@ REPO = Path(__file__).resolve().parent.parent
 DEMO = REPO / "examples" / "catalogs" / "demo.yaml"
 PROFILE = {"app.kubernetes.io/part-of": "kubeflow-profile"}
 LEDGER_NS = "kubeflow"
-CONTROL_PLANE = "real"
 #: a notebook that ignores SIGTERM, as a process stuck in CUDA teardown or a preStop sleep
 #: keeps a deleted pod's container running for its whole grace period; it listens on its port
 #: (devcluster's kubelet puts the pod IP for 0.0.0.0) once it does, so Ready means ignoring

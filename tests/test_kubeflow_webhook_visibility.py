@@ -64,7 +64,6 @@ NAMESPACE = "seer"
 HIDING = "seer-hiding"
 #: this namespace's webhook is registered only after a pod there was debugged (`late` below)
 LATE = "seer-late"
-CONTROL_PLANE = "real"
 TOPOLOGY = {"nodes": [{"name": "cpu-1", "capacity": {"cpu": "8", "memory": "32Gi"}}]}
 
 

@@ -33,7 +33,6 @@ from tests.e2e_helpers import env_of, spawn, stop, the_pod
 from tests.test_culler_support import JupyterServer, execute, wait_for
 
 pytestmark = [pytest.mark.browser, pytest.mark.slow]
-CONTROL_PLANE = "real"  # docs/devcluster.md: the modules on the real control plane
 
 LABEXT = Path(sys.prefix) / "share" / "jupyter" / "labextensions" / "fracspawner-gpu-meter"
 KERNEL_GPU_IDLE = 1800  # the policy: an idle kernel holding GPU memory goes after 30 min

@@ -31,7 +31,6 @@ from tests.test_overcommit_swap_e2e import (  # the same cluster and simulated G
 from tests.test_overcommit_swap_e2e import HUB_EXTRA_CONFIG as SWAP_HUB_CONFIG
 
 pytestmark = pytest.mark.e2e
-CONTROL_PLANE = "real"  # docs/devcluster.md: the modules on the real control plane
 __all__ = ["CATALOG", "TOPOLOGY"]  # read by conftest's fixtures
 # the hub of test_overcommit_swap_e2e (its culler's URL and service), spawns waiting in line
 HUB_EXTRA_CONFIG = SWAP_HUB_CONFIG + 'c.FracSpawner.admission = "wait"\n'
