@@ -333,7 +333,11 @@ class NamespaceNetwork(Network):
         prefix = self.subnet.prefixlen
         await _ip("link", "add", self.bridge, "type", "bridge")
         RUN_DIR.mkdir(parents=True, exist_ok=True)
-        (RUN_DIR / self.bridge).write_text(f"{os.getpid()}\n")
+        # written whole then renamed: another devcluster's sweep that read it half-written
+        # ("" is no pid) took this live bridge for a dead one's and deleted it
+        note = RUN_DIR / f".{self.bridge}.{os.getpid()}"
+        note.write_text(f"{os.getpid()}\n")
+        note.replace(RUN_DIR / self.bridge)
         await _ip("addr", "add", f"{self.gateway}/{prefix}", "dev", self.bridge)
         await _ip("link", "set", self.bridge, "up")
         await super().start()
@@ -422,6 +426,8 @@ def _sweep_dead_bridges() -> None:
     if not RUN_DIR.is_dir():
         return
     for note in RUN_DIR.iterdir():
+        if note.name.startswith("."):  # one being written (NamespaceNetwork.start)
+            continue
         try:
             os.kill(int(note.read_text().strip()), 0)
             continue  # its devcluster runs
