@@ -37,7 +37,9 @@ decision goes through the real code:
   orders under memory pressure, grants of room for waiting resumes, the host memory budget's
   shut-downs, presence elsewhere) and the server's real `SwapAgent` takes the answer. The
   culler's pod watch is the replay's (each pod's node; on HAMi the device its allocation
-  names); reports name each physical GPU by its own UUID;
+  names; a user waiting for a slot has a pod without a node, as under the hub's admission
+  "wait", which is how the culler sees that a kept hibernated server is needed: keep.py);
+  reports name each physical GPU by its own UUID;
 - hibernation runs through the real Hibernator with a fake checkpoint driver: a suspended
   kernel's memory leaves the GPU for its pod's host memory (a 64 GiB pod limit using 8 GiB), and
   the user's next cell resumes it first, in 0.3 s + memory / 25 GiB/s (PCIe 4.0 x16), through
@@ -547,7 +549,15 @@ class PodWatch:
                          owner=(s.user.name, ""))  # fmt: skip
 
     def placements(self) -> list[tuple[str, Placement]]:
-        return [(name, p) for name in self.sim.pods if (p := self.placement(name)) is not None]
+        made = [(name, p) for name in self.sim.pods if (p := self.placement(name)) is not None]
+        # a user waiting for a slot: under admission "wait" FracSpawner makes the pod and it
+        # stays Pending (no node) until a slot frees (hub/spawner.py `admission`)
+        pending = [
+            (pod_name(u.name, ""), Placement(None, 1, pool=self.sim.pool, owner=(u.name, ""),
+                                              memory_mib=GPU_MIB * slice_equivalent(piece)))
+            for u, piece in self.sim.slot_waiting.values()
+        ]  # fmt: skip
+        return made + pending
 
     def known(self, address: str) -> bool:
         return False  # reports are handed over in process, not from pod addresses
@@ -584,6 +594,8 @@ class Sim:
         self.extension = kind != "idle-culler"
         self.used = [0.0] * cluster.gpus  # GPU-equivalents taken per GPU (slices, replicas)
         self.waiting: dict[str, int] = {}  # user -> minute they began to wait
+        # those waiting for a slot (not for room at admission): their pods are made, Pending
+        self.slot_waiting: dict[str, tuple[User, str]] = {}
         self.waits: list[tuple[str, int, bool]] = []  # (user, minutes, turned away)
         self.last_input: dict[str, int] = {}
         self.runs_stalled: set[tuple[str, int]] = set()  # (user, first minute of the run)
@@ -639,6 +651,7 @@ class Sim:
         """A person at the keyboard without a server asks for one: a free slot, or a wait; a
         waiting person who leaves goes without (turned away)."""
         s = self.servers.get(u.name)
+        self.slot_waiting.pop(u.name, None)
         if s is not None:
             return s
         if not u.present[m]:
@@ -653,7 +666,9 @@ class Sim:
         eq = slice_equivalent(piece)
         slotted = [g for g, n in enumerate(self.used) if n + eq <= self.gpu_capacity + 1e-9]
         free = min(slotted, key=lambda g: (self.used[g], g)) if slotted else None
-        if free is not None and not self.room_for(u, eq):
+        if free is None:
+            self.slot_waiting[u.name] = (u, piece)
+        elif not self.room_for(u, eq):
             self.admission_waits += u.name not in self.waiting  # a slot, but no room behind it
             free = None
         if free is None:

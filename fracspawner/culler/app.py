@@ -33,6 +33,7 @@ from .hostbudget import Holder, Want, plan_evictions
 from .hostroom import UNKNOWN_MIB, HostRoom
 from .hubapi import HubClient, HubServer
 from .identity import Identity, TokenVerifier, token_key
+from .keep import Kept, may_keep, released, waiting_mib
 from .placement import Placement
 from .podname import DEFAULT_TEMPLATE, pod_name
 from .policy import PoolPolicy, gpu_windows, policy_for_server, slice_memory_cap
@@ -616,10 +617,15 @@ class Culler(CullerApplication):
             return answer
         holders = self.host_holders(now, budget).get(where.node, [])
         away = not (report.present or report.in_session)
+        # where the pool over-commits, a kernel due to hibernate for idleness shuts nobody's
+        # kernel down: it stays on the GPU, and if its memory is needed the swap orders it out
+        # then (only a swap order may shut the oldest down: the last resort, issue 36 item 2)
+        pool = self._catalog.pools.get(facts.pool or "") if self._catalog is not None else None
+        evict_for = {o["kernel_id"] for o in orders} if pool and pool.overcommit > 1 else None
         plan = self._host_room.plan(
             who.user, who.server, where.node, holders, wants, self.host_cap(facts, budget),
             budget, now, {(u, n): r.received_at for u, n, r in self.reports.latest()}, away=away,
-            share_mib=self.host_share(facts, where, budget),
+            share_mib=self.host_share(facts, where, budget), evict_for=evict_for,
         )  # fmt: skip
         granted = {w.kernel_id: w.mib for w in plan.grants}
         answer = answer or {"swap": {}}
@@ -993,6 +999,47 @@ class Culler(CullerApplication):
         # server's where its own report knows (shared.py)
         return facts, own_share(sources, facts.gpu_slice)
 
+    def keep_hibernated(
+        self,
+        gathered: list[tuple[HubServer, ServerFacts, dict[str, GpuFacts | None]]],
+        now: float,
+        rules: Rules,
+    ) -> list[tuple[HubServer, ServerFacts, dict[str, GpuFacts | None]]]:
+        """Mark the servers kept hibernated (keep.py; issue 36 item 2): every kernel of
+        theirs hibernated on a pool where that frees memory others use, and nothing waiting
+        for what they hold. Where server pods of a pool wait for a node, its kept servers that
+        their idle timeouts would stop now are released for them, least recently active first.
+        Without the pod watch (nobody waiting can be seen) or a catalog, nothing is kept."""
+        pods = getattr(self.server_pods, "placements", None)
+        catalog = self._catalog
+        if pods is None or catalog is None or not self.reports_enabled:
+            return gathered
+        waiting = waiting_mib(pods(), catalog)
+        out, due = [], []
+        for server, facts, sources in gathered:
+            report = self.reports.for_server(facts)
+            fresh = report is not None and now - report.received_at <= self.max_staleness
+            if fresh and may_keep(report, facts.pool, catalog):
+                _, policy = self.policy_for(facts).astuple()
+                stop = decide_server(facts, combine(sources, now, rules), policy, now, rules)
+                if stop.cull and stop.reason == "gpu_idle":
+                    at = facts.activity or now
+                    due.append(Kept((facts.user, facts.name), facts.pool or "", at,
+                                    self.claim(facts)[1]))  # fmt: skip
+                facts = replace(facts, kept_hibernated=True)
+            out.append((server, facts, sources))
+        freed = released(due, waiting)
+        for key in sorted(freed):
+            self.log.info(
+                "%s/%s: its kernels are hibernated, but %.0f MiB of slices wait for a node on "
+                "its pool: no longer kept",
+                *key, waiting.get(next(k.pool for k in due if k.key == key), 0.0),
+            )  # fmt: skip
+        return [
+            (s, replace(f, kept_hibernated=False) if (f.user, f.name) in freed else f, src)
+            for s, f, src in out
+        ]
+
     # --- one cycle ----------------------------------------------------------------------------
     async def cull_once(self, now: float | None = None) -> CycleResult:
         """One cycle. `now` (unix seconds) replays a moment: Prometheus is asked about it too."""
@@ -1043,8 +1090,10 @@ class Culler(CullerApplication):
         outcomes = []
         rows = []
         missing_reports = 0
-        for server in servers:
-            facts, sources = self.gather(server, prom, now)
+        gathered = self.keep_hibernated(
+            [(server, *self.gather(server, prom, now)) for server in servers], now, rules
+        )
+        for server, facts, sources in gathered:
             missing_reports += "extension" in sources and sources["extension"] is None
             reading: Reading = combine(sources, now, rules)
             pool, policy = self.policy_for(facts).astuple()

@@ -17,6 +17,10 @@ any object with its attributes). The rules, in order:
 - a server whose report has a kernel waiting to resume for room on the GPU (a cell of its user
   is waiting: serverext/swap.py) is kept: stopping it would shut that kernel down, which issue 36
   item 2 forbids; only `max_age` and `server_unattended` stop it;
+- a server **kept hibernated** (`kept_hibernated`: every kernel of it hibernated, holding no GPU
+  memory, on a pool where that memory is usable by others, and nobody waiting for what it
+  holds: keep.py) is not stopped for GPU idleness: the plain `server_idle` (with
+  `server_unattended` and `max_age`) still stops it;
 - a server holding a GPU whose GPU is known to have been idle for `server_gpu_idle`, and whose
   activity is as old, is stopped; known means a source read it and no configured source failed:
   a failed source, stale data, utilisation nobody can read or too short a history is never
@@ -72,6 +76,10 @@ class ServerFacts:
     # cell its user sent is waiting; stopping the server would shut that kernel down (issue
     # 36 item 2: never), so only max_age and server_unattended stop it
     resume_waiting: bool = False
+    # every kernel of it hibernated (no GPU memory held) on a pool where hibernation frees
+    # memory others use, and no server pod of its pool waits for a node (keep.py): stopping it
+    # would give nobody anything and lose its user's kernels, so GPU idleness does not stop it
+    kept_hibernated: bool = False
 
     @property
     def pool(self) -> str | None:
@@ -228,6 +236,10 @@ def server_deadlines(
     last, gpu = server.activity, reading.gpu
     if last is None:
         return due
+    if server.kept_hibernated:  # nothing needs what it holds: the plain idle timeout only
+        if policy.server_idle is not None:
+            due.append((last + policy.server_idle, "idle"))
+        return due
     if not _holds_gpu(server, gpu) or gpu is None or gpu.idle_for is None:
         # no GPU held, or its activity missing or unknown: the plain idle timeout only
         if policy.server_idle is not None:
@@ -326,6 +338,16 @@ def decide_server(
     stop = "idle" in fired
     last = server.activity
     idle = None if last is None else now - last
+    if server.kept_hibernated and last is not None:
+        if stop:
+            return _plain_idle(idle, policy, stop)
+        return Decision(
+            "keep",
+            "hibernated",
+            f"its kernels are all hibernated (no GPU memory held) and no server of its pool "
+            f"waits for a node: kept while idle for {fmt(idle)} < server_idle "
+            f"{'off' if policy.server_idle is None else fmt(policy.server_idle)}",
+        )
     if not _holds_gpu(server, gpu):
         return _plain_idle(idle, policy, stop)
 

@@ -20,7 +20,7 @@ I/O.
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable
+from collections.abc import Collection, Iterable
 from dataclasses import dataclass
 from datetime import datetime
 
@@ -179,6 +179,7 @@ def plan_room(
     evicting: frozenset[str] = frozenset(),
     own_mib: float = 0.0,
     share_mib: float = math.inf,
+    evict_for: Collection[str] | None = None,
 ) -> RoomPlan:
     """Which of one server's `wants` may hibernate on `node` now: those that fit in
     `budget_mib` less what the node's hibernated kernels hold (all of them) and `reserved_mib`
@@ -187,7 +188,9 @@ def plan_room(
     to make room, only if that frees enough (the want waits until they are gone); otherwise it
     stays on the GPU. `evicting`: kernel ids already ordered out (not counted twice).
     `own_mib`: what the server's kernels hold and have room for already; with a want, at most
-    `share_mib` (what its pod can hold on its GPUs): beyond it, the want stays on the GPU."""
+    `share_mib` (what its pod can hold on its GPUs): beyond it, the want stays on the GPU.
+    `evict_for`: the wants that may shut kernels down (None: every one, where `may_evict`);
+    the others stay on the GPU where they do not fit."""
     group = list(holders)
     room = budget_mib - node_held(group) - reserved_mib
     grants: list[Want] = []
@@ -212,7 +215,8 @@ def plan_room(
             own_mib += mib
             continue
         freed, picked, after = 0.0, [], dict(said)
-        if may_evict:
+        evict = may_evict and (evict_for is None or want.kernel_id in evict_for)
+        if evict:
             for h, k in spare:
                 if room + freed >= mib:
                     break
@@ -220,7 +224,7 @@ def plan_room(
                 before = min(after[id(h)], h.share_mib)
                 after[id(h)] -= min(k.mib, h.cap_mib)
                 freed += before - min(after[id(h)], h.share_mib)  # 0 while above its share
-        if may_evict and room + freed >= mib:
+        if evict and room + freed >= mib:
             said = after
             for h, k in picked:
                 spare.remove((h, k))

@@ -7,7 +7,9 @@ in session included (the budget may never shut theirs down, so they must never p
 Where a kernel does not fit, its server is told why (`swap.host_wait`) and the kernel stays on
 the GPU: for a user away, the oldest hibernated kernels of other users away on the node are shut
 down first if that frees enough (the last resort, counted as a disruption), and the kernel
-waits until they are gone. The culler's own swap orders (pressure.py) pass the same check.
+waits until they are gone; on an over-committed pool only for the culler's swap orders (the
+GPU memory is needed), never for a kernel due to hibernate merely for idleness (`evict_for`).
+The culler's own swap orders (pressure.py) pass the same check.
 
 Room given is held for the kernel (`GRANT_SECONDS`, longer while shut-downs it waits for are
 under way) until its server's report shows it hibernated: two servers on one node cannot both
@@ -17,7 +19,7 @@ take the same room. The memory peak per node is then within the budget by constr
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable, Mapping
+from collections.abc import Collection, Iterable, Mapping
 from dataclasses import dataclass, field
 
 from .hostbudget import WAITS_FOR, Eviction, Holder, RoomPlan, Want, plan_room
@@ -69,10 +71,12 @@ class HostRoom:
         *,
         away: bool,
         share_mib: float = math.inf,
+        evict_for: Collection[str] | None = None,
     ) -> RoomPlan:
         """Room for one server's `wants` on its node now (hostbudget.plan_room), held for them;
         the shut-downs it needs are kept for their servers' next reports. What its kernels hold
-        and the room held for it, with its wants, stay within `share_mib`."""
+        and the room held for it, with its wants, stay within `share_mib`; only the wants in
+        `evict_for` (None: all) may have kernels shut down for them."""
         wants = list(wants)
         for key in [k for k in self.held if k[:2] == (user, server)]:
             if key[2] in {w.kernel_id for w in wants}:
@@ -83,7 +87,7 @@ class HostRoom:
         own += sum(m for key, (_n, m, _a, _h) in self.held.items() if key[:2] == (user, server))
         out = plan_room(
             node, holders, reserved, wants, cap_mib, budget_mib, may_evict=away,
-            evicting=evicting, own_mib=own, share_mib=share_mib,
+            evicting=evicting, own_mib=own, share_mib=share_mib, evict_for=evict_for,
         )  # fmt: skip
         for w in out.grants:
             self.held[(user, server, w.kernel_id)] = (node, w.mib, now, GRANT_SECONDS)

@@ -1,0 +1,93 @@
+"""Keep rather than kill where memory can be moved (issue 36 item 2): which idle servers stay
+because their kernels are all hibernated and nobody waits for what they hold. Pure.
+
+On a pool where hibernation frees memory others use (time-slicing, MPS, any over-committed
+pool: `model.idle_defaults.frees_usable_memory`), a server whose kernels are all hibernated
+holds no GPU memory: its kernels' state is in host memory, which the node's budget bounds
+(hostbudget.py). What it still holds is its slot (a time-sliced replica, an over-committed
+slice) and that host memory. Stopping it for `server_gpu_idle` gives the slot to nobody when
+nobody waits for one, and shuts its user's kernels down: the capacity benchmark's classroom
+(time-sliced, half the GPUs) stopped 10 students' servers at 13:40, when the session their
+open tab kept ran out, 20-30 min before they came back for the 14:00 lab; nobody was waiting.
+
+So such a server is stopped for GPU idleness only while something needs what it holds:
+
+- a slot: a server pod of its pool waits for a node (made, not scheduled: under admission
+  "wait" FracSpawner makes the pod and it stays Pending until a slot frees). The kept servers
+  past their `server_gpu_idle` are stopped, least recently active first, until the slices they
+  free cover the slices waiting (`released`); the others stay;
+- host memory: the node's budget shuts the oldest hibernated kernels of users away down when
+  another kernel needs the room (hostbudget.plan_room); a server left with no hibernated kernel
+  is no longer kept, and its idle timeouts stop it as before.
+
+Otherwise only the plain `server_idle` (8 h by default), `server_unattended` and `max_age` stop
+it (decide.py). Without the pod watch nobody waiting can be seen, so nothing is kept: the
+servers are stopped as before. A spawn refused at once (admission "refuse") makes no pod, so it
+is not seen either: under "refuse", a pool full of kept servers refuses newcomers until their
+`server_idle`; admission "wait" is what lets the culler see them.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+from ..model.idle_defaults import frees_usable_memory
+from ..model.slices import slice_memory_mib
+from .placement import Placement
+
+if TYPE_CHECKING:
+    from ..model.catalog import Catalog
+    from .reports import ServerReport
+
+
+@dataclass(frozen=True)
+class Kept:
+    """An idle server kept hibernated that its idle timeouts would stop now."""
+
+    key: tuple[str, str]  # (user, server)
+    pool: str
+    activity: float  # its last activity (unix seconds): the least recent goes first
+    slice_mib: float  # what stopping it frees for a pod waiting on its pool
+
+
+def may_keep(report: ServerReport | None, pool: str | None, catalog: Catalog) -> bool:
+    """Whether a server may be kept hibernated: its pool (the hub's record) frees usable memory
+    by hibernation, and its report says it holds no GPU memory, has a hibernated kernel, and
+    no resume of it waits (a waiting resume keeps it anyway: decide.py)."""
+    if report is None or report.gpu is None or pool not in catalog.pools:
+        return False
+    where = catalog.pools[pool]
+    if not frees_usable_memory(where.backend, where.overcommit):
+        return False
+    waits = any(g.waiting for g in report.swap.gpus)
+    return report.gpu.memory_mib <= 0 and bool(report.hibernated_kernels) and not waits
+
+
+def waiting_mib(pods: Iterable[tuple[str, Placement]], catalog: Catalog) -> dict[str, float]:
+    """Per pool, the slices (MiB) of the server pods waiting for a node: made, not scheduled.
+    A pod that states no slice counts as its pool's largest."""
+    out: dict[str, float] = defaultdict(float)
+    for _name, where in pods:
+        if where.node is not None or where.pool not in catalog.pools:
+            continue
+        pool = catalog.pools[where.pool]
+        largest = max((slice_memory_mib(o, pool.gpu) for o in pool.offers), default=0)
+        out[where.pool] += where.memory_mib or float(largest)
+    return dict(out)
+
+
+def released(kept: Iterable[Kept], waiting: Mapping[str, float]) -> set[tuple[str, str]]:
+    """The kept servers to stop for the pods waiting on their pools: least recently active
+    first, until the slices they free cover the slices waiting (at least one per pool where
+    something waits)."""
+    out: set[tuple[str, str]] = set()
+    freed: dict[str, float] = defaultdict(float)
+    for k in sorted(kept, key=lambda k: (k.activity, k.key)):
+        need = waiting.get(k.pool, 0.0)
+        if need > 0 and freed[k.pool] < need:
+            out.add(k.key)
+            freed[k.pool] += max(k.slice_mib, 0.0)
+    return out

@@ -1,0 +1,203 @@
+"""Keep rather than kill where memory can be moved (issue 36 item 2): on a pool where
+hibernation frees memory others use, an idle server whose kernels are all hibernated is stopped
+for GPU idleness only when a server pod of its pool waits for a node (culler/keep.py).
+
+The capacity benchmark (classroom, time-sliced, half the GPUs) had the culler stop 10 students'
+servers at 13:40, when the session their open tab kept ran out (`server_gpu_idle` long past,
+0 MiB on the GPU), 20-30 min before they came back for the 14:00 lab, with nobody waiting for a
+slot. Through a whole culler cycle (`Culler.cull_once`) against the benchmark's stand-in hub,
+the reports parsed as received, and a pod watch's placements.
+"""
+
+from __future__ import annotations
+
+import time
+from datetime import datetime, timezone
+
+from tornado.httpserver import HTTPServer
+
+from benchmarks.bench_culler import StandInHub, server_model
+from devcluster.localhub import free_port
+from fracspawner.backends import load_catalog
+from fracspawner.culler.app import Culler
+from fracspawner.culler.placement import Placement
+from fracspawner.culler.reports import parse_report
+from tests.conftest import DEMO_CATALOG
+
+QUARTER_T4 = 3840.0  # the demo catalog's t4 offer (time-sliced, four replicas of 15,360 MiB)
+
+
+def iso(t: float) -> str:
+    return datetime.fromtimestamp(t, timezone.utc).isoformat().replace("+00:00", "Z")
+
+
+def report(now: float, idle_h: float, on_gpu_mib: float = 0.0) -> dict:
+    """A server whose user left `idle_h` hours ago (tab closed: presence known, away, out of
+    session), its GPU idle as long; its one kernel hibernated, or `on_gpu_mib` on the GPU."""
+    hibernated = on_gpu_mib <= 0
+    return {
+        "available": True, "sampled_at": iso(now), "monitor_started": iso(now - 10 * 3600),
+        "server_last_activity": iso(now - idle_h * 3600),
+        "user_last_activity": iso(now - idle_h * 3600),
+        "gpu_memory_mib": on_gpu_mib, "gpu_activity_known": True,
+        "gpu_idle_since": iso(now - idle_h * 3600),
+        "presence": {"known": True, "present": False, "in_session": False},
+        "devices": [{"index": "0", "uuid": "GPU-t4", "memory_total_mib": 15360,
+                     "memory_used_mib": on_gpu_mib}],
+        "kernels": [
+            {"id": "k1", "execution_state": "idle", "gpu_memory_mib": on_gpu_mib,
+             "hibernation": {"state": "hibernated", "hibernated_gpu_memory_mib": 3000,
+                             "hibernated_since": iso(now - (idle_h - 0.2) * 3600)}
+             if hibernated else {"state": "running"}},
+        ],
+        "hibernated_gpu_memory_mib": 3000 if hibernated else 0,
+    }  # fmt: skip
+
+
+class Pods:
+    """The culler's pod watch: each listed server's pod on node n1, and the pods waiting."""
+
+    def __init__(self, pods: dict[str, Placement]):
+        self.pods = pods
+
+    def placement(self, name: str, namespace: str | None = None) -> Placement | None:
+        return self.pods.get(name)
+
+    def placements(self) -> list[tuple[str, Placement]]:
+        return list(self.pods.items())
+
+    def known(self, address: str) -> bool:
+        return False
+
+
+async def cycle(
+    servers: dict[str, tuple[float, float]],
+    pool: str = "t4",
+    waiting: int = 0,
+    pod_watch: bool = True,
+) -> tuple[list[str], dict[str, str]]:
+    """One culler cycle over `servers` (user -> hours idle, MiB on the GPU) of `pool`, with
+    `waiting` quarter-T4 pods of that pool made and not scheduled; the users stopped and each
+    server's decision (reason: message)."""
+    now = time.time()
+    models = [
+        server_model(u, now - 10 * 3600, now - h * 3600, {"gpu": "1/4", "pool": pool})
+        for u, (h, _) in servers.items()
+    ]
+    hub = StandInHub(lambda: models)
+    http = HTTPServer(hub.app)
+    port = free_port()
+    http.listen(port, "127.0.0.1")
+    culler = Culler(
+        url=f"http://127.0.0.1:{port}/hub/api", api_token="t", report_url="http://127.0.0.1:9"
+    )
+    culler._catalog = load_catalog(str(DEMO_CATALOG))
+    pods = {
+        f"jupyter-{u}": Placement("n1", pool=pool, memory_mib=QUARTER_T4, owner=(u, ""))
+        for u in servers
+    }
+    pods |= {
+        f"jupyter-new{i}": Placement(None, pool=pool, memory_mib=QUARTER_T4, owner=(f"new{i}", ""))
+        for i in range(waiting)
+    }
+    culler.server_pods = Pods(pods) if pod_watch else None
+    for u, (h, mib) in servers.items():
+        culler.reports.put(u, "", parse_report(report(now, h, mib), received_at=now))
+    try:
+        result = await culler.cull_once(now=now)
+    finally:
+        http.stop()
+    said = {
+        o.server.facts.user: f"{o.decision.reason}: {o.decision.message}" for o in result.outcomes
+    }
+    return sorted(hub.deleted), said
+
+
+async def test_an_idle_server_whose_kernels_are_all_hibernated_stays_while_nobody_waits():
+    stopped, said = await cycle({"ann": (2.5, 0.0)})
+    assert stopped == [], f"stopped although nobody waits for its slot: {said['ann']}"
+    assert said["ann"].startswith("hibernated: its kernels are all hibernated")
+
+
+async def test_it_is_stopped_when_a_pod_of_its_pool_waits_least_recently_active_first():
+    # two kept servers past server_gpu_idle, one quarter waiting: the longer idle one goes
+    stopped, said = await cycle({"ann": (3.0, 0.0), "bob": (2.0, 0.0)}, waiting=1)
+    assert stopped == ["ann"], said
+    assert said["ann"].startswith("gpu_idle:") and said["bob"].startswith("hibernated:")
+    stopped, _ = await cycle({"ann": (3.0, 0.0), "bob": (2.0, 0.0)}, waiting=2)
+    assert stopped == ["ann", "bob"]
+
+
+async def test_the_plain_server_idle_still_stops_it():
+    stopped, said = await cycle({"ann": (9.0, 0.0)})  # the demo's server_idle: 8 h
+    assert stopped == ["ann"] and said["ann"].startswith("idle:"), said
+
+
+async def test_a_server_holding_gpu_memory_is_stopped_as_before():
+    stopped, said = await cycle({"ann": (2.5, 2000.0)})
+    assert stopped == ["ann"] and said["ann"].startswith("gpu_idle:"), said
+
+
+async def test_where_hibernation_frees_nothing_others_use_it_is_stopped_as_before():
+    stopped, said = await cycle({"ann": (2.5, 0.0)}, pool="h100")  # HAMi, no over-commit
+    assert stopped == ["ann"] and said["ann"].startswith("gpu_idle:"), said
+
+
+async def test_without_the_pod_watch_nobody_waiting_can_be_seen_so_nothing_is_kept():
+    stopped, said = await cycle({"ann": (2.5, 0.0)}, pod_watch=False)
+    assert stopped == ["ann"] and said["ann"].startswith("gpu_idle:"), said
+
+
+def _budget_answer(overcommit: float) -> dict:
+    """Ann's and bob's hibernated quarters fill node-a's budget (2.5 quarters); cat, away,
+    has an idle kernel due to hibernate (`kernel_gpu_hibernate`): the answer to her report."""
+    from dataclasses import replace
+
+    from fracspawner.culler.decide import ServerFacts
+    from fracspawner.culler.identity import Identity
+    from tests.test_host_budget import Pods as NodeA
+    from tests.test_host_budget import report as hibernated
+
+    catalog = load_catalog(str(DEMO_CATALOG))
+    pools = {**catalog.pools, "t4": replace(catalog.pools["t4"], overcommit=overcommit)}
+    culler = Culler(host_memory_budget_mib=2.5 * QUARTER_T4)
+    culler._catalog = replace(catalog, pools=pools)
+    culler.server_pods = NodeA()
+    now = time.time()
+    kernels = {
+        "ann": [("a1", QUARTER_T4, now - 5000, False)],
+        "bob": [("b1", QUARTER_T4, now - 4000, False)],
+        "cat": [],
+    }
+    for user, ks in kernels.items():
+        body = hibernated(now, ks)
+        if user == "cat":
+            body["swap"] = {"hibernate_wanted": [{"kernel_id": "c1", "gpu_memory_mib": QUARTER_T4}]}
+        culler.known[(user, "")] = ServerFacts(user, user_options={"gpu": "1/4", "pool": "t4"})
+        culler.reports.put(user, "", parse_report(body, received_at=now))
+    culler.answer_report(Identity("cat", ""), now)
+    # the shut-downs are told to the kernels' own servers
+    return {
+        user: ((culler.answer_report(Identity(user, ""), now) or {}).get("swap") or {})
+        for user in ("ann", "bob", "cat")
+    }
+
+
+def test_an_idle_hibernation_shuts_no_kernel_down_where_the_pool_over_commits():
+    """Shutting a kernel down is the last resort (issue 36 item 2): on an over-committed pool a
+    kernel due to hibernate for idleness stays on the GPU when its node's budget is full (if
+    its memory is needed, the swap orders it out then, and that order may shut the oldest
+    down). The classroom replay (time-sliced, half the GPUs) shut 51 hibernated kernels down
+    so that other idle kernels could hibernate, and students came back to dead kernels."""
+    swap = _budget_answer(overcommit=2.0)
+    assert "shutdown" not in swap["ann"], (
+        f"ann's hibernated kernel shut down for cat's idle one to hibernate: {swap['ann']}"
+    )
+    (wait,) = swap["cat"]["host_wait"]
+    assert wait["kernel_id"] == "c1" and "stays on the GPU" in wait["reason"]
+
+
+def test_without_over_commit_an_idle_hibernation_still_makes_room_oldest_first():
+    # no swap makes room for a newcomer there: the idle kernel's memory is freed by hibernation
+    swap = _budget_answer(overcommit=1.0)
+    assert [o["kernel_id"] for o in swap["ann"]["shutdown"]] == ["a1"]
