@@ -1131,6 +1131,9 @@ async def replay(
                 # servers on a GPU under pressure report again in 30 s (one more report within
                 # the replay's minute), not 20
                 f"--Culler.swap_report_in={ROUND_SECONDS}",
+                # the replay's hub admits under "wait" (a user without a slot waits with a
+                # Pending pod), so the culler may keep hibernated servers until one waits
+                "--Culler.keep_hibernated_servers=True",
             ]
         )
         culler.server_pods = PodWatch(sim)  # where each pod is, as the pod watch knows it

@@ -75,6 +75,7 @@ async def cycle(
     pool: str = "t4",
     waiting: int = 0,
     pod_watch: bool = True,
+    keep: bool = True,
 ) -> tuple[list[str], dict[str, str]]:
     """One culler cycle over `servers` (user -> hours idle, MiB on the GPU) of `pool`, with
     `waiting` quarter-T4 pods of that pool made and not scheduled; the users stopped and each
@@ -89,8 +90,9 @@ async def cycle(
     port = free_port()
     http.listen(port, "127.0.0.1")
     culler = Culler(
-        url=f"http://127.0.0.1:{port}/hub/api", api_token="t", report_url="http://127.0.0.1:9"
-    )
+        url=f"http://127.0.0.1:{port}/hub/api", api_token="t", report_url="http://127.0.0.1:9",
+        keep_hibernated_servers=keep,
+    )  # fmt: skip
     culler._catalog = load_catalog(str(DEMO_CATALOG))
     pods = {
         f"jupyter-{u}": Placement("n1", pool=pool, memory_mib=QUARTER_T4, owner=(u, ""))
@@ -141,6 +143,13 @@ async def test_a_server_holding_gpu_memory_is_stopped_as_before():
 async def test_where_hibernation_frees_nothing_others_use_it_is_stopped_as_before():
     stopped, said = await cycle({"ann": (2.5, 0.0)}, pool="h100")  # HAMi, no over-commit
     assert stopped == ["ann"] and said["ann"].startswith("gpu_idle:"), said
+
+
+async def test_off_by_default_servers_are_stopped_as_before():
+    # under the hub's admission "refuse" a newcomer makes no pod: nobody waiting could be seen
+    stopped, said = await cycle({"ann": (2.5, 0.0)}, keep=False)
+    assert stopped == ["ann"] and said["ann"].startswith("gpu_idle:"), said
+    assert Culler().keep_hibernated_servers is False
 
 
 async def test_without_the_pod_watch_nobody_waiting_can_be_seen_so_nothing_is_kept():

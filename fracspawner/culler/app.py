@@ -304,6 +304,17 @@ class Culler(CullerApplication):
         "memory (their server is told in the answer to its report). Default: the pool's largest "
         "slice, so one more of it fits at once.",
     )
+    keep_hibernated_servers = Bool(
+        False,
+        config=True,
+        help="On pools where hibernation frees memory others use (time-slicing, MPS, "
+        "overcommit > 1): an idle server whose kernels are all hibernated is stopped for "
+        "server_gpu_idle only while a server pod of its pool waits for a node, least recently "
+        "active first (keep.py); otherwise server_idle, server_unattended and max_age still stop "
+        "it. Needs the pod watch (watch_server_pods). Turn it on where the hub's admission is "
+        '"wait" (FracSpawner.admission): a spawn refused at once makes no pod, so under '
+        '"refuse" newcomers would be refused while kept servers hold the slots.',
+    )
     host_memory_budget_mib = Float(
         65536.0,
         config=True,
@@ -1009,10 +1020,13 @@ class Culler(CullerApplication):
         theirs hibernated on a pool where that frees memory others use, and nothing waiting
         for what they hold. Where server pods of a pool wait for a node, its kept servers that
         their idle timeouts would stop now are released for them, least recently active first.
-        Without the pod watch (nobody waiting can be seen) or a catalog, nothing is kept."""
+        Off (`keep_hibernated_servers`), or without the pod watch (nobody waiting can be seen)
+        or a catalog, nothing is kept."""
         pods = getattr(self.server_pods, "placements", None)
         catalog = self._catalog
-        if pods is None or catalog is None or not self.reports_enabled:
+        if not self.keep_hibernated_servers or pods is None or catalog is None:
+            return gathered
+        if not self.reports_enabled:
             return gathered
         waiting = waiting_mib(pods(), catalog)
         out, due = [], []
