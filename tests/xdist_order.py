@@ -30,7 +30,7 @@ EXPECTED_SECONDS: dict[str, float] = {
     # `fracspawner demo` started by every test (control plane, hub, culler, services)
     "test_demo.py": 300,
     "test_demo_lab.py": 260,  # the demo's hibernation timings are real: 1 min + 1 min
-    "test_demo_terminal.py": 200,
+    "test_demo_terminal.py": 170,
     "test_overcommit_swap_e2e.py": 180,  # eight real single-user servers on one GPU
     "test_browser_admin.py": 170,
     "test_lab_meter.py": 170,
@@ -48,6 +48,7 @@ EXPECTED_SECONDS: dict[str, float] = {
     "test_chart.py": 90,
     "test_browser_picker.py": 80,
     "test_layout.py": 60,  # builds an sdist and a wheel from it
+    "test_docs.py": 45,  # builds the docs with Sphinx
     **dict.fromkeys(
         [
             "test_browser_quota_unknown.py", "test_browser_xss.py", "test_capacity_outage.py",
@@ -64,7 +65,8 @@ EXPECTED_SECONDS: dict[str, float] = {
             "test_options.py", "test_overcommit_admission.py", "test_bench_scale_count.py",
             "test_rawwatch.py", "test_rbac_real.py", "test_realcluster.py",
             "test_nodeagent.py", "test_nodeagent_dra_env.py", "test_nodeagent_kubeletapi.py",
-            "test_nodeagent_pods.py",
+            "test_nodeagent_pods.py", "test_nodeagent_containers.py", "test_nodeagent_lifecycle.py",
+            "test_controlplane.py", "test_culler_placement_dra.py", "test_hub_reflectors.py",
         ],
         CLUSTER,
     ),
@@ -74,6 +76,7 @@ EXPECTED_SECONDS: dict[str, float] = {
             "test_presence_session.py", "test_hibernation.py", "test_hibernation_driver.py",
             "test_serverext.py", "test_doctor.py", "test_culler_gpu_unknown.py",
             "test_notebook_image.py", "test_image_versions.py", "test_z2jh.py",
+            "test_serverext_late_loop.py",
         ],
         PROCESSES,
     ),
