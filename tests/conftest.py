@@ -48,12 +48,55 @@ def demo_topology_dict() -> dict:
     return yaml.safe_load(DEMO_TOPOLOGY.read_text())
 
 
+#: the hub the module's `devcluster` fixture launched beside the cluster, for `hub` to take
+EARLY_HUB = pytest.StashKey["LocalHub"]()
+
+
+def _uses_conftest_hub(request: pytest.FixtureRequest) -> bool:
+    """The test asks for `hub` (itself or through clean_servers) and its module has no `hub`
+    fixture of its own."""
+    return "hub" in request.fixturenames and "hub" not in vars(request.module)
+
+
+# The hub's configuration holds it until the cluster is ready (devcluster.democluster's
+# hub_waits_for, the same for the demo), and ends it if this pytest process went away meanwhile
+WAIT_FOR = """
+import os as _os, sys as _sys, time as _time  # noqa: E401
+while not _os.path.exists({ready!r}):
+    if _os.getppid() != {parent}:
+        _sys.exit("the tests that launched this hub are gone")
+    _time.sleep(0.2)
+"""
+
+
+def _launch_hub(request: pytest.FixtureRequest, tmp_path_factory, kubeconfig: Path, ready: Path):
+    """The module's hub (its CATALOG, HUB_EXTRA_CONFIG), launched now: its configuration waits
+    for `ready`, so its imports (JupyterHub, kubespawner, fracspawner: 10-20 s on a busy
+    2-core machine) overlap the control plane's start, as in `fracspawner demo`."""
+    from devcluster.localhub import launch_hub
+
+    state = tmp_path_factory.mktemp("hub")
+    catalog = getattr(request.module, "CATALOG", None)
+    catalog_file = DEMO_CATALOG
+    if catalog is not None:
+        catalog_file = state / "catalog.yaml"
+        catalog_file.write_text(yaml.safe_dump(catalog))
+    return launch_hub(
+        state_dir=state,
+        kubeconfig=kubeconfig,
+        catalog_file=catalog_file,
+        extra_config=WAIT_FOR.format(ready=str(ready), parent=os.getpid())
+        + getattr(request.module, "HUB_EXTRA_CONFIG", ""),
+    )
+
+
 @pytest.fixture(scope="module")
 def devcluster(tmp_path_factory: pytest.TempPathFactory, request) -> Iterator:
     """The real control plane (kube-apiserver, etcd, kube-scheduler, kube-controller-manager)
     with the node agent running the pods, on the demo topology (a module may override
     `TOPOLOGY`), in a subprocess (`fracspawner devcluster`, docs/controlplane.md). Skipped
-    without `make controlplane` on a developer's machine, failed in CI (tests/missing.py)."""
+    without `make controlplane` on a developer's machine, failed in CI (tests/missing.py).
+    A module that uses `hub` gets its hub launched beside the cluster (`_launch_hub`)."""
     from devcluster.controlplane.binary import BinaryMissing, find_binary
     from devcluster.testing import devcluster_process
     from tests.missing import missing
@@ -65,27 +108,37 @@ def devcluster(tmp_path_factory: pytest.TempPathFactory, request) -> Iterator:
         find_binary()
     except BinaryMissing as err:
         missing(str(err))
-    with devcluster_process(topology, tmp_path_factory.mktemp("devcluster")) as cluster:
-        yield cluster
+    where = tmp_path_factory.mktemp("devcluster")
+    ready = where / "ready"  # devcluster_process writes the kubeconfig to where / "kubeconfig"
+    stash = request.node.stash
+    if _uses_conftest_hub(request):
+        stash[EARLY_HUB] = _launch_hub(request, tmp_path_factory, where / "kubeconfig", ready)
+    try:
+        with devcluster_process(topology, where) as cluster:
+            ready.touch()
+            yield cluster
+    finally:
+        # a hub `hub` did not take (the cluster did not start, or no test got as far): stopped
+        # before the cluster's end is checked
+        if (left := stash.get(EARLY_HUB, None)) is not None:
+            left.stop()
 
 
 @pytest.fixture(scope="module")
 def hub(devcluster, tmp_path_factory: pytest.TempPathFactory, request) -> Iterator:
-    """A real JupyterHub + proxy with FracSpawner on the module's devcluster."""
-    from devcluster.localhub import start_hub
+    """A real JupyterHub + proxy with FracSpawner on the module's devcluster, launched by the
+    `devcluster` fixture beside it (or here, when a later test of the module is the first to
+    ask for a hub)."""
+    from devcluster.localhub import wait_hub
 
-    state = tmp_path_factory.mktemp("hub")
-    catalog = getattr(request.module, "CATALOG", None)
-    catalog_file = DEMO_CATALOG
-    if catalog is not None:
-        catalog_file = state / "catalog.yaml"
-        catalog_file.write_text(yaml.safe_dump(catalog))
-    running = start_hub(
-        state_dir=state,
-        kubeconfig=devcluster.kubeconfig,
-        catalog_file=catalog_file,
-        extra_config=getattr(request.module, "HUB_EXTRA_CONFIG", ""),
-    )
+    launched = request.node.stash.get(EARLY_HUB, None)
+    if launched is not None:
+        del request.node.stash[EARLY_HUB]  # this fixture stops it
+    else:
+        ready = Path(devcluster.kubeconfig).parent / "ready"
+        launched = _launch_hub(request, tmp_path_factory, devcluster.kubeconfig, ready)
+    # as long as start_hub gave a hub launched once the cluster was ready
+    running = wait_hub(launched, 60)
     try:
         yield running
     finally:
