@@ -9,9 +9,19 @@ server's pod is made (hub/room.py): per GPU, what cannot be made free for a newc
 
 Per GPU (node/UUID as swapdesk binds reports to pods), each server counts:
 
-- its whole slice where its user is present (at a tab of it: presence.py), where its report is
-  stale or missing (unknown is never free), or where it has not reported a device yet and its
-  pod may be on the GPU;
+- where its user is present (at a tab of it: presence.py) and its pool's backend limits
+  memory to the slice (HAMi, MIG, ...: `Seat.enforced`), what its kernels physically hold on
+  the GPU and half again for them to grow into (`PRESENT_GROWTH`), plus what waits to resume
+  there, within its slice (the issue's words: a newcomer waits where it "would exceed the
+  physical memory held by present users' kernels"); its whole slice while its kernels hold
+  nothing there yet (a first cell allocates at any moment: bug 4's lab) or one of them is
+  hibernated (the size it brings back is not reported);
+- its whole slice where its user is present on a pool that does not limit memory
+  (time-slicing: a first allocation or growth may exceed the slice, so the rest of it is no
+  newcomer's room; replayed, counting what those kernels hold there met more CUDA
+  out-of-memory errors in present users' cells, benchmarks/bench_culler.py);
+- its whole slice where its report is stale or missing (unknown is never free), or where it
+  has not reported a device yet and its pod may be on the GPU;
 - otherwise what the swap cannot take off: its resident memory less its idle, swappable kernels
   (the candidates of `pressure.plan_swaps`), plus what waits to resume there; within its slice;
 
@@ -28,7 +38,12 @@ from ..choice.admission import server_tag
 from .pressure import ReportedGpu
 from .swapdesk import Seat
 
-__all__ = ["GpuRoom", "gpu_rooms", "held_by", "server_tag"]
+__all__ = ["PRESENT_GROWTH", "GpuRoom", "gpu_rooms", "held_by", "server_tag"]
+
+#: how much more than they hold a present user's kernels may grow into before a newcomer gets
+#: the GPU (a share of what they hold): caches and bigger batches grow a working kernel, and a
+#: cell meeting CUDA out-of-memory because a newcomer took that room is a loss
+PRESENT_GROWTH = 0.5
 
 
 @dataclass(frozen=True)
@@ -61,8 +76,18 @@ class GpuRoom:
 def held_by(seat: Seat, gpu: ReportedGpu | None) -> float:
     """What one server holds on a GPU that no swap can free for a newcomer (MiB)."""
     cap = max(seat.cap_mib, 0.0)
-    if gpu is None or not seat.fresh or seat.present:
+    if gpu is None or not seat.fresh:
         return cap
+    if seat.present and not seat.enforced:
+        return cap  # no limit at the slice: a first allocation or growth may exceed it
+    if seat.present:
+        # what its kernels physically hold and may still grow into (PRESENT_GROWTH), plus what
+        # waits to resume, within its slice; its whole slice while they hold nothing yet (the
+        # first cell allocates: bug 4) or one is hibernated (what it brings back is unknown)
+        if gpu.resident_mib <= 0 or any(k.hibernated for k in gpu.kernels):
+            return cap
+        grown = gpu.resident_mib * (1.0 + PRESENT_GROWTH)
+        return min(cap, grown + max(gpu.waiting_mib, 0.0))
     movable = sum(
         min(k.resident_mib, cap)
         for k in gpu.kernels

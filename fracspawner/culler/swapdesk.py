@@ -20,6 +20,7 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING
 
+from ..backends import get_backend
 from ..model.slices import slice_memory_mib
 from .grants import GRANT_SECONDS, Key, Waiter, plan_grants
 from .placement import Placement
@@ -34,7 +35,7 @@ from .pressure import (
 )
 
 if TYPE_CHECKING:
-    from ..model.catalog import Catalog
+    from ..model.catalog import Catalog, Pool
     from .decide import ServerFacts
     from .reports import ServerReport
 
@@ -59,6 +60,9 @@ class Seat:
     swaps: bool = True  # its pool over-commits: its idle kernels may be swapped out
     # where its pod is (the culler's pod watch: placement.py); None: not known
     placement: Placement | None = None
+    # its pool's backend hard-limits GPU memory to the slice (Backend.enforced): its kernels
+    # can never hold more than its slice
+    enforced: bool = False
 
     def may_be_on(self, key: str) -> bool:
         """Whether its pod may hold GPU `key` (node/uuid), by its placement alone."""
@@ -380,6 +384,15 @@ def seats_from(
                 present=bool(report and report.present),
                 swaps=pool.overcommit > 1,
                 placement=where,
+                enforced=_enforced(pool),
             )
         )
     return seats
+
+
+def _enforced(pool: Pool) -> bool:
+    """Whether `pool`'s backend hard-limits GPU memory (an unknown backend: not)."""
+    try:
+        return bool(get_backend(pool.backend).enforced(pool))
+    except (KeyError, ValueError):
+        return False

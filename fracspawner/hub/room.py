@@ -6,7 +6,8 @@ safe while the culler can swap idle kernels out, not where everyone is present (
 present users on one over-committed GPU: 28 CUDA out-of-memory errors in the cells of users 5-8
 over 40 min, and no word about why"). So before a new server's pod is made, the hub asks the
 culler's room view (`GET {culler}/api/room`, culler/room.py): per GPU, what present users'
-servers (their whole slice), busy kernels and unknown servers hold. The spawn goes on when a GPU
+kernels physically hold (their whole slice before their first allocation), busy kernels and
+unknown servers hold. The spawn goes on when a GPU
 of its pool has room for its slice beside that and beside the servers this hub admitted that the
 culler does not count yet, and nobody waits before it; otherwise it waits in line, first come
 first served, and the pending page says why ("The GPU is in use by 4 people now; you are
