@@ -302,7 +302,7 @@ class Culler(CullerApplication):
         help="On pools with overcommit above 1: GPU memory (MiB) kept free on each GPU; beyond "
         "its size minus this, the least recently used idle kernels on it are swapped out to host "
         "memory (their server is told in the answer to its report). Default: the pool's largest "
-        "slice, so one more of it fits at once.",
+        "slice, so one more of it fits at once, at most half the GPU's memory.",
     )
     keep_hibernated_servers = Bool(
         False,

@@ -355,7 +355,7 @@ def seats_from(
     A server the hub lists that has not reported counts too (its whole slice, where its pod's
     placement says which GPUs it may be on). Each report is bound to its pod (`bind`):
     `placement(user, server)` is where the pod watch has it (None: not known). `margin_mib`
-    None: each pool's largest slice (room for one more of it)."""
+    None: each pool's `default_margin_mib`."""
     seats = []
     latest = {(user, server): report for user, server, report in reports}
     for (user, server), facts in known.items():
@@ -368,7 +368,7 @@ def seats_from(
         largest = float(max((slice_memory_mib(o, pool.gpu) for o in pool.offers), default=0))
         # a slice the catalog cannot size counts as the pool's largest: never as nothing
         cap = slice_memory_cap(catalog, facts.pool, facts.gpu_slice) or largest
-        margin = largest if margin_mib is None else margin_mib
+        margin = default_margin_mib(pool) if margin_mib is None else margin_mib
         size = float(pool.gpu.device_memory_mib)
         where = placement(user, server) if placement is not None else None
         gpus = max(1, math.ceil(cap / size)) if size > 0 else 1
@@ -388,6 +388,18 @@ def seats_from(
             )
         )
     return seats
+
+
+def default_margin_mib(pool: Pool) -> float:
+    """GPU memory kept free on each GPU of an over-committed `pool` by default: its largest
+    slice (one more of it can start, or come back, at once), at most half the GPU. A pool that
+    offers whole GPUs would otherwise keep the whole GPU free: every GPU holding anything
+    "full", and every idle kernel of a user away swapped out, and with the node's host budget
+    spent shut down, though nobody needed its memory (issue 36 item 2; the culler benchmark's
+    classroom on HAMi's `h100`, tests/test_overcommit_swap_margin.py)."""
+    size = float(pool.gpu.device_memory_mib)
+    largest = float(max((slice_memory_mib(o, pool.gpu) for o in pool.offers), default=0))
+    return min(largest, size / 2) if size > 0 else largest
 
 
 def _enforced(pool: Pool) -> bool:

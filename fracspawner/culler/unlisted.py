@@ -31,7 +31,7 @@ from typing import TYPE_CHECKING
 from ..model.slices import slice_memory_mib
 from .placement import Placement
 from .pressure import SwapFacts
-from .swapdesk import Seat, bind
+from .swapdesk import Seat, bind, default_margin_mib
 
 if TYPE_CHECKING:
     from ..model.catalog import Catalog
@@ -55,7 +55,7 @@ def unlisted_seats(
     """Seats for the server pods (`pods`: name and placement, from the pod watch) that are not
     the `listed` servers' (user, server), nor named as one of their pods (`listed_pods`).
     `reports`: the latest report of each server, by (user, server). `margin_mib` None: each
-    pool's largest slice."""
+    pool's default (swapdesk.default_margin_mib)."""
     seats = []
     for name, where in pods:
         if where.owner in listed or name in listed_pods:
@@ -70,7 +70,7 @@ def unlisted_seats(
         cap = where.memory_mib or largest  # a slice it does not state counts as the largest
         if size > 0:
             cap = min(cap, size * where.gpus)
-        margin = largest if margin_mib is None else margin_mib
+        margin = default_margin_mib(pool) if margin_mib is None else margin_mib
         user, server = where.owner or (UNLISTED + name, "")
         report = reports.get((user, server)) if where.owner else None
         facts = SwapFacts()
