@@ -28,7 +28,7 @@ SCRIPT = (
     'kind="$1"; src="$2"; dst="$3"; shift 3; '
     'if [ "$kind" = file ]; then mkdir -p "$(dirname "$dst")"; [ -e "$dst" ] || : > "$dst"; '
     'else mkdir -p "$dst"; fi; '
-    'mount --bind "$src" "$dst" || exit 125; '
+    'mount --bind "$src" "$dst" || { echo "bindmounts: cannot bind $src at $dst" >&2; exit 125; }; '
     'done; shift; exec "$@"'
 )
 

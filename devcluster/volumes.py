@@ -134,7 +134,31 @@ def volume_files(
     return None
 
 
+def _holds(directory: Path, files: Mapping[str, tuple[bytes, int | None]], mode: int) -> bool:
+    """Whether `directory` has exactly `files`, with their content and modes."""
+    if not directory.is_dir():
+        return False
+    try:
+        found = {p.relative_to(directory).as_posix() for p in directory.rglob("*") if p.is_file()}
+        if found != set(files):
+            return False
+        for rel, (content, file_mode) in files.items():
+            path = directory / rel
+            want = file_mode if file_mode is not None else mode
+            if path.read_bytes() != content or path.stat().st_mode & 0o7777 != want:
+                return False
+    except OSError:
+        return False
+    return True
+
+
 def _write(directory: Path, files: Mapping[str, tuple[bytes, int | None]], mode: int) -> None:
+    # Each container's start writes the pod's volumes again; a sibling container may be binding
+    # this directory at that moment, so it is left alone when it already holds what it must
+    # (the kubelet swaps a `..data` symlink atomically instead: pkg/volume/util/atomic_writer.go).
+    # Rewriting it under a starting sibling failed its bind: "special device ... does not exist".
+    if _holds(directory, files, mode):
+        return
     if directory.exists():
         shutil.rmtree(directory)
     directory.mkdir(parents=True)

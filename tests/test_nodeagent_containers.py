@@ -60,7 +60,13 @@ def shows(cp: ControlPlane, name: str, ready: str, status: str, restarts: str = 
         eventually(lambda: printed(cp, name) == want, f"{name}: {' '.join(want)}")
     except AssertionError as err:
         last = printed(cp, name)
-        raise AssertionError(f"{err}; it shows {last}: {pod(cp, name)['status']}") from None
+        status = pod(cp, name)["status"]
+        logs = [
+            f"--- {c['name']}: "
+            + kubectl(cp, "logs", name, "-n", NS, "-c", c["name"], "--tail=20", check=False).stdout
+            for c in status.get("containerStatuses") or []
+        ]
+        raise AssertionError(f"{err}; it shows {last}: {status}\n" + "\n".join(logs)) from None
 
 
 def conditions(p: dict[str, Any]) -> dict[str, dict[str, Any]]:
