@@ -30,7 +30,6 @@ from tests.test_culler_support import CULLER_SCOPES
 
 # `browser`, `clean_servers`, `exporter` and `prometheus` are tests/conftest.py's
 pytestmark = [pytest.mark.e2e, pytest.mark.browser, pytest.mark.usefixtures("clean_servers")]
-CONTROL_PLANE = "real"  # docs/devcluster.md: the modules on the real control plane
 
 CATALOG = yaml.safe_load(DEMO_CATALOG.read_text())
 CATALOG["access"]["default"] = {"pools": "all", "max_gpu": 2}

@@ -24,7 +24,6 @@ from tests.e2e_helpers import demo_topology_with_t4_jobs, ensure_group, spawn
 
 # `browser` and `clean_servers` are tests/conftest.py's
 pytestmark = [pytest.mark.e2e, pytest.mark.browser, pytest.mark.usefixtures("clean_servers")]
-CONTROL_PLANE = "real"  # docs/devcluster.md: the modules on the real control plane
 
 # the T4 is full (4 training jobs) and a full pool makes the pod wait instead of a refusal
 TOPOLOGY = demo_topology_with_t4_jobs(4)

@@ -36,7 +36,6 @@ from tests.e2e_helpers import (
 
 # `browser` and `clean_servers` are tests/conftest.py's
 pytestmark = [pytest.mark.e2e, pytest.mark.browser, pytest.mark.usefixtures("clean_servers")]
-CONTROL_PLANE = "real"  # docs/devcluster.md: the modules on the real control plane
 
 OFFERS_API = "/services/fracspawner/api/offers"
 # Users need `access:services!service=fracspawner` for the picker's live counts (HubOAuth

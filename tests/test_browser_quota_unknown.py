@@ -17,7 +17,6 @@ from tests.e2e_helpers import spawn
 
 # `browser` and `clean_servers` are tests/conftest.py's
 pytestmark = [pytest.mark.e2e, pytest.mark.browser, pytest.mark.usefixtures("clean_servers")]
-CONTROL_PLANE = "real"  # docs/devcluster.md: the modules on the real control plane
 
 HUB_EXTRA_CONFIG = """
 c.FracSpawner.live_capacity = False

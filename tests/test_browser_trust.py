@@ -26,7 +26,6 @@ from tests.e2e_helpers import demo_topology_with_t4_jobs, ensure_group, server_p
 
 # `browser` and `clean_servers` are tests/conftest.py's
 pytestmark = [pytest.mark.e2e, pytest.mark.browser, pytest.mark.usefixtures("clean_servers")]
-CONTROL_PLANE = "real"  # docs/devcluster.md: the modules on the real control plane
 
 HUB_EXTRA_CONFIG = """
 if not any(r.get("name") == "user" for r in c.JupyterHub.load_roles):

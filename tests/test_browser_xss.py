@@ -26,7 +26,6 @@ from tests.e2e_helpers import pods
 
 # `browser` and `clean_servers` are tests/conftest.py's
 pytestmark = [pytest.mark.e2e, pytest.mark.browser, pytest.mark.usefixtures("clean_servers")]
-CONTROL_PLANE = "real"  # docs/devcluster.md: the modules on the real control plane
 
 POOL_NAME = "<script>window.__xss=1</script>GPU"
 POOL_DESCRIPTION = '<img src=x onerror="window.__xss=2;alert(2)">'

@@ -42,7 +42,6 @@ from tests.e2e_helpers import spawn, stop_all, the_pod, wait_until
 from tests.test_culler_support import CULLER_SCOPES, execute
 
 pytestmark = pytest.mark.e2e
-CONTROL_PLANE = "real"  # docs/devcluster.md: the modules on the real control plane
 
 FAKE = REPO / "tests" / "fake_nvml"
 T4_MIB = 15360  # NVML's total for a T4 (fracspawner.model.gpumodels), the catalog's model
