@@ -23,6 +23,7 @@ from .rest import Client, ok
 
 MANIFESTS = Path(__file__).parent / "manifests"
 CRDS = "/apis/apiextensions.k8s.io/v1/customresourcedefinitions"
+SERVICE_ACCOUNTS = "/api/v1/namespaces/default/serviceaccounts"
 STATE_MARKER = ".controlplane-state"
 
 
@@ -127,7 +128,15 @@ class ControlPlane:
             ("kube-controller-manager", self.ports.controller_manager),
         ):
             self._wait(name, lambda p=port: ok(f"https://127.0.0.1:{p}/healthz"), deadline)
+        # a pod in `default` is refused until the controller-manager has made the namespace's
+        # ServiceAccount (the ServiceAccount admission plugin: 'serviceaccount "default" not
+        # found'): since the CRDs are installed while the controllers start (ba22a3e), a test
+        # could create its first pod before that; the cluster is ready once a pod can be made
+        self._wait("the default ServiceAccount", self._default_service_account, deadline)
         self._progress(f"control plane ready at {self.server} (kubeconfig {self.kubeconfig})")
+
+    def _default_service_account(self) -> bool:
+        return self.client.get_json(f"{SERVICE_ACCOUNTS}/default") is not None
 
     def _fresh_state_dir(self) -> None:
         """A fresh cluster every start: the directory is emptied, but only when it is empty or
