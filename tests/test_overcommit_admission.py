@@ -298,7 +298,7 @@ async def test_the_pending_page_closing_early_closes_kubespawners_progress():
     assert closed == [True]
 
 
-async def test_any_servers_token_reads_the_room_and_not_the_state(receiver):  # noqa: F811
+async def test_any_servers_token_reads_the_room_and_not_the_state(receiver, caplog):  # noqa: F811
     """The room answer names nobody, so the spawning server's own token reads it (as the hub
     asks); the state API still wants `read:servers`; an unknown token gets no answer, which
     the hub reads as 'no answer' (admitted by slots, logged)."""
@@ -310,3 +310,5 @@ async def test_any_servers_token_reads_the_room_and_not_the_state(receiver):  # 
     assert body is not None and body["listed"] is False and body["gpus"] == []
     assert await get_state(receiver.url, "ann-token", "127.0.0.1") == 403
     assert await fetch_room(url, "nobody's-token") is None
+    # the hub's log says why there was no answer (a spawn then goes by slot counts alone)
+    assert "the culler gave no room answer at" in caplog.text and "403" in caplog.text

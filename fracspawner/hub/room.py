@@ -25,6 +25,7 @@ Pure apart from `fetch_room` (one HTTP GET) and `RoomLine`'s process-wide state.
 from __future__ import annotations
 
 import json
+import logging
 import math
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
@@ -33,6 +34,8 @@ from typing import Any, ClassVar
 from tornado.httpclient import AsyncHTTPClient, HTTPRequest
 
 from ..choice.admission import loop_shared, server_tag
+
+log = logging.getLogger("JupyterHub")
 
 #: how long one answer of the culler serves every waiting spawn (s)
 CACHE_SECONDS = 5.0
@@ -154,9 +157,21 @@ async def fetch_room(url: str, token: str, timeout: float = TIMEOUT_SECONDS) -> 
             )
         )
         body = json.loads(response.body)
-    except Exception:
+    except Exception as exc:  # the spawner says what it does without an answer; this, why
+        log.warning("the culler gave no room answer at %s: %s", url, _why(exc))
         return None
     return body if isinstance(body, dict) else None
+
+
+def _why(exc: Exception) -> str:
+    """An HTTP error with the culler's own message (its JSON `message`), else the error."""
+    body = getattr(getattr(exc, "response", None), "body", None)
+    if body:
+        try:
+            return f"{exc} ({json.loads(body).get('message')})"
+        except (ValueError, AttributeError):
+            pass
+    return str(exc) or type(exc).__name__
 
 
 Key = tuple[str, str]  # (user, server name)
