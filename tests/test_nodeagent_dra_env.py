@@ -89,9 +89,12 @@ def test_a_container_whose_claim_is_not_allocated_waits(cp, agent):
                                             "items": [claim, pod]})  # fmt: skip
 
     def waiting() -> dict | None:
+        """The container's waiting state once it says why: a plain ContainerCreating comes
+        first, before the node agent has looked at the claim (a fresh-clone run read that one)."""
         statuses = get_json(cp, "pod", "waits", "-n", NS)["status"].get("containerStatuses")
-        return statuses and statuses[0]["state"].get("waiting")
+        state = statuses and statuses[0]["state"].get("waiting")
+        return state if state and state.get("message") else None
 
-    state = eventually(waiting, "the container waits")
+    state = eventually(waiting, "the container waits and says why")
     assert state["reason"] == "ContainerCreating", state
     assert "'later' is not allocated" in state.get("message", ""), state
