@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import sys
 
+from ..stopsignal import honour_sigint
 from .app import Culler
 
 
@@ -13,9 +14,13 @@ def main(argv: list[str] | None = None) -> int:
         from .kubeflow import main as kubeflow_main
 
         return kubeflow_main(argv[1:])
+    honour_sigint()  # the hub stops its services with SIGINT first
     app = Culler()
     app.initialize(argv)
-    app.start()
+    try:
+        app.start()
+    except KeyboardInterrupt:  # stopped by the hub, or Ctrl-C
+        pass
     return 0
 
 

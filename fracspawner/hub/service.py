@@ -33,6 +33,7 @@ from ..choice.admission import server_holdings, user_usage, watch_usable
 from ..choice.offers import build_offer_model
 from ..model.access import allowed_pools
 from ..model.catalog import Catalog, Pool
+from ..stopsignal import honour_sigint
 from .form import render_service_page
 
 
@@ -227,6 +228,7 @@ def main(argv: list[str] | None = None) -> int:
         print("fracspawner service: --catalog or $FRACSPAWNER_CATALOG is required", file=sys.stderr)
         return 2
     enable_pretty_logging()
+    honour_sigint()  # the hub stops its services with SIGINT first
     try:
         asyncio.run(
             serve(args.catalog, not args.no_live_capacity, args.culler_url, args.history_interval)
