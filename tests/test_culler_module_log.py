@@ -2,7 +2,7 @@
 
 The pod watch (fracspawner/culler/serverpods.py) logs under `fracspawner.culler.serverpods`;
 with no handler there, Python's last-resort handler printed its 'cannot watch server pods'
-warning bare (no time, no level, no logger name) and dropped its INFO lines."""
+warning bare (no time, no level, no logger name)."""
 
 from __future__ import annotations
 
@@ -16,12 +16,10 @@ def test_a_module_warning_comes_out_in_the_cullers_format(capfd) -> None:
     culler.initialize(["--log-level=INFO"])
     try:
         logging.getLogger("fracspawner.culler.serverpods").warning("cannot watch server pods")
-        logging.getLogger("fracspawner.culler.serverpods").info("watching server pods again")
-        logging.getLogger("fracspawner.culler.serverpods").debug("not at INFO")
         err = capfd.readouterr().err
         assert "[W " in err and "fracspawner.culler.serverpods] cannot watch server pods" in err
-        assert "[I " in err and "watching server pods again" in err
-        assert "not at INFO" not in err
+        # the process-wide `fracspawner` logger's level is not this app's to set
+        assert logging.getLogger("fracspawner").level == logging.NOTSET
     finally:
         for handler in culler.log.handlers:
             logging.getLogger("fracspawner").removeHandler(handler)

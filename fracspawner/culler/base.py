@@ -7,7 +7,7 @@ import logging
 from typing import Any
 
 from tornado.log import LogFormatter
-from traitlets import default, observe
+from traitlets import default
 from traitlets.config import Application
 
 from .metrics import CullerMetrics
@@ -34,17 +34,13 @@ class CullerApplication(Application):
         super().initialize(argv)
         self.share_log_with_modules()
 
-    @observe("log_level")
-    def _module_level(self, change: Any) -> None:  # a config file read after initialize
-        logging.getLogger("fracspawner").setLevel(change.new)
-
     def share_log_with_modules(self) -> None:
         """Modules log under `fracspawner.*` (the pod watch's 'cannot watch server pods'):
         without a handler there Python's last-resort handler printed their warnings bare (no
-        time, no level) and dropped their INFO lines. They go through this application's
-        handlers, at its level, as JupyterHub does for kubespawner's logger."""
+        time, no level). They go through this application's handlers. The `fracspawner`
+        logger's level is left alone: it is process-wide, and an in-process culler (tests, the
+        benchmark's, at ERROR) set it for every other module's logger."""
         modules = logging.getLogger("fracspawner")
-        modules.setLevel(self.log_level)
         for handler in self.log.handlers:
             if handler not in modules.handlers:
                 modules.addHandler(handler)
