@@ -35,8 +35,8 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from ..model.idle_defaults import frees_usable_memory
-from ..model.slices import slice_memory_mib
 from .placement import Placement
+from .swapdesk import largest_slice_mib
 
 if TYPE_CHECKING:
     from ..model.catalog import Catalog
@@ -73,9 +73,7 @@ def waiting_mib(pods: Iterable[tuple[str, Placement]], catalog: Catalog) -> dict
     for _name, where in pods:
         if where.node is not None or where.pool not in catalog.pools:
             continue
-        pool = catalog.pools[where.pool]
-        largest = max((slice_memory_mib(o, pool.gpu) for o in pool.offers), default=0)
-        out[where.pool] += where.memory_mib or float(largest)
+        out[where.pool] += where.memory_mib or largest_slice_mib(catalog.pools[where.pool])
     return dict(out)
 
 

@@ -365,7 +365,7 @@ def seats_from(
         pool = catalog.pools[facts.pool]
         if pool.overcommit <= 1 and facts.pool != also_pool:
             continue
-        largest = float(max((slice_memory_mib(o, pool.gpu) for o in pool.offers), default=0))
+        largest = largest_slice_mib(pool)
         # a slice the catalog cannot size counts as the pool's largest: never as nothing
         cap = slice_memory_cap(catalog, facts.pool, facts.gpu_slice) or largest
         margin = default_margin_mib(pool) if margin_mib is None else margin_mib
@@ -390,6 +390,11 @@ def seats_from(
     return seats
 
 
+def largest_slice_mib(pool: Pool) -> float:
+    """The memory of `pool`'s largest offer (MiB; 0 for a pool that offers nothing)."""
+    return float(max((slice_memory_mib(o, pool.gpu) for o in pool.offers), default=0))
+
+
 def default_margin_mib(pool: Pool) -> float:
     """GPU memory kept free on each GPU of an over-committed `pool` by default: its largest
     slice (one more of it can start, or come back, at once), at most half the GPU. A pool that
@@ -398,7 +403,7 @@ def default_margin_mib(pool: Pool) -> float:
     spent shut down, though nobody needed its memory (issue 36 item 2; the culler benchmark's
     classroom on HAMi's `h100`, tests/test_overcommit_swap_margin.py)."""
     size = float(pool.gpu.device_memory_mib)
-    largest = float(max((slice_memory_mib(o, pool.gpu) for o in pool.offers), default=0))
+    largest = largest_slice_mib(pool)
     return min(largest, size / 2) if size > 0 else largest
 
 

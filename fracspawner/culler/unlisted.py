@@ -28,10 +28,9 @@ from collections.abc import Collection, Iterable, Mapping
 from dataclasses import replace
 from typing import TYPE_CHECKING
 
-from ..model.slices import slice_memory_mib
 from .placement import Placement
 from .pressure import SwapFacts
-from .swapdesk import Seat, bind, default_margin_mib
+from .swapdesk import Seat, bind, default_margin_mib, largest_slice_mib
 
 if TYPE_CHECKING:
     from ..model.catalog import Catalog
@@ -66,7 +65,7 @@ def unlisted_seats(
         if pool.overcommit <= 1 and where.pool != also_pool:
             continue
         size = float(pool.gpu.device_memory_mib)
-        largest = float(max((slice_memory_mib(o, pool.gpu) for o in pool.offers), default=0))
+        largest = largest_slice_mib(pool)
         cap = where.memory_mib or largest  # a slice it does not state counts as the largest
         if size > 0:
             cap = min(cap, size * where.gpus)
