@@ -14,6 +14,7 @@ from types import SimpleNamespace
 
 import pytest
 
+from devcluster.controlplane.processes import log_tail
 from devcluster.localhub import free_port, http_json
 from tests.browser_helpers import login, new_page
 from tests.e2e_helpers import Browserless
@@ -115,8 +116,7 @@ def _log_tails(state: Path, lines: int = 30) -> str:
     tails = []
     for log in (state / "devcluster.log", *sorted((state / "hub").glob("*.log"))):
         if log.is_file():
-            tail = log.read_text(errors="replace").splitlines()[-lines:]
-            tails.append(f"--- {log.name}:\n" + "\n".join(tail))
+            tails.append(f"--- {log.name}:\n{log_tail(log, lines)}")
     return "\n".join(tails)
 
 
