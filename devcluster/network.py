@@ -48,6 +48,8 @@ import dns.rdataclass
 import dns.rdatatype
 import dns.rrset
 
+from devcluster.subnetclaim import claim_subnet
+
 log = logging.getLogger("devcluster")
 
 DOMAIN = "cluster.local"
@@ -319,7 +321,10 @@ class NamespaceNetwork(Network):
     def __init__(self, state_dir: Path, pods: Pods) -> None:
         super().__init__(state_dir, pods)
         self.bridge = f"dc{random.randrange(16**6):06x}"
-        self.subnet = _free_subnet()
+        # held until stop() has deleted the bridge: another devcluster choosing meanwhile
+        # (before this bridge has its address) skips it
+        self._subnet = claim_subnet(RUN_DIR / "subnets", _interface_networks)
+        self.subnet = self._subnet.network
         pods_half, services_half = self.subnet.subnets(1)
         self.gateway = str(next(pods_half.hosts()))
         self.ips = SubnetPool(pods_half, skip=[self.gateway])
@@ -348,6 +353,7 @@ class NamespaceNetwork(Network):
             await self.release(ip)
         await _ip("link", "del", self.bridge, check=False)
         (RUN_DIR / self.bridge).unlink(missing_ok=True)
+        self._subnet.release()
 
     async def sandbox(self, namespace: str, name: str, ip: str) -> list[str]:
         netns = self._netns.get(ip)
@@ -408,17 +414,10 @@ def _host_resolv() -> str:
         return ""
 
 
-def _free_subnet() -> ipaddress.IPv4Network:
-    """A 10.x.0.0/16 no interface of this machine uses (other devclusters' bridges included)."""
+def _interface_networks() -> list[ipaddress.IPv4Network]:
+    """The IPv4 networks of this machine's interfaces (other devclusters' bridges included)."""
     done = subprocess.run([IP or "ip", "-4", "-o", "addr"], capture_output=True, text=True)
-    taken = [ipaddress.ip_interface(w).network for w in done.stdout.split() if "/" in w]
-    choices = list(range(100, 250))
-    random.shuffle(choices)
-    for second in choices:
-        net = ipaddress.IPv4Network(f"10.{second}.0.0/16")
-        if not any(net.overlaps(t) for t in taken):
-            return net
-    raise RuntimeError("no free 10.x.0.0/16 for the pod network")
+    return [ipaddress.ip_interface(w).network for w in done.stdout.split() if "/" in w]
 
 
 def _sweep_dead_bridges() -> None:
@@ -426,14 +425,16 @@ def _sweep_dead_bridges() -> None:
     if not RUN_DIR.is_dir():
         return
     for note in RUN_DIR.iterdir():
-        if note.name.startswith("."):  # one being written (NamespaceNetwork.start)
+        # only bridges' notes: not one being written (".dc...", NamespaceNetwork.start), nor
+        # the subnets' lock files (subnets/, devcluster/subnetclaim.py)
+        if not note.name.startswith("dc"):
             continue
         try:
             os.kill(int(note.read_text().strip()), 0)
             continue  # its devcluster runs
         except (ValueError, ProcessLookupError):
             pass
-        except PermissionError:
+        except (PermissionError, FileNotFoundError):  # another's, or stopped meanwhile
             continue
         subprocess.run([IP or "ip", "link", "del", note.name], capture_output=True)
         for ns in Path("/run/netns").glob(f"{note.name}-*"):
