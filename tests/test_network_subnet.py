@@ -28,6 +28,7 @@ random.shuffle = lambda seq: None
 from devcluster import network
 from devcluster.subnetclaim import claim_subnet
 network.RUN_DIR = Path(sys.argv[1])
+network._interface_networks = lambda: []
 print(network.NamespaceNetwork(Path(sys.argv[1]) / "state", lambda ns: []).subnet)
 """
 
@@ -44,6 +45,7 @@ def _other_process_subnet(run_dir: Path) -> ipaddress.IPv4Network:
 def run_dir(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     monkeypatch.setattr(network, "RUN_DIR", tmp_path / "run")
     monkeypatch.setattr(random, "shuffle", lambda seq: None)  # every draw: the same order
+    monkeypatch.setattr(network, "_interface_networks", lambda: [])  # any machine, `ip` or not
     return tmp_path / "run"
 
 
