@@ -27,6 +27,7 @@ from typing import Any
 
 import pytest
 import yaml
+from prometheus_client.parser import text_string_to_metric_families
 
 from fracspawner.backends import load_catalog
 from fracspawner.cli import main as fracspawner_main
@@ -65,6 +66,7 @@ NAMESPACES = {
     "v2quota": {},
     "pipes": {"team": "research"},  # ml-research: all pools, 2 GPU
     "pipes-small": {},  # the default: 0.25 GPU
+    "counted": {},  # test_metrics_count_admissions_by_result's
 }
 
 
@@ -358,22 +360,41 @@ def test_the_slice_labels_and_quota_annotations_cannot_be_changed_later(api):
     assert api.get(path)["metadata"]["annotations"]["fracspawner.io/gpu-equivalent"] == "0.5"
 
 
-def test_metrics_count_admissions_by_result(webhook, api):
-    admit(api, notebook_pod("alice", "counted"))
+def _samples(webhook: WebhookProcess) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
+    """The webhook's /metrics now: (sample name, its labels) -> value."""
     status, text = webhook.request("GET", "/metrics")
-    assert status == 200
-    lines = text.decode().splitlines()
-    assert any(
-        line.startswith('fracspawner_webhook_admissions_total{operation="CREATE",result="skipped"}')
-        for line in lines
-    )
-    assert any(
-        line.startswith('fracspawner_webhook_refusals_total{reason="quota"}') for line in lines
-    )
-    assert any(line.startswith("fracspawner_webhook_bad_requests_total") for line in lines)
-    assert any(
-        line.startswith("fracspawner_webhook_admission_duration_seconds_bucket") for line in lines
-    )
+    assert status == 200, text
+    return {
+        (s.name, tuple(sorted(s.labels.items()))): s.value
+        for family in text_string_to_metric_families(text.decode())
+        for s in family.samples
+    }
+
+
+def test_metrics_count_admissions_by_result(webhook, api):
+    """Each counter moves by what this test sends (its own namespace: alone or in any order)."""
+    before = _samples(webhook)
+    holder = kubeflow_pod("counted", "holder", "h100", "0.25")  # the namespace's whole quota
+    holder["spec"]["nodeName"] = "not-a-node"  # stays Pending, runs nothing
+    assert admit(api, holder, dry_run=False)[0] is None  # mutated
+    assert admit(api, notebook_pod("counted", "plain"))[0] is None  # skipped: no slice
+    refusal, _ = admit(api, kubeflow_pod("counted", "over", "h100", "0.125"))
+    assert refusal and "quota" in refusal, refusal  # refused, for the quota
+    assert webhook.request("POST", "/mutate", b"not json")[0] == 400  # a bad request
+    after = _samples(webhook)
+
+    def moved(name: str, **labels: str) -> float:
+        key = (name, tuple(sorted(labels.items())))
+        return after.get(key, 0.0) - before.get(key, 0.0)
+
+    admissions = "fracspawner_webhook_admissions_total"
+    assert moved(admissions, operation="CREATE", result="mutated") == 1
+    assert moved(admissions, operation="CREATE", result="skipped") == 1
+    assert moved(admissions, operation="CREATE", result="refused") == 1
+    assert moved("fracspawner_webhook_refusals_total", reason="quota") == 1
+    assert moved("fracspawner_webhook_bad_requests_total") == 1
+    # every review answered is timed; the bad request is not a review
+    assert moved("fracspawner_webhook_admission_duration_seconds_count") == 3
 
 
 # --------------------------------------------------------------------------- failure modes
