@@ -25,6 +25,9 @@ pkg/kubelet/status/status_manager.go), for every container of the pod, each a pr
   "... will be restarted");
 - an exited container is restarted as its policy says after the crash-loop back-off
   (CrashLoopBackOff, BackOff event, restartCount, lastState);
+- the pod's status is written one write at a time, the latest, a failed write tried again
+  (statuswriter.py); an error that ends the pod's life (a bug) is logged when it happens, and
+  `describe()` says where the worker stands (tests print it when a pod does not get there);
 - a deleted pod's containers get SIGTERM and the grace period (Killing "Stopping container"),
   app containers first, then the sidecars in reverse order; then the pod is removed with grace
   0, as a kubelet does once its containers stopped.
@@ -34,9 +37,11 @@ Every API call (status, events, reads) goes through `NodeApi`, the node's own cr
 from __future__ import annotations
 
 import asyncio
+import collections
 import logging
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from http.client import HTTPException
 from typing import Any, Protocol
 
 from devcluster import probes
@@ -47,6 +52,7 @@ from . import podstatus
 from .claimenv import ClaimNotReady
 from .containers import ContainerRunner, all_ports
 from .nodeobject import now
+from .statuswriter import StatusWriter
 
 log = logging.getLogger("devcluster.nodeagent")
 TICK = 0.2  # seconds between looks at a running container
@@ -115,7 +121,13 @@ class PodWorker:
         self.ip: str | None = None
         self.deleting = asyncio.Event()
         self.task: asyncio.Task | None = None
-        self._written: dict[str, Any] | None = None
+        self.life: asyncio.Task | None = None
+        #: the last warnings about this pod (describe())
+        self.troubles: collections.deque[str] = collections.deque(maxlen=8)
+        self.writer = StatusWriter(
+            self._compute_status, self._write_status, self._wrote,
+            lambda err: self._warn(f"status write failed: {err!r}; trying again"),
+        )  # fmt: skip
 
     def _blank(self, container: dict[str, Any], state: dict[str, Any]) -> dict[str, Any]:
         return podstatus.container_status(container, self.uid, state)
@@ -130,21 +142,49 @@ class PodWorker:
         if self.deleting.is_set():  # deleted before it ran (or finished before this agent)
             await self._call("remove", self.pod)
             return
-        life = asyncio.create_task(self._life())
+        life = self.life = asyncio.create_task(self._life())
         deleting = asyncio.create_task(self.deleting.wait())
         try:
             await asyncio.wait({life, deleting}, return_when=asyncio.FIRST_COMPLETED)
+            if life.done() and not life.cancelled() and life.exception() is not None:
+                # a bug: said now, not once the pod is deleted (its status stays as it was)
+                self._warn(f"the pod's life ended: {life.exception()!r}")
             if not self.deleting.is_set():
                 await self.deleting.wait()  # finished for good: the pod stays until deleted
         finally:  # deleted, or the agent stops: the life ends (its sidecars' tasks with it)
             life.cancel()
             deleting.cancel()
-            [outcome, _] = await asyncio.gather(life, deleting, return_exceptions=True)
-        if isinstance(outcome, Exception):  # the apiserver went, or a bug: said, then deleted
-            log.warning("nodeagent: pod %s/%s: %r", *self.key, outcome)
+            await asyncio.gather(life, deleting, return_exceptions=True)
+            self.writer.close()
         await self._terminate()
 
     # --- helpers -----------------------------------------------------------------------------
+    def _warn(self, what: str) -> None:
+        log.warning("nodeagent: pod %s/%s: %s", *self.key, what)
+        self.troubles.append(f"{now()} {what}")
+
+    def describe(self) -> str:
+        """Where the worker stands, for a test that waited in vain: its life, each container's
+        state as the worker has it, its status writes, the last warnings."""
+        life = self.life
+        if life is None:
+            said = "not started"
+        elif not life.done():
+            said = "running"
+        else:
+            said = "cancelled" if life.cancelled() else f"ended ({life.exception()!r})"
+        lines = [f"node agent's worker for {'/'.join(self.key)}: life {said}, final "
+                 f"{self.final}, initialized {self.initialized}, deleting "
+                 f"{self.deleting.is_set()}, status writes failing {self.writer.failing} "
+                 f"({self.writer.failures} failed, last {self.writer.last_error!r})"]  # fmt: skip
+        for box in [*self.inits, *self.apps]:
+            entry = box.entry
+            lines.append(f"  {box.kind} {box.name}: {entry.get('state')} ready "
+                         f"{entry.get('ready')} started {box.started.is_set()} restarts "
+                         f"{box.restarts}")  # fmt: skip
+        lines += [f"  warning: {t}" for t in self.troubles]
+        return "\n".join(lines)
+
     async def _call(self, method: str, *args: Any) -> Any:
         return await asyncio.to_thread(getattr(self.api, method), *args)
 
@@ -162,20 +202,23 @@ class PodWorker:
         await self._status()
 
     async def _status(self) -> None:
+        """The pod's status written as it is now (after any write under way: statuswriter)."""
+        await self.writer.sync()
+
+    def _compute_status(self) -> dict[str, Any]:
         statuses = [b.entry for b in self.apps]
         phase = self.final or podstatus.phase_of(self.pod["spec"], self.initialized, statuses)
-        status = podstatus.pod_status(
+        return podstatus.pod_status(
             self.pod, statuses, phase, now(), self.ip,
             init_statuses=[b.entry for b in self.inits], initialized=self.initialized,
         )  # fmt: skip
-        comparable = {**status, "conditions": [{**c, "lastTransitionTime": ""}
-                                               for c in status["conditions"]]}  # fmt: skip
-        if comparable == self._written:
-            return
-        if await self._call("patch_status", self.pod, status):
-            self._written = comparable
-            # the pod as written: later conditions keep their transition times
-            self.pod = {**self.pod, "status": {**(self.pod.get("status") or {}), **status}}
+
+    async def _write_status(self, status: dict[str, Any]) -> bool:
+        return await self._call("patch_status", self.pod, status)
+
+    def _wrote(self, status: dict[str, Any]) -> None:
+        # the pod as written: later conditions keep their transition times
+        self.pod = {**self.pod, "status": {**(self.pod.get("status") or {}), **status}}
 
     # --- the pod's life ----------------------------------------------------------------------
     async def _life(self) -> None:
@@ -191,7 +234,7 @@ class PodWorker:
             for box in self.inits:
                 if box.kind == "sidecar":
                     sidecars.append(asyncio.create_task(self._run(box, "Always")))
-                    await box.started.wait()
+                    await _until_started(box, sidecars[-1])
                     continue
                 code = await self._run(box, init_policy)
                 if code != 0:
@@ -216,8 +259,14 @@ class PodWorker:
         wait: float | None = None
         while True:
             try:
-                env = await self._call("service_env", self.pod)
-                env.update(await self._call("claim_env", self.pod, box.name))
+                try:
+                    env = await self._call("service_env", self.pod)
+                    env.update(await self._call("claim_env", self.pod, box.name))
+                except (OSError, HTTPException) as err:  # the apiserver timed out, a reset
+                    self._warn(f"container {box.name}: reading its env: {err!r}; trying again")
+                    wait = probes.next_backoff(wait, 0.0, self.backoff) or 1.0
+                    await asyncio.sleep(wait)
+                    continue
                 return await self.kubelet.start_container(
                     self.pod, box.name, self.api.lookup, env, ip=self.ip
                 )
@@ -386,3 +435,16 @@ class PodWorker:
             await self.kubelet.release(self.ip)
         self.ip = None
         await self._call("remove", self.pod)
+
+
+async def _until_started(box: Box, life: asyncio.Task) -> None:
+    """Until the sidecar `box` is started; the error that ended its `life` first, raised
+    (else the pod would wait for it for ever, Pending with nothing said)."""
+    started = asyncio.create_task(box.started.wait())
+    try:
+        await asyncio.wait({started, life}, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        started.cancel()
+    if not box.started.is_set():
+        life.result()  # its error (a sidecar is restarted for ever: it ends no other way)
+        raise RuntimeError(f"sidecar {box.name} ended before it started")
