@@ -14,6 +14,8 @@ import pytest
 
 from devcluster.controlplane import ControlPlane
 from devcluster.network import sandboxes
+from devcluster.nodeagent import NodeAgent
+from tests.nodeagent_support import explained
 from tests.realcluster_support import control_plane_fixture, node_agent_fixture
 from tests.test_controlplane import eventually, get_json, kubectl
 
@@ -52,21 +54,17 @@ def printed(cp: ControlPlane, name: str) -> tuple[str, str, str]:
     return line[1], line[2], line[3]
 
 
-def shows(cp: ControlPlane, name: str, ready: str, status: str, restarts: str = "0") -> None:
+def shows(
+    cp: ControlPlane, agent: NodeAgent, name: str, ready: str, status: str, restarts: str = "0"
+) -> None:
     """Wait until `kubectl get pod` prints READY, STATUS and RESTARTS; else fail with what it
-    printed last and the pod's status."""
+    printed last, the pod's status, events and logs and what the agent knows of it."""
     want = (ready, status, restarts)
-    try:
-        eventually(lambda: printed(cp, name) == want, f"{name}: {' '.join(want)}")
-    except AssertionError as err:
-        last = printed(cp, name)
-        status = pod(cp, name)["status"]
-        logs = [
-            f"--- {c['name']}: "
-            + kubectl(cp, "logs", name, "-n", NS, "-c", c["name"], "--tail=20", check=False).stdout
-            for c in status.get("containerStatuses") or []
-        ]
-        raise AssertionError(f"{err}; it shows {last}: {status}\n" + "\n".join(logs)) from None
+    with explained(cp, NS, name, agent):
+        try:
+            eventually(lambda: printed(cp, name) == want, f"{name}: {' '.join(want)}")
+        except AssertionError as err:
+            raise AssertionError(f"{err}; it shows {printed(cp, name)}") from None
 
 
 def conditions(p: dict[str, Any]) -> dict[str, dict[str, Any]]:
@@ -94,8 +92,9 @@ def test_an_init_container_runs_to_completion_and_leaves_a_file_the_app_reads(cp
         **WORK,
     )
     # while the init container runs: Pending, Init:0/1, not Initialized, the app waiting
-    during = eventually(lambda: printed(cp, "init-file")[1] == "Init:0/1" and pod(cp, "init-file"),
-                        "Init:0/1")  # fmt: skip
+    with explained(cp, NS, "init-file", agent):
+        during = eventually(lambda: printed(cp, "init-file")[1] == "Init:0/1"
+                            and pod(cp, "init-file"), "Init:0/1")  # fmt: skip
     assert during["status"]["phase"] == "Pending"
     initialized = conditions(during)["Initialized"]
     assert initialized["status"] == "False", initialized
@@ -105,7 +104,7 @@ def test_an_init_container_runs_to_completion_and_leaves_a_file_the_app_reads(cp
     assert app["state"]["waiting"]["reason"] == "PodInitializing", app
     assert printed(cp, "init-file")[0] == "0/1"
 
-    shows(cp, "init-file", "1/1", "Running")
+    shows(cp, agent, "init-file", "1/1", "Running")
     done = pod(cp, "init-file")
     prepare = statuses(done, "initContainerStatuses")["prepare"]
     assert prepare["state"]["terminated"]["exitCode"] == 0, prepare
@@ -133,7 +132,8 @@ def test_a_failing_init_container_restarts_and_the_pod_stays_initializing(cp, ag
         check = statuses(p, "initContainerStatuses").get("check") or {}
         return p if check.get("restartCount", 0) >= 1 else None
 
-    p = eventually(looping, "the init container restarted")
+    with explained(cp, NS, "init-fails", agent):
+        p = eventually(looping, "the init container restarted")
     check = statuses(p, "initContainerStatuses")["check"]
     assert check["lastState"]["terminated"]["exitCode"] == 3, check
     assert p["status"]["phase"] == "Pending"
@@ -145,7 +145,8 @@ def test_a_failing_init_container_restarts_and_the_pod_stays_initializing(cp, ag
 def test_a_failing_init_container_fails_a_pod_that_never_restarts(cp, agent):
     create(cp, "init-never", [sh("app", "sleep 600")], init=[sh("check", "exit 5")],
            restartPolicy="Never")  # fmt: skip
-    eventually(lambda: pod(cp, "init-never")["status"].get("phase") == "Failed", "Failed")
+    with explained(cp, NS, "init-never", agent):
+        eventually(lambda: pod(cp, "init-never")["status"].get("phase") == "Failed", "Failed")
     p = pod(cp, "init-never")
     check = statuses(p, "initContainerStatuses")["check"]
     assert check["state"]["terminated"]["exitCode"] == 5, check
@@ -162,11 +163,11 @@ def test_two_app_containers_run_and_one_exiting_leaves_the_pod_running_not_ready
         restartPolicy="Never",
         **WORK,
     )
-    shows(cp, "two-apps", "2/2", "Running")
+    shows(cp, agent, "two-apps", "2/2", "Running")
     # the job ends (told through the server's exec, in the same emptyDir): the server still
     # runs, so the pod is Running but not Ready
     kubectl(cp, "exec", "two-apps", "-n", NS, "-c", "server", "--", "touch", "/work/done")
-    shows(cp, "two-apps", "1/2", "NotReady")
+    shows(cp, agent, "two-apps", "1/2", "NotReady")
     p = pod(cp, "two-apps")
     assert p["status"]["phase"] == "Running"
     job, server = statuses(p)["job"], statuses(p)["server"]
@@ -195,7 +196,7 @@ def test_a_sidecar_starts_before_the_app_keeps_running_and_counts_for_ready(cp, 
         restartPolicy="Never",
         **WORK,
     )
-    shows(cp, "sidecar", "2/2", "Running")
+    shows(cp, agent, "sidecar", "2/2", "Running")
     p = pod(cp, "sidecar")
     helper = statuses(p, "initContainerStatuses")["helper"]
     assert helper["state"]["running"] and helper["started"] and helper["ready"], helper
@@ -208,7 +209,8 @@ def test_every_container_of_a_deleted_pod_is_stopped(cp, agent):
     create(cp, "stopall", [sh("a", "sleep 600"), sh("b", "sleep 600")],
            init=[sh("side", "sleep 600", restartPolicy="Always")],
            terminationGracePeriodSeconds=2)  # fmt: skip
-    eventually(lambda: printed(cp, "stopall")[0] == "3/3", "3/3 ready")
+    with explained(cp, NS, "stopall", agent):
+        eventually(lambda: printed(cp, "stopall")[0] == "3/3", "3/3 ready")
     kubectl(cp, "delete", "pod", "stopall", "-n", NS, "--wait=true", "--timeout=60s")
     home = agent.runtime.kubelet.pod_dir(NS, "stopall")
     left = []
@@ -241,8 +243,9 @@ def test_a_restarted_container_keeps_its_siblings_files_under_a_mount_path_the_h
         restartPolicy="Always",
         **WORK,
     )  # fmt: skip
-    eventually(lambda: statuses(pod(cp, "siblings"))["crasher"].get("restartCount", 0) >= 2,
-               "crasher restarted twice")  # fmt: skip
+    with explained(cp, NS, "siblings", agent):
+        eventually(lambda: statuses(pod(cp, "siblings"))["crasher"].get("restartCount", 0) >= 2,
+                   "crasher restarted twice")  # fmt: skip
     seen = kubectl(cp, "exec", "siblings", "-n", NS, "-c", "keeper", "--", "ls", "-A", str(top),
                    check=False)  # fmt: skip
     kept = kubectl(cp, "exec", "siblings", "-n", NS, "-c", "keeper", "--", "cat", f"{top}/note",

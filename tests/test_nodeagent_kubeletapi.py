@@ -35,6 +35,7 @@ from devcluster.nodeagent import NodeAgent
 from devcluster.nodeagent.credentials import load_ca
 from devcluster.proctree import descendants, proc
 from devcluster.topology import load_topology
+from tests.nodeagent_support import explained
 from tests.realcluster_support import control_plane_fixture
 from tests.test_controlplane import eventually, get_json, kubectl
 
@@ -78,16 +79,23 @@ def pod(name: str, command: list[str], node: str = NODE, **container: Any) -> di
     }
 
 
-def started(cp: ControlPlane, manifest: dict[str, Any], *phases: str) -> dict[str, Any]:
+def started(
+    cp: ControlPlane, manifest: dict[str, Any], *phases: str, agent: NodeAgent | None = None
+) -> dict[str, Any]:
+    """Create the pod; once it is in one of `phases`, as the apiserver has it. Else fail with
+    what the pod shows, its events and logs, and what `agent` knows of it."""
     kubectl(cp, "create", "-f", "-", stdin=manifest)
     name = manifest["metadata"]["name"]
-    return eventually(
-        lambda: (p := get_json(cp, "pod", name, "-n", NS))["status"].get("phase") in phases and p,
-        f"{name} {'/'.join(phases)}",
-    )
+    with explained(cp, NS, name, agent):
+        return eventually(
+            lambda: (
+                (p := get_json(cp, "pod", name, "-n", NS))["status"].get("phase") in phases and p
+            ),
+            f"{name} {'/'.join(phases)}",
+        )
 
 
-def ready(cp: ControlPlane, name: str) -> dict[str, Any]:
+def ready(cp: ControlPlane, name: str, agent: NodeAgent | None = None) -> dict[str, Any]:
     """The pod once its Ready condition is True (`kubectl wait --for=condition=Ready`)."""
 
     def probe() -> dict[str, Any] | None:
@@ -95,17 +103,20 @@ def ready(cp: ControlPlane, name: str) -> dict[str, Any]:
         states = {c["type"]: c["status"] for c in got["status"].get("conditions") or []}
         return got if states.get("Ready") == "True" else None
 
-    return eventually(probe, f"{name} Ready")
+    with explained(cp, NS, name, agent):
+        return eventually(probe, f"{name} Ready")
 
 
-def through_port_forward(cp: ControlPlane, name: str, port: int, path: str) -> str:
+def through_port_forward(
+    cp: ControlPlane, name: str, port: int, path: str, agent: NodeAgent | None = None
+) -> str:
     """GET `path` from the pod's `port` through `kubectl port-forward`, as a user would: once
     the pod is Ready (without a readinessProbe the node agent's pod is Ready when its first
     containerPort answers, podworker.py), and after kubectl printed 'Forwarding from'. Running
     is not enough: a connection the pod refuses ends kubectl port-forward ('lost connection to
     pod', kubectl >= 1.23, kubernetes/kubernetes#103526, kubectl#1169), as with the real
     kubelet, so a retry after it reaches nothing."""
-    ready(cp, name)
+    ready(cp, name, agent)
     forward = subprocess.Popen(
         ["kubectl", f"--kubeconfig={cp.kubeconfig}", "port-forward", f"pod/{name}", f":{port}",
          "-n", NS], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
@@ -129,7 +140,7 @@ def through_port_forward(cp: ControlPlane, name: str, port: int, path: str) -> s
 @pytest.fixture(scope="module")
 def sleeper(cp: ControlPlane, agent: NodeAgent) -> str:
     env = [{"name": "MARKER", "value": "from-the-pod-spec"}]
-    started(cp, pod("sleeper", ["sleep", "600"], env=env), "Running")
+    started(cp, pod("sleeper", ["sleep", "600"], env=env), "Running", agent=agent)
     return "sleeper"
 
 
@@ -189,11 +200,12 @@ async def test_kubernetes_asyncio_stream_exec_gets_the_output(cp, sleeper):
 
 def test_kubectl_logs_returns_the_container_s_output(cp, agent):
     script = "import time\nfor i in range(3): print('line', i, flush=True)\ntime.sleep(2)\n"
-    started(cp, pod("talker", ["python", "-c", script]), "Running", "Succeeded")
-    eventually(
-        lambda: kubectl(cp, "logs", "talker", "-n", NS).stdout == "line 0\nline 1\nline 2\n",
-        "talker's three lines",
-    )
+    started(cp, pod("talker", ["python", "-c", script]), "Running", "Succeeded", agent=agent)
+    with explained(cp, NS, "talker", agent):
+        eventually(
+            lambda: kubectl(cp, "logs", "talker", "-n", NS).stdout == "line 0\nline 1\nline 2\n",
+            "talker's three lines",
+        )
     assert kubectl(cp, "logs", "talker", "-n", NS, "--tail=1").stdout == "line 2\n"
     stamped = kubectl(cp, "logs", "talker", "-n", NS, "--timestamps").stdout.splitlines()
     assert [line.split(" ", 1)[1] for line in stamped] == ["line 0", "line 1", "line 2"]
@@ -204,8 +216,9 @@ def test_kubectl_logs_returns_the_container_s_output(cp, agent):
     # --follow ends when the container does
     followed = kubectl(cp, "logs", "-f", "talker", "-n", NS)
     assert followed.stdout == "line 0\nline 1\nline 2\n"
-    eventually(lambda: get_json(cp, "pod", "talker", "-n", NS)["status"]["phase"] == "Succeeded",
-               "talker Succeeded")  # fmt: skip
+    with explained(cp, NS, "talker", agent):
+        eventually(lambda: get_json(cp, "pod", "talker", "-n", NS)["status"]["phase"]
+                   == "Succeeded", "talker Succeeded")  # fmt: skip
     # an exited container's log stays readable
     assert kubectl(cp, "logs", "talker", "-n", NS).stdout == "line 0\nline 1\nline 2\n"
 
@@ -218,8 +231,10 @@ def test_kubectl_port_forward_reaches_a_port_the_pod_listens_on(cp, agent, tmp_p
          str(tmp_path)],
         ports=[{"containerPort": 8000}],
     )  # fmt: skip
-    started(cp, server, "Running")
-    assert through_port_forward(cp, "web", 8000, "/hello.txt") == "hello through the tunnel\n"
+    started(cp, server, "Running", agent=agent)
+    assert (
+        through_port_forward(cp, "web", 8000, "/hello.txt", agent) == "hello through the tunnel\n"
+    )
 
 
 def test_logs_are_the_running_container_s_and_previous_the_one_before(cp, agent, sleeper, tmp_path):
@@ -241,9 +256,10 @@ def test_logs_are_the_running_container_s_and_previous_the_one_before(cp, agent,
             and "running" in (statuses[0]["state"])
         )
 
-    eventually(restarted, "restarts runs again")
     logs = lambda *more: kubectl(cp, "logs", "restarts", "-n", NS, *more, check=False)  # noqa: E731
-    eventually(lambda: logs().stdout == "second run\n", "the second run's log alone")
+    with explained(cp, NS, "restarts", agent):
+        eventually(restarted, "restarts runs again")
+        eventually(lambda: logs().stdout == "second run\n", "the second run's log alone")
     assert logs("--previous").stdout == "first run\n"
     never = kubectl(cp, "logs", sleeper, "-n", NS, "--previous", check=False)
     assert never.returncode != 0
@@ -255,7 +271,7 @@ def test_kubectl_attach_streams_the_container_s_output(cp, agent):
         "import itertools, time\n"
         "for i in itertools.count(): print('tick', i, flush=True); time.sleep(0.3)\n"
     )
-    started(cp, pod("ticker", ["python", "-c", script]), "Running")
+    started(cp, pod("ticker", ["python", "-c", script]), "Running", agent=agent)
     attach = subprocess.Popen(
         ["kubectl", f"--kubeconfig={cp.kubeconfig}", "attach", "ticker", "-n", NS],
         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
@@ -281,15 +297,16 @@ def test_exec_and_logs_reach_every_container_of_the_pod(cp, agent):
         {"name": "sidecar", "image": "python", "restartPolicy": "Always",
          "command": ["sh", "-c", "echo sidecar up; while sleep 0.3; do echo tick; done"]},
     ]  # fmt: skip
-    started(cp, manifest, "Running")
+    started(cp, manifest, "Running", agent=agent)
 
     def all_running() -> bool:  # Running once one app container runs: the others follow
         status = get_json(cp, "pod", "multi", "-n", NS)["status"]
         apps = status.get("containerStatuses") or []
         return len(apps) == 2 and all("running" in c["state"] for c in apps)
 
-    eventually(all_running, "multi's app containers running")
     run = lambda *a: kubectl(cp, "-n", NS, *a, check=False)  # noqa: E731
+    with explained(cp, NS, "multi", agent):
+        eventually(all_running, "multi's app containers running")
     # exec runs beside the named container, with its environment
     who = 'echo "$WHO"'
     second = run("exec", "multi", "-c", "second", "--", "sh", "-c", who)
@@ -298,8 +315,9 @@ def test_exec_and_logs_reach_every_container_of_the_pod(cp, agent):
     # each container's own log, init containers and sidecars included
     for name, line in [("main", "main up"), ("second", "second up"), ("init", "init ran"),
                        ("sidecar", "sidecar up")]:  # fmt: skip
-        eventually(lambda n=name, want=line: run("logs", "multi", "-c", n).stdout
-                   .startswith(f"{want}\n"), f"{name}'s log")  # fmt: skip
+        with explained(cp, NS, "multi", agent):
+            eventually(lambda n=name, want=line: run("logs", "multi", "-c", n).stdout
+                       .startswith(f"{want}\n"), f"{name}'s log")  # fmt: skip
     assert run("logs", "multi", "-c", "init").stdout == "init ran\n"
     # attach streams the named container's output
     attach = subprocess.Popen(
@@ -330,7 +348,7 @@ def test_an_init_container_s_previous_log_is_its_run_before(cp, agent, tmp_path:
     manifest["spec"]["initContainers"] = [
         {"name": "init", "image": "python", "command": ["sh", "-c", init]}
     ]
-    started(cp, manifest, "Running")
+    started(cp, manifest, "Running", agent=agent)
     logs = lambda *more: kubectl(cp, "-n", NS, "logs", "reinit", "-c", "init", *more)  # noqa: E731
     assert logs().stdout == "init second\n"
     assert logs("--previous").stdout == "init first\n"
@@ -429,12 +447,12 @@ def test_in_a_network_namespace_exec_enters_it_and_port_forward_reaches_the_pod(
         node=NETNS_NODE,
         ports=[{"containerPort": 8000}],
     )  # fmt: skip
-    started(cp, server, "Running")
+    started(cp, server, "Running", agent=netns_agent)
     assert netns_agent.runtime is not None
     pid = netns_agent.runtime.kubelet.running[(NS, "netweb")].process.pid
     own = Path(f"/proc/{pid}/ns/net").readlink()
     assert own != Path("/proc/self/ns/net").readlink()  # the pod's, not the host's
     seen = kubectl(cp, "exec", "netweb", "-n", NS, "--", "readlink", "/proc/self/ns/net")
     assert seen.stdout.strip() == str(own)
-    hello = through_port_forward(cp, "netweb", 8000, "/hello.txt")
+    hello = through_port_forward(cp, "netweb", 8000, "/hello.txt", netns_agent)
     assert hello == "hello from the pod's own network\n"

@@ -414,6 +414,19 @@ class NodeAgent:
                 self._say(f"node {runner.name}: {err}; retrying")
                 self._stop.wait(1.0)
 
+    def describe(self, namespace: str, name: str) -> str:
+        """What the agent knows of a pod, for a test whose wait for it failed: its worker in
+        run mode (runtime.describe), a node thread's last error, a part of the agent that died."""
+        lines = []
+        if self.runtime is not None:
+            lines.append(self.runtime.describe(namespace, name))
+        lines += [f"node {node}: last error {err!r}" for node, err in self.errors().items()]
+        try:
+            self.check()
+        except ComponentDied as died:
+            lines.append(str(died))
+        return "\n".join(lines) or "node agent: nothing to say (no-run mode, no errors)"
+
     def errors(self) -> dict[str, BaseException]:
         return {r.name: r.error for r in self.runners if r.error is not None}
 

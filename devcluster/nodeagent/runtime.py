@@ -83,6 +83,18 @@ class ProcessRuntime:
         self.workers.pop(uid, None)
         self._ended.add(uid)
 
+    def describe(self, namespace: str, name: str) -> str:
+        """Where the pod's worker stands (PodWorker.describe), asked on the pods' loop."""
+
+        async def look() -> str:
+            found = [w.describe() for w in self.workers.values() if w.key == (namespace, name)]
+            return "\n".join(found) or f"no pod worker for {namespace}/{name} (not seen, or ended)"
+
+        try:
+            return asyncio.run_coroutine_threadsafe(look(), self._loop).result(10)
+        except Exception as err:  # the loop is stuck or gone: that is the answer
+            return f"the pods' event loop did not answer: {err!r}"
+
     def pods(self, namespace: str) -> list[dict[str, Any]]:
         """The namespace's pods as this agent last wrote them (the network's endpoints)."""
         found = [w.pod for w in list(self.workers.values()) if w.key[0] == namespace]
