@@ -26,7 +26,9 @@ from kubespawner.objects import make_owner_reference, make_secret, make_service
 
 from devcluster.controlplane import ControlPlane
 from devcluster.network import LoopbackPool, sandboxes
+from devcluster.nodeagent import NodeAgent
 from devcluster.proctree import proc
+from tests.nodeagent_support import explained
 from tests.realcluster_support import control_plane_fixture, node_agent_fixture
 from tests.test_controlplane import eventually, get_json, kubectl
 
@@ -88,15 +90,14 @@ def events(cp: ControlPlane, name: str, reason: str) -> list[str]:
     return [e["message"] for e in found["items"] if e["reason"] == reason]
 
 
-def finished_log(cp: ControlPlane, name: str) -> str:
-    done = eventually(
-        lambda: pod(cp, name)["status"].get("phase") in ("Succeeded", "Failed"), f"{name} exits"
-    )
-    assert done
-    status = pod(cp, name)["status"]
-    log = kubectl(cp, "logs", name, "-n", NS).stdout
-    assert status["phase"] == "Succeeded", (status, log)
-    return log
+def finished_log(cp: ControlPlane, name: str, agent: NodeAgent | None = None) -> str:
+    """The pod's log once it Succeeded; else fail with its status, events, logs and what
+    `agent` knows of it."""
+    with explained(cp, NS, name, agent):
+        eventually(lambda: pod(cp, name)["status"].get("phase") in ("Succeeded", "Failed"),
+                   f"{name} exits")  # fmt: skip
+        assert pod(cp, name)["status"]["phase"] == "Succeeded", f"{name} failed"
+    return kubectl(cp, "logs", name, "-n", NS).stdout
 
 
 def secret(name: str, **data: str) -> dict[str, Any]:
@@ -150,7 +151,7 @@ def test_every_volume_kind_reaches_the_process_at_its_mount_path(cp, agent):
            c={"volumeMounts": mounts})  # fmt: skip
     create(cp, "subpath", ["python", "-c", check_subpath], volumes=volumes[:1],
            c={"volumeMounts": mounts[-1:]})  # fmt: skip
-    lines = finished_log(cp, "show").splitlines()
+    lines = finished_log(cp, "show", agent).splitlines()
     assert "0o644 jupyterhub/jupyterhub_config.py c.X = 1" in lines, lines
     assert "0o600 jupyterhub/sub/renamed o" in lines
     assert not any("values.yaml" in line for line in lines)  # only the items
@@ -162,7 +163,7 @@ def test_every_volume_kind_reaches_the_process_at_its_mount_path(cp, agent):
     assert '0o644 podinfo/labels app="show"' in lines
     assert f"0o644 podinfo/ns {NS}" in lines
     assert not any(" nothing/" in line or " scratch/" in line for line in lines)
-    finished_log(cp, "subpath")
+    finished_log(cp, "subpath", agent)
 
 
 def test_a_missing_key_in_items_is_the_kubelet_s_failed_mount(cp, agent):
@@ -224,11 +225,12 @@ def test_kubespawner_s_ssl_secret_and_service_made_after_the_pod(cp, agent, tmp_
         body = {"apiVersion": "v1", **body, "metadata": {**body["metadata"], "namespace": NS}}
         kubectl(cp, "create", "-f", "-", stdin=body)
     running = lambda: pod(cp, name)["status"].get("phase") == "Running" and pod(cp, name)  # noqa: E731
-    started = eventually(running, "the pod starts once its Secret exists")
-    eventually(lambda: events(cp, name, "Unhealthy"), "readiness fails while nothing listens")
-    assert not ready(started)
-    listen.touch()
-    eventually(lambda: ready(pod(cp, name)), "Ready once the server listens")
+    with explained(cp, NS, name, agent):
+        started = eventually(running, "the pod starts once its Secret exists")
+        eventually(lambda: events(cp, name, "Unhealthy"), "readiness fails while nothing listens")
+        assert not ready(started)
+        listen.touch()
+        eventually(lambda: ready(pod(cp, name)), "Ready once the server listens")
     url = f"http://{pod(cp, name)['status']['podIP']}:8888/"
     assert urllib.request.urlopen(url, timeout=10).read() == b"-----keyfile-----\n"
     kubectl(cp, "delete", "pod", name, "-n", NS, "--wait=true", "--timeout=60s")
@@ -266,7 +268,7 @@ def test_env_from_secrets_config_maps_and_fields_waits_for_the_secret(cp, agent)
     eventually(lambda: waiting_reason() == "CreateContainerConfigError", "the config error")
     assert pod(cp, "env")["status"]["phase"] == "Pending"
     kubectl(cp, "create", "-f", "-", stdin=secret("creds", token="s3cret"))
-    words = finished_log(cp, "env").split()
+    words = finished_log(cp, "env", agent).split()
     ip = pod(cp, "env")["status"]["podIP"]
     # 0.0.0.0 in a literal value is the pod's own loopback address (host network)
     assert words == ["s3cret", "blue", "3", "h100", f"{ip}:8888"]
@@ -278,7 +280,9 @@ def test_a_container_ignoring_sigterm_is_killed_after_the_grace_period(cp, agent
         "print('pid', os.getpid(), flush=True); time.sleep(600)"
     )
     create(cp, "stubborn", ["python", "-c", stubborn], terminationGracePeriodSeconds=2)
-    eventually(lambda: pod(cp, "stubborn")["status"].get("phase") == "Running", "stubborn runs")
+    with explained(cp, NS, "stubborn", agent):
+        eventually(lambda: pod(cp, "stubborn")["status"].get("phase") == "Running",
+                   "stubborn runs")  # fmt: skip
     words = eventually(lambda: kubectl(cp, "logs", "stubborn", "-n", NS).stdout.split(), "its pid")
     process = int(words[1])
     assert proc(process)
@@ -303,7 +307,7 @@ def test_deleting_a_pod_ends_what_it_started_outside_its_group(cp, agent):
 
 def test_the_image_map_gives_a_command_to_images_without_one(cp, agent):
     create(cp, "mapped", None, image="example.org/echo:1")
-    assert finished_log(cp, "mapped").strip() == "from-the-image-map"
+    assert finished_log(cp, "mapped", agent).strip() == "from-the-image-map"
 
 
 # ---------------------------------------------------------------- probes
@@ -335,9 +339,10 @@ def test_a_pod_s_hostname_is_its_name_also_for_kubectl_exec(cp, agent):
     name = "a-pod-with-a-name-longer-than-sixty-three-characters-is-cut-to-63-x"
     hostname = ["python", "-c", "import socket; print(socket.gethostname())"]
     create(cp, name, hostname)
-    assert finished_log(cp, name) == name[:63].rstrip("-.") + "\n"
+    assert finished_log(cp, name, agent) == name[:63].rstrip("-.") + "\n"
     create(cp, "box", ["sleep", "600"])
-    eventually(lambda: pod(cp, "box")["status"].get("phase") == "Running", "box runs")
+    with explained(cp, NS, "box", agent):
+        eventually(lambda: pod(cp, "box")["status"].get("phase") == "Running", "box runs")
     done = kubectl(cp, "exec", "box", "-n", NS, "--", *hostname)
     assert done.stdout == "box\n", done.stderr
     kubectl(cp, "delete", "pod", "box", "-n", NS, "--wait=false")
