@@ -27,6 +27,7 @@ from traitlets import Bool, Dict, Float, Integer, List, Unicode, default
 from ..backends import load_catalog
 from ..model.catalog import DEFAULT_IDLE, IdlePolicy, parse_duration
 from ..model.hubroles import CULLER_SCOPES, missing_scopes, scope_problem
+from .away import RELEASABLE, release_at
 from .base import CullerApplication
 from .decide import Decision, GpuFacts, Reading, Rules, ServerFacts, combine, decide_server
 from .hostbudget import Holder, Want, plan_evictions
@@ -87,6 +88,14 @@ class Culler(CullerApplication):
         "Default: $JUPYTERHUB_API_TOKEN, which JupyterHub sets for a hub-managed service.",
     )
     cull_every = Integer(300, config=True, help="Seconds between culling cycles.")
+    cull_when_waiting = Float(
+        15.0,
+        config=True,
+        help="Seconds after the pod watch sees a server pod waiting for a node (made, not "
+        "scheduled: the hub's admission \"wait\") that a cycle runs before cull_every's next, "
+        "if the pod still waits then, so that a slot whose person left is released for it "
+        "within a minute (release_away_after) rather than at the next cycle. 0: off.",
+    )
     concurrency = Integer(
         10, config=True, help="Most HTTP requests in flight at once (hub, Prometheus)."
     )
@@ -314,6 +323,17 @@ class Culler(CullerApplication):
         "it. Needs the pod watch (watch_server_pods). Turn it on where the hub's admission is "
         '"wait" (FracSpawner.admission): a spawn refused at once makes no pod, so under '
         '"refuse" newcomers would be refused while kept servers hold the slots.',
+    )
+    release_away_after = Float(
+        900.0,
+        allow_none=True,
+        config=True,
+        help='While a server pod of a pool waits for a node (the hub\'s admission "wait"; '
+        "seen by the pod watch), servers of that pool whose person left this many seconds ago "
+        "are stopped for it, least recently active first, until the slices they free cover "
+        "those waiting (away.py): a tab of theirs reported them once and none keeps them "
+        "present or in session now, no activity, no GPU work, no cell running, no resume "
+        "waiting. Sooner than server_gpu_idle, and only where someone waits. None or 0: off.",
     )
     host_memory_budget_mib = Float(
         65536.0,
@@ -1054,6 +1074,60 @@ class Culler(CullerApplication):
             for s, f, src in out
         ]
 
+    def release_for_waiting(
+        self,
+        gathered: list[tuple[HubServer, ServerFacts, dict[str, GpuFacts | None]]],
+        now: float,
+        rules: Rules,
+    ) -> list[tuple[HubServer, ServerFacts, dict[str, GpuFacts | None]]]:
+        """Mark the servers released for the pods waiting for a node on their pools (away.py):
+        their person left `release_away_after` ago; least recently active first, until the
+        slices they free, with those the other rules free this cycle, cover the slices
+        waiting. Without the pod watch, reports or a catalog, nothing is released early."""
+        pods = getattr(self.server_pods, "placements", None)
+        catalog, after = self._catalog, self.release_away_after
+        if not after or pods is None or catalog is None or not self.reports_enabled:
+            return gathered
+        need = waiting_mib(pods(), catalog)
+        if not need:
+            return gathered
+        due: dict[tuple[str, str], float] = {}
+        candidates = []
+        for _server, facts, sources in gathered:
+            reading = combine(sources, now, rules)
+            _, policy = self.policy_for(facts).astuple()
+            decision = decide_server(facts, reading, policy, now, rules)
+            pool, slice_mib = facts.pool or "", self.claim(facts)[1]
+            if decision.cull:  # freed this cycle anyway
+                need[pool] = need.get(pool, 0.0) - slice_mib
+                continue
+            if decision.reason not in RELEASABLE:
+                continue
+            report = self.reports.for_server(facts)
+            if report is not None and now - report.received_at > self.max_staleness:
+                report = None
+            at = release_at(report, facts, reading.gpu, after)
+            if at is not None and at <= now:
+                key = (facts.user, facts.name)
+                due[key] = at
+                candidates.append(Kept(key, pool, facts.activity or now, slice_mib))
+        freed = released(candidates, need)
+        pools = {k.key: k.pool for k in candidates}
+        for key in sorted(freed):
+            self.log.info(
+                "%s/%s: its user left, and %.0f MiB of slices wait for a node on its pool: "
+                "released for them",
+                *key,
+                need.get(pools[key], 0.0),
+            )
+        out = []
+        for server, facts, sources in gathered:
+            key = (facts.user, facts.name)
+            if key in freed:
+                facts = replace(facts, needed_at=due[key])
+            out.append((server, facts, sources))
+        return out
+
     # --- one cycle ----------------------------------------------------------------------------
     async def cull_once(self, now: float | None = None) -> CycleResult:
         """One cycle. `now` (unix seconds) replays a moment: Prometheus is asked about it too."""
@@ -1107,6 +1181,7 @@ class Culler(CullerApplication):
         gathered = self.keep_hibernated(
             [(server, *self.gather(server, prom, now)) for server in servers], now, rules
         )
+        gathered = self.release_for_waiting(gathered, now, rules)
         for server, facts, sources in gathered:
             missing_reports += "extension" in sources and sources["extension"] is None
             reading: Reading = combine(sources, now, rules)
@@ -1261,7 +1336,35 @@ class Culler(CullerApplication):
                     self.log.error("culling cycle failed: %s", exc)
             except Exception:  # the service must outlive a hub restart or a bad cycle
                 self.log.exception("culling cycle failed")
-            await asyncio.sleep(self.cull_every)
+            await self.until_next_cycle()
+
+    def pods_waiting(self) -> bool:
+        """Whether a server pod of a known pool waits for a node now (the pod watch)."""
+        pods = getattr(self.server_pods, "placements", None)
+        return bool(pods and self._catalog and waiting_mib(pods(), self._catalog))
+
+    async def until_next_cycle(self) -> None:
+        """`cull_every`, or sooner: `cull_when_waiting` after the pod watch saw a server pod
+        waiting for a node, where it still waits then (a pod waits for a moment before the
+        scheduler places it; only one nothing places calls for a cycle)."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + self.cull_every
+        wake = asyncio.Event()
+        if self.cull_when_waiting > 0 and self.server_pods is not None:
+            self.server_pods.on_waiting = wake.set
+        try:
+            while (left := deadline - loop.time()) > 0:
+                wake.clear()
+                try:
+                    await asyncio.wait_for(wake.wait(), left)
+                except asyncio.TimeoutError:
+                    return
+                await asyncio.sleep(min(self.cull_when_waiting, max(deadline - loop.time(), 0)))
+                if self.pods_waiting():
+                    return
+        finally:
+            if self.server_pods is not None:
+                self.server_pods.on_waiting = None
 
     def start(self) -> None:
         asyncio.run(self.run())

@@ -17,6 +17,9 @@ any object with its attributes). The rules, in order:
 - a server whose report has a kernel waiting to resume for room on the GPU (a cell of its user
   is waiting: serverext/swap.py) is kept: stopping it would shut that kernel down, which issue 36
   item 2 forbids; only `max_age` and `server_unattended` stop it;
+- a server **needed** (`needed_at`: away.py): a server pod of its pool waits for a node and
+  its user left a while ago (no tab open and in session, no activity, no GPU work, no cell
+  running): stopped for it, least recently active first, before the GPU idle timeouts;
 - a server **kept hibernated** (`kept_hibernated`: every kernel of it hibernated, holding no GPU
   memory, on a pool where that memory is usable by others, and nobody waiting for what it
   holds: keep.py) is not stopped for GPU idleness: the plain `server_idle` (with
@@ -80,6 +83,10 @@ class ServerFacts:
     # memory others use, and no server pod of its pool waits for a node (keep.py): stopping it
     # would give nobody anything and lose its user's kernels, so GPU idleness does not stop it
     kept_hibernated: bool = False
+    # released for a server pod of its pool that waits for a node (away.py): its user left
+    # (no tab of theirs open and in session, no activity, no GPU work, no cell running) and it
+    # is among the least recently active of such servers; from this moment (unix seconds)
+    needed_at: float | None = None
 
     @property
     def pool(self) -> str | None:
@@ -233,6 +240,8 @@ def server_deadlines(
         due.append((user_last + unattended, "unattended"))
     if server.resume_waiting:
         return due  # a cell waits for its kernel: no idle timeout stops it
+    if server.needed_at is not None:
+        due.append((server.needed_at, "needed"))
     last, gpu = server.activity, reading.gpu
     if last is None:
         return due
@@ -332,6 +341,15 @@ def decide_server(
             "resume_waiting",
             "a kernel of it waits to resume for room on the GPU (a cell of its user is "
             "waiting): never stopped for idleness",
+        )
+    if "needed" in fired:
+        away = None if server.activity is None else now - server.activity
+        return Decision(
+            "stop",
+            "needed",
+            f"a server pod of its pool waits for a node, and its user left {fmt(away)} ago (no "
+            "tab of theirs open and in session, no activity, no GPU work, no cell running): "
+            "released for it, least recently active first",
         )
 
     # which GPU rule applies, for the message; whether it stops is `fired`'s

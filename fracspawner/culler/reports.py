@@ -99,6 +99,8 @@ REPORT = Spec(
                 "present": Spec("bool"),
                 "in_session": Spec("bool"),
                 "elsewhere": Spec("bool"),
+                # the last moment a person was seen at a tab of it (away.py)
+                "last_present": TIME,
             },
         ),
         # over-commit and swap (issue 26; culler/pressure.py): the physical GPUs the server
@@ -343,6 +345,10 @@ class ServerReport:
     in_session: bool = False
     # in session only by the culler's word about another server of the user's (never evidence)
     elsewhere: bool = False
+    # the last moment a person was seen at a tab of it (None: no tab of it ever reported one)
+    last_present: float | None = None
+    # a kernel of it executes code now (execution_state "busy"): a cell is running
+    executing: bool = False
     # its devices and kernels as over-commit's swap reads them (pressure.swap_facts)
     swap: SwapFacts = SwapFacts()
     # its kernels whose GPU state is in host memory (hostbudget.py: the budget per node)
@@ -399,6 +405,11 @@ def parse_report(report: object, received_at: float, *, checked: bool = False) -
             presence.get("known") and presence.get("in_session") and not presence.get("elsewhere")
         ),
         elsewhere=bool(presence.get("elsewhere")),
+        last_present=_ts(presence, "last_present", received_at),
+        executing=any(
+            isinstance(k, dict) and k.get("execution_state") == "busy"
+            for k in report.get("kernels") or []
+        ),
         hibernated_mib=_number(report, "hibernated_gpu_memory_mib"),
         simulated=report.get("source") == "simulated",
         gpu_events=tuple(events),

@@ -26,7 +26,7 @@ import asyncio
 import json
 import logging
 import random
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 from ..capacity.apiconfig import load_configuration
@@ -73,6 +73,9 @@ class ServerPods:
         self.listed = asyncio.Event()
         self.failures = 0
         self._failures: dict[str, int] = {}  # per watched kind
+        #: called when a server pod waits for a node (made, not scheduled): the culler may
+        #: then free a slot for it sooner than its next cycle (Culler.cull_when_waiting)
+        self.on_waiting: Callable[[], None] | None = None
 
     def known(self, address: str) -> bool:
         return address in self._addresses
@@ -114,7 +117,9 @@ class ServerPods:
     def put(self, pod: dict[str, Any]) -> None:
         self.drop(pod)
         if not (pod.get("metadata") or {}).get("deletionTimestamp"):
-            self._placements[self._key(pod)] = placement_of(pod)
+            where = self._placements[self._key(pod)] = placement_of(pod)
+            if where.node is None and self.on_waiting is not None:
+                self.on_waiting()
         addresses = pod_addresses(pod)
         if addresses:
             key = self._key(pod)

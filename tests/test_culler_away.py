@@ -1,0 +1,205 @@
+"""While someone waits for a slot, the servers of people who left are released for them
+(culler/away.py), sooner than `server_gpu_idle`, least recently active first.
+
+The capacity benchmark's classroom (HAMi, no over-commit, 16 slots): section B arrives at
+10:45 while section A, gone since 10:25-10:35 with their tabs closed, still holds the slots
+(`gpu_busy` for the hour after their last GPU cell, then `active`); every student of B waited
+20-50 min (57 waits against jupyterhub-idle-culler's 46). Through a whole culler cycle
+(`Culler.cull_once`) against the benchmark's stand-in hub, the reports parsed as received, and
+a pod watch's placements (tests/test_culler_keep_hibernated.py's).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+
+import pytest
+from tornado.httpserver import HTTPServer
+
+from benchmarks.bench_culler import StandInHub, server_model
+from devcluster.localhub import free_port
+from fracspawner.backends import load_catalog
+from fracspawner.culler.app import Culler
+from fracspawner.culler.placement import Placement
+from fracspawner.culler.reports import parse_report
+from tests.conftest import DEMO_CATALOG
+from tests.test_culler_keep_hibernated import Pods, iso
+
+QUARTER_H100 = 20389.0  # what FracSpawner annotates a 1/4 H100 pod with (81,559 MiB / 4)
+
+
+def report(
+    now: float,
+    left_min: float,
+    *,
+    tab: str = "closed",
+    gpu_idle_min: float | None = None,
+    executing: bool = False,
+) -> dict:
+    """A HAMi server whose person was last seen `left_min` ago, their kernel holding 8 GiB,
+    its GPU idle since then (or `gpu_idle_min`). `tab`: "closed" (no tab reports: every tab
+    closed), "hidden" (the lecture's slides in front, in session), "silent" (a visible tab
+    without input, in session), "never" (no tab of it ever reported: VS Code, a script)."""
+    left = now - left_min * 60
+    gpu_since = now - (left_min if gpu_idle_min is None else gpu_idle_min) * 60
+    presence = {
+        "closed": {"known": False, "present": False, "in_session": False,
+                   "last_present": iso(left)},
+        "hidden": {"known": True, "present": False, "in_session": True,
+                   "last_present": iso(left)},
+        "silent": {"known": True, "present": False, "in_session": True,
+                   "last_present": iso(left)},
+        "never": {"known": False, "present": False, "in_session": False, "last_present": None},
+    }[tab]  # fmt: skip
+    return {
+        "available": True, "sampled_at": iso(now), "monitor_started": iso(now - 3 * 3600),
+        "server_last_activity": iso(left), "user_last_activity": iso(left),
+        "gpu_memory_mib": 8192, "gpu_activity_known": True, "gpu_idle_since": iso(gpu_since),
+        "presence": presence,
+        "kernels": [{"id": "k1", "execution_state": "busy" if executing else "idle",
+                     "gpu_memory_mib": 8192}],
+    }  # fmt: skip
+
+
+async def cycle(
+    servers: dict[str, dict],
+    waiting: int = 0,
+    slices: dict[str, str] | None = None,
+    **culler_options: object,
+) -> tuple[list[str], dict[str, str]]:
+    """One culler cycle over `servers` (user -> report) of the HAMi `h100` pool (1/4 slices,
+    or `slices`), with `waiting` quarter pods of it made and not scheduled; the users stopped
+    and each server's decision (reason: message)."""
+    now = time.time()
+    slices = slices or {}
+    models = [
+        server_model(
+            u, now - 3 * 3600, now - 2 * 3600, {"gpu": slices.get(u, "1/4"), "pool": "h100"}
+        )
+        for u in servers
+    ]
+    hub = StandInHub(lambda: models)
+    http = HTTPServer(hub.app)
+    port = free_port()
+    http.listen(port, "127.0.0.1")
+    culler = Culler(
+        url=f"http://127.0.0.1:{port}/hub/api",
+        api_token="t",
+        report_url="http://127.0.0.1:9",
+        **culler_options,
+    )
+    culler._catalog = load_catalog(str(DEMO_CATALOG))
+    pods = {
+        f"jupyter-{u}": Placement("n1", pool="h100", memory_mib=QUARTER_H100, owner=(u, ""))
+        for u in servers
+    }
+    pods |= {
+        f"jupyter-new{i}": Placement(
+            None, pool="h100", memory_mib=QUARTER_H100, owner=(f"n{i}", "")
+        )
+        for i in range(waiting)
+    }
+    culler.server_pods = Pods(pods)
+    for u, body in servers.items():
+        culler.reports.put(u, "", parse_report(body, received_at=now))
+    try:
+        result = await culler.cull_once(now=now)
+    finally:
+        http.stop()
+    said = {
+        o.server.facts.user: f"{o.decision.reason}: {o.decision.message}" for o in result.outcomes
+    }
+    return sorted(hub.deleted), said
+
+
+async def test_a_server_whose_person_left_is_released_when_a_pod_waits_for_its_slot():
+    now = time.time()
+    stopped, said = await cycle({"ann": report(now, 20)}, waiting=1)
+    assert stopped == ["ann"], f"kept while a pod waits for its slot: {said['ann']}"
+    assert said["ann"].startswith("needed: a server pod of its pool waits for a node"), said
+
+
+async def test_nobody_waiting_it_stays_until_server_gpu_idle():
+    now = time.time()
+    stopped, said = await cycle({"ann": report(now, 20)})
+    assert stopped == [] and said["ann"].startswith("gpu_busy:"), said
+
+
+async def test_least_recently_active_first_until_the_waiting_slices_are_covered():
+    now = time.time()
+    both = {"ann": report(now, 20), "bob": report(now, 30)}
+    stopped, said = await cycle(both, waiting=1)
+    assert stopped == ["bob"], said
+    stopped, _ = await cycle(both, waiting=2)
+    assert stopped == ["ann", "bob"]
+    # a quarter waits; cat's server stops by its own idle timeout and frees it
+    stopped, said = await cycle({"ann": report(now, 20), "cat": report(now, 70)}, waiting=1)
+    assert stopped == ["cat"] and said["cat"].startswith("gpu_idle:"), said
+
+
+@pytest.mark.parametrize(
+    "why, body",
+    [
+        ("hidden lecture tab (in session)", dict(tab="hidden")),
+        ("silent reader at a visible tab (in session)", dict(tab="silent")),
+        ("no tab ever reported its person", dict(tab="never")),
+        ("a cell is running", dict(executing=True)),
+        ("left only 10 min ago", dict(left=10)),
+        ("GPU worked 5 min ago", dict(gpu_idle_min=5)),
+    ],
+)
+async def test_never_a_person_in_session_a_server_at_work_or_one_left_just_now(why, body):
+    now = time.time()
+    left = body.pop("left", 20)
+    stopped, said = await cycle({"ann": report(now, left, **body)}, waiting=2)
+    assert stopped == [], f"{why}: released: {said['ann']}"
+
+
+async def test_off_it_stays_until_server_gpu_idle():
+    now = time.time()
+    assert Culler().release_away_after == 900  # 15 min, Presence.timeout's
+    stopped, said = await cycle({"ann": report(now, 20)}, waiting=1, release_away_after=0)
+    assert stopped == [] and said["ann"].startswith("gpu_busy:"), said
+
+
+class Waiting(Pods):
+    """A pod watch whose one server pod waits for a node, or no longer does."""
+
+    def __init__(self) -> None:
+        super().__init__({})
+        self.on_waiting = None
+
+    def wait(self, waits: bool) -> None:
+        where = Placement(None, pool="h100", memory_mib=QUARTER_H100, owner=("new", ""))
+        self.pods = {"jupyter-new": where} if waits else {}
+        if waits and self.on_waiting is not None:
+            self.on_waiting()
+
+
+async def test_a_pod_that_waits_for_a_node_calls_a_cycle_before_cull_every():
+    """Released at the next cycle, a person who arrives just after one waited up to
+    `cull_every` (5 min) for a slot whose person had left: the pod watch wakes the loop."""
+    culler = Culler(cull_every=300, cull_when_waiting=0.01)
+    culler._catalog = load_catalog(str(DEMO_CATALOG))
+    pods = culler.server_pods = Waiting()
+    pause = asyncio.ensure_future(culler.until_next_cycle())
+    await asyncio.sleep(0.05)
+    pods.wait(True)
+    await asyncio.wait_for(pause, 30)  # cull_every is 300 s: only the pod's wait ends it
+    assert pods.on_waiting is None, "the loop's hook outlived its pause"
+
+
+async def test_a_pod_placed_at_once_calls_no_cycle():
+    # every pod waits for a moment before the scheduler places it: only one still waiting
+    # `cull_when_waiting` later calls for a cycle
+    culler = Culler(cull_every=300, cull_when_waiting=0.01)
+    culler._catalog = load_catalog(str(DEMO_CATALOG))
+    pods = culler.server_pods = Waiting()
+    pause = asyncio.ensure_future(culler.until_next_cycle())
+    await asyncio.sleep(0.05)
+    pods.wait(True)
+    pods.wait(False)  # placed before the delay ran out
+    await asyncio.sleep(0.5)
+    assert not pause.done(), "a cycle before cull_every although no pod waits any more"
+    pause.cancel()
