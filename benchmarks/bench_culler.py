@@ -26,10 +26,18 @@ decision goes through the real code:
   presence from the extension's own Presence fed with the tab's reports as
   labextension/src/presence.ts sends them (every minute while open: visible, seconds since the
   last input; hidden when it closes), and reach the culler as the JSON report it would push
-  (parsed by the culler's own reports.parse_report);
+  (parsed by the culler's own reports.parse_report); the tab's meter counts opening the page
+  (visible, or loaded in a hidden tab behind the lecture's slides) and showing the tab as
+  input, as presence.ts does;
+- each pod is a container (a PID namespace of its own) on a driver that lists its processes
+  by their PID in it (580.95.05, #44's): on a time-sliced GPU, memory and work of the
+  neighbours are theirs (serverext/neighbours.py), not this server's unknown activity;
 - the culler runs its whole cycle (`Culler.cull_once(now=...)`) every 5 min against a stand-in
   hub API that serves the simulated servers with JupyterHub's JSON and pagination, and stops
-  them on DELETE; its GPU source is the servers' reports (no Prometheus in this replay);
+  them on DELETE; its GPU source is the servers' reports (no Prometheus in this replay); and
+  `cull_when_waiting` (15 s) after a user's pod began to wait for a slot, as its pod watch
+  wakes it (app.Culler.until_next_cycle): a slot it releases (culler/away.py) seats that user
+  within the minute, counted apart (`slot_freed_within_a_minute`), not as a wait episode;
 - each server reports to the culler every minute where its pool over-commits (before each
   culler cycle elsewhere), and again within the minute where the answer or its swap agent asks
   (`report_in`, a swap done, a resume that starts to wait: up to 2 reports 30 s apart, the
@@ -134,7 +142,7 @@ from fracspawner.serverext import hibernate as hibernate_module
 from fracspawner.serverext.activity import server_activity, user_activity
 from fracspawner.serverext.hibernate import Hibernator
 from fracspawner.serverext.monitor import GpuMonitor
-from fracspawner.serverext.podinfo import PodInfo
+from fracspawner.serverext.podinfo import ENV_SLICE, PodInfo
 from fracspawner.serverext.presence import SETTINGS_KEY as PRESENCE_KEY
 from fracspawner.serverext.presence import Presence, parse_client_report
 from fracspawner.serverext.room import HAMI_ENV
@@ -183,6 +191,7 @@ GROWS_BY, GROWS_TO = 0.01, 1.5  # a growing kernel: 1 % of its size a working mi
 ROUNDS, ROUND_SECONDS = 2, 30  # reports within a minute where the culler or a swap asks one
 CHILD_PID = 50_000  # a kernel's child process: another pid than the kernel's
 GPU_NAME = "NVIDIA H100 80GB HBM3"
+DRIVER = "580.95.05"  # the driver of NVIDIA/cuda-checkpoint#44, which the fake driver follows
 FOREVER = 1e9  # seconds: a real-clock timeout that never comes in a replay
 
 
@@ -416,8 +425,8 @@ class SimServer:
         if extension:  # the tab's presence reports reach the server extension
             self.settings[PRESENCE_KEY] = Presence(settings=self.settings, log=QUIET)
         self.monitor = GpuMonitor(
-            settings=self.settings, source_spec="none", log=QUIET, own_pid_namespace=False
-        )
+            settings=self.settings, source_spec="none", log=QUIET, own_pid_namespace=True
+        )  # a container: the pod has a PID namespace of its own (Kubernetes' default)
         self.monitor.reason, self.monitor.started = None, now  # readings come from here
         self.monitor.pod = PodInfo.from_environ(env)
         # hibernation through the fake checkpoint driver, in a pod with POD_HOST_MEMORY_GIB;
@@ -471,6 +480,7 @@ class SimServer:
         self.hub_last = v(m)
         self.serial = 0
         self.tab_was_open = False
+        self.tab_was_visible = False
 
     def slice_mib(self) -> float:
         return GPU_MIB * self.gpu_equivalent
@@ -554,7 +564,7 @@ class PodWatch:
         # stays Pending (no node) until a slot frees (hub/spawner.py `admission`)
         pending = [
             (pod_name(u.name, ""), Placement(None, 1, pool=self.sim.pool, owner=(u.name, ""),
-                                              memory_mib=GPU_MIB * slice_equivalent(piece)))
+                                              memory_mib=slice_annotation_mib(piece)))
             for u, piece in self.sim.slot_waiting.values()
         ]  # fmt: skip
         return made + pending
@@ -597,6 +607,9 @@ class Sim:
         # those waiting for a slot (not for room at admission): their pods are made, Pending
         self.slot_waiting: dict[str, tuple[User, str]] = {}
         self.waits: list[tuple[str, int, bool]] = []  # (user, minutes, turned away)
+        # users who found no free slot, for whom the culler's early cycle released one within
+        # the same minute (`early_cycle`): not wait episodes, counted apart
+        self.quick_waits = 0
         self.last_input: dict[str, int] = {}
         self.runs_stalled: set[tuple[str, int]] = set()  # (user, first minute of the run)
         self.runs: set[tuple[str, int]] = set()
@@ -771,23 +784,9 @@ class Sim:
                     self.runs.add((u.name, start))
                     self.runs_stalled.add((u.name, start))
                 continue
-            self.tab(u, s, m, now)
-            # a cell, or a run, on a hibernated kernel: its message resumes it first
-            # (resume.py), through the real restore path: the room check (room.py: the
-            # culler's grant, or NVML of the device where that counts), then the #44 driver; a
-            # resume that waits for room is reported (swap.waiting), and the cell waits
-            cell = u.cell[m] and u.present[m]
-            wake = []  # the second notebook's cells message its own kernel
-            if s.hibernated() and (cell and not u.second[m] or u.run[m]):
-                wake.append(s.kernel_id)
-            if s.hibernated2() and cell and u.second[m]:
-                wake.append(s.kernel2_id)
-            for kid in wake:
-                s.monitor.hibernator.resume(kid, "a message to the kernel")
-                await settle()
-                if s.monitor.hibernator.suspended(kid):
-                    self.memory_waits += 1  # this minute's cell waits for room
-            self.act(u, s, m, now)
+            await self.user_minute(u, s, m, now)
+        if self.extension and culler is not None:
+            await self.early_cycle(culler, m, now)
         if self.extension:
             for s in list(self.servers.values()):
                 await self.server_side(s, m, now)
@@ -804,6 +803,54 @@ class Sim:
             self.offset = time.time() - now_t  # its clock is the real one
             await cull_idle(url, "token", 3600, QUIET, concurrency=10, api_page_size=MAX_PAGE)
         self.measure(m)
+
+    async def user_minute(self, u: User, s: SimServer, m: int, now: datetime) -> None:
+        """The minute of a user with a server: their tab, a resume their message starts,
+        their cells and runs."""
+        self.tab(u, s, m, now)
+        # a cell, or a run, on a hibernated kernel: its message resumes it first
+        # (resume.py), through the real restore path: the room check (room.py: the
+        # culler's grant, or NVML of the device where that counts), then the #44 driver; a
+        # resume that waits for room is reported (swap.waiting), and the cell waits
+        cell = u.cell[m] and u.present[m]
+        wake = []  # the second notebook's cells message its own kernel
+        if s.hibernated() and (cell and not u.second[m] or u.run[m]):
+            wake.append(s.kernel_id)
+        if s.hibernated2() and cell and u.second[m]:
+            wake.append(s.kernel2_id)
+        for kid in wake:
+            s.monitor.hibernator.resume(kid, "a message to the kernel")
+            await settle()
+            if s.monitor.hibernator.suspended(kid):
+                self.memory_waits += 1  # this minute's cell waits for room
+        self.act(u, s, m, now)
+
+    async def early_cycle(self, culler: Culler, m: int, now: datetime) -> None:
+        """The culler's cycle `cull_when_waiting` after a server pod began to wait for a node
+        (app.Culler.until_next_cycle: the pod watch wakes it), where one did this minute: a
+        slot it releases goes to the waiting pod within the minute (the scheduler places it
+        as soon as the stopped server's pod is gone). Those served so have not waited for a
+        slot beyond the spawn itself: counted apart (`slot_freed_within_a_minute`), not as
+        wait episodes."""
+        new = [n for n in self.slot_waiting if self.waiting.get(n) == m]
+        if not new or not culler.cull_when_waiting:
+            return
+        if self.overcommit <= 1:  # the servers report every minute (the replay: every 5 here)
+            for s in list(self.servers.values()):
+                await self.report(s, culler)
+                await settle()
+        await culler.cull_once(now=v(m) + culler.cull_when_waiting)
+        for name in new:
+            u = next(x for x in self.users if x.name == name)
+            if name not in self.slot_waiting:
+                continue
+            s = self.demand(u, m)
+            if s is None:
+                continue
+            assert self.waits[-1] == (name, 0, False)
+            self.waits.pop()
+            self.quick_waits += 1
+            await self.user_minute(u, s, m, now)
 
     async def exchange(self, culler: Culler, m: int) -> None:
         """Each server's report and the culler's answer (reporter.py, swap.py, the culler's
@@ -856,7 +903,12 @@ class Sim:
 
     def tab(self, u: User, s: SimServer, m: int, now: datetime) -> None:
         """The person's JupyterLab tab this minute: its polling, and its presence report."""
-        if u.input[m]:
+        # the meter counts opening the page (visible or in a hidden tab: the spawn's page
+        # turns into JupyterLab behind the lecture's slides) and showing the tab as the
+        # person's input (labextension/src/presence.ts `_lastInput`)
+        opened = u.tab_hidden[m] and not s.tab_was_open
+        shown = u.tab_open[m] and not s.tab_was_visible
+        if u.input[m] or opened or shown:
             self.last_input[u.name] = m
         presence = s.settings.get(PRESENCE_KEY)
         if u.tab_open[m]:
@@ -869,6 +921,7 @@ class Sim:
                     "idle_seconds": max(0.0, idle)}  # fmt: skip
             presence.record(*parse_client_report(body, now))  # closing reports it hidden
         s.tab_was_open = u.tab_open[m] or u.tab_hidden[m]
+        s.tab_was_visible = u.tab_open[m]
 
     def act(self, u: User, s: SimServer, m: int, now: datetime) -> None:
         """The user's minute: run cells, launch or continue a run."""
@@ -987,12 +1040,16 @@ class Sim:
         else:  # NVML of the device: what every process on the GPU holds
             used = GPU_MIB - self.gpu_free_mib(s.gpu, None)
             device = GpuDevice("0", GPU_NAME, s.uuid, GPU_MIB, used, None)
-        s.monitor.apply(
-            GpuSample("simulated", [device], procs),
-            [(p.kernel_id, p) for p in procs],
-            set(s.kernels.list_kernel_ids()),
-            now,
-        )
+        # the pod's environment (its slice: neighbours.py reads it) and a driver that lists a
+        # container's processes by their PID in it (535.113.01 or later): on a shared device,
+        # memory or work the server cannot place is a neighbour's, as in a real pod
+        with mock.patch.dict(os.environ, {ENV_SLICE: s.slice}):
+            s.monitor.apply(
+                GpuSample("simulated", [device], procs, driver=DRIVER),
+                [(p.kernel_id, p) for p in procs],
+                set(s.kernels.list_kernel_ids()),
+                now,
+            )
 
     def summary(self) -> dict:
         present = {u.name: u.present for u in self.users}
@@ -1004,6 +1061,7 @@ class Sim:
         waits = [w for _, w, _ in self.waits] + [HORIZON - m for m in self.waiting.values()]
         return {
             "wait_episodes": len(self.waits) + len(self.waiting),
+            "slot_freed_within_a_minute": self.quick_waits,
             "users_who_waited": len({n for n, _, _ in self.waits} | set(self.waiting)),
             "turned_away": sum(away for _, _, away in self.waits),
             "wait_p95_min": _percentile([float(w) for w in waits], 0.95),
@@ -1049,6 +1107,12 @@ def pod_host(tmp: Path) -> Path:
     (host / "memory.current").write_text(str(POD_HOST_USED_GIB * 2**30))
     (host / "meminfo").write_text(f"MemAvailable: {512 * 2**20} kB\n")  # a 512 GiB node
     return host
+
+
+def slice_annotation_mib(piece: str) -> float:
+    """The slice's memory as FracSpawner annotates its pod (`fracspawner.io/gpu-memory-mib`,
+    whole MiB): what the culler's pod watch reads of a pod waiting for a node."""
+    return float(int(GPU_MIB * slice_equivalent(piece)))
 
 
 def slice_equivalent(piece: str) -> float:
