@@ -11,6 +11,7 @@ import pytest
 
 from devcluster.controlplane import ControlPlane
 from tests import dra_demo_manifests as demos
+from tests.nodeagent_support import explained
 from tests.realcluster_support import control_plane_fixture, node_agent_fixture
 from tests.test_controlplane import eventually, get_json, kubectl
 
@@ -55,10 +56,13 @@ def test_each_container_sees_the_uuids_of_exactly_its_allocation(cp, agent):
     pod["spec"]["restartPolicy"] = "Never"
     kubectl(cp, "apply", "-f", "-", stdin={"apiVersion": "v1", "kind": "List", "items": [
         demos.claim_template(NS, "devs", requests), pod]})  # fmt: skip
-    shown = eventually(
-        lambda: all(line(cp, "two", c) for c in "abc") and {c: line(cp, "two", c) for c in "abc"},
-        "the three containers print their env",
-    )
+    with explained(cp, NS, "two", agent):
+        shown = eventually(
+            lambda: (
+                all(line(cp, "two", c) for c in "abc") and {c: line(cp, "two", c) for c in "abc"}
+            ),
+            "the three containers print their env",
+        )
     made = get_json(cp, "pod", "two", "-n", NS)["status"]["resourceClaimStatuses"][0]
     results = get_json(cp, "resourceclaims.resource.k8s.io", made["resourceClaimName"], "-n", NS)[
         "status"]["allocation"]["devices"]["results"]  # fmt: skip
@@ -95,6 +99,7 @@ def test_a_container_whose_claim_is_not_allocated_waits(cp, agent):
         state = statuses and statuses[0]["state"].get("waiting")
         return state if state and state.get("message") else None
 
-    state = eventually(waiting, "the container waits and says why")
+    with explained(cp, NS, "waits", agent):
+        state = eventually(waiting, "the container waits and says why")
     assert state["reason"] == "ContainerCreating", state
     assert "'later' is not allocated" in state.get("message", ""), state
