@@ -54,6 +54,25 @@ def _box(locator) -> tuple[float, ...]:
     raise AssertionError(f"{locator} not visible")
 
 
+def _offers_in_flight(page) -> set:
+    """The page's offers requests not yet answered or failed, kept up to date by its events."""
+    pending: set = set()
+    offers = re.compile(r"/services/fracspawner/api/offers")
+    page.on("request", lambda req: offers.search(req.url) and pending.add(req))
+    page.on("requestfinished", lambda req: pending.discard(req))
+    page.on("requestfailed", lambda req: pending.discard(req))
+    return pending
+
+
+def _wait_until(done, what: str, page, seconds: float = 120) -> None:
+    """Until done() (the page's events are handled while it waits); a hang guard."""
+    for _ in range(int(seconds * 10)):
+        if done():
+            return
+        page.wait_for_timeout(100)
+    raise AssertionError(f"not within {seconds} s: {what}")
+
+
 def _tab(page, mode: str):
     return page.locator(f'.fs-mode-tab[data-mode="{mode}"]')
 
@@ -61,6 +80,7 @@ def _tab(page, mode: str):
 def test_a_full_pool_keeps_the_choice_and_a_refusal_brings_it_back(hub, devcluster, browser):
     ensure_group(hub, "ml-research", "pia", "ravi")
     page = new_page(browser)
+    offers_in_flight = _offers_in_flight(page)
     login(page, hub.url, "pia")
     open_spawn_form(page, hub.url, "pia")
     _tab(page, "fraction").click()
@@ -70,6 +90,10 @@ def test_a_full_pool_keeps_the_choice_and_a_refusal_brings_it_back(hub, devclust
 
     # ravi takes the last T4 quarter while pia's page cannot learn it (its refresh fails)
     page.route(OFFERS_ROUTE, lambda route: route.abort())
+    # a refresh sent before the route (the picker refreshes on an interval, not one after
+    # another) must not be answered after ravi's spawn: on a loaded machine one was, the page
+    # learned the T4 was full and Start was never enabled (fresh-clone run, 2026-11-29)
+    _wait_until(lambda: not offers_in_flight, "the picker's refreshes sent before the route", page)
     status, body = spawn(hub, "ravi", {"gpu": "1/4", "pool": "t4"})
     assert status in (201, 202), body
     hub.wait_ready("ravi")
