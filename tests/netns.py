@@ -18,7 +18,12 @@ import ctypes
 import os
 import shutil
 import subprocess
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
+from typing import Any
+
+import pytest
+
+from devcluster.network import network_namespaces
 
 CLONE_NEWNET = 0x40000000
 IP = shutil.which("ip") or "ip"
@@ -71,3 +76,29 @@ def own_network() -> Iterator[OwnNetwork]:
             _call("setns", outside, CLONE_NEWNET)
     finally:
         os.close(outside)
+
+
+def own_network_fixture() -> Any:
+    """A module-scoped autouse fixture `own_module_network`: the module's tests, and the control
+    plane and node agent its fixtures start, in a network namespace of their own for the whole
+    module (the agent's `network: namespaces` bridge and veths must reach the apiserver, and the
+    test's kubectl both). An autouse fixture of module scope is set up before the module's other
+    module-scoped fixtures (`cp`, `agent`) and torn down after them, in the main thread, which
+    then returns to the machine's namespace. Yields None where pods get no network namespaces
+    (not root): then nothing changes a link. Assign it to the name `own_module_network`."""
+
+    @pytest.fixture(scope="module", autouse=True)
+    def own_module_network() -> Iterator[OwnNetwork | None]:
+        if not network_namespaces():
+            yield None
+            return
+        with own_network() as own:
+            yield own
+
+    return own_module_network
+
+
+def bridge_links(bridge: str, names: Iterable[str]) -> list[str]:
+    """Of the link `names`, the devcluster bridge `bridge` (`dc<id>`) and its pods' veths
+    (`v<id><n>`, devcluster/network.py NamespaceNetwork)."""
+    return [name for name in names if name == bridge or name.startswith(f"v{bridge[2:]}")]

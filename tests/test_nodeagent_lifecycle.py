@@ -13,6 +13,7 @@ from typing import Any
 import pytest
 
 from devcluster.controlplane import ControlPlane
+from tests.netns import bridge_links, links, own_network_fixture
 from tests.nodeagent_support import explained
 from tests.realcluster_support import control_plane_fixture, node_agent_fixture
 from tests.test_controlplane import eventually, get_json, kubectl
@@ -21,6 +22,9 @@ pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 NS = "life"
 
 
+# the agent's bridge and veths, the control plane they reach and the tests' kubectl: in a network
+# namespace of the module's own (tests/netns.py), set up before `cp`
+own_module_network = own_network_fixture()
 cp = control_plane_fixture()
 agent = node_agent_fixture(
     {"nodes": [{"name": "life-node", "capacity": {"cpu": "8"}}]},
@@ -202,3 +206,21 @@ def test_a_service_s_name_reaches_its_ready_pod_and_the_apiserver_its_cluster_ip
         eventually(lambda: pod(cp, "client")["status"].get("phase") in ("Succeeded", "Failed"),
                    "client exits", 240)  # fmt: skip
         assert pod(cp, "client")["status"]["phase"] == "Succeeded", "the client failed"
+
+
+def test_the_agent_s_bridge_and_pod_veths_are_not_links_of_the_machine(
+    cp, agent, own_module_network
+):
+    """The agent's bridge and its pods' veths are in the module's network namespace
+    (tests/netns.py): none is a link change of the machine, where another worker's Chromium
+    would fail its requests with net::ERR_NETWORK_CHANGED."""
+    if own_module_network is None:
+        pytest.skip("pods get no network namespaces here (needs root, unshare, nsenter, ip)")
+    create(cp, "netguard", ["sleep", "600"])
+    with explained(cp, NS, "netguard", agent):
+        eventually(lambda: pod(cp, "netguard")["status"].get("phase") == "Running",
+                   "netguard Running")  # fmt: skip
+    assert agent.runtime is not None
+    bridge = agent.runtime.kubelet.network.bridge
+    assert len(bridge_links(bridge, links())) >= 2, links()  # the bridge and the pod's veth
+    assert bridge_links(bridge, own_module_network.outside_links()) == []
