@@ -35,6 +35,7 @@ from devcluster.nodeagent import NodeAgent
 from devcluster.nodeagent.credentials import load_ca
 from devcluster.proctree import descendants, proc
 from devcluster.topology import load_topology
+from tests.netns import bridge_links, links, own_network_fixture
 from tests.nodeagent_support import explained
 from tests.realcluster_support import control_plane_fixture
 from tests.test_controlplane import eventually, get_json, kubectl
@@ -48,6 +49,9 @@ NETNS_NODE = "kapi-netns"
 NETNS_TAINT = {"key": "kapi/netns", "value": "true", "effect": "NoSchedule"}
 
 
+# netns_agent's bridge and veths, the control plane it reaches, the other agents and the tests'
+# kubectl: in a network namespace of the module's own (tests/netns.py), set up before `cp`
+own_module_network = own_network_fixture()
 cp = control_plane_fixture(namespaces=[NS])
 
 
@@ -456,3 +460,16 @@ def test_in_a_network_namespace_exec_enters_it_and_port_forward_reaches_the_pod(
     assert seen.stdout.strip() == str(own)
     hello = through_port_forward(cp, "netweb", 8000, "/hello.txt", netns_agent)
     assert hello == "hello from the pod's own network\n"
+
+
+def test_the_netns_agent_s_bridge_and_pod_veths_are_not_links_of_the_machine(
+    cp, netns_agent, own_module_network
+):
+    """The second agent's bridge and its pods' veths are in the module's network namespace
+    (tests/netns.py): none is a link change of the machine, where another worker's Chromium
+    would fail its requests with net::ERR_NETWORK_CHANGED."""
+    started(cp, pod("netguard", ["sleep", "600"], node=NETNS_NODE), "Running", agent=netns_agent)
+    assert netns_agent.runtime is not None
+    bridge = netns_agent.runtime.kubelet.network.bridge
+    assert len(bridge_links(bridge, links())) >= 2, links()  # the bridge and the pod's veth
+    assert bridge_links(bridge, own_module_network.outside_links()) == []
