@@ -6,7 +6,11 @@ and then watches the pods bound to it: each gets a Running status without anythi
 and lives as a kubelet's pod worker says (runtime.py, podworker.py: probes, restarts, status,
 conditions and the kubelet's events). A pod with a deletionTimestamp is removed with grace 0, as
 a kubelet does once its containers stopped (in run mode, once its grace period let it stop).
-Between watch requests the Lease is renewed every RENEW_SECONDS."""
+A second thread per node renews its Lease every RENEW_SECONDS, as the kubelet's lease controller
+does on a goroutine of its own (k8s.io/component-helpers apimachinery/lease), so a slow watch or
+reconcile cannot let kube-controller-manager's node-monitor-grace-period (50 s) pass: the node
+would go Unknown and be tainted node.kubernetes.io/unreachable, its pods evicted after 300 s.
+NodeAgent.start returns once kube-scheduler can place a pod on every node (wait_schedulable)."""
 
 from __future__ import annotations
 
@@ -34,9 +38,17 @@ from .serviceenv import kubernetes_service, pod_service_env
 from .slices import node_slices
 
 RENEW_SECONDS = 10.0  # the kubelet renews at a quarter of the lease's 40 s
-WATCH_SECONDS = 3  # each watch request ends this often, so renewals and stop() are timely
+WATCH_SECONDS = 3  # each watch request ends this often, so stop() is timely
+#: how long NodeAgent.start waits for every node to be Ready and rid of the not-ready taint the
+#: apiserver puts on a new Node (a bound: kube-controller-manager takes ~1 s, more when loaded)
+READY_TIMEOUT = 120.0
 SLICES = "/apis/resource.k8s.io/v1/resourceslices"
 RESOURCE = "/apis/resource.k8s.io/v1"
+
+
+class NodesNotSchedulable(TimeoutError):
+    """A node was not Ready, or kept a taint it did not register with, within READY_TIMEOUT of
+    its registration: the message names each node, its conditions and its taints."""
 
 
 class NodeRunner:
@@ -108,6 +120,17 @@ class NodeRunner:
             self.client.create(f"/apis/coordination.k8s.io/v1/namespaces/{ns}/leases", lease)
         self.renewed = time.monotonic()
 
+    def heartbeat(self, stop: threading.Event) -> None:
+        """Renew the Lease every RENEW_SECONDS until `stop`, on a thread of its own; a failed
+        renewal is said and tried again a second later (the lease controller retries too)."""
+        while not stop.wait(max(0.0, self.renewed + RENEW_SECONDS - time.monotonic())):
+            try:
+                self._renew()
+            except (ApiError, OSError, ValueError, HTTPException) as err:
+                self.error = err
+                self._say(f"node {self.name}: renewing its Lease: {err}; retrying")
+                stop.wait(min(1.0, RENEW_SECONDS))
+
     # --- pods ------------------------------------------------------------------------------
     def run(self, stop: threading.Event) -> None:
         pods = "/api/v1/pods"
@@ -118,8 +141,6 @@ class NodeRunner:
                 self._reconcile(pod)
             version = listed["metadata"]["resourceVersion"]
             while not stop.is_set():
-                if time.monotonic() - self.renewed >= RENEW_SECONDS:
-                    self._renew()
                 try:
                     for event in self.client.watch(
                         pods, WATCH_SECONDS, fieldSelector=selector, resourceVersion=version
@@ -265,8 +286,10 @@ class NodeRunner:
 
 class NodeAgent:
     """The node agent for a topology. `NodeAgent.start(...)` returns once every node is
-    registered (Node, Lease, ResourceSlices); `stop()` ends the threads. The Node objects stay,
-    as a stopped kubelet's do (the node-lifecycle controller then marks them NotReady)."""
+    registered (Node, Lease, ResourceSlices) and kube-scheduler can place pods on it (Ready, no
+    `node.kubernetes.io/` taint it did not register with); `stop()` ends the threads. The Node
+    objects stay, as a stopped kubelet's do (the node-lifecycle controller then marks them
+    NotReady)."""
 
     def __init__(
         self,
@@ -328,6 +351,7 @@ class NodeAgent:
         restart_backoff: tuple[float, float] = DEFAULT_BACKOFF,
         kubelet_api: bool = True,
         network: str = "host",
+        ready_timeout: float = READY_TIMEOUT,
     ) -> NodeAgent:
         """`mode`: "no-run" (pods reported Running, nothing runs) or "run" (each pod's
         containers run as local processes); `images`: run mode's command for an image whose
@@ -335,7 +359,8 @@ class NodeAgent:
         `restart_backoff`: run mode's crash-loop back-off, (initial, maximum) seconds;
         `kubelet_api`: serve the kubelet API (exec, logs, port-forward: kubeletapi.py);
         `network`: run mode's pod network, "host" (a loopback address each) or "namespaces"
-        (a network namespace each, Services proxied and named: services.py)."""
+        (a network namespace each, Services proxied and named: services.py);
+        `ready_timeout`: how long every node may take to be schedulable (NodesNotSchedulable)."""
         if mode not in ("no-run", "run"):
             raise ValueError(f"node agent: mode must be 'no-run' or 'run', not {mode!r}")
         api = KubeletAPI.start(ca, Path(state_dir) / "kubelet-api") if kubelet_api else None
@@ -346,7 +371,7 @@ class NodeAgent:
                 runtime = ProcessRuntime(
                     Path(state_dir) / "pods", images, restart_backoff, published, network
                 )
-            return cls._start(topology, server, ca, state_dir, say, runtime, api)
+            return cls._start(topology, server, ca, state_dir, say, runtime, api, ready_timeout)
         except BaseException:
             if runtime is not None:
                 runtime.close()
@@ -364,6 +389,7 @@ class NodeAgent:
         say: Callable[[str], None],
         runtime: ProcessRuntime | None,
         api: KubeletAPI | None,
+        ready_timeout: float = READY_TIMEOUT,
     ) -> NodeAgent:
         port = urllib.parse.urlsplit(server).port or 443
         dra = topology.get("dra") or {}
@@ -385,8 +411,49 @@ class NodeAgent:
         if runtime is not None and runtime.kubelet.network.mode == "namespaces":
             agent._follow_services(port)
         for runner in runners:
+            agent._thread(runner.heartbeat, (agent._stop,), f"nodeagent-{runner.name}-lease")
             agent._thread(agent._loop, (runner,), f"nodeagent-{runner.name}")
+        try:
+            agent.wait_schedulable(ready_timeout)
+        except BaseException:
+            agent._halt()  # the caller closes the runtime and the kubelet API
+            raise
         return agent
+
+    def wait_schedulable(self, timeout: float) -> None:
+        """Until kube-scheduler can place a pod on every node: Ready, and rid of the
+        `node.kubernetes.io/not-ready` taint the apiserver's TaintNodesByCondition admission
+        plugin puts on a new Node (or `unreachable`, on a Node an earlier agent left), which
+        kube-controller-manager's node lifecycle controller removes once it sees the node Ready.
+        Before, a pod made at once could be refused ('had untolerated taint(s)').
+        NodesNotSchedulable after `timeout`, naming each node, its conditions and taints."""
+        deadline = time.monotonic() + timeout
+        waiting = {runner.name: runner for runner in self.runners}
+        last: dict[str, tuple[list[str], dict[str, Any]]] = {}
+        while waiting:
+            for name, runner in list(waiting.items()):
+                current = runner.client.get(f"/api/v1/nodes/{name}")
+                why = nodeobject.scheduling_blockers(runner.node, current)
+                if why:
+                    last[name] = (why, current)
+                else:
+                    del waiting[name]
+                    self._say(f"node {name} schedulable")
+            if not waiting:
+                return
+            self.check()
+            if time.monotonic() > deadline:
+                nodes = "\n".join(
+                    f"  {name}: {', '.join(last[name][0])} ({nodeobject.describe(last[name][1])})"
+                    for name in waiting
+                )
+                raise NodesNotSchedulable(
+                    f"node agent: kube-scheduler cannot place pods on {len(waiting)} node(s) "
+                    f"{timeout:.0f} s after their registration:\n{nodes}\n"
+                    "kube-controller-manager's node lifecycle controller removes "
+                    "node.kubernetes.io/not-ready once it sees a node Ready (its log says why not)"
+                )
+            self._stop.wait(0.25)
 
     def _follow_services(self, apiserver_port: int) -> None:
         """Pods in network namespaces: every Service proxied and named (services.py), the
@@ -430,10 +497,14 @@ class NodeAgent:
     def errors(self) -> dict[str, BaseException]:
         return {r.name: r.error for r in self.runners if r.error is not None}
 
-    def stop(self) -> None:
+    def _halt(self) -> None:
+        """End the agent's threads."""
         self._stop.set()
         for thread in self._threads:
             thread.join(timeout=WATCH_SECONDS + 35)
+
+    def stop(self) -> None:
+        self._halt()
         if self.runtime is not None:
             self.runtime.close()
         if self.kubelet_api is not None:

@@ -126,3 +126,53 @@ def lease(name: str, node_uid: str) -> dict[str, Any]:
             "renewTime": now(micro=True),
         },
     }
+
+
+#: the prefix of the taints the control plane keeps on a node by its conditions: the apiserver's
+#: TaintNodesByCondition admission plugin puts `node.kubernetes.io/not-ready:NoSchedule` on every
+#: Node it creates (plugin/pkg/admission/nodetaint), kube-controller-manager's node lifecycle
+#: controller removes it once it sees the node Ready and adds `unreachable` when its Lease runs
+#: out (pkg/controller/nodelifecycle: doNoScheduleTaintingPass, doNoExecuteTaintingPass)
+CONDITION_TAINTS = "node.kubernetes.io/"
+UNSCHEDULABLE_TAINT = "node.kubernetes.io/unschedulable"
+
+
+def _taint(taint: Mapping[str, Any]) -> str:
+    value = f"={taint['value']}" if taint.get("value") else ""
+    return f"{taint['key']}{value}:{taint['effect']}"
+
+
+def _registered_taints(node: Mapping[str, Any]) -> set[tuple[str, str]]:
+    spec = registration(node)["spec"]
+    own = {(t["key"], t["effect"]) for t in spec.get("taints") or []}
+    if spec.get("unschedulable"):  # cordoned by its topology: the controller taints it so
+        own.add((UNSCHEDULABLE_TAINT, "NoSchedule"))
+    return own
+
+
+def scheduling_blockers(node: Mapping[str, Any], current: Mapping[str, Any]) -> list[str]:
+    """Why kube-scheduler would not place a pod on the Node `current` (as read back) that the
+    agent registered from the topology's `node`: its Ready condition not True, or a
+    `node.kubernetes.io/` taint it did not register with. Empty: it can place there."""
+    why = []
+    conditions = (current.get("status") or {}).get("conditions") or []
+    ready = next((c for c in conditions if c.get("type") == "Ready"), None)
+    if ready is None:
+        why.append("no Ready condition")
+    elif ready.get("status") != "True":
+        why.append(f"Ready={ready.get('status')}")
+    own = _registered_taints(node)
+    for taint in (current.get("spec") or {}).get("taints") or []:
+        if taint["key"].startswith(CONDITION_TAINTS) and (taint["key"], taint["effect"]) not in own:
+            why.append(f"taint {_taint(taint)}")
+    return why
+
+
+def describe(current: Mapping[str, Any]) -> str:
+    """A Node's conditions and taints in one line, for an error message."""
+    conditions = ", ".join(
+        f"{c.get('type')}={c.get('status')} ({c.get('reason', '')}: {c.get('message', '')})"
+        for c in (current.get("status") or {}).get("conditions") or []
+    )
+    taints = ", ".join(_taint(t) for t in (current.get("spec") or {}).get("taints") or [])
+    return f"conditions {conditions or 'none'}; taints {taints or 'none'}"
