@@ -21,6 +21,14 @@ os.environ["PATH"] = os.pathsep.join(
 )
 
 
+def pytest_configure(config: pytest.Config) -> None:
+    """A browser test failing with net::ERR_NETWORK_CHANGED lists the machine's link changes."""
+    from tests import netwatch
+
+    if not config.pluginmanager.is_registered(netwatch):
+        config.pluginmanager.register(netwatch, "tests.netwatch")
+
+
 @pytest.hookimpl(optionalhook=True)
 def pytest_xdist_make_scheduler(config: pytest.Config, log):
     """`make test`'s `--dist loadfile` hands out the slowest modules first (tests/xdist_order.py):
