@@ -6,13 +6,17 @@ by the node agent on the real control plane (issue 35): kube-scheduler with HAMi
 `hami-scheduler` profile and extender fits HAMi's resources per device as HAMi's Filter does
 (devcluster/controlplane/hamiextender.py, devcluster/hami.py), and writes the allocation onto
 the pod. Pods are created one at a time, each settled (bound or Unschedulable) before the next,
-so which one is left over does not depend on the scheduling queue's order.
+so which one is left over does not depend on the scheduling queue's order. A pod refused for a
+taint is not settled: the GPU's room is the point here, not a node the node lifecycle controller
+had not yet untainted (NodeAgent.start waits for that too; a fresh-clone run under load once saw
+the first pod refused with '1 node(s) had untolerated taint(s)').
 """
 
 from __future__ import annotations
 
 import copy
 import json
+import threading
 import time
 from collections.abc import Iterator
 
@@ -81,6 +85,15 @@ def _unschedulable(pod: dict) -> bool:
     )
 
 
+#: kube-scheduler's TaintToleration reason (pkg/scheduler/framework/plugins/tainttoleration)
+TAINTED = "had untolerated taint"
+
+
+def _refused_for_room(pod: dict) -> bool:
+    """Unschedulable, and not for a node's taint: for what the test is about (GPU room)."""
+    return _unschedulable(pod) and TAINTED not in _why(pod)
+
+
 def _why(pod: dict) -> str:
     """Where the pod went, or kube-scheduler's reason it went nowhere."""
     if pod["spec"].get("nodeName"):
@@ -90,14 +103,16 @@ def _why(pod: dict) -> str:
 
 
 def _settle(api, name: str) -> dict:
-    """The pod once it is bound or reported unschedulable (a hang guard, not a timing check)."""
+    """The pod once it is bound or reported unschedulable for anything but a taint (which the
+    node lifecycle controller lifts once the node is Ready; kube-scheduler then retries the pod).
+    A hang guard, not a timing check."""
     deadline = time.monotonic() + 120
     while True:
         pod = api.get(f"{PODS}/{name}")
-        if pod["spec"].get("nodeName") or _unschedulable(pod):
+        if pod["spec"].get("nodeName") or _refused_for_room(pod):
             return pod
         if time.monotonic() > deadline:
-            raise AssertionError(f"pod {name} did not settle: {pod['status']}")
+            raise AssertionError(f"pod {name} did not settle: {_why(pod)}; {pod['status']}")
         time.sleep(0.2)
 
 
@@ -159,3 +174,41 @@ def test_nominal_mib_leaves_the_last_quarter_unschedulable(place):
     placed = place(pods)
     assert [n for n, p in placed.items() if p["spec"].get("nodeName")] == ["n0", "n1", "n2"]
     assert _unschedulable(placed["n3"])
+
+
+def _set_taints(api, taints: list[dict]) -> None:
+    node = "/api/v1/nodes/gpu-h100-1"
+    status, body = api.request(
+        "PATCH", node, {"spec": {"taints": taints}}, "application/merge-patch+json"
+    )
+    assert status == 200, body
+
+
+def test_a_pod_refused_for_a_taint_is_not_settled_until_the_taint_goes(devcluster, place):
+    """As the node lifecycle controller's not-ready taint at start-up: the node tainted until
+    the pod is refused for it (and 2 s more), then untainted; the pod is placed, not left as
+    'settled'."""
+    api = devcluster.client()
+    own = api.get("/api/v1/nodes/gpu-h100-1")["spec"].get("taints") or []
+    _set_taints(api, [*own, {"key": "fit-test/held", "effect": "NoSchedule"}])
+    done = threading.Event()
+
+    def untaint_once_refused() -> None:
+        try:
+            while not done.is_set():
+                status, pod = api.request("GET", f"{PODS}/t0")
+                if status == 200 and TAINTED in _why(pod):
+                    done.wait(2)  # held a while: the test's polls see the pod refused
+                    break
+                done.wait(0.2)
+        finally:
+            _set_taints(api, own)
+
+    lifter = threading.Thread(target=untaint_once_refused, daemon=True)
+    lifter.start()
+    try:
+        placed = place([slice_pod("1/4", "t0")])
+    finally:
+        done.set()
+        lifter.join(30)
+    assert placed["t0"]["spec"].get("nodeName") == "gpu-h100-1", _why(placed["t0"])
