@@ -60,6 +60,17 @@ def test_a_node_cordoned_by_its_topology_keeps_its_unschedulable_taint():
     assert nodeobject.scheduling_blockers(node, _read_back(node, "True", cordoned)) == []
 
 
+def test_a_node_an_admin_cordoned_before_the_agent_restarted_is_not_waited_for():
+    node = _node()
+    cordoned = {"key": "node.kubernetes.io/unschedulable", "effect": "NoSchedule"}
+    current = _read_back(node, "True", cordoned)
+    assert nodeobject.scheduling_blockers(node, current) == [
+        "taint node.kubernetes.io/unschedulable:NoSchedule"
+    ]  # the taint outlived the cordon: the controller lifts it
+    current["spec"]["unschedulable"] = True  # kept by a Node that already existed
+    assert nodeobject.scheduling_blockers(node, current) == []
+
+
 def test_a_node_without_a_ready_condition_is_not_schedulable():
     node = _node()
     current = _read_back(node, "True")

@@ -142,10 +142,11 @@ def _taint(taint: Mapping[str, Any]) -> str:
     return f"{taint['key']}{value}:{taint['effect']}"
 
 
-def _registered_taints(node: Mapping[str, Any]) -> set[tuple[str, str]]:
-    spec = registration(node)["spec"]
-    own = {(t["key"], t["effect"]) for t in spec.get("taints") or []}
-    if spec.get("unschedulable"):  # cordoned by its topology: the controller taints it so
+def _expected_taints(node: Mapping[str, Any], current: Mapping[str, Any]) -> set[tuple[str, str]]:
+    """The taints the node registered with, and the controller's `unschedulable` one while the
+    Node is cordoned (by its topology, or by an admin before a restarted agent: not transient)."""
+    own = {(t["key"], t["effect"]) for t in registration(node)["spec"].get("taints") or []}
+    if (current.get("spec") or {}).get("unschedulable"):
         own.add((UNSCHEDULABLE_TAINT, "NoSchedule"))
     return own
 
@@ -153,7 +154,8 @@ def _registered_taints(node: Mapping[str, Any]) -> set[tuple[str, str]]:
 def scheduling_blockers(node: Mapping[str, Any], current: Mapping[str, Any]) -> list[str]:
     """Why kube-scheduler would not place a pod on the Node `current` (as read back) that the
     agent registered from the topology's `node`: its Ready condition not True, or a
-    `node.kubernetes.io/` taint it did not register with. Empty: it can place there."""
+    `node.kubernetes.io/` taint it did not register with (but for a cordoned Node's
+    `unschedulable`). Empty: it can place there."""
     why = []
     conditions = (current.get("status") or {}).get("conditions") or []
     ready = next((c for c in conditions if c.get("type") == "Ready"), None)
@@ -161,7 +163,7 @@ def scheduling_blockers(node: Mapping[str, Any], current: Mapping[str, Any]) -> 
         why.append("no Ready condition")
     elif ready.get("status") != "True":
         why.append(f"Ready={ready.get('status')}")
-    own = _registered_taints(node)
+    own = _expected_taints(node, current)
     for taint in (current.get("spec") or {}).get("taints") or []:
         if taint["key"].startswith(CONDITION_TAINTS) and (taint["key"], taint["effect"]) not in own:
             why.append(f"taint {_taint(taint)}")
