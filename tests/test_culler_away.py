@@ -66,6 +66,7 @@ async def cycle(
     servers: dict[str, dict],
     waiting: int = 0,
     slices: dict[str, str] | None = None,
+    rooms: list[dict] | None = None,
     **culler_options: object,
 ) -> tuple[list[str], dict[str, str]]:
     """One culler cycle over `servers` (user -> report) of the HAMi `h100` pool (1/4 slices,
@@ -90,6 +91,8 @@ async def cycle(
         **culler_options,
     )
     culler._catalog = load_catalog(str(DEMO_CATALOG))
+    if rooms is not None:  # the room answer (room.py) of an over-committed pool
+        culler.room_json = lambda now: {"gpus": rooms}  # type: ignore[method-assign]
     pods = {
         f"jupyter-{u}": Placement("n1", pool="h100", memory_mib=QUARTER_H100, owner=(u, ""))
         for u in servers
@@ -136,6 +139,19 @@ async def test_least_recently_active_first_until_the_waiting_slices_are_covered(
     # a quarter waits; cat's server stops by its own idle timeout and frees it
     stopped, said = await cycle({"ann": report(now, 20), "cat": report(now, 70)}, waiting=1)
     assert stopped == ["cat"] and said["cat"].startswith("gpu_idle:"), said
+
+
+async def test_on_an_over_committed_pool_only_where_a_gpu_has_room_for_the_waiting_pod():
+    """Where present users' kernels fill every GPU of the pool, the waiting pod lacks room,
+    not a slot: a slot released seats nobody (the hub's admission waits for room), and its
+    person comes back to wait in turn (breaks on half the GPUs: 56 waits to 72)."""
+    now = time.time()
+    full = [{"pool": "h100", "gpu": "n1/GPU-a", "size_mib": 81559.0, "free_mib": 9000.0}]
+    stopped, said = await cycle({"ann": report(now, 20)}, waiting=1, rooms=full)
+    assert stopped == [] and said["ann"].startswith("gpu_busy:"), said
+    room = [{"pool": "h100", "gpu": "n1/GPU-a", "size_mib": 81559.0, "free_mib": 30000.0}]
+    stopped, said = await cycle({"ann": report(now, 20)}, waiting=1, rooms=room)
+    assert stopped == ["ann"], said
 
 
 @pytest.mark.parametrize(

@@ -27,7 +27,7 @@ from traitlets import Bool, Dict, Float, Integer, List, Unicode, default
 from ..backends import load_catalog
 from ..model.catalog import DEFAULT_IDLE, IdlePolicy, parse_duration
 from ..model.hubroles import CULLER_SCOPES, missing_scopes, scope_problem
-from .away import RELEASABLE, release_at
+from .away import RELEASABLE, release_at, room_for_waiting, smallest_waiting
 from .base import CullerApplication
 from .decide import Decision, GpuFacts, Reading, Rules, ServerFacts, combine, decide_server
 from .hostbudget import Holder, Want, plan_evictions
@@ -1088,9 +1088,14 @@ class Culler(CullerApplication):
         catalog, after = self._catalog, self.release_away_after
         if not after or pods is None or catalog is None or not self.reports_enabled:
             return gathered
-        need = waiting_mib(pods(), catalog)
+        placements = pods()
+        need = waiting_mib(placements, catalog)
         if not need:
             return gathered
+        # on an over-committed pool, only where a GPU has room for a waiting pod (away.py)
+        rooms = self.room_json(now)["gpus"]
+        smallest = smallest_waiting(placements, catalog)
+        seats = {p for p in need if room_for_waiting(rooms, p, smallest.get(p, 0.0))}
         due: dict[tuple[str, str], float] = {}
         candidates = []
         for _server, facts, sources in gathered:
@@ -1101,7 +1106,7 @@ class Culler(CullerApplication):
             if decision.cull:  # freed this cycle anyway
                 need[pool] = need.get(pool, 0.0) - slice_mib
                 continue
-            if decision.reason not in RELEASABLE:
+            if decision.reason not in RELEASABLE or pool not in seats:
                 continue
             report = self.reports.for_server(facts)
             if report is not None and now - report.received_at > self.max_staleness:
