@@ -213,6 +213,7 @@ _WHY_WORDS = {
     "unattended": "nobody used it for longer than an unattended server is kept "
     "(server_unattended; GPU work does not count)",
     "max_age": "it ran as long as a server may run (max_age)",
+    "needed": "its user had left and someone was waiting for its slot (release_away_after)",
     "kernel_gpu_idle": "the kernel held GPU memory and did nothing for longer than an idle "
     "kernel is kept (kernel_gpu_idle)",
     "kernel_gpu_hibernate": "the kernel held GPU memory and did nothing for longer than "
