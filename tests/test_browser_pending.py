@@ -15,6 +15,7 @@ import pytest
 from devcluster.localhub import http_json
 from tests.browser_helpers import (
     SCREENSHOTS,
+    close_page,
     login,
     new_page,
     open_spawn_form,
@@ -67,7 +68,7 @@ def test_pending_page_names_the_slice(hub, devcluster, browser):
     if os.environ.get("FRACSPAWNER_UPDATE_SCREENSHOTS") == "1":
         page.screenshot(path=str(SCREENSHOTS / "picker-pending.png"), full_page=True)
     wait_for_lab(page, hub.url, "uma")
-    page.close()
+    close_page(page)
 
 
 def test_pending_page_says_what_the_pod_waits_for_in_words(hub, devcluster, browser):
@@ -104,7 +105,7 @@ def test_pending_page_says_what_the_pod_waits_for_in_words(hub, devcluster, brow
     url = f"{devcluster.url}/api/v1/namespaces/default/pods/training-0"
     assert http_json("DELETE", url)[0] == 200
     wait_for_lab(page, hub.url, "wanda")
-    page.close()
+    close_page(page)
 
 
 def test_a_queued_spawn_outlives_start_timeout_and_gives_up_in_words(hub, devcluster, browser):
@@ -150,7 +151,7 @@ def test_a_queued_spawn_outlives_start_timeout_and_gives_up_in_words(hub, devclu
     assert failed.inner_text() == "The reason is below. Start again"
     assert "redirected automatically" not in page.locator("main, .container").first.inner_text()
     assert failed.get_by_role("link").get_attribute("href").endswith("/hub/spawn/quinn")
-    page.close()
+    close_page(page)
 
 
 @pytest.mark.parametrize(

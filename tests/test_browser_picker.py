@@ -17,6 +17,7 @@ import pytest
 from tests.browser_helpers import (
     SCREENSHOTS,
     badge_text,
+    close_page,
     focus_visible,
     free_count,
     login,
@@ -165,7 +166,7 @@ def test_each_mode_shows_live_counts_and_spawn_lands_in_jupyterlab(hub, devclust
     _tab(page, "mig").click()
     page.locator('input[name="gpu"][value="mig-1g.10gb"]').check()
     assert free_count(badge_text(page, "a100-mig")) == before - 1
-    page.close()
+    close_page(page)
 
 
 def test_refused_choice_shows_its_message_and_disabled_options_say_why(hub, devcluster, browser):
@@ -211,7 +212,7 @@ def test_refused_choice_shows_its_message_and_disabled_options_say_why(hub, devc
     # said once, with the ways out: not again on the card (issue 38 #4)
     assert "Quota: 1/4 GPU" in page.locator(".fs-alternatives #fs-refused").inner_text()
     assert page.locator('.fs-pool-card[data-pool="h100"] .fs-reason').count() == 0
-    page.close()
+    close_page(page)
 
 
 def test_counts_refresh_and_are_announced_then_marked_stale(hub, devcluster, browser):
@@ -257,7 +258,7 @@ def test_counts_refresh_and_are_announced_then_marked_stale(hub, devcluster, bro
     page.get_by_role("button", name="Start").click()
     wait_for_lab(page, hub.url, "erin")
     assert _labels(the_pod(devcluster, "erin"))["fracspawner.io/gpu"] == "0.125"
-    page.close()
+    close_page(page)
 
 
 def test_keyboard_only_spawn(hub, devcluster, browser):
@@ -300,7 +301,7 @@ def test_keyboard_only_spawn(hub, devcluster, browser):
     pod = the_pod(devcluster, "kira")
     assert _labels(pod)["fracspawner.io/gpu"] == "20Gi"
     assert _labels(pod)["fracspawner.io/pool"] == "h100"
-    page.close()
+    close_page(page)
 
 
 def test_spawn_with_javascript_disabled(hub, devcluster, browser):
@@ -328,7 +329,7 @@ def test_spawn_with_javascript_disabled(hub, devcluster, browser):
     pod = the_pod(devcluster, "noah")
     assert _labels(pod)["fracspawner.io/gpu"] == "0.125"
     assert _labels(pod)["fracspawner.io/pool"] == "h100"
-    page.close()
+    close_page(page)
 
 
 @pytest.mark.parametrize("scheme", ["light", "dark"])
@@ -354,7 +355,7 @@ def test_theme_follows_jupyterhub_and_screenshots(hub, browser, scheme):
     if os.environ.get("FRACSPAWNER_UPDATE_SCREENSHOTS") == "1":
         page.locator("#fs-summary-line").scroll_into_view_if_needed()
         page.screenshot(path=str(SCREENSHOTS / f"picker-{scheme}.png"), full_page=True)
-    page.close()
+    close_page(page)
 
 
 # What the page shows and what it would submit, read from the page itself: the highlighted tab,
@@ -428,7 +429,7 @@ def test_back_forward_and_reload_show_what_start_submits(hub, devcluster, browse
     with page.expect_request(lambda r: r.method == "POST" and "/spawn" in r.url) as posted:
         page.get_by_role("button", name="Start").click()
     assert posted_fields(posted.value.post_data).get("gpu", "none") == shown["gpu"]
-    page.close()
+    close_page(page)
 
 
 def test_with_the_quota_used_up_the_form_says_so_once_and_names_who_holds_it(
@@ -455,4 +456,4 @@ def test_with_the_quota_used_up_the_form_says_so_once_and_names_who_holds_it(
         link = holders.get_by_role("link", name="Stop a server on your Home page")
         assert link.get_attribute("href").endswith("/hub/home")
         assert page.get_by_role("button", name="Start").is_disabled()
-    page.close()
+    close_page(page)

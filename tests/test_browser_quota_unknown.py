@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import pytest
 
-from tests.browser_helpers import login, new_page, open_spawn_form
+from tests.browser_helpers import close_page, login, new_page, open_spawn_form
 from tests.e2e_helpers import spawn
 
 # `browser` and `clean_servers` are tests/conftest.py's
@@ -69,4 +69,4 @@ def test_a_refresh_that_cannot_tell_usage_keeps_the_forms_quota(hub, devcluster,
         "it when you press Start."
     )
     assert not page.errors and not page.dialogs
-    page.close()
+    close_page(page)

@@ -17,6 +17,7 @@ import pytest
 from tests.browser_helpers import (
     SCREENSHOTS,
     badge_text,
+    close_page,
     free_count,
     login,
     new_page,
@@ -167,7 +168,7 @@ def test_a_full_pool_keeps_the_choice_and_a_refusal_brings_it_back(hub, devclust
     page.locator(".fs-pool-any").click()
     summary = page.locator("#fs-summary-line").inner_text()
     assert "(on H100 80GB (HAMi), the one pool with one free for you now)" in summary, summary
-    page.close()
+    close_page(page)
 
 
 # the full T4's refusal in either of its words: the hub's sentence or the model's reason
@@ -203,7 +204,7 @@ def test_a_full_pool_s_refusal_is_said_once_with_the_buttons_it_counts(hub, devc
     counts = [int(n) for n in re.findall(r"(\d+) (?:more )?choices?\b", shown)]
     assert buttons >= 1 and counts and all(n == buttons for n in counts), (counts, buttons, shown)
     assert page.get_by_role("button", name="Start").is_disabled()
-    page.close()
+    close_page(page)
 
 
 def test_a_refused_named_server_comes_back_as_itself_and_start_follows_the_model(
@@ -285,7 +286,7 @@ def test_a_refused_named_server_comes_back_as_itself_and_start_follows_the_model
     assert row.count() == 0
     assert "Unavailable" not in card.inner_text()
     assert start.is_enabled()
-    page.close()
+    close_page(page)
 
 
 def test_quota_in_fractions_and_an_empty_mode_offers_no_start(hub, devcluster, browser):
@@ -317,7 +318,7 @@ def test_quota_in_fractions_and_an_empty_mode_offers_no_start(hub, devcluster, b
         timeout=REFRESH_WAIT_MS,
     )
     assert page.locator(".fs-quota-used").inner_text() == "1/8"
-    page.close()
+    close_page(page)
 
 
 def test_phone_layout_fits_and_cards_do_not_jump(hub, devcluster, browser):
@@ -340,7 +341,7 @@ def test_phone_layout_fits_and_cards_do_not_jump(hub, devcluster, browser):
     box = page.locator("#fs-image").bounding_box()
     assert box["x"] >= 0 and box["x"] + box["width"] <= 375, box
     _shot(page, "phone")
-    page.close()
+    close_page(page)
 
 
 def test_the_service_in_the_navbar_opens_the_pools_page(hub, devcluster, browser):
@@ -378,7 +379,7 @@ def test_the_service_in_the_navbar_opens_the_pools_page(hub, devcluster, browser
     opened = what.locator("details").inner_text()
     assert "Sharing technology: time-slicing" in opened and "~10 of 40 SMs" in opened
     _shot(page, "service-page")
-    page.close()
+    close_page(page)
 
 
 def test_home_page_shows_each_servers_slice(hub, devcluster, browser):
@@ -402,7 +403,7 @@ def test_home_page_shows_each_servers_slice(hub, devcluster, browser):
     assert "MIG 1g.10gb on A100 80GB (MIG)" in row.inner_text()
     assert not page.errors
     _shot(page, "home")
-    page.close()
+    close_page(page)
 
 
 # WCAG 2 contrast of an element's text against what is behind it, opacity of ancestors included
@@ -453,4 +454,4 @@ def test_disabled_sizes_keep_a_readable_reason(hub, devcluster, browser, scheme)
     card_reason = page.locator(".fs-pool-card[data-pool=t4] .fs-reason")
     assert "Your access rules do not include this pool." in card_reason.inner_text()
     assert contrast(card_reason) >= 4.5
-    page.close()
+    close_page(page)

@@ -17,6 +17,7 @@ import pytest
 import yaml
 
 from tests.browser_helpers import (
+    close_page,
     login,
     new_page,
     wait_for_lab,
@@ -85,7 +86,7 @@ def test_markup_in_names_is_shown_as_text_through_a_real_spawn(hub, devcluster, 
     # kubespawner escapes the name for the label; the pod is found by its pool instead
     (pod,) = pods(devcluster, **{"fracspawner.io/pool": "xss"})
     assert pod["metadata"]["annotations"]["hub.jupyter.org/username"] == USER
-    page.close()
+    close_page(page)
 
 
 def test_markup_in_names_is_text_in_the_plain_form(hub, browser):
@@ -97,4 +98,4 @@ def test_markup_in_names_is_text_in_the_plain_form(hub, browser):
     # markup never became elements: no <script>, <img> or <svg> inside the form
     assert page.locator("#spawn_form img, #spawn_form svg").count() == 0
     assert page.locator("#spawn_form script").count() == 2  # the model's JSON and picker.js
-    page.close()
+    close_page(page)
