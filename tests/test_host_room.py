@@ -275,3 +275,31 @@ def test_the_over_share_log_forgets_a_server_gone_or_within_its_share():
         culler.log.removeHandler(handler)
     over = [line.split(":")[0] for line in lines if "beyond what its pod" in line]
     assert over == ["eve", "bob", "eve", "bob"], over
+
+
+def test_no_room_is_given_out_of_a_shut_down_not_yet_seen():
+    """Room that a shut-down ordered will free is still held until the kernel's server reports
+    it gone: no kernel hibernates into it meanwhile. (The research time-sliced replay without
+    over-commit went to 74 GiB on one node of a 64 GiB budget: bob's first kernel needed ann's
+    40,960 MiB one shut down, and the rest of what that would free was given, in the same
+    answer, to bob's second kernel, which hibernated while ann's was still in host memory.)"""
+    from fracspawner.culler.hostroom import HostRoom
+
+    budget = 65536.0
+    ann = Holder("ann", "", "node-0", 40960.0, False, (HibernatedKernel("ann-k", 40960.0, 1.0),))
+    ozzy = Holder("oz", "", "node-0", Q, True, (HibernatedKernel("oz-k", Q, 1.0),))
+    rooms = HostRoom()
+    wants = [Want("bob-1", Q), Want("bob-2", 15000.0)]
+    plan = rooms.plan("bob", "", "node-0", [ann, ozzy], wants, 40960.0, budget, 10.0,
+                      {("bob", ""): 10.0}, away=True)  # fmt: skip
+    assert [e.kernel_id for e in plan.evictions] == ["ann-k"]
+    assert plan.grants == (), "room given before the shut-down it needs was seen"
+    assert {kid for kid, why in plan.waits if why.startswith("waits for ")} == {"bob-1", "bob-2"}
+    # nobody else takes that room meanwhile
+    plan = rooms.plan("cat", "", "node-0", [ann, ozzy], [Want("cat-k", 4000.0)], Q, budget,
+                      20.0, {("bob", ""): 10.0}, away=True)  # fmt: skip
+    assert plan.grants == ()
+    # ann's server reported her kernel gone: bob's kernels have their room
+    plan = rooms.plan("bob", "", "node-0", [ozzy], wants, 40960.0, budget, 70.0,
+                      {("bob", ""): 70.0, ("ann", ""): 65.0}, away=True)  # fmt: skip
+    assert plan.grants == (Want("bob-1", Q), Want("bob-2", 15000.0)) and plan.evictions == ()

@@ -190,9 +190,13 @@ def plan_room(
     `own_mib`: what the server's kernels hold and have room for already; with a want, at most
     `share_mib` (what its pod can hold on its GPUs): beyond it, the want stays on the GPU.
     `evict_for`: the wants that may shut kernels down (None: every one, where `may_evict`);
-    the others stay on the GPU where they do not fit."""
+    the others stay on the GPU where they do not fit. What the shut-downs ordered free stays
+    held until their servers report them gone: beyond the want they were ordered for, it lets
+    only later wants wait for them (never hibernate now), so the node stays within the budget
+    while both are in host memory."""
     group = list(holders)
     room = budget_mib - node_held(group) - reserved_mib
+    pending = 0.0  # what the shut-downs ordered here free beyond the wants waiting for them
     grants: list[Want] = []
     evictions: list[Eviction] = []
     waits: list[tuple[str, str]] = []
@@ -218,13 +222,13 @@ def plan_room(
         evict = may_evict and (evict_for is None or want.kernel_id in evict_for)
         if evict:
             for h, k in spare:
-                if room + freed >= mib:
+                if room + pending + freed >= mib:
                     break
                 picked.append((h, k))
                 before = min(after[id(h)], h.share_mib)
                 after[id(h)] -= min(k.mib, h.cap_mib)
                 freed += before - min(after[id(h)], h.share_mib)  # 0 while above its share
-        if evict and room + freed >= mib:
+        if evict and room + pending + freed >= mib:
             said = after
             for h, k in picked:
                 spare.remove((h, k))
@@ -236,9 +240,15 @@ def plan_room(
                         f"makes room for another kernel to hibernate",
                     )
                 )  # fmt: skip
-            room += freed - mib  # held for this want until the shut-downs are seen
+            # the want takes what the shut-downs free first, then room: what they free is in
+            # host memory until their servers report them gone, so it is never room now
+            pending += freed
+            use = min(pending, mib)
+            pending -= use
+            room -= mib - use
             own_mib += mib
-            waits.append((want.kernel_id, f"{WAITS_FOR}{len(picked)} older hibernated "
+            count = f"{len(picked)} " if picked else "the "
+            waits.append((want.kernel_id, f"{WAITS_FOR}{count}older hibernated "
                           f"kernel(s) on node {node} to be shut down"))  # fmt: skip
             continue
         waits.append(

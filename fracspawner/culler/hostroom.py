@@ -13,7 +13,9 @@ The culler's own swap orders (pressure.py) pass the same check.
 
 Room given is held for the kernel (`GRANT_SECONDS`, longer while shut-downs it waits for are
 under way) until its server's report shows it hibernated: two servers on one node cannot both
-take the same room. The memory peak per node is then within the budget by construction.
+take the same room. What an ordered shut-down frees counts as held until its server's report
+shows the kernel gone: a kernel waits for it, none hibernates into it meanwhile (both would be
+in host memory). The memory peak per node is then within the budget by construction.
 """
 
 from __future__ import annotations
