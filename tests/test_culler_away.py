@@ -193,14 +193,21 @@ class Waiting(Pods):
             self.on_waiting()
 
 
-async def test_a_pod_that_waits_for_a_node_calls_a_cycle_before_cull_every():
-    """Released at the next cycle, a person who arrives just after one waited up to
-    `cull_every` (5 min) for a slot whose person had left: the pod watch wakes the loop."""
+async def _paused_culler() -> tuple[Waiting, asyncio.Future]:
+    """A culler (cull_every 300 s, cull_when_waiting 10 ms) paused until its next cycle, and
+    its pod watch."""
     culler = Culler(cull_every=300, cull_when_waiting=0.01)
     culler._catalog = load_catalog(str(DEMO_CATALOG))
     pods = culler.server_pods = Waiting()
     pause = asyncio.ensure_future(culler.until_next_cycle())
     await asyncio.sleep(0.05)
+    return pods, pause
+
+
+async def test_a_pod_that_waits_for_a_node_calls_a_cycle_before_cull_every():
+    """Released at the next cycle, a person who arrives just after one waited up to
+    `cull_every` (5 min) for a slot whose person had left: the pod watch wakes the loop."""
+    pods, pause = await _paused_culler()
     pods.wait(True)
     await asyncio.wait_for(pause, 30)  # cull_every is 300 s: only the pod's wait ends it
     assert pods.on_waiting is None, "the loop's hook outlived its pause"
@@ -209,11 +216,7 @@ async def test_a_pod_that_waits_for_a_node_calls_a_cycle_before_cull_every():
 async def test_a_pod_placed_at_once_calls_no_cycle():
     # every pod waits for a moment before the scheduler places it: only one still waiting
     # `cull_when_waiting` later calls for a cycle
-    culler = Culler(cull_every=300, cull_when_waiting=0.01)
-    culler._catalog = load_catalog(str(DEMO_CATALOG))
-    pods = culler.server_pods = Waiting()
-    pause = asyncio.ensure_future(culler.until_next_cycle())
-    await asyncio.sleep(0.05)
+    pods, pause = await _paused_culler()
     pods.wait(True)
     pods.wait(False)  # placed before the delay ran out
     await asyncio.sleep(0.5)
