@@ -55,7 +55,10 @@ def test_a_browser_test_failing_with_err_network_changed_lists_the_links_changed
         assert "nwfake0" not in own.outside_links()
     section, rest = out.split(f" {SECTION} ", 1)[1].split("\n", 1)
     assert "added   link nwfake0" in rest, out
-    assert "nwfake0" in rest.split("ip monitor link address:", 1)[1], out  # the event, timed
+    # the timed events are best effort: `ip monitor` says nothing when its netlink subscription
+    # is made, so a link added just after it started may come before it listens (seen in a
+    # fresh-clone run: "0 event(s)"); the before/after comparison above always has it
+    assert "ip monitor link address:" in rest, out
     # the other failure says nothing of links; a module that is no browser test is not watched
     assert out.count(SECTION) == 1, out
 
