@@ -15,16 +15,13 @@ import asyncio
 import time
 
 import pytest
-from tornado.httpserver import HTTPServer
 
-from benchmarks.bench_culler import StandInHub, server_model
-from devcluster.localhub import free_port
+from benchmarks.bench_culler import server_model
 from fracspawner.backends import load_catalog
 from fracspawner.culler.app import Culler
 from fracspawner.culler.placement import Placement
-from fracspawner.culler.reports import parse_report
 from tests.conftest import DEMO_CATALOG
-from tests.test_culler_keep_hibernated import Pods, iso
+from tests.test_culler_keep_hibernated import Pods, iso, run_cycle
 
 QUARTER_H100 = 20389.0  # what FracSpawner annotates a 1/4 H100 pod with (81,559 MiB / 4)
 
@@ -80,19 +77,6 @@ async def cycle(
         )
         for u in servers
     ]
-    hub = StandInHub(lambda: models)
-    http = HTTPServer(hub.app)
-    port = free_port()
-    http.listen(port, "127.0.0.1")
-    culler = Culler(
-        url=f"http://127.0.0.1:{port}/hub/api",
-        api_token="t",
-        report_url="http://127.0.0.1:9",
-        **culler_options,
-    )
-    culler._catalog = load_catalog(str(DEMO_CATALOG))
-    if rooms is not None:  # the room answer (room.py) of an over-committed pool
-        culler.room_json = lambda now: {"gpus": rooms}  # type: ignore[method-assign]
     pods = {
         f"jupyter-{u}": Placement("n1", pool="h100", memory_mib=QUARTER_H100, owner=(u, ""))
         for u in servers
@@ -103,17 +87,9 @@ async def cycle(
         )
         for i in range(waiting)
     }
-    culler.server_pods = Pods(pods)
-    for u, body in servers.items():
-        culler.reports.put(u, "", parse_report(body, received_at=now))
-    try:
-        result = await culler.cull_once(now=now)
-    finally:
-        http.stop()
-    said = {
-        o.server.facts.user: f"{o.decision.reason}: {o.decision.message}" for o in result.outcomes
-    }
-    return sorted(hub.deleted), said
+    # the room answer (room.py) of an over-committed pool
+    room_json = None if rooms is None else (lambda now: {"gpus": rooms})
+    return await run_cycle(models, Pods(pods), servers, now, room_json, **culler_options)
 
 
 async def test_a_server_whose_person_left_is_released_when_a_pod_waits_for_its_slot():

@@ -12,7 +12,9 @@ the reports parsed as received, and a pod watch's placements.
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from datetime import datetime, timezone
+from typing import Any
 
 from tornado.httpserver import HTTPServer
 
@@ -70,6 +72,42 @@ class Pods:
         return False
 
 
+async def run_cycle(
+    models: list[dict],
+    server_pods: Pods | None,
+    reports: dict[str, dict],
+    now: float,
+    room_json: Callable[[float], dict] | None = None,
+    **culler_options: Any,
+) -> tuple[list[str], dict[str, str]]:
+    """One culler cycle at `now` against a stand-in hub serving `models`, with the demo
+    catalog, the pod watch `server_pods`, each user's report body in `reports` and, where
+    given, the room answer `room_json`; the users stopped and each server's decision
+    (reason: message)."""
+    hub = StandInHub(lambda: models)
+    http = HTTPServer(hub.app)
+    port = free_port()
+    http.listen(port, "127.0.0.1")
+    culler = Culler(
+        url=f"http://127.0.0.1:{port}/hub/api", api_token="t", report_url="http://127.0.0.1:9",
+        **culler_options,
+    )  # fmt: skip
+    culler._catalog = load_catalog(str(DEMO_CATALOG))
+    if room_json is not None:
+        culler.room_json = room_json  # type: ignore[method-assign]
+    culler.server_pods = server_pods
+    for u, body in reports.items():
+        culler.reports.put(u, "", parse_report(body, received_at=now))
+    try:
+        result = await culler.cull_once(now=now)
+    finally:
+        http.stop()
+    said = {
+        o.server.facts.user: f"{o.decision.reason}: {o.decision.message}" for o in result.outcomes
+    }
+    return sorted(hub.deleted), said
+
+
 async def cycle(
     servers: dict[str, tuple[float, float]],
     pool: str = "t4",
@@ -85,15 +123,6 @@ async def cycle(
         server_model(u, now - 10 * 3600, now - h * 3600, {"gpu": "1/4", "pool": pool})
         for u, (h, _) in servers.items()
     ]
-    hub = StandInHub(lambda: models)
-    http = HTTPServer(hub.app)
-    port = free_port()
-    http.listen(port, "127.0.0.1")
-    culler = Culler(
-        url=f"http://127.0.0.1:{port}/hub/api", api_token="t", report_url="http://127.0.0.1:9",
-        keep_hibernated_servers=keep,
-    )  # fmt: skip
-    culler._catalog = load_catalog(str(DEMO_CATALOG))
     pods = {
         f"jupyter-{u}": Placement("n1", pool=pool, memory_mib=QUARTER_T4, owner=(u, ""))
         for u in servers
@@ -102,17 +131,10 @@ async def cycle(
         f"jupyter-new{i}": Placement(None, pool=pool, memory_mib=QUARTER_T4, owner=(f"new{i}", ""))
         for i in range(waiting)
     }
-    culler.server_pods = Pods(pods) if pod_watch else None
-    for u, (h, mib) in servers.items():
-        culler.reports.put(u, "", parse_report(report(now, h, mib), received_at=now))
-    try:
-        result = await culler.cull_once(now=now)
-    finally:
-        http.stop()
-    said = {
-        o.server.facts.user: f"{o.decision.reason}: {o.decision.message}" for o in result.outcomes
-    }
-    return sorted(hub.deleted), said
+    reports = {u: report(now, h, mib) for u, (h, mib) in servers.items()}
+    return await run_cycle(
+        models, Pods(pods) if pod_watch else None, reports, now, keep_hibernated_servers=keep
+    )
 
 
 async def test_an_idle_server_whose_kernels_are_all_hibernated_stays_while_nobody_waits():
