@@ -41,7 +41,7 @@ from .policy import PoolPolicy, gpu_windows, policy_for_server, slice_memory_cap
 from .prometheus import DEFAULT_JOB, DcgmConfig, PrometheusError, build_query, parse_result
 from .prometheus import query as prom_query
 from .receiver import MAX_BODY, ReportRate, receiver_app, report_server
-from .reports import EVENTS_PER_HOUR, CulledKernel, ReportStore, shown
+from .reports import EVENTS_PER_HOUR, CulledKernel, ReportStore, ServerReport, shown
 from .room import gpu_rooms
 from .shared import own_share
 from .state import CullerState, CullEvent, server_row
@@ -1012,8 +1012,8 @@ class Culler(CullerApplication):
             if found is not None or holds:
                 sources["prometheus"] = found
         if self.reports_enabled:
-            report = self.reports.for_server(facts)
-            if report is not None and now - report.received_at <= self.max_staleness:
+            report = self.fresh_report(facts, now)
+            if report is not None:
                 facts = replace(
                     facts,
                     own_last_activity=report.server_last_activity,
@@ -1029,6 +1029,14 @@ class Culler(CullerApplication):
         # on a shared GPU, DCGM's reading is the device's: a neighbour's work is not this
         # server's where its own report knows (shared.py)
         return facts, own_share(sources, facts.gpu_slice)
+
+    def fresh_report(self, facts: ServerFacts, now: float) -> ServerReport | None:
+        """The server's latest report where it came within `max_staleness` of `now`; None
+        where there is none or it is stale (what it said may no longer hold)."""
+        report = self.reports.for_server(facts)
+        if report is None or now - report.received_at > self.max_staleness:
+            return None
+        return report
 
     def keep_hibernated(
         self,
@@ -1051,9 +1059,8 @@ class Culler(CullerApplication):
         waiting = waiting_mib(pods(), catalog)
         out, due = [], []
         for server, facts, sources in gathered:
-            report = self.reports.for_server(facts)
-            fresh = report is not None and now - report.received_at <= self.max_staleness
-            if fresh and may_keep(report, facts.pool, catalog):
+            report = self.fresh_report(facts, now)
+            if report is not None and may_keep(report, facts.pool, catalog):
                 _, policy = self.policy_for(facts).astuple()
                 stop = decide_server(facts, combine(sources, now, rules), policy, now, rules)
                 if stop.cull and stop.reason == "gpu_idle":
@@ -1108,9 +1115,7 @@ class Culler(CullerApplication):
                 continue
             if decision.reason not in RELEASABLE or pool not in seats:
                 continue
-            report = self.reports.for_server(facts)
-            if report is not None and now - report.received_at > self.max_staleness:
-                report = None
+            report = self.fresh_report(facts, now)
             at = release_at(report, facts, reading.gpu, after)
             if at is not None and at <= now:
                 key = (facts.user, facts.name)
