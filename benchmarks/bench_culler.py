@@ -90,7 +90,10 @@ a growing kernel with no room on a shared GPU), stalled background runs (a silen
 suspended, or never started for want of a server), and the host memory hibernation takes, peak
 per node.
 Goals: waiting <= 50 % of the baseline on every mix, disruptions <= the baseline, 0 culls of a
-present user, 0 false culls.
+present user, 0 false culls. Beside them each row has the person-minutes its users and the
+baseline's waited for a server (`wait_minutes`, `baseline_wait_minutes`) and the `floor` of the
+cluster it ran on (benchmarks/culler_floor.py: what any culler keeping the issue's rules must make
+people wait, from the trace alone), which says what limits a goal that is missed.
 
 The `hibernation` key keeps the figures of the row that gives memory back by hibernation alone
 (hibernate after 5 min, kernels never shut down for GPU idleness, GPU server after 2 h), on the
@@ -121,6 +124,7 @@ import yaml
 from tornado import web
 from tornado.httpserver import HTTPServer
 
+from benchmarks.culler_floor import floor
 from benchmarks.culler_trace import (
     CLUSTERS,
     HORIZON,
@@ -1231,8 +1235,10 @@ def pct(value: float, base: float) -> float | None:
     return round(100.0 * value / base, 1)
 
 
-def capacity(row: dict, base: dict) -> dict:
-    """The contract's keys (../shared/design.md) for one mix and family, and the goals."""
+def capacity(row: dict, base: dict, floor_figures: dict) -> dict:
+    """The contract's keys (../shared/design.md) for one mix and family, and the goals; beside
+    them the person-minutes waited and the floor of the cluster (benchmarks/culler_floor.py:
+    what any culler keeping issue 36's rules must make people wait, from the trace)."""
     out = {
         "users_waiting_pct": pct(row["wait_episodes"], base["wait_episodes"]),
         "wait_p95_min": row["wait_p95_min"],
@@ -1253,6 +1259,9 @@ def capacity(row: dict, base: dict) -> dict:
         "wait_episodes": row["wait_episodes"],
         "baseline_wait_p95_min": base["wait_p95_min"],
         "baseline_stalled_runs": base["stalled_runs"],
+        "wait_minutes": row["wait_minutes"],
+        "baseline_wait_minutes": base["wait_minutes"],
+        "floor": floor_figures,
     }
     waiting = out["users_waiting_pct"]
     out["goals"] = {
@@ -1264,9 +1273,10 @@ def capacity(row: dict, base: dict) -> dict:
     return out
 
 
-def half_gpus(row: dict, base: dict, half: Cluster, full: Cluster) -> dict:
+def half_gpus(row: dict, base: dict, half: Cluster, full: Cluster, floor_figures: dict) -> dict:
     """The headline's keys (../shared/design.md): the trace on `half` the GPUs, over-committed,
-    against jupyterhub-idle-culler on all of them (`full`), and the issue's goals."""
+    against jupyterhub-idle-culler on all of them (`full`), and the issue's goals; beside them
+    the person-minutes waited (the row's, the baseline's) and the floor of `half`."""
     out = {
         "users_waiting_pct_of_full_baseline": pct(row["wait_episodes"], base["wait_episodes"]),
         "disruptions": row["culls_returned_to_within_30_min"],
@@ -1293,6 +1303,9 @@ def half_gpus(row: dict, base: dict, half: Cluster, full: Cluster) -> dict:
         "host_budget_orders": row["host_budget_orders"],
         "stalled_runs": row["stalled_runs"],
         "baseline_stalled_runs": base["stalled_runs"],
+        "wait_minutes": row["wait_minutes"],
+        "baseline_wait_minutes": base["wait_minutes"],
+        "floor": floor_figures,
     }
     waiting = out["users_waiting_pct_of_full_baseline"]
     out["goals"] = {
@@ -1390,18 +1403,28 @@ async def bench_days(tmp: Path, knob: Knobs | None = None) -> tuple[dict, dict, 
             "users_with_a_second_notebook": sum(any(u.second) for u in users),
             **rows,
         }
+        # what any culler keeping the issue's rules must make people wait (the trace alone)
+        floors = {on.gpus: floor(users, on.gpus, minutes=knob.minutes) for on in (cluster, half)}
         heads = {
-            f: {"half_gpus": half_gpus(rows[f"fracspawner_{f}_half_gpus"], base, half, cluster)}
+            f: {
+                "half_gpus": half_gpus(
+                    rows[f"fracspawner_{f}_half_gpus"], base, half, cluster, floors[half.gpus]
+                )
+            }
             for f in FAMILIES
         }
         if knob.headline:
             out[name] = heads
             continue
+        full_floor = floors[cluster.gpus]
         out[name] = {
-            family: capacity(rows[f"fracspawner_{family}_overcommit"], base) | heads[family]
+            family: capacity(rows[f"fracspawner_{family}_overcommit"], base, full_floor)
+            | heads[family]
             for family in FAMILIES
         }
-        plain[name] = {family: capacity(rows[f"fracspawner_{family}"], base) for family in FAMILIES}
+        plain[name] = {
+            family: capacity(rows[f"fracspawner_{family}"], base, full_floor) for family in FAMILIES
+        }
     return runs, out, plain
 
 

@@ -137,3 +137,26 @@ def test_only_the_first_minutes_are_counted():
 def test_bad_input_is_named(kwargs, message):
     with pytest.raises(ValueError, match=message):
         floor([user("a", 10)], **kwargs)
+
+
+def test_the_benchmark_s_rows_carry_the_floor_beside_their_waiting():
+    # capacity.<mix>.<family>(.half_gpus): the floor of the cluster the row ran on, and the
+    # person-minutes waited by the row and by the baseline, so that the three compare
+    from benchmarks.bench_culler import capacity, half_gpus
+    from benchmarks.culler_trace import Cluster
+
+    keys = ("wait_episodes", "wait_p95_min", "culls_returned_to_within_30_min",
+            "culls_while_present", "false_culls", "idle_reserved_slice_hours", "resume_failures",
+            "stalled_runs", "host_memory_peak_per_node_gib", "idle_gpu_memory_gib_hours",
+            "gpu_state_lost", "turned_away", "admission_waits", "memory_waits", "swap_orders",
+            "grants", "resumes", "host_budget_orders")  # fmt: skip
+    row = dict.fromkeys(keys, 0) | {"wait_minutes": 120}
+    base = dict.fromkeys(keys, 0) | {"wait_minutes": 300}
+    users = [user("a", 60, run=range(3)), user("b", 60, run=range(3))]
+    small = floor(users, gpus=1, gpu_mib=GPU, minutes=3)
+    head = half_gpus(row, base, Cluster(1), Cluster(2), small)
+    assert head["floor"] == small and head["floor"]["runs_over_gpu_minutes"] == 3
+    assert (head["wait_minutes"], head["baseline_wait_minutes"]) == (120, 300)
+    full = capacity(row, base, floor(users, gpus=2, gpu_mib=GPU, minutes=3))
+    assert full["floor"]["gpus"] == 2 and full["floor"]["runs_over_gpu_minutes"] == 0
+    assert (full["wait_minutes"], full["baseline_wait_minutes"]) == (120, 300)
