@@ -48,6 +48,22 @@ def missed(goals: dict[str, bool]) -> str:
     return ", ".join(k for k, ok in goals.items() if not ok) or "none"
 
 
+# the person-minutes waited beside the floor (benchmarks/culler_floor.py): a run from before
+# the floor has none of these keys, and its column says "n/a"
+WAITS_HEAD = "wait person-min: floor (all runs given up) / ours / baseline"
+
+
+def waits(c: dict) -> str:
+    """`floor.forced_wait_person_minutes` (`..._without_runs`) / `wait_minutes` /
+    `baseline_wait_minutes` of one row; "n/a" for each the row lacks."""
+    fl = c.get("floor")
+    low = "n/a" if fl is None else (
+        f"{n(fl['forced_wait_person_minutes'])} "
+        f"({n(fl['forced_wait_person_minutes_without_runs'])})"
+    )  # fmt: skip
+    return f"{low} / {n(c.get('wait_minutes'))} / {n(c.get('baseline_wait_minutes'))}"
+
+
 def table(head: list[str], rows: list[list[str]]) -> list[str]:
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     return lines + ["| " + " | ".join(row) + " |" for row in rows]
@@ -60,7 +76,7 @@ def headline(result: dict) -> list[str]:
             "disruptions (baseline)", "present / false culls", "GPU state lost",
             "host memory peak per node (budget)", "waits for memory at admission",
             "CUDA OOM in cells", "cell-minutes waiting for room", "swap orders / grants",
-            "goals missed"]  # fmt: skip
+            WAITS_HEAD, "goals missed"]  # fmt: skip
     rows = []
     for mix, families in result["capacity"].items():
         for family, cap in families.items():
@@ -76,7 +92,7 @@ def headline(result: dict) -> list[str]:
                 f"{n(h['host_memory_peak_per_node_gib'])} GiB "
                 f"({n(h['host_memory_budget_gib'])} GiB)",
                 n(h["admission_waits"]), n(h["cuda_oom_in_cells"]), n(h["memory_waits"]),
-                f"{n(h['swap_orders'])} / {n(h['grants'])}", missed(h["goals"]),
+                f"{n(h['swap_orders'])} / {n(h['grants'])}", waits(h), missed(h["goals"]),
             ])  # fmt: skip
     return table(head, rows)
 
@@ -85,7 +101,8 @@ def full_cluster(capacity: dict) -> list[str]:
     """`capacity` (over-committed) or `capacity_without_overcommit`, on the full cluster."""
     head = ["mix", "family", "users waiting", "wait p95", "disruptions (baseline)",
             "present / false culls", "idle reserved slice-h", "CUDA OOM in cells",
-            "stalled runs", "host memory peak per node", "goals missed"]  # fmt: skip
+            "stalled runs", "host memory peak per node", WAITS_HEAD,
+            "goals missed"]  # fmt: skip
     rows = []
     for mix, families in capacity.items():
         for family, c in families.items():
@@ -95,7 +112,7 @@ def full_cluster(capacity: dict) -> list[str]:
                 f"{c['present_culls']} / {c['false_culls']}",
                 pct(c["idle_reserved_slice_hours_pct"]), n(c["resume_failures"]),
                 n(c["stalled_runs"]), f"{n(c['host_memory_peak_per_node_gib'])} GiB",
-                missed(c["goals"]),
+                waits(c), missed(c["goals"]),
             ])  # fmt: skip
     return table(head, rows)
 

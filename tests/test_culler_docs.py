@@ -30,3 +30,34 @@ def test_a_block_is_replaced_and_the_text_around_it_kept():
     out = culler_docs.replace_blocks(text, {"x": ["| new |", "|---|"]})
     block = "% BEGIN culler_docs x (note)\n\n| new |\n|---|\n\n% END culler_docs x\n"
     assert out == "before\n" + block + "after\n"
+
+
+def _one_row(result: dict, **extra) -> dict:
+    """The committed run's classroom reserving row, alone, with `extra` keys in each level."""
+    new = ("wait_minutes", "baseline_wait_minutes", "floor")
+    cap = {k: v for k, v in result["capacity"]["classroom"]["reserving"].items() if k not in new}
+    cap |= extra.get("full", {})
+    half = {k: v for k, v in cap["half_gpus"].items() if k not in new}
+    cap["half_gpus"] = half | extra.get("half", {})
+    return {"capacity": {"classroom": {"reserving": cap}}}
+
+
+def test_the_floor_column_says_n_a_for_a_run_without_it():
+    # culler.json from before the floor (benchmarks/culler_floor.py) renders, the column "n/a"
+    result = _one_row(json.loads(RESULT.read_text()))
+    head, _, row = culler_docs.headline(result)
+    assert "wait person-min: floor (all runs given up) / ours / baseline" in head
+    assert "| n/a / n/a / n/a |" in row
+    assert "| n/a / n/a / n/a |" in culler_docs.full_cluster(result["capacity"])[2]
+
+
+def test_the_floor_column_shows_the_floor_beside_the_waiting():
+    floor = {"forced_wait_person_minutes": 4043, "forced_wait_person_minutes_without_runs": 1925}
+    waits = {"wait_minutes": 3776, "baseline_wait_minutes": 2364}
+    result = _one_row(
+        json.loads(RESULT.read_text()),
+        half={"floor": floor} | waits,
+        full={"floor": floor | {"forced_wait_person_minutes": 2987}} | waits,
+    )
+    assert "| 4,043 (1,925) / 3,776 / 2,364 |" in culler_docs.headline(result)[2]
+    assert "| 2,987 (1,925) / 3,776 / 2,364 |" in culler_docs.full_cluster(result["capacity"])[2]
