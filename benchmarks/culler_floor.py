@@ -47,7 +47,10 @@ It holds for a culler that runs every silent run of the trace (the issue's "0 st
 runs" besides 0 false culls). A replay whose users wait for a server when they would launch a
 run never starts that run (`stalled_runs`), and the hours of GPU it would have held seat others:
 such a row can wait less than this floor. `forced_wait_person_minutes_without_runs` is the floor
-where every run is given up (only present users' kernels on the GPUs): no culler goes below it.
+where every run is given up (only present users' kernels on the GPUs): no culler that keeps
+admission by presence goes below it, whatever it stalls. A pool without that admission (time-
+slicing without over-commit) seats users whose cells then meet CUDA out of memory instead of
+waiting: its `wait_minutes` may be below both.
 """
 
 from __future__ import annotations
