@@ -6,9 +6,11 @@ pkg/volume/downwardapi/downwardapi.go, pkg/volume/emptydir; pkg/volume/util/atom
 is written here into a per-pod directory: every key of a ConfigMap/Secret as a file (or only
 `items`, each at its `path` with its `mode`), file modes from `defaultMode` (0644 when unset),
 downwardAPI fields, emptyDir as an empty directory, a PersistentVolumeClaim as a directory kept
-per claim. A missing ConfigMap/Secret (or key named in `items`) that is not `optional` fails the
-mount with the kubelet's words (`MountVolume.SetUp failed for volume "v" : configmap "c" not
-found`), and the pod stays ContainerCreating until it appears.
+per claim. configMap, secret, projected and downwardAPI volumes are written as the kubelet's
+AtomicWriter writes them (`..data` swapped atomically: devcluster/atomicwriter.py). A missing
+ConfigMap/Secret (or key named in `items`) that is not `optional` fails the mount with the
+kubelet's words (`MountVolume.SetUp failed for volume "v" : configmap "c" not found`), and the
+pod stays ContainerCreating until it appears.
 
 The "pods" are local processes without their own mount namespace, so a `mountPath` cannot be
 where the process looks: the pod gets a root directory (`<pod dir>/root`) where each mountPath is
@@ -21,12 +23,13 @@ mountPath it was not given is not rewritten: see docs/devcluster.md.
 from __future__ import annotations
 
 import base64
-import os
 import re
 import shutil
 from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
+
+from devcluster import atomicwriter
 
 DEFAULT_MODE = 0o644  # configmap/secret/downwardAPI defaultMode when unset (types.go)
 
@@ -134,41 +137,19 @@ def volume_files(
     return None
 
 
-def _holds(directory: Path, files: Mapping[str, tuple[bytes, int | None]], mode: int) -> bool:
-    """Whether `directory` has exactly `files`, with their content and modes."""
-    if not directory.is_dir():
-        return False
+def _write(
+    volume: str, directory: Path, files: Mapping[str, tuple[bytes, int | None]], mode: int
+) -> None:
+    # As the kubelet's AtomicWriter (devcluster/atomicwriter.py): a changed source swaps the
+    # `..data` symlink, so a container reading or binding the volume at that moment never finds
+    # it empty or half written; one that already holds what it must is left alone. Rewriting it
+    # in place (rmtree, then write) under a starting sibling failed its bind: "special device
+    # ... does not exist" (tests/test_volumes_rewrite.py).
+    payload = {rel: (content, mode if m is None else m) for rel, (content, m) in files.items()}
     try:
-        found = {p.relative_to(directory).as_posix() for p in directory.rglob("*") if p.is_file()}
-        if found != set(files):
-            return False
-        for rel, (content, file_mode) in files.items():
-            path = directory / rel
-            want = file_mode if file_mode is not None else mode
-            if path.read_bytes() != content or path.stat().st_mode & 0o7777 != want:
-                return False
-    except OSError:
-        return False
-    return True
-
-
-def _write(directory: Path, files: Mapping[str, tuple[bytes, int | None]], mode: int) -> None:
-    # Each container's start writes the pod's volumes again; a sibling container may be binding
-    # this directory at that moment, so it is left alone when it already holds what it must
-    # (the kubelet swaps a `..data` symlink atomically instead: pkg/volume/util/atomic_writer.go).
-    # Rewriting it under a starting sibling failed its bind: "special device ... does not exist".
-    if _holds(directory, files, mode):
-        return
-    if directory.exists():
-        shutil.rmtree(directory)
-    directory.mkdir(parents=True)
-    for rel, (content, file_mode) in files.items():
-        path = directory / rel
-        if not path.resolve().is_relative_to(directory.resolve()):
-            raise MountError(f"invalid path {rel!r}: must not contain '..'")
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_bytes(content)
-        os.chmod(path, file_mode if file_mode is not None else mode)
+        atomicwriter.write(directory, payload)
+    except ValueError as exc:
+        raise MountError(f'MountVolume.SetUp failed for volume "{volume}" : {exc}') from exc
 
 
 def materialise(
@@ -196,7 +177,7 @@ def materialise(
         target = pod_dir / "volumes" / name
         made = volume_files(volume, pod, lookup, field_ref)
         if made is not None:
-            _write(target, *made)
+            _write(name, target, *made)
         elif "persistentVolumeClaim" in volume:
             claim = volume["persistentVolumeClaim"].get("claimName", name)
             target = state_dir / "volumes" / ns / claim  # outlives the pod, as a PV does
