@@ -1,21 +1,21 @@
 """Loopback ports for one cluster's components that no other cluster on this machine takes.
 
 A port is reserved by holding an exclusive flock on a file named after it in a shared lock
-directory for as long as the cluster runs: a second cluster (another test worker, a test run
-beside the demo) that draws the same port fails the lock and draws again, and a crashed
-cluster's reservations vanish with its process. Ports come from above the kernel's ephemeral
-range so no outgoing connection is handed one between our check and the component's bind.
+directory (devcluster/filelock.py) for as long as the cluster runs: a second cluster (another
+test worker, a test run beside the demo) that draws the same port fails the lock and draws
+again, and a crashed cluster's reservations vanish with its process. Ports come from above the
+kernel's ephemeral range so no outgoing connection is handed one between our check and the
+component's bind.
 """
 
 from __future__ import annotations
 
-import contextlib
-import fcntl
-import os
 import random
 import socket
 import tempfile
 from pathlib import Path
+
+from devcluster import filelock
 
 LOCK_DIR = Path(tempfile.gettempdir()) / "fracspawner-controlplane-ports"
 
@@ -47,23 +47,20 @@ class PortReservation:
 
     def __init__(self, count: int, lock_dir: Path = LOCK_DIR) -> None:
         lock_dir.mkdir(parents=True, exist_ok=True)
-        self._files: list[int] = []
+        self._files: list[filelock.HeldLock] = []
         self.ports: list[int] = []
         candidates = list(_candidate_range())
         random.shuffle(candidates)
         for port in candidates:
             if len(self.ports) == count:
                 break
-            fd = os.open(lock_dir / str(port), os.O_CREAT | os.O_RDWR, 0o666)
-            try:
-                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-            except OSError:
-                os.close(fd)
+            held = filelock.claim(lock_dir, str(port))
+            if held is None:  # another cluster's
                 continue
             if not listening_free(port):
-                os.close(fd)
+                held.close()
                 continue
-            self._files.append(fd)
+            self._files.append(held)
             self.ports.append(port)
         if len(self.ports) < count:
             self.release()
@@ -71,7 +68,6 @@ class PortReservation:
             raise RuntimeError(f"no {count} free loopback ports in {span}")
 
     def release(self) -> None:
-        for fd in self._files:
-            with contextlib.suppress(OSError):
-                os.close(fd)
+        for held in self._files:
+            held.close()
         self._files.clear()
