@@ -3,9 +3,10 @@
 present users' kernels"), and half again for them to grow into (culler/room.py
 `PRESENT_GROWTH`), within their slice. On a pool whose backend hard-limits memory (HAMi here),
 a present user whose kernel holds 1/4 of its slice leaves most of that slice free for a
-newcomer; a present user whose kernels hold nothing yet (about to allocate: bug 4's
-everyone-present lab), or one whose kernel is hibernated (its size on the GPU is not reported),
-still counts the whole slice; on time-slicing (no limit at the slice) every present user does."""
+newcomer; a present user whose kernel is hibernated counts what its report says it brings
+back, the same way; one whose kernels hold nothing yet (about to allocate: bug 4's
+everyone-present lab), or whose hibernated kernel's size is not reported, still counts the
+whole slice; on time-slicing (no limit at the slice) every present user does."""
 
 from __future__ import annotations
 
@@ -56,13 +57,28 @@ def test_present_users_count_what_their_kernels_hold_not_their_whole_slice():
     assert room.held_mib == SIZE and room.free_mib == 0
 
 
-def test_a_present_user_about_to_allocate_or_hibernated_counts_the_whole_slice():
+def test_a_present_user_about_to_allocate_counts_the_whole_slice():
     # u1's kernel holds nothing yet (its first cell may allocate at any moment): its slice
     mib = {**dict.fromkeys(USERS, QUARTER / 4), "u1": 0.0}
     (room,) = rooms(present_reports(mib), USERS)
     assert room.held_mib == QUARTER + 3 * QUARTER / 4 * (1 + PRESENT_GROWTH)
-    # u1's kernel is hibernated (what it brings back is not reported): its slice
-    (room,) = rooms(present_reports(mib, {"u1": "hibernated"}), USERS)
+
+
+def test_a_present_user_s_hibernated_kernel_counts_what_it_brings_back():
+    # u1's kernel is hibernated and its report says what it brings back (hibernate.py's
+    # `hibernated_gpu_memory_mib`): counted as if resident, half again to grow into, within
+    # the slice; a present user's small hibernated kernel does not hold their whole slice
+    # (breaks on half the GPUs, reserving: 15,412 MiB a GPU on average while people waited)
+    mib = dict.fromkeys(USERS, QUARTER / 4)
+    asleep = {"state": "hibernated", "hibernated_gpu_memory_mib": QUARTER / 4}
+    body = report([kernel("k-u1", 0, "2001-09-09T00:00:00Z") | {"hibernation": asleep}],
+                  present=True, used=3 * QUARTER / 4)  # fmt: skip
+    u1 = ("u1", "", parse_report({**body, "sampled_at": AT}, received_at=NOW))
+    others = [r for r in present_reports(mib) if r[0] != "u1"]
+    (room,) = rooms([u1, *others], USERS)
+    assert room.held_mib == 4 * QUARTER / 4 * (1 + PRESENT_GROWTH)
+    # its size not reported (a server from before it said so): unknown is never free, its slice
+    (room,) = rooms(present_reports({**mib, "u1": 0.0}, {"u1": "hibernated"}), USERS)
     assert room.held_mib == QUARTER + 3 * QUARTER / 4 * (1 + PRESENT_GROWTH)
 
 

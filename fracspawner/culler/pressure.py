@@ -60,6 +60,9 @@ class KernelOnGpu:
     # its server tried to hibernate it and was refused for a while (a subprocess holds GPU
     # memory, its CUDA work did not pause, ...: hibernate.py's `next_try`): not asked meanwhile
     refused: bool = False
+    # what a hibernated kernel brings back on resume, by its server's word (hibernate.py's
+    # `hibernated_gpu_memory_mib`); 0: not hibernated, or not said
+    hibernated_mib: float = 0.0
 
 
 @dataclass(frozen=True)
@@ -275,6 +278,9 @@ def swap_facts(report: Mapping, received_at: float) -> SwapFacts:
                 last_used=max(last) if last else None,
                 hibernated=state in SUSPENDED,
                 refused=(_time(hibernation.get("next_try"), float("inf")) or 0) > received_at,
+                hibernated_mib=float(hibernation.get("hibernated_gpu_memory_mib") or 0)
+                if state in SUSPENDED
+                else 0.0,
             )
         )
     waiting: dict[str, float] = {}

@@ -11,11 +11,12 @@ Per GPU (node/UUID as swapdesk binds reports to pods), each server counts:
 
 - where its user is present (at a tab of it: presence.py) and its pool's backend limits
   memory to the slice (HAMi, MIG, ...: `Seat.enforced`), what its kernels physically hold on
-  the GPU and half again for them to grow into (`PRESENT_GROWTH`), plus what waits to resume
-  there, within its slice (the issue's words: a newcomer waits where it "would exceed the
-  physical memory held by present users' kernels"); its whole slice while its kernels hold
-  nothing there yet (a first cell allocates at any moment: bug 4's lab) or one of them is
-  hibernated (the size it brings back is not reported);
+  the GPU or bring back to it (waiting to resume or not: a hibernated kernel at what its report
+  says it brings back, `hibernated_gpu_memory_mib`) and half again for them to grow into
+  (`PRESENT_GROWTH`), within its slice (the issue's words: a newcomer waits where it "would
+  exceed the physical memory held by present users' kernels"); its whole slice while its
+  kernels hold nothing there yet (a first cell allocates at any moment: bug 4's lab) or a
+  hibernated one's size is not reported (unknown is never free);
 - its whole slice where its user is present on a pool that does not limit memory
   (time-slicing: a first allocation or growth may exceed the slice, so the rest of it is no
   newcomer's room; replayed, counting what those kernels hold there met more CUDA
@@ -81,13 +82,20 @@ def held_by(seat: Seat, gpu: ReportedGpu | None) -> float:
     if seat.present and not seat.enforced:
         return cap  # no limit at the slice: a first allocation or growth may exceed it
     if seat.present:
-        # what its kernels physically hold and may still grow into (PRESENT_GROWTH), plus what
-        # waits to resume, within its slice; its whole slice while they hold nothing yet (the
-        # first cell allocates: bug 4) or one is hibernated (what it brings back is unknown)
-        if gpu.resident_mib <= 0 or any(k.hibernated for k in gpu.kernels):
+        # what its kernels physically hold, or bring back from hibernation (waiting to resume
+        # or not), and half again to grow into (PRESENT_GROWTH), within its slice; its whole
+        # slice while they hold nothing yet (the first cell allocates: bug 4) or a hibernated
+        # one's size is not reported (unknown is never free)
+        waits = {w.kernel_id for w in gpu.waiting}
+        asleep = [k for k in gpu.kernels if k.hibernated and k.kernel_id not in waits]
+        holds = (
+            max(gpu.resident_mib, 0.0)
+            + max(gpu.waiting_mib, 0.0)
+            + sum(k.hibernated_mib for k in asleep)
+        )
+        if holds <= 0 or any(k.hibernated_mib <= 0 for k in asleep):
             return cap
-        grown = gpu.resident_mib * (1.0 + PRESENT_GROWTH)
-        return min(cap, grown + max(gpu.waiting_mib, 0.0))
+        return min(cap, holds * (1.0 + PRESENT_GROWTH))
     movable = sum(
         min(k.resident_mib, cap)
         for k in gpu.kernels
