@@ -80,12 +80,16 @@ def waiting_mib(pods: Iterable[tuple[str, Placement]], catalog: Catalog) -> dict
 def released(kept: Iterable[Kept], waiting: Mapping[str, float]) -> set[tuple[str, str]]:
     """The kept servers to stop for the pods waiting on their pools: least recently active
     first, until the slices they free cover the slices waiting (at least one per pool where
-    something waits)."""
+    something waits). Slices are whole MiB, each floored (model/slices.py: two eighths of an
+    H100 are its quarter less 1 MiB), so n slices freed cover what waits within n MiB: else
+    one more server was stopped for that MiB."""
     out: set[tuple[str, str]] = set()
     freed: dict[str, float] = defaultdict(float)
+    count: dict[str, int] = defaultdict(int)
     for k in sorted(kept, key=lambda k: (k.activity, k.key)):
         need = waiting.get(k.pool, 0.0)
-        if need > 0 and freed[k.pool] < need:
+        if need > 0 and freed[k.pool] + count[k.pool] < need:
             out.add(k.key)
             freed[k.pool] += max(k.slice_mib, 0.0)
+            count[k.pool] += 1
     return out
