@@ -312,3 +312,27 @@ async def test_any_servers_token_reads_the_room_and_not_the_state(receiver, capl
     assert await fetch_room(url, "nobody's-token") is None
     # the hub's log says why there was no answer (a spawn then goes by slot counts alone)
     assert "the culler gave no room answer at" in caplog.text and "403" in caplog.text
+
+
+async def test_an_answer_without_the_culler_s_count_is_asked_again_at_the_next_spawn():
+    """The hub shares one room answer for CACHE_SECONDS, but only one that counts: an answer
+    from before the culler listed the hub (`listed: false`), or none at all, is asked again at
+    the next spawn. Cached, a newcomer right after the culler's first list was admitted by slot
+    counts alone beside four present users (fresh-clone run fresh21:
+    test_overcommit_admission_e2e, 'no answer from the culler ... admitted by slot counts')."""
+    from fracspawner.hub.room import RoomLine
+
+    answers = [None, {"listed": False, "gpus": []}, {"listed": True, "gpus": []}]
+    asked = []
+
+    async def fetch():
+        asked.append(len(asked))
+        return answers[len(asked) - 1]
+
+    line = RoomLine()
+    assert await line.answer(fetch, 100.0) is None
+    assert await line.answer(fetch, 100.5) == {"listed": False, "gpus": []}
+    assert await line.answer(fetch, 101.0) == {"listed": True, "gpus": []}
+    # a counting answer serves every spawn for CACHE_SECONDS
+    assert await line.answer(fetch, 102.0) == {"listed": True, "gpus": []}
+    assert len(asked) == 3

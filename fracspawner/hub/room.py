@@ -194,9 +194,15 @@ class RoomLine:
         return loop_shared(cls._shared, cls)
 
     async def answer(self, fetch: Any, now: float) -> dict | None:
-        """The culler's answer, asked at most once per CACHE_SECONDS for every spawn."""
+        """The culler's answer, asked at most once per CACHE_SECONDS for every spawn. Only an
+        answer that counts (`listed`) is shared: none, or one from before the culler listed the
+        hub, is asked again by the next spawn (shared, it admitted spawns right after the
+        culler's first list by slot counts alone)."""
         if self._answer is None or now - self._answer[0] > CACHE_SECONDS:
-            self._answer = (now, await fetch())
+            got = await fetch()
+            counts = isinstance(got, Mapping) and bool(got.get("listed"))
+            self._answer = (now, got) if counts else None
+            return got
         return self._answer[1]
 
     def join(self, pool: str, key: Key) -> None:
