@@ -313,6 +313,20 @@ class Culler(CullerApplication):
         "memory (their server is told in the answer to its report). Default: the pool's largest "
         "slice, so one more of it fits at once, at most half the GPU's memory.",
     )
+    grant_margin_mib = Float(
+        4096.0,
+        config=True,
+        help="GPU memory (MiB) on each GPU of a pool that limits memory to the slice (HAMi) "
+        "that the culler never grants to kernels waiting to resume (grants.py; at most 1/16 of "
+        "the GPU, and never more than the GPU leaves beyond the kernel). There the pod's NVML is "
+        "its slice's, so the grant is the only check, and what the culler counts comes from "
+        "reports up to a report interval old: a co-tenant that grew since, or made its first "
+        "allocation, holds memory no report showed yet, and a restore that meets CUDA "
+        "out-of-memory loses the kernel's GPU state for good (NVIDIA/cuda-checkpoint#44). "
+        "Elsewhere the server's own reading, a moment old, must show the room (no margin "
+        "here). 4096: the culler benchmark's breaks mix met a co-tenant grown 2,093 MiB since "
+        "its last report and a first allocation that left an 8 GiB restore 2,409 MiB short.",
+    )
     keep_hibernated_servers = Bool(
         False,
         config=True,
@@ -788,6 +802,7 @@ class Culler(CullerApplication):
             return None  # the hub's record: not an over-committed pool, and nothing waits
         if self._swap_desk is None:
             self._swap_desk = SwapDesk(report_in=self.swap_report_in)
+        self._swap_desk.grant_margin_mib = self.grant_margin_mib  # as configured now
         now = time.time() if now is None else now
         seats = seats_from(
             self.reports.latest(), self.known, self._catalog, now, self.max_staleness,

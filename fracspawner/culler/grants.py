@@ -12,7 +12,11 @@ culler's to give. The rule, per GPU:
   slice included; the smallest, since readings of different moments disagree around a swap
   and one server's word must not hold the room; the server itself restores only once its own
   reading shows the room, where NVML is not virtualised: serverext/room.py);
-- room: the GPU's size less that, less the grants still in force (granted, not yet seen back);
+- room: the GPU's size less that, less the grants still in force (granted, not yet seen back),
+  less a margin (the culler's `grant_margin_mib`) that is never granted: what the culler
+  counts is up to a report interval old, and a co-tenant that grew since, or made its first
+  allocation, holds memory no report has shown yet. Never more than the GPU leaves beyond
+  the kernel: a kernel of the whole GPU still comes back onto an empty one;
 - the waiting kernels, oldest wait first, are granted while they fit. The first that does not
   fit stops the walk (a large kernel is not overtaken for ever by small ones) unless it asks
   for more than its slice: such a claim waits for room without holding up the others;
@@ -52,10 +56,14 @@ class Waiter:
 
 
 def plan_grants(
-    size_mib: float, on_gpu_mib: float, waiters: Iterable[Waiter], granted: Mapping[Key, float]
+    size_mib: float,
+    on_gpu_mib: float,
+    waiters: Iterable[Waiter],
+    granted: Mapping[Key, float],
+    margin_mib: float = 0.0,
 ) -> list[Key]:
     """The waiting kernels that may restore now: grants in force first, then new ones in the
-    order of their wait, as the module says."""
+    order of their wait, as the module says; `margin_mib` of the GPU is left ungranted."""
     waiters = sorted(waiters, key=lambda w: (w.since, w.user, w.server, w.kernel_id))
     live = {w.key for w in waiters}
     room = size_mib - on_gpu_mib - sum(m for k, m in granted.items() if k in live)
@@ -68,7 +76,7 @@ def plan_grants(
     # those within their server's slice first, in the order of their wait; then the others
     for w in [w for w in new if within(w)] + [w for w in new if not within(w)]:
         need = min(max(w.mib, 0.0), size_mib)
-        if need <= room:
+        if need + min(max(margin_mib, 0.0), size_mib - need) <= room:
             out.append(w.key)
             room -= need
         elif within(w):

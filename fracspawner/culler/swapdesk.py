@@ -107,8 +107,15 @@ class SwapDesk:
         """GPUs whose latest look found them under pressure."""
         return sum(p.under_pressure for p in self.last.values())
 
-    def __init__(self, report_in: float = 20.0, ask_again_after: float = ASK_AGAIN_AFTER) -> None:
+    def __init__(
+        self,
+        report_in: float = 20.0,
+        ask_again_after: float = ASK_AGAIN_AFTER,
+        grant_margin_mib: float = 0.0,
+    ) -> None:
         self.report_in = report_in
+        # MiB of each GPU never granted to a waiting resume (grants.py; Culler.grant_margin_mib)
+        self.grant_margin_mib = grant_margin_mib
         self.ask_again_after = ask_again_after
         # (user, server, kernel id) -> (MiB it held, when it was asked)
         self.asked: dict[tuple[str, str, str], tuple[float, float]] = {}
@@ -202,7 +209,12 @@ class SwapDesk:
             reading = min(readings) if readings else None
             if reading is not None:  # a reading older than a swap just done still holds it
                 reading = max(0.0, reading - self._freed_on(gpu.uuid))
-            pressure = plan_swaps(gpu.uuid, size, on_it, me.margin_mib, asked, reading)
+            # a resume waits: it is granted only with the grant margin free, so pressure keeps
+            # that much free too (a swap margin set below it would leave the kernel waiting)
+            margin = me.margin_mib
+            if any(s.waiting_mib > 0 for s in on_it):
+                margin = max(margin, grant_margin(self.grant_margin_mib, size, me.enforced))
+            pressure = plan_swaps(gpu.uuid, size, on_it, margin, asked, reading)
             self.last[gpu.uuid] = pressure
             pressed = pressed or pressure.under_pressure
             for swap in pressure.swaps:
@@ -275,11 +287,13 @@ class SwapDesk:
         if not mine:
             return False
         on_gpu = max(resident_of(on_it), min(readings) if readings else 0.0)
-        go = set(plan_grants(size, on_gpu, waiters, granted))
+        enforced = any(s.enforced for s in seats if (s.user, s.server) == (user, server))
+        margin = grant_margin(self.grant_margin_mib, size, enforced)
+        go = set(plan_grants(size, on_gpu, waiters, granted, margin))
         # by the readings alone there would be room: a report from before a swap still counts
         # its kernel resident. Neither grant nor "wait" (the cell would be told the GPU is full
         # when it is not): its server reports again soon
-        maybe = set(plan_grants(size, min(readings), waiters, granted)) if readings else go
+        maybe = set(plan_grants(size, min(readings), waiters, granted, margin)) if readings else go
         unsure = False
         # who holds the GPU: people present at a server with memory on it (their kernels are
         # never swapped out: pressure.py), as the hub's admission words it (hub/room.py)
@@ -307,6 +321,20 @@ class SwapDesk:
                     {"kernel_id": w.kernel_id, "reason": wait_reason(len(present), len(ahead))}
                 )
         return unsure
+
+
+def grant_margin(margin_mib: float, size_mib: float, enforced: bool) -> float:
+    """The grant margin on a GPU of `size_mib`: at most 1/16 of it (960 MiB of a T4's 15,360,
+    4,096 of an H100's 81,559 unchanged), so a small GPU's slices are not held up by a margin
+    as large as one of them; 0 where the pool does not limit memory to the slice (`enforced`
+    False: time-slicing, MPS): there the pod's NVML sees the whole GPU and the server restores
+    on a grant only once its own reading, a moment old, shows the room (serverext/room.py),
+    growth and first allocations since the reports included. Under HAMi-core the pod's NVML
+    is its slice's: the grant is the only check, and the culler's view is up to a report
+    interval old."""
+    if not enforced:
+        return 0.0
+    return max(0.0, min(margin_mib, size_mib / 16))
 
 
 def _people(n: int) -> str:
