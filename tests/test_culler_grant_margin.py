@@ -62,24 +62,28 @@ def _kernel(kid: str, mib: float) -> dict:
             "gpu_activity_known": True, "hibernation": {"state": "running"}}  # fmt: skip
 
 
-def test_the_desk_grants_only_what_fits_with_the_margin():
-    """The same GPU through the culler's desk (`_grant`): three co-tenants whose reports sum to
-    69,054 MiB (and whose device readings, taken then, agree), brk-15 with two kernels waiting.
-    With the margin the answer grants the first kernel and tells the second it waits."""
+def _brk15_gpu(enforced: bool) -> list[Seat]:
+    """Three co-tenants whose reports sum to 69,054 MiB (their device readings, taken then,
+    agree), and brk-15 with two kernels (8,192 and 4,096 MiB) waiting to resume."""
     tenants = [17000.0, 17000.0, 17000.0, SEEN - 51000.0]
     seats = [
         Seat(f"t{i}", "", swap_facts(_report([_kernel(f"t{i}k", mib)], [], SEEN), 1e10),
-             True, QUARTER, H100, margin_mib=0.0, present=True, enforced=True)
+             True, QUARTER, H100, margin_mib=0.0, present=True, enforced=enforced)
         for i, mib in enumerate(tenants)
     ]  # fmt: skip
     waiting = [
         {"kernel_id": "k1", "gpu_memory_mib": 8192.0, "since": "2026-01-01T12:00:00Z"},
         {"kernel_id": "k2", "gpu_memory_mib": 4096.0, "since": "2026-01-01T12:00:01Z"},
     ]
-    seats.append(
-        Seat("brk-15", "", swap_facts(_report([], waiting, SEEN), 1e10), True, QUARTER, H100,
-             margin_mib=0.0, enforced=True)
-    )  # fmt: skip
+    brk = swap_facts(_report([], waiting, SEEN), 1e10)
+    return [*seats, Seat("brk-15", "", brk, True, QUARTER, H100, margin_mib=0.0, enforced=enforced)]
+
+
+def test_the_desk_grants_only_what_fits_with_the_margin():
+    """The same GPU through the culler's desk (`_grant`): three co-tenants whose reports sum to
+    69,054 MiB (and whose device readings, taken then, agree), brk-15 with two kernels waiting.
+    With the margin the answer grants the first kernel and tells the second it waits."""
+    seats = _brk15_gpu(enforced=True)
     answer = SwapDesk(report_in=10, grant_margin_mib=MARGIN).answer("brk-15", "", seats, 100.0)
     swap = answer["swap"]
     assert swap.get("resume") == [{"kernel_id": "k1", "gpu_memory_mib": 8192.0}], swap
@@ -114,19 +118,6 @@ def test_no_grant_margin_where_the_pod_reads_the_whole_gpu():
     """Time-slicing (not enforced): the server restores on a grant only once its own reading, a
     moment old, shows the room (serverext/room.py), so the culler keeps no margin there: the
     same stale view grants both kernels, and each waits for the pod's reading."""
-    tenants = [17000.0, 17000.0, 17000.0, SEEN - 51000.0]
-    seats = [
-        Seat(f"t{i}", "", swap_facts(_report([_kernel(f"t{i}k", mib)], [], SEEN), 1e10),
-             True, QUARTER, H100, margin_mib=0.0, present=True)
-        for i, mib in enumerate(tenants)
-    ]  # fmt: skip
-    waiting = [
-        {"kernel_id": "k1", "gpu_memory_mib": 8192.0, "since": "2026-01-01T12:00:00Z"},
-        {"kernel_id": "k2", "gpu_memory_mib": 4096.0, "since": "2026-01-01T12:00:01Z"},
-    ]
-    seats.append(
-        Seat("brk-15", "", swap_facts(_report([], waiting, SEEN), 1e10), True, QUARTER, H100,
-             margin_mib=0.0)
-    )  # fmt: skip
+    seats = _brk15_gpu(enforced=False)
     swap = SwapDesk(report_in=10, grant_margin_mib=MARGIN).answer("brk-15", "", seats, 100.0)
     assert [r["kernel_id"] for r in swap["swap"]["resume"]] == ["k1", "k2"], swap
