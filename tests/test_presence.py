@@ -345,3 +345,29 @@ def test_the_report_carries_presence(monkeypatch):
         server.tab(second - 50)
     assert server_activity(server.settings, server.now) == t(50 + TIMEOUT)
     assert server.report()["presence"]["present"] is False
+
+
+def test_a_person_back_at_a_tab_is_told_to_the_culler_at_once():
+    """A person who was away and is back at a tab (visible, used) makes the server report to
+    the culler at once, not at its next report interval: until then the culler holds the
+    previous report's "away", and may release the server of a person sitting down at it (a
+    scratch replay of the classroom on half the GPUs culled a present user that way). Only the
+    step from away (or unknown) to present asks; a present person's next reports do not."""
+    backs: list[datetime] = []
+    p = Presence(timeout=600.0, interval=60.0)
+    p.on_back = lambda: backs.append(p.last_present(t(0)) or T0)
+    p.record("a", ClientReport(True, True, t(0), t(0)))  # unknown -> present
+    assert len(backs) == 1
+    for second in range(60, 601, 60):  # present: no more
+        p.record("a", ClientReport(True, second < 300, t(min(second, 240)), t(second)))
+    assert len(backs) == 1
+    p.record("a", ClientReport(True, False, t(240), t(900)))  # away since 240 + 600
+    assert not p.present(t(900)) and len(backs) == 1
+    p.record("b", ClientReport(False, False, t(240), t(950)))  # a hidden tab: still away
+    assert len(backs) == 1
+    p.record("a", ClientReport(True, True, t(1000), t(1000)))  # back
+    assert len(backs) == 2
+    # a callback that raises does not lose the tab's report
+    p.on_back = lambda: 1 / 0
+    p.record("c", ClientReport(True, True, t(5000), t(5000)))
+    assert "c" in p.clients and p.present(t(5001))

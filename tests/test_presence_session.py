@@ -243,3 +243,59 @@ def test_a_hidden_notebook_tab_in_a_lecture_may_hibernate_never_be_shut_down(mon
         asyncio.run(server.monitor.hibernate_idle_kernels(server.now))
     assert hibernated_at == [3 + 10]
     assert "k" in server.km.kernels and hib.kernels["k"].state == "hibernated"
+
+
+def test_a_person_back_at_a_tab_makes_the_server_report_at_once(tmp_path):
+    """A real jupyter server with the extension, reporting to a culler every hour: a tab that
+    says its person is back (visible, just used) makes it report now, so the culler does not
+    act for an hour on the last report's "away"."""
+    import http.server
+    import threading
+
+    posts: list[dict] = []
+
+    class Culler(http.server.BaseHTTPRequestHandler):
+        def do_POST(self) -> None:  # noqa: N802 (http.server's name)
+            length = int(self.headers.get("Content-Length", "0"))
+            posts.append(json.loads(self.rfile.read(length) or b"{}"))
+            body = b"{}"
+            self.send_response(200)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, *args) -> None:
+            pass
+
+    receiver = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Culler)
+    threading.Thread(target=receiver.serve_forever, daemon=True).start()
+    gpu_file = tmp_path / "gpu.json"
+    gpu_file.write_text(json.dumps({"devices": []}))
+    env = {
+        "FRACSPAWNER_CULLER_URL": f"http://127.0.0.1:{receiver.server_address[1]}/",
+        "JUPYTERHUB_API_TOKEN": "server-token",
+    }
+    server = JupyterServer(
+        tmp_path, gpu_file, env=env, config={"GpuReporter": {"report_interval": 3600}}
+    )
+    try:
+        deadline = time.monotonic() + 60
+        while not posts and time.monotonic() < deadline:  # the report at start
+            time.sleep(0.2)
+        assert posts, server.logs()
+        away = {"client": "tab-1", "visible": True, "focused": False, "idle_seconds": 3600}
+        assert server.api("POST", "/api/fracspawner/presence", away)[0] == 200
+        time.sleep(2)
+        first = len(posts)  # an away tab asks nothing
+        back = {"client": "tab-1", "visible": True, "focused": True, "idle_seconds": 0}
+        status, body = server.api("POST", "/api/fracspawner/presence", back)
+        assert status == 200 and body["present"], body
+        deadline = time.monotonic() + 30
+        while len(posts) == first and time.monotonic() < deadline:
+            time.sleep(0.2)
+        assert len(posts) > first, ("no report after the person came back", server.logs())
+        assert posts[-1]["presence"]["present"] is True, posts[-1]["presence"]
+    finally:
+        server.stop()
+        receiver.shutdown()

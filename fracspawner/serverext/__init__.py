@@ -94,6 +94,8 @@ def _load_jupyter_server_extension(serverapp: Any) -> None:
         presence.on_culler_answer(answer)  # the user at a tab of another server of theirs
 
     reporter.on_answer = on_answer
+    # a person back at a tab: the culler hears it now, not at the next report interval
+    presence.on_back = lambda: reporter.report_soon(0.0)
     # hibernation within the node's host budget: the culler gives the room (swap.py)
     swap.ask_host_room = reporter.enabled
     web_app.settings["fracspawner_gpu_reporter"] = reporter

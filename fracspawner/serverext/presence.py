@@ -32,6 +32,7 @@ is stale.
 from __future__ import annotations
 
 import os
+from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import datetime, timedelta, timezone
 from typing import Any
@@ -153,6 +154,11 @@ class Presence(LoggingConfigurable):
         self._last_present: datetime | None = None
         # the culler's word that the user is at a tab of another server of theirs, until when
         self._elsewhere_until: datetime | None = None
+        # called when a report turns "away" (or unknown) into "present": the server reports to
+        # the culler at once (serverext/__init__.py), which otherwise holds the last report's
+        # "away" for up to a report interval and may release the server of a person sitting
+        # down at it
+        self.on_back: Callable[[], None] | None = None
 
     @property
     def stale(self) -> timedelta:
@@ -177,6 +183,15 @@ class Presence(LoggingConfigurable):
 
     def record(self, client: str, report: ClientReport) -> None:
         """A tab's report: the previous one of the same tab is folded in up to this moment."""
+        was = self.present(report.received_at)
+        self._record(client, report)
+        if not was and self.on_back is not None and self.present(report.received_at):
+            try:
+                self.on_back()
+            except Exception:  # the report is recorded; the culler hears at the next interval
+                self.log.exception("fracspawner: telling the culler a person is back failed")
+
+    def _record(self, client: str, report: ClientReport) -> None:
         old = self.clients.get(client)
         if old is not None:
             self._fold(old, report.received_at)
