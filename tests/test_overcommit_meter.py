@@ -39,15 +39,18 @@ REASON = (
 
 
 class Culler(ThreadingHTTPServer):
-    """Takes reports; answers `order` (the culler's answer under pressure) while it is set."""
+    """Takes reports (kept in `posts`); answers `order` (the culler's answer under pressure)
+    while it is set."""
 
     order: dict | None = None
+    posts: list[dict]
 
     @classmethod
     def start(cls) -> Culler:
         class Reports(BaseHTTPRequestHandler):
             def do_POST(self) -> None:  # noqa: N802
-                self.rfile.read(int(self.headers.get("Content-Length") or 0))
+                body = self.rfile.read(int(self.headers.get("Content-Length") or 0))
+                self.server.posts.append(json.loads(body or b"{}"))
                 order = self.server.order
                 if order is None:
                     self.send_response(204)
@@ -64,6 +67,7 @@ class Culler(ThreadingHTTPServer):
                 pass
 
         server = cls(("127.0.0.1", free_port()), Reports)
+        server.posts = []
         threading.Thread(target=server.serve_forever, daemon=True).start()
         return server
 

@@ -249,27 +249,10 @@ def test_a_person_back_at_a_tab_makes_the_server_report_at_once(tmp_path):
     """A real jupyter server with the extension, reporting to a culler every hour: a tab that
     says its person is back (visible, just used) makes it report now, so the culler does not
     act for an hour on the last report's "away"."""
-    import http.server
-    import threading
+    from tests.test_overcommit_meter import Culler
 
-    posts: list[dict] = []
-
-    class Culler(http.server.BaseHTTPRequestHandler):
-        def do_POST(self) -> None:  # noqa: N802 (http.server's name)
-            length = int(self.headers.get("Content-Length", "0"))
-            posts.append(json.loads(self.rfile.read(length) or b"{}"))
-            body = b"{}"
-            self.send_response(200)
-            self.send_header("Content-Type", "application/json")
-            self.send_header("Content-Length", str(len(body)))
-            self.end_headers()
-            self.wfile.write(body)
-
-        def log_message(self, *args) -> None:
-            pass
-
-    receiver = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Culler)
-    threading.Thread(target=receiver.serve_forever, daemon=True).start()
+    receiver = Culler.start()
+    posts = receiver.posts
     gpu_file = tmp_path / "gpu.json"
     gpu_file.write_text(json.dumps({"devices": []}))
     env = {
