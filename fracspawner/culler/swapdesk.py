@@ -200,7 +200,11 @@ class SwapDesk:
             size = me.size_mib if me.size_mib else gpu.total_mib
             if not size:
                 continue
-            if self._grant(user, server, gpu.uuid, size, seats, on_it, granted, now, resume, wait):
+            # the grant margin on this GPU (0 where the pod's own reading checks the room)
+            margin = grant_margin(self.grant_margin_mib, size, me.enforced)
+            if self._grant(
+                user, server, gpu.uuid, size, margin, seats, on_it, granted, now, resume, wait
+            ):
                 unsure = True
             if not me.swaps:
                 continue
@@ -211,10 +215,10 @@ class SwapDesk:
                 reading = max(0.0, reading - self._freed_on(gpu.uuid))
             # a resume waits: it is granted only with the grant margin free, so pressure keeps
             # that much free too (a swap margin set below it would leave the kernel waiting)
-            margin = me.margin_mib
+            keep = me.margin_mib
             if any(s.waiting_mib > 0 for s in on_it):
-                margin = max(margin, grant_margin(self.grant_margin_mib, size, me.enforced))
-            pressure = plan_swaps(gpu.uuid, size, on_it, margin, asked, reading)
+                keep = max(keep, margin)
+            pressure = plan_swaps(gpu.uuid, size, on_it, keep, asked, reading)
             self.last[gpu.uuid] = pressure
             pressed = pressed or pressure.under_pressure
             for swap in pressure.swaps:
@@ -260,6 +264,7 @@ class SwapDesk:
         server: str,
         uuid: str,
         size: float,
+        margin: float,
         seats: list[Seat],
         on_it: list[ServerOnGpu],
         granted: dict[Key, float],
@@ -268,7 +273,8 @@ class SwapDesk:
         wait: list[dict],
     ) -> bool:
         """Room on GPU `uuid` for `user`/`server`'s waiting kernels (grants.py); True when the
-        culler is not sure yet (its sources disagree): the server should report again soon."""
+        culler is not sure yet (its sources disagree): the server should report again soon.
+        `margin`: MiB of the GPU never granted (grant_margin)."""
         waiters, readings = [], []
         for s in seats:
             if not s.fresh:
@@ -287,8 +293,6 @@ class SwapDesk:
         if not mine:
             return False
         on_gpu = max(resident_of(on_it), min(readings) if readings else 0.0)
-        enforced = any(s.enforced for s in seats if (s.user, s.server) == (user, server))
-        margin = grant_margin(self.grant_margin_mib, size, enforced)
         go = set(plan_grants(size, on_gpu, waiters, granted, margin))
         # by the readings alone there would be room: a report from before a swap still counts
         # its kernel resident. Neither grant nor "wait" (the cell would be told the GPU is full
