@@ -244,8 +244,12 @@ def test_a_restarted_container_keeps_its_siblings_files_under_a_mount_path_the_h
         **WORK,
     )  # fmt: skip
     with explained(cp, NS, "siblings", agent):
-        eventually(lambda: statuses(pod(cp, "siblings"))["crasher"].get("restartCount", 0) >= 2,
-                   "crasher restarted twice")  # fmt: skip
+        # no containerStatuses until the node agent's first status write (a pod just bound, as
+        # before the kubelet's first sync): not restarted yet
+        eventually(
+            lambda: statuses(pod(cp, "siblings")).get("crasher", {}).get("restartCount", 0) >= 2,
+            "crasher restarted twice",
+        )
     seen = kubectl(cp, "exec", "siblings", "-n", NS, "-c", "keeper", "--", "ls", "-A", str(top),
                    check=False)  # fmt: skip
     kept = kubectl(cp, "exec", "siblings", "-n", NS, "-c", "keeper", "--", "cat", f"{top}/note",
