@@ -87,3 +87,20 @@ def test_on_time_slicing_a_present_user_counts_the_whole_slice():
     # it, so the unused rest of a present user's slice is never room for a newcomer
     (room,) = time_sliced_rooms(present_reports(dict.fromkeys(USERS, QUARTER / 4)), USERS)
     assert room.held_mib == SIZE and room.free_mib == 0
+
+
+def test_a_server_the_hub_has_not_listed_yet_is_limited_by_its_pool_too():
+    """A pod the culler counts before the hub lists its server (culler/unlisted.py) is of the
+    same HAMi pool as the listed ones: its kernels can never hold more than its slice either,
+    so the present rule is the same (what they hold and half again, not the whole slice)."""
+    from fracspawner.culler.room import held_by
+    from fracspawner.culler.unlisted import unlisted_seats
+
+    (u5,) = present_reports({"u5": QUARTER / 4})
+    where = Placement("node-1", pool="t4", memory_mib=QUARTER, owner=("u5", ""))
+    (seat,) = unlisted_seats(
+        [("jupyter-u5", where)], set(), set(), {("u5", ""): u5[2]}, load_catalog(HAMI), NOW, 30
+    )
+    assert seat.enforced, "an unlisted HAMi pod is taken as not limited to its slice"
+    (gpu,) = seat.facts.gpus
+    assert held_by(seat, gpu) == QUARTER / 4 * (1 + PRESENT_GROWTH)

@@ -416,7 +416,7 @@ def seats_from(
                 present=bool(report and report.present),
                 swaps=pool.overcommit > 1,
                 placement=where,
-                enforced=_enforced(pool),
+                enforced=pool_enforced(pool),
             )
         )
     return seats
@@ -439,8 +439,9 @@ def default_margin_mib(pool: Pool) -> float:
     return min(largest, size / 2) if size > 0 else largest
 
 
-def _enforced(pool: Pool) -> bool:
-    """Whether `pool`'s backend hard-limits GPU memory (an unknown backend: not)."""
+def pool_enforced(pool: Pool) -> bool:
+    """Whether `pool`'s backend hard-limits GPU memory (an unknown backend: not): `Seat.enforced`
+    for listed and unlisted servers alike."""
     try:
         return bool(get_backend(pool.backend).enforced(pool))
     except (KeyError, ValueError):

@@ -18,7 +18,10 @@ admission finds its own spawns by it: hub/room.py):
   slice, its device readings, its waiting kernels;
 - without one: its whole slice on each GPU its pod may be on (unknown memory is never free);
 - it is ordered nothing (its kernels are no swap candidates: an order goes only in the answer to
-  a listed server's report) until the hub lists it.
+  a listed server's report) until the hub lists it;
+- it carries its pool's `Seat.enforced` (the backend limits its kernels to its slice, as the
+  listed ones'), so a rule that reads it treats it as it will once listed (room.held_by: a
+  present user's server on HAMi counts what it holds and half again, not its whole slice).
 """
 
 from __future__ import annotations
@@ -30,7 +33,7 @@ from typing import TYPE_CHECKING
 
 from .placement import Placement
 from .pressure import SwapFacts
-from .swapdesk import Seat, bind, default_margin_mib, largest_slice_mib
+from .swapdesk import Seat, bind, default_margin_mib, largest_slice_mib, pool_enforced
 
 if TYPE_CHECKING:
     from ..model.catalog import Catalog
@@ -89,6 +92,7 @@ def unlisted_seats(
                 present=bool(report and report.present),
                 swaps=False,
                 placement=where,
+                enforced=pool_enforced(pool),
             )
         )
     return seats
