@@ -431,6 +431,9 @@ class Culler(CullerApplication):
         self._host_over: set[tuple[str, str]] = set()  # reports beyond their share: logged once
         self._caps: dict[tuple[str | None, str | None], float | None] = {}  # claim()'s sizes
         self._caps_of: object = None  # ... for this catalog
+        # this cycle's readings and decisions (`decide`), by id of the objects they came from
+        self._readings: dict[int, tuple[Any, ...]] = {}
+        self._decided: dict[int, tuple[Any, ...]] = {}
         # what the culler's own token lacks (check_scopes); "" / [] when nothing or not known
         self.scopes_missing: list[str] = []
         self.scope_problem = ""
@@ -1076,8 +1079,7 @@ class Culler(CullerApplication):
         for server, facts, sources in gathered:
             report = self.fresh_report(facts, now)
             if report is not None and may_keep(report, facts.pool, catalog):
-                _, policy = self.policy_for(facts).astuple()
-                stop = decide_server(facts, combine(sources, now, rules), policy, now, rules)
+                _, stop = self.decide(facts, sources, now, rules)
                 if stop.cull and stop.reason == "gpu_idle":
                     at = facts.activity or now
                     due.append(Kept((facts.user, facts.name), facts.pool or "", at,
@@ -1121,9 +1123,7 @@ class Culler(CullerApplication):
         due: dict[tuple[str, str], float] = {}
         candidates = []
         for _server, facts, sources in gathered:
-            reading = combine(sources, now, rules)
-            _, policy = self.policy_for(facts).astuple()
-            decision = decide_server(facts, reading, policy, now, rules)
+            reading, decision = self.decide(facts, sources, now, rules)
             pool, slice_mib = facts.pool or "", self.claim(facts)[1]
             if decision.cull:  # freed this cycle anyway
                 need[pool] = need.get(pool, 0.0) - slice_mib
@@ -1153,6 +1153,36 @@ class Culler(CullerApplication):
             out.append((server, facts, sources))
         return out
 
+    def decide(
+        self,
+        facts: ServerFacts,
+        sources: dict[str, GpuFacts | None],
+        now: float,
+        rules: Rules,
+    ) -> tuple[Reading, Decision]:
+        """A server's reading (`combine`) and decision (`decide_server`), computed once per
+        cycle for the same inputs: keep_hibernated, release_for_waiting and the cycle's own loop
+        each need them, and asked each its own, a server was decided up to three times a cycle.
+        Both are pure in (facts, sources, now, rules) and the pool's policy (fixed within a
+        cycle), so they are reused while those are the very same objects; a step that changes a
+        server's facts (kept hibernated, released for a waiting pod) makes new ones, decided
+        again. Forgotten at each cycle's start and end."""
+        seen = self._decided.get(id(facts))
+        same = seen is not None and seen[0] is facts and seen[1] is sources
+        if same and seen[2] == now and seen[3] is rules:
+            return seen[4], seen[5]
+        got = self._readings.get(id(sources))
+        if got is not None and got[0] is sources and got[1] == now and got[2] is rules:
+            reading = got[3]
+        else:
+            reading = combine(sources, now, rules)
+            self._readings[id(sources)] = (sources, now, rules, reading)
+        _, policy = self.policy_for(facts).astuple()
+        decision = decide_server(facts, reading, policy, now, rules)
+        # the objects are kept with their results: while kept, no other object takes their id
+        self._decided[id(facts)] = (facts, sources, now, rules, reading, decision)
+        return reading, decision
+
     # --- one cycle ----------------------------------------------------------------------------
     async def cull_once(self, now: float | None = None) -> CycleResult:
         """One cycle. `now` (unix seconds) replays a moment: Prometheus is asked about it too."""
@@ -1164,10 +1194,14 @@ class Culler(CullerApplication):
             page_size=self.api_page_size,
             request_timeout=self.request_timeout,
         )
+        self._readings.clear()
+        self._decided.clear()
         try:
             result = await self._cycle(hub, now)
         finally:
             hub.close()
+            self._readings.clear()  # a cycle's figures are not the next one's
+            self._decided.clear()
         result.duration = time.perf_counter() - started
         self.metrics.cycle_duration.observe(result.duration)
         self.metrics.last_cycle.set(time.time())
@@ -1209,9 +1243,8 @@ class Culler(CullerApplication):
         gathered = self.release_for_waiting(gathered, now, rules)
         for server, facts, sources in gathered:
             missing_reports += "extension" in sources and sources["extension"] is None
-            reading: Reading = combine(sources, now, rules)
+            reading, decision = self.decide(facts, sources, now, rules)
             pool, policy = self.policy_for(facts).astuple()
-            decision = decide_server(facts, reading, policy, now, rules)
             outcomes.append(Outcome(server, decision, reading.gpu, pool=pool))
             report = self.reports.for_server(facts) if self.reports_enabled else None
             hibernated = None if report is None else report.hibernated_mib
