@@ -152,6 +152,31 @@ def _write(
         raise MountError(f'MountVolume.SetUp failed for volume "{volume}" : {exc}') from exc
 
 
+def refresh(
+    pod: Mapping[str, Any], pod_dir: Path, lookup: Lookup, field_ref: FieldRef
+) -> dict[str, str]:
+    """Write the running pod's configMap, secret, projected and downwardAPI volumes again from
+    their sources now, as the kubelet's periodic sync of a pod does (kubernetes.io "ConfigMaps":
+    "mounted ConfigMaps are updated automatically", within the kubelet sync period plus its
+    cache's delay; a subPath mount gets no update: atomicwriter.py). Only volumes already
+    materialised are written. A volume whose source cannot be read now (a ConfigMap deleted,
+    a key gone) keeps what it holds, as the kubelet's failed remount does; volume -> the
+    kubelet's words for each of those."""
+    failed: dict[str, str] = {}
+    for volume in (pod.get("spec") or {}).get("volumes") or []:
+        name = volume.get("name", "")
+        target = pod_dir / "volumes" / name
+        if not (target / atomicwriter.DATA).exists():
+            continue  # not mounted yet (or not a volume of files): the start writes it
+        try:
+            made = volume_files(volume, pod, lookup, field_ref)
+            if made is not None:
+                _write(name, target, *made)
+        except MountError as err:
+            failed[name] = str(err)
+    return failed
+
+
 def materialise(
     pod: Mapping[str, Any],
     container: Mapping[str, Any],

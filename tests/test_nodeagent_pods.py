@@ -57,7 +57,7 @@ ESCAPE = (
 cp = control_plane_fixture()
 agent = node_agent_fixture(
     {"nodes": [{"name": "pods-node", "capacity": {"cpu": "16"}}]},
-    namespaces=[NS], mode="run", images=IMAGES, restart_backoff=(1.0, 4.0),
+    namespaces=[NS], mode="run", images=IMAGES, restart_backoff=(1.0, 4.0), sync_seconds=1.0,
 )  # fmt: skip
 
 
@@ -177,6 +177,45 @@ def test_a_missing_key_in_items_is_the_kubelet_s_failed_mount(cp, agent):
     assert said[0] == (
         'MountVolume.SetUp failed for volume "v" : configmap references non-existent config key: k'
     )
+
+
+# prints what it reads at each path, every half second, as one line
+WATCH = r"""
+import sys, time
+while True:
+    print(*(open(p).read().strip() for p in sys.argv[1:]), flush=True)
+    time.sleep(0.5)
+"""
+
+
+def test_a_changed_config_map_reaches_a_running_pod_but_not_its_subpath_mount(cp, agent):
+    """The kubelet's periodic sync writes a running pod's ConfigMap volumes again
+    (kubernetes.io "ConfigMaps": "mounted ConfigMaps are updated automatically"; "a container
+    using a ConfigMap as a subPath volume mount will not receive ConfigMap updates"), so a
+    rotated certificate or a new catalog reaches the webhook and the hub without a restart. A
+    ConfigMap deleted meanwhile leaves the files as they were, with a FailedMount event."""
+    kubectl(cp, "create", "-f", "-", stdin=config_map("live", greeting="hello"))
+    volumes = [{"name": "v", "configMap": {"name": "live"}}]
+    mounts = [
+        {"name": "v", "mountPath": "/etc/live"},
+        {"name": "v", "mountPath": "/etc/greeting", "subPath": "greeting"},
+    ]
+    create(cp, "watcher", ["python", "-c", WATCH, "/etc/live/greeting", "/etc/greeting"],
+           volumes=volumes, c={"volumeMounts": mounts})  # fmt: skip
+
+    def last() -> str:
+        lines = kubectl(cp, "logs", "watcher", "-n", NS, check=False).stdout.splitlines()
+        return lines[-1] if lines else ""
+
+    with explained(cp, NS, "watcher", agent):
+        eventually(lambda: last() == "hello hello", "the pod reads hello")
+        kubectl(cp, "apply", "-f", "-", stdin=config_map("live", greeting="bye"))
+        eventually(lambda: last() == "bye hello", "the change reaches the whole volume's mount")
+        kubectl(cp, "delete", "configmap", "live", "-n", NS)
+        said = eventually(lambda: events(cp, "watcher", "FailedMount"), "a FailedMount event")
+    assert said[0] == 'MountVolume.SetUp failed for volume "v" : configmap "live" not found'
+    assert last() == "bye hello"
+    assert pod(cp, "watcher")["status"]["containerStatuses"][0]["restartCount"] == 0
 
 
 def test_kubespawner_s_ssl_secret_and_service_made_after_the_pod(cp, agent, tmp_path: Path):

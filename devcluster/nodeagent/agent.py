@@ -33,6 +33,7 @@ from . import claimenv, nodeobject, podstatus, services
 from .client import ApiError, Client
 from .credentials import node_kubeconfig
 from .kubeletapi import KubeletAPI
+from .podworker import SYNC_SECONDS
 from .runtime import ProcessRuntime
 from .serviceenv import kubernetes_service, pod_service_env
 from .slices import node_slices
@@ -352,6 +353,7 @@ class NodeAgent:
         kubelet_api: bool = True,
         network: str = "host",
         ready_timeout: float = READY_TIMEOUT,
+        sync_seconds: float = SYNC_SECONDS,
     ) -> NodeAgent:
         """`mode`: "no-run" (pods reported Running, nothing runs) or "run" (each pod's
         containers run as local processes); `images`: run mode's command for an image whose
@@ -360,7 +362,9 @@ class NodeAgent:
         `kubelet_api`: serve the kubelet API (exec, logs, port-forward: kubeletapi.py);
         `network`: run mode's pod network, "host" (a loopback address each) or "namespaces"
         (a network namespace each, Services proxied and named: services.py);
-        `ready_timeout`: how long every node may take to be schedulable (NodesNotSchedulable)."""
+        `ready_timeout`: how long every node may take to be schedulable (NodesNotSchedulable);
+        `sync_seconds`: run mode's sync period of a pod (the kubelet's syncFrequency): its
+        volumes of files are written again from their sources that often."""
         if mode not in ("no-run", "run"):
             raise ValueError(f"node agent: mode must be 'no-run' or 'run', not {mode!r}")
         api = KubeletAPI.start(ca, Path(state_dir) / "kubelet-api") if kubelet_api else None
@@ -369,7 +373,12 @@ class NodeAgent:
             if mode == "run":
                 published = api.pods_dir if api else None
                 runtime = ProcessRuntime(
-                    Path(state_dir) / "pods", images, restart_backoff, published, network
+                    Path(state_dir) / "pods",
+                    images,
+                    restart_backoff,
+                    published,
+                    network,
+                    sync_seconds,
                 )
             return cls._start(topology, server, ca, state_dir, say, runtime, api, ready_timeout)
         except BaseException:

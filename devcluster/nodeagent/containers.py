@@ -24,9 +24,11 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+from devcluster import volumes
 from devcluster.kubelet import (
     Kubelet,
     Running,
+    _field_ref,
     _kill_escaped,
     _signal_group,
     container_command,
@@ -74,6 +76,19 @@ class ContainerRunner(Kubelet):
                 if target.exists():
                     shutil.rmtree(target)
                 target.mkdir(parents=True)
+
+    def refresh_volumes(
+        self, pod: Mapping[str, Any], lookup: Any, ip: str | None
+    ) -> dict[str, str]:
+        """The pod's volumes of files written again from their sources (volumes.refresh: the
+        kubelet's periodic sync); volume -> why one could not be."""
+        meta = pod["metadata"]
+        return volumes.refresh(
+            pod,
+            self.pod_dir(meta["namespace"], meta["name"]),
+            lookup,
+            lambda p, path: _field_ref(p, path, ip or ""),
+        )
 
     def _view(self, pod: Mapping[str, Any], container: dict[str, Any]) -> dict[str, Any]:
         """The pod as the runner sees it for one container: that container first (the one it

@@ -39,6 +39,7 @@ from __future__ import annotations
 import asyncio
 import collections
 import logging
+import random
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from http.client import HTTPException
@@ -56,6 +57,11 @@ from .statuswriter import StatusWriter
 
 log = logging.getLogger("devcluster.nodeagent")
 TICK = 0.2  # seconds between looks at a running container
+#: the kubelet's sync period of a pod (KubeletConfiguration syncFrequency, 1m by default): each
+#: sync writes its configMap/secret/projected/downwardAPI volumes again from their sources
+SYNC_SECONDS = 60.0
+#: up to half again, at random, as the kubelet's pod workers (workerResyncIntervalJitterFactor)
+SYNC_JITTER = 0.5
 
 
 class NodeApi(Protocol):
@@ -97,11 +103,13 @@ class PodWorker:
         api: NodeApi,
         kubelet: ContainerRunner,
         backoff: tuple[float, float] = probes.DEFAULT_BACKOFF,
+        sync_seconds: float = SYNC_SECONDS,
     ) -> None:
         self.pod = pod
         self.api = api
         self.kubelet = kubelet
         self.backoff = backoff
+        self.sync_seconds = sync_seconds
         meta = pod["metadata"]
         self.key = (meta["namespace"], meta["name"])
         self.uid = meta["uid"]
@@ -230,6 +238,7 @@ class PodWorker:
         # Actions); with Never its failure fails the pod
         init_policy = "Never" if policy == "Never" else "OnFailure"
         sidecars: list[asyncio.Task] = []
+        resync = asyncio.create_task(self._resync())
         try:
             for box in self.inits:
                 if box.kind == "sidecar":
@@ -246,13 +255,34 @@ class PodWorker:
             codes = await asyncio.gather(*(self._run(b, policy) for b in self.apps))
             self.final = "Succeeded" if all(c == 0 for c in codes) else "Failed"
         finally:
-            for task in sidecars:
+            for task in [resync, *sidecars]:
                 task.cancel()
-            await asyncio.gather(*sidecars, return_exceptions=True)
+            await asyncio.gather(resync, *sidecars, return_exceptions=True)
         await self._stop_sidecars(0.0)
         await self._status()
         await self.kubelet.release(self.ip)  # its address goes back
         self.ip = None
+
+    async def _resync(self) -> None:
+        """The kubelet's periodic sync of a pod that runs, for its volumes: every sync period
+        (with its jitter) the volumes of files are written again from their sources, so a
+        changed ConfigMap or Secret (a rotated certificate, a new catalog) reaches the running
+        containers without a restart; one that cannot be read keeps its files, with the
+        kubelet's FailedMount event."""
+        while True:
+            await asyncio.sleep(self.sync_seconds * (1.0 + random.random() * SYNC_JITTER))
+            try:
+                failed = await asyncio.to_thread(
+                    self.kubelet.refresh_volumes, self.pod, self.api.lookup, self.ip
+                )
+            except (OSError, HTTPException) as err:  # the apiserver timed out, a reset
+                self._warn(f"volumes: reading their sources: {err!r}; again at the next sync")
+                continue
+            for words in failed.values():
+                try:
+                    await self._call("event", self.pod, "Warning", "FailedMount", words)
+                except Exception as err:  # best effort, as the kubelet's recorder
+                    log.warning("nodeagent: event FailedMount for %s/%s: %s", *self.key, err)
 
     async def _create(self, box: Box) -> Running:
         """Start the container, trying again (with the back-off) while it cannot be."""

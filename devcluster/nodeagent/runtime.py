@@ -19,7 +19,7 @@ from devcluster.network import make_network
 
 from .containers import ContainerRunner
 from .kubeletapi import PublishingKubelet
-from .podworker import NodeApi, PodWorker
+from .podworker import SYNC_SECONDS, NodeApi, PodWorker
 
 
 class ProcessRuntime:
@@ -30,6 +30,7 @@ class ProcessRuntime:
         backoff: tuple[float, float] = probes.DEFAULT_BACKOFF,
         pods_dir: Path | None = None,
         network: str = "host",
+        sync_seconds: float = SYNC_SECONDS,
     ) -> None:
         """`pods_dir`: where each started container is published to the kubelet API
         (kubeletapi.py); None: nowhere. `network`: "host" (each pod on a loopback address of
@@ -53,6 +54,7 @@ class ProcessRuntime:
         if net.mode == "namespaces":  # the host's network keeps the host's resolver
             asyncio.run_coroutine_threadsafe(net.start(), self._loop).result(60)
         self.backoff = backoff
+        self.sync_seconds = sync_seconds
         self.workers: dict[str, PodWorker] = {}  # pod uid -> its worker (on the loop)
         self._ended: set[str] = set()  # uids whose worker removed the pod
 
@@ -74,7 +76,9 @@ class ProcessRuntime:
             final = (pod.get("status") or {}).get("phase") in ("Succeeded", "Failed")
             if final and not pod["metadata"].get("deletionTimestamp"):
                 return  # finished before this agent started: nothing to run
-            worker = self.workers[uid] = PodWorker(pod, api, self.kubelet, self.backoff)
+            worker = self.workers[uid] = PodWorker(
+                pod, api, self.kubelet, self.backoff, self.sync_seconds
+            )
             worker.task = self._loop.create_task(worker.main())
             worker.task.add_done_callback(lambda _t: self._end(uid))
         worker.update(pod)
