@@ -336,3 +336,44 @@ async def test_an_answer_without_the_culler_s_count_is_asked_again_at_the_next_s
     # a counting answer serves every spawn for CACHE_SECONDS
     assert await line.answer(fetch, 102.0) == {"listed": True, "gpus": []}
     assert len(asked) == 3
+
+
+def _two_gpu_rooms(on_gpu: dict[str, str], silent: list[str]) -> dict[str, object]:
+    """The room answer of node-1 with two T4s of the time-sliced lab pool: each user of
+    `on_gpu` present at a server whose report names its GPU ("a" or "b"), holding its quarter;
+    each of `silent` listed with its pod on node-1 and no report yet (time-slicing names no
+    device: its pod may be on either GPU). By GPU ("a", "b")."""
+    catalog = load_catalog(LAB)
+    reports = []
+    for i, (user, gpu) in enumerate(sorted(on_gpu.items())):
+        body = report([kernel(f"k-{user}", QUARTER, f"2001-09-09T00:0{i}:00Z")], present=True)
+        body["devices"][0]["uuid"] = f"GPU-{gpu}"
+        body["devices"][0]["memory_used_mib"] = QUARTER * list(on_gpu.values()).count(gpu)
+        reports.append((user, "", parse_report({**body, "sampled_at": AT}, received_at=NOW)))
+    users = [*on_gpu, *silent]
+    known = {(u, ""): ServerFacts(u, user_options={"gpu": "1/4", "pool": "t4"}) for u in users}
+    seats = seats_from(reports, known, catalog, NOW, 30, placement=lambda u, s: Placement("node-1"))
+    return {r.gpu.rsplit("-", 1)[1]: r for r in gpu_rooms([("t4", s) for s in seats])}
+
+
+def test_a_silent_server_whose_pod_may_be_on_either_gpu_of_its_node_counts_once():
+    """A listed server that has not reported, on a time-sliced pool (the device plugin names no
+    device UUID), may be on any GPU of its node: it counts its slice once on the node, where it
+    leaves the least room (unknown is never room on the GPU a newcomer is let onto), not on each
+    GPU (on a 2-GPU node one silent server took a quarter on both, and the hub, summing the
+    pool's room, saw a quarter fewer than there is)."""
+    rooms_ = _two_gpu_rooms({"u1": "a", "u2": "b", "u4": "b"}, ["u3"])
+    held = {g: r.held_mib for g, r in rooms_.items()}
+    assert sum(held.values()) == 4 * QUARTER, f"u3's quarter counted more than once: {held}"
+    # it may be on the GPU with more room: counted there (a newcomer sees the least room)
+    assert held == {"a": 2 * QUARTER, "b": 2 * QUARTER}
+    tag = server_tag("u3", "")
+    assert [g for g, r in rooms_.items() if tag in r.servers] == ["a"]
+    # the hub: three servers of its own in flight (started, not counted yet) and one more
+    # quarter fit in the node's four free quarters; counted twice it saw three and the
+    # newcomer waited
+    from fracspawner.hub.room import verdict
+
+    answer = {"listed": True, "gpus": [r.to_json() for r in rooms_.values()]}
+    go = verdict(answer, "t4", QUARTER, size_mib=SIZE, gpus_in_pool=2, in_flight_mib=3 * QUARTER)
+    assert go.go, go.reason

@@ -22,7 +22,9 @@ Per GPU (node/UUID as swapdesk binds reports to pods), each server counts:
   newcomer's room; replayed, counting what those kernels hold there met more CUDA
   out-of-memory errors in present users' cells, benchmarks/bench_culler.py);
 - its whole slice where its report is stale or missing (unknown is never free), or where it
-  has not reported a device yet and its pod may be on the GPU;
+  has not reported a device yet and its pod may be on the GPU: on each GPU its pod's allocation
+  names, or, where it names none (time-slicing), once on its node, on the GPU where it leaves
+  the least room (`gpu_rooms`);
 - otherwise what the swap cannot take off: its resident memory less its idle, swappable kernels
   (the candidates of `pressure.plan_swaps`), plus what waits to resume there; within its slice;
 
@@ -33,7 +35,7 @@ memory (processes nobody reports, a kernel above its slice). Pure.
 from __future__ import annotations
 
 from collections.abc import Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from ..choice.admission import server_tag
 from .pressure import ReportedGpu
@@ -110,37 +112,102 @@ def held_by(seat: Seat, gpu: ReportedGpu | None) -> float:
 
 def gpu_rooms(seats: Iterable[tuple[str, Seat]]) -> list[GpuRoom]:
     """Each GPU a server of an over-committed pool reports (`(pool, seat)` pairs from
-    swapdesk.seats_from), with what is held on it; sorted by pool and GPU."""
+    swapdesk.seats_from), with what is held on it; sorted by pool and GPU.
+
+    A server that names no GPU yet (no report, or none naming a device) counts its whole slice
+    on each GPU its pod's allocation names; where the allocation names none (time-slicing's
+    device plugin gives replicas, no UUID) its pod may be on any GPU of its node, and is on one:
+    its slice counts once on the node (on each GPU, a 2-GPU node's one silent server took a
+    slice on both, and the hub, summing the pool's room, waited for room that was there). It
+    counts on the GPU where it leaves the least room, the largest such servers first: the hub
+    lets a newcomer in where one GPU has room for it (hub/room.py), and no placement of one
+    silent server leaves less room on the node's roomiest GPU than this one, so a GPU the answer
+    shows with room has it wherever that server really is (unknown is never room; several are
+    placed so one at a time, largest first, which is close to but not always the least room of
+    all their placements). Where it is truly on the other GPU, that GPU's device reading shows
+    what it holds there (counted on top, below), and the answer is the more cautious. Which
+    GPU the newcomer itself lands on is the device plugin's choice (docs/culler.md,
+    "Limits")."""
     pairs = [(pool, s) for pool, s in seats if s.swaps]
-    gpus: dict[str, tuple[str, float]] = {}
+    gpus: dict[str, _Tally] = {}
     for pool, s in pairs:
         for g in s.facts.gpus:
             size = s.size_mib or g.total_mib
-            if size:
-                gpus.setdefault(g.uuid, (pool, size))
-    rooms = []
-    for key, (pool, size) in sorted(gpus.items(), key=lambda kv: (kv[1][0], kv[0])):
-        held = resident = 0.0
-        readings = []
-        people: set[str] = set()
-        tags = []
-        for _pool, s in pairs:
-            mine = next((g for g in s.facts.gpus if g.uuid == key), None)
-            if mine is None and not (not s.facts.gpus and s.may_be_on(key)):
-                continue
-            held += held_by(s, mine)
-            tags.append(server_tag(s.user, s.server))
-            if s.present and s.fresh:
-                people.add(s.user)
-            if mine is not None and s.fresh:
-                resident += min(max(mine.resident_mib, 0.0), s.cap_mib)
-                if mine.used_mib is not None:
-                    readings.append(mine.used_mib)
-            else:  # stale or unreported: its slice, as the readings may show it
-                resident += max(s.cap_mib, 0.0)
-        # memory the device shows and no server's word accounts for (the smallest reading)
-        unreported = max(0.0, min(readings) - resident) if readings else 0.0
-        rooms.append(
-            GpuRoom(pool, key, size, min(size, held + unreported), len(people), tuple(tags))
-        )
-    return rooms
+            if size and g.uuid not in gpus:
+                gpus[g.uuid] = _Tally(pool, size)
+    roaming = []
+    for _pool, s in pairs:
+        named = {g.uuid: g for g in reversed(s.facts.gpus)}  # each GPU once (its first)
+        for key, g in named.items():
+            if key in gpus:
+                gpus[key].count(s, g)
+        if s.facts.gpus:
+            continue
+        on = sorted(k for k in gpus if s.may_be_on(k))
+        if len(on) > 1 and s.placement is not None and s.placement.uuids is None:
+            roaming.append((s, on))
+        else:  # on the GPUs its allocation names
+            for key in on:
+                gpus[key].count(s, None)
+    for s, on in sorted(roaming, key=lambda r: (-r[0].cap_mib, r[0].user, r[0].server)):
+        _place(s, [gpus[k] for k in on])
+    return [
+        GpuRoom(t.pool, key, t.size_mib, t.held_with(0.0), len(t.people), tuple(t.tags))
+        for key, t in sorted(gpus.items(), key=lambda kv: (kv[1].pool, kv[0]))
+    ]
+
+
+@dataclass
+class _Tally:
+    """The servers counted on one GPU, as gpu_rooms adds them up."""
+
+    pool: str
+    size_mib: float
+    held_mib: float = 0.0
+    resident_mib: float = 0.0  # of the device readings, what the servers' own word explains
+    readings: list[float] = field(default_factory=list)
+    people: set[str] = field(default_factory=set)
+    tags: list[str] = field(default_factory=list)
+
+    def count(self, seat: Seat, gpu: ReportedGpu | None, share: float | None = None) -> None:
+        """Count `seat` here: by its report's `gpu`, or (None) its whole slice, or `share`."""
+        held = held_by(seat, gpu) if share is None else share
+        self.held_mib += held
+        self.tags.append(server_tag(seat.user, seat.server))
+        if seat.present and seat.fresh:
+            self.people.add(seat.user)
+        if gpu is not None and seat.fresh:
+            self.resident_mib += min(max(gpu.resident_mib, 0.0), seat.cap_mib)
+            if gpu.used_mib is not None:
+                self.readings.append(gpu.used_mib)
+        else:  # stale or unreported: its slice, as the readings may show it
+            self.resident_mib += max(seat.cap_mib, 0.0) if share is None else share
+
+    def held_with(self, extra_mib: float) -> float:
+        """Held, with `extra_mib` more of an unreported server's slice counted here: the
+        servers' figures, and on top what the smallest fresh device reading shows beyond all
+        their own memory (processes nobody reports, a kernel above its slice)."""
+        held = self.held_mib + extra_mib
+        if self.readings:
+            held += max(0.0, min(self.readings) - self.resident_mib - extra_mib)
+        return min(self.size_mib, held)
+
+    def free_with(self, extra_mib: float) -> float:
+        return max(0.0, self.size_mib - self.held_with(extra_mib))
+
+
+def _place(seat: Seat, node: list[_Tally]) -> None:
+    """Count an unreported `seat` whose pod may be on any of `node`'s GPUs where it leaves the
+    least room on the roomiest of them (a pod of n devices: a share of its slice on each of n)."""
+    n = min(max(seat.placement.gpus if seat.placement else 1, 1), len(node))
+    share, left = max(seat.cap_mib, 0.0) / n, list(node)
+
+    def least_room(t: _Tally) -> tuple[float, float]:
+        """The node's most room with the share on `t` (the least first), then `t`'s room."""
+        others = [o.free_with(0.0) for o in node if o is not t]
+        return max([t.free_with(share), *others]), -t.free_with(0.0)
+
+    for _ in range(n):
+        there = min(left, key=least_room)  # ties: the first (GPUs sorted by key)
+        there.count(seat, None, share)
+        left.remove(there)
