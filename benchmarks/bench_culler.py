@@ -74,7 +74,9 @@ decision goes through the real code:
 
 The headline (issue 36): the same trace on HALF the GPUs of each mix's cluster, over-committed
 (`overcommit: 2`), against jupyterhub-idle-culler on all of them (`capacity.<mix>.<family>.
-half_gpus`). The host memory budget per node is the culler's `host_memory_budget_mib` default,
+half_gpus`). The host memory budget per node is the culler's default, derived as in a cluster:
+`host_memory_budget_fraction` (a quarter) of each Node's allocatable memory, the nodes being GCP
+a3-highgpu-2g machines (2 H100, 468 GB; `NODE_MEMORY`: 420.3 GiB allocatable, a 105.1 GiB budget),
 ordered by `answer_report` and carried out by each server's SwapAgent (`host_budget_orders`,
 counted as kernel shut-downs): the oldest hibernated kernels of users neither present nor in
 session; the peak is read every minute.
@@ -137,6 +139,7 @@ from benchmarks.culler_trace import (
 from devcluster.localhub import free_port
 from fracspawner.culler.app import Culler
 from fracspawner.culler.identity import Identity
+from fracspawner.culler.nodememory import NodeMemory
 from fracspawner.culler.placement import Placement
 from fracspawner.culler.podname import pod_name
 from fracspawner.culler.reports import parse_report
@@ -544,6 +547,15 @@ class SimServer:
         return first + second
 
 
+# The replay's nodes (2 H100 80GB each: culler_trace.Cluster) are GCP a3-highgpu-2g machines
+# (2 H100 80GB, 52 vCPUs, 468 GB of memory); a GKE node's allocatable memory is that less the
+# kubelet's reservation (25 % of the first 4 GiB, 20 % of the next 4, 10 % of the next 8, 6 % of
+# the next 112, 2 % above 128 GiB) and the 100 MiB eviction threshold (GKE's "plan node sizes"):
+# 420.3 GiB, which the culler reads from each Node (Culler.host_memory_budget_fraction)
+NODE_TYPE = "a3-highgpu-2g"
+NODE_MEMORY = "430370Mi"
+
+
 class PodWatch:
     """The culler's pod watch (serverpods.py) as the replay has the pods: each server's node,
     on HAMi the device its allocation names (`hami.io/vgpu-devices-allocated`), and its pool
@@ -552,6 +564,14 @@ class PodWatch:
 
     def __init__(self, sim: Sim) -> None:
         self.sim = sim
+        # and the node watch (nodememory.py): every node is a NODE_TYPE, the culler derives
+        # each one's host memory budget from its allocatable memory, as in a cluster
+        self.nodes = NodeMemory()
+        count = -(-sim.cluster.gpus // sim.cluster.gpus_per_node)
+        self.nodes.load(
+            {"metadata": {"name": f"node-{i}"}, "status": {"allocatable": {"memory": NODE_MEMORY}}}
+            for i in range(count)
+        )
 
     def placement(self, name: str, namespace: str | None = None) -> Placement | None:
         s = self.sim.pods.get(name)
@@ -1221,6 +1241,11 @@ async def replay(
     out["policy"] = {k: v for k, v in sim.env.items() if k.endswith("_SECONDS")}
     out["replay_seconds"] = round(time.perf_counter() - started, 1)
     if culler is not None:
+        # the budget the culler used on the replay's nodes (all alike: NODE_TYPE)
+        nodes = culler.server_pods.nodes
+        out["host_memory_budget_gib"] = round(
+            max(culler.host_budget(f"node-{i}") for i in range(max(1, len(nodes)))) / 1024, 1
+        )
         samples = culler.metrics.failsafe.collect()[0].samples
         out["culler_failsafe_decisions"] = int(
             sum(s.value for s in samples if s.name.endswith("_total"))
@@ -1285,7 +1310,7 @@ def half_gpus(row: dict, base: dict, half: Cluster, full: Cluster, floor_figures
         "false_culls": row["false_culls"],
         "gpu_state_lost": row["gpu_state_lost"],
         "host_memory_peak_per_node_gib": row["host_memory_peak_per_node_gib"],
-        "host_memory_budget_gib": round(Culler().host_memory_budget_mib / 1024, 1),
+        "host_memory_budget_gib": row["host_memory_budget_gib"],
         "gpus": half.gpus,
         "baseline_gpus": full.gpus,
         "wait_episodes": row["wait_episodes"],

@@ -489,7 +489,12 @@ def test_only_workloads_that_call_the_api_get_a_token(rendered_objects):
     assert "--no-live-capacity" in service["containers"][0]["command"]
     culler = one(no_watch, "Deployment", "culler")["spec"]["template"]["spec"]
     assert culler["automountServiceAccountToken"] is False
-    assert not [o for o in no_watch if o["kind"] == "Role" and "culler" in o["metadata"]["name"]]
+    assert not [
+        o
+        for o in no_watch
+        if o["kind"] in ("Role", "ClusterRole")
+        and o["metadata"]["labels"]["app.kubernetes.io/component"] == "culler"
+    ]
 
 
 def test_services_read_their_hub_tokens_from_z2jhs_secret(rendered_objects):
@@ -789,25 +794,29 @@ async def test_the_culler_server_pod_watch_makes_exactly_the_calls_its_role_gran
     devcluster, monkeypatch
 ):
     """Run the culler's server pod watch against devcluster, recording every request: their
-    RBAC verbs are the culler Role's rules (pods list, watch in its namespace)."""
+    RBAC verbs are the culler Role's rules (pods list, watch in its namespace) and its
+    ClusterRole's (nodes list, watch: each node's host memory budget, Culler.host_budget)."""
     from kubernetes_asyncio.client import rest
 
     from fracspawner.culler.serverpods import ServerPods
 
     calls = _record_api_calls(monkeypatch, rest)
-    pods = ServerPods("default", kubeconfig=str(devcluster.kubeconfig))
+    pods = ServerPods("default", kubeconfig=str(devcluster.kubeconfig), nodes=True)
     pods.start()
+    role = one(objects(render({})), "Role", "culler")
+    cluster = one(objects(render({})), "ClusterRole", "culler")
     try:
         await asyncio.wait_for(pods.listed.wait(), 30)
         deadline = asyncio.get_running_loop().time() + 20
-        while {v for _, _, v in calls} != {"list", "watch"}:
+        while set(calls) != _rules(role) | _rules(cluster) or not pods.nodes:
             assert asyncio.get_running_loop().time() < deadline, calls
             await asyncio.sleep(0.05)
     finally:
         await pods.stop()
-    role = one(objects(render({})), "Role", "culler")
     assert role["metadata"]["namespace"] == NAMESPACE
-    assert set(calls) == _rules(role) == {("", "pods", "list"), ("", "pods", "watch")}
+    assert _rules(role) == {("", "pods", "list"), ("", "pods", "watch")}
+    assert _rules(cluster) == {("", "nodes", "list"), ("", "nodes", "watch")}
+    assert set(calls) == _rules(role) | _rules(cluster) and not pods.failures
     binding = one(objects(render({})), "RoleBinding", "culler")
     assert binding["subjects"][0]["name"] == f"{RELEASE}-culler"
     culler = one(objects(render({})), "Deployment", "culler")["spec"]["template"]["spec"]
@@ -825,7 +834,7 @@ async def test_the_culler_dra_watches_make_exactly_the_calls_its_roles_grant(
     from fracspawner.culler.serverpods import ServerPods
 
     calls = _record_api_calls(monkeypatch, rest)
-    pods = ServerPods("default", kubeconfig=str(devcluster.kubeconfig), dra=True)
+    pods = ServerPods("default", kubeconfig=str(devcluster.kubeconfig), dra=True, nodes=True)
     pods.start()
     objs = objects(render({"dra": {"enabled": True}}))
     granted = _rules(one(objs, "Role", "culler")) | _rules(one(objs, "ClusterRole", "culler"))
@@ -837,7 +846,7 @@ async def test_the_culler_dra_watches_make_exactly_the_calls_its_roles_grant(
             await asyncio.sleep(0.05)
     finally:
         await pods.stop()
-    assert len(granted) == 6 and not pods.failures
+    assert len(granted) == 8 and not pods.failures  # pods, claims, slices, nodes
 
 
 def _rbac_verb(method: str, path: str, query: dict[str, Any]) -> tuple[str, str, str]:

@@ -77,8 +77,10 @@ def test_the_culler_watches_claims_and_slices_only_with_dra():
     ]  # fmt: skip
     cluster = one(objs, "ClusterRole", "culler")
     assert sorted(rules_of(cluster)) == [
-        ("resource.k8s.io", "resourceslices", v) for v in ("list", "watch")
-    ]
+        ("", "nodes", "list"), ("", "nodes", "watch"),  # each node's host memory budget
+        ("resource.k8s.io", "resourceslices", "list"),
+        ("resource.k8s.io", "resourceslices", "watch"),
+    ]  # fmt: skip
     binding = one(objs, "ClusterRoleBinding", "culler")
     assert binding["roleRef"]["name"] == cluster["metadata"]["name"]
     assert [(s["name"], s["namespace"]) for s in binding["subjects"]] == [
@@ -89,12 +91,10 @@ def test_the_culler_watches_claims_and_slices_only_with_dra():
     ]
     assert "--Culler.watch_dra_claims=True" in command
     plain = objects(render({}))
-    assert not [
-        o
-        for o in plain
-        if o["kind"] == "ClusterRole"
-        and o["metadata"]["labels"]["app.kubernetes.io/component"] == "culler"
-    ]
+    # without DRA the culler's ClusterRole has the Nodes alone (its host memory budget per node)
+    assert sorted(rules_of(one(plain, "ClusterRole", "culler"))) == [
+        ("", "nodes", "list"), ("", "nodes", "watch"),
+    ]  # fmt: skip
     command = one(plain, "Deployment", "culler")["spec"]["template"]["spec"]["containers"][0][
         "command"
     ]

@@ -108,15 +108,21 @@ async def test_the_culler_watches_the_hubs_server_pods_with_its_token(
     the release namespace's server pods with the culler's token: a server pod's address is
     known, and forgotten once the pod is deleted (the watch, not the list, saw that). With
     DRA (Culler.watch_dra_claims, the chart's dra.enabled) it also lists and watches the
-    namespace's ResourceClaims (its Role) and the ResourceSlices (its ClusterRole)."""
+    namespace's ResourceClaims (its Role) and the ResourceSlices (its ClusterRole); and the
+    Nodes (its ClusterRole): the node agent's node's allocatable memory, its host budget."""
     from fracspawner.culler.serverpods import ServerPods
 
-    address = (await asyncio.to_thread(_server_pod, cp, "jupyter-ann"))["status"]["podIP"]
-    pods = ServerPods(NAMESPACE, kubeconfig=str(tokens[CULLER]), dra=True)
+    pod = await asyncio.to_thread(_server_pod, cp, "jupyter-ann")
+    address = pod["status"]["podIP"]
+    pods = ServerPods(NAMESPACE, kubeconfig=str(tokens[CULLER]), dra=True, nodes=True)
     pods.start()
     try:
         await asyncio.wait_for(pods.listed.wait(), 60)
         assert pods.known(address)
+        deadline = time.monotonic() + 60
+        while pods.nodes is not None and pods.nodes.mib(pod["spec"]["nodeName"]) is None:
+            assert time.monotonic() < deadline and not pods.failures, pods._failures
+            await asyncio.sleep(0.2)
         deadline = time.monotonic() + 60
         while not (pods.dra is not None and pods.dra._slices):  # the node agent's slices
             assert time.monotonic() < deadline and not pods.failures, pods._failures

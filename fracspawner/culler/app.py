@@ -22,7 +22,7 @@ from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from tornado import web
 from tornado.httpclient import HTTPClientError, HTTPRequest
 from tornado.httpserver import HTTPServer
-from traitlets import Bool, Dict, Float, Integer, List, Unicode, default
+from traitlets import Bool, Dict, Float, Integer, List, TraitError, Unicode, default, validate
 
 from ..backends import load_catalog
 from ..model.catalog import DEFAULT_IDLE, IdlePolicy, parse_duration
@@ -35,6 +35,7 @@ from .hostroom import UNKNOWN_MIB, HostRoom
 from .hubapi import HubClient, HubServer
 from .identity import Identity, TokenVerifier, token_key
 from .keep import Kept, may_keep, released, waiting_mib
+from .nodememory import node_budget_mib
 from .placement import Placement
 from .podname import DEFAULT_TEMPLATE, pod_name
 from .policy import PoolPolicy, gpu_windows, policy_for_server, slice_memory_cap
@@ -350,14 +351,40 @@ class Culler(CullerApplication):
         "waiting. Sooner than server_gpu_idle, and only where someone waits. None or 0: off.",
     )
     host_memory_budget_mib = Float(
-        65536.0,
+        None,
+        allow_none=True,
         config=True,
         help="Host memory (MiB) the hibernated kernels of the servers on one node may keep in "
         "all (their GPU state, copied to host memory; hostbudget.py): beyond it the oldest are "
         "shut down by their servers, those of servers above an equal share first; never one "
         "whose resume waits, nor a present user's. Needs the pod watch (watch_server_pods) to "
-        "know each server's node. 0: no budget (each pod's memory limit still bounds its own).",
+        "know each server's node. None (default): each node's budget is "
+        "host_memory_budget_fraction of its allocatable memory, 65,536 MiB where that is not "
+        "known; a number: that budget on every node (and no node watch); 0: no budget (each "
+        "pod's memory limit still bounds its own).",
     )
+    host_memory_budget_fraction = Float(
+        0.25,
+        config=True,
+        help="Where host_memory_budget_mib is None: the share of each node's allocatable memory "
+        "(its Node's status.allocatable.memory, from a node watch beside the pod watch; RBAC: "
+        "nodes list, watch) its servers' hibernated kernels may keep. The rest is the pods' own: "
+        "the scheduler has promised it to their memory requests, and a node short of memory "
+        "makes the kubelet evict the pods using most beyond their requests first, the very pods "
+        "holding hibernated state (nodememory.py, docs/culler.md). Above 0, at most 1.",
+    )
+
+    @validate("host_memory_budget_fraction")
+    def _share(self, proposal: Any) -> float:
+        value = proposal["value"]
+        if not 0.0 < value <= 1.0:  # 0 would read as "no budget": unlimited, never meant here
+            raise TraitError(
+                f"Culler.host_memory_budget_fraction must be above 0 and at most 1 (a share of "
+                f"each node's allocatable memory), not {value!r}; to turn the budget off set "
+                "Culler.host_memory_budget_mib = 0"
+            )
+        return float(value)
+
     swap_report_in = Float(
         20.0,
         config=True,
@@ -594,7 +621,7 @@ class Culler(CullerApplication):
     def answer_report(self, who: Identity, now: float | None = None) -> dict | None:
         """What the answer to a server's report carries: the swap's orders and grants
         (`_swap_answer`), its hibernated kernels to shut down where its node's servers keep
-        more hibernated state than `host_memory_budget_mib` (hostbudget.py), and whether its
+        more hibernated state than its budget (`host_budget`; hostbudget.py), and whether its
         user is at a tab of another server of theirs (`presence_elsewhere`)."""
         now = time.time() if now is None else now  # a replay in virtual time passes its own
         answer = self._swap_answer(who, now)
@@ -636,8 +663,8 @@ class Culler(CullerApplication):
             return answer
         report, key = entry, (who.user, who.server)
         facts = self.known.get(key)
-        budget = self.host_memory_budget_mib
         where = self.placement_of(who.user, who.server)
+        budget = self.host_budget(where.node if where is not None else None)
         wants = list(report.host_wants)
         if orders:  # the culler's own swap orders: each kernel at what it holds on the GPU
             on_gpu = {k.kernel_id: k.resident_mib for g in report.swap.gpus for k in g.kernels}
@@ -694,6 +721,14 @@ class Culler(CullerApplication):
         for kid, why in plan.waits:
             self.log.info("%s: kernel %s not hibernated now: %s", who.log_name, shown(kid), why)
         return answer
+
+    def host_budget(self, node: str | None) -> float:
+        """The host memory budget of `node` (nodememory.py): host_memory_budget_mib where set,
+        else host_memory_budget_fraction of the node's allocatable memory as the node watch
+        last saw it, else (not known) the fixed 64 GiB."""
+        nodes = getattr(self.server_pods, "nodes", None)
+        mib = nodes.mib(node) if nodes is not None and node else None
+        return node_budget_mib(self.host_memory_budget_mib, self.host_memory_budget_fraction, mib)
 
     def host_cap(self, facts: ServerFacts, budget: float) -> float:
         """The most host memory one hibernated kernel of the server counts for: what its GPU
@@ -762,9 +797,13 @@ class Culler(CullerApplication):
     def host_budget_orders(self, who: Identity, now: float | None = None) -> list[dict]:
         """The reporting server's hibernated kernels to shut down for its node's budget: those
         ordered to make room for another kernel to hibernate (hostroom.py), and any beyond the
-        budget (a culler restarted, reports grown: plan_evictions)."""
-        budget = self.host_memory_budget_mib
-        if budget <= 0 or (who.user, who.server) not in self.known:
+        budget (a culler restarted, reports grown: plan_evictions), by its node's budget."""
+        if (who.user, who.server) not in self.known:
+            return []
+        where = self.placement_of(who.user, who.server)
+        node = where.node if where is not None else None
+        budget = self.host_budget(node)
+        if budget <= 0:
             return []
         now = time.time() if now is None else now
         entry = self.reports.get(who.user, who.server)
@@ -780,8 +819,9 @@ class Culler(CullerApplication):
                     )  # fmt: skip
                     orders.append({"kernel_id": k.kernel_id, "reason": why})
         by_node = self.host_holders(now, budget, lambda facts: self.claim(facts)[1] or budget)
-        holders = [h for node in by_node.values() for h in node]
-        for e in plan_evictions(holders, budget):
+        # only its own node's: its kernels are told in the answer to its own report, and every
+        # node has its own budget
+        for e in plan_evictions(by_node.get(node, []) if node else [], budget):
             if (e.user, e.server) != (who.user, who.server):
                 continue  # told in the answer to its own server's report
             if any(o["kernel_id"] == e.kernel_id for o in orders):
@@ -902,6 +942,8 @@ class Culler(CullerApplication):
                 selector=self.server_pod_selector,
                 kubeconfig=self.kubeconfig or None,
                 dra=self.watch_dra_claims,
+                # each node's memory, for its host memory budget (unless the admin set one)
+                nodes=self.host_memory_budget_mib is None,
             )
             self.server_pods.start()
 

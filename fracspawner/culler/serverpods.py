@@ -12,7 +12,10 @@ The same watch says where each server pod is (its node, the GPUs its allocation 
 placement.py), which binds a server's reports to the GPUs it may be on (swapdesk.py). On DRA
 pools (`dra=True`) the allocation is in the pods' ResourceClaims (this namespace's) and the
 device UUIDs in the ResourceSlices (cluster-scoped): two more list+watch loops fill a
-draclaims.DraClaims, read when a placement is asked for.
+draclaims.DraClaims, read when a placement is asked for. With `nodes=True` (the culler's host
+memory budget follows each node: Culler.host_memory_budget_fraction) one more watches the
+Nodes (cluster-scoped) and keeps each one's allocatable memory (nodememory.NodeMemory); while
+it is refused or lost a node's budget is the fixed fallback.
 
 One list, then watches resumed from its resourceVersion (capacity/rawwatch.py watch_once, the
 loop the other pod watches share); a lost watch relists after a backoff, a 410 at once. Until
@@ -32,6 +35,7 @@ from typing import Any
 from ..capacity.apiconfig import load_configuration
 from ..k8s.forbidden import refused
 from .draclaims import DraClaims
+from .nodememory import NodeMemory
 from .placement import Placement, placement_of
 
 log = logging.getLogger(__name__)
@@ -61,11 +65,14 @@ class ServerPods:
         kubeconfig: str | None = None,
         max_backoff: float = 30.0,
         dra: bool = False,
+        nodes: bool = False,
     ) -> None:
         self.namespace, self.selector, self.kubeconfig = namespace, selector, kubeconfig
         self.max_backoff = max_backoff
         #: the pods' claims and the devices' UUIDs (DRA pools); None: not watched
         self.dra: DraClaims | None = DraClaims() if dra else None
+        #: each node's allocatable memory (the host memory budget per node); None: not watched
+        self.nodes: NodeMemory | None = NodeMemory() if nodes else None
         self._by_pod: dict[str, set[str]] = {}  # namespace/name -> its addresses
         self._addresses: dict[str, str] = {}  # address -> namespace/name
         self._placements: dict[str, Placement] = {}  # namespace/name -> node and GPUs
@@ -176,6 +183,10 @@ class ServerPods:
                 ("resource slices", resource.list_resource_slice, {}, self.dra.load_slices,
                  self.dra.put_slice, self.dra.drop_slice),
             ]  # fmt: skip
+        if self.nodes is not None:
+            out.append(
+                ("nodes", v1.list_node, {}, self.nodes.load, self.nodes.put, self.nodes.drop)
+            )
         return out
 
     def _loaded(self, pods: list[dict[str, Any]]) -> None:
@@ -251,19 +262,23 @@ class ServerPods:
         """What went wrong, in words: for a 403 the apiserver's message and what in the chart
         grants the watch (rbac.yaml: the culler's Role, and with DRA its ClusterRole)."""
         where = f"in namespace {self.namespace}" if self.namespace else "in every namespace"
-        cluster_scoped = what == "resource slices"
+        cluster_scoped = what in ("resource slices", "nodes")
         resource = {"server pods": "pods"}.get(what, what)
 
         def grant(account: str | None) -> str:
             role = (
-                "the chart's culler ClusterRole (dra.enabled)"
+                f"the chart's culler ClusterRole{' (dra.enabled)' if what != 'nodes' else ''}"
                 if cluster_scoped
                 else f"the chart's Role {account or '<release>-culler'}"
             )
+            off = (
+                "set Culler.host_memory_budget_mib (a fixed budget: no node watch)"
+                if what == "nodes"
+                else "turn the watch off (culler.watchServerPods=false)"
+            )
             return (
                 f"{role} grants list and watch on {resource}: check that rbac.create is true and "
-                "that the chart's Roles and bindings are installed as it renders them, or turn "
-                "the watch off (culler.watchServerPods=false)"
+                f"that the chart's Roles and bindings are installed as it renders them, or {off}"
             )
 
         words = refused(
@@ -284,8 +299,11 @@ class ServerPods:
                 what,
                 self._why(what, exc),
                 delay,
-                "until then a server's first report shares the budget of unknown senders"
-                if what == "server pods"
-                else "until then a DRA server's report is bound by its node and GPU count",
+                {
+                    "server pods": "until then a server's first report shares the budget of "
+                    "unknown senders",
+                    "nodes": "until then a node whose memory is not known has the fixed host "
+                    "memory budget (nodememory.FALLBACK_BUDGET_MIB)",
+                }.get(what, "until then a DRA server's report is bound by its node and GPU count"),
             )
         await asyncio.sleep(delay * (1 + random.random() * 0.2))
