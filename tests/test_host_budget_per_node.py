@@ -116,3 +116,25 @@ def test_the_same_hibernated_state_is_shut_down_on_a_small_node_and_kept_on_a_bi
     # the budget is the node's share, not the fixed figure)
     assert culler.answer_report(Identity("cat", ""), now) is None
     assert culler.answer_report(Identity("dan", ""), now) is None
+
+
+def test_the_culler_watches_nodes_only_where_the_budget_follows_them(monkeypatch):
+    """The node watch runs beside the pod watch by default (the budget follows each node), and
+    not where the admin set a budget for every node (its RBAC is then not needed)."""
+    import fracspawner.culler.serverpods as serverpods
+
+    made: list[dict] = []
+
+    class Recorder:
+        def __init__(self, namespace: str, **kw: object) -> None:
+            made.append(kw)
+
+        def start(self) -> None:
+            pass
+
+    monkeypatch.setattr(serverpods, "ServerPods", Recorder)
+    for culler in (Culler(watch_server_pods=True),
+                   Culler(watch_server_pods=True, host_memory_budget_mib=8192.0),
+                   Culler(watch_server_pods=True, host_memory_budget_mib=0.0)):  # fmt: skip
+        culler.start_server_pods()
+    assert [kw["nodes"] for kw in made] == [True, False, False]
