@@ -100,6 +100,12 @@ def finished_log(cp: ControlPlane, name: str, agent: NodeAgent | None = None) ->
     return kubectl(cp, "logs", name, "-n", NS).stdout
 
 
+def logs(cp: ControlPlane, name: str) -> str:
+    """The pod's log so far; "" while its container has not started (kubectl logs fails then:
+    a wait for a line must not end there, as it did on a loaded machine in fresh27)."""
+    return kubectl(cp, "logs", name, "-n", NS, check=False).stdout
+
+
 def secret(name: str, **data: str) -> dict[str, Any]:
     encoded = {k: base64.b64encode(v.encode()).decode() for k, v in data.items()}
     return {"apiVersion": "v1", "kind": "Secret", "metadata": {"name": name, "namespace": NS},
@@ -204,7 +210,7 @@ def test_a_changed_config_map_reaches_a_running_pod_but_not_its_subpath_mount(cp
            volumes=volumes, c={"volumeMounts": mounts})  # fmt: skip
 
     def last() -> str:
-        lines = kubectl(cp, "logs", "watcher", "-n", NS, check=False).stdout.splitlines()
+        lines = logs(cp, "watcher").splitlines()
         return lines[-1] if lines else ""
 
     with explained(cp, NS, "watcher", agent):
@@ -322,7 +328,7 @@ def test_a_container_ignoring_sigterm_is_killed_after_the_grace_period(cp, agent
     with explained(cp, NS, "stubborn", agent):
         eventually(lambda: pod(cp, "stubborn")["status"].get("phase") == "Running",
                    "stubborn runs")  # fmt: skip
-    words = eventually(lambda: kubectl(cp, "logs", "stubborn", "-n", NS).stdout.split(), "its pid")
+    words = eventually(lambda: logs(cp, "stubborn").split(), "its pid")
     process = int(words[1])
     assert proc(process)
     kubectl(cp, "delete", "pod", "stubborn", "-n", NS, "--wait=true", "--timeout=60s")
@@ -333,7 +339,7 @@ def test_a_container_ignoring_sigterm_is_killed_after_the_grace_period(cp, agent
 def test_deleting_a_pod_ends_what_it_started_outside_its_group(cp, agent):
     """Jupyter starts kernels in their own session; deleting the pod still ends them."""
     create(cp, "escaper", [sys.executable, "-c", ESCAPE], terminationGracePeriodSeconds=1)
-    log = eventually(lambda: kubectl(cp, "logs", "escaper", "-n", NS).stdout.split(), "a pid")
+    log = eventually(lambda: logs(cp, "escaper").split(), "a pid")
     pid = int(log[0])
     try:
         assert proc(pid)
