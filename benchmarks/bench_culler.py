@@ -41,13 +41,16 @@ decision goes through the real code:
 - each server reports to the culler every minute where its pool over-commits (before each
   culler cycle elsewhere), and again within the minute where the answer or its swap agent asks
   (`report_in`, a swap done, a resume that starts to wait: up to 2 reports 30 s apart, the
-  culler's `swap_report_in` set to 30 s); the culler's real `answer_report` answers (swap
-  orders under memory pressure, grants of room for waiting resumes, the host memory budget's
-  shut-downs, presence elsewhere) and the server's real `SwapAgent` takes the answer. The
-  culler's pod watch is the replay's (each pod's node; on HAMi the device its allocation
-  names; a user waiting for a slot has a pod without a node, as under the hub's admission
-  "wait", which is how the culler sees that a kept hibernated server is needed: keep.py);
-  reports name each physical GPU by its own UUID;
+  culler's `swap_report_in` set to 30 s), and at once where its person comes back to a tab
+  (a tab's report turns away or unknown into present: `Presence.on_back` ->
+  `report_soon(0)`, as serverext/__init__.py wires it), in that minute before the culler's
+  cycle, with the monitor's last reading (from before their cells); the culler's real
+  `answer_report` answers (swap orders under memory pressure, grants of room for waiting
+  resumes, the host memory budget's shut-downs, presence elsewhere) and the server's real
+  `SwapAgent` takes the answer. The culler's pod watch is the replay's (each pod's node; on
+  HAMi the device its allocation names; a user waiting for a slot has a pod without a node,
+  as under the hub's admission "wait", which is how the culler sees that a kept hibernated
+  server is needed: keep.py); reports name each physical GPU by its own UUID;
 - hibernation runs through the real Hibernator with a fake checkpoint driver: a suspended
   kernel's memory leaves the GPU for its pod's host memory (a 64 GiB pod limit using 8 GiB), and
   the user's next cell resumes it first, in 0.3 s + memory / 25 GiB/s (PCIe 4.0 x16), through
@@ -429,8 +432,12 @@ class SimServer:
             "kernel_manager": self.kernels, "started": now, "api_last_activity": now,
             "last_activity_times": {},
         }  # fmt: skip
+        # a person back at a tab: the server reports at once (serverext/__init__.py wires
+        # Presence.on_back -> GpuReporter.report_soon(0)); `Sim.report_back` sends it
+        self.back_now = False
         if extension:  # the tab's presence reports reach the server extension
-            self.settings[PRESENCE_KEY] = Presence(settings=self.settings, log=QUIET)
+            presence = self.settings[PRESENCE_KEY] = Presence(settings=self.settings, log=QUIET)
+            presence.on_back = self._report_at_once
         self.monitor = GpuMonitor(
             settings=self.settings, source_spec="none", log=QUIET, own_pid_namespace=True
         )  # a container: the pod has a PID namespace of its own (Kubernetes' default)
@@ -501,6 +508,9 @@ class SimServer:
 
     def _report_soon(self, _seconds: float) -> None:
         self.report_now = True
+
+    def _report_at_once(self) -> None:
+        self.back_now = True
 
     def kernel_ended(self, kernel_id: str | None = None) -> None:
         if kernel_id is not None and kernel_id == self.kernel2_id:
@@ -810,6 +820,7 @@ class Sim:
                 continue
             await self.user_minute(u, s, m, now)
         if self.extension and culler is not None:
+            await self.report_back(culler)
             await self.early_cycle(culler, m, now)
         if self.extension:
             for s in list(self.servers.values()):
@@ -875,6 +886,18 @@ class Sim:
             self.waits.pop()
             self.quick_waits += 1
             await self.user_minute(u, s, m, now)
+        await self.report_back(culler)
+
+    async def report_back(self, culler: Culler) -> None:
+        """The reports of the servers whose person came back at a tab this minute (a tab's
+        report turned 'away' or unknown into 'present': Presence.on_back), sent at once as the
+        product's reporter does (`report_soon(0)`), before the culler's next cycle. The
+        person comes back at the start of the minute: the report carries the monitor's last
+        reading (the product's is 5 s old, from before their cells), not one after them."""
+        for s in [s for s in self.servers.values() if s.back_now]:
+            s.back_now = False
+            await self.report(s, culler)
+            await settle()
 
     async def exchange(self, culler: Culler, m: int) -> None:
         """Each server's report and the culler's answer (reporter.py, swap.py, the culler's

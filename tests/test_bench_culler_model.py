@@ -77,3 +77,33 @@ def test_a_slot_whose_person_left_is_released_for_a_newcomer_within_the_minute(t
     assert row["wait_episodes"] == 0 and row["slot_freed_within_a_minute"] == 1, row
     assert row["culls_while_present"] == 0 and row["false_culls"] == 0
     assert sorted(sims[0].servers) == ["bob"]
+
+
+def test_a_person_back_at_a_tab_reaches_the_culler_in_that_minute(tmp_path: Path):
+    """The product's server reports at once when its person comes back to a tab
+    (serverext/__init__.py: Presence.on_back -> GpuReporter.report_soon(0)). The replay sends
+    that report in the same minute, before the culler's early cycle, with this moment's
+    presence: a culler releasing kept servers for a newcomer then sees the person back."""
+    from tests.test_bench_culler import _culler
+
+    u = User("cls-00", 8192)
+    for m in range(0, 5):
+        u.present[m] = u.tab_open[m] = u.input[m] = True
+    for m in range(40, 45):  # back after a break with the tab closed
+        u.present[m] = u.tab_open[m] = u.input[m] = True
+    sim = Sim([u], "fracspawner", Cluster(1), "reserving", bench_catalog(None))
+    sim.host = pod_host(tmp_path)
+    culler = _culler(sim)
+    s = sim.demand(u, 0)
+    for m in range(0, 40):
+        sim.minute, sim.now_t = m, v(m)
+        sim.tab(u, s, m, _at(m))
+        asyncio.run(sim.report_back(culler))  # only at minute 0: the first tab's report
+    assert culler.reports.get(u.name, "").received_at == v(0)
+    sim.minute = 40
+    sim.now_t = v(40)
+    sim.tab(u, s, 40, _at(40))
+    asyncio.run(sim.report_back(culler))
+    report = culler.reports.get(u.name, "")
+    assert report is not None and report.received_at == v(40), "no report when the person came back"
+    assert report.present is True
