@@ -37,7 +37,9 @@ def report(
     """A HAMi server whose person was last seen `left_min` ago, their kernel holding 8 GiB,
     its GPU idle since then (or `gpu_idle_min`). `tab`: "closed" (no tab reports: every tab
     closed), "hidden" (the lecture's slides in front, in session), "silent" (a visible tab
-    without input, in session), "never" (no tab of it ever reported: VS Code, a script)."""
+    without input, in session), "desk" (a tab left open, its person out of session: the
+    server's session timeout shorter than `left_min`), "never" (no tab of it ever reported:
+    VS Code, a script)."""
     left = now - left_min * 60
     gpu_since = now - (left_min if gpu_idle_min is None else gpu_idle_min) * 60
     presence = {
@@ -47,6 +49,8 @@ def report(
                    "last_present": iso(left)},
         "silent": {"known": True, "present": False, "in_session": True,
                    "last_present": iso(left)},
+        "desk": {"known": True, "present": False, "in_session": False,
+                 "last_present": iso(left)},
         "never": {"known": False, "present": False, "in_session": False, "last_present": None},
     }[tab]  # fmt: skip
     return {
@@ -115,6 +119,20 @@ async def test_least_recently_active_first_until_the_waiting_slices_are_covered(
     # a quarter waits; cat's server stops by its own idle timeout and frees it
     stopped, said = await cycle({"ann": report(now, 20), "cat": report(now, 70)}, waiting=1)
     assert stopped == ["cat"] and said["cat"].startswith("gpu_idle:"), said
+
+
+async def test_a_person_who_closed_their_tab_gives_their_slot_before_a_tab_left_open():
+    """Closing every tab is leaving on purpose; a tab still open and reporting (a desk past
+    the server's session timeout, here shorter than the hour) may have its person back in
+    minutes. So the closed one goes first, whichever was less recently active (keep.released,
+    as for kept hibernated servers); within each, least recently active first."""
+    now = time.time()
+    both = {"ann": report(now, 40, tab="desk"), "bob": report(now, 20)}
+    stopped, said = await cycle(both, waiting=1)
+    assert stopped == ["bob"], said
+    assert said["ann"].startswith("gpu_busy:"), said
+    stopped, _ = await cycle(both, waiting=2)
+    assert stopped == ["ann", "bob"]
 
 
 async def test_on_an_over_committed_pool_only_where_a_gpu_has_room_for_the_waiting_pod():

@@ -34,7 +34,7 @@ from .hostbudget import Holder, Want, plan_evictions
 from .hostroom import UNKNOWN_MIB, HostRoom
 from .hubapi import HubClient, HubServer
 from .identity import Identity, TokenVerifier, token_key
-from .keep import Kept, may_keep, released, waiting_mib
+from .keep import Kept, may_keep, released, tabs_closed, waiting_mib
 from .nodememory import node_budget_mib
 from .placement import Placement
 from .podname import DEFAULT_TEMPLATE, pod_name
@@ -1125,7 +1125,7 @@ class Culler(CullerApplication):
                 if stop.cull and stop.reason == "gpu_idle":
                     at = facts.activity or now
                     due.append(Kept((facts.user, facts.name), facts.pool or "", at,
-                                    self.claim(facts)[1]))  # fmt: skip
+                                    self.claim(facts)[1], tabs_closed(report)))  # fmt: skip
                 facts = replace(facts, kept_hibernated=True)
             out.append((server, facts, sources))
         freed = released(due, waiting)
@@ -1177,7 +1177,9 @@ class Culler(CullerApplication):
             if at is not None and at <= now:
                 key = (facts.user, facts.name)
                 due[key] = at
-                candidates.append(Kept(key, pool, facts.activity or now, slice_mib))
+                candidates.append(
+                    Kept(key, pool, facts.activity or now, slice_mib, tabs_closed(report))
+                )
         freed = released(candidates, need)
         pools = {k.key: k.pool for k in candidates}
         for key in sorted(freed):

@@ -14,8 +14,10 @@ So such a server is stopped for GPU idleness only while something needs what it 
 
 - a slot: a server pod of its pool waits for a node (made, not scheduled: under admission
   "wait" FracSpawner makes the pod and it stays Pending until a slot frees). The kept servers
-  past their `server_gpu_idle` are stopped, least recently active first, until the slices they
-  free cover the slices waiting (`released`); the others stay;
+  past their `server_gpu_idle` are stopped until the slices they free cover the slices
+  waiting (`released`): those whose person closed every tab first (left on purpose: a tab
+  still open, hidden or on a desk past its session, may have its person back in minutes),
+  least recently active first within each; the others stay;
 - host memory: the node's budget shuts the oldest hibernated kernels of users away down when
   another kernel needs the room (hostbudget.plan_room); a server left with no hibernated kernel
   is no longer kept, and its idle timeouts stop it as before.
@@ -51,6 +53,16 @@ class Kept:
     pool: str
     activity: float  # its last activity (unix seconds): the least recent goes first
     slice_mib: float  # what stopping it frees for a pod waiting on its pool
+    # its person closed every tab of it (`tabs_closed`): left on purpose, released first
+    tabs_closed: bool = False
+
+
+def tabs_closed(report: ServerReport | None) -> bool:
+    """Whether a server's person closed every tab of it, by its report: a tab reported them
+    once (`last_present`) and none reports now (presence unknown). A tab still open and
+    reporting, hidden or a desk past its session, may have its person back in minutes; a
+    server no tab ever reported on says nothing either way."""
+    return report is not None and report.present is None and report.last_present is not None
 
 
 def may_keep(report: ServerReport | None, pool: str | None, catalog: Catalog) -> bool:
@@ -78,15 +90,16 @@ def waiting_mib(pods: Iterable[tuple[str, Placement]], catalog: Catalog) -> dict
 
 
 def released(kept: Iterable[Kept], waiting: Mapping[str, float]) -> set[tuple[str, str]]:
-    """The kept servers to stop for the pods waiting on their pools: least recently active
-    first, until the slices they free cover the slices waiting (at least one per pool where
-    something waits). Slices are whole MiB, each floored (model/slices.py: two eighths of an
-    H100 are its quarter less 1 MiB), so n slices freed cover what waits within n MiB: else
-    one more server was stopped for that MiB."""
+    """The kept servers to stop for the pods waiting on their pools: those whose person closed
+    every tab first (left on purpose), then the others (a tab still open, or none ever); least
+    recently active first within each; until the slices they free cover the slices waiting
+    (at least one per pool where something waits). Slices are whole MiB, each floored
+    (model/slices.py: two eighths of an H100 are its quarter less 1 MiB), so n slices freed
+    cover what waits within n MiB: else one more server was stopped for that MiB."""
     out: set[tuple[str, str]] = set()
     freed: dict[str, float] = defaultdict(float)
     count: dict[str, int] = defaultdict(int)
-    for k in sorted(kept, key=lambda k: (k.activity, k.key)):
+    for k in sorted(kept, key=lambda k: (not k.tabs_closed, k.activity, k.key)):
         need = waiting.get(k.pool, 0.0)
         if need > 0 and freed[k.pool] + count[k.pool] < need:
             out.add(k.key)
