@@ -150,13 +150,15 @@ def test_the_benchmark_s_rows_carry_the_floor_beside_their_waiting():
             "stalled_runs", "host_memory_peak_per_node_gib", "idle_gpu_memory_gib_hours",
             "gpu_state_lost", "turned_away", "admission_waits", "memory_waits", "swap_orders",
             "grants", "resumes", "host_budget_orders")  # fmt: skip
-    row = dict.fromkeys(keys, 0) | {"wait_minutes": 120}
+    # each replay's row carries the host budget its culler used (a5cb9e2: from the node)
+    row = dict.fromkeys(keys, 0) | {"wait_minutes": 120, "host_memory_budget_gib": 105.1}
     base = dict.fromkeys(keys, 0) | {"wait_minutes": 300}
     users = [user("a", 60, run=range(3)), user("b", 60, run=range(3))]
     small = floor(users, gpus=1, gpu_mib=GPU, minutes=3)
     head = half_gpus(row, base, Cluster(1), Cluster(2), small)
     assert head["floor"] == small and head["floor"]["runs_over_gpu_minutes"] == 3
     assert (head["wait_minutes"], head["baseline_wait_minutes"]) == (120, 300)
+    assert head["host_memory_budget_gib"] == 105.1
     full = capacity(row, base, floor(users, gpus=2, gpu_mib=GPU, minutes=3))
     assert full["floor"]["gpus"] == 2 and full["floor"]["runs_over_gpu_minutes"] == 0
     assert (full["wait_minutes"], full["baseline_wait_minutes"]) == (120, 300)
