@@ -200,11 +200,14 @@ class SwapDesk:
             size = me.size_mib if me.size_mib else gpu.total_mib
             if not size:
                 continue
-            # the grant margin on this GPU (0 where the pod's own reading checks the room)
+            # the grant margin on this GPU (0 where the pod's own reading checks the room), and
+            # there too the slices of present people whose first cell has not allocated yet
             margin = grant_margin(self.grant_margin_mib, size, me.enforced)
+            unborn = first_allocations(seats, gpu.uuid, (user, server)) if me.enforced else 0.0
             if self._grant(
-                user, server, gpu.uuid, size, margin, seats, on_it, granted, now, resume, wait
-            ):
+                user, server, gpu.uuid, size, margin, unborn, seats, on_it, granted, now,
+                resume, wait,
+            ):  # fmt: skip
                 unsure = True
             if not me.swaps:
                 continue
@@ -217,7 +220,7 @@ class SwapDesk:
             # that much free too (a swap margin set below it would leave the kernel waiting)
             keep = me.margin_mib
             if any(s.waiting_mib > 0 for s in on_it):
-                keep = max(keep, margin)
+                keep = max(keep, margin + unborn)
             pressure = plan_swaps(gpu.uuid, size, on_it, keep, asked, reading)
             self.last[gpu.uuid] = pressure
             pressed = pressed or pressure.under_pressure
@@ -265,6 +268,7 @@ class SwapDesk:
         uuid: str,
         size: float,
         margin: float,
+        unborn: float,
         seats: list[Seat],
         on_it: list[ServerOnGpu],
         granted: dict[Key, float],
@@ -274,7 +278,8 @@ class SwapDesk:
     ) -> bool:
         """Room on GPU `uuid` for `user`/`server`'s waiting kernels (grants.py); True when the
         culler is not sure yet (its sources disagree): the server should report again soon.
-        `margin`: MiB of the GPU never granted (grant_margin)."""
+        `margin`: MiB of the GPU never granted (grant_margin); `unborn`: MiB the first
+        allocations of present people's servers may take (first_allocations), never granted."""
         waiters, readings = [], []
         for s in seats:
             if not s.fresh:
@@ -292,12 +297,16 @@ class SwapDesk:
         mine = [w for w in waiters if (w.user, w.server) == (user, server)]
         if not mine:
             return False
-        on_gpu = max(resident_of(on_it), min(readings) if readings else 0.0)
+        on_gpu = max(resident_of(on_it), min(readings) if readings else 0.0) + unborn
         go = set(plan_grants(size, on_gpu, waiters, granted, margin))
         # by the readings alone there would be room: a report from before a swap still counts
         # its kernel resident. Neither grant nor "wait" (the cell would be told the GPU is full
         # when it is not): its server reports again soon
-        maybe = set(plan_grants(size, min(readings), waiters, granted, margin)) if readings else go
+        maybe = (
+            set(plan_grants(size, min(readings) + unborn, waiters, granted, margin))
+            if readings
+            else go
+        )
         unsure = False
         # who holds the GPU: people present at a server with memory on it (their kernels are
         # never swapped out: pressure.py), as the hub's admission words it (hub/room.py)
@@ -339,6 +348,32 @@ def grant_margin(margin_mib: float, size_mib: float, enforced: bool) -> float:
     if not enforced:
         return 0.0
     return max(0.0, min(margin_mib, size_mib / 16))
+
+
+def first_allocations(seats: Iterable[Seat], uuid: str, besides: tuple[str, str]) -> float:
+    """MiB on GPU `uuid` that present people's servers may take at their first cell: the
+    slice of each (other than `besides`, the one asking) whose fresh report shows nothing
+    resident there, less what its kernels bring back from hibernation (those restore through a
+    grant of their own). The hub's admission counts such a server at its whole slice too
+    (room.held_by); where the grant is the only check before a restore (HAMi), a grant into
+    that room met the first cell's allocation: the capacity replay's research mix lost a
+    kernel's GPU state so (NVIDIA/cuda-checkpoint#44)."""
+    total = 0.0
+    for s in seats:
+        if not (s.fresh and s.present) or (s.user, s.server) == besides:
+            continue
+        held = sum(max(g.resident_mib, 0.0) for g in s.facts.gpus)  # its slice is for all
+        for g in s.facts.gpus:
+            if g.uuid != uuid or g.resident_mib > 0:
+                continue
+            waits = {w.kernel_id for w in g.waiting}
+            asleep = sum(
+                max(k.hibernated_mib, 0.0)
+                for k in g.kernels
+                if k.hibernated and k.kernel_id not in waits
+            )
+            total += max(0.0, s.cap_mib - held - max(g.waiting_mib, 0.0) - asleep)
+    return total
 
 
 def _people(n: int) -> str:
