@@ -16,6 +16,8 @@ from __future__ import annotations
 
 from fracspawner.culler.pressure import swap_facts
 from fracspawner.culler.swapdesk import Seat, SwapDesk
+from tests.test_culler_grant_margin import _kernel
+from tests.test_culler_grant_margin import _report as margin_report
 
 H100 = 81559.0
 QUARTER = 20390.0
@@ -25,26 +27,7 @@ USED = 20390.0 + 16384.0  # every device reading: the two runs
 
 
 def _report(kernels: list[dict], waiting: list[dict], present: bool) -> dict:
-    return {
-        "available": True,
-        "devices": [
-            {"index": "0", "uuid": "GPU-h100", "memory_total_mib": H100, "memory_used_mib": USED}
-        ],
-        "processes": [
-            {"pid": 10 + i, "kernel_id": k["id"], "device": "0",
-             "gpu_memory_mib": k["gpu_memory_mib"], "matched": True}
-            for i, k in enumerate(kernels)
-        ],
-        "kernels": kernels,
-        "swap": {"waiting": waiting},
-        "presence": {"known": True, "present": present},
-    }  # fmt: skip
-
-
-def _kernel(kid: str, mib: float) -> dict:
-    return {"id": kid, "execution_state": "busy", "last_activity": "2026-01-01T10:00:00Z",
-            "last_gpu_activity": None, "gpu_memory_mib": mib, "gpu_utilization": 50,
-            "gpu_activity_known": True, "hibernation": {"state": "running"}}  # fmt: skip
+    return margin_report(kernels, waiting, USED, present)
 
 
 def _gpu(res03_present: bool, enforced: bool = True) -> list[Seat]:

@@ -39,7 +39,7 @@ def test_two_waiting_kernels_in_just_enough_room_by_a_stale_view_only_what_fits_
     assert plan_grants(H100, 0.0, [whole], {}, margin_mib=MARGIN) == [whole.key]
 
 
-def _report(kernels: list[dict], waiting: list[dict], used: float) -> dict:
+def _report(kernels: list[dict], waiting: list[dict], used: float, present: bool = True) -> dict:
     return {
         "available": True,
         "devices": [
@@ -52,7 +52,7 @@ def _report(kernels: list[dict], waiting: list[dict], used: float) -> dict:
         ],
         "kernels": kernels,
         "swap": {"waiting": waiting},
-        "presence": {"known": True, "present": True},
+        "presence": {"known": True, "present": present},
     }  # fmt: skip
 
 
