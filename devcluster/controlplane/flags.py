@@ -70,8 +70,12 @@ def etcd(data_dir: Path, ports: Ports) -> list[str]:
     ]
 
 
-def kube_apiserver(pki: ClusterPKI, ports: Ports) -> list[str]:
-    return [
+def kube_apiserver(
+    pki: ClusterPKI, ports: Ports, admission_config: Path | None = None
+) -> list[str]:
+    """`admission_config`: an AdmissionConfiguration file (admission.py), for the client
+    certificates kube-apiserver presents to webhooks; none by default."""
+    argv = [
         "kube-apiserver",
         f"--etcd-servers=http://127.0.0.1:{ports.etcd_client}",
         "--bind-address=127.0.0.1",
@@ -105,6 +109,9 @@ def kube_apiserver(pki: ClusterPKI, ports: Ports) -> list[str]:
         f"--feature-gates={feature_gates()}",
         "--profiling=false",
     ]
+    return (
+        [*argv, f"--admission-control-config-file={admission_config}"] if admission_config else argv
+    )
 
 
 def _component_common(kubeconfig: Path, cert_dir: Path, port: int) -> list[str]:

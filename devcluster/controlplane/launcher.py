@@ -14,6 +14,7 @@ from typing import Any
 import yaml
 
 from . import flags
+from .admission import admission_configuration, webhook_kubeconfig
 from .binary import find_binary
 from .kubeconfigs import write_kubeconfig
 from .pki import ClusterPKI, KeyPair, make_pki
@@ -56,6 +57,7 @@ class ControlPlane:
         self.components: list[Component] = []
         self.scheduler_profiles: tuple[Mapping[str, Any], ...] = ()
         self.scheduler_extenders: tuple[Mapping[str, Any], ...] = ()
+        self.webhook_clients: dict[str, tuple[Path, Path]] = {}
         self.pki: ClusterPKI
         self.kubeconfig: Path
         self.client: Client
@@ -73,13 +75,19 @@ class ControlPlane:
         progress: Callable[[str], None] = lambda _msg: None,
         scheduler_profiles: Sequence[Mapping[str, Any]] = (),
         scheduler_extenders: Sequence[Mapping[str, Any]] = (),
+        webhook_clients: Mapping[str, tuple[Path, Path]] | None = None,
     ) -> ControlPlane:
         """`scheduler_profiles`: more kube-scheduler profiles (KubeSchedulerProfile objects)
-        besides default-scheduler; `scheduler_extenders`: KubeSchedulerConfiguration extenders."""
+        besides default-scheduler; `scheduler_extenders`: KubeSchedulerConfiguration extenders;
+        `webhook_clients`: the client certificates kube-apiserver presents to admission
+        webhooks, webhook target (`host:port`, `*.svc`, `*`: admission.py) -> (certificate,
+        key) files, given it in an AdmissionConfiguration; none by default."""
         binary = find_binary()
         cp = cls(Path(state_dir).resolve(), binary, progress)
         cp.scheduler_profiles = tuple(scheduler_profiles)
         cp.scheduler_extenders = tuple(scheduler_extenders)
+        clients = webhook_clients or {}
+        cp.webhook_clients = {t: (Path(c), Path(k)) for t, (c, k) in clients.items()}
         try:
             cp._start(timeout)
         except BaseException:
@@ -98,7 +106,7 @@ class ControlPlane:
 
         self._run("etcd", flags.etcd(self.state_dir / "etcd", self.ports))
         self._wait("etcd", lambda: ok(etcd_url), deadline)
-        self._run("kube-apiserver", flags.kube_apiserver(pki, self.ports))
+        self._run("kube-apiserver", flags.kube_apiserver(pki, self.ports, self._admission()))
         self._wait("kube-apiserver", self._apiserver_ready, deadline)
         scheduler = self._kubeconfig("scheduler", pki.scheduler)
         config = None
@@ -134,6 +142,19 @@ class ControlPlane:
         # could create its first pod before that; the cluster is ready once a pod can be made
         self._wait("the default ServiceAccount", self._default_service_account, deadline)
         self._progress(f"control plane ready at {self.server} (kubeconfig {self.kubeconfig})")
+
+    def _admission(self) -> Path | None:
+        """The AdmissionConfiguration file for `webhook_clients`, and the kubeconfig it names."""
+        if not self.webhook_clients:
+            return None
+        kubeconfig = self.state_dir / "webhook-clients.kubeconfig"
+        try:
+            kubeconfig.write_text(yaml.safe_dump(webhook_kubeconfig(self.webhook_clients)))
+        except ValueError as err:
+            raise ControlPlaneError(str(err)) from None
+        config = self.state_dir / "admission-config.yaml"
+        config.write_text(yaml.safe_dump(admission_configuration(kubeconfig)))
+        return config
 
     def _default_service_account(self) -> bool:
         return self.client.get_json(f"{SERVICE_ACCOUNTS}/default") is not None
