@@ -202,3 +202,27 @@ def test_room_rules():
     assert virtualised_nvml({"CUDA_DEVICE_MEMORY_LIMIT_0": "4096m"}, "/nonexistent")
     assert virtualised_nvml({"LD_PRELOAD": "/usr/local/vgpu/libvgpu.so"}, "/nonexistent")
     assert virtualised_nvml({}, "/nonexistent") is None
+
+
+async def test_a_grant_of_what_the_report_asked_restores_a_kernel_of_a_fractional_size(fake, sleeper, plain, monkeypatch):  # noqa: F811 (the fixtures)
+    """NVML counts bytes, so a kernel's memory is rarely a whole tenth of a MiB. The culler
+    grants what the server's report asked (`swap.waiting`); that grant must cover the kernel.
+    Before: the report rounded 40,632.32 MiB to 40,632.3, the grant said 40,632.3, and the
+    restore waited for a grant 0.02 MiB larger, for ever (breaks replay on the full cluster,
+    reserving, over-committed: brk-04's cell waited 487 minutes with a grant every report)."""
+    state, cgroup = fake
+    monkeypatch.setenv("CUDA_DEVICE_MEMORY_LIMIT_0", "4096m")
+    pid = sleeper.pid
+    hib, monitor, agent, soon, told = wired(state, cgroup)
+    size = 2 * GIB + 0.32  # bytes / 2**20: not a whole tenth of a MiB
+    add_process(state, pid, size)
+    assert await suspend(hib, "k", pid, size) == "hibernated"
+    monitor.reading = (4096.0, 0.0)  # the pod's virtualised view
+    task = hib.resume("k", "a message to the kernel")
+    await until(lambda: agent.waiting(), "the resume reported waiting")
+    asked = agent.waiting()[0]["gpu_memory_mib"]
+    assert asked >= size, f"the report asks {asked} MiB for a kernel of {size}"
+    # the culler grants what was asked (swapdesk.py: the waiter's reported MiB)
+    agent.on_answer({"swap": {"resume": [{"kernel_id": "k", "gpu_memory_mib": asked}]}})
+    assert await asyncio.wait_for(task, 20) is True
+    assert cuda_state(state, pid) == "running" and restore_calls(state, pid) == 1

@@ -35,6 +35,7 @@ This module
 from __future__ import annotations
 
 import asyncio
+import math
 import os
 from collections.abc import Callable
 from datetime import datetime, timedelta
@@ -56,6 +57,13 @@ HOST_WAIT = (
     "not hibernated yet: waiting for the culler's room in its node's host memory budget for "
     "hibernated kernels; it stays on the GPU meanwhile"
 )
+
+
+def mib_up(mib: float) -> float:
+    """MiB as a report says them (a tenth of a MiB), never less than `mib`: the culler grants
+    what a waiting kernel's report asks, and a grant rounded below the kernel's size (NVML
+    counts bytes) would keep it waiting for ever (room.py: the grant must cover it)."""
+    return math.ceil(round(mib * 10, 6)) / 10
 
 
 def waiting_words(reason: Any) -> str:
@@ -253,7 +261,7 @@ class SwapAgent(LoggingConfigurable):
                 del self.host_wanted[kid]
                 self.host_why.pop(kid, None)
         return [
-            {"kernel_id": kid, "gpu_memory_mib": round(mib, 1)}
+            {"kernel_id": kid, "gpu_memory_mib": mib_up(mib)}
             for kid, (mib, _asked) in sorted(self.host_wanted.items())
         ]
 
@@ -267,7 +275,7 @@ class SwapAgent(LoggingConfigurable):
             if s.waiting():
                 entry = {
                     "kernel_id": kid,
-                    "gpu_memory_mib": round(s.memory_mib, 1),
+                    "gpu_memory_mib": mib_up(s.memory_mib),
                     "since": isoformat(s.waiting_since or s.since),
                 }
                 if device:
