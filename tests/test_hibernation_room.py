@@ -204,7 +204,12 @@ def test_room_rules():
     assert virtualised_nvml({}, "/nonexistent") is None
 
 
-async def test_a_grant_of_what_the_report_asked_restores_a_kernel_of_a_fractional_size(fake, sleeper, plain, monkeypatch):  # noqa: F811 (the fixtures)
+async def test_a_grant_of_what_was_asked_restores_a_kernel_of_a_fractional_size(
+    fake,  # noqa: F811 (the fixtures)
+    sleeper,  # noqa: F811
+    plain,
+    monkeypatch,
+):
     """NVML counts bytes, so a kernel's memory is rarely a whole tenth of a MiB. The culler
     grants what the server's report asked (`swap.waiting`); that grant must cover the kernel.
     Before: the report rounded 40,632.32 MiB to 40,632.3, the grant said 40,632.3, and the
