@@ -91,9 +91,10 @@ turned away (wait episodes) and the 95th percentile of their waits, idle reserve
 held by idle kernels while their user is away), disruptions (a kernel shut down or a server
 stopped that its user comes back to within 30 min), culls of a present user, false culls (while
 the GPU worked), `resume_failures` (cells that met CUDA out of memory: a first allocation or
-a growing kernel with no room on a shared GPU), stalled background runs (a silent run killed,
-suspended, or never started for want of a server), and the host memory hibernation takes, peak
-per node.
+a growing kernel at its own slice's limit under HAMi-core, or with no room beside its co-tenants
+on a shared GPU; `cuda_oom_co_tenants` counts the latter), stalled background runs (a silent
+run killed, suspended, or never started for want of a server), and the host memory hibernation
+takes, peak per node.
 Goals: waiting <= 50 % of the baseline on every mix, disruptions <= the baseline, 0 culls of a
 present user, 0 false culls. Beside them each row has the person-minutes its users and the
 baseline's waited for a server (`wait_minutes`, `baseline_wait_minutes`) and the `floor` of the
@@ -654,6 +655,8 @@ class Sim:
         self.hibernations = 0
         self.resume_seconds: list[float] = []
         self.resume_failures = 0
+        # of them, cells that met no room beside co-tenants (not their own slice's limit)
+        self.oom_co_tenants = 0
         self.host_peak_node_mib = 0.0
         self.host_peak_total_mib = 0.0
         self.pods: dict[str, SimServer] = {}  # pod name -> server (the culler's pod watch)
@@ -997,7 +1000,7 @@ class Sim:
                 over_limit = s.virtualised and mine + s.kernel_mib > s.slice_mib()
                 no_room = self.shared_memory and (self.gpu_free_mib(s.gpu, s) - mine < s.kernel_mib)
                 if over_limit or no_room:
-                    self.resume_failures += 1
+                    self.cuda_oom(over_limit)
                     s.busy = running = False
             kernel.execution_state = "busy" if (running and not s.child_run or cell) else "idle"
             s.holds_memory = s.holds_memory or s.busy
@@ -1008,7 +1011,7 @@ class Sim:
                 mine = s.on_gpu_mib()  # both its kernels: HAMi-core limits the pod
                 over_limit = s.virtualised and mine + step > s.slice_mib()
                 if over_limit or (self.shared_memory and self.gpu_free_mib(s.gpu, s) < mine + step):
-                    self.resume_failures += 1
+                    self.cuda_oom(over_limit)
                 else:
                     s.kernel_mib = min(GROWS_TO * u.memory_mib, s.kernel_mib + step)
         if u.run[m] and not (s.run_alive and not s.hibernated()):
@@ -1036,7 +1039,7 @@ class Sim:
                     mine + s.kernel2_mib
                 )
                 if over_limit or no_room:
-                    self.resume_failures += 1
+                    self.cuda_oom(over_limit)
                     s.busy2 = False
             s.holds2 = s.holds2 or s.busy2
         if s.kernel2_id is not None:
@@ -1098,6 +1101,13 @@ class Sim:
                 now,
             )
 
+    def cuda_oom(self, own_slice: bool) -> None:
+        """A cell met CUDA out of memory: at its own slice's limit (HAMi-core), or for want of
+        room beside its co-tenants on a shared GPU (what the culler's admission and grants
+        answer for)."""
+        self.resume_failures += 1
+        self.oom_co_tenants += not own_slice
+
     def summary(self) -> dict:
         present = {u.name: u.present for u in self.users}
         disrupted = sum(
@@ -1123,6 +1133,7 @@ class Sim:
             "hibernations": self.hibernations,
             "resumes": len(self.resume_seconds),
             "resume_failures": self.resume_failures,
+            "cuda_oom_co_tenants": self.oom_co_tenants,
             "memory_waits": self.memory_waits,
             "swap_orders": self.swap_orders,
             "grants": self.grants,
@@ -1345,6 +1356,7 @@ def half_gpus(row: dict, base: dict, half: Cluster, full: Cluster, floor_figures
         "admission_waits": row["admission_waits"],
         "memory_waits": row["memory_waits"],
         "cuda_oom_in_cells": row["resume_failures"],
+        "cuda_oom_co_tenants": row["cuda_oom_co_tenants"],
         "swap_orders": row["swap_orders"],
         "grants": row["grants"],
         "resumes": row["resumes"],
@@ -1593,6 +1605,7 @@ COLUMNS = [
     ("kernel_shutdowns", "kernel shut-downs"),
     ("hibernations", "hibernations"),
     ("resume_failures", "CUDA OOM in cells"),
+    ("cuda_oom_co_tenants", "of them for co-tenants"),
     ("memory_waits", "cell-minutes waiting for room"),
     ("swap_orders", "swap orders"),
     ("grants", "grants"),

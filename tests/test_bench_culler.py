@@ -279,6 +279,8 @@ def test_a_second_notebook_is_a_second_kernel_on_the_gpu(tmp_path: Path):
     asyncio.run(replay([u], OVERCOMMIT_KIND, "reserving", Cluster(1), tmp_path, 20, sims))
     s = sims[0].servers[u.name]
     assert s.on_gpu_mib() == 8192 and sims[0].resume_failures > 0  # the main kernel's cells
+    # ... at its own slice's limit, alone on the GPU: none of them for want of co-tenants' room
+    assert sims[0].summary()["cuda_oom_co_tenants"] == 0
     assert any(any(u.second) for u in make_mix("research"))
 
 
