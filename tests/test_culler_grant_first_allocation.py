@@ -1,7 +1,8 @@
 """A present person's server that holds nothing on the GPU yet keeps its whole slice from the
-culler's grants on a pool whose pods' NVML is their slice's (HAMi: the grant is the only check
-before a restore; issue 36; NVIDIA/cuda-checkpoint#44: a restore that meets CUDA out-of-memory
-loses the kernel's GPU state for good).
+culler's grants: on a pool whose pods' NVML is their slice's (HAMi: the grant is the only check
+before a restore), and on time-slicing, where the restore is checked by the pod's own reading
+but the first cell after it would meet CUDA out of memory (issue 36; NVIDIA/cuda-checkpoint#44:
+a restore that meets CUDA out-of-memory loses the kernel's GPU state for good).
 
 The scenario is the culler benchmark's (research, reserving, over-commit 2, both GPUs; minute
 634): res-00 and res-01, away with runs, held 20,390 and 16,384 MiB of an 81,559 MiB GPU;
@@ -64,7 +65,14 @@ def test_the_same_room_is_granted_when_that_person_is_away():
     assert swap.get("resume") == [{"kernel_id": "k6", "gpu_memory_mib": 32768.0}], swap
 
 
-def test_where_the_pods_own_reading_checks_the_room_the_grant_is_unchanged():
-    # time-slicing (not enforced): the server restores only once its own NVML shows the room
+def test_where_the_pods_own_reading_checks_the_room_a_first_cell_keeps_its_slice_too():
+    # time-slicing (not enforced): the server restores only once its own NVML shows the room,
+    # so the restore is safe; but the present person's first cell, a moment later, would meet
+    # CUDA out of memory in the room the grant gave away (capacity replay, breaks, time-sliced,
+    # half the GPUs: brk-12's first cells met 3,489 MiB free for 16,384)
     swap = _answer(_gpu(res03_present=True, enforced=False))
+    assert not swap.get("resume"), swap
+    assert [w["kernel_id"] for w in swap.get("wait", [])] == ["k6"], swap
+    # that person away: granted (no margin on this pool)
+    swap = _answer(_gpu(res03_present=False, enforced=False))
     assert swap.get("resume") == [{"kernel_id": "k6", "gpu_memory_mib": 32768.0}], swap

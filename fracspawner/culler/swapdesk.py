@@ -201,9 +201,11 @@ class SwapDesk:
             if not size:
                 continue
             # the grant margin on this GPU (0 where the pod's own reading checks the room), and
-            # there too the slices of present people whose first cell has not allocated yet
+            # on every pool the slices of present people whose first cell has not allocated
+            # yet: a pod's own reading keeps a restore out of a full GPU, but not out of the
+            # room such a cell takes a moment later (CUDA out of memory in that cell)
             margin = grant_margin(self.grant_margin_mib, size, me.enforced)
-            unborn = first_allocations(seats, gpu.uuid, (user, server)) if me.enforced else 0.0
+            unborn = first_allocations(seats, gpu.uuid, (user, server))
             if self._grant(
                 user, server, gpu.uuid, size, margin, unborn, seats, on_it, granted, now,
                 resume, wait,
@@ -357,7 +359,9 @@ def first_allocations(seats: Iterable[Seat], uuid: str, besides: tuple[str, str]
     grant of their own). The hub's admission counts such a server at its whole slice too
     (room.held_by); where the grant is the only check before a restore (HAMi), a grant into
     that room met the first cell's allocation: the capacity replay's research mix lost a
-    kernel's GPU state so (NVIDIA/cuda-checkpoint#44)."""
+    kernel's GPU state so (NVIDIA/cuda-checkpoint#44). Where the pod's own reading checks the
+    room too (time-slicing) the restore is safe, but the first cell that comes after it meets
+    CUDA out of memory: kept from grants there as well."""
     total = 0.0
     for s in seats:
         if not (s.fresh and s.present) or (s.user, s.server) == besides:
