@@ -1309,6 +1309,7 @@ def capacity(row: dict, base: dict, floor_figures: dict) -> dict:
             row["idle_reserved_slice_hours"], base["idle_reserved_slice_hours"]
         ),
         "resume_failures": row["resume_failures"],
+        "cuda_oom_co_tenants": row["cuda_oom_co_tenants"],
         "stalled_runs": row["stalled_runs"],
         "host_memory_peak_per_node_gib": row["host_memory_peak_per_node_gib"],
         "idle_gpu_memory_pct": pct(
