@@ -62,3 +62,51 @@ def test_a_kernel_on_the_gpu_is_still_shut_down(monkeypatch):
         minute += 1
         server.now = t(minute * 60)
     assert minute == KERNEL_GPU_IDLE / 60
+
+
+def _waiting_for_host_room(monkeypatch) -> tuple[Server, object]:
+    """A server on an over-committed pool reporting to a culler, whose one kernel is due to
+    hibernate and waits for the culler's room in its node's host budget (swap.py host_gate:
+    the node's budget is full)."""
+    from fracspawner.serverext.swap import SwapAgent
+
+    monkeypatch.setenv("FRACSPAWNER_GPU_OVERCOMMIT", "2")
+    server = Server(monkeypatch, env={"FRACSPAWNER_KERNEL_GPU_HIBERNATE_SECONDS": str(HIBERNATE)})
+    agent = SwapAgent(server.monitor, lambda seconds: None)
+    agent.ask_host_room = True
+    server.monitor.hibernator.now = lambda: server.now
+    return server, agent
+
+
+def test_a_kernel_waiting_for_host_room_stays_on_an_uncontended_gpu(monkeypatch):
+    """On an over-committed pool the culler frees GPU memory when someone needs it (a swap
+    order, which may shut down the oldest hibernated kernels of people away for host room).
+    A kernel that waits for host room to hibernate is not shut down for idleness alone while
+    nobody needs its GPU memory: that would lose the most recently idle kernel for no one's
+    gain (capacity replay, breaks, half the GPUs: kernels shut down 30 min after their person
+    left, on a node whose budget was full)."""
+    server, agent = _waiting_for_host_room(monkeypatch)
+    for minute in range(0, 3 * 60):
+        server.now = t(minute * 60)
+        if minute * 60 >= HIBERNATE:  # due to hibernate: asks the culler, which has no room
+            assert agent.host_gate("k", 8192.0) is not None
+        assert server.reading() == [], f"shut down at minute {minute}"
+    (kernel,) = server.report()["kernels"]
+    assert kernel["cull_at"] is None
+
+
+def test_a_kernel_waiting_for_host_room_on_a_contended_gpu_is_shut_down_as_before(monkeypatch):
+    """Where the culler's answers say the GPU is contended (under pressure, a resume waiting),
+    kernel_gpu_idle frees its memory as before: a swap order may find no host room either."""
+    server, agent = _waiting_for_host_room(monkeypatch)
+    minute = 0
+    while True:
+        server.now = t(minute * 60)
+        if minute * 60 >= HIBERNATE:
+            agent.host_gate("k", 8192.0)
+        agent.on_answer({"swap": {"report_in": 30}})  # the GPU is under pressure
+        if server.reading():
+            break
+        minute += 1
+        assert minute < 4 * 60, "never shut down"
+    assert minute == KERNEL_GPU_IDLE / 60

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
@@ -145,6 +146,9 @@ class GpuMonitor(BackgroundLoop):
         self.unknown_reasons: list[str] = []
         self.last_not_idle: datetime | None = None  # last reading busy or unknown
         self.culled: list[dict] = []  # kernels this server shut down (newest last, bounded)
+        # kernels kept on the GPU rather than shut down for idleness (swap.py: on an
+        # over-committed pool, one waiting for the culler's room in its node's host budget)
+        self.kept_on_gpu: Callable[[str], bool] = lambda kernel_id: False
         # the slice and the culler's idle policy, as FracSpawner put them in the environment
         self.pod = PodInfo.from_environ(os.environ, memory_mib=self.memory_entitlement_mib)
         # the first rung: idle GPU kernels suspended to host memory (hibernate.py)
@@ -357,6 +361,9 @@ class GpuMonitor(BackgroundLoop):
                 continue
             execution_state, last_activity = self._kernel_state(kid)
             suspended = self.hibernator.suspended(kid)
+            if self.kept_on_gpu(kid):
+                out.append((kid, k, execution_state, last_activity, None))
+                continue
             due = kernel_deadline(
                 self.pod.policy,
                 # a hibernated kernel holds no GPU memory (its state is in host memory, which

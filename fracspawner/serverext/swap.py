@@ -53,6 +53,7 @@ GRANT_SECONDS = 30.0  # a grant of room from the culler is in force this long
 ENV_OVERCOMMIT = "FRACSPAWNER_GPU_OVERCOMMIT"  # the pool's overcommit, set by FracSpawner
 IN_USE = "the GPU is in use by "  # the culler's reason for a resume behind present people
 WANT_SECONDS = 120.0  # a kernel not asked for again this long is no longer due to hibernate
+CONTENDED_SECONDS = 120.0  # the GPU counts as contended this long after an answer says so
 HOST_WAIT = (
     "not hibernated yet: waiting for the culler's room in its node's host memory budget for "
     "hibernated kernels; it stays on the GPU meanwhile"
@@ -123,6 +124,8 @@ class SwapAgent(LoggingConfigurable):
         self.host_wanted: dict[str, tuple[float, datetime]] = {}  # kernel id -> (MiB, asked)
         self.host_why: dict[str, str] = {}  # kernel id -> the culler's word why it waits
         monitor.hibernator.host_gate = self.host_gate
+        monitor.kept_on_gpu = self.kept_on_gpu
+        self.contended_at: datetime | None = None  # the culler's latest answer asking word soon
 
     # --- the culler's answer ------------------------------------------------------------------
     def on_answer(self, answer: dict) -> None:
@@ -133,6 +136,8 @@ class SwapAgent(LoggingConfigurable):
         report_in = swap.get("report_in")
         if isinstance(report_in, int | float) and not isinstance(report_in, bool):
             self.report_soon(max(1.0, float(report_in)))
+            # the culler wants word soon: its GPU is under pressure, or a resume waits there
+            self.contended_at = self.monitor.hibernator.now()
         live = self.monitor._kernel_ids()
         hib = self.monitor.hibernator
         for grant in (swap.get("resume") or [])[:MAX_ORDERS]:
@@ -234,6 +239,21 @@ class SwapAgent(LoggingConfigurable):
         if new:
             self.report_soon(0.0)  # the culler's answer brings the room, or why not
         return self.host_why.get(kernel_id) or HOST_WAIT
+
+    def kept_on_gpu(self, kernel_id: str) -> bool:
+        """Whether kernel_gpu_idle must leave this kernel on the GPU: on an over-committed pool,
+        while it waits for the culler's room in its node's host budget to hibernate. There
+        the culler frees GPU memory when someone needs it, by a swap order that may shut down
+        the oldest hibernated kernels of people away to make host room (hostroom.py); shutting
+        this one down for idleness alone would lose the most recently idle kernel, for no one's
+        gain while the GPU has room (capacity replay, breaks, time-sliced, half the GPUs: 5 of
+        7 disruptions were kernels shut down 30 min after their person left, on a full budget).
+        Not while the culler's answers say its GPU is contended (`CONTENDED_SECONDS`): a swap
+        order may find no host room either, and shutting it down then frees the GPU."""
+        if not (self.overcommit > 1 and self.ask_host_room and kernel_id in self.host_wanted):
+            return False
+        at, now = self.contended_at, self.monitor.hibernator.now()
+        return at is None or (now - at).total_seconds() > CONTENDED_SECONDS
 
     def _room_until(self) -> datetime:
         return self.monitor.hibernator.now() + timedelta(seconds=GRANT_SECONDS)
