@@ -204,29 +204,36 @@ def test_room_rules():
     assert virtualised_nvml({}, "/nonexistent") is None
 
 
+@pytest.mark.parametrize(
+    "size",
+    [2 * GIB + 0.32, 2 * GIB * 1.2 + 1e-12],
+    ids=["bytes-over-2**20", "float-noise-of-a-grown-kernel"],
+)
 async def test_a_grant_of_what_was_asked_restores_a_kernel_of_a_fractional_size(
     fake,  # noqa: F811 (the fixtures)
     sleeper,  # noqa: F811
     plain,
     monkeypatch,
+    size,
 ):
     """NVML counts bytes, so a kernel's memory is rarely a whole tenth of a MiB. The culler
     grants what the server's report asked (`swap.waiting`); that grant must cover the kernel.
     Before: the report rounded 40,632.32 MiB to 40,632.3, the grant said 40,632.3, and the
     restore waited for a grant 0.02 MiB larger, for ever (breaks replay on the full cluster,
-    reserving, over-committed: brk-04's cell waited 487 minutes with a grant every report)."""
+    reserving, over-committed: brk-04's cell waited 487 minutes with a grant every report);
+    and a size a hair above a tenth (39,321.600000000006 MiB: a kernel grown by 1 % steps)
+    was asked as 39,321.6 and waited 16 hours with a grant every report."""
     state, cgroup = fake
     monkeypatch.setenv("CUDA_DEVICE_MEMORY_LIMIT_0", "4096m")
     pid = sleeper.pid
     hib, monitor, agent, soon, told = wired(state, cgroup)
-    size = 2 * GIB + 0.32  # bytes / 2**20: not a whole tenth of a MiB
     add_process(state, pid, size)
     assert await suspend(hib, "k", pid, size) == "hibernated"
     monitor.reading = (4096.0, 0.0)  # the pod's virtualised view
     task = hib.resume("k", "a message to the kernel")
     await until(lambda: agent.waiting(), "the resume reported waiting")
     asked = agent.waiting()[0]["gpu_memory_mib"]
-    assert asked >= size, f"the report asks {asked} MiB for a kernel of {size}"
+    assert size - 1e-6 <= asked < size + 0.1, f"the report asks {asked} MiB for {size}"
     # the culler grants what was asked (swapdesk.py: the waiter's reported MiB)
     agent.on_answer({"swap": {"resume": [{"kernel_id": "k", "gpu_memory_mib": asked}]}})
     assert await asyncio.wait_for(task, 20) is True

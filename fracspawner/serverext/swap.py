@@ -61,9 +61,11 @@ HOST_WAIT = (
 
 
 def mib_up(mib: float) -> float:
-    """MiB as a report says them (a tenth of a MiB), never less than `mib`: the culler grants
-    what a waiting kernel's report asks, and a grant rounded below the kernel's size (NVML
-    counts bytes) would keep it waiting for ever (room.py: the grant must cover it)."""
+    """MiB as a report says them (a tenth of a MiB, rounded up; float noise below a millionth
+    is not a tenth more): the culler grants what a waiting kernel's report asks, and the room
+    check compares that grant with this same figure (`SwapAgent.room`), so a grant of what was
+    asked always covers it. Rounded to the nearest, a grant fell 0.02 MiB short of a kernel of
+    40,632.32 MiB (NVML counts bytes) and its restore waited for ever."""
     return math.ceil(round(mib * 10, 6)) / 10
 
 
@@ -327,7 +329,7 @@ class SwapAgent(LoggingConfigurable):
             else None
         )
         return room_for(
-            s.memory_mib,
+            mib_up(s.memory_mib),  # as its report asked it: a grant of that covers it
             granted_mib=self.monitor.hibernator.granted(s),
             devices=devices,
             grant_only=self.grant_only,
