@@ -220,7 +220,7 @@ async def test_a_grant_of_what_was_asked_restores_a_kernel_of_a_fractional_size(
     grants what the server's report asked (`swap.waiting`); that grant must cover the kernel.
     Before: the report rounded 40,632.32 MiB to 40,632.3, the grant said 40,632.3, and the
     restore waited for a grant 0.02 MiB larger, for ever (breaks replay on the full cluster,
-    reserving, over-committed: brk-04's cell waited 487 minutes with a grant every report);
+    reserving, over-committed: brk-04's kernel was granted 487 times in 258 minutes);
     and a size a hair above a tenth (39,321.600000000006 MiB: a kernel grown by 1 % steps)
     was asked as 39,321.6 and waited 16 hours with a grant every report."""
     state, cgroup = fake
