@@ -64,6 +64,9 @@ def test_a_kernel_on_the_gpu_is_still_shut_down(monkeypatch):
     assert minute == KERNEL_GPU_IDLE / 60
 
 
+FULL = "not hibernated: the host memory budget of node n1 (65536 MiB) has 1200 MiB left"
+
+
 def _waiting_for_host_room(monkeypatch) -> tuple[Server, object]:
     """A server on an over-committed pool reporting to a culler, whose one kernel is due to
     hibernate and waits for the culler's room in its node's host budget (swap.py host_gate:
@@ -90,9 +93,26 @@ def test_a_kernel_waiting_for_host_room_stays_on_an_uncontended_gpu(monkeypatch)
         server.now = t(minute * 60)
         if minute * 60 >= HIBERNATE:  # due to hibernate: asks the culler, which has no room
             assert agent.host_gate("k", 8192.0) is not None
+            agent.on_answer({"swap": {"host_wait": [{"kernel_id": "k", "reason": FULL}]}})
         assert server.reading() == [], f"shut down at minute {minute}"
     (kernel,) = server.report()["kernels"]
     assert kernel["cull_at"] is None
+
+
+def test_a_kernel_waiting_for_a_culler_that_does_not_answer_is_shut_down_as_before(monkeypatch):
+    """No answer from the culler (down, unreachable): nothing manages the GPU's memory, and
+    kernel_gpu_idle is the server's own safety, as before."""
+    server, agent = _waiting_for_host_room(monkeypatch)
+    minute = 0
+    while True:
+        server.now = t(minute * 60)
+        if minute * 60 >= HIBERNATE:
+            assert agent.host_gate("k", 8192.0) is not None  # asked; nobody answers
+        if server.reading():
+            break
+        minute += 1
+        assert minute < 4 * 60, "never shut down"
+    assert minute == KERNEL_GPU_IDLE / 60
 
 
 def test_a_kernel_waiting_for_host_room_on_a_contended_gpu_is_shut_down_as_before(monkeypatch):
@@ -104,6 +124,7 @@ def test_a_kernel_waiting_for_host_room_on_a_contended_gpu_is_shut_down_as_befor
         server.now = t(minute * 60)
         if minute * 60 >= HIBERNATE:
             agent.host_gate("k", 8192.0)
+            agent.on_answer({"swap": {"host_wait": [{"kernel_id": "k", "reason": FULL}]}})
         agent.on_answer({"swap": {"report_in": 30}})  # the GPU is under pressure
         if server.reading():
             break

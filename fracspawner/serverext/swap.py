@@ -125,6 +125,7 @@ class SwapAgent(LoggingConfigurable):
         self.host_room: dict[str, datetime] = {}  # kernel id -> room given until
         self.host_wanted: dict[str, tuple[float, datetime]] = {}  # kernel id -> (MiB, asked)
         self.host_why: dict[str, str] = {}  # kernel id -> the culler's word why it waits
+        self.host_wait_at: dict[str, datetime] = {}  # kernel id -> when the culler said so
         monitor.hibernator.host_gate = self.host_gate
         monitor.kept_on_gpu = self.kept_on_gpu
         self.contended_at: datetime | None = None  # the culler's latest answer asking word soon
@@ -155,6 +156,7 @@ class SwapAgent(LoggingConfigurable):
             if isinstance(room, dict) and room.get("kernel_id") in live:
                 self.host_room[room["kernel_id"]] = self._room_until()
                 self.host_why.pop(room["kernel_id"], None)
+                self.host_wait_at.pop(room["kernel_id"], None)
                 roomed = True
         if roomed:  # the room is held for a short while: hibernate now, not at the next reading
             task = asyncio.get_running_loop().create_task(self._hibernate_due())
@@ -165,6 +167,7 @@ class SwapAgent(LoggingConfigurable):
                 why = wait.get("reason")
                 if isinstance(why, str) and why.isprintable():
                     self.host_why[wait["kernel_id"]] = why[:300]
+                self.host_wait_at[wait["kernel_id"]] = self.monitor.hibernator.now()
         for order in (swap.get("hibernate") or [])[:MAX_ORDERS]:
             if not isinstance(order, dict):
                 continue
@@ -250,11 +253,18 @@ class SwapAgent(LoggingConfigurable):
         this one down for idleness alone would lose the most recently idle kernel, for no one's
         gain while the GPU has room (capacity replay, breaks, time-sliced, half the GPUs: 5 of
         7 disruptions were kernels shut down 30 min after their person left, on a full budget).
-        Not while the culler's answers say its GPU is contended (`CONTENDED_SECONDS`): a swap
-        order may find no host room either, and shutting it down then frees the GPU."""
+        Only while the culler itself says so (its answer's `host_wait`, within
+        `CONTENDED_SECONDS`): a culler that does not answer manages nothing, and
+        kernel_gpu_idle is then the server's own safety. Not while the culler's answers say its
+        GPU is contended: a swap order may find no host room either, and shutting it down then
+        frees the GPU."""
         if not (self.overcommit > 1 and self.ask_host_room and kernel_id in self.host_wanted):
             return False
-        at, now = self.contended_at, self.monitor.hibernator.now()
+        now = self.monitor.hibernator.now()
+        said = self.host_wait_at.get(kernel_id)
+        if said is None or (now - said).total_seconds() > CONTENDED_SECONDS:
+            return False
+        at = self.contended_at
         return at is None or (now - at).total_seconds() > CONTENDED_SECONDS
 
     def _room_until(self) -> datetime:
@@ -282,6 +292,7 @@ class SwapAgent(LoggingConfigurable):
             ):
                 del self.host_wanted[kid]
                 self.host_why.pop(kid, None)
+                self.host_wait_at.pop(kid, None)
         return [
             {"kernel_id": kid, "gpu_memory_mib": mib_up(mib)}
             for kid, (mib, _asked) in sorted(self.host_wanted.items())
