@@ -251,13 +251,13 @@ class SwapAgent(LoggingConfigurable):
         the culler frees GPU memory when someone needs it, by a swap order that may shut down
         the oldest hibernated kernels of people away to make host room (hostroom.py); shutting
         this one down for idleness alone would lose the most recently idle kernel, for no one's
-        gain while the GPU has room (capacity replay, breaks, time-sliced, half the GPUs: 5 of
-        7 disruptions were kernels shut down 30 min after their person left, on a full budget).
-        Only while the culler itself says so (its answer's `host_wait`, within
-        `CONTENDED_SECONDS`): a culler that does not answer manages nothing, and
-        kernel_gpu_idle is then the server's own safety. Not while the culler's answers say its
-        GPU is contended: a swap order may find no host room either, and shutting it down then
-        frees the GPU."""
+        gain while the GPU has room (capacity replay, breaks, time-sliced, half the GPUs: 2 of
+        19 kernel shut-downs; the other kernels shut down 30 min after their person left, on a
+        full budget, sat on a contended GPU, below). Only while the culler itself says so (its
+        answer's `host_wait`, within `CONTENDED_SECONDS`): a culler that does not answer
+        manages nothing, and kernel_gpu_idle is then the server's own safety. Not while the
+        culler's answers say its GPU is contended: a swap order may find no host room either,
+        and shutting it down then frees the GPU."""
         if not (self.overcommit > 1 and self.ask_host_room and kernel_id in self.host_wanted):
             return False
         now = self.monitor.hibernator.now()
