@@ -131,3 +131,22 @@ def test_a_kernel_waiting_for_host_room_on_a_contended_gpu_is_shut_down_as_befor
         minute += 1
         assert minute < 4 * 60, "never shut down"
     assert minute == KERNEL_GPU_IDLE / 60
+
+
+def test_a_kernel_just_restored_is_not_shut_down_for_the_idle_time_before_it(monkeypatch):
+    """A restore serves a message that waited for room: the kernel comes back because someone
+    asked for it. Its idle clock starts again there, not at the message's arrival: a resume
+    that waited 38 minutes for room was restored and shut down by kernel_gpu_idle within the
+    same minute (capacity replay, research, time-sliced, half the GPUs: res-05's second
+    notebook, its person back 25 minutes later to a kernel gone)."""
+    server = Server(monkeypatch, env={"FRACSPAWNER_KERNEL_GPU_HIBERNATE_SECONDS": str(HIBERNATE)})
+    server.km.kernels["k"].last_activity = t(0)  # the message, 38 min before its restore
+    restored = t(38 * 60)
+    sleep = KernelSleep("k", state="running", since=restored, last_resumed_at=restored)
+    server.monitor.hibernator.kernels["k"] = sleep
+    server.now = restored
+    assert server.reading() == [], "shut down as it came back"
+    server.now = t(38 * 60 + KERNEL_GPU_IDLE - 60)
+    assert server.reading() == []
+    server.now = t(38 * 60 + KERNEL_GPU_IDLE)
+    assert server.reading() == ["k"]  # idle for kernel_gpu_idle since its restore: as before

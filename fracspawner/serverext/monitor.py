@@ -311,15 +311,20 @@ class GpuMonitor(BackgroundLoop):
 
     def _kernel_state(self, kernel_id: str) -> tuple[str | None, datetime | None]:
         """Execution state and message activity, as GET /api/kernels has them (saves a request);
-        a message sent to the kernel (seen by resume.py) counts as soon as it is sent."""
+        a message sent to the kernel (seen by resume.py) counts as soon as it is sent, and a
+        restore from hibernation when it is done: it serves a message that may have waited long
+        for room, so the idle clock starts again there (never shut down or hibernated again as
+        it comes back)."""
         km = self.settings.get("kernel_manager")
         try:
             kernel = km.get_kernel(kernel_id)
         except Exception:  # gone since the last reading (jupyter-server raises HTTPError 404)
             return None, None
+        sleep = self.hibernator.kernels.get(kernel_id)
         times = [
             getattr(kernel, "last_activity", None),
             self.hibernator.last_message.get(kernel_id),
+            sleep.last_resumed_at if sleep is not None else None,
         ]
         known = [t for t in times if isinstance(t, datetime)]
         return getattr(kernel, "execution_state", None), max(known) if known else None
