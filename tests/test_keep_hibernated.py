@@ -86,8 +86,8 @@ def test_a_kernel_waiting_for_host_room_stays_on_an_uncontended_gpu(monkeypatch)
     order, which may shut down the oldest hibernated kernels of people away for host room).
     A kernel that waits for host room to hibernate is not shut down for idleness alone while
     nobody needs its GPU memory: that would lose the most recently idle kernel for no one's
-    gain (capacity replay, breaks, half the GPUs: kernels shut down 30 min after their person
-    left, on a node whose budget was full)."""
+    gain. (The breaks replay on half the GPUs shut kernels down 30 min after their person left,
+    on a node whose budget was full; most sat on a contended GPU and still go: next test.)"""
     server, agent = _waiting_for_host_room(monkeypatch)
     for minute in range(0, 3 * 60):
         server.now = t(minute * 60)
