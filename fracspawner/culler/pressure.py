@@ -200,6 +200,12 @@ class ReportedGpu:
     waiting_mib: float = 0.0
     waiting: tuple[WaitingKernel, ...] = ()
 
+    def asleep(self) -> list[KernelOnGpu]:
+        """Its hibernated kernels whose resume does not wait (a waiting one counts in
+        `waiting_mib`): what they would bring back to the GPU is each one's `hibernated_mib`."""
+        waits = {w.kernel_id for w in self.waiting}
+        return [k for k in self.kernels if k.hibernated and k.kernel_id not in waits]
+
 
 @dataclass(frozen=True)
 class SwapFacts:

@@ -88,8 +88,7 @@ def held_by(seat: Seat, gpu: ReportedGpu | None) -> float:
         # or not), and half again to grow into (PRESENT_GROWTH), within its slice; its whole
         # slice while they hold nothing yet (the first cell allocates: bug 4) or a hibernated
         # one's size is not reported (unknown is never free)
-        waits = {w.kernel_id for w in gpu.waiting}
-        asleep = [k for k in gpu.kernels if k.hibernated and k.kernel_id not in waits]
+        asleep = gpu.asleep()
         holds = (
             max(gpu.resident_mib, 0.0)
             + max(gpu.waiting_mib, 0.0)

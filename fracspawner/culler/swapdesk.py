@@ -370,12 +370,7 @@ def first_allocations(seats: Iterable[Seat], uuid: str, besides: tuple[str, str]
         for g in s.facts.gpus:
             if g.uuid != uuid or g.resident_mib > 0:
                 continue
-            waits = {w.kernel_id for w in g.waiting}
-            asleep = sum(
-                max(k.hibernated_mib, 0.0)
-                for k in g.kernels
-                if k.hibernated and k.kernel_id not in waits
-            )
+            asleep = sum(max(k.hibernated_mib, 0.0) for k in g.asleep())
             total += max(0.0, s.cap_mib - held - max(g.waiting_mib, 0.0) - asleep)
     return total
 
