@@ -20,7 +20,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 from typing import Any
 
-from ..k8s.objects import quantity
+from ..k8s.objects import meta, quantity
 
 #: the budget of a node whose memory is not known (and the budget before this module: 64 GiB)
 FALLBACK_BUDGET_MIB = 65536.0
@@ -55,6 +55,10 @@ def node_budget_mib(
     return fraction * node_mib
 
 
+def _name(node: Mapping[str, Any]) -> str:
+    return str(meta(node).get("name") or "")
+
+
 class NodeMemory:
     """Allocatable memory (MiB) of the nodes the watch has seen, by node name."""
 
@@ -66,7 +70,7 @@ class NodeMemory:
         return self._mib.get(node)
 
     def put(self, node: Mapping[str, Any]) -> None:
-        name = str((node.get("metadata") or {}).get("name") or "")
+        name = _name(node)
         if not name:
             return
         mib = allocatable_mib(node)
@@ -76,7 +80,7 @@ class NodeMemory:
             self._mib[name] = mib
 
     def drop(self, node: Mapping[str, Any]) -> None:
-        self._mib.pop(str((node.get("metadata") or {}).get("name") or ""), None)
+        self._mib.pop(_name(node), None)
 
     def load(self, nodes: Iterable[Mapping[str, Any]]) -> None:
         self._mib.clear()
