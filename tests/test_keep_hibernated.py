@@ -81,6 +81,17 @@ def _waiting_for_host_room(monkeypatch) -> tuple[Server, object]:
     return server, agent
 
 
+def _shut_down_at(server: Server, each_minute) -> int:
+    """The minute the kernel is shut down, `each_minute(minute)` run before each reading (what
+    the server asks the culler and what the culler answers); within 4 hours."""
+    for minute in range(4 * 60):
+        server.now = t(minute * 60)
+        each_minute(minute)
+        if server.reading():
+            return minute
+    raise AssertionError("never shut down")
+
+
 def test_a_kernel_waiting_for_host_room_stays_on_an_uncontended_gpu(monkeypatch):
     """On an over-committed pool the culler frees GPU memory when someone needs it (a swap
     order, which may shut down the oldest hibernated kernels of people away for host room).
@@ -103,34 +114,26 @@ def test_a_kernel_waiting_for_a_culler_that_does_not_answer_is_shut_down_as_befo
     """No answer from the culler (down, unreachable): nothing manages the GPU's memory, and
     kernel_gpu_idle is the server's own safety, as before."""
     server, agent = _waiting_for_host_room(monkeypatch)
-    minute = 0
-    while True:
-        server.now = t(minute * 60)
+
+    def ask(minute: int) -> None:
         if minute * 60 >= HIBERNATE:
             assert agent.host_gate("k", 8192.0) is not None  # asked; nobody answers
-        if server.reading():
-            break
-        minute += 1
-        assert minute < 4 * 60, "never shut down"
-    assert minute == KERNEL_GPU_IDLE / 60
+
+    assert _shut_down_at(server, ask) == KERNEL_GPU_IDLE / 60
 
 
 def test_a_kernel_waiting_for_host_room_on_a_contended_gpu_is_shut_down_as_before(monkeypatch):
     """Where the culler's answers say the GPU is contended (under pressure, a resume waiting),
     kernel_gpu_idle frees its memory as before: a swap order may find no host room either."""
     server, agent = _waiting_for_host_room(monkeypatch)
-    minute = 0
-    while True:
-        server.now = t(minute * 60)
+
+    def ask_and_answer(minute: int) -> None:
         if minute * 60 >= HIBERNATE:
             agent.host_gate("k", 8192.0)
             agent.on_answer({"swap": {"host_wait": [{"kernel_id": "k", "reason": FULL}]}})
         agent.on_answer({"swap": {"report_in": 30}})  # the GPU is under pressure
-        if server.reading():
-            break
-        minute += 1
-        assert minute < 4 * 60, "never shut down"
-    assert minute == KERNEL_GPU_IDLE / 60
+
+    assert _shut_down_at(server, ask_and_answer) == KERNEL_GPU_IDLE / 60
 
 
 def test_a_kernel_just_restored_is_not_shut_down_for_the_idle_time_before_it(monkeypatch):
