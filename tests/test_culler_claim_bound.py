@@ -71,3 +71,42 @@ def test_a_kernel_beyond_its_slice_comes_after_those_within_and_holds_no_one_up(
     # a kernel within its slice that does not fit still stops the walk (first come, first
     # served): nobody overtakes it, beyond a slice or not
     assert plan_grants(SIZE, 3 * QUARTER, [big, a, b], {}) == []
+
+
+def test_a_kernel_granted_beyond_its_slice_counts_on_the_gpu_once_back():
+    """HAMi (each pod's NVML shows its own memory only): u1 holds a quarter, Ann holds hers
+    and her second notebook's kernel waits. The GPU has room, so it is granted beyond her
+    slice and comes back. Her word alone counts at most her slice (item 6), yet the device
+    holds her two quarters: one quarter is left, so of Vic's and Wes's waiting quarters only
+    Vic's is granted. Before, both were, and Wes's restore met CUDA out of memory, which
+    loses a kernel for good (NVIDIA/cuda-checkpoint#44; the culler benchmark, breaks on half
+    the GPUs)."""
+    from dataclasses import replace
+
+    def hami(user: str, body: dict):
+        return replace(seat(user, body), enforced=True)
+
+    desk = SwapDesk(report_in=10)
+    u1 = hami("u1", report([kernel("k1", QUARTER, "2026-01-01T10:00:00Z")], used=QUARTER))
+    ann = hami("ann", waiting(("a2", "2026-01-01T11:00:00Z"), resident=QUARTER, used=QUARTER))
+    got = desk.answer("ann", "", [u1, ann], now=100.0)["swap"]
+    assert got.get("resume") == [{"kernel_id": "a2", "gpu_memory_mib": QUARTER}], got
+    back = [
+        kernel("r", QUARTER, "2026-01-01T09:00:00Z"),
+        kernel("a2", QUARTER, "2026-01-01T12:00:00Z"),
+    ]
+    ann = hami("ann", report(back, used=2 * QUARTER))
+    vic = hami("vic", waiting(("v", "2026-01-01T11:30:00Z"), used=0.0))
+    wes = hami("wes", waiting(("w", "2026-01-01T11:31:00Z"), used=0.0))
+    seats = [u1, ann, vic, wes]
+    got = desk.answer("vic", "", seats, now=110.0)["swap"]
+    assert got.get("resume") == [{"kernel_id": "v", "gpu_memory_mib": QUARTER}], got
+    got = desk.answer("wes", "", seats, now=111.0)["swap"]
+    assert not got.get("resume"), got
+    # her second kernel hibernated again: its quarter is free, and Wes's comes back
+    asleep = kernel("a2", 0, "2026-01-01T12:00:00Z", state="hibernated")
+    seats[1] = hami("ann", report([back[0], asleep], used=QUARTER))
+    seats[2] = hami("vic", report([kernel("v", QUARTER, "2026-01-01T12:01:00Z")], used=QUARTER))
+    got = desk.answer("wes", "", seats, now=120.0)["swap"]
+    assert got.get("resume") == [{"kernel_id": "w", "gpu_memory_mib": QUARTER}], got
+    assert not desk.beyond

@@ -28,6 +28,7 @@ from .policy import slice_memory_cap
 from .pressure import (
     ASK_AGAIN_AFTER,
     Pressure,
+    ReportedGpu,
     ServerOnGpu,
     SwapFacts,
     plan_swaps,
@@ -126,6 +127,12 @@ class SwapDesk:
         self._asked_on: dict[tuple[str, str, str], str] = {}  # kernel -> GPU uuid asked on
         self.last: dict[str, Pressure] = {}  # GPU uuid -> its latest pressure (metrics)
         self.granted: dict[Key, tuple[float, float]] = {}  # grants in force: (MiB, when)
+        # kernels granted beyond their server's slice: (GPU uuid, MiB above the slice), while
+        # their server's report shows them waiting or back. A report's word counts at most its
+        # slice (bind), yet such a kernel holds more on the device, and where HAMi-core
+        # virtualises NVML no reading shows it: uncounted, it took the grant margin and the
+        # next restore met CUDA out of memory (#44: lost; the culler benchmark, breaks)
+        self.beyond: dict[Key, tuple[str, float]] = {}
 
     def _still_asked(self, seats: list[Seat], now: float) -> dict[tuple[str, str, str], float]:
         """Asks whose kernel the latest report still shows resident and idle, not refused
@@ -156,6 +163,48 @@ class SwapDesk:
                 del self.freed[key]
         return {key: mib for key, (mib, _at) in self.asked.items()}
 
+    def _still_beyond(self, seats: list[Seat]) -> None:
+        """Forget kernels granted beyond their slice that their server's report no longer
+        shows waiting or resident on the GPU they were granted (hibernated, ended, gone); a
+        stale report keeps them (unknown is never free)."""
+        held = set()
+        for s in seats:
+            for g in s.facts.gpus:
+                for k in g.kernels:
+                    if not s.fresh or (k.resident_mib > 0 and not k.hibernated):
+                        held.add((s.user, s.server, k.kernel_id, g.uuid))
+                held.update((s.user, s.server, w.kernel_id, g.uuid) for w in g.waiting)
+        for key, (uuid, _mib) in list(self.beyond.items()):
+            if (*key, uuid) not in held:
+                del self.beyond[key]
+
+    def _on_gpu(self, seat: Seat, gpu: ReportedGpu) -> ServerOnGpu:
+        """`seat` on `gpu` as pressure and grants count it: its word bounded by its slice,
+        and above it what its kernels back there hold beyond it, as far as the culler granted
+        that (`beyond`): never more on a report's word alone (issue 36, item 6)."""
+        if not seat.fresh:
+            return ServerOnGpu(seat.user, seat.server, seat.cap_mib, None, present=seat.present)
+        back = {k.kernel_id for k in gpu.kernels if k.resident_mib > 0 and not k.hibernated}
+        granted = sum(
+            mib
+            for (u, sv, kid), (uuid, mib) in self.beyond.items()
+            if (u, sv) == (seat.user, seat.server) and uuid == gpu.uuid and kid in back
+        )
+        raw = sum(k.resident_mib for k in gpu.kernels if k.kernel_id in back)
+        above = min(granted, max(0.0, raw - seat.cap_mib))
+        resident = gpu.resident_mib
+        if above > 0:
+            resident = max(resident, min(raw, seat.cap_mib + above))
+        return ServerOnGpu(
+            user=seat.user,
+            server=seat.server,
+            cap_mib=seat.cap_mib + above,
+            resident_mib=resident,
+            waiting_mib=gpu.waiting_mib,
+            present=seat.present,
+            kernels=gpu.kernels,
+        )
+
     def _freed_on(self, uuid: str) -> float:
         """MiB that swaps on GPU `uuid` freed within the last report interval."""
         return sum(mib for (u, mib, _at) in self.freed.values() if u == uuid)
@@ -169,6 +218,7 @@ class SwapDesk:
             return None
         asked = self._still_asked(seats, now)
         granted = self._still_granted(seats, now)
+        self._still_beyond(seats)
         orders: list[dict] = []
         resume: list[dict] = []
         wait: list[dict] = []
@@ -186,17 +236,7 @@ class SwapDesk:
                         continue
                     if s.fresh and g.used_mib is not None:
                         readings.append(g.used_mib)
-                    on_it.append(
-                        ServerOnGpu(
-                            user=s.user,
-                            server=s.server,
-                            cap_mib=s.cap_mib,
-                            resident_mib=g.resident_mib if s.fresh else None,
-                            waiting_mib=g.waiting_mib if s.fresh else 0.0,
-                            present=s.present,
-                            kernels=g.kernels if s.fresh else (),
-                        )
-                    )
+                    on_it.append(self._on_gpu(s, g))
             size = me.size_mib if me.size_mib else gpu.total_mib
             if not size:
                 continue
@@ -327,6 +367,8 @@ class SwapDesk:
             if w.key in go:
                 mib = min(max(w.mib, 0.0), size)
                 self.granted.setdefault(w.key, (mib, now))
+                if mib > w.cap_mib:
+                    self.beyond[w.key] = (uuid, mib - max(w.cap_mib, 0.0))
                 resume.append({"kernel_id": w.kernel_id, "gpu_memory_mib": mib})
             elif w.key in maybe:
                 unsure = True
