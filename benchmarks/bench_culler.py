@@ -775,7 +775,8 @@ class Sim:
         `_wait_for_room` runs it): on an over-committed pool a new server's pod is made only
         where the culler's room answer (`Culler.room_json`: present users' slices, busy
         kernels, unknown servers) leaves a GPU room for its slice beside the servers admitted
-        since the culler's last count, first come first served; otherwise its user waits in
+        since the culler's last count, first come first served with backfill (hub/room.py:
+        those ahead that fit take theirs first); otherwise its user waits in
         line with the hub's reason (`room_reasons`). No answer (no culler, none listed yet):
         admitted by slots, as the product does."""
         if self.overcommit <= 1 or self.culler is None:
@@ -783,14 +784,14 @@ class Sim:
         line, key, need = self.room_line, (u.name, ""), GPU_MIB * eq
         if self.room_answer is None:  # one answer a minute (the hub caches it 5 s)
             self.room_answer = self.culler.room_json(self.now_t)
-        line.join(self.pool, key)
+        line.join(self.pool, key, need, self.now_t)
         v = room_verdict(
             self.room_answer, self.pool, need, size_mib=float(GPU_MIB),
             gpus_in_pool=self.cluster.gpus,
             in_flight_mib=line.in_flight_mib(
                 self.pool, counted_tags(self.room_answer), besides=key
             ),
-            ahead=line.ahead(self.pool, key),
+            ahead=line.ahead(self.pool, key, self.now_t),
         )  # fmt: skip
         if not v.go:
             self.room_reasons[u.name] = v.reason

@@ -910,7 +910,7 @@ class FracSpawner(KubeSpawner):
         line = RoomLine.shared()
         key = (self.user.name, self.name)
         loop = asyncio.get_running_loop()
-        line.join(pool.name, key)
+        line.join(pool.name, key, need, loop.time())
         try:
             while True:
                 answer = await line.answer(self._room_answer, loop.time())
@@ -919,7 +919,7 @@ class FracSpawner(KubeSpawner):
                     answer, pool.name, need, size_mib=float(pool.gpu.device_memory_mib),
                     gpus_in_pool=gpus,
                     in_flight_mib=line.in_flight_mib(pool.name, counted, besides=key),
-                    ahead=line.ahead(pool.name, key),
+                    ahead=line.ahead(pool.name, key, loop.time()),
                 )  # fmt: skip
                 if v.go:
                     if not v.known:
