@@ -110,3 +110,35 @@ def test_a_kernel_granted_beyond_its_slice_counts_on_the_gpu_once_back():
     got = desk.answer("wes", "", seats, now=120.0)["swap"]
     assert got.get("resume") == [{"kernel_id": "w", "gpu_memory_mib": QUARTER}], got
     assert not desk.beyond
+
+
+def test_the_hubs_room_counts_a_present_users_kernel_granted_beyond_the_slice():
+    """The same GPU as the hub's admission sees it (culler/room.py): Ann, present, has her
+    second kernel back beyond her quarter by the culler's grant; her word counts one quarter,
+    the device holds two, so no newcomer's quarter fits beside her and u1 and Vic, present."""
+    from dataclasses import replace
+
+    from fracspawner.culler.room import gpu_rooms
+
+    def hami(user: str, body: dict, present: bool = False):
+        return replace(seat(user, body, present=present), enforced=True)
+
+    desk = SwapDesk(report_in=10)
+    u1 = hami("u1", report([kernel("k1", QUARTER, "2026-01-01T10:00:00Z")], used=QUARTER))
+    ann = hami("ann", waiting(("a2", "2026-01-01T11:00:00Z"), resident=QUARTER, used=QUARTER))
+    assert desk.answer("ann", "", [u1, ann], now=100.0)["swap"]["resume"]
+    back = [
+        kernel("r", QUARTER, "2026-01-01T09:00:00Z"),
+        kernel("a2", QUARTER, "2026-01-01T12:00:00Z"),
+    ]
+    ann = hami("ann", report(back, used=2 * QUARTER, present=True), present=True)
+    vic = hami("vic", report([kernel("v", QUARTER, "2026-01-01T12:01:00Z")], used=QUARTER))
+    vic = replace(vic, present=True)
+    u1 = replace(u1, present=True)
+    seats = [("t4", s) for s in (u1, ann, vic)]
+    desk.answer("vic", "", [u1, ann, vic], now=110.0)  # the desk sees her kernel back
+    (room,) = gpu_rooms(seats, desk.above)
+    assert (room.held_mib, room.free_mib) == (SIZE, 0.0), room
+    # counted by her word alone, a quarter looked free that her second kernel holds
+    (blind,) = gpu_rooms(seats)
+    assert blind.free_mib == QUARTER

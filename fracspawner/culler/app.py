@@ -1361,7 +1361,8 @@ class Culler(CullerApplication):
             )  # fmt: skip
             pairs = [(self.known[(s.user, s.server)].pool or "", s) for s in seats]
             pairs += [(s.placement.pool or "", s) for s in self.unlisted(now) if s.placement]
-            gpus = [r.to_json() for r in gpu_rooms(pairs)]
+            above = self._swap_desk.above if self._swap_desk is not None else None
+            gpus = [r.to_json() for r in gpu_rooms(pairs, above)]
         return {"at": now, "listed": self.listed_at is not None, "gpus": gpus}
 
     def metrics_app(self) -> web.Application:

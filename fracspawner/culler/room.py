@@ -34,7 +34,7 @@ memory (processes nobody reports, a kernel above its slice). Pure.
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 
 from ..choice.admission import server_tag
@@ -109,7 +109,10 @@ def held_by(seat: Seat, gpu: ReportedGpu | None) -> float:
     return min(cap, max(0.0, gpu.resident_mib - movable) + max(gpu.waiting_mib, 0.0))
 
 
-def gpu_rooms(seats: Iterable[tuple[str, Seat]]) -> list[GpuRoom]:
+def gpu_rooms(
+    seats: Iterable[tuple[str, Seat]],
+    above: Callable[[Seat, ReportedGpu], float] | None = None,
+) -> list[GpuRoom]:
     """Each GPU a server of an over-committed pool reports (`(pool, seat)` pairs from
     swapdesk.seats_from), with what is held on it; sorted by pool and GPU.
 
@@ -126,7 +129,8 @@ def gpu_rooms(seats: Iterable[tuple[str, Seat]]) -> list[GpuRoom]:
     all their placements). Where it is truly on the other GPU, that GPU's device reading shows
     what it holds there (counted on top, below), and the answer is the more cautious. Which
     GPU the newcomer itself lands on is the device plugin's choice (docs/culler.md,
-    "Limits")."""
+    "Limits"). `above(seat, gpu)`: what a server's kernels back on a GPU hold beyond its slice
+    by the culler's own grants (SwapDesk.above), counted on top of a present user's word."""
     pairs = [(pool, s) for pool, s in seats if s.swaps]
     gpus: dict[str, _Tally] = {}
     for pool, s in pairs:
@@ -139,7 +143,10 @@ def gpu_rooms(seats: Iterable[tuple[str, Seat]]) -> list[GpuRoom]:
         named = {g.uuid: g for g in reversed(s.facts.gpus)}  # each GPU once (its first)
         for key, g in named.items():
             if key in gpus:
-                gpus[key].count(s, g)
+                # a present user's kernels stay on the GPU, beyond the slice too; an absent
+                # one's idle kernels may be swapped out (held_by)
+                extra = above(s, g) if above and s.fresh and s.present else 0.0
+                gpus[key].count(s, g, extra=extra)
         if s.facts.gpus:
             continue
         on = sorted(k for k in gpus if s.may_be_on(k))
@@ -168,15 +175,22 @@ class _Tally:
     people: set[str] = field(default_factory=set)
     tags: list[str] = field(default_factory=list)
 
-    def count(self, seat: Seat, gpu: ReportedGpu | None, share: float | None = None) -> None:
-        """Count `seat` here: by its report's `gpu`, or (None) its whole slice, or `share`."""
-        held = held_by(seat, gpu) if share is None else share
+    def count(
+        self,
+        seat: Seat,
+        gpu: ReportedGpu | None,
+        share: float | None = None,
+        extra: float = 0.0,
+    ) -> None:
+        """Count `seat` here: by its report's `gpu` (and `extra` MiB it holds beyond its
+        slice there), or (None) its whole slice, or `share`."""
+        held = (held_by(seat, gpu) if share is None else share) + extra
         self.held_mib += held
         self.tags.append(server_tag(seat.user, seat.server))
         if seat.present and seat.fresh:
             self.people.add(seat.user)
         if gpu is not None and seat.fresh:
-            self.resident_mib += min(max(gpu.resident_mib, 0.0), seat.cap_mib)
+            self.resident_mib += min(max(gpu.resident_mib, 0.0), seat.cap_mib) + extra
             if gpu.used_mib is not None:
                 self.readings.append(gpu.used_mib)
         else:  # stale or unreported: its slice, as the readings may show it

@@ -178,12 +178,9 @@ class SwapDesk:
             if (*key, uuid) not in held:
                 del self.beyond[key]
 
-    def _on_gpu(self, seat: Seat, gpu: ReportedGpu) -> ServerOnGpu:
-        """`seat` on `gpu` as pressure and grants count it: its word bounded by its slice,
-        and above it what its kernels back there hold beyond it, as far as the culler granted
-        that (`beyond`): never more on a report's word alone (issue 36, item 6)."""
-        if not seat.fresh:
-            return ServerOnGpu(seat.user, seat.server, seat.cap_mib, None, present=seat.present)
+    def above(self, seat: Seat, gpu: ReportedGpu) -> float:
+        """What `seat`'s kernels back on `gpu` hold beyond its slice, as far as the culler
+        granted that (`beyond`): never more on a report's word alone (issue 36, item 6)."""
         back = {k.kernel_id for k in gpu.kernels if k.resident_mib > 0 and not k.hibernated}
         granted = sum(
             mib
@@ -191,7 +188,15 @@ class SwapDesk:
             if (u, sv) == (seat.user, seat.server) and uuid == gpu.uuid and kid in back
         )
         raw = sum(k.resident_mib for k in gpu.kernels if k.kernel_id in back)
-        above = min(granted, max(0.0, raw - seat.cap_mib))
+        return min(granted, max(0.0, raw - seat.cap_mib))
+
+    def _on_gpu(self, seat: Seat, gpu: ReportedGpu) -> ServerOnGpu:
+        """`seat` on `gpu` as pressure and grants count it: its word bounded by its slice,
+        and on top what the culler granted it beyond its slice that is back there (`above`)."""
+        if not seat.fresh:
+            return ServerOnGpu(seat.user, seat.server, seat.cap_mib, None, present=seat.present)
+        above = self.above(seat, gpu)
+        raw = sum(k.resident_mib for k in gpu.kernels if k.resident_mib > 0 and not k.hibernated)
         resident = gpu.resident_mib
         if above > 0:
             resident = max(resident, min(raw, seat.cap_mib + above))
