@@ -121,3 +121,27 @@ def test_no_grant_margin_where_the_pod_reads_the_whole_gpu():
     seats = _brk15_gpu(enforced=False)
     swap = SwapDesk(report_in=10, grant_margin_mib=MARGIN).answer("brk-15", "", seats, 100.0)
     assert [r["kernel_id"] for r in swap["swap"]["resume"]] == ["k1", "k2"], swap
+
+
+def test_on_hami_a_resume_behind_present_people_is_told_it_waits():
+    """HAMi-core shows each pod its own memory as the device's (its slice as the total), so a
+    pod's reading is never the GPU's: four present people hold the H100 by their reports, and
+    the kernel waiting to resume is told so, with the reason, not asked to report again in 3 s
+    for ever with its cell never told why (the smallest reading, the waiting pod's own 0 MiB,
+    showed room)."""
+    seats = [
+        Seat(f"t{i}", "", swap_facts(_report([_kernel(f"t{i}k", QUARTER)], [], QUARTER), 1e10),
+             True, QUARTER, H100, margin_mib=0.0, present=True, enforced=True)
+        for i in range(4)
+    ]  # fmt: skip
+    waiting = [{"kernel_id": "k1", "gpu_memory_mib": 8192.0, "since": "2026-01-01T12:00:00Z"}]
+    seats.append(
+        Seat("u", "", swap_facts(_report([], waiting, 0.0), 1e10), True, QUARTER, H100,
+             margin_mib=0.0, enforced=True)
+    )  # fmt: skip
+    swap = SwapDesk(report_in=10, grant_margin_mib=MARGIN).answer("u", "", seats, 100.0)["swap"]
+    assert "resume" not in swap, swap
+    assert swap.get("wait") == [
+        {"kernel_id": "k1", "reason": "the GPU is in use by 4 people now; you are next"}
+    ], swap
+    assert swap["report_in"] == 10

@@ -253,7 +253,7 @@ class SwapDesk:
             unborn = first_allocations(seats, gpu.uuid, (user, server))
             if self._grant(
                 user, server, gpu.uuid, size, margin, unborn, seats, on_it, granted, now,
-                resume, wait,
+                resume, wait, readable=not me.enforced,
             ):  # fmt: skip
                 unsure = True
             if not me.swaps:
@@ -322,11 +322,14 @@ class SwapDesk:
         now: float,
         resume: list[dict],
         wait: list[dict],
+        readable: bool = True,
     ) -> bool:
         """Room on GPU `uuid` for `user`/`server`'s waiting kernels (grants.py); True when the
         culler is not sure yet (its sources disagree): the server should report again soon.
         `margin`: MiB of the GPU never granted (grant_margin); `unborn`: MiB the first
-        allocations of present people's servers may take (first_allocations), never granted."""
+        allocations of present people's servers may take (first_allocations), never granted.
+        `readable`: the pods' NVML reads the whole device (not HAMi-core's view of the slice,
+        nor a MIG instance's), so their readings may show room the reports do not yet."""
         waiters, readings = [], []
         for s in seats:
             if not s.fresh:
@@ -348,10 +351,12 @@ class SwapDesk:
         go = set(plan_grants(size, on_gpu, waiters, granted, margin))
         # by the readings alone there would be room: a report from before a swap still counts
         # its kernel resident. Neither grant nor "wait" (the cell would be told the GPU is full
-        # when it is not): its server reports again soon
+        # when it is not): its server reports again soon. Not where each pod reads only its own
+        # slice: there the smallest reading is one pod's memory, never the device's, and the
+        # kernel was never told it waits (replayed on HAMi: a report every 3 s, no reason)
         maybe = (
             set(plan_grants(size, min(readings) + unborn, waiters, granted, margin))
-            if readings
+            if readings and readable
             else go
         )
         unsure = False
