@@ -83,7 +83,7 @@ def test_the_line_knows_what_each_asked_and_since_when():
 async def test_a_spawner_behind_a_waiting_large_slice_starts_where_its_own_fits(monkeypatch):
     """Real FracSpawners on a HAMi H100 pool over-committed twice: ann asks half a GPU and
     waits (20 and 17 GiB free); bob, after her, asks an eighth and his pod is made; once ann
-    has waited OVERTAKE_SECONDS, cy's eighth waits behind her with the reason."""
+    has waited `room_overtake_seconds`, cy's eighth waits behind her with the reason."""
     from kubespawner import KubeSpawner
 
     import fracspawner.hub.room as room
@@ -99,7 +99,9 @@ async def test_a_spawner_behind_a_waiting_large_slice_starts_where_its_own_fits(
     }  # fmt: skip
     monkeypatch.setattr(room, "CACHE_SECONDS", 0.0)
     monkeypatch.setattr(spawner_module, "POLL_SECONDS", 0.01)
-    hub = HubUsers({"FracSpawner": {"catalog": catalog, "admission": "wait"}})
+    hub = HubUsers(
+        {"FracSpawner": {"catalog": catalog, "admission": "wait", "room_overtake_seconds": 300}}
+    )
     made: list[str] = []
 
     async def created(self, pod, request_timeout):  # kubespawner's pod creation, recorded
@@ -123,10 +125,12 @@ async def test_a_spawner_behind_a_waiting_large_slice_starts_where_its_own_fits(
     assert made == ["bob"], made
     assert spawners["ann"]._room_reason.endswith("you are next")
     assert size / 2 > 20 * GIB  # her half does not fit: the answer is the culler's word
-    # ann has waited long enough: the next eighth waits behind her, and says so
+    # ann has waited the configured 300 s (the default is OVERTAKE_SECONDS): the next eighth
+    # waits behind her, and says so
+    assert OVERTAKE_SECONDS > 300
     line = room.RoomLine.shared()
     need, _ = line.asked[("ann", "")]
-    line.asked[("ann", "")] = (need, asyncio.get_running_loop().time() - OVERTAKE_SECONDS)
+    line.asked[("ann", "")] = (need, asyncio.get_running_loop().time() - 300)
     tasks["cy"] = asyncio.ensure_future(spawners["cy"]._make_create_pod_request(None, 1))
     await until(lambda: spawners["cy"]._room_reason)
     assert made == ["bob"]

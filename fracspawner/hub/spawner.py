@@ -23,7 +23,7 @@ from typing import Any
 from jupyterhub.utils import maybe_future
 from kubespawner import KubeSpawner
 from tornado import web
-from traitlets import Bool, Dict, Enum, Integer, Unicode, default
+from traitlets import Bool, Dict, Enum, Float, Integer, Unicode, default
 
 from ..backends import is_reserved_env, load_catalog, safe_env, scheduler_for
 from ..backends.podspec import NO_DEVICES_ENV, container_name, hide_devices, is_privileged
@@ -52,7 +52,15 @@ from .form import render_form
 from .progress import human_step, pod_events, progress_event
 from .reflectors import ResumingEventReflector, ResumingPodReflector
 from .refusal import gave_up, install_log_filter, refused
-from .room import POLL_SECONDS, RoomLine, counted_tags, fetch_room, gpus_in_pool, verdict
+from .room import (
+    OVERTAKE_SECONDS,
+    POLL_SECONDS,
+    RoomLine,
+    counted_tags,
+    fetch_room,
+    gpus_in_pool,
+    verdict,
+)
 
 #: a trait value traitlets has not stored (a dynamic default not computed yet)
 _MISSING = object()
@@ -168,6 +176,19 @@ class FracSpawner(KubeSpawner):
         becomes queue_timeout + start_timeout, and `start_timeout` still bounds the rest (the
         time before the pod is created and after it is scheduled). A spawn still in line after
         queue_timeout fails with "No <size> freed within <N> minutes; your place is given up."
+        """,
+    )
+    room_overtake_seconds = Float(
+        OVERTAKE_SECONDS,
+        min=0,
+        config=True,
+        help="""On an over-committed pool: how long (seconds) a spawn waiting in line for
+        room that does not fit may be passed by later, smaller ones that do.
+
+        The line is first come, first served with backfill (as Kueue's BestEffortFIFO): a
+        half-GPU slice that does not fit holds up no eighth behind it that does, until it has
+        waited this long; from then on nobody passes it, so it is not starved by small ones.
+        0: strictly first come, first served.
         """,
     )
     admin_override = Bool(
@@ -920,6 +941,7 @@ class FracSpawner(KubeSpawner):
                     gpus_in_pool=gpus,
                     in_flight_mib=line.in_flight_mib(pool.name, counted, besides=key),
                     ahead=line.ahead(pool.name, key, loop.time()),
+                    overtake_s=self.room_overtake_seconds,
                 )  # fmt: skip
                 if v.go:
                     if not v.known:
