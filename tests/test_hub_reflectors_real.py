@@ -11,6 +11,7 @@ No timing is asserted: waits are hang guards.
 from __future__ import annotations
 
 import asyncio
+import logging
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 from typing import Any
@@ -68,11 +69,12 @@ async def _api_events(core: client.CoreV1Api) -> set[str]:
     return {f"default/{e.metadata.name}" for e in listing.items}
 
 
-async def test_a_410_from_etcd_costs_one_list(cp, core):
+async def test_a_410_from_etcd_costs_one_list(cp, core, caplog):
     # pods watched from etcd itself (no watch cache for them): a watch from a version etcd has
     # compacted away is answered 410 Gone ("The resourceVersion for the provided watch is too
     # old."). With its watch cache, kube-apiserver 1.36 answered a watch from version 1 with no
     # event and no error, so the 410 is forced where the API server reads etcd.
+    caplog.set_level(logging.DEBUG, logger="traitlets")  # every failed watch, not the first
     restart_apiserver(cp, ["--watch-cache-sizes=pods#0"])
     await core.create_namespaced_pod("default", _pod("a"))
     ours = _reflector()
@@ -81,14 +83,19 @@ async def test_a_410_from_etcd_costs_one_list(cp, core):
         await _until(lambda: ours.api.watches >= 1, "a first watch")
         compact_etcd(cp)
         ours.api.rewind = "1"  # the next watch resumes from a compacted version
-        await _until(lambda: ours.lists == 2, "a list after the 410")
+        await _until(lambda: ours.lists >= 2, "a list after the 410")
         await core.create_namespaced_pod("default", _pod("b"))
         await core.delete_namespaced_pod("a", "default", grace_period_seconds=0)
         await _until(lambda: set(ours.pods) == {"default/b"}, "the view after the 410")
         watches = ours.api.watches
         await _until(lambda: ours.api.watches >= watches + 2, "watching on")
         assert set(ours.pods) == await _api_pods(core) == {"default/b"}
-        assert ours.lists == 2  # one list per 410, then resumed
+        # one list per 410, then resumed. A watch the API server broke otherwise is listed
+        # again too, as client-go's reflector does: without its watch cache, kube-apiserver
+        # answered a fresh clone's run with 500 "etcd event received with PrevKv=nil" for pod
+        # a, whose earlier version the compaction had removed (lists were 3)
+        broken = sum("Cannot watch" in r.getMessage() for r in caplog.records)
+        assert 2 <= ours.lists <= 2 + broken, (ours.lists, broken)
     finally:
         await ours.stop()
         restart_apiserver(cp)  # with its watch cache again
