@@ -181,14 +181,14 @@ class SwapDesk:
     def above(self, seat: Seat, gpu: ReportedGpu) -> float:
         """What `seat`'s kernels back on `gpu` hold beyond its slice, as far as the culler
         granted that (`beyond`): never more on a report's word alone (issue 36, item 6)."""
-        back = {k.kernel_id for k in gpu.kernels if k.resident_mib > 0 and not k.hibernated}
+        back = [k for k in gpu.kernels if k.resident_mib > 0 and not k.hibernated]
+        ids = {k.kernel_id for k in back}
         granted = sum(
             mib
             for (u, sv, kid), (uuid, mib) in self.beyond.items()
-            if (u, sv) == (seat.user, seat.server) and uuid == gpu.uuid and kid in back
+            if (u, sv) == (seat.user, seat.server) and uuid == gpu.uuid and kid in ids
         )
-        raw = sum(k.resident_mib for k in gpu.kernels if k.kernel_id in back)
-        return min(granted, max(0.0, raw - seat.cap_mib))
+        return min(granted, max(0.0, sum(k.resident_mib for k in back) - seat.cap_mib))
 
     def _on_gpu(self, seat: Seat, gpu: ReportedGpu) -> ServerOnGpu:
         """`seat` on `gpu` as pressure and grants count it: its word bounded by its slice,
@@ -196,10 +196,9 @@ class SwapDesk:
         if not seat.fresh:
             return ServerOnGpu(seat.user, seat.server, seat.cap_mib, None, present=seat.present)
         above = self.above(seat, gpu)
-        raw = sum(k.resident_mib for k in gpu.kernels if k.resident_mib > 0 and not k.hibernated)
-        resident = gpu.resident_mib
-        if above > 0:
-            resident = max(resident, min(raw, seat.cap_mib + above))
+        # `above` > 0 only where its kernels back there hold more than its slice: the slice
+        # and what was granted beyond it, at most
+        resident = max(gpu.resident_mib, seat.cap_mib + above) if above > 0 else gpu.resident_mib
         return ServerOnGpu(
             user=seat.user,
             server=seat.server,
