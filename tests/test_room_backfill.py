@@ -1,7 +1,7 @@
 """The hub's line for room on over-committed GPUs is first come, first served with backfill
 (hub/room.py): a spawn ahead that does not fit now does not hold up a smaller one behind it
 that does, until it has waited OVERTAKE_SECONDS. Strictly first come, first served, a half-GPU
-slice at the head kept six 1/8 slices waiting 60-100 min beside 17-20 GiB of room (the culler
+slice at the head kept five 1/8 slices waiting 64-98 min beside 17-20 GiB of room (the culler
 benchmark, breaks on half the GPUs)."""
 
 from __future__ import annotations

@@ -13,8 +13,8 @@ culler does not count yet, after the spawns ahead of it in line that fit take th
 it waits in line and the pending page says why ("The GPU is in use by 4 people now; you are
 next."). The line is first come, first served with backfill, as Kueue's `BestEffortFIFO`
 queueing strategy admits workloads: a spawn ahead that does not fit now does not hold up a
-smaller one behind it that does (replayed, a half-GPU slice at the head kept six 1/8 slices
-waiting 60-100 min beside 17-20 GiB of room: benchmarks/bench_culler.py), until it has waited
+smaller one behind it that does (replayed, a half-GPU slice at the head kept five 1/8 slices
+waiting 64-98 min beside 17-20 GiB of room: benchmarks/bench_culler.py), until it has waited
 `OVERTAKE_SECONDS`; from then on nobody overtakes it, so a large slice is not passed over for
 ever by small ones.
 
