@@ -131,11 +131,18 @@ class DockerDaemon:
         return path
 
     def _last_error(self) -> str:
+        """Why dockerd failed, from its log: the line it exits with ("failed to start daemon:
+        ...", printed without logrus's fields), else its first fatal or error line. Not the
+        last error: shutting down after the cause, dockerd logs more (a busy machine's run
+        ended on libcontainerd's "Failed to get event ... transport is closing", after the
+        storage driver's error)."""
         lines = (
             self.log_path.read_text(errors="replace").splitlines() if self.log_path.exists() else []
         )
-        errors = [line for line in lines if "level=error" in line or "level=fatal" in line]
-        return (errors or lines or ["no output"])[-1][:300] + f" (log: {self.log_path})"
+        exits = [line for line in lines if line.startswith("failed to start daemon")]
+        errors = [line for line in lines if "level=fatal" in line or "level=error" in line]
+        why = exits[-1:] or errors[:1] or lines[-1:] or ["no output"]
+        return why[0][:300] + f" (log: {self.log_path})"
 
     def docker(
         self, *args: str, check: bool = True, timeout: float | None = 600, **kwargs
