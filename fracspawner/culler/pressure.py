@@ -200,6 +200,10 @@ class ReportedGpu:
     waiting_mib: float = 0.0
     waiting: tuple[WaitingKernel, ...] = ()
 
+    def back(self) -> list[KernelOnGpu]:
+        """Its kernels whose memory is on the GPU now (not hibernated)."""
+        return [k for k in self.kernels if k.resident_mib > 0 and not k.hibernated]
+
     def asleep(self) -> list[KernelOnGpu]:
         """Its hibernated kernels whose resume does not wait (a waiting one counts in
         `waiting_mib`): what they would bring back to the GPU is each one's `hibernated_mib`."""

@@ -170,9 +170,8 @@ class SwapDesk:
         held = set()
         for s in seats:
             for g in s.facts.gpus:
-                for k in g.kernels:
-                    if not s.fresh or (k.resident_mib > 0 and not k.hibernated):
-                        held.add((s.user, s.server, k.kernel_id, g.uuid))
+                for k in g.kernels if not s.fresh else g.back():
+                    held.add((s.user, s.server, k.kernel_id, g.uuid))
                 held.update((s.user, s.server, w.kernel_id, g.uuid) for w in g.waiting)
         for key, (uuid, _mib) in list(self.beyond.items()):
             if (*key, uuid) not in held:
@@ -181,7 +180,7 @@ class SwapDesk:
     def above(self, seat: Seat, gpu: ReportedGpu) -> float:
         """What `seat`'s kernels back on `gpu` hold beyond its slice, as far as the culler
         granted that (`beyond`): never more on a report's word alone (issue 36, item 6)."""
-        back = [k for k in gpu.kernels if k.resident_mib > 0 and not k.hibernated]
+        back = gpu.back()
         ids = {k.kernel_id for k in back}
         granted = sum(
             mib
