@@ -77,7 +77,7 @@ def test_the_line_knows_what_each_asked_and_since_when():
     # one not in line sees everyone who is
     assert line.ahead("h", ("cy", ""), 250.0) == [InLine(40 * GIB, 150.0), InLine(10 * GIB, 120.0)]
     line.leave("h", ("ann", ""))
-    assert line.ahead("h", ("bob", ""), 250.0) == [] and ("ann", "") not in line.asked
+    assert line.ahead("h", ("bob", ""), 250.0) == [] and ("ann", "") not in line.waiting["h"]
 
 
 async def test_a_spawner_behind_a_waiting_large_slice_starts_where_its_own_fits(monkeypatch):
@@ -129,8 +129,8 @@ async def test_a_spawner_behind_a_waiting_large_slice_starts_where_its_own_fits(
     # waits behind her, and says so
     assert OVERTAKE_SECONDS > 300
     line = room.RoomLine.shared()
-    need, _ = line.asked[("ann", "")]
-    line.asked[("ann", "")] = (need, asyncio.get_running_loop().time() - 300)
+    need, _ = line.waiting["h"][("ann", "")]
+    line.waiting["h"][("ann", "")] = (need, asyncio.get_running_loop().time() - 300)
     tasks["cy"] = asyncio.ensure_future(spawners["cy"]._make_create_pod_request(None, 1))
     await until(lambda: spawners["cy"]._room_reason)
     assert made == ["bob"]
@@ -138,4 +138,4 @@ async def test_a_spawner_behind_a_waiting_large_slice_starts_where_its_own_fits(
     for task in tasks.values():
         task.cancel()
     await asyncio.gather(*tasks.values(), return_exceptions=True)
-    assert not line.waiting["h"] and not line.asked
+    assert not line.waiting["h"]

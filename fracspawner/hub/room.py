@@ -217,8 +217,8 @@ class RoomLine:
     _shared: ClassVar[dict[Any, RoomLine]] = {}
 
     def __init__(self) -> None:
-        self.waiting: dict[str, list[Key]] = {}
-        self.asked: dict[Key, tuple[float, float]] = {}  # key -> (MiB of its slice, joined at)
+        # per pool, who waits in the order they came: key -> (MiB of its slice, joined at)
+        self.waiting: dict[str, dict[Key, tuple[float, float]]] = {}
         self.admitted: dict[Key, tuple[str, str, float]] = {}  # key -> (pool, tag, MiB)
         self._answer: tuple[float, dict | None] | None = None
 
@@ -241,22 +241,19 @@ class RoomLine:
 
     def join(self, pool: str, key: Key, need_mib: float, now: float) -> None:
         """`key` asks room for `need_mib` at `now` (its place is kept while it stays)."""
-        line = self.waiting.setdefault(pool, [])
-        if key not in line:
-            line.append(key)
-            self.asked[key] = (need_mib, now)
+        self.waiting.setdefault(pool, {}).setdefault(key, (need_mib, now))
 
     def leave(self, pool: str, key: Key) -> None:
-        line = self.waiting.get(pool, [])
-        if key in line:
-            line.remove(key)
-            self.asked.pop(key, None)
+        self.waiting.get(pool, {}).pop(key, None)
 
     def ahead(self, pool: str, key: Key, now: float) -> list[InLine]:
         """The spawns in line before `key` on `pool`, in order (all of them if it is not in)."""
-        line = self.waiting.get(pool, [])
-        before = line[: line.index(key)] if key in line else line
-        return [InLine(self.asked[k][0], now - self.asked[k][1]) for k in before]
+        out = []
+        for other, (need, since) in self.waiting.get(pool, {}).items():
+            if other == key:
+                break
+            out.append(InLine(need, now - since))
+        return out
 
     def admit(self, key: Key, pool: str, tag: str, mib: float) -> None:
         self.admitted[key] = (pool, tag, mib)
