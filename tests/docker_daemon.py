@@ -96,14 +96,12 @@ class DockerDaemon:
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             if self.process.poll() is not None:
-                raise DockerUnavailable(f"dockerd did not start: {self._last_error()}")
+                raise DockerUnavailable(f"dockerd did not start: {self._why()}")
             if self.socket.exists() and self.docker("version", check=False).returncode == 0:
                 return
             time.sleep(0.3)
         self.stop()
-        raise DockerUnavailable(
-            f"dockerd did not answer within {timeout:.0f} s: {self._last_error()}"
-        )
+        raise DockerUnavailable(f"dockerd did not answer within {timeout:.0f} s: {self._why()}")
 
     def _end_stale(self) -> None:
         """A dockerd this harness started on the same data root in a run that was killed
@@ -130,7 +128,7 @@ class DockerDaemon:
         path.write_text("{}\n")
         return path
 
-    def _last_error(self) -> str:
+    def _why(self) -> str:
         """Why dockerd failed, from its log: the line it exits with ("failed to start daemon:
         ...", printed without logrus's fields), else its first fatal or error line. Not the
         last error: shutting down after the cause, dockerd logs more (a busy machine's run

@@ -11,8 +11,10 @@ its slice may still come back: time-slicing enforces nothing, and only its grant
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 from fracspawner.culler.grants import Waiter, plan_grants
-from fracspawner.culler.swapdesk import SwapDesk
+from fracspawner.culler.swapdesk import Seat, SwapDesk
 from tests.test_overcommit_pressure import QUARTER, SIZE, kernel, report, seat
 
 
@@ -73,6 +75,25 @@ def test_a_kernel_beyond_its_slice_comes_after_those_within_and_holds_no_one_up(
     assert plan_grants(SIZE, 3 * QUARTER, [big, a, b], {}) == []
 
 
+def _hami(user: str, body: dict, present: bool = False) -> Seat:
+    """A server on HAMi (enforced: each pod's NVML shows its own memory only)."""
+    return replace(seat(user, body, present=present), enforced=True)
+
+
+def _ann_granted_beyond(desk: SwapDesk) -> tuple[Seat, list[dict]]:
+    """u1 holds a quarter; Ann holds hers and her second kernel a2 waits: the desk grants it
+    beyond her slice. Returns u1 and Ann's two kernels once back."""
+    u1 = _hami("u1", report([kernel("k1", QUARTER, "2026-01-01T10:00:00Z")], used=QUARTER))
+    ann = _hami("ann", waiting(("a2", "2026-01-01T11:00:00Z"), resident=QUARTER, used=QUARTER))
+    got = desk.answer("ann", "", [u1, ann], now=100.0)["swap"]
+    assert got.get("resume") == [{"kernel_id": "a2", "gpu_memory_mib": QUARTER}], got
+    back = [
+        kernel("r", QUARTER, "2026-01-01T09:00:00Z"),
+        kernel("a2", QUARTER, "2026-01-01T12:00:00Z"),
+    ]
+    return u1, back
+
+
 def test_a_kernel_granted_beyond_its_slice_counts_on_the_gpu_once_back():
     """HAMi (each pod's NVML shows its own memory only): u1 holds a quarter, Ann holds hers
     and her second notebook's kernel waits. The GPU has room, so it is granted beyond her
@@ -81,23 +102,11 @@ def test_a_kernel_granted_beyond_its_slice_counts_on_the_gpu_once_back():
     Vic's is granted. Before, both were, and Wes's restore met CUDA out of memory, which
     loses a kernel for good (NVIDIA/cuda-checkpoint#44; the culler benchmark, breaks on half
     the GPUs)."""
-    from dataclasses import replace
-
-    def hami(user: str, body: dict):
-        return replace(seat(user, body), enforced=True)
-
     desk = SwapDesk(report_in=10)
-    u1 = hami("u1", report([kernel("k1", QUARTER, "2026-01-01T10:00:00Z")], used=QUARTER))
-    ann = hami("ann", waiting(("a2", "2026-01-01T11:00:00Z"), resident=QUARTER, used=QUARTER))
-    got = desk.answer("ann", "", [u1, ann], now=100.0)["swap"]
-    assert got.get("resume") == [{"kernel_id": "a2", "gpu_memory_mib": QUARTER}], got
-    back = [
-        kernel("r", QUARTER, "2026-01-01T09:00:00Z"),
-        kernel("a2", QUARTER, "2026-01-01T12:00:00Z"),
-    ]
-    ann = hami("ann", report(back, used=2 * QUARTER))
-    vic = hami("vic", waiting(("v", "2026-01-01T11:30:00Z"), used=0.0))
-    wes = hami("wes", waiting(("w", "2026-01-01T11:31:00Z"), used=0.0))
+    u1, back = _ann_granted_beyond(desk)
+    ann = _hami("ann", report(back, used=2 * QUARTER))
+    vic = _hami("vic", waiting(("v", "2026-01-01T11:30:00Z"), used=0.0))
+    wes = _hami("wes", waiting(("w", "2026-01-01T11:31:00Z"), used=0.0))
     seats = [u1, ann, vic, wes]
     got = desk.answer("vic", "", seats, now=110.0)["swap"]
     assert got.get("resume") == [{"kernel_id": "v", "gpu_memory_mib": QUARTER}], got
@@ -105,8 +114,8 @@ def test_a_kernel_granted_beyond_its_slice_counts_on_the_gpu_once_back():
     assert not got.get("resume"), got
     # her second kernel hibernated again: its quarter is free, and Wes's comes back
     asleep = kernel("a2", 0, "2026-01-01T12:00:00Z", state="hibernated")
-    seats[1] = hami("ann", report([back[0], asleep], used=QUARTER))
-    seats[2] = hami("vic", report([kernel("v", QUARTER, "2026-01-01T12:01:00Z")], used=QUARTER))
+    seats[1] = _hami("ann", report([back[0], asleep], used=QUARTER))
+    seats[2] = _hami("vic", report([kernel("v", QUARTER, "2026-01-01T12:01:00Z")], used=QUARTER))
     got = desk.answer("wes", "", seats, now=120.0)["swap"]
     assert got.get("resume") == [{"kernel_id": "w", "gpu_memory_mib": QUARTER}], got
     assert not desk.beyond
@@ -116,25 +125,15 @@ def test_the_hubs_room_counts_a_present_users_kernel_granted_beyond_the_slice():
     """The same GPU as the hub's admission sees it (culler/room.py): Ann, present, has her
     second kernel back beyond her quarter by the culler's grant; her word counts one quarter,
     the device holds two, so no newcomer's quarter fits beside her and u1 and Vic, present."""
-    from dataclasses import replace
-
     from fracspawner.culler.room import gpu_rooms
 
-    def hami(user: str, body: dict, present: bool = False):
-        return replace(seat(user, body, present=present), enforced=True)
-
     desk = SwapDesk(report_in=10)
-    u1 = hami("u1", report([kernel("k1", QUARTER, "2026-01-01T10:00:00Z")], used=QUARTER))
-    ann = hami("ann", waiting(("a2", "2026-01-01T11:00:00Z"), resident=QUARTER, used=QUARTER))
-    assert desk.answer("ann", "", [u1, ann], now=100.0)["swap"]["resume"]
-    back = [
-        kernel("r", QUARTER, "2026-01-01T09:00:00Z"),
-        kernel("a2", QUARTER, "2026-01-01T12:00:00Z"),
-    ]
-    ann = hami("ann", report(back, used=2 * QUARTER, present=True), present=True)
-    vic = hami("vic", report([kernel("v", QUARTER, "2026-01-01T12:01:00Z")], used=QUARTER))
-    vic = replace(vic, present=True)
+    u1, back = _ann_granted_beyond(desk)
     u1 = replace(u1, present=True)
+    ann = _hami("ann", report(back, used=2 * QUARTER, present=True), present=True)
+    vic = _hami(
+        "vic", report([kernel("v", QUARTER, "2026-01-01T12:01:00Z")], used=QUARTER), present=True
+    )
     seats = [("t4", s) for s in (u1, ann, vic)]
     desk.answer("vic", "", [u1, ann, vic], now=110.0)  # the desk sees her kernel back
     (room,) = gpu_rooms(seats, desk.above)
