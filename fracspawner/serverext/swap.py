@@ -124,8 +124,9 @@ class SwapAgent(LoggingConfigurable):
         self.ask_host_room = False
         self.host_room: dict[str, datetime] = {}  # kernel id -> room given until
         self.host_wanted: dict[str, tuple[float, datetime]] = {}  # kernel id -> (MiB, asked)
-        self.host_why: dict[str, str] = {}  # kernel id -> the culler's word why it waits
-        self.host_wait_at: dict[str, datetime] = {}  # kernel id -> when the culler said so
+        # kernel id -> the culler's word why it waits for host room (None: none readable), and
+        # when the culler last said it waits
+        self.host_wait: dict[str, tuple[str | None, datetime]] = {}
         monitor.hibernator.host_gate = self.host_gate
         monitor.kept_on_gpu = self.kept_on_gpu
         self.contended_at: datetime | None = None  # the culler's latest answer asking word soon
@@ -155,8 +156,7 @@ class SwapAgent(LoggingConfigurable):
         for room in (swap.get("host_room") or [])[:MAX_ORDERS]:
             if isinstance(room, dict) and room.get("kernel_id") in live:
                 self.host_room[room["kernel_id"]] = self._room_until()
-                self.host_why.pop(room["kernel_id"], None)
-                self.host_wait_at.pop(room["kernel_id"], None)
+                self.host_wait.pop(room["kernel_id"], None)
                 roomed = True
         if roomed:  # the room is held for a short while: hibernate now, not at the next reading
             task = asyncio.get_running_loop().create_task(self._hibernate_due())
@@ -164,10 +164,10 @@ class SwapAgent(LoggingConfigurable):
             task.add_done_callback(self._tasks.discard)
         for wait in (swap.get("host_wait") or [])[:MAX_ORDERS]:
             if isinstance(wait, dict) and wait.get("kernel_id") in live:
-                why = wait.get("reason")
-                if isinstance(why, str) and why.isprintable():
-                    self.host_why[wait["kernel_id"]] = why[:300]
-                self.host_wait_at[wait["kernel_id"]] = self.monitor.hibernator.now()
+                kid, why = wait["kernel_id"], wait.get("reason")
+                if not (isinstance(why, str) and why.isprintable()):
+                    why = self._host_why(kid)  # keep the last readable
+                self.host_wait[kid] = (why[:300] if why else None, self.monitor.hibernator.now())
         for order in (swap.get("hibernate") or [])[:MAX_ORDERS]:
             if not isinstance(order, dict):
                 continue
@@ -243,7 +243,12 @@ class SwapAgent(LoggingConfigurable):
         self.host_wanted[kernel_id] = (memory_mib, now)
         if new:
             self.report_soon(0.0)  # the culler's answer brings the room, or why not
-        return self.host_why.get(kernel_id) or HOST_WAIT
+        return self._host_why(kernel_id) or HOST_WAIT
+
+    def _host_why(self, kernel_id: str) -> str | None:
+        """The culler's last readable word why `kernel_id` waits for host room."""
+        said = self.host_wait.get(kernel_id)
+        return said[0] if said else None
 
     def kept_on_gpu(self, kernel_id: str) -> bool:
         """Whether kernel_gpu_idle must leave this kernel on the GPU: on an over-committed pool,
@@ -261,8 +266,8 @@ class SwapAgent(LoggingConfigurable):
         if not (self.overcommit > 1 and self.ask_host_room and kernel_id in self.host_wanted):
             return False
         now = self.monitor.hibernator.now()
-        said = self.host_wait_at.get(kernel_id)
-        if said is None or (now - said).total_seconds() > CONTENDED_SECONDS:
+        said = self.host_wait.get(kernel_id)
+        if said is None or (now - said[1]).total_seconds() > CONTENDED_SECONDS:
             return False
         at = self.contended_at
         return at is None or (now - at).total_seconds() > CONTENDED_SECONDS
@@ -291,8 +296,7 @@ class SwapAgent(LoggingConfigurable):
                 or (now - asked).total_seconds() > WANT_SECONDS
             ):
                 del self.host_wanted[kid]
-                self.host_why.pop(kid, None)
-                self.host_wait_at.pop(kid, None)
+                self.host_wait.pop(kid, None)
         return [
             {"kernel_id": kid, "gpu_memory_mib": mib_up(mib)}
             for kid, (mib, _asked) in sorted(self.host_wanted.items())
