@@ -29,7 +29,8 @@ Per GPU (node/UUID as swapdesk binds reports to pods), each server counts:
   (the candidates of `pressure.plan_swaps`), plus what waits to resume there; within its slice;
 
 and the GPU counts on top what the smallest fresh device reading shows beyond all servers' own
-memory (processes nobody reports, a kernel above its slice). Pure.
+memory (processes nobody reports, a kernel above its slice), where the pods read the device (not
+on HAMi or MIG: `swapdesk.Seat.reading`). Pure.
 """
 
 from __future__ import annotations
@@ -191,8 +192,8 @@ class _Tally:
             self.people.add(seat.user)
         if gpu is not None and seat.fresh:
             self.resident_mib += min(max(gpu.resident_mib, 0.0), seat.cap_mib) + extra
-            if gpu.used_mib is not None:
-                self.readings.append(gpu.used_mib)
+            if (read := seat.reading(gpu)) is not None:
+                self.readings.append(read)
         else:  # stale or unreported: its slice, as the readings may show it
             self.resident_mib += max(seat.cap_mib, 0.0) if share is None else share
 

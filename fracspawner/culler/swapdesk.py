@@ -62,8 +62,20 @@ class Seat:
     # where its pod is (the culler's pod watch: placement.py); None: not known
     placement: Placement | None = None
     # its pool's backend hard-limits GPU memory to the slice (Backend.enforced): its kernels
-    # can never hold more than its slice
+    # can never hold more than its slice, and its pod's NVML is not the device's (`reading`)
     enforced: bool = False
+
+    def reading(self, gpu: ReportedGpu) -> float | None:
+        """Its pod's NVML reading of what `gpu` holds, where that is the device's: a floor of
+        the GPU's memory (processes nobody reports, kernels above their slice). None where it
+        is stale or not the device's: on a pool that limits memory to the slice the pod reads
+        its own view (a MIG instance's; HAMi-core's count of what its processes allocated,
+        which keeps a hibernated kernel's memory: cuda-checkpoint frees it through no hook of
+        HAMi-core's, Project-HAMi/HAMi-core src/nvml/hook.c). Where it is the device's, the
+        server also checks its own reading before it restores (serverext/room.py)."""
+        if not self.fresh or self.enforced or gpu.used_mib is None:
+            return None
+        return gpu.used_mib
 
     def may_be_on(self, key: str) -> bool:
         """Whether its pod may hold GPU `key` (node/uuid), by its placement alone."""
@@ -237,8 +249,8 @@ class SwapDesk:
                 for g in s.facts.gpus:
                     if g.uuid != gpu.uuid:
                         continue
-                    if s.fresh and g.used_mib is not None:
-                        readings.append(g.used_mib)
+                    if (read := s.reading(g)) is not None:
+                        readings.append(read)
                     on_it.append(self._on_gpu(s, g))
             size = me.size_mib if me.size_mib else gpu.total_mib
             if not size:
@@ -251,7 +263,7 @@ class SwapDesk:
             unborn = first_allocations(seats, gpu.uuid, (user, server))
             if self._grant(
                 user, server, gpu.uuid, size, margin, unborn, seats, on_it, granted, now,
-                resume, wait, readable=not me.enforced,
+                resume, wait,
             ):  # fmt: skip
                 unsure = True
             if not me.swaps:
@@ -320,14 +332,13 @@ class SwapDesk:
         now: float,
         resume: list[dict],
         wait: list[dict],
-        readable: bool = True,
     ) -> bool:
         """Room on GPU `uuid` for `user`/`server`'s waiting kernels (grants.py); True when the
         culler is not sure yet (its sources disagree): the server should report again soon.
         `margin`: MiB of the GPU never granted (grant_margin); `unborn`: MiB the first
         allocations of present people's servers may take (first_allocations), never granted.
-        `readable`: the pods' NVML reads the whole device (not HAMi-core's view of the slice,
-        nor a MIG instance's), so their readings may show room the reports do not yet."""
+        The pods' device readings (`Seat.reading`, none on a pool whose pods read only their
+        own slice) may show room the reports do not yet."""
         waiters, readings = [], []
         for s in seats:
             if not s.fresh:
@@ -336,8 +347,8 @@ class SwapDesk:
             for g in s.facts.gpus:
                 if g.uuid != uuid:
                     continue
-                if g.used_mib is not None:
-                    readings.append(g.used_mib)
+                if (read := s.reading(g)) is not None:
+                    readings.append(read)
                 waiters += [
                     Waiter(s.user, s.server, w.kernel_id, w.mib, w.since, left[w.kernel_id])
                     for w in g.waiting
@@ -349,12 +360,12 @@ class SwapDesk:
         go = set(plan_grants(size, on_gpu, waiters, granted, margin))
         # by the readings alone there would be room: a report from before a swap still counts
         # its kernel resident. Neither grant nor "wait" (the cell would be told the GPU is full
-        # when it is not): its server reports again soon. Not where each pod reads only its own
-        # slice: there the smallest reading is one pod's memory, never the device's, and the
-        # kernel was never told it waits (replayed on HAMi: a report every 3 s, no reason)
+        # when it is not): its server reports again soon. Never by a pod's view of its own
+        # slice (no readings there): one pod's memory, never the device's, it always showed
+        # room, and the kernel was never told it waits (replayed on HAMi: a report every 3 s)
         maybe = (
             set(plan_grants(size, min(readings) + unborn, waiters, granted, margin))
-            if readings and readable
+            if readings
             else go
         )
         unsure = False
