@@ -58,7 +58,11 @@ decision goes through the real code:
   over-committed pool and under HAMi-core only the culler's grant counts, elsewhere NVML of the
   device with a margin), the resume waiting for room meanwhile (`memory_waits`: cell-minutes).
   Each pod's NVML is what it would read: the whole GPU on time-slicing, HAMi-core's virtualised
-  view (its slice's limit and its own use) on the reserving pool. The driver follows
+  view on the reserving pool: its slice's limit, and as used HAMi-core's count of what the pod's
+  kernels allocated, a hibernated one's included (`SimServer.charged_mib`), which is also what
+  HAMi-core holds the pod's allocations to (a kernel cannot grow into its hibernated sibling's
+  share). A physical GPU short of room fails an allocation with CUDA out of memory on either
+  pool (HAMi-core reads no `CUDA_OVERSUBSCRIBE`: docs/culler.md). The driver follows
   NVIDIA/cuda-checkpoint#44: a restore the physical GPU has no room for fails with
   OUT_OF_MEMORY and every later one with 304, the kernel's GPU state lost (`gpu_state_lost`).
   The Hibernator's clock is the replay's (`Hibernator.now`), its driver calls run inline;
@@ -548,6 +552,18 @@ class SimServer:
     def hibernated(self) -> bool:
         return self.kernel_id is not None and self.monitor.hibernator.suspended(self.kernel_id)
 
+    def charged_mib(self) -> float:
+        """What HAMi-core counts against the pod's limit, and shows the pod as the device's used
+        memory: what its kernels allocated, a hibernated kernel's included. Its count moves only
+        in its allocation and free hooks, and when a process exits (Project-HAMi/HAMi-core
+        src/multiprocess/multiprocess_memory_limit.c `get_gpu_memory_usage`, src/nvml/hook.c);
+        cuda-checkpoint frees a checkpointed process's device memory inside the driver, through
+        none of them. So a hibernated kernel's memory is still its pod's to the limit: the
+        pod's other kernel cannot take it."""
+        first = self.kernel_mib if self.kernel_id is not None and self.holds_memory else 0.0
+        second = self.kernel2_mib if self.kernel2_id is not None and self.holds2 else 0.0
+        return first + second
+
     def on_gpu_mib(self, besides: str | None = None) -> float:
         """GPU memory its kernels hold on the GPU itself (not hibernated), but `besides`."""
         first = second = 0.0
@@ -998,7 +1014,7 @@ class Sim:
                 # HAMi-core within the pod's slice beside its second notebook's kernel (CUDA out
                 # of memory otherwise; the cell fails and is run again)
                 mine = s.on_gpu_mib()
-                over_limit = s.virtualised and mine + s.kernel_mib > s.slice_mib()
+                over_limit = s.virtualised and s.charged_mib() + s.kernel_mib > s.slice_mib()
                 no_room = self.shared_memory and (self.gpu_free_mib(s.gpu, s) - mine < s.kernel_mib)
                 if over_limit or no_room:
                     self.cuda_oom(over_limit)
@@ -1009,8 +1025,9 @@ class Sim:
                 # a kernel that grows as it works (caches, bigger batches): 1 % of its size a
                 # working minute; on a shared GPU only into room (CUDA out of memory otherwise)
                 step = GROWS_BY * u.memory_mib
-                mine = s.on_gpu_mib()  # both its kernels: HAMi-core limits the pod
-                over_limit = s.virtualised and mine + step > s.slice_mib()
+                mine = s.on_gpu_mib()
+                # both its kernels, a hibernated one too: HAMi-core limits the pod
+                over_limit = s.virtualised and s.charged_mib() + step > s.slice_mib()
                 if over_limit or (self.shared_memory and self.gpu_free_mib(s.gpu, s) < mine + step):
                     self.cuda_oom(over_limit)
                 else:
@@ -1035,7 +1052,7 @@ class Sim:
             s.busy2 = u.gpu_cell[m] and not s.hibernated2()
             if s.busy2 and not s.holds2:
                 mine = s.on_gpu_mib()
-                over_limit = s.virtualised and mine + s.kernel2_mib > s.slice_mib()
+                over_limit = s.virtualised and s.charged_mib() + s.kernel2_mib > s.slice_mib()
                 no_room = self.shared_memory and self.gpu_free_mib(s.gpu, s) < (
                     mine + s.kernel2_mib
                 )
@@ -1085,9 +1102,8 @@ class Sim:
             k2 = s.kernels.kernels[s.kernel2_id]
             util = BUSY if s.busy2 else 0.0
             procs.append(GpuProcess("0", s.kernel2_mib, util, pid=k2.pid, kernel_id=s.kernel2_id))
-        own = sum(p.memory_mib for p in procs)
-        if s.virtualised:  # HAMi-core: the pod's limit and its own use, never the GPU's
-            device = GpuDevice("0", GPU_NAME, s.uuid, s.slice_mib(), own, None)
+        if s.virtualised:  # HAMi-core: the pod's limit and its own count, never the GPU's
+            device = GpuDevice("0", GPU_NAME, s.uuid, s.slice_mib(), s.charged_mib(), None)
         else:  # NVML of the device: what every process on the GPU holds
             used = GPU_MIB - self.gpu_free_mib(s.gpu, None)
             device = GpuDevice("0", GPU_NAME, s.uuid, GPU_MIB, used, None)

@@ -284,6 +284,36 @@ def test_a_second_notebook_is_a_second_kernel_on_the_gpu(tmp_path: Path):
     assert any(any(u.second) for u in make_mix("research"))
 
 
+def test_under_hami_core_a_hibernated_kernel_still_counts_against_its_pods_slice(tmp_path: Path):
+    # HAMi-core counts what a pod's processes allocated through its hooks and nothing else
+    # (Project-HAMi/HAMi-core src/multiprocess/multiprocess_memory_limit.c
+    # `get_gpu_memory_usage`); cuda-checkpoint frees a hibernated kernel's device memory through
+    # none of them. So the pod's NVML still shows that memory used, and its second kernel cannot
+    # take it: its first allocation fails at the pod's own limit (a quarter: 20,389 MiB)
+    import asyncio
+
+    users = _lab(1, 16384)
+    sim = Sim(users, OVERCOMMIT_KIND, Cluster(1), "reserving", bench_catalog(None, OVERCOMMIT),
+              OVERCOMMIT)  # fmt: skip
+    sim.host = pod_host(tmp_path)
+    now = datetime.fromtimestamp(v(0), timezone.utc)
+    (u,) = users
+    a = sim.demand(u, 0)
+    assert a is not None and a.virtualised
+    kernel = a.ensure_kernel(now)
+    a.holds_memory = True
+    a.swap.host_room[a.kernel_id] = now + timedelta(hours=1)  # the culler's room, given before
+    hib = a.monitor.hibernator
+    state = asyncio.run(hib.hibernate(a.kernel_id, [kernel.pid], 16384.0, kernel_pid=kernel.pid))
+    assert state == "hibernated" and a.on_gpu_mib() == 0
+    sim.read(a, now)
+    (device,) = a.monitor.report(now=now)["devices"]
+    assert (device["memory_total_mib"], device["memory_used_mib"]) == (round(a.slice_mib(), 1), 16384)
+    sim.second_notebook(u, a, 0, now, cell=True)  # its first GPU cell: 8,192 MiB
+    assert not a.holds2 and a.on_gpu_mib() == 0
+    assert (sim.resume_failures, sim.oom_co_tenants) == (1, 0)  # at its own slice's limit
+
+
 def test_a_partial_run_is_chosen_by_the_environment_and_checked():
     # one trace of the culler benchmark (the whole run takes ~36 min): mixes, rows, minutes
     import pytest
