@@ -308,7 +308,8 @@ def test_under_hami_core_a_hibernated_kernel_still_counts_against_its_pods_slice
     assert state == "hibernated" and a.on_gpu_mib() == 0
     sim.read(a, now)
     (device,) = a.monitor.report(now=now)["devices"]
-    assert (device["memory_total_mib"], device["memory_used_mib"]) == (round(a.slice_mib(), 1), 16384)
+    limit = round(a.slice_mib(), 1)
+    assert (device["memory_total_mib"], device["memory_used_mib"]) == (limit, 16384)
     sim.second_notebook(u, a, 0, now, cell=True)  # its first GPU cell: 8,192 MiB
     assert not a.holds2 and a.on_gpu_mib() == 0
     assert (sim.resume_failures, sim.oom_co_tenants) == (1, 0)  # at its own slice's limit
