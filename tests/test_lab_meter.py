@@ -477,6 +477,58 @@ def test_meter_says_the_gpu_is_hibernated_and_resume_brings_it_back(tmp_path):
         lab.stop()
 
 
+def test_under_hami_core_the_meter_counts_a_hibernated_kernel_against_the_slice(tmp_path):
+    """HAMi-core (its limit in the pod's environment) keeps counting a hibernated kernel's
+    memory against the slice until the kernel exits (docs/culler.md): the GPU reads it as
+    gone, yet the next allocation beyond what the slice has left fails. The meter counts it
+    too: 18 of the 20 GiB hibernated read 'near limit', and the sentence says why and what
+    frees it. Without HAMi-core (the test above) hibernated memory takes nothing."""
+    from tests.test_hibernation import FAKE, set_cgroup, state_of
+
+    state = tmp_path / "nvml.json"
+    state.write_text(json.dumps({"cuda_driver_version": 12080, "gpus": [{"processes": []}]}))
+    cgroup = tmp_path / "cgroup"
+    cgroup.mkdir()
+    set_cgroup(cgroup, 64, 1)
+    (tmp_path / "lab").mkdir()
+    lab = LabServer(
+        tmp_path / "lab",
+        env={
+            "PYTHONPATH": os.pathsep.join([str(FAKE), os.environ.get("PYTHONPATH", "")]),
+            "FAKE_NVML_STATE": str(state),
+            "FRACSPAWNER_KERNEL_GPU_HIBERNATE_SECONDS": "2",
+            "CUDA_DEVICE_MEMORY_LIMIT_0": "20480m",  # HAMi's device plugin sets it
+        },
+        config={"Hibernator": {"cgroup_root": str(cgroup)}},
+    )
+    try:
+        kernel = open_notebook(lab, "train.ipynb")
+        pid = wait_for(lambda: _kernel_pid(kernel), 30, "the kernel's process")
+        with state_of(state) as data:
+            data["gpus"][0]["processes"].append({"pid": pid, "memory_mib": 18432, "sm": 0})
+        lab.set_gpu(
+            {"devices": [H100], "kernels": {kernel: {"memory_mib": 18432, "utilization": 0}}}
+        )
+        wait_for(lambda: lab.gpu()["hibernated_gpu_memory_mib"] == 18432, 30, "hibernated")
+        lab.set_gpu({"devices": [H100], "kernels": {}})  # its memory left the GPU
+        report = lab.gpu()
+        assert report["slice"]["counts_hibernated"] is True
+        with chromium() as browser:
+            page = open_lab(browser, lab)
+            page.locator(".fs-GpuMeter-hibernation").wait_for(state="visible", timeout=30_000)
+            memory = page.locator(".fs-GpuMeter-memory")
+            assert memory.inner_text() == "Mem 0.0 (+18.0 hibernated) / 20 GiB (near limit)"
+            title = page.locator(".fs-GpuMeter").get_attribute("title") or ""
+            assert (
+                "0 MiB of 20 GiB GPU memory in use, and 18 GiB of hibernated kernels that still "
+                "count against the slice here (shut one down to free its share)" in title
+            ), title
+            assert page.errors == [], page.errors
+            page.context.close()
+    finally:
+        lab.stop()
+
+
 def _kernel_pid(kernel_id: str) -> int | None:
     """The ipykernel process whose command line names this kernel's connection file."""
     from fracspawner.serverext.procmap import kernel_id_of

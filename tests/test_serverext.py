@@ -244,6 +244,7 @@ def test_pod_environment_names():
     )
     assert pod.slice_json()["label"] == "1/4 H100 · 20 GiB"
     assert pod.slice_json()["pool"] == "h100"
+    assert pod.slice_json()["counts_hibernated"] is False  # HAMi-core's limit not in the env
     assert pod.policy.as_json() == {
         "kernel_gpu_idle": 1800.0,
         "server_gpu_idle": 7200.0,

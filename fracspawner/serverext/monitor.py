@@ -18,7 +18,7 @@ from __future__ import annotations
 import asyncio
 import os
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import datetime
 from typing import Any
 
@@ -40,6 +40,7 @@ from .podinfo import (
     utcnow,
 )
 from .procmap import kernel_id_of
+from .room import virtualised_nvml
 from .sources import GpuSample, GpuSource, GpuUnavailable, make_source
 
 __all__ = ["GpuMonitor", "SETTINGS_KEY", "attribute", "utcnow", "isoformat"]
@@ -150,7 +151,10 @@ class GpuMonitor(BackgroundLoop):
         # over-committed pool, one waiting for the culler's room in its node's host budget)
         self.kept_on_gpu: Callable[[str], bool] = lambda kernel_id: False
         # the slice and the culler's idle policy, as FracSpawner put them in the environment
-        self.pod = PodInfo.from_environ(os.environ, memory_mib=self.memory_entitlement_mib)
+        self.pod = replace(
+            PodInfo.from_environ(os.environ, memory_mib=self.memory_entitlement_mib),
+            counts_hibernated=virtualised_nvml(os.environ) is not None,
+        )
         # the first rung: idle GPU kernels suspended to host memory (hibernate.py)
         self.hibernator = Hibernator(parent=self, log=self.log)
         # a client that bypasses the websocket resumes a hibernated kernel too (foreign.py)

@@ -165,6 +165,10 @@ class PodInfo:
     memory_mib: int | None
     policy: IdlePolicy
     started: datetime | None = None  # when the hub started this server (None: not told)
+    # the slice's limit still counts a hibernated kernel's memory (HAMi-core: its count moves
+    # only in its allocation hooks and when a process exits, and cuda-checkpoint frees memory
+    # through none of them; docs/culler.md): the meter says so (monitor.py sets it)
+    counts_hibernated: bool = False
 
     @classmethod
     def from_environ(cls, env: Mapping[str, str], memory_mib: int | None = None) -> PodInfo:
@@ -202,6 +206,7 @@ class PodInfo:
             "pool_display": self.pool_display,
             "memory_mib": self.memory_mib,
             "label": slice_label(self.gpu, self.pool_display or self.pool, self.memory_mib, device),
+            "counts_hibernated": self.counts_hibernated,
         }
 
 

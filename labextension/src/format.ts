@@ -41,7 +41,11 @@ export interface IGpuReport {
   source?: string;
   poll_interval?: number;
   devices?: { name: string; memory_total_mib: number }[];
-  slice?: { label: string | null; memory_mib: number | null };
+  /**
+   * `counts_hibernated`: the slice's limit still counts hibernated kernels' memory (HAMi-core
+   * counts what the pod allocated until its process exits; hibernating frees none of it).
+   */
+  slice?: { label: string | null; memory_mib: number | null; counts_hibernated?: boolean };
   gpu_memory_mib?: number;
   gpu_utilization?: number | null;
   warnings?: IGpuWarning[];
@@ -232,17 +236,27 @@ export function meterText(report: IGpuReport): IMeterText | null {
   const limit = report.slice?.memory_mib || total || null;
   const used = report.gpu_memory_mib ?? 0;
   const label = report.slice?.label || devices[0]?.name || 'GPU';
+  // where the limit counts hibernated kernels (HAMi-core), they take the slice too: an
+  // allocation beyond what is left fails although the GPU reads them as gone
+  const asleep = report.slice?.counts_hibernated ? (report.hibernated_gpu_memory_mib ?? 0) : 0;
+  const counted = used + asleep;
+  const asleepText = asleep > 0 ? ` (+${gibNumber(asleep, 1)} hibernated)` : '';
+  const asleepWords =
+    asleep > 0
+      ? `, and ${formatMemory(asleep)} of hibernated kernels that still count against the ` +
+        'slice here (shut one down to free its share)'
+      : '';
 
-  let memory = `Mem ${gibNumber(used, 1)} GiB`;
-  let memoryWords = `${formatMemory(used)} of GPU memory in use`;
+  let memory = `Mem ${gibNumber(used, 1)}${asleepText} GiB`;
+  let memoryWords = `${formatMemory(used)} of GPU memory in use${asleepWords}`;
   let memoryState: IMeterText['memoryState'] = 'ok';
   if (limit) {
-    memory = `Mem ${gibNumber(used, 1)} / ${formatMemory(limit)}`;
-    memoryWords = `${formatMemory(used)} of ${formatMemory(limit)} GPU memory in use`;
-    if (used > limit) {
+    memory = `Mem ${gibNumber(used, 1)}${asleepText} / ${formatMemory(limit)}`;
+    memoryWords = `${formatMemory(used)} of ${formatMemory(limit)} GPU memory in use${asleepWords}`;
+    if (counted > limit) {
       memoryState = 'over';
       memory += ' (over limit)';
-    } else if (used >= 0.9 * limit) {
+    } else if (counted >= 0.9 * limit) {
       memoryState = 'near';
       memory += ' (near limit)';
     }
