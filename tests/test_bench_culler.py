@@ -21,36 +21,45 @@ def _lab(n: int, memory_mib: int) -> list[User]:
     return users
 
 
+def _hibernated(tmp_path: Path, family: str, users: list[User]) -> tuple[Sim, list, int]:
+    """An over-committed Sim on one GPU of `family` with `users` given servers at minute 0, the
+    first one's kernel hibernated (holding its memory_mib, the culler's host room given);
+    returns the sim, the servers and that kernel's pid."""
+    import asyncio
+
+    sim = Sim(users, OVERCOMMIT_KIND, Cluster(1), family, bench_catalog(None, OVERCOMMIT),
+              OVERCOMMIT)  # fmt: skip
+    sim.host = pod_host(tmp_path)
+    now = datetime.fromtimestamp(v(0), timezone.utc)
+    servers = [sim.demand(u, 0) for u in users]
+    a = servers[0]
+    assert all(s is not None for s in servers)
+    kernel = a.ensure_kernel(now)
+    a.holds_memory = True
+    a.swap.host_room[a.kernel_id] = now + timedelta(hours=1)  # the culler's room, given before
+    mib = float(users[0].memory_mib)
+    hib = a.monitor.hibernator
+    state = asyncio.run(hib.hibernate(a.kernel_id, [kernel.pid], mib, kernel_pid=kernel.pid))
+    assert state == "hibernated" and a.on_gpu_mib() == 0
+    return sim, servers, kernel.pid
+
+
 def test_a_restore_into_a_full_gpu_loses_the_kernel_as_nvidia_cuda_checkpoint_44(tmp_path: Path):
     # the replay's checkpoint driver follows NVIDIA/cuda-checkpoint#44: a restore the physical
     # GPU has no room for fails with OUT_OF_MEMORY, every later one with 304, and the kernel
     # counts in gpu_state_lost (never a counted retry that restores later)
-    import asyncio
-
     import pytest
 
     from fracspawner.serverext.checkpoint import CheckpointError
 
-    users = _lab(2, 20000)
-    sim = Sim(users, OVERCOMMIT_KIND, Cluster(1), "time_sliced", bench_catalog(None, OVERCOMMIT),
-              OVERCOMMIT)  # fmt: skip
-    sim.host = pod_host(tmp_path)
-    now = datetime.fromtimestamp(v(0), timezone.utc)
-    a, b = (sim.demand(u, 0) for u in users)
-    assert a is not None and b is not None
-    kernel = a.ensure_kernel(now)
-    a.holds_memory = True
-    hib = a.monitor.hibernator
-    a.swap.host_room[a.kernel_id] = now + timedelta(hours=1)  # the culler's room, given before
-    state = asyncio.run(hib.hibernate(a.kernel_id, [kernel.pid], 20000.0, kernel_pid=kernel.pid))
-    assert state == "hibernated" and a.on_gpu_mib() == 0
-    b.ensure_kernel(now)
+    sim, (a, b), pid = _hibernated(tmp_path, "time_sliced", _lab(2, 20000))
+    b.ensure_kernel(datetime.fromtimestamp(v(0), timezone.utc))
     b.holds_memory, b.kernel_mib = True, 70000.0  # a co-tenant filled the GPU meanwhile
     with pytest.raises(CheckpointError, match="OUT_OF_MEMORY"):
-        a.driver.restore(kernel.pid)
+        a.driver.restore(pid)
     b.kernel_mib = 1000.0  # room again: too late on #44 drivers
     with pytest.raises(CheckpointError, match="CUDA_ERROR_OPERATING_SYSTEM"):
-        a.driver.restore(kernel.pid)
+        a.driver.restore(pid)
     assert sim.summary()["gpu_state_lost"] == 1
 
 
@@ -290,22 +299,10 @@ def test_under_hami_core_a_hibernated_kernel_still_counts_against_its_pods_slice
     # `get_gpu_memory_usage`); cuda-checkpoint frees a hibernated kernel's device memory through
     # none of them. So the pod's NVML still shows that memory used, and its second kernel cannot
     # take it: its first allocation fails at the pod's own limit (a quarter: 20,389 MiB)
-    import asyncio
-
-    users = _lab(1, 16384)
-    sim = Sim(users, OVERCOMMIT_KIND, Cluster(1), "reserving", bench_catalog(None, OVERCOMMIT),
-              OVERCOMMIT)  # fmt: skip
-    sim.host = pod_host(tmp_path)
+    (u,) = users = _lab(1, 16384)
+    sim, (a,), _pid = _hibernated(tmp_path, "reserving", users)
+    assert a.virtualised
     now = datetime.fromtimestamp(v(0), timezone.utc)
-    (u,) = users
-    a = sim.demand(u, 0)
-    assert a is not None and a.virtualised
-    kernel = a.ensure_kernel(now)
-    a.holds_memory = True
-    a.swap.host_room[a.kernel_id] = now + timedelta(hours=1)  # the culler's room, given before
-    hib = a.monitor.hibernator
-    state = asyncio.run(hib.hibernate(a.kernel_id, [kernel.pid], 16384.0, kernel_pid=kernel.pid))
-    assert state == "hibernated" and a.on_gpu_mib() == 0
     sim.read(a, now)
     (device,) = a.monitor.report(now=now)["devices"]
     limit = round(a.slice_mib(), 1)

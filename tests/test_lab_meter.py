@@ -177,6 +177,45 @@ def hhmm(iso: str) -> str:
     return f"{when.day} {when.strftime('%b')} {time_of_day}"
 
 
+def hibernating_lab(tmp_path: Path, env: dict, config: dict | None = None) -> tuple:
+    """A LabServer whose kernels hibernate through the fake checkpoint driver
+    (tests/fake_nvml/cuda, its state file `nvml.json`) in a 64 GiB pod cgroup using 1 GiB;
+    `env` and `config` on top. Returns the server and the state file."""
+    from tests.test_hibernation import FAKE, set_cgroup
+
+    state = tmp_path / "nvml.json"
+    state.write_text(json.dumps({"cuda_driver_version": 12080, "gpus": [{"processes": []}]}))
+    cgroup = tmp_path / "cgroup"
+    cgroup.mkdir()
+    set_cgroup(cgroup, 64, 1)
+    (tmp_path / "lab").mkdir()
+    config = dict(config or {})
+    config["Hibernator"] = {"cgroup_root": str(cgroup), **config.get("Hibernator", {})}
+    lab = LabServer(
+        tmp_path / "lab",
+        env={
+            "PYTHONPATH": os.pathsep.join([str(FAKE), os.environ.get("PYTHONPATH", "")]),
+            "FAKE_NVML_STATE": str(state),
+            **env,
+        },
+        config=config,
+    )
+    return lab, state
+
+
+def kernel_on_gpu(lab: LabServer, state: Path, mib: int) -> tuple[str, int]:
+    """A notebook's kernel whose process holds `mib` of GPU memory, idle (the fake driver's
+    state and the simulated reading); its id and its process's."""
+    from tests.test_hibernation import state_of
+
+    kernel = open_notebook(lab, "train.ipynb")
+    pid = wait_for(lambda: _kernel_pid(kernel), 30, "the kernel's process")
+    with state_of(state) as data:
+        data["gpus"][0]["processes"].append({"pid": pid, "memory_mib": mib, "sm": 0})
+    lab.set_gpu({"devices": [H100], "kernels": {kernel: {"memory_mib": mib, "utilization": 0}}})
+    return kernel, pid
+
+
 def shot(page: Any, name: str) -> None:
     """The bottom of the window, once the toasts have slid in."""
     page.wait_for_function(
@@ -415,31 +454,11 @@ def test_meter_says_the_gpu_is_hibernated_and_resume_brings_it_back(tmp_path):
     """Issue 22: a hibernated kernel (fake checkpoint driver, tests/fake_nvml/cuda) shows
     'GPU hibernated: resumes when you run a cell' with a Resume button; pressing it brings the
     kernel back; hibernated again, the meter says how long the last resume took."""
-    from tests.test_hibernation import FAKE, set_cgroup, state_of
+    from tests.test_hibernation import state_of
 
-    state = tmp_path / "nvml.json"
-    state.write_text(json.dumps({"cuda_driver_version": 12080, "gpus": [{"processes": []}]}))
-    cgroup = tmp_path / "cgroup"
-    cgroup.mkdir()
-    set_cgroup(cgroup, 64, 1)
-    (tmp_path / "lab").mkdir()
-    lab = LabServer(
-        tmp_path / "lab",
-        env={
-            "PYTHONPATH": os.pathsep.join([str(FAKE), os.environ.get("PYTHONPATH", "")]),
-            "FAKE_NVML_STATE": str(state),
-            "FRACSPAWNER_KERNEL_GPU_HIBERNATE_SECONDS": "2",
-        },
-        config={"Hibernator": {"cgroup_root": str(cgroup)}},
-    )
+    lab, state = hibernating_lab(tmp_path, {"FRACSPAWNER_KERNEL_GPU_HIBERNATE_SECONDS": "2"})
     try:
-        kernel = open_notebook(lab, "train.ipynb")
-        pid = wait_for(lambda: _kernel_pid(kernel), 30, "the kernel's process")
-        with state_of(state) as data:
-            data["gpus"][0]["processes"].append({"pid": pid, "memory_mib": 9216, "sm": 0})
-        lab.set_gpu(
-            {"devices": [H100], "kernels": {kernel: {"memory_mib": 9216, "utilization": 0}}}
-        )
+        kernel, _pid = kernel_on_gpu(lab, state, 9216)
 
         def hibernated() -> bool:
             k = next((k for k in lab.gpu()["kernels"] if k["id"] == kernel), {})
@@ -483,32 +502,15 @@ def test_under_hami_core_the_meter_counts_a_hibernated_kernel_against_the_slice(
     gone, yet the next allocation beyond what the slice has left fails. The meter counts it
     too: 18 of the 20 GiB hibernated read 'near limit', and the sentence says why and what
     frees it. Without HAMi-core (the test above) hibernated memory takes nothing."""
-    from tests.test_hibernation import FAKE, set_cgroup, state_of
-
-    state = tmp_path / "nvml.json"
-    state.write_text(json.dumps({"cuda_driver_version": 12080, "gpus": [{"processes": []}]}))
-    cgroup = tmp_path / "cgroup"
-    cgroup.mkdir()
-    set_cgroup(cgroup, 64, 1)
-    (tmp_path / "lab").mkdir()
-    lab = LabServer(
-        tmp_path / "lab",
-        env={
-            "PYTHONPATH": os.pathsep.join([str(FAKE), os.environ.get("PYTHONPATH", "")]),
-            "FAKE_NVML_STATE": str(state),
+    lab, state = hibernating_lab(
+        tmp_path,
+        {
             "FRACSPAWNER_KERNEL_GPU_HIBERNATE_SECONDS": "2",
             "CUDA_DEVICE_MEMORY_LIMIT_0": "20480m",  # HAMi's device plugin sets it
         },
-        config={"Hibernator": {"cgroup_root": str(cgroup)}},
     )
     try:
-        kernel = open_notebook(lab, "train.ipynb")
-        pid = wait_for(lambda: _kernel_pid(kernel), 30, "the kernel's process")
-        with state_of(state) as data:
-            data["gpus"][0]["processes"].append({"pid": pid, "memory_mib": 18432, "sm": 0})
-        lab.set_gpu(
-            {"devices": [H100], "kernels": {kernel: {"memory_mib": 18432, "utilization": 0}}}
-        )
+        kernel_on_gpu(lab, state, 18432)
         wait_for(lambda: lab.gpu()["hibernated_gpu_memory_mib"] == 18432, 30, "hibernated")
         lab.set_gpu({"devices": [H100], "kernels": {}})  # its memory left the GPU
         report = lab.gpu()

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import os
 import threading
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
@@ -21,15 +20,7 @@ import pytest
 from devcluster.localhub import free_port
 from tests.browser_helpers import chromium
 from tests.test_culler_support import execute, wait_for
-from tests.test_hibernation import FAKE, set_cgroup, state_of
-from tests.test_lab_meter import (
-    H100,
-    LABEXT,
-    LabServer,
-    _kernel_pid,
-    open_lab,
-    open_notebook,
-)
+from tests.test_lab_meter import H100, LABEXT, hibernating_lab, kernel_on_gpu, open_lab
 
 pytestmark = pytest.mark.e2e
 REASON = (
@@ -79,38 +70,21 @@ def state_of_process(state, pid: int) -> dict:
 def test_the_meter_says_a_resume_waits_for_room_on_a_full_gpu(tmp_path):
     if not (LABEXT / "package.json").exists():
         pytest.fail(f"the GPU meter is not built into {LABEXT}: run `make setup`")
-    state = tmp_path / "nvml.json"
-    state.write_text(json.dumps({"cuda_driver_version": 12080, "gpus": [{"processes": []}]}))
-    cgroup = tmp_path / "cgroup"
-    cgroup.mkdir()
-    set_cgroup(cgroup, 64, 1)
-    (tmp_path / "lab").mkdir()
     culler = Culler.start()
-    lab = LabServer(
-        tmp_path / "lab",
-        env={
-            "PYTHONPATH": os.pathsep.join([str(FAKE), os.environ.get("PYTHONPATH", "")]),
-            "FAKE_NVML_STATE": str(state),
+    lab, state = hibernating_lab(
+        tmp_path,
+        {
             "FRACSPAWNER_KERNEL_GPU_HIBERNATE_SECONDS": "0",  # only the culler's swap
             "FRACSPAWNER_GPU_OVERCOMMIT": "2",  # as FracSpawner sets it on such a pool
             # where the server reports, with its own token, as FracSpawner sets them
             "FRACSPAWNER_CULLER_URL": f"http://127.0.0.1:{culler.server_port}/",
             "JUPYTERHUB_API_TOKEN": "the-servers-own-token",
         },
-        config={
-            "Hibernator": {"cgroup_root": str(cgroup), "retry_first": 600.0},
-            "GpuReporter": {"report_interval": 1.0},
-        },
+        {"Hibernator": {"retry_first": 600.0}, "GpuReporter": {"report_interval": 1.0}},
     )
     full = {**H100, "memory_used_mib": H100["memory_total_mib"]}
     try:
-        kernel = open_notebook(lab, "train.ipynb")
-        pid = wait_for(lambda: _kernel_pid(kernel), 30, "the kernel's process")
-        with state_of(state) as data:
-            data["gpus"][0]["processes"].append({"pid": pid, "memory_mib": 9216, "sm": 0})
-        lab.set_gpu(
-            {"devices": [H100], "kernels": {kernel: {"memory_mib": 9216, "utilization": 0}}}
-        )
+        kernel, pid = kernel_on_gpu(lab, state, 9216)
 
         def hibernation() -> dict:
             k = next((k for k in lab.gpu()["kernels"] if k["id"] == kernel), {})
