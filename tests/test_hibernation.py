@@ -97,6 +97,7 @@ def env(tmp_path_factory):
                 "retry_first": 1.0,
                 "retry_refused_after": 1.0,
                 "cpu_probe_seconds": 0.5,
+                "restore_stall_seconds": 3.0,
             }
         },
     )
@@ -249,6 +250,30 @@ async def test_failed_restore_keeps_the_kernel_and_tells_the_user(env):
     # the cell, a loaded machine may already see it hibernate again; CI did once)
     assert hibernation(server, kid)["state"] != "restore_failed"
     assert server.gpu()["hibernation"]["resumes"][-1]["kernel_id"] == kid
+    server.api("DELETE", f"/api/kernels/{kid}")
+
+
+async def test_a_restore_that_does_not_return_is_told_and_the_cell_still_runs(env):
+    """The driver's restore can block (NVIDIA/cuda-checkpoint#17: it "never returned"; here 8
+    s). Past restore_stall_seconds (3 s here) the cell is told why it waits and what
+    restarting would cost, and the report says since when; once the restore returns the cell
+    runs on the kernel's own state. Before, the cell waited without a word."""
+    server, state, _ = env
+    kid, pid = await gpu_kernel(server, state, 2 * GIB, restore_blocks_s=8)
+    wait_for(lambda: hibernation(server, kid).get("state") == "hibernated", 20, "hibernation")
+    cell = asyncio.ensure_future(execute(server.url, server.token, kid, "print(x * 2, my_state())"))
+    seen = await asyncio.to_thread(
+        wait_for,
+        lambda: hibernation(server, kid).get("restore_stalled_since") and hibernation(server, kid),
+        20,
+        "the stalled restore in the report",
+    )
+    assert seen["state"] == "resuming", seen
+    out = await asyncio.wait_for(cell, 60)
+    assert "has not finished after" in out and "NVIDIA/cuda-checkpoint#17" in out, out
+    assert "restart the kernel (its variables are lost)" in out, out
+    assert out.strip().endswith("42 running")
+    assert hibernation(server, kid).get("restore_stalled_since") is None
     server.api("DELETE", f"/api/kernels/{kid}")
 
 

@@ -91,6 +91,13 @@ AT_RISK = (
     "(NVIDIA/cuda-checkpoint#44): one more restore is tried when there is room; if it fails "
     "too, restart the kernel."
 )
+#: what the cell says when a restore has not returned for Hibernator.restore_stall_seconds
+STALLED = (
+    "fracspawner: restoring this kernel's GPU state has not finished after {waited}: the CUDA "
+    "driver's restore has not returned (it can block: NVIDIA/cuda-checkpoint#17). Your cell runs "
+    "once it does; the kernel is kept meanwhile. To start over instead, restart the kernel (its "
+    "variables are lost)."
+)
 #: the words of a kernel whose GPU state the driver lost (#44: 304 after an out-of-memory)
 LOST = "the kernel's GPU state was lost: restart the kernel"
 
@@ -153,6 +160,8 @@ class KernelSleep:
     grant_until: datetime | None = None
     # the driver refused a restore for want of room: on #44 drivers the next one answers 304
     at_risk: bool = False
+    # a restore called then has not returned for restore_stall_seconds (#17); None: none
+    restore_stalled_since: datetime | None = None
     wake: asyncio.Event = field(default_factory=asyncio.Event)
     lock: asyncio.Lock = field(default_factory=asyncio.Lock)
     task: asyncio.Task | None = None
@@ -168,6 +177,7 @@ class KernelSleep:
             "hibernated_since": isoformat(self.since) if self.state in SUSPENDED else None,
             "hibernated_why": self.why if self.state in SUSPENDED else None,
             "restore_error": self.restore_error,
+            "restore_stalled_since": isoformat(self.restore_stalled_since),
             "restore_attempts": self.attempts,
             "next_retry": isoformat(self.next_retry),
             "next_try": isoformat(self.next_try) if self.note else None,
@@ -199,6 +209,14 @@ class Hibernator(LoggingConfigurable):
         config=True,
         help="Milliseconds cuCheckpointProcessLock may wait for the kernel's submitted CUDA work; "
         "past it the kernel is left running and tried again at its next idle period.",
+    )
+    restore_stall_seconds = Float(
+        60.0,
+        config=True,
+        help="Seconds after which a restore that has not returned is reported: the cell is told "
+        "(the driver's restore can block: NVIDIA/cuda-checkpoint#17), the report says since when "
+        "(kernels[].hibernation.restore_stalled_since) and the log warns. Nothing can interrupt "
+        "the driver's call: the kernel keeps waiting for it. 0: never reported.",
     )
     host_margin_mib = Float(
         512.0,
@@ -625,7 +643,7 @@ class Hibernator(LoggingConfigurable):
                 started = time.monotonic()
                 s.grant_mib = s.grant_until = None  # one grant, one restore
                 try:
-                    await self.offload(self._restore, s.pid)
+                    await self._restore_watched(s, started)
                 except Exception as exc:  # CheckpointError, Unsupported, _Cannot, a broken binding
                     if s.pid is not None and not os.path.exists(f"/proc/{s.pid}"):
                         # the process is gone (the kernel was restarted or died): nothing to
@@ -686,6 +704,28 @@ class Hibernator(LoggingConfigurable):
                     "fracspawner: kernel %s resumed (%s) in %.1f s", s.kernel_id, why, seconds
                 )
             return s.state == "running"
+
+    async def _restore_watched(self, s: KernelSleep, started: float) -> None:
+        """The driver's restore of `s`; where it has not returned after restore_stall_seconds
+        the cell and the log are told once (NVIDIA/cuda-checkpoint#17: a restore that never
+        returned), and the report says since when. The call itself cannot be interrupted."""
+        assert s.pid is not None
+        call = asyncio.ensure_future(self.offload(self._restore, s.pid))
+        if self.restore_stall_seconds > 0:
+            done, _ = await asyncio.wait({call}, timeout=self.restore_stall_seconds)
+            if not done:
+                s.restore_stalled_since = self.now()
+                waited = _duration(time.monotonic() - started)
+                self.log.warning(
+                    "fracspawner: kernel %s: the driver's restore has not returned after %s",
+                    s.kernel_id,
+                    waited,
+                )
+                self._notify(s.kernel_id, STALLED.format(waited=waited))
+        try:
+            await call
+        finally:
+            s.restore_stalled_since = None
 
     async def _gate(self, s: KernelSleep) -> Room | None:
         """None: restore now. A Room saying why not where the process's GPU state is in host

@@ -79,6 +79,10 @@ What each call does, and the line it models:
   stand-in for a failure that passes; the docs name none). `"restore_leaves": "failed"` makes
   the next restore fail and leave the process FAILED ([README] "Functionality", as above).
   Each restore called is counted in the process's `"restore_calls"` (tests).
+  `"restore_blocks_s": n` makes the next restore return only after n seconds
+  (NVIDIA/cuda-checkpoint#17, "cuda-checkpoint toggle program does not respond when restoring":
+  "the execution of the command was blocked and it never returned"; open, no cause named; n
+  seconds stand in for ever), other calls answering meanwhile (assumption).
 - cuCheckpointProcessUnlock: LOCKED -> RUNNING ([API]: "Process must be in the LOCKED state.
   Upon successful return the process will be in the RUNNING state"); `"unlock_failures": n`
   fails the next n unlocks with CUDA_ERROR_NOT_SUPPORTED, the process staying LOCKED
@@ -311,6 +315,16 @@ def cuCheckpointProcessCheckpoint(pid: int, args: _Args | None) -> tuple:  # noq
 
 
 def cuCheckpointProcessRestore(pid: int, args: _Args | None) -> tuple:  # noqa: N802
+    # `"restore_blocks_s"` (#17, the module's docstring): slept outside the state lock, so
+    # other calls answer meanwhile; then the restore goes on as below
+    blocks = 0.0
+    with _state() as data:
+        p, _dev, _mig = _find(data, pid)
+        if p is not None:
+            blocks = float(p.pop("restore_blocks_s", 0) or 0)
+    if blocks > 0:
+        time.sleep(blocks)
+
     def act(data, p, dev, is_mig):
         p["restore_calls"] = int(p.get("restore_calls", 0)) + 1
         if p.get("restore_leaves") == "failed":
