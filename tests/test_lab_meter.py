@@ -531,6 +531,55 @@ def test_under_hami_core_the_meter_counts_a_hibernated_kernel_against_the_slice(
         lab.stop()
 
 
+def test_the_meter_says_a_restore_that_does_not_return(tmp_path):
+    """The driver's restore can block (NVIDIA/cuda-checkpoint#17); past restore_stall_seconds
+    the meter says so, in words and as a failure, with what restarting the kernel costs."""
+    from tests.test_hibernation import state_of
+
+    lab, state = hibernating_lab(
+        tmp_path,
+        {"FRACSPAWNER_KERNEL_GPU_HIBERNATE_SECONDS": "2"},
+        {"Hibernator": {"restore_stall_seconds": 1.0}},
+    )
+    try:
+        kernel, pid = kernel_on_gpu(lab, state, 9216)
+
+        def hibernated() -> bool:
+            k = next((k for k in lab.gpu()["kernels"] if k["id"] == kernel), {})
+            return (k.get("hibernation") or {}).get("state") == "hibernated"
+
+        wait_for(hibernated, 30, "the kernel hibernated")
+        lab.set_gpu({"devices": [H100], "kernels": {}})
+        with state_of(state) as data:
+            (p,) = [p for p in data["gpus"][0]["processes"] if p["pid"] == pid]
+            p["restore_blocks_s"] = 12  # the restore a cell starts returns 12 s later
+        out: list[str] = []
+        cell = threading.Thread(
+            target=lambda: out.append(
+                asyncio.run(execute(lab.url, lab.token, kernel, "print(6 * 7)"))
+            ),
+            daemon=True,
+        )
+        cell.start()
+        with chromium() as browser:
+            page = open_lab(browser, lab)
+            text = page.locator(".fs-GpuMeter-hibernation")
+            page.wait_for_function(
+                "() => document.querySelector('.fs-GpuMeter-hibernation')?.textContent"
+                " === 'GPU restore not returning'",
+                timeout=30_000,
+            )
+            title = text.get_attribute("title") or ""
+            assert "NVIDIA/cuda-checkpoint#17" in title and "restart the kernel" in title, title
+            assert page.errors == [], page.errors
+            page.context.close()
+        cell.join(60)  # the restore returned: the cell ran, told why it waited
+        (said,) = out
+        assert "has not finished after" in said and said.strip().endswith("42"), said
+    finally:
+        lab.stop()
+
+
 def _kernel_pid(kernel_id: str) -> int | None:
     """The ipykernel process whose command line names this kernel's connection file."""
     from fracspawner.serverext.procmap import kernel_id_of

@@ -32,6 +32,8 @@ export interface IKernelHibernation {
   waiting_why?: string | null;
   /** The driver refused a restore for want of room (NVIDIA/cuda-checkpoint#44). */
   gpu_state_at_risk?: boolean;
+  /** A restore called then has not returned (NVIDIA/cuda-checkpoint#17). */
+  restore_stalled_since?: string | null;
 }
 
 /** The parts of the report the meter reads (docs/serverext.md has all of it). */
@@ -109,6 +111,18 @@ function hibernationWords(report: IGpuReport, now: Date): IHibernationText | nul
     : '';
   if (!kernels.length) {
     return null;
+  }
+  const stalled = kernels.find(k => k.hibernation?.restore_stalled_since);
+  if (stalled) {
+    const since = formatClock(new Date(stalled.hibernation!.restore_stalled_since!), now);
+    return {
+      short: 'GPU restore not returning',
+      sentence:
+        "The CUDA driver's restore of this kernel's GPU state has not returned (it can " +
+        `block: NVIDIA/cuda-checkpoint#17; noticed at ${since}). Your cell runs once it does; ` +
+        'to start over instead, restart the kernel (its variables are lost).',
+      failed: true
+    };
   }
   const waiting = kernels.find(k => k.hibernation?.waiting_for_gpu);
   if (waiting) {
