@@ -552,7 +552,8 @@ def test_the_meter_says_a_restore_that_does_not_return(tmp_path):
         lab.set_gpu({"devices": [H100], "kernels": {}})
         with state_of(state) as data:
             (p,) = [p for p in data["gpus"][0]["processes"] if p["pid"] == pid]
-            p["restore_blocks_s"] = 12  # the restore a cell starts returns 12 s later
+            # the restore a cell starts returns 20 s later: the meter has 19 s to say so
+            p["restore_blocks_s"] = 20
         out: list[str] = []
         cell = threading.Thread(
             target=lambda: out.append(
@@ -560,10 +561,11 @@ def test_the_meter_says_a_restore_that_does_not_return(tmp_path):
             ),
             daemon=True,
         )
-        cell.start()
         with chromium() as browser:
             page = open_lab(browser, lab)
             text = page.locator(".fs-GpuMeter-hibernation")
+            text.wait_for(state="visible", timeout=30_000)  # the lab is up: hibernated
+            cell.start()
             page.wait_for_function(
                 "() => document.querySelector('.fs-GpuMeter-hibernation')?.textContent"
                 " === 'GPU restore not returning'",
