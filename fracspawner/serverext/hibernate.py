@@ -711,20 +711,20 @@ class Hibernator(LoggingConfigurable):
         returned), and the report says since when. The call itself cannot be interrupted."""
         assert s.pid is not None
         call = asyncio.ensure_future(self.offload(self._restore, s.pid))
-        if self.restore_stall_seconds > 0:
-            done, _ = await asyncio.wait({call}, timeout=self.restore_stall_seconds)
-            if not done:
-                s.restore_stalled_since = self.now()
-                waited = _duration(time.monotonic() - started)
-                self.log.warning(
-                    "fracspawner: kernel %s: the driver's restore has not returned after %s",
-                    s.kernel_id,
-                    waited,
-                )
-                self._notify(s.kernel_id, STALLED.format(waited=waited))
         try:
+            if self.restore_stall_seconds > 0:
+                done, _ = await asyncio.wait({call}, timeout=self.restore_stall_seconds)
+                if not done:
+                    s.restore_stalled_since = self.now()
+                    waited = _duration(time.monotonic() - started)
+                    self.log.warning(
+                        "fracspawner: kernel %s: the driver's restore has not returned after %s",
+                        s.kernel_id,
+                        waited,
+                    )
+                    self._notify(s.kernel_id, STALLED.format(waited=waited))
             await call
-        finally:
+        finally:  # returned, failed, or the wait was cancelled (the kernel shut down)
             s.restore_stalled_since = None
 
     async def _gate(self, s: KernelSleep) -> Room | None:
