@@ -86,4 +86,25 @@ def test_check_warns_where_hibernation_cannot_help(tmp_path):
     assert "warning: pools.h100.idle.kernel_gpu_hibernate: hibernation cannot help" in out
     data["pools"]["h100"]["overcommit"] = 2
     out = check_catalog(tmp_path, data).stdout
-    assert "warning" not in out and out.strip().endswith("the catalog is fine.")
+    assert "hibernation cannot help" not in out, out  # (its eighths: test_check.py's warning)
+
+
+def test_check_warns_where_hami_s_task_slots_cap_the_slices_per_gpu(tmp_path):
+    # HAMi schedules at most deviceSplitCount pods on a GPU (10 by default, its chart's
+    # values.yaml): the demo's eighths fit 8 on a GPU, 16 once over-committed twice
+    data = demo()
+    assert "1/8" in [str(o) for o in data["pools"]["h100"]["offers"]]
+    out = check_catalog(tmp_path, data).stdout
+    assert "deviceSplitCount" not in out and out.strip().endswith("the catalog is fine."), out
+    data["pools"]["h100"]["overcommit"] = 2
+    result = check_catalog(tmp_path, data)
+    assert result.returncode == 0, result  # a warning, not a mistake
+    assert (
+        "warning: pools.h100: 16 slices of 1/8 over-committed 2 times fit on one GPU, but HAMi "
+        "schedules at most deviceSplitCount pods on a GPU (10 by default): set "
+        "devicePlugin.deviceSplitCount to at least 16 in HAMi's chart for these nodes, or the "
+        "last 6 slices of each GPU never start" in result.stdout
+    ), result.stdout
+    # time-slicing's replicas are its own count: no such cap
+    data["pools"]["t4"]["overcommit"] = 2
+    assert "pools.t4: " not in check_catalog(tmp_path, data).stdout

@@ -11,6 +11,7 @@ at hub start-up, naming the file.
 from __future__ import annotations
 
 import difflib
+import math
 import re
 from collections.abc import Callable, Iterable, Mapping
 from copy import deepcopy
@@ -34,7 +35,7 @@ from .catalog import (
 from .errors import CatalogError, SliceError
 from .gpumodels import GPU_MODELS, lookup_model
 from .idle_defaults import frees_usable_memory, why_not_usable
-from .slices import parse_slice
+from .slices import gpu_equivalent, parse_slice
 
 __all__ = ["catalog_problems", "catalog_warnings", "did_you_mean", "report"]
 
@@ -344,7 +345,7 @@ def catalog_warnings(data: Any, check_pool: PoolCheck | None = None) -> list[str
         catalog = build_catalog(data, check_pool)
     except CatalogError:
         return []
-    warnings = _dra_warnings(catalog)
+    warnings = _dra_warnings(catalog) + _hami_warnings(catalog)
     for name, pool in catalog.pools.items():
         if frees_usable_memory(pool.backend, pool.overcommit):
             continue
@@ -358,6 +359,36 @@ def catalog_warnings(data: Any, check_pool: PoolCheck | None = None) -> list[str
                 f"{why_not_usable(pool.backend, key)}; {cost}. Turn it off there "
                 f"(pools.{name}.idle.{key}: off)"
             )
+    return warnings
+
+
+#: HAMi's default task slots per GPU (its chart's devicePlugin.deviceSplitCount: "Maximum
+#: number of tasks assigned to a single GPU device", Project-HAMi/HAMi charts/hami/values.yaml)
+HAMI_SPLIT_COUNT = 10
+
+
+def _hami_warnings(catalog: Any) -> list[str]:
+    """HAMi pools whose smallest slice fits more pods on one GPU, over-commit included, than
+    HAMi's default task slots per GPU: past them HAMi schedules no more pods there, whatever
+    memory is left, so the last slices of each GPU would never start."""
+    warnings = []
+    for name, pool in catalog.pools.items():
+        if pool.backend != "hami" or not pool.offers:
+            continue
+        smallest = min(pool.offers, key=lambda s: gpu_equivalent(s, pool.gpu))
+        share = gpu_equivalent(smallest, pool.gpu)
+        if share <= 0:
+            continue
+        fits = math.floor(pool.overcommit / share + 1e-9)
+        if fits <= HAMI_SPLIT_COUNT:
+            continue
+        over = f" over-committed {pool.overcommit:g} times" if pool.overcommit != 1 else ""
+        warnings.append(
+            f"pools.{name}: {fits} slices of {smallest}{over} fit on one GPU, but HAMi "
+            f"schedules at most deviceSplitCount pods on a GPU ({HAMI_SPLIT_COUNT} by default): "
+            f"set devicePlugin.deviceSplitCount to at least {fits} in HAMi's chart for these "
+            f"nodes, or the last {fits - HAMI_SPLIT_COUNT} slices of each GPU never start"
+        )
     return warnings
 
 
