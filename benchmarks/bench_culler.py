@@ -615,10 +615,16 @@ class PodWatch:
         # stays Pending (no node) until a slot frees (hub/spawner.py `admission`)
         pending = [
             (pod_name(u.name, ""), Placement(None, 1, pool=self.sim.pool, owner=(u.name, ""),
-                                              memory_mib=slice_annotation_mib(piece)))
+                                              memory_mib=slice_annotation_mib(piece),
+                                              created=self._made(u.name)))
             for u, piece in self.sim.slot_waiting.values()
         ]  # fmt: skip
         return made + pending
+
+    def _made(self, user: str) -> float:
+        """When a waiting user's pod was made: the minute they began to wait (its
+        creationTimestamp, in the replay's clock)."""
+        return v(self.sim.waiting.get(user, self.sim.minute))
 
     def known(self, address: str) -> bool:
         return False  # reports are handed over in process, not from pod addresses

@@ -68,11 +68,12 @@ async def cycle(
     waiting: int = 0,
     slices: dict[str, str] | None = None,
     rooms: list[dict] | None = None,
+    waited: float = 3600.0,
     **culler_options: object,
 ) -> tuple[list[str], dict[str, str]]:
     """One culler cycle over `servers` (user -> report) of the HAMi `h100` pool (1/4 slices,
-    or `slices`), with `waiting` quarter pods of it made and not scheduled; the users stopped
-    and each server's decision (reason: message)."""
+    or `slices`), with `waiting` quarter pods of it made `waited` seconds ago and not
+    scheduled; the users stopped and each server's decision (reason: message)."""
     now = time.time()
     slices = slices or {}
     models = [
@@ -87,7 +88,7 @@ async def cycle(
     }
     pods |= {
         f"jupyter-new{i}": Placement(
-            None, pool="h100", memory_mib=QUARTER_H100, owner=(f"n{i}", "")
+            None, pool="h100", memory_mib=QUARTER_H100, owner=(f"n{i}", ""), created=now - waited
         )
         for i in range(waiting)
     }
@@ -133,6 +134,9 @@ async def test_a_person_who_closed_their_tab_gives_their_slot_before_a_tab_left_
     assert said["ann"].startswith("gpu_busy:"), said
     stopped, _ = await cycle(both, waiting=2)
     assert stopped == ["ann", "bob"]
+    # the tab left open goes only once a newcomer has waited release_tab_open_after (5 min)
+    stopped, said = await cycle(both, waiting=2, waited=60.0)
+    assert stopped == ["bob"], said
 
 
 async def test_on_an_over_committed_pool_only_where_a_gpu_has_room_for_the_waiting_pod():

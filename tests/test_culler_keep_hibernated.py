@@ -120,11 +120,12 @@ async def cycle(
     pod_watch: bool = True,
     keep: bool = True,
     tabs_closed: frozenset[str] = frozenset(),
+    waited: float = 3600.0,
 ) -> tuple[list[str], dict[str, str]]:
     """One culler cycle over `servers` (user -> hours idle, MiB on the GPU) of `pool`, with
-    `waiting` quarter-T4 pods of that pool made and not scheduled, the users in `tabs_closed`
-    having closed their tabs (the others left one open); the users stopped and each server's
-    decision (reason: message)."""
+    `waiting` quarter-T4 pods of that pool made `waited` seconds ago and not scheduled, the
+    users in `tabs_closed` having closed their tabs (the others left one open); the users
+    stopped and each server's decision (reason: message)."""
     now = time.time()
     models = [
         server_model(u, now - 10 * 3600, now - h * 3600, {"gpu": "1/4", "pool": pool})
@@ -135,7 +136,9 @@ async def cycle(
         for u in servers
     }
     pods |= {
-        f"jupyter-new{i}": Placement(None, pool=pool, memory_mib=QUARTER_T4, owner=(f"new{i}", ""))
+        f"jupyter-new{i}": Placement(
+            None, pool=pool, memory_mib=QUARTER_T4, owner=(f"new{i}", ""), created=now - waited
+        )
         for i in range(waiting)
     }
     reports = {u: report(now, h, mib, u in tabs_closed) for u, (h, mib) in servers.items()}
@@ -172,6 +175,37 @@ async def test_a_server_whose_person_closed_their_tab_is_released_before_one_lef
     # within each, least recently active first
     stopped, _ = await cycle(servers, waiting=1, tabs_closed=frozenset({"ann", "bob"}))
     assert stopped == ["ann"]
+
+
+async def test_a_server_left_with_a_tab_open_goes_only_once_the_newcomer_has_waited():
+    """A tab left open may have its person back in minutes: the culler benchmark's classroom
+    on half the GPUs released five such kept servers for newcomers, their people back 3-10 min
+    later. Now one with a tab open is released only once a pod of its pool has waited
+    release_tab_open_after (5 min); one whose person closed every tab goes at once."""
+    servers = {"ann": (3.0, 0.0)}  # her tab still open
+    stopped, said = await cycle(servers, waiting=1, waited=120.0)
+    assert stopped == [], said
+    assert said["ann"].startswith("hibernated:"), said
+    stopped, said = await cycle(servers, waiting=1, waited=300.0)
+    assert stopped == ["ann"], said
+    # closed every tab: at once
+    stopped, said = await cycle(servers, waiting=1, waited=0.0, tabs_closed=frozenset({"ann"}))
+    assert stopped == ["ann"], said
+
+
+def test_a_pods_wait_is_since_it_was_made_and_unknown_is_no_wait():
+    from fracspawner.culler.keep import waited
+    from fracspawner.culler.placement import placement_of
+
+    made = {"metadata": {"creationTimestamp": "2026-11-30T10:00:00Z",
+                         "labels": {"fracspawner.io/pool": "t4"}}, "spec": {}}  # fmt: skip
+    pod = placement_of(made)
+    assert pod.created == 1796032800.0 and pod.node is None
+    later = pod.created + 90
+    unknown = Placement(None, pool="t4")
+    assert waited([("a", pod), ("b", unknown)], later) == {"t4": 90.0}
+    assert waited([("b", unknown)], later) == {"t4": 0.0}
+    assert waited([("c", Placement("n1", pool="t4", created=0.0))], later) == {}  # scheduled
 
 
 async def test_the_plain_server_idle_still_stops_it():

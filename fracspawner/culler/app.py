@@ -34,7 +34,7 @@ from .hostbudget import Holder, Want, plan_evictions
 from .hostroom import UNKNOWN_MIB, HostRoom
 from .hubapi import HubClient, HubServer
 from .identity import Identity, TokenVerifier, token_key
-from .keep import Kept, may_keep, released, tabs_closed, waiting_mib
+from .keep import Kept, may_keep, releasable, released, tabs_closed, waited, waiting_mib
 from .nodememory import node_budget_mib
 from .placement import Placement
 from .podname import DEFAULT_TEMPLATE, pod_name
@@ -349,6 +349,15 @@ class Culler(CullerApplication):
         "those waiting (away.py): a tab of theirs reported them once and none keeps them "
         "present or in session now, no activity, no GPU work, no cell running, no resume "
         "waiting. Sooner than server_gpu_idle, and only where someone waits. None or 0: off.",
+    )
+    release_tab_open_after = Float(
+        300.0,
+        config=True,
+        help="A server whose person left a tab of it open (hidden, or on a desk past its "
+        "session) is released for a pod waiting for a node (keep_hibernated_servers, "
+        "release_away_after) only once a pod of its pool has waited this many seconds; those "
+        "whose person closed every tab go at once. Such a tab's person is often back within "
+        "minutes (keep.py). 0: at once.",
     )
     host_memory_budget_mib = Float(
         None,
@@ -1116,7 +1125,8 @@ class Culler(CullerApplication):
             return gathered
         if not self.reports_enabled:
             return gathered
-        waiting = waiting_mib(pods(), catalog)
+        placements = pods()
+        waiting = waiting_mib(placements, catalog)
         out, due = [], []
         for server, facts, sources in gathered:
             report = self.fresh_report(facts, now)
@@ -1128,7 +1138,9 @@ class Culler(CullerApplication):
                                     self.claim(facts)[1], tabs_closed(report)))  # fmt: skip
                 facts = replace(facts, kept_hibernated=True)
             out.append((server, facts, sources))
-        freed = released(due, waiting)
+        freed = released(
+            releasable(due, waited(placements, now), self.release_tab_open_after), waiting
+        )
         for key in sorted(freed):
             self.log.info(
                 "%s/%s: its kernels are hibernated, but %.0f MiB of slices wait for a node on "
@@ -1180,7 +1192,9 @@ class Culler(CullerApplication):
                 candidates.append(
                     Kept(key, pool, facts.activity or now, slice_mib, tabs_closed(report))
                 )
-        freed = released(candidates, need)
+        freed = released(
+            releasable(candidates, waited(placements, now), self.release_tab_open_after), need
+        )
         pools = {k.key: k.pool for k in candidates}
         for key in sorted(freed):
             self.log.info(

@@ -35,6 +35,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass, replace
 from typing import Any
 
+from ..k8s.objects import created_at
+
 HAMI_ALLOCATED = "hami.io/vgpu-devices-allocated"
 # FracSpawner's pod label and annotation (backends/__init__.py, design.md's contract keys)
 LABEL_POOL = "fracspawner.io/pool"
@@ -57,6 +59,9 @@ class Placement:
     pool: str | None = None  # FracSpawner's pool label; None: not a FracSpawner GPU pod
     memory_mib: float | None = None  # its slice's memory by FracSpawner's annotation
     owner: tuple[str, str] | None = None  # (user, server) by KubeSpawner's annotations
+    # when the pod was made (unix seconds; its creationTimestamp): a pod waiting for a node
+    # has waited since then (keep.py); None: not known
+    created: float | None = None
 
     def with_claims(self, devices: tuple[frozenset[str], int] | None) -> Placement:
         """Bound by its claims' devices (draclaims.DraClaims.devices: their UUIDs and how many
@@ -141,4 +146,5 @@ def placement_of(pod: Mapping[str, Any]) -> Placement:
         node if isinstance(node, str) and node else None, gpus, uuids or None, claims, pending,
         pool=pool if isinstance(pool, str) and pool else None,
         memory_mib=_mib(annotations.get(ANNOTATION_MEMORY)), owner=owner,
+        created=created_at(pod),
     )  # fmt: skip
