@@ -19,6 +19,7 @@ import importlib.util
 import json
 import math
 import os
+from collections.abc import Callable
 from contextlib import contextmanager
 from pathlib import Path
 
@@ -225,21 +226,26 @@ async def test_refused_kernels_are_left_running_never_ended(env, extra, state, r
     server.api("DELETE", f"/api/kernels/{kid}")
 
 
+async def cell_resuming(server, kid: str, seen: Callable[[dict], bool], what: str) -> tuple:
+    """Once kernel `kid` has hibernated, a cell that resumes it (printing x * 2 and its CUDA
+    state) and the kernel's hibernation entry once `seen(entry)` holds; the entry and the
+    cell's future."""
+    wait_for(lambda: hibernation(server, kid).get("state") == "hibernated", 20, "hibernation")
+    cell = asyncio.ensure_future(execute(server.url, server.token, kid, "print(x * 2, my_state())"))
+    entry = await asyncio.to_thread(
+        wait_for, lambda: (h := hibernation(server, kid)) and seen(h) and h, 20, what
+    )
+    return entry, cell
+
+
 async def test_failed_restore_keeps_the_kernel_and_tells_the_user(env):
     """A restore failure that passes (not for want of room: that one loses the state on current
     drivers, NVIDIA/cuda-checkpoint#44, and is never risked: test_hibernation_room.py)."""
     server, state, _ = env
     kid, pid = await gpu_kernel(server, state, 2 * GIB, restore_transient=2)
-    wait_for(lambda: hibernation(server, kid).get("state") == "hibernated", 20, "hibernation")
-    cell = asyncio.ensure_future(execute(server.url, server.token, kid, "print(x * 2, my_state())"))
     # the meter is told while it retries (1 s, then 2 s)
-    seen = await asyncio.to_thread(
-        wait_for,
-        lambda: (
-            hibernation(server, kid).get("state") == "restore_failed" and hibernation(server, kid)
-        ),
-        20,
-        "restore failure in the report",
+    seen, cell = await cell_resuming(
+        server, kid, lambda h: h.get("state") == "restore_failed", "restore failure in the report"
     )
     assert "CUDA_ERROR_NOT_READY" in seen["restore_error"] and seen["next_retry"]
     out = await asyncio.wait_for(cell, 60)
@@ -260,13 +266,8 @@ async def test_a_restore_that_does_not_return_is_told_and_the_cell_still_runs(en
     runs on the kernel's own state. Before, the cell waited without a word."""
     server, state, _ = env
     kid, pid = await gpu_kernel(server, state, 2 * GIB, restore_blocks_s=15)
-    wait_for(lambda: hibernation(server, kid).get("state") == "hibernated", 20, "hibernation")
-    cell = asyncio.ensure_future(execute(server.url, server.token, kid, "print(x * 2, my_state())"))
-    seen = await asyncio.to_thread(
-        wait_for,
-        lambda: hibernation(server, kid).get("restore_stalled_since") and hibernation(server, kid),
-        20,
-        "the stalled restore in the report",
+    seen, cell = await cell_resuming(
+        server, kid, lambda h: bool(h.get("restore_stalled_since")), "the stalled restore"
     )
     assert seen["state"] == "resuming", seen
     out = await asyncio.wait_for(cell, 60)

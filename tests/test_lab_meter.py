@@ -216,6 +216,12 @@ def kernel_on_gpu(lab: LabServer, state: Path, mib: int) -> tuple[str, int]:
     return kernel, pid
 
 
+def kernel_state(lab: LabServer, kernel: str) -> str | None:
+    """The kernel's hibernation state in the server's report."""
+    k = next((k for k in lab.gpu()["kernels"] if k["id"] == kernel), {})
+    return (k.get("hibernation") or {}).get("state")
+
+
 def shot(page: Any, name: str) -> None:
     """The bottom of the window, once the toasts have slid in."""
     page.wait_for_function(
@@ -461,8 +467,7 @@ def test_meter_says_the_gpu_is_hibernated_and_resume_brings_it_back(tmp_path):
         kernel, _pid = kernel_on_gpu(lab, state, 9216)
 
         def hibernated() -> bool:
-            k = next((k for k in lab.gpu()["kernels"] if k["id"] == kernel), {})
-            return (k.get("hibernation") or {}).get("state") == "hibernated"
+            return kernel_state(lab, kernel) == "hibernated"
 
         wait_for(hibernated, 30, "the kernel hibernated")
         # the simulated reading follows: its memory left the GPU
@@ -543,12 +548,7 @@ def test_the_meter_says_a_restore_that_does_not_return(tmp_path):
     )
     try:
         kernel, pid = kernel_on_gpu(lab, state, 9216)
-
-        def hibernated() -> bool:
-            k = next((k for k in lab.gpu()["kernels"] if k["id"] == kernel), {})
-            return (k.get("hibernation") or {}).get("state") == "hibernated"
-
-        wait_for(hibernated, 30, "the kernel hibernated")
+        wait_for(lambda: kernel_state(lab, kernel) == "hibernated", 30, "the kernel hibernated")
         lab.set_gpu({"devices": [H100], "kernels": {}})
         with state_of(state) as data:
             (p,) = [p for p in data["gpus"][0]["processes"] if p["pid"] == pid]
