@@ -112,8 +112,8 @@ def releasable(
     person is often back within minutes: replayed (the culler benchmark's classroom on half the
     GPUs, both families), 5 of the 12 people whose kept servers went for a newcomer and who came
     back within 30 minutes had left a tab open, and were back 3-10 minutes later; released only
-    once the newcomer had waited 5 minutes, none of those 5 was, and nobody waited more (53 to
-    48 waits, time-sliced)."""
+    once the newcomer had waited 5 minutes, none of those 5 was (waits there 20 and 53 to 20 and
+    48; one more each without over-commit, time-sliced classroom and research)."""
     return [k for k in kept if k.tabs_closed or waited.get(k.pool, 0.0) >= tab_open_after]
 
 
