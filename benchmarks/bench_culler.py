@@ -564,6 +564,11 @@ class SimServer:
         second = self.kernel2_mib if self.kernel2_id is not None and self.holds2 else 0.0
         return first + second
 
+    def over_limit(self, mib: float) -> bool:
+        """Whether HAMi-core refuses an allocation of `mib` more: beyond the pod's limit by its
+        count (`charged_mib`); never on the time-sliced pool, where nothing limits the pod."""
+        return self.virtualised and self.charged_mib() + mib > self.slice_mib()
+
     def on_gpu_mib(self, besides: str | None = None) -> float:
         """GPU memory its kernels hold on the GPU itself (not hibernated), but `besides`."""
         first = second = 0.0
@@ -1020,7 +1025,7 @@ class Sim:
                 # HAMi-core within the pod's slice beside its second notebook's kernel (CUDA out
                 # of memory otherwise; the cell fails and is run again)
                 mine = s.on_gpu_mib()
-                over_limit = s.virtualised and s.charged_mib() + s.kernel_mib > s.slice_mib()
+                over_limit = s.over_limit(s.kernel_mib)
                 no_room = self.shared_memory and (self.gpu_free_mib(s.gpu, s) - mine < s.kernel_mib)
                 if over_limit or no_room:
                     self.cuda_oom(over_limit)
@@ -1032,8 +1037,7 @@ class Sim:
                 # working minute; on a shared GPU only into room (CUDA out of memory otherwise)
                 step = GROWS_BY * u.memory_mib
                 mine = s.on_gpu_mib()
-                # both its kernels, a hibernated one too: HAMi-core limits the pod
-                over_limit = s.virtualised and s.charged_mib() + step > s.slice_mib()
+                over_limit = s.over_limit(step)  # both its kernels, a hibernated one too
                 if over_limit or (self.shared_memory and self.gpu_free_mib(s.gpu, s) < mine + step):
                     self.cuda_oom(over_limit)
                 else:
@@ -1058,7 +1062,7 @@ class Sim:
             s.busy2 = u.gpu_cell[m] and not s.hibernated2()
             if s.busy2 and not s.holds2:
                 mine = s.on_gpu_mib()
-                over_limit = s.virtualised and s.charged_mib() + s.kernel2_mib > s.slice_mib()
+                over_limit = s.over_limit(s.kernel2_mib)
                 no_room = self.shared_memory and self.gpu_free_mib(s.gpu, s) < (
                     mine + s.kernel2_mib
                 )
