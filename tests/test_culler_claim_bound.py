@@ -141,3 +141,49 @@ def test_the_hubs_room_counts_a_present_users_kernel_granted_beyond_the_slice():
     # counted by her word alone, a quarter looked free that her second kernel holds
     (blind,) = gpu_rooms(seats)
     assert blind.free_mib == QUARTER
+
+
+def test_a_kernel_granted_beyond_its_slice_still_counts_while_its_report_is_stale():
+    """Ann's second kernel is back beyond her quarter by the culler's grant; then her reports
+    stop (a busy server, a network blip). Unknown is never free: the culler still counts the
+    two quarters her pod held when it last heard, so of Vic's and Wes's waiting quarters only
+    Vic's is granted. Before, a stale report counted her slice alone, and Wes's restore met
+    CUDA out of memory (lost: NVIDIA/cuda-checkpoint#44)."""
+    desk = SwapDesk(report_in=10)
+    u1, back = _ann_granted_beyond(desk)
+    ann = _hami("ann", report(back, used=2 * QUARTER))
+    desk.answer("ann", "", [u1, ann], now=105.0)  # the desk sees her kernel back
+    stale = replace(ann, fresh=False)
+    vic = _hami("vic", waiting(("v", "2026-01-01T11:30:00Z"), used=0.0))
+    wes = _hami("wes", waiting(("w", "2026-01-01T11:31:00Z"), used=0.0))
+    seats = [u1, stale, vic, wes]
+    got = desk.answer("vic", "", seats, now=110.0)["swap"]
+    assert got.get("resume") == [{"kernel_id": "v", "gpu_memory_mib": QUARTER}], got
+    got = desk.answer("wes", "", seats, now=111.0)["swap"]
+    assert not got.get("resume"), got
+
+
+def test_the_hubs_room_counts_a_grant_beyond_the_slice_of_an_absent_or_silent_server():
+    """The hub's room (culler/room.py) beside u1 and Vic, present: Ann's second kernel is
+    back beyond her quarter by the culler's grant. Where she is away and both her kernels
+    work (no swap can take them), or where her report is stale, the device still holds her
+    two quarters: no newcomer's quarter fits. Before, only a present user's grant counted,
+    and a quarter looked free."""
+    from fracspawner.culler.room import gpu_rooms
+
+    desk = SwapDesk(report_in=10)
+    u1, back = _ann_granted_beyond(desk)
+    u1 = replace(u1, present=True)
+    vic = _hami(
+        "vic", report([kernel("v", QUARTER, "2026-01-01T12:01:00Z")], used=QUARTER), present=True
+    )
+    busy = [{**k, "execution_state": "busy"} for k in back]
+    away = _hami("ann", report(busy, used=2 * QUARTER))
+    desk.answer("vic", "", [u1, away, vic], now=110.0)  # the desk sees her kernel back
+    for ann in (away, replace(away, fresh=False)):
+        (room,) = gpu_rooms([("t4", s) for s in (u1, ann, vic)], desk.above)
+        assert (room.held_mib, room.free_mib) == (SIZE, 0.0), (ann.fresh, room)
+    # away with both kernels idle, the swap can take her second one: its quarter is room
+    idle = _hami("ann", report(back, used=2 * QUARTER))
+    (room,) = gpu_rooms([("t4", s) for s in (u1, idle, vic)], desk.above)
+    assert room.free_mib >= QUARTER, room

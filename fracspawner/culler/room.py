@@ -28,9 +28,10 @@ Per GPU (node/UUID as swapdesk binds reports to pods), each server counts:
 - otherwise what the swap cannot take off: its resident memory less its idle, swappable kernels
   (the candidates of `pressure.plan_swaps`), plus what waits to resume there; within its slice;
 
-and the GPU counts on top what the smallest fresh device reading shows beyond all servers' own
-memory (processes nobody reports, a kernel above its slice), where the pods read the device (not
-on HAMi or MIG: `swapdesk.Seat.reading`). Pure.
+Each server counts on top what the culler granted its kernels beyond its slice there and no swap
+can free (`beyond`: present, stale, or busy), and the GPU what the smallest fresh device reading
+shows beyond all servers' own memory (processes nobody reports, a kernel above its slice), where
+the pods read the device (not on HAMi or MIG: `swapdesk.Seat.reading`). Pure.
 """
 
 from __future__ import annotations
@@ -39,7 +40,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 
 from ..choice.admission import server_tag
-from .pressure import ReportedGpu
+from .pressure import KernelOnGpu, ReportedGpu
 from .swapdesk import Seat
 
 __all__ = ["PRESENT_GROWTH", "GpuRoom", "gpu_rooms", "held_by", "server_tag"]
@@ -98,16 +99,31 @@ def held_by(seat: Seat, gpu: ReportedGpu | None) -> float:
         if holds <= 0 or any(k.hibernated_mib <= 0 for k in asleep):
             return cap
         return min(cap, holds * (1.0 + PRESENT_GROWTH))
-    movable = sum(
-        min(k.resident_mib, cap)
-        for k in gpu.kernels
-        if k.idle
+    movable = sum(min(k.resident_mib, cap) for k in gpu.kernels if _movable(k))
+    return min(cap, max(0.0, gpu.resident_mib - movable) + max(gpu.waiting_mib, 0.0))
+
+
+def beyond(seat: Seat, gpu: ReportedGpu, granted: float) -> float:
+    """Of what the culler `granted` a server's kernels on `gpu` beyond its slice, what no swap
+    can free for a newcomer: all of it where its user is present (their kernels stay) or its
+    report is stale (unknown is never free); where the user is away, what its kernels that no
+    swap can take (busy, refused, of unknown use) hold beyond the slice, with what waits to
+    resume (held_by counts up to the slice)."""
+    if granted <= 0 or seat.present or not seat.fresh:
+        return max(granted, 0.0)
+    stays = sum(max(k.resident_mib, 0.0) for k in gpu.back() if not _movable(k))
+    return min(granted, max(0.0, stays + max(gpu.waiting_mib, 0.0) - max(seat.cap_mib, 0.0)))
+
+
+def _movable(k: KernelOnGpu) -> bool:
+    """An idle kernel the swap may take off the GPU (pressure.plan_swaps' candidates)."""
+    return (
+        k.idle
         and not k.hibernated
         and not k.refused
         and k.resident_mib > 0
         and k.last_used is not None
     )
-    return min(cap, max(0.0, gpu.resident_mib - movable) + max(gpu.waiting_mib, 0.0))
 
 
 def gpu_rooms(
@@ -131,7 +147,8 @@ def gpu_rooms(
     what it holds there (counted on top, below), and the answer is the more cautious. Which
     GPU the newcomer itself lands on is the device plugin's choice (docs/culler.md,
     "Limits"). `above(seat, gpu)`: what a server's kernels back on a GPU hold beyond its slice
-    by the culler's own grants (SwapDesk.above), counted on top of a present user's word."""
+    by the culler's own grants (SwapDesk.above), counted on top of its word where no swap can
+    free it (`beyond`)."""
     pairs = [(pool, s) for pool, s in seats if s.swaps]
     gpus: dict[str, _Tally] = {}
     for pool, s in pairs:
@@ -144,10 +161,7 @@ def gpu_rooms(
         named = {g.uuid: g for g in reversed(s.facts.gpus)}  # each GPU once (its first)
         for key, g in named.items():
             if key in gpus:
-                # a present user's kernels stay on the GPU, beyond the slice too; an absent
-                # one's idle kernels may be swapped out (held_by)
-                extra = above(s, g) if above and s.fresh and s.present else 0.0
-                gpus[key].count(s, g, extra=extra)
+                gpus[key].count(s, g, extra=beyond(s, g, above(s, g)) if above else 0.0)
         if s.facts.gpus:
             continue
         on = sorted(k for k in gpus if s.may_be_on(k))

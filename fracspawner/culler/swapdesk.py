@@ -191,22 +191,30 @@ class SwapDesk:
 
     def above(self, seat: Seat, gpu: ReportedGpu) -> float:
         """What `seat`'s kernels back on `gpu` hold beyond its slice, as far as the culler
-        granted that (`beyond`): never more on a report's word alone (issue 36, item 6)."""
+        granted that (`beyond`): never more on a report's word alone (issue 36, item 6).
+        Where its report is stale, all it was granted there and has not been seen to give
+        back (`_still_beyond` keeps those): unknown is never free."""
+        if not seat.fresh:
+            return self._beyond_on(seat, gpu.uuid)
         back = gpu.back()
-        ids = {k.kernel_id for k in back}
-        granted = sum(
-            mib
-            for (u, sv, kid), (uuid, mib) in self.beyond.items()
-            if (u, sv) == (seat.user, seat.server) and uuid == gpu.uuid and kid in ids
-        )
+        granted = self._beyond_on(seat, gpu.uuid, {k.kernel_id for k in back})
         return min(granted, max(0.0, sum(k.resident_mib for k in back) - seat.cap_mib))
+
+    def _beyond_on(self, seat: Seat, uuid: str, ids: set[str] | None = None) -> float:
+        """MiB granted beyond `seat`'s slice on GPU `uuid` (to its kernels `ids`, or any)."""
+        return sum(
+            mib
+            for (u, sv, kid), (at, mib) in self.beyond.items()
+            if (u, sv) == (seat.user, seat.server) and at == uuid and (ids is None or kid in ids)
+        )
 
     def _on_gpu(self, seat: Seat, gpu: ReportedGpu) -> ServerOnGpu:
         """`seat` on `gpu` as pressure and grants count it: its word bounded by its slice,
         and on top what the culler granted it beyond its slice that is back there (`above`)."""
-        if not seat.fresh:
-            return ServerOnGpu(seat.user, seat.server, seat.cap_mib, None, present=seat.present)
         above = self.above(seat, gpu)
+        if not seat.fresh:  # its slice, and what it was granted beyond it (unknown: held)
+            cap = seat.cap_mib + above
+            return ServerOnGpu(seat.user, seat.server, cap, None, present=seat.present)
         # `above` > 0 only where its kernels back there hold more than its slice: the slice
         # and what was granted beyond it, at most
         resident = max(gpu.resident_mib, seat.cap_mib + above) if above > 0 else gpu.resident_mib
