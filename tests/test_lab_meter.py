@@ -374,6 +374,44 @@ def test_a_lab_whose_theme_never_loads_fails_with_the_reason(lab):
     assert "Error Loading Theme" in report, report
 
 
+def test_on_a_shared_gpu_the_meter_says_when_others_leave_less_free_than_the_slice(lab):
+    """Time-slicing (a quarter; the pod's NVML reads the whole device): the kernel holds 6 GiB
+    of its 20 GiB quarter, and the other pods on the GPU hold all but 2 GiB of it. A 3 GiB
+    allocation fails with CUDA out of memory although the slice has 14 GiB left, so the meter
+    says what is free on the GPU and why. Before, it read `Mem 6.0 / 20 GiB` alone, and the
+    error came with no word why (issue 36, bug 4)."""
+    kernel = open_notebook(lab, "shared.ipynb")
+    mine = {kernel: {"memory_mib": 6144, "utilization": 40}}
+    lab.set_gpu({"devices": [{**H100, "memory_used_mib": 81920 - 2048}], "kernels": mine})
+    wait_for(lambda: lab.gpu().get("device_free_mib") == 2048, what="a crowded shared GPU")
+    assert lab.gpu()["slice"]["shares_device"] is True
+    with chromium() as browser:
+        page = open_lab(browser, lab)
+        meter, memory = page.locator(".fs-GpuMeter"), page.locator(".fs-GpuMeter-memory")
+        memory.wait_for(state="visible", timeout=30_000)
+        page.wait_for_function(
+            "() => document.querySelector('.fs-GpuMeter-memory')?.textContent"
+            " === 'Mem 6.0 / 20 GiB (2 GiB free on the GPU)'"
+        )
+        assert memory.get_attribute("data-state") == "near"
+        title = re.sub(r"\s+", " ", meter.get_attribute("title"))
+        assert (
+            "the GPU is shared, and its other users hold all but 2 GiB of it now, less than the "
+            "14 GiB left in your slice: a larger allocation fails with CUDA out of memory"
+        ) in title, title
+        # they give memory back: the GPU has room for what is left of the slice, and the
+        # words go
+        lab.set_gpu({"devices": [{**H100, "memory_used_mib": 40960}], "kernels": mine})
+        page.wait_for_function(
+            "() => document.querySelector('.fs-GpuMeter-memory')?.textContent"
+            " === 'Mem 6.0 / 20 GiB'"
+        )
+        assert memory.get_attribute("data-state") == "ok"
+        assert page.errors == [], page.errors
+        page.context.close()
+    lab.api("DELETE", f"/api/kernels/{kernel}")
+
+
 def test_no_gpu_no_meter_and_no_console_errors(lab):
     lab.set_gpu({"devices": [H100]})
     wait_for(lambda: lab.gpu()["available"], what="a GPU")
@@ -520,6 +558,8 @@ def test_under_hami_core_the_meter_counts_a_hibernated_kernel_against_the_slice(
         lab.set_gpu({"devices": [H100], "kernels": {}})  # its memory left the GPU
         report = lab.gpu()
         assert report["slice"]["counts_hibernated"] is True
+        # its NVML is HAMi-core's view of the slice, not the shared device's: no device room
+        assert report["slice"]["shares_device"] is False and report["device_free_mib"] is None
         with chromium() as browser:
             page = open_lab(browser, lab)
             page.locator(".fs-GpuMeter-hibernation").wait_for(state="visible", timeout=30_000)

@@ -29,8 +29,9 @@ from .attribution import attribute, has_own_pid_namespace
 from .foreign import watch_iopub
 from .hibernate import Hibernator
 from .loop import BackgroundLoop
-from .neighbours import neighbours_work
+from .neighbours import neighbours_work, shared_slice
 from .podinfo import (
+    ENV_SLICE,
     Deadline,
     PodInfo,
     hibernate_deadline,
@@ -151,9 +152,11 @@ class GpuMonitor(BackgroundLoop):
         # over-committed pool, one waiting for the culler's room in its node's host budget)
         self.kept_on_gpu: Callable[[str], bool] = lambda kernel_id: False
         # the slice and the culler's idle policy, as FracSpawner put them in the environment
+        virtual = virtualised_nvml(os.environ) is not None
         self.pod = replace(
             PodInfo.from_environ(os.environ, memory_mib=self.memory_entitlement_mib),
-            counts_hibernated=virtualised_nvml(os.environ) is not None,
+            counts_hibernated=virtual,
+            shares_device=not virtual and shared_slice(os.environ.get(ENV_SLICE, "")),
         )
         # the first rung: idle GPU kernels suspended to host memory (hibernate.py)
         self.hibernator = Hibernator(parent=self, log=self.log)
@@ -540,6 +543,11 @@ class GpuMonitor(BackgroundLoop):
             }
         sample = self.sample
         device = sample.devices[0].name if sample.devices else None
+        # what the devices have free by their own reading, where other pods share them: an
+        # allocation beyond it fails with CUDA out of memory, whatever the slice has left
+        free = None
+        if self.pod.shares_device and sample.devices:
+            free = sum(max(0.0, d.memory_total_mib - d.memory_used_mib) for d in sample.devices)
         kernels = []
         warnings = []
         for kid, k, execution_state, last_activity, due in self.kernel_dues(user_last_activity):
@@ -602,6 +610,7 @@ class GpuMonitor(BackgroundLoop):
             "slice": self.pod.slice_json(device=device),
             "policy": self.pod.policy.as_json(),
             "gpu_memory_mib": memory,
+            "device_free_mib": None if free is None else round(free, 1),
             "gpu_utilization": self._utilization(),
             "last_gpu_activity": isoformat(self.last_gpu_activity),
             # the server as a whole: unknown is never idle; the idle clock starts after the last

@@ -169,6 +169,10 @@ class PodInfo:
     # only in its allocation hooks and when a process exits, and cuda-checkpoint frees memory
     # through none of them; docs/culler.md): the meter says so (monitor.py sets it)
     counts_hibernated: bool = False
+    # its device is shared with other pods and its NVML reads the whole device (a fraction of a
+    # GPU by time-slicing, MPS or over-commit; not HAMi-core's virtualised view, not a MIG
+    # instance): what the device has free may be less than what is left of the slice
+    shares_device: bool = False
 
     @classmethod
     def from_environ(cls, env: Mapping[str, str], memory_mib: int | None = None) -> PodInfo:
@@ -207,6 +211,7 @@ class PodInfo:
             "memory_mib": self.memory_mib,
             "label": slice_label(self.gpu, self.pool_display or self.pool, self.memory_mib, device),
             "counts_hibernated": self.counts_hibernated,
+            "shares_device": self.shares_device,
         }
 
 

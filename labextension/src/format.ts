@@ -49,6 +49,12 @@ export interface IGpuReport {
    */
   slice?: { label: string | null; memory_mib: number | null; counts_hibernated?: boolean };
   gpu_memory_mib?: number;
+  /**
+   * What the server's devices have free by their own reading, where other pods share them
+   * (time-slicing, MPS, over-commit; null elsewhere): less than the slice has left means an
+   * allocation fails with CUDA out of memory before the slice is full.
+   */
+  device_free_mib?: number | null;
   gpu_utilization?: number | null;
   warnings?: IGpuWarning[];
   kernels?: { id: string; hibernation?: IKernelHibernation }[];
@@ -200,6 +206,9 @@ export interface IMeterText {
 
 const MIB_PER_GIB = 1024;
 
+/** How much less than the slice has left the shared device may have free before it is said. */
+const SHARED_SLACK_MIB = 1024;
+
 /** `20480` -> '20', `6144` -> '6.0', `9728` -> '9.5' (GiB, the limit without decimals). */
 function gibNumber(mib: number, decimals: number): string {
   return (mib / MIB_PER_GIB).toFixed(decimals);
@@ -273,6 +282,20 @@ export function meterText(report: IGpuReport): IMeterText | null {
     } else if (counted >= 0.9 * limit) {
       memoryState = 'near';
       memory += ' (near limit)';
+    }
+    // on a device shared with other pods their memory is not this slice's to take: where
+    // the device has less free than the slice has left, a larger allocation fails anyway
+    const free = report.device_free_mib;
+    const left = Math.max(0, limit - counted);
+    if (typeof free === 'number' && free + SHARED_SLACK_MIB <= left) {
+      memory += ` (${formatMemory(free)} free on the GPU)`;
+      memoryWords +=
+        `; the GPU is shared, and its other users hold all but ${formatMemory(free)} of it ` +
+        `now, less than the ${formatMemory(left)} left in your slice: a larger allocation ` +
+        'fails with CUDA out of memory until they free some';
+      if (memoryState === 'ok') {
+        memoryState = 'near';
+      }
     }
   }
 
