@@ -94,6 +94,19 @@ def _ann_granted_beyond(desk: SwapDesk) -> tuple[Seat, list[dict]]:
     return u1, back
 
 
+def _only_vic_granted(desk: SwapDesk, u1: Seat, ann: Seat, now: float) -> list[Seat]:
+    """Vic and then Wes wait a quarter each beside u1 and Ann, with one quarter left: Vic's is
+    granted and Wes's is not. Returns the seats."""
+    vic = _hami("vic", waiting(("v", "2026-01-01T11:30:00Z"), used=0.0))
+    wes = _hami("wes", waiting(("w", "2026-01-01T11:31:00Z"), used=0.0))
+    seats = [u1, ann, vic, wes]
+    got = desk.answer("vic", "", seats, now=now)["swap"]
+    assert got.get("resume") == [{"kernel_id": "v", "gpu_memory_mib": QUARTER}], got
+    got = desk.answer("wes", "", seats, now=now + 1)["swap"]
+    assert not got.get("resume"), got
+    return seats
+
+
 def test_a_kernel_granted_beyond_its_slice_counts_on_the_gpu_once_back():
     """HAMi (each pod's NVML shows its own memory only): u1 holds a quarter, Ann holds hers
     and her second notebook's kernel waits. The GPU has room, so it is granted beyond her
@@ -105,13 +118,7 @@ def test_a_kernel_granted_beyond_its_slice_counts_on_the_gpu_once_back():
     desk = SwapDesk(report_in=10)
     u1, back = _ann_granted_beyond(desk)
     ann = _hami("ann", report(back, used=2 * QUARTER))
-    vic = _hami("vic", waiting(("v", "2026-01-01T11:30:00Z"), used=0.0))
-    wes = _hami("wes", waiting(("w", "2026-01-01T11:31:00Z"), used=0.0))
-    seats = [u1, ann, vic, wes]
-    got = desk.answer("vic", "", seats, now=110.0)["swap"]
-    assert got.get("resume") == [{"kernel_id": "v", "gpu_memory_mib": QUARTER}], got
-    got = desk.answer("wes", "", seats, now=111.0)["swap"]
-    assert not got.get("resume"), got
+    seats = _only_vic_granted(desk, u1, ann, now=110.0)
     # her second kernel hibernated again: its quarter is free, and Wes's comes back
     asleep = kernel("a2", 0, "2026-01-01T12:00:00Z", state="hibernated")
     seats[1] = _hami("ann", report([back[0], asleep], used=QUARTER))
@@ -153,14 +160,7 @@ def test_a_kernel_granted_beyond_its_slice_still_counts_while_its_report_is_stal
     u1, back = _ann_granted_beyond(desk)
     ann = _hami("ann", report(back, used=2 * QUARTER))
     desk.answer("ann", "", [u1, ann], now=105.0)  # the desk sees her kernel back
-    stale = replace(ann, fresh=False)
-    vic = _hami("vic", waiting(("v", "2026-01-01T11:30:00Z"), used=0.0))
-    wes = _hami("wes", waiting(("w", "2026-01-01T11:31:00Z"), used=0.0))
-    seats = [u1, stale, vic, wes]
-    got = desk.answer("vic", "", seats, now=110.0)["swap"]
-    assert got.get("resume") == [{"kernel_id": "v", "gpu_memory_mib": QUARTER}], got
-    got = desk.answer("wes", "", seats, now=111.0)["swap"]
-    assert not got.get("resume"), got
+    _only_vic_granted(desk, u1, replace(ann, fresh=False), now=110.0)
 
 
 def test_the_hubs_room_counts_a_grant_beyond_the_slice_of_an_absent_or_silent_server():
