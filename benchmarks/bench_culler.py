@@ -975,6 +975,7 @@ class Sim:
         self.grants += len(swap.get("resume") or [])
         self.budget_orders += len(swap.get("shutdown") or [])
         s.swap.on_answer(answer)
+        s.monitor.on_culler_answer(answer, now)
         presence = s.settings.get(PRESENCE_KEY)
         if presence is not None:
             presence.on_culler_answer(answer, now)

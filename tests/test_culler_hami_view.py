@@ -74,3 +74,42 @@ def test_a_full_gpu_by_the_reports_still_waits():
     assert swap.get("wait") == [
         {"kernel_id": "a1", "reason": "the GPU is in use by 1 person now; you are next"}
     ], swap
+
+
+def test_the_answer_tells_a_hami_server_what_its_gpu_has_free():
+    """HAMi-core shows each pod its own slice, never the GPU's room, so a pod cannot see that
+    over-committed co-tenants left its GPU less free than its slice has left (an allocation
+    then fails at the GPU: HAMi#1128). The culler, which counts the whole GPU, says it in the
+    answer to each report, for the meter: u1 and u2 hold three quarters of a T4 between them,
+    and each is told one quarter is free. A time-sliced pod reads the device itself: no word."""
+    import time
+
+    from fracspawner.backends import load_catalog
+    from fracspawner.culler.app import Culler
+    from fracspawner.culler.decide import ServerFacts
+    from fracspawner.culler.identity import Identity
+    from fracspawner.culler.placement import Placement
+    from fracspawner.culler.reports import parse_report
+    from tests.test_overcommit_admission_physical import HAMI
+
+    def culler_with(catalog: dict, held: dict[str, float]) -> tuple[Culler, float]:
+        culler = Culler()
+        culler._catalog = load_catalog(catalog)
+        culler.placement_of = lambda user, server: Placement("node-1")  # type: ignore[method-assign]
+        now = time.time()
+        at = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(now))
+        for i, (user, mib) in enumerate(held.items()):
+            k = kernel(f"k{i}", mib, "2026-01-01T10:00:00Z", execution_state="busy")
+            body = {**report([k], used=sum(held.values())), "sampled_at": at}
+            culler.known[(user, "")] = ServerFacts(user, user_options={"gpu": "1/2", "pool": "t4"})
+            culler.reports.put(user, "", parse_report(body, received_at=now))
+        return culler, now
+
+    hami = {"pools": {"t4": {**HAMI["pools"]["t4"], "offers": ["1/2"]}}}
+    culler, now = culler_with(hami, {"u1": HALF, "u2": QUARTER})
+    for user in ("u1", "u2"):
+        answer = culler.answer_report(Identity(user, ""), now) or {}
+        assert answer.get("gpu") == {"free_mib": QUARTER}, (user, answer)
+    sliced = {"pools": {"t4": {**hami["pools"]["t4"], "backend": "timeslicing", "replicas": 2}}}
+    culler, now = culler_with(sliced, {"u1": HALF, "u2": QUARTER})
+    assert "gpu" not in (culler.answer_report(Identity("u1", ""), now) or {})

@@ -129,3 +129,55 @@ def test_the_meter_says_a_resume_waits_for_room_on_a_full_gpu(tmp_path):
     finally:
         lab.stop()
         culler.shutdown()
+
+
+def test_on_hami_the_meter_says_what_the_culler_counts_free_on_the_gpu(tmp_path):
+    """HAMi-core shows the pod its own slice, so the pod cannot see that co-tenants of an
+    over-committed GPU left it less free than its slice has left (an allocation then fails at
+    the GPU: HAMi#1128). The culler counts the whole GPU and says it in the answer to each
+    report; the meter shows it: 6 of 20 GiB in use, 2 GiB free on the GPU by the culler's
+    count. Once the culler counts room for the rest of the slice, the words go. Before, the
+    meter read `Mem 6.0 / 20 GiB` and a failing allocation came with no word why."""
+    from tests.test_lab_meter import LabServer, open_notebook
+
+    if not (LABEXT / "package.json").exists():
+        pytest.fail(f"the GPU meter is not built into {LABEXT}: run `make setup`")
+    culler = Culler.start()
+    culler.order = {"gpu": {"free_mib": 2048}}
+    lab = LabServer(
+        tmp_path,
+        env={
+            "CUDA_DEVICE_MEMORY_LIMIT_0": "20480m",  # HAMi's device plugin sets it
+            "FRACSPAWNER_GPU_OVERCOMMIT": "2",
+            "FRACSPAWNER_CULLER_URL": f"http://127.0.0.1:{culler.server_port}/",
+            "JUPYTERHUB_API_TOKEN": "the-servers-own-token",
+        },
+        config={"GpuReporter": {"report_interval": 1.0}},
+    )
+    try:
+        kernel = open_notebook(lab, "train.ipynb")
+        mine = {kernel: {"memory_mib": 6144, "utilization": 0}}
+        lab.set_gpu({"devices": [H100], "kernels": mine})
+        wait_for(lambda: lab.gpu().get("device_free_mib") == 2048, 30, "the culler's count")
+        report = lab.gpu()
+        assert (report["device_free_by"], report["slice"]["shares_device"]) == ("culler", False)
+        with chromium() as browser:
+            page = open_lab(browser, lab)
+            memory = page.locator(".fs-GpuMeter-memory")
+            memory.wait_for(state="visible", timeout=30_000)
+            page.wait_for_function(
+                "() => document.querySelector('.fs-GpuMeter-memory')?.textContent"
+                " === 'Mem 6.0 / 20 GiB (2 GiB free on the GPU)'"
+            )
+            title = page.locator(".fs-GpuMeter").get_attribute("title") or ""
+            assert "hold all but 2 GiB of it now by the culler's count" in title, title
+            culler.order = {"gpu": {"free_mib": 40960}}
+            page.wait_for_function(
+                "() => document.querySelector('.fs-GpuMeter-memory')?.textContent"
+                " === 'Mem 6.0 / 20 GiB'"
+            )
+            assert page.errors == [], page.errors
+            page.context.close()
+    finally:
+        lab.stop()
+        culler.shutdown()

@@ -630,8 +630,10 @@ class Culler(CullerApplication):
     def answer_report(self, who: Identity, now: float | None = None) -> dict | None:
         """What the answer to a server's report carries: the swap's orders and grants
         (`_swap_answer`), its hibernated kernels to shut down where its node's servers keep
-        more hibernated state than its budget (`host_budget`; hostbudget.py), and whether its
-        user is at a tab of another server of theirs (`presence_elsewhere`)."""
+        more hibernated state than its budget (`host_budget`; hostbudget.py), whether its
+        user is at a tab of another server of theirs (`presence_elsewhere`), and on an
+        over-committed pool whose pods read only their slice (HAMi-core) what its GPUs have
+        free by the culler's count (`gpu.free_mib`: the meter says it)."""
         now = time.time() if now is None else now  # a replay in virtual time passes its own
         answer = self._swap_answer(who, now)
         answer = self.host_room_answer(who, now, answer)
@@ -643,6 +645,10 @@ class Culler(CullerApplication):
         if word is not None:
             answer = answer or {}
             answer["presence"] = {"elsewhere": word}
+        free = self._swap_desk.free_told(who.user, who.server, now) if self._swap_desk else None
+        if free is not None:  # HAMi-core's NVML shows the pod its slice, not the GPU's room
+            answer = answer or {}
+            answer["gpu"] = {"free_mib": round(free, 1)}
         return answer
 
     def presence_elsewhere(self, who: Identity, now: float) -> str | None:

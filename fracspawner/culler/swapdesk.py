@@ -145,6 +145,10 @@ class SwapDesk:
         # virtualises NVML no reading shows it: uncounted, it took the grant margin and the
         # next restore met CUDA out of memory (#44: lost; the culler benchmark, breaks)
         self.beyond: dict[Key, tuple[str, float]] = {}
+        # the last answer's server, its time and the MiB its GPUs have free by the culler's
+        # count, where its pod cannot read that itself (HAMi-core's NVML is the slice's): the
+        # meter says it where less than the slice has left (`free_told`)
+        self._free: tuple[str, str, float, float] | None = None
 
     def _still_asked(self, seats: list[Seat], now: float) -> dict[tuple[str, str, str], float]:
         """Asks whose kernel the latest report still shows resident and idle, not refused
@@ -236,6 +240,7 @@ class SwapDesk:
         """The answer to `user`/`server`'s report: {"swap": {"hibernate": [...], "report_in":
         s}} when it has kernels to swap out or its GPU is under pressure; None otherwise."""
         seats = list(seats)
+        self._free = None
         me = next((s for s in seats if (s.user, s.server) == (user, server)), None)
         if me is None or not me.fresh:
             return None
@@ -246,6 +251,7 @@ class SwapDesk:
         resume: list[dict] = []
         wait: list[dict] = []
         pressed = unsure = False
+        free: float | None = None
         for gpu in me.facts.gpus:
             on_it = []
             readings = []
@@ -288,6 +294,8 @@ class SwapDesk:
                 keep = max(keep, margin + unborn)
             pressure = plan_swaps(gpu.uuid, size, on_it, keep, asked, reading)
             self.last[gpu.uuid] = pressure
+            if me.enforced:  # its pod reads its slice only: what the GPU has free, as counted
+                free = (free or 0.0) + max(0.0, size - pressure.resident_mib)
             pressed = pressed or pressure.under_pressure
             for swap in pressure.swaps:
                 if (swap.user, swap.server) != (user, server):
@@ -299,6 +307,7 @@ class SwapDesk:
         named = {g.uuid for s in seats for g in s.facts.gpus}
         for uuid in [u for u in self.last if u not in named]:
             del self.last[uuid]
+        self._free = None if free is None else (user, server, now, free)
         if not orders and not pressed and not resume and not wait and not unsure:
             return None
         body: dict = {
@@ -311,6 +320,14 @@ class SwapDesk:
         if wait:
             body["wait"] = wait
         return {"swap": body}
+
+    def free_told(self, user: str, server: str, now: float) -> float | None:
+        """MiB free on `user`/`server`'s GPUs by the culler's count (servers' words within
+        their slices, unknown ones at their whole slice), as its answer at `now` found them,
+        where its pod's NVML is the slice's (HAMi-core) and cannot show it; None elsewhere."""
+        if self._free is None or self._free[:3] != (user, server, now):
+            return None
+        return self._free[3]
 
     def _still_granted(self, seats: list[Seat], now: float) -> dict[Key, float]:
         """Grants whose kernel still waits by its server's fresh report, and not too old."""

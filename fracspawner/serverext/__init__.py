@@ -92,6 +92,7 @@ def _load_jupyter_server_extension(serverapp: Any) -> None:
     def on_answer(answer: dict) -> None:
         swap.on_answer(answer)
         presence.on_culler_answer(answer)  # the user at a tab of another server of theirs
+        monitor.on_culler_answer(answer)  # what a HAMi pod's GPUs have free (the meter)
 
     reporter.on_answer = on_answer
     # a person back at a tab: the culler hears it now, not at the next report interval

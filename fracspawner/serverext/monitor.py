@@ -47,6 +47,9 @@ from .sources import GpuSample, GpuSource, GpuUnavailable, make_source
 __all__ = ["GpuMonitor", "SETTINGS_KEY", "attribute", "utcnow", "isoformat"]
 
 SETTINGS_KEY = "fracspawner_gpu_last_activity"
+#: how long the culler's count of what a HAMi pod's GPUs have free is shown (s): it answers
+#: each report, every minute on an over-committed pool; an older word is not today's room
+CULLER_FREE_FRESH_S = 180.0
 
 
 @dataclass
@@ -153,6 +156,9 @@ class GpuMonitor(BackgroundLoop):
         self.kept_on_gpu: Callable[[str], bool] = lambda kernel_id: False
         # the slice and the culler's idle policy, as FracSpawner put them in the environment
         virtual = virtualised_nvml(os.environ) is not None
+        # what the culler counts free on this server's GPUs (MiB) and when it said so, where
+        # the pod's NVML shows only its slice (HAMi-core): `on_culler_answer`
+        self.culler_free: tuple[float, datetime] | None = None
         self.pod = replace(
             PodInfo.from_environ(os.environ, memory_mib=self.memory_entitlement_mib),
             counts_hibernated=virtual,
@@ -511,6 +517,30 @@ class GpuMonitor(BackgroundLoop):
             ]
         return done
 
+    def on_culler_answer(self, answer: Any, now: datetime | None = None) -> None:
+        """The culler's answer to this server's report: `{"gpu": {"free_mib": n}}` where its
+        pod's NVML shows only its slice (HAMi-core), what its GPUs have free by the culler's
+        count."""
+        word = answer.get("gpu") if isinstance(answer, dict) else None
+        mib = word.get("free_mib") if isinstance(word, dict) else None
+        if isinstance(mib, int | float) and not isinstance(mib, bool) and mib >= 0:
+            self.culler_free = (float(mib), now or utcnow())
+
+    def _device_free(self, sample: GpuSample, now: datetime) -> tuple[float | None, str | None]:
+        """What this server's devices have free, and by whose reading, where other pods share
+        them (an allocation beyond it fails with CUDA out of memory, whatever the slice has
+        left): the devices' own NVML where the pod reads them whole; the culler's count where
+        HAMi-core shows the pod its slice, while its last word is fresh; (None, None)
+        elsewhere (a whole GPU, a MIG instance: nobody else's memory there)."""
+        if self.pod.shares_device and sample.devices:
+            free = sum(max(0.0, d.memory_total_mib - d.memory_used_mib) for d in sample.devices)
+            return free, "nvml"
+        told = self.culler_free
+        if self.pod.counts_hibernated and told is not None:
+            if 0 <= (now - told[1]).total_seconds() <= CULLER_FREE_FRESH_S:
+                return told[0], "culler"
+        return None, None
+
     def report(
         self,
         server_last_activity: datetime | None = None,
@@ -543,11 +573,7 @@ class GpuMonitor(BackgroundLoop):
             }
         sample = self.sample
         device = sample.devices[0].name if sample.devices else None
-        # what the devices have free by their own reading, where other pods share them: an
-        # allocation beyond it fails with CUDA out of memory, whatever the slice has left
-        free = None
-        if self.pod.shares_device and sample.devices:
-            free = sum(max(0.0, d.memory_total_mib - d.memory_used_mib) for d in sample.devices)
+        free, free_by = self._device_free(sample, now)
         kernels = []
         warnings = []
         for kid, k, execution_state, last_activity, due in self.kernel_dues(user_last_activity):
@@ -611,6 +637,7 @@ class GpuMonitor(BackgroundLoop):
             "policy": self.pod.policy.as_json(),
             "gpu_memory_mib": memory,
             "device_free_mib": None if free is None else round(free, 1),
+            "device_free_by": free_by,
             "gpu_utilization": self._utilization(),
             "last_gpu_activity": isoformat(self.last_gpu_activity),
             # the server as a whole: unknown is never idle; the idle clock starts after the last

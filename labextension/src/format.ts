@@ -55,6 +55,9 @@ export interface IGpuReport {
    * allocation fails with CUDA out of memory before the slice is full.
    */
   device_free_mib?: number | null;
+  /** Whose reading that is: the devices' NVML, or the culler's count where HAMi-core shows
+   * the pod only its slice. */
+  device_free_by?: 'nvml' | 'culler' | null;
   gpu_utilization?: number | null;
   warnings?: IGpuWarning[];
   kernels?: { id: string; hibernation?: IKernelHibernation }[];
@@ -289,10 +292,11 @@ export function meterText(report: IGpuReport): IMeterText | null {
     const left = Math.max(0, limit - counted);
     if (typeof free === 'number' && free + SHARED_SLACK_MIB <= left) {
       memory += ` (${formatMemory(free)} free on the GPU)`;
+      const whose = report.device_free_by === 'culler' ? " by the culler's count" : '';
       memoryWords +=
         `; the GPU is shared, and its other users hold all but ${formatMemory(free)} of it ` +
-        `now, less than the ${formatMemory(left)} left in your slice: a larger allocation ` +
-        'fails with CUDA out of memory until they free some';
+        `now${whose}, less than the ${formatMemory(left)} left in your slice: a larger ` +
+        'allocation fails with CUDA out of memory until they free some';
       if (memoryState === 'ok') {
         memoryState = 'near';
       }
