@@ -167,6 +167,13 @@ def open_notebook(lab: LabServer, path: str) -> str:
     return session["kernel"]["id"]
 
 
+def wait_for_memory_text(page: Any, text: str) -> None:
+    """Until the meter's memory reads `text` (it refreshes every few seconds)."""
+    page.wait_for_function(
+        "t => document.querySelector('.fs-GpuMeter-memory')?.textContent === t", arg=text
+    )
+
+
 def hhmm(iso: str) -> str:
     """The time as the meter shows it to this browser (en-GB, UTC): with the date when it is
     not today (formatClock in labextension/src/format.ts), as near midnight ("29 Nov 00:00")."""
@@ -389,10 +396,7 @@ def test_on_a_shared_gpu_the_meter_says_when_others_leave_less_free_than_the_sli
         page = open_lab(browser, lab)
         meter, memory = page.locator(".fs-GpuMeter"), page.locator(".fs-GpuMeter-memory")
         memory.wait_for(state="visible", timeout=30_000)
-        page.wait_for_function(
-            "() => document.querySelector('.fs-GpuMeter-memory')?.textContent"
-            " === 'Mem 6.0 / 20 GiB (2 GiB free on the GPU)'"
-        )
+        wait_for_memory_text(page, "Mem 6.0 / 20 GiB (2 GiB free on the GPU)")
         assert memory.get_attribute("data-state") == "near"
         title = re.sub(r"\s+", " ", meter.get_attribute("title"))
         assert (
@@ -402,10 +406,7 @@ def test_on_a_shared_gpu_the_meter_says_when_others_leave_less_free_than_the_sli
         # they give memory back: the GPU has room for what is left of the slice, and the
         # words go
         lab.set_gpu({"devices": [{**H100, "memory_used_mib": 40960}], "kernels": mine})
-        page.wait_for_function(
-            "() => document.querySelector('.fs-GpuMeter-memory')?.textContent"
-            " === 'Mem 6.0 / 20 GiB'"
-        )
+        wait_for_memory_text(page, "Mem 6.0 / 20 GiB")
         assert memory.get_attribute("data-state") == "ok"
         assert page.errors == [], page.errors
         page.context.close()

@@ -138,7 +138,7 @@ def test_on_hami_the_meter_says_what_the_culler_counts_free_on_the_gpu(tmp_path)
     report; the meter shows it: 6 of 20 GiB in use, 2 GiB free on the GPU by the culler's
     count. Once the culler counts room for the rest of the slice, the words go. Before, the
     meter read `Mem 6.0 / 20 GiB` and a failing allocation came with no word why."""
-    from tests.test_lab_meter import LabServer, open_notebook
+    from tests.test_lab_meter import LabServer, open_notebook, wait_for_memory_text
 
     if not (LABEXT / "package.json").exists():
         pytest.fail(f"the GPU meter is not built into {LABEXT}: run `make setup`")
@@ -165,17 +165,11 @@ def test_on_hami_the_meter_says_what_the_culler_counts_free_on_the_gpu(tmp_path)
             page = open_lab(browser, lab)
             memory = page.locator(".fs-GpuMeter-memory")
             memory.wait_for(state="visible", timeout=30_000)
-            page.wait_for_function(
-                "() => document.querySelector('.fs-GpuMeter-memory')?.textContent"
-                " === 'Mem 6.0 / 20 GiB (2 GiB free on the GPU)'"
-            )
+            wait_for_memory_text(page, "Mem 6.0 / 20 GiB (2 GiB free on the GPU)")
             title = page.locator(".fs-GpuMeter").get_attribute("title") or ""
             assert "hold all but 2 GiB of it now by the culler's count" in title, title
             culler.order = {"gpu": {"free_mib": 40960}}
-            page.wait_for_function(
-                "() => document.querySelector('.fs-GpuMeter-memory')?.textContent"
-                " === 'Mem 6.0 / 20 GiB'"
-            )
+            wait_for_memory_text(page, "Mem 6.0 / 20 GiB")
             assert page.errors == [], page.errors
             page.context.close()
     finally:
