@@ -43,8 +43,9 @@ from .reports import CulledKernel, ReportError, ReportStore, load_report, parse_
 MAX_BODY = 512 * 1024  # a report with hundreds of kernels is a few tens of kB
 
 OnReport = Callable[[Identity, list[CulledKernel]], None]
-#: what the culler answers a report (200 with this JSON; None: 204): over-commit's swap orders
-#: for the server's own kernels (swapdesk.py), the only thing a report's answer carries
+#: what the culler answers a report (200 with this JSON; None: 204): Culler.answer_report's
+#: words for that server alone (its own kernels' swap orders and grants, host room, its user at
+#: another server, what its GPUs have free where its pod cannot read that)
 Answer = Callable[[Identity], dict | None]
 
 
