@@ -20,7 +20,16 @@ import pytest
 from devcluster.localhub import free_port
 from tests.browser_helpers import chromium
 from tests.test_culler_support import execute, wait_for
-from tests.test_lab_meter import H100, LABEXT, hibernating_lab, kernel_on_gpu, open_lab
+from tests.test_lab_meter import (
+    H100,
+    LABEXT,
+    LabServer,
+    hibernating_lab,
+    kernel_on_gpu,
+    open_lab,
+    open_notebook,
+    wait_for_memory_text,
+)
 
 pytestmark = pytest.mark.e2e
 REASON = (
@@ -138,8 +147,6 @@ def test_on_hami_the_meter_says_what_the_culler_counts_free_on_the_gpu(tmp_path)
     report; the meter shows it: 6 of 20 GiB in use, 2 GiB free on the GPU by the culler's
     count. Once the culler counts room for the rest of the slice, the words go. Before, the
     meter read `Mem 6.0 / 20 GiB` and a failing allocation came with no word why."""
-    from tests.test_lab_meter import LabServer, open_notebook, wait_for_memory_text
-
     if not (LABEXT / "package.json").exists():
         pytest.fail(f"the GPU meter is not built into {LABEXT}: run `make setup`")
     culler = Culler.start()

@@ -536,6 +536,7 @@ class GpuMonitor(BackgroundLoop):
             free = sum(max(0.0, d.memory_total_mib - d.memory_used_mib) for d in sample.devices)
             return free, "nvml"
         told = self.culler_free
+        # counts_hibernated is set where HAMi-core virtualises the pod's NVML (__init__)
         if self.pod.counts_hibernated and told is not None:
             if 0 <= (now - told[1]).total_seconds() <= CULLER_FREE_FRESH_S:
                 return told[0], "culler"
