@@ -1413,6 +1413,10 @@ def half_gpus(row: dict, base: dict, half: Cluster, full: Cluster, floor_figures
 ENV_MIXES = "FRACSPAWNER_BENCH_CULLER_MIXES"  # comma-separated mix names (default: all)
 ENV_ROWS = "FRACSPAWNER_BENCH_CULLER_ROWS"  # "all" (default) or "headline"
 ENV_MINUTES = "FRACSPAWNER_BENCH_CULLER_MINUTES"  # the trace's first minutes (default: all)
+# another draw of the same mixes (culler_trace.make_mix): whether a goal met or missed holds
+# beyond the one trace the whole run replays, or is that trace's luck
+ENV_SEED = "FRACSPAWNER_BENCH_CULLER_SEED"
+SEED = 7  # the whole run's trace
 HEADLINE_ROWS = ("jupyterhub_idle_culler_z2jh", *(f"fracspawner_{f}_half_gpus" for f in FAMILIES))
 
 
@@ -1421,10 +1425,16 @@ class Knobs:
     mixes: tuple[str, ...]
     headline: bool  # only the baseline and the half-the-GPUs rows
     minutes: int
+    seed: int = SEED
 
     @property
     def partial(self) -> bool:
-        return self.mixes != tuple(MIXES) or self.headline or self.minutes < HORIZON
+        return (
+            self.mixes != tuple(MIXES)
+            or self.headline
+            or self.minutes < HORIZON
+            or self.seed != SEED
+        )
 
 
 def knobs(env: dict[str, str] | None = None) -> Knobs:
@@ -1442,7 +1452,10 @@ def knobs(env: dict[str, str] | None = None) -> Knobs:
     text = env.get(ENV_MINUTES, "").strip() or str(HORIZON)
     if not text.isdigit() or not 1 <= int(text) <= HORIZON:
         raise ValueError(f"{ENV_MINUTES}: {text!r} is not a number of minutes from 1 to {HORIZON}")
-    return Knobs(mixes or tuple(MIXES), rows == "headline", int(text))
+    seed = env.get(ENV_SEED, "").strip() or str(SEED)
+    if not seed.isdigit():
+        raise ValueError(f"{ENV_SEED}: {seed!r} is not a whole number (the whole run's is {SEED})")
+    return Knobs(mixes or tuple(MIXES), rows == "headline", int(text), int(seed))
 
 
 async def bench_days(tmp: Path, knob: Knobs | None = None) -> tuple[dict, dict, dict]:
@@ -1451,7 +1464,7 @@ async def bench_days(tmp: Path, knob: Knobs | None = None) -> tuple[dict, dict, 
     out: dict[str, dict] = {}
     plain: dict[str, dict] = {}
     for name in knob.mixes:
-        users, cluster = make_mix(name), CLUSTERS[name]
+        users, cluster = make_mix(name, knob.seed), CLUSTERS[name]
         rows: dict[str, dict] = {}
 
         async def row(kind: str, family: str, on: Cluster = cluster, who=users) -> dict:
@@ -1685,7 +1698,8 @@ def markdown(runs: dict, cap: dict) -> str:
 def run(results_dir: Path) -> dict:
     if knobs().partial:  # culler.json holds the whole run: a partial one goes elsewhere
         raise RuntimeError(
-            f"{ENV_MIXES}, {ENV_ROWS} or {ENV_MINUTES} is set: run the partial replay with "
+            f"{ENV_MIXES}, {ENV_ROWS}, {ENV_MINUTES} or {ENV_SEED} is set: run the partial "
+            "replay with "
             "`python -m benchmarks.bench_culler` (it writes results/culler_partial.json)"
         )
     tmp = Path(tempfile.mkdtemp(prefix="bench-culler-"))
@@ -1725,7 +1739,7 @@ def run_partial(results_dir: Path) -> dict:
         shutil.rmtree(tmp, ignore_errors=True)
     result = {
         "partial": {"mixes": list(knob.mixes), "headline_only": knob.headline,
-                    "minutes": knob.minutes},
+                    "minutes": knob.minutes, "seed": knob.seed},
         "capacity": cap,
         "capacity_without_overcommit": plain,
         "runs": runs,
@@ -1735,7 +1749,7 @@ def run_partial(results_dir: Path) -> dict:
     return result
 
 
-if __name__ == "__main__":  # a partial run: FRACSPAWNER_BENCH_CULLER_MIXES, _ROWS, _MINUTES
+if __name__ == "__main__":  # a partial run: FRACSPAWNER_BENCH_CULLER_MIXES, _ROWS, _MINUTES, _SEED
     results = REPO / "benchmarks" / "results"
     results.mkdir(exist_ok=True)
     print(json.dumps(run_partial(results)["capacity"], indent=2))

@@ -7,7 +7,7 @@ from datetime import datetime, timedelta, timezone
 from pathlib import Path
 
 from benchmarks.bench_culler import OVERCOMMIT, OVERCOMMIT_KIND, Sim, bench_catalog, pod_host, v
-from benchmarks.culler_trace import Cluster, User
+from benchmarks.culler_trace import Cluster, User, make_mix
 
 
 def _lab(n: int, memory_mib: int) -> list[User]:
@@ -328,7 +328,19 @@ def test_a_partial_run_is_chosen_by_the_environment_and_checked():
         knobs({"FRACSPAWNER_BENCH_CULLER_ROWS": "half"})
     with pytest.raises(ValueError, match="not a number of minutes"):
         knobs({"FRACSPAWNER_BENCH_CULLER_MINUTES": "0"})
+    # another draw of the mixes: partial, and its own days (the whole run's trace is seed 7)
+    other = knobs({"FRACSPAWNER_BENCH_CULLER_SEED": "9"})
+    assert (other.seed, other.partial, knobs({}).seed) == (9, True, 7)
+    assert [u.memory_mib for u in make_mix("classroom", other.seed)] != [
+        u.memory_mib for u in make_mix("classroom", knobs({}).seed)
+    ]
+    with pytest.raises(ValueError, match="not a whole number"):
+        knobs({"FRACSPAWNER_BENCH_CULLER_SEED": "-1"})
     with pytest.MonkeyPatch.context() as mp:  # the whole run's culler.json is never partial
         mp.setenv("FRACSPAWNER_BENCH_CULLER_MIXES", "research")
         with pytest.raises(RuntimeError, match="python -m benchmarks.bench_culler"):
+            run(Path("/nonexistent"))
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("FRACSPAWNER_BENCH_CULLER_SEED", "8")
+        with pytest.raises(RuntimeError, match="SEED is set"):
             run(Path("/nonexistent"))
