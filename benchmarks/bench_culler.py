@@ -140,6 +140,7 @@ from benchmarks.culler_trace import (
     HORIZON,
     MIXES,
     SECOND_SHARE,
+    SEED,
     Cluster,
     User,
     make_mix,
@@ -1415,8 +1416,7 @@ ENV_ROWS = "FRACSPAWNER_BENCH_CULLER_ROWS"  # "all" (default) or "headline"
 ENV_MINUTES = "FRACSPAWNER_BENCH_CULLER_MINUTES"  # the trace's first minutes (default: all)
 # another draw of the same mixes (culler_trace.make_mix): whether a goal met or missed holds
 # beyond the one trace the whole run replays, or is that trace's luck
-ENV_SEED = "FRACSPAWNER_BENCH_CULLER_SEED"
-SEED = 7  # the whole run's trace
+ENV_SEED = "FRACSPAWNER_BENCH_CULLER_SEED"  # (default: culler_trace.SEED, the whole run's)
 HEADLINE_ROWS = ("jupyterhub_idle_culler_z2jh", *(f"fracspawner_{f}_half_gpus" for f in FAMILIES))
 
 
@@ -1699,8 +1699,8 @@ def run(results_dir: Path) -> dict:
     if knobs().partial:  # culler.json holds the whole run: a partial one goes elsewhere
         raise RuntimeError(
             f"{ENV_MIXES}, {ENV_ROWS}, {ENV_MINUTES} or {ENV_SEED} is set: run the partial "
-            "replay with "
-            "`python -m benchmarks.bench_culler` (it writes results/culler_partial.json)"
+            "replay with `python -m benchmarks.bench_culler` (it writes "
+            "results/culler_partial.json)"
         )
     tmp = Path(tempfile.mkdtemp(prefix="bench-culler-"))
     try:
