@@ -97,8 +97,9 @@ stopped that its user comes back to within 30 min), culls of a present user, fal
 the GPU worked), `resume_failures` (cells that met CUDA out of memory: a first allocation or
 a growing kernel at its own slice's limit under HAMi-core, or with no room beside its co-tenants
 on a shared GPU; `cuda_oom_co_tenants` counts the latter), stalled background runs (a silent
-run killed, suspended, or never started for want of a server), and the host memory hibernation
-takes, peak per node.
+run killed, suspended, or never started for want of a server), runs lost to CUDA out of memory
+(`runs_lost_to_cuda_oom`, `..._co_tenants`: a run ends at its first error, see `Sim.run_failed`),
+and the host memory hibernation takes, peak per node.
 Goals: waiting <= 50 % of the baseline on every mix, disruptions <= the baseline, 0 culls of a
 present user, 0 false culls. Beside them each row has the person-minutes its users and the
 baseline's waited for a server (`wait_minutes`, `baseline_wait_minutes`) and the `floor` of the
@@ -676,6 +677,9 @@ class Sim:
         self.last_input: dict[str, int] = {}
         self.runs_stalled: set[tuple[str, int]] = set()  # (user, first minute of the run)
         self.runs: set[tuple[str, int]] = set()
+        # runs that ended with CUDA out of memory (run_failed): whether at their own slice's
+        # limit (True) or for want of room beside co-tenants (False)
+        self.runs_oom: dict[tuple[str, int], bool] = {}
         self.idle_gpu_memory = 0.0  # MiB-minutes held on the GPU by idle kernels, user away
         self.idle_slices = 0.0  # GPU-equivalent minutes held while away and GPU idle
         self.offset = 0.0  # real - virtual seconds, for jupyterhub-idle-culler
@@ -844,11 +848,10 @@ class Sim:
             s = self.demand(u, m)
             if s is None:
                 if u.run[m]:  # a run with no server: never launched, or its server stopped
-                    start = m
-                    while start > 0 and u.run[start - 1]:
-                        start -= 1
-                    self.runs.add((u.name, start))
-                    self.runs_stalled.add((u.name, start))
+                    run = (u.name, first_minute_of_run(u, m))
+                    self.runs.add(run)
+                    if run not in self.runs_oom:  # one that failed on its own is counted there
+                        self.runs_stalled.add(run)
                 continue
             await self.user_minute(u, s, m, now)
         if self.extension and culler is not None:
@@ -1031,6 +1034,8 @@ class Sim:
                 no_room = self.shared_memory and (self.gpu_free_mib(s.gpu, s) - mine < s.kernel_mib)
                 if over_limit or no_room:
                     self.cuda_oom(over_limit)
+                    if running and not u.present[m]:  # a person there launches it again
+                        self.run_failed(u, s, m, over_limit)
                     s.busy = running = False
             kernel.execution_state = "busy" if (running and not s.child_run or cell) else "idle"
             s.holds_memory = s.holds_memory or s.busy
@@ -1042,13 +1047,15 @@ class Sim:
                 over_limit = s.over_limit(step)  # both its kernels, a hibernated one too
                 if over_limit or (self.shared_memory and self.gpu_free_mib(s.gpu, s) < mine + step):
                     self.cuda_oom(over_limit)
+                    if running:  # the run's script ends with the error; a cell is run again
+                        self.run_failed(u, s, m, over_limit)
+                        s.busy = cell and u.gpu_cell[m] and s.holds_memory
                 else:
                     s.kernel_mib = min(GROWS_TO * u.memory_mib, s.kernel_mib + step)
         if u.run[m] and not (s.run_alive and not s.hibernated()):
-            start = m
-            while start > 0 and u.run[start - 1]:
-                start -= 1
-            self.runs_stalled.add((u.name, start))  # killed, suspended or never launched
+            run = (u.name, first_minute_of_run(u, m))
+            if run not in self.runs_oom:
+                self.runs_stalled.add(run)  # killed, suspended or never launched
         if not u.run[m]:
             s.run_alive = False
         self.second_notebook(u, s, m, now, cell2)
@@ -1130,6 +1137,22 @@ class Sim:
                 now,
             )
 
+    def run_failed(self, u: User, s: SimServer, m: int, own_slice: bool) -> None:
+        """`u`'s silent run met CUDA out of memory: its script ends with the error (PyTorch
+        raises `torch.OutOfMemoryError` once its caching allocator has freed its cached blocks
+        and retried; a training loop does not catch it), and nobody runs it again before its
+        person is back: the run is lost (`runs_oom`), not retried each minute. A run in a child
+        process ends with its process, and the driver frees what it held; one in the kernel
+        leaves its memory held (the traceback IPython keeps, `sys.last_traceback`, holds the
+        frames and their tensors: PyTorch's FAQ, "My out of memory exception handler can't
+        allocate memory"), the kernel idle."""
+        self.runs_oom.setdefault((u.name, first_minute_of_run(u, m)), own_slice)
+        s.run_alive = False
+        if s.child_run:
+            s.child_run = False
+            s.holds_memory = False
+            s.kernel_mib = s.first_mib()
+
     def cuda_oom(self, own_slice: bool) -> None:
         """A cell met CUDA out of memory: at its own slice's limit (HAMi-core), or for want of
         room beside its co-tenants on a shared GPU (what the culler's admission and grants
@@ -1172,11 +1195,20 @@ class Sim:
             + sum(len(s.driver.lost) for s in self.servers.values()),
             "runs": len(self.runs),
             "stalled_runs": len(self.runs_stalled),
+            "runs_lost_to_cuda_oom": len(self.runs_oom),
+            "runs_lost_to_cuda_oom_co_tenants": sum(not own for own in self.runs_oom.values()),
             "host_memory_peak_per_node_gib": round(self.host_peak_node_mib / 1024, 1),
             "host_memory_peak_gib": round(self.host_peak_total_mib / 1024, 1),
             "resume_p50_s": _percentile(self.resume_seconds, 0.5),
             "resume_max_s": max(self.resume_seconds, default=0.0),
         }
+
+
+def first_minute_of_run(u: User, m: int) -> int:
+    """The first minute of `u`'s run that works at minute `m` (a run's key with its user)."""
+    while m > 0 and u.run[m - 1]:
+        m -= 1
+    return m
 
 
 def _percentile(values: list[float], q: float) -> float:
@@ -1340,6 +1372,8 @@ def capacity(row: dict, base: dict, floor_figures: dict) -> dict:
         "resume_failures": row["resume_failures"],
         "cuda_oom_co_tenants": row["cuda_oom_co_tenants"],
         "stalled_runs": row["stalled_runs"],
+        "runs_lost_to_cuda_oom": row["runs_lost_to_cuda_oom"],
+        "runs_lost_to_cuda_oom_co_tenants": row["runs_lost_to_cuda_oom_co_tenants"],
         "host_memory_peak_per_node_gib": row["host_memory_peak_per_node_gib"],
         "idle_gpu_memory_pct": pct(
             row["idle_gpu_memory_gib_hours"], base["idle_gpu_memory_gib_hours"]
@@ -1348,6 +1382,7 @@ def capacity(row: dict, base: dict, floor_figures: dict) -> dict:
         "wait_episodes": row["wait_episodes"],
         "baseline_wait_p95_min": base["wait_p95_min"],
         "baseline_stalled_runs": base["stalled_runs"],
+        "baseline_runs_lost_to_cuda_oom": base["runs_lost_to_cuda_oom"],
         "wait_minutes": row["wait_minutes"],
         "baseline_wait_minutes": base["wait_minutes"],
         "floor": floor_figures,
@@ -1386,6 +1421,8 @@ def half_gpus(row: dict, base: dict, half: Cluster, full: Cluster, floor_figures
         "admission_waits": row["admission_waits"],
         "memory_waits": row["memory_waits"],
         "cuda_oom_in_cells": row["resume_failures"],
+        "runs_lost_to_cuda_oom": row["runs_lost_to_cuda_oom"],
+        "runs_lost_to_cuda_oom_co_tenants": row["runs_lost_to_cuda_oom_co_tenants"],
         "cuda_oom_co_tenants": row["cuda_oom_co_tenants"],
         "swap_orders": row["swap_orders"],
         "grants": row["grants"],
@@ -1393,6 +1430,7 @@ def half_gpus(row: dict, base: dict, half: Cluster, full: Cluster, floor_figures
         "host_budget_orders": row["host_budget_orders"],
         "stalled_runs": row["stalled_runs"],
         "baseline_stalled_runs": base["stalled_runs"],
+        "baseline_runs_lost_to_cuda_oom": base["runs_lost_to_cuda_oom"],
         "wait_minutes": row["wait_minutes"],
         "baseline_wait_minutes": base["wait_minutes"],
         "floor": floor_figures,
@@ -1648,6 +1686,8 @@ COLUMNS = [
     ("hibernations", "hibernations"),
     ("resume_failures", "CUDA OOM in cells"),
     ("cuda_oom_co_tenants", "of them for co-tenants"),
+    ("runs_lost_to_cuda_oom", "runs lost to CUDA OOM"),
+    ("runs_lost_to_cuda_oom_co_tenants", "of them for co-tenants"),
     ("memory_waits", "cell-minutes waiting for room"),
     ("swap_orders", "swap orders"),
     ("grants", "grants"),

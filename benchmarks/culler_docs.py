@@ -71,6 +71,13 @@ def oom(total: int, row: dict) -> str:
     return n(total) if co is None else f"{n(total)} ({n(co)})"
 
 
+def lost(row: dict) -> str:
+    """Runs lost to CUDA out of memory (`runs_lost_to_cuda_oom`), and how many of them met no
+    room beside co-tenants; "n/a" for a run before the replay ended runs at their error."""
+    total = row.get("runs_lost_to_cuda_oom")
+    return "n/a" if total is None else f"{n(total)} ({n(row['runs_lost_to_cuda_oom_co_tenants'])})"
+
+
 def table(head: list[str], rows: list[list[str]]) -> list[str]:
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     return lines + ["| " + " | ".join(row) + " |" for row in rows]
@@ -82,8 +89,8 @@ def headline(result: dict) -> list[str]:
             "waits (baseline)", "turned away (baseline)", "wait p95 (baseline)",
             "disruptions (baseline)", "present / false culls", "GPU state lost",
             "host memory peak per node (budget)", "waits for memory at admission",
-            "CUDA OOM in cells (co-tenants)", "cell-minutes waiting for room",
-            "swap orders / grants",
+            "CUDA OOM in cells (co-tenants)", "runs lost to CUDA OOM (co-tenants)",
+            "cell-minutes waiting for room", "swap orders / grants",
             WAITS_HEAD, "goals missed"]  # fmt: skip
     rows = []
     for mix, families in result["capacity"].items():
@@ -99,7 +106,8 @@ def headline(result: dict) -> list[str]:
                 f"{h['present_culls']} / {h['false_culls']}", n(h["gpu_state_lost"]),
                 f"{n(h['host_memory_peak_per_node_gib'])} GiB "
                 f"({n(h['host_memory_budget_gib'])} GiB)",
-                n(h["admission_waits"]), oom(h["cuda_oom_in_cells"], h), n(h["memory_waits"]),
+                n(h["admission_waits"]), oom(h["cuda_oom_in_cells"], h), lost(h),
+                n(h["memory_waits"]),
                 f"{n(h['swap_orders'])} / {n(h['grants'])}", waits(h), missed(h["goals"]),
             ])  # fmt: skip
     return table(head, rows)
@@ -109,7 +117,8 @@ def full_cluster(capacity: dict) -> list[str]:
     """`capacity` (over-committed) or `capacity_without_overcommit`, on the full cluster."""
     head = ["mix", "family", "users waiting", "wait p95", "disruptions (baseline)",
             "present / false culls", "idle reserved slice-h", "CUDA OOM in cells (co-tenants)",
-            "stalled runs", "host memory peak per node", WAITS_HEAD,
+            "runs lost to CUDA OOM (co-tenants)", "stalled runs", "host memory peak per node",
+            WAITS_HEAD,
             "goals missed"]  # fmt: skip
     rows = []
     for mix, families in capacity.items():
@@ -119,7 +128,7 @@ def full_cluster(capacity: dict) -> list[str]:
                 f"{n(c['wait_p95_min'])} min", f"{c['disruptions']} ({c['baseline_disruptions']})",
                 f"{c['present_culls']} / {c['false_culls']}",
                 pct(c["idle_reserved_slice_hours_pct"]), oom(c["resume_failures"], c),
-                n(c["stalled_runs"]), f"{n(c['host_memory_peak_per_node_gib'])} GiB",
+                lost(c), n(c["stalled_runs"]), f"{n(c['host_memory_peak_per_node_gib'])} GiB",
                 waits(c), missed(c["goals"]),
             ])  # fmt: skip
     return table(head, rows)
@@ -130,7 +139,8 @@ def runs(result: dict) -> list[str]:
     head = ["mix", "culler", "waited or turned away", "of them turned away", "wait p95",
             "idle reserved slice-h", "idle GPU memory GiB·h", "disruptions",
             "present / false culls", "stalled runs", "CUDA OOM in cells (co-tenants)",
-            "cell-minutes waiting for room", "waits for memory at admission",
+            "runs lost to CUDA OOM (co-tenants)", "cell-minutes waiting for room",
+            "waits for memory at admission",
             "swap orders / grants / restores", "host budget shut-downs", "GPU state lost",
             "host memory peak per node"]  # fmt: skip
     rows = []
@@ -144,7 +154,8 @@ def runs(result: dict) -> list[str]:
                 n(r["idle_gpu_memory_gib_hours"]), n(r["culls_returned_to_within_30_min"]),
                 f"{r['culls_while_present']} / {r['false_culls']}",
                 f"{r['stalled_runs']} of {r['runs']}",
-                oom(r["resume_failures"], r), n(r["memory_waits"]), n(r["admission_waits"]),
+                oom(r["resume_failures"], r), lost(r), n(r["memory_waits"]),
+                n(r["admission_waits"]),
                 f"{n(r['swap_orders'])} / {n(r['grants'])} / {n(r['resumes'])}",
                 n(r["host_budget_orders"]), n(r["gpu_state_lost"]),
                 f"{n(r['host_memory_peak_per_node_gib'])} GiB",

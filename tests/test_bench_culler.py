@@ -312,6 +312,64 @@ def test_under_hami_core_a_hibernated_kernel_still_counts_against_its_pods_slice
     assert (sim.resume_failures, sim.oom_co_tenants) == (1, 0)  # at its own slice's limit
 
 
+def _growing_run(name: str, memory_mib: int, child: bool) -> User:
+    """A researcher who launches a run at minute 0 and leaves: it works 60 minutes, its
+    kernel growing (1 % a minute, to 1.5 x)."""
+    u = _lab(1, memory_mib)[0]
+    u.name, u.grows, u.child_runs = name, True, child
+    for m in range(60):
+        u.run[m] = True
+        u.present[m] = u.input[m] = u.tab_open[m] = u.cell[m] = u.gpu_cell[m] = m == 0
+    return u
+
+
+def test_a_run_that_meets_cuda_out_of_memory_is_lost_once_not_retried_each_minute(
+    tmp_path: Path,
+):
+    # Measure what the person gets: a training run whose allocation fails ends with the error,
+    # and nobody launches it again while its person is away. Under HAMi-core a quarter
+    # (20,389 MiB) holds a 16 GiB run until it has grown by a quarter (minute ~25): from then
+    # on the replay counted one CUDA out of memory a minute for a run that "kept working"
+    # (and was not stalled). Now it is one error and one run lost, at its own slice's limit.
+    import asyncio
+
+    from benchmarks.bench_culler import replay
+
+    for child in (False, True):
+        u = _growing_run("res", 16384, child)
+        sims: list[Sim] = []
+        row = asyncio.run(replay([u], OVERCOMMIT_KIND, "reserving", Cluster(1), tmp_path, 60, sims))
+        assert (row["runs"], row["resume_failures"]) == (1, 1), row
+        assert (row["runs_lost_to_cuda_oom"], row["runs_lost_to_cuda_oom_co_tenants"]) == (1, 0)
+        assert row["stalled_runs"] == 0  # the culler stopped nothing: counted apart
+        s = sims[0].servers["res"]
+        assert not s.run_alive
+        # a run in the kernel leaves its memory held (the traceback keeps its tensors); one in
+        # a child process ends with it, and the driver frees what it held
+        assert s.on_gpu_mib() == (0 if child else s.kernel_mib) and s.kernel_mib > 20000 * (
+            not child
+        )
+
+
+def test_a_run_without_room_beside_co_tenants_is_lost_to_them(tmp_path: Path):
+    # time-slicing: nothing holds a kernel to its slice. A present user's 60 GiB kernel fills
+    # most of the GPU; the researcher's run, launched beside it, grows into what is left and
+    # then meets no room: one run lost to co-tenants, once
+    import asyncio
+
+    from benchmarks.bench_culler import replay
+
+    run = _growing_run("res", 16384, False)
+    lab = _present_lab(1, 61440, 60)[0]
+    lab.grows = False
+    sims: list[Sim] = []
+    row = asyncio.run(
+        replay([run, lab], OVERCOMMIT_KIND, "time_sliced", Cluster(1), tmp_path, 60, sims)
+    )
+    assert (row["runs_lost_to_cuda_oom"], row["runs_lost_to_cuda_oom_co_tenants"]) == (1, 1)
+    assert row["cuda_oom_co_tenants"] == 1 and row["stalled_runs"] == 0, row
+
+
 def test_a_partial_run_is_chosen_by_the_environment_and_checked():
     # one trace of the culler benchmark (the whole run takes ~36 min): mixes, rows, minutes
     import pytest
