@@ -1140,8 +1140,9 @@ class Sim:
     def run_failed(self, u: User, s: SimServer, m: int, own_slice: bool) -> None:
         """`u`'s silent run met CUDA out of memory: its script ends with the error (PyTorch
         raises `torch.OutOfMemoryError` once its caching allocator has freed its cached blocks
-        and retried; a training loop does not catch it), and nobody runs it again before its
-        person is back: the run is lost (`runs_oom`), not retried each minute. A run in a child
+        and retried; a training loop does not catch it): the run is lost (`runs_oom`), its work
+        with it, not retried each minute. (A run whose first allocation fails while its person
+        is there is launched again the next minute: they see the error; `act`.) A run in a child
         process ends with its process, and the driver frees what it held; one in the kernel
         leaves its memory held (the traceback IPython keeps, `sys.last_traceback`, holds the
         frames and their tensors: PyTorch's FAQ, "My out of memory exception handler can't
