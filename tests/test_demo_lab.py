@@ -158,6 +158,19 @@ def test_the_demos_idle_kernel_hibernates_with_its_lab_tab_open(tmp_path, browse
         page.keyboard.press("Shift+Enter")
         page.locator(".jp-Notebook .jp-OutputArea-output", has_text="42").wait_for(timeout=120_000)
         hibernated.wait_for(state="hidden", timeout=60_000)
+        # a cell that runs out of GPU memory (PyTorch's error, by name and text) is told why,
+        # under its error, in the notebook (serverext/oomnote.py)
+        page.locator(".jp-Notebook .jp-Cell .cm-content").last.click()
+        page.keyboard.type(
+            "class OutOfMemoryError(RuntimeError): pass\n"
+            "raise OutOfMemoryError('CUDA out of memory. Tried to allocate 2.00 GiB')"
+        )
+        page.keyboard.press("Shift+Enter")
+        note = page.locator(
+            ".jp-Notebook .jp-OutputArea-output", has_text="this cell ran out of GPU memory"
+        )
+        note.wait_for(timeout=120_000)
+        assert "Your server's slice is 1/8" in note.inner_text(), note.inner_text()
         page.context.close()
     finally:
         out = stop_demo(demo)

@@ -14,6 +14,7 @@ from . import clients
 from .activity import server_activity, user_activity
 from .handlers import GpuHandler, PresenceHandler, ResumeHandler
 from .monitor import SETTINGS_KEY, GpuMonitor
+from .oomnote import explaining_connection_class
 from .presence import SETTINGS_KEY as PRESENCE_KEY
 from .presence import Presence
 from .reporter import GpuReporter
@@ -61,7 +62,10 @@ def _load_jupyter_server_extension(serverapp: Any) -> None:
         web_app.settings.get("kernel_websocket_connection_class")
     )
     if connection is not None:
-        web_app.settings["kernel_websocket_connection_class"] = connection
+        # and a cell that runs out of GPU memory is told why, under the error (oomnote.py)
+        web_app.settings["kernel_websocket_connection_class"] = explaining_connection_class(
+            connection
+        )
     else:  # kernels elsewhere (a gateway): their messages are not seen here, so never suspend
         monitor.hibernator.disable("kernels run behind a gateway: their messages are not seen here")
     # JupyterLab copies page_config_data into the page: the GPU meter asks for the report only

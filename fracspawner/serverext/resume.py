@@ -26,14 +26,12 @@ from __future__ import annotations
 
 import json
 import uuid
-from datetime import datetime, timezone
 from typing import Any
 
 from jupyter_server.services.kernels.connection.channels import ZMQChannelsWebsocketConnection
 
 from .foreign import HARMLESS_REQUESTS, harmless_debug_request, note_harmless
-
-V1 = "v1.kernel.websocket.jupyter.org"
+from .wsnotice import V1, send_stderr
 
 
 def resuming_connection_class(base: type) -> type | None:
@@ -80,22 +78,7 @@ def resuming_connection_class(base: type) -> type | None:
         def _restore_failed(self, kernel_id: str, text: str) -> None:
             if kernel_id != self.kernel_id or not self._held:
                 return
-            parent = self._header_of(self._held[0])
-            msg = self.session.msg("stream", {"name": "stderr", "text": text + "\n"}, parent=parent)
-            msg["header"]["date"] = datetime.now(timezone.utc).isoformat()
-            if self.subprotocol == V1:
-                from jupyter_server.services.kernels.connection.base import serialize_msg_to_ws_v1
-
-                parts = [
-                    self.session.pack(msg["header"]),
-                    self.session.pack(msg["parent_header"]),
-                    self.session.pack(msg["metadata"]),
-                    self.session.pack(msg["content"]),
-                ]
-                self.write_message(serialize_msg_to_ws_v1(parts, "iopub"), binary=True)
-            else:
-                msg["channel"], msg["buffers"] = "iopub", []
-                self.write_message(json.dumps(msg, default=str))
+            send_stderr(self, self._header_of(self._held[0]), text)
 
         def _harmless(self, raw: Any) -> bool:
             """A request that runs no user code (see the module's docstring)."""
