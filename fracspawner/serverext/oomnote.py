@@ -6,7 +6,8 @@ allocator. When a kernel publishes an `error` on iopub whose name or text is a G
 error of the common frameworks, the server adds a stderr note under the same cell from its own
 latest GPU reading (`GpuMonitor.report`, what the GPU meter shows): how much this server holds
 of its slice and, where the pod sees the whole GPU, how much the GPU's other servers hold. It
-never names another user, and says nothing on a server without a GPU reading of its own kind.
+never names another user; a server without a GPU slice says nothing, one whose reading is
+missing says so.
 
 The errors recognised (name or text):
 - PyTorch `torch.OutOfMemoryError` ("CUDA out of memory. Tried to allocate ..."), older
