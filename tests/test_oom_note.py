@@ -166,3 +166,15 @@ async def test_other_errors_get_no_note(server):
     seen = await run_cell(server, kid, "print('fine')", V1)
     assert ("stream", {"name": "stdout", "text": "fine\n"}) in seen
     wait_for(lambda: server.process.poll() is None, 1, "the server still up")
+
+
+async def test_a_server_without_a_gpu_adds_nothing(tmp_path):
+    # a CPU-only server (no slice in its environment, no GPU reading): an error named like a GPU
+    # one is not about a GPU of this server's
+    s = JupyterServer(tmp_path, tmp_path / "gpu.json", entitlement=None, source="none")
+    try:
+        assert s.gpu()["available"] is False
+        seen = await run_cell(s, new_kernel(s), TORCH_OOM, V1)
+        assert [k for k, _ in seen if k in ("error", "stream")] == ["error"], seen
+    finally:
+        s.stop()
