@@ -287,12 +287,11 @@ class SwapDesk:
             reading = min(readings) if readings else None
             if reading is not None:  # a reading older than a swap just done still holds it
                 reading = max(0.0, reading - self._freed_on(gpu.uuid))
-            # pressure keeps free the slices of present people whose first cell has not
-            # allocated yet (the hub admitted them on that room; without it their first cell
-            # meets CUDA out of memory beside idle kernels of people who left), and, while a
-            # resume waits, the grant margin too: it is granted only with that much free
-            waiting = any(s.waiting_mib > 0 for s in on_it)
-            keep = max(me.margin_mib, (margin if waiting else 0.0) + unborn)
+            # a resume waits: it is granted only with the grant margin free, so pressure keeps
+            # that much free too (a swap margin set below it would leave the kernel waiting)
+            keep = me.margin_mib
+            if any(s.waiting_mib > 0 for s in on_it):
+                keep = max(keep, margin + unborn)
             pressure = plan_swaps(gpu.uuid, size, on_it, keep, asked, reading)
             self.last[gpu.uuid] = pressure
             if me.enforced:  # its pod reads its slice only: what the GPU has free, as counted
