@@ -56,7 +56,8 @@ decision goes through the real code:
   the user's next cell resumes it first, in 0.3 s + memory / 25 GiB/s (PCIe 4.0 x16), through
   the product's restore path: the room check before every restore (serverext/room.py: on an
   over-committed pool and under HAMi-core only the culler's grant counts, elsewhere NVML of the
-  device with a margin), the resume waiting for room meanwhile (`memory_waits`: cell-minutes).
+  device with a margin), the resume waiting for room meanwhile (`memory_waits`: cell-minutes;
+  `kernel_wait_minutes`: the person-minutes at the keyboard with such a cell queued).
   Each pod's NVML is what it would read: the whole GPU on time-slicing, HAMi-core's virtualised
   view on the reserving pool: its slice's limit, and as used HAMi-core's count of what the pod's
   kernels allocated, a hibernated one's included (`SimServer.charged_mib`), which is also what
@@ -695,6 +696,10 @@ class Sim:
         self.now_t = v(0)  # the virtual clock (seconds), for the servers' and culler's clocks
         self.virtualised = family == "reserving"  # HAMi-core's NVML: the pod's slice only
         self.memory_waits = 0  # minutes a cell waited for its kernel's room on the GPU
+        # person-minutes at the keyboard with a cell queued behind its kernel's resume, waiting
+        # for room (from the cell that woke it until the kernel is back): the person has a
+        # server and cannot use that notebook; `wait_minutes` counts only those without one
+        self.kernel_wait_minutes = 0
         self.restores = 0  # resumes the real restore path brought back
         self.swap_orders = self.grants = self.budget_orders = 0  # what the culler's answers said
         # the hub's admission by presence (room_for): its line, the culler's answer this
@@ -1087,7 +1092,10 @@ class Sim:
         for s in self.servers.values():
             u = s.user
             node = self.cluster.node_of(s.gpu)
-            per_node[node] = per_node.get(node, 0.0) + s.monitor.hibernator.total_mib()
+            hib = s.monitor.hibernator
+            per_node[node] = per_node.get(node, 0.0) + hib.total_mib()
+            if u.present[m] and any(k.waiting() for k in hib.kernels.values()):
+                self.kernel_wait_minutes += 1
             if u.present[m] or s.busy or s.busy2:
                 continue
             self.idle_slices += s.gpu_equivalent
@@ -1188,6 +1196,7 @@ class Sim:
             "resume_failures": self.resume_failures,
             "cuda_oom_co_tenants": self.oom_co_tenants,
             "memory_waits": self.memory_waits,
+            "kernel_wait_minutes": self.kernel_wait_minutes,
             "swap_orders": self.swap_orders,
             "grants": self.grants,
             "host_budget_orders": self.budget_orders,
@@ -1386,6 +1395,8 @@ def capacity(row: dict, base: dict, floor_figures: dict) -> dict:
         "baseline_runs_lost_to_cuda_oom": base["runs_lost_to_cuda_oom"],
         "wait_minutes": row["wait_minutes"],
         "baseline_wait_minutes": base["wait_minutes"],
+        "kernel_wait_minutes": row["kernel_wait_minutes"],
+        "baseline_kernel_wait_minutes": base["kernel_wait_minutes"],
         "floor": floor_figures,
     }
     waiting = out["users_waiting_pct"]
@@ -1434,6 +1445,8 @@ def half_gpus(row: dict, base: dict, half: Cluster, full: Cluster, floor_figures
         "baseline_runs_lost_to_cuda_oom": base["runs_lost_to_cuda_oom"],
         "wait_minutes": row["wait_minutes"],
         "baseline_wait_minutes": base["wait_minutes"],
+        "kernel_wait_minutes": row["kernel_wait_minutes"],
+        "baseline_kernel_wait_minutes": base["kernel_wait_minutes"],
         "floor": floor_figures,
     }
     waiting = out["users_waiting_pct_of_full_baseline"]
@@ -1690,6 +1703,7 @@ COLUMNS = [
     ("runs_lost_to_cuda_oom", "runs lost to CUDA OOM"),
     ("runs_lost_to_cuda_oom_co_tenants", "of them for co-tenants"),
     ("memory_waits", "cell-minutes waiting for room"),
+    ("kernel_wait_minutes", "person-minutes at the keyboard, their kernel waiting for room"),
     ("swap_orders", "swap orders"),
     ("grants", "grants"),
     ("host_budget_orders", "host budget shut-downs"),

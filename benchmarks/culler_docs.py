@@ -51,6 +51,9 @@ def missed(goals: dict[str, bool]) -> str:
 # the person-minutes waited beside the floor (benchmarks/culler_floor.py): a run from before
 # the floor has none of these keys, and its column says "n/a"
 WAITS_HEAD = "wait person-min: floor (all runs given up) / ours / baseline"
+# people with a server who cannot use a notebook: a cell of theirs queued behind its kernel's
+# resume, waiting for room ("n/a" for a run before the replay counted it); the baseline's is 0
+KERNEL_WAITS_HEAD = "person-min at the keyboard, kernel waiting for room"
 
 
 def waits(c: dict) -> str:
@@ -90,7 +93,7 @@ def headline(result: dict) -> list[str]:
             "disruptions (baseline)", "present / false culls", "GPU state lost",
             "host memory peak per node (budget)", "waits for memory at admission",
             "CUDA OOM in cells (co-tenants)", "runs lost to CUDA OOM (co-tenants)",
-            "cell-minutes waiting for room", "swap orders / grants",
+            "cell-minutes waiting for room", KERNEL_WAITS_HEAD, "swap orders / grants",
             WAITS_HEAD, "goals missed"]  # fmt: skip
     rows = []
     for mix, families in result["capacity"].items():
@@ -107,7 +110,7 @@ def headline(result: dict) -> list[str]:
                 f"{n(h['host_memory_peak_per_node_gib'])} GiB "
                 f"({n(h['host_memory_budget_gib'])} GiB)",
                 n(h["admission_waits"]), oom(h["cuda_oom_in_cells"], h), lost(h),
-                n(h["memory_waits"]),
+                n(h["memory_waits"]), n(h.get("kernel_wait_minutes")),
                 f"{n(h['swap_orders'])} / {n(h['grants'])}", waits(h), missed(h["goals"]),
             ])  # fmt: skip
     return table(head, rows)

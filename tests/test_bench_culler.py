@@ -185,6 +185,52 @@ def test_a_resume_on_a_full_gpu_waits_for_the_culler_s_grant_and_loses_nothing(t
     assert sim.summary()["gpu_state_lost"] == 0
 
 
+def test_a_person_whose_kernel_waits_for_room_is_counted_waiting_though_they_have_a_server(
+    tmp_path: Path,
+):
+    # `wait_minutes` counts people without a server; a person at the keyboard whose cell waits
+    # behind their kernel's resume cannot use that notebook either (kernel_wait_minutes: the
+    # baseline never hibernates, so only the over-committed rows could hide waiting there)
+    import asyncio
+
+    from benchmarks.bench_culler import _dt
+
+    users = _lab(2, 20000)
+    for m in range(3, 10):  # a's person leaves at minute 3
+        users[0].present[m] = users[0].tab_open[m] = users[0].cell[m] = False
+    sim = Sim(users, OVERCOMMIT_KIND, Cluster(1), "time_sliced", bench_catalog(None, OVERCOMMIT),
+              OVERCOMMIT)  # fmt: skip
+    sim.host = pod_host(tmp_path)
+    now = _dt(v(0))
+    a, b = (sim.demand(u, 0) for u in users)
+    _hibernate(a, now)
+    b.ensure_kernel(now)
+    b.holds_memory, b.busy, b.kernel_mib = True, True, 70000.0  # a co-tenant's run fills it
+    culler = _culler(sim)
+
+    async def minute(m: int) -> None:
+        sim.minute, sim.now_t = m, v(m)
+        if m == 1:
+            a.monitor.hibernator.resume(a.kernel_id, "a cell")
+        for s in (a, b):
+            sim.read(s, _dt(v(m)))
+        await sim.exchange(culler, m)
+        sim.measure(m)
+
+    async def day() -> None:
+        for m in (1, 2):  # at the keyboard, the cell queued behind the resume
+            await minute(m)
+        assert a.monitor.hibernator.kernels[a.kernel_id].waiting()
+        assert sim.kernel_wait_minutes == 2
+        await minute(3)  # gone: the resume still waits, nobody waits on it
+        assert a.monitor.hibernator.kernels[a.kernel_id].waiting()
+        assert sim.kernel_wait_minutes == 2
+
+    asyncio.run(day())
+    assert sim.summary()["kernel_wait_minutes"] == 2
+    assert sim.summary()["wait_minutes"] == 0  # both have servers
+
+
 def _present_lab(n: int, memory_mib: int, minutes: int) -> list[User]:
     """n people at a visible tab the whole time, touching it and running GPU cells every
     minute; their kernels grow as they work (1 % a minute, to 1.5 x)."""

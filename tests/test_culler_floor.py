@@ -150,7 +150,8 @@ def test_the_benchmark_s_rows_carry_the_floor_beside_their_waiting():
             "stalled_runs", "host_memory_peak_per_node_gib", "idle_gpu_memory_gib_hours",
             "gpu_state_lost", "turned_away", "admission_waits", "memory_waits", "swap_orders",
             "grants", "resumes", "host_budget_orders", "cuda_oom_co_tenants",
-            "runs_lost_to_cuda_oom", "runs_lost_to_cuda_oom_co_tenants")  # fmt: skip
+            "runs_lost_to_cuda_oom", "runs_lost_to_cuda_oom_co_tenants",
+            "kernel_wait_minutes")  # fmt: skip
     # each replay's row carries the host budget its culler used (a5cb9e2: from the node)
     row = dict.fromkeys(keys, 0) | {"wait_minutes": 120, "host_memory_budget_gib": 105.1}
     base = dict.fromkeys(keys, 0) | {"wait_minutes": 300}
