@@ -5,8 +5,17 @@ from __future__ import annotations
 
 from datetime import datetime, timedelta, timezone
 from pathlib import Path
+from typing import Any
 
-from benchmarks.bench_culler import OVERCOMMIT, OVERCOMMIT_KIND, Sim, bench_catalog, pod_host, v
+from benchmarks.bench_culler import (
+    OVERCOMMIT,
+    OVERCOMMIT_KIND,
+    Sim,
+    SimServer,
+    bench_catalog,
+    pod_host,
+    v,
+)
 from benchmarks.culler_trace import Cluster, User, make_mix
 
 
@@ -146,6 +155,22 @@ def test_the_culler_s_answer_keeps_each_node_within_its_host_budget(tmp_path: Pa
     assert [c.kind for c in sim.culls] == ["kernel", "kernel"]
 
 
+def _full_gpu(tmp_path: Path, users: list[User]) -> tuple[Sim, SimServer, SimServer, Any]:
+    """Two servers on one over-committed time-sliced GPU: the first one's kernel hibernated,
+    the second one's run filling the GPU (70,000 MiB); the culler that answers their reports."""
+    from benchmarks.bench_culler import _dt
+
+    sim = Sim(users, OVERCOMMIT_KIND, Cluster(1), "time_sliced", bench_catalog(None, OVERCOMMIT),
+              OVERCOMMIT)  # fmt: skip
+    sim.host = pod_host(tmp_path)
+    now = _dt(v(0))
+    a, b = (sim.demand(u, 0) for u in users)
+    _hibernate(a, now)
+    b.ensure_kernel(now)
+    b.holds_memory, b.busy, b.kernel_mib = True, True, 70000.0  # a co-tenant's run fills it
+    return sim, a, b, _culler(sim)
+
+
 def test_a_resume_on_a_full_gpu_waits_for_the_culler_s_grant_and_loses_nothing(tmp_path: Path):
     # the restore path of the product (issue 36 item 1) in the replay: a cell on a hibernated
     # kernel whose GPU a co-tenant filled waits (the room check: only the culler's grant counts
@@ -155,16 +180,7 @@ def test_a_resume_on_a_full_gpu_waits_for_the_culler_s_grant_and_loses_nothing(t
 
     from benchmarks.bench_culler import _dt
 
-    users = _lab(2, 20000)
-    sim = Sim(users, OVERCOMMIT_KIND, Cluster(1), "time_sliced", bench_catalog(None, OVERCOMMIT),
-              OVERCOMMIT)  # fmt: skip
-    sim.host = pod_host(tmp_path)
-    now = _dt(v(0))
-    a, b = (sim.demand(u, 0) for u in users)
-    _hibernate(a, now)
-    b.ensure_kernel(now)
-    b.holds_memory, b.busy, b.kernel_mib = True, True, 70000.0  # a co-tenant's run fills it
-    culler = _culler(sim)
+    sim, a, b, culler = _full_gpu(tmp_path, _lab(2, 20000))
 
     async def minute(m: int) -> None:
         sim.minute, sim.now_t = m, v(m)
@@ -198,15 +214,7 @@ def test_a_person_whose_kernel_waits_for_room_is_counted_waiting_though_they_hav
     users = _lab(2, 20000)
     for m in range(3, 10):  # a's person leaves at minute 3
         users[0].present[m] = users[0].tab_open[m] = users[0].cell[m] = False
-    sim = Sim(users, OVERCOMMIT_KIND, Cluster(1), "time_sliced", bench_catalog(None, OVERCOMMIT),
-              OVERCOMMIT)  # fmt: skip
-    sim.host = pod_host(tmp_path)
-    now = _dt(v(0))
-    a, b = (sim.demand(u, 0) for u in users)
-    _hibernate(a, now)
-    b.ensure_kernel(now)
-    b.holds_memory, b.busy, b.kernel_mib = True, True, 70000.0  # a co-tenant's run fills it
-    culler = _culler(sim)
+    sim, a, b, culler = _full_gpu(tmp_path, users)
 
     async def minute(m: int) -> None:
         sim.minute, sim.now_t = m, v(m)
