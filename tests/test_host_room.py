@@ -123,6 +123,12 @@ def test_the_culler_orders_no_swap_out_the_node_budget_has_no_room_for(tmp_path:
     (sim,) = sims
     assert sim.swap_orders == 0, f"{sim.swap_orders} swap order(s) beyond the node's budget"
     assert sim.host_peak_node_mib == 0.0
+    # the admin sees it: orders held by the budget, none counted as sent
+    registry = sim.culler.metrics.registry
+    pool = {"pool": "h100-ts"}
+    held = registry.get_sample_value("fracspawner_swap_orders_held_by_host_budget_total", pool)
+    assert held and held > 0, held
+    assert not registry.get_sample_value("fracspawner_swap_orders_total", pool)
 
 
 def test_room_given_is_held_until_its_server_reports_again():

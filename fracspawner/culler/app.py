@@ -636,7 +636,9 @@ class Culler(CullerApplication):
         free by the culler's count (`gpu.free_mib`: the meter says it)."""
         now = time.time() if now is None else now  # a replay in virtual time passes its own
         answer = self._swap_answer(who, now)
+        asked = list(((answer or {}).get("swap") or {}).get("hibernate") or [])
         answer = self.host_room_answer(who, now, answer)
+        self._count_orders(who, asked, answer)
         shutdown = self.host_budget_orders(who, now)
         if shutdown:
             answer = answer or {"swap": {}}
@@ -874,13 +876,33 @@ class Culler(CullerApplication):
                 "%s/%s: room on the GPU for kernel %s to resume",
                 who.user, who.server, shown(grant["kernel_id"]),
             )  # fmt: skip
-        for order in (answer or {}).get("swap", {}).get("hibernate", []):
-            self.metrics.swap_orders.labels(self.pool_label(pool.name)).inc()
-            self.log.info(
-                "%s/%s: swap out idle kernel %s (GPU memory pressure)",
-                who.user, who.server, shown(order["kernel_id"]),
-            )  # fmt: skip
         return answer
+
+    def _count_orders(self, who: Identity, asked: list[dict], answer: dict | None) -> None:
+        """The swap orders `answer` carries, and those of `asked` that the node's host memory
+        budget held back (`host_room_answer`: the kernel stays on the GPU). Held orders while
+        people wait to resume mean the budget, not the GPU, limits the pool: the capacity
+        replay's breaks mix on half the GPUs had present people wait 690 person-minutes beside
+        idle kernels of people away that the budget kept on the GPU (docs/benchmarks.md)."""
+        if not asked:
+            return
+        facts = self.known.get((who.user, who.server))
+        pool = self.pool_label(facts.pool if facts is not None else None)
+        sent = {o["kernel_id"] for o in ((answer or {}).get("swap") or {}).get("hibernate") or []}
+        for order in asked:
+            kid = shown(order["kernel_id"])
+            if order["kernel_id"] in sent:
+                self.metrics.swap_orders.labels(pool).inc()
+                self.log.info(
+                    "%s/%s: swap out idle kernel %s (GPU memory pressure)",
+                    who.user, who.server, kid,
+                )  # fmt: skip
+            else:
+                self.metrics.swap_orders_held.labels(pool).inc()
+                self.log.info(
+                    "%s/%s: idle kernel %s stays on the GPU under memory pressure: no room for it "
+                    "in its node's host memory budget", who.user, who.server, kid,
+                )  # fmt: skip
 
     def unlisted(self, now: float, also_pool: str | None = None) -> list[Seat]:
         """Seats for the server pods the hub has not listed yet (started since the last cycle):

@@ -62,6 +62,14 @@ class CullerMetrics:
             ["pool"],
             registry=self.registry,
         )
+        self.swap_orders_held = Counter(
+            "fracspawner_swap_orders_held_by_host_budget",
+            "Swap orders the node's host memory budget for hibernated kernels had no room for "
+            "(the idle kernel stayed on the GPU under memory pressure), by pool. Rising while "
+            "kernels wait to resume: the budget, not the GPU, limits the pool.",
+            ["pool"],
+            registry=self.registry,
+        )
         self.gpus_under_pressure = Gauge(
             "fracspawner_gpus_under_memory_pressure",
             "GPUs of over-committed pools whose resident memory plus what waits to resume "
