@@ -55,6 +55,11 @@ def _seconds(value: float | None) -> str:
     return "" if value is None else str(int(value))
 
 
+def swap_orders(answer: dict | None) -> list[dict]:
+    """The swap orders (`swap.hibernate`) an answer to a report carries, none where it has none."""
+    return ((answer or {}).get("swap") or {}).get("hibernate") or []
+
+
 @dataclass
 class Outcome:
     server: HubServer
@@ -636,7 +641,7 @@ class Culler(CullerApplication):
         free by the culler's count (`gpu.free_mib`: the meter says it)."""
         now = time.time() if now is None else now  # a replay in virtual time passes its own
         answer = self._swap_answer(who, now)
-        asked = list(((answer or {}).get("swap") or {}).get("hibernate") or [])
+        asked = list(swap_orders(answer))  # host_room_answer may drop some
         answer = self.host_room_answer(who, now, answer)
         self._count_orders(who, asked, answer)
         shutdown = self.host_budget_orders(who, now)
@@ -675,7 +680,7 @@ class Culler(CullerApplication):
         server would hibernate (`swap.host_room`, or why not: `swap.host_wait`), and the
         culler's own swap orders only where they fit."""
         entry = self.reports.get(who.user, who.server)
-        orders = ((answer or {}).get("swap") or {}).get("hibernate") or []
+        orders = swap_orders(answer)
         if entry is None or (not entry.host_wants and not orders):
             return answer
         report, key = entry, (who.user, who.server)
@@ -888,7 +893,7 @@ class Culler(CullerApplication):
             return
         facts = self.known.get((who.user, who.server))
         pool = self.pool_label(facts.pool if facts is not None else None)
-        sent = {o["kernel_id"] for o in ((answer or {}).get("swap") or {}).get("hibernate") or []}
+        sent = {o["kernel_id"] for o in swap_orders(answer)}
         for order in asked:
             kid = shown(order["kernel_id"])
             if order["kernel_id"] in sent:
