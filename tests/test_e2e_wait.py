@@ -4,6 +4,8 @@ slot frees."""
 
 from __future__ import annotations
 
+import time
+
 import pytest
 
 from devcluster.localhub import http_json
@@ -20,7 +22,49 @@ from tests.e2e_helpers import (
 pytestmark = pytest.mark.e2e
 
 TOPOLOGY = demo_topology_with_t4_jobs(4)
-HUB_EXTRA_CONFIG = 'c.FracSpawner.admission = "wait"'
+HUB_EXTRA_CONFIG = """
+c.FracSpawner.admission = "wait"
+# z2jh sets this from hub.consecutiveFailureLimit (5 by default; jupyterhub/values.yaml and
+# files/hub/jupyterhub_config.py): JupyterHub exits once that many spawns in a row end in an
+# error. 1 here, so that one is enough
+c.Spawner.consecutive_failure_limit = 1
+
+def _short_line(spawner):
+    # one user's place in line is kept for seconds instead of FracSpawner's 30 minutes (past
+    # JupyterHub's slow_spawn_timeout, 10 s: the POST answers 202 and the spawn goes on)
+    if spawner.user.name == "gus":
+        spawner.queue_timeout = 15
+
+c.Spawner.pre_spawn_hook = _short_line
+"""
+
+
+def test_a_place_given_up_in_line_is_no_hub_error(hub, devcluster):
+    """A spawn whose place in line is given up (queue_timeout) is a refusal, not an error of
+    the hub: JupyterHub counts only errors (a 5xx, any other exception) toward
+    `consecutive_failure_limit` and exits at it (jupyterhub/handlers/base.py
+    `_track_failure_count`: "increment on error only, not on handled rejections"). Counted,
+    z2jh's hub would restart after five people in a row gave up waiting for a full pool, and
+    everyone else's place in line would go with it. Runs while the T4's four jobs fill it
+    (the next test ends one)."""
+    ensure_group(hub, "ml-research", "gus")
+    status, body = spawn(hub, "gus", {"gpu": "1/4", "pool": "t4"})
+    assert status == 202, body
+    events = progress_events(hub, "gus")
+    assert events[-1].get("failed"), events
+    assert "your place is given up" in events[-1]["message"], events[-1]
+
+    def cleaned_up() -> bool:
+        status, model = hub.api("GET", "/users/gus")
+        return status == 200 and not model.get("pending") and not model.get("servers")
+
+    wait_until(cleaned_up, what="gus's given-up spawn cleaned up")
+    time.sleep(1)  # the spawn future's done callbacks (the count among them) have run
+    # a counted failure logs "Aborting due to 1 consecutive spawn failures" at once and
+    # exits the hub 2 s later
+    assert "consecutive spawn failures" not in hub.log(), hub.log()[-3000:]
+    assert hub.api("GET", "/")[0] == 200
+    assert hub.process.poll() is None
 
 
 def test_pending_pod_explains_what_it_waits_for_and_starts_when_a_slot_frees(hub, devcluster):

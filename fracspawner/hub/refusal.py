@@ -23,11 +23,18 @@ def refused(message: str) -> web.HTTPError:
 
 
 def gave_up(message: str) -> web.HTTPError:
-    """A queued spawn that waited its whole `queue_timeout`: 503 (nothing was wrong with the
-    request; no slot freed), shown as "Spawn failed: <message>" on the pending page
+    """A queued spawn that waited its whole `queue_timeout`: 429, the status of JupyterHub's
+    own refusals for capacity (`concurrent_spawn_limit`, `active_server_limit`:
+    jupyterhub/handlers/base.py), shown as "Spawn failed: <message>" on the pending page
     (jupyterhub/apihandlers/users.py's progress handler words the spawn's exception with
-    format_exception, which prefers `jupyterhub_message`)."""
-    error = web.HTTPError(503, "%s", message)
+    format_exception, which prefers `jupyterhub_message`).
+
+    Not a 5xx: JupyterHub counts a spawn that ends in a 5xx toward
+    `Spawner.consecutive_failure_limit` and exits at it ("increment on error only, not on
+    handled rejections", base.py `_track_failure_count`). z2jh sets that limit to 5
+    (hub.consecutiveFailureLimit), so five people in a row giving up their place in a full
+    pool restarted the hub, and everyone else's place in line went with it."""
+    error = web.HTTPError(429, "%s", message)
     return _expected(error, message)
 
 
@@ -73,7 +80,7 @@ class ExpectedRefusals(logging.Filter):
             _downgrade(record)
         elif isinstance(record.msg, str) and record.msg.startswith("Error starting "):
             # "... server: HTTP 400: Bad Request (<message>)", logged without the exception:
-            # only a line about one of fracspawner's own refusals; any other 400/503 (JupyterHub's,
+            # only a line about one of fracspawner's own refusals; any other 400/429 (JupyterHub's,
             # kubespawner's, a hook's) stays ERROR
             if _is_ours(record.getMessage()):
                 _downgrade(record)
