@@ -24,6 +24,9 @@ pytestmark = pytest.mark.e2e
 TOPOLOGY = demo_topology_with_t4_jobs(4)
 HUB_EXTRA_CONFIG = """
 c.FracSpawner.admission = "wait"
+# JupyterHub refuses every spawn while this many are pending ("Too many users trying to log in
+# right now"); spawns in line are pending. FracSpawner lets half of it (1) wait
+c.JupyterHub.concurrent_spawn_limit = 2
 # z2jh sets this from hub.consecutiveFailureLimit (5 by default; jupyterhub/values.yaml and
 # files/hub/jupyterhub_config.py): JupyterHub exits once that many spawns in a row end in an
 # error. 1 here, so that one is enough
@@ -65,6 +68,32 @@ def test_a_place_given_up_in_line_is_no_hub_error(hub, devcluster):
     assert "consecutive spawn failures" not in hub.log(), hub.log()[-3000:]
     assert hub.api("GET", "/")[0] == 200
     assert hub.process.poll() is None
+
+
+def test_the_line_leaves_room_for_spawns_that_start_now(hub, devcluster):
+    """Spawns in line are pending to JupyterHub, which refuses every spawn, CPU-only too,
+    once `concurrent_spawn_limit` are pending (z2jh: 64). So at most half of it wait: one
+    here. A second spawn for the full T4 is refused at once with what is free, and someone
+    asking for no GPU still starts. Runs while the T4's four jobs fill it."""
+    ensure_group(hub, "ml-research", "hana", "ivan")
+    status, body = spawn(hub, "hana", {"gpu": "1/4", "pool": "t4"})
+    assert status == 202, body  # in line
+    wait_until(lambda: server_pods(devcluster, "hana"), what="hana's pod")
+
+    status, body = spawn(hub, "ivan", {"gpu": "1/4", "pool": "t4"})
+    assert status == 400, body
+    assert body["message"].startswith("No 1/4 GPU is free on T4 16GB (time-sliced) right now")
+    assert body["message"].endswith(
+        "Waiting is closed for now: 1 server already waits in line on this hub, the most it "
+        "keeps waiting at once, so that others can still start."
+    )
+    assert not server_pods(devcluster, "ivan")
+
+    status, body = spawn(hub, "jo", {"gpu": "none"})
+    assert status in (201, 202), body  # not "Too many users trying to log in right now"
+    hub.wait_ready("jo", timeout=90)
+    stop(hub, "jo", cluster=devcluster)
+    stop(hub, "hana", cluster=devcluster)
 
 
 def test_pending_pod_explains_what_it_waits_for_and_starts_when_a_slot_frees(hub, devcluster):

@@ -12,7 +12,7 @@ import weakref
 
 from tornado import web
 
-__all__ = ["ExpectedRefusals", "gave_up", "install_log_filter", "refused"]
+__all__ = ["ExpectedRefusals", "capacity_refusal", "gave_up", "install_log_filter", "refused"]
 
 
 def refused(message: str) -> web.HTTPError:
@@ -34,6 +34,11 @@ def gave_up(message: str) -> web.HTTPError:
     handled rejections", base.py `_track_failure_count`). z2jh sets that limit to 5
     (hub.consecutiveFailureLimit), so five people in a row giving up their place in a full
     pool restarted the hub, and everyone else's place in line went with it."""
+    return capacity_refusal(message)
+
+
+def capacity_refusal(message: str) -> web.HTTPError:
+    """A spawn refused for want of capacity, after the form: 429, in the user's words."""
     error = web.HTTPError(429, "%s", message)
     return _expected(error, message)
 

@@ -51,7 +51,7 @@ from ..model.units import gpu_amount
 from .form import render_form
 from .progress import human_step, pod_events, progress_event
 from .reflectors import ResumingEventReflector, ResumingPodReflector
-from .refusal import gave_up, install_log_filter, refused
+from .refusal import capacity_refusal, gave_up, install_log_filter, refused
 from .room import (
     OVERTAKE_SECONDS,
     POLL_SECONDS,
@@ -61,6 +61,7 @@ from .room import (
     gpus_in_pool,
     verdict,
 )
+from .waiting import WaitingSpawns, line_full_words, waiting_limit
 
 #: a trait value traitlets has not stored (a dynamic default not computed yet)
 _MISSING = object()
@@ -176,6 +177,22 @@ class FracSpawner(KubeSpawner):
         becomes queue_timeout + start_timeout, and `start_timeout` still bounds the rest (the
         time before the pod is created and after it is scheduled). A spawn still in line after
         queue_timeout fails with "No <size> freed within <N> minutes; your place is given up."
+        """,
+    )
+    max_waiting = Integer(
+        None,
+        allow_none=True,
+        min=0,
+        config=True,
+        help="""Under admission "wait": how many spawns of this hub may wait in line at once
+        (for a slot, or for room on an over-committed pool).
+
+        JupyterHub counts a spawn in line as pending, and once `JupyterHub.concurrent_spawn_limit`
+        spawns are pending it refuses every spawn, CPU-only ones too ("Too many users trying
+        to log in right now"; z2jh: hub.concurrentSpawnLimit, 64). None (default): half the
+        hub's concurrent_spawn_limit (no bound where that is 0), so the other half stays for
+        spawns that start now. Beyond it, a spawn that would wait is refused at once with what
+        is free now, as under admission "refuse". 0: nobody waits.
         """,
     )
     room_overtake_seconds = Float(
@@ -350,6 +367,38 @@ class FracSpawner(KubeSpawner):
         self.choice = None
         Admissions.shared().release(self.user.name, self.name)
         RoomLine.shared().release((self.user.name, self.name))
+        WaitingSpawns.shared().leave((self.user.name, self.name))
+
+    def _waiting_limit(self) -> int | None:
+        # the hub's own limit, from its tornado settings (jupyterhub/user.py User.settings)
+        settings = getattr(self.user, "settings", None)
+        hub = settings.get("concurrent_spawn_limit", 0) if isinstance(settings, Mapping) else 0
+        return waiting_limit(self.max_waiting, int(hub or 0))
+
+    def _take_place_in_line(self, choice: Choice, capacity: Any, usage: Usage) -> None:
+        """Under admission "wait", a spawn for a size with no free slot takes a place in the
+        hub's line (waiting.py), or is refused now, with what is free, when the line is full.
+        Called under the admission lock, with no await between the count and the taking."""
+        if self.admission != "wait" or choice.pool is None or capacity is None:
+            return
+        if getattr(capacity, "stale", False):
+            return
+        free = capacity.get(choice.pool.name, str(choice.offer or choice.slice)).free
+        if free is None or free > 0:
+            return
+        waiting = WaitingSpawns.shared()
+        if waiting.take((self.user.name, self.name), self._waiting_limit()):
+            return
+        full = line_full_words(len(waiting))
+        try:  # the words of admission "refuse": what is taken, and what is free elsewhere
+            resolve_choice(
+                self.fracspawner_catalog, self.user_options or {}, rule=self.access_rule(),
+                used_gpu=usage.gpu, capacity=capacity, admin=self._is_admin(),
+                admission="refuse", extra_keys=self._profile_keys(), holders=self._holders(),
+            )  # fmt: skip
+        except OptionsError as exc:
+            raise OptionsError(f"{exc} Waiting is closed for now: {full}.") from None
+        raise OptionsError(f"Waiting is closed for now: {full}.")
 
     @property
     def fracspawner_catalog(self) -> Catalog:
@@ -664,6 +713,7 @@ class FracSpawner(KubeSpawner):
         async with admissions.lock:
             capacity, usage = self._capacity_and_usage_now(watcher, admissions)
             choice = self._resolve(capacity, usage)
+            self._take_place_in_line(choice, capacity, usage)
             old = watcher.pod(self.namespace, self.pod_name) if watcher is not None else None
             self.hold = hold_for(
                 choice,
@@ -873,6 +923,7 @@ class FracSpawner(KubeSpawner):
                     )
                 last = now
         finally:
+            WaitingSpawns.shared().leave((self.user.name, self.name))
             if not task.done():
                 task.cancel()  # JupyterHub's stop() then deletes the pod
         return task.result()
@@ -953,6 +1004,13 @@ class FracSpawner(KubeSpawner):
                     break
                 if self.admission != "wait":
                     raise refused(f"{v.reason}. Try again later, or choose another pool.")
+                waiting = WaitingSpawns.shared()
+                if not waiting.take(key, self._waiting_limit()):
+                    full = line_full_words(len(waiting))
+                    raise capacity_refusal(
+                        f"{v.reason}, and {full}. Try again in a few minutes, or choose "
+                        "another pool."
+                    )
                 if v.reason != self._room_reason:
                     self.log.info("%s waits for room: %s", self._log_name, v.reason)
                 self._room_reason = v.reason

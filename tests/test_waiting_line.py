@@ -1,0 +1,169 @@
+"""The hub's line is bounded (hub/waiting.py): spawns in line are pending to JupyterHub, which
+refuses every spawn once `concurrent_spawn_limit` are pending, so FracSpawner lets at most
+`max_waiting` (by default half that limit) wait. Real JupyterHub users and spawners
+(tests/hub_support.py), all at once on a full pool; the pod watch is a stand-in that shows the
+T4 full. The real hub's side is tests/test_e2e_wait.py."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+from tornado.web import HTTPError
+
+from fracspawner.backends import load_catalog
+from fracspawner.capacity import compute_capacity
+from fracspawner.hub.waiting import WaitingSpawns, waiting_limit
+from tests.hub_support import HubUsers, begin_spawn, refusal
+from tests.test_admission import NODES, pod
+
+CATALOG = {
+    "pools": {
+        "t4": {
+            "gpu": "T4",
+            "backend": "timeslicing",
+            "replicas": 4,
+            "node_selector": {"nvidia.com/gpu.product": "Tesla-T4-SHARED"},
+            "offers": ["1/4"],
+        },
+    },
+    "images": {"base": {"image": "quay.io/jupyter/base-notebook", "default": True}},
+    "access": {"default": {"pools": "all", "max_gpu": None}},
+}
+FULL_T4 = compute_capacity(
+    load_catalog(CATALOG), NODES, [pod(f"job-{i}", "t4", {"nvidia.com/gpu": "1"}) for i in range(4)]
+)
+
+
+class FullPool:
+    """The pod watch as admission reads it (`_capacity_and_usage_now`): the T4's four
+    replicas taken by jobs, none of the users' pods made yet."""
+
+    async def start(self) -> None:
+        await asyncio.sleep(0)
+
+    def snapshot(self):
+        return FULL_T4
+
+    def pod(self, namespace, name):
+        return None
+
+    def usage_by_user(self) -> dict:
+        return {}
+
+    def placement(self, *args):
+        return None
+
+
+async def everyone_at_once(hub: HubUsers, names: list[str]) -> list[str]:
+    spawners = [hub.spawner(hub.user(n)) for n in names]
+    for s in spawners:
+        s._capacity_watcher = FullPool  # type: ignore[method-assign]  (an instance per call)
+    results = await asyncio.gather(
+        *(begin_spawn(s, {"gpu": "1/4", "pool": "t4"}) for s in spawners), return_exceptions=True
+    )
+    out = []
+    for result in results:
+        if isinstance(result, HTTPError):
+            assert result.status_code == 400
+            out.append(refusal(result))
+        elif isinstance(result, BaseException):
+            raise result
+        else:
+            out.append("in line")
+    return out
+
+
+@pytest.fixture(autouse=True)
+def empty_line():
+    WaitingSpawns.shared().keys.clear()
+    yield
+    WaitingSpawns.shared().keys.clear()
+
+
+async def test_a_class_arriving_together_fills_the_line_and_no_more():
+    hub = HubUsers({"FracSpawner": {"catalog": CATALOG, "admission": "wait", "max_waiting": 3}})
+    got = await everyone_at_once(hub, [f"s{i}" for i in range(12)])
+    assert got.count("in line") == 3
+    refused = [m for m in got if m != "in line"]
+    assert len(refused) == 9
+    assert all(
+        m.startswith("No 1/4 GPU is free on t4 right now (all 4 are taken).") for m in refused
+    ), refused[0]
+    assert all(m.endswith(
+        "Waiting is closed for now: 3 servers already wait in line on this hub, the most it "
+        "keeps waiting at once, so that others can still start."
+    ) for m in refused), refused[0]  # fmt: skip
+    assert len(WaitingSpawns.shared()) == 3
+
+
+async def test_a_place_is_given_back_when_its_spawn_ends():
+    hub = HubUsers({"FracSpawner": {"catalog": CATALOG, "admission": "wait", "max_waiting": 1}})
+    assert await everyone_at_once(hub, ["a"]) == ["in line"]
+    assert (await everyone_at_once(hub, ["b"]))[0].startswith("No 1/4 GPU is free")
+    hub.spawner(hub.user("a")).clear_state()  # JupyterHub's stop of a's spawn (queue_timeout)
+    assert await everyone_at_once(hub, ["b"]) == ["in line"]
+
+
+async def test_under_admission_refuse_nobody_takes_a_place():
+    hub = HubUsers({"FracSpawner": {"catalog": CATALOG, "max_waiting": 1}})
+    got = await everyone_at_once(hub, ["a", "b"])
+    assert all(m.startswith("No 1/4 GPU is free") and "Waiting is closed" not in m for m in got)
+    assert len(WaitingSpawns.shared()) == 0
+
+
+def test_the_default_is_half_the_hubs_spawn_limit():
+    assert waiting_limit(None, 64) == 32  # z2jh's hub.concurrentSpawnLimit
+    assert waiting_limit(None, 100) == 50  # JupyterHub's default
+    assert waiting_limit(None, 1) == 1
+    assert waiting_limit(None, 0) is None  # the hub throttles nothing: no bound
+    assert waiting_limit(5, 64) == 5 and waiting_limit(0, 64) == 0
+
+
+async def test_waiting_for_room_takes_a_place_in_the_same_line(monkeypatch):
+    """On an over-committed pool the line for room is the same line: with `max_waiting` 2,
+    the everyone-present lab's 5th and 6th wait for room, the 7th and 8th are refused at once
+    (429, a refusal, not a hub error) with the reason and why they cannot wait."""
+    from kubespawner import KubeSpawner
+
+    import fracspawner.hub.room as room
+    import fracspawner.hub.spawner as spawner_module
+    from tests.test_overcommit_admission import LAB, LabCuller, until
+
+    monkeypatch.setattr(room, "CACHE_SECONDS", 0.0)
+    monkeypatch.setattr(spawner_module, "POLL_SECONDS", 0.01)
+    hub = HubUsers({"FracSpawner": {"catalog": LAB, "admission": "wait", "max_waiting": 2}})
+    culler = LabCuller()
+    users = [f"u{i}" for i in range(1, 9)]
+    spawners = {}
+    for name in users:
+        s = hub.spawner(hub.user(name))
+        s._room_answer = culler.answer
+        spawners[name] = s
+        await begin_spawn(s, {"gpu": "1/4", "pool": "t4"})
+
+    async def created(self, pod, request_timeout):
+        culler.running.append(self.user.name)
+        return True
+
+    monkeypatch.setattr(KubeSpawner, "_make_create_pod_request", created)
+    tasks = {}
+    for name in users:
+        tasks[name] = asyncio.ensure_future(spawners[name]._make_create_pod_request(None, 1))
+        await until(
+            lambda n=name: n in culler.running or spawners[n]._room_reason or tasks[n].done()
+        )
+    assert culler.running == users[:4]
+    assert [n for n in users if spawners[n]._room_reason] == ["u5", "u6"]
+    for name in ("u7", "u8"):
+        error = tasks[name].exception()
+        assert isinstance(error, HTTPError) and error.status_code == 429
+        assert refusal(error) == (
+            "The GPU is in use by 4 people now; 2 people are ahead of you, and 2 servers "
+            "already wait in line on this hub, the most it keeps waiting at once, so that others "
+            "can still start. Try again in a few minutes, or choose another pool."
+        )
+    assert WaitingSpawns.shared().keys == {("u5", ""), ("u6", "")}
+    for name in ("u5", "u6"):
+        tasks[name].cancel()
+    await asyncio.gather(*tasks.values(), return_exceptions=True)
