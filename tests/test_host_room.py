@@ -309,3 +309,75 @@ def test_no_room_is_given_out_of_a_shut_down_not_yet_seen():
     plan = rooms.plan("bob", "", "node-0", [ozzy], wants, 40960.0, budget, 70.0,
                       {("bob", ""): 70.0, ("ann", ""): 65.0}, away=True)  # fmt: skip
     assert plan.grants == (Want("bob-1", Q), Want("bob-2", 15000.0)) and plan.evictions == ()
+
+
+def test_a_want_reported_again_orders_no_second_shut_down():
+    """bob's kernel (away) needs ann's oldest kernel shut down. bob's server reports again
+    20 s later (the extension lists the want until it hibernates; servers under pressure
+    report every 20 s), before ann's server reported the shut-down done (once a minute): the
+    second plan waits for the same shut-down and orders nobody else's kernel out. It did
+    order dan's: each report of one want took another user's kernel (review s53)."""
+    from fracspawner.culler.hostroom import HostRoom
+
+    budget = 2 * Q
+    ann = Holder("ann", "", "node-0", Q, False, (HibernatedKernel("ann-k", Q, 1.0),))
+    dan = Holder("dan", "", "node-0", Q, False, (HibernatedKernel("dan-k", Q, 2.0),))
+    rooms = HostRoom()
+    plan = rooms.plan("bob", "", "node-0", [ann, dan], [Want("bob-k", Q)], Q, budget, 10.0,
+                      {("bob", ""): 10.0}, away=True)  # fmt: skip
+    assert [e.kernel_id for e in plan.evictions] == ["ann-k"]
+    for t in (30.0, 50.0):
+        plan = rooms.plan("bob", "", "node-0", [ann, dan], [Want("bob-k", Q)], Q, budget, t,
+                          {("bob", ""): t, ("ann", ""): 0.0}, away=True)  # fmt: skip
+        assert plan.evictions == (), plan.evictions
+        assert plan.grants == ()
+        assert plan.waits == (("bob-k", "waits for 1 older hibernated kernel(s) on node node-0 "
+                                "to be shut down"),)  # fmt: skip
+    # ann's server reported her kernel gone: bob's kernel has its room, dan's stays
+    plan = rooms.plan("bob", "", "node-0", [dan], [Want("bob-k", Q)], Q, budget, 70.0,
+                      {("bob", ""): 70.0, ("ann", ""): 65.0}, away=True)  # fmt: skip
+    assert plan.grants == (Want("bob-k", Q),) and plan.evictions == ()
+
+
+def test_answer_report_again_for_one_want_shuts_one_kernel_down():
+    """The same through `Culler.answer_report`: bob's kernel waits for host room, and his
+    next report (ann's and dan's servers have not reported since) orders only ann's kernel
+    out, not dan's too."""
+    import time
+
+    from fracspawner.backends import load_catalog
+    from fracspawner.culler.decide import ServerFacts
+    from fracspawner.culler.identity import Identity
+    from fracspawner.culler.reports import parse_report
+    from tests.conftest import DEMO_CATALOG
+    from tests.test_host_budget import QUARTER_T4, Pods, report
+
+    culler = Culler(host_memory_budget_mib=2 * QUARTER_T4)
+    culler._catalog = load_catalog(str(DEMO_CATALOG))
+    culler.server_pods = Pods()
+    now = time.time()
+    want = {"hibernate_wanted": [{"kernel_id": "b1", "gpu_memory_mib": QUARTER_T4}]}
+    servers = (
+        ("ann", [("a1", QUARTER_T4, now - 5000, False)]),
+        ("dan", [("d1", QUARTER_T4, now - 4000, False)]),
+        ("bob", []),
+    )
+    for user, kernels in servers:
+        culler.known[(user, "")] = ServerFacts(user, user_options={"gpu": "1/4", "pool": "t4"})
+        body = report(now, kernels)
+        if user == "bob":
+            body["swap"] = want
+        culler.reports.put(user, "", parse_report(body, received_at=now))
+    first = culler.answer_report(Identity("bob", ""), now)["swap"]
+    assert first["host_wait"][0]["reason"].startswith("waits for 1 older")
+    body = report(now + 20, [])
+    body["swap"] = want
+    culler.reports.put("bob", "", parse_report(body, received_at=now + 20))
+    again = culler.answer_report(Identity("bob", ""), now + 20)["swap"]
+    assert again["host_wait"][0]["reason"].startswith("waits for 1 older")
+    told = {
+        u: (culler.answer_report(Identity(u, ""), now + 25) or {}).get("swap", {}).get("shutdown")
+        for u in ("ann", "dan")
+    }
+    assert [o["kernel_id"] for o in told["ann"]] == ["a1"]
+    assert told["dan"] is None

@@ -159,6 +159,8 @@ class RoomPlan:
     grants: tuple[Want, ...] = ()  # hibernate now: within the budget
     evictions: tuple[Eviction, ...] = ()  # away users' oldest kernels, to make room
     waits: tuple[tuple[str, str], ...] = ()  # (kernel_id, why): stays on the GPU
+    # (kernel_id, indices into `evictions`): the shut-downs a waiting want waits for
+    relies: tuple[tuple[str, tuple[int, ...]], ...] = ()
 
 
 def node_held(holders: Iterable[Holder]) -> float:
@@ -200,6 +202,7 @@ def plan_room(
     grants: list[Want] = []
     evictions: list[Eviction] = []
     waits: list[tuple[str, str]] = []
+    relies: list[tuple[str, tuple[int, ...]]] = []
     said = {id(h): h.said_mib() for h in group}  # what shutting kernels down leaves of each
     spare = sorted(
         ((h, k) for h in group if not h.present for k in h.kernels
@@ -250,6 +253,8 @@ def plan_room(
             count = f"{len(picked)} " if picked else "the "
             waits.append((want.kernel_id, f"{WAITS_FOR}{count}older hibernated "
                           f"kernel(s) on node {node} to be shut down"))  # fmt: skip
+            # it may take what earlier wants' shut-downs free too: it waits for all of them
+            relies.append((want.kernel_id, tuple(range(len(evictions)))))
             continue
         waits.append(
             (
@@ -259,4 +264,4 @@ def plan_room(
                 "the GPU",
             )
         )
-    return RoomPlan(tuple(grants), tuple(evictions), tuple(waits))
+    return RoomPlan(tuple(grants), tuple(evictions), tuple(waits), tuple(relies))

@@ -13,9 +13,13 @@ The culler's own swap orders (pressure.py) pass the same check.
 
 Room given is held for the kernel (`GRANT_SECONDS`, longer while shut-downs it waits for are
 under way) until its server's report shows it hibernated: two servers on one node cannot both
-take the same room. What an ordered shut-down frees counts as held until its server's report
-shows the kernel gone: a kernel waits for it, none hibernates into it meanwhile (both would be
-in host memory). The memory peak per node is then within the budget by construction.
+take the same room. A kernel that waits for shut-downs is not planned again while they are under
+way: its server reports every 20-60 s, the shut-down kernels' servers once a minute, and each
+new plan would have ordered another user's kernel out for the same want.
+
+What an ordered shut-down frees counts as held until its server's report shows the kernel
+gone: a kernel waits for it, none hibernates into it meanwhile (both would be in host memory).
+The memory peak per node is then within the budget by construction.
 """
 
 from __future__ import annotations
@@ -25,6 +29,8 @@ from collections.abc import Collection, Iterable, Mapping
 from dataclasses import dataclass, field
 
 from .hostbudget import WAITS_FOR, Eviction, Holder, RoomPlan, Want, plan_room
+
+KernelKey = tuple[str, str, str]  # (user, server, kernel_id)
 
 GRANT_SECONDS = 30.0  # room given to a kernel is held this long for it to hibernate
 EVICT_SECONDS = 180.0  # room that waits for shut-downs (their servers report once a minute)
@@ -40,6 +46,8 @@ class HostRoom:
     held: dict[tuple[str, str, str], tuple[str, float, float, float]] = field(default_factory=dict)
     # (user, server) -> {kernel_id: (reason, until)}: told in the answer to that server's report
     evicting: dict[tuple[str, str], dict[str, tuple[str, float]]] = field(default_factory=dict)
+    # a want that waits for shut-downs -> the kernels shut down for it
+    waits_for: dict[KernelKey, tuple[KernelKey, ...]] = field(default_factory=dict)
 
     def reserved(self, node: str, holders: Iterable[Holder], now: float,
                  reported: Mapping[tuple[str, str], float]) -> float:  # fmt: skip
@@ -79,10 +87,19 @@ class HostRoom:
         the shut-downs it needs are kept for their servers' next reports. What its kernels hold
         and the room held for it, with its wants, stay within `share_mib`; only the wants in
         `evict_for` (None: all) may have kernels shut down for them."""
-        wants = list(wants)
-        for key in [k for k in self.held if k[:2] == (user, server)]:
-            if key[2] in {w.kernel_id for w in wants}:
-                del self.held[key]  # planned again below
+        waiting: list[tuple[str, str]] = []  # wants whose shut-downs are still under way
+        fresh: list[Want] = []
+        for w in wants:
+            key = (user, server, w.kernel_id)
+            under_way = self._under_way(key, holders, now)
+            if under_way and key in self.held:
+                waiting.append((w.kernel_id, f"{WAITS_FOR}{under_way} older hibernated "
+                                f"kernel(s) on node {node} to be shut down"))  # fmt: skip
+                continue
+            self.waits_for.pop(key, None)
+            self.held.pop(key, None)  # planned again below
+            fresh.append(w)
+        wants = fresh
         reserved = self.reserved(node, holders, now, reported)
         evicting = frozenset(k for ks in self.evicting.values() for k in ks)
         own = sum(h.held_mib() for h in holders if (h.user, h.server) == (user, server))
@@ -95,12 +112,28 @@ class HostRoom:
             self.held[(user, server, w.kernel_id)] = (node, w.mib, now, GRANT_SECONDS)
         if out.evictions:
             self.order(out.evictions, now)
-            waiting = {kid for kid, why in out.waits if why.startswith(WAITS_FOR)}
+            relies = dict(out.relies)
             for w in wants:  # hold the room the shut-downs free for the kernels that wait
-                if w.kernel_id in waiting:
-                    mib = min(w.mib, cap_mib)
-                    self.held[(user, server, w.kernel_id)] = (node, mib, now, EVICT_SECONDS)
+                if w.kernel_id in relies:
+                    key = (user, server, w.kernel_id)
+                    self.held[key] = (node, min(w.mib, cap_mib), now, EVICT_SECONDS)
+                    self.waits_for[key] = tuple(
+                        (e.user, e.server, e.kernel_id)
+                        for e in (out.evictions[i] for i in relies[w.kernel_id])
+                    )
+        if waiting:
+            out = RoomPlan(out.grants, out.evictions, out.waits + tuple(waiting), out.relies)
         return out
+
+    def _under_way(self, want: KernelKey, holders: Iterable[Holder], now: float) -> int:
+        """How many of the shut-downs ordered for `want` are still under way: ordered, in force,
+        and their kernels still hibernated on the node by their servers' latest reports."""
+        still = {(h.user, h.server, k.kernel_id) for h in holders for k in h.kernels}
+        count = 0
+        for u, s, kid in self.waits_for.get(want, ()):
+            order = self.evicting.get((u, s), {}).get(kid)
+            count += order is not None and order[1] > now and (u, s, kid) in still
+        return count
 
     def order(self, evictions: Iterable[Eviction], now: float) -> None:
         for e in evictions:
