@@ -64,6 +64,7 @@ class Seat:
     # its pool's backend hard-limits GPU memory to the slice (Backend.enforced): its kernels
     # can never hold more than its slice, and its pod's NVML is not the device's (`reading`)
     enforced: bool = False
+    pool: str | None = None  # its pool's name (None: not known)
 
     def reading(self, gpu: ReportedGpu) -> float | None:
         """Its pod's NVML reading of what `gpu` holds, where that is the device's: a floor of
@@ -149,11 +150,26 @@ class SwapDesk:
         # count, where its pod cannot read that itself (HAMi-core's NVML is the slice's): the
         # meter says it where less than the slice has left (`free_told`)
         self._free: tuple[str, str, float, float] | None = None
+        # the pool of each server with an ask or a grant in force, when it was made (`_judged`)
+        self._pools: dict[tuple[str, str], str | None] = {}
 
-    def _still_asked(self, seats: list[Seat], now: float) -> dict[tuple[str, str, str], float]:
+    def _judged(self, seats: list[Seat]) -> set[tuple[str, str]]:
+        """The servers whose asks and grants `seats` can end: each seated one, and each of a
+        pool the seats cover that has no seat (stopped). A report's seats are the over-committed
+        pools' and its own pool's only: another pool's server is not among them, which says
+        nothing of its kernels, and its grants stay in force (forgotten, their room was granted
+        again: two restores into room for one, NVIDIA/cuda-checkpoint#44)."""
+        pools = {s.pool for s in seats}
+        judged = {(s.user, s.server) for s in seats}
+        judged.update(key for key, pool in self._pools.items() if pool in pools)
+        return judged
+
+    def _still_asked(
+        self, seats: list[Seat], judged: set[tuple[str, str]], now: float
+    ) -> dict[tuple[str, str, str], float]:
         """Asks whose kernel the latest report still shows resident and idle, not refused
         (a kernel that got busy or was refused will not go: the next one is asked instead), and
-        not too old."""
+        not too old; a server not `judged` keeps its asks until they are too old."""
         resident = {
             (s.user, s.server, k.kernel_id): k.resident_mib
             for s in seats
@@ -169,7 +185,8 @@ class SwapDesk:
             if k.hibernated
         }
         for key, (mib, at) in list(self.asked.items()):
-            if key not in resident or now - at > self.ask_again_after:
+            gone = key[:2] in judged and key not in resident
+            if gone or now - at > self.ask_again_after:
                 del self.asked[key]
                 uuid = self._asked_on.pop(key, None)
                 if key in hibernated and uuid is not None:
@@ -179,10 +196,10 @@ class SwapDesk:
                 del self.freed[key]
         return {key: mib for key, (mib, _at) in self.asked.items()}
 
-    def _still_beyond(self, seats: list[Seat]) -> None:
-        """Forget kernels granted beyond their slice that their server's report no longer
-        shows waiting or resident on the GPU they were granted (hibernated, ended, gone); a
-        stale report keeps them (unknown is never free)."""
+    def _still_beyond(self, seats: list[Seat], judged: set[tuple[str, str]]) -> None:
+        """Forget kernels granted beyond their slice that their `judged` server's report no
+        longer shows waiting or resident on the GPU they were granted (hibernated, ended,
+        gone); a stale report keeps them (unknown is never free)."""
         held = set()
         for s in seats:
             for g in s.facts.gpus:
@@ -190,7 +207,7 @@ class SwapDesk:
                     held.add((s.user, s.server, k.kernel_id, g.uuid))
                 held.update((s.user, s.server, w.kernel_id, g.uuid) for w in g.waiting)
         for key, (uuid, _mib) in list(self.beyond.items()):
-            if (*key, uuid) not in held:
+            if key[:2] in judged and (*key, uuid) not in held:
                 del self.beyond[key]
 
     def above(self, seat: Seat, gpu: ReportedGpu) -> float:
@@ -244,9 +261,13 @@ class SwapDesk:
         me = next((s for s in seats if (s.user, s.server) == (user, server)), None)
         if me is None or not me.fresh:
             return None
-        asked = self._still_asked(seats, now)
-        granted = self._still_granted(seats, now)
-        self._still_beyond(seats)
+        judged = self._judged(seats)
+        asked = self._still_asked(seats, judged, now)
+        granted = self._still_granted(seats, judged, now)
+        self._still_beyond(seats, judged)
+        live = {key[:2] for key in (*self.asked, *self.granted, *self.beyond)}
+        self._pools = {key: pool for key, pool in self._pools.items() if key in live}
+        self._pools[(user, server)] = me.pool  # its asks and grants, made below
         orders: list[dict] = []
         resume: list[dict] = []
         wait: list[dict] = []
@@ -329,8 +350,11 @@ class SwapDesk:
             return None
         return self._free[3]
 
-    def _still_granted(self, seats: list[Seat], now: float) -> dict[Key, float]:
-        """Grants whose kernel still waits by its server's fresh report, and not too old."""
+    def _still_granted(
+        self, seats: list[Seat], judged: set[tuple[str, str]], now: float
+    ) -> dict[Key, float]:
+        """Grants whose kernel still waits by its server's fresh report, and not too old; a
+        server not `judged` keeps its grants until they are too old."""
         waiting = {
             (s.user, s.server, w.kernel_id)
             for s in seats
@@ -339,7 +363,7 @@ class SwapDesk:
             for w in g.waiting
         }
         for key, (_mib, at) in list(self.granted.items()):
-            if key not in waiting or now - at > GRANT_SECONDS:
+            if (key[:2] in judged and key not in waiting) or now - at > GRANT_SECONDS:
                 del self.granted[key]
         return {key: mib for key, (mib, _at) in self.granted.items()}
 
@@ -537,6 +561,7 @@ def seats_from(
                 swaps=pool.overcommit > 1,
                 placement=where,
                 enforced=pool_enforced(pool),
+                pool=facts.pool,
             )
         )
     return seats

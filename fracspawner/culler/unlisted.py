@@ -93,6 +93,7 @@ def unlisted_seats(
                 swaps=False,
                 placement=where,
                 enforced=pool_enforced(pool),
+                pool=where.pool,
             )
         )
     return seats
