@@ -478,6 +478,25 @@ def _within(taken: deque[float], items: list, now: float, per_hour: int) -> list
     return kept
 
 
+#: how long before its server's start a report's monitor may have started and still be its
+#: own (the hub's, the API server's and the server's clocks differ)
+INCARNATION_SLACK = 60.0
+
+
+def this_incarnation(
+    report: ServerReport | None, *started: float | None, slack: float = INCARNATION_SLACK
+) -> ServerReport | None:
+    """`report` where it is the server's current incarnation's; None where its monitor started
+    before the server did (`started`: when, by each source that knows, unix seconds; the latest
+    counts). A restarted server keeps its name, and its previous incarnation's report says
+    nothing of what the new one holds: it counts as no report (unknown is never free)."""
+    began = report.monitor_started if report is not None else None
+    known = [t for t in started if t is not None]
+    if began is not None and known and began < max(known) - slack:
+        return None
+    return report
+
+
 class ReportStore:
     """The latest report of every server, keyed by (user, server name); in memory.
 
@@ -580,15 +599,13 @@ class ReportStore:
         """(user, server, GPU memory its hibernated kernels hold) of every server's report."""
         return [(u, s, e.report.hibernated_mib) for (u, s), e in self._entries.items()]
 
-    def for_server(self, facts: ServerFacts, slack: float = 60.0) -> ServerReport | None:
+    def for_server(
+        self, facts: ServerFacts, slack: float = INCARNATION_SLACK
+    ) -> ServerReport | None:
         """The report of this incarnation of the server (a previous one's does not count)."""
         entry = self._entries.get((facts.user, facts.name))
-        if entry is None:
-            return None
-        started = entry.report.monitor_started
-        if facts.started is not None and started is not None and started < facts.started - slack:
-            return None
-        return entry.report
+        report = entry.report if entry is not None else None
+        return this_incarnation(report, facts.started, slack=slack)
 
     def prune(self, before: float) -> None:
         """Forget servers that have not reported since `before` (stopped, or silent)."""

@@ -34,6 +34,7 @@ from .pressure import (
     plan_swaps,
     resident_of,
 )
+from .reports import this_incarnation
 
 if TYPE_CHECKING:
     from ..model.catalog import Catalog, Pool
@@ -529,13 +530,14 @@ def seats_from(
     latest report. A server the hub has not listed, or in a pool that does not over-commit,
     takes no part, unless it is `also_pool` (a waiting resume there needs the culler's grant).
     A server the hub lists that has not reported counts too (its whole slice, where its pod's
-    placement says which GPUs it may be on). Each report is bound to its pod (`bind`):
+    placement says which GPUs it may be on), as does one whose report is from before its
+    pod or its start by the hub's record (a restarted server's previous incarnation's:
+    reports.this_incarnation). Each report is bound to its pod (`bind`):
     `placement(user, server)` is where the pod watch has it (None: not known). `margin_mib`
     None: each pool's `default_margin_mib`."""
     seats = []
     latest = {(user, server): report for user, server, report in reports}
     for (user, server), facts in known.items():
-        report = latest.get((user, server))
         if not facts.pool or facts.pool not in catalog.pools or facts.gpu_slice is None:
             continue
         pool = catalog.pools[facts.pool]
@@ -547,6 +549,9 @@ def seats_from(
         margin = default_margin_mib(pool) if margin_mib is None else margin_mib
         size = float(pool.gpu.device_memory_mib)
         where = placement(user, server) if placement is not None else None
+        # the hub's record is up to a cycle old: a pod made since is a new incarnation
+        made = where.created if where is not None else None
+        report = this_incarnation(latest.get((user, server)), facts.started, made)
         gpus = max(1, math.ceil(cap / size)) if size > 0 else 1
         seats.append(
             Seat(

@@ -15,7 +15,8 @@ listed server owns (by its owner, else by its name) takes a seat, in its owner's
 admission finds its own spawns by it: hub/room.py):
 
 - with a report: the report bound to its pod (`swapdesk.bind`): its resident memory within its
-  slice, its device readings, its waiting kernels;
+  slice, its device readings, its waiting kernels; a report from before its pod was made is a
+  previous incarnation's (a restarted server), and counts as none (`reports.this_incarnation`);
 - without one: its whole slice on each GPU its pod may be on (unknown memory is never free);
 - it is ordered nothing (its kernels are no swap candidates: an order goes only in the answer to
   a listed server's report) until the hub lists it;
@@ -33,6 +34,7 @@ from typing import TYPE_CHECKING
 
 from .placement import Placement
 from .pressure import SwapFacts
+from .reports import this_incarnation
 from .swapdesk import Seat, bind, default_margin_mib, largest_slice_mib, pool_enforced
 
 if TYPE_CHECKING:
@@ -75,6 +77,7 @@ def unlisted_seats(
         margin = default_margin_mib(pool) if margin_mib is None else margin_mib
         user, server = where.owner or (UNLISTED + name, "")
         report = reports.get((user, server)) if where.owner else None
+        report = this_incarnation(report, where.created)  # a previous pod's is none
         facts = SwapFacts()
         if report is not None:
             gpus = max(1, math.ceil(cap / size)) if size > 0 else 1
