@@ -427,3 +427,33 @@ def test_a_swap_just_done_is_not_counted_again_by_an_older_device_reading():
     seats[0] = seat("u1", report(gone, used=SIZE))
     answer = desk.answer("u2", "", seats, now=102.0)
     assert not (answer or {}).get("swap", {}).get("hibernate"), answer
+
+
+def test_a_server_cannot_claim_a_wait_longer_than_the_culler_saw():
+    """The line for room is first come, first served by each kernel's wait, which its server
+    reports: mallory's server first reports its waiting kernel two minutes after u4's, saying
+    it has waited an hour. Its word counts back at most a report interval before the culler
+    first saw it, so u4, seen first, gets the one room (review s53: the hour won)."""
+    from datetime import datetime, timezone
+
+    def iso(t: float) -> str:
+        return datetime.fromtimestamp(t, timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+    t = 1.8e9
+    busy = [seat(f"u{i}", report([kernel(f"k{i}", QUARTER, iso(t - 600))], used=3 * QUARTER))
+            for i in (1, 2, 3)]  # fmt: skip
+
+    def waiting(user: str, since: float) -> Seat:
+        wait = {"kernel_id": f"k-{user}", "gpu_memory_mib": QUARTER, "since": iso(since)}
+        return seat(user, report([], waiting=[wait], used=3 * QUARTER))
+
+    desk = SwapDesk(report_in=10)
+    u4 = waiting("u4", t - 10)
+    # u4 is granted the room; its server has not restored yet when the grant lapses (30 s)
+    assert "resume" in desk.answer("u4", "", [*busy, u4], now=t)["swap"]
+    mallory = waiting("mallory", t - 3600)
+    seats = [*busy, u4, mallory]
+    answer = desk.answer("mallory", "", seats, now=t + 120)["swap"]
+    assert "resume" not in answer and answer["wait"][0]["kernel_id"] == "k-mallory", answer
+    got = desk.answer("u4", "", seats, now=t + 121)["swap"]
+    assert got["resume"] == [{"kernel_id": "k-u4", "gpu_memory_mib": QUARTER}]

@@ -36,6 +36,11 @@ from .pressure import (
 )
 from .reports import this_incarnation
 
+#: how long before the desk first saw a kernel waiting its server may say the wait began (a
+#: report interval: the agent reports a wait at once, and reports may be a minute apart)
+CLAIM_SLACK = 60.0
+FORGET_WAIT_SECONDS = 3600.0  # a kernel not seen waiting this long: its wait is over
+
 if TYPE_CHECKING:
     from ..model.catalog import Catalog, Pool
     from .decide import ServerFacts
@@ -141,6 +146,9 @@ class SwapDesk:
         self._asked_on: dict[tuple[str, str, str], str] = {}  # kernel -> GPU uuid asked on
         self.last: dict[str, Pressure] = {}  # GPU uuid -> its latest pressure (metrics)
         self.granted: dict[Key, tuple[float, float]] = {}  # grants in force: (MiB, when)
+        # when the desk first and last saw each kernel waiting (`_since`): a report's own
+        # `since` is the server's word, and the line is first come, first served
+        self._seen_waiting: dict[Key, tuple[float, float]] = {}
         # kernels granted beyond their server's slice: (GPU uuid, MiB above the slice), while
         # their server's report shows them waiting or back. A report's word counts at most its
         # slice (bind), yet such a kernel holds more on the device, and where HAMi-core
@@ -351,6 +359,17 @@ class SwapDesk:
             return None
         return self._free[3]
 
+    def _since(self, key: Key, claimed: float, now: float) -> float:
+        """When `key` began to wait, for its place in line: its server's word, but no earlier
+        than `CLAIM_SLACK` before the desk first saw it waiting. A server that claimed a wait
+        of hours went ahead of every other; its agent reports a wait as it begins."""
+        first, _last = self._seen_waiting.get(key, (now, now))
+        self._seen_waiting[key] = (first, now)
+        for other, (_f, last) in list(self._seen_waiting.items()):
+            if now - last > FORGET_WAIT_SECONDS:
+                del self._seen_waiting[other]
+        return max(claimed, first - CLAIM_SLACK)
+
     def _still_granted(
         self, seats: list[Seat], judged: set[tuple[str, str]], now: float
     ) -> dict[Key, float]:
@@ -400,9 +419,11 @@ class SwapDesk:
                 if (read := s.reading(g)) is not None:
                     readings.append(read)
                 waiters += [
-                    Waiter(s.user, s.server, w.kernel_id, w.mib, w.since, left[w.kernel_id])
+                    Waiter(s.user, s.server, w.kernel_id, w.mib,
+                           self._since((s.user, s.server, w.kernel_id), w.since, now),
+                           left[w.kernel_id])
                     for w in g.waiting
-                ]
+                ]  # fmt: skip
         mine = [w for w in waiters if (w.user, w.server) == (user, server)]
         if not mine:
             return False
