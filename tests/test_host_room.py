@@ -381,3 +381,32 @@ def test_answer_report_again_for_one_want_shuts_one_kernel_down():
     }
     assert [o["kernel_id"] for o in told["ann"]] == ["a1"]
     assert told["dan"] is None
+
+
+def test_an_unlisted_server_whose_pod_the_watch_does_not_know_gets_no_room():
+    """A server the hub has not listed yet gets no host room until it is (it is not counted on
+    its node). That held only where the pod watch knew its node: one it did not know yet got
+    room for every kernel it asked for, with no budget at all (review s53)."""
+    import time
+
+    from fracspawner.backends import load_catalog
+    from fracspawner.culler.identity import Identity
+    from fracspawner.culler.reports import parse_report
+    from tests.conftest import DEMO_CATALOG
+    from tests.test_host_budget import QUARTER_T4, report
+
+    class Unknown:  # the pod watch, before it has seen the new pod
+        def placement(self, name: str):
+            return None
+
+    culler = Culler(host_memory_budget_mib=2 * QUARTER_T4)
+    culler._catalog = load_catalog(str(DEMO_CATALOG))
+    culler.server_pods = Unknown()
+    now = time.time()
+    body = report(now, [])
+    body["swap"] = {"hibernate_wanted": [{"kernel_id": f"n{i}", "gpu_memory_mib": QUARTER_T4}
+                                         for i in range(8)]}  # fmt: skip
+    culler.reports.put("newt", "", parse_report(body, received_at=now))
+    swap = (culler.answer_report(Identity("newt", ""), now) or {}).get("swap", {})
+    assert "host_room" not in swap, swap
+    assert swap["host_wait"][0]["reason"].endswith("the culler has not listed this server yet")

@@ -696,9 +696,11 @@ class Culler(CullerApplication):
                 for o in orders
                 if o["kernel_id"] not in named
             ]
-        if facts is None and budget > 0 and where is not None and where.node:
+        if facts is None and budget > 0 and self.server_pods is not None:
             # not listed by the hub yet (started since the last cycle): not counted on its node
-            # either, so no room until it is (its kernels stay on the GPU meanwhile)
+            # either, so no room until it is (its kernels stay on the GPU meanwhile); nor where
+            # the pod watch does not know its pod yet (room with no budget is for a culler
+            # without the watch, whose pods' memory limits bound them)
             why = "not hibernated yet: the culler has not listed this server yet"
             waits = [{"kernel_id": w.kernel_id, "reason": why} for w in report.host_wants]
             answer = answer or {"swap": {}}
