@@ -171,6 +171,7 @@ def test_one_servers_report_takes_at_most_its_own_gpus_of_the_node_budget():
     from tests.test_host_budget import Pods, report
 
     gpu = 80 * 1024.0  # the demo catalog's H100 80GB, each of eve's kernels claims all of it
+    # (on HAMi each counts at most her 1/8 slice, and all of hers together that too)
     culler = Culler(host_memory_budget_mib=2 * gpu)
     culler._catalog = load_catalog(str(DEMO_CATALOG))
     culler.server_pods = Pods()  # both pods on node-a, one GPU each
@@ -183,7 +184,7 @@ def test_one_servers_report_takes_at_most_its_own_gpus_of_the_node_budget():
     eve["presence"] = presence  # present: hers may never be shut down to make room
     eve["swap"] = {"hibernate_wanted": [{"kernel_id": "e-more", "gpu_memory_mib": gpu}]}
     ann = report(now, [])
-    ann["swap"] = {"hibernate_wanted": [{"kernel_id": "a1", "gpu_memory_mib": 10 * 1024.0}]}
+    ann["swap"] = {"hibernate_wanted": [{"kernel_id": "a1", "gpu_memory_mib": 10000.0}]}
     for user, body in (("eve", eve), ("ann", ann)):
         culler.known[(user, "")] = ServerFacts(user, user_options={"gpu": "1/8", "pool": "h100"})
         culler.reports.put(user, "", parse_report(body, received_at=now))
@@ -194,7 +195,7 @@ def test_one_servers_report_takes_at_most_its_own_gpus_of_the_node_budget():
     try:
         answer = culler.answer_report(Identity("ann", ""), now) or {}
         swap = answer.get("swap") or {}
-        assert swap.get("host_room") == [{"kernel_id": "a1", "gpu_memory_mib": 10 * 1024.0}], (
+        assert swap.get("host_room") == [{"kernel_id": "a1", "gpu_memory_mib": 10000.0}], (
             f"another user's kernel got no room beside one hostile report: {swap}"
         )
         # eve's own further kernel waits: her kernels already hold all her GPU can
@@ -410,3 +411,28 @@ def test_an_unlisted_server_whose_pod_the_watch_does_not_know_gets_no_room():
     swap = (culler.answer_report(Identity("newt", ""), now) or {}).get("swap", {})
     assert "host_room" not in swap, swap
     assert swap["host_wait"][0]["reason"].endswith("the culler has not listed this server yet")
+
+
+def test_on_a_pool_that_holds_pods_to_their_slice_a_server_s_host_share_is_its_slice():
+    """HAMi-core holds a pod's kernels, a hibernated one's memory included, to its slice: a 1/8
+    server's hibernated kernels hold at most an eighth of the GPU in host memory, so that is
+    its share of the node's budget, the most other users' kernels may be shut down for. It
+    was a whole GPU per kernel, as on time-slicing (review s53). Time-slicing keeps the GPU:
+    nothing limits a kernel to its slice there."""
+    from fracspawner.backends import load_catalog
+    from fracspawner.culler.decide import ServerFacts
+    from fracspawner.culler.placement import Placement
+    from fracspawner.model.slices import parse_slice, slice_memory_mib
+    from tests.conftest import DEMO_CATALOG
+
+    culler = Culler()
+    culler._catalog = load_catalog(str(DEMO_CATALOG))
+    eighth = ServerFacts("eve", user_options={"gpu": "1/8", "pool": "h100"})
+    quarter_t4 = ServerFacts("tim", user_options={"gpu": "1/4", "pool": "t4"})
+    where = Placement("node-a", 1)
+    h100 = culler._catalog.pools["h100"].gpu.device_memory_mib
+    t4 = culler._catalog.pools["t4"].gpu.device_memory_mib
+    eighth_mib = slice_memory_mib(parse_slice("1/8"), culler._catalog.pools["h100"].gpu)
+    assert eighth_mib < h100 / 4  # an eighth, by the catalog's own sizing (whole MiB)
+    assert culler.host_cap(eighth, 1e6) == culler.host_share(eighth, where, 1e6) == eighth_mib
+    assert culler.host_cap(quarter_t4, 1e6) == culler.host_share(quarter_t4, where, 1e6) == t4

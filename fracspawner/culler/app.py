@@ -47,7 +47,7 @@ from .room import gpu_rooms
 from .shared import own_share
 from .state import CullerState, CullEvent, server_row
 from .stateapi import state_handler
-from .swapdesk import Seat, SwapDesk, seats_from
+from .swapdesk import Seat, SwapDesk, pool_enforced, seats_from
 from .unlisted import unlisted_seats
 
 
@@ -757,18 +757,28 @@ class Culler(CullerApplication):
     def host_cap(self, facts: ServerFacts, budget: float) -> float:
         """The most host memory one hibernated kernel of the server counts for: what its GPU
         holds (a kernel on a time-sliced pool may hold more than its slice, and hibernating
-        it copies all of it), at least its slice; the budget where the catalog cannot tell."""
+        it copies all of it), at least its slice; its slice where the pool's backend holds a
+        pod to it (HAMi, MIG: `enforced`); the budget where the catalog cannot tell."""
         pool = self._catalog.pools.get(facts.pool or "") if self._catalog is not None else None
+        slice_mib = self.claim(facts)[1]
+        if pool is not None and slice_mib > 0 and pool_enforced(pool):
+            return slice_mib
         device = float(pool.gpu.device_memory_mib) if pool is not None else 0.0
-        return max(self.claim(facts)[1], device) or budget
+        return max(slice_mib, device) or budget
 
     def host_share(self, facts: ServerFacts, where: Placement, budget: float) -> float:
         """The most host memory all the server's hibernated kernels together (and room held for
         it) count for on its node: what its pod can hold on the GPUs it is bound to (host_cap
         each, by the pod's device count: placement.py), never its report's word. Hibernating
         moves what its kernels hold on its GPUs to the host; a report listing more is ignored
-        beyond this, so it can take its own share of the node's budget, never others'."""
-        return self.host_cap(facts, budget) * max(1, where.gpus)
+        beyond this, so it can take its own share of the node's budget, never others'. Where
+        the backend holds the pod to its slice, all its kernels together hold at most that
+        (HAMi-core counts a hibernated kernel's memory against the pod too)."""
+        cap = self.host_cap(facts, budget)
+        pool = self._catalog.pools.get(facts.pool or "") if self._catalog is not None else None
+        if pool is not None and self.claim(facts)[1] > 0 and pool_enforced(pool):
+            return cap
+        return cap * max(1, where.gpus)
 
     def host_holders(
         self, now: float, budget: float, cap_of: Callable[[ServerFacts], float] | None = None
