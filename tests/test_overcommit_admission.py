@@ -119,12 +119,9 @@ async def until(condition, limit: float = 60.0) -> None:
     raise AssertionError("condition not reached")
 
 
-async def test_the_everyone_present_lab_waits_with_the_reason_and_lets_the_next_in(monkeypatch):
-    """8 present users on one GPU of 4 slots over-committed twice: the first four start; the
-    5th..8th wait in line with the reason (the GPU is in use by 4 people now; you are next; N
-    ahead) instead of meeting CUDA out-of-memory in a cell; one user leaving lets the next in."""
-    import asyncio
-
+async def lab_spawners(monkeypatch, config: dict) -> tuple[LabCuller, list[str], dict]:
+    """The lab's 8 users, each spawn admitted and about to ask for room (FracSpawner `config`
+    beside the lab's catalog); kubespawner's pod creation records who got in."""
     from kubespawner import KubeSpawner
 
     import fracspawner.hub.room as room
@@ -133,7 +130,7 @@ async def test_the_everyone_present_lab_waits_with_the_reason_and_lets_the_next_
 
     monkeypatch.setattr(room, "CACHE_SECONDS", 0.0)
     monkeypatch.setattr(spawner_module, "POLL_SECONDS", 0.01)
-    hub = HubUsers({"FracSpawner": {"catalog": LAB, "admission": "wait"}})
+    hub = HubUsers({"FracSpawner": {"catalog": LAB, **config}})
     culler = LabCuller()
     users = [f"u{i}" for i in range(1, 9)]
     spawners = {}
@@ -148,6 +145,18 @@ async def test_the_everyone_present_lab_waits_with_the_reason_and_lets_the_next_
         return True
 
     monkeypatch.setattr(KubeSpawner, "_make_create_pod_request", created)
+    return culler, users, spawners
+
+
+async def test_the_everyone_present_lab_waits_with_the_reason_and_lets_the_next_in(monkeypatch):
+    """8 present users on one GPU of 4 slots over-committed twice: the first four start; the
+    5th..8th wait in line with the reason (the GPU is in use by 4 people now; you are next; N
+    ahead) instead of meeting CUDA out-of-memory in a cell; one user leaving lets the next in."""
+    import asyncio
+
+    import fracspawner.hub.room as room
+
+    culler, users, spawners = await lab_spawners(monkeypatch, {"admission": "wait"})
     tasks = {}
     for name in users:  # one after the other, as students click
         tasks[name] = asyncio.ensure_future(spawners[name]._make_create_pod_request(None, 1))

@@ -14,8 +14,9 @@ from tornado.web import HTTPError
 from fracspawner.backends import load_catalog
 from fracspawner.capacity import compute_capacity
 from fracspawner.hub.waiting import WaitingSpawns, waiting_limit
-from tests.hub_support import HubUsers, begin_spawn, refusal
+from tests.hub_support import HubUsers, refusal
 from tests.test_admission import NODES, pod
+from tests.test_spawner_quota import outcomes
 
 CATALOG = {
     "pools": {
@@ -56,22 +57,12 @@ class FullPool:
 
 
 async def everyone_at_once(hub: HubUsers, names: list[str]) -> list[str]:
+    """Each spawn at once on the full T4: "in line", or its refusal."""
     spawners = [hub.spawner(hub.user(n)) for n in names]
     for s in spawners:
         s._capacity_watcher = FullPool  # type: ignore[method-assign]  (an instance per call)
-    results = await asyncio.gather(
-        *(begin_spawn(s, {"gpu": "1/4", "pool": "t4"}) for s in spawners), return_exceptions=True
-    )
-    out = []
-    for result in results:
-        if isinstance(result, HTTPError):
-            assert result.status_code == 400
-            out.append(refusal(result))
-        elif isinstance(result, BaseException):
-            raise result
-        else:
-            out.append("in line")
-    return out
+    got = await outcomes(spawners, {"gpu": "1/4", "pool": "t4"})
+    return ["in line" if g == "ok" else g for g in got]
 
 
 @pytest.fixture(autouse=True)
@@ -124,29 +115,10 @@ async def test_waiting_for_room_takes_a_place_in_the_same_line(monkeypatch):
     """On an over-committed pool the line for room is the same line: with `max_waiting` 2,
     the everyone-present lab's 5th and 6th wait for room, the 7th and 8th are refused at once
     (429, a refusal, not a hub error) with the reason and why they cannot wait."""
-    from kubespawner import KubeSpawner
+    from tests.test_overcommit_admission import lab_spawners, until
 
-    import fracspawner.hub.room as room
-    import fracspawner.hub.spawner as spawner_module
-    from tests.test_overcommit_admission import LAB, LabCuller, until
-
-    monkeypatch.setattr(room, "CACHE_SECONDS", 0.0)
-    monkeypatch.setattr(spawner_module, "POLL_SECONDS", 0.01)
-    hub = HubUsers({"FracSpawner": {"catalog": LAB, "admission": "wait", "max_waiting": 2}})
-    culler = LabCuller()
-    users = [f"u{i}" for i in range(1, 9)]
-    spawners = {}
-    for name in users:
-        s = hub.spawner(hub.user(name))
-        s._room_answer = culler.answer
-        spawners[name] = s
-        await begin_spawn(s, {"gpu": "1/4", "pool": "t4"})
-
-    async def created(self, pod, request_timeout):
-        culler.running.append(self.user.name)
-        return True
-
-    monkeypatch.setattr(KubeSpawner, "_make_create_pod_request", created)
+    config = {"admission": "wait", "max_waiting": 2}
+    culler, users, spawners = await lab_spawners(monkeypatch, config)
     tasks = {}
     for name in users:
         tasks[name] = asyncio.ensure_future(spawners[name]._make_create_pod_request(None, 1))
