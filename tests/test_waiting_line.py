@@ -139,3 +139,55 @@ async def test_waiting_for_room_takes_a_place_in_the_same_line(monkeypatch):
     for name in ("u5", "u6"):
         tasks[name].cancel()
     await asyncio.gather(*tasks.values(), return_exceptions=True)
+
+
+@pytest.mark.parametrize("watch", ["stale", "none"])
+async def test_a_spawn_admitted_on_unknown_counts_takes_its_place_once_its_pod_waits(
+    watch, monkeypatch
+):
+    """Admission takes a place only where the counts say the pool is full. Admitted on counts
+    it cannot trust (a watch that lost the API server, or no watch) or on a slot that looked
+    free, a spawn whose pod then waits takes its place in `_start`'s line, or is refused there
+    (429) when the line is full: 12 at once, `max_waiting` 3, all pods Pending. Before, all 12
+    waited (review s53)."""
+    import dataclasses
+
+    from kubespawner import KubeSpawner
+
+    from fracspawner.hub.spawner import FracSpawner
+
+    stale = dataclasses.replace(FULL_T4, stale=True, age_seconds=90.0)
+
+    class Stale(FullPool):
+        def snapshot(self):
+            return stale
+
+    hub = HubUsers({"FracSpawner": {"catalog": CATALOG, "admission": "wait", "max_waiting": 3}})
+    spawners = [hub.spawner(hub.user(f"s{i}")) for i in range(12)]
+    for s in spawners:
+        s._capacity_watcher = Stale if watch == "stale" else (lambda: None)
+    assert await outcomes(spawners, {"gpu": "1/4", "pool": "t4"}) == ["ok"] * 12
+    assert len(WaitingSpawns.shared()) == 0  # nobody known to wait at admission
+
+    async def pending_for_ever(self):  # kubespawner's start, its pod never scheduled
+        await asyncio.Event().wait()
+
+    monkeypatch.setattr(KubeSpawner, "_start", pending_for_ever)
+    monkeypatch.setattr(FracSpawner, "_queued_pod", lambda self: {"status": {"phase": "Pending"}})
+    for s in spawners:
+        s._startup_timeout = 300
+    tasks = [asyncio.ensure_future(s._start()) for s in spawners]
+    await asyncio.wait(tasks, timeout=3)
+    refused = [t for t in tasks if t.done()]
+    assert len(refused) == 9 and len(WaitingSpawns.shared()) == 3
+    error = refused[0].exception()
+    assert isinstance(error, HTTPError) and error.status_code == 429
+    assert refusal(error) == (
+        "Your server would wait for 1/4 GPU on t4, and 3 servers already wait in line on this "
+        "hub, the most it keeps waiting at once, so that others can still start. Try again in "
+        "a few minutes, or choose another size."
+    )
+    for t in tasks:
+        t.cancel()
+    await asyncio.gather(*tasks, return_exceptions=True)
+    assert len(WaitingSpawns.shared()) == 0  # every place given back

@@ -902,6 +902,7 @@ class FracSpawner(KubeSpawner):
         if self.admission != "wait":
             return await super()._start()
         task = asyncio.ensure_future(super()._start())
+        key = (self.user.name, self.name)
         loop = asyncio.get_running_loop()
         last = began = loop.time()
         queued = 0.0
@@ -910,6 +911,10 @@ class FracSpawner(KubeSpawner):
                 await asyncio.wait([task], timeout=1)
                 now = loop.time()
                 if self._in_line():
+                    # a spawn admitted on unknown or stale counts, or whose pod waits although
+                    # a slot looked free, takes its place here (none was taken at admission)
+                    if not WaitingSpawns.shared().take(key, self._waiting_limit()):
+                        raise capacity_refusal(self._line_full_message())
                     queued += now - last
                     if queued > self.queue_timeout:
                         raise gave_up(self._gave_up_message())
@@ -923,7 +928,7 @@ class FracSpawner(KubeSpawner):
                     )
                 last = now
         finally:
-            WaitingSpawns.shared().leave((self.user.name, self.name))
+            WaitingSpawns.shared().leave(key)
             if not task.done():
                 task.cancel()  # JupyterHub's stop() then deletes the pod
         return task.result()
@@ -1026,16 +1031,27 @@ class FracSpawner(KubeSpawner):
             f"notebooks go idle (your place is kept for {_duration(self.queue_timeout)})."
         )
 
+    def _line_full_message(self) -> str:
+        full = line_full_words(len(WaitingSpawns.shared()))
+        return (
+            f"Your server would wait for {self._offer_words() or 'a slot'}, and {full}. Try "
+            "again in a few minutes, or choose another size."
+        )
+
+    def _offer_words(self) -> str | None:
+        """What this spawn asks for, in words ("1/4 GPU on T4 16GB (time-sliced)")."""
+        choice = self.choice
+        if choice is None or choice.pool is None:
+            return None
+        return f"{describe_offer(choice.offer or choice.slice)} on {choice.pool.display_name}"
+
     def _gave_up_message(self) -> str:
         if self._room_reason is not None:  # in line for room on an over-committed GPU
             return (
                 f"{self._room_reason}, and no room freed within {_duration(self.queue_timeout)};"
                 " your place is given up. Start again to wait again, or choose another pool."
             )
-        choice = self.choice
-        what = "slot"
-        if choice is not None and choice.pool is not None:
-            what = f"{describe_offer(choice.offer or choice.slice)} on {choice.pool.display_name}"
+        what = self._offer_words() or "slot"
         return (
             f"No {what} freed within {_duration(self.queue_timeout)}; your place is given up. "
             "Start again to wait again, or choose another size."
