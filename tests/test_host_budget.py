@@ -24,6 +24,14 @@ from fracspawner.culler.reports import parse_report
 from fracspawner.serverext.hibernate import KernelSleep
 from fracspawner.serverext.swap import SwapAgent
 from tests.conftest import DEMO_CATALOG
+from tests.test_hibernation_driver import (  # noqa: F401 (fixtures)
+    add_process,
+    fake,
+    set_process,
+    sleeper,
+    suspend,
+)
+from tests.test_hibernation_room import plain, until, wired  # noqa: F401 (fixtures)
 from tests.test_presence import Server
 
 GIB = 1024.0
@@ -156,3 +164,44 @@ def test_the_server_shuts_down_only_a_still_hibernated_kernel(monkeypatch):
     asyncio.run(take())
     assert list(server.km.kernels) == ["w"]  # its resume waits: kept
     assert [c["id"] for c in server.monitor.culled] == ["k"]  # counted as a kernel shutdown
+
+
+class KernelManager:
+    """The server's kernel manager as SwapAgent._shut_down uses it."""
+
+    def __init__(self, ids: set[str]) -> None:
+        self.ids, self.shut = set(ids), []
+
+    def list_kernel_ids(self) -> list[str]:
+        return list(self.ids)
+
+    async def shutdown_kernel(self, kid: str) -> None:
+        self.shut.append(kid)
+        self.ids.discard(kid)
+
+
+async def test_a_shutdown_order_spares_a_kernel_whose_resume_is_under_way(fake, sleeper, plain):  # noqa: F811 (the fixtures)
+    """Nothing a person is using is shut down. A user runs a cell in a hibernated kernel; its
+    first restore fails with a transient error (CUDA_ERROR_NOT_READY), so it reads
+    "restore_failed" (not waiting for room) while the hibernator retries, the cell held. The
+    culler's budget answer, computed from a report sent before the cell, orders it shut down:
+    before, the server did, and the user's variables and the held cell were lost (review s53
+    finding 1). Now the order is refused, the culler is told at once (a report now, the kernel
+    still there and not counted as shut down), and the cell runs once the restore passes."""
+    state, cgroup = fake
+    pid = sleeper.pid
+    hib, monitor, agent, soon, _told = wired(state, cgroup, retry_first=0.5)
+    km = KernelManager({"k"})
+    monitor.settings, monitor.culled = {"kernel_manager": km}, []
+    add_process(state, pid, 2 * GIB)
+    assert await suspend(hib, "k", pid, 2 * GIB) == "hibernated"
+    set_process(state, pid, restore_transient=1)
+    task = hib.resume("k", "a message to the kernel")  # the user's cell is held
+    await until(lambda: hib.kernels["k"].state == "restore_failed", "the first restore failing")
+    assert not task.done()  # retried shortly, the cell still held
+    soon.clear()
+    agent.on_answer({"swap": {"shutdown": [{"kernel_id": "k"}]}})
+    await asyncio.gather(*agent._tasks)
+    assert km.shut == [], "a kernel whose resume was in progress (a cell held) was shut down"
+    assert monitor.culled == [] and soon == [0.0]  # the culler hears it was not, at once
+    assert await asyncio.wait_for(task, 20) is True  # the cell runs

@@ -77,6 +77,12 @@ def waiting_words(reason: Any) -> str:
     return GPU_FULL
 
 
+def resuming(s: Any) -> bool:
+    """Whether kernel `s` (hibernate.KernelSleep) is being resumed or suspended now: its
+    resume task (hibernate.Hibernator.resume) is alive, or its lock is held."""
+    return s.lock.locked() or (s.task is not None and not s.task.done())
+
+
 def _overcommit(text: str) -> float:
     try:
         value = float(text)
@@ -190,9 +196,21 @@ class SwapAgent(LoggingConfigurable):
     async def _shut_down(self, kernel_id: str) -> None:
         """The culler's host-memory budget for this node (culler/hostbudget.py): shut down a
         hibernated kernel, the last resort, counted as a kernel shutdown. Only one still
-        hibernated whose resume does not wait (its user may have come back meanwhile)."""
+        hibernated whose resume does not wait, nor is under way (its user may have come back
+        meanwhile: the order was computed from a report sent before their cell)."""
         s = self.monitor.hibernator.kernels.get(kernel_id)
         if s is None or s.state not in ("hibernated", "restore_failed") or s.waiting():
+            return
+        if resuming(s):
+            # a cell is held for it (hibernate.py retries a failed restore, or reads the
+            # room, under its lock): never ended under it. Not counted as shut down, and
+            # reported now, so the culler sees the kernel still there and in use
+            self.log.info(
+                "fracspawner: kernel %s not shut down for the node's host memory budget: its "
+                "resume is under way",
+                kernel_id,
+            )
+            self.report_soon(0.0)
             return
         mib = s.memory_mib
         km = self.monitor.settings.get("kernel_manager")
