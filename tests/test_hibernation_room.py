@@ -13,13 +13,16 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import subprocess
+import sys
 from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
 
-from fracspawner.serverext.hibernate import GPU_FULL, LOST
-from fracspawner.serverext.room import room_for, virtualised_nvml
+from fracspawner.serverext.checkpoint import CheckpointError
+from fracspawner.serverext.hibernate import GPU_FULL, LOST, Hibernator, KernelSleep
+from fracspawner.serverext.room import Room, room_for, virtualised_nvml
 from fracspawner.serverext.swap import SwapAgent
 from tests.test_hibernation import GIB, cuda_state
 from tests.test_hibernation_driver import (  # noqa: F401 (fixtures)
@@ -238,3 +241,62 @@ async def test_a_grant_of_what_was_asked_restores_a_kernel_of_a_fractional_size(
     agent.on_answer({"swap": {"resume": [{"kernel_id": "k", "gpu_memory_mib": asked}]}})
     assert await asyncio.wait_for(task, 20) is True
     assert cuda_state(state, pid) == "running" and restore_calls(state, pid) == 1
+
+
+class FlakyStateDriver:
+    """GetState fails `failures` times (a documented return, e.g. CUDA_ERROR_NOT_INITIALIZED),
+    then the process reads CHECKPOINTED again; each restore is counted."""
+
+    def __init__(self, failures: int = 1) -> None:
+        self.failures, self.restores = failures, 0
+
+    def check(self) -> None:
+        return None
+
+    def state(self, pid: int) -> str:
+        if self.failures > 0:
+            self.failures -= 1
+            raise CheckpointError("cuCheckpointProcessGetState", "CUDA_ERROR_NOT_INITIALIZED")
+        return "locked" if self.restores else "checkpointed"
+
+    def restore(self, pid: int) -> None:
+        self.restores += 1
+
+    def unlock(self, pid: int) -> None:
+        pass
+
+
+async def test_an_unreadable_cuda_state_is_not_room_to_restore():
+    """Never restore without room confirmed by a reading that is not the pod's own view; a
+    restore refused for want of room loses the kernel's GPU state on current drivers
+    (NVIDIA/cuda-checkpoint#44). Before, the room gate read a GetState that failed once as
+    "no memory to bring back" and let the restore go; the restore read CHECKPOINTED and restored
+    4 GiB into a GPU with 2 GiB free, on a transient driver error (review s53 finding 2). Now
+    the kernel waits, as for want of room, until its state reads again and the room is there."""
+    drv = FlakyStateDriver()
+    hib = Hibernator(driver=drv, retry_first=0.05, room_poll=0.05, wait_bound=3600)
+    full = Room(False, "2 GiB of the GPU's 10 GiB is free and it needs 4 GiB")
+    hib.room = lambda s: full
+    hib.kernels["k"] = KernelSleep("k", state="hibernated", pid=os.getpid(), memory_mib=4 * GIB)
+    task = hib.resume("k", "a message to the kernel")
+    s = hib.kernels["k"]
+    await until(lambda: drv.restores or (not drv.failures and s.wait_why == full.why), "a look")
+    assert drv.restores == 0, "restored with no room, on an unreadable GetState"
+    assert hib.kernel_json("k")["waiting_for_gpu"] and not task.done()
+    hib.room = lambda s: Room(True, "room")  # the room is there now: restored, once
+    hib.retry_now("k")
+    assert await asyncio.wait_for(task, 20) is True and drv.restores == 1
+
+
+async def test_an_unreadable_cuda_state_of_a_process_gone_is_a_restarted_kernel():
+    """The other side of the rule above: a kernel restarted (or dead) while hibernated has no
+    process for GetState to read. Its resume must not wait for room it will never need: it
+    takes the restart path at once (its messages go to the kernel there is now)."""
+    gone = subprocess.Popen([sys.executable, "-c", "pass"])
+    gone.wait()
+    drv = FlakyStateDriver(failures=10**6)  # a pid the driver does not know: never readable
+    hib = Hibernator(driver=drv, retry_first=0.05, room_poll=0.05, wait_bound=3600)
+    hib.room = lambda s: Room(False, "no room")
+    hib.kernels["k"] = KernelSleep("k", state="hibernated", pid=gone.pid, memory_mib=4 * GIB)
+    assert await asyncio.wait_for(hib.resume("k", "a message to the kernel"), 20) is True
+    assert hib.kernels["k"].state == "running" and drv.restores == 0

@@ -728,11 +728,23 @@ class Hibernator(LoggingConfigurable):
             s.restore_stalled_since = None
 
     async def _gate(self, s: KernelSleep) -> Room | None:
-        """None: restore now. A Room saying why not where the process's GPU state is in host
-        memory and nothing says the physical GPU has room for it (room.py)."""
+        """None: restore now. A Room saying why not where the process's GPU state is (or, its
+        state unreadable, may be) in host memory and nothing says the physical GPU has room
+        for it (room.py)."""
         assert s.pid is not None
-        if await self.offload(self._state_or_unknown, s.pid) != "checkpointed":
-            return None  # locked (an unlock), running, failed, gone: no memory to bring back
+        state = await self.offload(self._state_or_unknown, s.pid)
+        if state in ("locked", "running", "failed") or not os.path.exists(f"/proc/{s.pid}"):
+            return None  # an unlock, a restore done, failed, gone: no memory to bring back
+        if state != "checkpointed":
+            # unreadable (GetState failed) or between states: its memory may still be in host
+            # memory, and _restore reads the state again and restores if it is: it waits
+            return Room(
+                False,
+                "no room is confirmed for it: its CUDA state could not be read just now (the "
+                "CUDA driver's GetState failed)"
+                if state == "unknown"
+                else f"no room is confirmed for it: its CUDA state reads {state}",
+            )
         if self.room is None:
             return Room(False, "nothing reads the GPU's free memory here")
         try:
