@@ -15,6 +15,7 @@ import json
 import os
 import subprocess
 import sys
+from datetime import timedelta
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -22,6 +23,8 @@ import pytest
 
 from fracspawner.serverext.checkpoint import CheckpointError
 from fracspawner.serverext.hibernate import GPU_FULL, LOST, Hibernator, KernelSleep
+from fracspawner.serverext.monitor import GpuMonitor
+from fracspawner.serverext.podinfo import utcnow
 from fracspawner.serverext.room import Room, room_for, virtualised_nvml
 from fracspawner.serverext.swap import SwapAgent
 from tests.test_hibernation import GIB, cuda_state
@@ -51,6 +54,9 @@ class LiveMonitor:
         total, used = self.reading or (total, used)
         device = SimpleNamespace(uuid="GPU-1", memory_total_mib=total, memory_used_mib=used)
         return SimpleNamespace(devices=[device])
+
+    def current_sample(self):
+        return self.sample
 
     def _kernel_ids(self) -> set[str]:
         return set(self.kernels)
@@ -300,3 +306,49 @@ async def test_an_unreadable_cuda_state_of_a_process_gone_is_a_restarted_kernel(
     hib.kernels["k"] = KernelSleep("k", state="hibernated", pid=gone.pid, memory_mib=4 * GIB)
     assert await asyncio.wait_for(hib.resume("k", "a message to the kernel"), 20) is True
     assert hib.kernels["k"].state == "running" and drv.restores == 0
+
+
+async def test_room_is_not_confirmed_by_a_reading_from_before_the_gpu_became_unreadable(
+    tmp_path,
+    plain,  # noqa: F811 (the fixture)
+    monkeypatch,
+):
+    """Never restore without room confirmed by a reading that still stands; a restore refused
+    for want of room loses the kernel's GPU state on current drivers
+    (NVIDIA/cuda-checkpoint#44). NVML answered once (10 GiB free), then failed (an NVML error,
+    the driver resetting): the monitor kept its last sample, and the room check still said
+    "10 GiB of 10 GiB is free" however old it was, while a co-tenant may have filled the GPU
+    (review s53 finding 3). Now a failed reading, of either kind, is no reading: the kernel
+    waits until the GPU answers again."""
+    for key in ("FRACSPAWNER_GPU_MEMORY_MIB", "FRACSPAWNER_GPU_SLICE"):
+        monkeypatch.delenv(key, raising=False)
+    gpu = tmp_path / "gpu.json"
+    readable = json.dumps({"devices": [{"memory_total_mib": 10 * GIB}]})
+    gpu.write_text(readable)
+    monitor = GpuMonitor(settings={}, source_spec=f"sim:{gpu}")
+    agent = SwapAgent(monitor, lambda s: None, restore_margin_mib=512)
+    s = KernelSleep("k", state="hibernated", pid=1, memory_mib=4 * GIB, gpu_full=True)
+    monitor.hibernator.kernels["k"] = s
+    await monitor.poll_once()
+    assert agent.room(s).ok and agent._free_mib() == 10 * GIB  # the GPU answers: room
+    gpu.write_text(json.dumps({"unavailable": "NVML: Unknown Error"}))
+    await monitor.poll_once()
+    assert monitor.reason is not None and monitor.sample is not None  # the old sample is kept
+    room = agent.room(s)
+    assert not room.ok, f"room confirmed by a stale reading: {room.why}"
+    assert agent._free_mib() is None  # nor woken early by it
+    gpu.write_text(readable)
+    await monitor.poll_once()
+    assert agent.room(s).ok  # it answers again
+    # any other error reading it (_run only logs it): the same
+    source_sample = monitor.source.sample
+    monkeypatch.setattr(monitor.source, "sample", lambda: 1 / 0)
+    with pytest.raises(ZeroDivisionError):
+        await monitor.poll_once()
+    assert monitor.reason is None and not agent.room(s).ok
+    # a reading that has not come back for two poll intervals (NVML blocked): the same
+    monkeypatch.setattr(monitor.source, "sample", source_sample)
+    await monitor.poll_once()
+    assert agent.room(s).ok
+    monitor.reading_since = utcnow() - timedelta(seconds=3 * monitor.poll_interval)
+    assert not agent.room(s).ok

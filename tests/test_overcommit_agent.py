@@ -57,6 +57,9 @@ class Monitor:
         device = SimpleNamespace(uuid="GPU-1", memory_total_mib=15360.0, memory_used_mib=15360.0)
         self.sample = SimpleNamespace(devices=[device])
 
+    def current_sample(self):
+        return self.sample
+
     def _kernel_ids(self) -> set[str]:
         return set(self.kernels)
 

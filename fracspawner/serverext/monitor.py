@@ -143,6 +143,11 @@ class GpuMonitor(BackgroundLoop):
         # when the latest reading was taken (it may have come back later): what it says about
         # the GPU holds until then, not until it came back
         self.sample_taken: datetime | None = None
+        # the latest try to read the GPU failed (GpuUnavailable or any error), and since when a
+        # reading under way has not come back: `sample` still names the devices, but no longer
+        # stands for their free memory (`current_sample`)
+        self.reading_failed = False
+        self.reading_since: datetime | None = None
         self.kernels: dict[str, KernelGpu] = {}
         self.processes: list[tuple[str | None, Any]] = []
         self.unmatched: list[Any] = []
@@ -227,7 +232,7 @@ class GpuMonitor(BackgroundLoop):
         """Take one reading (off the event loop: NVML and /proc reads block) and apply it."""
         assert self.source is not None
         kernel_ids = self._kernel_ids()
-        taken = utcnow()
+        taken = self.reading_since = utcnow()
         try:
             sample = await asyncio.to_thread(self.source.sample)
             found = await asyncio.to_thread(
@@ -240,12 +245,31 @@ class GpuMonitor(BackgroundLoop):
         except GpuUnavailable as exc:
             if self.reason != str(exc):
                 self.log.info("fracspawner: no GPU to read: %s", exc)
-            self.reason = str(exc)
+            self.reason, self.reading_failed = str(exc), True
             return
-        self.reason = None
+        except Exception:  # _run logs it
+            self.reading_failed = True
+            raise
+        finally:
+            self.reading_since = None
+        self.reason, self.reading_failed = None, False
         self.apply(
             sample, found.owned, kernel_ids, utcnow(), unmatched=found.unmatched, taken=taken
         )
+
+    def current_sample(self) -> GpuSample | None:
+        """The latest reading while it still stands for the GPU's memory (the room check before
+        a restore: swap.py): None once a later try to read the GPU failed, or while a reading
+        has not come back for two poll intervals (NVML can block while the driver resets). A
+        co-tenant may have filled the GPU since; a restore tried on that old word may be
+        refused for want of room, and that loses the kernel's GPU state on current drivers
+        (NVIDIA/cuda-checkpoint#44)."""
+        if self.reading_failed:
+            return None
+        since = self.reading_since
+        if since is not None and (utcnow() - since).total_seconds() > 2 * self.poll_interval:
+            return None
+        return self.sample
 
     def _state(self, p: Any) -> str:
         """One process's reading: busy, idle, or unknown (never read as idle when unsure)."""

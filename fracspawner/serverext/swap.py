@@ -354,8 +354,9 @@ class SwapAgent(LoggingConfigurable):
 
     # --- room on the GPU ----------------------------------------------------------------------
     def room(self, s: Any) -> Room:
-        """Whether kernel `s` (hibernate.KernelSleep) may be restored now (room.py)."""
-        sample = self.monitor.sample
+        """Whether kernel `s` (hibernate.KernelSleep) may be restored now (room.py); no room
+        by a reading the GPU has not confirmed since (monitor.GpuMonitor.current_sample)."""
+        sample = self.monitor.current_sample()
         devices = (
             [(d.memory_total_mib, d.memory_used_mib) for d in sample.devices]
             if sample is not None
@@ -406,8 +407,9 @@ class SwapAgent(LoggingConfigurable):
         return True
 
     def _free_mib(self) -> float | None:
-        """The device's free memory by the monitor's latest reading (one device only)."""
-        sample = self.monitor.sample
+        """The device's free memory by the monitor's latest reading that still stands (one
+        device only)."""
+        sample = self.monitor.current_sample()
         if sample is None or len(sample.devices) != 1:
             return None
         d = sample.devices[0]
