@@ -23,7 +23,7 @@ from pathlib import Path
 
 import pytest
 
-from fracspawner.serverext.checkpoint import CheckpointDriver
+from fracspawner.serverext.checkpoint import CheckpointDriver, CheckpointError
 from fracspawner.serverext.hibernate import Hibernator
 from fracspawner.serverext.room import Room, room_for
 from tests.test_culler_support import JupyterServer, execute, wait_for
@@ -155,6 +155,70 @@ async def test_defect1_unlock_failing_after_a_refused_checkpoint_is_retried(fake
     assert hib.kernel_json("k")["reason"] == (
         "cannot hibernate: the driver refused (CUDA_ERROR_NOT_SUPPORTED)"
     )
+
+
+class CheckpointRaisesButGoesThrough:
+    """Lock succeeds; Checkpoint answers an error yet the process reads CHECKPOINTED after it
+    (hibernate._after_refusal: "the checkpoint went through after all")."""
+
+    def __init__(self) -> None:
+        self.st, self.restores = "running", 0
+
+    def check(self) -> None:
+        return None
+
+    def state(self, pid: int) -> str:
+        return self.st
+
+    def lock(self, pid: int, timeout_ms: int) -> None:
+        self.st = "locked"
+
+    def checkpoint(self, pid: int) -> None:
+        self.st = "checkpointed"
+        raise CheckpointError("cuCheckpointProcessCheckpoint", "CUDA_ERROR_UNKNOWN")
+
+    def restore(self, pid: int) -> None:
+        self.restores += 1
+        self.st = "locked"
+
+    def unlock(self, pid: int) -> None:
+        self.st = "running"
+
+
+async def test_a_checkpoint_that_went_through_after_a_refusal_keeps_what_it_holds(
+    tmp_path, monkeypatch
+):
+    """Never restore without room confirmed; a restore refused for want of room loses the
+    kernel's GPU state on current drivers (NVIDIA/cuda-checkpoint#44). The driver answered the
+    checkpoint with an error, yet the process reads CHECKPOINTED: it is hibernated. Before, it
+    was kept as holding 0 MiB (review s53 finding 4): the report told the culler it held
+    nothing in host memory, its resume asked the room for 0 MiB and restored 4 GiB into a GPU
+    with 1 GiB free, a client on its connection file could not resume it (no iopub watch), and
+    no hibernation was recorded. Now it is hibernated as any other: what it holds, why, the
+    watch and the record."""
+    cgroup = tmp_path / "cgroup"
+    cgroup.mkdir()
+    set_cgroup(cgroup, 64, 1)
+    drv = CheckpointRaisesButGoesThrough()
+    settings = {"cgroup_root": str(cgroup), "cpu_probe_seconds": 0, "in_container": False,
+                "retry_first": 0.05, "room_poll": 0.05, "wait_bound": 3600}  # fmt: skip
+    hib = Hibernator(driver=drv, **settings)
+    monkeypatch.setattr("fracspawner.serverext.hibernate.driver_problem", lambda *a: None)
+    watched: list[str] = []
+    hib.watch = lambda kid: watched.append(kid) or (lambda: None)
+    # NVML of the device: 10 GiB, 9 GiB used (1 GiB free)
+    hib.room = lambda s: room_for(s.memory_mib, granted_mib=None, devices=[(10 * GIB, 9 * GIB)],
+                                  grant_only=None, margin_mib=512)  # fmt: skip
+    pid = os.getpid()
+    assert await hib.hibernate("k", [pid], 4 * GIB, kernel_pid=pid, why="idle") == "hibernated"
+    assert hib.memory_of("k") == 4 * GIB, "reported as holding 0 MiB in host memory"
+    assert hib.kernel_json("k")["hibernated_why"] == "idle" and watched == ["k"]
+    assert [h["gpu_memory_mib"] for h in hib.hibernations] == [4 * GIB]
+    task = hib.resume("k", "a message to the kernel")
+    await asyncio.sleep(0.3)
+    assert drv.restores == 0, "restored 4 GiB into 1 GiB free"
+    assert hib.kernel_json("k")["waiting_for_gpu"] and not task.done()
+    hib.forget("k")
 
 
 async def test_defect2_lock_not_ready_is_busy_and_tried_again(fake, sleeper):

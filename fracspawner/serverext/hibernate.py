@@ -505,11 +505,25 @@ class Hibernator(LoggingConfigurable):
             s.state, s.cannot = "running", f"cannot hibernate: {exc}"
             return s.state
         except Exception as exc:  # _Cannot, a driver error anywhere, a broken binding
-            return await self._after_refusal(s, pid, exc)
+            left = await self._after_refusal(s, pid, exc)
+            if left != "checkpointed":
+                return left
+            # the checkpoint went through after all: hibernated as any other, holding what
+            # it held (the report's host memory, the room its resume asks), watched, recorded
+            self.log.warning(
+                "fracspawner: kernel %s: the driver answered the checkpoint with %s, yet its "
+                "process is checkpointed: hibernated",
+                s.kernel_id,
+                _code(exc) or exc,
+            )
         except BaseException:  # cancelled: never left "hibernating", read as idle for ever
             s.state = "running"
             raise
-        seconds = round(time.monotonic() - started, 3)
+        return self._hibernated(s, memory_mib, why, round(time.monotonic() - started, 3))
+
+    def _hibernated(self, s: KernelSleep, memory_mib: float, why: str, seconds: float) -> str:
+        """`s`'s GPU state is in host memory now: say what it holds and why, record it, and
+        watch its iopub for clients that bypass this server (foreign.py)."""
         s.state, s.memory_mib, s.since, s.why = "hibernated", memory_mib, self.now(), why
         s.restore_error, s.attempts, s.next_retry = None, 0, None
         self.hibernations = [
@@ -533,7 +547,8 @@ class Hibernator(LoggingConfigurable):
         return s.state
 
     async def _after_refusal(self, s: KernelSleep, pid: int, exc: Exception) -> str:
-        """Put the process back as far as the driver lets, and say so."""
+        """Put the process back as far as the driver lets, and say so; "checkpointed" where
+        the checkpoint went through after all (the caller hibernates it), else its state."""
         left = await self.offload(self._settle, pid)
         code = exc.code if isinstance(exc, CheckpointError) else str(exc)
         if left == "locked":
@@ -554,8 +569,7 @@ class Hibernator(LoggingConfigurable):
             self.log.warning("fracspawner: kernel %s %s", s.kernel_id, s.cannot)
             return s.state
         if left == "checkpointed":  # the checkpoint went through after all: resume on use
-            s.state, s.since = "hibernated", self.now()
-            return s.state
+            return left
         s.state = "running"  # never ended for it: left as the driver left it
         s.cannot = f"cannot hibernate: the driver refused ({code})"
         self.log.warning("fracspawner: kernel %s %s", s.kernel_id, s.cannot)
