@@ -103,6 +103,29 @@ async def test_the_agent_swaps_out_only_its_own_kernels_and_reports_sooner(monke
     assert monitor.asked == [("k1", "swapped out: the GPU was full")]
 
 
+async def test_an_unhashable_kernel_id_drops_nothing_else_of_the_answer(monkeypatch):
+    """The answer is the culler's, read with care: a kernel id that is a list or a mapping in a
+    grant, a wait or host room raised TypeError (`in` a set) and the rest of that answer was
+    lost, the hibernate orders and the grants after it included (review s53 finding 6); so was
+    it where a list was a mapping. Now such an entry, or field, is skipped (each kernel's own
+    orders are still taken only by the ids this server reported)."""
+    monkeypatch.setenv("FRACSPAWNER_GPU_OVERCOMMIT", "2")
+    hib = Hibernator(driver=Driver())
+    monitor = Monitor(hib, {"k1", "k2"})
+    agent = SwapAgent(monitor, lambda s: None)
+    s = hibernated(hib, "k2")
+    s.gpu_full = True  # its resume waits for room
+    bad = [{"kernel_id": ["k1"], "gpu_memory_mib": 1.0}, {"kernel_id": {"k1": 1}}]
+    agent.on_answer(
+        {"swap": {"resume": [*bad, {"kernel_id": "k2", "gpu_memory_mib": 3840.0}],
+                  "wait": bad, "host_room": bad, "host_wait": {"kernel_id": "k1"},
+                  "hibernate": [*bad, {"kernel_id": "k1", "reason": "swapped out"}]}}
+    )  # fmt: skip
+    await until(lambda: monitor.asked, "the swap order taken")
+    assert monitor.asked == [("k1", "swapped out")] and hib.granted(s) == 3840.0
+    assert set(agent.host_room) == {"k1"} and agent.host_wait == {}
+
+
 async def test_a_resume_on_a_full_gpu_waits_for_the_cullers_grant_and_says_so_once(
     monkeypatch,
 ):

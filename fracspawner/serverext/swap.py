@@ -77,6 +77,20 @@ def waiting_words(reason: Any) -> str:
     return GPU_FULL
 
 
+def entries(swap: dict, key: str) -> list:
+    """The first MAX_ORDERS entries of a list in the culler's answer; [] for anything else."""
+    value = swap.get(key)
+    return value[:MAX_ORDERS] if isinstance(value, list) else []
+
+
+def own_kernel(entry: Any, live: set[str]) -> str | None:
+    """The kernel id an entry of the culler's answer names, where it is one of this server's
+    own (by the ids it reported); None for anything else (a list or a mapping is no id: `in`
+    a set would raise, and the rest of the answer would be lost)."""
+    kid = entry.get("kernel_id") if isinstance(entry, dict) else None
+    return kid if isinstance(kid, str) and kid in live else None
+
+
 def resuming(s: Any) -> bool:
     """Whether kernel `s` (hibernate.KernelSleep) is being resumed or suspended now: its
     resume task (hibernate.Hibernator.resume) is alive, or its lock is held."""
@@ -150,45 +164,48 @@ class SwapAgent(LoggingConfigurable):
             self.contended_at = self.monitor.hibernator.now()
         live = self.monitor._kernel_ids()
         hib = self.monitor.hibernator
-        for grant in (swap.get("resume") or [])[:MAX_ORDERS]:
-            if isinstance(grant, dict) and grant.get("kernel_id") in live:
+        for grant in entries(swap, "resume"):
+            kid = own_kernel(grant, live)
+            if kid is not None:
                 mib = grant.get("gpu_memory_mib")
                 if isinstance(mib, int | float) and not isinstance(mib, bool) and mib >= 0:
-                    hib.grant(grant["kernel_id"], float(mib), GRANT_SECONDS)
-        for wait in (swap.get("wait") or [])[:MAX_ORDERS]:
-            if isinstance(wait, dict) and wait.get("kernel_id") in live:
-                hib.tell_waiting(wait["kernel_id"], waiting_words(wait.get("reason")))
+                    hib.grant(kid, float(mib), GRANT_SECONDS)
+        for wait in entries(swap, "wait"):
+            kid = own_kernel(wait, live)
+            if kid is not None:
+                hib.tell_waiting(kid, waiting_words(wait.get("reason")))
         roomed = False
-        for room in (swap.get("host_room") or [])[:MAX_ORDERS]:
-            if isinstance(room, dict) and room.get("kernel_id") in live:
-                self.host_room[room["kernel_id"]] = self._room_until()
-                self.host_wait.pop(room["kernel_id"], None)
+        for room in entries(swap, "host_room"):
+            kid = own_kernel(room, live)
+            if kid is not None:
+                self.host_room[kid] = self._room_until()
+                self.host_wait.pop(kid, None)
                 roomed = True
         if roomed:  # the room is held for a short while: hibernate now, not at the next reading
             task = asyncio.get_running_loop().create_task(self._hibernate_due())
             self._tasks.add(task)
             task.add_done_callback(self._tasks.discard)
-        for wait in (swap.get("host_wait") or [])[:MAX_ORDERS]:
-            if isinstance(wait, dict) and wait.get("kernel_id") in live:
-                kid, why = wait["kernel_id"], wait.get("reason")
+        for wait in entries(swap, "host_wait"):
+            kid = own_kernel(wait, live)
+            if kid is not None:
+                why = wait.get("reason")
                 if not (isinstance(why, str) and why.isprintable()):
                     why = self._host_why(kid)  # keep the last readable
                 self.host_wait[kid] = (why[:300] if why else None, self.monitor.hibernator.now())
-        for order in (swap.get("hibernate") or [])[:MAX_ORDERS]:
-            if not isinstance(order, dict):
+        for order in entries(swap, "hibernate"):
+            kid = own_kernel(order, live)
+            if kid is None:
                 continue
-            kid, reason = order.get("kernel_id"), order.get("reason")
-            if not isinstance(kid, str) or kid not in live:
-                continue  # only this server's own kernels, by the ids it reported
+            reason = order.get("reason")
             self.host_room[kid] = self._room_until()  # ordered within the node's budget
             why = reason if isinstance(reason, str) and reason else "swapped out"
             self.orders = [*self.orders[-49:], {"kernel_id": kid, "reason": why[:300]}]
             task = asyncio.get_running_loop().create_task(self._swap_out(kid, why[:300]))
             self._tasks.add(task)
             task.add_done_callback(self._tasks.discard)
-        for order in (swap.get("shutdown") or [])[:MAX_ORDERS]:
-            kid = order.get("kernel_id") if isinstance(order, dict) else None
-            if isinstance(kid, str) and kid in live:  # its own kernels, by the ids it reported
+        for order in entries(swap, "shutdown"):
+            kid = own_kernel(order, live)
+            if kid is not None:
                 task = asyncio.get_running_loop().create_task(self._shut_down(kid))
                 self._tasks.add(task)
                 task.add_done_callback(self._tasks.discard)
