@@ -747,9 +747,11 @@ class Hibernator(LoggingConfigurable):
         for it (room.py)."""
         assert s.pid is not None
         state = await self.offload(self._state_or_unknown, s.pid)
-        if state in ("locked", "running", "failed") or not os.path.exists(f"/proc/{s.pid}"):
-            return None  # an unlock, a restore done, failed, gone: no memory to bring back
+        if state in ("locked", "running", "failed"):
+            return None  # an unlock, a restore done, failed: no memory to bring back
         if state != "checkpointed":
+            if not os.path.exists(f"/proc/{s.pid}"):
+                return None  # gone: the restart path, nothing to bring back
             # unreadable (GetState failed) or between states: its memory may still be in host
             # memory, and _restore reads the state again and restores if it is: it waits
             return Room(
