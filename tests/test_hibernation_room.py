@@ -308,6 +308,25 @@ async def test_an_unreadable_cuda_state_of_a_process_gone_is_a_restarted_kernel(
     assert hib.kernels["k"].state == "running" and drv.restores == 0
 
 
+async def test_a_checkpointed_kernel_whose_pid_this_server_cannot_see_still_waits_for_room():
+    """A process the driver reads CHECKPOINTED is never taken for gone, whatever /proc shows
+    (a kernel in another PID namespace than the extension, a replay's pid): its restore still
+    waits for room (NVIDIA/cuda-checkpoint#44)."""
+    gone = subprocess.Popen([sys.executable, "-c", "pass"])
+    gone.wait()
+    drv = FlakyStateDriver(failures=0)  # reads CHECKPOINTED
+    hib = Hibernator(driver=drv, retry_first=0.05, room_poll=0.05, wait_bound=3600)
+    full = Room(False, "2 GiB of the GPU's 10 GiB is free and it needs 4 GiB")
+    hib.room = lambda s: full
+    hib.kernels["k"] = KernelSleep("k", state="hibernated", pid=gone.pid, memory_mib=4 * GIB)
+    task = hib.resume("k", "a message to the kernel")
+    s = hib.kernels["k"]
+    await until(lambda: drv.restores or s.wait_why == full.why, "a look at the room")
+    assert drv.restores == 0 and not task.done()
+    task.cancel()
+    await asyncio.gather(task, return_exceptions=True)
+
+
 async def test_room_is_not_confirmed_by_a_reading_from_before_the_gpu_became_unreadable(
     tmp_path,
     plain,  # noqa: F811 (the fixture)
