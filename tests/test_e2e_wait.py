@@ -80,6 +80,14 @@ def test_the_line_leaves_room_for_spawns_that_start_now(hub, devcluster):
     assert status == 202, body  # in line
     wait_until(lambda: server_pods(devcluster, "hana"), what="hana's pod")
 
+    def unschedulable() -> bool:  # what FracSpawner reads to know a pod waits in line
+        (pod,) = server_pods(devcluster, "hana")
+        conditions = pod["status"].get("conditions") or []
+        return any(c["type"] == "PodScheduled" and c.get("reason") == "Unschedulable"
+                   for c in conditions)  # fmt: skip
+
+    wait_until(unschedulable, what="the scheduler's word that hana's pod has no node")
+
     status, body = spawn(hub, "ivan", {"gpu": "1/4", "pool": "t4"})
     assert status == 400, body
     assert body["message"].startswith("No 1/4 GPU is free on T4 16GB (time-sliced) right now")

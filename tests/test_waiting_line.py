@@ -147,9 +147,9 @@ async def test_a_spawn_admitted_on_unknown_counts_takes_its_place_once_its_pod_w
 ):
     """Admission takes a place only where the counts say the pool is full. Admitted on counts
     it cannot trust (a watch that lost the API server, or no watch) or on a slot that looked
-    free, a spawn whose pod then waits takes its place in `_start`'s line, or is refused there
-    (429) when the line is full: 12 at once, `max_waiting` 3, all pods Pending. Before, all 12
-    waited (review s53)."""
+    free, a spawn whose pod then waits takes its place in `_start`'s line once the scheduler
+    found no node for it, or is refused there (429) when the line is full: 12 at once,
+    `max_waiting` 3, all pods Pending. Before, all 12 waited (review s53)."""
     import dataclasses
 
     from kubespawner import KubeSpawner
@@ -173,11 +173,18 @@ async def test_a_spawn_admitted_on_unknown_counts_takes_its_place_once_its_pod_w
         await asyncio.Event().wait()
 
     monkeypatch.setattr(KubeSpawner, "_start", pending_for_ever)
-    monkeypatch.setattr(FracSpawner, "_queued_pod", lambda self: {"status": {"phase": "Pending"}})
+    made = {"status": {"phase": "Pending"}}  # made, the scheduler has not looked yet
+    monkeypatch.setattr(FracSpawner, "_queued_pod", lambda self: made)
     for s in spawners:
         s._startup_timeout = 300
     tasks = [asyncio.ensure_future(s._start()) for s in spawners]
-    await asyncio.wait(tasks, timeout=3)
+    await asyncio.wait(tasks, timeout=2)
+    # a pod about to be bound takes no place: nobody is refused for a slot they may have
+    assert not any(t.done() for t in tasks) and len(WaitingSpawns.shared()) == 0
+    made["status"]["conditions"] = [
+        {"type": "PodScheduled", "status": "False", "reason": "Unschedulable"}
+    ]  # the scheduler found no node: they wait
+    await asyncio.wait(tasks, timeout=2)
     refused = [t for t in tasks if t.done()]
     assert len(refused) == 9 and len(WaitingSpawns.shared()) == 3
     error = refused[0].exception()

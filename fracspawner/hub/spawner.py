@@ -912,8 +912,12 @@ class FracSpawner(KubeSpawner):
                 now = loop.time()
                 if self._in_line():
                     # a spawn admitted on unknown or stale counts, or whose pod waits although
-                    # a slot looked free, takes its place here (none was taken at admission)
-                    if not WaitingSpawns.shared().take(key, self._waiting_limit()):
+                    # a slot looked free, takes its place here once the scheduler found no
+                    # node for it (none was taken at admission); a pod only about to be bound
+                    # takes none, so a full line never refuses a spawn that has its slot
+                    if self._unschedulable() and not WaitingSpawns.shared().take(
+                        key, self._waiting_limit()
+                    ):
                         raise capacity_refusal(self._line_full_message())
                     queued += now - last
                     if queued > self.queue_timeout:
@@ -945,6 +949,20 @@ class FracSpawner(KubeSpawner):
         if phase == "Pending" and not (pod.get("spec") or {}).get("nodeName"):
             return pod
         return None
+
+    def _unschedulable(self) -> bool:
+        """This spawn's pod waits and the scheduler has found no node for it (its PodScheduled
+        condition False, reason Unschedulable), as against one just made and about to be
+        bound."""
+        pod = self._queued_pod()
+        conditions = ((pod or {}).get("status") or {}).get("conditions") or []
+        return any(
+            isinstance(c, Mapping)
+            and c.get("type") == "PodScheduled"
+            and c.get("status") == "False"
+            and c.get("reason") == "Unschedulable"
+            for c in conditions
+        )
 
     def _in_line(self) -> bool:
         return self._room_reason is not None or self._queued_pod() is not None

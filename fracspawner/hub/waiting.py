@@ -13,7 +13,9 @@ The line is therefore bounded (`FracSpawner.max_waiting`): by default half the h
 concurrent_spawn_limit, so the other half stays for spawns that start now. A spawn that would
 wait beyond it is refused at once, with what is free now, as under admission "refuse".
 Places are taken synchronously (under the admission lock, or with no await between the count
-and the taking), so a class arriving together cannot pass the bound all at once.
+and the taking), so a class arriving together cannot pass the bound all at once. A spawn
+admitted on counts that could not tell (a stale watch, none) takes its place once the scheduler
+finds no node for its pod, or is refused then.
 """
 
 from __future__ import annotations
