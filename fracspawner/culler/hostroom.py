@@ -65,6 +65,8 @@ class HostRoom:
                 or now > at + LONGEST_SECONDS
             ):
                 del self.held[key]
+        for key in [k for k in self.waits_for if k not in self.held]:
+            del self.waits_for[key]  # its room is no longer held: nothing waits for them
         return sum(mib for (n, mib, _at, _hold) in self.held.values() if n == node)
 
     def plan(
