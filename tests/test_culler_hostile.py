@@ -875,7 +875,9 @@ async def test_one_report_naming_128_gpus_moves_no_one_elses_kernels(
         }  # fmt: skip
         now = datetime.now(timezone.utc).isoformat()
         receiver.hub.servers.setdefault(user, {})["gpu"] = {
-            "user_options": {"gpu": "1/4", "pool": "t4"}, "started": now, "last_activity": now
+            # started when its monitor did (the reports' monitor_started): a report from
+            # before its server started is a previous incarnation's, and counts for nothing
+            "user_options": {"gpu": "1/4", "pool": "t4"}, "started": T0, "last_activity": now
         }  # fmt: skip
     await culler.cull_once()
     pods = ServerPods("jhub")
@@ -931,7 +933,7 @@ async def test_a_dra_report_naming_a_gpu_its_claim_was_not_allocated_takes_no_ro
         }  # fmt: skip
         now = datetime.now(timezone.utc).isoformat()
         receiver.hub.servers.setdefault(user, {})["gpu"] = {
-            "user_options": {"gpu": "1/4", "pool": "t4-dra"}, "started": now,
+            "user_options": {"gpu": "1/4", "pool": "t4-dra"}, "started": T0,  # as its monitor
             "last_activity": now,
         }  # fmt: skip
     await culler.cull_once()
