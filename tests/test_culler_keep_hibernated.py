@@ -306,3 +306,13 @@ def test_slices_that_add_up_to_the_waiting_slice_are_enough():
     assert len(quarters) == 3, f"{len(quarters)} quarters released for a quarter and a half"
     # a slice short of the waiting one by more than its rounding is not enough
     assert len(released(kept(20000.0, 20000.0), {"h100": 20389.0})) == 2
+
+
+async def test_no_kept_server_is_released_for_a_slot_another_stop_frees():
+    """One pod waits; cat's server (GPU idle 3 h, its kernel on the GPU) is stopped this cycle
+    for `gpu_idle` anyway, and frees the slot. Ann's kept hibernated server stays: it was
+    stopped too, for nobody, and she lost her kernels (review s53; `release_for_waiting`
+    already counted such stops)."""
+    stopped, said = await cycle({"ann": (3.0, 0.0), "cat": (3.0, 2000.0)}, waiting=1)
+    assert said["cat"].startswith("gpu_idle:"), said
+    assert stopped == ["cat"], said

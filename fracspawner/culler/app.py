@@ -1175,13 +1175,16 @@ class Culler(CullerApplication):
         out, due = [], []
         for server, facts, sources in gathered:
             report = self.fresh_report(facts, now)
+            _, stop = self.decide(facts, sources, now, rules)
             if report is not None and may_keep(report, facts.pool, catalog):
-                _, stop = self.decide(facts, sources, now, rules)
                 if stop.cull and stop.reason == "gpu_idle":
                     at = facts.activity or now
                     due.append(Kept((facts.user, facts.name), facts.pool or "", at,
                                     self.claim(facts)[1], tabs_closed(report)))  # fmt: skip
                 facts = replace(facts, kept_hibernated=True)
+            elif stop.cull:  # stopped this cycle anyway: its slot goes to those waiting
+                pool = facts.pool or ""
+                waiting[pool] = waiting.get(pool, 0.0) - self.claim(facts)[1]
             out.append((server, facts, sources))
         freed = released(
             releasable(due, waited(placements, now), self.release_tab_open_after), waiting
