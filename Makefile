@@ -111,11 +111,14 @@ test: setup lint controlplane
 # The real-GPU suite (tests/gpu; docs/serverext.md "The real-GPU suite"): not part of `make test`.
 # On a machine with an NVIDIA GPU and driver it installs cupy-cuda12x and cuda-python into the
 # venv and runs; elsewhere every test skips with the reason. It prints a table of what it measured.
-test-gpu: $(STAMPS)/venv
-	@if command -v nvidia-smi >/dev/null 2>&1; then \
+# GPU_PYTHON=python3: run with an interpreter that already holds CuPy, cuda-python, nvidia-ml-py,
+# jupyter-server, ipykernel, pytest-asyncio and dnspython (a GPU machine with no package index:
+# docs/serverext.md); no venv is made then
+test-gpu: $(if $(GPU_PYTHON),,$(STAMPS)/venv)
+	@if [ -z "$(GPU_PYTHON)" ] && command -v nvidia-smi >/dev/null 2>&1; then \
 	  $(BIN)/pip install -q 'cupy-cuda12x' 'cuda-python>=12.8,<13' || echo "test-gpu: could not install cupy-cuda12x/cuda-python"; \
 	fi
-	FRACSPAWNER_GPU_TESTS=1 $(BIN)/python -m pytest tests/gpu -rs -p no:cacheprovider $(PYTEST_ARGS)
+	FRACSPAWNER_GPU_TESTS=1 $(or $(GPU_PYTHON),$(BIN)/python) -m pytest tests/gpu -rs -p no:cacheprovider $(PYTEST_ARGS)
 
 # images/*/Dockerfile built by a real Docker daemon of its own on stand-in base images, with
 # progress (tests/image_builds.py, docs/images.md); tests/test_images.py, part of `make test`,

@@ -119,7 +119,7 @@ async def test_defect1_getstate_failing_before_the_lock_never_leaves_it_hibernat
     ever; a pid the driver does not know now is tried again later."""
     state, cgroup = fake
     gone = subprocess.Popen([sys.executable, "-c", "pass"])
-    gone.wait()  # exited: GetState answers CUDA_ERROR_INVALID_VALUE
+    gone.wait()  # exited: GetState answers CUDA_ERROR_OPERATING_SYSTEM (measured, tests/gpu)
     add_process(state, gone.pid, GIB)
     hib = hibernator(cgroup)
     assert await suspend(hib, "k1", gone.pid, GIB) == "running"

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import os
 import subprocess
+import sys
 import time
 
 import pytest
@@ -71,19 +72,31 @@ async def test_nvml_attributes_a_real_allocation_to_its_kernel(server, gpu_recor
     kid = new_kernel(server)
     pid = int(await execute(server.url, server.token, kid, ALLOC))
     wait_for(lambda: entry(server, kid).get("gpu_memory_mib", 0) >= ALLOC_MIB, 60, "NVML reading")
-    seen = entry(server, kid)["gpu_memory_mib"]
     apps = {int(p): float(m) for p, m in smi("compute-apps=pid,used_memory")}
-    gpu_record("kernel GPU memory (report) MiB", seen)
-    gpu_record("the same pid per nvidia-smi MiB", apps.get(pid))
     assert pid in apps, apps  # nvidia-smi sees the same process (hostPID-less: same namespace)
-    assert abs(seen - apps[pid]) <= 2  # the meter's number is nvidia-smi's
-    report = server.gpu()
-    used = float(smi("gpu=memory.used")[0][0])
-    gpu_record(
-        "device memory used report / nvidia-smi MiB",
-        f"{report['devices'][0]['memory_used_mib']} / {used}",
-    )
-    assert abs(report["devices"][0]["memory_used_mib"] - used) <= 64  # sampled moments apart
+
+    def agree() -> tuple[float, float] | None:
+        # the two readings are moments apart and the kernel's memory may still grow by a few
+        # MiB after its cell (CuPy loading kernels: 1542 vs 1546 MiB on the first H200 run)
+        theirs = {int(p): float(m) for p, m in smi("compute-apps=pid,used_memory")}.get(pid)
+        seen = entry(server, kid).get("gpu_memory_mib", 0)
+        return (seen, theirs) if theirs is not None and abs(seen - theirs) <= 2 else None
+
+    seen, theirs = wait_for(agree, 20, "the meter's reading to be nvidia-smi's")
+    gpu_record("kernel GPU memory (report) MiB", seen)
+    gpu_record("the same pid per nvidia-smi MiB", theirs)
+
+    def device_agrees() -> tuple[float, float, float] | None:
+        # NVML's nvmlDeviceGetMemoryInfo (v1), which the meter reads, counts the driver's
+        # reserved memory as used (total - free: what can be allocated); nvidia-smi's
+        # memory.used leaves it out (615 MiB on an H200, driver 580.159.04). Sampled moments
+        # apart, so read until they agree
+        used, reserved = (float(v) for v in smi("gpu=memory.used,memory.reserved")[0])
+        ours = server.gpu()["devices"][0]["memory_used_mib"]
+        return (ours, used, reserved) if abs(ours - used - reserved) <= 64 else None
+
+    ours, used, reserved = wait_for(device_agrees, 20, "the meter's device reading")
+    gpu_record("device used: report / nvidia-smi used + reserved", f"{ours} / {used} + {reserved}")
     server.api("DELETE", f"/api/kernels/{kid}")
 
 
@@ -103,7 +116,12 @@ def test_cupy_memory_cap_from_the_pods_env_is_honoured(gpu_record):
         "print('small ok')\n"
     )
     out = subprocess.run(
-        ["python", "-c", code], env=env, capture_output=True, text=True, timeout=120, check=True
+        [sys.executable, "-c", code],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=True,
     ).stdout.split()
     gpu_record("768 MiB over a 512 MiB CUPY_GPU_MEMORY_LIMIT", out[0])
     assert out == ["refused", "small", "ok"]
@@ -236,9 +254,14 @@ async def test_swap_round_trip_two_kernels_whose_memory_exceeds_the_gpu(server, 
     assert entry(server, a)["hibernation"]["state"] == "hibernated"  # A untouched meanwhile
     wait_for(lambda: on_gpu().get(int(pid_b), 0) < each / 2, 60, "B's memory released")
 
-    # A's next cell restores A: its data intact
+    # A's next cell restores A: its data intact. The server may not have read B's memory
+    # leave yet (its monitor polls): then the cell says A waits for room, and runs once the
+    # GPU shows it free (never restored into a full GPU, NVIDIA/cuda-checkpoint#44)
     check_a = await execute(server.url, server.token, a, "print(float(a.sum()) == expected)")
-    assert check_a.strip() == "True"
+    *note, last = check_a.strip().splitlines()
+    assert last == "True", check_a
+    assert all("waits in host memory" in line for line in note), check_a
+    gpu_record("A's cell waited for room first", bool(note))
     h_a = entry(server, a)["hibernation"]
     gpu_record("restore s/GiB", round(h_a["last_resume_seconds"] / (each / 1024), 3))
     assert pid_a in on_gpu()

@@ -18,6 +18,10 @@ Sources, cited below by their letter:
        process" (cuda.bindings.driver.CUprocessState).
 [README] NVIDIA/cuda-checkpoint README ("570 Features", "The Utility", "Functionality").
 [#n]   NVIDIA/cuda-checkpoint issue n.
+[GPU]  Measured on a real driver: 580.159.04 (CUDA 13.0), one H200, cuda-bindings 13 through
+       fracspawner's CheckpointDriver, by tests/gpu/test_real_checkpoint_driver.py (`make
+       test-gpu`; docs/serverext.md has the figures). What it measured replaced the
+       assumptions that stood here; what it could not provoke stays marked "assumption".
 
 What each call does, and the line it models:
 
@@ -27,12 +31,13 @@ What each call does, and the line it models:
   lookup); the checkpoint entry points arrived with r570 / CUDA 12.8 ([README] "570 Features":
   "CUDA Driver interfaces at feature parity with the cuda-checkpoint utility").
   `"cuda_driver_version"` below 12080 models an older driver.
+- A pid that is no process (it exited): every checkpoint call, GetState included, returns
+  CUDA_ERROR_OPERATING_SYSTEM ([GPU]: GetState, Lock and Restore; not among GetState's
+  documented returns, [API]).
 - cuCheckpointProcessGetState ([API] Returns: SUCCESS, INVALID_VALUE, NOT_INITIALIZED,
-  NOT_SUPPORTED): a pid that is no process (it exited) -> CUDA_ERROR_INVALID_VALUE
-  (assumption: which of the two documented errors an exited pid gives is not stated); a live
-  process that never used CUDA -> CUDA_ERROR_NOT_SUPPORTED (assumption, same reason);
-  `"getstate_error": "CUDA_ERROR_..."` on a process forces either (tests). Before cuInit:
-  NOT_INITIALIZED (documented return; cuInit's contract).
+  NOT_SUPPORTED): a live process that never used CUDA -> CUDA_ERROR_NOT_INITIALIZED ([GPU]);
+  `"getstate_error": "CUDA_ERROR_..."` on a process forces any (tests). Before cuInit (this
+  process's): NOT_INITIALIZED (documented return; cuInit's contract).
 - cuCheckpointProcessLock: RUNNING -> LOCKED ([API]: "Process must be in the RUNNING state in
   order to lock. Upon successful return the process will be in the LOCKED state"); any other
   state: CUDA_ERROR_ILLEGAL_STATE (a documented return). "If timeoutMs is specified and the
@@ -40,8 +45,11 @@ What each call does, and the line it models:
   process with `"lock_busy": n` (n > 0, counted down; `true` = always) has CUDA work that does
   not finish: the call waits min(timeoutMs, 200) ms and returns CUDA_ERROR_NOT_READY, left
   RUNNING. NOT_READY is the one "not yet" code among Lock's documented returns (SUCCESS,
-  INVALID_VALUE, NOT_INITIALIZED, ILLEGAL_STATE, NOT_SUPPORTED, NOT_READY); that a reached
-  timeout returns it, and not TIMEOUT, is an assumption the docs do not spell out.
+  INVALID_VALUE, NOT_INITIALIZED, ILLEGAL_STATE, NOT_SUPPORTED, NOT_READY), and a reached
+  timeout returns it, after the timeout, the process RUNNING ([GPU]: Lock(500 ms) during a 6 s
+  kernel). Every call from another state than its own returns ILLEGAL_STATE ([GPU]: Lock on
+  LOCKED or CHECKPOINTED, Checkpoint on RUNNING or CHECKPOINTED, Restore on RUNNING or
+  LOCKED, Unlock on RUNNING or CHECKPOINTED).
   Lock waits for submitted work ([README]: "already-submitted CUDA work ... are completed").
 - cuCheckpointProcessCheckpoint: LOCKED -> CHECKPOINTED; "The GPU memory contents will be
   brought into host memory and all underlying references will be released" ([API]), so NVML no
@@ -55,17 +63,20 @@ What each call does, and the line it models:
     ... operation not permitted" with partial device passthrough, a comment: fixed in
     575.57.08's release notes; [#12]: the restore fails the same way) ->
     CUDA_ERROR_NOT_PERMITTED;
-  the process is then left LOCKED, or FAILED with `"refuse_leaves": "failed"` ([README]: it
-  "does not attempt to keep the process in a good state if an error (such as the presence of a
-  UVM allocation) is encountered during checkpoint or restore"; which of the two a given error
-  leaves is not documented: assumption, chosen per process).
+  the process is then left LOCKED ([GPU]: 64 MiB of cudaMallocManaged beside a plain
+  allocation -> NOT_SUPPORTED, LOCKED, and it runs on with its data after the unlock), or
+  FAILED with `"refuse_leaves": "failed"` ([README]: it "does not attempt to keep the process
+  in a good state if an error ... is encountered during checkpoint or restore"; no refusal
+  measured left it FAILED: assumption, kept for the other refusals).
 - cuCheckpointProcessRestore: CHECKPOINTED -> LOCKED ([API]: "Process must be in the
   CHECKPOINTED state to restore"; the state after it is LOCKED, as the README's resume
   sequence ends "CUDA driver APIs are unlocked" only at the unlock). "The GPU to restore onto
   needs to have enough memory" ([API]): when the GPU's free memory (memory_total_mib minus what
   its listed processes hold) is below what the process had, -> CUDA_ERROR_OUT_OF_MEMORY and
-  the process stays CHECKPOINTED ([#44]). `"restore_failures": n` fails the next n restores
-  the same way (a co-tenant filled the GPU meanwhile, without timing a second process).
+  the process stays CHECKPOINTED ([#44]; [GPU]: a process NVML listed at 1,546 MiB was
+  restored with 63 MiB more than that free, and refused with 1 MiB less).
+  `"restore_failures": n` fails the next n restores the same way (a co-tenant filled the GPU
+  meanwhile, without timing a second process).
   After such a refusal the process is lost for good, as [#44] reports on driver 580.95.05 /
   CUDA 13.0 (NVIDIA/cuda-checkpoint#44, "Restore permanently fails after initial OOM - process
   stuck in CHECKPOINTED state": "all subsequent restore attempts fail with
@@ -74,7 +85,8 @@ What each call does, and the line it models:
   restore returns CUDA_ERROR_OPERATING_SYSTEM, room or not, GetState still answers
   CHECKPOINTED, unlock CUDA_ERROR_ILLEGAL_STATE (it is not LOCKED), and the process's own CUDA
   calls block for ever. The issue is open and names no fixed driver: modelled on every
-  driver version. `"restore_transient": n` fails the next n restores with
+  driver version ([GPU]: the same on 580.159.04, after the memory that was missing was free
+  again). `"restore_transient": n` fails the next n restores with
   CUDA_ERROR_NOT_READY, the process staying CHECKPOINTED and restorable (assumption: a
   stand-in for a failure that passes; the docs name none). `"restore_leaves": "failed"` makes
   the next restore fail and leave the process FAILED ([README] "Functionality", as above).
@@ -89,15 +101,18 @@ What each call does, and the line it models:
   (assumption: a documented return, when it happens is not).
 - FAILED is terminal: every call but GetState returns CUDA_ERROR_ILLEGAL_STATE ([ENUM]
   "uncorrectable"; [README] "does not attempt to keep the process in a good state").
-- cuCheckpointProcessGetRestoreThreadId: the process's main thread ([API]: "Returns in *tid
-  the thread ID of the CUDA restore thread"; assumption: which thread it is).
+- cuCheckpointProcessGetRestoreThreadId: a thread other than the process's main one ([API]:
+  "Returns in *tid the thread ID of the CUDA restore thread"; [GPU]: not the pid). The fake
+  answers pid + 1 (assumption: which other thread; nothing here uses it).
 - The process's own CUDA calls: `fake_cuda_call()` (not a CUDA name: a test-only stand-in for
   any runtime or driver call the process itself makes, e.g. a cell touching a tensor) blocks
   while its state is LOCKED or CHECKPOINTED ([API] Lock: "which will block further CUDA API
   calls"; [README]: CPU threads may go on "calling runtime or driver APIs (which may block
-  until CUDA is resumed)") and raises in FAILED (assumption: an uncorrectable error).
+  until CUDA is resumed)"; [GPU]: a CuPy sum blocked while LOCKED and answered after the
+  unlock) and raises in FAILED (assumption: an uncorrectable error).
 - Copy time: `"bandwidth_gib_s"` (top level; default 0 = instant) makes Checkpoint and Restore
-  sleep memory / bandwidth seconds, a PCIe-class copy (assumption: a model, not a measure).
+  sleep memory / bandwidth seconds. [GPU] measured 1.4 to 1.9 GiB/s for a checkpoint and 3.4
+  to 5.5 GiB/s for a restore (4 GiB and 84 GiB processes): one rate for both is a model.
 """
 
 from __future__ import annotations
@@ -242,9 +257,11 @@ def _transition(name: str, pid: int, start: str, end: str, act=None) -> tuple:
     if not _initialised:
         return (CUresult.CUDA_ERROR_NOT_INITIALIZED,)
     with _state() as data:
+        if not _exists(data, pid):
+            return (CUresult.CUDA_ERROR_OPERATING_SYSTEM,)  # exited: [GPU]
         p, dev, is_mig = _find(data, pid)
-        if p is None or not _exists(data, pid):
-            return (CUresult.CUDA_ERROR_INVALID_VALUE,)
+        if p is None:
+            return (CUresult.CUDA_ERROR_INVALID_VALUE,)  # no CUDA in it: assumption
         if p.get("cuda_state", "running") != start:
             return (CUresult.CUDA_ERROR_ILLEGAL_STATE,)  # FAILED included: terminal
         if act is not None:
@@ -261,10 +278,10 @@ def cuCheckpointProcessGetState(pid: int) -> tuple:  # noqa: N802
         return CUresult.CUDA_ERROR_NOT_INITIALIZED, None
     data = _peek()
     if not _exists(data, pid):
-        return CUresult.CUDA_ERROR_INVALID_VALUE, None  # exited: assumption (see above)
+        return CUresult.CUDA_ERROR_OPERATING_SYSTEM, None  # exited: [GPU]
     p, _dev, _mig = _find(data, pid)
     if p is None:
-        return CUresult.CUDA_ERROR_NOT_SUPPORTED, None  # no CUDA in it: assumption
+        return CUresult.CUDA_ERROR_NOT_INITIALIZED, None  # no CUDA in it: [GPU]
     if p.get("getstate_error"):
         return CUresult[p["getstate_error"]], None
     return CUresult.CUDA_SUCCESS, _STATES[p.get("cuda_state", "running")]
@@ -275,10 +292,12 @@ def cuCheckpointProcessGetRestoreThreadId(pid: int) -> tuple:  # noqa: N802
     if not _initialised:
         return CUresult.CUDA_ERROR_NOT_INITIALIZED, None
     data = _peek()
+    if not _exists(data, pid):
+        return CUresult.CUDA_ERROR_OPERATING_SYSTEM, None
     p, _dev, _mig = _find(data, pid)
-    if p is None or not _exists(data, pid):
+    if p is None:
         return CUresult.CUDA_ERROR_INVALID_VALUE, None
-    return CUresult.CUDA_SUCCESS, int(pid)
+    return CUresult.CUDA_SUCCESS, int(pid) + 1  # not the main thread: [GPU]
 
 
 def cuCheckpointProcessLock(pid: int, args: _Args | None) -> tuple:  # noqa: N802
