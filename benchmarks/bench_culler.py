@@ -53,7 +53,7 @@ decision goes through the real code:
   server is needed: keep.py); reports name each physical GPU by its own UUID;
 - hibernation runs through the real Hibernator with a fake checkpoint driver: a suspended
   kernel's memory leaves the GPU for its pod's host memory (a 64 GiB pod limit using 8 GiB), and
-  the user's next cell resumes it first, in 0.3 s + memory / 25 GiB/s (PCIe 4.0 x16), through
+  the user's next cell resumes it first, in 0.2 s + memory / 5.5 GiB/s (measured), through
   the product's restore path: the room check before every restore (serverext/room.py: on an
   over-committed pool and under HAMi-core only the culler's grant counts, elsewhere NVML of the
   device with a margin), the resume waiting for room meanwhile (`memory_waits`: cell-minutes;
@@ -196,11 +196,13 @@ OVERCOMMIT_KERNEL_OFF = "fracspawner_overcommit_kernel_off"
 # GPU hibernation as the way to give memory back: suspend after 5 min, never shut the kernel
 # down for GPU idleness, stop a GPU-idle server after 2 h
 HIBERNATE_IDLE = {"kernel_gpu_hibernate": "5m", "kernel_gpu_idle": "off", "server_gpu_idle": "2h"}
-# the fake checkpoint driver's copy model: a resume (or suspend) takes a fixed part (re-acquiring
-# the GPU, restoring contexts and streams) plus the memory over a PCIe 4.0 x16 link's practical
-# host<->device bandwidth
-COPY_GIB_S = 25.0
-COPY_FIXED_S = 0.3
+# the fake checkpoint driver's resume time: a fixed part (re-acquiring the GPU, restoring contexts
+# and streams) plus the memory at the rate the real driver restores, not the link's: measured by
+# `make test-gpu` on an H200, driver 580.159.04 (docs/serverext.md): a 1.5 GiB kernel's resume
+# 0.41-0.49 s, an 84 GiB one's 0.16-0.18 s/GiB, i.e. about 0.2 s + memory / 5.5 GiB/s. PCIe's
+# 25 GiB/s, the model before, made resumes look 4 to 5 times shorter than users wait
+COPY_GIB_S = 5.5
+COPY_FIXED_S = 0.2
 POD_HOST_MEMORY_GIB, POD_HOST_USED_GIB = 64, 8  # each pod's memory limit and what it uses
 CAME_BACK_MIN = 30  # a cull its user comes back to within this is a disruption
 GROWS_BY, GROWS_TO = 0.01, 1.5  # a growing kernel: 1 % of its size a working minute, to 1.5 x
