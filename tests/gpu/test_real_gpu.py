@@ -172,6 +172,15 @@ def _rss_mib(pid: int) -> float:
     return float("nan")
 
 
+def _cgroup_current_mib(pid: int) -> float | None:
+    """memory.current of the process's cgroup (v2), as the hibernator reads the pod's."""
+    try:
+        path = open(f"/proc/{pid}/cgroup").read().strip().split("::", 1)[1]
+        return int(open(f"/sys/fs/cgroup{path}/memory.current").read()) / 2**20
+    except (OSError, IndexError, ValueError):
+        return None
+
+
 def _fill(mib: int) -> str:
     """A cell holding `mib` MiB of float64 on the GPU with a known checksum."""
     return (
@@ -223,6 +232,7 @@ async def test_swap_round_trip_two_kernels_whose_memory_exceeds_the_gpu(server, 
     pid_a = int(await execute(server.url, server.token, a, _fill(each)))
     rss_before = _rss_mib(pid_a)
     available_before = _meminfo_available_mib()
+    cgroup_before = _cgroup_current_mib(pid_a)
     h = wait_for(lambda: settled(a), 300, "kernel A hibernated (or refused)")
     if h["state"] == "cannot_hibernate":  # a driver or container condition (doctor says which)
         server.api("DELETE", f"/api/kernels/{a}")
@@ -232,7 +242,13 @@ async def test_swap_round_trip_two_kernels_whose_memory_exceeds_the_gpu(server, 
     out_a = server.gpu()["hibernation"]["hibernations"][-1]
     assert out_a["kernel_id"] == a
     gpu_record("checkpoint s/GiB", round(out_a["seconds"] / (each / 1024), 3))
+    # the host copy against what the hibernator checks before it (the NVML listing plus
+    # Hibernator.host_margin_mib under the pod's cgroup limit)
+    gpu_record("A's GPU memory by NVML (hibernated) MiB", out_a["gpu_memory_mib"])
     gpu_record("A's RSS grew by MiB (host copy)", round(_rss_mib(pid_a) - rss_before))
+    if cgroup_before is not None:
+        grew = _cgroup_current_mib(pid_a) - cgroup_before
+        gpu_record("A's cgroup memory.current grew by MiB", round(grew))
     gpu_record(
         "host MemAvailable dropped by MiB", round(available_before - _meminfo_available_mib())
     )
