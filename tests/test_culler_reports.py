@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from fracspawner.culler import Culler, combine, decide_server
-from fracspawner.culler.decide import ServerFacts
+from fracspawner.culler.decide import GpuFacts, ServerFacts
 from fracspawner.culler.hubapi import HubServer
 from fracspawner.culler.identity import Identity, Refused, identity_from_model
 from fracspawner.culler.reports import ReportError, ReportStore, parse_report
@@ -56,6 +56,37 @@ def test_unavailable_report_keeps_the_servers_own_activity():
     assert sources == {"extension": None}  # no GPU reading: a failed source for a GPU server
     d = decide_server(merged, combine(sources, T), DEFAULT_IDLE, T)
     assert d.action == "keep" and d.gpu_failsafe  # 2 h < server_idle 8 h
+
+
+def test_a_gpu_source_down_stops_no_gpu_server_on_gpu_grounds_even_without_a_slice():
+    # a pod may hold a GPU without user_options["gpu"]: its own report (4096 MiB, GPU idle 2 h)
+    # says so, and with Prometheus down it is not stopped for gpu_idle on the report alone
+    c = Culler(api_token="x", report_url="http://127.0.0.1:1", prometheus_url="http://127.0.0.1:1")
+    c.initialize([])
+    ann = ServerFacts("ann", started=T - 10 * H, last_activity=T - 2 * H)
+    c.reports.put("ann", "", parse_report(report(), received_at=T))
+    merged, sources = c.gather(HubServer(ann, "/user/ann/"), None, T)
+    assert sources["prometheus"] is None  # configured and down: failed for this server
+    d = decide_server(merged, combine(sources, T), DEFAULT_IDLE, T)
+    assert (d.action, d.reason, d.gpu_failsafe) == ("keep", "active", True)  # 2 h < 8 h
+    assert "prometheus has no data for it: not culled on GPU grounds" in d.message
+    # the mirror: Prometheus sees its GPU memory, and no fresh report came
+    bob = HubServer(ServerFacts("bob", started=T - 10 * H, last_activity=T - 2 * H), "/user/bob/")
+    prom = {c.pod_of(bob): GpuFacts("prometheus", T - 5, 4096, 2 * H, 5 * H)}
+    merged, sources = c.gather(bob, prom, T)
+    assert sources["extension"] is None
+    d = decide_server(merged, combine(sources, T), DEFAULT_IDLE, T)
+    assert (d.reason, d.gpu_failsafe) == ("active", True)
+    # meanwhile a server holding no GPU by any word (its report: 0 MiB; or no report) is still
+    # stopped for plain idleness
+    idle = {"server_last_activity": iso(T - 9 * H), "user_last_activity": iso(T - 9 * H)}
+    c.reports.put("cpu", "", parse_report(report(gpu_memory_mib=0, **idle), received_at=T))
+    for user in ("cpu", "silent"):
+        facts = ServerFacts(user, started=T - 10 * H, last_activity=T - 9 * H)
+        merged, sources = c.gather(HubServer(facts, f"/user/{user}/"), None, T)
+        assert "prometheus" not in sources
+        d = decide_server(merged, combine(sources, T), DEFAULT_IDLE, T)
+        assert (d.action, d.reason, d.gpu_failsafe) == ("stop", "idle", False), user
 
 
 def test_available_report_to_facts():

@@ -1115,18 +1115,25 @@ class Culler(CullerApplication):
     ) -> tuple[ServerFacts, dict[str, GpuFacts | None]]:
         """The server's facts with its own report's activity, and each source's reading.
 
-        A source that is configured but has nothing fresh for a server holding a GPU slice is
-        recorded as failed (None): a pod missing from Prometheus's answer, no report or a stale
-        one. A report marked unavailable still gives the server's own activity."""
+        A source that is configured but has nothing fresh for a server holding a GPU is
+        recorded as failed (None): Prometheus down or a pod missing from its answer, no report
+        or a stale one. Holding a GPU is known by its slice or by GPU memory that either source
+        saw: a pod may get a GPU other than through user_options["gpu"], and the other source's
+        word alone must not stop it on GPU grounds. A report marked unavailable still gives the
+        server's own activity."""
         facts = server.facts
-        holds = facts.gpu_slice is not None
+        found = None
+        if self.prometheus_url and prom is not None:
+            found = prom.get(self.pod_of(server))
+        report = self.fresh_report(facts, now) if self.reports_enabled else None
+        own = None if report is None else report.gpu
+        holds = facts.gpu_slice is not None or any(
+            f is not None and f.memory_mib > 0 for f in (found, own)
+        )
         sources: dict[str, GpuFacts | None] = {}
-        if self.prometheus_url:
-            found = None if prom is None else prom.get(self.pod_of(server))
-            if found is not None or holds:
-                sources["prometheus"] = found
+        if self.prometheus_url and (found is not None or holds):
+            sources["prometheus"] = found
         if self.reports_enabled:
-            report = self.fresh_report(facts, now)
             if report is not None:
                 facts = replace(
                     facts,

@@ -187,6 +187,9 @@ class Reading:
 
     gpu: GpuFacts | None
     missing: str = ""  # "" when gpu is set
+    # missing, for a server that holds a GPU by its sources' word: one saw GPU memory, or one
+    # failed (recorded only for a server holding a GPU: Culler.gather); for the log and metric
+    held: bool = False
 
 
 def combine(sources: Mapping[str, GpuFacts | None], now: float, rules: Rules = Rules()) -> Reading:
@@ -199,11 +202,12 @@ def combine(sources: Mapping[str, GpuFacts | None], now: float, rules: Rules = R
     """
     if not sources:
         return Reading(None, "no GPU source configured")
+    held = any(f is None or f.memory_mib > 0 for f in sources.values())
     for name, facts in sources.items():
         if facts is None:
-            return Reading(None, f"GPU source {name} has no data for it")
+            return Reading(None, f"GPU source {name} has no data for it", held)
         if now - facts.observed_at > rules.max_staleness:
-            return Reading(None, f"{name} data stale ({fmt(now - facts.observed_at)} old)")
+            return Reading(None, f"{name} data stale ({fmt(now - facts.observed_at)} old)", held)
     readings = list(sources.values())
     known = [f for f in readings if f.known]
     name = "+".join(sources)
@@ -366,7 +370,7 @@ def decide_server(
             f"waits for a node: kept while idle for {fmt(idle)} < server_idle "
             f"{'off' if policy.server_idle is None else fmt(policy.server_idle)}",
         )
-    if not _holds_gpu(server, gpu):
+    if not _holds_gpu(server, gpu) and not reading.held:
         return _plain_idle(idle, policy, stop)
 
     if gpu is None:
