@@ -170,6 +170,22 @@ async def test_never_a_person_in_session_a_server_at_work_or_one_left_just_now(w
     assert stopped == [], f"{why}: released: {said['ann']}"
 
 
+async def test_the_time_since_the_gpu_was_read_is_not_counted_as_idle():
+    """The report was sampled 250 s ago (fresh: max_staleness is 300 s) with the GPU busy at
+    that moment. With release_away_after (200 s) below max_staleness, its GPU's last known work
+    was still not `after` ago: the 250 s since it was read are unknown, never idle (as for
+    decide_server), so it is not released."""
+    now = time.time()
+    started = {"monitor_started": iso(now - 3 * 3600)}  # this incarnation's monitor
+    busy_then = report(now - 250, 20, gpu_idle_min=0) | started
+    stopped, said = await cycle({"ann": busy_then}, waiting=1, release_away_after=200)
+    assert stopped == [] and said["ann"].startswith("gpu_busy:"), said
+    # 250 s of GPU idleness read then: released, 200 s past its last known work
+    idle_then = report(now - 250, 20, gpu_idle_min=250 / 60) | started
+    stopped, said = await cycle({"ann": idle_then}, waiting=1, release_away_after=200)
+    assert stopped == ["ann"] and said["ann"].startswith("needed:"), said
+
+
 async def test_off_it_stays_until_server_gpu_idle():
     now = time.time()
     assert Culler().release_away_after == 900  # 15 min, Presence.timeout's

@@ -1240,7 +1240,7 @@ class Culler(CullerApplication):
             if decision.reason not in RELEASABLE or pool not in seats:
                 continue
             report = self.fresh_report(facts, now)
-            at = release_at(report, facts, reading.gpu, after)
+            at = release_at(report, facts, reading.gpu, after, now)
             if at is not None and at <= now:
                 key = (facts.user, facts.name)
                 due[key] = at

@@ -63,17 +63,22 @@ def left_at(report: ServerReport, facts: ServerFacts) -> float | None:
 
 
 def release_at(
-    report: ServerReport | None, facts: ServerFacts, gpu: GpuFacts | None, after: float
+    report: ServerReport | None,
+    facts: ServerFacts,
+    gpu: GpuFacts | None,
+    after: float,
+    now: float,
 ) -> float | None:
     """From when the server may be released for a waiting pod: `after` past both its person's
     leaving and its GPU's last known work; None where either is not known (no fresh report,
-    GPU activity unknown or missing)."""
+    GPU activity unknown or missing). The GPU's idle time is taken as of `now`, as
+    decide_server does: the time since it was read (up to max_staleness) is not known idle."""
     if report is None or gpu is None or gpu.idle_for is None:
         return None
     left = left_at(report, facts)
     if left is None:
         return None
-    return max(left, gpu.observed_at - gpu.idle_for) + after
+    return max(left, now - gpu.idle_for) + after
 
 
 def smallest_waiting(pods: Iterable[tuple[str, Placement]], catalog: Catalog) -> dict[str, float]:
