@@ -101,6 +101,18 @@ def test_available_report_to_facts():
     assert not unknown.known and "lists no process" in unknown.note
 
 
+def test_a_report_is_never_idle_for_longer_than_it_covers():
+    # forged: GPU idle for 2 h by a monitor that started 30 min ago (none: no history at all)
+    server = ServerFacts(
+        "ann", user_options={"gpu": "1/4"}, started=T - 10 * H, last_activity=T - 2 * H
+    )
+    for started in (iso(T - 0.5 * H), None):
+        gpu = parse_report(report(monitor_started=started), received_at=T).gpu
+        assert gpu.idle_for == gpu.covered_for < H and not gpu.busy_seen, started
+        d = decide_server(server, gpu, DEFAULT_IDLE, T)  # idle 2 h < server_idle 8 h
+        assert (d.action, d.reason, d.gpu_failsafe) == ("keep", "active", True), d.message
+
+
 def test_times_from_the_future_are_clamped_to_arrival():
     parsed = parse_report(report(user_last_activity=iso(T + 10 * H)), received_at=T)
     assert parsed.user_last_activity == T

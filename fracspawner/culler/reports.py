@@ -433,8 +433,10 @@ def parse_report(report: object, received_at: float, *, checked: bool = False) -
         note = "; ".join(shown(r[:120]) for r in reasons[:3] if r is not None)
         gpu = GpuFacts("extension", observed, memory, None, None, note)
     else:
-        # never seen busy or unknown: idle at least since the monitor started watching
-        since = ts("gpu_idle_since") or ts("last_gpu_activity") or started
+        # never seen busy or unknown: idle at least since the monitor started watching; and
+        # never idle for longer than that: an idle start before it (a malformed or forged
+        # report) would pass for a history the report does not cover
+        since = max(ts("gpu_idle_since") or ts("last_gpu_activity") or started, started)
         gpu = GpuFacts(
             source="extension",
             observed_at=observed,
