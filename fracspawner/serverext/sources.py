@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import os
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Protocol
@@ -293,10 +294,13 @@ class DemoSimulatedSource:
         self.server_pid = server_pid or os.getpid()
         self.proc = proc
         self._cpu: dict[int, tuple[float, float]] = {}  # pid -> (cpu seconds, when)
-        # the demo's simulated checkpoint driver: a checkpointed kernel holds no GPU memory
+        # the demo's simulated checkpoint driver: a checkpointed kernel holds no GPU memory, and
+        # a restore needs room on this device as a real one does (simcheckpoint.py)
         from .simcheckpoint import SimulatedCheckpointDriver
 
-        self.checkpoint_driver = SimulatedCheckpointDriver()
+        self.checkpoint_driver = SimulatedCheckpointDriver(
+            self.device.memory_total_mib, self.gpu_processes, proc
+        )
 
     def _cpu_seconds(self, pid: int) -> float | None:
         try:
@@ -306,12 +310,10 @@ class DemoSimulatedSource:
         fields = stat[stat.rfind(")") + 2 :].split()
         return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")  # utime + stime
 
-    def sample(self) -> GpuSample:
+    def _kernel_pids(self) -> Iterator[int]:
+        """This server's kernels: the processes on its simulated GPU."""
         from .procmap import kernel_id_of, owner_of
 
-        now = time.monotonic()
-        processes = []
-        away = self.checkpoint_driver.checkpointed()
         for entry in self.proc.iterdir():
             if not entry.name.isdigit():
                 continue
@@ -320,6 +322,17 @@ class DemoSimulatedSource:
                 continue
             if self.server_pid not in owner_of(pid, self.proc).ancestors:
                 continue  # another server's kernel (servers share this machine in the demo)
+            yield pid
+
+    def gpu_processes(self) -> dict[int, float]:
+        """pid -> MiB each kernel holds on the simulated GPU while not checkpointed."""
+        return {pid: self.kernel_memory_mib for pid in self._kernel_pids()}
+
+    def sample(self) -> GpuSample:
+        now = time.monotonic()
+        processes = []
+        away = self.checkpoint_driver.checkpointed()
+        for pid in self._kernel_pids():
             cpu = self._cpu_seconds(pid)
             if cpu is None:
                 continue
