@@ -8,6 +8,8 @@ when a user leaves."""
 
 from __future__ import annotations
 
+import pytest
+
 from fracspawner.backends import load_catalog
 from fracspawner.culler.decide import ServerFacts
 from fracspawner.culler.placement import Placement
@@ -173,7 +175,10 @@ async def test_the_everyone_present_lab_waits_with_the_reason_and_lets_the_next_
     # u1 leaves (absent: its idle kernel may be swapped out): u5 goes in, u6 is next
     culler.left.add("u1")
     await until(lambda: "u5" in culler.running)
-    await until(lambda: "you are next" in (spawners["u6"]._room_reason or ""))
+    # u6 may look between u5 leaving the line and its pod being made (a create yields, as an
+    # API request does), and read "3 people" for a moment: the reading once u5 counts
+    next_reason = "The GPU is in use by 4 people now; you are next"
+    await until(lambda: spawners["u6"]._room_reason == next_reason)
     assert culler.running == [*users[:4], "u5"]
     assert spawners["u6"]._room_reason == "The GPU is in use by 4 people now; you are next"
     assert not spawners["u5"]._in_line()
@@ -386,3 +391,137 @@ def test_a_silent_server_whose_pod_may_be_on_either_gpu_of_its_node_counts_once(
     answer = {"listed": True, "gpus": [r.to_json() for r in rooms_.values()]}
     go = verdict(answer, "t4", QUARTER, size_mib=SIZE, gpus_in_pool=2, in_flight_mib=3 * QUARTER)
     assert go.go, go.reason
+
+
+class OnePodName:
+    """The API server's pods and the hub's pod watch as kubespawner reads them
+    (`pod_reflector.pods`), for the pods kubespawner makes and deletes: a pod of the spawn's
+    name may still be there, terminating, when the spawn makes its own; one with a finalizer
+    nothing removes stays."""
+
+    def __init__(self) -> None:
+        self.pods: dict[str, dict] = {}
+        self.created: list[str] = []
+        self.deleted: list[str] = []
+
+    async def create_namespaced_pod(self, namespace, body):
+        from kubernetes_asyncio.client.rest import ApiException
+
+        key = f"{namespace}/{body.metadata.name}"
+        if key in self.pods:
+            raise ApiException(status=409, reason="Conflict")  # the name is taken
+        self.created.append(key)
+        ports = [
+            {"name": port.name, "containerPort": port.container_port}
+            for port in body.spec.containers[0].ports or []
+        ]
+        self.pods[key] = {
+            "metadata": {"name": body.metadata.name, "uid": f"uid-{len(self.created)}"},
+            "spec": {"containers": [{"ports": ports}]},
+            "status": {"phase": "Running", "podIP": "10.0.0.5",
+                       "containerStatuses": [{"ready": True}]},
+        }  # fmt: skip
+        return body
+
+    async def delete_namespaced_pod(self, name, namespace, body=None, **kwargs):
+        key = f"{namespace}/{name}"
+        self.deleted.append(key)
+        if not self.pods.get(key, {}).get("metadata", {}).get("finalizers"):
+            self.pods.pop(key, None)
+
+
+async def spawn_over_an_old_pod(monkeypatch, *, waits: bool, stays: bool = False, **config):
+    """u5's spawn on the everyone-present lab, its pod's name still taken by a pod of an
+    earlier start being deleted (one that `stays`: a finalizer holds it); with `waits` it waits
+    1.5 s for room first, longer than kubespawner's budget for creating the pod (1 s here).
+    kubespawner's own `_start` and `stop` run; the API server and the pod watch are stand-ins.
+    (the cluster, the spawner, its start's task)"""
+    import asyncio
+
+    from kubespawner import KubeSpawner
+
+    import fracspawner.hub.room as room
+    import fracspawner.hub.spawner as spawner_module
+    from tests.hub_support import HubUsers
+
+    monkeypatch.setattr(room, "CACHE_SECONDS", 0.0)
+    monkeypatch.setattr(spawner_module, "POLL_SECONDS", 0.01)
+    config = {"catalog": LAB, "admission": "wait", "events_enabled": False,
+              "k8s_api_request_retry_timeout": 1, **config}  # fmt: skip
+    hub = HubUsers({"FracSpawner": config})
+    culler = LabCuller()
+    culler.running = ["u1", "u2", "u3", "u4"]  # present: no room for a fifth
+    if not waits:
+        culler.left.add("u1")  # room at once
+    s = hub.spawner(hub.user("u5"))
+    s._room_answer = culler.answer
+    cluster = OnePodName()
+    s.api = cluster
+
+    async def watching(replace: bool = False):
+        return cluster
+
+    s._start_watching_pods = watching
+    monkeypatch.setitem(KubeSpawner.reflectors, s._get_reflector_key("pods"), cluster)
+    metadata = {"name": s.pod_name, "uid": "uid-old", "deletionTimestamp": AT}
+    if stays:
+        metadata["finalizers"] = ["example.com/keep"]
+    cluster.pods[f"{s.namespace}/{s.pod_name}"] = {
+        "metadata": metadata,
+        "status": {"phase": "Running", "podIP": "10.0.0.4", "containerStatuses": []},
+    }
+    s.user_options = {"gpu": "1/4", "pool": "t4"}
+    s.clear_state()
+    started = s.start()
+    if waits:
+        await until(lambda: s._room_reason or started.done())
+        assert s._room_reason == "The GPU is in use by 4 people now; you are next"
+        await asyncio.sleep(1.5)
+        culler.left.add("u1")  # room
+    return cluster, s, started
+
+
+@pytest.mark.parametrize("waits", [False, True], ids=["room-at-once", "long-wait-for-room"])
+async def test_a_pod_of_the_same_name_after_a_long_wait_for_room_is_replaced(waits, monkeypatch):
+    """kubespawner 7 answers a 409 on creating the pod (a pod of that name still there, e.g.
+    terminating) by deleting it and creating again, within k8s_api_request_retry_timeout from
+    its first try (kubespawner/spawner.py `_start`, `_make_create_pod_request`). FracSpawner
+    waits for room inside that first try, so after a wait longer than the budget the 409 was
+    the end: the old pod deleted, no new one, "Could not create pod". Now the tries after the
+    wait have the whole budget: the old pod goes and the user gets theirs. With room at once
+    (no wait) kubespawner replaced the pod before too."""
+    import asyncio
+
+    cluster, s, started = await spawn_over_an_old_pod(monkeypatch, waits=waits)
+    url = await asyncio.wait_for(started, 30)
+    assert url == "http://10.0.0.5:8888"
+    key = f"{s.namespace}/{s.pod_name}"
+    assert cluster.deleted == [key] and cluster.created == [key]
+    assert cluster.pods[key]["metadata"]["uid"] == "uid-1"
+
+
+async def test_a_pod_of_the_same_name_that_stays_is_named_in_the_failure(monkeypatch):
+    """Where the old pod does not go (a finalizer, a node that is gone), the spawn ends at its
+    start_timeout saying why, and makes nothing: no pod, no place in line, no room held."""
+    import asyncio
+    import re
+
+    from fracspawner.hub.room import RoomLine
+    from fracspawner.hub.waiting import WaitingSpawns
+
+    cluster, s, started = await spawn_over_an_old_pod(
+        monkeypatch, waits=True, stays=True, start_timeout=2
+    )
+    with pytest.raises(asyncio.TimeoutError) as failed:
+        await asyncio.wait_for(started, 30)
+    said = re.sub(r"besides \d+ s", "besides N s", str(failed.value))
+    assert said == (
+        "u5 did not start in 2 seconds (besides N s waiting for a slot): a pod of the same name "
+        "(jupyter-u5, of an earlier start) is still being deleted. Start again once it is gone, "
+        "or ask an administrator if it stays"
+    )
+    key = f"{s.namespace}/{s.pod_name}"
+    assert cluster.created == [] and cluster.pods[key]["metadata"]["uid"] == "uid-old"
+    assert ("u5", "") not in WaitingSpawns.shared().keys
+    s.clear_state()  # JupyterHub's stop of a spawn that failed
+    assert ("u5", "") not in RoomLine.shared().admitted

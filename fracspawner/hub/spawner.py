@@ -18,9 +18,10 @@ import logging
 import os
 import time
 from collections.abc import Mapping
+from functools import partial
 from typing import Any
 
-from jupyterhub.utils import maybe_future
+from jupyterhub.utils import exponential_backoff, maybe_future
 from kubespawner import KubeSpawner
 from tornado import web
 from traitlets import Bool, Dict, Enum, Float, Integer, Unicode, default
@@ -867,7 +868,13 @@ class FracSpawner(KubeSpawner):
     async def _make_create_pod_request(self, pod: Any, request_timeout: float) -> Any:
         """Make the claim templates the pod names (after kubespawner made the namespace),
         then the pod. A template that cannot be made fails the spawn in words. On an
-        over-committed pool the pod is made only once there is room (`_wait_for_room`)."""
+        over-committed pool the pod is made only once there is room (`_wait_for_room`).
+
+        kubespawner retries this call (a request timed out; a 409, a pod of the same name still
+        there, which it deletes first) only until k8s_api_request_retry_timeout after its FIRST
+        call (kubespawner 7 `_start`), so a wait for room in here spent that budget: after a
+        long wait one 409 ended the spawn ("Could not create pod"), the old pod deleted and
+        none made. So the tries are made here, with the whole budget after the wait."""
         await self._wait_for_room()
         if self._claim_templates:
             from ..capacity.templates import ClaimTemplateError, ensure_claim_templates
@@ -880,7 +887,11 @@ class FracSpawner(KubeSpawner):
                 raise web.HTTPError(500, str(exc)) from None
             if made:
                 self.log.info("Claim templates for %s: %s", self._log_name, ", ".join(made))
-        return await super()._make_create_pod_request(pod, request_timeout)
+        return await exponential_backoff(
+            partial(super()._make_create_pod_request, pod, request_timeout),
+            f"Could not create pod {self.namespace}/{self.pod_name}",
+            timeout=self.k8s_api_request_retry_timeout,
+        )
 
     # ---------------------------------------------------------------- waiting in line
     def start(self) -> Any:
@@ -928,7 +939,7 @@ class FracSpawner(KubeSpawner):
                     self.start_timeout = self._startup_timeout
                     raise asyncio.TimeoutError(
                         f"{self._log_name} did not start in {self._startup_timeout} seconds "
-                        f"(besides {int(queued)} s waiting for a slot)"
+                        f"(besides {int(queued)} s waiting for a slot){self._name_taken_words()}"
                     )
                 last = now
         finally:
@@ -936,6 +947,18 @@ class FracSpawner(KubeSpawner):
             if not task.done():
                 task.cancel()  # JupyterHub's stop() then deletes the pod
         return task.result()
+
+    def _name_taken_words(self) -> str:
+        """Why the pod is not made, where kubespawner waits for a pod of its name to go (it
+        deletes one that answers its create with 409, then waits to see it gone); or ""."""
+        reflector = getattr(self, "pod_reflector", None)
+        pod = reflector.pods.get(f"{self.namespace}/{self.pod_name}") if reflector else None
+        if not isinstance(pod, Mapping) or not (pod.get("metadata") or {}).get("deletionTimestamp"):
+            return ""
+        return (
+            f": a pod of the same name ({self.pod_name}, of an earlier start) is still being "
+            "deleted. Start again once it is gone, or ask an administrator if it stays"
+        )
 
     def _queued_pod(self) -> Mapping[str, Any] | None:
         """This spawn's pod while it waits for a node (Pending, not bound); None otherwise."""
