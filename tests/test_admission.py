@@ -22,16 +22,18 @@ from fracspawner.choice.admission import (
 from fracspawner.choice.options import OptionsError, resolve_choice
 from fracspawner.model.catalog import AccessRule
 
+# one time-sliced T4 of four 1/4 slots (tests/test_waiting_line.py uses it too)
+T4_POOL = {
+    "gpu": "T4",
+    "backend": "timeslicing",
+    "replicas": 4,
+    "node_selector": {"nvidia.com/gpu.product": "Tesla-T4-SHARED"},
+    "offers": ["1/4"],
+}
 CATALOG = load_catalog(
     {
         "pools": {
-            "t4": {
-                "gpu": "T4",
-                "backend": "timeslicing",
-                "replicas": 4,
-                "node_selector": {"nvidia.com/gpu.product": "Tesla-T4-SHARED"},
-                "offers": ["1/4"],
-            },
+            "t4": T4_POOL,
             "a100-mig": {
                 "gpu": "A100-80GB",
                 "backend": "mig-mixed",

@@ -15,19 +15,11 @@ from fracspawner.backends import load_catalog
 from fracspawner.capacity import compute_capacity
 from fracspawner.hub.waiting import WaitingSpawns, waiting_limit
 from tests.hub_support import HubUsers, refusal
-from tests.test_admission import NODES, pod
+from tests.test_admission import NODES, T4_POOL, pod
 from tests.test_spawner_quota import outcomes
 
 CATALOG = {
-    "pools": {
-        "t4": {
-            "gpu": "T4",
-            "backend": "timeslicing",
-            "replicas": 4,
-            "node_selector": {"nvidia.com/gpu.product": "Tesla-T4-SHARED"},
-            "offers": ["1/4"],
-        },
-    },
+    "pools": {"t4": T4_POOL},
     "images": {"base": {"image": "quay.io/jupyter/base-notebook", "default": True}},
     "access": {"default": {"pools": "all", "max_gpu": None}},
 }

@@ -392,11 +392,7 @@ class FracSpawner(KubeSpawner):
             return
         full = line_full_words(len(waiting))
         try:  # the words of admission "refuse": what is taken, and what is free elsewhere
-            resolve_choice(
-                self.fracspawner_catalog, self.user_options or {}, rule=self.access_rule(),
-                used_gpu=usage.gpu, capacity=capacity, admin=self._is_admin(),
-                admission="refuse", extra_keys=self._profile_keys(), holders=self._holders(),
-            )  # fmt: skip
+            self._resolve(capacity, usage, admission="refuse")
         except OptionsError as exc:
             raise OptionsError(f"{exc} Waiting is closed for now: {full}.") from None
         raise OptionsError(f"Waiting is closed for now: {full}.")
@@ -676,9 +672,10 @@ class FracSpawner(KubeSpawner):
             raise refused(str(exc)) from None
 
     # ---------------------------------------------------------------- validation + applying
-    def _resolve(self, capacity: Any, usage: Usage) -> Choice:
+    def _resolve(self, capacity: Any, usage: Usage, admission: str | None = None) -> Choice:
         """Validate self.user_options against access, quota and capacity; raise OptionsError
-        with a message for the user."""
+        with a message for the user. `admission`: another rule than self.admission's (the
+        line's refusal words are those of "refuse")."""
         rule = self.access_rule()
         admin = self._is_admin()
         choice = resolve_choice(
@@ -688,7 +685,7 @@ class FracSpawner(KubeSpawner):
             used_gpu=usage.gpu,
             capacity=capacity,
             admin=admin,
-            admission=self.admission,
+            admission=admission or self.admission,
             extra_keys=self._profile_keys(),
             holders=self._holders(),
         )
