@@ -190,3 +190,30 @@ async def test_a_spawn_admitted_on_unknown_counts_takes_its_place_once_its_pod_w
         t.cancel()
     await asyncio.gather(*tasks, return_exceptions=True)
     assert len(WaitingSpawns.shared()) == 0  # every place given back
+
+
+async def test_an_earlier_starts_pod_being_deleted_is_not_in_line(monkeypatch):
+    """kubespawner deletes a pod of the spawn's name that answers its create with 409 and waits
+    for it to go: while it goes, that Pending, unschedulable pod is not this spawn waiting in
+    line (it would take a place, counted against max_waiting, for nothing)."""
+    import types
+
+    hub = HubUsers({"FracSpawner": {"catalog": CATALOG, "admission": "wait"}})
+    spawner = hub.spawner(hub.user("ann"))
+    unschedulable = {
+        "phase": "Pending",
+        "conditions": [{"type": "PodScheduled", "status": "False", "reason": "Unschedulable"}],
+    }
+    key = f"{spawner.namespace}/{spawner.pod_name}"
+    waiting = {"metadata": {"name": spawner.pod_name}, "spec": {}, "status": unschedulable}
+    pods = {key: waiting}
+    reflector = types.SimpleNamespace(pods=pods)
+    monkeypatch.setattr(type(spawner), "pod_reflector", property(lambda self: reflector))
+    assert spawner._unschedulable() and spawner._in_line()
+    going = {
+        **waiting,
+        "metadata": {**waiting["metadata"], "deletionTimestamp": "2026-11-30T18:00:00Z"},
+    }
+    pods[key] = going
+    assert not spawner._unschedulable()
+    assert not spawner._in_line()

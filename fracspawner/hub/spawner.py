@@ -958,12 +958,14 @@ class FracSpawner(KubeSpawner):
         )
 
     def _queued_pod(self) -> Mapping[str, Any] | None:
-        """This spawn's pod while it waits for a node (Pending, not bound); None otherwise."""
+        """This spawn's pod while it waits for a node (Pending, not bound); None otherwise. A
+        pod of its name being deleted is an earlier start's (kubespawner deletes one that
+        answers its create with 409): it waits for nothing, and takes no place in line."""
         reflector = getattr(self, "pod_reflector", None)
         if reflector is None:
             return None
         pod = reflector.pods.get(f"{self.namespace}/{self.pod_name}")
-        if not isinstance(pod, Mapping):
+        if not isinstance(pod, Mapping) or (pod.get("metadata") or {}).get("deletionTimestamp"):
             return None
         phase = (pod.get("status") or {}).get("phase")
         if phase == "Pending" and not (pod.get("spec") or {}).get("nodeName"):
