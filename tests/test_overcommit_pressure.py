@@ -457,3 +457,108 @@ def test_a_server_cannot_claim_a_wait_longer_than_the_culler_saw():
     assert "resume" not in answer and answer["wait"][0]["kernel_id"] == "k-mallory", answer
     got = desk.answer("u4", "", seats, now=t + 121)["swap"]
     assert got["resume"] == [{"kernel_id": "k-u4", "gpu_memory_mib": QUARTER}]
+
+
+# --- copies under way at the rates measured on an H200 (docs/serverext.md "First run on a GPU":
+# a checkpoint copies at 1.4-1.9 GiB/s, a restore at 3.4-5.5 GiB/s) ----------------------------
+H200 = 143771.0  # NVML's total for an H200 (fracspawner.model.gpumodels)
+H200_QUARTER = H200 / 4  # 35 GiB: 19-26 s to checkpoint, 7-11 s to restore
+
+
+def h200(user: str, kernels: list[dict], *, used: float, waiting=(), enforced=False) -> Seat:
+    """A fresh report of `user`'s server on one H200 (its NVML reading of the device: `used`);
+    `enforced`: HAMi-core, whose pods read only their slice (no device reading counts)."""
+    body = report(kernels, waiting=waiting, used=used)
+    body["devices"][0]["memory_total_mib"] = H200
+    return Seat(user, "", swap_facts(body, 1e10), True, H200_QUARTER, H200, margin_mib=0.0,
+                enforced=enforced)  # fmt: skip
+
+
+def test_a_kernel_whose_checkpoint_is_under_way_still_holds_its_gpu_memory():
+    """u1's idle kernel is being swapped out for u5's waiting one: its server reports it
+    "hibernating" for the 19-26 s its 35 GiB take to copy, and its memory is on the GPU until
+    the copy is done. The culler counted it off the GPU as soon as the report said so, and
+    granted u5 the room: under HAMi-core the grant is the only check before a restore, which
+    then met CUDA out of memory, and on current drivers that loses u5's GPU state for good
+    (NVIDIA/cuda-checkpoint#44). Now the room is granted once u1's report says hibernated;
+    meanwhile u5 waits, and nobody else's kernel is asked out for the memory on its way out."""
+    at = "2026-01-01T10:00:00Z"
+    copying = kernel("k1", H200_QUARTER, at, state="hibernating")
+    seats = [h200("u1", [copying], used=H200, enforced=True)]
+    seats += [h200(f"u{i}", [kernel(f"k{i}", H200_QUARTER, f"2026-01-01T1{i}:00:00Z")],
+                   used=H200, enforced=True)
+              for i in (2, 3, 4)]  # fmt: skip
+    wait = {"kernel_id": "k5", "gpu_memory_mib": H200_QUARTER}
+    seats.append(h200("u5", [], waiting=[wait], used=H200, enforced=True))
+    desk = SwapDesk(report_in=20)
+    swap = desk.answer("u5", "", seats, now=100.0)["swap"]
+    assert "resume" not in swap, "granted into memory a checkpoint still holds (#44: lost)"
+    assert swap["wait"][0]["kernel_id"] == "k5"
+    for user in ("u2", "u3", "u4"):
+        answer = desk.answer(user, "", seats, now=101.0) or {}
+        assert not answer.get("swap", {}).get("hibernate"), f"{user} asked out as well"
+    # u1's report says the copy is done: the room is u5's
+    seats[0] = h200("u1", [kernel("k1", 0, at, state="hibernated")], used=H200, enforced=True)
+    swap = desk.answer("u5", "", seats, now=125.0)["swap"]
+    assert swap["resume"] == [{"kernel_id": "k5", "gpu_memory_mib": H200_QUARTER}]
+
+
+def test_one_pressure_asks_once_while_the_checkpoint_is_under_way():
+    """u1's idle kernel is asked out for u5's. Its server's next report, 20 s later, says
+    "hibernating" (35 GiB take 19-26 s to copy), and every device reading still holds it. The
+    ask was dropped at that report, so once the report interval that discounts a swap just
+    done had passed, the full GPU read as a new pressure and u2's idle kernel was asked out
+    too: two kernels swapped out for one. The ask now lasts while the copy is under way."""
+    desk = SwapDesk(report_in=20)
+    seats = [h200(f"u{i}", [kernel(f"k{i}", H200_QUARTER, f"2026-01-01T1{i}:00:00Z")],
+                  used=H200)
+             for i in range(1, 5)]  # fmt: skip
+    wait = {"kernel_id": "k5", "gpu_memory_mib": H200_QUARTER}
+    seats.append(h200("u5", [], waiting=[wait], used=H200))
+    assert desk.answer("u1", "", seats, now=100.0)["swap"]["hibernate"][0]["kernel_id"] == "k1"
+    copying = kernel("k1", H200_QUARTER, "2026-01-01T11:00:00Z", state="hibernating")
+    seats[0] = h200("u1", [copying], used=H200)
+    for now in (120.0, 145.0):  # the report interval, and the 30 s an ask lasts, are past
+        for user in ("u2", "u3", "u4"):
+            answer = desk.answer(user, "", seats, now=now) or {}
+            assert not answer.get("swap", {}).get("hibernate"), f"{user} asked out at {now}"
+    # the copy is done: u1's own reading shows the room, the others' were read before
+    done = kernel("k1", 0, "2026-01-01T11:00:00Z", state="hibernated")
+    seats[0] = h200("u1", [done], used=3 * H200_QUARTER)
+    assert not (desk.answer("u2", "", seats, now=150.0) or {}).get("swap", {}).get("hibernate")
+    swap = desk.answer("u5", "", seats, now=151.0)["swap"]
+    assert swap["resume"] == [{"kernel_id": "k5", "gpu_memory_mib": H200_QUARTER}]
+
+
+def test_a_restore_under_way_is_counted_once_and_its_grant_holds_until_it_is_done():
+    """u4's kernel was granted the quarter the GPU had free and is being restored (7-11 s for
+    35 GiB; a whole H200's 140 GiB take 26-42 s): its report says "resuming", its process
+    already holds 20,000 MiB, and it still waits for all it asked. Counting both, the culler
+    saw a pressure that is not there and asked u1's idle kernel out for nothing. And once the
+    grant had lasted its 30 s the kernel was planned again as a new wait, met no room (its own
+    memory was already there), and its cell was told the GPU is full while it was coming back.
+    Now what it holds counts against what it asked, and its grant holds while it is restored;
+    u5, who waits after it, is not granted that room."""
+    at = "2026-01-01T1{}:00:00Z"
+    busy = [h200(f"u{i}", [kernel(f"k{i}", H200_QUARTER, at.format(i))], used=3 * H200_QUARTER)
+            for i in (1, 2, 3)]  # fmt: skip
+    wait = {"kernel_id": "k4", "gpu_memory_mib": H200_QUARTER, "since": "2026-01-01T12:00:00Z"}
+    desk = SwapDesk(report_in=20)
+    seats = [*busy, h200("u4", [], waiting=[wait], used=3 * H200_QUARTER)]
+    assert desk.answer("u4", "", seats, now=100.0)["swap"]["resume"][0]["kernel_id"] == "k4"
+    part = 20000.0
+    used = 3 * H200_QUARTER + part
+    busy = [h200(s.user, [kernel(f"k{s.user[1]}", H200_QUARTER, at.format(s.user[1]))],
+                 used=used)
+            for s in busy]  # fmt: skip
+    resuming = kernel("k4", part, "2026-01-01T13:00:00Z", state="resuming")
+    seats = [*busy, h200("u4", [resuming], waiting=[wait], used=used)]
+    for user in ("u1", "u2", "u3"):
+        answer = desk.answer(user, "", seats, now=110.0) or {}
+        assert not answer.get("swap", {}).get("hibernate"), f"{user} asked out for nothing"
+    later = {"kernel_id": "k5", "gpu_memory_mib": H200_QUARTER, "since": "2026-01-01T12:30:00Z"}
+    seats.append(h200("u5", [], waiting=[later], used=used))
+    swap = desk.answer("u4", "", seats, now=140.0)["swap"]  # the grant's 30 s are past
+    assert "wait" not in swap, f"told the GPU is full while it is being restored: {swap}"
+    assert swap["resume"] == [{"kernel_id": "k4", "gpu_memory_mib": H200_QUARTER}]
+    assert "resume" not in desk.answer("u5", "", seats, now=141.0)["swap"]

@@ -15,20 +15,22 @@ gives; only GPUs its pod may hold count: swapdesk.bind, placement.py):
 - resident = what its servers' processes hold on it, each server at most its slice's memory (a
   server's word is never worth more than its slice, on all its GPUs together: swapdesk.bind),
   and a server whose report is stale or unreadable, or who has not reported, counts its whole
-  slice: unknown memory is never counted as free. A kernel its server reports suspended holds
+  slice: unknown memory is never counted as free. A kernel its server reports hibernated holds
   nothing there, whatever the last reading of its process said (the reading may predate the
-  suspend). Where the smallest fresh reading of the device's used memory (NVML of the whole
-  device) says more, it counts: a kernel above its slice, processes nobody reports. The
-  smallest, since the servers read it at different moments (before and after a swap they
-  disagree) and one server's inflated word must move nobody;
+  suspend); one whose checkpoint is under way ("hibernating") holds what it held until the
+  copy is done (a minute for 80 GiB: `CHECKPOINT_MIB_PER_S`), and counts as leaving. Where
+  the smallest fresh reading of the device's used memory (NVML of the whole device) says
+  more, it counts: a kernel above its slice, processes nobody reports. The smallest, since
+  the servers read it at different moments (before and after a swap they disagree) and one
+  server's inflated word must move nobody;
 - demand = resident + what kernels waiting to resume on it need (a resume refused for want of
-  room: serverext/swap.py reports it);
+  room: serverext/swap.py reports it; one being restored, only what it does not hold yet);
 - pressure: demand above size - margin. Then the least recently used idle kernels on the GPU
   are chosen until what they hold covers the excess. A kernel is a candidate only when its
   server's fresh report says it holds memory, executes nothing, its GPU reading is idle and
   known, and nobody is at the server (presence); a busy, unknown, present or already hibernated
-  kernel is never chosen. Kernels already asked (and not yet seen hibernated) count as freeing
-  what they hold, so one pressure asks once.
+  kernel is never chosen. Kernels already asked (and not yet seen hibernated) and those whose
+  checkpoint is under way count as freeing what they hold, so one pressure asks once.
 """
 
 from __future__ import annotations
@@ -44,8 +46,22 @@ from dateutil.parser import isoparse
 ASK_AGAIN_AFTER = 30.0
 #: the extension's hibernation states of a kernel whose memory is off the GPU (hibernate.py)
 SUSPENDED = frozenset({"hibernating", "hibernated", "resuming", "restore_failed"})
-#: of those, the states in which its memory is not on the GPU (resuming: it is coming back)
-OFF_GPU = frozenset({"hibernating", "hibernated", "restore_failed"})
+#: of those, the states in which its memory is not on the GPU. Not "hibernating": its memory is
+#: on the GPU until the checkpoint's copy is done, and the copy takes a while (below); counted
+#: off the GPU meanwhile, its room was granted to a restore that met CUDA out of memory
+#: (NVIDIA/cuda-checkpoint#44: the kernel lost). Not "resuming": it is coming back
+OFF_GPU = frozenset({"hibernated", "restore_failed"})
+#: the slowest copies measured, on an H200 with driver 580.159.04 (docs/serverext.md "First
+#: run on a GPU"): a checkpoint (GPU to host memory) at 1.4 GiB/s, a restore at 3.4 GiB/s, not
+#: at PCIe speed: 80 GiB take about a minute to hibernate and 15-25 s to come back (MiB/s)
+CHECKPOINT_MIB_PER_S = 1.4 * 1024
+RESTORE_MIB_PER_S = 3.4 * 1024
+
+
+def copy_seconds(mib: float, mib_per_s: float) -> float:
+    """How long a copy of `mib` its server reports under way is waited for: twice its time at
+    the slowest rate measured, and 5 s more (the driver's own start, the report's way)."""
+    return 5.0 + 2.0 * max(mib, 0.0) / mib_per_s
 
 
 @dataclass(frozen=True)
@@ -63,6 +79,17 @@ class KernelOnGpu:
     # what a hibernated kernel brings back on resume, by its server's word (hibernate.py's
     # `hibernated_gpu_memory_mib`); 0: not hibernated, or not said
     hibernated_mib: float = 0.0
+    state: str = "running"  # its hibernation state by its server's word (hibernate.py)
+
+    @property
+    def copying_out(self) -> bool:
+        """Its checkpoint is under way: its memory is on the GPU until the copy is done."""
+        return self.state == "hibernating"
+
+    @property
+    def copying_in(self) -> bool:
+        """Its restore is under way: what it holds on the GPU grows to what it asked."""
+        return self.state == "resuming"
 
 
 @dataclass(frozen=True)
@@ -98,7 +125,7 @@ class Pressure:
     margin_mib: float
     resident_mib: float
     waiting_mib: float
-    freeing_mib: float  # kernels asked before, not yet seen hibernated
+    freeing_mib: float  # kernels asked before, or being copied out, not yet seen hibernated
     swaps: tuple[Swap, ...] = ()
     short_mib: float = 0.0  # what no idle kernel could cover (busy or present ones hold it)
 
@@ -140,8 +167,16 @@ def plan_swaps(
     asked = asked or {}
     resident = max(resident_of(servers), max(reading_mib or 0.0, 0.0))
     waiting = sum(min(max(s.waiting_mib, 0.0), s.cap_mib) for s in servers)
+    # what is on its way out: kernels asked before, and those whose checkpoint is under way
+    # (asked or not: hibernated for idleness too), whose memory is on the GPU until it is done
     freeing = sum(
-        asked.get((s.user, s.server, k.kernel_id), 0.0) for s in servers for k in s.kernels
+        asked.get(
+            (s.user, s.server, k.kernel_id),
+            min(max(k.resident_mib, 0.0), s.cap_mib) if k.copying_out else 0.0,
+        )
+        for s in servers
+        if s.resident_mib is not None
+        for k in s.kernels
     )
     pressure = Pressure(uuid, size_mib, margin_mib, resident, waiting, freeing)
     excess = pressure.excess_mib
@@ -197,12 +232,17 @@ class ReportedGpu:
     used_mib: float | None
     resident_mib: float  # the server's own processes on it
     kernels: tuple[KernelOnGpu, ...] = ()
+    # what its waiting kernels still bring to it: each one's ask, less what a restore under
+    # way holds there already (in resident_mib)
     waiting_mib: float = 0.0
     waiting: tuple[WaitingKernel, ...] = ()
 
     def back(self) -> list[KernelOnGpu]:
-        """Its kernels whose memory is on the GPU now (not hibernated)."""
-        return [k for k in self.kernels if k.resident_mib > 0 and not k.hibernated]
+        """Its kernels whose memory is on the GPU now (not hibernated; a checkpoint under way
+        still holds it)."""
+        return [
+            k for k in self.kernels if k.resident_mib > 0 and (not k.hibernated or k.copying_out)
+        ]
 
     def asleep(self) -> list[KernelOnGpu]:
         """Its hibernated kernels whose resume does not wait (a waiting one counts in
@@ -249,6 +289,7 @@ def swap_facts(report: Mapping, received_at: float) -> SwapFacts:
     # a kernel's device: where its processes hold memory; a one-device server has one
     resident: dict[str, float] = {}
     kernel_device: dict[str, str] = {}
+    held: dict[tuple[str, str], float] = {}  # (device, kernel id) -> what it holds there
     for p in report.get("processes") or []:
         if not isinstance(p, dict) or not p.get("matched"):
             continue
@@ -256,9 +297,12 @@ def swap_facts(report: Mapping, received_at: float) -> SwapFacts:
             kernel_device.setdefault(p["kernel_id"], by_index.get(str(p.get("device")), first))
             continue
         uuid = by_index.get(str(p.get("device")), first)
-        resident[uuid] = resident.get(uuid, 0.0) + float(p.get("gpu_memory_mib") or 0)
+        mib = float(p.get("gpu_memory_mib") or 0)
+        resident[uuid] = resident.get(uuid, 0.0) + mib
         if p.get("kernel_id"):
             kernel_device.setdefault(p["kernel_id"], uuid)
+            key = (uuid, str(p["kernel_id"]))
+            held[key] = held.get(key, 0.0) + mib
     kernels: dict[str, list[KernelOnGpu]] = {}
     for k in report.get("kernels") or []:
         if not isinstance(k, dict) or not k.get("id"):
@@ -291,6 +335,7 @@ def swap_facts(report: Mapping, received_at: float) -> SwapFacts:
                 hibernated_mib=float(hibernation.get("hibernated_gpu_memory_mib") or 0)
                 if state in SUSPENDED
                 else 0.0,
+                state=str(state),
             )
         )
     waiting: dict[str, float] = {}
@@ -299,7 +344,10 @@ def swap_facts(report: Mapping, received_at: float) -> SwapFacts:
         if isinstance(w, dict):
             uuid = w.get("device") if w.get("device") in by_index.values() else first
             mib = float(w.get("gpu_memory_mib") or 0)
-            waiting[uuid] = waiting.get(uuid, 0.0) + mib
+            # a restore under way: what it holds already is resident, the rest still to come
+            # (a whole H200's restore takes 26-42 s: counted twice, it was a pressure)
+            coming = max(0.0, mib - held.get((uuid, str(w.get("kernel_id"))), 0.0))
+            waiting[uuid] = waiting.get(uuid, 0.0) + coming
             since = _time(w.get("since"), received_at)
             waiting_kernels.setdefault(uuid, []).append(
                 WaitingKernel(str(w["kernel_id"]), mib, received_at if since is None else since)

@@ -27,10 +27,13 @@ from .placement import Placement
 from .policy import slice_memory_cap
 from .pressure import (
     ASK_AGAIN_AFTER,
+    CHECKPOINT_MIB_PER_S,
+    RESTORE_MIB_PER_S,
     Pressure,
     ReportedGpu,
     ServerOnGpu,
     SwapFacts,
+    copy_seconds,
     plan_swaps,
     resident_of,
 )
@@ -177,8 +180,12 @@ class SwapDesk:
         self, seats: list[Seat], judged: set[tuple[str, str]], now: float
     ) -> dict[tuple[str, str, str], float]:
         """Asks whose kernel the latest report still shows resident and idle, not refused
-        (a kernel that got busy or was refused will not go: the next one is asked instead), and
-        not too old; a server not `judged` keeps its asks until they are too old."""
+        (a kernel that got busy or was refused will not go: the next one is asked instead), or
+        on its way out (its checkpoint under way: a minute for 80 GiB), and not too old; a
+        server not `judged` keeps its asks until they are too old. An ask lasts
+        `ask_again_after`, and while its kernel's copy is under way as long as that copy may
+        take (`copy_seconds`): dropped meanwhile, the memory still on the GPU read as a new
+        pressure and another kernel was asked out for the same need."""
         resident = {
             (s.user, s.server, k.kernel_id): k.resident_mib
             for s in seats
@@ -186,16 +193,26 @@ class SwapDesk:
             for k in g.kernels
             if k.resident_mib > 0 and k.idle and not k.hibernated and not k.refused
         }
+        copying = {
+            (s.user, s.server, k.kernel_id)
+            for s in seats
+            for g in s.facts.gpus
+            for k in g.kernels
+            if k.copying_out
+        }
         hibernated = {
             (s.user, s.server, k.kernel_id)
             for s in seats
             for g in s.facts.gpus
             for k in g.kernels
-            if k.hibernated
+            if k.hibernated and not k.copying_out
         }
         for key, (mib, at) in list(self.asked.items()):
-            gone = key[:2] in judged and key not in resident
-            if gone or now - at > self.ask_again_after:
+            gone = key[:2] in judged and key not in resident and key not in copying
+            last = self.ask_again_after
+            if key in copying:
+                last += copy_seconds(mib, CHECKPOINT_MIB_PER_S)
+            if gone or now - at > last:
                 del self.asked[key]
                 uuid = self._asked_on.pop(key, None)
                 if key in hibernated and uuid is not None:
@@ -374,7 +391,11 @@ class SwapDesk:
         self, seats: list[Seat], judged: set[tuple[str, str]], now: float
     ) -> dict[Key, float]:
         """Grants whose kernel still waits by its server's fresh report, and not too old; a
-        server not `judged` keeps its grants until they are too old."""
+        server not `judged` keeps its grants until they are too old. A grant lasts
+        GRANT_SECONDS, and while its server reports the restore under way as long as that may
+        take (`copy_seconds`: a whole H200's restore takes 26-42 s): lapsed meanwhile, the
+        kernel was planned again as a new wait, found its own memory there, and its cell was
+        told the GPU is full while it was coming back."""
         waiting = {
             (s.user, s.server, w.kernel_id)
             for s in seats
@@ -382,8 +403,19 @@ class SwapDesk:
             for g in s.facts.gpus
             for w in g.waiting
         }
-        for key, (_mib, at) in list(self.granted.items()):
-            if (key[:2] in judged and key not in waiting) or now - at > GRANT_SECONDS:
+        restoring = {
+            (s.user, s.server, k.kernel_id)
+            for s in seats
+            if s.fresh
+            for g in s.facts.gpus
+            for k in g.kernels
+            if k.copying_in
+        }
+        for key, (mib, at) in list(self.granted.items()):
+            last = GRANT_SECONDS
+            if key in restoring:
+                last += copy_seconds(mib, RESTORE_MIB_PER_S)
+            if (key[:2] in judged and key not in waiting) or now - at > last:
                 del self.granted[key]
         return {key: mib for key, (mib, _at) in self.granted.items()}
 
