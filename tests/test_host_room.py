@@ -436,3 +436,96 @@ def test_on_a_pool_that_holds_pods_to_their_slice_a_server_s_host_share_is_its_s
     assert eighth_mib < h100 / 4  # an eighth, by the catalog's own sizing (whole MiB)
     assert culler.host_cap(eighth, 1e6) == culler.host_share(eighth, where, 1e6) == eighth_mib
     assert culler.host_cap(quarter_t4, 1e6) == culler.host_share(quarter_t4, where, 1e6) == t4
+
+
+# --- copies under way at the rates measured on an H200 (docs/serverext.md "First run on a GPU":
+# a checkpoint copies at 1.4-1.9 GiB/s, a restore at 3.4-5.5 GiB/s) ----------------------------
+WHOLE = 76000.0  # a kernel of a whole H100 (HAMi): 39-53 s to checkpoint, 14-22 s to restore
+
+
+def _h100_culler(budget_mib: float):
+    """A culler with the demo catalog, every server a whole H100 (HAMi) on node-a."""
+    from fracspawner.backends import load_catalog
+    from fracspawner.culler.decide import ServerFacts
+    from tests.conftest import DEMO_CATALOG
+    from tests.test_host_budget import Pods
+
+    culler = Culler(host_memory_budget_mib=budget_mib)
+    culler._catalog = load_catalog(str(DEMO_CATALOG))
+    culler.server_pods = Pods()
+    for user in ("bob", "cat"):
+        culler.known[(user, "")] = ServerFacts(user, user_options={"gpu": "1", "pool": "h100"})
+    return culler
+
+
+def _says(culler: Culler, user: str, at: float, kernels=(), wants=()) -> dict:
+    """`user`'s server reports at `at` (its kernels' hibernation states, the kernels it would
+    hibernate); the culler's answer's `swap`."""
+    from fracspawner.culler.identity import Identity
+    from fracspawner.culler.reports import parse_report
+    from tests.test_host_budget import report
+
+    body = report(at, [])
+    body["kernels"] = [
+        {"id": kid, "execution_state": "idle", "gpu_memory_mib": on_gpu,
+         "hibernation": {"state": state, "hibernated_gpu_memory_mib": in_host,
+                         "waiting_for_gpu": state == "resuming"}}
+        for kid, state, on_gpu, in_host in kernels
+    ]  # fmt: skip
+    if wants:
+        body["swap"] = {"hibernate_wanted": [{"kernel_id": k, "gpu_memory_mib": m}
+                                             for k, m in wants]}  # fmt: skip
+    culler.reports.put(user, "", parse_report(body, received_at=at))
+    return (culler.answer_report(Identity(user, ""), at) or {}).get("swap", {})
+
+
+def test_room_given_is_held_while_its_server_reports_the_checkpoint_under_way():
+    """bob's kernel is given room in the node's budget and starts its checkpoint: 74 GiB take
+    39-53 s to copy. His server reports at 45 s, the kernel "hibernating" (its GPU state half
+    in host memory, none of it counted as hibernated yet). The room was held 30 s, or until
+    his server reported after that without the kernel hibernated, so it was free at that
+    report and given to cat's kernel: both copies in room for one, the node's host memory
+    over its budget. It is held now while his server reports the copy under way."""
+    import time
+
+    culler = _h100_culler(budget_mib=120000.0)
+    now = time.time()
+    assert _says(culler, "bob", now, wants=[("b1", WHOLE)])["host_room"] == [
+        {"kernel_id": "b1", "gpu_memory_mib": WHOLE}
+    ]
+    _says(culler, "bob", now + 45, kernels=[("b1", "hibernating", WHOLE, 0.0)])
+    swap = _says(culler, "cat", now + 46, wants=[("c1", WHOLE)])
+    assert "host_room" not in swap, "bob's room, his copy still under way, given to cat"
+    assert swap["host_wait"][0]["kernel_id"] == "c1"
+    # bob's kernel is hibernated: his report counts it, and cat's kernel still waits
+    _says(culler, "bob", now + 60, kernels=[("b1", "hibernated", 0.0, WHOLE)])
+    assert "host_room" not in _says(culler, "cat", now + 61, wants=[("c1", WHOLE)])
+    # its copy failed instead (the kernel back on the GPU): the room is free again
+    culler = _h100_culler(budget_mib=120000.0)
+    _says(culler, "bob", now, wants=[("b1", WHOLE)])
+    _says(culler, "bob", now + 45, kernels=[("b1", "hibernating", WHOLE, 0.0)])
+    _says(culler, "bob", now + 60, kernels=[("b1", "running", WHOLE, 0.0)])
+    assert "host_room" in _says(culler, "cat", now + 61, wants=[("c1", WHOLE)])
+
+
+def test_a_kernel_being_restored_still_holds_its_host_memory():
+    """bob's hibernated kernel is coming back: 74 GiB take 14-22 s to restore, and its GPU
+    state is in host memory until the restore is done. His report says "resuming", which was
+    not counted in the node's budget, and cat's kernel was given room meanwhile: the node's
+    host memory over its budget while both were there. It counts now, and is never ordered
+    shut down while it comes back."""
+    import time
+
+    culler = _h100_culler(budget_mib=120000.0)
+    now = time.time()
+    _says(culler, "bob", now, kernels=[("b1", "hibernated", 0.0, WHOLE)])
+    _says(culler, "bob", now + 10, kernels=[("b1", "resuming", 20000.0, WHOLE)])
+    swap = _says(culler, "cat", now + 11, wants=[("c1", WHOLE)])
+    assert "host_room" not in swap, "cat's kernel hibernated beside a restore under way"
+    _says(culler, "bob", now + 30, kernels=[("b1", "running", WHOLE, 0.0)])
+    assert "host_room" in _says(culler, "cat", now + 31, wants=[("c1", WHOLE)])
+    # counted, it is still never shut down for the budget while it comes back (its person
+    # has just run a cell), on a node whose budget it alone is over
+    culler = _h100_culler(budget_mib=WHOLE / 2)
+    swap = _says(culler, "bob", now, kernels=[("b1", "resuming", 20000.0, WHOLE)])
+    assert "shutdown" not in swap, swap

@@ -845,7 +845,7 @@ class Culler(CullerApplication):
         orders = []
         if ordered and entry is not None and not (entry.present or entry.in_session):
             for k in entry.hibernated_kernels:
-                if k.kernel_id in ordered and not k.waiting:
+                if k.kernel_id in ordered and not k.waiting and not k.copying:
                     why = ordered[k.kernel_id]
                     self.log.info(
                         "%s: shut down hibernated kernel %s: %s", who.log_name,

@@ -24,16 +24,28 @@ from collections.abc import Collection, Iterable
 from dataclasses import dataclass
 from datetime import datetime
 
-#: the extension's hibernation state of a kernel whose GPU state is in host memory
-IN_HOST = frozenset({"hibernated", "restore_failed"})
+#: the extension's hibernation states of a kernel whose GPU state is in host memory, or being
+#: copied there or back (`HibernatedKernel.copying`). A copy is slow (measured on an H200: a
+#: checkpoint at 1.4-1.9 GiB/s, a restore at 3.4-5.5 GiB/s; docs/serverext.md): 80 GiB fill
+#: host memory for about a minute, and stay there the 15-25 s their restore takes
+IN_HOST = frozenset({"hibernating", "hibernated", "resuming", "restore_failed"})
 
 
 @dataclass(frozen=True)
 class HibernatedKernel:
     kernel_id: str
-    mib: float  # GPU state it keeps in host memory
+    # GPU state it keeps in host memory (0 from its server while its checkpoint is under way:
+    # the room held for it counts it then, hostroom.py)
+    mib: float
     since: float  # unix seconds: hibernated since
     waiting: bool = False  # its resume waits for room on the GPU: its cell is waiting
+    state: str = "hibernated"  # its hibernation state by its server's word (hibernate.py)
+
+    @property
+    def copying(self) -> bool:
+        """Its checkpoint or its restore is under way: never shut down meanwhile (its server
+        would not, and a restore means its person has just run a cell)."""
+        return self.state in ("hibernating", "resuming")
 
 
 @dataclass(frozen=True)
@@ -69,8 +81,9 @@ class Eviction:
 
 
 def hibernated_kernels(report: dict, received_at: float) -> tuple[HibernatedKernel, ...]:
-    """A checked report's kernels whose GPU state is in host memory (reports.REPORT checked the
-    types); a time in the future counts as the report's arrival."""
+    """A checked report's kernels whose GPU state is in host memory, or on its way there or
+    back (reports.REPORT checked the types); a time in the future counts as the report's
+    arrival."""
     out = []
     for k in report.get("kernels") or []:
         h = k.get("hibernation") or {}
@@ -79,7 +92,7 @@ def hibernated_kernels(report: dict, received_at: float) -> tuple[HibernatedKern
         mib = float(h.get("hibernated_gpu_memory_mib") or 0.0)
         since = _unix(h.get("hibernated_since"), received_at)
         waiting = bool(h.get("waiting_for_gpu"))
-        out.append(HibernatedKernel(str(k["id"]), max(0.0, mib), since, waiting))
+        out.append(HibernatedKernel(str(k["id"]), max(0.0, mib), since, waiting, h["state"]))
     return tuple(out)
 
 
@@ -96,7 +109,8 @@ def _unix(text: object, default: float) -> float:
 def plan_evictions(holders: Iterable[Holder], budget_mib: float) -> list[Eviction]:
     """Per node, the hibernated kernels to shut down until the node's total is within
     `budget_mib`: first those of servers above an equal share of it, oldest first; then any,
-    oldest first. Never a kernel whose resume waits, nor a present user's."""
+    oldest first. Never a kernel whose resume waits or whose copy is under way, nor a present
+    user's."""
     by_node: dict[str, list[Holder]] = {}
     for h in holders:
         by_node.setdefault(h.node, []).append(h)
@@ -109,7 +123,11 @@ def plan_evictions(holders: Iterable[Holder], budget_mib: float) -> list[Evictio
             continue
         share = budget_mib / len(group)
         left = [
-            (h, k) for h in group if not h.present for k in h.kernels if not k.waiting and k.mib > 0
+            (h, k)
+            for h in group
+            if not h.present
+            for k in h.kernels
+            if not k.waiting and not k.copying and k.mib > 0
         ]
         while total > budget_mib and left:
             above = [(h, k) for h, k in left if held[id(h)] > share]
@@ -206,7 +224,7 @@ def plan_room(
     said = {id(h): h.said_mib() for h in group}  # what shutting kernels down leaves of each
     spare = sorted(
         ((h, k) for h in group if not h.present for k in h.kernels
-         if not k.waiting and k.mib > 0 and k.kernel_id not in evicting),
+         if not k.waiting and not k.copying and k.mib > 0 and k.kernel_id not in evicting),
         key=lambda e: (e[1].since, e[0].user, e[1].kernel_id),
     )  # fmt: skip
     for want in wants:

@@ -12,10 +12,11 @@ GPU memory is needed), never for a kernel due to hibernate merely for idleness (
 The culler's own swap orders (pressure.py) pass the same check.
 
 Room given is held for the kernel (`GRANT_SECONDS`, longer while shut-downs it waits for are
-under way) until its server's report shows it hibernated: two servers on one node cannot both
-take the same room. A kernel that waits for shut-downs is not planned again while they are under
-way: its server reports every 20-60 s, the shut-down kernels' servers once a minute, and each
-new plan would have ordered another user's kernel out for the same want.
+under way, and while its server reports its checkpoint under way: 80 GiB take about a minute to
+copy, measured on an H200) until its server's report shows it hibernated: two servers on one
+node cannot both take the same room. A kernel that waits for shut-downs is not planned again
+while they are under way: its server reports every 20-60 s, the shut-down kernels' servers once
+a minute, and each new plan would have ordered another user's kernel out for the same want.
 
 What an ordered shut-down frees counts as held until its server's report shows the kernel
 gone: a kernel waits for it, none hibernates into it meanwhile (both would be in host memory).
@@ -54,14 +55,17 @@ class HostRoom:
         """Room held on `node` for kernels not yet seen hibernated. Held until the kernel's
         server reports it hibernated (then its report counts it), or reports after the room
         ran out without it (`reported`: when each server's latest report came), never by time
-        alone while it has not reported since (it may have hibernated the kernel meanwhile);
-        at most `LONGEST_SECONDS`."""
-        hibernated = {(h.user, h.server, k.kernel_id) for h in holders for k in h.kernels}
+        alone while it has not reported since (it may have hibernated the kernel meanwhile),
+        nor while its report shows the kernel's checkpoint under way (a copy of 80 GiB takes
+        about a minute: held 30 s, its room was given again while it filled); at most
+        `LONGEST_SECONDS`."""
+        seen = {(h.user, h.server, k.kernel_id): k.state for h in holders for k in h.kernels}
         for key, (_n, _mib, at, hold) in list(self.held.items()):
             last = reported.get(key[:2])
+            copying = seen.get(key) == "hibernating"
             if (
-                key in hibernated
-                or (last is not None and last > at + hold)
+                (key in seen and not copying)
+                or (not copying and last is not None and last > at + hold)
                 or now > at + LONGEST_SECONDS
             ):
                 del self.held[key]

@@ -70,14 +70,18 @@ def tabs_closed(report: ServerReport | None) -> bool:
 def may_keep(report: ServerReport | None, pool: str | None, catalog: Catalog) -> bool:
     """Whether a server may be kept hibernated: its pool (the hub's record) frees usable memory
     by hibernation, and its report says it holds no GPU memory, has a hibernated kernel, and
-    no resume of it waits (a waiting resume keeps it anyway: decide.py)."""
+    no resume of it waits (a waiting resume keeps it anyway: decide.py) nor any copy of its
+    kernels is under way (a restore: its person has just run a cell)."""
     if report is None or report.gpu is None or pool not in catalog.pools:
         return False
     where = catalog.pools[pool]
     if not frees_usable_memory(where.backend, where.overcommit):
         return False
     waits = any(g.waiting for g in report.swap.gpus)
-    return report.gpu.memory_mib <= 0 and bool(report.hibernated_kernels) and not waits
+    held = report.hibernated_kernels
+    if not held or any(k.copying for k in held):
+        return False
+    return report.gpu.memory_mib <= 0 and not waits
 
 
 def waiting_mib(pods: Iterable[tuple[str, Placement]], catalog: Catalog) -> dict[str, float]:
