@@ -553,3 +553,43 @@ async def test_hibernate_now_on_request_suspends_only_an_idle_kernel(fake, sleep
     finally:
         busy.kill()
         busy.wait()
+
+
+async def test_a_checkpoint_under_way_counts_against_the_pods_host_memory(fake, sleeper):
+    """A kernel is suspended only where the pod's memory limit minus its usage covers its copy
+    (host_margin_mib beside). Measured on an H200, a checkpoint fills host memory at 1.4-1.9
+    GiB/s (docs/serverext.md): one of 40 GiB is under way for half a minute, and its copy is
+    in the pod's usage only as far as it has come. Two checkpoints at once on one server (two
+    swap orders in one answer; the idle reading beside the culler's host room) each found the
+    headroom for itself alone, and together went over the pod's limit: its memory cgroup's
+    OOM killer then ends a process, a kernel. The copy under way now counts as taken."""
+    state, cgroup = fake
+    set_cgroup(cgroup, 8, 1)  # 7 GiB free: room for one copy of 4 GiB, not for two
+    with state_of(state) as data:
+        data["bandwidth_gib_s"] = 2  # the fake driver copies 4 GiB in 2 s
+    other = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"])
+    hib = hibernator(cgroup)
+    try:
+        add_process(state, sleeper.pid, 4 * GIB)
+        add_process(state, other.pid, 4 * GIB)
+        first = asyncio.ensure_future(suspend(hib, "a", sleeper.pid, 4 * GIB))
+        for _ in range(500):
+            if hib.kernel_json("a")["state"] == "hibernating":
+                break
+            await asyncio.sleep(0.01)
+        assert hib.kernel_json("a")["state"] == "hibernating"
+        assert await suspend(hib, "b", other.pid, 4 * GIB) == "running", (
+            "a second checkpoint started into host memory the first one is filling"
+        )
+        why = hib.kernel_json("b")["reason"]
+        assert "host memory" in why and "under way" in why, why
+        assert cuda_state(state, other.pid) == "running"
+        assert await first == "hibernated"
+        # the copy done is in the pod's usage now (the cgroup's reading): still no room
+        set_cgroup(cgroup, 8, 5)
+        assert await suspend(hib, "b", other.pid, 4 * GIB) == "running"
+        set_cgroup(cgroup, 16, 5)  # room for it beside the one hibernated
+        assert await suspend(hib, "b", other.pid, 4 * GIB) == "hibernated"
+    finally:
+        other.kill()
+        other.wait()
