@@ -97,6 +97,12 @@ def resuming(s: Any) -> bool:
     return s.lock.locked() or (s.task is not None and not s.task.done())
 
 
+def resuming_now(s: Any) -> bool:
+    """Whether the driver is restoring kernel `s`'s GPU state now (hibernate.py sets
+    "resuming" just before the restore, after the room check)."""
+    return s.state == "resuming"
+
+
 def _overcommit(text: str) -> float:
     try:
         value = float(text)
@@ -379,13 +385,19 @@ class SwapAgent(LoggingConfigurable):
             if sample is not None
             else None
         )
+        hib = self.monitor.hibernator
+        # this server's kernels being restored now: the reading shows them only in part
+        restoring = sum(
+            o.memory_mib for o in hib.kernels.values() if o is not s and resuming_now(o)
+        )
         return room_for(
             mib_up(s.memory_mib),  # as its report asked it: a grant of that covers it
-            granted_mib=self.monitor.hibernator.granted(s),
+            granted_mib=hib.granted(s),
             devices=devices,
             grant_only=self.grant_only,
             margin_mib=self.restore_margin_mib,
             virtualised=self.virtualised,
+            restoring_mib=restoring,
         )
 
     def _started_waiting(self, kernel_id: str) -> None:
