@@ -593,3 +593,147 @@ async def test_a_checkpoint_under_way_counts_against_the_pods_host_memory(fake, 
     finally:
         other.kill()
         other.wait()
+
+
+# --- the monitor's loop while a checkpoint copies ---------------------------------------------
+class _Kernels:
+    """The kernel manager's parts the monitor reads; shut-downs recorded."""
+
+    def __init__(self, kernels: dict):
+        self.kernels, self.shut_down, self.last_kernel_activity = kernels, [], None
+
+    def list_kernel_ids(self):
+        return list(self.kernels)
+
+    def get_kernel(self, kernel_id):
+        return self.kernels[kernel_id]
+
+    async def shutdown_kernel(self, kernel_id):
+        self.shut_down.append(kernel_id)
+        del self.kernels[kernel_id]
+
+
+async def _slow_checkpoint_under_the_loop(fake, sleeper, tmp_path, monkeypatch, *, idle_s):
+    """The real monitor's loop (poll_interval 0.2 s) over a simulated reading of one 4 GiB
+    kernel, hibernated after 1 s through the fake driver copying 1 GiB/s (4 s: an 80 GiB kernel
+    takes about a minute on an H200). Returns what was seen while its checkpoint ran."""
+    from types import SimpleNamespace
+
+    from fracspawner.serverext import monitor as monitor_module
+
+    state, cgroup = fake
+    monkeypatch.setenv("FRACSPAWNER_GPU_SLICE", "1/4")
+    monkeypatch.setenv("FRACSPAWNER_KERNEL_GPU_HIBERNATE_SECONDS", "1")
+    monkeypatch.setenv("FRACSPAWNER_KERNEL_GPU_IDLE_SECONDS", str(idle_s))
+    monkeypatch.delenv("FRACSPAWNER_SERVER_GPU_IDLE_SECONDS", raising=False)
+    with state_of(state) as data:
+        data["bandwidth_gib_s"] = 1
+    add_process(state, sleeper.pid, 4 * GIB)
+    gpu = tmp_path / "gpu.json"
+    device = {"index": "0", "name": "L4", "uuid": "GPU-0", "memory_total_mib": 10 * GIB}
+
+    def reading(mib: float) -> None:
+        gpu.write_text(json.dumps({"devices": [device], "kernels": {"k": {"memory_mib": mib}}}))
+
+    reading(4 * GIB)
+    now = monitor_module.utcnow()
+    km = _Kernels({"k": SimpleNamespace(last_activity=now, execution_state="idle",
+                                        provisioner=SimpleNamespace(pid=sleeper.pid))})  # fmt: skip
+    settings = {"kernel_manager": km, "started": now, "last_activity_times": {}}
+    monitor = monitor_module.GpuMonitor(
+        settings=settings, source_spec=f"sim:{gpu}", poll_interval=0.2
+    )
+    monitor.hibernator = hibernator(cgroup)
+    real_checkpoint = monitor.hibernator.driver.checkpoint
+
+    def checkpoint(pid: int) -> None:  # NVML shows the memory freed once the copy is done
+        real_checkpoint(pid)
+        reading(0)
+
+    monitor.hibernator.driver.checkpoint = checkpoint
+    seen: dict = {"taken": [], "states": set()}
+    monitor.start()
+    try:
+        for _ in range(500):
+            if monitor.hibernator.kernel_json("k")["state"] == "hibernating":
+                break
+            await asyncio.sleep(0.01)
+        assert monitor.hibernator.kernel_json("k")["state"] == "hibernating"
+        while monitor.hibernator.kernel_json("k")["state"] == "hibernating":
+            seen["taken"].append(monitor.sample_taken)
+            seen["states"].add(cuda_state(state, sleeper.pid))
+            await asyncio.sleep(0.05)
+        seen["after"] = monitor.hibernator.kernel_json("k")["state"]
+        seen["shut_down"] = list(km.shut_down)
+    finally:
+        await monitor.stop()
+    return seen
+
+
+async def test_readings_go_on_while_a_slow_checkpoint_runs(fake, sleeper, tmp_path, monkeypatch):
+    """Measured on an H200, a checkpoint copies 1.4-1.9 GiB/s: an 80 GiB kernel takes about a
+    minute. The loop awaited it, so for that minute nothing was read: the meter froze, the
+    culler was told an old reading, and another kernel's resume checked its room on it. The
+    readings now go on every poll_interval while the copy runs."""
+    seen = await _slow_checkpoint_under_the_loop(fake, sleeper, tmp_path, monkeypatch, idle_s=3600)
+    taken = [t for t in seen["taken"] if t is not None]
+    assert seen["after"] == "hibernated"
+    assert "locked" in seen["states"], "the copy was never seen under way"
+    assert len(set(taken)) >= 5, f"{len(set(taken))} readings in a 4 s checkpoint"
+
+
+async def test_the_cull_leaves_a_kernel_mid_checkpoint_alone(fake, sleeper, tmp_path, monkeypatch):
+    """Its idle limit (2 s) passes while its checkpoint (4 s, begun at 1 s) runs, and the
+    reading still shows its GPU memory: the cull, which now runs beside the copy, must not
+    shut the kernel down under the driver. It is hibernated, its GPU state in host memory."""
+    seen = await _slow_checkpoint_under_the_loop(fake, sleeper, tmp_path, monkeypatch, idle_s=2)
+    assert seen["shut_down"] == [], "shut down while its checkpoint ran"
+    assert seen["after"] == "hibernated"
+
+
+async def test_a_kernel_being_shut_down_is_not_suspended_meanwhile(monkeypatch):
+    """Idle hibernations run beside the loop: one may reach a kernel the cull path is shutting
+    down (jupyter_client waits seconds for the process to exit). It is left alone: no checkpoint
+    of a process on its way out."""
+    from datetime import timedelta
+    from types import SimpleNamespace
+
+    from fracspawner.serverext import monitor as monitor_module
+    from fracspawner.serverext.sources import GpuDevice, GpuProcess, GpuSample
+
+    monkeypatch.setenv("FRACSPAWNER_GPU_SLICE", "1/4")
+    monkeypatch.setenv("FRACSPAWNER_KERNEL_GPU_HIBERNATE_SECONDS", "600")
+    monkeypatch.setenv("FRACSPAWNER_KERNEL_GPU_IDLE_SECONDS", "1800")
+    monkeypatch.delenv("FRACSPAWNER_SERVER_GPU_IDLE_SECONDS", raising=False)
+    t0 = monitor_module.utcnow() - timedelta(hours=1)
+    exiting, release = asyncio.Event(), asyncio.Event()
+
+    class SlowShutdown(_Kernels):
+        async def shutdown_kernel(self, kernel_id):
+            exiting.set()
+            await release.wait()
+            await super().shutdown_kernel(kernel_id)
+
+    km = SlowShutdown({"a": SimpleNamespace(last_activity=t0, execution_state="idle")})
+    monitor = monitor_module.GpuMonitor(
+        settings={"kernel_manager": km, "started": t0}, source_spec="none"
+    )
+    monitor.reason, monitor.started = None, t0
+    asked: list[str] = []
+
+    async def hibernate(kid, memory_mib, why):
+        asked.append(kid)
+        return "hibernated"
+
+    monitor._hibernate = hibernate
+    process = GpuProcess("0", 4096, 0.0, kernel_id="a")
+    device = GpuDevice("0", "H100", "GPU-0", 81920, 4096, 0)
+    now = monitor_module.utcnow()
+    monitor.apply(GpuSample("sim", [device], [process]), [("a", process)], {"a"}, now)
+    cull = asyncio.ensure_future(monitor.cull_idle_kernels(now))
+    await asyncio.wait_for(exiting.wait(), 5)
+    assert await monitor.hibernate_idle_kernels(now) == []
+    assert await monitor.hibernate_now("a", "GPU pressure") == "running"
+    assert asked == []
+    release.set()
+    assert await cull == ["a"]

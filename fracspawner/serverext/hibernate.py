@@ -339,6 +339,14 @@ class Hibernator(LoggingConfigurable):
         s = self.kernels.get(kernel_id)
         return s is not None and s.state in SUSPENDED
 
+    def suspending(self, kernel_id: str) -> bool:
+        """Whether a suspend of the kernel is under way: its checkpoint, or the checks just
+        before it (under its lock, the state still "running")."""
+        s = self.kernels.get(kernel_id)
+        if s is None:
+            return False
+        return s.state == "hibernating" or (s.lock.locked() and s.state == "running")
+
     def memory_of(self, kernel_id: str) -> float:
         s = self.kernels.get(kernel_id)
         return s.memory_mib if s is not None and s.state in SUSPENDED else 0.0
