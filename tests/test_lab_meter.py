@@ -623,6 +623,66 @@ def test_the_meter_says_a_restore_that_does_not_return(tmp_path):
         lab.stop()
 
 
+def test_the_meter_says_a_copy_under_way_and_that_a_cell_waits_for_it(tmp_path):
+    """Copies take time on a real GPU (docs/serverext.md "First run on a GPU": an H200
+    checkpointed at 1.4-1.9 GiB/s and restored at 3.4-5.5 GiB/s, a minute to hibernate 80 GiB).
+    While the copy to host memory was under way the meter said 'GPU hibernated: resumes when you
+    run a cell' with '0 B' parked, and while resuming the same: a cell run then waits for the
+    copy, with no word. It says what moves instead, and that a cell waits. The fake driver copies
+    at 0.5 GiB/s: 18 s each way for the kernel's 9 GiB."""
+    from tests.test_hibernation import state_of
+
+    lab, state = hibernating_lab(tmp_path, {"FRACSPAWNER_KERNEL_GPU_HIBERNATE_SECONDS": "2"})
+    try:
+        with state_of(state) as data:
+            data["bandwidth_gib_s"] = 0.5
+        with chromium() as browser:
+            page = open_lab(browser, lab)  # up before the kernel idles: the copy is seen
+            text = page.locator(".fs-GpuMeter-hibernation")
+
+            def says(short: str) -> None:
+                from playwright.sync_api import TimeoutError as PlaywrightTimeout
+
+                try:
+                    page.wait_for_function(
+                        "t => document.querySelector('.fs-GpuMeter-hibernation')?.textContent"
+                        " === t",
+                        arg=short,
+                        timeout=30_000,
+                    )
+                except PlaywrightTimeout:
+                    said = text.text_content() if text.count() else None
+                    raise AssertionError(f"the meter said {said!r}, not {short!r}") from None
+
+            kernel, _pid = kernel_on_gpu(lab, state, 9216)
+            wait_for(lambda: kernel_state(lab, kernel) == "hibernating", 30, "the copy begins")
+            says("GPU hibernating: moving 9 GiB to host memory")
+            assert kernel_state(lab, kernel) == "hibernating"  # said during the copy
+            title = re.sub(r"\s+", " ", text.get_attribute("title") or "")
+            assert title == (
+                "The kernel's GPU state (9 GiB) is being copied to host memory. A cell you run "
+                "now, or Resume, waits until the copy is done; then the state comes back to the "
+                "GPU and the cell runs."
+            ), title
+            wait_for(lambda: kernel_state(lab, kernel) == "hibernated", 60, "the copy is done")
+            lab.set_gpu({"devices": [H100], "kernels": {}})  # its memory left the GPU
+            says("GPU hibernated: resumes when you run a cell")
+            page.locator(".fs-GpuMeter-resume").click()
+            says("GPU resuming: bringing 9 GiB back from host memory")
+            assert kernel_state(lab, kernel) == "resuming"
+            title = re.sub(r"\s+", " ", text.get_attribute("title") or "")
+            assert title == (
+                "The kernel's GPU state (9 GiB) is being copied back from host memory to the "
+                "GPU; a cell you run waits until it is back, then runs."
+            ), title
+            text.wait_for(state="hidden", timeout=60_000)
+            assert kernel_state(lab, kernel) == "running"
+            assert page.errors == [], page.errors
+            page.context.close()
+    finally:
+        lab.stop()
+
+
 def _kernel_pid(kernel_id: str) -> int | None:
     """The ipykernel process whose command line names this kernel's connection file."""
     from fracspawner.serverext.procmap import kernel_id_of

@@ -60,7 +60,9 @@ export interface IGpuReport {
   device_free_by?: 'nvml' | 'culler' | null;
   gpu_utilization?: number | null;
   warnings?: IGpuWarning[];
-  kernels?: { id: string; hibernation?: IKernelHibernation }[];
+  /** `gpu_memory_mib`: what the kernel's process holds on the GPU now (while it hibernates,
+   * what is being copied to host memory). */
+  kernels?: { id: string; gpu_memory_mib?: number; hibernation?: IKernelHibernation }[];
   hibernated_gpu_memory_mib?: number;
   hibernation?: { simulated?: boolean };
 }
@@ -75,8 +77,10 @@ export interface IHibernationText {
 const SUSPENDED = ['hibernating', 'hibernated', 'resuming', 'restore_failed'];
 
 /**
- * 'GPU hibernated: resumes when you run a cell', with how long resuming took last time; or,
- * while a restore keeps failing, that it is retried (and, once the driver lost a kernel's GPU
+ * 'GPU hibernated: resumes when you run a cell', with how long resuming took last time; while
+ * a copy is under way, 'GPU hibernating: moving 9 GiB to host memory' or 'GPU resuming:
+ * bringing 9 GiB back from host memory' (a cell run meanwhile waits for it); or, while a
+ * restore keeps failing, that it is retried (and, once the driver lost a kernel's GPU
  * state, that only a restart helps). The demo's simulated
  * GPU hibernates with a simulated driver: the words say so, as its readings do.
  */
@@ -169,6 +173,41 @@ function hibernationWords(report: IGpuReport, now: Date): IHibernationText | nul
         `retrying${retry}. The kernel is kept, its GPU state in host memory; restart the ` +
         'kernel to start over.',
       failed: true
+    };
+  }
+  // a copy under way (1.4-1.9 GiB/s to host memory, 3.4-5.5 GiB/s back on an H200: a minute
+  // for 80 GiB): a cell run meanwhile waits for it, so the words say so, not "resumes"
+  const resuming = kernels.filter(k => k.hibernation?.state === 'resuming');
+  if (resuming.length) {
+    const back = resuming.reduce(
+      (sum, k) => sum + (k.hibernation?.hibernated_gpu_memory_mib ?? 0),
+      0
+    );
+    const what = back > 0 ? formatMemory(back) : 'its state';
+    return {
+      short: `GPU resuming: bringing ${what} back from host memory`,
+      sentence:
+        `The kernel's GPU state${back > 0 ? ` (${formatMemory(back)})` : ''} is being ` +
+        'copied back from host memory to the GPU; a cell you run waits until it is back, ' +
+        `then runs${last}.`,
+      failed: false
+    };
+  }
+  const copying = kernels.filter(k => k.hibernation?.state === 'hibernating');
+  if (copying.length) {
+    // hibernated_gpu_memory_mib is set once the copy is done: what moves is what the
+    // kernel's process holds on the GPU now
+    const moving = copying.reduce((sum, k) => sum + (k.gpu_memory_mib ?? 0), 0);
+    return {
+      short:
+        moving > 0
+          ? `GPU hibernating: moving ${formatMemory(moving)} to host memory`
+          : 'GPU hibernating: moving its state to host memory',
+      sentence:
+        `The kernel's GPU state${moving > 0 ? ` (${formatMemory(moving)})` : ''} is being ` +
+        'copied to host memory. A cell you run now, or Resume, waits until the copy is ' +
+        `done; then the state comes back to the GPU and the cell runs${last}.`,
+      failed: false
     };
   }
   const memory = kernels.reduce(
