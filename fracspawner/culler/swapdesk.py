@@ -29,6 +29,7 @@ from .pressure import (
     ASK_AGAIN_AFTER,
     CHECKPOINT_MIB_PER_S,
     RESTORE_MIB_PER_S,
+    KernelOnGpu,
     Pressure,
     ReportedGpu,
     ServerOnGpu,
@@ -186,27 +187,11 @@ class SwapDesk:
         `ask_again_after`, and while its kernel's copy is under way as long as that copy may
         take (`copy_seconds`): dropped meanwhile, the memory still on the GPU read as a new
         pressure and another kernel was asked out for the same need."""
-        resident = {
-            (s.user, s.server, k.kernel_id): k.resident_mib
-            for s in seats
-            for g in s.facts.gpus
-            for k in g.kernels
-            if k.resident_mib > 0 and k.idle and not k.hibernated and not k.refused
-        }
-        copying = {
-            (s.user, s.server, k.kernel_id)
-            for s in seats
-            for g in s.facts.gpus
-            for k in g.kernels
-            if k.copying_out
-        }
-        hibernated = {
-            (s.user, s.server, k.kernel_id)
-            for s in seats
-            for g in s.facts.gpus
-            for k in g.kernels
-            if k.hibernated and not k.copying_out
-        }
+        resident = _kernels(
+            seats, lambda k: k.resident_mib > 0 and k.idle and not k.hibernated and not k.refused
+        )
+        copying = _kernels(seats, lambda k: k.copying_out)
+        hibernated = _kernels(seats, lambda k: k.hibernated and not k.copying_out)
         for key, (mib, at) in list(self.asked.items()):
             gone = key[:2] in judged and key not in resident and key not in copying
             last = self.ask_again_after
@@ -294,6 +279,11 @@ class SwapDesk:
         live = {key[:2] for key in (*self.asked, *self.granted, *self.beyond)}
         self._pools = {key: pool for key, pool in self._pools.items() if key in live}
         self._pools[(user, server)] = me.pool  # its asks and grants, made below
+        self._seen_waiting = {
+            key: seen
+            for key, seen in self._seen_waiting.items()
+            if now - seen[1] <= FORGET_WAIT_SECONDS
+        }
         orders: list[dict] = []
         resume: list[dict] = []
         wait: list[dict] = []
@@ -380,11 +370,10 @@ class SwapDesk:
         """When `key` began to wait, for its place in line: its server's word, but no earlier
         than `CLAIM_SLACK` before the desk first saw it waiting. A server that claimed a wait
         of hours went ahead of every other; its agent reports a wait as it begins."""
-        first, _last = self._seen_waiting.get(key, (now, now))
+        first, last = self._seen_waiting.get(key, (now, now))
+        if now - last > FORGET_WAIT_SECONDS:  # not seen waiting for that long: a new wait
+            first = now
         self._seen_waiting[key] = (first, now)
-        for other, (_f, last) in list(self._seen_waiting.items()):
-            if now - last > FORGET_WAIT_SECONDS:
-                del self._seen_waiting[other]
         return max(claimed, first - CLAIM_SLACK)
 
     def _still_granted(
@@ -403,14 +392,7 @@ class SwapDesk:
             for g in s.facts.gpus
             for w in g.waiting
         }
-        restoring = {
-            (s.user, s.server, k.kernel_id)
-            for s in seats
-            if s.fresh
-            for g in s.facts.gpus
-            for k in g.kernels
-            if k.copying_in
-        }
+        restoring = _kernels([s for s in seats if s.fresh], lambda k: k.copying_in)
         for key, (mib, at) in list(self.granted.items()):
             last = GRANT_SECONDS
             if key in restoring:
@@ -500,6 +482,19 @@ class SwapDesk:
                     {"kernel_id": w.kernel_id, "reason": wait_reason(len(present), len(ahead))}
                 )
         return unsure
+
+
+def _kernels(
+    seats: Iterable[Seat], which: Callable[[KernelOnGpu], bool]
+) -> dict[tuple[str, str, str], float]:
+    """(user, server, kernel id) -> MiB on the GPU of the seats' kernels `which` picks."""
+    return {
+        (s.user, s.server, k.kernel_id): k.resident_mib
+        for s in seats
+        for g in s.facts.gpus
+        for k in g.kernels
+        if which(k)
+    }
 
 
 def grant_margin(margin_mib: float, size_mib: float, enforced: bool) -> float:
