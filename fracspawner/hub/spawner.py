@@ -945,12 +945,17 @@ class FracSpawner(KubeSpawner):
                 task.cancel()  # JupyterHub's stop() then deletes the pod
         return task.result()
 
+    def _own_pod(self) -> Mapping[str, Any] | None:
+        """The pod of this spawn's name in the pod watch, if any."""
+        reflector = getattr(self, "pod_reflector", None)
+        pod = reflector.pods.get(f"{self.namespace}/{self.pod_name}") if reflector else None
+        return pod if isinstance(pod, Mapping) else None
+
     def _name_taken_words(self) -> str:
         """Why the pod is not made, where kubespawner waits for a pod of its name to go (it
         deletes one that answers its create with 409, then waits to see it gone); or ""."""
-        reflector = getattr(self, "pod_reflector", None)
-        pod = reflector.pods.get(f"{self.namespace}/{self.pod_name}") if reflector else None
-        if not isinstance(pod, Mapping) or not (pod.get("metadata") or {}).get("deletionTimestamp"):
+        pod = self._own_pod()
+        if pod is None or not (pod.get("metadata") or {}).get("deletionTimestamp"):
             return ""
         return (
             f": a pod of the same name ({self.pod_name}, of an earlier start) is still being "
@@ -961,11 +966,8 @@ class FracSpawner(KubeSpawner):
         """This spawn's pod while it waits for a node (Pending, not bound); None otherwise. A
         pod of its name being deleted is an earlier start's (kubespawner deletes one that
         answers its create with 409): it waits for nothing, and takes no place in line."""
-        reflector = getattr(self, "pod_reflector", None)
-        if reflector is None:
-            return None
-        pod = reflector.pods.get(f"{self.namespace}/{self.pod_name}")
-        if not isinstance(pod, Mapping) or (pod.get("metadata") or {}).get("deletionTimestamp"):
+        pod = self._own_pod()
+        if pod is None or (pod.get("metadata") or {}).get("deletionTimestamp"):
             return None
         phase = (pod.get("status") or {}).get("phase")
         if phase == "Pending" and not (pod.get("spec") or {}).get("nodeName"):

@@ -112,6 +112,11 @@ def _code(exc: Exception) -> str | None:
     return exc.code if isinstance(exc, CheckpointError) else None
 
 
+def _exited(pid: int) -> bool:
+    """The process is gone (this server and its kernels share a PID namespace)."""
+    return not os.path.exists(f"/proc/{pid}")
+
+
 def _gpu_full(exc: Exception) -> bool:
     """A restore refused for want of room on the GPU (cuCheckpointProcessRestore's
     CUDA_ERROR_OUT_OF_MEMORY)."""
@@ -610,7 +615,7 @@ class Hibernator(LoggingConfigurable):
         except CheckpointError as exc:
             # a pid that exited meanwhile: CUDA_ERROR_OPERATING_SYSTEM on driver 580.159.04
             # (tests/gpu/test_real_checkpoint_driver.py), INVALID_VALUE by the docs' returns
-            if exc.code == "CUDA_ERROR_INVALID_VALUE" or not os.path.exists(f"/proc/{pid}"):
+            if exc.code == "CUDA_ERROR_INVALID_VALUE" or _exited(pid):
                 raise _Later(
                     f"not hibernated: the driver does not know its process now ({exc}); "
                     "tried again later"
@@ -688,7 +693,7 @@ class Hibernator(LoggingConfigurable):
                 try:
                     await self._restore_watched(s, started)
                 except Exception as exc:  # CheckpointError, Unsupported, _Cannot, a broken binding
-                    if s.pid is not None and not os.path.exists(f"/proc/{s.pid}"):
+                    if s.pid is not None and _exited(s.pid):
                         # the process is gone (the kernel was restarted or died): nothing to
                         # bring back, and its messages go to the kernel there is now
                         self.log.info(
@@ -779,7 +784,7 @@ class Hibernator(LoggingConfigurable):
         if state in ("locked", "running", "failed"):
             return None  # an unlock, a restore done, failed: no memory to bring back
         if state != "checkpointed":
-            if not os.path.exists(f"/proc/{s.pid}"):
+            if _exited(s.pid):
                 return None  # gone: the restart path, nothing to bring back
             # unreadable (GetState failed) or between states: its memory may still be in host
             # memory, and _restore reads the state again and restores if it is: it waits
