@@ -356,7 +356,7 @@ async def test_two_resumes_into_room_for_one(server, gpu_record):
         server.api("DELETE", f"/api/kernels/{first}")  # its memory leaves the GPU
         out = await asyncio.wait_for(cells[second], 180)
         *note, last = out.strip().splitlines()
-        gpu_record("the second's cell said first", " | ".join(note)[:120])
+        gpu_record("the second's cell said first", " | ".join(note)[:400])
         assert last == "True", out  # restored, data intact: nothing lost
         assert note and all("waits in host memory" in line for line in note), out
         assert entry(server, second)["hibernation"]["state"] == "running"
