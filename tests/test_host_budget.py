@@ -205,3 +205,90 @@ async def test_a_shutdown_order_spares_a_kernel_whose_resume_is_under_way(fake, 
     assert km.shut == [], "a kernel whose resume was in progress (a cell held) was shut down"
     assert monitor.culled == [] and soon == [0.0]  # the culler hears it was not, at once
     assert await asyncio.wait_for(task, 20) is True  # the cell runs
+
+
+# --- one order per kernel ----------------------------------------------------------------------
+def _budget_culler(budget_mib: float, kernels: dict, now: float) -> Culler:
+    """A culler with the demo catalog's 1/4 T4 servers on node-a, each reporting `kernels`."""
+    culler = Culler(host_memory_budget_mib=budget_mib)
+    culler._catalog = load_catalog(str(DEMO_CATALOG))
+    culler.server_pods = Pods()
+    for user, ks in kernels.items():
+        culler.known[(user, "")] = ServerFacts(user, user_options={"gpu": "1/4", "pool": "t4"})
+        culler.reports.put(user, "", parse_report(report(now, ks), received_at=now))
+    return culler
+
+
+def _refuses(culler: Culler, user: str, at: float, kernels: list) -> list[str]:
+    """`user`'s server reports at `at`, its kernels read "restore_failed": each one's restore
+    is being retried after a transient error, a cell held (hibernate.py), so the server refused
+    the shut-down (serverext/swap.py `_shut_down`) and reported at once. The kernels the
+    culler's answer orders shut down."""
+    body = report(at, kernels)
+    for k in body["kernels"]:
+        k["hibernation"]["state"] = "restore_failed"
+    culler.reports.put(user, "", parse_report(body, received_at=at))
+    return _shutdown(culler, user, at)
+
+
+def _shutdown(culler: Culler, user: str, at: float) -> list[str]:
+    swap = (culler.answer_report(Identity(user, ""), at) or {}).get("swap") or {}
+    return [o["kernel_id"] for o in swap.get("shutdown") or []]
+
+
+def test_a_refused_shut_down_is_not_ordered_again_at_each_answer():
+    """ann's oldest kernel is ordered shut down for the node's budget. Her person has just run
+    a cell in it and its restore is being retried (a transient error): her server refuses the
+    order and reports at once, the kernel still there. Each answer ordered it again, so the
+    server refused and reported again at once, until the report rate limit answered 429 and
+    her server's reports (her waiting kernels, her presence) were held back. A kernel is told
+    once; refused, it is told again only after EVICT_SECONDS (180 s), and no other user's
+    kernel goes in its place meanwhile."""
+    now = time.time()
+    a1 = [("a1", QUARTER_T4, now - 5000, False)]
+    culler = _budget_culler(
+        1.5 * QUARTER_T4, {"ann": a1, "bob": [("b1", QUARTER_T4, now - 4000, False)]}, now
+    )
+    assert _shutdown(culler, "ann", now) == ["a1"]
+    for t in (1.0, 2.0, 21.0, 61.0, 170.0):
+        assert _refuses(culler, "ann", now + t, a1) == [], f"a1 ordered again at {t:.0f} s"
+        assert _shutdown(culler, "bob", now + t) == [], "bob's kernel shut down in a1's place"
+    assert _refuses(culler, "ann", now + 181.0, a1) == ["a1"]  # the backoff is over
+    assert _refuses(culler, "ann", now + 182.0, a1) == []
+
+
+def test_a_shut_down_ordered_for_room_is_told_once_and_nobody_else_goes_for_it():
+    """bob's kernel (away) waits for host room; ann's oldest kernel is ordered out for it
+    (hostroom.py). ann's server refuses (a restore being retried) and reports at once: the
+    order was told again at each of her answers. Once the order lapses (EVICT_SECONDS),
+    bob's next report plans anew: dan's kernel was ordered out in ann's place where ann's
+    server had not reported since (the lapsed order still left her kernel out of the plan),
+    though ann's kernel was the oldest and nothing was shut down for bob; ann's is asked
+    again, once."""
+    now = time.time()
+    a1 = [("a1", QUARTER_T4, now - 5000, False)]
+    culler = _budget_culler(
+        2 * QUARTER_T4,
+        {"ann": a1, "dan": [("d1", QUARTER_T4, now - 4000, False)], "bob": []},
+        now,
+    )
+    want = {"hibernate_wanted": [{"kernel_id": "b1", "gpu_memory_mib": QUARTER_T4}]}
+
+    def bob(at: float) -> dict:
+        body = report(at, [])
+        body["swap"] = want
+        culler.reports.put("bob", "", parse_report(body, received_at=at))
+        return (culler.answer_report(Identity("bob", ""), at) or {}).get("swap") or {}
+
+    assert bob(now)["host_wait"][0]["reason"].startswith("waits for 1 older")
+    assert _shutdown(culler, "ann", now + 5) == ["a1"]
+    assert _refuses(culler, "ann", now + 6, a1) == [], "a1 ordered again after its refusal"
+    for t in (20.0, 40.0, 60.0):
+        assert bob(now + t)["host_wait"][0]["reason"].startswith("waits for 1 older")
+        assert _shutdown(culler, "dan", now + t + 1) == []
+    assert _refuses(culler, "ann", now + 66, a1) == []
+    # the order lapsed at 180 s; ann's server has not reported since 66 s
+    assert bob(now + 200)["host_wait"][0]["reason"].startswith("waits for 1 older")
+    assert _shutdown(culler, "dan", now + 201) == [], "dan's kernel shut down in ann's place"
+    assert _refuses(culler, "ann", now + 220, a1) == ["a1"]
+    assert _refuses(culler, "ann", now + 221, a1) == []

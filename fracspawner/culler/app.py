@@ -842,29 +842,25 @@ class Culler(CullerApplication):
         now = time.time() if now is None else now
         entry = self.reports.get(who.user, who.server)
         ordered = self._host_room.orders_for(who.user, who.server, now)
-        orders = []
+        due: dict[str, str] = {}  # kernel_id -> why
         if ordered and entry is not None and not (entry.present or entry.in_session):
             for k in entry.hibernated_kernels:
                 if k.kernel_id in ordered and not k.waiting and not k.copying:
-                    why = ordered[k.kernel_id]
-                    self.log.info(
-                        "%s: shut down hibernated kernel %s: %s", who.log_name,
-                        shown(k.kernel_id), why,
-                    )  # fmt: skip
-                    orders.append({"kernel_id": k.kernel_id, "reason": why})
+                    due[k.kernel_id] = ordered[k.kernel_id]
         by_node = self.host_holders(now, budget, lambda facts: self.claim(facts)[1] or budget)
         # only its own node's: its kernels are told in the answer to its own report, and every
         # node has its own budget
         for e in plan_evictions(by_node.get(node, []) if node else [], budget):
-            if (e.user, e.server) != (who.user, who.server):
-                continue  # told in the answer to its own server's report
-            if any(o["kernel_id"] == e.kernel_id for o in orders):
-                continue
+            if (e.user, e.server) == (who.user, who.server):  # others: told to their server
+                due.setdefault(e.kernel_id, e.reason)
+        orders = []
+        # each told once, again only after EVICT_SECONDS: refused (its resume under way), its
+        # server reports at once, and an order at every answer had it refuse again at once
+        for kid in self._host_room.tell(who.user, who.server, due, now):
             self.log.info(
-                "%s: shut down hibernated kernel %s: %s", who.log_name, shown(e.kernel_id),
-                e.reason,
-            )  # fmt: skip
-            orders.append({"kernel_id": e.kernel_id, "reason": e.reason})
+                "%s: shut down hibernated kernel %s: %s", who.log_name, shown(kid), due[kid]
+            )
+            orders.append({"kernel_id": kid, "reason": due[kid]})
         return orders
 
     def _swap_answer(self, who: Identity, now: float | None = None) -> dict | None:

@@ -21,6 +21,12 @@ a minute, and each new plan would have ordered another user's kernel out for the
 What an ordered shut-down frees counts as held until its server's report shows the kernel
 gone: a kernel waits for it, none hibernates into it meanwhile (both would be in host memory).
 The memory peak per node is then within the budget by construction.
+
+A shut-down is told to its server once (`tell`), and again only `EVICT_SECONDS` later: done,
+its server's next report no longer lists the kernel; refused (its resume is under way: a cell
+held, a restore being retried), the server reports at once with the kernel still there, and
+an order told at each answer had it refuse and report again at once, until the report rate
+limit held its reports back.
 """
 
 from __future__ import annotations
@@ -49,6 +55,8 @@ class HostRoom:
     evicting: dict[tuple[str, str], dict[str, tuple[str, float]]] = field(default_factory=dict)
     # a want that waits for shut-downs -> the kernels shut down for it
     waits_for: dict[KernelKey, tuple[KernelKey, ...]] = field(default_factory=dict)
+    # a kernel told shut down in the answer to its server's report -> when (`tell`)
+    told: dict[KernelKey, float] = field(default_factory=dict)
 
     def reserved(self, node: str, holders: Iterable[Holder], now: float,
                  reported: Mapping[tuple[str, str], float]) -> float:  # fmt: skip
@@ -107,7 +115,11 @@ class HostRoom:
             fresh.append(w)
         wants = fresh
         reserved = self.reserved(node, holders, now, reported)
-        evicting = frozenset(k for ks in self.evicting.values() for k in ks)
+        # orders in force only: a lapsed one (its server has not reported since) frees nothing,
+        # and leaving its kernel out had another user's kernel ordered out in its place
+        evicting = frozenset(
+            k for ks in self.evicting.values() for k, (_r, until) in ks.items() if until > now
+        )
         own = sum(h.held_mib() for h in holders if (h.user, h.server) == (user, server))
         own += sum(m for key, (_n, m, _a, _h) in self.held.items() if key[:2] == (user, server))
         out = plan_room(
@@ -154,3 +166,17 @@ class HostRoom:
         if not mine:
             self.evicting.pop((user, server), None)
         return {kid: reason for kid, (reason, _until) in mine.items()}
+
+    def tell(self, user: str, server: str, kernel_ids: Iterable[str], now: float) -> list[str]:
+        """Of the shut-downs due for this server's kernels, those to tell in this answer: each
+        once, and again only `EVICT_SECONDS` after it was told (a refused one, its resume under
+        way, is asked again then, not at every answer)."""
+        for key in [k for k, at in self.told.items() if now - at >= EVICT_SECONDS]:
+            del self.told[key]
+        out = []
+        for kid in kernel_ids:
+            key = (user, server, kid)
+            if key not in self.told:
+                self.told[key] = now
+                out.append(kid)
+        return out
