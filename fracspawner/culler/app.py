@@ -754,17 +754,25 @@ class Culler(CullerApplication):
         mib = nodes.mib(node) if nodes is not None and node else None
         return node_budget_mib(self.host_memory_budget_mib, self.host_memory_budget_fraction, mib)
 
+    def enforced_slice_mib(self, facts: ServerFacts) -> float | None:
+        """The server's slice's memory (MiB) where its pool's backend holds a pod to its slice
+        (HAMi, MIG: `enforced`): the most its kernels can hold, one or all together; None
+        elsewhere, or where the catalog cannot size its slice."""
+        pool = self._catalog.pools.get(facts.pool or "") if self._catalog is not None else None
+        slice_mib = self.claim(facts)[1]
+        return slice_mib if pool is not None and slice_mib > 0 and pool_enforced(pool) else None
+
     def host_cap(self, facts: ServerFacts, budget: float) -> float:
         """The most host memory one hibernated kernel of the server counts for: what its GPU
         holds (a kernel on a time-sliced pool may hold more than its slice, and hibernating
         it copies all of it), at least its slice; its slice where the pool's backend holds a
-        pod to it (HAMi, MIG: `enforced`); the budget where the catalog cannot tell."""
+        pod to it (`enforced_slice_mib`); the budget where the catalog cannot tell."""
+        enforced = self.enforced_slice_mib(facts)
+        if enforced is not None:
+            return enforced
         pool = self._catalog.pools.get(facts.pool or "") if self._catalog is not None else None
-        slice_mib = self.claim(facts)[1]
-        if pool is not None and slice_mib > 0 and pool_enforced(pool):
-            return slice_mib
         device = float(pool.gpu.device_memory_mib) if pool is not None else 0.0
-        return max(slice_mib, device) or budget
+        return max(self.claim(facts)[1], device) or budget
 
     def host_share(self, facts: ServerFacts, where: Placement, budget: float) -> float:
         """The most host memory all the server's hibernated kernels together (and room held for
@@ -774,11 +782,10 @@ class Culler(CullerApplication):
         beyond this, so it can take its own share of the node's budget, never others'. Where
         the backend holds the pod to its slice, all its kernels together hold at most that
         (HAMi-core counts a hibernated kernel's memory against the pod too)."""
-        cap = self.host_cap(facts, budget)
-        pool = self._catalog.pools.get(facts.pool or "") if self._catalog is not None else None
-        if pool is not None and self.claim(facts)[1] > 0 and pool_enforced(pool):
-            return cap
-        return cap * max(1, where.gpus)
+        enforced = self.enforced_slice_mib(facts)
+        if enforced is not None:
+            return enforced
+        return self.host_cap(facts, budget) * max(1, where.gpus)
 
     def host_holders(
         self, now: float, budget: float, cap_of: Callable[[ServerFacts], float] | None = None
