@@ -508,6 +508,26 @@ def test_room_given_is_held_while_its_server_reports_the_checkpoint_under_way():
     assert "host_room" in _says(culler, "cat", now + 61, wants=[("c1", WHOLE)])
 
 
+def test_a_copy_its_server_reports_counts_once():
+    """A server now reports what its checkpoint under way copies (serverext/hibernate.py): the
+    room held for that kernel is then counted by the report itself, not held beside it as
+    well. Counted twice, cat's kernel waited for room the node had."""
+    import time
+
+    from fracspawner.culler.decide import ServerFacts
+
+    culler = _h100_culler(budget_mib=2.5 * WHOLE)
+    now = time.time()
+    assert "host_room" in _says(culler, "bob", now, wants=[("b1", WHOLE)])
+    _says(culler, "bob", now + 45, kernels=[("b1", "hibernating", WHOLE, WHOLE)])
+    swap = _says(culler, "cat", now + 46, wants=[("c1", WHOLE)])
+    assert swap.get("host_room") == [{"kernel_id": "c1", "gpu_memory_mib": WHOLE}], swap
+    # and the copy it reports still counts: a third kernel of that size does not fit
+    _says(culler, "cat", now + 47, kernels=[("c1", "hibernating", WHOLE, WHOLE)])
+    culler.known[("dan", "")] = ServerFacts("dan", user_options={"gpu": "1", "pool": "h100"})
+    assert "host_room" not in _says(culler, "dan", now + 48, wants=[("d1", WHOLE)])
+
+
 def test_a_kernel_being_restored_still_holds_its_host_memory():
     """bob's hibernated kernel is coming back: 74 GiB take 14-22 s to restore, and its GPU
     state is in host memory until the restore is done. His report says "resuming", which was

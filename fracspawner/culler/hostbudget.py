@@ -34,8 +34,8 @@ IN_HOST = frozenset({"hibernating", "hibernated", "resuming", "restore_failed"})
 @dataclass(frozen=True)
 class HibernatedKernel:
     kernel_id: str
-    # GPU state it keeps in host memory (0 from its server while its checkpoint is under way:
-    # the room held for it counts it then, hostroom.py)
+    # GPU state it keeps in host memory, or is copying there (a server before this word said 0
+    # while its checkpoint was under way: the room held for it counts it then, hostroom.py)
     mib: float
     since: float  # unix seconds: hibernated since
     waiting: bool = False  # its resume waits for room on the GPU: its cell is waiting

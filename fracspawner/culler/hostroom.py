@@ -65,12 +65,14 @@ class HostRoom:
         ran out without it (`reported`: when each server's latest report came), never by time
         alone while it has not reported since (it may have hibernated the kernel meanwhile),
         nor while its report shows the kernel's checkpoint under way (a copy of 80 GiB takes
-        about a minute: held 30 s, its room was given again while it filled); at most
-        `LONGEST_SECONDS`."""
-        seen = {(h.user, h.server, k.kernel_id): k.state for h in holders for k in h.kernels}
+        about a minute: held 30 s, its room was given again while it filled) without saying
+        what it copies (a server that does counts it in its report: held as well, it would
+        count twice); at most `LONGEST_SECONDS`."""
+        seen = {(h.user, h.server, k.kernel_id): k for h in holders for k in h.kernels}
         for key, (_n, _mib, at, hold) in list(self.held.items()):
             last = reported.get(key[:2])
-            copying = seen.get(key) == "hibernating"
+            k = seen.get(key)
+            copying = k is not None and k.state == "hibernating" and k.mib <= 0
             if (
                 (key in seen and not copying)
                 or (not copying and last is not None and last > at + hold)

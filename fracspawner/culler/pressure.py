@@ -76,8 +76,9 @@ class KernelOnGpu:
     # its server tried to hibernate it and was refused for a while (a subprocess holds GPU
     # memory, its CUDA work did not pause, ...: hibernate.py's `next_try`): not asked meanwhile
     refused: bool = False
-    # what a hibernated kernel brings back on resume, by its server's word (hibernate.py's
-    # `hibernated_gpu_memory_mib`); 0: not hibernated, or not said
+    # what a hibernated kernel brings back on resume, or one whose checkpoint is under way
+    # copies to host memory, by its server's word (hibernate.py's `hibernated_gpu_memory_mib`);
+    # 0: not hibernated, or not said
     hibernated_mib: float = 0.0
     state: str = "running"  # its hibernation state by its server's word (hibernate.py)
 
@@ -246,9 +247,15 @@ class ReportedGpu:
 
     def asleep(self) -> list[KernelOnGpu]:
         """Its hibernated kernels whose resume does not wait (a waiting one counts in
-        `waiting_mib`): what they would bring back to the GPU is each one's `hibernated_mib`."""
+        `waiting_mib`): what they would bring back to the GPU is each one's `hibernated_mib`.
+        Not one whose checkpoint is under way: its memory is on the GPU still (`back`), and its
+        `hibernated_mib` says what it copies to host memory, not more to bring back."""
         waits = {w.kernel_id for w in self.waiting}
-        return [k for k in self.kernels if k.hibernated and k.kernel_id not in waits]
+        return [
+            k
+            for k in self.kernels
+            if k.hibernated and not k.copying_out and k.kernel_id not in waits
+        ]
 
 
 @dataclass(frozen=True)

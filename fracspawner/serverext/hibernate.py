@@ -143,7 +143,7 @@ class KernelSleep:
     kernel_id: str
     state: str = "running"
     pid: int | None = None
-    memory_mib: float = 0.0  # GPU memory held in host memory while hibernated
+    memory_mib: float = 0.0  # GPU memory in host memory while hibernated, or being copied there
     since: datetime | None = None
     note: str | None = None  # why it was not suspended last time (may pass: tried again)
     cannot: str | None = None  # why this process can never be suspended (a new process may)
@@ -353,8 +353,13 @@ class Hibernator(LoggingConfigurable):
         return s.state == "hibernating" or (s.lock.locked() and s.state == "running")
 
     def memory_of(self, kernel_id: str) -> float:
+        """GPU memory the kernel keeps in host memory and no longer on the GPU: not a copy
+        under way (its memory is on the GPU until the checkpoint is done; its report entry
+        says what it copies: `KernelSleep.as_json`)."""
         s = self.kernels.get(kernel_id)
-        return s.memory_mib if s is not None and s.state in SUSPENDED else 0.0
+        if s is None or s.state not in SUSPENDED or s.state == "hibernating":
+            return 0.0
+        return s.memory_mib
 
     def total_mib(self) -> float:
         return round(sum(self.memory_of(k) for k in self.kernels), 1)
@@ -519,11 +524,18 @@ class Hibernator(LoggingConfigurable):
 
     async def _suspend_locked(self, s: KernelSleep, pid: int, memory_mib: float, why: str) -> str:
         s.state, s.pid, s.note, s.next_try = "hibernating", pid, None, None
+        # the report says what its copy moves to host memory from its start (a minute for
+        # 80 GiB): a culler that restarts, or first hears of this server, mid-copy counts it
+        # in the node's host memory budget (culler/hostbudget.py), and its GPU memory as
+        # still held there (the state says so: culler/pressure.py)
+        s.memory_mib, s.since, s.why = memory_mib, self.now(), why
         self.copying[s.kernel_id] = memory_mib
         try:
             return await self._suspend_copying(s, pid, memory_mib, why)
         finally:  # done, refused or cancelled: its copy is in usage now, or nothing is
             self.copying.pop(s.kernel_id, None)
+            if s.state not in SUSPENDED:  # refused or cancelled: nothing in host memory
+                s.memory_mib = 0.0
 
     async def _suspend_copying(self, s: KernelSleep, pid: int, memory_mib: float, why: str) -> str:
         started = time.monotonic()

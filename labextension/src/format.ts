@@ -195,8 +195,8 @@ function hibernationWords(report: IGpuReport, now: Date): IHibernationText | nul
   }
   const copying = kernels.filter(k => k.hibernation?.state === 'hibernating');
   if (copying.length) {
-    // hibernated_gpu_memory_mib is set once the copy is done: what moves is what the
-    // kernel's process holds on the GPU now
+    // what moves is what the kernel's process holds on the GPU now (until the copy is done;
+    // hibernated_gpu_memory_mib says what it copies, from its start)
     const moving = copying.reduce((sum, k) => sum + (k.gpu_memory_mib ?? 0), 0);
     return {
       short:
