@@ -26,6 +26,7 @@ from fracspawner.serverext.hibernate import GPU_FULL, LOST, Hibernator, KernelSl
 from fracspawner.serverext.monitor import GpuMonitor
 from fracspawner.serverext.podinfo import utcnow
 from fracspawner.serverext.room import Room, room_for, virtualised_nvml
+from fracspawner.serverext.sources import GpuDevice, GpuSample
 from fracspawner.serverext.swap import SwapAgent
 from tests.test_hibernation import GIB, cuda_state, state_of
 from tests.test_hibernation_driver import (  # noqa: F401 (fixtures)
@@ -419,6 +420,72 @@ async def test_a_restore_under_way_holds_its_room_from_the_servers_next_restore(
         assert await asyncio.wait_for(tasks[later], 20) is True
         assert cuda_state(state, pids[later]) == "running"
         assert restore_calls(state, pids[later]) == 1
+    finally:
+        hib.forget("a")
+        hib.forget("b")
+        other.kill()
+        other.wait()
+
+
+def read_the_gpu(monitor: GpuMonitor, state: Path) -> None:
+    """One reading of the fake GPU, as the monitor's loop takes it (what NVML shows now)."""
+    gpu = json.loads(state.read_text())["gpus"][0]
+    used = sum(float(p.get("memory_mib", 0)) for p in gpu["processes"])
+    device = GpuDevice("0", gpu["name"], "GPU-1", float(gpu["memory_total_mib"]), used, 0)
+    taken = utcnow()
+    monitor.apply(GpuSample("nvml", [device], []), [], {"a", "b"}, utcnow(), taken=taken)
+
+
+async def test_a_restore_done_since_the_reading_holds_its_room_from_the_next_restore(
+    fake,  # noqa: F811 (the fixtures)
+    sleeper,  # noqa: F811
+    plain,  # noqa: F811
+    monkeypatch,
+):
+    """Two hibernated kernels of one server; the GPU has room for one. The first comes back
+    (its person runs a cell) between two of the monitor's readings: the latest reading, taken
+    before its restore, still shows its memory free. The second kernel's room check, on that
+    reading, let its restore go into memory that was no longer free: CUDA out of memory, its
+    GPU state lost for good on current drivers (NVIDIA/cuda-checkpoint#44). Now what came
+    back since the reading was taken is held from it: the second waits, and comes back once a
+    reading shows room for it."""
+    for key in ("FRACSPAWNER_GPU_MEMORY_MIB", "FRACSPAWNER_GPU_SLICE"):
+        monkeypatch.delenv(key, raising=False)
+    state, cgroup = fake
+    other = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"])
+    monitor = GpuMonitor(settings={}, source_spec="none")
+    monitor.reason = None
+    hib = monitor.hibernator = hibernator(cgroup, room_poll=0.05, wait_bound=3600)
+    agent = SwapAgent(monitor, lambda s: None, room_check=0.05, restore_margin_mib=512)
+    assert hib.room == agent.room  # as the server wires them
+    told: list[str] = []
+    hib.on_restore_failed.append(lambda kid, text: told.append(text))
+    try:
+        add_process(state, sleeper.pid, 4 * GIB)
+        add_process(state, other.pid, 4 * GIB)
+        assert await suspend(hib, "a", sleeper.pid, 4 * GIB) == "hibernated"
+        assert await suspend(hib, "b", other.pid, 4 * GIB) == "hibernated"
+        add_process(state, os.getpid(), 3 * GIB)  # a co-tenant: 7 GiB free, room for one
+        read_the_gpu(monitor, state)
+        assert await asyncio.wait_for(hib.resume("a", "a cell"), 20) is True
+        # no reading since: it still shows 7 GiB free, of which 4 are a's again
+        task = hib.resume("b", "a cell")
+        await until(
+            lambda: hib.kernel_json("b")["waiting_for_gpu"] or task.done(), "b's room check"
+        )
+        assert restore_calls(state, other.pid) == 0, "restored into the memory a took back"
+        assert not hib.kernel_json("b")["gpu_state_at_risk"] and not task.done()
+        assert cuda_state(state, other.pid) == "checkpointed"
+        assert "brought back since the GPU was read" in hib.kernel_json("b")["waiting_why"]
+        assert not any("refused" in t for t in told), told
+        read_the_gpu(monitor, state)  # the next reading shows a's memory: still no room
+        await asyncio.sleep(0.2)
+        assert restore_calls(state, other.pid) == 0 and not task.done()
+        set_process(state, os.getpid(), memory_mib=0)  # the co-tenant leaves
+        read_the_gpu(monitor, state)
+        assert await asyncio.wait_for(task, 20) is True
+        assert cuda_state(state, other.pid) == "running"
+        assert restore_calls(state, other.pid) == 1
     finally:
         hib.forget("a")
         hib.forget("b")

@@ -153,6 +153,7 @@ class KernelSleep:
     next_try: datetime | None = None  # no new suspension attempt before this
     last_resume_seconds: float | None = None
     last_resumed_at: datetime | None = None
+    restored_mib: float = 0.0  # what its last resume brought back to the GPU (swap.py room)
     why: str | None = None  # what asked for the last hibernation ("idle", the culler's reason)
     # its resume waits for room on the GPU (room.py; over-commit: while an idle kernel is
     # swapped out, serverext/swap.py), since when and why; what wakes it early
@@ -758,7 +759,7 @@ class Hibernator(LoggingConfigurable):
                     {"kernel_id": s.kernel_id, "at": isoformat(s.last_resumed_at),
                      "seconds": seconds, "gpu_memory_mib": round(s.memory_mib, 1), "why": why},
                 ]  # fmt: skip
-                s.memory_mib = 0.0
+                s.restored_mib, s.memory_mib = s.memory_mib, 0.0
                 self._stop_watching(s)
                 self.log.info(
                     "fracspawner: kernel %s resumed (%s) in %.1f s", s.kernel_id, why, seconds

@@ -77,9 +77,10 @@ def room_for(
     (total, used) MiB of each device by the pod's latest NVML reading (None: no reading);
     `grant_only`: why only a grant counts here (over-commit, virtualised NVML), or None;
     `virtualised`: the readings are the pod's own (HAMi-core), not the GPU's;
-    `restoring_mib`: what this server's other kernels being restored now bring back. A restore
-    fills the GPU at 3.4-5.5 GiB/s (measured on an H200: 7-12 s for 40 GiB), and a reading
-    shows it only as far as it has come: its room is held from the reading's free memory."""
+    `restoring_mib`: what this server's other kernels being restored now bring back, or
+    brought back after the reading was taken. A restore fills the GPU at 3.4-5.5 GiB/s
+    (measured on an H200: 7-12 s for 40 GiB), and a reading shows it only as far as it had
+    come when it was taken: its room is held from the reading's free memory."""
     restoring = max(restoring_mib, 0.0)
     if granted_mib is not None and granted_mib >= need_mib:
         granted = f"the culler granted {gib(granted_mib)} on the GPU"
@@ -100,7 +101,8 @@ def room_for(
     if free - margin_mib - restoring >= need_mib:
         return Room(True, f"{gib(free)} of {gib(total)} is free on the GPU")
     besides = (
-        f", beside {gib(restoring)} another of this server's kernels is being restored into"
+        f", beside {gib(restoring)} this server's other kernels are bringing back, or brought "
+        "back since the GPU was read"
         if restoring > 0
         else ""
     )

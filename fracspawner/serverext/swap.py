@@ -103,6 +103,18 @@ def resuming_now(s: Any) -> bool:
     return s.state == "resuming"
 
 
+def back_since(s: Any, taken: datetime | None) -> bool:
+    """Whether kernel `s`'s GPU state came back after a reading taken at `taken` (None: not
+    known when, taken as now) and is on the GPU still: the reading shows its memory free.
+    A restore that returned then was in NVML's figures by the time they were read."""
+    return (
+        taken is not None
+        and s.last_resumed_at is not None
+        and s.last_resumed_at > taken
+        and s.state in ("running", "hibernating")  # its checkpoint under way holds it too
+    )
+
+
 def _overcommit(text: str) -> float:
     try:
         value = float(text)
@@ -386,10 +398,7 @@ class SwapAgent(LoggingConfigurable):
             else None
         )
         hib = self.monitor.hibernator
-        # this server's kernels being restored now: the reading shows them only in part
-        restoring = sum(
-            o.memory_mib for o in hib.kernels.values() if o is not s and resuming_now(o)
-        )
+        restoring = self._coming_back(s)
         return room_for(
             mib_up(s.memory_mib),  # as its report asked it: a grant of that covers it
             granted_mib=hib.granted(s),
@@ -398,6 +407,18 @@ class SwapAgent(LoggingConfigurable):
             margin_mib=self.restore_margin_mib,
             virtualised=self.virtualised,
             restoring_mib=restoring,
+        )
+
+    def _coming_back(self, besides: Any = None) -> float:
+        """MiB the monitor's latest reading shows free that this server's other kernels
+        (not `besides`) hold or are taking: restores under way (a reading shows them only
+        in part) and restores done after it was taken (it shows none of them: for up to a
+        poll interval, room for a second restore that is no longer there)."""
+        taken = getattr(self.monitor, "sample_taken", None)
+        return sum(
+            o.memory_mib if resuming_now(o) else o.restored_mib
+            for o in self.monitor.hibernator.kernels.values()
+            if o is not besides and (resuming_now(o) or back_since(o, taken))
         )
 
     def _started_waiting(self, kernel_id: str) -> None:
@@ -422,6 +443,8 @@ class SwapAgent(LoggingConfigurable):
         if not waiting:
             return False
         free = self._free_mib()
+        if free is not None:
+            free -= self._coming_back()
         for s in sorted(waiting, key=lambda w: w.memory_mib):
             # granted: the culler kept the margin; the reading need only show the room
             granted = hib.granted(s) is not None
