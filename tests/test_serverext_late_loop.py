@@ -16,12 +16,21 @@ from __future__ import annotations
 
 import asyncio
 import json
+import subprocess
+import sys
 import threading
 import time
 from datetime import timedelta
 
 from fracspawner.serverext import monitor as monitor_module
 from fracspawner.serverext.sources import GpuDevice, GpuProcess, GpuSample
+from tests.test_hibernation import GIB
+from tests.test_hibernation_driver import (  # noqa: F401 (fixtures)
+    add_process,
+    fake,
+    hibernator,
+    sleeper,
+)
 
 H100 = {"name": "NVIDIA H100 80GB HBM3", "memory_total_mib": 81920}
 
@@ -151,3 +160,92 @@ def test_a_reading_that_came_back_late_says_nothing_after_it_was_taken(monkeypat
     # the next reading, taken after the limit: now it is known
     monitor.apply(sample, [("k", procs[0])], {"k"}, back, taken=back)
     assert asyncio.run(monitor.cull_idle_kernels(back)) == ["k"]
+
+
+def test_a_hibernation_round_decides_no_later_kernel_while_the_loop_is_late(
+    monkeypatch,
+    tmp_path,
+    fake,  # noqa: F811 (the fixtures)
+    sleeper,  # noqa: F811
+):
+    """Two kernels idle past kernel_gpu_hibernate. A hibernation round runs beside the loop
+    for minutes (a checkpoint copies 1.4-1.9 GiB/s), and the server is held while the first
+    kernel's checkpoint runs (CPU starvation, a blocking call); the user's request arrives
+    meanwhile and waits in the event loop. The round went on to the second kernel on the
+    user's idle time from before the request, and hibernated it under a working user. Now
+    each kernel of the round is decided only while the loop keeps time (`late_tolerance`),
+    as the loop's own rounds are: the second stays, its user back."""
+    policy_env(monkeypatch, kernel_idle=0)
+    monkeypatch.delenv("FRACSPAWNER_KERNEL_GPU_IDLE_SECONDS")
+    monkeypatch.setenv("FRACSPAWNER_KERNEL_GPU_HIBERNATE_SECONDS", "60")
+    monkeypatch.delenv("FRACSPAWNER_GPU_OVERCOMMIT", raising=False)
+    state, cgroup = fake
+    other = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"])
+    pids = {"a": sleeper.pid, "b": other.pid}
+    for pid in pids.values():
+        add_process(state, pid, GIB)
+    gpu = tmp_path / "gpu.json"
+    gpu.write_text(json.dumps({"devices": [H100], "kernels": {
+        "a": {"memory_mib": GIB}, "b": {"memory_mib": GIB}}}))  # fmt: skip
+
+    async def scenario():
+        loop = asyncio.get_running_loop()
+        t0 = monitor_module.utcnow() - timedelta(hours=2)
+        kernels = {kid: FakeKernel(t0) for kid in pids}
+        for kid, pid in pids.items():
+            kernels[kid].pid = pid
+        settings = {"kernel_manager": FakeKernelManager(kernels), "started": t0,
+                    "api_last_activity": t0, "last_activity_times": {}}  # fmt: skip
+        monitor = monitor_module.GpuMonitor(
+            settings=settings, source_spec=f"sim:{gpu}", poll_interval=0.3
+        )
+        monitor.started = t0
+        hib = monitor.hibernator = hibernator(cgroup)
+        offload, back = hib.offload, asyncio.Event()
+
+        async def request() -> None:
+            """The user's request: several loop turns; its activity counts when it ends."""
+            for _ in range(50):
+                await asyncio.sleep(0)
+            settings["api_last_activity"] = monitor_module.utcnow()
+            back.set()
+
+        def held() -> None:
+            loop.create_task(request())  # it arrives while the loop is held
+            time.sleep(2.5)  # noqa: ASYNC251 -- holds the loop on purpose: the copy ends
+
+        async def checkpoint_while_held(call, *args):
+            if call == hib._suspend and args[0] == pids["a"]:
+                copy = asyncio.ensure_future(offload(call, *args))
+                loop.call_soon(held)
+                return await copy
+            return await offload(call, *args)
+
+        hib.offload = checkpoint_while_held
+        monitor.start()
+        try:
+            for _ in range(3000):  # the bound only ends a failing test
+                if hib.suspended("a") and back.is_set():
+                    break
+                await asyncio.sleep(0.01)
+            assert hib.suspended("a") and back.is_set()
+            # a few of the loop's rounds after the user came back: they decide again
+            seen = monitor.sampled_at
+            for _ in range(3):
+                while monitor.sampled_at == seen:
+                    await asyncio.sleep(0.05)
+                seen = monitor.sampled_at
+            await asyncio.sleep(0.3)
+            return [h["kernel_id"] for h in hib.hibernations], hib.kernel_json("b")["state"]
+        finally:
+            await monitor.stop()
+            for kid in pids:
+                hib.forget(kid)
+
+    try:
+        hibernated, b_state = asyncio.run(scenario())
+    finally:
+        other.kill()
+        other.wait()
+    assert hibernated == ["a"], "hibernated under a user whose request waited in the loop"
+    assert b_state == "running"

@@ -162,6 +162,10 @@ class GpuMonitor(BackgroundLoop):
         self._hibernating: asyncio.Task | None = None
         # kernels the cull path is shutting down now (seconds each): never suspended meanwhile
         self._shutting_down: set[str] = set()
+        # how late the loop's latest round woke (s), and when the next is due (loop clock;
+        # None while a round runs, or without the loop): `_loop_on_time`
+        self._late = 0.0
+        self._round_due: float | None = None
         # kernels kept on the GPU rather than shut down for idleness (swap.py: on an
         # over-committed pool, one waiting for the culler's room in its node's host budget)
         self.kept_on_gpu: Callable[[str], bool] = lambda kernel_id: False
@@ -200,6 +204,7 @@ class GpuMonitor(BackgroundLoop):
 
     async def stop(self) -> None:
         await self._stop_loop()  # first: it starts no hibernation after this
+        self._round_due = None
         task, self._hibernating = self._hibernating, None
         if task is not None and not task.done():
             task.cancel()
@@ -216,6 +221,7 @@ class GpuMonitor(BackgroundLoop):
         while True:
             delay = self.poll_interval
             late = 0.0 if expected is None else max(0.0, loop.time() - expected)
+            self._late, self._round_due = late, None  # this round has begun
             try:
                 await self.poll_once()
                 if late <= self.late_tolerance:
@@ -234,8 +240,26 @@ class GpuMonitor(BackgroundLoop):
                 self.log.exception("fracspawner: GPU reading failed")
             if self.reason is not None:
                 delay = max(delay, self.unavailable_retry)
-            expected = loop.time() + delay
+            expected = self._round_due = loop.time() + delay
             await asyncio.sleep(delay)
+
+    def _loop_on_time(self) -> bool:
+        """Whether the loop keeps time now, as `late_tolerance` asks of a round that decides:
+        its latest round woke within it, and the next is not overdue by more. A hibernation
+        round runs beside the loop for minutes (a checkpoint copies 1.4-1.9 GiB/s), and the
+        server may be held meanwhile (CPU starvation, a blocking call): requests and messages
+        that came then may still wait to be processed, so no later kernel of that round is
+        decided on them. Always on time without the loop (its rounds are someone else's)."""
+        if self._late > self.late_tolerance:
+            return False
+        due = self._round_due
+        if due is None:
+            return True
+        try:
+            now = asyncio.get_running_loop().time()
+        except RuntimeError:
+            return True
+        return now - due <= self.late_tolerance
 
     def _start_hibernations(self) -> None:
         """Run `hibernate_idle_kernels` beside the loop, one round at a time: the next round
@@ -460,7 +484,9 @@ class GpuMonitor(BackgroundLoop):
         The same idle rule as the shut-down (GPU, messages and user idle; never while it
         executes or its GPU activity is unknown, never while its user is present), checked after
         each reading, for each kernel with the activity as it is just before suspending it: a
-        suspend before it took time, and the user may have come back meanwhile."""
+        suspend before it took time, and the user may have come back meanwhile. Each only
+        while the loop keeps time (`_loop_on_time`): a request that came while the server was
+        held may not have been processed yet."""
         limit = self.pod.policy.kernel_gpu_hibernate
         if not self.hibernator.enabled or limit is None:
             return []
@@ -489,6 +515,11 @@ class GpuMonitor(BackgroundLoop):
             )
             if due is None or at < due.cull_at:
                 continue
+            if not self._loop_on_time():  # the loop's late rule, per kernel
+                self.log.info(
+                    "fracspawner: the monitor's loop is late: no more kernels hibernated this round"
+                )
+                break
             if await self._hibernate(kid, k.memory_mib, "idle") == "hibernated":
                 done.append(kid)
         return done
