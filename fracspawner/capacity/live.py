@@ -309,6 +309,10 @@ class LiveCapacity:
     def pod(self, key: str) -> PodRecord | None:
         return self.index.pod(key)
 
+    def unbound_pods(self) -> list[PodRecord]:
+        """The active pods not bound to a node nor booked on one (Pending, not scheduled)."""
+        return list(self.index.unbound.values())
+
     # ------------------------------------------------------------------ counting
     def _serving_for(self, name: str) -> None:
         node = self.index.node(name)

@@ -489,6 +489,12 @@ class CapacityWatcher:
                 return replace(record, node=None, assumed=None)
         return record
 
+    def unbound_pods(self) -> list[PodRecord]:
+        """The kept pods no node holds yet (Pending, not bound nor booked): what admission
+        counts as claims on their pool's slots when no in-flight hold stands for them
+        (`fracspawner.choice.admission.unplaced_holds`)."""
+        return self.live.unbound_pods()
+
     def _awaits_claim(self, record: PodRecord, key: str) -> bool:
         dra = self.live.dra
         if dra is None:

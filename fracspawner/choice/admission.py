@@ -48,6 +48,7 @@ __all__ = [
     "server_holdings",
     "server_tag",
     "units_blocked",
+    "unplaced_holds",
     "user_usage",
     "watch_usable",
 ]
@@ -56,6 +57,11 @@ __all__ = [
 STATE_KEY = "fracspawner_hold"
 #: design.md CONTRACT: what a GPU pod counts for in quotas
 GPU_EQUIVALENT_ANNOTATION = "fracspawner.io/gpu-equivalent"
+#: design.md CONTRACT: the pool and the slice (its label-safe spec) a GPU pod was planned for
+POOL_LABEL, GPU_LABEL = "fracspawner.io/pool", "fracspawner.io/gpu"
+#: kubespawner's annotations on a hub's server pods (KubeSpawner._build_common_annotations)
+USERNAME_ANNOTATION = "hub.jupyter.org/username"
+SERVERNAME_ANNOTATION = "hub.jupyter.org/servername"
 
 
 @dataclass(frozen=True)
@@ -385,6 +391,76 @@ def loop_shared(registry: dict[Any, T], make: Callable[[], T]) -> T:
             del registry[old]
         registry[loop] = make()
     return registry[loop]
+
+
+#: per catalog: (pool label, gpu label) -> what a pod planned for that offer holds
+_LABELLED: dict[int, tuple[Catalog, dict[tuple[str, str], tuple[str, str, Any]]]] = {}
+
+
+def _labelled_offers(catalog: Catalog) -> dict[tuple[str, str], tuple[str, str, Any]]:
+    """(pool label, gpu label) of each offer's pods -> (pool, offer spec, plan)."""
+    cached = _LABELLED.get(id(catalog))
+    if cached is not None and cached[0] is catalog:
+        return cached[1]
+    table: dict[tuple[str, str], tuple[str, str, Any]] = {}
+    for pool in catalog.pools.values():
+        for offer in pool.offers:
+            try:
+                plan = plan_slice(offer, pool, None)
+            except Exception:  # an offer that cannot plan has unknown counts anyway
+                continue
+            labels = plan.labels
+            key = (str(labels.get(POOL_LABEL, pool.name)), str(labels.get(GPU_LABEL, offer.label)))
+            table.setdefault(key, (pool.name, str(offer), plan))
+    if len(_LABELLED) > 64:  # catalogs of tests and reloads: start over
+        _LABELLED.clear()
+    _LABELLED[id(catalog)] = (catalog, table)
+    return table
+
+
+def unplaced_holds(
+    catalog: Catalog, pods: Iterable[Any], *, besides: Iterable[tuple[str, str] | None] = ()
+) -> list[Hold]:
+    """Holds for a hub's server pods the watch shows made but on no node yet (Pending, not
+    bound nor booked: `pods`, the capacity watch's records), other than the pods of `besides`
+    (those an in-flight hold already stands for, and the spawning server's own).
+
+    Such a pod claims its slot as an in-flight spawn does: the scheduler gives it the next one
+    that frees. `Admissions` lives in the hub's memory, so after a hub restart these holds are
+    how a spawn admitted before it, whose pod is still Pending, keeps its claim. A pod counts
+    by its labels (the catalog offer its plan was made for) and only with kubespawner's user
+    annotation: other pods (Kubeflow's, a job's) are never counted by the hub's admissions.
+    """
+    skip = {p for p in besides if p is not None}
+    table: dict[tuple[str, str], tuple[str, str, Any]] | None = None
+    out = []
+    for record in pods:
+        pod = (record.namespace, record.name)
+        user = record.annotations.get(USERNAME_ANNOTATION)
+        if not user or pod in skip:
+            continue
+        labels = record.labels
+        if POOL_LABEL not in labels or GPU_LABEL not in labels:
+            continue
+        table = _labelled_offers(catalog) if table is None else table
+        found = table.get((labels[POOL_LABEL], labels[GPU_LABEL]))
+        if found is None:
+            continue
+        pool, spec, plan = found
+        resources, selector = _plan_keys(plan)
+        out.append(
+            Hold(
+                user=user,
+                server=record.annotations.get(SERVERNAME_ANNOTATION) or "",
+                pool=pool,
+                spec=spec,
+                gpu_equivalent=float(plan.gpu_equivalent),
+                resources=resources,
+                node_selector=selector,
+                pod=pod,
+            )
+        )
+    return out
 
 
 class Admissions:

@@ -39,6 +39,7 @@ from ..choice.admission import (
     pod_gpu_equivalent,
     pod_uid,
     server_tag,
+    unplaced_holds,
     user_usage,
     watch_usable,
 )
@@ -451,10 +452,27 @@ class FracSpawner(KubeSpawner):
         usage = user_usage(self._hub_holdings(), *(watch or (None, 0.0)))
         if capacity is not None:
             own = (self.user.name, self.name)
+            holds = admissions.in_flight(besides=own)
             capacity = ReservedCapacity(
-                capacity, self.fracspawner_catalog, admissions.in_flight(besides=own)
+                capacity,
+                self.fracspawner_catalog,
+                [*holds, *self._unplaced_holds(watcher, admissions)],
             )
         return capacity, usage
+
+    def _unplaced_holds(self, watcher: Any, admissions: Admissions) -> list[Hold]:
+        """The hub's server pods the watch shows Pending on no node, as claims on their slots
+        where no in-flight hold of this process stands for them: after a hub restart,
+        `Admissions` (memory) has forgotten the spawns whose pods are still Pending, and their
+        slots would be given twice. Counted once: a pod an in-flight hold names is skipped,
+        and so is this spawn's own (its old pod gives way to the new one). Capacity only:
+        such a pod takes no place in the waiting line (only Unschedulable ones do, `_start`)."""
+        pods = getattr(watcher, "unbound_pods", None)
+        if pods is None:
+            return []
+        besides = [h.pod for h in admissions.in_flight()]
+        besides.append((self.namespace, self.pod_name))
+        return unplaced_holds(self.fracspawner_catalog, pods(), besides=besides)
 
     def _user_servers(self) -> tuple[Mapping[str, Any], Mapping[str, Any]]:
         """The user's spawner objects and server records by name (empty for the stand-in users

@@ -76,6 +76,9 @@ class ClusterIndex:
     def __init__(self) -> None:
         self.slots: dict[str, NodeSlot] = {}
         self.pods: dict[str, PodRecord] = {}
+        #: pods neither bound to a node nor booked on one (Pending, waiting for the scheduler):
+        #: they hold nothing the counts see, and admission reads them as claims (a few at most)
+        self.unbound: dict[str, PodRecord] = {}
         self.node_count = 0
         self._touched: set[str] = set()  # slots whose node or pods changed
         self._relabelled: set[str] = set()  # slots whose node record changed (or went)
@@ -156,6 +159,10 @@ class ClusterIndex:
         else:
             self.pods[key] = record
             self._place(record, add=True)
+        if record is not None and not (record.node or record.assumed):
+            self.unbound[key] = record
+        else:
+            self.unbound.pop(key, None)
         return True
 
     def pod(self, key: str) -> PodRecord | None:
