@@ -512,6 +512,22 @@
     }));
   }
 
+  // Under admission "wait" the hub's form knows whether its waiting line (max_waiting) is
+  // full; the service does not (another process). A full size the page said cannot wait stays
+  // ruled out, said as of page load, until a refresh shows one free (then nobody waits).
+  function lineClosedAtLoad(next) {
+    const line = model.waiting_line;
+    const told = next.waiting_line;
+    return !!line && line.known && line.closed && !(told && told.known);
+  }
+
+  function keepLineClosed(pools) {
+    const reason = `${model.waiting_line.reason.replace(/\.$/, "")} (when this page was loaded; reload it to see whether a place has freed).`;
+    return pools.map((pool) => Object.assign({}, pool, {
+      offers: pool.offers.map((offer) => (offer.waits ? Object.assign({}, offer, { allowed: false, reason, waits: false }) : offer)),
+    }));
+  }
+
   function applyModel(next) {
     const announce = [];
     const spec = selectedGpu();
@@ -530,8 +546,10 @@
     }
     const known = usageKnown(next.quota);
     const keep = !known && usageKnown(model.quota);
+    let pools = keep ? keepQuotaLimits(next.pools) : next.pools;
+    if (lineClosedAtLoad(next)) pools = keepLineClosed(pools);
     model = Object.assign({}, model, {
-      pools: keep ? keepQuotaLimits(next.pools) : next.pools,
+      pools,
       // the service does not know the user's server names: the page's list of who holds the
       // quota stays (the hub checks again at Start)
       quota: keep ? model.quota : Object.assign({ holders: (model.quota || {}).holders }, next.quota),

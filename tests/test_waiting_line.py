@@ -7,6 +7,7 @@ T4 full. The real hub's side is tests/test_e2e_wait.py."""
 from __future__ import annotations
 
 import asyncio
+import re
 
 import pytest
 from tornado.web import HTTPError
@@ -217,3 +218,58 @@ async def test_an_earlier_starts_pod_being_deleted_is_not_in_line(monkeypatch):
     pods[key] = going
     assert not spawner._unschedulable()
     assert not spawner._in_line()
+
+
+def visible(form: str) -> str:
+    """The form's words without JavaScript: tags, the embedded model and the picker's script
+    and style left out, entities read (elements marked hidden are kept)."""
+    import html
+
+    form = re.sub(r"<(script|style)\b.*?</\1>", " ", form, flags=re.S)
+    return " ".join(html.unescape(re.sub(r"<[^>]+>", " ", form)).split())
+
+
+def embedded_model(form: str) -> dict:
+    import json
+
+    found = re.search(r'<script[^>]* id="fracspawner-model">(.*?)</script>', form, flags=re.S)
+    assert found, "no model in the form"
+    return json.loads(found.group(1))
+
+
+async def test_the_form_says_the_line_is_full_before_start_is_pressed():
+    """max_waiting 1, the T4 full. While the one place is free the form offers 1/4 on the T4
+    to wait for; once someone waits in it, the next user's form rules the size out with the
+    words Start would be refused with, and the model tells the picker the hub knew it."""
+    hub = HubUsers({"FracSpawner": {"catalog": CATALOG, "admission": "wait", "max_waiting": 1}})
+
+    async def form_of(name: str) -> str:
+        spawner = hub.spawner(hub.user(name))
+        spawner._capacity_watcher = FullPool  # type: ignore[method-assign]
+        return await spawner._render_options_form_async(spawner)
+
+    before = await form_of("b")
+    assert "(none free now: your server would wait for one)" in visible(before)
+
+    assert await everyone_at_once(hub, ["a"]) == ["in line"]
+    form = await form_of("b")
+    words = visible(form)
+    closed = (
+        "None free right now. Waiting is closed for now: 1 server already waits in line on "
+        "this hub, the most it keeps waiting at once, so that others can still start."
+    )
+    assert "t4: 0 of 4 free — 1/4 of a T4: " in words, words
+    assert f"(unavailable: {closed})" in words, words
+    assert "would wait" not in words
+    assert re.search(r'<input[^>]*value="1/4"[^>]*disabled', form), "1/4 can still be chosen"
+    # what picker.js reads: the hub knew (the service cannot: tests/test_browser_line.py)
+    line = embedded_model(form)["waiting_line"]
+    assert line == {"known": True, "closed": True, "reason": closed}
+    assert embedded_model(before)["waiting_line"] == {
+        "known": True, "closed": False, "reason": None,
+    }  # fmt: skip
+    # Start is refused with the same words
+    got = await everyone_at_once(hub, ["b"])
+    assert got[0].endswith(closed.removeprefix("None free right now. ")), got
+    # the user in line, looking at their server's form, is not told the line is closed
+    assert "would wait for one" in visible(await form_of("a"))

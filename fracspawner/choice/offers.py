@@ -162,6 +162,8 @@ def build_offer_model(
     previous: Mapping[str, Any] | None = None,
     stale: bool = False,
     full_waits: bool = False,
+    line_known: bool = False,
+    line_full: str | None = None,
 ) -> dict[str, Any]:
     """Everything the picker shows, for one user, from caches only (no API call).
 
@@ -172,12 +174,18 @@ def build_offer_model(
     `used_gpu=None`: what the user's servers hold is not known here (the service without a
     usable pod watch or hub answer): no used or remaining amount is claimed, only sizes over
     the whole quota are ruled out (`over_quota`), and the hub checks the rest at Start.
+    `line_known`: the caller knows the hub's waiting line (the hub itself; the service does
+    not); `line_full`: the words of a full line ("3 servers already wait in line on this
+    hub, ..."): a full offer then does not wait, it is ruled out with them, as Start would be.
     """
     stale = stale or bool(getattr(capacity, "stale", False))
     stale_seconds = round(getattr(capacity, "age_seconds", 0) or 0) if stale else None
     may_use = {p.name for p in allowed_pools(catalog, rule, admin=admin)}
     limit = None if admin else rule.max_gpu
     known = used_gpu is not None
+    closed = None  # why a full offer cannot wait: the hub's line is full
+    if full_waits and line_full:
+        closed = f"None free right now. Waiting is closed for now: {line_full}."
     remaining = None if limit is None or used_gpu is None else max(limit - used_gpu, 0.0)
     pools: list[dict[str, Any]] = []
     modes: list[str] = []
@@ -202,6 +210,8 @@ def build_offer_model(
                 )
             elif free == 0 and not stale and not full_waits:  # a frozen 0 is unknown
                 reason = "None free right now."
+            elif free == 0 and not stale and closed:  # it would wait, but the line is full
+                reason = closed
             mode = offer.kind
             if pool_allowed and mode not in modes:
                 modes.append(mode)
@@ -269,4 +279,12 @@ def build_offer_model(
         "stale_seconds": stale_seconds,
         # what Start does when a size is full (c.FracSpawner.admission): "refuse" or "wait"
         "admission": "wait" if full_waits else "refuse",
+        # under "wait": whether the hub's line (max_waiting) has room, where that is known
+        # (the hub's form; the service cannot tell: known false, and the picker keeps what
+        # the page said)
+        "waiting_line": {
+            "known": bool(full_waits and line_known),
+            "closed": closed is not None,
+            "reason": closed,
+        },
     }

@@ -398,6 +398,17 @@ class FracSpawner(KubeSpawner):
             raise OptionsError(f"{exc} Waiting is closed for now: {full}.") from None
         raise OptionsError(f"Waiting is closed for now: {full}.")
 
+    def _line_full_now(self) -> str | None:
+        """Under admission "wait": the words of a full line (max_waiting places taken, none by
+        this server), for the form, whose full sizes would be refused at Start; else None."""
+        if self.admission != "wait":
+            return None
+        waiting = WaitingSpawns.shared()
+        limit = self._waiting_limit()
+        if limit is None or len(waiting) < limit or (self.user.name, self.name) in waiting.keys:
+            return None
+        return line_full_words(len(waiting))
+
     @property
     def fracspawner_catalog(self) -> Catalog:
         source: Any = self.catalog or self.catalog_file or os.environ.get("FRACSPAWNER_CATALOG")
@@ -582,6 +593,8 @@ class FracSpawner(KubeSpawner):
             capacity=capacity,
             admin=self._is_admin(),
             full_waits=self.admission == "wait",
+            line_known=True,
+            line_full=self._line_full_now(),
             previous=self.orm_spawner.user_options if self.orm_spawner else None,
         )
         # which server this form is for (picker.js keeps Start off on a form posted to another
