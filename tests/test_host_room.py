@@ -490,6 +490,7 @@ def test_room_given_is_held_while_its_server_reports_the_checkpoint_under_way():
 
     culler = _h100_culler(budget_mib=120000.0)
     now = time.time()
+    _says(culler, "cat", now)  # heard from: a listed server not heard from counts at its bound
     assert _says(culler, "bob", now, wants=[("b1", WHOLE)])["host_room"] == [
         {"kernel_id": "b1", "gpu_memory_mib": WHOLE}
     ]
@@ -502,6 +503,7 @@ def test_room_given_is_held_while_its_server_reports_the_checkpoint_under_way():
     assert "host_room" not in _says(culler, "cat", now + 61, wants=[("c1", WHOLE)])
     # its copy failed instead (the kernel back on the GPU): the room is free again
     culler = _h100_culler(budget_mib=120000.0)
+    _says(culler, "cat", now)
     _says(culler, "bob", now, wants=[("b1", WHOLE)])
     _says(culler, "bob", now + 45, kernels=[("b1", "hibernating", WHOLE, 0.0)])
     _says(culler, "bob", now + 60, kernels=[("b1", "running", WHOLE, 0.0)])

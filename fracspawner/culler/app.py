@@ -470,6 +470,7 @@ class Culler(CullerApplication):
         self._swap_desk: SwapDesk | None = None  # over-commit's swap orders (swapdesk.py)
         self._host_room = HostRoom()  # room given to hibernate, per node (hostroom.py)
         self._host_over: set[tuple[str, str]] = set()  # reports beyond their share: logged once
+        self._host_silent: set[tuple[str, str]] = set()  # stale or no report: logged once
         self._caps: dict[tuple[str | None, str | None], float | None] = {}  # claim()'s sizes
         self._caps_of: object = None  # ... for this catalog
         # this cycle's readings and decisions (`decide`), by id of the objects they came from
@@ -791,32 +792,65 @@ class Culler(CullerApplication):
         self, now: float, budget: float, cap_of: Callable[[ServerFacts], float] | None = None
     ) -> dict[str, list[Holder]]:
         """Every node's hibernated kernels, by the servers' fresh reports (spared included);
-        each server's kernels counted up to `cap_of(facts)` (host_cap by default)."""
+        each server's kernels counted up to `cap_of(facts)` (host_cap by default). A listed
+        server whose report is stale or missing (its reporter stuck, a partition, the culler
+        restarted) is silent (`Holder.silent`) while its pod is on its node: it counts at its
+        share (host_share: it may hold anything up to that; unknown is never free) and is
+        ordered nothing; one without a GPU slice counts at most its last word."""
         cap_of = cap_of or (lambda facts: self.host_cap(facts, budget))
         out: dict[str, list[Holder]] = {}
         over: set[tuple[str, str]] = set()
-        for user, server, report in self.reports.latest():
-            facts = self.known.get((user, server))
-            if facts is None or not report.hibernated_kernels:
+        silent: set[tuple[str, str]] = set()
+        for key, facts in self.known.items():
+            report = self.reports.get(*key)
+            fresh = report is not None and now - report.received_at <= self.max_staleness
+            kernels = report.hibernated_kernels if report is not None else ()
+            if fresh and not kernels:
                 continue
-            if now - report.received_at > self.max_staleness:
-                continue  # its kernels may have come back since: not counted, never ordered
-            where = self.placement_of(user, server)
+            gpu = self.claim(facts)[1] > 0  # a slice: its pod may hold GPU state
+            if not fresh and not gpu and not kernels:
+                continue  # no GPU slice and no word of hibernated kernels: nothing to hold
+            where = self.placement_of(*key)
             if where is None or not where.node:
-                continue  # its node is not known: its pod's memory limit bounds it
+                # its node is not known (its pod's memory limit bounds it), or its pod is gone
+                # (the pod watch): its GPU state went with it
+                continue
             cap, share = cap_of(facts), self.host_share(facts, where, budget)
             # a user present or in session keeps their kernels (serverext/presence.py)
-            holder = Holder(user, server, where.node, cap,
-                            bool(report.present or report.in_session), report.hibernated_kernels,
-                            share)  # fmt: skip
+            holder = Holder(*key, where.node, cap,
+                            bool(fresh and (report.present or report.in_session)), kernels,
+                            share, silent=not fresh)  # fmt: skip
+            if not fresh:
+                if not gpu:  # a GPU some other way: what its last report said, no more
+                    holder = replace(holder, share_mib=min(share, holder.said_mib()))
+                self._note_silent(holder, report, now)
+                silent.add(key)
+            elif self._note_over_share(replace(holder, cap_mib=self.host_cap(facts, budget))):
+                over.add(key)
             out.setdefault(where.node, []).append(holder)
-            if self._note_over_share(replace(holder, cap_mib=self.host_cap(facts, budget))):
-                over.add((user, server))
-        # every fresh report was read: a server gone (or within its share, or no longer
-        # counted) is forgotten, so the set stays as small as the servers over now, and a
-        # later excess of the same name is logged again
+        # every listed server was read: a server gone (or within its share, or heard from
+        # again) is forgotten, so the sets stay as small as the servers over (silent) now, and
+        # a later excess (silence) of the same name is logged again
         self._host_over = over
+        self._host_silent = silent
         return out
+
+    def _note_silent(self, holder: Holder, report: ServerReport | None, now: float) -> None:
+        """Log once while it lasts that a server's report is stale or missing, and that its
+        node counts it at its share meanwhile (host_holders keeps `_host_silent` to those now)."""
+        if (holder.user, holder.server) in self._host_silent:
+            return
+        since = (
+            f"has not reported for {now - report.received_at:.0f} s"
+            if report is not None
+            else "has not reported since the culler started (or for 4 x max_staleness)"
+        )
+        self.log.warning(
+            "%s %s: its hibernated kernels on node %s count at %.0f MiB, what its pod can hold, "
+            "until it reports or its pod is gone (no room is given out of it, none of its "
+            "kernels is ordered)",
+            Identity(holder.user, holder.server).log_name, since, holder.node, holder.held_mib(),
+        )  # fmt: skip
 
     def _note_over_share(self, holder: Holder) -> bool:
         """Whether a server's report says its kernels hold more than its share (hostile, or a

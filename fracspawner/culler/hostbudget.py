@@ -8,7 +8,9 @@ fits, each by its own server (told in the answer to its report: `{"swap": {"shut
 [{"kernel_id", "reason"}]}}`, serverext/swap.py) and counted as a kernel shutdown. Shutting a
 kernel down is the last resort: never one whose resume waits for room (its cell is waiting),
 never one of a user present or in session (`Holder.present`: a tab of theirs open and reporting,
-seen within the session timeout; serverext/presence.py).
+seen within the session timeout; serverext/presence.py), never one of a server not heard from
+(`Holder.silent`: its report stale or missing, it counts at its whole share, and nobody's kernel
+is shut down on its account: unknown is never free, and never culls).
 
 A report is its server's word: each kernel counts at most its server's slice, all its kernels
 together at most what its pod can hold on the GPUs it is bound to (`Holder.share_mib`), and the
@@ -61,14 +63,19 @@ class Holder:
     # the most all its kernels together count for: its pod's GPUs' memory (Culler.host_share),
     # so one report listing many kernels takes at most its own share of the node's budget
     share_mib: float = math.inf
+    # its report is stale or missing while its pod is on the node (its reporter stuck, a
+    # network partition, the culler restarted): it may hold anything up to `share_mib` in host
+    # memory, so it counts at that (unknown is never free), and none of its kernels is ordered
+    # (it would not hear), nor anyone's kernel shut down on its account (its kernels may be back)
+    silent: bool = False
 
     def said_mib(self) -> float:
         """What its report says its kernels hold, each at most `cap_mib`."""
         return sum(min(k.mib, self.cap_mib) for k in self.kernels)
 
     def held_mib(self) -> float:
-        """What it counts for on its node: its word, at most `share_mib`."""
-        return min(self.said_mib(), self.share_mib)
+        """What it counts for on its node: its word, at most `share_mib`; silent, `share_mib`."""
+        return self.share_mib if self.silent else min(self.said_mib(), self.share_mib)
 
 
 @dataclass(frozen=True)
@@ -110,9 +117,12 @@ def plan_evictions(holders: Iterable[Holder], budget_mib: float) -> list[Evictio
     """Per node, the hibernated kernels to shut down until the node's total is within
     `budget_mib`: first those of servers above an equal share of it, oldest first; then any,
     oldest first. Never a kernel whose resume waits or whose copy is under way, nor a present
-    user's."""
+    user's. Silent holders are left out: what they hold is not known (their kernels may be
+    back on the GPU), and no one's kernel is shut down on unknown data."""
     by_node: dict[str, list[Holder]] = {}
     for h in holders:
+        if h.silent:
+            continue
         by_node.setdefault(h.node, []).append(h)
     out: list[Eviction] = []
     for node, group in sorted(by_node.items()):
@@ -213,9 +223,19 @@ def plan_room(
     the others stay on the GPU where they do not fit. What the shut-downs ordered free stays
     held until their servers report them gone: beyond the want they were ordered for, it lets
     only later wants wait for them (never hibernate now), so the node stays within the budget
-    while both are in host memory."""
+    while both are in host memory. Silent holders count at their share (never free), their
+    kernels are never shut down, and nobody's is for room they alone take: a want that fits
+    but for them waits, and shut-downs for one that does not are reckoned without them."""
     group = list(holders)
     room = budget_mib - node_held(group) - reserved_mib
+    unknown = sum(h.held_mib() for h in group if h.silent)  # what only silent servers take
+    silent = sum(h.silent for h in group)
+    note = (
+        f"; {silent} server(s) there that have not reported lately count at what their pods can "
+        f"hold ({unknown:.0f} MiB) until they report or their pods are gone"
+        if silent
+        else ""
+    )
     pending = 0.0  # what the shut-downs ordered here free beyond the wants waiting for them
     grants: list[Want] = []
     evictions: list[Eviction] = []
@@ -223,7 +243,7 @@ def plan_room(
     relies: list[tuple[str, tuple[int, ...]]] = []
     said = {id(h): h.said_mib() for h in group}  # what shutting kernels down leaves of each
     spare = sorted(
-        ((h, k) for h in group if not h.present for k in h.kernels
+        ((h, k) for h in group if not h.present and not h.silent for k in h.kernels
          if not k.waiting and not k.copying and k.mib > 0 and k.kernel_id not in evicting),
         key=lambda e: (e[1].since, e[0].user, e[1].kernel_id),
     )  # fmt: skip
@@ -241,15 +261,17 @@ def plan_room(
             continue
         freed, picked, after = 0.0, [], dict(said)
         evict = may_evict and (evict_for is None or want.kernel_id in evict_for)
+        # with the silent servers at nothing it fits: it waits for them, nobody goes for it
+        evict = evict and mib > room + unknown
         if evict:
             for h, k in spare:
-                if room + pending + freed >= mib:
+                if room + unknown + pending + freed >= mib:
                     break
                 picked.append((h, k))
                 before = min(after[id(h)], h.share_mib)
                 after[id(h)] -= min(k.mib, h.cap_mib)
                 freed += before - min(after[id(h)], h.share_mib)  # 0 while above its share
-        if evict and room + pending + freed >= mib:
+        if evict and room + unknown + pending + freed >= mib:
             said = after
             for h, k in picked:
                 spare.remove((h, k))
@@ -278,8 +300,8 @@ def plan_room(
             (
                 want.kernel_id,
                 f"not hibernated: the host memory budget of node {node} ({budget_mib:.0f} MiB) "
-                f"has {max(room, 0.0):.0f} MiB left and it needs {mib:.0f} MiB; it stays on "
-                "the GPU",
+                f"has {max(room, 0.0):.0f} MiB left and it needs {mib:.0f} MiB{note}; it stays "
+                "on the GPU",
             )
         )
     return RoomPlan(tuple(grants), tuple(evictions), tuple(waits), tuple(relies))

@@ -67,8 +67,12 @@ class HostRoom:
         nor while its report shows the kernel's checkpoint under way (a copy of 80 GiB takes
         about a minute: held 30 s, its room was given again while it filled) without saying
         what it copies (a server that does counts it in its report: held as well, it would
-        count twice); at most `LONGEST_SECONDS`."""
+        count twice); at most `LONGEST_SECONDS`. Not counted for a silent holder (stale or no
+        report): it counts at its whole share already, which bounds its kernels and the room
+        held for it."""
+        holders = list(holders)
         seen = {(h.user, h.server, k.kernel_id): k for h in holders for k in h.kernels}
+        silent = {(h.user, h.server) for h in holders if h.silent}
         for key, (_n, _mib, at, hold) in list(self.held.items()):
             last = reported.get(key[:2])
             k = seen.get(key)
@@ -81,7 +85,11 @@ class HostRoom:
                 del self.held[key]
         for key in [k for k in self.waits_for if k not in self.held]:
             del self.waits_for[key]  # its room is no longer held: nothing waits for them
-        return sum(mib for (n, mib, _at, _hold) in self.held.values() if n == node)
+        return sum(
+            mib
+            for key, (n, mib, _at, _hold) in self.held.items()
+            if n == node and key[:2] not in silent
+        )
 
     def plan(
         self,
