@@ -623,13 +623,15 @@ def test_the_meter_says_a_restore_that_does_not_return(tmp_path):
         lab.stop()
 
 
-def test_the_meter_says_a_copy_under_way_and_that_a_cell_waits_for_it(tmp_path):
+def test_during_a_copy_the_meter_says_so_and_offers_no_resume(tmp_path):
     """Copies take time on a real GPU (docs/serverext.md "First run on a GPU": an H200
     checkpointed at 1.4-1.9 GiB/s and restored at 3.4-5.5 GiB/s, a minute to hibernate 80 GiB).
     While the copy to host memory was under way the meter said 'GPU hibernated: resumes when you
     run a cell' with '0 B' parked, and while resuming the same: a cell run then waits for the
-    copy, with no word. It says what moves instead, and that a cell waits. The fake driver copies
-    at 0.5 GiB/s: 18 s each way for the kernel's 9 GiB."""
+    copy, with no word. It says what moves instead, and that a cell waits. It offered Resume
+    meanwhile too, which only waited for the copy: the button shows once the kernel is
+    hibernated, and not while either copy is under way. The fake driver copies at 0.5 GiB/s:
+    18 s each way for the kernel's 9 GiB."""
     from tests.test_hibernation import state_of
 
     lab, state = hibernating_lab(tmp_path, {"FRACSPAWNER_KERNEL_GPU_HIBERNATE_SECONDS": "2"})
@@ -639,36 +641,45 @@ def test_the_meter_says_a_copy_under_way_and_that_a_cell_waits_for_it(tmp_path):
         with chromium() as browser:
             page = open_lab(browser, lab)  # up before the kernel idles: the copy is seen
             text = page.locator(".fs-GpuMeter-hibernation")
+            # the words and the button, read at one moment (one reading sets both)
+            seen = """() => {
+                const b = document.querySelector('.fs-GpuMeter-resume');
+                return [document.querySelector('.fs-GpuMeter-hibernation')?.textContent,
+                        !!b && !b.hidden && b.getClientRects().length > 0];
+            }"""
 
-            def says(short: str) -> None:
+            def says(short: str, resume: bool) -> None:
                 from playwright.sync_api import TimeoutError as PlaywrightTimeout
 
                 try:
                     page.wait_for_function(
-                        "t => document.querySelector('.fs-GpuMeter-hibernation')?.textContent"
-                        " === t",
-                        arg=short,
+                        f"([t, r]) => {{ const [s, b] = ({seen})(); return s === t && b === r; }}",
+                        arg=[short, resume],
                         timeout=30_000,
                     )
                 except PlaywrightTimeout:
-                    said = text.text_content() if text.count() else None
-                    raise AssertionError(f"the meter said {said!r}, not {short!r}") from None
+                    said, button = page.evaluate(seen)
+                    raise AssertionError(
+                        f"the meter said {said!r} with the Resume button "
+                        f"{'shown' if button else 'hidden'}, not {short!r} with it "
+                        f"{'shown' if resume else 'hidden'}"
+                    ) from None
 
             kernel, _pid = kernel_on_gpu(lab, state, 9216)
             wait_for(lambda: kernel_state(lab, kernel) == "hibernating", 30, "the copy begins")
-            says("GPU hibernating: moving 9 GiB to host memory")
+            says("GPU hibernating: moving 9 GiB to host memory", resume=False)
             assert kernel_state(lab, kernel) == "hibernating"  # said during the copy
             title = re.sub(r"\s+", " ", text.get_attribute("title") or "")
             assert title == (
                 "The kernel's GPU state (9 GiB) is being copied to host memory. A cell you run "
-                "now, or Resume, waits until the copy is done; then the state comes back to the "
-                "GPU and the cell runs."
+                "now waits until the copy is done; then the state comes back to the GPU and the "
+                "cell runs. Resume is offered once the copy is done."
             ), title
             wait_for(lambda: kernel_state(lab, kernel) == "hibernated", 60, "the copy is done")
             lab.set_gpu({"devices": [H100], "kernels": {}})  # its memory left the GPU
-            says("GPU hibernated: resumes when you run a cell")
+            says("GPU hibernated: resumes when you run a cell", resume=True)
             page.locator(".fs-GpuMeter-resume").click()
-            says("GPU resuming: bringing 9 GiB back from host memory")
+            says("GPU resuming: bringing 9 GiB back from host memory", resume=False)
             assert kernel_state(lab, kernel) == "resuming"
             title = re.sub(r"\s+", " ", text.get_attribute("title") or "")
             assert title == (
@@ -677,6 +688,7 @@ def test_the_meter_says_a_copy_under_way_and_that_a_cell_waits_for_it(tmp_path):
             ), title
             text.wait_for(state="hidden", timeout=60_000)
             assert kernel_state(lab, kernel) == "running"
+            assert page.locator(".fs-GpuMeter-resume").is_hidden()
             assert page.errors == [], page.errors
             page.context.close()
     finally:
@@ -827,3 +839,4 @@ def test_the_demos_simulated_mig_slice_reads_no_utilisation(tmp_path):
     assert sample.devices[0].name == "NVIDIA A100 SXM4 80GB MIG 1g.10gb (simulated)"
     assert sample.devices[0].utilization is None
     assert all(p.utilization is None for p in sample.processes)
+

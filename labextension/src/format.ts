@@ -72,6 +72,11 @@ export interface IHibernationText {
   short: string;
   sentence: string;
   failed: boolean;
+  /**
+   * Whether the meter offers Resume: not while a copy is under way (to host memory or back:
+   * pressing it would only wait for the copy), nor once the state is lost (only a restart helps).
+   */
+  resumable: boolean;
 }
 
 const SUSPENDED = ['hibernating', 'hibernated', 'resuming', 'restore_failed'];
@@ -79,7 +84,8 @@ const SUSPENDED = ['hibernating', 'hibernated', 'resuming', 'restore_failed'];
 /**
  * 'GPU hibernated: resumes when you run a cell', with how long resuming took last time; while
  * a copy is under way, 'GPU hibernating: moving 9 GiB to host memory' or 'GPU resuming:
- * bringing 9 GiB back from host memory' (a cell run meanwhile waits for it); or, while a
+ * bringing 9 GiB back from host memory' (a cell run meanwhile waits for it; no Resume
+ * button then, `resumable`: it would only wait for the copy too); or, while a
  * restore keeps failing, that it is retried (and, once the driver lost a kernel's GPU
  * state, that only a restart helps). The demo's simulated
  * GPU hibernates with a simulated driver: the words say so, as its readings do.
@@ -108,7 +114,8 @@ function hibernationWords(report: IGpuReport, now: Date): IHibernationText | nul
         ? `The kernel's GPU state was lost: restart the kernel. (${error})`
         : `The CUDA driver could not bring this kernel's GPU state back (${error}): ` +
           'its GPU data may be lost. Restart the kernel to use the GPU again.',
-      failed: true
+      failed: true,
+      resumable: false
     };
   }
   const kernels = (report.kernels ?? []).filter(k =>
@@ -134,7 +141,8 @@ function hibernationWords(report: IGpuReport, now: Date): IHibernationText | nul
         "The CUDA driver's restore of this kernel's GPU state has not returned (it can " +
         `block: NVIDIA/cuda-checkpoint#17; noticed at ${since}). Your cell runs once it does; ` +
         'to start over instead, restart the kernel (its variables are lost).',
-      failed: true
+      failed: true,
+      resumable: false // a restore is under way: Resume would only wait for it
     };
   }
   const waiting = kernels.find(k => k.hibernation?.waiting_for_gpu);
@@ -148,7 +156,8 @@ function hibernationWords(report: IGpuReport, now: Date): IHibernationText | nul
           'The CUDA driver refused to restore this kernel\'s GPU state for want of room; on ' +
           'current drivers that can lose it (NVIDIA/cuda-checkpoint#44). One more restore is ' +
           'tried when there is room; if it fails, restart the kernel.',
-        failed: true
+        failed: true,
+        resumable: true
       };
     }
     return {
@@ -159,7 +168,8 @@ function hibernationWords(report: IGpuReport, now: Date): IHibernationText | nul
         `there is room (${h.waiting_why ?? 'no room'}${since})` +
         '. Its GPU state stays in host memory meanwhile: it is never restored into a full ' +
         'GPU. Shutting down another of your own kernels makes room.',
-      failed: false
+      failed: false,
+      resumable: true
     };
   }
   const failed = kernels.find(k => k.hibernation?.state === 'restore_failed');
@@ -172,7 +182,8 @@ function hibernationWords(report: IGpuReport, now: Date): IHibernationText | nul
         `The kernel's GPU state could not be restored yet (${h.restore_error ?? 'unknown'}); ` +
         `retrying${retry}. The kernel is kept, its GPU state in host memory; restart the ` +
         'kernel to start over.',
-      failed: true
+      failed: true,
+      resumable: true
     };
   }
   // a copy under way (1.4-1.9 GiB/s to host memory, 3.4-5.5 GiB/s back on an H200: a minute
@@ -190,7 +201,8 @@ function hibernationWords(report: IGpuReport, now: Date): IHibernationText | nul
         `The kernel's GPU state${back > 0 ? ` (${formatMemory(back)})` : ''} is being ` +
         'copied back from host memory to the GPU; a cell you run waits until it is back, ' +
         `then runs${last}.`,
-      failed: false
+      failed: false,
+      resumable: false // the copy back is what Resume would do
     };
   }
   const copying = kernels.filter(k => k.hibernation?.state === 'hibernating');
@@ -205,9 +217,11 @@ function hibernationWords(report: IGpuReport, now: Date): IHibernationText | nul
           : 'GPU hibernating: moving its state to host memory',
       sentence:
         `The kernel's GPU state${moving > 0 ? ` (${formatMemory(moving)})` : ''} is being ` +
-        'copied to host memory. A cell you run now, or Resume, waits until the copy is ' +
-        `done; then the state comes back to the GPU and the cell runs${last}.`,
-      failed: false
+        'copied to host memory. A cell you run now waits until the copy is done; then ' +
+        `the state comes back to the GPU and the cell runs${last}. Resume is offered once ` +
+        'the copy is done.',
+      failed: false,
+      resumable: false // Resume would only wait for the copy
     };
   }
   const memory = kernels.reduce(
@@ -223,7 +237,8 @@ function hibernationWords(report: IGpuReport, now: Date): IHibernationText | nul
         `${formatMemory(memory)} of GPU memory is parked in host memory: ` +
         `${swapped.hibernation!.hibernated_why}. It comes back when you run a cell or press ` +
         `Resume${last}.`,
-      failed: false
+      failed: false,
+      resumable: true
     };
   }
   return {
@@ -231,7 +246,8 @@ function hibernationWords(report: IGpuReport, now: Date): IHibernationText | nul
     sentence:
       `${formatMemory(memory)} of GPU memory is parked in host memory while the kernel is ` +
       `idle; it comes back when you run a cell or press Resume${last}.`,
-    failed: false
+    failed: false,
+    resumable: true
   };
 }
 

@@ -262,7 +262,7 @@ const plugin: JupyterFrontEndPlugin<void> = {
         meter.setHibernation(
           hibernation?.short ?? null,
           hibernation?.sentence ?? '',
-          hibernation !== null
+          hibernation?.resumable ?? false // not while a copy is under way (format.ts)
         );
         warnings.update(list, now);
         const seconds = report.available
