@@ -21,6 +21,7 @@ import os
 import re
 import sys
 import threading
+import time
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
@@ -840,3 +841,41 @@ def test_the_demos_simulated_mig_slice_reads_no_utilisation(tmp_path):
     assert sample.devices[0].utilization is None
     assert all(p.utilization is None for p in sample.processes)
 
+
+def test_the_demos_simulated_mig_slice_says_why_its_kernels_do_not_hibernate(tmp_path):
+    """The checkpoint API does not support MIG (NVIDIA/cuda-checkpoint#42): on the demo's MIG
+    slice, with hibernation turned on, an idle kernel is not hibernated, and the server's
+    report (what the culler and `fracspawner doctor` read) says why from the first reading,
+    for the server and for the kernel. The demo named its MIG device as a whole GPU ("0"), so
+    the report said nothing, and its simulated driver checkpointed what no GPU would."""
+    from tests.test_hibernation import set_cgroup
+
+    pod = {"spec": {"nodeSelector": {"nvidia.com/gpu.product": "NVIDIA-A100-SXM4-80GB"}}}
+    container = {"resources": {"limits": {"nvidia.com/mig-1g.10gb": "1"}}}
+    env = demo_gpu_env(pod, container)
+    cgroup = tmp_path / "cgroup"
+    cgroup.mkdir()
+    set_cgroup(cgroup, 64, 1)  # room in host memory: MIG is the only reason
+    (tmp_path / "lab").mkdir()
+    lab = LabServer(
+        tmp_path / "lab",
+        env={**env, "FRACSPAWNER_KERNEL_GPU_HIBERNATE_SECONDS": "2"},
+        config={"Hibernator": {"cgroup_root": str(cgroup)}},
+        source="simulated-demo",
+    )
+    why = (
+        "the GPU is a MIG instance, which the CUDA checkpoint API does not support "
+        "(NVIDIA/cuda-checkpoint #42)"
+    )
+    try:
+        kernel = open_notebook(lab, "demo.ipynb")
+        wait_for(lambda: lab.gpu().get("gpu_memory_mib") == 1536, 60, "the simulated kernel")
+        time.sleep(5)  # idle past kernel_gpu_hibernate (2 s)
+        report = lab.gpu()
+        assert report["hibernation"]["reason"] == why, report["hibernation"]
+        (k,) = [k for k in report["kernels"] if k["id"] == kernel]
+        assert k["hibernation"]["state"] == "cannot_hibernate", k["hibernation"]
+        assert k["hibernation"]["reason"] == f"cannot hibernate: {why}", k["hibernation"]
+        assert report["gpu_memory_mib"] == 1536 and report["hibernated_gpu_memory_mib"] == 0
+    finally:
+        lab.stop()

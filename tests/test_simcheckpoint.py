@@ -182,3 +182,68 @@ async def test_the_demos_room_reading_keeps_the_restore_from_being_refused(tmp_p
     assert await asyncio.wait_for(task, 20) is True
     assert source.checkpoint_driver.state(a) == "running"
     assert hib.kernel_json("k")["restore_error"] is None
+
+
+def demo_mig_gpu() -> DemoSimulatedSource:
+    """The demo's MIG slice as the devcluster's kubelet describes it (devcluster/kubelet.py)."""
+    from tests.test_lab_meter import demo_gpu_env
+
+    pod = {"spec": {"nodeSelector": {"nvidia.com/gpu.product": "NVIDIA-A100-SXM4-80GB"}}}
+    container = {"resources": {"limits": {"nvidia.com/mig-1g.10gb": "1"}}}
+    env = demo_gpu_env(pod, container)
+    return DemoSimulatedSource(env["FRACSPAWNER_SIMULATED_GPU"], server_pid=os.getpid())
+
+
+def test_a_checkpoint_on_a_mig_slice_is_refused_as_the_driver_refuses_it(kernels):
+    """NVIDIA/cuda-checkpoint#42 ("Fails with 'out of memory' on MIG-enabled GPUs"; the
+    maintainer: "MIG isn't supported right now"): on a MIG instance the lock goes through and
+    the checkpoint answers out of memory. The demo's driver checkpointed a MIG slice's kernel as
+    any other; it refuses as the tests' fake does (CUDA_ERROR_OUT_OF_MEMORY, left LOCKED), and
+    the unlock puts the process back, its memory still on the GPU."""
+    source = demo_mig_gpu()
+    drv = source.checkpoint_driver
+    a = kernels()
+    drv.lock(a, 1000)
+    assert code_of(drv.checkpoint, a) == "CUDA_ERROR_OUT_OF_MEMORY"
+    assert drv.state(a) == "locked" and drv.checkpointed() == set()
+    drv.unlock(a)
+    assert drv.state(a) == "running" and used_mib(source) == KERNEL_MIB
+    # a whole GPU's kernel still checkpoints
+    whole = demo_gpu(81920).checkpoint_driver
+    hibernate(whole, a)
+    assert whole.state(a) == "checkpointed"
+
+
+async def test_the_demo_does_not_hibernate_a_kernel_on_a_mig_slice_and_says_why(tmp_path, kernels):
+    """The product's path in the demo: the hibernator knows a MIG instance from the reading
+    (named "<gpu>:<instance>" as NVML's are) and tries nothing, saying why; and where no
+    reading named it, the driver's refusal leaves the kernel running, not hibernated, and the
+    reason names #42 rather than a bare "out of memory"."""
+    source = demo_mig_gpu()
+    a, b = kernels(), kernels()
+    (tmp_path / "seen").mkdir()
+    (tmp_path / "unseen").mkdir()
+    # as the monitor does with each reading
+    seen = demo_hibernator(tmp_path / "seen", source)
+    seen.device_indices = [d.index for d in source.sample().devices]
+    assert seen.kernel_json("a")["state"] == "cannot_hibernate"  # before anything was tried
+    assert await seen.hibernate("a", [a], KERNEL_MIB, kernel_pid=a) == "running"
+    h = seen.kernel_json("a")
+    assert h["state"] == "cannot_hibernate", h
+    assert h["reason"] == (
+        "cannot hibernate: the GPU is a MIG instance, which the CUDA checkpoint API does not "
+        "support (NVIDIA/cuda-checkpoint #42)"
+    ), h
+    assert source.checkpoint_driver.state(a) == "running"
+    # no reading said it: the driver refuses, the process is put back
+    unseen = demo_hibernator(tmp_path / "unseen", source)
+    assert await unseen.hibernate("b", [b], KERNEL_MIB, kernel_pid=b) == "running"
+    h = unseen.kernel_json("b")
+    assert h["state"] == "cannot_hibernate" and h["hibernated_gpu_memory_mib"] == 0, h
+    assert h["reason"].startswith(
+        "cannot hibernate: the driver refused (CUDA_ERROR_OUT_OF_MEMORY; the driver answers so "
+        "on a MIG instance"
+    ), h
+    assert "NVIDIA/cuda-checkpoint #42" in h["reason"], h
+    assert source.checkpoint_driver.state(b) == "running"
+    assert used_mib(source) == 2 * KERNEL_MIB and unseen.hibernations == []

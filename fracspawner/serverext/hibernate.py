@@ -112,6 +112,24 @@ def _code(exc: Exception) -> str | None:
     return exc.code if isinstance(exc, CheckpointError) else None
 
 
+def _refusal_hint(exc: Exception) -> str:
+    """What a refused checkpoint's code is known to mean where it misleads: on a MIG instance
+    the checkpoint answers CUDA_ERROR_OUT_OF_MEMORY however much memory is free
+    (NVIDIA/cuda-checkpoint#42, "Fails with 'out of memory' on MIG-enabled GPUs"; the
+    maintainer: "MIG isn't supported right now"). A MIG instance named as NVML names it is
+    refused before any call (checkpoint_env.mig_problem): this is for one that was not."""
+    if (
+        isinstance(exc, CheckpointError)
+        and exc.call == "cuCheckpointProcessCheckpoint"
+        and exc.code == "CUDA_ERROR_OUT_OF_MEMORY"
+    ):
+        return (
+            "; the driver answers so on a MIG instance, which the checkpoint API does not "
+            "support: NVIDIA/cuda-checkpoint #42"
+        )
+    return ""
+
+
 def _exited(pid: int) -> bool:
     """The process is gone (this server and its kernels share a PID namespace)."""
     return not os.path.exists(f"/proc/{pid}")
@@ -367,10 +385,9 @@ class Hibernator(LoggingConfigurable):
 
     def kernel_json(self, kernel_id: str) -> dict:
         s = self.kernels.get(kernel_id)
-        if s is None:
-            s = KernelSleep(
-                kernel_id, cannot=self.unsupported and f"cannot hibernate: {self.unsupported}"
-            )
+        if s is None:  # never tried: what stops every kernel here (checked or seen) says why
+            why = self.unsupported or mig_problem(self.device_indices)
+            s = KernelSleep(kernel_id, cannot=why and f"cannot hibernate: {why}")
         return s.as_json()
 
     def available(self) -> str | None:
@@ -616,7 +633,7 @@ class Hibernator(LoggingConfigurable):
         if left == "checkpointed":  # the checkpoint went through after all: resume on use
             return left
         s.state = "running"  # never ended for it: left as the driver left it
-        s.cannot = f"cannot hibernate: the driver refused ({code})"
+        s.cannot = f"cannot hibernate: the driver refused ({code}{_refusal_hint(exc)})"
         self.log.warning("fracspawner: kernel %s %s", s.kernel_id, s.cannot)
         return s.state
 

@@ -343,6 +343,9 @@ class GpuMonitor(BackgroundLoop):
         nothing later than that), `now` if not told."""
         self.sample, self.sampled_at, self.processes = sample, now, owned
         self.sample_taken = min(taken or now, now)
+        # a MIG instance is known from the first reading: the report says why nothing is
+        # hibernated there (NVIDIA/cuda-checkpoint#42), before any kernel is tried
+        self.hibernator.device_indices = [d.index for d in sample.devices]
         self.unmatched = list(unmatched)
         kernels = {kid: self.kernels.get(kid, KernelGpu()) for kid in kernel_ids}
         for k in kernels.values():

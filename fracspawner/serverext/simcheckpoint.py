@@ -10,12 +10,20 @@ Sources, as in the tests' fake driver (tests/fake_nvml/cuda/bindings/driver.py):
 
 [API]  CUDA Driver API reference, "CUDA Checkpointing" (group__CUDA__CHECKPOINT);
        https://docs.nvidia.com/cuda/cuda-driver-api/group__CUDA__CHECKPOINT.html
+[#42]  NVIDIA/cuda-checkpoint#42, "Fails with 'out of memory' on MIG-enabled GPUs"
+       (https://github.com/NVIDIA/cuda-checkpoint/issues/42, open): on a MIG instance
+       `cuda-checkpoint --action lock` goes through and `--action checkpoint` answers "out of
+       memory"; the maintainer: "MIG isn't supported right now".
 [#44]  NVIDIA/cuda-checkpoint#44, "Restore permanently fails after initial OOM - process stuck
        in CHECKPOINTED state" (driver 580.95.05, CUDA 13.0; open, no fixed driver named).
 [GPU]  Measured on driver 580.159.04 (CUDA 13.0), one H200, by
        tests/gpu/test_real_checkpoint_driver.py (docs/serverext.md, "First run on a GPU").
 
 - A call from another state than its own: CUDA_ERROR_ILLEGAL_STATE ([API]; [GPU]: 10 cases).
+- Checkpoint on a MIG instance (the demo's MIG slices: devcluster/kubelet.py): refused with
+  CUDA_ERROR_OUT_OF_MEMORY, the process left LOCKED, as the lock went through ([#42]; the
+  tests' fake driver models it so). Before, the demo's driver checkpointed a MIG slice's
+  kernel, which no GPU does.
 - A pid that is no process (it exited): every call, GetState included, returns
   CUDA_ERROR_OPERATING_SYSTEM ([GPU]: GetState, Lock and Restore).
 - Restore: "The GPU to restore onto needs to have enough memory" ([API]). When the simulated
@@ -56,7 +64,8 @@ class SimulatedCheckpointDriver:
 
     `memory_total_mib`: the simulated GPU's memory; `processes()`: the live processes that use
     it, each with the MiB it holds there when not checkpointed (read under this driver's lock:
-    it must not call back into the driver); `proc`: where a pid that exited is missing."""
+    it must not call back into the driver); `proc`: where a pid that exited is missing; `mig`:
+    the simulated GPU is a MIG instance, where no checkpoint goes through ([#42])."""
 
     simulated = True
 
@@ -65,8 +74,10 @@ class SimulatedCheckpointDriver:
         memory_total_mib: float,
         processes: Callable[[], Mapping[int, float]],
         proc: Path = Path("/proc"),
+        mig: bool = False,
     ) -> None:
         self.memory_total_mib = float(memory_total_mib)
+        self.mig = mig
         self._processes = processes
         self.proc = proc
         self._states: dict[int, str] = {}
@@ -111,6 +122,8 @@ class SimulatedCheckpointDriver:
             self._alive(name, pid)
             if self._states.get(pid, "running") != before:
                 raise CheckpointError(name, "CUDA_ERROR_ILLEGAL_STATE")
+            if call == "checkpoint" and self.mig:  # #42: "out of memory", left LOCKED
+                raise CheckpointError(name, "CUDA_ERROR_OUT_OF_MEMORY")
             if call == "checkpoint":  # what it holds now is what a restore needs back
                 self._host[pid] = float(self._processes().get(pid, 0.0))
             elif call == "restore":

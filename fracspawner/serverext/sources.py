@@ -280,8 +280,12 @@ class DemoSimulatedSource:
 
     def __init__(self, spec: str, server_pid: int | None = None, proc: Path = Path("/proc")):
         data = json.loads(spec)
+        # a MIG instance cannot report utilisation (NVML answers NOT_SUPPORTED): None, "n/a";
+        # it is named as NvmlSource names MIG instances ("<gpu>:<instance>"), so what reads the
+        # name (the hibernator's and the doctor's MIG check, checkpoint_env.mig_problem) sees it
+        self.mig = bool(data.get("mig"))
         self.device = GpuDevice(
-            index="0",
+            index="0:0" if self.mig else "0",
             name=str(data.get("name") or "Simulated GPU"),
             uuid="GPU-simulated-demo",
             memory_total_mib=float(data.get("memory_total_mib") or 81920),
@@ -289,17 +293,16 @@ class DemoSimulatedSource:
             utilization=0.0,
         )
         self.kernel_memory_mib = float(data.get("kernel_memory_mib") or 1536)
-        # a MIG instance cannot report utilisation (NVML answers NOT_SUPPORTED): None, "n/a"
-        self.mig = bool(data.get("mig"))
         self.server_pid = server_pid or os.getpid()
         self.proc = proc
         self._cpu: dict[int, tuple[float, float]] = {}  # pid -> (cpu seconds, when)
-        # the demo's simulated checkpoint driver: a checkpointed kernel holds no GPU memory, and
-        # a restore needs room on this device as a real one does (simcheckpoint.py)
+        # the demo's simulated checkpoint driver: a checkpointed kernel holds no GPU memory, a
+        # restore needs room on this device, and a MIG instance checkpoints nothing, as on a
+        # real one (simcheckpoint.py)
         from .simcheckpoint import SimulatedCheckpointDriver
 
         self.checkpoint_driver = SimulatedCheckpointDriver(
-            self.device.memory_total_mib, self.gpu_processes, proc
+            self.device.memory_total_mib, self.gpu_processes, proc, mig=self.mig
         )
 
     def _cpu_seconds(self, pid: int) -> float | None:
@@ -344,7 +347,7 @@ class DemoSimulatedSource:
             if pid in away:  # checkpointed: its memory is in host memory, off the GPU
                 continue
             util = None if self.mig else round(busy, 1)
-            processes.append(GpuProcess("0", self.kernel_memory_mib, util, pid=pid))
+            processes.append(GpuProcess(self.device.index, self.kernel_memory_mib, util, pid=pid))
         used = sum(p.memory_mib for p in processes)
         util = None if self.mig else max((p.utilization or 0.0 for p in processes), default=0.0)
         device = GpuDevice(**{**self.device.__dict__, "memory_used_mib": used, "utilization": util})
