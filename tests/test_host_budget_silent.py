@@ -157,3 +157,84 @@ def test_a_silent_server_s_kernels_are_never_ordered_and_nobody_goes_for_them():
     assert culler._host_room.evicting == {}
     answer = _says(culler, "dan", now + 480, hibernated=[("d1", 8000.0, now - 300)])
     assert "shutdown" not in answer.get("swap", {})
+
+
+# --- review s55: a silent server's unknown memory was taken as free when shutting kernels down
+
+
+def _dan_bob(ann_fresh: bool) -> tuple:
+    """node-a, budget 16,000 MiB: ann's server (in session: her kernels are never shut down)
+    holds a1, 12,000 MiB; dan (away) d1, 8,000 MiB; bob (away) would hibernate b1, 10,000 MiB.
+    With ann's word known, b1 cannot fit even with d1 gone (16,000 - 12,000 = 4,000 < 10,000),
+    so nobody's kernel is shut down for it. Returns (culler, bob's answer)."""
+    now = time.time()
+    culler = _culler("ann", "dan", "bob")
+    _says(culler, "ann", now, hibernated=[("a1", 12000.0, now - 900)], in_session=True)
+    at = now + (100 if ann_fresh else 400)  # max_staleness 300 s: at +400 ann is silent
+    if ann_fresh:
+        _says(culler, "ann", at - 5, hibernated=[("a1", 12000.0, now - 900)], in_session=True)
+    _says(culler, "dan", at, hibernated=[("d1", 8000.0, now - 300)])
+    answer = _says(culler, "bob", at + 5, wants=[("b1", 10000.0)])
+    return culler, answer
+
+
+def test_control_with_ann_heard_nobody_is_shut_down_for_a_want_that_cannot_fit():
+    culler, answer = _dan_bob(ann_fresh=True)
+    _wait(answer)
+    assert culler._host_room.evicting == {}
+
+
+def test_a_silent_server_does_not_get_another_user_s_kernel_shut_down():
+    """Same node, but ann's server has not reported for 400 s (silent: counted at her pod's
+    15,360 MiB). plan_room reckons shut-downs 'without' the silent servers, i.e. with their
+    memory as free: d1 is ordered shut down (dan's GPU state is lost) for b1, which still
+    cannot hibernate while ann is silent, nor after she reports her 12,000 MiB again. Missing
+    data culled a notebook that full data would have kept."""
+    culler, answer = _dan_bob(ann_fresh=False)
+    _wait(answer)
+    assert culler._host_room.evicting == {}, (
+        f"dan's kernel ordered shut down on ann's unknown: {culler._host_room.evicting}"
+    )
+
+
+# --- review s55: a silent server without a slice the culler can size had its granted room dropped
+
+
+def _no_slice_culler():
+    """A culler with a host budget of 16,000 MiB on node-a and no slice it can size for ann's
+    and bob's servers (no catalog: `claim` is 0 for every server, the 'GPU some other way'
+    case of host_holders)."""
+    from fracspawner.culler.app import Culler
+    from fracspawner.culler.decide import ServerFacts
+    from tests.test_host_budget_silent import Pods
+
+    culler = Culler(host_memory_budget_mib=16000.0)
+    culler.server_pods = Pods()
+    for user in ("ann", "bob"):
+        culler.known[(user, "")] = ServerFacts(user, user_options={})
+    return culler
+
+
+def test_control_room_granted_to_a_server_is_held_while_it_has_not_reported_since():
+    now = time.time()
+    culler = _no_slice_culler()
+    answer = _says(culler, "ann", now, hibernated=[("a1", 8000.0, now - 600)],
+                   wants=[("a2", 6000.0)])  # fmt: skip
+    assert answer["swap"]["host_room"] == [{"kernel_id": "a2", "gpu_memory_mib": 6000.0}]
+    # ann has not reported since: a2 may be in host memory now (8,000 + 6,000 of 16,000)
+    _wait(_says(culler, "bob", now + 100, wants=[("b1", 6000.0)]))
+
+
+def test_a_silent_server_s_granted_room_is_not_given_out_again():
+    """ann (8,000 MiB hibernated) is granted room for a2 (6,000 MiB) and falls silent (her
+    report older than max_staleness). host_holders counts her, having no slice, at her last
+    word (8,000: a2 is not in it), and HostRoom.reserved no longer counts the room held for a2
+    because she is silent ('it counts at its whole share already'): that share is only her
+    last word. bob's 6,000 MiB is granted: 8,000 + 6,000 + 6,000 = 20,000 MiB on a 16,000 MiB
+    budget. Her silence freed the room she was given."""
+    now = time.time()
+    culler = _no_slice_culler()
+    _says(culler, "ann", now, hibernated=[("a1", 8000.0, now - 600)], wants=[("a2", 6000.0)])
+    answer = _says(culler, "bob", now + 400, wants=[("b1", 6000.0)])
+    swap = answer.get("swap") or {}
+    assert "host_room" not in swap, f"room given out of ann's granted room: {swap}"

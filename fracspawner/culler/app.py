@@ -471,6 +471,8 @@ class Culler(CullerApplication):
         self._host_room = HostRoom()  # room given to hibernate, per node (hostroom.py)
         self._host_over: set[tuple[str, str]] = set()  # reports beyond their share: logged once
         self._host_silent: set[tuple[str, str]] = set()  # stale or no report: logged once
+        self._began = time.time()  # a server unheard of since is expected silent for a while
+        self._pod_names: dict[tuple[str, str], str] = {}  # placement_of's names, per server
         self._caps: dict[tuple[str | None, str | None], float | None] = {}  # claim()'s sizes
         self._caps_of: object = None  # ... for this catalog
         # this cycle's readings and decisions (`decide`), by id of the objects they came from
@@ -715,7 +717,7 @@ class Culler(CullerApplication):
                 answer = answer or {"swap": {}}
                 answer["swap"]["host_room"] = room
             return answer
-        holders = self.host_holders(now, budget).get(where.node, [])
+        holders = self.host_holders(now, budget, node=where.node).get(where.node, [])
         away = not (report.present or report.in_session)
         # where the pool over-commits, a kernel due to hibernate for idleness shuts nobody's
         # kernel down: it stays on the GPU, and if its memory is needed the swap orders it out
@@ -789,14 +791,20 @@ class Culler(CullerApplication):
         return self.host_cap(facts, budget) * max(1, where.gpus)
 
     def host_holders(
-        self, now: float, budget: float, cap_of: Callable[[ServerFacts], float] | None = None
+        self,
+        now: float,
+        budget: float,
+        cap_of: Callable[[ServerFacts], float] | None = None,
+        node: str | None = None,
     ) -> dict[str, list[Holder]]:
-        """Every node's hibernated kernels, by the servers' fresh reports (spared included);
-        each server's kernels counted up to `cap_of(facts)` (host_cap by default). A listed
-        server whose report is stale or missing (its reporter stuck, a partition, the culler
-        restarted) is silent (`Holder.silent`) while its pod is on its node: it counts at its
-        share (host_share: it may hold anything up to that; unknown is never free) and is
-        ordered nothing; one without a GPU slice counts at most its last word."""
+        """Every node's hibernated kernels (only `node`'s where given: an answer needs its
+        server's node only), by the servers' fresh reports (spared included); each server's
+        kernels counted up to `cap_of(facts)` (host_cap by default). A listed server whose
+        report is stale or missing (its reporter stuck, a partition, the culler restarted) is
+        silent (`Holder.silent`) while its pod is on its node: it counts at its share
+        (host_share: it may hold anything up to that; unknown is never free) and is ordered
+        nothing; one without a GPU slice counts at most its last word and the room held for
+        it (`Holder.whole_share` False)."""
         cap_of = cap_of or (lambda facts: self.host_cap(facts, budget))
         out: dict[str, list[Holder]] = {}
         over: set[tuple[str, str]] = set()
@@ -807,14 +815,18 @@ class Culler(CullerApplication):
             kernels = report.hibernated_kernels if report is not None else ()
             if fresh and not kernels:
                 continue
-            gpu = self.claim(facts)[1] > 0  # a slice: its pod may hold GPU state
-            if not fresh and not gpu and not kernels:
-                continue  # no GPU slice and no word of hibernated kernels: nothing to hold
             where = self.placement_of(*key)
             if where is None or not where.node:
                 # its node is not known (its pod's memory limit bounds it), or its pod is gone
                 # (the pod watch): its GPU state went with it
                 continue
+            if node is not None and where.node != node:  # another node's: as it was logged
+                over.update({key} & self._host_over)
+                silent.update({key} & self._host_silent)
+                continue
+            gpu = self.claim(facts)[1] > 0  # a slice: its pod may hold GPU state
+            if not fresh and not gpu and not kernels:
+                continue  # no GPU slice and no word of hibernated kernels: nothing to hold
             cap, share = cap_of(facts), self.host_share(facts, where, budget)
             # a user present or in session keeps their kernels (serverext/presence.py)
             holder = Holder(*key, where.node, cap,
@@ -822,7 +834,9 @@ class Culler(CullerApplication):
                             share, silent=not fresh)  # fmt: skip
             if not fresh:
                 if not gpu:  # a GPU some other way: what its last report said, no more
-                    holder = replace(holder, share_mib=min(share, holder.said_mib()))
+                    holder = replace(
+                        holder, share_mib=min(share, holder.said_mib()), whole_share=False
+                    )
                 self._note_silent(holder, report, now)
                 silent.add(key)
             elif self._note_over_share(replace(holder, cap_mib=self.host_cap(facts, budget))):
@@ -840,6 +854,8 @@ class Culler(CullerApplication):
         node counts it at its share meanwhile (host_holders keeps `_host_silent` to those now)."""
         if (holder.user, holder.server) in self._host_silent:
             return
+        if report is None and now - self._began < self.max_staleness:
+            return  # a culler just started has heard from nobody yet: not worth a warning each
         since = (
             f"has not reported for {now - report.received_at:.0f} s"
             if report is not None
@@ -888,7 +904,11 @@ class Culler(CullerApplication):
             for k in entry.hibernated_kernels:
                 if k.kernel_id in ordered and not k.waiting and not k.copying:
                     due[k.kernel_id] = ordered[k.kernel_id]
-        by_node = self.host_holders(now, budget, lambda facts: self.claim(facts)[1] or budget)
+        by_node = (
+            self.host_holders(now, budget, lambda facts: self.claim(facts)[1] or budget, node)
+            if node
+            else {}
+        )
         # only its own node's: its kernels are told in the answer to its own report, and every
         # node has its own budget
         for e in plan_evictions(by_node.get(node, []) if node else [], budget):
@@ -984,7 +1004,12 @@ class Culler(CullerApplication):
         GPUs its allocation names (placement.py); None where the watch is off or lacks it."""
         if self.server_pods is None:
             return None
-        name = pod_name(user, server, self.pod_name_template, self.slug_scheme)
+        name = self._pod_names.get((user, server))
+        if name is None:  # a slug per server, asked at every answer (host_holders)
+            name = pod_name(user, server, self.pod_name_template, self.slug_scheme)
+            if len(self._pod_names) > 4 * max(len(self.known), 1024):
+                self._pod_names.clear()  # servers gone: start over rather than grow
+            self._pod_names[(user, server)] = name
         return self.server_pods.placement(name)
 
     def update_hibernated(self) -> None:

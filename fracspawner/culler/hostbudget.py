@@ -68,6 +68,9 @@ class Holder:
     # memory, so it counts at that (unknown is never free), and none of its kernels is ordered
     # (it would not hear), nor anyone's kernel shut down on its account (its kernels may be back)
     silent: bool = False
+    # silent and counted at its whole share, which bounds the room held for it too; False for
+    # one the culler cannot size (no GPU slice): its last word, and the room held for it
+    whole_share: bool = True
 
     def said_mib(self) -> float:
         """What its report says its kernels hold, each at most `cap_mib`."""
@@ -225,7 +228,8 @@ def plan_room(
     only later wants wait for them (never hibernate now), so the node stays within the budget
     while both are in host memory. Silent holders count at their share (never free), their
     kernels are never shut down, and nobody's is for room they alone take: a want that fits
-    but for them waits, and shut-downs for one that does not are reckoned without them."""
+    but for them waits, and shut-downs for one that does not are made only where they make
+    its room with the silent servers counted."""
     group = list(holders)
     room = budget_mib - node_held(group) - reserved_mib
     unknown = sum(h.held_mib() for h in group if h.silent)  # what only silent servers take
@@ -264,14 +268,16 @@ def plan_room(
         # with the silent servers at nothing it fits: it waits for them, nobody goes for it
         evict = evict and mib > room + unknown
         if evict:
+            # what silent servers may hold counts (room has it taken): shut-downs that would
+            # make room only were they empty would shut a kernel down for nothing
             for h, k in spare:
-                if room + unknown + pending + freed >= mib:
+                if room + pending + freed >= mib:
                     break
                 picked.append((h, k))
                 before = min(after[id(h)], h.share_mib)
                 after[id(h)] -= min(k.mib, h.cap_mib)
                 freed += before - min(after[id(h)], h.share_mib)  # 0 while above its share
-        if evict and room + unknown + pending + freed >= mib:
+        if evict and room + pending + freed >= mib:
             said = after
             for h, k in picked:
                 spare.remove((h, k))

@@ -68,11 +68,11 @@ class HostRoom:
         about a minute: held 30 s, its room was given again while it filled) without saying
         what it copies (a server that does counts it in its report: held as well, it would
         count twice); at most `LONGEST_SECONDS`. Not counted for a silent holder (stale or no
-        report): it counts at its whole share already, which bounds its kernels and the room
-        held for it."""
+        report) counted at its whole share already, which bounds its kernels and the room held
+        for it (`Holder.whole_share`)."""
         holders = list(holders)
         seen = {(h.user, h.server, k.kernel_id): k for h in holders for k in h.kernels}
-        silent = {(h.user, h.server) for h in holders if h.silent}
+        silent = {(h.user, h.server) for h in holders if h.silent and h.whole_share}
         for key, (_n, _mib, at, hold) in list(self.held.items()):
             last = reported.get(key[:2])
             k = seen.get(key)
