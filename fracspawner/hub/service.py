@@ -10,6 +10,11 @@ What the user's servers hold comes from the pod watch while it can be believed; 
 user's own OAuth token (`read:servers!user` among the service's
 `oauth_client_allowed_scopes`: the server models with their `user_options`). When neither can
 tell, the model says unknown, never 0 in use.
+
+Free counts are taken as the hub's form takes them: the hub's server pods the watch shows
+Pending on no node claim their slots (`claimed_capacity`), so a refresh agrees with the form
+while they wait. The hub's in-flight admissions (its memory, until their pods are made) are
+not seen here; Start checks again.
 """
 
 from __future__ import annotations
@@ -29,12 +34,33 @@ from tornado.httpserver import HTTPServer
 from tornado.log import app_log, enable_pretty_logging
 
 from ..backends import load_catalog
-from ..choice.admission import server_holdings, user_usage, watch_usable
+from ..choice.admission import (
+    ReservedCapacity,
+    server_holdings,
+    unplaced_holds,
+    user_usage,
+    watch_usable,
+)
 from ..choice.offers import build_offer_model
 from ..model.access import allowed_pools
 from ..model.catalog import Catalog, Pool
 from ..stopsignal import honour_sigint
 from .form import render_service_page
+
+
+def claimed_capacity(catalog: Catalog, watcher: Any, capacity: Any) -> Any:
+    """`capacity` with the slots of the hub's server pods that are Pending on no node taken
+    off (`unplaced_holds`, kubespawner's username annotation and a catalog offer's labels):
+    the claims the hub's admission and form count (`FracSpawner._unplaced_holds`). A pod once
+    bound or booked on a node is in the counts themselves and leaves the watch's unbound pods;
+    other pods (no username annotation) are never claims. The hub also leaves out the
+    spawning server's own old pod, which the service cannot tell apart (it is not told which
+    server the picker is for): it may read one fewer free for that server alone."""
+    pods = getattr(watcher, "unbound_pods", None)
+    if capacity is None or pods is None:
+        return capacity
+    holds = unplaced_holds(catalog, pods())
+    return ReservedCapacity(capacity, catalog, holds) if holds else capacity
 
 
 class OffersHandler(HubOAuthenticated, web.RequestHandler):
@@ -62,7 +88,7 @@ class OffersHandler(HubOAuthenticated, web.RequestHandler):
         used: float | None = None
         if self.watcher is not None:
             await self.watcher.start()
-            capacity = self.watcher.snapshot()
+            capacity = claimed_capacity(self.catalog, self.watcher, self.watcher.snapshot())
             if watch_usable(capacity):
                 used = self.watcher.usage_by_user().get(name, 0.0)
         rule = self.catalog.rule_for(name, groups)
