@@ -776,27 +776,32 @@ def demo_gpu_env(pod: dict, container: dict) -> dict[str, str]:
             os.environ["FRACSPAWNER_GPU_SOURCE"] = old
 
 
+def demo_lab(tmp_path: Path, pod: dict, container: dict) -> LabServer:
+    """A jupyter-server on the demo's simulated GPU of this pod, hibernating idle kernels after
+    2 s, with 63 GiB of host memory free in its cgroup (room for any parked memory)."""
+    from tests.test_hibernation import set_cgroup
+
+    cgroup = tmp_path / "cgroup"
+    cgroup.mkdir()
+    set_cgroup(cgroup, 64, 1)
+    (tmp_path / "lab").mkdir()
+    return LabServer(
+        tmp_path / "lab",
+        env={**demo_gpu_env(pod, container), "FRACSPAWNER_KERNEL_GPU_HIBERNATE_SECONDS": "2"},
+        config={"Hibernator": {"cgroup_root": str(cgroup)}},
+        source="simulated-demo",
+    )
+
+
 def test_the_demos_simulated_gpu_hibernates_and_resumes_and_says_it_is_simulated(tmp_path):
     """Issue 27 #4: in the demo an idle kernel said "cannot hibernate: cuda-python is not
     installed" (the demo has no GPU; installing it would not help). The demo's simulated GPU
     comes with a simulated checkpoint driver (serverext/simcheckpoint.py): an idle kernel
     hibernates (its simulated GPU memory leaves the GPU), the meter says so and that it is
     simulated, a cell resumes it with its data, and the report marks it simulated."""
-    from tests.test_hibernation import set_cgroup
-
     pod = {"spec": {"nodeSelector": {"nvidia.com/gpu.product": "NVIDIA-H100-80GB-HBM3"}}}
     container = {"resources": {"limits": {"nvidia.com/gpu": "1", "nvidia.com/gpumem": "10240"}}}
-    env = demo_gpu_env(pod, container)
-    cgroup = tmp_path / "cgroup"
-    cgroup.mkdir()
-    set_cgroup(cgroup, 64, 1)  # 63 GiB of host memory free: room for the parked memory
-    (tmp_path / "lab").mkdir()
-    lab = LabServer(
-        tmp_path / "lab",
-        env={**env, "FRACSPAWNER_KERNEL_GPU_HIBERNATE_SECONDS": "2"},
-        config={"Hibernator": {"cgroup_root": str(cgroup)}},
-        source="simulated-demo",
-    )
+    lab = demo_lab(tmp_path, pod, container)
     try:
         kernel = open_notebook(lab, "demo.ipynb")
         wait_for(lambda: lab.gpu().get("gpu_memory_mib") == 1536, 60, "the simulated kernel")
@@ -848,21 +853,9 @@ def test_the_demos_simulated_mig_slice_says_why_its_kernels_do_not_hibernate(tmp
     report (what the culler and `fracspawner doctor` read) says why from the first reading,
     for the server and for the kernel. The demo named its MIG device as a whole GPU ("0"), so
     the report said nothing, and its simulated driver checkpointed what no GPU would."""
-    from tests.test_hibernation import set_cgroup
-
     pod = {"spec": {"nodeSelector": {"nvidia.com/gpu.product": "NVIDIA-A100-SXM4-80GB"}}}
     container = {"resources": {"limits": {"nvidia.com/mig-1g.10gb": "1"}}}
-    env = demo_gpu_env(pod, container)
-    cgroup = tmp_path / "cgroup"
-    cgroup.mkdir()
-    set_cgroup(cgroup, 64, 1)  # room in host memory: MIG is the only reason
-    (tmp_path / "lab").mkdir()
-    lab = LabServer(
-        tmp_path / "lab",
-        env={**env, "FRACSPAWNER_KERNEL_GPU_HIBERNATE_SECONDS": "2"},
-        config={"Hibernator": {"cgroup_root": str(cgroup)}},
-        source="simulated-demo",
-    )
+    lab = demo_lab(tmp_path, pod, container)  # room in host memory: MIG is the only reason
     why = (
         "the GPU is a MIG instance, which the CUDA checkpoint API does not support "
         "(NVIDIA/cuda-checkpoint #42)"
