@@ -14,6 +14,7 @@ waiting in some rows and more in others (docs/benchmarks.md). What the admin see
 
 from __future__ import annotations
 
+import dataclasses
 import time
 
 from fracspawner.backends import load_catalog
@@ -21,6 +22,7 @@ from fracspawner.culler.app import Culler
 from fracspawner.culler.decide import ServerFacts
 from fracspawner.culler.identity import Identity
 from fracspawner.culler.placement import Placement
+from fracspawner.culler.pressure import ASK_AGAIN_AFTER
 from fracspawner.culler.reports import parse_report
 from tests.test_overcommit_pressure import QUARTER, kernel, report
 
@@ -75,3 +77,59 @@ def test_with_room_in_the_budget_the_order_is_sent_and_counted_as_sent():
     assert _orders(culler, "bob", now) == ["kb"]
     assert _count(culler, "fracspawner_swap_orders_total") == 1.0
     assert _count(culler, "fracspawner_swap_orders_held_by_host_budget_total") == 0.0
+
+
+def _again(culler: Culler, user: str, k: dict, at: float) -> None:
+    """`user`'s server reports again at `at` (every server does, so none is stale), its one
+    kernel now `k`; the others as before."""
+    for u in ("bob", "cat", "dan"):
+        if u != user:
+            old = culler.reports.get(u, "")
+            assert old is not None
+            culler.reports.put(u, "", dataclasses.replace(old, received_at=at))
+    stamp = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(at))
+    body = {**report([k], used=7000.0 + 3000.0 + QUARTER), "sampled_at": stamp}
+    culler.reports.put(user, "", parse_report(body, received_at=at))
+
+
+BOB_IDLE = kernel("kb", 7000.0, "2026-01-01T09:00:00Z")
+
+
+def test_a_re_ask_of_the_same_order_is_not_counted_again():
+    # every ~30 s while Bob's idle kernel is still on the GPU the culler asks again: one order
+    # for one kernel, counted once; after it left the GPU and came back, a new order counts
+    culler, now = _culler(budget_mib=20000.0)
+    assert _orders(culler, "bob", now) == ["kb"]
+    for step in (1, 2, 3):  # still resident each time: the ask stands and is said again
+        at = now + step * (ASK_AGAIN_AFTER + 1)
+        _again(culler, "bob", BOB_IDLE, at)
+        assert _orders(culler, "bob", at) == ["kb"]
+    assert _count(culler, "fracspawner_swap_orders_total") == 1.0
+    # Bob's server hibernated it: the order is done, and nothing of it is kept
+    at = now + 4 * (ASK_AGAIN_AFTER + 1)
+    _again(culler, "bob", kernel("kb", 0, "2026-01-01T09:00:00Z", state="hibernated",
+                                  hibernated_gpu_memory_mib=7000.0), at)  # fmt: skip
+    assert _orders(culler, "bob", at) == []
+    assert culler._orders_counted == {}
+    # it came back (Bob resumed it) and went idle again: ordered out anew, counted anew
+    at += ASK_AGAIN_AFTER + 1
+    _again(culler, "bob", BOB_IDLE, at)
+    assert _orders(culler, "bob", at) == ["kb"]
+    assert _count(culler, "fracspawner_swap_orders_total") == 2.0
+    assert _count(culler, "fracspawner_swap_orders_held_by_host_budget_total") == 0.0
+
+
+def test_a_held_order_asked_again_is_counted_once():
+    culler, now = _culler(budget_mib=5000.0)  # no room for Bob's 7,000 MiB, ever
+    for step in range(4):
+        at = now + step * (ASK_AGAIN_AFTER + 1)
+        if step:
+            _again(culler, "bob", BOB_IDLE, at)
+        assert _orders(culler, "bob", at) == []
+    assert _count(culler, "fracspawner_swap_orders_held_by_host_budget_total") == 1.0
+    assert _count(culler, "fracspawner_swap_orders_total") == 0.0
+    # Bob's server is stopped (the hub no longer lists it): its bookkeeping goes with it
+    del culler.known[("bob", "")]
+    _again(culler, "cat", kernel("kc", 3000.0, "2026-01-01T11:00:00Z"), at + 1)
+    culler.answer_report(Identity("cat", ""), at + 1)
+    assert culler._orders_counted == {}

@@ -468,6 +468,9 @@ class Culler(CullerApplication):
         self.listed_at: float | None = None  # when the hub last listed them (room_json)
         self._hibernated_labels: set[str] = set()
         self._swap_desk: SwapDesk | None = None  # over-commit's swap orders (swapdesk.py)
+        # swap orders counted, per server: kernel id -> how ("sent", "held"), while the kernel
+        # is on the GPU (`_count_orders`: a re-ask of a standing order is not counted again)
+        self._orders_counted: dict[tuple[str, str], dict[str, set[str]]] = {}
         self._host_room = HostRoom()  # room given to hibernate, per node (hostroom.py)
         self._host_over: set[tuple[str, str]] = set()  # reports beyond their share: logged once
         self._host_silent: set[tuple[str, str]] = set()  # stale or no report: logged once
@@ -957,26 +960,61 @@ class Culler(CullerApplication):
         budget held back (`host_room_answer`: the kernel stays on the GPU). Held orders while
         people wait to resume mean the budget, not the GPU, limits the pool: the capacity
         replay's breaks mix on half the GPUs had present people wait 690 person-minutes beside
-        idle kernels of people away that the budget kept on the GPU (docs/benchmarks.md)."""
+        idle kernels of people away that the budget kept on the GPU (docs/benchmarks.md).
+
+        Each kernel counts once per order, in each counter: the desk asks again every 30 s
+        while the kernel is still on the GPU (or still held), and such a re-ask is the same
+        order (`_orders_counted`). Once its server's report shows it off the GPU (hibernated,
+        ended) or the server is gone, the order is done: ordered out again after it came back,
+        it counts again."""
+        self._forget_orders(who)
         if not asked:
             return
         facts = self.known.get((who.user, who.server))
         pool = self.pool_label(facts.pool if facts is not None else None)
         sent = {o["kernel_id"] for o in swap_orders(answer)}
+        counted = self._orders_counted.setdefault((who.user, who.server), {})
         for order in asked:
             kid = shown(order["kernel_id"])
+            how = counted.setdefault(order["kernel_id"], set())
             if order["kernel_id"] in sent:
-                self.metrics.swap_orders.labels(pool).inc()
+                if "sent" not in how:
+                    how.add("sent")
+                    self.metrics.swap_orders.labels(pool).inc()
                 self.log.info(
                     "%s/%s: swap out idle kernel %s (GPU memory pressure)",
                     who.user, who.server, kid,
                 )  # fmt: skip
             else:
-                self.metrics.swap_orders_held.labels(pool).inc()
+                if "held" not in how:
+                    how.add("held")
+                    self.metrics.swap_orders_held.labels(pool).inc()
                 self.log.info(
                     "%s/%s: idle kernel %s stays on the GPU under memory pressure: no room for it "
                     "in its node's host memory budget", who.user, who.server, kid,
                 )  # fmt: skip
+
+    def _forget_orders(self, who: Identity) -> None:
+        """Forget the counted orders of servers the hub no longer lists, and of `who`'s kernels
+        its latest report shows off the GPU (hibernated, ended): those orders are done. A
+        report that reads no GPU says nothing of them (kept until it does, or the server goes)."""
+        for key in [key for key in self._orders_counted if key not in self.known]:
+            del self._orders_counted[key]
+        key = (who.user, who.server)
+        counted = self._orders_counted.get(key)
+        if not counted:
+            self._orders_counted.pop(key, None)
+            return
+        report = self.reports.get(who.user, who.server)
+        if report is not None and not report.swap.gpus:
+            return
+        on_gpu = set() if report is None else {
+            k.kernel_id for g in report.swap.gpus for k in g.back()
+        }  # fmt: skip
+        for kid in [kid for kid in counted if kid not in on_gpu]:
+            del counted[kid]
+        if not counted:
+            del self._orders_counted[key]
 
     def unlisted(self, now: float, also_pool: str | None = None) -> list[Seat]:
         """Seats for the server pods the hub has not listed yet (started since the last cycle):

@@ -58,15 +58,17 @@ class CullerMetrics:
         self.swap_orders = Counter(
             "fracspawner_swap_orders",
             "Idle kernels the culler asked their server to swap out of a GPU under memory "
-            "pressure (over-committed pools), by pool.",
+            "pressure (over-committed pools), by pool: one per kernel per order, however often "
+            "it is asked again while still on the GPU.",
             ["pool"],
             registry=self.registry,
         )
         self.swap_orders_held = Counter(
             "fracspawner_swap_orders_held_by_host_budget",
             "Swap orders the node's host memory budget for hibernated kernels had no room for "
-            "(the idle kernel stayed on the GPU under memory pressure), by pool. Rising while "
-            "kernels wait to resume: the budget, not the GPU, limits the pool.",
+            "(the idle kernel stayed on the GPU under memory pressure), by pool: one per kernel "
+            "per order, however often it is held again. Rising while kernels wait to resume: "
+            "the budget, not the GPU, limits the pool.",
             ["pool"],
             registry=self.registry,
         )
