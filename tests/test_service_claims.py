@@ -8,17 +8,23 @@ The service is served for real (its `make_app` routes on a local port, the picke
 `GET /services/fracspawner/api/offers`); only HubOAuth's login is stood in for. Its watcher is
 the real `CapacityWatcher`, watches fed by hand (tests/test_restart_claims.py's), with the pods
 a real FracSpawner makes (`get_pod_manifest`) and the hub's form from the same watch.
+
+The service's admin page and its gauges (`fracspawner_pool_offer_free_slices`,
+`fracspawner_pool_gpu_equivalents_free`) count free the same way: before, they read the raw
+counts, one more free than the form and the picker while such a pod waited.
 """
 
 from __future__ import annotations
 
 import json
+import re
 
 import pytest
 from tornado.httpclient import AsyncHTTPClient
 from tornado.httpserver import HTTPServer
 from tornado.netutil import bind_sockets
 
+from fracspawner.hub.admin import AdminData, render_admin_page
 from fracspawner.hub.service import OffersHandler, make_app
 from tests.hub_support import HubUsers
 from tests.test_admission import pod
@@ -112,3 +118,42 @@ async def test_pending_pods_that_are_not_the_hubs_are_not_claims(logged_in):
     assert sorted(r.name for r in watcher.unbound_pods()) == ["hand-made", "labelled-job"]
     assert await form_t4(hub, watcher) == "2 of 4 free"
     assert await service_t4(watcher) == (2, 4)
+
+
+async def admin_t4(watcher: FedWatcher) -> tuple[tuple[int, int], float | None, float | None, str]:
+    """The admin page's T4 1/4 (free, total), its gauges' free slices and free GPU-equivalents,
+    and the page's words for the offer (AdminData: the pod watch, no hub token, no culler)."""
+    data = AdminData(watcher.catalog, watcher, token="")
+    try:
+        model = await data.model()
+    finally:
+        data.http.close()
+    (pool,) = [p for p in model["pools"] if p["name"] == "t4"]
+    (offer,) = [o for o in pool["offers"] if o["spec"] == "1/4"]
+    gauge = data.metrics.registry.get_sample_value
+    html = render_admin_page(model, user="admin", hub_prefix="/hub/", static_prefix="/s/")
+    (words,) = re.findall(r"(\d+ of \d+)</p>", html)
+    return (
+        (offer["free"], offer["total"]),
+        gauge("fracspawner_pool_offer_free_slices", {"pool": "t4", "offer": "1/4"}),
+        gauge("fracspawner_pool_gpu_equivalents_free", {"pool": "t4"}),
+        words,
+    )
+
+
+async def test_the_admin_page_and_its_gauges_count_a_pending_hub_pods_claim():
+    """Two T4 replicas free; ann's pod is made and Pending on no node: the admin page and its
+    gauges say 1 of 4 free, as the hub's form and the picker do (before: 2 of 4). Bound, it is
+    counted once, by the nodes' counts."""
+    hub = HubUsers({"FracSpawner": {"catalog": CATALOG, "admission": "refuse"}})
+    watcher = cluster(hub, jobs=2)
+    assert await admin_t4(watcher) == ((2, 4), 2.0, 0.5, "2 of 4")
+    ann = spawner_of(hub, "ann", watcher)
+    assert await outcome(ann, T4) == "admitted"
+    await made(ann, watcher)
+    assert [r.name for r in watcher.unbound_pods()] == [ann.pod_name]
+    assert await form_t4(hub, watcher) == "1 of 4 free"
+    assert await admin_t4(watcher) == ((1, 4), 1.0, 0.25, "1 of 4"), "ann's pod Pending"
+    await made(ann, watcher, node="t4")
+    assert watcher.unbound_pods() == []
+    assert await admin_t4(watcher) == ((1, 4), 1.0, 0.25, "1 of 4")

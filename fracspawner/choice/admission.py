@@ -41,6 +41,7 @@ __all__ = [
     "ReservedCapacity",
     "Usage",
     "check_usage_known",
+    "claimed_capacity",
     "counted",
     "hold_for",
     "options_gpu_equivalent",
@@ -461,6 +462,23 @@ def unplaced_holds(
             )
         )
     return out
+
+
+def claimed_capacity(catalog: Catalog, watcher: Any, capacity: Any) -> Any:
+    """`capacity` with the slots of the hub's server pods that are Pending on no node taken
+    off (`unplaced_holds`, kubespawner's username annotation and a catalog offer's labels):
+    the claims the hub's admission and form count (`FracSpawner._unplaced_holds`), for the
+    processes without the hub's in-flight admissions: the fracspawner service's live offers
+    (hub/service.py) and its admin page and gauges (hub/admin.py). A pod once bound or booked
+    on a node is in the counts themselves and leaves the watch's unbound pods; other pods (no
+    username annotation) are never claims. The hub also leaves out the spawning server's own
+    old pod, which the service cannot tell apart (it is not told which server the picker is
+    for): it may read one fewer free for that server alone."""
+    pods = getattr(watcher, "unbound_pods", None)
+    if capacity is None or pods is None:
+        return capacity
+    holds = unplaced_holds(catalog, pods())
+    return ReservedCapacity(capacity, catalog, holds) if holds else capacity
 
 
 class Admissions:

@@ -7,7 +7,9 @@ Everyone else gets 403. The service lists `read:servers` in its `oauth_client_al
 so that an admin's token carries it (a user's carries only `read:servers!user`, their own).
 
 Where the data comes from (nothing new is asked of a user's server):
-- pools and holders: the capacity watches (pods with the CONTRACT pool label; capacity/usage.py);
+- pools and holders: the capacity watches (pods with the CONTRACT pool label; capacity/usage.py),
+  free counted as the hub's form counts it: the hub's server pods Pending on no node claim their
+  slots (`claimed_capacity`);
 - when each server started: the hub's REST API with the service's own token (`list:users`,
   `read:servers`: the models of active servers, nothing else);
 - GPU busy/idle/unknown, memory in use, what the culler does next, and its last 24 h: the
@@ -40,7 +42,7 @@ from tornado.log import app_log
 
 from ..backends import plan_slice
 from ..capacity.usage import Holder, holders_from_pods, pool_usage
-from ..choice.admission import options_gpu_equivalent, watch_usable
+from ..choice.admission import claimed_capacity, options_gpu_equivalent, watch_usable
 from ..choice.offers import size_label
 from ..choice.options import offer_for
 from ..model.errors import SliceError
@@ -468,7 +470,8 @@ class PoolMetrics:
         )
         self.free_slices = Gauge(
             "fracspawner_pool_offer_free_slices",
-            "Slices of each offer that would fit now (absent while unknown).",
+            "Slices of each offer that would fit now, less those the hub's server pods Pending "
+            "on no node claim, as the hub's form counts (absent while unknown).",
             ["pool", "offer"],
             registry=self.registry,
         )
@@ -481,7 +484,8 @@ class PoolMetrics:
         self.free = Gauge(
             "fracspawner_pool_gpu_equivalents_free",
             "GPU-equivalents that could still be handed out (the largest free offer times its "
-            "size), per pool; absent while unknown.",
+            "size, free as fracspawner_pool_offer_free_slices counts it), per pool; absent "
+            "while unknown.",
             ["pool"],
             registry=self.registry,
         )
@@ -636,7 +640,9 @@ class AdminData:
             capacity = None
             if self.watcher is not None:
                 await self.watcher.start()
-                capacity = self.watcher.snapshot()
+                # free as the hub's form and the picker count it: a hub's server pod Pending
+                # on no node claims its slot (its holder counts as waiting, beside)
+                capacity = claimed_capacity(self.catalog, self.watcher, self.watcher.snapshot())
             users, (culler, error) = await asyncio.gather(self.hub_users(), self.culler_state())
             known = True
             if watch_usable(capacity):

@@ -34,33 +34,12 @@ from tornado.httpserver import HTTPServer
 from tornado.log import app_log, enable_pretty_logging
 
 from ..backends import load_catalog
-from ..choice.admission import (
-    ReservedCapacity,
-    server_holdings,
-    unplaced_holds,
-    user_usage,
-    watch_usable,
-)
+from ..choice.admission import claimed_capacity, server_holdings, user_usage, watch_usable
 from ..choice.offers import build_offer_model
 from ..model.access import allowed_pools
 from ..model.catalog import Catalog, Pool
 from ..stopsignal import honour_sigint
 from .form import render_service_page
-
-
-def claimed_capacity(catalog: Catalog, watcher: Any, capacity: Any) -> Any:
-    """`capacity` with the slots of the hub's server pods that are Pending on no node taken
-    off (`unplaced_holds`, kubespawner's username annotation and a catalog offer's labels):
-    the claims the hub's admission and form count (`FracSpawner._unplaced_holds`). A pod once
-    bound or booked on a node is in the counts themselves and leaves the watch's unbound pods;
-    other pods (no username annotation) are never claims. The hub also leaves out the
-    spawning server's own old pod, which the service cannot tell apart (it is not told which
-    server the picker is for): it may read one fewer free for that server alone."""
-    pods = getattr(watcher, "unbound_pods", None)
-    if capacity is None or pods is None:
-        return capacity
-    holds = unplaced_holds(catalog, pods())
-    return ReservedCapacity(capacity, catalog, holds) if holds else capacity
 
 
 class OffersHandler(HubOAuthenticated, web.RequestHandler):
