@@ -10,6 +10,8 @@ Three ways the monitor could decide on stale facts, each checked with the real G
   the user may come back meanwhile: the next kernel's deadline must be read again;
 - a GPU reading comes back later than it was taken (NVML under load): it says nothing of the
   GPU after it was taken.
+The loop may be held while a round runs too (a reading stuck in its thread, a shutdown), and
+beside it (a hibernation round; the culler's orders, read from the answers to the reports).
 """
 
 from __future__ import annotations
@@ -249,3 +251,308 @@ def test_a_hibernation_round_decides_no_later_kernel_while_the_loop_is_late(
         other.wait()
     assert hibernated == ["a"], "hibernated under a user whose request waited in the loop"
     assert b_state == "running"
+
+
+async def _rounds(monitor, count: int) -> None:
+    """Wait for `count` more of the loop's readings (the bound only ends a failing test)."""
+    seen = monitor.sampled_at
+    for _ in range(count):
+        for _ in range(600):
+            if monitor.sampled_at != seen:
+                break
+            await asyncio.sleep(0.05)
+        assert monitor.sampled_at != seen, "the loop took no reading"
+        seen = monitor.sampled_at
+
+
+def test_a_hibernation_round_sees_the_loop_held_while_a_reading_is_under_way(
+    monkeypatch,
+    tmp_path,
+    fake,  # noqa: F811 (the fixtures)
+    sleeper,  # noqa: F811
+):
+    """As above, two kernels idle past kernel_gpu_hibernate and the server held during the
+    first's checkpoint while the user's request arrives, but the loop's round is under way
+    meanwhile: its GPU reading is stuck in its thread (NVML may block for long under load).
+    The loop had no timer pending then, and `_loop_on_time` answered "on time" however long
+    the round ran: the second kernel was hibernated under its user, back. Now a round ticks
+    while it runs, and the hold is seen: the second stays."""
+    policy_env(monkeypatch, kernel_idle=0)
+    monkeypatch.delenv("FRACSPAWNER_KERNEL_GPU_IDLE_SECONDS")
+    monkeypatch.setenv("FRACSPAWNER_KERNEL_GPU_HIBERNATE_SECONDS", "60")
+    monkeypatch.delenv("FRACSPAWNER_GPU_OVERCOMMIT", raising=False)
+    state, cgroup = fake
+    other = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"])
+    pids = {"a": sleeper.pid, "b": other.pid}
+    for pid in pids.values():
+        add_process(state, pid, GIB)
+    gpu = tmp_path / "gpu.json"
+    gpu.write_text(json.dumps({"devices": [H100], "kernels": {
+        "a": {"memory_mib": GIB}, "b": {"memory_mib": GIB}}}))  # fmt: skip
+    stuck, release = threading.Event(), threading.Event()
+
+    async def scenario():
+        loop = asyncio.get_running_loop()
+        t0 = monitor_module.utcnow() - timedelta(hours=2)
+        kernels = {kid: FakeKernel(t0) for kid in pids}
+        for kid, pid in pids.items():
+            kernels[kid].pid = pid
+        settings = {"kernel_manager": FakeKernelManager(kernels), "started": t0,
+                    "api_last_activity": t0, "last_activity_times": {}}  # fmt: skip
+        monitor = monitor_module.GpuMonitor(
+            settings=settings, source_spec=f"sim:{gpu}", poll_interval=0.3
+        )
+        monitor.started = t0
+        read = monitor.source.sample
+
+        def slow_read():
+            if stuck.is_set():
+                release.wait(30)  # the bound only ends a failing test
+            return read()
+
+        monitor.source.sample = slow_read
+        hib = monitor.hibernator = hibernator(cgroup)
+        offload, back = hib.offload, asyncio.Event()
+
+        async def request() -> None:
+            """The user's request: several loop turns; its activity counts when it ends."""
+            for _ in range(50):
+                await asyncio.sleep(0)
+            settings["api_last_activity"] = monitor_module.utcnow()
+            back.set()
+
+        def held() -> None:
+            loop.create_task(request())  # it arrives while the loop is held
+            time.sleep(2.5)  # noqa: ASYNC251 -- holds the loop on purpose: the copy ends
+
+        async def checkpoint_while_held(call, *args):
+            if call == hib._suspend and args[0] == pids["a"]:
+                stuck.set()  # the loop's next reading does not come back
+                for _ in range(3000):  # the bound only ends a failing test
+                    if monitor.reading_since is not None:
+                        break
+                    await asyncio.sleep(0.01)
+                assert monitor.reading_since is not None, "no reading under way"
+                copy = asyncio.ensure_future(offload(call, *args))
+                loop.call_soon(held)
+                return await copy
+            return await offload(call, *args)
+
+        hib.offload = checkpoint_while_held
+        monitor.start()
+        try:
+            for _ in range(3000):  # the bound only ends a failing test
+                if hib.suspended("a") and back.is_set():
+                    break
+                await asyncio.sleep(0.01)
+            assert hib.suspended("a") and back.is_set()
+            await asyncio.sleep(0.1)  # the hibernation round, if it went on, is under way
+            release.set()  # the reading comes back
+            await _rounds(monitor, 3)  # rounds on time after the user came back decide again
+            await asyncio.sleep(0.3)
+            return [h["kernel_id"] for h in hib.hibernations], hib.kernel_json("b")["state"]
+        finally:
+            release.set()
+            await monitor.stop()
+            for kid in pids:
+                hib.forget(kid)
+
+    try:
+        hibernated, b_state = asyncio.run(scenario())
+    finally:
+        other.kill()
+        other.wait()
+    assert hibernated == ["a"], "hibernated while the loop was held during a reading"
+    assert b_state == "running"
+
+
+def test_a_shut_down_round_sees_the_loop_held_during_a_kernel_s_shut_down(monkeypatch, tmp_path):
+    """Two kernels idle past kernel_gpu_idle, shut down in one of the loop's rounds. The
+    server is held while the first one's shutdown is awaited (jupyter_client waits for the
+    kernel to exit), and the user's request (opening a notebook) arrives meanwhile. The
+    second kernel's deadline, read again after the first's shutdown, still had the user's
+    idle time from before the request: it was shut down, its user's state lost. Now no
+    further kernel of the round is shut down while the loop is late: the second stays."""
+    policy_env(monkeypatch, kernel_idle=60)
+    gpu = tmp_path / "gpu.json"
+    gpu.write_text(json.dumps({"devices": [H100], "kernels": {
+        "a": {"memory_mib": 4096}, "b": {"memory_mib": 4096}}}))  # fmt: skip
+
+    async def scenario() -> set[str]:
+        loop = asyncio.get_running_loop()
+        t0 = monitor_module.utcnow() - timedelta(hours=2)
+        settings = {"started": t0, "api_last_activity": t0, "last_activity_times": {}}
+        back = asyncio.Event()
+
+        async def request() -> None:
+            """The user's request: several loop turns; its activity counts when it ends."""
+            for _ in range(50):
+                await asyncio.sleep(0)
+            settings["api_last_activity"] = monitor_module.utcnow()
+            back.set()
+
+        def held() -> None:
+            loop.create_task(request())  # it arrives while the loop is held
+            time.sleep(2.5)  # noqa: ASYNC251 -- holds the loop on purpose
+
+        class SlowShutdown(FakeKernelManager):
+            async def shutdown_kernel(self, kernel_id):
+                if kernel_id == "a":
+                    loop.call_soon(held)
+                await asyncio.sleep(0.05)  # the kernel process exits
+                del self.kernels[kernel_id]
+
+        kernels = {"a": FakeKernel(t0), "b": FakeKernel(t0)}
+        settings["kernel_manager"] = SlowShutdown(kernels)
+        monitor = monitor_module.GpuMonitor(
+            settings=settings, source_spec=f"sim:{gpu}", poll_interval=0.3
+        )
+        monitor.started = t0
+        monitor.start()
+        try:
+            for _ in range(3000):  # the bound only ends a failing test
+                if "a" not in kernels and back.is_set():
+                    break
+                await asyncio.sleep(0.01)
+            assert "a" not in kernels and back.is_set()
+            await _rounds(monitor, 3)  # rounds on time after the user came back decide again
+            return set(kernels)
+        finally:
+            await monitor.stop()
+
+    assert asyncio.run(scenario()) == {"b"}, "shut down while the loop was held"
+
+
+def test_the_culler_s_swap_order_is_not_taken_while_the_loop_is_late(
+    monkeypatch,
+    tmp_path,
+    fake,  # noqa: F811 (the fixtures)
+    sleeper,  # noqa: F811
+):
+    """The culler's answer orders an idle kernel swapped out under GPU pressure
+    (`hibernate_now`: idle right now, whatever its idle time). The answer is read while the
+    server was held, and the user's cell, sent meanwhile, has not reached the kernel yet: its
+    execution state still reads idle. The kernel was hibernated, and the cell then waited
+    for the checkpoint and a restore on a GPU under pressure. Now the order is refused while
+    the loop is late, as for a busy kernel (the culler asks again, or another kernel)."""
+    policy_env(monkeypatch, kernel_idle=3600)
+    monkeypatch.delenv("FRACSPAWNER_GPU_OVERCOMMIT", raising=False)
+    state, cgroup = fake
+    add_process(state, sleeper.pid, GIB)
+    gpu = tmp_path / "gpu.json"
+    gpu.write_text(json.dumps({"devices": [H100], "kernels": {"k": {"memory_mib": GIB}}}))
+
+    async def scenario():
+        from fracspawner.serverext.swap import SwapAgent
+
+        loop = asyncio.get_running_loop()
+        now = monitor_module.utcnow()
+        kernel = FakeKernel(now)
+        kernel.pid = sleeper.pid
+        settings = {"kernel_manager": FakeKernelManager({"k": kernel}), "started": now,
+                    "api_last_activity": now, "last_activity_times": {}}  # fmt: skip
+        monitor = monitor_module.GpuMonitor(
+            settings=settings, source_spec=f"sim:{gpu}", poll_interval=0.3
+        )
+        hib = monitor.hibernator = hibernator(cgroup)
+        agent = SwapAgent(monitor, lambda seconds: None)
+        ran = asyncio.Event()
+
+        async def cell() -> None:
+            """The user's cell: several loop turns before the kernel has it (busy)."""
+            for _ in range(50):
+                await asyncio.sleep(0)
+            kernel.execution_state = "busy"
+            ran.set()
+
+        def held() -> None:
+            loop.create_task(cell())  # sent while the loop is held
+            order = {"kernel_id": "k", "reason": "GPU pressure"}
+            agent.on_answer({"swap": {"hibernate": [order]}})  # read meanwhile
+            time.sleep(2.5)  # noqa: ASYNC251 -- holds the loop on purpose
+
+        monitor.start()
+        try:
+            await _rounds(monitor, 1)
+            loop.call_soon(held)
+            for _ in range(3000):  # the bound only ends a failing test
+                if ran.is_set() and not agent._tasks:
+                    break
+                await asyncio.sleep(0.01)
+            assert ran.is_set() and not agent._tasks
+            return [h["kernel_id"] for h in hib.hibernations], hib.kernel_json("k")["state"]
+        finally:
+            await monitor.stop()
+            hib.forget("k")
+
+    hibernated, k_state = asyncio.run(scenario())
+    assert hibernated == [], "swapped out while the user's cell waited in the held loop"
+    assert k_state == "running"
+
+
+def test_the_culler_s_shut_down_order_is_not_taken_while_the_loop_is_late(
+    monkeypatch,
+    tmp_path,
+    fake,  # noqa: F811 (the fixtures)
+    sleeper,  # noqa: F811
+):
+    """The culler's host-budget answer orders a hibernated kernel shut down (its user away by
+    a report sent before). The answer is read while the server was held, and the user's cell,
+    sent meanwhile, has not reached resume.py yet: no resume under way, so the order was
+    taken and the user's kernel lost. Now it is not taken while the loop is late (the culler
+    tells it again later), and the cell brings the kernel back."""
+    policy_env(monkeypatch, kernel_idle=3600)
+    monkeypatch.delenv("FRACSPAWNER_GPU_OVERCOMMIT", raising=False)
+    state, cgroup = fake
+    add_process(state, sleeper.pid, GIB)
+    gpu = tmp_path / "gpu.json"
+    gpu.write_text(json.dumps({"devices": [H100], "kernels": {"k": {"memory_mib": GIB}}}))
+
+    async def scenario():
+        from fracspawner.serverext.swap import SwapAgent
+
+        loop = asyncio.get_running_loop()
+        now = monitor_module.utcnow()
+        kernel = FakeKernel(now)
+        kernel.pid = sleeper.pid
+        kernels = {"k": kernel}
+        settings = {"kernel_manager": FakeKernelManager(kernels), "started": now,
+                    "api_last_activity": now, "last_activity_times": {}}  # fmt: skip
+        monitor = monitor_module.GpuMonitor(
+            settings=settings, source_spec=f"sim:{gpu}", poll_interval=0.3
+        )
+        hib = monitor.hibernator = hibernator(cgroup)
+        agent = SwapAgent(monitor, lambda seconds: None)
+        resumed: list[asyncio.Task | None] = []
+
+        async def cell() -> None:
+            """The user's cell: several loop turns before resume.py holds it."""
+            for _ in range(50):
+                await asyncio.sleep(0)
+            if "k" in kernels:
+                resumed.append(hib.resume("k", "a message to the kernel"))
+
+        def held() -> None:
+            loop.create_task(cell())  # sent while the loop is held
+            agent.on_answer({"swap": {"shutdown": [{"kernel_id": "k"}]}})  # read meanwhile
+            time.sleep(2.5)  # noqa: ASYNC251 -- holds the loop on purpose
+
+        monitor.start()
+        try:
+            await _rounds(monitor, 1)
+            assert await monitor.hibernate_now("k", "GPU pressure") == "hibernated"
+            await _rounds(monitor, 1)
+            loop.call_soon(held)
+            for _ in range(3000):  # the bound only ends a failing test
+                if (resumed or "k" not in kernels) and not agent._tasks:
+                    break
+                await asyncio.sleep(0.01)
+            assert "k" in kernels, "shut down while the user's cell waited in the held loop"
+            (task,) = resumed
+            assert task is not None
+            return await asyncio.wait_for(task, 20)
+        finally:
+            await monitor.stop()
+            hib.forget("k")
+
+    assert asyncio.run(scenario()) is True  # the cell runs

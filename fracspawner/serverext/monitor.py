@@ -162,10 +162,12 @@ class GpuMonitor(BackgroundLoop):
         self._hibernating: asyncio.Task | None = None
         # kernels the cull path is shutting down now (seconds each): never suspended meanwhile
         self._shutting_down: set[str] = set()
-        # how late the loop's latest round woke (s), and when the next is due (loop clock;
-        # None while a round runs, or without the loop): `_loop_on_time`
+        # how late the loop's latest round woke, or was held while it ran (s), and when the
+        # loop's next timer is due: the next round's, or while a round runs its own tick's
+        # (loop clock; None without the loop): `_loop_on_time`
         self._late = 0.0
         self._round_due: float | None = None
+        self._ticker: asyncio.TimerHandle | None = None
         # kernels kept on the GPU rather than shut down for idleness (swap.py: on an
         # over-committed pool, one waiting for the culler's room in its node's host budget)
         self.kept_on_gpu: Callable[[str], bool] = lambda kernel_id: False
@@ -204,6 +206,7 @@ class GpuMonitor(BackgroundLoop):
 
     async def stop(self) -> None:
         await self._stop_loop()  # first: it starts no hibernation after this
+        self._stop_ticks()
         self._round_due = None
         task, self._hibernating = self._hibernating, None
         if task is not None and not task.done():
@@ -221,10 +224,11 @@ class GpuMonitor(BackgroundLoop):
         while True:
             delay = self.poll_interval
             late = 0.0 if expected is None else max(0.0, loop.time() - expected)
-            self._late, self._round_due = late, None  # this round has begun
+            self._late = late  # this round has begun: it ticks while it runs
+            self._tick()
             try:
                 await self.poll_once()
-                if late <= self.late_tolerance:
+                if self._loop_on_time():
                     await self.cull_idle_kernels()
                     self._start_hibernations()
                 else:
@@ -232,24 +236,53 @@ class GpuMonitor(BackgroundLoop):
                     # wait to be processed: an idle time computed now could be a working
                     # user's (issue 28, 13a)
                     self.log.info(
-                        "fracspawner: the monitor's loop woke %.1f s late: no kernel is shut "
+                        "fracspawner: the monitor's loop was held %.1f s: no kernel is shut "
                         "down or hibernated this round",
-                        late,
+                        max(self._late, self._overdue()),
                     )
             except Exception:  # one bad reading must not end monitoring for the server's life
                 self.log.exception("fracspawner: GPU reading failed")
+            finally:
+                self._stop_ticks()
             if self.reason is not None:
                 delay = max(delay, self.unavailable_retry)
             expected = self._round_due = loop.time() + delay
             await asyncio.sleep(delay)
 
+    def _overdue(self) -> float:
+        """How long the loop's next timer (`_round_due`) is overdue now (s; 0 without one)."""
+        if self._round_due is None:
+            return 0.0
+        return max(0.0, asyncio.get_running_loop().time() - self._round_due)
+
+    def _tick(self) -> None:
+        """A round's own timer, every half `late_tolerance` while it runs: a round awaits a
+        GPU reading in a thread (NVML may block for long) and each kernel's shutdown (seconds),
+        and the loop may be held meanwhile. A tick that comes late counts as the round's
+        lateness (`_late`, until the next round begins); one overdue, as the next round's
+        timer between rounds does (`_loop_on_time`)."""
+        self._late = max(self._late, self._overdue())
+        loop = asyncio.get_running_loop()
+        step = max(0.05, self.late_tolerance / 2)
+        self._round_due = loop.time() + step
+        self._ticker = loop.call_later(step, self._tick)
+
+    def _stop_ticks(self) -> None:
+        """The round ends: a hold its last tick did not see yet counts as its lateness too."""
+        if self._ticker is not None:
+            self._ticker.cancel()
+            self._ticker = None
+            self._late = max(self._late, self._overdue())
+
     def _loop_on_time(self) -> bool:
         """Whether the loop keeps time now, as `late_tolerance` asks of a round that decides:
-        its latest round woke within it, and the next is not overdue by more. A hibernation
-        round runs beside the loop for minutes (a checkpoint copies 1.4-1.9 GiB/s), and the
-        server may be held meanwhile (CPU starvation, a blocking call): requests and messages
-        that came then may still wait to be processed, so no later kernel of that round is
-        decided on them. Always on time without the loop (its rounds are someone else's)."""
+        its latest round woke within it and was not held longer while it ran, and the loop's
+        next timer (the next round's, or the running round's tick) is not overdue by more. A
+        hibernation round runs beside the loop for minutes (a checkpoint copies 1.4-1.9
+        GiB/s), a round's shut-downs take seconds each, and the server may be held meanwhile
+        (CPU starvation, a blocking call): requests and messages that came then may still wait
+        to be processed, so no later kernel is decided on them, nor any order of the culler
+        taken. Always on time without the loop (its rounds are someone else's)."""
         if self._late > self.late_tolerance:
             return False
         due = self._round_due
@@ -544,13 +577,22 @@ class GpuMonitor(BackgroundLoop):
         GPU pressure (the answer to this server's report). Only a kernel holding GPU memory
         that is idle right now (no cell executing, its GPU reading idle and known) is suspended,
         with every safety of `Hibernator.hibernate`; returns its hibernation state ("hibernated",
-        or "running" with the reason in `hibernator.kernel_json(kernel_id)`)."""
+        or "running" with the reason in `hibernator.kernel_json(kernel_id)`). Not while the
+        loop is late (`_loop_on_time`): what came while it was held may not be processed yet."""
         k = self.kernels.get(kernel_id)
         if self.hibernator.suspended(kernel_id):
             return self.hibernator.kernels[kernel_id].state
         if kernel_id in self._shutting_down:
             return "running"
         if not self.hibernator.enabled or self.sample is None or self.reason is not None:
+            return "running"
+        if not self._loop_on_time():
+            # the loop was held: a cell sent meanwhile may not have reached the kernel yet (its
+            # execution state still idle), nor the user's return the culler's order; refused as
+            # a busy kernel is (the culler asks again, or another kernel)
+            self.log.info(
+                "fracspawner: the monitor's loop is late: kernel %s not swapped out now", kernel_id
+            )
             return "running"
         if k is None or k.memory_mib <= 0 or kernel_id not in self._kernel_ids():
             return "running"
@@ -566,7 +608,9 @@ class GpuMonitor(BackgroundLoop):
         Called in the server, after each reading: the kernel manager's shutdown stops watching
         the kernel's messages first, so this is not activity (no `last_activity` moves). Each
         kernel's deadline is computed again just before it is shut down: the shut-downs before
-        it took time (seconds each), and its user may have come back meanwhile."""
+        it took time (seconds each), and its user may have come back meanwhile; and only while
+        the loop keeps time (`_loop_on_time`): the loop may have been held during the shut-down
+        before it, a request that came then not processed yet."""
         if not self.cull_kernels or self.reason is not None or self.sample is None:
             return []
         if in_session(self.settings, now):  # a person is there: hibernate at most (presence.py)
@@ -587,6 +631,11 @@ class GpuMonitor(BackgroundLoop):
             _, k, _state, _last, due = current[kid]
             if due is None or at < due.cull_at or in_session(self.settings, at):
                 continue
+            if not self._loop_on_time():  # held during a shut-down before it: the late rule
+                self.log.info(
+                    "fracspawner: the monitor's loop is late: no more kernels shut down this round"
+                )
+                break
             self.log.info(
                 "fracspawner: shutting down kernel %s: it holds %.0f MiB of GPU memory and its "
                 "GPU, messages and user have been idle since %s (kernel_gpu_idle %ss)",

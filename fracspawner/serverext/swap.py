@@ -247,6 +247,15 @@ class SwapAgent(LoggingConfigurable):
             )
             self.report_soon(0.0)
             return
+        if not self.monitor._loop_on_time():
+            # the server was held: a cell sent to the kernel meanwhile may not have reached
+            # resume.py yet. The culler tells it again later (culler/hostroom.py EVICT_SECONDS)
+            self.log.info(
+                "fracspawner: kernel %s not shut down for the node's host memory budget now: the "
+                "monitor's loop is late",
+                kernel_id,
+            )
+            return
         mib = s.memory_mib
         km = self.monitor.settings.get("kernel_manager")
         try:
