@@ -238,3 +238,21 @@ def test_a_silent_server_s_granted_room_is_not_given_out_again():
     answer = _says(culler, "bob", now + 400, wants=[("b1", 6000.0)])
     swap = answer.get("swap") or {}
     assert "host_room" not in swap, f"room given out of ann's granted room: {swap}"
+
+
+def test_a_server_that_never_reports_is_warned_of_once_the_culler_has_run_a_while(caplog):
+    """Just started, the culler has heard from no server: no warning for each. One that still
+    has not reported after max_staleness is warned of, once (it may run without the extension,
+    or with the culler's address missing: an operator needs to know its node is short)."""
+    import logging
+
+    now = time.time()
+    culler = _culler("ann", "bob")
+    culler._began = now
+    culler.log.propagate = True  # into pytest's caplog
+    caplog.set_level(logging.WARNING)
+    _says(culler, "bob", now + 10, wants=[("b1", 1000.0)])
+    assert "has not reported" not in caplog.text
+    _says(culler, "bob", now + 400, wants=[("b1", 1000.0)])
+    _says(culler, "bob", now + 460, wants=[("b1", 1000.0)])
+    assert caplog.text.count("has not reported since the culler started") == 1, caplog.text

@@ -840,8 +840,8 @@ class Culler(CullerApplication):
                     holder = replace(
                         holder, share_mib=min(share, holder.said_mib()), whole_share=False
                     )
-                self._note_silent(holder, report, now)
-                silent.add(key)
+                if self._note_silent(holder, report, now):
+                    silent.add(key)
             elif self._note_over_share(replace(holder, cap_mib=self.host_cap(facts, budget))):
                 over.add(key)
             out.setdefault(where.node, []).append(holder)
@@ -852,13 +852,15 @@ class Culler(CullerApplication):
         self._host_silent = silent
         return out
 
-    def _note_silent(self, holder: Holder, report: ServerReport | None, now: float) -> None:
+    def _note_silent(self, holder: Holder, report: ServerReport | None, now: float) -> bool:
         """Log once while it lasts that a server's report is stale or missing, and that its
-        node counts it at its share meanwhile (host_holders keeps `_host_silent` to those now)."""
+        node counts it at its share meanwhile (host_holders keeps `_host_silent` to those
+        logged); False where not logged yet: a culler just started has heard from nobody, and a
+        warning for each would say nothing (one still silent after `max_staleness` is)."""
         if (holder.user, holder.server) in self._host_silent:
-            return
+            return True
         if report is None and now - self._began < self.max_staleness:
-            return  # a culler just started has heard from nobody yet: not worth a warning each
+            return False
         since = (
             f"has not reported for {now - report.received_at:.0f} s"
             if report is not None
@@ -870,6 +872,7 @@ class Culler(CullerApplication):
             "kernels is ordered)",
             Identity(holder.user, holder.server).log_name, since, holder.node, holder.held_mib(),
         )  # fmt: skip
+        return True
 
     def _note_over_share(self, holder: Holder) -> bool:
         """Whether a server's report says its kernels hold more than its share (hostile, or a
