@@ -22,7 +22,9 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Coroutine
 from datetime import timedelta
+from typing import Any
 
 from fracspawner.serverext import monitor as monitor_module
 from fracspawner.serverext.sources import GpuDevice, GpuProcess, GpuSample
@@ -67,6 +69,21 @@ def policy_env(monkeypatch, kernel_idle: float) -> None:
     monkeypatch.setenv("FRACSPAWNER_KERNEL_GPU_IDLE_SECONDS", str(kernel_idle))
     for name in ("FRACSPAWNER_SERVER_GPU_IDLE_SECONDS", "FRACSPAWNER_KERNEL_GPU_HIBERNATE_SECONDS"):
         monkeypatch.delenv(name, raising=False)
+
+
+async def user_request(settings: dict, back: asyncio.Event) -> None:
+    """The user's request: several loop turns; its activity counts when it ends."""
+    for _ in range(50):
+        await asyncio.sleep(0)
+    settings["api_last_activity"] = monitor_module.utcnow()
+    back.set()
+
+
+def hold_the_loop(loop: asyncio.AbstractEventLoop, arriving: Coroutine[Any, Any, None]) -> None:
+    """`arriving` comes while the server's loop is held for 2.5 s (CPU starvation, a blocking
+    call): it is processed only after."""
+    loop.create_task(arriving)
+    time.sleep(2.5)  # noqa: ASYNC251 -- holds the loop on purpose
 
 
 def test_a_late_loop_does_not_shut_down_a_kernel_under_a_working_user(monkeypatch, tmp_path):
@@ -205,16 +222,11 @@ def test_a_hibernation_round_decides_no_later_kernel_while_the_loop_is_late(
         hib = monitor.hibernator = hibernator(cgroup)
         offload, back = hib.offload, asyncio.Event()
 
-        async def request() -> None:
-            """The user's request: several loop turns; its activity counts when it ends."""
-            for _ in range(50):
-                await asyncio.sleep(0)
-            settings["api_last_activity"] = monitor_module.utcnow()
-            back.set()
+        def request() -> Coroutine[Any, Any, None]:
+            return user_request(settings, back)
 
         def held() -> None:
-            loop.create_task(request())  # it arrives while the loop is held
-            time.sleep(2.5)  # noqa: ASYNC251 -- holds the loop on purpose: the copy ends
+            hold_the_loop(loop, request())  # the copy ends meanwhile
 
         async def checkpoint_while_held(call, *args):
             if call == hib._suspend and args[0] == pids["a"]:
@@ -314,16 +326,11 @@ def test_a_hibernation_round_sees_the_loop_held_while_a_reading_is_under_way(
         hib = monitor.hibernator = hibernator(cgroup)
         offload, back = hib.offload, asyncio.Event()
 
-        async def request() -> None:
-            """The user's request: several loop turns; its activity counts when it ends."""
-            for _ in range(50):
-                await asyncio.sleep(0)
-            settings["api_last_activity"] = monitor_module.utcnow()
-            back.set()
+        def request() -> Coroutine[Any, Any, None]:
+            return user_request(settings, back)
 
         def held() -> None:
-            loop.create_task(request())  # it arrives while the loop is held
-            time.sleep(2.5)  # noqa: ASYNC251 -- holds the loop on purpose: the copy ends
+            hold_the_loop(loop, request())  # the copy ends meanwhile
 
         async def checkpoint_while_held(call, *args):
             if call == hib._suspend and args[0] == pids["a"]:
@@ -384,16 +391,11 @@ def test_a_shut_down_round_sees_the_loop_held_during_a_kernel_s_shut_down(monkey
         settings = {"started": t0, "api_last_activity": t0, "last_activity_times": {}}
         back = asyncio.Event()
 
-        async def request() -> None:
-            """The user's request: several loop turns; its activity counts when it ends."""
-            for _ in range(50):
-                await asyncio.sleep(0)
-            settings["api_last_activity"] = monitor_module.utcnow()
-            back.set()
+        def request() -> Coroutine[Any, Any, None]:
+            return user_request(settings, back)
 
         def held() -> None:
-            loop.create_task(request())  # it arrives while the loop is held
-            time.sleep(2.5)  # noqa: ASYNC251 -- holds the loop on purpose
+            hold_the_loop(loop, request())
 
         class SlowShutdown(FakeKernelManager):
             async def shutdown_kernel(self, kernel_id):
