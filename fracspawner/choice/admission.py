@@ -25,8 +25,9 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, replace
 from typing import Any, ClassVar, TypeVar
 
-from ..backends import plan_slice
+from ..backends import LABEL_GPU, LABEL_POOL, plan_slice
 from ..backends.fit import OfferCapacity
+from ..capacity.snapshot import SERVERNAME_ANNOTATION, USERNAME_ANNOTATION
 from ..k8s.index import ASSIGNED_NODE_ANNOTATION
 from ..k8s.objects import annotations, bound_node, is_active, meta
 from ..model.access import EPSILON
@@ -58,11 +59,6 @@ __all__ = [
 STATE_KEY = "fracspawner_hold"
 #: design.md CONTRACT: what a GPU pod counts for in quotas
 GPU_EQUIVALENT_ANNOTATION = "fracspawner.io/gpu-equivalent"
-#: design.md CONTRACT: the pool and the slice (its label-safe spec) a GPU pod was planned for
-POOL_LABEL, GPU_LABEL = "fracspawner.io/pool", "fracspawner.io/gpu"
-#: kubespawner's annotations on a hub's server pods (KubeSpawner._build_common_annotations)
-USERNAME_ANNOTATION = "hub.jupyter.org/username"
-SERVERNAME_ANNOTATION = "hub.jupyter.org/servername"
 
 
 @dataclass(frozen=True)
@@ -117,14 +113,34 @@ def hold_for(
     stale_uid: str | None = None,
 ) -> Hold:
     """The hold a validated `Choice` makes (CPU-only choices hold 0 GPU)."""
-    plan = choice.plan
+    return _plan_hold(
+        choice.plan,
+        pool=choice.pool.name if choice.pool is not None else None,
+        spec=str(choice.offer or choice.slice),
+        user=user,
+        server=server,
+        pod=pod,
+        stale_uid=stale_uid,
+    )
+
+
+def _plan_hold(
+    plan: Any,
+    *,
+    pool: str | None,
+    spec: str,
+    user: str,
+    server: str,
+    pod: tuple[str, str] | None = None,
+    stale_uid: str | None = None,
+) -> Hold:
+    """What a pod of `plan` (backends.plan_slice) holds, for a server of `user`."""
     resources, selector = _plan_keys(plan)
-    offer = choice.offer or choice.slice
     return Hold(
         user=user,
         server=server,
-        pool=choice.pool.name if choice.pool is not None else None,
-        spec=str(offer),
+        pool=pool,
+        spec=spec,
         gpu_equivalent=float(plan.gpu_equivalent),
         resources=resources,
         node_selector=selector,
@@ -395,24 +411,25 @@ def loop_shared(registry: dict[Any, T], make: Callable[[], T]) -> T:
 
 
 #: per catalog: (pool label, gpu label) -> what a pod planned for that offer holds
-_LABELLED: dict[int, tuple[Catalog, dict[tuple[str, str], tuple[str, str, Any]]]] = {}
+_LABELLED: dict[int, tuple[Catalog, dict[tuple[str, str], Hold]]] = {}
 
 
-def _labelled_offers(catalog: Catalog) -> dict[tuple[str, str], tuple[str, str, Any]]:
-    """(pool label, gpu label) of each offer's pods -> (pool, offer spec, plan)."""
+def _labelled_offers(catalog: Catalog) -> dict[tuple[str, str], Hold]:
+    """(pool label, gpu label) of each offer's pods (plan_slice sets them: the pool's name,
+    the offer's label) -> what such a pod holds, for no user yet."""
     cached = _LABELLED.get(id(catalog))
     if cached is not None and cached[0] is catalog:
         return cached[1]
-    table: dict[tuple[str, str], tuple[str, str, Any]] = {}
+    table: dict[tuple[str, str], Hold] = {}
     for pool in catalog.pools.values():
         for offer in pool.offers:
             try:
                 plan = plan_slice(offer, pool, None)
             except Exception:  # an offer that cannot plan has unknown counts anyway
                 continue
-            labels = plan.labels
-            key = (str(labels.get(POOL_LABEL, pool.name)), str(labels.get(GPU_LABEL, offer.label)))
-            table.setdefault(key, (pool.name, str(offer), plan))
+            key = (pool.name, offer.label)
+            hold = _plan_hold(plan, pool=pool.name, spec=str(offer), user="", server="")
+            table.setdefault(key, hold)
     if len(_LABELLED) > 64:  # catalogs of tests and reloads: start over
         _LABELLED.clear()
     _LABELLED[id(catalog)] = (catalog, table)
@@ -420,11 +437,12 @@ def _labelled_offers(catalog: Catalog) -> dict[tuple[str, str], tuple[str, str, 
 
 
 def unplaced_holds(
-    catalog: Catalog, pods: Iterable[Any], *, besides: Iterable[tuple[str, str] | None] = ()
+    catalog: Catalog, watcher: Any, *, besides: Iterable[tuple[str, str] | None] = ()
 ) -> list[Hold]:
-    """Holds for a hub's server pods the watch shows made but on no node yet (Pending, not
-    bound nor booked: `pods`, the capacity watch's records), other than the pods of `besides`
-    (those an in-flight hold already stands for, and the spawning server's own).
+    """Holds for a hub's server pods the capacity watch shows made but on no node yet
+    (Pending, not bound nor booked: `watcher.unbound_pods()`; none from a watcher without
+    it), other than the pods of `besides` (those an in-flight hold already stands for, and
+    the spawning server's own).
 
     Such a pod claims its slot as an in-flight spawn does: the scheduler gives it the next one
     that frees. `Admissions` lives in the hub's memory, so after a hub restart these holds are
@@ -432,35 +450,26 @@ def unplaced_holds(
     by its labels (the catalog offer its plan was made for) and only with kubespawner's user
     annotation: other pods (Kubeflow's, a job's) are never counted by the hub's admissions.
     """
+    pods = getattr(watcher, "unbound_pods", None)
+    if pods is None:
+        return []
     skip = {p for p in besides if p is not None}
-    table: dict[tuple[str, str], tuple[str, str, Any]] | None = None
+    table: dict[tuple[str, str], Hold] | None = None
     out = []
-    for record in pods:
+    for record in pods():
         pod = (record.namespace, record.name)
         user = record.annotations.get(USERNAME_ANNOTATION)
         if not user or pod in skip:
             continue
         labels = record.labels
-        if POOL_LABEL not in labels or GPU_LABEL not in labels:
+        if LABEL_POOL not in labels or LABEL_GPU not in labels:
             continue
         table = _labelled_offers(catalog) if table is None else table
-        found = table.get((labels[POOL_LABEL], labels[GPU_LABEL]))
+        found = table.get((labels[LABEL_POOL], labels[LABEL_GPU]))
         if found is None:
             continue
-        pool, spec, plan = found
-        resources, selector = _plan_keys(plan)
-        out.append(
-            Hold(
-                user=user,
-                server=record.annotations.get(SERVERNAME_ANNOTATION) or "",
-                pool=pool,
-                spec=spec,
-                gpu_equivalent=float(plan.gpu_equivalent),
-                resources=resources,
-                node_selector=selector,
-                pod=pod,
-            )
-        )
+        server = record.annotations.get(SERVERNAME_ANNOTATION) or ""
+        out.append(replace(found, user=user, server=server, pod=pod))
     return out
 
 
@@ -474,10 +483,9 @@ def claimed_capacity(catalog: Catalog, watcher: Any, capacity: Any) -> Any:
     username annotation) are never claims. The hub also leaves out the spawning server's own
     old pod, which the service cannot tell apart (it is not told which server the picker is
     for): it may read one fewer free for that server alone."""
-    pods = getattr(watcher, "unbound_pods", None)
-    if capacity is None or pods is None:
+    if capacity is None:
         return capacity
-    holds = unplaced_holds(catalog, pods())
+    holds = unplaced_holds(catalog, watcher)
     return ReservedCapacity(capacity, catalog, holds) if holds else capacity
 
 

@@ -478,12 +478,9 @@ class FracSpawner(KubeSpawner):
         slots would be given twice. Counted once: a pod an in-flight hold names is skipped,
         and so is this spawn's own (its old pod gives way to the new one). Capacity only:
         such a pod takes no place in the waiting line (only Unschedulable ones do, `_start`)."""
-        pods = getattr(watcher, "unbound_pods", None)
-        if pods is None:
-            return []
         besides = [h.pod for h in admissions.in_flight()]
         besides.append((self.namespace, self.pod_name))
-        return unplaced_holds(self.fracspawner_catalog, pods(), besides=besides)
+        return unplaced_holds(self.fracspawner_catalog, watcher, besides=besides)
 
     def _user_servers(self) -> tuple[Mapping[str, Any], Mapping[str, Any]]:
         """The user's spawner objects and server records by name (empty for the stand-in users
