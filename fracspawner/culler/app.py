@@ -720,7 +720,7 @@ class Culler(CullerApplication):
                 answer = answer or {"swap": {}}
                 answer["swap"]["host_room"] = room
             return answer
-        holders = self.host_holders(now, budget, node=where.node).get(where.node, [])
+        holders = self.host_holders(now, budget, where.node)
         away = not (report.present or report.in_session)
         # where the pool over-commits, a kernel due to hibernate for idleness shuts nobody's
         # kernel down: it stays on the GPU, and if its memory is needed the swap orders it out
@@ -797,19 +797,19 @@ class Culler(CullerApplication):
         self,
         now: float,
         budget: float,
+        node: str,
         cap_of: Callable[[ServerFacts], float] | None = None,
-        node: str | None = None,
-    ) -> dict[str, list[Holder]]:
-        """Every node's hibernated kernels (only `node`'s where given: an answer needs its
-        server's node only), by the servers' fresh reports (spared included); each server's
-        kernels counted up to `cap_of(facts)` (host_cap by default). A listed server whose
+    ) -> list[Holder]:
+        """The hibernated kernels on `node` (an answer needs its server's node only, and every
+        node has its own budget), by the servers' fresh reports (spared included); each
+        server's kernels counted up to `cap_of(facts)` (host_cap by default). A listed server whose
         report is stale or missing (its reporter stuck, a partition, the culler restarted) is
         silent (`Holder.silent`) while its pod is on its node: it counts at its share
         (host_share: it may hold anything up to that; unknown is never free) and is ordered
         nothing; one without a GPU slice counts at most its last word and the room held for
         it (`Holder.whole_share` False)."""
         cap_of = cap_of or (lambda facts: self.host_cap(facts, budget))
-        out: dict[str, list[Holder]] = {}
+        out: list[Holder] = []
         over: set[tuple[str, str]] = set()
         silent: set[tuple[str, str]] = set()
         for key, facts in self.known.items():
@@ -823,7 +823,7 @@ class Culler(CullerApplication):
                 # its node is not known (its pod's memory limit bounds it), or its pod is gone
                 # (the pod watch): its GPU state went with it
                 continue
-            if node is not None and where.node != node:  # another node's: as it was logged
+            if where.node != node:  # another node's: as it was logged
                 over.update({key} & self._host_over)
                 silent.update({key} & self._host_silent)
                 continue
@@ -844,7 +844,7 @@ class Culler(CullerApplication):
                     silent.add(key)
             elif self._note_over_share(replace(holder, cap_mib=self.host_cap(facts, budget))):
                 over.add(key)
-            out.setdefault(where.node, []).append(holder)
+            out.append(holder)
         # every listed server was read: a server gone (or within its share, or heard from
         # again) is forgotten, so the sets stay as small as the servers over (silent) now, and
         # a later excess (silence) of the same name is logged again
@@ -910,14 +910,14 @@ class Culler(CullerApplication):
             for k in entry.hibernated_kernels:
                 if k.kernel_id in ordered and not k.waiting and not k.copying:
                     due[k.kernel_id] = ordered[k.kernel_id]
-        by_node = (
-            self.host_holders(now, budget, lambda facts: self.claim(facts)[1] or budget, node)
-            if node
-            else {}
-        )
         # only its own node's: its kernels are told in the answer to its own report, and every
         # node has its own budget
-        for e in plan_evictions(by_node.get(node, []) if node else [], budget):
+        holders = (
+            self.host_holders(now, budget, node, lambda facts: self.claim(facts)[1] or budget)
+            if node
+            else []
+        )
+        for e in plan_evictions(holders, budget):
             if (e.user, e.server) == (who.user, who.server):  # others: told to their server
                 due.setdefault(e.kernel_id, e.reason)
         orders = []
