@@ -22,7 +22,7 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Coroutine
+from collections.abc import Callable, Coroutine
 from datetime import timedelta
 from typing import Any
 
@@ -286,7 +286,7 @@ def test_a_hibernation_round_sees_the_loop_held_while_a_reading_is_under_way(
     """As above, two kernels idle past kernel_gpu_hibernate and the server held during the
     first's checkpoint while the user's request arrives, but the loop's round is under way
     meanwhile: its GPU reading is stuck in its thread (NVML may block for long under load).
-    The loop had no timer pending then, and `_loop_on_time` answered "on time" however long
+    The loop had no timer pending then, and `loop_on_time` answered "on time" however long
     the round ran: the second kernel was hibernated under its user, back. Now a round ticks
     while it runs, and the hold is seen: the second stays."""
     policy_env(monkeypatch, kernel_idle=0)
@@ -425,6 +425,35 @@ def test_a_shut_down_round_sees_the_loop_held_during_a_kernel_s_shut_down(monkey
     assert asyncio.run(scenario()) == {"b"}, "shut down while the loop was held"
 
 
+def swap_agent_on_one_kernel(monkeypatch, tmp_path, driver, process) -> Callable[[], tuple]:
+    """A server whose one kernel "k" (`process`, 1 GiB on the fake driver `driver`) is idle
+    for the policy, with the swap agent that reads the culler's answers: a function that makes
+    (kernels, monitor, hibernator, agent) inside the test's event loop."""
+    from fracspawner.serverext.swap import SwapAgent
+
+    policy_env(monkeypatch, kernel_idle=3600)
+    monkeypatch.delenv("FRACSPAWNER_GPU_OVERCOMMIT", raising=False)
+    state, cgroup = driver
+    add_process(state, process.pid, GIB)
+    gpu = tmp_path / "gpu.json"
+    gpu.write_text(json.dumps({"devices": [H100], "kernels": {"k": {"memory_mib": GIB}}}))
+
+    def make() -> tuple:
+        now = monitor_module.utcnow()
+        kernel = FakeKernel(now)
+        kernel.pid = process.pid
+        kernels = {"k": kernel}
+        settings = {"kernel_manager": FakeKernelManager(kernels), "started": now,
+                    "api_last_activity": now, "last_activity_times": {}}  # fmt: skip
+        monitor = monitor_module.GpuMonitor(
+            settings=settings, source_spec=f"sim:{gpu}", poll_interval=0.3
+        )
+        hib = monitor.hibernator = hibernator(cgroup)
+        return kernels, monitor, hib, SwapAgent(monitor, lambda seconds: None)
+
+    return make
+
+
 def test_the_culler_s_swap_order_is_not_taken_while_the_loop_is_late(
     monkeypatch,
     tmp_path,
@@ -437,27 +466,12 @@ def test_the_culler_s_swap_order_is_not_taken_while_the_loop_is_late(
     execution state still reads idle. The kernel was hibernated, and the cell then waited
     for the checkpoint and a restore on a GPU under pressure. Now the order is refused while
     the loop is late, as for a busy kernel (the culler asks again, or another kernel)."""
-    policy_env(monkeypatch, kernel_idle=3600)
-    monkeypatch.delenv("FRACSPAWNER_GPU_OVERCOMMIT", raising=False)
-    state, cgroup = fake
-    add_process(state, sleeper.pid, GIB)
-    gpu = tmp_path / "gpu.json"
-    gpu.write_text(json.dumps({"devices": [H100], "kernels": {"k": {"memory_mib": GIB}}}))
+    one_kernel = swap_agent_on_one_kernel(monkeypatch, tmp_path, fake, sleeper)
 
     async def scenario():
-        from fracspawner.serverext.swap import SwapAgent
-
         loop = asyncio.get_running_loop()
-        now = monitor_module.utcnow()
-        kernel = FakeKernel(now)
-        kernel.pid = sleeper.pid
-        settings = {"kernel_manager": FakeKernelManager({"k": kernel}), "started": now,
-                    "api_last_activity": now, "last_activity_times": {}}  # fmt: skip
-        monitor = monitor_module.GpuMonitor(
-            settings=settings, source_spec=f"sim:{gpu}", poll_interval=0.3
-        )
-        hib = monitor.hibernator = hibernator(cgroup)
-        agent = SwapAgent(monitor, lambda seconds: None)
+        kernels, monitor, hib, agent = one_kernel()
+        kernel = kernels["k"]
         ran = asyncio.Event()
 
         async def cell() -> None:
@@ -503,28 +517,11 @@ def test_the_culler_s_shut_down_order_is_not_taken_while_the_loop_is_late(
     sent meanwhile, has not reached resume.py yet: no resume under way, so the order was
     taken and the user's kernel lost. Now it is not taken while the loop is late (the culler
     tells it again later), and the cell brings the kernel back."""
-    policy_env(monkeypatch, kernel_idle=3600)
-    monkeypatch.delenv("FRACSPAWNER_GPU_OVERCOMMIT", raising=False)
-    state, cgroup = fake
-    add_process(state, sleeper.pid, GIB)
-    gpu = tmp_path / "gpu.json"
-    gpu.write_text(json.dumps({"devices": [H100], "kernels": {"k": {"memory_mib": GIB}}}))
+    one_kernel = swap_agent_on_one_kernel(monkeypatch, tmp_path, fake, sleeper)
 
     async def scenario():
-        from fracspawner.serverext.swap import SwapAgent
-
         loop = asyncio.get_running_loop()
-        now = monitor_module.utcnow()
-        kernel = FakeKernel(now)
-        kernel.pid = sleeper.pid
-        kernels = {"k": kernel}
-        settings = {"kernel_manager": FakeKernelManager(kernels), "started": now,
-                    "api_last_activity": now, "last_activity_times": {}}  # fmt: skip
-        monitor = monitor_module.GpuMonitor(
-            settings=settings, source_spec=f"sim:{gpu}", poll_interval=0.3
-        )
-        hib = monitor.hibernator = hibernator(cgroup)
-        agent = SwapAgent(monitor, lambda seconds: None)
+        kernels, monitor, hib, agent = one_kernel()
         resumed: list[asyncio.Task | None] = []
 
         async def cell() -> None:

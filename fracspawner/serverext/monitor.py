@@ -164,7 +164,7 @@ class GpuMonitor(BackgroundLoop):
         self._shutting_down: set[str] = set()
         # how late the loop's latest round woke, or was held while it ran (s), and when the
         # loop's next timer is due: the next round's, or while a round runs its own tick's
-        # (loop clock; None without the loop): `_loop_on_time`
+        # (loop clock; None without the loop): `loop_on_time`
         self._late = 0.0
         self._round_due: float | None = None
         self._ticker: asyncio.TimerHandle | None = None
@@ -228,7 +228,7 @@ class GpuMonitor(BackgroundLoop):
             self._tick()
             try:
                 await self.poll_once()
-                if self._loop_on_time():
+                if self.loop_on_time():
                     await self.cull_idle_kernels()
                     self._start_hibernations()
                 else:
@@ -260,7 +260,7 @@ class GpuMonitor(BackgroundLoop):
         GPU reading in a thread (NVML may block for long) and each kernel's shutdown (seconds),
         and the loop may be held meanwhile. A tick that comes late counts as the round's
         lateness (`_late`, until the next round begins); one overdue, as the next round's
-        timer between rounds does (`_loop_on_time`)."""
+        timer between rounds does (`loop_on_time`)."""
         self._late = max(self._late, self._overdue())
         loop = asyncio.get_running_loop()
         step = max(0.05, self.late_tolerance / 2)
@@ -274,7 +274,7 @@ class GpuMonitor(BackgroundLoop):
             self._ticker = None
             self._late = max(self._late, self._overdue())
 
-    def _loop_on_time(self) -> bool:
+    def loop_on_time(self) -> bool:
         """Whether the loop keeps time now, as `late_tolerance` asks of a round that decides:
         its latest round woke within it and was not held longer while it ran, and the loop's
         next timer (the next round's, or the running round's tick) is not overdue by more. A
@@ -521,7 +521,7 @@ class GpuMonitor(BackgroundLoop):
         executes or its GPU activity is unknown, never while its user is present), checked after
         each reading, for each kernel with the activity as it is just before suspending it: a
         suspend before it took time, and the user may have come back meanwhile. Each only
-        while the loop keeps time (`_loop_on_time`): a request that came while the server was
+        while the loop keeps time (`loop_on_time`): a request that came while the server was
         held may not have been processed yet."""
         limit = self.pod.policy.kernel_gpu_hibernate
         if not self.hibernator.enabled or limit is None:
@@ -551,7 +551,7 @@ class GpuMonitor(BackgroundLoop):
             )
             if due is None or at < due.cull_at:
                 continue
-            if not self._loop_on_time():  # the loop's late rule, per kernel
+            if not self.loop_on_time():  # the loop's late rule, per kernel
                 self.log.info(
                     "fracspawner: the monitor's loop is late: no more kernels hibernated this round"
                 )
@@ -578,7 +578,7 @@ class GpuMonitor(BackgroundLoop):
         that is idle right now (no cell executing, its GPU reading idle and known) is suspended,
         with every safety of `Hibernator.hibernate`; returns its hibernation state ("hibernated",
         or "running" with the reason in `hibernator.kernel_json(kernel_id)`). Not while the
-        loop is late (`_loop_on_time`): what came while it was held may not be processed yet."""
+        loop is late (`loop_on_time`): what came while it was held may not be processed yet."""
         k = self.kernels.get(kernel_id)
         if self.hibernator.suspended(kernel_id):
             return self.hibernator.kernels[kernel_id].state
@@ -586,7 +586,7 @@ class GpuMonitor(BackgroundLoop):
             return "running"
         if not self.hibernator.enabled or self.sample is None or self.reason is not None:
             return "running"
-        if not self._loop_on_time():
+        if not self.loop_on_time():
             # the loop was held: a cell sent meanwhile may not have reached the kernel yet (its
             # execution state still idle), nor the user's return the culler's order; refused as
             # a busy kernel is (the culler asks again, or another kernel)
@@ -609,7 +609,7 @@ class GpuMonitor(BackgroundLoop):
         the kernel's messages first, so this is not activity (no `last_activity` moves). Each
         kernel's deadline is computed again just before it is shut down: the shut-downs before
         it took time (seconds each), and its user may have come back meanwhile; and only while
-        the loop keeps time (`_loop_on_time`): the loop may have been held during the shut-down
+        the loop keeps time (`loop_on_time`): the loop may have been held during the shut-down
         before it, a request that came then not processed yet."""
         if not self.cull_kernels or self.reason is not None or self.sample is None:
             return []
@@ -631,7 +631,7 @@ class GpuMonitor(BackgroundLoop):
             _, k, _state, _last, due = current[kid]
             if due is None or at < due.cull_at or in_session(self.settings, at):
                 continue
-            if not self._loop_on_time():  # held during a shut-down before it: the late rule
+            if not self.loop_on_time():  # held during a shut-down before it: the late rule
                 self.log.info(
                     "fracspawner: the monitor's loop is late: no more kernels shut down this round"
                 )

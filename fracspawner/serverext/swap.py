@@ -247,7 +247,7 @@ class SwapAgent(LoggingConfigurable):
             )
             self.report_soon(0.0)
             return
-        if not self.monitor._loop_on_time():
+        if not self.monitor.loop_on_time():
             # the server was held: a cell sent to the kernel meanwhile may not have reached
             # resume.py yet. The culler tells it again later (culler/hostroom.py EVICT_SECONDS)
             self.log.info(
