@@ -40,6 +40,32 @@ def pytest_xdist_make_scheduler(config: pytest.Config, log):
     return SlowestModulesFirst(config, log)
 
 
+#: stand-ins for nvidia-ml-py (`pynvml`) and cuda-python (`cuda.bindings.driver`)
+FAKE_NVML = Path(__file__).parent / "fake_nvml"
+
+
+def _is_nvml_or_cuda(module: str) -> bool:
+    return module in ("pynvml", "cuda") or module.startswith("cuda.")
+
+
+@pytest.fixture
+def fake_nvml_imports(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
+    """`import pynvml` / `cuda.bindings.driver` in this process get tests/fake_nvml's fakes
+    for the test; afterwards the modules imported before it (the real pynvml) are back.
+    monkeypatch.delitem restores only what it removed, so a fake first imported during the
+    test stayed in sys.modules, and later tests (test_serverext's NvmlSource) imported it."""
+    saved = {name: mod for name, mod in sys.modules.items() if _is_nvml_or_cuda(name)}
+    for name in saved:
+        del sys.modules[name]
+    monkeypatch.syspath_prepend(str(FAKE_NVML))
+    try:
+        yield
+    finally:
+        for name in [name for name in sys.modules if _is_nvml_or_cuda(name)]:
+            del sys.modules[name]
+        sys.modules.update(saved)
+
+
 @pytest.fixture(scope="session")
 def demo_catalog_dict() -> dict:
     return yaml.safe_load(DEMO_CATALOG.read_text())

@@ -161,6 +161,7 @@ def test_doctor_reads_the_memory_limit_of_cgroup_v1_and_unreadable_files(tmp_pat
     ), lines
 
 
+@pytest.mark.usefixtures("fake_nvml_imports")  # cuda.bindings.driver and pynvml: the fakes
 def test_doctor_says_which_driver_or_gpu_condition_stops_hibernation(tmp_path, monkeypatch):
     """Issue 26 (6): an r570 driver in a container that sees some of the node's GPUs
     (NVIDIA/cuda-checkpoint #12, #24) and a MIG instance (#42) cannot checkpoint: the doctor
@@ -171,9 +172,6 @@ def test_doctor_says_which_driver_or_gpu_condition_stops_hibernation(tmp_path, m
     state.write_text(json.dumps({"driver": "570.86.10", "cuda_driver_version": 12080,
                                  "gpus": [{"processes": []}]}))  # fmt: skip
     monkeypatch.setenv("FAKE_NVML_STATE", str(state))
-    monkeypatch.syspath_prepend(str(FAKE))  # cuda.bindings.driver and pynvml: the fakes
-    for name in [m for m in sys.modules if m == "pynvml" or m.startswith("cuda")]:
-        monkeypatch.delitem(sys.modules, name)
     cgroup = tmp_path / "cgroup"
     cgroup.mkdir()
     set_cgroup(cgroup, 16, 4)

@@ -48,19 +48,17 @@ CUDA_CALL = "from cuda.bindings.driver import fake_cuda_call\nfake_cuda_call(tim
 
 # --- in process -------------------------------------------------------------------------------
 @pytest.fixture
-def fake(tmp_path, monkeypatch):
-    """A fake driver state with one 10 GiB GPU, and a cgroup with room for the copies."""
+def fake(tmp_path, monkeypatch, fake_nvml_imports):
+    """A fake driver state with one 10 GiB GPU (the fake pynvml answers the driver version),
+    and a cgroup with room for the copies."""
     state = tmp_path / "state.json"
     state.write_text(json.dumps({"driver": "575.57.08", "cuda_driver_version": 12080, "gpus": [
         {"name": "NVIDIA L4", "memory_total_mib": 10 * GIB, "processes": []}]}))  # fmt: skip
     monkeypatch.setenv("FAKE_NVML_STATE", str(state))
-    monkeypatch.syspath_prepend(str(FAKE))  # the fake pynvml answers the driver version
-    sys.modules.pop("pynvml", None)
     cgroup = tmp_path / "cgroup"
     cgroup.mkdir()
     set_cgroup(cgroup, 64, 1)
-    yield state, cgroup
-    sys.modules.pop("pynvml", None)
+    return state, cgroup
 
 
 def hibernator(cgroup: Path, **traits) -> Hibernator:
