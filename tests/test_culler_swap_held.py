@@ -133,3 +133,17 @@ def test_a_held_order_asked_again_is_counted_once():
     _again(culler, "cat", kernel("kc", 3000.0, "2026-01-01T11:00:00Z"), at + 1)
     culler.answer_report(Identity("cat", ""), at + 1)
     assert culler._orders_counted == {}
+
+
+def test_a_re_asked_order_is_logged_at_info_once(caplog):
+    # the admin's log says each order once; the desk's re-asks every 30 s go to debug
+    culler, now = _culler(budget_mib=20000.0)
+    culler.log.propagate = True
+    caplog.set_level("DEBUG", logger=culler.log.name)
+    for step in range(4):
+        at = now + step * (ASK_AGAIN_AFTER + 1)
+        if step:
+            _again(culler, "bob", BOB_IDLE, at)
+        assert _orders(culler, "bob", at) == ["kb"]
+    said = [r for r in caplog.records if "swap out idle kernel" in r.getMessage()]
+    assert [r.levelname for r in said] == ["INFO", "DEBUG", "DEBUG", "DEBUG"]

@@ -981,18 +981,21 @@ class Culler(CullerApplication):
             kid = shown(order["kernel_id"])
             how = counted.setdefault(order["kernel_id"], set())
             if order["kernel_id"] in sent:
+                # a re-ask of the same order is logged at debug: info once per order
+                log = self.log.debug if "sent" in how else self.log.info
                 if "sent" not in how:
                     how.add("sent")
                     self.metrics.swap_orders.labels(pool).inc()
-                self.log.info(
+                log(
                     "%s/%s: swap out idle kernel %s (GPU memory pressure)",
                     who.user, who.server, kid,
                 )  # fmt: skip
             else:
+                log = self.log.debug if "held" in how else self.log.info
                 if "held" not in how:
                     how.add("held")
                     self.metrics.swap_orders_held.labels(pool).inc()
-                self.log.info(
+                log(
                     "%s/%s: idle kernel %s stays on the GPU under memory pressure: no room for it "
                     "in its node's host memory budget", who.user, who.server, kid,
                 )  # fmt: skip
