@@ -130,6 +130,13 @@ def resolve_choice(
             f"Unknown option(s): {_listed(unknown)}. "
             f"Allowed options: {', '.join(dict.fromkeys(OPTION_KEYS + tuple(extra_keys)))}."
         )
+    # kubespawner's profile keys name a profile, a choice or an unlisted choice's text, as the
+    # form sends them; REST JSON can send a list or a number, which its profile code met with
+    # a TypeError (a 500, counted toward the hub's consecutive_failure_limit)
+    for key in extra_keys:
+        value = options.get(key)
+        if value is not None and not isinstance(value, str):
+            raise OptionsError(f"{key}: expected a name (a string), got {type(value).__name__}.")
 
     raw_gpu = options.get("gpu")
     if isinstance(raw_gpu, (list, tuple, Mapping)):
