@@ -70,6 +70,20 @@ async def test_an_allowed_unlisted_image_is_used():
     assert image == "quay.io/jupyter/r-notebook:2025"
 
 
+@pytest.mark.parametrize("profile", [None, ""], ids=["no-profile-key", "empty-profile"])
+async def test_an_unlisted_choice_without_a_profile_still_meets_the_admins_regex(profile):
+    """kubespawner validates unlisted choices only when `profile` is given, but applies them to
+    the default profile either way: leaving `profile` out of REST user_options put any image
+    on the pod, past the admin's validation_regex."""
+    options = {"notebook_image--unlisted-choice": "evil.example/miner:latest"}
+    if profile is not None:
+        options["profile"] = profile
+    with pytest.raises(HTTPError) as info:
+        await spawn_image(options)
+    assert info.value.status_code == 400, refusal(info.value)
+    assert "notebook_image" in refusal(info.value)
+
+
 @pytest.mark.parametrize(
     "options",
     [

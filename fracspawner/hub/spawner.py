@@ -794,6 +794,24 @@ class FracSpawner(KubeSpawner):
         finally:
             self.user_options = full_options
 
+    def _validate_user_options(self, profile_list: list) -> None:
+        """kubespawner's check of profile options, also when `profile` is left out.
+
+        kubespawner validates an unlisted choice (enabled, its `validation_regex`) only when
+        user_options name a profile, but `_load_profile` applies the DEFAULT profile's unlisted
+        choice whether or not one was named: REST user_options without `profile` put any text
+        past the admin's regex (an image, anything its kubespawner_override formats). So the
+        options are checked as if the default profile had been named."""
+        options = self.user_options or {}
+        if not profile_list or options.get("profile"):
+            return super()._validate_user_options(profile_list)
+        default = self._get_profile(None, profile_list)
+        self.user_options = {**options, "profile": default["slug"]}
+        try:
+            super()._validate_user_options(profile_list)
+        finally:
+            self.user_options = options
+
     def apply_choice(self, choice: Choice) -> None:
         """Put a validated Choice's PodPlan onto the traits kubespawner builds the pod from."""
         plan = choice.plan
