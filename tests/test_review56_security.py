@@ -104,3 +104,27 @@ async def test_profile_values_of_another_type_are_a_400_not_a_500(options):
     with pytest.raises(HTTPError) as info:
         await spawn_image(options)
     assert info.value.status_code == 400, refusal(info.value)
+
+
+@pytest.mark.parametrize(
+    "saved",
+    [
+        {"profile": "datasci", "notebook_image--unlisted-choice": 7},
+        {"notebook_image--unlisted-choice": ["quay.io/jupyter/x:1"]},
+        {"profile": "datasci", "size": ["large"], "gpu": "1/4"},
+    ],
+    ids=["unlisted-number", "unlisted-list-no-profile", "choice-list"],
+)
+async def test_a_refused_spawns_saved_profile_options_leave_the_next_form_working(saved):
+    """JupyterHub saves a REST spawn's options before they are refused, and the next spawn form
+    pre-selects from them: a number where kubespawner's form code runs its validation_regex
+    raised TypeError (only ValueError drops the pre-selection), a 500 for the user's spawn page
+    (and an admin's, opening it) until the options were replaced."""
+    hub = profile_hub()
+    spawner = hub.spawner(hub.user("mallory"))
+    with pytest.raises(HTTPError) as info:
+        await begin_spawn(spawner, saved)
+    assert info.value.status_code == 400
+    spawner.user_options = spawner.orm_spawner.user_options = saved  # as the hub loads them
+    form = await spawner._render_options_form_async(spawner)
+    assert "profile-option-datasci--notebook_image" in form

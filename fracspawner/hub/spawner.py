@@ -795,18 +795,30 @@ class FracSpawner(KubeSpawner):
             self.user_options = full_options
 
     def _validate_user_options(self, profile_list: list) -> None:
-        """kubespawner's check of profile options, also when `profile` is left out.
+        """kubespawner's check of profile options, also when `profile` is left out, and of
+        their types.
 
         kubespawner validates an unlisted choice (enabled, its `validation_regex`) only when
         user_options name a profile, but `_load_profile` applies the DEFAULT profile's unlisted
         choice whether or not one was named: REST user_options without `profile` put any text
         past the admin's regex (an image, anything its kubespawner_override formats). So the
-        options are checked as if the default profile had been named."""
+        options are checked as if the default profile had been named. A value that is not a
+        string is a ValueError here: kubespawner's regex check raised TypeError, which its
+        spawn form (pre-selecting a refused spawn's saved options) did not catch."""
         options = self.user_options or {}
-        if not profile_list or options.get("profile"):
+        if not profile_list:
             return super()._validate_user_options(profile_list)
-        default = self._get_profile(None, profile_list)
-        self.user_options = {**options, "profile": default["slug"]}
+        slug = options.get("profile")
+        if slug is not None and not isinstance(slug, str):
+            raise ValueError(f"profile: expected a name (a string), got {type(slug).__name__}")
+        profile = self._get_profile(slug, profile_list)
+        for name in profile.get("profile_options") or {}:
+            for key in (name, f"{name}--unlisted-choice"):
+                value = options.get(key)
+                if value is not None and not isinstance(value, str):
+                    kind = type(value).__name__
+                    raise ValueError(f"{key}: expected a name (a string), got {kind}")
+        self.user_options = {**options, "profile": profile["slug"]}
         try:
             super()._validate_user_options(profile_list)
         finally:
