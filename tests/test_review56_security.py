@@ -128,3 +128,14 @@ async def test_a_refused_spawns_saved_profile_options_leave_the_next_form_workin
     spawner.user_options = spawner.orm_spawner.user_options = saved  # as the hub loads them
     form = await spawner._render_options_form_async(spawner)
     assert "profile-option-datasci--notebook_image" in form
+
+
+async def test_a_100kb_profile_name_is_not_echoed_whole():
+    """Like every other option (test_e2e_adversarial): kubespawner's "No such profile: <all of
+    it>" carried the whole value back in the 400 (and the hub's log)."""
+    with pytest.raises(HTTPError) as info:
+        await spawn_image({"profile": "p" * 100_000})
+    message = refusal(info.value)
+    assert info.value.status_code == 400 and "No such profile" in message
+    assert len(message) < 500 and "…" in message, len(message)
+    assert "datasci" in message  # what there is to choose

@@ -48,6 +48,7 @@ from ..choice.offers import build_offer_model
 from ..choice.options import OPTION_KEYS, Choice, OptionsError, describe_offer, resolve_choice
 from ..k8s.objects import created_at
 from ..model.catalog import AccessRule, Catalog, CatalogError
+from ..model.errors import echo
 from ..model.slices import slice_memory_mib
 from ..model.units import gpu_amount
 from .form import render_form
@@ -811,6 +812,9 @@ class FracSpawner(KubeSpawner):
         slug = options.get("profile")
         if slug is not None and not isinstance(slug, str):
             raise ValueError(f"profile: expected a name (a string), got {type(slug).__name__}")
+        slugs = [p["slug"] for p in profile_list]
+        if slug and slug not in slugs:  # kubespawner's words, the value cut as ours are
+            raise ValueError(f"No such profile: {echo(slug)}. Options include: {', '.join(slugs)}")
         profile = self._get_profile(slug, profile_list)
         for name in profile.get("profile_options") or {}:
             for key in (name, f"{name}--unlisted-choice"):
