@@ -425,6 +425,37 @@ def refuse_gpu_container_env(
         )
 
 
+#: reserved env (backends.RESERVED_ENV) a pod the webhook does not map may still set: what
+#: only filters the devices a container already has (CUDA_VISIBLE_DEVICES), what fracspawner
+#: tells a notebook (FRACSPAWNER_*), and the visibility variables, which
+#: refuse_gpu_container_env judges with their own words
+_HARMLESS_RESERVED = ("CUDA_VISIBLE_DEVICES", "FRACSPAWNER_", *VISIBILITY_ENV)
+
+
+def refuse_isolation_env(pod: Mapping[str, Any], namespace: str) -> None:
+    """Refuse a pod that is no notebook whose container holding a GPU sets a reserved variable
+    that loosens its backend's isolation (HAMi's CUDA_DISABLE_CONTROL and
+    CUDA_DEVICE_MEMORY_LIMIT*, MPS limits, LD_PRELOAD, ClearML's GPU_MEM_LIMIT_GB), by value or
+    valueFrom: the kubelet puts the pod's env after the device plugin's, so the pod's value
+    wins, and the quota would count the slice while the container used the GPU unlimited. A
+    notebook loses these variables (_mutate); a pod the webhook does not map is refused."""
+    found = []
+    for container in containers_of(pod):
+        if not holds_gpu(pod, container):
+            continue
+        for entry in container.get("env") or []:
+            var = str(entry.get("name", "")) if isinstance(entry, Mapping) else ""
+            if is_reserved_env(var) and not var.startswith(_HARMLESS_RESERVED):
+                found.append(f"container {container.get('name', '?')}: {var}")
+    if found:
+        raise Refusal(
+            f"fracspawner refused this pod in namespace {namespace}: {'; '.join(found)}. These "
+            "variables switch off or loosen the GPU's isolation (its memory and compute "
+            "limits), which the namespace's quota counts on; remove them",
+            "invalid",
+        )
+
+
 def _void_entries(container: Mapping[str, Any]) -> list[dict[str, str]]:
     """`NAME=void` for each visibility variable the container does not set itself."""
     have = {str(e.get("name", "")) for e in container.get("env") or [] if isinstance(e, Mapping)}
@@ -626,6 +657,7 @@ __all__ = [
     "hide_devices_from_env",
     "hide_devices_from_ephemeral",
     "refuse_gpu_container_env",
+    "refuse_isolation_env",
     "json_patch",
     "other_pod_gpu",
     "parse_review",

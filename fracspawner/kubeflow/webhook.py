@@ -47,6 +47,7 @@ from .admission import (
     other_pod_gpu,
     parse_review,
     refuse_gpu_container_env,
+    refuse_isolation_env,
     refuse_visible_gpus,
     response,
     slice_ask,
@@ -222,6 +223,7 @@ class Webhook:
         if not notebook:
             refuse_visible_gpus(pod, ns)
             refuse_gpu_container_env(pod, ns, self.device_list_strategy)
+            refuse_isolation_env(pod, ns)
         if not (slice_ask(pod, self.catalog, AccessRule()) if notebook else other_gpu):
             if notebook:
                 refuse_visible_gpus(pod, ns)
