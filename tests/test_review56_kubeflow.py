@@ -15,17 +15,24 @@ What is modelled (cited):
 from __future__ import annotations
 
 import asyncio
+import copy
 import json
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from fracspawner.backends import load_catalog
+from fracspawner.backends import LABEL_GPU, load_catalog, plan_slice
 from fracspawner.kubeflow.admission import parse_review
 from fracspawner.kubeflow.webhook import Webhook
 from tests.kubeflow_inprocess import FakeCluster, allowed, message
-from tests.kubeflow_support import admission_review, other_pod
+from tests.kubeflow_support import (
+    admission_review,
+    notebook_pod,
+    other_pod,
+    patched,
+    with_poddefault,
+)
 
 REPO = Path(__file__).resolve().parent.parent
 CATALOG = load_catalog(str(REPO / "examples" / "kubeflow" / "catalog.yaml"))
@@ -119,3 +126,73 @@ def test_a_container_holding_no_gpu_may_set_ld_preload():
         {"name": "sidecar", "image": "x", "env": [{"name": "LD_PRELOAD", "value": "/l.so"}]}
     )
     assert allowed(answer(webhook(), admission_review(pod)))
+
+
+# --------------------------------------------------------------------------- finding 2
+def admitted_notebook(catalog_file: str, pool: str) -> tuple[Webhook, dict[str, Any]]:
+    """A notebook given `pool`'s first offer by its PodDefault labels, as the webhook stored
+    it, and the webhook (namespace alice may use every pool of these catalogs)."""
+    catalog = load_catalog(str(REPO / "examples" / "catalogs" / catalog_file))
+    hook = Webhook(catalog, FakeCluster({NAMESPACE: {}}))
+    hook.pods.load([])
+    offer = catalog.pools[pool].offers[0]
+    label = plan_slice(offer, catalog.pools[pool], None).labels[LABEL_GPU]
+    pod = with_poddefault(notebook_pod(NAMESPACE, "nb"), pool, label, "fracspawner-slice")
+    got = answer(hook, admission_review(pod))
+    assert allowed(got)
+    return hook, patched(pod, got["response"])
+
+
+def update(hook: Webhook, old: dict[str, Any], change: Any) -> dict[str, Any]:
+    new = copy.deepcopy(old)
+    change(new)
+    return answer(hook, admission_review(new, operation="UPDATE", old=old))
+
+
+def swap_image(pod: dict[str, Any]) -> None:
+    pod["spec"]["containers"][0]["image"] = "nvcr.io/nvidia/pytorch:24.01-py3"
+
+
+def whole_fraction(pod: dict[str, Any]) -> None:
+    pod["metadata"]["annotations"]["gpu-fraction"] = "1"
+
+
+def tolerate_everything(pod: dict[str, Any]) -> None:
+    pod["spec"].setdefault("tolerations", []).append({"operator": "Exists"})
+
+
+@pytest.mark.parametrize(
+    "catalog_file, pool, change",
+    [
+        ("clearml.yaml", "l4-clearml", swap_image),
+        ("runai.yaml", "a100-runai", whole_fraction),
+        ("runai.yaml", "l40s-kai", whole_fraction),
+        ("hami.yaml", None, tolerate_everything),
+    ],
+    ids=["clearml-image-swapped", "runai-fraction-raised", "kai-fraction-raised", "tolerations"],
+)
+def test_an_admitted_slice_pod_keeps_what_its_slice_was_counted_by(catalog_file, pool, change):
+    """Before: the guard (UPDATE of a pod carrying fracspawner.io/pool) refused changes to the
+    slice labels and quota annotations only. A profile member could then replace a
+    clearml-image notebook's image (the image IS the memory limit: the whole L4 for 2 GiB's
+    count), raise a pending Run:ai/KAI notebook's gpu-fraction annotation to 1 (the scheduler
+    reads it when it places the pod: a whole GPU for 0.25 of the quota), or add a toleration
+    reaching a tainted pool's nodes the namespace may not use. Each is refused now."""
+    if pool is None:
+        pool = next(iter(load_catalog(str(REPO / "examples" / "catalogs" / catalog_file)).pools))
+    hook, pod = admitted_notebook(catalog_file, pool)
+    got = update(hook, pod, change)
+    assert not allowed(got)
+    assert "cannot be changed" in message(got)
+
+
+def test_other_updates_of_a_slice_pod_pass():
+    """Labels of its own, and the image of a pool whose plan does not set one."""
+    hook, pod = admitted_notebook("hami.yaml", next(iter(load_catalog(
+        str(REPO / "examples" / "catalogs" / "hami.yaml")).pools)))  # fmt: skip
+
+    def label(new: dict[str, Any]) -> None:
+        new["metadata"]["labels"]["mine"] = "yes"
+
+    assert allowed(update(hook, pod, label))
+    assert allowed(update(hook, pod, swap_image))

@@ -34,6 +34,8 @@ from ..model.access import within_quota
 from ..model.catalog import AccessRule, Catalog
 from ..model.errors import OptionsError, SliceError
 from .recognise import (
+    ASK_ANNOTATIONS,
+    ASK_LABELS,
     VISIBILITY_ENV,
     VOID,
     catalog_resources,
@@ -627,20 +629,57 @@ def _mutate(pod: Mapping[str, Any], plan: PodPlan, catalog: Catalog) -> dict[str
     return apply_plan(cleaned, plan, container=target, reserved=is_reserved_env)
 
 
-def guard_update(old: Mapping[str, Any], new: Mapping[str, Any]) -> None:
+def _guard_refusal(what: str) -> Refusal:
+    return Refusal(
+        f"the {what} of a GPU pod cannot be changed or removed (fracspawner counts the "
+        "namespace's GPU quota with it); delete the pod and create a new one instead",
+        "guard",
+    )
+
+
+def guard_update(
+    old: Mapping[str, Any], new: Mapping[str, Any], catalog: Catalog | None = None
+) -> None:
     """Refuse changing the slice labels or quota annotations of an admitted pod: the namespace's
-    quota is counted from them."""
+    quota is counted from them. On a slice pod (one carrying fracspawner.io/pool, which the
+    guard webhook is sent), also what a scheduler or the node still reads after admission:
+    the backend ask annotations and labels (Run:ai/KAI's `gpu-fraction`, `gpu-memory`: a
+    pending pod would be scheduled with the new size), the tolerations (Kubernetes lets
+    tolerations be added to a pod: a pending pod would reach another pool's tainted nodes), and
+    the notebook container's image where the pool's plan sets it (`clearml-image`: the image
+    carries the memory limit)."""
     for field_, keys in (("labels", GUARDED_LABELS), ("annotations", GUARDED_ANNOTATIONS)):
         before = old.get("metadata", {}).get(field_) or {}
         after = new.get("metadata", {}).get(field_) or {}
         for key in keys:
             if key in before and before.get(key) != after.get(key):
-                raise Refusal(
-                    f"the {field_[:-1]} {key} of a GPU pod cannot be changed or removed "
-                    "(fracspawner counts the namespace's GPU quota with it); delete the pod and "
-                    "create a new one instead",
-                    "guard",
-                )
+                raise _guard_refusal(f"{field_[:-1]} {key}")
+    pool = (old.get("metadata", {}).get("labels") or {}).get(LABEL_POOL)
+    if pool is None:
+        return
+    for field_, keys in (("labels", ASK_LABELS), ("annotations", ASK_ANNOTATIONS)):
+        before = old.get("metadata", {}).get(field_) or {}
+        after = new.get("metadata", {}).get(field_) or {}
+        for key in keys:
+            if before.get(key) != after.get(key):
+                raise _guard_refusal(f"{field_[:-1]} {key}")
+    if (old.get("spec") or {}).get("tolerations") != (new.get("spec") or {}).get("tolerations"):
+        raise _guard_refusal("tolerations")
+    if catalog is not None and pool in catalog.pools:
+        placement = pool_placement(catalog, str(pool))
+        images = {
+            str(c.get("name")): c.get("image")
+            for c in (old.get("spec") or {}).get("containers") or []
+            if isinstance(c, Mapping)
+        }
+        target = target_container(old)
+        for container in (new.get("spec") or {}).get("containers") or []:
+            if (
+                placement.image
+                and container.get("name") == target
+                and container.get("image") != images.get(target)
+            ):
+                raise _guard_refusal(f"image of container {target} (the pool's plan sets it)")
 
 
 __all__ = [

@@ -162,7 +162,7 @@ class Webhook:
         try:
             if review.operation == "UPDATE":
                 assert review.old_pod is not None
-                guard_update(review.old_pod, review.pod)
+                guard_update(review.old_pod, review.pod, self.catalog)
                 # kubectl debug: pods/ephemeralcontainers, the whole pod with the new container
                 check_ephemeral(review.old_pod, review.pod, review.namespace)
                 patch = []
