@@ -387,3 +387,29 @@ async def test_a_notebooks_claim_takes_its_reservation_over_and_the_rest_stays_f
     webhook.dra.claims.put(other)
     extra = claim("team-a", "extra", EIGHTH, owner="nb-0")
     assert not allowed(await webhook.dra.review_claim(claim_review(extra)))
+
+
+async def test_a_claim_review_the_webhook_fails_on_is_refused_not_a_500(webhook, monkeypatch):
+    """A bug in the claims path answers a refusal, as the pods path does: a 500 is refused
+    under failurePolicy Fail but admitted under Ignore (`--failure-policy Ignore`)."""
+    from tornado.httpserver import HTTPServer
+
+    from devcluster.localhub import free_port
+    from fracspawner.kubeflow.webhook import make_app
+
+    async def broken(review: Any, source: str = "") -> dict[str, Any]:
+        raise RuntimeError("a bug")
+
+    assert webhook.dra is not None
+    monkeypatch.setattr(webhook.dra, "review_claim", broken)
+    port = free_port()
+    server = HTTPServer(make_app(webhook))
+    server.listen(port, "127.0.0.1")
+    try:
+        review = claim_review(claim("team-a", "big", QUARTER))
+        answer = await _post_from(port, "127.0.0.1", review)
+    finally:
+        server.stop()
+    assert answer["response"]["uid"] == review["request"]["uid"]
+    assert answer["response"]["allowed"] is False
+    assert "failed on this claim" in answer["response"]["status"]["message"]

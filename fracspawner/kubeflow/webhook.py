@@ -387,7 +387,18 @@ class MutateHandler(web.RequestHandler):
         body = _json(self.request.body)
         if is_claim_review(body):  # DRA: a ResourceClaim (kubeflow/claims.py)
             source = "" if self.webhook.verify_clients else str(self.request.remote_ip or "?")
-            answer = await review_claim(self.webhook.dra, body, source)
+            try:
+                answer = await review_claim(self.webhook.dra, body, source)
+            except Exception:  # as for pods: a bug refuses the claim (a 500 is admitted under
+                # failurePolicy Ignore, which --failure-policy allows)
+                request = body.get("request") or {}
+                log.exception(
+                    "admission of ResourceClaim %s/%s failed",
+                    request.get("namespace"), request.get("name"),
+                )  # fmt: skip
+                words = "fracspawner's webhook failed on this claim; see its log"
+                refusal = Refusal(words, "error")
+                answer = response(str(request.get("uid") or ""), refusal=refusal)
             self.set_header("Content-Type", "application/json")
             self.finish(json.dumps(answer))
             return
