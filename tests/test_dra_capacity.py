@@ -281,12 +281,24 @@ def test_a_dra_spawn_stays_in_flight_until_its_claim_is_allocated_in_the_watch()
         {"apiVersion": "v1", "kind": "Pod", "name": "jupyter-ann", "uid": "u1", "controller": True}
     ]
     pending = {**made, "status": {}}
+    # not in the counts: among the pods admission counts by their labels (unplaced_holds)
+    awaiting = lambda: [r.name for r in watcher.unbound_pods()]  # noqa: E731
+    assert awaiting() == ["jupyter-ann"]
     live.replace_claims([pending])  # made from the template, not allocated yet
     assert not counted(watcher.pod("jhub", "jupyter-ann"))
     assert watcher.snapshot().pools["h100-dra"]["10GiB"].free == 7
+    assert awaiting() == ["jupyter-ann"]
     live.put_claim(made)  # the allocation arrives
     assert counted(watcher.pod("jhub", "jupyter-ann"))
     assert watcher.snapshot().pools["h100-dra"]["10GiB"].free == 6
+    assert awaiting() == []  # counted by the allocation alone
+    live.drop_claim("jhub/jupyter-ann-gpu-x1")
+    assert awaiting() == ["jupyter-ann"]
+    live.drop_pod("jhub/jupyter-ann")
+    assert awaiting() == []
+    live.put_claim(made)  # the claim first, then its pod: never awaiting
+    live.replace_pods([pod])
+    assert awaiting() == [] and counted(watcher.pod("jhub", "jupyter-ann"))
 
 
 def test_the_admin_pages_free_gpus_of_a_dynamic_mig_pool_are_not_a_sum_of_profiles():

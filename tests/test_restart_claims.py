@@ -6,11 +6,14 @@ those as claims on their slots, once each.
 Real JupyterHub users and spawners (tests/hub_support.py) and the hub's real `CapacityWatcher`,
 its reads included; only its watches are fed here with what they would list (no API server):
 the T4's nodes, jobs bound to it, and the pods these spawns make, Pending with no node.
+The same for a DRA pool's pod bound to a node whose claim the claim watch has not shown
+allocated: the counts, made from claims, do not include it yet either.
 """
 
 from __future__ import annotations
 
 import asyncio
+import re
 
 import pytest
 from kubernetes_asyncio.client import ApiClient
@@ -19,6 +22,7 @@ from tornado.web import HTTPError
 from fracspawner.capacity.watch import CapacityWatcher
 from fracspawner.choice.admission import Admissions
 from fracspawner.hub.waiting import WaitingSpawns
+from tests import test_dra_capacity as dra
 from tests.hub_support import HubUsers, begin_spawn, refusal
 from tests.test_admission import NODES, pod
 from tests.test_waiting_line import CATALOG
@@ -171,3 +175,124 @@ async def test_the_watch_knows_which_pods_no_node_holds_yet():
     assert names() == []
     watcher.live.replace_pods([pending])
     assert names() == ["p"]
+
+
+# --------------------------------------------------------------------------- DRA
+DRA_CATALOG = {
+    "pools": {
+        "h100-dra": {
+            "gpu": "H100-80GB",
+            "backend": "dra",
+            "options": {"sharing": "memory"},
+            "offers": ["10GiB"],  # 7 claims of 10 GiB fit one H100's 81559 MiB
+        }
+    },
+    "images": CATALOG["images"],
+    "access": {"default": {"pools": "all", "max_gpu": None}},
+}
+TEN = {"gpu": "10GiB", "pool": "h100-dra"}
+
+
+def dra_cluster(hub: HubUsers, jobs: int) -> FedWatcher:
+    """One H100 shared by memory (7 x 10 GiB), `jobs` of them held by allocated claims."""
+    watcher = FedWatcher(hub.spawner(hub.user("nobody")).fracspawner_catalog)
+    watcher.live.replace_nodes([dra.node("dra-1")])
+    watcher.live.replace_pods([])
+    watcher.live.replace_slices([dra.memory_slice("dra-1")])
+    watcher.live.replace_claims(
+        [dra.claim(f"job-{i}", "dra-1", "gpu-0", "10Gi") for i in range(jobs)]
+    )
+    return watcher
+
+
+def pod_claim(spawner, *, allocated: bool) -> dict:
+    """The claim kube-controller-manager makes for the spawner's pod from its template
+    (owned by the pod), as the claim watch sees it: allocated on dra-1's GPU, or not yet."""
+    made = dra.claim(f"{spawner.pod_name}-gpu-x1", "dra-1", "gpu-0", "10Gi")
+    made["metadata"].update(
+        namespace=spawner.namespace,
+        ownerReferences=[
+            {"apiVersion": "v1", "kind": "Pod", "name": spawner.pod_name,
+             "uid": f"uid-{spawner.pod_name}", "controller": True}
+        ],
+    )  # fmt: skip
+    return made if allocated else {**made, "status": {}}
+
+
+async def free_on_form(spawner) -> str:
+    form = await spawner._render_options_form_async(None)
+    return re.findall(r"\d+ of \d+ free", form)[0]
+
+
+NO_TEN = "No 10 GiB is free on h100-dra right now"
+
+
+@pytest.mark.parametrize("claim_seen", [True, False], ids=["claim-unallocated", "claim-unseen"])
+async def test_a_bound_dra_pod_whose_claim_the_watch_has_not_seen_allocated_keeps_its_slot(
+    claim_seen: bool,
+):
+    """Ann took the H100's last 10 GiB; her pod is bound, but the claim watch has not shown
+    her claim allocated (or not listed it at all: two watches, no order between them, and
+    after a hub restart both list again). The counts, made from claims, do not include her pod
+    until then, and after a restart no in-flight hold stood for it: bob was admitted for the
+    memory her claim holds. Her pod now counts as the offer its labels name until the
+    allocation shows, then by the allocation, once."""
+    hub = HubUsers({"FracSpawner": {"catalog": DRA_CATALOG, "admission": "refuse"}})
+    watcher = dra_cluster(hub, jobs=6)
+    ann = spawner_of(hub, "ann", watcher)
+    assert await outcome(ann, TEN) == "admitted"
+    await made(ann, watcher, node="dra-1")
+    if claim_seen:
+        watcher.live.put_claim(pod_claim(ann, allocated=False))
+    assert (await outcome(spawner_of(hub, "bob", watcher), TEN)).startswith(NO_TEN)
+
+    restart_hub(hub)
+    got = await outcome(spawner_of(hub, "bob", watcher), TEN)
+    assert got.startswith(NO_TEN), f"bob, after the restart: {got!r} (ann's bound pod's 10 GiB)"
+    assert await free_on_form(spawner_of(hub, "bob", watcher)) == "0 of 7 free"
+    # the allocation arrives: counted by it now, and only by it (a job's claim gone frees one)
+    watcher.live.put_claim(pod_claim(ann, allocated=True))
+    assert await free_on_form(spawner_of(hub, "bob", watcher)) == "0 of 7 free"
+    watcher.live.drop_claim("jhub/job-0")
+    assert await free_on_form(spawner_of(hub, "bob", watcher)) == "1 of 7 free"
+    assert await outcome(spawner_of(hub, "bob", watcher), TEN) == "admitted"
+
+
+async def test_a_bound_dra_pod_of_no_offer_awaiting_its_claim_leaves_its_pool_unknown_not_free():
+    """A hub server's DRA pod, bound, its claim not shown allocated, labelled with a size the
+    catalog no longer offers (taken out before the restart): what it holds is unknown, so no
+    offer of its pool reads free (refused; under "wait" it would wait) until the allocation
+    shows; then the counts are the allocation's."""
+    hub = HubUsers({"FracSpawner": {"catalog": DRA_CATALOG, "admission": "refuse"}})
+    watcher = dra_cluster(hub, jobs=0)
+    ann = spawner_of(hub, "ann", watcher)
+    assert await outcome(ann, TEN) == "admitted"
+    manifest = object.__new__(ApiClient).sanitize_for_serialization(await ann.get_pod_manifest())
+    manifest["metadata"].update(namespace=ann.namespace, uid=f"uid-{ann.pod_name}")
+    manifest["metadata"]["labels"]["fracspawner.io/gpu"] = "40Gi"  # no offer of the catalog
+    manifest["spec"]["nodeName"] = "dra-1"
+    manifest["status"] = {"phase": "Running"}
+    watcher.live.put_pod(manifest)
+    restart_hub(hub)
+    bob = spawner_of(hub, "bob", watcher)
+    assert (await outcome(bob, TEN)).startswith(NO_TEN)
+    assert "GPU claim is not known yet" in await bob._render_options_form_async(None)
+    watcher.live.put_claim(pod_claim(ann, allocated=True))
+    assert await free_on_form(spawner_of(hub, "bob", watcher)) == "6 of 7 free"
+
+
+async def test_a_bound_dra_pod_awaiting_its_claim_counts_against_its_users_quota_after_a_restart():
+    """The quota side needs no claim: the watch counts each active pod of a user by its
+    `fracspawner.io/gpu-equivalent`, bound or not, allocated or not (LiveCapacity usage)."""
+    catalog = {**DRA_CATALOG, "access": {"default": {"pools": "all", "max_gpu": 0.125}}}
+    hub = HubUsers({"FracSpawner": {"catalog": catalog, "admission": "refuse"}})
+    watcher = dra_cluster(hub, jobs=0)
+    ann = spawner_of(hub, "ann", watcher)
+    assert await outcome(ann, TEN) == "admitted"
+    await made(ann, watcher, node="dra-1")
+    restart_hub(hub)
+    assert watcher.usage_of("ann") == 0.125
+    second = hub.spawner(hub.user("ann"), "two")
+    second._capacity_watcher = lambda: watcher  # type: ignore[method-assign]
+    got = await outcome(second, TEN)
+    assert got.startswith("Quota"), got

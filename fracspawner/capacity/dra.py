@@ -41,6 +41,8 @@ class DraIndex:
         self._cache: dict[str, NodeDevices] = {}
         #: pod "namespace/name" -> its claims (made for it by the resourceclaim controller)
         self._owned: dict[str, set[str]] = {}
+        #: pods whose claims changed since `take_owners` (whether `pod_allocated` changed)
+        self._owners_touched: set[str] = set()
 
     # ------------------------------------------------------------------ slices
     def put_slice(self, raw: Mapping[str, Any]) -> set[str]:
@@ -122,6 +124,7 @@ class DraIndex:
                 node = self._device_node.get(allocation.device)
                 if node:
                     touched.add(node)
+        self._owners_touched.update(c.owner for c in (old, record) if c is not None and c.owner)
         if old is not None and old.owner:
             owned = self._owned.get(old.owner)
             if owned is not None:
@@ -187,6 +190,11 @@ class DraIndex:
         then do the counts include what the pod holds (the pod watch may see the pod bound
         before the claim watch sees its allocation)."""
         return any(self.claims[k].allocations for k in self._owned.get(pod, ()))
+
+    def take_owners(self) -> set[str]:
+        """The pods ("namespace/name") whose claims changed since the last call."""
+        owners, self._owners_touched = self._owners_touched, set()
+        return owners
 
     def claims_labelled(self, label: str, value: str) -> list[ClaimRecord]:
         return [c for c in self.claims.values() if c.labels.get(label) == value]

@@ -177,6 +177,9 @@ class LiveCapacity:
         self._usage: dict[str, Decimal] = {}
         self._usage_pods: dict[str, int] = {}
         self._usage_of_pod: dict[str, tuple[str, Decimal]] = {}
+        #: pods `awaits_claim`: on a node, but not in the counts until their claim's
+        #: allocation shows (a few at most, while the claim watch lags the pod watch)
+        self._awaiting_claim: dict[str, PodRecord] = {}
         #: events that changed something counting or quotas read (the rest cost nothing)
         self.changes = 0
         #: nodes recounted by reads so far (each costs O(pods on it) per offer it serves)
@@ -227,6 +230,8 @@ class LiveCapacity:
     def _dra(self, touched: set[str]) -> bool:
         for name in touched:
             self.index.touch(name)
+        for pod in self.dra.take_owners() if self.dra is not None else ():
+            self._check_claim(pod)
         self.changes += bool(touched)
         return bool(touched)
 
@@ -259,7 +264,25 @@ class LiveCapacity:
             self._usage_drop(key)
         if record is not None:
             self._usage_add(key, record)
+        self._check_claim(key)
         return True
+
+    def awaits_claim(self, record: PodRecord) -> bool:
+        """Whether a pod of a DRA pool is on a node (bound, or booked) while no claim made
+        for it shows allocated: DRA counts are made from claims, so they do not include it
+        yet (the pod watch may see the pod bound before the claim watch sees the allocation
+        the scheduler wrote before binding it, and after a hub restart both list again)."""
+        if self.dra is None or not (record.node or record.assumed):
+            return False
+        pool = self.catalog.pools.get(record.labels.get(LABEL_POOL, ""))
+        return pool is not None and pool.backend == "dra" and not self.dra.pod_allocated(record.key)
+
+    def _check_claim(self, key: str) -> None:
+        record = self.index.pod(key)
+        if record is not None and self.awaits_claim(record):
+            self._awaiting_claim[key] = record
+        else:
+            self._awaiting_claim.pop(key, None)
 
     def _usage_add(self, key: str, record: PodRecord) -> None:
         user = record.annotations.get(USERNAME_ANNOTATION)
@@ -310,8 +333,9 @@ class LiveCapacity:
         return self.index.pod(key)
 
     def unbound_pods(self) -> list[PodRecord]:
-        """The active pods not bound to a node nor booked on one (Pending, not scheduled)."""
-        return list(self.index.unbound.values())
+        """The active pods the counts do not include yet: not bound to a node nor booked on
+        one (Pending, not scheduled), or on one but `awaits_claim`."""
+        return [*self.index.unbound.values(), *self._awaiting_claim.values()]
 
     # ------------------------------------------------------------------ counting
     def _serving_for(self, name: str) -> None:

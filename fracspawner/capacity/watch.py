@@ -472,7 +472,7 @@ class CapacityWatcher:
         if record is None:
             return None
         pod = _pod_dict(record)
-        if self._awaits_claim(record, key):
+        if self.live.awaits_claim(record):
             # a DRA pod is in the counts once its claim's allocation is: until the claim
             # watch shows it, the pod reads as not placed (its spawn stays in flight)
             pod["spec"] = {}
@@ -484,25 +484,17 @@ class CapacityWatcher:
         without building the dict: admission settles every in-flight spawn with it."""
         key = f"{namespace}/{name}"
         record = self.live.pod(key)
-        if record is not None and (record.node or record.assumed):
-            if self._awaits_claim(record, key):
-                return replace(record, node=None, assumed=None)
+        if record is not None and self.live.awaits_claim(record):
+            return replace(record, node=None, assumed=None)
         return record
 
     def unbound_pods(self) -> list[PodRecord]:
-        """The kept pods no node holds yet (Pending, not bound nor booked): what admission
-        counts as claims on their pool's slots when no in-flight hold stands for them
-        (`fracspawner.choice.admission.unplaced_holds`)."""
+        """The kept pods the counts do not include yet: those no node holds (Pending, not
+        bound nor booked), and DRA pods on a node whose claim the claim watch has not shown
+        allocated (`LiveCapacity.awaits_claim`; a hub restart forgot their in-flight holds).
+        What admission counts as claims on their pool's slots when no in-flight hold stands
+        for them (`fracspawner.choice.admission.unplaced_holds`)."""
         return self.live.unbound_pods()
-
-    def _awaits_claim(self, record: PodRecord, key: str) -> bool:
-        dra = self.live.dra
-        if dra is None:
-            return False
-        pool = self.catalog.pools.get(record.labels.get("fracspawner.io/pool", ""))
-        if pool is None or pool.backend != "dra":
-            return False
-        return not dra.pod_allocated(key)
 
     def nodes(self) -> Iterator[NodeRecord]:
         return self.live.index.nodes()

@@ -59,6 +59,8 @@ __all__ = [
 STATE_KEY = "fracspawner_hold"
 #: design.md CONTRACT: what a GPU pod counts for in quotas
 GPU_EQUIVALENT_ANNOTATION = "fracspawner.io/gpu-equivalent"
+#: the note of a pool's offers while a server pod there holds devices of an unknown size
+UNKNOWN_CLAIM_NOTE = "a server's GPU claim is not known yet"
 
 
 @dataclass(frozen=True)
@@ -310,8 +312,12 @@ class ReservedCapacity:
         self._capacity = capacity
         self._catalog = catalog
         self._holds: dict[str, list[Hold]] = {}
+        #: pools with a hold of unknown size (`unplaced_holds`): none of their offers is free
+        self._unknown: set[str] = set()
         for hold in holds:
-            if hold.pool is not None and hold.gpu_equivalent > 0:
+            if hold.pool is not None and math.isinf(hold.gpu_equivalent):
+                self._unknown.add(hold.pool)
+            elif hold.pool is not None and hold.gpu_equivalent > 0:
                 self._holds.setdefault(hold.pool, []).append(hold)
         self._offers: dict[tuple[str, str], tuple[Any, ...] | None] = {}
 
@@ -347,11 +353,13 @@ class ReservedCapacity:
         counts = self._capacity.get(pool, spec)
         if counts.free is None:
             return counts
+        held = getattr(counts, "held", None)
+        if pool in self._unknown:  # unknown is never free: refused, or waits in line
+            return OfferCapacity(0, counts.total, UNKNOWN_CLAIM_NOTE, held)
         taken = self.in_flight(pool, spec)
         if not taken:
             return counts
         note = f"{taken} being started" if not counts.note else f"{counts.note}; {taken} starting"
-        held = getattr(counts, "held", None)
         return OfferCapacity(max(counts.free - taken, 0), counts.total, note, held)
 
 
@@ -439,10 +447,11 @@ def _labelled_offers(catalog: Catalog) -> dict[tuple[str, str], Hold]:
 def unplaced_holds(
     catalog: Catalog, watcher: Any, *, besides: Iterable[tuple[str, str] | None] = ()
 ) -> list[Hold]:
-    """Holds for a hub's server pods the capacity watch shows made but on no node yet
-    (Pending, not bound nor booked: `watcher.unbound_pods()`; none from a watcher without
-    it), other than the pods of `besides` (those an in-flight hold already stands for, and
-    the spawning server's own).
+    """Holds for a hub's server pods the capacity watch shows made but not in its counts
+    yet (`watcher.unbound_pods()`: Pending, not bound nor booked, or a DRA pod on a node whose
+    claim's allocation the claim watch has not shown; none from a watcher without it), other
+    than the pods of `besides` (those an in-flight hold already stands for, and the spawning
+    server's own).
 
     Such a pod claims its slot as an in-flight spawn does: the scheduler gives it the next one
     that frees. `Admissions` lives in the hub's memory, so after a hub restart these holds are
@@ -462,10 +471,14 @@ def unplaced_holds(
         if not user or pod in skip:
             continue
         labels = record.labels
-        if LABEL_POOL not in labels or LABEL_GPU not in labels:
+        if LABEL_POOL not in labels:
             continue
         table = _labelled_offers(catalog) if table is None else table
-        found = table.get((labels[LABEL_POOL], labels[LABEL_GPU]))
+        found = table.get((labels[LABEL_POOL], labels.get(LABEL_GPU, "")))
+        if found is None and (record.node or record.assumed):
+            # a DRA pod on a node holds what its claim was allocated, of a size no offer
+            # names (one taken out of the catalog): unknown (ReservedCapacity), never none
+            found = Hold("", "", labels[LABEL_POOL], "", math.inf)
         if found is None:
             continue
         server = record.annotations.get(SERVERNAME_ANNOTATION) or ""
