@@ -43,8 +43,9 @@ MAX_DEVICES = 128  # devices per report: 8 GPUs x 7 MIG instances with room to s
 @dataclass(frozen=True)
 class Spec:
     """One field: `kind` is "bool", "number", "text", "time", "list" or "object"; None (null)
-    is always allowed and means absent. `size`: most characters (text) or items (list);
-    `low`/`high`: the range of a number; `items`: a list's item; `fields`: an object's."""
+    is allowed for a field and means absent (never for a list's item). `size`: most
+    characters (text) or items (list); `low`/`high`: the range of a number; `items`: a list's
+    item; `fields`: an object's."""
 
     kind: str
     size: int = 0
@@ -206,7 +207,8 @@ REPORT = Spec(
 
 
 def check(value: object, spec: Spec, where: str) -> None:
-    """Raise ReportError naming `where` when `value` does not fit `spec` (None always fits)."""
+    """Raise ReportError naming `where` when `value` does not fit `spec` (None fits a field,
+    never a list's item)."""
     if value is None:
         return
     kind = spec.kind
@@ -228,6 +230,8 @@ def check(value: object, spec: Spec, where: str) -> None:
         if len(value) > spec.size:
             raise ReportError(f"{where}: at most {spec.size} items")
         for i, item in enumerate(value):
+            if item is None:  # null means absent for a field; a list has no absent items
+                raise ReportError(f"{where}[{i}]: expected a value, got null")
             check(item, spec.items or Spec("text"), f"{where}[{i}]")
     if kind == "object":
         if not isinstance(value, dict):
