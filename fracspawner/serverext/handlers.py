@@ -52,7 +52,11 @@ class ResumeHandler(APIHandler):
     async def post(self) -> None:
         monitor = self.settings["fracspawner_gpu_monitor"]
         hib = monitor.hibernator
-        body = self.get_json_body() or {}
+        body = self.get_json_body()
+        if body is None:
+            body = {}
+        if not isinstance(body, dict):
+            raise web.HTTPError(400, 'expected a JSON object: {"kernel_id": "..."} or {}')
         wanted = body.get("kernel_id")
         if wanted is not None and not isinstance(wanted, str):
             raise web.HTTPError(400, "kernel_id: expected a kernel id")
