@@ -4,13 +4,26 @@
 - The hub asks the culler for room on over-committed pools at `culler_url` + `api/room`, the
   culler's report port (NOTES's culler_url): the culler's NetworkPolicy must admit the hub's
   pods there, not only the user pods that push reports.
+- Values rendered into YAML unquoted: a string the schema took could carry a newline (more
+  command-line flags, another RBAC subject), `: ` (a map where a flag was) or ` #` (a value cut
+  short). Each is refused by the schema with its path, or rendered as the one string it is.
 """
 
 from __future__ import annotations
 
 import re
 
-from tests.chart_support import objects, one, render
+import pytest
+
+from tests.chart_support import NAMESPACE, objects, one, render
+
+WEBHOOK = {"webhook": {"enabled": True}}
+
+
+def _command(objs: list[dict], component: str) -> list:
+    return one(objs, "Deployment", component)["spec"]["template"]["spec"]["containers"][0][
+        "command"
+    ]
 
 
 # ------------------------------------------------------------------ the hub reaches api/room
@@ -44,3 +57,100 @@ def test_the_hub_may_reach_the_culler_where_it_asks_for_room():
             assert {"app": "jupyterhub", "component": "singleuser-server"} not in [
                 peer.get("podSelector", {}).get("matchLabels") for peer in rule["from"]
             ]
+
+
+# ------------------------------------------------------------------ values rendered unquoted
+def _client_auth(*names: str) -> dict:
+    return {
+        "webhook": {
+            "enabled": True,
+            "clientAuth": {"caSecret": "apiserver-ca", "names": list(names),
+                           "detailedRefusals": False},
+        }
+    }  # fmt: skip
+
+
+#: values the schema must refuse (a Kubernetes name cannot be these), with the path Helm names
+REFUSED = [
+    (
+        {"jupyterhub": {"hubServiceAccount": {
+            "name": "hub\n  - kind: Group\n    name: system:authenticated", "namespace": ""}}},
+        "/jupyterhub/hubServiceAccount/name",
+    ),
+    ({"jupyterhub": {"hubServiceAccount": {"name": "hub", "namespace": "a: b"}}},
+     "/jupyterhub/hubServiceAccount/namespace"),
+    ({"webhook": {"enabled": True, "trustedPodNamespaces": [
+        "kube-system\n            - --detailed-refusals"]}},
+     "/webhook/trustedPodNamespaces/0"),
+    ({"kubeflowCuller": {"enabled": True, "clusterDomain": "c\n" + " " * 12 + "- --dry-run"}},
+     "/kubeflowCuller/clusterDomain"),
+    ({"webhook": {"enabled": True, "clusterDomain": "cluster local"}}, "/webhook/clusterDomain"),
+    ({"webhook": {"enabled": True, "clientAuth": {
+        "caSecret": "ca\n    evil: true", "names": [], "detailedRefusals": False}}},
+     "/webhook/clientAuth/caSecret"),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize(("values", "path"), REFUSED, ids=[p for _, p in REFUSED])
+def test_names_that_would_change_the_manifests_are_refused(values, path):
+    """Before, the schema took these (minLength only) and Helm rendered them unquoted: a newline
+    in the hub's ServiceAccount name bound the capacity ClusterRole (pods and nodes, cluster-wide)
+    to `system:authenticated`; one in trustedPodNamespaces or the Kubeflow culler's clusterDomain
+    added `--detailed-refusals` or `--dry-run` to the command."""
+    import helm_python as helm
+
+    with pytest.raises(helm.HelmValuesError) as info:
+        render(values)
+    assert path in str(info.value), str(info.value)
+
+
+@pytest.mark.parametrize(
+    ("values", "component", "arg"),
+    [
+        # a client certificate's common name may hold any character: it is passed as it is
+        (_client_auth("kube-apiserver #1"), "webhook", "--client-name=kube-apiserver #1"),
+        (_client_auth("API server: prod"), "webhook", "--client-name=API server: prod"),
+        (
+            _client_auth("a\n            - --detailed-refusals"),
+            "webhook",
+            "--client-name=a\n            - --detailed-refusals",
+        ),
+        (
+            {"culler": {"prometheusUrl": "http://prometheus:9090/#x"}},
+            "culler",
+            "--prometheus-url=http://prometheus:9090/#x",
+        ),
+        (
+            {"culler": {"prometheusUrl": "http://prometheus: 9090"}},
+            "culler",
+            "--prometheus-url=http://prometheus: 9090",
+        ),
+        (
+            {"kubeflowCuller": {"enabled": True, "prometheusUrl": "http://p #x"}},
+            "kubeflow-culler",
+            "--prometheus-url=http://p #x",
+        ),
+    ],
+    ids=["cn-hash", "cn-colon", "cn-newline", "url-fragment", "url-colon", "kf-url-hash"],
+)
+def test_free_text_values_reach_the_command_as_one_argument(values, component, arg):
+    """Before: `--client-name=kube-apiserver #1` became `--client-name=kube-apiserver` (a YAML
+    comment: the webhook then accepted a certificate named `kube-apiserver`), `: ` made the
+    argument a map (an install error far from the value), a newline added flags."""
+    objs = objects(render(values))
+    command = _command(objs, component)
+    assert arg in command, command
+    assert all(isinstance(a, str) for a in command), command
+    if component == "webhook":
+        assert "--detailed-refusals" not in command
+
+
+def test_the_capacity_binding_names_exactly_the_hub_service_account():
+    objs = objects(
+        render({"jupyterhub": {"hubServiceAccount": {"name": "hub.x-1", "namespace": "other"}}})
+    )
+    binding = one(objs, "ClusterRoleBinding", "capacity")
+    assert binding["subjects"][0] == {"kind": "ServiceAccount", "name": "hub.x-1",
+                                      "namespace": "other"}  # fmt: skip
+    assert {s["kind"] for s in binding["subjects"]} == {"ServiceAccount"}
+    assert all(s["namespace"] in ("other", NAMESPACE) for s in binding["subjects"])
