@@ -154,3 +154,22 @@ def test_the_capacity_binding_names_exactly_the_hub_service_account():
                                       "namespace": "other"}  # fmt: skip
     assert {s["kind"] for s in binding["subjects"]} == {"ServiceAccount"}
     assert all(s["namespace"] in ("other", NAMESPACE) for s in binding["subjects"])
+
+
+# ------------------------------------------------------------------ the webhook's PDB
+@pytest.mark.parametrize(("replicas", "pdb"), [(1, False), (2, True), (3, True)])
+def test_the_webhook_pdb_never_forbids_every_eviction(replicas, pdb):
+    """A PodDisruptionBudget with minAvailable 1 over one replica forbids evicting it at all:
+    `kubectl drain` of its node waits forever (eviction answers 429). Before, webhook.replicas=1
+    rendered exactly that; now the budget is rendered only where an eviction can be allowed."""
+    objs = objects(render({"webhook": {"enabled": True, "replicas": replicas}}))
+    budgets = [o for o in objs if o["kind"] == "PodDisruptionBudget"]
+    assert bool(budgets) == pdb
+    for budget in budgets:
+        assert budget["spec"]["minAvailable"] < replicas
+    # a percentage is the operator's own arithmetic: kept as given
+    percent = {"enabled": True, "minAvailable": "50%"}
+    objs = objects(
+        render({"webhook": {"enabled": True, "replicas": 1, "podDisruptionBudget": percent}})
+    )
+    assert one(objs, "PodDisruptionBudget", "webhook")["spec"]["minAvailable"] == "50%"
