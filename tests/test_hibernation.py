@@ -175,6 +175,39 @@ async def test_resume_button(env):
     server.api("DELETE", f"/api/kernels/{kid}")
 
 
+async def test_resume_all_does_not_wait_for_a_copy_under_way(env):
+    """`POST .../gpu/resume` `{}` (every kernel) waited for a kernel whose checkpoint was still
+    copying its GPU state out (a minute for 80 GiB on an H200), then copied it back: the
+    meter hides Resume during a copy, the API did not. It brings back the hibernated kernels
+    whose copy is done and names the others, for the client to ask again (202)."""
+    server, state, _ = env
+    done, _ = await gpu_kernel(server, state, 1 * GIB)
+    wait_for(lambda: hibernation(server, done).get("state") == "hibernated", 20, "hibernation")
+    with state_of(state) as data:
+        data["bandwidth_gib_s"] = 0.5  # the fake driver copies 1 GiB in 2 s, 6 GiB in 12 s
+    try:
+        big, b_pid = await gpu_kernel(server, state, 6 * GIB)
+        wait_for(lambda: hibernation(server, big).get("state") == "hibernating", 20, "the copy")
+        status, body = server.api("POST", "/api/fracspawner/gpu/resume", {})
+        assert status == 202, body  # not every kernel is back: ask again
+        assert body["kernels"][done]["state"] == "running"
+        # (the fake driver copies under its state file's lock: the restore waited for the copy)
+        assert body["kernels"][big]["state"] in ("hibernating", "hibernated")
+        (named,) = (body.get("copying") or {}).items()
+        assert named[0] == big and "being copied to host memory" in named[1], named
+        # the copy ends, and nothing brings the kernel back: nobody asked for it
+        wait_for(lambda: hibernation(server, big).get("state") == "hibernated", 30, "copy done")
+        await asyncio.sleep(1)
+        assert hibernation(server, big)["state"] == "hibernated"
+        assert cuda_state(state, b_pid) == "checkpointed"
+        assert big not in [r["kernel_id"] for r in server.gpu()["hibernation"]["resumes"]]
+    finally:
+        with state_of(state) as data:
+            data["bandwidth_gib_s"] = 40
+    for kid in (done, big):
+        server.api("DELETE", f"/api/kernels/{kid}")
+
+
 async def test_no_host_memory_headroom_keeps_it_running(env):
     server, state, cgroup = env
     set_cgroup(cgroup, 3, 2)  # 1 GiB free under the pod's limit; 4 GiB to copy

@@ -39,10 +39,19 @@ class GpuHandler(APIHandler):
         self.finish(json.dumps(report))
 
 
+#: why resume-all left a kernel out: its checkpoint still copies (a minute for 80 GiB)
+COPYING_OUT = (
+    "not resumed: its GPU state is still being copied to host memory (its checkpoint is under "
+    "way); ask again once the copy is done"
+)
+
+
 class ResumeHandler(APIHandler):
     """`POST /api/fracspawner/gpu/resume` `{"kernel_id": "..."}`: bring a hibernated kernel back
-    now (the meter's Resume button); without a kernel id, every hibernated kernel. Waits until
-    each is back and answers its hibernation state; a failed restore keeps retrying (202)."""
+    now (the meter's Resume button); without a kernel id, every hibernated kernel whose copy to
+    host memory is done (those still copying are named in `copying`, not waited for). Waits
+    until each is back and answers its hibernation state; not all back (a failed restore keeps
+    retrying, a copy under way): 202."""
 
     # resuming a kernel changes it: the permission to write kernels (as interrupting one)
     auth_resource = "kernels"
@@ -63,16 +72,25 @@ class ResumeHandler(APIHandler):
         ids = [wanted] if wanted else [k for k in list(hib.kernels) if hib.suspended(k)]
         if wanted and wanted not in monitor._kernel_ids():
             raise web.HTTPError(404, f"no kernel {wanted}")
-        tasks = {kid: hib.resume(kid, "Resume in the GPU meter") for kid in ids}
+        # all: a kernel still copying out would be waited for, then copied straight back (the
+        # meter offers no Resume then either); one named by its id is waited for as asked
+        copying = [] if wanted else [k for k in ids if hib.kernels[k].state == "hibernating"]
+        tasks = {
+            kid: hib.resume(kid, "Resume in the GPU meter") for kid in ids if kid not in copying
+        }
         states = {}
         for kid, task in tasks.items():
             if task is not None:
                 # a restore that keeps failing retries in the background: answer meanwhile
                 done, _ = await asyncio.wait({task}, timeout=30)
             states[kid] = hib.kernel_json(kid)
+        states.update((kid, hib.kernel_json(kid)) for kid in copying)
         running = all(s["state"] in ("running", "cannot_hibernate") for s in states.values())
         self.set_status(200 if running else 202)
-        self.finish(json.dumps({"kernels": states}))
+        answer: dict = {"kernels": states}
+        if copying:
+            answer["copying"] = dict.fromkeys(copying, COPYING_OUT)
+        self.finish(json.dumps(answer))
 
 
 class PresenceHandler(APIHandler):
