@@ -92,15 +92,21 @@ async def test_a_checkpoint_under_way_is_reported_as_host_memory_and_gpu_memory(
         assert entry["hibernation"]["hibernated_gpu_memory_mib"] == COPY
         # ... while the GPU memory is still held (NVML lists it until the checkpoint is done)
         assert entry["gpu_memory_mib"] == COPY
-        # the server's total is what has left the GPU (none yet): the meter's slice under
-        # HAMi-core adds it to what the GPU reads
-        assert sent["hibernated_gpu_memory_mib"] == 0
+        # the server's total counts it as its entry does (it left the copy out, while the
+        # host budget counted it): host memory is taken from the copy's start
+        assert sent["hibernated_gpu_memory_mib"] == COPY
+        assert sent["hibernation"]["hibernated_gpu_memory_mib"] == COPY
 
         # a culler that has just started hears of bob's server mid-copy
         now = time.time()
         culler = _h100_culler(budget_mib=COPY * 1.5)
         culler.reports.put("bob", "", parse_report(sent, received_at=now))
         culler.answer_report(Identity("bob", ""), now)
+        culler.update_hibernated()  # fracspawner_hibernated_bytes, from the server's total
+        metric = culler.metrics.registry.get_sample_value(
+            "fracspawner_hibernated_bytes", {"pool": "h100"}
+        )
+        assert metric == COPY * 2**20
         # the host budget counts bob's copy: cat's kernel is not given the same room
         swap = _says(culler, "cat", now + 1, wants=[("c1", COPY)])
         assert "host_room" not in swap, "room given into host memory bob's copy is filling"

@@ -29,8 +29,8 @@ class CullerMetrics:
         # GPU hibernation (issue 22): what servers report of their kernels' suspends and resumes
         self.hibernated = Gauge(
             "fracspawner_hibernated_bytes",
-            "GPU memory (bytes) that hibernated kernels hold in host memory, by pool, from the "
-            "servers' latest reports.",
+            "GPU memory (bytes) that hibernated kernels hold in host memory (a copy under way "
+            "included), by pool, from the servers' latest reports.",
             ["pool"],
             registry=self.registry,
         )

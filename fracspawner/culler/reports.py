@@ -339,7 +339,8 @@ class ServerReport:
     # the pool the server says it is in (FRACSPAWNER_GPU_POOL): never used for metrics or the
     # history, which take the pool from the hub's record of the server (app.Culler.claim)
     pool: str = ""
-    hibernated_mib: float = 0.0  # GPU memory its hibernated kernels hold in host memory
+    # GPU memory its hibernated kernels hold in host memory, a copy under way included
+    hibernated_mib: float = 0.0
     # its GPU is the demo's simulated one (the readings' source): the admin page says so
     simulated: bool = False
     gpu_events: tuple[GpuEvent, ...] = ()

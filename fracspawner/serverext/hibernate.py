@@ -196,9 +196,7 @@ class KernelSleep:
         return {
             "state": "cannot_hibernate" if self.cannot and self.state == "running" else self.state,
             "reason": self.restore_error if self.state == "failed" else self.cannot or self.note,
-            "hibernated_gpu_memory_mib": round(self.memory_mib, 1)
-            if self.state in SUSPENDED
-            else 0.0,
+            "hibernated_gpu_memory_mib": round(self.host_mib(), 1),
             "hibernated_since": isoformat(self.since) if self.state in SUSPENDED else None,
             "hibernated_why": self.why if self.state in SUSPENDED else None,
             "restore_error": self.restore_error,
@@ -213,6 +211,11 @@ class KernelSleep:
             "waiting_why": self.wait_why if self.gpu_full else None,
             "gpu_state_at_risk": self.at_risk and self.state in SUSPENDED,
         }
+
+    def host_mib(self) -> float:
+        """GPU memory its GPU state takes in host memory: a copy under way counts from its
+        start (the pod's memory fills as it goes, and the culler's host budget counts it)."""
+        return self.memory_mib if self.state in SUSPENDED else 0.0
 
     def waiting(self) -> bool:
         """Its resume waits for room on the GPU."""
@@ -372,15 +375,14 @@ class Hibernator(LoggingConfigurable):
         return s.state == "hibernating" or (s.lock.locked() and s.state == "running")
 
     def memory_of(self, kernel_id: str) -> float:
-        """GPU memory the kernel keeps in host memory and no longer on the GPU: not a copy
-        under way (its memory is on the GPU until the checkpoint is done; its report entry
-        says what it copies: `KernelSleep.as_json`)."""
+        """GPU memory the kernel's GPU state takes in host memory, a copy under way included
+        (`KernelSleep.host_mib`: what its report entry says)."""
         s = self.kernels.get(kernel_id)
-        if s is None or s.state not in SUSPENDED or s.state == "hibernating":
-            return 0.0
-        return s.memory_mib
+        return 0.0 if s is None else s.host_mib()
 
     def total_mib(self) -> float:
+        """The server's hibernated total (the report's, so the culler's admin page and
+        fracspawner_hibernated_bytes): its kernels' entries added up, copies under way too."""
         return round(sum(self.memory_of(k) for k in self.kernels), 1)
 
     def kernel_json(self, kernel_id: str) -> dict:

@@ -318,8 +318,14 @@ export function meterText(report: IGpuReport): IMeterText | null {
   const used = report.gpu_memory_mib ?? 0;
   const label = report.slice?.label || devices[0]?.name || 'GPU';
   // where the limit counts hibernated kernels (HAMi-core), they take the slice too: an
-  // allocation beyond what is left fails although the GPU reads them as gone
-  const asleep = report.slice?.counts_hibernated ? (report.hibernated_gpu_memory_mib ?? 0) : 0;
+  // allocation beyond what is left fails although the GPU reads them as gone. A copy under
+  // way is in the total and still in `used` (on the GPU until it is done): counted once
+  const copying = (report.kernels ?? [])
+    .filter(k => k.hibernation?.state === 'hibernating')
+    .reduce((sum, k) => sum + (k.hibernation?.hibernated_gpu_memory_mib ?? 0), 0);
+  const asleep = report.slice?.counts_hibernated
+    ? Math.max(0, (report.hibernated_gpu_memory_mib ?? 0) - copying)
+    : 0;
   const counted = used + asleep;
   const asleepText = asleep > 0 ? ` (+${gibNumber(asleep, 1)} hibernated)` : '';
   const asleepWords =
