@@ -526,6 +526,11 @@ class Hibernator(LoggingConfigurable):
                 return s.state  # a message came while it was being looked at: it is in use
             return await self._suspend_locked(s, target, memory_mib, why)
 
+    def refuse(self, kernel_id: str, note: str) -> str:
+        """Not hibernated now, for a reason that may pass: the report's `reason` and `next_try`
+        say so, which the culler reads as a refusal (it asks another kernel meanwhile)."""
+        return self._later(self.kernels.setdefault(kernel_id, KernelSleep(kernel_id)), note)
+
     def _later(self, s: KernelSleep, note: str) -> str:
         s.note, s.next_try = note, self.now() + timedelta(seconds=self.retry_refused_after)
         return s.state

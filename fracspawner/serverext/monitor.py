@@ -24,7 +24,7 @@ from typing import Any
 
 from traitlets import Bool, Float, Integer, Unicode, default
 
-from .activity import in_session, presence_json, user_activity
+from .activity import in_session, presence_json, presence_of, user_activity
 from .attribution import attribute, has_own_pid_namespace
 from .foreign import watch_iopub
 from .hibernate import Hibernator
@@ -50,6 +50,11 @@ SETTINGS_KEY = "fracspawner_gpu_last_activity"
 #: how long the culler's count of what a HAMi pod's GPUs have free is shown (s): it answers
 #: each report, every minute on an over-committed pool; an older word is not today's room
 CULLER_FREE_FRESH_S = 180.0
+#: why a swap order was refused: its person is at the server now (presence.py)
+PRESENT_NOW = (
+    "not hibernated: its user is at the server now (a tab of it visible and used within the "
+    "presence timeout); tried again later"
+)
 
 
 @dataclass
@@ -162,6 +167,9 @@ class GpuMonitor(BackgroundLoop):
         self._hibernating: asyncio.Task | None = None
         # kernels the cull path is shutting down now (seconds each): never suspended meanwhile
         self._shutting_down: set[str] = set()
+        # kernels whose swap order was refused as their person is at the server: logged once
+        # while the person stays (the culler may say the order again before it hears)
+        self._refused_present: set[str] = set()
         # how late the loop's latest round woke, or was held while it ran (s), and when the
         # loop's next timer is due: the next round's, or while a round runs its own tick's
         # (loop clock; None without the loop): `loop_on_time`
@@ -578,7 +586,8 @@ class GpuMonitor(BackgroundLoop):
         that is idle right now (no cell executing, its GPU reading idle and known) is suspended,
         with every safety of `Hibernator.hibernate`; returns its hibernation state ("hibernated",
         or "running" with the reason in `hibernator.kernel_json(kernel_id)`). Not while the
-        loop is late (`loop_on_time`): what came while it was held may not be processed yet."""
+        loop is late (`loop_on_time`): what came while it was held may not be processed yet;
+        nor while its person is present (presence.py), the culler's own rule checked now."""
         k = self.kernels.get(kernel_id)
         if self.hibernator.suspended(kernel_id):
             return self.hibernator.kernels[kernel_id].state
@@ -600,6 +609,20 @@ class GpuMonitor(BackgroundLoop):
         gpu_idle = k.known and k.utilization is not None and k.utilization < self.busy_threshold
         if execution_state != "idle" or not gpu_idle or self.gpu_state == "unknown":
             return "running"
+        presence = presence_of(self.settings)
+        if presence is not None and presence.present():
+            # the culler leaves present people out, but by a report up to an interval old: the
+            # person may have sat down since. A refusal that may pass (`next_try`): the culler
+            # asks another kernel meanwhile
+            if kernel_id not in self._refused_present:
+                self._refused_present.add(kernel_id)
+                self.log.info(
+                    "fracspawner: kernel %s not swapped out (%s): its user is at the server now",
+                    kernel_id,
+                    reason,
+                )
+            return self.hibernator.refuse(kernel_id, PRESENT_NOW)
+        self._refused_present.discard(kernel_id)
         return await self._hibernate(kernel_id, k.memory_mib, reason)
 
     async def cull_idle_kernels(self, now: datetime | None = None) -> list[str]:
