@@ -210,7 +210,11 @@ def register(
     namespaces = [namespace] if isinstance(namespace, str) else list(namespace)
     only = {"key": "kubernetes.io/metadata.name", "operator": "In", "values": namespaces}
     for hook in config["webhooks"]:
-        hook["namespaceSelector"] = {**hook["namespaceSelector"], "matchExpressions": [only]}
+        selector = hook["namespaceSelector"]  # the export's own terms are kept
+        hook["namespaceSelector"] = {
+            **selector,
+            "matchExpressions": [*selector.get("matchExpressions", []), only],
+        }
     apply_object(client, MUTATING, config)
     # a GPU-less pod choosing every GPU through env: the webhook refuses it (dry run)
     probe = other_pod(namespaces[0], "probe-x7k2p-1", {})

@@ -1393,7 +1393,15 @@ def test_webhook_configuration_matches_profile_pod_creates(rendered_objects):
         }
     ]
     assert hook["namespaceSelector"] == {
-        "matchLabels": {"app.kubernetes.io/part-of": "kubeflow-profile"}
+        "matchLabels": {"app.kubernetes.io/part-of": "kubeflow-profile"},
+        # never kube-system nor the webhook's own namespace (self-hosted webhook deadlock)
+        "matchExpressions": [
+            {
+                "key": "kubernetes.io/metadata.name",
+                "operator": "NotIn",
+                "values": ["kube-system", NAMESPACE],
+            }
+        ],
     }
     assert hook["clientConfig"]["service"]["path"] == "/mutate"
     # quota reservations are written, except for dry runs

@@ -470,7 +470,15 @@ def test_the_webhook_configuration_sorts_after_kubeflows_and_sends_profile_pods(
         "port": 443,
     }
     assert hook["namespaceSelector"] == {
-        "matchLabels": {"app.kubernetes.io/part-of": "kubeflow-profile"}
+        "matchLabels": {"app.kubernetes.io/part-of": "kubeflow-profile"},
+        # never kube-system nor the webhook's own namespace (self-hosted webhook deadlock)
+        "matchExpressions": [
+            {
+                "key": "kubernetes.io/metadata.name",
+                "operator": "NotIn",
+                "values": ["kube-system", "gpu"],
+            }
+        ],
     }
     assert hook["failurePolicy"] == "Fail" and hook["reinvocationPolicy"] == "IfNeeded"
     # issue 19 item 2: notebook pods only are mapped, by the labels the controllers set

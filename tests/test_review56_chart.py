@@ -173,3 +173,85 @@ def test_the_webhook_pdb_never_forbids_every_eviction(replicas, pdb):
         render({"webhook": {"enabled": True, "replicas": 1, "podDisruptionBudget": percent}})
     )
     assert one(objs, "PodDisruptionBudget", "webhook")["spec"]["minAvailable"] == "50%"
+
+
+# ------------------------------------------------------------------ the webhook's own namespace
+def _selects(selector: dict, name: str, labels: dict[str, str]) -> bool:
+    """Whether a LabelSelector (matchLabels and matchExpressions ANDed) selects a namespace
+    `name` carrying `labels` (and kubernetes.io/metadata.name, which the API server sets)."""
+    labels = {**labels, "kubernetes.io/metadata.name": name}
+    if any(labels.get(k) != v for k, v in (selector.get("matchLabels") or {}).items()):
+        return False
+    for expr in selector.get("matchExpressions") or []:
+        key, op, values = expr["key"], expr["operator"], expr.get("values") or []
+        ok = {
+            "In": key in labels and labels[key] in values,
+            "NotIn": key not in labels or labels[key] not in values,
+            "Exists": key in labels,
+            "DoesNotExist": key not in labels,
+        }[op]
+        if not ok:
+            return False
+    return True
+
+
+PROFILE = {"app.kubernetes.io/part-of": "kubeflow-profile"}
+EXCLUDED = ("kube-system", NAMESPACE)
+
+
+@pytest.mark.parametrize(
+    "selector",
+    [
+        None,  # the default: profile namespaces
+        {},  # merged by Helm with the default
+        {"matchLabels": None},  # what an admin writes to select every namespace
+        {"matchLabels": None, "matchExpressions": [{"key": "team", "operator": "Exists"}]},
+        {"matchLabels": {"team": "a"}},  # Helm adds it to the default's
+    ],
+)
+def test_the_webhook_never_selects_kube_system_nor_its_own_namespace(selector):
+    """failurePolicy Fail with a selector that takes kube-system or the webhook's own namespace
+    is the self-hosted webhook deadlock (Kubernetes docs, "Avoiding deadlocks in self-hosted
+    webhooks"): while no webhook pod runs, no pod there can be created, the webhook's own
+    replacement and CoreDNS's included. Before, webhook.namespaceSelector was used as given,
+    and an admin's selector without matchLabels sent every pod of the cluster. Every webhook of
+    the configuration now excludes both namespaces by name, whatever else the admin selects,
+    and keeps the admin's own terms."""
+    values: dict = {"enabled": True}
+    if selector is not None:
+        values["namespaceSelector"] = selector
+    objs = objects(render({"webhook": values}))
+    hooks = one(objs, "MutatingWebhookConfiguration", "webhook")["webhooks"]
+    assert hooks
+    for hook in hooks:
+        chosen = hook["namespaceSelector"]
+        for name in EXCLUDED:
+            for labels in ({}, PROFILE, {**PROFILE, "team": "a"}):
+                assert not _selects(chosen, name, labels), (hook["name"], name, chosen)
+        # the admin's own terms are kept: a namespace they select (not excluded) still is
+        if selector is None or selector == {}:
+            assert _selects(chosen, "team-a", PROFILE) and not _selects(chosen, "team-a", {})
+        elif selector == {"matchLabels": {"team": "a"}}:
+            assert _selects(chosen, "team-a", {**PROFILE, "team": "a"})
+            assert not _selects(chosen, "team-b", PROFILE)
+        elif "matchExpressions" in selector:
+            assert _selects(chosen, "team-a", {"team": "b"}) and not _selects(chosen, "x", {})
+        else:
+            assert _selects(chosen, "team-a", {}) and _selects(chosen, "default", {})
+
+
+@pytest.mark.parametrize("namespace", ["kubeflow", "fracspawner-system"])
+@pytest.mark.parametrize("claims", [False, True])
+def test_the_exported_webhook_never_selects_kube_system_nor_its_own_namespace(namespace, claims):
+    """`fracspawner kubeflow export` writes the chart's configuration for plain-manifest
+    installs: the same exclusion, of kube-system and the namespace its Service is in
+    (--webhook-service NS/NAME)."""
+    from fracspawner.kubeflow.export import WebhookTarget, webhook_configuration
+
+    for only in (False, True):
+        target = WebhookTarget(namespace=namespace, slice_pods_only=only)
+        for hook in webhook_configuration(target, claims=claims)["webhooks"]:
+            chosen = hook["namespaceSelector"]
+            for name in ("kube-system", namespace):
+                assert not _selects(chosen, name, PROFILE), (hook["name"], name, chosen)
+            assert _selects(chosen, "team-a", PROFILE) and not _selects(chosen, "team-a", {})

@@ -44,6 +44,11 @@ from .recognise import V1_NOTEBOOK_LABEL, V2_WORKSPACE_LABEL
 
 #: the label the apiserver puts on every namespace (Kubernetes >= 1.21): names in selectors
 NAME_LABEL = "kubernetes.io/metadata.name"
+#: namespaces no webhook of ours ever selects, with the one its Service runs in: with
+#: failurePolicy Fail, a webhook whose pods are down would refuse every pod there, its own
+#: replacement and CoreDNS's included (Kubernetes docs, "Avoiding deadlocks in self-hosted
+#: webhooks"). The Helm chart adds the same term, with the release namespace.
+NEVER_SELECTED = ("kube-system",)
 #: Kubeflow's own PodDefault webhook configuration; ours must sort after it (below)
 PODDEFAULT_WEBHOOK = "poddefaults-webhook-mutating-webhook-configuration"
 #: The apiserver calls mutating webhook configurations in order of their NAMES
@@ -208,6 +213,13 @@ def spawner_ui_fragment(catalog: Catalog) -> dict[str, Any]:
     return {"spawnerFormDefaults": out}
 
 
+def not_these_namespaces(namespace: str) -> dict[str, Any]:
+    """The namespaceSelector term every webhook of ours carries: never kube-system nor
+    `namespace`, the webhook's own (NEVER_SELECTED)."""
+    names = list(dict.fromkeys([*NEVER_SELECTED, namespace]))
+    return {"key": NAME_LABEL, "operator": "NotIn", "values": names}
+
+
 def webhook_configuration(target: WebhookTarget, claims: bool = False) -> dict[str, Any]:
     """The MutatingWebhookConfiguration (`admissionregistration.k8s.io/v1`)."""
     client: dict[str, Any] = {
@@ -241,7 +253,10 @@ def webhook_configuration(target: WebhookTarget, claims: bool = False) -> dict[s
                 "scope": "Namespaced",
             }
         ],
-        "namespaceSelector": {"matchLabels": dict([PROFILE_LABEL])},
+        "namespaceSelector": {
+            "matchLabels": dict([PROFILE_LABEL]),
+            "matchExpressions": [not_these_namespaces(target.namespace)],
+        },
     }
     # Notebook pods only are mapped, told apart by the labels their controllers set
     # (kubeflow/recognise.py): a Notebook's pods carry notebook-name, a Workspace's
