@@ -9,11 +9,15 @@ rejected on shared nodes) and selects
 - `cloud.google.com/gke-gpu-partition-size: <profile>` for MIG,
 plus `cloud.google.com/gke-accelerator: <type>` (pool option `accelerator`, else from the model).
 Time-sharing has no memory isolation; MPS pins total/N memory per client; MIG is hardware.
+MPS pods run with `hostIPC: true`: GKE's plugin mounts only the pipe directory /tmp/nvidia-mps
+into a client (pkg/gpu/nvidia/manager.go), not the control daemon's shared memory, so clients
+reach the daemon through the host's IPC namespace (GKE docs "Deploy workloads that use NVIDIA
+MPS with GPUs": the example pod sets `hostIPC: true`).
 """
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, ClassVar
 
 from ..model.errors import SliceError
 from ..model.slices import Slice
@@ -56,13 +60,17 @@ class GkeTimeSharingBackend(ReplicaBackend):
     enforces_memory = False
     summary = "GKE GPU time-sharing: 1 of N clients, no memory isolation"
     strategy = "time-sharing"
+    #: pod spec keys the strategy needs (MPS: the host's IPC namespace)
+    pod_config: ClassVar[dict[str, bool]] = {}
     max_replicas = MAX_SHARED_CLIENTS
     replicas_of = "the node pool's max-shared-clients-per-gpu"
 
     def plan(self, s: Slice, pool: Pool) -> PodPlan:
         clients = str(plugin_replicas(pool))  # replicas x overcommit (base.py)
         selector = {STRATEGY: self.strategy, MAX_CLIENTS: clients, **_accelerator(pool)}
-        return PodPlan(limits=gpu_limit(1), node_selector=selector)
+        return PodPlan(
+            limits=gpu_limit(1), node_selector=selector, extra_pod_config=dict(self.pod_config)
+        )
 
 
 class GkeMpsBackend(GkeTimeSharingBackend):
@@ -70,6 +78,8 @@ class GkeMpsBackend(GkeTimeSharingBackend):
     enforces_memory = True
     summary = "GKE MPS: 1 of N clients, pinned memory total/N"
     strategy = "mps"
+    # the MPS clients' shared memory with the control daemon is the host's (module docstring)
+    pod_config: ClassVar[dict[str, bool]] = {"hostIPC": True}
     cannot_overcommit = (
         "GKE's MPS pins each client to the GPU's memory / max-shared-clients-per-gpu, so more "
         "clients would make every slice smaller instead of over-committing; use gke-timesharing"
