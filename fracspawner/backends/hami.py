@@ -94,6 +94,13 @@ class HamiBackend(Backend):
 
     #: deviceMemoryScaling over-commits (module docstring)
     cannot_overcommit = ""
+    #: whether pool option `memory_factor` says in how many MiB the memory resource counts
+    #: (Volcano's gpuMemoryFactor); HAMi's plan states MiB
+    has_memory_factor: ClassVar[bool] = False
+
+    def memory_factor(self, pool: Pool) -> int:
+        """MiB per unit of the memory resource (1: the resource counts MiB)."""
+        return int(option(pool, "memory_factor", 1)) if self.has_memory_factor else 1
 
     def check_overcommit(self, pool: Pool) -> None:
         super().check_overcommit(pool)
@@ -113,6 +120,13 @@ class HamiBackend(Backend):
             isinstance(cores, int) and not isinstance(cores, bool) and 1 <= cores <= 100
         ):
             raise ValueError("options.gpucores: use proportional, none or a percent 1-100")
+        if self.has_memory_factor:
+            factor = option(pool, "memory_factor", 1)
+            if not (isinstance(factor, int) and not isinstance(factor, bool) and factor >= 1):
+                raise ValueError(
+                    "options.memory_factor: the device plugin's gpuMemoryFactor, MiB per unit "
+                    "of memory (a whole number, 1 or more)"
+                )
 
     def plan(self, s: Slice, pool: Pool) -> PodPlan:
         count, mem, mem_percent, cores_key = self.resources
@@ -146,7 +160,17 @@ class HamiBackend(Backend):
                 notes = (f"{s} is stated as {percent}% of a {pool.gpu.name} ({memory} MiB)",)
             else:
                 memory = slice_memory_mib(s, pool.gpu)
-                limits[mem] = str(memory)
+                # the resource counts units of `factor` MiB: whole units, rounded down so a
+                # slice never gets more than its offer, and the plan says what it gets
+                factor = self.memory_factor(pool)
+                units = memory // factor
+                limits[mem] = str(units)
+                if units * factor != memory:
+                    notes = (
+                        f"{s} is {units} units of {factor} MiB ({units * factor} MiB; "
+                        f"{self.name} counts memory in units of {factor} MiB)",
+                    )
+                    memory = units * factor
             cores = _cores(s, pool)
             if cores is not None:
                 limits[cores_key] = str(cores)
