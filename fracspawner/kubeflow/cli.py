@@ -17,6 +17,7 @@ from typing import Any
 import yaml
 
 from ..backends import load_catalog
+from ..model.catalog import not_utf8
 from ..model.errors import CatalogError
 from .export import (
     Export,
@@ -133,6 +134,8 @@ def _parser() -> argparse.ArgumentParser:
 def _namespaces_from_file(path: Path) -> list[ProfileNamespace]:
     try:
         docs = [d for d in yaml.safe_load_all(path.read_text(encoding="utf-8")) if d]
+    except UnicodeDecodeError as exc:
+        raise ExportError(f"--namespaces-file {path}: {not_utf8(exc)}") from None
     except (OSError, yaml.YAMLError) as exc:
         raise ExportError(f"--namespaces-file {path}: {exc}") from None
     items: list[Any] = []
@@ -192,6 +195,8 @@ def _workspace_kind(args: argparse.Namespace, notes: list[str]) -> dict[str, Any
     path = Path(args.workspace_kind_file)
     try:
         docs = [d for d in yaml.safe_load_all(path.read_text(encoding="utf-8")) if d]
+    except UnicodeDecodeError as exc:
+        raise ExportError(f"--workspace-kind-file {path}: {not_utf8(exc)}") from None
     except (OSError, yaml.YAMLError) as exc:
         raise ExportError(f"--workspace-kind-file {path}: {exc}") from None
     if len(docs) != 1 or not isinstance(docs[0], dict):

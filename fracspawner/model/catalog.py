@@ -233,12 +233,21 @@ def load_yaml(path: Path) -> Any:
         text = path.read_text(encoding="utf-8")
     except OSError as exc:
         raise CatalogError(f"{path}: cannot read the catalog: {exc.strerror or exc}") from None
+    except UnicodeDecodeError as exc:
+        raise CatalogError(f"{path}: {not_utf8(exc)}") from None
     try:
         return yaml.load(text, Loader=_UniqueKeyLoader)  # noqa: S506 - a SafeLoader subclass
     except CatalogError as exc:
         raise CatalogError(f"{path}: {exc}") from None
     except yaml.YAMLError as exc:
         raise CatalogError(f"{path}: not valid YAML: {exc}") from None
+
+
+def not_utf8(exc: UnicodeDecodeError) -> str:
+    """'not UTF-8 text (byte 0xe9 on line 6); ...' for a file that is not UTF-8 (YAML's own)."""
+    data = exc.object if isinstance(exc.object, bytes) else bytes(exc.object)
+    line = data.count(b"\n", 0, exc.start) + 1
+    return f"not UTF-8 text (byte 0x{data[exc.start]:02x} on line {line}); save the file as UTF-8"
 
 
 # --------------------------------------------------------------------------- validation

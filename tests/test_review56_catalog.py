@@ -1,0 +1,76 @@
+"""Review s56: the catalog loader and the admin commands fed bad input. Each test failed
+before its fix: a traceback, a silently accepted value, or a message that did not say what
+was wrong."""
+
+from __future__ import annotations
+
+import copy
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from fracspawner.backends import backend_names, check_pool, load_catalog
+from fracspawner.model.check import catalog_problems
+from fracspawner.model.errors import CatalogError
+
+REPO = Path(__file__).resolve().parent.parent
+DEMO = REPO / "examples" / "catalogs" / "demo.yaml"
+
+BASE = {
+    "pools": {
+        "h100": {"gpu": "H100-80GB", "backend": "hami", "offers": ["1/4", "10GiB", "1"]},
+        "t4": {"gpu": "T4", "backend": "timeslicing", "replicas": 4, "offers": ["1/4"]},
+    },
+    "access": {"default": {"pools": ["h100"], "max_gpu": 0.25}},
+}
+
+
+def fracspawner(*args: str, cwd: Path | None = None) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "fracspawner", *args],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        cwd=cwd,
+    )
+
+
+def with_(path: tuple, value: object) -> dict:
+    data = copy.deepcopy(BASE)
+    node = data
+    for key in path[:-1]:
+        node = node[key]
+    node[path[-1]] = value
+    return data
+
+
+def refused(data: object, says: str) -> None:
+    """Both the loader and `check` refuse `data` with a message containing `says`."""
+    with pytest.raises(CatalogError) as err:
+        load_catalog(data)
+    assert says in str(err.value)
+    problems = catalog_problems(data, check_pool, backend_names())
+    assert any(says in p for p in problems), problems
+
+
+# --------------------------------------------------------------------------- non-UTF-8 files
+LATIN1 = b'pools:\n  h100:\n    gpu: H100\n    backend: hami\n    offers: ["1/4"]\n' + (
+    b'    display_name: "caf\xe9"\n'
+)
+
+
+def test_a_catalog_that_is_not_utf8_is_one_clear_problem_not_a_traceback(tmp_path):
+    path = tmp_path / "catalog.yaml"
+    path.write_bytes(LATIN1)
+    with pytest.raises(CatalogError, match=r"not UTF-8 text \(byte 0xe9 on line 6\)"):
+        load_catalog(path)
+    out = fracspawner("check", str(path))
+    assert out.returncode == 1
+    assert "Traceback" not in out.stderr
+    assert "not UTF-8 text (byte 0xe9 on line 6); save the file as UTF-8" in out.stderr
+    out = fracspawner("kubeflow", "export", "--catalog", str(DEMO), "--namespaces-file",
+                      str(path), "-o", str(tmp_path / "out"))  # fmt: skip
+    assert out.returncode == 2, out.stderr
+    assert "Traceback" not in out.stderr and "not UTF-8 text" in out.stderr
