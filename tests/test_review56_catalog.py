@@ -74,3 +74,17 @@ def test_a_catalog_that_is_not_utf8_is_one_clear_problem_not_a_traceback(tmp_pat
                       str(path), "-o", str(tmp_path / "out"))  # fmt: skip
     assert out.returncode == 2, out.stderr
     assert "Traceback" not in out.stderr and "not UTF-8 text" in out.stderr
+
+
+# --------------------------------------------------------------------------- YAML keys
+def test_a_list_as_a_yaml_key_is_a_problem_with_its_line_not_a_traceback(tmp_path):
+    path = tmp_path / "catalog.yaml"
+    path.write_text(
+        'pools:\n  h100:\n    gpu: H100\n    backend: hami\n    offers: ["1/4"]\n'
+        "  ? [a, b]\n  : 1\n"
+    )
+    with pytest.raises(CatalogError, match=r"a key is a list, not a name \(line 6\)"):
+        load_catalog(path)
+    out = fracspawner("check", str(path))
+    assert out.returncode == 1 and "Traceback" not in out.stderr, out.stderr
+    assert "a key is a list, not a name (line 6)" in out.stderr

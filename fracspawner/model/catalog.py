@@ -215,6 +215,12 @@ def _construct_mapping(loader: _UniqueKeyLoader, node: yaml.MappingNode, deep: b
     seen: dict[Any, Any] = {}
     for key_node, _ in node.value:
         key = loader.construct_object(key_node, deep=deep)
+        if isinstance(key_node, (yaml.SequenceNode, yaml.MappingNode)):
+            # `? [a, b]`: a list or mapping as a key, which no catalog key can be (and which
+            # Python cannot hash: a TypeError here, a traceback, before)
+            kind = "list" if isinstance(key_node, yaml.SequenceNode) else "mapping"
+            line = key_node.start_mark.line + 1
+            raise CatalogError(f"a key is a {kind}, not a name (line {line})")
         if key in seen:
             line = key_node.start_mark.line + 1
             raise CatalogError(f"duplicate key {key!r} (line {line})")
