@@ -88,3 +88,29 @@ def test_a_list_as_a_yaml_key_is_a_problem_with_its_line_not_a_traceback(tmp_pat
     out = fracspawner("check", str(path))
     assert out.returncode == 1 and "Traceback" not in out.stderr, out.stderr
     assert "a key is a list, not a name (line 6)" in out.stderr
+
+
+MERGED = """\
+pools:
+  h100: &pool
+    gpu: H100-80GB
+    backend: hami
+    offers: ["1/4", "1/2"]
+  h200:
+    <<: *pool
+    gpu: H200-141GB
+"""
+
+
+def test_a_key_beside_a_yaml_merge_key_overrides_it_and_is_no_duplicate(tmp_path):
+    path = tmp_path / "catalog.yaml"
+    path.write_text(MERGED)
+    catalog = load_catalog(path)  # was: "duplicate key 'gpu' (line 8)"
+    assert catalog.pools["h200"].gpu.name == "H200-141GB"
+    assert catalog.pools["h200"].backend == "hami"
+    assert catalog.pools["h100"].gpu.name == "H100-80GB"
+    assert fracspawner("check", str(path)).returncode == 0
+    # a key written twice is still a duplicate, merge key or not
+    path.write_text(MERGED + "    gpu: L4\n")
+    with pytest.raises(CatalogError, match=r"duplicate key 'gpu' \(line 9\)"):
+        load_catalog(path)

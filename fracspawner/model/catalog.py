@@ -207,13 +207,19 @@ def parse_duration(text: object) -> float | None:
 
 # --------------------------------------------------------------------------- YAML
 class _UniqueKeyLoader(yaml.SafeLoader):
-    """SafeLoader that refuses duplicate keys (PyYAML silently keeps the last one)."""
+    """SafeLoader that refuses duplicate keys (PyYAML silently keeps the last one). Keys a
+    merge key (`<<: *base`) brings in are no duplicates: a key written beside it overrides
+    them, as YAML's merge key means."""
+
+
+_MERGE_TAG = "tag:yaml.org,2002:merge"
 
 
 def _construct_mapping(loader: _UniqueKeyLoader, node: yaml.MappingNode, deep: bool = False):
-    loader.flatten_mapping(node)
     seen: dict[Any, Any] = {}
-    for key_node, _ in node.value:
+    for key_node, _ in node.value:  # the keys as written, before the merge brings any in
+        if key_node.tag == _MERGE_TAG:
+            continue
         key = loader.construct_object(key_node, deep=deep)
         if isinstance(key_node, (yaml.SequenceNode, yaml.MappingNode)):
             # `? [a, b]`: a list or mapping as a key, which no catalog key can be (and which
@@ -225,7 +231,7 @@ def _construct_mapping(loader: _UniqueKeyLoader, node: yaml.MappingNode, deep: b
             line = key_node.start_mark.line + 1
             raise CatalogError(f"duplicate key {key!r} (line {line})")
         seen[key] = True
-    return loader.construct_mapping(node, deep=deep)
+    return loader.construct_mapping(node, deep=deep)  # merges (flatten_mapping), then builds
 
 
 _UniqueKeyLoader.add_constructor(
