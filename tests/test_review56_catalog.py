@@ -114,3 +114,41 @@ def test_a_key_beside_a_yaml_merge_key_overrides_it_and_is_no_duplicate(tmp_path
     path.write_text(MERGED + "    gpu: L4\n")
     with pytest.raises(CatalogError, match=r"duplicate key 'gpu' \(line 9\)"):
         load_catalog(path)
+
+
+# --------------------------------------------------------------------------- numbers
+@pytest.mark.parametrize(
+    ("path", "value", "says"),
+    [
+        # a quota of .nan let every spawn through the Kubeflow webhook (used + asked > nan is
+        # never true) and refused every one in the hub; .inf was "unlimited" where the catalog
+        # says null, and JSON (the chart, the export) cannot write either
+        (("access", "default", "max_gpu"), float("nan"), "(or left empty), not nan"),
+        (("access", "default", "max_gpu"), float("inf"), "(or left empty), not inf"),
+        (("access", "default", "max_gpu"), 10**400, "not a number of 401 digits"),
+        (("pools", "h100", "overcommit"), float("nan"), "must be a number, not nan"),
+        (("pools", "h100", "offers"), [float("nan")], "must be a string or a number, not nan"),
+        # whole numbers written 4.0: a TypeError from Fraction (a traceback) before
+        (("pools", "t4", "replicas"), 4.0, "must be a whole number, not 4.0 (write 4)"),
+        (("pools", "h100", "gpu"), {"memory_mib": 81920, "nvml_memory_mib": 81559.0},
+         "nvml_memory_mib: must be a whole number, not 81559.0"),
+    ],
+)  # fmt: skip
+def test_numbers_that_are_no_numbers_or_not_whole_are_refused_with_the_key(path, value, says):
+    data = with_(path, value)
+    with pytest.raises(CatalogError) as err:
+        load_catalog(data)
+    assert str(err.value).startswith(".".join(path[:3]))
+    problems = catalog_problems(data, check_pool, backend_names())
+    assert len(problems) == 1 and says in problems[0], problems
+
+
+def test_a_nan_quota_does_not_admit_past_it(tmp_path):
+    path = tmp_path / "catalog.yaml"
+    path.write_text(
+        'pools: {h100: {gpu: H100, backend: hami, offers: ["1/4"]}}\n'
+        "access: {default: {pools: all, max_gpu: .nan}}\n"
+    )
+    out = fracspawner("check", str(path))
+    assert out.returncode == 1, out.stdout
+    assert "access.default.max_gpu: must be a number (or left empty), not nan" in out.stderr

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import math
 import os
 import re
 from collections.abc import Iterable, Mapping
@@ -269,6 +270,37 @@ def schema() -> dict[str, Any]:
     return json.loads(SCHEMA_PATH.read_text(encoding="utf-8"))
 
 
+#: the largest whole number a catalog may hold (Kubernetes' int64); anything beyond is a typo
+MAX_INTEGER = 2**63 - 1
+
+
+def _is_number(_checker: Any, value: Any) -> bool:
+    """JSON's numbers: YAML's .nan and .inf are none (JSON cannot even write them), nor is
+    an integer too large for a float (an OverflowError wherever it is used)."""
+    if isinstance(value, bool):
+        return False
+    if isinstance(value, int):
+        return abs(value) <= MAX_INTEGER
+    return isinstance(value, float) and math.isfinite(value)
+
+
+def _is_integer(_checker: Any, value: Any) -> bool:
+    """Whole numbers as written: `replicas: 4.0` is refused, not read as 4 here and as 4.0
+    (a label "4.0", a TypeError of Fraction) further on."""
+    return isinstance(value, int) and not isinstance(value, bool) and abs(value) <= MAX_INTEGER
+
+
+@lru_cache(maxsize=1)
+def validator() -> Any:
+    """The catalog schema's validator, with the number types above (the loader's and
+    `fracspawner check`'s)."""
+    import jsonschema
+
+    base = jsonschema.Draft202012Validator
+    checker = base.TYPE_CHECKER.redefine_many({"number": _is_number, "integer": _is_integer})
+    return jsonschema.validators.extend(base, type_checker=checker)(schema())
+
+
 def _path(parts: Iterable[Any]) -> str:
     out = ""
     for part in parts:
@@ -282,8 +314,7 @@ def _path(parts: Iterable[Any]) -> str:
 def _schema_check(data: Any) -> None:
     import jsonschema
 
-    validator = jsonschema.Draft202012Validator(schema())
-    errors = sorted(validator.iter_errors(data), key=lambda e: (len(e.absolute_path), e.message))
+    errors = sorted(validator().iter_errors(data), key=lambda e: (len(e.absolute_path), e.message))
     if not errors:
         return
     # the deepest error is the most specific one (oneOf reports its branches below it)

@@ -21,6 +21,7 @@ from typing import Any
 from .catalog import (
     DEFAULT_IDLE,
     IDLE_KEYS,
+    MAX_INTEGER,
     PoolCheck,
     _idle,
     _path,
@@ -30,7 +31,7 @@ from .catalog import (
     idle_keys_set_in,
     load_yaml,
     parse_duration,
-    schema,
+    validator,
 )
 from .errors import CatalogError, SliceError
 from .gpumodels import GPU_MODELS, lookup_model
@@ -95,6 +96,14 @@ def _type_words(expected: Any, instance: Any) -> str:
     kinds = [expected] if isinstance(expected, str) else list(expected)
     words = [_TYPE_WORDS.get(k, k) for k in kinds if k != "null"]
     said = " or ".join(words) + (" (or left empty)" if "null" in kinds else "")
+    if isinstance(instance, float) and not math.isfinite(instance):  # YAML's .nan, .inf
+        return f"must be {said}, not {instance} (no number)"
+    if isinstance(instance, int) and not isinstance(instance, bool) and abs(instance) > MAX_INTEGER:
+        return f"must be {said}, not a number of {len(str(abs(instance)))} digits"
+    if isinstance(instance, float) and "integer" in kinds and "number" not in kinds:
+        return f"must be {said}, not {instance!r}" + (
+            f" (write {instance:.0f})" if instance.is_integer() else ""
+        )
     shown = repr(instance) if not isinstance(instance, Mapping | list) else ""
     return f"must be {said}, not {_kind_of(instance)}" + (f" ({shown})" if shown else "")
 
@@ -146,6 +155,8 @@ def _idle_problems(raw: Any, prefix: tuple[Any, ...]) -> list[str]:
             means = close[0]
         if isinstance(value, bool) or not isinstance(value, str | int | float):
             continue
+        if isinstance(value, float) and not math.isfinite(value):
+            continue  # .nan, .inf: no number (the schema's to say)
         try:
             parse_duration(value)
         except ValueError as exc:
@@ -167,9 +178,8 @@ def _renamed(data: Any, parent: tuple[Any, ...], key: str, to: str) -> Any:
 def _schema_problems(data: Any, *, _read_as: bool = True) -> list[tuple[tuple[Any, ...], str]]:
     import jsonschema
 
-    validator = jsonschema.Draft202012Validator(schema())
     found: list[tuple[tuple[Any, ...], str]] = []
-    for error in validator.iter_errors(data):
+    for error in validator().iter_errors(data):
         best = jsonschema.exceptions.best_match([error])
         path = tuple(best.absolute_path)
         message = best.message
