@@ -152,3 +152,23 @@ def test_a_nan_quota_does_not_admit_past_it(tmp_path):
     out = fracspawner("check", str(path))
     assert out.returncode == 1, out.stdout
     assert "access.default.max_gpu: must be a number (or left empty), not nan" in out.stderr
+
+
+@pytest.mark.parametrize(
+    ("value", "says"),
+    [
+        ("2024-13-45", "line 6: '2024-13-45' is a date to YAML, but none"),  # ValueError before
+        ("9" * 5000, "line 6: a number of 5000 characters, too long to read"),
+    ],
+)
+def test_a_scalar_yaml_cannot_construct_is_a_problem_with_its_line(tmp_path, value, says):
+    path = tmp_path / "catalog.yaml"
+    path.write_text(
+        f'pools:\n  h100:\n    gpu: H100\n    backend: hami\n    offers: ["1/4"]\n'
+        f"    description: {value}\n"
+    )
+    with pytest.raises(CatalogError, match=says):
+        load_catalog(path)
+    out = fracspawner("check", str(path))
+    assert out.returncode == 1 and "Traceback" not in out.stderr, out.stderr
+    assert says in out.stderr

@@ -241,6 +241,30 @@ _UniqueKeyLoader.add_constructor(
 )
 
 
+def _unreadable_scalar(tag: str, what: str) -> None:
+    """A scalar YAML resolves to `tag` whose constructor raises ValueError (2024-13-45 is a
+    date to YAML; Python reads no integer of more than 4,300 digits): a problem naming its
+    line, not a ValueError out of yaml.load."""
+    constructor = _UniqueKeyLoader.yaml_constructors[tag]
+
+    def construct(loader: _UniqueKeyLoader, node: yaml.ScalarNode) -> Any:
+        try:
+            return constructor(loader, node)
+        except ValueError as exc:
+            line = node.start_mark.line + 1
+            if tag.endswith(":int"):
+                said = f"a number of {len(node.value)} characters, too long to read"
+            else:
+                said = f"{node.value!r} is {what} ({exc}); quote it to write text"
+            raise CatalogError(f"line {line}: {said}") from None
+
+    _UniqueKeyLoader.add_constructor(tag, construct)
+
+
+_unreadable_scalar("tag:yaml.org,2002:int", "no number")
+_unreadable_scalar("tag:yaml.org,2002:timestamp", "a date to YAML, but none")
+
+
 def load_yaml(path: Path) -> Any:
     try:
         text = path.read_text(encoding="utf-8")
