@@ -172,3 +172,33 @@ def test_a_scalar_yaml_cannot_construct_is_a_problem_with_its_line(tmp_path, val
     out = fracspawner("check", str(path))
     assert out.returncode == 1 and "Traceback" not in out.stderr, out.stderr
     assert says in out.stderr
+
+
+# --------------------------------------------------------------------------- pool options
+@pytest.mark.parametrize(
+    ("pool", "options", "says"),
+    [
+        # typos were ignored: the pods went to the default scheduler, got proportional cores
+        ("h100", {"schedular_name": "hami-scheduler"},
+         "pools.h100.options.schedular_name: unknown option 'schedular_name' "
+         "(did you mean 'scheduler_name'?); the hami backend's options: scheduler_name,"),
+        ("h100", {"gpucore": 50}, "unknown option 'gpucore' (did you mean 'gpucores'?)"),
+        # another backend's option is not this one's
+        ("h100", {"enforced": True}, "pools.h100.options.enforced: unknown option 'enforced'"),
+        # "no" was read as true: the pods asked nvidia.com/gpu.shared
+        ("t4", {"rename_by_default": "no"},
+         "pools.t4.options.rename_by_default: must be true or false, not 'no'"),
+        ("h100", {"scheduler_name": ""}, "options.scheduler_name: must be a non-empty string"),
+    ],
+)  # fmt: skip
+def test_pool_options_a_backend_does_not_read_or_cannot_take_are_refused(pool, options, says):
+    refused(with_(("pools", pool, "options"), options), says)
+
+
+def test_kai_enforced_no_is_refused_not_read_as_enforced():
+    """`enforced: "no"` on a kai pool made its memory 'enforced' (no soft caps, the form's
+    'memory enforced'), the opposite of what was written."""
+    pool = {"gpu": "H100", "backend": "kai", "offers": ["1/4"], "options": {"enforced": "no"}}
+    refused(with_(("pools", "kai"), pool), "pools.kai.options.enforced: must be true or false")
+    pool["options"] = {"enforced": False, "queue": "team-a"}
+    assert load_catalog(with_(("pools", "kai"), pool)).pools["kai"].options["enforced"] is False

@@ -19,7 +19,7 @@ from typing import Any
 from ..model.catalog import Catalog, Image, Pool
 from ..model.errors import CatalogError, SliceError
 from ..model.slices import Slice, gpu_equivalent, slice_memory_mib
-from .base import Backend, PodPlan, decimal
+from .base import COMMON_OPTIONS, Backend, PodPlan, decimal
 from .fit import UNKNOWN, CountedOffer, OfferCapacity
 
 __all__ = [
@@ -187,6 +187,7 @@ def check_pool(pool: Pool, where: str) -> None:
         backend = get_backend(pool.backend)
     except ValueError as exc:
         raise CatalogError(f"{where}.backend: {exc}") from None
+    _check_options(backend, pool, where)
     try:
         backend.check_pool(pool)
     except (SliceError, ValueError) as exc:
@@ -200,6 +201,27 @@ def check_pool(pool: Pool, where: str) -> None:
             backend.check_offer(offer, pool)
         except SliceError as exc:
             raise CatalogError(f"{where}.offers[{i}]: {exc}") from None
+
+
+def _check_options(backend: Backend, pool: Pool, where: str) -> None:
+    """The pool's `options` are ones its backend reads, each of the kind it takes: a typo
+    (`schedular_name`) or an option of another backend is not silently ignored, nor is
+    `enforced: "no"` read as true."""
+    own = backend.pool_options
+    known = {**COMMON_OPTIONS, **(own if own is not None else {})}
+    for key, value in (pool.options or {}).items():
+        kind = known.get(key)
+        if kind is None:
+            if own is None:
+                continue  # a backend that does not say which it reads
+            from ..model.check import did_you_mean
+
+            raise CatalogError(
+                f"{where}.options.{key}: unknown option {key!r}{did_you_mean(key, known)}; "
+                f"the {backend.name} backend's options: {', '.join(known)}"
+            )
+        if not kind.accepts(value):
+            raise CatalogError(f"{where}.options.{key}: must be {kind.words}, not {value!r}")
 
 
 def load_catalog(source: str | os.PathLike[str] | Mapping[str, Any]) -> Catalog:

@@ -8,9 +8,10 @@ GPU pod carries (the CONTRACT labels and annotations, soft caps, the pool's node
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from fractions import Fraction
+from types import MappingProxyType
 from typing import TYPE_CHECKING, Any, ClassVar
 
 from ..model.errors import SliceError
@@ -49,6 +50,24 @@ class PodPlan:
     claim_templates: tuple[Mapping[str, Any], ...] = field(default=(), hash=False)
 
 
+@dataclass(frozen=True)
+class OptionKind:
+    """What a pool option takes: `accepts(value)`, and in words for the message."""
+
+    words: str
+    accepts: Callable[[Any], bool]
+
+
+#: true or false, not the string "no" (which bool() reads as true)
+FLAG = OptionKind("true or false", lambda v: isinstance(v, bool))
+#: a name (a queue, a resource, a product): a non-empty string
+TEXT = OptionKind("a non-empty string", lambda v: isinstance(v, str) and v.strip() != "")
+#: values the backend's own check_pool checks (with its own message)
+CHECKED = OptionKind("", lambda v: True)
+#: every backend's: the pod's schedulerName (plan_slice)
+COMMON_OPTIONS: Mapping[str, OptionKind] = MappingProxyType({"scheduler_name": TEXT})
+
+
 def gpu_limit(count: int | str = 1, resource: str = "nvidia.com/gpu") -> dict[str, str]:
     return {resource: str(count)}
 
@@ -63,6 +82,10 @@ class Backend:
     modes: ClassVar[frozenset[str]] = frozenset()
     #: one line for docs and errors
     summary: ClassVar[str] = ""
+    #: the pool options it reads besides COMMON_OPTIONS: any other key of a pool's `options`
+    #: is refused, as a typo would otherwise be ignored. None: not said (a third party's
+    #: backend), every key is let through
+    pool_options: ClassVar[Mapping[str, OptionKind] | None] = None
 
     def check_pool(self, pool: Pool) -> None:
         """Raise ValueError if the pool's settings cannot work with this backend."""

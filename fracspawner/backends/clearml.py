@@ -21,12 +21,13 @@ from __future__ import annotations
 import math
 from decimal import Decimal
 from fractions import Fraction
+from types import MappingProxyType
 from typing import TYPE_CHECKING
 
 from ..k8s.objects import quantity_int
 from ..model.errors import SliceError
 from ..model.slices import Slice, slice_memory_mib
-from .base import Backend, PodPlan, gpu_limit, option
+from .base import CHECKED, TEXT, Backend, PodPlan, gpu_limit, option
 from .fit import (
     GFD_GPU_REPLICAS,
     NVIDIA_GPU,
@@ -68,6 +69,7 @@ class ClearmlInjectorBackend(Backend):
     enforces_memory = True
     modes = frozenset({"fraction", "whole"})
     summary = "ClearML fractional GPU injector: clearml-injector/fraction label"
+    pool_options = MappingProxyType({"gpu_limit": CHECKED})
 
     def check_pool(self, pool: Pool) -> None:
         if option(pool, "gpu_limit", "one") not in ("one", "eighths", "none"):
@@ -165,6 +167,9 @@ class ClearmlImageBackend(Backend):
     enforces_memory = True
     modes = frozenset({"memory", "fraction"})
     summary = "ClearML fractional-gpu images: memory limit in the image, hostPID"
+    pool_options = MappingProxyType(
+        {"os": TEXT, "cuda": TEXT, "repository": TEXT, "resource": TEXT}
+    )
 
     def check_pool(self, pool: Pool) -> None:
         variant = (option(pool, "os", "u22"), option(pool, "cuda", "cu12.3"))

@@ -52,12 +52,13 @@ import math
 import re
 from collections.abc import Mapping
 from fractions import Fraction
+from types import MappingProxyType
 from typing import TYPE_CHECKING, Any, ClassVar
 
 from ..k8s.objects import quantity
 from ..model.errors import SliceError
 from ..model.slices import Slice, slice_memory_mib
-from .base import Backend, PodPlan, option
+from .base import CHECKED, Backend, PodPlan, option
 from .dra_devices import DeviceRequest, NodeDevices, fit_node
 from .fit import CountedOffer, NodeCount, NotCountable, OfferCounter, SummedCounter, Tally
 
@@ -166,6 +167,14 @@ class DraBackend(Backend):
         "Kubernetes DRA (resource.k8s.io/v1) with NVIDIA's DRA driver: a ResourceClaim per "
         "server; memory shares are booked by the scheduler, MIG is isolated in hardware"
     )
+    #: the catalog schema's dra_options says each (keys and values) already
+    pool_options = MappingProxyType(
+        dict.fromkeys(
+            ("driver", "device_class", "mig_device_class", "sharing", "shares", "mig",
+             "product_name", "selectors", "time_slicing", "mps"),
+            CHECKED,
+        )
+    )  # fmt: skip
     #: DRA counts from ResourceSlices and ResourceClaims (capacity/dra.py), not node fields
     uses_dra: ClassVar[bool] = True
 

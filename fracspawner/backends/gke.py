@@ -17,11 +17,12 @@ MPS with GPUs": the example pod sets `hostIPC: true`).
 
 from __future__ import annotations
 
+from types import MappingProxyType
 from typing import TYPE_CHECKING, ClassVar
 
 from ..model.errors import SliceError
 from ..model.slices import Slice
-from .base import Backend, PodPlan, ReplicaBackend, gpu_limit, option, plugin_replicas
+from .base import TEXT, Backend, PodPlan, ReplicaBackend, gpu_limit, option, plugin_replicas
 
 if TYPE_CHECKING:
     from ..model.catalog import Pool
@@ -59,6 +60,7 @@ class GkeTimeSharingBackend(ReplicaBackend):
     name = "gke-timesharing"
     enforces_memory = False
     summary = "GKE GPU time-sharing: 1 of N clients, no memory isolation"
+    pool_options = MappingProxyType({"accelerator": TEXT})
     strategy = "time-sharing"
     #: pod spec keys the strategy needs (MPS: the host's IPC namespace)
     pod_config: ClassVar[dict[str, bool]] = {}
@@ -91,6 +93,7 @@ class GkeMigBackend(Backend):
     enforces_memory = True
     modes = frozenset({"mig"})
     summary = "GKE MIG partitions: nvidia.com/gpu on nodes of one partition size"
+    pool_options = MappingProxyType({"accelerator": TEXT})
     cannot_overcommit = (
         "MIG partitions are fixed in hardware, each with memory of its own, and the CUDA "
         "checkpoint API that swaps idle kernels out does not support MIG "

@@ -37,11 +37,12 @@ from __future__ import annotations
 
 import math
 from functools import lru_cache
+from types import MappingProxyType
 from typing import TYPE_CHECKING, ClassVar
 
 from ..model.slices import Slice, gpu_equivalent, slice_memory_mib
 from . import hami_devices as devices
-from .base import Backend, PodPlan, option
+from .base import CHECKED, TEXT, Backend, PodPlan, option
 from .fit import CountedOffer, NodeCount, NotCountable, OfferCounter, SummedCounter, Tally
 
 if TYPE_CHECKING:
@@ -78,6 +79,9 @@ class HamiBackend(Backend):
     enforces_memory = True
     modes = frozenset({"fraction", "memory", "whole"})
     summary = "HAMi vGPU: memory limit (MiB) and SM percentage, enforced by HAMi-core"
+    pool_options = MappingProxyType(
+        {"memory": CHECKED, "gpucores": CHECKED, **dict.fromkeys(_ANNOTATIONS, TEXT)}
+    )
     #: resource names (count, MiB, percent of memory, percent of SMs) and scheduler; Volcano's
     #: vGPU device plugin is HAMi-core under other names
     resources: ClassVar[tuple[str, str, str, str]] = (GPU, GPUMEM, GPUMEM_PERCENT, GPUCORES)

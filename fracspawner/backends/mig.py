@@ -11,11 +11,12 @@ MIG isolates memory and compute in hardware.
 
 from __future__ import annotations
 
+from types import MappingProxyType
 from typing import TYPE_CHECKING
 
 from ..model.errors import SliceError
 from ..model.slices import Slice
-from .base import Backend, PodPlan, gpu_limit, option
+from .base import TEXT, Backend, PodPlan, gpu_limit, option
 
 if TYPE_CHECKING:
     from ..model.catalog import Pool
@@ -39,6 +40,7 @@ class MigMixedBackend(Backend):
     modes = frozenset({"mig"})
     summary = "NVIDIA MIG, mixed strategy: one resource per profile"
     cannot_overcommit = MIG_NO_OVERCOMMIT
+    pool_options = MappingProxyType({})
 
     def check_pool(self, pool: Pool) -> None:
         if not pool.gpu.mig_profiles:
@@ -55,6 +57,7 @@ class MigSingleBackend(Backend):
     modes = frozenset({"mig"})
     summary = "NVIDIA MIG, single strategy: nvidia.com/gpu on nodes labelled with the profile"
     cannot_overcommit = MIG_NO_OVERCOMMIT
+    pool_options = MappingProxyType({"product": TEXT})
 
     def check_pool(self, pool: Pool) -> None:
         if not pool.gpu.mig_profiles:

@@ -13,10 +13,11 @@ a node sliced the way the catalog says.
 
 from __future__ import annotations
 
+from types import MappingProxyType
 from typing import TYPE_CHECKING
 
 from ..model.slices import Slice
-from .base import PodPlan, ReplicaBackend, gpu_limit, option, plugin_replicas
+from .base import FLAG, PodPlan, ReplicaBackend, gpu_limit, option, plugin_replicas
 
 if TYPE_CHECKING:
     from ..model.catalog import Pool
@@ -34,6 +35,7 @@ class TimeSlicingBackend(ReplicaBackend):
     name = "timeslicing"
     enforces_memory = False
     summary = "NVIDIA device-plugin time-slicing: 1 of N replicas, no memory isolation"
+    pool_options = MappingProxyType({"rename_by_default": FLAG})
     strategy_label: str | None = None
 
     def plan(self, s: Slice, pool: Pool) -> PodPlan:

@@ -20,11 +20,12 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping
 from dataclasses import dataclass
+from types import MappingProxyType
 from typing import TYPE_CHECKING, Any
 
 from ..k8s.objects import quantity_int
 from ..model.slices import Slice, slice_memory_mib
-from .base import Backend, PodPlan, decimal, gpu_limit, option
+from .base import FLAG, TEXT, Backend, PodPlan, decimal, gpu_limit, option
 from .fit import (
     EPS,
     NVIDIA_GPU,
@@ -60,6 +61,7 @@ class RunaiBackend(Backend):
     )
     scheduler = "runai-scheduler"
     queue_label = "runai/queue"
+    pool_options = MappingProxyType({"queue": TEXT, "queue_label": TEXT})
 
     def plan(self, s: Slice, pool: Pool) -> PodPlan:
         # a pod is scheduled only in a queue (project); without the option, the queue comes
@@ -175,6 +177,7 @@ class KaiBackend(RunaiBackend):
     summary = "KAI scheduler fractions: gpu-fraction / gpu-memory annotations, kai-scheduler"
     scheduler = "kai-scheduler"
     queue_label = "kai.scheduler/queue"
+    pool_options = MappingProxyType({**RunaiBackend.pool_options, "enforced": FLAG})
 
     def enforced(self, pool: Pool) -> bool:
         # only with HAMi's kai-resource-isolator installed; the admin says so per pool

@@ -26,12 +26,13 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from decimal import Decimal
+from types import MappingProxyType
 from typing import TYPE_CHECKING, Any
 
 from ..k8s.objects import quantity
 from ..model.errors import SliceError
 from ..model.slices import Slice
-from .base import option
+from .base import CHECKED, option
 from .fit import (
     CountedOffer,
     NodeCount,
@@ -59,6 +60,10 @@ class VolcanoBackend(HamiBackend):
 
     name = "volcano"
     summary = "Volcano vGPU: vgpu-number/-memory/-cores, scheduler volcano"
+    #: HAMi's type/policy annotations mean nothing to Volcano (plan_annotations)
+    pool_options = MappingProxyType(
+        {"memory": CHECKED, "gpucores": CHECKED, "memory_factor": CHECKED}
+    )
     resources = (NUMBER, MEMORY, MEMORY_PERCENT, CORES)
     scheduler = "volcano"
     denies_privileged = False  # that rule is HAMi's own webhook's, not installed with Volcano

@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
+from types import MappingProxyType
 from typing import TYPE_CHECKING
 
 from ..model.slices import Slice
-from .base import Backend, PodPlan, gpu_limit, option
+from .base import TEXT, Backend, PodPlan, gpu_limit, option
 
 if TYPE_CHECKING:
     from ..model.catalog import Pool
@@ -16,6 +17,7 @@ class WholeGpuBackend(Backend):
     enforces_memory = True  # nobody else is on the device
     modes = frozenset({"whole"})
     summary = "whole GPUs, no sharing"
+    pool_options = MappingProxyType({"resource": TEXT})
     cannot_overcommit = "a whole GPU is one server's: what it leaves idle no other server could use"
 
     def plan(self, s: Slice, pool: Pool) -> PodPlan:
