@@ -202,3 +202,23 @@ def test_kai_enforced_no_is_refused_not_read_as_enforced():
     refused(with_(("pools", "kai"), pool), "pools.kai.options.enforced: must be true or false")
     pool["options"] = {"enforced": False, "queue": "team-a"}
     assert load_catalog(with_(("pools", "kai"), pool)).pools["kai"].options["enforced"] is False
+
+
+# --------------------------------------------------------------------------- kubeflow export
+@pytest.mark.parametrize(
+    ("args", "says"),
+    [
+        # written as poddefaults/../../escaped.yaml, outside -o, and objects no API server takes
+        (["--namespace", "../../escaped"], "--namespace '../../escaped': not a namespace name"),
+        (["--namespace", "Team_A"], "--namespace 'Team_A': not a namespace name"),
+        # a MutatingWebhookConfiguration the API server refuses (port must be 1-65535)
+        (["--webhook-port", "0"], "--webhook-port 0: use a port, 1-65535"),
+        (["--webhook-port", "99999"], "--webhook-port 99999: use a port, 1-65535"),
+    ],
+)
+def test_export_refuses_what_no_cluster_would_take_and_writes_nothing(tmp_path, args, says):
+    out_dir = tmp_path / "a" / "b" / "out"
+    out = fracspawner("kubeflow", "export", "--catalog", str(DEMO), *args, "-o", str(out_dir))
+    assert out.returncode == 2, out.stdout + out.stderr
+    assert says in out.stderr and "Traceback" not in out.stderr
+    assert not out_dir.exists() and not (tmp_path / "a" / "b" / "escaped.yaml").exists()

@@ -9,6 +9,7 @@ import argparse
 import base64
 import json
 import os
+import re
 import sys
 import tempfile
 from pathlib import Path
@@ -159,7 +160,17 @@ def _namespaces_from_file(path: Path) -> list[ProfileNamespace]:
     return out
 
 
+#: a namespace name (Kubernetes' DNS-1123 label): it names objects and the file poddefaults/NS.yaml
+_NAMESPACE = re.compile(r"^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$")
+
+
 def _profile_namespaces(args: argparse.Namespace) -> list[ProfileNamespace]:
+    for name in args.namespace:
+        if not _NAMESPACE.match(name):
+            raise ExportError(
+                f"--namespace {name!r}: not a namespace name (lower-case letters, digits and "
+                "'-', at most 63)"
+            )
     described = _namespaces_from_file(Path(args.namespaces_file)) if args.namespaces_file else []
     if not args.namespace:
         key, value = PROFILE_LABEL
@@ -217,6 +228,8 @@ def _target(args: argparse.Namespace) -> WebhookTarget:
     namespace, _, service = args.webhook_service.rpartition("/")
     if not namespace or not service:
         raise ExportError(f"--webhook-service {args.webhook_service!r}: use NAMESPACE/NAME")
+    if not 1 <= args.webhook_port <= 65535:
+        raise ExportError(f"--webhook-port {args.webhook_port}: use a port, 1-65535")
     bundle = None
     if args.ca_bundle:
         try:
