@@ -73,6 +73,8 @@ class Notebook:
     pod: Mapping[str, Any] | None
     stopped: bool
     recorded_activity: float | None  # what Kubeflow itself recorded, unix seconds
+    # the resourceVersion it was read at: the stop patch's precondition ("" none)
+    resource_version: str = ""
 
     @property
     def log_name(self) -> str:
@@ -131,6 +133,7 @@ def find_notebooks(
                 pod,
                 STOP_ANNOTATION in annotations,
                 parse_time(annotations.get(LAST_ACTIVITY_ANNOTATION)),
+                str(_meta(nb).get("resourceVersion") or ""),
             )
         )
     for ws in workspaces:
@@ -144,6 +147,7 @@ def find_notebooks(
                 by_workspace.get((ns, name)),
                 bool((ws.get("spec") or {}).get("paused")),
                 parse_time((status.get("activity") or {}).get("lastActivity")),
+                str(_meta(ws).get("resourceVersion") or ""),
             )
         )
     return out
@@ -186,10 +190,20 @@ def server_facts(nb: Notebook, activity: float | None) -> ServerFacts:
 
 
 def stop_request(nb: Notebook, now: float) -> tuple[tuple[str, str, str], dict[str, Any]]:
-    """(group, version, plural) and the merge patch that stops the notebook."""
+    """(group, version, plural) and the merge patch that stops the notebook.
+
+    The patch carries the resourceVersion the notebook was judged at: the API server applies
+    it only to that version (409 Conflict otherwise), so a notebook stopped and started again
+    since it was read (its user, or another culler replica) is not stopped on what was read of
+    the previous run."""
+    meta: dict[str, Any] = {"resourceVersion": nb.resource_version} if nb.resource_version else {}
     if nb.kind == "Notebook":
-        return NOTEBOOKS, {"metadata": {"annotations": {STOP_ANNOTATION: rfc3339(now)}}}
-    return WORKSPACES, {"spec": {"paused": True}}
+        return NOTEBOOKS, {"metadata": {**meta, "annotations": {STOP_ANNOTATION: rfc3339(now)}}}
+    return WORKSPACES, {**({"metadata": meta} if meta else {}), "spec": {"paused": True}}
+
+
+class Changed(Exception):
+    """The notebook changed since it was read (409 to the stop patch): not stopped."""
 
 
 @dataclass
@@ -462,6 +476,8 @@ class KubeflowCuller(CullerApplication):
         )
         response = response[0] if isinstance(response, tuple) else response
         body = await response.read()
+        if response.status == 409:
+            raise Changed(f"PATCH {path}: 409 {body[:300]!r}")
         if response.status != 200:
             words = _forbidden(Answer(response.status, body), f"patch {path}")
             raise RuntimeError(f"PATCH {path}: " + (words or f"{response.status} {body[:300]!r}"))
@@ -593,6 +609,13 @@ class KubeflowCuller(CullerApplication):
             return
         try:
             await self.stop(nb, now)
+        except Changed:
+            self.log.info(
+                "%s changed since it was read (started again, stopped or edited): not "
+                "stopped; judged again next cycle",
+                nb.log_name,
+            )
+            return
         except Exception as exc:  # one failed PATCH must not end the cycle
             self.log.error("stopping %s failed: %s", nb.log_name, exc)
             return

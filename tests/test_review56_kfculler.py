@@ -1,0 +1,115 @@
+"""Review 56 of `fracspawner culler kubeflow` (fracspawner/culler/kubeflow.py): what it did
+wrong against Kubeflow's own culling and the project's rules (unknown is never idle)."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import time
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from fracspawner.culler.decide import GpuFacts
+from fracspawner.culler.kubeflow import KubeflowCuller, Outcome, find_notebooks, stop_request
+
+CATALOG = {
+    "pools": {
+        "t4": {
+            "gpu": "T4",
+            "backend": "timeslicing",
+            "replicas": 4,
+            "node_selector": {"nvidia.com/gpu.product": "Tesla-T4-SHARED"},
+            "offers": ["1/4"],
+        }
+    },
+    "images": {"lab": {"image": "kubeflownotebookswg/jupyter-scipy:v1.10.0"}},
+    "idle": {"server_gpu_idle": "1h", "server_idle": "8h"},
+}
+SLICE = {"fracspawner.io/pool": "t4", "fracspawner.io/gpu": "0.25"}
+
+
+def _culler(tmp_path: Path, *args: str) -> KubeflowCuller:
+    catalog = tmp_path / "catalog.yaml"
+    catalog.write_text(yaml.safe_dump(CATALOG))
+    app = KubeflowCuller()
+    app.initialize([f"--catalog={catalog}", "--prometheus-url=http://prometheus", *args])
+    return app
+
+
+def _pod(name: str, labels: dict[str, str], started: float) -> dict[str, Any]:
+    return {
+        "metadata": {"namespace": "alice", "name": name, "labels": {**labels, **SLICE}},
+        "status": {
+            "phase": "Running",
+            "podIP": "10.0.0.7",
+            "startTime": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(started)),
+            "conditions": [{"type": "Ready", "status": "True"}],
+        },
+    }
+
+
+def _gpu_idle(now: float, pod: str) -> dict[tuple[str, str], GpuFacts]:
+    """Prometheus: the pod's GPU idle for 3 h, fully covered."""
+    return {("alice", pod): GpuFacts("prometheus", now, 2000.0, 3 * 3600.0, 3 * 3600.0)}
+
+
+# --------------------------------------------------------------------------- finding 1
+class _Records(logging.Handler):
+    def __init__(self) -> None:
+        super().__init__(logging.DEBUG)
+        self.records: list[logging.LogRecord] = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.records.append(record)
+
+
+def test_the_stop_patch_cannot_stop_a_notebook_changed_since_it_was_read(tmp_path):
+    """A cycle reads the notebooks, asks each server and Prometheus, then patches. A user who
+    stops and starts the notebook meanwhile (or a second culler replica that stopped it and
+    its user who started it again) gets a notebook whose stop annotation is absent again: a
+    merge patch without a precondition stopped that fresh run on what was read of the old
+    one. The patch now carries the resourceVersion it was judged at, which the API server
+    takes as a precondition (409 Conflict when the object changed)."""
+    nb_obj = {"metadata": {"namespace": "alice", "name": "nb", "resourceVersion": "4711"}}
+    ws_obj = {"metadata": {"namespace": "alice", "name": "w", "resourceVersion": "4712"}}
+    nb, ws = find_notebooks([nb_obj], [ws_obj], [])
+    _, patch = stop_request(nb, 1767225600)
+    assert patch == {
+        "metadata": {
+            "resourceVersion": "4711",
+            "annotations": {"kubeflow-resource-stopped": "2026-01-01T00:00:00Z"},
+        }
+    }
+    _, patch = stop_request(ws, 0)
+    assert patch == {"metadata": {"resourceVersion": "4712"}, "spec": {"paused": True}}
+
+    class Api:
+        sent: list[dict[str, Any]] = []
+
+        async def call_api(self, path: str, method: str, body: Any = None, **_: Any) -> Any:
+            Api.sent.append(body)
+
+            class Answer:
+                status = 409
+
+                async def read(self) -> bytes:
+                    return json.dumps({"kind": "Status", "reason": "Conflict"}).encode()
+
+            return Answer()
+
+    app = _culler(tmp_path)
+    app._api = Api()
+    from fracspawner.culler.decide import Decision
+
+    outcome = Outcome(nb, Decision("stop", "gpu_idle", "idle"), "t4")
+    records = _Records()
+    app.log.addHandler(records)
+    app.log.setLevel(logging.INFO)
+    asyncio.run(app.act(outcome, 1767225600))
+    assert Api.sent[0]["metadata"]["resourceVersion"] == "4711"
+    assert not outcome.done
+    assert any("changed since it was read" in r.getMessage() for r in records.records)
+    assert not [r for r in records.records if r.levelno >= logging.ERROR]
