@@ -113,3 +113,36 @@ def test_the_stop_patch_cannot_stop_a_notebook_changed_since_it_was_read(tmp_pat
     assert not outcome.done
     assert any("changed since it was read" in r.getMessage() for r in records.records)
     assert not [r for r in records.records if r.levelno >= logging.ERROR]
+
+
+# --------------------------------------------------------------------------- finding 2
+def test_a_notebook_whose_server_did_not_answer_is_kept_whatever_the_annotation_says(tmp_path):
+    """Kubeflow's culler writes `notebooks.kubeflow.org/last-activity` only from a successful
+    GET /api/kernels that lists kernels: now at creation, then the newest kernel activity; a
+    failed probe or no kernel leaves it as it was (kubeflow/notebooks notebook-controller
+    culling_controller.go updateNotebookLastActivityAnnotation), so it may be hours old while
+    the user works in a terminal or the file browser. When the culler's own GET /api/status
+    failed (a server too busy to answer in time, a mesh refusing the culler), that annotation
+    alone decided, and an idle GPU stopped the notebook: activity that cannot be read was taken
+    as idle. docs/kubeflow.md says a notebook whose activity cannot be learnt is kept."""
+    now = time.time()
+    app = _culler(tmp_path)  # the default status_url: the server is asked
+    annotation = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(now - 3 * 3600))
+    nb_obj = {
+        "metadata": {
+            "namespace": "alice",
+            "name": "nb",
+            "annotations": {"notebooks.kubeflow.org/last-activity": annotation},
+        }
+    }
+    pod = _pod("nb-0", {"notebook-name": "nb"}, now - 5 * 3600)
+    (nb,) = find_notebooks([nb_obj], [], [pod])
+    outcome = app.judge(nb, None, _gpu_idle(now, "nb-0"), now)  # its /api/status: no answer
+    assert not outcome.decision.cull, outcome.decision
+    assert outcome.decision.reason == "activity_unknown"
+    # its server answered: the newest of the two decides, as before
+    outcome = app.judge(nb, now - 2 * 3600, _gpu_idle(now, "nb-0"), now)
+    assert outcome.decision.cull and outcome.decision.reason == "gpu_idle", outcome.decision
+    # where the admin asks no server (status_url ''), Kubeflow's own record is what there is
+    bare = _culler(tmp_path, "--status-url=")
+    assert bare.judge(nb, None, _gpu_idle(now, "nb-0"), now).decision.reason == "gpu_idle"

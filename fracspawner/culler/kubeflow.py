@@ -14,8 +14,11 @@ User activity comes from the notebook itself: jupyter-server's `/api/status` `la
 (what Notebooks 2.0's Jupyter activity probe reads; the status request does not count as
 activity), and from what Kubeflow already recorded (`notebooks.kubeflow.org/last-activity` on
 a Notebook when Kubeflow's culler runs, `status.activity.lastActivity` on a Workspace); the
-newest wins. A notebook whose activity cannot be learnt is kept. A GPU reading that is missing
-(Prometheus down, no series, stale) never counts as idle: then only `server_idle` applies.
+newest wins. A notebook whose activity cannot be learnt is kept, and so is a Notebook whose
+server was asked and did not answer (Kubeflow's culler leaves the annotation as it was when
+its own probe fails or finds no kernel: no stand-in for the server's answer). A GPU reading
+that is missing (Prometheus down, no series, stale) never counts as idle: then only
+`server_idle` applies.
 CPU-only notebooks are left to Kubeflow's own culler unless gpu_only is off.
 """
 
@@ -575,9 +578,15 @@ class KubeflowCuller(CullerApplication):
         now: float,
     ) -> Outcome:
         assert self._catalog is not None and nb.pod is not None
+        recorded = nb.recorded_activity
+        if nb.kind == "Notebook" and self.status_url and probed is None:
+            # its server was asked and did not answer: Kubeflow's last-activity annotation is
+            # no substitute (its culler leaves it as it was when its own probe fails or finds
+            # no kernel: culling_controller.go), so the activity is unknown
+            recorded = None
         # what Kubeflow recorded can be ahead too (a Notebook's annotations are the tenant's
         # to edit): nothing counts as later than now
-        times = [min(t, now) for t in (probed, nb.recorded_activity) if t is not None]
+        times = [min(t, now) for t in (probed, recorded) if t is not None]
         facts = server_facts(nb, max(times) if times else None)
         pool, policy = policy_for_server(self._catalog, facts.pool, facts.gpu_slice).astuple()
         if not times:  # unknown is never idle
