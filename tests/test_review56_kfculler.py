@@ -146,3 +146,44 @@ def test_a_notebook_whose_server_did_not_answer_is_kept_whatever_the_annotation_
     # where the admin asks no server (status_url ''), Kubeflow's own record is what there is
     bare = _culler(tmp_path, "--status-url=")
     assert bare.judge(nb, None, _gpu_idle(now, "nb-0"), now).decision.reason == "gpu_idle"
+
+
+# --------------------------------------------------------------------------- finding 3
+def test_a_workspaces_recorded_activity_counts_as_idle_only_until_its_probe(tmp_path):
+    """The Workspace controller writes status.activity.lastActivity from its activity probe,
+    which runs every probeIntervalSeconds (3600 by default) and on failure leaves it as it was
+    (lastUpdate, the probe's end, not advanced either); it pauses only right after a fresh
+    successful probe, "otherwise a Workspace could be paused based on a stale lastActivity even
+    though the user resumed activity since the last probe" (kubeflow/notebooks notebooks-v2
+    workspaces/controller/internal/controller/workspace_activity.go, evaluatePauseDecision).
+    Without its own probe (workspace_status_url '', the default) the culler took lastActivity
+    as if it were current: a user back at the Workspace since the last probe, with the GPU idle,
+    was paused. Now the idle time it proves ends at lastUpdate; without lastUpdate it proves
+    none."""
+    now = time.time()
+    app = _culler(tmp_path)  # workspace_status_url '': the Workspace's own record only
+    pod = _pod("ws-w-x7k2p-0", {"notebooks.kubeflow.org/workspace-name": "w"}, now - 5 * 3600)
+
+    def workspace(activity: dict[str, Any]) -> Any:
+        obj = {"metadata": {"namespace": "alice", "name": "w"}, "status": {"activity": activity}}
+        (ws,) = find_notebooks([], [obj], [pod])
+        return ws
+
+    ms = lambda t: int(t * 1000)  # noqa: E731  the controller writes epoch milliseconds
+    # active 3 h ago as its probe saw 10 min later; no successful probe since (failing, or
+    # not due): 10 min of idleness is known, not 3 h
+    stale = workspace({"lastActivity": ms(now - 3 * 3600), "lastUpdate": ms(now - 170 * 60)})
+    outcome = app.judge(stale, None, _gpu_idle(now, "ws-w-x7k2p-0"), now)
+    assert not outcome.decision.cull, outcome.decision
+    # a probe a minute ago still saw it idle since then: paused, as the controller would
+    fresh = workspace({"lastActivity": ms(now - 3 * 3600), "lastUpdate": ms(now - 60)})
+    outcome = app.judge(fresh, None, _gpu_idle(now, "ws-w-x7k2p-0"), now)
+    assert outcome.decision.cull and outcome.decision.reason == "gpu_idle", outcome.decision
+    # no lastUpdate: nothing says when that activity was read
+    bare = workspace({"lastActivity": ms(now - 3 * 3600)})
+    outcome = app.judge(bare, None, _gpu_idle(now, "ws-w-x7k2p-0"), now)
+    assert not outcome.decision.cull, outcome.decision
+    # the culler's own probe of the Workspace answered: that is current, as before
+    asked = _culler(tmp_path, "--workspace-status-url=http://{pod_ip}/api/status")
+    outcome = asked.judge(stale, now - 2 * 3600, _gpu_idle(now, "ws-w-x7k2p-0"), now)
+    assert outcome.decision.cull and outcome.decision.reason == "gpu_idle", outcome.decision

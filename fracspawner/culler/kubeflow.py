@@ -16,7 +16,8 @@ activity), and from what Kubeflow already recorded (`notebooks.kubeflow.org/last
 a Notebook when Kubeflow's culler runs, `status.activity.lastActivity` on a Workspace); the
 newest wins. A notebook whose activity cannot be learnt is kept, and so is a Notebook whose
 server was asked and did not answer (Kubeflow's culler leaves the annotation as it was when
-its own probe fails or finds no kernel: no stand-in for the server's answer). A GPU reading
+its own probe fails or finds no kernel: no stand-in for the server's answer). A Workspace's
+record proves idleness only until its probe read it (`status.activity.lastUpdate`). A GPU reading
 that is missing (Prometheus down, no series, stale) never counts as idle: then only
 `server_idle` applies.
 CPU-only notebooks are left to Kubeflow's own culler unless gpu_only is off.
@@ -78,6 +79,9 @@ class Notebook:
     recorded_activity: float | None  # what Kubeflow itself recorded, unix seconds
     # the resourceVersion it was read at: the stop patch's precondition ("" none)
     resource_version: str = ""
+    # when Kubeflow's record was read from the server (a Workspace's status.activity
+    # .lastUpdate, its probe's end); None: not said
+    recorded_at: float | None = None
 
     @property
     def log_name(self) -> str:
@@ -151,6 +155,7 @@ def find_notebooks(
                 bool((ws.get("spec") or {}).get("paused")),
                 parse_time((status.get("activity") or {}).get("lastActivity")),
                 str(_meta(ws).get("resourceVersion") or ""),
+                parse_time((status.get("activity") or {}).get("lastUpdate")),
             )
         )
     return out
@@ -584,6 +589,15 @@ class KubeflowCuller(CullerApplication):
             # no substitute (its culler leaves it as it was when its own probe fails or finds
             # no kernel: culling_controller.go), so the activity is unknown
             recorded = None
+        if nb.kind == "Workspace" and recorded is not None and probed is None:
+            # the Workspace controller's probe read it at lastUpdate (every
+            # probeIntervalSeconds, 1 h by default; a failed probe advances neither): idle is
+            # known only until then, and it pauses only on a fresh probe (workspace_activity.go
+            # evaluatePauseDecision), so the time since counts as not idle
+            if nb.recorded_at is None:
+                recorded = None
+            else:
+                recorded += now - min(max(nb.recorded_at, recorded), now)
         # what Kubeflow recorded can be ahead too (a Notebook's annotations are the tenant's
         # to edit): nothing counts as later than now
         times = [min(t, now) for t in (probed, recorded) if t is not None]
