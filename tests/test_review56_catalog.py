@@ -222,3 +222,34 @@ def test_export_refuses_what_no_cluster_would_take_and_writes_nothing(tmp_path, 
     assert out.returncode == 2, out.stdout + out.stderr
     assert says in out.stderr and "Traceback" not in out.stderr
     assert not out_dir.exists() and not (tmp_path / "a" / "b" / "escaped.yaml").exists()
+
+
+@pytest.mark.parametrize(
+    ("catalog", "said"),
+    [
+        (
+            {"access": {"default": {"pools": "ALL"}}},
+            "access.default.pools: must be 'all' or a list of names, not 'ALL' (did you mean "
+            "'all'?)",
+        ),
+        (
+            {"kubeflow": {"pools": "al"}},
+            "kubeflow.pools: must be 'all' or a list of names, not 'al' (did you mean 'all'?)",
+        ),
+        (
+            {"kubeflow": {"namespaces": [{"groups": ["a"]}]}},
+            "kubeflow.namespaces[0]: needs at least one of the keys 'name', 'labels', 'owner'",
+        ),
+        (
+            {"pools": {"h100": {"gpu": None, "backend": "hami", "offers": ["1/4"]}}},
+            "pools.h100.gpu: must be a name or a mapping describing a gpu model, not left empty",
+        ),
+    ],
+)
+def test_a_key_of_several_forms_says_which_forms_it_takes(catalog, said):
+    # JSON Schema's own words were "... is not valid under any of the given schemas"
+    data = {"pools": {"h100": {"gpu": "H100-80GB", "backend": "hami", "offers": ["1/4"]}}}
+    data.update({k: v for k, v in catalog.items() if k != "pools"})
+    if "pools" in catalog:
+        data["pools"] = catalog["pools"]
+    assert said in catalog_problems(data)

@@ -138,6 +138,42 @@ def _plain_words(validator: str, limit: Any, instance: Any, schema_words: str) -
     return schema_words
 
 
+def _either_words(options: Any, instance: Any) -> str | None:
+    """What a oneOf/anyOf key takes, in words ("must be 'all' or a list of names, not 'ALL'
+    (did you mean 'all'?)"), for JSON Schema's "is not valid under any of the given schemas";
+    None where an alternative has no words here."""
+    if all(isinstance(o, Mapping) and set(o) == {"required"} for o in options):
+        keys = [k for o in options for k in o["required"]]
+        return "needs at least one of the keys " + ", ".join(map(repr, keys))
+    forms, consts = [], []
+    for o in options:
+        if not isinstance(o, Mapping):
+            return None
+        if "const" in o:
+            forms.append(repr(o["const"]))
+            consts.append(str(o["const"]))
+        elif o.get("type") == "array":
+            names = (o.get("items") or {}).get("type") == "string"
+            forms.append("a list of names" if names else "a list")
+        elif o.get("type") == "string":
+            forms.append("a name")
+        elif "$ref" in o:
+            forms.append("a mapping describing a " + o["$ref"].rsplit("/", 1)[-1].replace("_", " "))
+        else:
+            return None
+    if instance is None:
+        shown = "left empty"
+    else:
+        shown = repr(instance) if not isinstance(instance, Mapping | list) else _kind_of(instance)
+    lowered = {c.lower(): c for c in consts}
+    hint = (
+        f" (did you mean {lowered[instance.lower()]!r}?)"
+        if isinstance(instance, str) and instance.lower() in lowered
+        else did_you_mean(instance, consts)
+    )
+    return f"must be {' or '.join(forms)}, not {shown}{hint}"
+
+
 def _idle_problems(raw: Any, prefix: tuple[Any, ...]) -> list[str]:
     """Every idle value of an idle block that is no duration, each with its path (the loader
     stops at the first; issue 38 #5). A typo'd key's value is read as the key it most likely
@@ -208,6 +244,8 @@ def _schema_problems(data: Any, *, _read_as: bool = True) -> list[tuple[tuple[An
             message = _type_words(best.validator_value, best.instance)
         elif best.validator == "pattern" and "propertyNames" in str(best.schema_path):
             message = f"{best.instance!r} is not a valid name (letters, digits, '-', '_', '.')"
+        elif best.validator in ("oneOf", "anyOf"):
+            message = _either_words(best.validator_value, best.instance) or message
         else:
             message = _plain_words(best.validator, best.validator_value, best.instance, message)
         if best.validator == "enum":
