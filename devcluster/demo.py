@@ -19,6 +19,7 @@ from pathlib import Path
 import yaml
 
 from fracspawner.backends import load_catalog, plan_slice
+from fracspawner.choice.admission import ROOM_TAG_KEY_ENV
 from fracspawner.choice.offers import size_label
 from fracspawner.model.access import allowed_pools, within_quota
 from fracspawner.model.catalog import AccessRule, Catalog
@@ -145,17 +146,21 @@ if "timeout" in _Service.class_trait_names():
 
 def culler_config(catalog_file: Path, port: int) -> str:
     """The GPU-aware culler as a hub-managed service: the servers push their GPU reports to
-    it, the admin page reads its state (docs/admin-guide.md has the same for real hubs)."""
+    it, the admin page reads its state (docs/admin-guide.md has the same for real hubs). The
+    hub and the culler share a fresh key for the server tags of the room answer (as the
+    chart's Secret gives both): in its environment, not its command line, which `ps` shows."""
     url = f"http://127.0.0.1:{port}/services/gpu-culler/"
     command = [
         sys.executable, "-m", "fracspawner", "culler", f"--catalog={catalog_file}",
         f"--cull-every={DEMO_CULL_EVERY}", "--namespace=default",
     ]  # fmt: skip
+    key = secrets.token_hex(32)
     return f"""
 c.JupyterHub.services.append({{
     "name": "gpu-culler", "url": "http://127.0.0.1:{port}", "command": {command!r},
-    "display": False,
+    "display": False, "environment": {{{ROOM_TAG_KEY_ENV!r}: {key!r}}},
 }})
+c.FracSpawner.room_tag_key = {key!r}
 c.JupyterHub.load_roles.append({{
     "name": "gpu-culler", "services": ["gpu-culler"],
     "scopes": ["list:users", "read:users:activity", "read:users:groups", "read:servers",

@@ -159,13 +159,15 @@ def test_scenarios_render_what_they_switch_on(rendered_objects):
         "ConfigMap", "ClusterRole", "ClusterRoleBinding", "ServiceAccount", "Deployment",
         "Service", "NetworkPolicy",
         "Role", "RoleBinding",  # the culler's server pod watch
+        "Secret",  # the key of the culler's room answer's server tags
     }  # fmt: skip
     assert {
         "MutatingWebhookConfiguration", "Secret", "PodDisruptionBudget", "ServiceMonitor",
         "PodMonitor", "PodDefault",
     } <= kinds["all-on"]  # fmt: skip
     assert {"Certificate", "Issuer"} <= kinds["cert-manager"]
-    assert "Secret" not in kinds["cert-manager"]  # cert-manager writes it
+    tls = {o.get("type") for o in by_kind(rendered_objects["cert-manager"], "Secret")}
+    assert "kubernetes.io/tls" not in tls  # cert-manager writes it
     assert "Issuer" not in kinds["cert-manager-clusterissuer"]
     assert kinds["all-off"] == {"ConfigMap"}
     # four Deployments, each with its Service, when everything is on
@@ -599,9 +601,11 @@ def test_the_rendered_service_and_culler_run_and_pass_their_probes(devcluster, t
         "jupyterhub": {"apiUrl": f"http://127.0.0.1:{free_port()}/hub/api"},
     }
     objs = objects(render(values))
+    tag_key = one(objs, "Secret", "room-tag-key")
     tokens = {
         ("hub", "hub.services.fracspawner.apiToken"): "service-token",
         ("hub", "hub.services.fracspawner-culler.apiToken"): "culler-token",
+        (tag_key["metadata"]["name"], "key"): base64.b64decode(tag_key["data"]["key"]).decode(),
     }
     running = []
     try:

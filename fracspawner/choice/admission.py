@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
+import hmac
 import math
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, replace
@@ -37,6 +38,7 @@ from ..model.slices import parse_slice
 from .options import offer_for
 
 __all__ = [
+    "ROOM_TAG_KEY_ENV",
     "Admissions",
     "Hold",
     "ReservedCapacity",
@@ -268,10 +270,21 @@ def check_usage_known(choice: Any, rule: AccessRule, usage: Usage, *, admin: boo
     )
 
 
-def server_tag(user: str, server: str) -> str:
+#: where the hub (FracSpawner.room_tag_key) and the culler (Culler.room_tag_key) read the
+#: shared key of the room answer's server tags by default (the chart's Secret sets it)
+ROOM_TAG_KEY_ENV = "FRACSPAWNER_ROOM_TAG_KEY"
+
+
+def server_tag(user: str, server: str, key: str = "") -> str:
     """A server's id in the culler's room answer (culler/room.py, hub/room.py): the hub finds
-    its own spawns by it, and the answer names nobody (any server's token may read it)."""
-    return hashlib.sha256(f"{user}/{server}".encode()).hexdigest()[:16]
+    its own spawns by it. Any server's token may read the answer, so with a `key` (shared by
+    hub and culler) the tag is HMAC-SHA256(key, "user/server"): without the key nobody can
+    tell whose server a tag is. Without one it is a plain SHA-256, which anyone who can guess
+    a username can compute (the culler warns at start)."""
+    text = f"{user}/{server}".encode()
+    if key:
+        return hmac.new(key.encode(), text, hashlib.sha256).hexdigest()[:16]
+    return hashlib.sha256(text).hexdigest()[:16]
 
 
 # --------------------------------------------------------------------------- capacity

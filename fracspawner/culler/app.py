@@ -25,6 +25,7 @@ from tornado.httpserver import HTTPServer
 from traitlets import Bool, Dict, Float, Integer, List, TraitError, Unicode, default, validate
 
 from ..backends import load_catalog
+from ..choice.admission import ROOM_TAG_KEY_ENV
 from ..model.catalog import DEFAULT_IDLE, IdlePolicy, parse_duration
 from ..model.hubroles import CULLER_SCOPES, missing_scopes, scope_problem
 from .away import RELEASABLE, release_at, room_for_waiting, smallest_waiting
@@ -175,6 +176,15 @@ class Culler(CullerApplication):
         config=True,
         help="URL prefix of the report endpoint ({prefix}api/reports). "
         "Default: $JUPYTERHUB_SERVICE_PREFIX, else '/'.",
+    )
+    room_tag_key = Unicode(
+        config=True,
+        help="The key of the server tags in the room answer (GET api/room), which any server's "
+        "token may read: HMAC-SHA256 of user/server with it, so that nobody can tell whose "
+        "server a tag is. Must be FracSpawner.room_tag_key's (the hub finds its own spawns by "
+        "them; a different key only makes its admission more cautious). Default: "
+        "$FRACSPAWNER_ROOM_TAG_KEY (the chart sets it from a Secret it generates). '' = plain "
+        "SHA-256, which anyone who can guess a username can compute (a warning at start).",
     )
     token_cache_seconds = Float(
         300.0,
@@ -455,6 +465,10 @@ class Culler(CullerApplication):
     @default("report_prefix")
     def _report_prefix(self) -> str:
         return os.environ.get("JUPYTERHUB_SERVICE_PREFIX", "/")
+
+    @default("room_tag_key")
+    def _room_tag_key(self) -> str:
+        return os.environ.get(ROOM_TAG_KEY_ENV, "")
 
     # --- set-up -------------------------------------------------------------------------------
     def __init__(self, **kwargs: Any):
@@ -1537,8 +1551,24 @@ class Culler(CullerApplication):
             pairs = [(self.known[(s.user, s.server)].pool or "", s) for s in seats]
             pairs += [(s.placement.pool or "", s) for s in self.unlisted(now) if s.placement]
             above = self._swap_desk.above if self._swap_desk is not None else None
-            gpus = [r.to_json() for r in gpu_rooms(pairs, above)]
+            gpus = [r.to_json() for r in gpu_rooms(pairs, above, self.room_tag_key)]
         return {"at": now, "listed": self.listed_at is not None, "gpus": gpus}
+
+    def warn_guessable_room_tags(self) -> bool:
+        """Say once, at start, that the room answer's server tags can be computed from
+        usernames when no key is set and the catalog over-commits a pool (only then does the
+        answer list servers). True when it warned."""
+        pools = self._catalog.pools.values() if self._catalog is not None else ()
+        if self.room_tag_key or not any(p.overcommit > 1 for p in pools):
+            return False
+        self.log.warning(
+            "no Culler.room_tag_key: the room answer (api/room), which any server's token may "
+            "read, tags servers by SHA-256 of user/server, so anyone who can guess a username "
+            "can find that server's GPU in it. Set the same random key in %s for the culler "
+            "and the hub (FracSpawner.room_tag_key; the chart generates one: docs/install.md)",
+            ROOM_TAG_KEY_ENV,
+        )
+        return True
 
     def metrics_app(self) -> web.Application:
         """/metrics (open, as Prometheus scrapes it) and /api/state (a token that may read
@@ -1580,6 +1610,7 @@ class Culler(CullerApplication):
             self.log.info("metrics on http://%s:%s/metrics", self.metrics_ip, self.metrics_port)
         self.start_server_pods()
         self.start_receiver()
+        self.warn_guessable_room_tags()
         hub = HubClient(self.url, self.api_token, request_timeout=self.request_timeout)
         try:
             await self.check_scopes(hub)

@@ -129,6 +129,7 @@ def _movable(k: KernelOnGpu) -> bool:
 def gpu_rooms(
     seats: Iterable[tuple[str, Seat]],
     above: Callable[[Seat, ReportedGpu], float] | None = None,
+    tag_key: str = "",
 ) -> list[GpuRoom]:
     """Each GPU a server of an over-committed pool reports (`(pool, seat)` pairs from
     swapdesk.seats_from), with what is held on it; sorted by pool and GPU.
@@ -148,14 +149,14 @@ def gpu_rooms(
     GPU the newcomer itself lands on is the device plugin's choice (docs/culler.md,
     "Limits"). `above(seat, gpu)`: what a server's kernels back on a GPU hold beyond its slice
     by the culler's own grants (SwapDesk.above), counted on top of its word where no swap can
-    free it (`beyond`)."""
+    free it (`beyond`). `tag_key`: the key of the servers' tags (`server_tag`), the hub's."""
     pairs = [(pool, s) for pool, s in seats if s.swaps]
     gpus: dict[str, _Tally] = {}
     for pool, s in pairs:
         for g in s.facts.gpus:
             size = s.size_mib or g.total_mib
             if size and g.uuid not in gpus:
-                gpus[g.uuid] = _Tally(pool, size)
+                gpus[g.uuid] = _Tally(pool, size, tag_key=tag_key)
     roaming = []
     for _pool, s in pairs:
         named = {g.uuid: g for g in reversed(s.facts.gpus)}  # each GPU once (its first)
@@ -184,6 +185,7 @@ class _Tally:
 
     pool: str
     size_mib: float
+    tag_key: str = ""  # `server_tag`'s key
     held_mib: float = 0.0
     resident_mib: float = 0.0  # of the device readings, what the servers' own word explains
     readings: list[float] = field(default_factory=list)
@@ -201,7 +203,7 @@ class _Tally:
         slice there), or (None) its whole slice, or `share`."""
         held = (held_by(seat, gpu) if share is None else share) + extra
         self.held_mib += held
-        self.tags.append(server_tag(seat.user, seat.server))
+        self.tags.append(server_tag(seat.user, seat.server, self.tag_key))
         if seat.present and seat.fresh:
             self.people.add(seat.user)
         if gpu is not None and seat.fresh:

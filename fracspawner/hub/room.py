@@ -51,6 +51,10 @@ POLL_SECONDS = 2.0
 #: how long a spawn in line that does not fit may be overtaken by later, smaller ones that do
 #: (s); past it the line keeps its order behind it (a large slice is not starved)
 OVERTAKE_SECONDS = 600.0
+#: how long (s) a server the hub admitted may go unfound in answers that list servers, none
+#: found since, before the hub says its tag key is likely not the culler's: the culler counts
+#: a new server within its pod watch or its next list of the hub (cull_every, 300 s default)
+UNFOUND_SECONDS = 900.0
 _EPSILON = 1e-6
 
 
@@ -221,6 +225,10 @@ class RoomLine:
         self.waiting: dict[str, dict[Key, tuple[float, float]]] = {}
         self.admitted: dict[Key, tuple[str, str, float]] = {}  # key -> (pool, tag, MiB)
         self._answer: tuple[float, dict | None] | None = None
+        # for `unfound`: when each was admitted, when an answer last counted one of them
+        self._admitted_at: dict[Key, float] = {}
+        self._found_at: float | None = None
+        self._said_unfound = False
 
     @classmethod
     def shared(cls) -> RoomLine:
@@ -255,27 +263,53 @@ class RoomLine:
             out.append(InLine(need, now - since))
         return out
 
-    def admit(self, key: Key, pool: str, tag: str, mib: float) -> None:
+    def admit(self, key: Key, pool: str, tag: str, mib: float, at: float | None = None) -> None:
         self.admitted[key] = (pool, tag, mib)
+        if at is not None:
+            self._admitted_at[key] = at
 
     def release(self, key: Key) -> None:
         self.admitted.pop(key, None)
+        self._admitted_at.pop(key, None)
 
-    def in_flight_mib(self, pool: str, counted: Iterable[str], besides: Key) -> float:
+    def in_flight_mib(
+        self, pool: str, counted: Iterable[str], besides: Key, now: float | None = None
+    ) -> float:
         """What this hub admitted on `pool` that the culler's answer does not count yet; those
-        it counts now are forgotten (the culler's figures hold them)."""
+        it counts now are forgotten (the culler's figures hold them). One the answer never
+        names (a tag key other than the culler's) stays counted until its server stops: the
+        pool shows less room, never more."""
         counted = set(counted)
         total = 0.0
         for key, (where, tag, mib) in list(self.admitted.items()):
-            if tag in counted:
+            if tag in counted:  # the answer's tags are its reader's: no timing to hide
                 del self.admitted[key]
+                self._admitted_at.pop(key, None)
+                self._found_at = now if now is not None else self._found_at
             elif where == pool and key != besides:
                 total += mib
         return total
 
+    def unfound(self, counted: Iterable[str], now: float) -> int:
+        """Once per line: how many servers this hub admitted have gone unfound for
+        UNFOUND_SECONDS in answers that list servers, with none found since they were
+        admitted; the hub's tag key is then likely not the culler's (each counts twice, so
+        spawns wait for room that is there). 0 otherwise, and after it was said."""
+        if self._said_unfound or not set(counted):
+            return 0
+        old = [
+            at
+            for at in self._admitted_at.values()
+            if now - at >= UNFOUND_SECONDS and (self._found_at is None or self._found_at < at)
+        ]
+        if old:
+            self._said_unfound = True
+        return len(old)
+
 
 __all__ = [
     "OVERTAKE_SECONDS",
+    "UNFOUND_SECONDS",
     "InLine",
     "Verdict",
     "RoomLine",

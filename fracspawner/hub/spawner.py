@@ -29,6 +29,7 @@ from traitlets import Bool, Dict, Enum, Float, Integer, Unicode, default
 from ..backends import is_reserved_env, load_catalog, safe_env, scheduler_for
 from ..backends.podspec import NO_DEVICES_ENV, container_name, hide_devices, is_privileged
 from ..choice.admission import (
+    ROOM_TAG_KEY_ENV,
     STATE_KEY,
     Admissions,
     Hold,
@@ -225,6 +226,20 @@ class FracSpawner(KubeSpawner):
         http://fracspawner-culler:10101/. Put in each GPU pod's FRACSPAWNER_CULLER_URL: the
         notebook extension pushes its GPU report there with the server's own token (the
         culler never calls into servers). Empty: servers report to no one.
+        """,
+    )
+    room_tag_key = Unicode(
+        config=True,
+        help="""The key of the server tags in the culler's room answer: the culler's
+        Culler.room_tag_key.
+
+        Any server's token may read the answer (the hub asks with the spawning server's own),
+        so with a key each server is tagged HMAC-SHA256(key, "user/server") and nobody can
+        tell whose server a tag is; without one, a plain SHA-256 that anyone who can guess a
+        username can compute. The hub finds the spawns it admitted in the answer by these
+        tags: with a key other than the culler's it finds none and counts them on top of the
+        culler's figures until they stop (spawns wait for room that is there; the log says
+        so once). Default: $FRACSPAWNER_ROOM_TAG_KEY (the chart's Secret: docs/install.md).
         """,
     )
     culler_room_url = Unicode(
@@ -667,6 +682,11 @@ class FracSpawner(KubeSpawner):
     def _options_from_form_default(self) -> Any:
         return self._frac_options_from_form
 
+    @default("room_tag_key")
+    def _room_tag_key_default(self) -> str:
+        # the culler reads the same variable (Culler.room_tag_key): one Secret for both
+        return os.environ.get(ROOM_TAG_KEY_ENV, "")
+
     def _frac_options_from_form(self, formdata: Mapping[str, list[str]]) -> dict[str, Any]:
         """Form fields use the CONTRACT keys, so the form and REST produce the same options."""
         options: dict[str, Any] = {}
@@ -1096,10 +1116,19 @@ class FracSpawner(KubeSpawner):
             while True:
                 answer = await line.answer(self._room_answer, loop.time())
                 counted = counted_tags(answer)
+                in_flight = line.in_flight_mib(pool.name, counted, besides=key, now=loop.time())
+                if unfound := line.unfound(counted, loop.time()):
+                    self.log.warning(
+                        "%d server(s) this hub admitted on over-committed pools were never "
+                        "found in the culler's room answer: FracSpawner.room_tag_key is likely "
+                        "not the culler's Culler.room_tag_key (both default to $%s). They "
+                        "count on top of the culler's figures, so spawns wait for room that "
+                        "is there", unfound, ROOM_TAG_KEY_ENV,
+                    )  # fmt: skip
                 v = verdict(
                     answer, pool.name, need, size_mib=float(pool.gpu.device_memory_mib),
                     gpus_in_pool=gpus,
-                    in_flight_mib=line.in_flight_mib(pool.name, counted, besides=key),
+                    in_flight_mib=in_flight,
                     ahead=line.ahead(pool.name, key, loop.time()),
                     overtake_s=self.room_overtake_seconds,
                 )  # fmt: skip
@@ -1109,7 +1138,8 @@ class FracSpawner(KubeSpawner):
                             "%s: no answer from the culler about room on over-committed pool "
                             "%r; admitted by slot counts alone", self._log_name, pool.name,
                         )  # fmt: skip
-                    line.admit(key, pool.name, server_tag(*key), need)
+                    tag = server_tag(*key, self.room_tag_key)
+                    line.admit(key, pool.name, tag, need, at=loop.time())
                     break
                 if self.admission != "wait":
                     raise refused(f"{v.reason}. Try again later, or choose another pool.")
