@@ -434,13 +434,32 @@ def refuse_gpu_container_env(
 _HARMLESS_RESERVED = ("CUDA_VISIBLE_DEVICES", "FRACSPAWNER_", *VISIBILITY_ENV)
 
 
-def refuse_isolation_env(pod: Mapping[str, Any], namespace: str) -> None:
+#: backends whose isolation no container env can loosen: MIG and whole GPUs are isolated by
+#: the hardware, an MPS client may only lower the control daemon's limits (NVIDIA MPS docs,
+#: CUDA_MPS_ACTIVE_THREAD_PERCENTAGE / CUDA_MPS_PINNED_DEVICE_MEM_LIMIT), time-slicing isolates
+#: nothing. A step there may keep its own LD_PRELOAD (jemalloc, tcmalloc) or MPS limits
+_ENV_CANNOT_LOOSEN = frozenset(
+    {"mig-mixed", "mig-single", "gke-mig", "whole", "timeslicing", "mps", "gke-timesharing",
+     "gke-mps"}
+)  # fmt: skip
+
+
+def refuse_isolation_env(
+    pod: Mapping[str, Any], namespace: str, catalog: Catalog | None = None
+) -> None:
     """Refuse a pod that is no notebook whose container holding a GPU sets a reserved variable
     that loosens its backend's isolation (HAMi's CUDA_DISABLE_CONTROL and
     CUDA_DEVICE_MEMORY_LIMIT*, MPS limits, LD_PRELOAD, ClearML's GPU_MEM_LIMIT_GB), by value or
     valueFrom: the kubelet puts the pod's env after the device plugin's, so the pod's value
     wins, and the quota would count the slice while the container used the GPU unlimited. A
-    notebook loses these variables (_mutate); a pod the webhook does not map is refused."""
+    notebook loses these variables (_mutate); a pod the webhook does not map is refused.
+    Not where every pool of `catalog` the pod can land on is one whose isolation no env can
+    loosen (_ENV_CANNOT_LOOSEN), and it asks for no GPU resource the catalog does not know."""
+    if catalog is not None:
+        pools, unknown = pools_of_pod(pod, catalog)
+        if pools and not unknown:
+            if all(catalog.pools[p].backend in _ENV_CANNOT_LOOSEN for p in pools):
+                return
     found = []
     for container in containers_of(pod):
         if not holds_gpu(pod, container):

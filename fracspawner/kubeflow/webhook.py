@@ -223,7 +223,7 @@ class Webhook:
         if not notebook:
             refuse_visible_gpus(pod, ns)
             refuse_gpu_container_env(pod, ns, self.device_list_strategy)
-            refuse_isolation_env(pod, ns)
+            refuse_isolation_env(pod, ns, self.catalog)
         if not (slice_ask(pod, self.catalog, AccessRule()) if notebook else other_gpu):
             if notebook:
                 refuse_visible_gpus(pod, ns)
