@@ -7,6 +7,7 @@ busy one is kept, and with Prometheus down nothing is stopped."""
 from __future__ import annotations
 
 import asyncio
+import json
 import re
 import time
 from pathlib import Path
@@ -361,11 +362,14 @@ class _Status:
         outer = self
 
         class Status(web.RequestHandler):
-            def get(self, how: str) -> None:
+            def get(self, how: str, what: str) -> None:
+                if what == "kernels":
+                    self.write(json.dumps([{"id": "k", "execution_state": "idle"}]))
+                    return
                 if how == "future":
                     self.write({"last_activity": "2100-01-01T00:00:00Z", "kernels": 1})
                 elif how == "redirect":
-                    self.redirect("/fresh", status=302)
+                    self.redirect("/fresh/api/status", status=302)
                 elif how == "big":
                     pad = "x" * 2_000_000
                     self.write({"last_activity": "2020-01-01T00:00:00Z", "pad": pad})
@@ -375,7 +379,7 @@ class _Status:
                 else:
                     self.write({"last_activity": "2020-01-01T00:00:00Z"})
 
-        self.app = web.Application([(r"/(\w+)", Status)])
+        self.app = web.Application([(r"/(\w+)/api/(status|kernels)", Status)])
 
 
 def _nb(name: str, recorded: float | None = None) -> Notebook:
@@ -403,13 +407,16 @@ def test_the_status_probe_follows_no_redirect_reads_a_bounded_body_and_clamps(tm
         sockets = server.app.listen(0, "127.0.0.1")
         port = next(iter(sockets._sockets.values())).getsockname()[1]
         app = KubeflowCuller()
-        app.initialize([f"--catalog={catalog}", f"--status-url=http://127.0.0.1:{port}/{{name}}"])
+        app.initialize(
+            [f"--catalog={catalog}", f"--status-url=http://127.0.0.1:{port}/{{name}}/api/status"]
+        )
         http = AsyncHTTPClient(force_instance=True, max_body_size=STATUS_MAX_BYTES)
         try:
-            return {
-                how: await app.probe(http, _nb(how))
-                for how in ("plain", "future", "redirect", "big")
-            }
+            got = {}
+            for how in ("plain", "future", "redirect", "big"):
+                probed = await app.probe(http, _nb(how))
+                got[how] = None if probed is None else probed.last_activity
+            return got
         finally:
             http.close()
             sockets.stop()

@@ -897,10 +897,23 @@ def test_the_culler_gets_through_a_profiles_istio_policy(tmp_path):
     v2 = {**culler, "path": "/workspace/connect/team-vision/ws1/api/status"}
     assert not _istio_allows(stock, culler)  # what the culler met before
     assert _istio_allows(stock + ours, culler) and _istio_allows(stock + ours, v2)
+    # and its kernels (a running kernel is activity): the path Istio matches, without the
+    # query string (Envoy's url_path)
+    from urllib.parse import urlsplit
+
+    from fracspawner.culler.kubeflow import kernels_url
+
+    kernels = urlsplit(kernels_url("http://x" + v1_path)).path
+    assert kernels == "/notebook/team-vision/resnet/api/kernels"
+    assert not _istio_allows(stock, {**culler, "path": kernels})
+    assert _istio_allows(stock + ours, {**culler, "path": kernels})
     # nothing else is opened: another principal, another path, another method
     assert not _istio_allows(stock + ours, {**culler, "principal": "cluster.local/ns/x/sa/y"})
     assert not _istio_allows(
-        stock + ours, {**culler, "path": "/notebook/team-vision/r/api/kernels"}
+        stock + ours, {**culler, "path": "/notebook/team-vision/r/api/contents"}
+    )
+    assert not _istio_allows(
+        stock + ours, {**culler, "path": "/notebook/team-vision/r/api/kernels/k1/interrupt"}
     )
     assert not _istio_allows(stock + ours, {**culler, "method": "POST"})
     readme = (out / "README.txt").read_text()

@@ -187,3 +187,159 @@ def test_a_workspaces_recorded_activity_counts_as_idle_only_until_its_probe(tmp_
     asked = _culler(tmp_path, "--workspace-status-url=http://{pod_ip}/api/status")
     outcome = asked.judge(stale, now - 2 * 3600, _gpu_idle(now, "ws-w-x7k2p-0"), now)
     assert outcome.decision.cull and outcome.decision.reason == "gpu_idle", outcome.decision
+
+
+# --------------------------------------------------------------------------- a running kernel
+class _Jupyter:
+    """Notebook servers as jupyter-server answers: `/api/status` (last_activity) and
+    `/api/kernels` (each kernel's execution_state), per notebook name."""
+
+    def __init__(self, last_activity: dict[str, float], kernels: dict[str, Any]) -> None:
+        from tornado import web
+
+        self.asked: list[str] = []
+        outer = self
+
+        class Server(web.RequestHandler):
+            def get(self, name: str, what: str) -> None:
+                outer.asked.append(self.request.uri or "")
+                if what == "status":
+                    stamp = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(last_activity[name]))
+                    self.write({"last_activity": stamp, "kernels": 1})
+                elif kernels[name] is None:
+                    self.set_status(503)  # its kernels could not be read
+                else:
+                    self.set_header("Content-Type", "application/json")
+                    self.write(json.dumps(kernels[name]))
+
+        self.app = web.Application([(r"/notebook/alice/([\w-]+)/api/(status|kernels)", Server)])
+
+
+class _Cluster:
+    """The API server, as the culler calls it: its Notebooks and their pods; PATCHes kept."""
+
+    def __init__(self, notebooks: list[dict[str, Any]], pods: list[dict[str, Any]]) -> None:
+        self.notebooks, self.pods, self.patched = notebooks, pods, []
+
+    async def call_api(self, path: str, method: str, **kwargs: Any) -> Any:
+        selector = dict(kwargs.get("query_params") or []).get("labelSelector", "")
+        code, body = 200, {"items": []}
+        if method == "PATCH":
+            self.patched.append(path.rsplit("/", 1)[1])
+            body = {}
+        elif path.endswith("/notebooks"):
+            body = {"items": self.notebooks}
+        elif path.endswith("/workspaces"):
+            code = 404  # Notebooks 2.0 not installed
+        elif path.endswith("/pods") and selector == "notebook-name":
+            body = {"items": self.pods}
+
+        class Answer:
+            status = code
+
+            async def read(self) -> bytes:
+                return json.dumps(body).encode()
+
+        return Answer()
+
+    async def close(self) -> None:
+        pass
+
+
+def test_a_running_kernel_keeps_a_notebook_whose_status_is_old(tmp_path):
+    """Kubeflow's culler reads /api/kernels and takes any kernel whose execution_state is not
+    "idle" as activity now (kubeflow/kubeflow components/notebook-controller/controllers/
+    culling_controller.go: allKernelsAreIdle, updateTimestampFromKernelsActivity). This one read
+    /api/status alone, whose last_activity a long silent cell does not move: a GPU notebook
+    running a CPU-bound cell for 3 h (GPU idle) was stopped and its computation lost. Now its
+    kernels are read beside its status (not counted as activity by the server:
+    no_track_activity), a running kernel keeps it, and kernels that cannot be read keep it like
+    a server that did not answer. It is not user activity: server_unattended (1 d by default)
+    still stops a notebook nobody has used for that long, as a busy GPU does not hold a hub
+    server past it (docs/culler.md)."""
+    now = time.time()
+    names = ["busy", "starting", "odd", "unread", "idle", "nokernel", "forgotten"]
+    last = {name: now - 3 * 3600 for name in names}
+    last["forgotten"] = now - 25 * 3600  # nobody at it for more than a day
+    kernels: dict[str, Any] = {
+        "busy": [{"id": "a", "execution_state": "idle"}, {"id": "b", "execution_state": "busy"}],
+        "starting": [{"id": "a", "execution_state": "starting"}],
+        "odd": [{"id": "a"}],  # no state said: unknown is never idle
+        "unread": None,  # /api/kernels answers 503
+        "idle": [{"id": "a", "execution_state": "idle"}, {"id": "b", "execution_state": "idle"}],
+        "nokernel": [],
+        "forgotten": [{"id": "a", "execution_state": "busy"}],
+    }
+    server = _Jupyter(last, kernels)
+    notebooks = [{"metadata": {"namespace": "alice", "name": n}} for n in names]
+    pods = []
+    for name in names:
+        pod = _pod(f"{name}-0", {"notebook-name": name}, now - 30 * 3600)
+        pod["status"]["podIP"] = "127.0.0.1"
+        pods.append(pod)
+    cluster = _Cluster(notebooks, pods)
+
+    async def run() -> dict[str, Outcome]:
+        sockets = server.app.listen(0, "127.0.0.1")
+        port = next(iter(sockets._sockets.values())).getsockname()[1]
+        app = _culler(
+            tmp_path,
+            f"--status-url=http://{{pod_ip}}:{port}/notebook/{{namespace}}/{{name}}/api/status",
+        )
+        app._api = cluster
+
+        async def gpu_idle(http: Any, judged: list[Any], at: Any) -> Any:
+            return {key: facts for n in names for key, facts in _gpu_idle(now, f"{n}-0").items()}
+
+        app.prometheus_facts = gpu_idle  # type: ignore[method-assign]
+        try:
+            return {o.notebook.name: o for o in await app.cull_once(now)}
+        finally:
+            sockets.stop()
+
+    outcomes = asyncio.run(run())
+    decisions = {name: outcomes[name].decision for name in names}
+    for name in ("busy", "starting", "odd"):
+        d = decisions[name]
+        assert not d.cull and d.reason == "kernel_running", (name, d)
+        assert "a kernel is running" in d.message, d.message
+    assert "busy" in decisions["busy"].message and "starting" in decisions["starting"].message
+    # its kernels could not be read: unknown, kept (as a server that did not answer)
+    assert not decisions["unread"].cull and decisions["unread"].reason == "activity_unknown"
+    # the control: every kernel idle (or none), status 3 h old, GPU idle 3 h: stopped
+    for name in ("idle", "nokernel"):
+        assert decisions[name].cull and decisions[name].reason == "gpu_idle", decisions[name]
+    # a running kernel is not a user: nobody for a day stops it
+    assert decisions["forgotten"].cull and decisions["forgotten"].reason == "unattended"
+    assert sorted(cluster.patched) == ["forgotten", "idle", "nokernel"]
+    # the kernels are read beside the status, without counting as activity on the server
+    kernel_reads = [uri for uri in server.asked if "/api/kernels" in uri]
+    assert "/notebook/alice/busy/api/kernels?no_track_activity=1" in kernel_reads
+    assert len(kernel_reads) == len(names)
+
+
+def test_the_kernels_url_is_beside_the_status_url(tmp_path):
+    """The same base and the same server as /api/status; a status URL template whose path does
+    not end in /api/status is refused at start (the kernels could not be found beside it)."""
+    import pytest
+
+    from fracspawner.culler.kubeflow import kernels_url, running_kernels
+
+    assert (
+        kernels_url("http://nb.alice.svc.cluster.local/notebook/alice/nb/api/status")
+        == "http://nb.alice.svc.cluster.local/notebook/alice/nb/api/kernels?no_track_activity=1"
+    )
+    assert kernels_url("http://10.0.0.7:8888/api/status?x=1") == (
+        "http://10.0.0.7:8888/api/kernels?no_track_activity=1&x=1"
+    )
+    assert running_kernels(b"[]") == ()
+    assert running_kernels(b'[{"execution_state": "idle"}, {"execution_state": "busy"}]') == (
+        "busy",
+    )
+    for body in (b'{"kernels": []}', b"[1]", b"not json"):
+        with pytest.raises(ValueError):
+            running_kernels(body)
+    with pytest.raises(SystemExit, match="/api/status"):
+        _culler(tmp_path, "--status-url=http://{pod_ip}:8888/notebook/{namespace}/{name}")
+    with pytest.raises(SystemExit, match="workspace_status_url"):
+        _culler(tmp_path, "--workspace-status-url=http://{pod_ip}:8888/")

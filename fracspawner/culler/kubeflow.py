@@ -16,7 +16,16 @@ activity), and from what Kubeflow already recorded (`notebooks.kubeflow.org/last
 a Notebook when Kubeflow's culler runs, `status.activity.lastActivity` on a Workspace); the
 newest wins. A notebook whose activity cannot be learnt is kept, and so is a Notebook whose
 server was asked and did not answer (Kubeflow's culler leaves the annotation as it was when
-its own probe fails or finds no kernel: no stand-in for the server's answer). A Workspace's
+its own probe fails or finds no kernel: no stand-in for the server's answer). A kernel that is
+running is activity now: with the status the culler reads the server's `/api/kernels` (with
+`no_track_activity=1`, so that the read is not activity), and any kernel whose
+`execution_state` is not "idle" counts as activity at this moment, as Kubeflow's culler counts
+it (kubeflow/kubeflow components/notebook-controller/controllers/culling_controller.go
+`allKernelsAreIdle`): a long silent cell stops updating `last_activity`, and a GPU idle
+meanwhile (a CPU-bound cell) must not stop it. It is not user activity: `server_unattended`
+still stops a notebook nobody has used for that long, running kernel or not, as on the hub side
+GPU work does not hold a server past it (docs/culler.md). A server that answers the status but
+not the kernels is one that did not answer. A Workspace's
 record proves idleness only until its probe read it (`status.activity.lastUpdate`). A GPU reading
 that is missing (Prometheus down, no series, stale) never counts as idle: then only
 `server_idle` applies.
@@ -30,9 +39,10 @@ import json
 import sys
 import time
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import datetime, timezone
 from typing import Any
+from urllib.parse import urlsplit, urlunsplit
 
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from tornado import web
@@ -61,9 +71,12 @@ LAST_ACTIVITY_ANNOTATION = "notebooks.kubeflow.org/last-activity"
 #: labels the Notebook controller (v1) and the Workspace controller (v2) put on their pods
 V1_POD_LABEL = "notebook-name"
 V2_POD_LABEL = "notebooks.kubeflow.org/workspace-name"
-#: jupyter-server's /api/status is a few hundred bytes; a tenant's server answers whatever it
-#: likes, so the culler reads at most this much of it
+#: jupyter-server's /api/status is a few hundred bytes, /api/kernels as much per kernel; a
+#: tenant's server answers whatever it likes, so the culler reads at most this much of either
 STATUS_MAX_BYTES = 64 * 1024
+#: a kernel in this execution_state is not running code; any other state (busy, starting, one
+#: unknown) is (Kubeflow's KERNEL_EXECUTION_STATE_IDLE, culling_controller.go)
+KERNEL_IDLE = "idle"
 LABEL_POOL = "fracspawner.io/pool"
 LABEL_GPU = "fracspawner.io/gpu"
 
@@ -86,6 +99,39 @@ class Notebook:
     @property
     def log_name(self) -> str:
         return f"{self.kind} {self.namespace}/{self.name}"
+
+
+@dataclass(frozen=True)
+class Probed:
+    """What a notebook server answered: its `/api/status` last_activity (clamped at the
+    answer's arrival) and the execution states of its kernels that are not idle
+    (`/api/kernels`; empty: every kernel idle, or none)."""
+
+    last_activity: float
+    running: tuple[str, ...] = ()
+
+
+def kernels_url(status_url: str) -> str:
+    """The server's `/api/kernels` beside its `/api/status` (the same base), asked with
+    `no_track_activity=1`: jupyter-server counts any other API request as activity (its
+    APIHandler.update_api_activity), which would keep every notebook the culler reads active.
+    ValueError when the URL's path does not end in /api/status."""
+    parts = urlsplit(status_url)
+    if not parts.path.endswith("/api/status"):
+        raise ValueError(f"{status_url!r}: the path does not end in /api/status")
+    query = "&".join(q for q in ("no_track_activity=1", parts.query) if q)
+    return urlunsplit(parts._replace(path=parts.path[: -len("status")] + "kernels", query=query))
+
+
+def running_kernels(body: bytes) -> tuple[str, ...]:
+    """The execution states of the kernels in a `/api/kernels` answer that are not idle (a
+    missing or odd state counts as running: unknown is never idle). ValueError when the answer
+    is not jupyter-server's list of kernel models."""
+    kernels = json.loads(body)
+    if not isinstance(kernels, list) or not all(isinstance(k, dict) for k in kernels):
+        raise ValueError("not a list of kernels")
+    states = (k.get("execution_state") for k in kernels)
+    return tuple(str(state) for state in states if state != KERNEL_IDLE)
 
 
 def parse_time(value: Any) -> float | None:
@@ -302,8 +348,9 @@ class KubeflowCuller(CullerApplication):
         "http://{name}.{namespace}.svc.{cluster_domain}/notebook/{namespace}/{name}/api/status",
         config=True,
         help="Where a v1 notebook's jupyter-server answers /api/status (its last_activity); "
-        "fields {name}, {namespace}, {pod_ip}, {cluster_domain}. The default goes through the "
-        "notebook's Service, as Kubeflow's own culler does. '' to not ask.",
+        "fields {name}, {namespace}, {pod_ip}, {cluster_domain}. Its /api/kernels beside it is "
+        "read too (a running kernel is activity), so the path ends in /api/status. The default "
+        "goes through the notebook's Service, as Kubeflow's own culler does. '' to not ask.",
     )
     workspace_status_url = Unicode(
         "",
@@ -378,6 +425,19 @@ class KubeflowCuller(CullerApplication):
                 "fracspawner culler kubeflow: KubeflowCuller.dcgm_job is empty: name "
                 "dcgm-exporter's scrape job (series from any other job are not GPU evidence)"
             )
+        for option, template in (
+            ("status_url", self.status_url),
+            ("workspace_status_url", self.workspace_status_url),
+        ):
+            try:
+                if template:
+                    kernels_url(template)
+            except ValueError:
+                raise SystemExit(
+                    f"fracspawner culler kubeflow: KubeflowCuller.{option} {template!r} does "
+                    "not end in /api/status: the culler reads the server's /api/kernels beside "
+                    "it (a running kernel is activity)"
+                ) from None
         self._catalog = load_catalog(self.catalog)
 
     def rules(self) -> Rules:
@@ -491,8 +551,10 @@ class KubeflowCuller(CullerApplication):
             raise RuntimeError(f"PATCH {path}: " + (words or f"{response.status} {body[:300]!r}"))
 
     # --- activity and GPU ---------------------------------------------------------------------
-    async def probe(self, http: AsyncHTTPClient, nb: Notebook) -> float | None:
-        """The notebook server's own last_activity (GET /api/status), None if not learnt."""
+    async def probe(self, http: AsyncHTTPClient, nb: Notebook) -> Probed | None:
+        """What the notebook server says (GET /api/status, then GET /api/kernels beside it);
+        None if either is not learnt: a server that answered its status but not its kernels
+        did not answer (unknown is never idle)."""
         template = self.status_url if nb.kind == "Notebook" else self.workspace_status_url
         if not template or nb.pod is None:
             return None
@@ -503,20 +565,28 @@ class KubeflowCuller(CullerApplication):
             cluster_domain=self.cluster_domain,
         )
         try:
-            # the notebook is the tenant's: no redirect (it could send the culler anywhere),
-            # a bounded body (the client's max_body_size, see cull_once)
-            response = await http.fetch(
-                url, request_timeout=self.request_timeout, follow_redirects=False
-            )
-            if response.code != 200:
-                raise ValueError(f"answered {response.code}")
-            seen = parse_time(json.loads(response.body).get("last_activity"))
+            seen = parse_time(json.loads(await self._get(http, url)).get("last_activity"))
+            if seen is None:
+                return None
+            url = kernels_url(url)
+            running = running_kernels(await self._get(http, url))
         except (HTTPClientError, OSError, ValueError, AttributeError, StreamClosedError) as exc:
             self.log.info("%s: its activity is unknown (%s %s)", nb.log_name, url, exc)
             return None
         # a time after the answer came is not activity that happened: clamped, as the hub
         # culler clamps a server's reported times at their arrival (reports.py _ts)
-        return None if seen is None else min(seen, time.time())
+        return Probed(min(seen, time.time()), running)
+
+    async def _get(self, http: AsyncHTTPClient, url: str) -> bytes:
+        """GET from a notebook server: the notebook is the tenant's, so no redirect (it could
+        send the culler anywhere) and a bounded body (the client's max_body_size, see
+        cull_once); ValueError for an answer other than 200."""
+        response = await http.fetch(
+            url, request_timeout=self.request_timeout, follow_redirects=False
+        )
+        if response.code != 200:
+            raise ValueError(f"answered {response.code}")
+        return response.body
 
     async def prometheus_facts(
         self, http: AsyncHTTPClient, notebooks: list[Notebook], at: float | None
@@ -563,7 +633,13 @@ class KubeflowCuller(CullerApplication):
             finally:
                 probes.close()
             outcomes = [
-                self.judge(nb, probed, prom, now)
+                self.judge(
+                    nb,
+                    None if probed is None else probed.last_activity,
+                    prom,
+                    now,
+                    running=() if probed is None else probed.running,
+                )
                 for nb, probed in zip(judged, activity, strict=True)
             ]
             await asyncio.gather(*(self.act(o, now) for o in outcomes))
@@ -581,7 +657,10 @@ class KubeflowCuller(CullerApplication):
         probed: float | None,
         prom: dict[tuple[str, str], GpuFacts] | None,
         now: float,
+        running: tuple[str, ...] = (),
     ) -> Outcome:
+        """Decide on `nb`: `probed` is its server's last_activity (None: not asked or no
+        answer), `running` the execution states of its kernels that are not idle."""
         assert self._catalog is not None and nb.pod is not None
         recorded = nb.recorded_activity
         if nb.kind == "Notebook" and self.status_url and probed is None:
@@ -602,6 +681,11 @@ class KubeflowCuller(CullerApplication):
         # to edit): nothing counts as later than now
         times = [min(t, now) for t in (probed, recorded) if t is not None]
         facts = server_facts(nb, max(times) if times else None)
+        if running and times:
+            # a running kernel is activity now (Kubeflow's culler sets last-activity to now
+            # for it), but not user activity: last_activity stays the user's, which
+            # server_unattended reads (ServerFacts.user_activity), as GPU work is on the hub
+            facts = replace(facts, own_last_activity=now)
         pool, policy = policy_for_server(self._catalog, facts.pool, facts.gpu_slice).astuple()
         if not times:  # unknown is never idle
             decision = Decision(
@@ -616,7 +700,18 @@ class KubeflowCuller(CullerApplication):
             if found is not None or facts.gpu_slice is not None:
                 sources["prometheus"] = found
         reading = combine(sources, now, self.rules())
-        return Outcome(nb, decide_server(facts, reading, policy, now, self.rules()), pool, found)
+        decision = decide_server(facts, reading, policy, now, self.rules())
+        if running and decision.reason == "active":
+            # kept for the activity the running kernel is: say so
+            decision = Decision(
+                "keep",
+                "kernel_running",
+                f"a kernel is running (execution_state {', '.join(sorted(set(running)))}): "
+                "activity now, as Kubeflow's culler counts it; only server_unattended (no "
+                "user activity) or max_age stops it",
+                gpu_failsafe=decision.gpu_failsafe,
+            )
+        return Outcome(nb, decision, pool, found)
 
     async def act(self, outcome: Outcome, now: float) -> None:
         nb, d = outcome.notebook, outcome.decision
@@ -694,4 +789,14 @@ def main(argv: list[str]) -> int:
     return 0
 
 
-__all__ = ["KubeflowCuller", "Notebook", "find_notebooks", "fmt", "server_facts", "stop_request"]
+__all__ = [
+    "KubeflowCuller",
+    "Notebook",
+    "Probed",
+    "find_notebooks",
+    "fmt",
+    "kernels_url",
+    "running_kernels",
+    "server_facts",
+    "stop_request",
+]

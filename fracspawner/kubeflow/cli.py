@@ -126,7 +126,7 @@ def _parser() -> argparse.ArgumentParser:
         metavar="NS/NAME",
         help="write authorizationpolicies.yaml: Istio AuthorizationPolicies letting the GPU "
         "culler (`fracspawner culler kubeflow` running as this ServiceAccount, with an Istio "
-        "sidecar) read the notebooks' /api/status in each profile namespace",
+        "sidecar) read the notebooks' /api/status and /api/kernels in each profile namespace",
     )
     ex.add_argument("-o", "--output", required=True, metavar="DIR", help="folder to write to")
     return parser

@@ -353,15 +353,17 @@ def culler_authorization_policy(
     service_account: str, namespace: str | None, trust_domain: str = "cluster.local"
 ) -> dict[str, Any]:
     """Istio `AuthorizationPolicy` (security.istio.io/v1) letting `fracspawner culler kubeflow`
-    (its ServiceAccount "NS/NAME") GET a notebook's `/api/status` in a profile namespace.
+    (its ServiceAccount "NS/NAME") GET a notebook's `/api/status` and `/api/kernels` in a
+    profile namespace.
 
     A profile namespace's own policy (`ns-owner-access-istio`, kubeflow/dashboard
     components/profile-controller/controllers/profile_controller.go getAuthorizationPolicy)
     admits the owner through the gateway, the namespace itself, and from elsewhere only the
-    notebook-controller's principal on `GET */api/kernels`: the culler's GET */api/status is
-    denied. ALLOW policies add up, so this one admits exactly that request from the culler's
-    principal (v1 `/notebook/<ns>/<nb>/api/status`, v2
-    `/workspace/connect/<ns>/<ws>/api/status`)."""
+    notebook-controller's principal on `GET */api/kernels`: the culler's requests are denied.
+    ALLOW policies add up, so this one admits exactly those from the culler's principal: its
+    GET of the server's status and of its kernels (a running kernel is activity; v1
+    `/notebook/<ns>/<nb>/api/{status,kernels}`, v2 `/workspace/connect/<ns>/<ws>/api/...`;
+    Istio matches paths without the query string)."""
     sa_namespace, _, sa_name = service_account.rpartition("/")
     return {
         "apiVersion": "security.istio.io/v1",
@@ -378,7 +380,14 @@ def culler_authorization_policy(
                             }
                         }
                     ],
-                    "to": [{"operation": {"methods": ["GET"], "paths": ["*/api/status"]}}],
+                    "to": [
+                        {
+                            "operation": {
+                                "methods": ["GET"],
+                                "paths": ["*/api/status", "*/api/kernels"],
+                            }
+                        }
+                    ],
                 }
             ],
         },
@@ -799,6 +808,7 @@ def export(
             [culler_authorization_policy(culler_service_account, ns) for ns in targets],
             "Istio: lets `fracspawner culler kubeflow` (ServiceAccount "
             f"{culler_service_account}, with an Istio sidecar) GET the notebooks' /api/status "
+            "and /api/kernels "
             "in each profile namespace; the profile's own policy admits only Kubeflow's "
             "notebook-controller there",
         )
