@@ -462,6 +462,7 @@ class PoolMetrics:
 
     def __init__(self) -> None:
         self.registry = CollectorRegistry()
+        self._set: set[tuple[Gauge, tuple[str, ...]]] = set()  # the series the last update set
         self.slices = Gauge(
             "fracspawner_pool_slices",
             "GPU slices (pods) per pool: held (placed on a node) or waiting (not placed yet).",
@@ -504,25 +505,41 @@ class PoolMetrics:
 
     def update(self, model: Mapping[str, Any]) -> None:
         self.stale.set(int(model["stale"]))
+        seen: set[tuple[Gauge, tuple[str, ...]]] = set()
         for pool in model["pools"]:
             name = pool["name"]
-            self._maybe(self.slices, (name, "held"), pool["held"])
-            self._maybe(self.slices, (name, "waiting"), pool["waiting"])
-            self._maybe(self.held, (name,), pool["held_gpu"])
-            self._maybe(self.free, (name,), pool["free_gpu"])
-            self._maybe(self.idle_held, (name,), pool["idle_held_gpu"])
+            self._maybe(seen, self.slices, (name, "held"), pool["held"])
+            self._maybe(seen, self.slices, (name, "waiting"), pool["waiting"])
+            self._maybe(seen, self.held, (name,), pool["held_gpu"])
+            self._maybe(seen, self.free, (name,), pool["free_gpu"])
+            self._maybe(seen, self.idle_held, (name,), pool["idle_held_gpu"])
             for offer in pool["offers"]:
-                self._maybe(self.free_slices, (name, offer["spec"]), offer["free"])
+                self._maybe(seen, self.free_slices, (name, offer["spec"]), offer["free"])
+        # a pool the model no longer lists (one gone from the catalog whose last pod ended)
+        # loses its series: never its last value forever
+        for gauge, labels in self._set - seen:
+            self._remove(gauge, labels)
+        self._set = seen
 
-    @staticmethod
-    def _maybe(gauge: Gauge, labels: tuple[str, ...], value: float | None) -> None:
+    def _maybe(
+        self,
+        seen: set[tuple[Gauge, tuple[str, ...]]],
+        gauge: Gauge,
+        labels: tuple[str, ...],
+        value: float | None,
+    ) -> None:
         if value is None:  # unknown is no number: the series goes, it never reads 0
-            try:
-                gauge.remove(*labels)
-            except KeyError:
-                pass
+            self._remove(gauge, labels)
         else:
             gauge.labels(*labels).set(value)
+            seen.add((gauge, labels))
+
+    @staticmethod
+    def _remove(gauge: Gauge, labels: tuple[str, ...]) -> None:
+        try:
+            gauge.remove(*labels)
+        except KeyError:
+            pass
 
 
 class AdminData:
