@@ -44,3 +44,42 @@ def test_pool_gauges_of_a_pool_gone_from_the_model_are_removed():
     metrics.update({"stale": False, "pools": [pool("t4", 1, [{"spec": "0.25", "free": 4}])]})
     assert value("fracspawner_pool_offer_free_slices", {"pool": "t4", "offer": "0.5"}) is None
     assert value("fracspawner_pool_offer_free_slices", {"pool": "t4", "offer": "0.25"}) == 4
+
+
+def test_kubeflow_culler_pool_label_is_never_a_tenants_pod_label(tmp_path):
+    # a Notebook's pod labels are its namespace's members' to write (its pod template; and
+    # `kubectl label pod`): a pool label the catalog lacks must not become a series of its own,
+    # or a tenant relabelling a pod each cycle grows the culler's registry without bound
+    import asyncio
+    import time
+
+    import yaml
+
+    from fracspawner.culler.kubeflow import KubeflowCuller, Notebook
+    from tests.test_kubeflow_culler import CATALOG
+
+    catalog = tmp_path / "catalog.yaml"
+    catalog.write_text(yaml.safe_dump(CATALOG))
+    app = KubeflowCuller()
+    app.initialize([f"--catalog={catalog}", "--status-url="])
+    now = time.time()
+
+    def notebook(pool: str) -> Notebook:
+        labels = {"notebook-name": "nb", "fracspawner.io/gpu": "0.25", "fracspawner.io/pool": pool}
+        pod = {
+            "metadata": {"name": "nb-0", "namespace": "alice", "labels": labels},
+            "status": {"phase": "Running", "startTime": "2020-01-01T00:00:00Z"},
+        }
+        return Notebook("Notebook", "alice", "nb", pod, False, None)
+
+    for pool in ("t4", "made-up-1", "made-up-2"):
+        outcome = app.judge(notebook(pool), None, {}, now)
+        assert outcome.decision.gpu_failsafe  # activity unknown: counted as a failsafe
+        asyncio.run(app.act(outcome, now))
+    pools = {
+        s.labels["pool"]
+        for family in app.metrics.registry.collect()
+        for s in family.samples
+        if "pool" in s.labels
+    }
+    assert pools == {"t4", ""}

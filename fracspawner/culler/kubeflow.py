@@ -58,7 +58,7 @@ from ..model.catalog import Catalog
 from ..model.errors import CatalogError
 from .base import CullerApplication
 from .decide import Decision, GpuFacts, Rules, ServerFacts, combine, decide_server, fmt
-from .policy import gpu_windows, policy_for_server
+from .policy import gpu_windows, metrics_pool, policy_for_server
 from .prometheus import DEFAULT_JOB, DcgmConfig, PrometheusError, build_query, parse_result
 from .prometheus import query as prom_query
 
@@ -687,6 +687,7 @@ class KubeflowCuller(CullerApplication):
             # server_unattended reads (ServerFacts.user_activity), as GPU work is on the hub
             facts = replace(facts, own_last_activity=now)
         pool, policy = policy_for_server(self._catalog, facts.pool, facts.gpu_slice).astuple()
+        pool = metrics_pool(self._catalog, pool)  # the pod's label is the tenant's text
         if not times:  # unknown is never idle
             decision = Decision(
                 "keep", "activity_unknown", "its activity is unknown: kept", gpu_failsafe=True

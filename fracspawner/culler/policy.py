@@ -59,6 +59,14 @@ def policy_for_server(catalog: Catalog, pool: str | None, gpu_slice: str | None)
     return PoolPolicy("|".join(names), lenient([catalog.idle_for(n) for n in names]))
 
 
+def metrics_pool(catalog: Catalog, pool: str) -> str:
+    """A `pool` metrics label: the catalog's names only (candidates joined with "|"
+    included), else "": a pool name the catalog lacks may be anyone's text (a Kubeflow pod's
+    label is its namespace's to write) and must not make series of its own."""
+    names = pool.split("|") if pool else []
+    return pool if names and all(name in catalog.pools for name in names) else ""
+
+
 def gpu_windows(policies: Iterable[IdlePolicy]) -> list[int]:
     """The look-back windows (whole seconds, ascending, each once) the GPU query must cover to
     decide under these policies: their server_gpu_idle and server_idle limits that are on."""
