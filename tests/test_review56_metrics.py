@@ -83,3 +83,72 @@ def test_kubeflow_culler_pool_label_is_never_a_tenants_pod_label(tmp_path):
         if "pool" in s.labels
     }
     assert pools == {"t4", ""}
+
+
+def test_webhook_counts_the_pods_and_claims_it_refuses_on_an_error():
+    # a bug refuses the pod (answered allowed: false, reason "error"): the admissions and
+    # refusals counters must see it, or a webhook refusing every pod shows no refusal at all
+    import asyncio
+    import json
+    from pathlib import Path
+
+    from tornado.httpclient import AsyncHTTPClient
+
+    from fracspawner.backends import load_catalog
+    from fracspawner.kubeflow.webhook import Webhook, make_app
+    from tests.kubeflow_inprocess import FakeCluster
+    from tests.kubeflow_support import admission_review, notebook_pod
+
+    catalog = load_catalog(str(Path(__file__).parent.parent / "examples/kubeflow/catalog.yaml"))
+    hook = Webhook(catalog, FakeCluster({"alice": {}}))
+    hook.pods.load([])
+
+    async def broken(*_: Any) -> Any:
+        raise RuntimeError("a bug")
+
+    hook.review = broken  # type: ignore[method-assign]
+    claim = {
+        "apiVersion": "admission.k8s.io/v1",
+        "kind": "AdmissionReview",
+        "request": {
+            "uid": "c1",
+            "kind": {"group": "resource.k8s.io", "version": "v1", "kind": "ResourceClaim"},
+            "resource": {"group": "resource.k8s.io", "version": "v1", "resource": "resourceclaims"},
+            "namespace": "alice",
+            "operation": "CREATE",
+            "object": {"metadata": {"name": "c", "namespace": "alice"}, "spec": {}},
+        },
+    }
+
+    async def run() -> list[bool]:
+        sockets = make_app(hook).listen(0, "127.0.0.1")
+        port = next(iter(sockets._sockets.values())).getsockname()[1]
+        http = AsyncHTTPClient(force_instance=True)
+        try:
+            got = []
+            pod = admission_review(notebook_pod("alice", "nb"))
+            for body in (pod, claim):
+                resp = await http.fetch(
+                    f"http://127.0.0.1:{port}/mutate", method="POST", body=json.dumps(body)
+                )
+                got.append(json.loads(resp.body)["response"]["allowed"])
+            return got
+        finally:
+            http.close()
+            sockets.stop()
+
+    hook.dra = _BrokenDra()
+    assert asyncio.run(run()) == [False, False]
+    value = hook.metrics.registry.get_sample_value
+    assert value("fracspawner_webhook_refusals_total", {"reason": "error"}) == 2
+    assert (
+        value("fracspawner_webhook_admissions_total", {"operation": "CREATE", "result": "refused"})
+        == 2
+    )
+
+
+class _BrokenDra:
+    """A DRA gate whose admission of a claim fails (kubeflow/claims.py review_claim)."""
+
+    async def review_claim(self, *_: Any, **__: Any) -> Any:
+        raise RuntimeError("a bug")

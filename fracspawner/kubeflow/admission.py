@@ -75,7 +75,7 @@ class Refusal(Exception):
     def __init__(self, message: str, reason: str) -> None:
         super().__init__(message)
         self.message = message
-        self.reason = reason  # metrics label: invalid, access, quota, guard, unavailable
+        self.reason = reason  # metrics label: invalid, access, quota, guard, unavailable, error
 
 
 @dataclass(frozen=True)

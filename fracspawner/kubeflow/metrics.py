@@ -10,14 +10,16 @@ class WebhookMetrics:
         self.registry = CollectorRegistry()
         self.admissions = Counter(
             "fracspawner_webhook_admissions",
-            "Pod admissions answered, by result: mutated (the slice was applied), unchanged "
-            "(already applied), skipped (no slice asked), refused.",
+            "Pod and ResourceClaim admissions answered, by operation and result: mutated (the "
+            "slice was applied), unchanged (already applied), skipped (no slice asked), "
+            "allowed (admitted as it was), refused (an error included).",
             ["operation", "result"],
             registry=self.registry,
         )
         self.refusals = Counter(
             "fracspawner_webhook_refusals",
-            "Pods refused, by reason: access, quota, invalid, guard, unavailable.",
+            "Pods and ResourceClaims refused, by reason: access, quota, invalid, guard, "
+            "unavailable, error (the webhook failed on it: see its log).",
             ["reason"],
             registry=self.registry,
         )
@@ -33,7 +35,7 @@ class WebhookMetrics:
         )
         self.duration = Histogram(
             "fracspawner_webhook_admission_duration_seconds",
-            "Time to answer one AdmissionReview, API calls included.",
+            "Time to answer one AdmissionReview of a pod or a ResourceClaim, API calls included.",
             buckets=(0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10),
             registry=self.registry,
         )

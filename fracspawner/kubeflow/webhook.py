@@ -399,6 +399,9 @@ class MutateHandler(web.RequestHandler):
                 words = "fracspawner's webhook failed on this claim; see its log"
                 refusal = Refusal(words, "error")
                 answer = response(str(request.get("uid") or ""), refusal=refusal)
+                self.webhook.metrics.refusals.labels("error").inc()
+                self.webhook.metrics.admissions.labels("CREATE", "refused").inc()
+            self.webhook.metrics.duration.observe(time.perf_counter() - started)
             self.set_header("Content-Type", "application/json")
             self.finish(json.dumps(answer))
             return
@@ -417,6 +420,8 @@ class MutateHandler(web.RequestHandler):
             log.exception("admission of %s/%s failed", review.namespace, review.name)
             refusal = Refusal("fracspawner's webhook failed on this pod; see its log", "error")
             answer = response(review.uid, refusal=refusal)
+            self.webhook.metrics.refusals.labels("error").inc()
+            self.webhook.metrics.admissions.labels(review.operation, "refused").inc()
         self.webhook.metrics.duration.observe(time.perf_counter() - started)
         self.set_header("Content-Type", "application/json")
         self.finish(json.dumps(answer))
