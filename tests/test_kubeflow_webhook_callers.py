@@ -219,7 +219,8 @@ def test_forged_reviews_from_a_node_address_stop_holding_another_namespaces_quot
         assert forge()["allowed"] is True  # the first one holds jam's quota, for a window
         _wait(
             lambda: (
-                forge() and _metric(webhook, "fracspawner_webhook_unconfirmed_reservations") >= 3
+                forge()
+                and _metric(webhook, "fracspawner_webhook_unconfirmed_reservations_total") >= 3
             ),
             "the forger's reservations were never judged",
             60,

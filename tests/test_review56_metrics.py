@@ -152,3 +152,26 @@ class _BrokenDra:
 
     async def review_claim(self, *_: Any, **__: Any) -> Any:
         raise RuntimeError("a bug")
+
+
+def test_webhook_counts_since_start_are_counters():
+    # https://prometheus.io/docs/practices/naming/: an accumulating count has `_total` as a
+    # suffix; the quota conflicts and unconfirmed reservations only ever grow
+    from prometheus_client.parser import text_string_to_metric_families
+
+    from fracspawner.kubeflow.metrics import WebhookMetrics
+
+    metrics = WebhookMetrics()
+    metrics.conflicts.set_function(lambda: 3)
+    metrics.unconfirmed.set_function(lambda: 2)
+    value = metrics.registry.get_sample_value
+    assert value("fracspawner_webhook_quota_conflicts_total") == 3
+    assert value("fracspawner_webhook_unconfirmed_reservations_total") == 2
+    from prometheus_client import generate_latest
+
+    types = {
+        f.name: f.type
+        for f in text_string_to_metric_families(generate_latest(metrics.registry).decode())
+    }
+    assert types["fracspawner_webhook_quota_conflicts"] == "counter"
+    assert types["fracspawner_webhook_unconfirmed_reservations"] == "counter"

@@ -2,7 +2,27 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable, Iterator
+
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+from prometheus_client.core import CounterMetricFamily
+from prometheus_client.registry import Collector
+
+
+class CountedBy(Collector):
+    """A counter whose value a function gives at each scrape (what Gauge.set_function is for
+    gauges): a count something else keeps, exposed as `<name>_total`."""
+
+    def __init__(self, name: str, documentation: str, registry: CollectorRegistry) -> None:
+        self.name, self.documentation = name, documentation
+        self.function: Callable[[], float] = lambda: 0.0
+        registry.register(self)
+
+    def set_function(self, function: Callable[[], float]) -> None:
+        self.function = function
+
+    def collect(self) -> Iterator[CounterMetricFamily]:
+        yield CounterMetricFamily(self.name, self.documentation, value=float(self.function()))
 
 
 class WebhookMetrics:
@@ -39,16 +59,18 @@ class WebhookMetrics:
             buckets=(0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10),
             registry=self.registry,
         )
-        self.conflicts = Gauge(
+        # counts since start kept by the ledger and the standings: counters (`_total`), read
+        # at each scrape (they were gauges named without `_total` before: docs/kubeflow.md)
+        self.conflicts = CountedBy(
             "fracspawner_webhook_quota_conflicts",
             "Writes of a namespace's quota reservations another replica's write came before "
-            "(409 Conflict; the admission counted again), since start.",
+            "(409 Conflict; the admission counted again).",
             registry=self.registry,
         )
-        self.unconfirmed = Gauge(
+        self.unconfirmed = CountedBy(
             "fracspawner_webhook_unconfirmed_reservations",
             "Reservations of unverified callers that ended without their pod in the watch "
-            "(a pod refused after this webhook, or a forged review), since start.",
+            "(a pod refused after this webhook, or a forged review).",
             registry=self.registry,
         )
         self.reserved = Gauge(
