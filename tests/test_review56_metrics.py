@@ -175,3 +175,18 @@ def test_webhook_counts_since_start_are_counters():
     }
     assert types["fracspawner_webhook_quota_conflicts"] == "counter"
     assert types["fracspawner_webhook_unconfirmed_reservations"] == "counter"
+
+
+def test_dashboard_shows_mib_counters_in_mebibytes():
+    # fracspawner_reclaimed_gpu_memory_mib_total counts MiB (2**20 bytes); Grafana's unit
+    # "decmbytes" is SI megabytes (10**6), "mbytes" mebibytes (grafana-data valueFormats
+    # categories.ts): 80 GiB given back read "85.9 GB"
+    import json
+    from pathlib import Path
+
+    board = Path(__file__).parent.parent / "charts/fracspawner/dashboards/fracspawner.json"
+    panels = json.loads(board.read_text())["panels"]
+    mib = [p for p in panels if any("_mib_" in t["expr"] for t in p.get("targets", []))]
+    assert mib
+    for panel in mib:
+        assert panel["fieldConfig"]["defaults"]["unit"] == "mbytes", panel["title"]
