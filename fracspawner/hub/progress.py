@@ -18,10 +18,21 @@ BackOff, Failed, FailedMount, Unhealthy ...); an unknown reason keeps its own me
 from __future__ import annotations
 
 import html
+import re
 from collections.abc import Iterable, Mapping
 from typing import Any
 
-__all__ = ["human_step", "pod_events", "progress_event"]
+__all__ = [
+    "human_step",
+    "pod_events",
+    "pod_failure",
+    "progress_event",
+    "scheduler_absent",
+    "scheduling_trouble",
+]
+
+#: what an administrator is asked for when a server cannot start by itself
+_FOR_ADMIN = "This is for an administrator to fix: choose another image, or tell them."
 
 
 def _event_time(event: Mapping[str, Any]) -> str:
@@ -75,6 +86,9 @@ def human_step(raw: Mapping[str, Any], *, slice_words: str = "", image: str = ""
         if "pull" in message.lower():
             return f"{the_image[0].upper()}{the_image[1:]} could not be downloaded; retrying."
         return "Your server stopped right after starting; Kubernetes is retrying."
+    if reason == "Failed" and _is_pull_error(message):
+        # 'Failed to pull image "..."', 'Error: ErrImagePull', 'Error: ImagePullBackOff'
+        return f"{the_image[0].upper()}{the_image[1:]} could not be downloaded; retrying."
     if reason in ("Failed", "ErrImageNeverPull", "InspectFailed"):
         return f"Your server could not start: {message}" if message else "Your server failed."
     if reason == "Unhealthy":
@@ -92,3 +106,151 @@ def progress_event(event: Mapping[str, Any], sentence: str) -> dict[str, Any]:
     if original and original != sentence:
         markup += f' <span class="fs-raw">({html.escape(original)})</span>'
     return {**event, "message": sentence, "html_message": markup}
+
+
+def _is_pull_error(message: str) -> bool:
+    lowered = message.lower()
+    return "pull" in lowered or "errimage" in lowered or "invalidimagename" in lowered
+
+
+# ---------------------------------------------------------------- a pod that will not start
+#: a failed pull that no retry mends: the image is not there, or the node may not fetch it
+_HOPELESS_PULL = (
+    (
+        re.compile(r"not found|manifest unknown|does not exist|name unknown", re.I),
+        "it does not exist in its registry",
+    ),
+    (
+        re.compile(r"unauthori[sz]ed|denied|forbidden|authenticat|\b40[13]\b", re.I),
+        "its registry refused to send it (no access)",
+    ),
+    (
+        re.compile(r"invalid reference|invalid image|couldn't parse image", re.I),
+        "its name is not a valid image name",
+    ),
+)
+
+
+def _statuses(pod: Mapping[str, Any]) -> list[Mapping[str, Any]]:
+    status = pod.get("status") or {}
+    found = [*(status.get("initContainerStatuses") or []), *(status.get("containerStatuses") or [])]
+    return [s for s in found if isinstance(s, Mapping)]
+
+
+def pod_failure(
+    pod: Mapping[str, Any] | None, *, image: str = "", main: str = "notebook"
+) -> str | None:
+    """Why `pod` can never start by itself, in the user's words (what happened and what to do),
+    or None. `image`: the display name of the server's image; `main`: its container's name.
+
+    The kubelet retries a pull and restarts a crashing container (kubespawner's pods are
+    `restartPolicy: OnFailure`) for ever, and kubespawner waits for the pod to run until
+    `start_timeout`: an image that is not in its registry, or a server that exits at once
+    (an image without jupyterhub-singleuser), kept the user on the pending page for minutes
+    and then said only "Timeout". A pull that failed for another reason (a registry's rate
+    limit, the network) may pass on the kubelet's next try: not a failure here."""
+    if not pod:
+        return None
+    for status in _statuses(pod):
+        waiting = (status.get("state") or {}).get("waiting") or {}
+        reason = str(waiting.get("reason") or "")
+        message = str(waiting.get("message") or "")
+        name = str(status.get("name") or "")
+        if name == main:
+            what = (
+                f"The image {image} ({status.get('image')})"
+                if image
+                else f"The image {status.get('image')}"
+            )
+        else:
+            what = f"The image {status.get('image')} of your server's {name!r} container"
+        why = None
+        if reason == "InvalidImageName":
+            why = "its name is not a valid image name"
+        elif reason == "ErrImageNeverPull":
+            why = "it is not on the node, and the pod may not download it"
+        elif reason in ("ErrImagePull", "ImagePullBackOff"):
+            why = next((w for pattern, w in _HOPELESS_PULL if pattern.search(message)), None)
+        if why is not None:
+            return f"{what} could not be downloaded: {why}. {_FOR_ADMIN}"
+        if reason == "CrashLoopBackOff":
+            return _crash_words(status, image, main=name == main)
+    return None
+
+
+def _crash_words(status: Mapping[str, Any], image: str, *, main: bool) -> str:
+    ended = ((status.get("lastState") or {}).get("terminated")) or {}
+    code = ended.get("exitCode")
+    cause = str(ended.get("reason") or "")
+    text = str(ended.get("message") or "")
+    who = "Your server" if main else f"Your server's {status.get('name')!r} container"
+    if cause == "OOMKilled":
+        return (
+            f"{who} ran out of memory while starting, again after each restart. Choose a size "
+            "with more memory if the form offers one, or tell an administrator."
+        )
+    said = f" (exit code {code})" if code is not None else ""
+    hint = ""
+    if main and (code == 127 or "executable file not found" in text or "no such file" in text):
+        named = f"the image {image}" if image else "its image"
+        hint = f" A program it runs is missing from {named} (is jupyterhub-singleuser installed?)."
+    return (
+        f"{who} stopped right after starting{said}, and again each time Kubernetes restarted "
+        f"it.{hint} {_FOR_ADMIN}"
+    )
+
+
+# the scheduler's reasons ("0/5 nodes are available: 1 Insufficient cpu, 4 node(s) didn't
+# match Pod's node affinity/selector. preemption: ...") that are not about a GPU
+_RESOURCES = re.compile(
+    r"^(Insufficient (cpu|memory|ephemeral-storage|pods|hugepages-\S+)|Too many pods)$"
+)
+_STORAGE = re.compile(r"volume|persistentvolumeclaim", re.I)
+_PLACEMENT = re.compile(r"taint|affinity|selector|were unschedulable|free ports", re.I)
+
+
+def scheduling_trouble(message: str) -> str | None:
+    """Why the scheduler places the pod on no node, in words, where NONE of its reasons is
+    about a GPU (CPU or memory short, taints, node selectors, storage); None where any reason
+    may be the GPU (`Insufficient nvidia.com/gpu`, a DRA claim, a GPU scheduler's own words)
+    or the message is not the scheduler's usual one: then the pod waits for a GPU."""
+    found = re.search(r"nodes are available: (.*?)\.(?: preemption:|\s*$)", message or "", re.S)
+    if not found:
+        return None
+    items = [re.sub(r"^\d+\s+", "", i.strip()) for i in re.split(r",\s*(?=\d+ )", found.group(1))]
+    kinds = set()
+    for item in items:
+        if _RESOURCES.match(item):
+            kinds.add("resources")
+        elif _STORAGE.search(item):
+            kinds.add("storage")
+        elif _PLACEMENT.search(item):
+            kinds.add("placement")
+        else:
+            return None  # perhaps the GPU: a wait for one
+    if "resources" in kinds:  # the other nodes are other pools' (their selector, taints)
+        return (
+            "No node for your server has the CPU or memory it asks for free right now; the "
+            "GPU is not what it waits for. It starts by itself once some frees; if it does "
+            "not, tell an administrator."
+        )
+    if "storage" in kinds:
+        return (
+            "Your server's storage cannot be attached on any node that could take it. This "
+            "does not change by itself: tell an administrator."
+        )
+    return (
+        "No node takes your server: the pool's nodes do not match what the pod asks for "
+        "(their labels or taints), or they are closed to new pods. This does not change by "
+        "itself: tell an administrator."
+    )
+
+
+def scheduler_absent(scheduler: str, waited: str) -> str:
+    """A pod no scheduler has looked at: its scheduler is not running (HAMi's, Volcano's,
+    KAI's scheduler not installed). Kubernetes says nothing at all about such a pod."""
+    return (
+        f"No scheduler has taken up your server in {waited}: the scheduler it needs "
+        f"({scheduler}) may not be installed or running. This does not change by itself: tell "
+        "an administrator."
+    )

@@ -12,7 +12,14 @@ import weakref
 
 from tornado import web
 
-__all__ = ["ExpectedRefusals", "capacity_refusal", "gave_up", "install_log_filter", "refused"]
+__all__ = [
+    "ExpectedRefusals",
+    "capacity_refusal",
+    "gave_up",
+    "install_log_filter",
+    "refused",
+    "start_failed",
+]
 
 
 def refused(message: str) -> web.HTTPError:
@@ -41,6 +48,16 @@ def capacity_refusal(message: str) -> web.HTTPError:
     """A spawn refused for want of capacity, after the form: 429, in the user's words."""
     error = web.HTTPError(429, "%s", message)
     return _expected(error, message)
+
+
+def start_failed(message: str) -> web.HTTPError:
+    """A spawn whose pod can never start by itself (an image that is not in its registry, a
+    server that exits at once): 500, shown as "Spawn failed: <message>" on the pending page.
+    Not a refusal: the hub logs it at ERROR, for the administrator it asks to act, and it
+    counts toward `consecutive_failure_limit` as the start_timeout it replaces did."""
+    error = web.HTTPError(500, "%s", message)
+    error.jupyterhub_message = message  # type: ignore[attr-defined]
+    return error
 
 
 #: fracspawner's refusals not yet collected: JupyterHub's "Error starting" lines carry only the

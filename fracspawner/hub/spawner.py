@@ -53,9 +53,16 @@ from ..model.errors import echo
 from ..model.slices import slice_memory_mib
 from ..model.units import gpu_amount
 from .form import render_form
-from .progress import human_step, pod_events, progress_event
+from .progress import (
+    human_step,
+    pod_events,
+    pod_failure,
+    progress_event,
+    scheduler_absent,
+    scheduling_trouble,
+)
 from .reflectors import ResumingEventReflector, ResumingPodReflector
-from .refusal import capacity_refusal, gave_up, install_log_filter, refused
+from .refusal import capacity_refusal, gave_up, install_log_filter, refused, start_failed
 from .room import (
     OVERTAKE_SECONDS,
     POLL_SECONDS,
@@ -82,6 +89,11 @@ _BASELINE_NAMESPACE_KEY = "fracspawner_namespace"
 _FORM_REFUSALS: dict[str, tuple[str, float]] = {}
 #: how long after a refusal the default server's form stands in for the refused server's
 _REFUSAL_FORM_S = 15.0
+#: how long a pod may wait for its scheduler's first look before the user is told it has none
+SCHEDULER_GRACE_S = 60.0
+#: under admission "refuse": how much later than `_start`'s own start_timeout JupyterHub's
+#: fires, so the spawn ends with fracspawner's words, not JupyterHub's bare "Timeout"
+_TIMEOUT_MARGIN_S = 10
 
 _catalog_cache: dict[Any, Catalog] = {}
 #: per spawner class: its configurable traits, less those the baseline leaves out
@@ -986,11 +998,14 @@ class FracSpawner(KubeSpawner):
         self._startup_timeout = self.start_timeout  # after hooks: what THIS spawn was given
         if self.admission == "wait":
             self.start_timeout = self._startup_timeout + self.queue_timeout
+        else:
+            self.start_timeout = self._startup_timeout + _TIMEOUT_MARGIN_S
         return super().start()
 
     async def _start(self) -> Any:
-        if self.admission != "wait":
-            return await super()._start()
+        """kubespawner's `_start`, watched each second: a pod that can never start by itself
+        (`pod_failure`) ends the spawn at once, in words; start_timeout ends it with what the
+        pod was stuck on; under admission "wait", time in line is kept apart (above)."""
         task = asyncio.ensure_future(super()._start())
         key = (self.user.name, self.name)
         loop = asyncio.get_running_loop()
@@ -999,8 +1014,13 @@ class FracSpawner(KubeSpawner):
         try:
             while not task.done():
                 await asyncio.wait([task], timeout=1)
+                if task.done():
+                    break
                 now = loop.time()
-                if self._in_line():
+                failure = self._pod_failure()
+                if failure is not None:
+                    raise start_failed(failure)
+                if self.admission == "wait" and self._in_line():
                     # a spawn admitted on unknown or stale counts, or whose pod waits although
                     # a slot looked free, takes its place here once the scheduler found no
                     # node for it (none was taken at admission); a pod only about to be bound
@@ -1016,9 +1036,15 @@ class FracSpawner(KubeSpawner):
                     # JupyterHub words a TimeoutError as its own start_timeout failure, with
                     # the value it then reads: this spawn's own, not the one stretched above
                     self.start_timeout = self._startup_timeout
+                    besides = (
+                        f" (besides {int(queued)} s waiting for a slot)"
+                        if self.admission == "wait"
+                        else ""
+                    )
+                    stuck = self._stuck_words()
                     raise asyncio.TimeoutError(
-                        f"{self._log_name} did not start in {self._startup_timeout} seconds "
-                        f"(besides {int(queued)} s waiting for a slot){self._name_taken_words()}"
+                        f"{self._log_name} did not start in {self._startup_timeout} seconds"
+                        f"{besides}{self._name_taken_words()}" + (f". {stuck}" if stuck else "")
                     )
                 last = now
         finally:
@@ -1071,7 +1097,41 @@ class FracSpawner(KubeSpawner):
         )
 
     def _in_line(self) -> bool:
-        return self._room_reason is not None or self._queued_pod() is not None
+        """Waiting for a GPU: for room, or a pod no node takes, for no reason but the GPU
+        that the scheduler says (`_stuck_words`: CPU short, a taint, no scheduler at all are
+        not a place in line, and count against start_timeout)."""
+        if self._room_reason is not None:
+            return True
+        return self._queued_pod() is not None and self._stuck_words() is None
+
+    def _pod_failure(self) -> str | None:
+        """Why this spawn's pod can never start by itself, in words (hub/progress.py)."""
+        choice = self.choice
+        image = choice.image.display_name if choice is not None and choice.image else ""
+        return pod_failure(self._own_pod(), image=image)
+
+    def _stuck_words(self) -> str | None:
+        """Why this spawn's waiting pod does not start, where it is not the GPU: the scheduler
+        finds no node for another reason, or no scheduler has looked at it (its schedulerName
+        names one that is not running: Kubernetes then says nothing at all); else None."""
+        pod = self._queued_pod()
+        if pod is None:
+            return None
+        conditions = [
+            c
+            for c in (pod.get("status") or {}).get("conditions") or []
+            if isinstance(c, Mapping) and c.get("type") == "PodScheduled"
+        ]
+        if conditions:
+            c = conditions[0]
+            if c.get("status") == "False" and c.get("reason") == "Unschedulable":
+                return scheduling_trouble(str(c.get("message") or ""))
+            return None
+        age = _pod_age(pod)
+        if age is None or age < SCHEDULER_GRACE_S:
+            return None
+        scheduler = (pod.get("spec") or {}).get("schedulerName") or "default-scheduler"
+        return scheduler_absent(scheduler, _duration(age))
 
     # ---------------------------------------------------------------- room (issue 36, item 5)
     async def _room_answer(self) -> dict | None:
@@ -1270,12 +1330,21 @@ class FracSpawner(KubeSpawner):
                 # kubespawner's patience message ("taking longer than expected") would replace
                 # the promise under the bar while the pod waits in line: the waiting line
                 # stays, with how long it has waited; other slow steps keep kubespawner's words
-                if waiting is not None and self._in_line() and "progress" not in event:
+                stuck = self._stuck_words() if "progress" not in event else None
+                if stuck is not None:  # not the GPU: what it is, not "taking longer"
+                    yield {"message": stuck}
+                elif waiting is not None and self._in_line() and "progress" not in event:
                     yield {"message": await self._waiting_message(waiting, patience=True)}
                 else:
                     yield event
                 continue
-            if raw.get("reason") == "FailedScheduling" and where:
+            trouble = None
+            if raw.get("reason") == "FailedScheduling":
+                trouble = scheduling_trouble(str(raw.get("message") or ""))
+            if trouble is not None:  # CPU short, a taint, a selector: not "waiting for a GPU"
+                waiting = None
+                sentence = trouble
+            elif raw.get("reason") == "FailedScheduling" and where:
                 waiting = raw
                 sentence = await self._waiting_message(raw)
             else:
