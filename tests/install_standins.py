@@ -204,13 +204,16 @@ def _fracspawner_release(release: str, opts: dict[str, Any]) -> dict[str, Any]:
         ].startswith(("rbac.", "networking.", "admissionregistration.")):
             kubernetes_validate.validate(obj, KUBE_VERSION, strict=True)
     catalogs = [o for o in objs if o["kind"] == "ConfigMap" and "catalog.yaml" in o["data"]]
+    # the keys read from z2jh's Secret (jupyterhub.tokenSecret, "hub"): the chart's own Secrets
+    # (the room tag key) are its to make
+    z2jh_secret = (values.get("jupyterhub") or {}).get("tokenSecret") or "hub"
     tokens = sorted(
         e["valueFrom"]["secretKeyRef"]["key"]
         for o in objs
         if o["kind"] == "Deployment"
         for c in o["spec"]["template"]["spec"]["containers"]
         for e in c.get("env", [])
-        if "secretKeyRef" in e.get("valueFrom", {})
+        if (e.get("valueFrom") or {}).get("secretKeyRef", {}).get("name") == z2jh_secret
     )
     return {
         "chart": "fracspawner",
