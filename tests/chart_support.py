@@ -245,7 +245,13 @@ class Container:
             source = item["valueFrom"]
             if "secretKeyRef" in source:
                 ref = source["secretKeyRef"]
-                environ[item["name"]] = (secrets or {})[(ref["name"], ref["key"])]
+                given = (secrets or {}).get((ref["name"], ref["key"]))
+                if given is None:  # a Secret the chart makes itself (the room tag key)
+                    import base64
+
+                    data = _named(objs, "Secret", ref["name"])["data"]
+                    given = base64.b64decode(data[ref["key"]]).decode()
+                environ[item["name"]] = given
             else:
                 environ[item["name"]] = (fields or {})[source["fieldRef"]["fieldPath"]]
         environ.update(env or {})
