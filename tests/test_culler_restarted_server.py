@@ -57,7 +57,16 @@ def test_a_restarted_servers_previous_report_is_no_report(
     cull_every: the culler still lists her old server and has its fresh report. The hub let
     her new server in; bob asks for a quarter. Before, her previous report counted (0 MiB) and
     bob was admitted into her quarter."""
-    culler = Culler()
+    go, free = bob_after_ann(ann_report, pod_made)
+    assert go == bob_admitted, f"bob admitted: {go} (free {free} MiB)"
+
+
+def bob_after_ann(
+    ann_report: bool, pod_made: float, culler_key: str = "", hub_key: str = ""
+) -> tuple[bool, float]:
+    """The scenario above (tests/test_room_tag_key.py's too, with the room tag keys of culler
+    and hub): whether bob is admitted, and the free MiB the culler's answer says."""
+    culler = Culler(room_tag_key=culler_key)
     culler._catalog = load_catalog(CATALOG)
     now = time.time()
     here = Placement("node-1", uuids=frozenset({UUID}), pool="t4", memory_mib=QUARTER)
@@ -81,11 +90,11 @@ def test_a_restarted_servers_previous_report_is_no_report(
     culler.listed_at = now - 200
     answer = culler.room_json(now)
     line = RoomLine()
-    line.admit(("ann", ""), "t4", server_tag("ann", ""), QUARTER)  # the hub let her in
+    line.admit(("ann", ""), "t4", server_tag("ann", "", hub_key), QUARTER)  # the hub let her in
     in_flight = line.in_flight_mib("t4", counted_tags(answer), ("bob", ""))
     v = verdict(answer, "t4", QUARTER, size_mib=SIZE, gpus_in_pool=1, in_flight_mib=in_flight)
     (gpu,) = answer["gpus"]
-    assert v.go == bob_admitted, f"bob admitted: {v.go} (free {gpu['free_mib']} MiB)"
+    return v.go, gpu["free_mib"]
 
 
 @pytest.mark.parametrize(("pod_made", "counted"), [(30, False), (7200, True)])

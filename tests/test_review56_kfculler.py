@@ -14,21 +14,11 @@ import yaml
 
 from fracspawner.culler.decide import GpuFacts
 from fracspawner.culler.kubeflow import KubeflowCuller, Outcome, find_notebooks, stop_request
+from tests.test_kubeflow_culler import CATALOG as KF_CATALOG
+from tests.test_kubeflow_culler import SLICE
 
-CATALOG = {
-    "pools": {
-        "t4": {
-            "gpu": "T4",
-            "backend": "timeslicing",
-            "replicas": 4,
-            "node_selector": {"nvidia.com/gpu.product": "Tesla-T4-SHARED"},
-            "offers": ["1/4"],
-        }
-    },
-    "images": {"lab": {"image": "kubeflownotebookswg/jupyter-scipy:v1.10.0"}},
-    "idle": {"server_gpu_idle": "1h", "server_idle": "8h"},
-}
-SLICE = {"fracspawner.io/pool": "t4", "fracspawner.io/gpu": "0.25"}
+# tests/test_kubeflow_culler.py's T4 pool and image, with an hour of GPU idleness
+CATALOG = {**KF_CATALOG, "idle": {"server_gpu_idle": "1h", "server_idle": "8h"}}
 
 
 def _culler(tmp_path: Path, *args: str) -> KubeflowCuller:

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import hashlib
 import hmac
-import time
 
 import pytest
 
@@ -21,13 +20,11 @@ from fracspawner.backends import load_catalog
 from fracspawner.choice.admission import ROOM_TAG_KEY_ENV, server_tag
 from fracspawner.culler.app import Culler
 from fracspawner.culler.decide import ServerFacts
-from fracspawner.culler.placement import Placement
-from fracspawner.culler.reports import parse_report
-from fracspawner.hub.room import RoomLine, counted_tags, verdict
+from fracspawner.hub.room import RoomLine, verdict
 from tests.test_culler_hostile import receiver  # noqa: F401 (the culler with a fake hub)
-from tests.test_culler_restarted_server import CATALOG, _ann_away, _iso
+from tests.test_culler_restarted_server import bob_after_ann
 from tests.test_overcommit_admission import LAB, NOW, lab_reports
-from tests.test_overcommit_pressure import QUARTER, SIZE, UUID, kernel, report
+from tests.test_overcommit_pressure import QUARTER, SIZE
 
 KEY = "4f1c0e2a9b7d6c5e8a3f2b1d0c9e8f7a"
 
@@ -119,30 +116,7 @@ def _bob_after_ann(culler_key: str, hub_key: str) -> bool:
     """One T4 (HAMi, over-committed twice): three present users hold a busy quarter each; ann,
     whom the hub just admitted, is away with one idle quarter the swap can take, and the
     culler counts her by her report. Bob asks for a quarter: is he admitted?"""
-    culler = Culler(room_tag_key=culler_key)
-    culler._catalog = load_catalog(CATALOG)
-    now = time.time()
-    here = Placement("node-1", uuids=frozenset({UUID}), pool="t4", memory_mib=QUARTER)
-    culler.placement_of = lambda user, server: here
-    at = _iso(now - 100)
-    for i in (1, 2, 3):
-        k = kernel(f"k{i}", QUARTER, at, execution_state="busy")
-        body = {**report([k], present=True, used=4 * QUARTER), "sampled_at": at}
-        culler.known[(f"u{i}", "")] = ServerFacts(
-            f"u{i}", user_options={"gpu": "1/4", "pool": "t4"}
-        )
-        culler.reports.put(f"u{i}", "", parse_report(body, received_at=now - 100))
-    culler.known[("ann", "")] = ServerFacts(
-        "ann", user_options={"gpu": "1/4", "pool": "t4"}, started=now - 7200
-    )
-    culler.reports.put("ann", "", parse_report(_ann_away(now), received_at=now - 100))
-    culler.listed_at = now - 200
-    answer = culler.room_json(now)
-    line = RoomLine()
-    line.admit(("ann", ""), "t4", server_tag("ann", "", hub_key), QUARTER)
-    in_flight = line.in_flight_mib("t4", counted_tags(answer), ("bob", ""))
-    v = verdict(answer, "t4", QUARTER, size_mib=SIZE, gpus_in_pool=1, in_flight_mib=in_flight)
-    return v.go
+    return bob_after_ann(True, 7200, culler_key, hub_key)[0]
 
 
 def test_the_hub_finds_its_own_spawn_with_the_culler_s_key():
