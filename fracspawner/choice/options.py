@@ -26,6 +26,7 @@ __all__ = [
     "OptionsError",
     "allowed_pools",
     "describe_offer",
+    "expect_name",
     "free_elsewhere",
     "offer_for",
     "resolve_choice",
@@ -61,6 +62,13 @@ def _capacity_free(capacity: Any, pool: Pool, offer: Slice) -> int | None:
     return capacity.get(pool.name, str(offer)).free
 
 
+def expect_name(key: str, value: Any) -> None:
+    """A name or nothing (None) for `key`: REST JSON can send a list or a number where the form
+    sends text."""
+    if value is not None and not isinstance(value, str):
+        raise OptionsError(f"{key}: expected a name (a string), got {type(value).__name__}.")
+
+
 def _coerce_str(options: Mapping[str, Any], key: str) -> str | None:
     """The name given for `key`, exactly as given; None when the key is absent.
 
@@ -76,8 +84,7 @@ def _coerce_str(options: Mapping[str, Any], key: str) -> str | None:
         raise OptionsError(
             f"{key}: {json.dumps(value)} is not a name; leave the option out for the default."
         )
-    if not isinstance(value, str):
-        raise OptionsError(f"{key}: expected a name (a string), got {type(value).__name__}.")
+    expect_name(key, value)
     if value != value.strip():
         raise OptionsError(
             f"{key}: {echo(value)} has spaces around it; give the name exactly, "
@@ -134,9 +141,7 @@ def resolve_choice(
     # form sends them; REST JSON can send a list or a number, which its profile code met with
     # a TypeError (a 500, counted toward the hub's consecutive_failure_limit)
     for key in extra_keys:
-        value = options.get(key)
-        if value is not None and not isinstance(value, str):
-            raise OptionsError(f"{key}: expected a name (a string), got {type(value).__name__}.")
+        expect_name(key, options.get(key))
 
     raw_gpu = options.get("gpu")
     if isinstance(raw_gpu, (list, tuple, Mapping)):

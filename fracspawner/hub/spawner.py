@@ -46,7 +46,14 @@ from ..choice.admission import (
 )
 from ..choice.notebook_env import notebook_env
 from ..choice.offers import build_offer_model
-from ..choice.options import OPTION_KEYS, Choice, OptionsError, describe_offer, resolve_choice
+from ..choice.options import (
+    OPTION_KEYS,
+    Choice,
+    OptionsError,
+    describe_offer,
+    expect_name,
+    resolve_choice,
+)
 from ..k8s.objects import created_at
 from ..model.catalog import AccessRule, Catalog, CatalogError
 from ..model.errors import echo
@@ -842,18 +849,14 @@ class FracSpawner(KubeSpawner):
         if not profile_list:
             return super()._validate_user_options(profile_list)
         slug = options.get("profile")
-        if slug is not None and not isinstance(slug, str):
-            raise ValueError(f"profile: expected a name (a string), got {type(slug).__name__}")
+        expect_name("profile", slug)  # OptionsError is a ValueError, as kubespawner expects
         slugs = [p["slug"] for p in profile_list]
         if slug and slug not in slugs:  # kubespawner's words, the value cut as ours are
             raise ValueError(f"No such profile: {echo(slug)}. Options include: {', '.join(slugs)}")
         profile = self._get_profile(slug, profile_list)
         for name in profile.get("profile_options") or {}:
             for key in (name, f"{name}--unlisted-choice"):
-                value = options.get(key)
-                if value is not None and not isinstance(value, str):
-                    kind = type(value).__name__
-                    raise ValueError(f"{key}: expected a name (a string), got {kind}")
+                expect_name(key, options.get(key))
         self.user_options = {**options, "profile": profile["slug"]}
         try:
             super()._validate_user_options(profile_list)
