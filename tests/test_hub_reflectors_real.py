@@ -97,8 +97,15 @@ async def test_a_410_from_etcd_costs_one_list(cp, core, caplog):
         # watch cache, kube-apiserver answered a fresh clone's run with 500 "etcd event
         # received with PrevKv=nil" for pod a, whose earlier version the compaction had
         # removed (lists were 3)
-        broken = sum("Cannot watch" in r.getMessage() for r in caplog.records)
-        assert 2 <= ours.lists <= 2 + broken, (ours.lists, broken)
+        # More than one 410 is possible: etcd's revision is global (the scheduler's and the
+        # controller manager's leases move it every few seconds), so a watch resumed on its own
+        # from the version before the compaction may be answered 410 too, before the rewound
+        # one is sent (a fresh clone's CI run: two 410s, three lists). Each still costs one list.
+        messages = [r.getMessage() for r in caplog.records]
+        expired = sum("watch: Expired" in m and "listing again" in m for m in messages)
+        broken = sum("Cannot watch" in m for m in messages)
+        assert expired >= 1, messages
+        assert 1 + expired <= ours.lists <= 1 + expired + broken, (ours.lists, expired, broken)
     finally:
         await ours.stop()
         restart_apiserver(cp)  # with its watch cache again
