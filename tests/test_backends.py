@@ -519,7 +519,14 @@ def test_a_plan_is_shared_read_only_and_a_changed_pool_gets_its_own():
         ("mig-mixed", "A100-40GB", {}, "mig-1g.10gb+me", "no MIG profile 1g.10gb\\+me"),
         ("mig-mixed", "L4", {}, "mig-1g.6gb", "has no MIG profile"),
         ("mig-mixed", "A100-80GB", {}, "1/2", "serves only mig slices"),
-        ("mig-single", "A100-80GB", {}, "mig-1g.10gb+me", "media-extension"),
+        (
+            "mig-single",
+            "A100-80GB",
+            {},
+            "mig-1g.10gb+me",
+            r"media-extension instances: .* labels such a node '1g\.10gb'.*mig-mixed.*"
+            r"\(nvidia\.com/mig-1g\.10gb\.me\)",
+        ),
         ("timeslicing", "T4", {"replicas": 4}, "1/2", "can only offer 1/4"),
         ("timeslicing", "T4", {}, "1/4", "replicas"),
         ("timeslicing", "T4", {"replicas": 4}, "4GiB", "serves only fraction"),

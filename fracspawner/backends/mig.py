@@ -71,8 +71,16 @@ class MigSingleBackend(Backend):
     def check_offer(self, s: Slice, pool: Pool) -> None:
         super().check_offer(s, pool)
         if s.profile and "+" in s.profile:
-            # '+' cannot appear in a label value, so no product label can name this profile
-            raise SliceError(f"{s}: media-extension profiles cannot be selected with mig-single")
+            # GFD names a MIG device in the product label by its slices and memory alone
+            # (gpu-feature-discovery getMigDeviceName: "<g>g.<gb>gb"), so a node of +me
+            # instances reads as the plain profile: no label selects them
+            plain = s.profile.split("+")[0]
+            raise SliceError(
+                f"{s}: mig-single cannot select media-extension instances: GPU Feature Discovery "
+                f"labels such a node {plain!r}, like one of plain {plain} instances. Offer "
+                f"mig-{plain}, or use mig-mixed, where {s.profile} is its own resource "
+                f"({mig_resource(s.profile)})"
+            )
 
     def plan(self, s: Slice, pool: Pool) -> PodPlan:
         product = option(pool, "product") or pool.gpu.product
