@@ -491,6 +491,7 @@ class GpuMonitor(BackgroundLoop):
         out = []
         for kid in [k for k in self.hibernator.kernels if k not in live]:
             self.hibernator.forget(kid)  # shut down or gone: its state with it
+        self._refused_present &= live  # and whether its refusal was logged
         for kid, k in sorted(self.kernels.items()):
             if kid not in live:
                 continue
