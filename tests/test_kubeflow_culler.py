@@ -473,3 +473,165 @@ def test_a_list_answered_429_is_asked_again_when_the_apiserver_says():
     culler._api = api
     items = asyncio.run(culler._list("/apis/kubeflow.org/v1beta1/workspaces", optional=True))
     assert items == [{"metadata": {"name": "ws"}}] and api.answers == []
+
+
+# --------------------------------------------------------------------------- unreadable namespace
+def _forbidden_status(resource: str, group: str, namespace: str) -> dict[str, Any]:
+    """The RBAC authoriser's 403 Status, as kube-apiserver words it."""
+    user = "system:serviceaccount:kubeflow:fracspawner-kubeflow-culler"
+    in_group = f' in API group "{group}"' if group else ' in API group ""'
+    return {
+        "kind": "Status", "apiVersion": "v1", "status": "Failure", "reason": "Forbidden",
+        "code": 403,
+        "message": f'{resource}{"." + group if group else ""} is forbidden: User "{user}" '
+                   f'cannot list resource "{resource}"{in_group} in the namespace "{namespace}"',
+    }  # fmt: skip
+
+
+class _Namespaces:
+    """An API server for the culler's lists and patches: namespaces alpha and beta, each with
+    Notebook `idle` (activity recorded two hours ago) and its running GPU pod; `refused` says
+    which namespace answers which lists 403 (all four lists, or only the pods')."""
+
+    def __init__(self) -> None:
+        self.refused: dict[str, str] = {}  # namespace -> "all" | "pods"
+        self.patched: list[str] = []
+
+    @staticmethod
+    def _notebook(ns: str) -> dict[str, Any]:
+        then = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(time.time() - 7200))
+        annotations = {"notebooks.kubeflow.org/last-activity": then}
+        meta = {"name": "idle", "namespace": ns, "resourceVersion": "7"}
+        return {"metadata": {**meta, "annotations": annotations}}
+
+    @staticmethod
+    def _pod(ns: str) -> dict[str, Any]:
+        started = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(time.time() - 3 * 3600))
+        return {
+            "metadata": {"name": "idle-0", "namespace": ns,
+                         "labels": {"notebook-name": "idle", **SLICE}},
+            "status": {"phase": "Running", "startTime": started,
+                       "conditions": [{"type": "Ready", "status": "True"}]},
+        }  # fmt: skip
+
+    async def call_api(self, path: str, method: str, **kw: Any) -> Any:
+        ns = path.split("/namespaces/")[1].split("/")[0]
+        if method == "PATCH":
+            self.patched.append(path)
+            return _Answer(200, {})
+        resource = path.rsplit("/", 1)[1]
+        refused = self.refused.get(ns)
+        if refused == "all" or (refused == "pods" and resource == "pods"):
+            group = "" if resource == "pods" else "kubeflow.org"
+            return _Answer(403, _forbidden_status(resource, group, ns))
+        if resource == "notebooks":
+            return _Answer(200, {"items": [self._notebook(ns)]})
+        selector = dict(kw.get("query_params") or []).get("labelSelector")
+        if resource == "pods" and selector == "notebook-name":
+            return _Answer(200, {"items": [self._pod(ns)]})
+        return _Answer(200, {"items": []})
+
+    async def close(self) -> None:
+        pass
+
+
+class _Answer:
+    def __init__(self, code: int, body: dict[str, Any]) -> None:
+        self.status, self.headers, self._body = code, {}, body
+
+    async def read(self) -> bytes:
+        return json.dumps(self._body).encode()
+
+
+def test_a_namespace_the_culler_may_not_read_is_skipped_and_the_others_culled(tmp_path):
+    """The admin lists two namespaces for the culler and the RoleBinding of one is missing
+    (or the namespace was deleted, its binding with it): its lists answer 403. The idle
+    notebook of the namespace it can read is stopped all the same; the other namespace's
+    notebooks are kept, not judged, also when only its pods' list is refused (no notebook is
+    judged without its pod); the log says which namespace and why once, not every cycle, and
+    once more when it can be read again; fracspawner_culler_namespace_unreadable says it."""
+    import logging
+
+    catalog = tmp_path / "catalog.yaml"
+    catalog.write_text(yaml.safe_dump({**CATALOG, "idle": {"server_idle": "1h"}}))
+    app = KubeflowCuller()
+    app.initialize([f"--catalog={catalog}", "--status-url=",
+                    "--namespace=alpha", "--namespace=beta"])  # fmt: skip
+    records: list[logging.LogRecord] = []
+    handler = logging.Handler(logging.DEBUG)
+    handler.emit = records.append  # type: ignore[method-assign]
+    app.log.addHandler(handler)
+    api = _Namespaces()
+
+    def gauge(name: str, labels: dict[str, str] | None = None) -> float | None:
+        return app.metrics.registry.get_sample_value(name, labels)
+
+    def unreadable(ns: str) -> float | None:
+        return gauge("fracspawner_culler_namespace_unreadable", {"kubeflow_namespace": ns})
+
+    def cycle() -> dict[str, str]:
+        app._api = api  # the cycle closes its client
+        api.patched.clear()
+        outcomes = asyncio.run(app.cull_once())
+        return {o.notebook.log_name: o.decision.reason for o in outcomes if o.done}
+
+    def warnings() -> list[str]:
+        return [r.getMessage() for r in records if r.levelno >= logging.WARNING]
+
+    try:
+        api.refused["beta"] = "all"
+        assert cycle() == {"Notebook alpha/idle": "idle"}
+        assert [p.split("/namespaces/")[1] for p in api.patched] == ["alpha/notebooks/idle"]
+        (line,) = warnings()
+        assert line.startswith("namespace beta cannot be read"), line
+        assert "ServiceAccount fracspawner-kubeflow-culler may not list notebooks.kubeflow.org" \
+               " in namespace beta" in line, line  # fmt: skip
+        assert "the chart's kubeflow-culler ClusterRole grants list" in line, line
+        assert "its notebooks are kept" in line, line
+        assert unreadable("beta") == 1 and unreadable("alpha") == 0
+        assert app.unreadable == {"beta": "403"}
+
+        # the next cycles: the same refusal is not said again; beta's Notebook list allowed but
+        # not its pods' (a Role fixed by half) still leaves all of beta unjudged
+        assert cycle() == {"Notebook alpha/idle": "idle"}
+        api.refused["beta"] = "pods"
+        assert cycle() == {"Notebook alpha/idle": "idle"}
+        assert all("beta" not in p for p in api.patched), api.patched
+        assert len(warnings()) == 1, warnings()
+
+        # beta readable again: said once, and its idle notebook stopped
+        del api.refused["beta"]
+        assert cycle() == {"Notebook alpha/idle": "idle", "Notebook beta/idle": "idle"}
+        again = [r.getMessage() for r in records if "can be read again" in r.getMessage()]
+        assert again == ["namespace beta can be read again: its notebooks are judged again"]
+        assert unreadable("beta") == 0
+        assert app.unreadable == {}
+
+        # no namespace readable: the cycle failed, as it fails when every namespace is listed
+        # and that list is refused; the cycle's timestamp is not set
+        api.refused.update(alpha="all", beta="all")
+        last = gauge("fracspawner_culler_last_cycle_timestamp_seconds")
+        app._api = api
+        with pytest.raises(RuntimeError, match="no namespace of the culler's could be read"):
+            asyncio.run(app.cull_once())
+        assert gauge("fracspawner_culler_last_cycle_timestamp_seconds") == last
+    finally:
+        app.log.removeHandler(handler)
+
+    everywhere = KubeflowCuller()
+    everywhere.initialize([f"--catalog={catalog}", "--status-url="])
+    everywhere._api = _Everywhere()
+    with pytest.raises(RuntimeError, match="may not list notebooks.kubeflow.org in any namespace"):
+        asyncio.run(everywhere.cull_once())
+
+
+class _Everywhere(_Namespaces):
+    """Every namespace's lists, refused at the cluster scope."""
+
+    async def call_api(self, path: str, method: str, **kw: Any) -> Any:
+        resource = path.rsplit("/", 1)[1]
+        group = "" if resource == "pods" else "kubeflow.org"
+        status = _forbidden_status(resource, group, "")
+        cluster = " at the cluster scope"  # the authoriser's words for a list of every namespace
+        status["message"] = status["message"].replace(' in the namespace ""', cluster)
+        return _Answer(403, status)

@@ -4,7 +4,8 @@ node agent's nodes) authenticated by a service-account token bound to exactly th
 chart renders (tests/rbac_support.py applies it), so a verb the chart forgets is a 403 here
 and a failed test. The hub's ServiceAccount is z2jh's, with z2jh's hub Role beside the
 chart's roles for it. Then one verb is taken away: the culler without `list` on pods is
-refused by the apiserver and says so in its log. docs/controlplane.md "RBAC".
+refused by the apiserver and says so in its log; and one namespace of the Kubeflow culler's
+list is left without its RoleBinding: skipped, the other culled. docs/controlplane.md "RBAC".
 
 Without the control-plane binary these tests skip on a developer's machine and fail in CI."""
 
@@ -349,14 +350,14 @@ def _idle_notebook(cp: ControlPlane, ns: str) -> None:
     )
 
 
-def _kubeflow_culler(kubeconfig: Path, tmp_path: Path) -> Any:
+def _kubeflow_culler(kubeconfig: Path, tmp_path: Path, *args: str) -> Any:
     from fracspawner.culler.kubeflow import KubeflowCuller
     from tests.test_chart import IDLE_CATALOG
 
     catalog = tmp_path / "catalog.yaml"
     catalog.write_text(yaml.safe_dump(IDLE_CATALOG))
     app = KubeflowCuller()
-    app.initialize([f"--kubeconfig={kubeconfig}", f"--catalog={catalog}", "--status-url="])
+    app.initialize([f"--kubeconfig={kubeconfig}", f"--catalog={catalog}", "--status-url=", *args])
     return app
 
 
@@ -527,6 +528,63 @@ def test_the_kubeflow_culler_without_notebooks_patch_is_refused_and_says_so(
     assert "the chart's kubeflow-culler ClusterRole grants list and patch" in line, line
     annotations = get_json(cp, "notebook", "idle", "-n", ns)["metadata"].get("annotations") or {}
     assert "kubeflow-resource-stopped" not in annotations
+
+
+def test_the_kubeflow_culler_skips_a_namespace_it_may_not_read_and_culls_the_others(
+    cp: ControlPlane, agent: NodeAgent, tmp_path: Path, caplog: pytest.LogCaptureFixture
+):
+    """kubeflowCuller.namespaces lists two namespaces, and the chart's RoleBinding is in one
+    only (the other's is missing: the admin added it to the list later, or it was deleted and
+    made again): the apiserver answers that namespace's lists 403. The idle Notebook of the
+    namespace the culler may read is stopped; the other's is left alone; the log says which
+    namespace, and the apiserver's words, once in two cycles; the gauge says it too."""
+    readable, refused = "kf-ns-granted", "kf-ns-unbound"
+    for ns in (readable, refused):
+        _idle_notebook(cp, ns)
+    # a second release of the chart (its own ServiceAccount: the module's one is bound
+    # cluster-wide) whose kubeflowCuller.namespaces are the two; its RoleBinding in
+    # `refused` not installed
+    values = {"kubeflowCuller": {"enabled": True, "namespaces": [readable, refused]}}
+    mine = [o for o in objects(render(values, name="kfns"))
+            if o["kind"] in ("ServiceAccount", "ClusterRole", "RoleBinding")
+            and o["metadata"]["name"].endswith("kfns-fracspawner-kubeflow-culler")]  # fmt: skip
+    assert {o["metadata"].get("namespace") for o in mine if o["kind"] == "RoleBinding"} == {
+        readable, refused}  # fmt: skip
+    mine = [o for o in mine if o["metadata"].get("namespace") != refused]
+    kubeconfig = install(cp, mine, tmp_path / "kfns")["kfns-fracspawner-kubeflow-culler"]
+    token = yaml.safe_load(kubeconfig.read_text())["users"][0]["user"]["token"]
+    eventually(
+        lambda: with_token(cp, token, f"/api/v1/namespaces/{readable}/pods")[0] == 200,
+        "the authoriser sees the RoleBinding",
+    )
+    app = _kubeflow_culler(
+        kubeconfig, tmp_path, f"--namespace={readable}", f"--namespace={refused}"
+    )
+    app.log.addHandler(caplog.handler)  # the application's logger does not propagate
+    try:
+        first = asyncio.run(app.cull_once())
+        second = asyncio.run(app.cull_once())
+    finally:
+        app.log.removeHandler(caplog.handler)
+    assert {(o.notebook.namespace, o.notebook.name) for o in first if o.done} == {
+        (readable, "idle")}, [(o.notebook.log_name, o.decision.reason) for o in first]  # fmt: skip
+    assert not any(o.notebook.namespace == refused for o in first + second)
+    stopped = get_json(cp, "notebook", "idle", "-n", readable)["metadata"]["annotations"]
+    assert "kubeflow-resource-stopped" in stopped
+    kept = get_json(cp, "notebook", "idle", "-n", refused)["metadata"].get("annotations") or {}
+    assert "kubeflow-resource-stopped" not in kept
+    said = [r.getMessage() for r in caplog.records
+            if r.name == app.log.name and r.levelno >= logging.WARNING]  # fmt: skip
+    assert len(said) == 1, said  # once, not every cycle
+    account = f"system:serviceaccount:{NAMESPACE}:kfns-fracspawner-kubeflow-culler"
+    assert said[0].startswith(f"namespace {refused} cannot be read"), said
+    assert f'User "{account}" cannot list resource' in said[0], said
+    assert "ServiceAccount kfns-fracspawner-kubeflow-culler may not list " in said[0], said
+    assert f"in namespace {refused}; the chart's kubeflow-culler ClusterRole" in said[0], said
+    value = app.metrics.registry.get_sample_value
+    name = "fracspawner_culler_namespace_unreadable"
+    assert value(name, {"kubeflow_namespace": refused}) == 1
+    assert value(name, {"kubeflow_namespace": readable}) == 0
 
 
 async def test_the_webhook_without_namespaces_get_is_refused_and_says_so(

@@ -41,7 +41,7 @@ import time
 from collections.abc import Mapping
 from dataclasses import dataclass, replace
 from datetime import datetime, timezone
-from typing import Any
+from typing import Any, cast
 from urllib.parse import urlsplit, urlunsplit
 
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
@@ -285,6 +285,15 @@ def _forbidden(answer: Answer, needs: str) -> str | None:
     )
 
 
+class ListFailed(RuntimeError):
+    """A list the API server answered with a status other than 200 (its words in the message;
+    for a 403 the admin's, `_forbidden`)."""
+
+    def __init__(self, status: int, message: str) -> None:
+        super().__init__(message)
+        self.status = status
+
+
 #: times a list answered 429 is asked again (client-go's rest.Request retries up to 10)
 _RETRIES_429 = 5
 
@@ -415,6 +424,8 @@ class KubeflowCuller(CullerApplication):
         super().__init__(**kwargs)
         self._catalog: Catalog | None = None
         self._api: Any = None
+        #: namespace -> how it failed (the status, or the error's type) while it cannot be read
+        self.unreadable: dict[str, str] = {}
 
     def initialize(self, argv: list[str] | None = None) -> None:
         super().initialize(argv)
@@ -501,30 +512,92 @@ class KubeflowCuller(CullerApplication):
             return []
         if response.status != 200:
             words = _forbidden(Answer(response.status, body), f"list {path}")
-            raise RuntimeError(f"GET {path}: " + (words or f"{response.status} {body[:200]!r}"))
+            raise ListFailed(
+                response.status, f"GET {path}: " + (words or f"{response.status} {body[:200]!r}")
+            )
         return json.loads(body).get("items") or []
 
-    def _paths(self, prefix: str, plural: str) -> list[str]:
-        if not self.namespaces:
-            return [f"{prefix}/{plural}"]
-        return [f"{prefix}/namespaces/{ns}/{plural}" for ns in self.namespaces]
+    async def _read_scope(self, namespace: str | None) -> list[Notebook]:
+        """The Notebooks, Workspaces (none where Notebooks 2.0 is not installed) and their pods
+        of one namespace (None: of every namespace). All four lists are read to the end; the
+        first that failed is raised then (no half of a namespace is judged)."""
+        prefix = "" if namespace is None else f"/namespaces/{namespace}"
+        v1 = "/apis/{}/{}".format(*NOTEBOOKS[:2]) + prefix
+        v2 = "/apis/{}/{}".format(*WORKSPACES[:2]) + prefix
+        pods = f"/api/v1{prefix}/pods"
+        lists = await asyncio.gather(
+            self._list(f"{v1}/{NOTEBOOKS[2]}"),
+            self._list(f"{v2}/{WORKSPACES[2]}", optional=True),
+            self._list(pods, V1_POD_LABEL),
+            self._list(pods, V2_POD_LABEL),
+            return_exceptions=True,
+        )
+        failures = [items for items in lists if isinstance(items, BaseException)]
+        if failures:
+            raise failures[0]
+        notebooks, workspaces, v1_pods, v2_pods = cast("list[list[dict[str, Any]]]", lists)
+        return find_notebooks(notebooks, workspaces, [*v1_pods, *v2_pods])
 
     async def read_cluster(self) -> list[Notebook]:
-        """Notebooks, Workspaces (none where Notebooks 2.0 is not installed) and their pods."""
-        v1 = "/apis/{}/{}".format(*NOTEBOOKS[:2])
-        v2 = "/apis/{}/{}".format(*WORKSPACES[:2])
-        pods = self._paths("/api/v1", "pods")
-        lists = await asyncio.gather(
-            *(self._list(p) for p in self._paths(v1, NOTEBOOKS[2])),
-            *(self._list(p, optional=True) for p in self._paths(v2, WORKSPACES[2])),
-            *(self._list(p, V1_POD_LABEL) for p in pods),
-            *(self._list(p, V2_POD_LABEL) for p in pods),
+        """Notebooks, Workspaces (none where Notebooks 2.0 is not installed) and their pods, of
+        every namespace or of each of `namespaces`.
+
+        A namespace of `namespaces` that cannot be read (a list of it answered 403: its
+        RoleBinding is missing, or the namespace was deleted and its binding with it; or a
+        request failed on its way) is left out of this cycle whole: its notebooks are neither
+        judged nor stopped (unknown is never idle, and no notebook is judged without its pods'
+        list), while the other namespaces are culled as usual (`skip_unreadable`). A cycle
+        that read no namespace failed, as one whose lists of every namespace failed has."""
+        if not self.namespaces:
+            return await self._read_scope(None)
+        namespaces = list(dict.fromkeys(self.namespaces))
+        read = await asyncio.gather(
+            *(self._read_scope(ns) for ns in namespaces), return_exceptions=True
         )
-        n = len(pods)
-        notebooks = [x for items in lists[:n] for x in items]
-        workspaces = [x for items in lists[n : 2 * n] for x in items]
-        found_pods = [x for items in lists[2 * n :] for x in items]
-        return find_notebooks(notebooks, workspaces, found_pods)
+        failed: dict[str, BaseException] = {}
+        found: list[Notebook] = []
+        for ns, result in zip(namespaces, read, strict=True):
+            if isinstance(result, Exception):
+                failed[ns] = result
+            elif isinstance(result, BaseException):
+                raise result  # cancelled
+            else:
+                found.extend(result)
+        self.skip_unreadable(namespaces, failed)
+        if len(failed) == len(namespaces):
+            raise RuntimeError(
+                f"no namespace of the culler's could be read ({', '.join(namespaces)}): "
+                f"{next(iter(failed.values()))}"
+            )
+        return found
+
+    def skip_unreadable(self, namespaces: list[str], failed: Mapping[str, BaseException]) -> None:
+        """Say which namespaces this cycle could not read: the gauge
+        fracspawner_culler_namespace_unreadable for each of `namespaces` (the admin's list,
+        so a bounded label), and the log once per namespace per change: a warning (with the
+        apiserver's words and what in the chart grants the list, for a 403) when a namespace
+        becomes unreadable or fails another way, debug while it stays so, info once it can be
+        read again. Every cycle repeating the warning would bury the rest of the log."""
+        for ns in namespaces:
+            exc = failed.get(ns)
+            self.metrics.namespace_unreadable.labels(ns).set(int(exc is not None))
+            before = self.unreadable.get(ns)
+            if exc is None:
+                if before is not None:
+                    del self.unreadable[ns]
+                    self.log.info(
+                        "namespace %s can be read again: its notebooks are judged again", ns
+                    )
+                continue
+            state = str(exc.status) if isinstance(exc, ListFailed) else type(exc).__name__
+            self.unreadable[ns] = state
+            log = self.log.debug if before == state else self.log.warning
+            log(
+                "namespace %s cannot be read (%s): its notebooks are kept, not judged, until "
+                "it can be; the culler's other namespaces are culled as usual",
+                ns,
+                exc if isinstance(exc, ListFailed) else f"{type(exc).__name__}: {exc}",
+            )
 
     async def stop(self, nb: Notebook, now: float) -> None:
         (group, version, plural), patch = stop_request(nb, now)
@@ -767,9 +840,12 @@ class KubeflowCuller(CullerApplication):
             try:
                 outcomes = await self.cull_once()
                 self.log.info(
-                    "cycle: %d notebooks judged, %d stopped",
+                    "cycle: %d notebooks judged, %d stopped%s",
                     len(outcomes),
                     sum(o.done for o in outcomes),
+                    f"; namespaces not read: {', '.join(sorted(self.unreadable))}"
+                    if self.unreadable
+                    else "",
                 )
             except Exception:  # the service must outlive an API server restart
                 self.log.exception("culling cycle failed")

@@ -101,6 +101,18 @@ class CullerMetrics:
             ["scope"],
             registry=self.registry,
         )
+        # the Kubeflow culler (culler/kubeflow.py) with a list of namespaces: the label's values
+        # are that list, the admin's configuration, never a tenant's text. Not `namespace`: a
+        # ServiceMonitor's scrape sets that label to the culler's own namespace, and would
+        # rename this one exported_namespace
+        self.namespace_unreadable = Gauge(
+            "fracspawner_culler_namespace_unreadable",
+            "1 for each namespace of the Kubeflow culler's list (kubeflowCuller.namespaces) it "
+            "could not read in the last cycle (a list answered 403, or failed): its notebooks "
+            "were kept, not judged; 0 for each it read.",
+            ["kubeflow_namespace"],
+            registry=self.registry,
+        )
         self.source_up = Gauge(
             "fracspawner_culler_gpu_source_up",
             "1 if the GPU source answered in the last cycle, else 0.",
