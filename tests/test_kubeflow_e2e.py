@@ -324,7 +324,8 @@ def test_each_pod_goes_to_its_webhook_through_the_exported_object_selectors(clus
     """Issue 19 items 1, 2, 11 through the devcluster's admission path with the exported
     configuration: a Workspace's pod (workspace_pod: labels as workspace_controller.go sets
     them) goes to workspaces.slices..., a pipeline step to pods.slices..., which counts its
-    GPU and otherwise leaves it exactly as it was sent."""
+    GPU, labels it fracspawner.io/counted for the guard and otherwise leaves it exactly as it
+    was sent."""
     client = cluster["client"]
     pool = load_catalog(catalog)
     big = workspace_pod("alice", "big", podconfig_spec(pool, "h100", "1"))
@@ -339,7 +340,9 @@ def test_each_pod_goes_to_its_webhook_through_the_exported_object_selectors(clus
     step["spec"]["schedulerName"] = "not-served"
     status, created = create(client, step)
     assert status == 201, created
-    assert created["metadata"]["labels"] == step["metadata"]["labels"]
+    # counted: marked for the guard (tests/test_kubeflow_guard_counted.py), nothing else
+    counted = {**step["metadata"]["labels"], "fracspawner.io/counted": "true"}
+    assert created["metadata"]["labels"] == counted
     assert created["metadata"]["annotations"] == step["metadata"]["annotations"]
     (main,) = created["spec"]["containers"]
     sent = step["spec"]["containers"][0]["resources"]["limits"]

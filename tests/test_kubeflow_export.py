@@ -446,8 +446,16 @@ def test_the_webhook_configuration_sorts_after_kubeflows_and_sends_profile_pods(
     (mwc,) = _docs(out / "mutatingwebhookconfiguration.yaml")
     assert mwc["metadata"]["name"] == WEBHOOK_NAME
     assert WEBHOOK_NAME > "poddefaults-webhook-mutating-webhook-configuration"
-    hook, workspaces, others, guard, ephemeral = mwc["webhooks"]
+    hook, workspaces, others, guard, counted, ephemeral = mwc["webhooks"]
     assert guard["rules"][0]["operations"] == ["UPDATE"]
+    # the pods the third webhook counts carry fracspawner.io/counted (it writes the label):
+    # their updates go to the same guard (tests/test_kubeflow_guard_counted.py)
+    assert counted["objectSelector"] == {
+        "matchExpressions": [{"key": "fracspawner.io/counted", "operator": "Exists"}]
+    }
+    assert {k: v for k, v in counted.items() if k not in ("name", "objectSelector")} == {
+        k: v for k, v in guard.items() if k not in ("name", "objectSelector")
+    }
     # issue 28 item 6: kubectl debug's subresource, for every pod of a profile namespace
     assert ephemeral["rules"] == [
         {

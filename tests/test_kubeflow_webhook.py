@@ -560,12 +560,15 @@ def test_a_workspace_pod_is_recognised_by_its_podconfig_and_refused_at_the_quota
 
 def test_pods_that_are_no_notebook_are_counted_never_changed(api):
     """Issue 19 items 2 and 11: a pipeline step with two MIG slices passes as it was sent (no
-    change, no "one MIG slice per notebook"); one whose GPU is over the namespace's quota, or
-    whose container without GPU sets NVIDIA_VISIBLE_DEVICES, is refused."""
+    change but the guard's label fracspawner.io/counted, no "one MIG slice per notebook");
+    one whose GPU is over the namespace's quota, or whose container without GPU sets
+    NVIDIA_VISIBLE_DEVICES, is refused."""
     step = other_pod("pipes", "train-x7k2p-1", {"limits": {"nvidia.com/mig-1g.10gb": "2"}})
     message, stored = admit(api, step)
     assert message is None
-    assert stored["metadata"]["labels"] == step["metadata"]["labels"]
+    # counted: marked for the guard (tests/test_kubeflow_guard_counted.py), nothing else
+    counted = {**step["metadata"]["labels"], "fracspawner.io/counted": "true"}
+    assert stored["metadata"]["labels"] == counted
     assert stored["metadata"]["annotations"] == step["metadata"]["annotations"]
     sent = step["spec"]["containers"][0]
     assert as_sent(stored["spec"]["containers"][0], sent) == sent

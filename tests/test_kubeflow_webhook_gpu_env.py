@@ -285,7 +285,9 @@ def test_unchanged_pods_stay_unchanged(api):
     assert message is None
     for box, sent in zip(stored["spec"]["containers"], fine["spec"]["containers"], strict=True):
         assert as_sent(box, sent) == sent
-    assert stored["metadata"]["labels"] == fine["metadata"]["labels"]
+    # counted: marked for the guard (tests/test_kubeflow_guard_counted.py), nothing else
+    counted = {**fine["metadata"]["labels"], "fracspawner.io/counted": "true"}
+    assert stored["metadata"]["labels"] == counted
     assert stored["metadata"]["annotations"] == fine["metadata"]["annotations"]
     again = copy.deepcopy(fine)
     again["spec"]["containers"].append(

@@ -33,6 +33,7 @@ from ..choice.options import resolve_choice
 from ..model.access import within_quota
 from ..model.catalog import AccessRule, Catalog
 from ..model.errors import OptionsError, SliceError
+from .quota import COUNTED_LABEL
 from .recognise import (
     ASK_ANNOTATIONS,
     ASK_LABELS,
@@ -562,7 +563,8 @@ def other_pod_gpu(
     pod: Mapping[str, Any], *, catalog: Catalog, rule: AccessRule, namespace: str, used_gpu: float
 ) -> float:
     """What a pod that is no notebook (a pipeline step, a Katib trial) holds, checked against
-    the namespace's GPU quota: it is counted, never mapped (the webhook leaves it as it is)."""
+    the namespace's GPU quota: it is counted, never mapped (the webhook only labels it
+    COUNTED_LABEL, so that its updates reach the guard: guard_update)."""
     amount = gpu_equivalent_of_pod(pod, catalog)
     if amount > 0 and not within_quota(rule, used_gpu, amount):
         left = max((rule.max_gpu or 0.0) - used_gpu, 0.0)
@@ -656,6 +658,19 @@ def _guard_refusal(what: str) -> Refusal:
     )
 
 
+def _guard_placement(old: Mapping[str, Any], new: Mapping[str, Any]) -> None:
+    """Refuse changing what a scheduler reads from an admitted GPU pod to size and place it:
+    the backend ask annotations and labels, and the tolerations."""
+    for field_, keys in (("labels", ASK_LABELS), ("annotations", ASK_ANNOTATIONS)):
+        before = old.get("metadata", {}).get(field_) or {}
+        after = new.get("metadata", {}).get(field_) or {}
+        for key in keys:
+            if before.get(key) != after.get(key):
+                raise _guard_refusal(f"{field_[:-1]} {key}")
+    if (old.get("spec") or {}).get("tolerations") != (new.get("spec") or {}).get("tolerations"):
+        raise _guard_refusal("tolerations")
+
+
 def guard_update(
     old: Mapping[str, Any], new: Mapping[str, Any], catalog: Catalog | None = None
 ) -> None:
@@ -666,25 +681,27 @@ def guard_update(
     pending pod would be scheduled with the new size), the tolerations (Kubernetes lets
     tolerations be added to a pod: a pending pod would reach another pool's tainted nodes), and
     the notebook container's image where the pool's plan sets it (`clearml-image`: the image
-    carries the memory limit)."""
+    carries the memory limit). On a pod that is no notebook whose GPU the webhook counted at
+    CREATE (labelled COUNTED_LABEL, which the guard's second webhook is sent), the ask fields
+    and tolerations likewise, and the label itself: removed, the pod's next updates would no
+    longer reach the guard."""
     for field_, keys in (("labels", GUARDED_LABELS), ("annotations", GUARDED_ANNOTATIONS)):
         before = old.get("metadata", {}).get(field_) or {}
         after = new.get("metadata", {}).get(field_) or {}
         for key in keys:
             if key in before and before.get(key) != after.get(key):
                 raise _guard_refusal(f"{field_[:-1]} {key}")
-    pool = (old.get("metadata", {}).get("labels") or {}).get(LABEL_POOL)
-    if pool is None:
+    labels = old.get("metadata", {}).get("labels") or {}
+    pool = labels.get(LABEL_POOL)
+    counted = COUNTED_LABEL in labels
+    if counted and labels[COUNTED_LABEL] != (new.get("metadata", {}).get("labels") or {}).get(
+        COUNTED_LABEL
+    ):
+        raise _guard_refusal(f"label {COUNTED_LABEL}")
+    if pool is None and not counted:
         return
-    for field_, keys in (("labels", ASK_LABELS), ("annotations", ASK_ANNOTATIONS)):
-        before = old.get("metadata", {}).get(field_) or {}
-        after = new.get("metadata", {}).get(field_) or {}
-        for key in keys:
-            if before.get(key) != after.get(key):
-                raise _guard_refusal(f"{field_[:-1]} {key}")
-    if (old.get("spec") or {}).get("tolerations") != (new.get("spec") or {}).get("tolerations"):
-        raise _guard_refusal("tolerations")
-    if catalog is not None and pool in catalog.pools:
+    _guard_placement(old, new)
+    if catalog is not None and pool is not None and pool in catalog.pools:
         placement = pool_placement(catalog, str(pool))
         images = {
             str(c.get("name")): c.get("image")

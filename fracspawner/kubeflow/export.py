@@ -40,6 +40,7 @@ from .names import (
     poddefault_desc,
     poddefault_name,
 )
+from .quota import COUNTED_LABEL
 from .recognise import V1_NOTEBOOK_LABEL, V2_WORKSPACE_LABEL
 
 #: the label the apiserver puts on every namespace (Kubernetes >= 1.21): names in selectors
@@ -58,6 +59,8 @@ PODDEFAULT_WEBHOOK = "poddefaults-webhook-mutating-webhook-configuration"
 WEBHOOK_NAME = "slices.webhook.fracspawner.io"
 #: the second webhook of the configuration: slice labels and quota annotations stay as admitted
 GUARD_NAME = "guard.slices.webhook.fracspawner.io"
+#: the guard for the pods that are no notebook whose GPU the webhook counted (quota.COUNTED_LABEL)
+COUNTED_GUARD_NAME = "counted." + GUARD_NAME
 #: the webhook refusing ephemeral containers (kubectl debug) that would see GPUs through env
 EPHEMERAL_NAME = "ephemeral.slices.webhook.fracspawner.io"
 #: Kubernetes DRA pools: ResourceClaims created in a profile namespace (directly, or by the
@@ -263,7 +266,8 @@ def webhook_configuration(target: WebhookTarget, claims: bool = False) -> dict[s
     # notebooks.kubeflow.org/workspace-name. One objectSelector cannot say "either", so each
     # has its webhook; every other pod of a profile namespace goes to a third, which only
     # counts its GPU against the quota (and refuses GPU visibility through env) and never
-    # changes it. --slice-pods-only: notebook pods carrying fracspawner.io/pool, nothing else.
+    # maps it (one holding GPU gets COUNTED_LABEL, for the guard below). --slice-pods-only:
+    # notebook pods carrying fracspawner.io/pool, nothing else.
     only = [{"key": LABEL_POOL, "operator": "Exists"}] if target.slice_pods_only else []
     v1 = {"key": V1_NOTEBOOK_LABEL, "operator": "Exists"}
     v2 = {"key": V2_WORKSPACE_LABEL, "operator": "Exists"}
@@ -294,6 +298,17 @@ def webhook_configuration(target: WebhookTarget, claims: bool = False) -> dict[s
         "reinvocationPolicy": "Never",
         "rules": [{**webhook["rules"][0], "operations": ["UPDATE"]}],
         "objectSelector": {"matchExpressions": [{"key": LABEL_POOL, "operator": "Exists"}]},
+    }
+    # the pods that are no notebook whose GPU the third webhook counted (and checked against
+    # the namespace's pools) carry COUNTED_LABEL, which it writes: the same guard for them.
+    # One objectSelector cannot say "either label", hence a webhook of its own. On an UPDATE
+    # the API server matches the objectSelector against the old and the new object and calls
+    # the webhook if either matches (k8s.io/apiserver pkg/admission/plugin/webhook/predicates/
+    # object, matcher.go), so removing the label is sent here too, and refused
+    counted_guard = {
+        **guard,
+        "name": COUNTED_GUARD_NAME,
+        "objectSelector": {"matchExpressions": [{"key": COUNTED_LABEL, "operator": "Exists"}]},
     }
     # kubectl debug adds an ephemeral container to a running pod through the subresource
     # pods/ephemeralcontainers (an UPDATE whose object is the whole Pod since Kubernetes 1.22,
@@ -338,6 +353,7 @@ def webhook_configuration(target: WebhookTarget, claims: bool = False) -> dict[s
             workspaces,
             *([] if target.slice_pods_only else [others]),
             guard,
+            *([] if target.slice_pods_only else [counted_guard]),
             ephemeral,
             *([claim_hook] if claims else []),
         ],

@@ -39,6 +39,12 @@ GPU_EQUIVALENT_ANNOTATION = "fracspawner.io/gpu-equivalent"
 #: rest.FillObjectMetaSystemFields and the name from generateName only then), so the watch
 #: matches the pod to its reservation by this annotation
 RESERVATION_ANNOTATION = "fracspawner.io/reservation"
+#: the label the webhook writes (value "true") on a pod that is no notebook whose GPU it counted
+#: against the namespace's quota (and checked against its pools) at CREATE: the guard's second
+#: webhook selects it, so what the count and the check read from the pod (its backend ask
+#: fields, its tolerations) and the label itself cannot change afterwards (admission.guard_update).
+#: A notebook pod is guarded by its slice label fracspawner.io/pool instead
+COUNTED_LABEL = "fracspawner.io/counted"
 
 
 def reservation_key(namespace: str, request: Mapping[str, Any]) -> str:

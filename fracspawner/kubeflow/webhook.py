@@ -1,10 +1,12 @@
 """`fracspawner webhook`: the mutating admission webhook for Kubeflow profile namespaces.
 
 `POST /mutate` answers AdmissionReview (admission.k8s.io/v1) for pods: CREATE gets the slice's
-pod plan as a JSONPatch or a refusal (admission.py decides), UPDATE may not change the slice
-labels or quota annotations. `/healthz` says whether it serves, `/metrics` is Prometheus text.
-A request that is not an AdmissionReview is answered 400, never with a crash; a slice pod whose
-namespace or pods cannot be read from the API server is refused (unknown is never allowed).
+pod plan as a JSONPatch or a refusal (admission.py decides), a GPU pod that is no notebook the
+label fracspawner.io/counted; UPDATE may not change the slice labels or quota annotations, nor
+what a slice pod or a counted pod was sized and placed by. `/healthz` says whether it serves,
+`/metrics` is Prometheus text. A request that is not an AdmissionReview is answered 400, never
+with a crash; a slice pod whose namespace or pods cannot be read from the API server is refused
+(unknown is never allowed).
 """
 
 from __future__ import annotations
@@ -57,6 +59,7 @@ from .claims import DraGate, is_claim_review, review_claim
 from .cluster import ApiUnavailable, Cluster, ConfigException
 from .metrics import WebhookMetrics
 from .quota import (
+    COUNTED_LABEL,
     RESERVATION_ANNOTATION,
     Busy,
     Ledger,
@@ -312,6 +315,9 @@ class Webhook:
             # a named pod's is a tenant's: the watch would take it for a reservation's key
             del out["metadata"]["annotations"][RESERVATION_ANNOTATION]
         if admitted is None:
+            # counted and checked by what it asks now: its updates go to the guard's second
+            # webhook (objectSelector on this label), which keeps that as it was (guard_update)
+            out["metadata"].setdefault("labels", {})[COUNTED_LABEL] = "true"
             log.info("counted %s/%s: %.6g GPU", ns, review.name or "(new pod)", other_gpu)
             return self._answer(review, out, "allowed", warnings=warnings)
         answer = self._answer(review, out, "mutated", "unchanged", warnings=warnings)
