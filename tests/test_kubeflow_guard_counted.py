@@ -11,6 +11,13 @@ it at its smaller size. Now the webhook labels such a pod `fracspawner.io/counte
 CREATE, a second guard webhook selects that label, and guard_update refuses changing the ask
 fields, the tolerations and the label itself on it.
 
+A pod asking NO GPU at CREATE is not counted; but one whose schedulerName is KAI's or Run:ai's
+(recognise.FRACTION_SCHEDULERS) is sized by those schedulers from its annotations when it is
+scheduled, so a `gpu-fraction` added while it is Pending would get it a GPU the quota never
+counted. Such a pod, notebook or not, carrying no slice, is labelled too (counted as 0), without
+the webhook calling the API server (a GPU-less pod never waits on it), and the guard keeps it
+GPU-less.
+
 Unit level (guard_update), the webhook's review handler run in process (tests/
 kubeflow_inprocess.py), the chart and the export, and the real `fracspawner webhook` process
 registered with the real kube-apiserver (kubeflow_support.register), whose objectSelector
@@ -45,6 +52,7 @@ from tests.kubeflow_support import (
     patched,
     profile_namespace,
     register,
+    workspace_pod,
 )
 
 REPO = Path(__file__).resolve().parent.parent
@@ -196,6 +204,123 @@ def test_the_webhook_refuses_raising_a_counted_steps_fraction(catalog_file):
     assert message(got).startswith(f"the annotation gpu-fraction {REFUSED}"), message(got)
 
 
+# ------------------------------------------------- pods asking no GPU, for KAI or Run:ai
+class UnreachableCluster(FakeCluster):
+    """A cluster the webhook must not read: every call is recorded and fails (a pod asking
+    for no GPU is answered before any API call, webhook.Webhook._create)."""
+
+    def __init__(self) -> None:
+        super().__init__({NAMESPACE: {}})
+        self.calls: list[str] = []
+
+    async def namespace(self, name: str):
+        self.calls.append(f"namespace {name}")
+        raise AssertionError(f"the webhook read namespace {name} for a pod asking no GPU")
+
+    async def pods_labelled(self, namespace: str, key: str, value: str):
+        self.calls.append(f"pods of {namespace}")
+        raise AssertionError("the webhook listed pods for a pod asking no GPU")
+
+
+def unreachable(catalog_file: Path) -> tuple[Webhook, UnreachableCluster]:
+    cluster = UnreachableCluster()
+    # the pod watch is never loaded: waiting on it would fail too (FakeWatch.wait_synced)
+    return Webhook(load_catalog(str(catalog_file)), cluster), cluster
+
+
+def skipped(hook: Webhook) -> float:
+    value = hook.metrics.registry.get_sample_value(
+        "fracspawner_webhook_admissions_total", {"operation": "CREATE", "result": "skipped"}
+    )
+    return value or 0.0
+
+
+def for_kai(pod: dict[str, Any], scheduler: str = "kai-scheduler") -> dict[str, Any]:
+    pod["spec"]["schedulerName"] = scheduler
+    return pod
+
+
+@pytest.mark.parametrize("scheduler", ["kai-scheduler", "runai-scheduler"])
+def test_a_gpu_less_step_for_a_fraction_scheduler_is_marked_without_the_api_server(
+    catalog_file, scheduler
+):
+    """KAI/Run:ai read `gpu-fraction` when they schedule the pod: one created without it is
+    counted as 0 and marked, so adding it while the pod is Pending reaches the guard. Nothing
+    is read from the API server for it; it still counts as skipped (no GPU asked)."""
+    hook, cluster = unreachable(catalog_file)
+    step = for_kai(other_pod(NAMESPACE, "train-x7k2p-4", {}), scheduler)
+    got = answer(hook, admission_review(step))
+    assert allowed(got), got
+    assert cluster.calls == []
+    created = patched(step, got["response"])
+    assert created["metadata"]["labels"] == {**step["metadata"]["labels"], COUNTED: "true"}
+    assert created["metadata"]["annotations"] == step["metadata"]["annotations"]
+    assert created["spec"] == step["spec"]
+    assert skipped(hook) == 1
+    # and the guard keeps it GPU-less: neither an ask nor a toleration can be added
+    for change, what in (
+        (raise_fraction, "annotation gpu-fraction"),
+        (tolerate_everything, "tolerations"),
+    ):
+        changed = copy.deepcopy(created)
+        change(changed)
+        got = answer(hook, admission_review(changed, operation="UPDATE", old=created))
+        assert not allowed(got)
+        assert message(got).startswith(f"the {what} {REFUSED}"), message(got)
+    assert cluster.calls == []
+
+
+def test_a_gpu_less_step_for_the_default_scheduler_is_left_as_it_was(catalog_file):
+    """The default scheduler never reads `gpu-fraction`, and a pod's schedulerName cannot
+    change: nothing to mark, no patch at all."""
+    hook, cluster = unreachable(catalog_file)
+    for scheduler in (None, "default-scheduler", "not-served"):
+        step = other_pod(NAMESPACE, "cpu-x7k2p-5", {})
+        if scheduler:
+            step["spec"]["schedulerName"] = scheduler
+        got = answer(hook, admission_review(step))
+        assert allowed(got), got
+        assert "patch" not in got["response"], (scheduler, got["response"])
+    assert cluster.calls == []
+    assert skipped(hook) == 3
+
+
+def test_a_notebook_without_a_slice_for_a_fraction_scheduler_is_marked(catalog_file):
+    """A Notebook's or a Workspace's pod asking no slice goes to the notebook webhooks: one
+    naming KAI's scheduler is marked there, without the API server; a slice pod is guarded by
+    fracspawner.io/pool instead and is not marked."""
+    hook, cluster = unreachable(catalog_file)
+    for pod in (
+        for_kai(notebook_pod(NAMESPACE, "nb")),
+        for_kai(workspace_pod(NAMESPACE, "ws", {})),
+    ):
+        got = answer(hook, admission_review(pod))
+        assert allowed(got), got
+        created = patched(pod, got["response"])
+        assert created["metadata"]["labels"] == {**pod["metadata"]["labels"], COUNTED: "true"}
+        raised = copy.deepcopy(created)
+        raise_fraction_anywhere(raised)
+        got = answer(hook, admission_review(raised, operation="UPDATE", old=created))
+        assert not allowed(got)
+        assert message(got).startswith(f"the annotation gpu-fraction {REFUSED}"), message(got)
+    assert cluster.calls == []
+    # a notebook naming no fraction scheduler: nothing
+    plain = notebook_pod(NAMESPACE, "plain")
+    got = answer(hook, admission_review(plain))
+    assert COUNTED not in patched(plain, got["response"])["metadata"]["labels"]
+    # a slice pod (the PodDefault's fracspawner.io/pool) is the pool guard's
+    pool = next(iter(load_catalog(str(catalog_file)).pools))
+    labelled = for_kai(other_pod(NAMESPACE, "train-x7k2p-6", {}))
+    labelled["metadata"]["labels"]["fracspawner.io/pool"] = pool
+    got = answer(hook, admission_review(labelled))
+    assert allowed(got), got
+    assert COUNTED not in patched(labelled, got["response"])["metadata"]["labels"]
+
+
+def raise_fraction_anywhere(pod: dict[str, Any]) -> None:
+    pod["metadata"].setdefault("annotations", {})["gpu-fraction"] = "1"
+
+
 # --------------------------------------------------------------------------- configuration
 def counted_guard(hooks: list[dict[str, Any]]) -> dict[str, Any] | None:
     found = [h for h in hooks if h["name"] == COUNTED_GUARD]
@@ -295,3 +420,34 @@ def test_a_pending_steps_fraction_cannot_be_raised_past_the_quota(api):
         assert everything not in (stored["spec"].get("tolerations") or [])
     finally:
         api.request("DELETE", path)
+
+
+def test_a_pending_gpu_less_kai_pod_cannot_be_given_a_fraction(api):
+    """Created asking no GPU, for KAI's scheduler (none serves it: it stays Pending), in a
+    namespace holding 0.5 GPU: marked at CREATE, so a `gpu-fraction: "1"` added while it
+    waits is refused with the guard's words; a notebook pod without a slice likewise (it goes
+    through the notebook webhook)."""
+    step = for_kai(other_pod(NAMESPACE, "train-x7k2p-8", {}))
+    notebook = for_kai(notebook_pod(NAMESPACE, "kai-nb"))
+    merge = "application/merge-patch+json"
+    paths = []
+    try:
+        for pod in (step, notebook):
+            status, created = create_pod(api, pod)
+            assert status == 201, created
+            path = f"/api/v1/namespaces/{NAMESPACE}/pods/{pod['metadata']['name']}"
+            paths.append(path)
+            raise_it = {"metadata": {"annotations": {"gpu-fraction": "1"}}}
+            status, body = api.request("PATCH", path, raise_it, merge)
+            words = denied(body, COUNTED_GUARD)
+            assert status == 403 and words and REFUSED in words, (status, body)
+            assert created["metadata"]["labels"].get(COUNTED) == "true", created["metadata"]
+            status, body = api.request(
+                "PATCH", path, {"metadata": {"labels": {"mine": "x"}}}, merge
+            )
+            assert status == 200, body
+            stored = api.get(path)
+            assert "gpu-fraction" not in (stored["metadata"].get("annotations") or {})
+    finally:
+        for path in paths:
+            api.request("DELETE", path)

@@ -564,7 +564,8 @@ def other_pod_gpu(
 ) -> float:
     """What a pod that is no notebook (a pipeline step, a Katib trial) holds, checked against
     the namespace's GPU quota: it is counted, never mapped (the webhook only labels it
-    COUNTED_LABEL, so that its updates reach the guard: guard_update)."""
+    COUNTED_LABEL, so that its updates reach the guard: guard_update; it labels a GPU-less pod
+    for KAI or Run:ai too, without calling this)."""
     amount = gpu_equivalent_of_pod(pod, catalog)
     if amount > 0 and not within_quota(rule, used_gpu, amount):
         left = max((rule.max_gpu or 0.0) - used_gpu, 0.0)
@@ -682,9 +683,10 @@ def guard_update(
     tolerations be added to a pod: a pending pod would reach another pool's tainted nodes), and
     the notebook container's image where the pool's plan sets it (`clearml-image`: the image
     carries the memory limit). On a pod that is no notebook whose GPU the webhook counted at
-    CREATE (labelled COUNTED_LABEL, which the guard's second webhook is sent), the ask fields
-    and tolerations likewise, and the label itself: removed, the pod's next updates would no
-    longer reach the guard."""
+    CREATE, or a pod without a slice for KAI or Run:ai (which read the ask from annotations
+    when they schedule it) counted as what it asked then, 0 included (labelled COUNTED_LABEL,
+    which the guard's second webhook is sent), the ask fields and tolerations likewise, and the
+    label itself: removed, the pod's next updates would no longer reach the guard."""
     for field_, keys in (("labels", GUARDED_LABELS), ("annotations", GUARDED_ANNOTATIONS)):
         before = old.get("metadata", {}).get(field_) or {}
         after = new.get("metadata", {}).get(field_) or {}

@@ -59,7 +59,8 @@ PODDEFAULT_WEBHOOK = "poddefaults-webhook-mutating-webhook-configuration"
 WEBHOOK_NAME = "slices.webhook.fracspawner.io"
 #: the second webhook of the configuration: slice labels and quota annotations stay as admitted
 GUARD_NAME = "guard.slices.webhook.fracspawner.io"
-#: the guard for the pods that are no notebook whose GPU the webhook counted (quota.COUNTED_LABEL)
+#: the guard for the pods the webhook marked counted (quota.COUNTED_LABEL): the GPU pods that
+#: are no notebook, and the pods without a slice that KAI or Run:ai schedules
 COUNTED_GUARD_NAME = "counted." + GUARD_NAME
 #: the webhook refusing ephemeral containers (kubectl debug) that would see GPUs through env
 EPHEMERAL_NAME = "ephemeral.slices.webhook.fracspawner.io"
@@ -266,8 +267,10 @@ def webhook_configuration(target: WebhookTarget, claims: bool = False) -> dict[s
     # notebooks.kubeflow.org/workspace-name. One objectSelector cannot say "either", so each
     # has its webhook; every other pod of a profile namespace goes to a third, which only
     # counts its GPU against the quota (and refuses GPU visibility through env) and never
-    # maps it (one holding GPU gets COUNTED_LABEL, for the guard below). --slice-pods-only:
-    # notebook pods carrying fracspawner.io/pool, nothing else.
+    # maps it (one holding GPU gets COUNTED_LABEL, for the guard below, and so does a pod of
+    # any of the three that carries no slice but names KAI's or Run:ai's scheduler, even one
+    # asking no GPU). --slice-pods-only: notebook pods carrying fracspawner.io/pool, nothing
+    # else (none of them is marked).
     only = [{"key": LABEL_POOL, "operator": "Exists"}] if target.slice_pods_only else []
     v1 = {"key": V1_NOTEBOOK_LABEL, "operator": "Exists"}
     v2 = {"key": V2_WORKSPACE_LABEL, "operator": "Exists"}
@@ -300,7 +303,9 @@ def webhook_configuration(target: WebhookTarget, claims: bool = False) -> dict[s
         "objectSelector": {"matchExpressions": [{"key": LABEL_POOL, "operator": "Exists"}]},
     }
     # the pods that are no notebook whose GPU the third webhook counted (and checked against
-    # the namespace's pools) carry COUNTED_LABEL, which it writes: the same guard for them.
+    # the namespace's pools) carry COUNTED_LABEL, which it writes, as do the pods without a
+    # slice that KAI or Run:ai schedules (counted as 0 if they ask no GPU: those schedulers
+    # read the ask from annotations a pending pod's owner could add): the same guard for them.
     # One objectSelector cannot say "either label", hence a webhook of its own. On an UPDATE
     # the API server matches the objectSelector against the old and the new object and calls
     # the webhook if either matches (k8s.io/apiserver pkg/admission/plugin/webhook/predicates/

@@ -31,8 +31,9 @@ class WebhookMetrics:
         self.admissions = Counter(
             "fracspawner_webhook_admissions",
             "Pod and ResourceClaim admissions answered, by operation and result: mutated (the "
-            "slice was applied), unchanged (already applied), skipped (no slice asked), "
-            "allowed (admitted as it was), refused (an error included).",
+            "slice was applied), unchanged (already applied), skipped (no slice nor GPU asked: "
+            "nothing counted, no API call; its patch may still mark a pod for KAI or Run:ai, or "
+            "hide devices from env), allowed (admitted as it was), refused (an error included).",
             ["operation", "result"],
             registry=self.registry,
         )

@@ -40,10 +40,12 @@ GPU_EQUIVALENT_ANNOTATION = "fracspawner.io/gpu-equivalent"
 #: matches the pod to its reservation by this annotation
 RESERVATION_ANNOTATION = "fracspawner.io/reservation"
 #: the label the webhook writes (value "true") on a pod that is no notebook whose GPU it counted
-#: against the namespace's quota (and checked against its pools) at CREATE: the guard's second
-#: webhook selects it, so what the count and the check read from the pod (its backend ask
-#: fields, its tolerations) and the label itself cannot change afterwards (admission.guard_update).
-#: A notebook pod is guarded by its slice label fracspawner.io/pool instead
+#: against the namespace's quota (and checked against its pools) at CREATE, and on a pod
+#: without a slice (notebook or not) that asks no GPU but names KAI's or Run:ai's scheduler
+#: (recognise.sized_when_scheduled: they read the ask from its annotations when they place it;
+#: counted as 0): the guard's second webhook selects it, so what the count and the check read
+#: from the pod (its backend ask fields, its tolerations) and the label itself cannot change
+#: afterwards (admission.guard_update). A slice pod is guarded by fracspawner.io/pool instead
 COUNTED_LABEL = "fracspawner.io/counted"
 
 

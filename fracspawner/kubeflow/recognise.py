@@ -427,6 +427,15 @@ FRACTION_SCHEDULERS = frozenset({"kai-scheduler", "runai-scheduler"})
 FRACTION_CONTAINER_ANNOTATION = "gpu-fraction-container-name"
 
 
+def sized_when_scheduled(pod: Mapping[str, Any]) -> bool:
+    """Whether the pod's scheduler reads its GPU ask from the pod's annotations when it places
+    it: KAI's and Run:ai's (FRACTION_SCHEDULERS) read `gpu-fraction`/`gpu-memory` (ASK_ANNOTATIONS)
+    then, and annotations stay mutable, so a pod of theirs created asking no GPU could be given
+    one while it is Pending. A pod's schedulerName cannot change (pod update validation), so a
+    pod of any other scheduler never can."""
+    return (pod.get("spec") or {}).get("schedulerName") in FRACTION_SCHEDULERS
+
+
 def _holds_gpu_fraction(pod: Mapping[str, Any], container: Mapping[str, Any]) -> bool:
     """The fraction container of a pod KAI or Run:ai gives a GPU share (module comment above),
     with NVIDIA_VISIBLE_DEVICES as their webhook writes it (a ConfigMap key the binder fills)
@@ -582,6 +591,7 @@ __all__ = [
     "pool_placement",
     "pools_of_pod",
     "resources_bound",
+    "sized_when_scheduled",
     "unreadable_env",
     "visibility_env",
 ]

@@ -1,12 +1,12 @@
 """`fracspawner webhook`: the mutating admission webhook for Kubeflow profile namespaces.
 
 `POST /mutate` answers AdmissionReview (admission.k8s.io/v1) for pods: CREATE gets the slice's
-pod plan as a JSONPatch or a refusal (admission.py decides), a GPU pod that is no notebook the
-label fracspawner.io/counted; UPDATE may not change the slice labels or quota annotations, nor
-what a slice pod or a counted pod was sized and placed by. `/healthz` says whether it serves,
-`/metrics` is Prometheus text. A request that is not an AdmissionReview is answered 400, never
-with a crash; a slice pod whose namespace or pods cannot be read from the API server is refused
-(unknown is never allowed).
+pod plan as a JSONPatch or a refusal (admission.py decides), a GPU pod that is no notebook, and
+a pod without a slice that KAI or Run:ai schedules, the label fracspawner.io/counted; UPDATE may
+not change the slice labels or quota annotations, nor what a slice pod or a counted pod was
+sized and placed by. `/healthz` says whether it serves, `/metrics` is Prometheus text. A request
+that is not an AdmissionReview is answered 400, never with a crash; a slice pod whose namespace
+or pods cannot be read from the API server is refused (unknown is never allowed).
 """
 
 from __future__ import annotations
@@ -29,7 +29,7 @@ from tornado import web
 from tornado.httpserver import HTTPServer
 from tornado.ioloop import PeriodicCallback
 
-from ..backends import load_catalog
+from ..backends import LABEL_POOL, load_catalog
 from ..capacity.apiconfig import load_configuration
 from ..model.access import namespace_rule
 from ..model.catalog import AccessRule, Catalog
@@ -68,7 +68,7 @@ from .quota import (
     SharedLedger,
     reservation_key,
 )
-from .recognise import gpu_equivalent_of_pod, notebook_kind, pod_gpu_held
+from .recognise import gpu_equivalent_of_pod, notebook_kind, pod_gpu_held, sized_when_scheduled
 
 PROG = "fracspawner webhook"
 log = logging.getLogger("fracspawner.webhook")
@@ -220,7 +220,8 @@ class Webhook:
         # only notebook pods are mapped; any other pod is counted against the quota and
         # otherwise left as it is (recognise.py). Every pod's containers that hold no GPU of
         # their own are checked for GPU visibility through env; a pod asking for no GPU passes
-        # before any API call: it never waits on, or fails with, the API server
+        # before any API call: it never waits on, or fails with, the API server (one for KAI or
+        # Run:ai is only marked, a patch)
         notebook = notebook_kind(pod) is not None
         other_gpu = 0.0 if notebook else gpu_equivalent_of_pod(pod, self.catalog)
         if not notebook:
@@ -230,6 +231,22 @@ class Webhook:
         if not (slice_ask(pod, self.catalog, AccessRule()) if notebook else other_gpu):
             if notebook:
                 refuse_visible_gpus(pod, ns)
+            if sized_when_scheduled(pod) and LABEL_POOL not in (
+                (pod.get("metadata") or {}).get("labels") or {}
+            ):
+                # KAI/Run:ai size it from its annotations when they schedule it: counted as 0,
+                # and marked so that its updates go to the guard's second webhook, which keeps
+                # its ask annotations and tolerations as they are now (no GPU). Only a patch:
+                # still no API call, still "skipped" (nothing counted)
+                out = json.loads(json.dumps(pod))
+                out.setdefault("metadata", {}).setdefault("labels", {})[COUNTED_LABEL] = "true"
+                log.debug(
+                    "marked %s/%s: no GPU, for %s",
+                    ns,
+                    review.name or "(new pod)",
+                    (pod.get("spec") or {}).get("schedulerName"),
+                )
+                return self._answer(review, out, "skipped")
             return self._answer(review, pod, "skipped")
         labels, annotations = await self._read(self.cluster.namespace(ns))
         rule = namespace_rule(self.catalog, ns, labels, annotations)
