@@ -134,9 +134,12 @@ async def test_the_pod_reflector_lists_once_and_resumes_where_kubespawners_relis
         assert want == {"default/b", "default/c"}
         # what the hub keeps of a pod is what kubespawner and FracSpawner read of it
         kept = ours.pods["default/b"]
-        assert set(kept["spec"]) <= {"containers", "nodeName"}
+        assert set(kept["spec"]) <= {"containers", "nodeName", "schedulerName"}
         assert kept["spec"]["containers"] == [{"name": "notebook", "ports": []}]
-        assert set(kept["status"]) <= {"phase", "podIP", "containerStatuses"}
+        # conditions: the PodScheduled one alone, while the pod waits for a node
+        assert set(kept["status"]) <= {"phase", "podIP", "containerStatuses", "conditions"}
+        for condition in kept["status"].get("conditions", []):
+            assert condition["type"] == "PodScheduled" and condition["status"] != "True"
         assert kept["status"]["phase"] == "Pending" and kept["metadata"]["uid"]
         assert kept["metadata"]["creationTimestamp"]  # the pending page's "waiting for ..."
         assert "managedFields" not in kept["metadata"]

@@ -193,3 +193,32 @@ def test_comparing_two_caches_reads_no_pod(monkeypatch):
 
     monkeypatch.setattr(PodCache, "__getitem__", unread)
     assert old != new and old == old
+
+
+def test_a_waiting_pod_keeps_what_the_scheduler_says_of_it():
+    """FracSpawner tells a GPU wait from other waits by the PodScheduled condition
+    (`_stuck_words`, `_unschedulable`) and names the pod's scheduler when none looks at it.
+    Before, the cache kept neither: on a real hub every pod still waiting after
+    SCHEDULER_GRACE_S read as "No scheduler has taken up your server ... (default-scheduler)"
+    and left the line, and a pod that waited for CPU read as a GPU wait."""
+    said = "0/3 nodes are available: 3 Insufficient nvidia.com/gpu."
+    waiting = _pod(8, phase="Pending", podIP=None)
+    del waiting["spec"]["nodeName"]
+    del waiting["status"]["containerStatuses"]
+    waiting["spec"]["schedulerName"] = "hami-scheduler"
+    waiting["status"]["conditions"] = [
+        {"type": "PodScheduled", "status": "False", "reason": "Unschedulable", "message": said,
+         "lastTransitionTime": "2026-11-29T01:54:00Z"},
+    ]  # fmt: skip
+    cache = PodCache([waiting])
+    read = cache["jhub/jupyter-user8"]
+    assert read["status"]["conditions"] == [
+        {"type": "PodScheduled", "status": "False", "reason": "Unschedulable", "message": said}
+    ]
+    assert read["spec"]["schedulerName"] == "hami-scheduler"
+    # once scheduled (and for the default scheduler) nothing more is kept than before
+    waiting["spec"].update(nodeName="node-1", schedulerName="default-scheduler")
+    waiting["status"]["conditions"] = [{"type": "PodScheduled", "status": "True"}]
+    cache.put(waiting)
+    read = cache["jhub/jupyter-user8"]
+    assert "conditions" not in read["status"] and "schedulerName" not in read["spec"]

@@ -11,7 +11,10 @@ kubespawner 7.1 reads of `pod_reflector.pods[key]` is little (kubespawner/spawne
   metadata.name, status.podIP;
 - `_start` / `pod_has_uid`: metadata.uid;
 
-and FracSpawner's queue reads status.phase, spec.nodeName and metadata.creationTimestamp.
+and FracSpawner's queue reads status.phase, spec.nodeName and metadata.creationTimestamp, and,
+while the pod waits for a node, its PodScheduled condition (status, reason, message: what the
+scheduler says, hub/spawner.py `_stuck_words`, `_unschedulable`) and spec.schedulerName where it
+is not the default one (a scheduler that is not running says nothing at all).
 
 A `PodCache` keeps only those: per pod one small record (uid, pod IP and creation time as
 integers where they round-trip exactly, and a shared "shape": phase, node, deletion time,
@@ -33,6 +36,7 @@ __all__ = ["PodCache", "pod_cache_key"]
 _TIME_FORMAT = "%Y-%m-%dT%H:%M:%SZ"
 #: the most distinct shapes shared at once; when full the table starts over (records keep theirs)
 _SHAPES_LIMIT = 16384
+_DEFAULT_SCHEDULER = "default-scheduler"
 _STATE_KEPT = ("exitCode", "reason")  # of a container state: what poll (and a person) reads
 
 
@@ -123,6 +127,15 @@ def _statuses(status: Mapping[str, Any]) -> tuple | None:
     return tuple(kept)
 
 
+def _scheduled(status: Mapping[str, Any]) -> tuple | None:
+    """The PodScheduled condition while it is not True (status, reason, message): what the
+    scheduler says of a pod it found no node for. Once True the pod has its node."""
+    for c in status.get("conditions") or []:
+        if isinstance(c, Mapping) and c.get("type") == "PodScheduled" and c.get("status") != "True":
+            return (c.get("status"), c.get("reason"), c.get("message"))
+    return None
+
+
 def _container_status(name: Any, ready: Any, restarts: Any, state: Any) -> dict[str, Any]:
     read = {"name": name, "ready": ready, "state": {k: dict(v) for k, v in state}}
     if restarts is not None:
@@ -160,6 +173,8 @@ class PodCache(Mapping[str, dict[str, Any]]):
             metadata.get("deletionTimestamp"),
             _containers(spec),
             _statuses(status),
+            spec.get("schedulerName") if spec.get("schedulerName") != _DEFAULT_SCHEDULER else None,
+            _scheduled(status),
         )
         try:
             shared = self._shapes.get(shape)
@@ -184,7 +199,7 @@ class PodCache(Mapping[str, dict[str, Any]]):
     def __getitem__(self, key: str) -> dict[str, Any]:
         kept = self._pods[key]
         namespace, _, name = key.partition("/")
-        phase, node, deleting, containers, statuses = kept.shape
+        phase, node, deleting, containers, statuses, scheduler, scheduled = kept.shape
         metadata: dict[str, Any] = {"name": name, "namespace": namespace}
         if kept.uid is not None:
             metadata["uid"] = _unpack_uid(kept.uid)
@@ -199,9 +214,14 @@ class PodCache(Mapping[str, dict[str, Any]]):
         }
         if node is not None:
             spec["nodeName"] = node
+        if scheduler is not None:
+            spec["schedulerName"] = scheduler
         status: dict[str, Any] = {"phase": phase, "podIP": _unpack_ip(kept.ip)}
         if statuses is not None:
             status["containerStatuses"] = [_container_status(*kept) for kept in statuses]
+        if scheduled is not None:
+            said = dict(zip(("status", "reason", "message"), scheduled, strict=True))
+            status["conditions"] = [{"type": "PodScheduled", **said}]
         return {"metadata": metadata, "spec": spec, "status": status}
 
     # equal only to itself: traitlets compares a reflector's old and new `resources` on each
