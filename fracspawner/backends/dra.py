@@ -60,7 +60,15 @@ from ..model.errors import SliceError
 from ..model.slices import Slice, slice_memory_mib
 from .base import CHECKED, Backend, PodPlan, option
 from .dra_devices import DeviceRequest, NodeDevices, fit_node
-from .fit import CountedOffer, NodeCount, NotCountable, OfferCounter, SummedCounter, Tally
+from .fit import (
+    CountedOffer,
+    NodeCount,
+    NotCountable,
+    OfferCapacity,
+    OfferCounter,
+    SummedCounter,
+    Tally,
+)
 
 if TYPE_CHECKING:
     from collections.abc import Callable
@@ -441,6 +449,11 @@ class DraCounter(SummedCounter):
 
     def note_for(self, tally: Tally) -> str:
         return self.note
+
+    def result(self, tally: Tally) -> OfferCapacity:
+        if self.devices_of is None:  # no ResourceSlice watch: nothing is known
+            return OfferCapacity(None, None, self.unseen)
+        return super().result(tally)
 
 
 def template_digest(spec: Mapping[str, Any], labels: Mapping[str, str]) -> str:

@@ -42,6 +42,10 @@ class OfferCapacity:
     #: slices (claims, pods) holding the devices that serve it, where the count knows: with
     #: slices of several sizes, one may take the room of many (None: not counted)
     held: int | None = None
+    #: ready nodes serve it, and none publishes what it is counted from (the GPU resource in
+    #: allocatable, HAMi's registration, DRA ResourceSlices): the device plugin or DRA driver
+    #: is not running there. Free and total are then unknown, but no GPU can be had
+    unpublished: bool = False
 
 
 UNKNOWN = OfferCapacity(None, None)
@@ -125,8 +129,8 @@ class SummedCounter(OfferCounter):
         return self.note
 
     def result(self, tally: Tally) -> OfferCapacity:
-        if not tally.seen:
-            return OfferCapacity(None, None, self.unseen)
+        if not tally.seen:  # `result` runs only where ready nodes serve the offer
+            return OfferCapacity(None, None, self.unseen, unpublished=True)
         held = tally.held if tally.held_counted == tally.seen else None
         free = min(tally.free, tally.total)
         return OfferCapacity(free, tally.total, self.note_for(tally), held=held)

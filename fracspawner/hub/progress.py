@@ -23,6 +23,7 @@ from collections.abc import Iterable, Mapping
 from typing import Any
 
 __all__ = [
+    "gpus_unoffered",
     "human_step",
     "pod_events",
     "pod_failure",
@@ -253,4 +254,30 @@ def scheduler_absent(scheduler: str, waited: str) -> str:
         f"No scheduler has taken up your server in {waited}: the scheduler it needs "
         f"({scheduler}) may not be installed or running. This does not change by itself: tell "
         "an administrator."
+    )
+
+
+def gpus_unoffered(offer: str, pool: str, *, dra: bool = False, waited: str | None = None) -> str:
+    """The scheduler's "Insufficient nvidia.com/gpu" (or a DRA claim it cannot allocate) where
+    the pod watch says no node of the pool offers a GPU to Kubernetes at all: its device plugin
+    or DRA driver is not running, not a GPU that is taken. `offer` '1/4 GPU', `pool` its
+    display name; `waited` how long the pod has waited, None within the grace a node that has
+    just joined takes to register its GPUs (then the pod still waits in line)."""
+    if waited is None:
+        return (
+            f"Waiting for your {offer} on {pool}: none of the pool's nodes offers a GPU to "
+            "Kubernetes yet (a node that has just started registers its GPUs within a minute "
+            "or so)."
+        )
+    fix = (
+        "the DRA driver on the pool's nodes is not running, or publishes none of the pool's "
+        "devices as ResourceSlices"
+        if dra
+        else "the GPU device plugin on the pool's nodes, NVIDIA's, HAMi's or another, is not "
+        "running or not registered with the kubelet"
+    )
+    return (
+        f"None of the nodes of {pool} offers a GPU to Kubernetes now, so your {offer} cannot be "
+        f"reserved (your server has waited {waited}). This does not change by itself: tell an "
+        f"administrator (for them: {fix})."
     )

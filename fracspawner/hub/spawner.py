@@ -61,6 +61,7 @@ from ..model.slices import slice_memory_mib
 from ..model.units import gpu_amount
 from .form import render_form
 from .progress import (
+    gpus_unoffered,
     human_step,
     pod_events,
     pod_failure,
@@ -1128,13 +1129,50 @@ class FracSpawner(KubeSpawner):
         if conditions:
             c = conditions[0]
             if c.get("status") == "False" and c.get("reason") == "Unschedulable":
-                return scheduling_trouble(str(c.get("message") or ""))
+                trouble = scheduling_trouble(str(c.get("message") or ""))
+                if trouble is None and self._gpus_unoffered():
+                    return self._unoffered_words(pod)  # None within the grace
+                return trouble
             return None
         age = _pod_age(pod)
         if age is None or age < SCHEDULER_GRACE_S:
             return None
         scheduler = (pod.get("spec") or {}).get("schedulerName") or "default-scheduler"
         return scheduler_absent(scheduler, _duration(age))
+
+    def _gpus_unoffered(self) -> bool:
+        """The pod watch, live and listed, says no node of the chosen pool offers a GPU to
+        Kubernetes for this offer: its total is 0 (the kubelet keeps a device plugin's resource
+        at 0 once the plugin is gone), or ready nodes serve it and none publishes what it is
+        counted from (a plugin that never registered). False where the counts cannot tell (no
+        watch, a stale one): unknown is never read as none."""
+        choice = self.choice
+        if choice is None or choice.pool is None:
+            return False
+        try:
+            watcher = self._capacity_watcher()
+            capacity = watcher.snapshot() if watcher is not None else None
+        except Exception:  # counts are a nicety; never break progress over them
+            return False
+        if not watch_usable(capacity):
+            return False
+        counts = capacity.get(choice.pool.name, str(choice.offer or choice.slice))
+        return counts.total == 0 or counts.unpublished
+
+    def _unoffered_words(self, pod: Mapping[str, Any] | None) -> str | None:
+        """`gpus_unoffered`'s words once the pod has waited SCHEDULER_GRACE_S (a device plugin
+        registering a few seconds after its node joined is normal); None before."""
+        choice = self.choice
+        assert choice is not None and choice.pool is not None
+        age = _pod_age(pod) if pod is not None else None
+        if age is None or age < SCHEDULER_GRACE_S:
+            return None
+        return gpus_unoffered(
+            describe_offer(choice.offer or choice.slice),
+            choice.pool.display_name,
+            dra=choice.pool.backend == "dra",
+            waited=_duration(age),
+        )
 
     # ---------------------------------------------------------------- room (issue 36, item 5)
     async def _room_answer(self) -> dict | None:
@@ -1392,6 +1430,11 @@ class FracSpawner(KubeSpawner):
         choice = self.choice
         assert choice is not None and choice.pool is not None
         offer = choice.offer or choice.slice
+        if self._gpus_unoffered():  # not a GPU that is taken: none is offered at all
+            pod = self._queued_pod()
+            return self._unoffered_words(pod) or gpus_unoffered(
+                describe_offer(offer), choice.pool.display_name
+            )
         words = f"Waiting for a free {describe_offer(offer)} on {choice.pool.display_name}"
         try:
             capacity, _ = await self._capacity_and_usage()
