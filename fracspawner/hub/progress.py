@@ -208,6 +208,22 @@ _RESOURCES = re.compile(
 )
 _STORAGE = re.compile(r"volume|persistentvolumeclaim", re.I)
 _PLACEMENT = re.compile(r"taint|affinity|selector|were unschedulable|free ports", re.I)
+# kube-scheduler v1.36's DRA plugin (pkg/scheduler/framework/plugins/dynamicresources/
+# dynamicresources.go). A wait, left to the GPU words: Filter's "cannot allocate all claims" (no
+# device of the node fits now) and "resourceclaim not available on the node" (allocated on
+# another), PreFilter's "resourceclaim in use" and "resource claim <c> is in the process of being
+# allocated". Not one, each UnschedulableAndUnresolvable and unchanged until an administrator acts:
+# PreFilter's validateDeviceClass "request <r>: device class <c> does not exist" (the pod sleeps
+# until a DeviceClass event), "resource claim <c>, request <r>: has subrequests, but the
+# DRAPrioritizedList feature is disabled" and "...: unknown request type"; and Filter's
+# "invalid resource pools were encountered" (k8s.io/dynamic-resource-allocation structured
+# allocator: the driver's ResourceSlices fail validation, duplicate devices or counters).
+_DRA_NO_CLASS = re.compile(r"^request \S+: device class (\S+) does not exist$")
+_DRA_UNREADABLE = re.compile(
+    r"^resource claim \S+, request \S+: (has subrequests, but the DRAPrioritizedList feature "
+    r"is disabled|unknown request type)$"
+)
+_DRA_INVALID = re.compile(r"^invalid resource pools were encountered$")
 
 
 def scheduling_trouble(message: str) -> str | None:
@@ -215,13 +231,23 @@ def scheduling_trouble(message: str) -> str | None:
     about a GPU (CPU or memory short, taints, node selectors, storage); None where any reason
     may be the GPU (`Insufficient nvidia.com/gpu`, a DRA claim, a GPU scheduler's own words)
     or the message is not the scheduler's usual one: then the pod waits for a GPU."""
-    found = re.search(r"nodes are available: (.*?)\.(?: preemption:|\s*$)", message or "", re.S)
+    # the Filter reasons end at the first '.' followed by a space or the end (PostFilter
+    # plugins' words follow: "still not schedulable, preemption: ..."); names hold '.' alone
+    found = re.search(r"nodes are available: (.*?)\.(?=\s|$)", message or "", re.S)
     if not found:
         return None
     items = [re.sub(r"^\d+\s+", "", i.strip()) for i in re.split(r",\s*(?=\d+ )", found.group(1))]
     kinds = set()
+    device_class = ""
     for item in items:
-        if _RESOURCES.match(item):
+        if no_class := _DRA_NO_CLASS.match(item):
+            device_class = no_class.group(1)
+            kinds.add("dra-class")
+        elif _DRA_UNREADABLE.match(item):
+            kinds.add("dra-request")
+        elif _DRA_INVALID.match(item):
+            kinds.add("dra-driver")
+        elif _RESOURCES.match(item):
             kinds.add("resources")
         elif _STORAGE.search(item):
             kinds.add("storage")
@@ -229,6 +255,24 @@ def scheduling_trouble(message: str) -> str | None:
             kinds.add("placement")
         else:
             return None  # perhaps the GPU: a wait for one
+    if "dra-class" in kinds:  # PreFilter's: the same for every node
+        return (
+            f"Your server's GPU cannot be allocated: it asks for the device class {device_class}, "
+            "which this cluster does not have (its DRA driver is not installed, or the pool "
+            "names another class). This does not change by itself: tell an administrator."
+        )
+    if "dra-request" in kinds:
+        return (
+            "Your server's GPU cannot be allocated: the cluster's scheduler cannot handle its "
+            "request (its Kubernetes version or feature gates do not match the pool's "
+            "settings). This does not change by itself: tell an administrator."
+        )
+    if "dra-driver" in kinds:
+        return (
+            "Your server's GPU cannot be allocated: the DRA driver of the pool's nodes publishes "
+            "its devices in a form the scheduler refuses (invalid resource pools). This does "
+            "not change by itself: tell an administrator."
+        )
     if "resources" in kinds:  # the other nodes are other pools' (their selector, taints)
         return (
             "No node for your server has the CPU or memory it asks for free right now; the "
