@@ -222,3 +222,138 @@ def test_a_waiting_pod_keeps_what_the_scheduler_says_of_it():
     cache.put(waiting)
     read = cache["jhub/jupyter-user8"]
     assert "conditions" not in read["status"] and "schedulerName" not in read["spec"]
+
+
+# ---------------------------------------------------------------- a pod that cannot start
+IMAGE_REF = "quay.io/example/gone:1.0"
+NOT_FOUND = (
+    f'Back-off pulling image "{IMAGE_REF}": ErrImagePull: rpc error: code = NotFound desc = '
+    f'failed to pull and unpack image "{IMAGE_REF}": not found'
+)
+UNAUTHORIZED = (
+    f'failed to pull and unpack image "{IMAGE_REF}": failed to resolve reference '
+    f'"{IMAGE_REF}": unexpected status from HEAD request to '
+    "https://quay.io/v2/example/gone/manifests/1.0: 401 Unauthorized"
+)
+
+
+def _waiting(i: int, reason: str, message: str, **container: Any) -> dict[str, Any]:
+    """A pod bound to its node whose notebook container waits (`reason`, `message`)."""
+    pod = _pod(i, phase="Pending", podIP=None)
+    pod["spec"]["containers"][0]["image"] = IMAGE_REF
+    pod["status"]["containerStatuses"][0].update(
+        ready=False,
+        image=IMAGE_REF,
+        state={"waiting": {"reason": reason, "message": message}},
+        **container,
+    )
+    return pod
+
+
+def _crashing(i: int, **terminated: Any) -> dict[str, Any]:
+    pod = _waiting(
+        i,
+        "CrashLoopBackOff",
+        f"back-off 40s restarting failed container=notebook pod=jupyter-user{i}_jhub(x)",
+        restartCount=3,
+        lastState={"terminated": {"startedAt": "2026-11-29T01:54:10Z", **terminated}},
+    )
+    pod["status"]["phase"] = "Running"
+    return pod
+
+
+def _init_pull_failure(i: int) -> dict[str, Any]:
+    """The server's init container cannot be pulled: the notebook waits PodInitializing."""
+    pod = _waiting(i, "PodInitializing", "")
+    pod["status"]["initContainerStatuses"] = [
+        {
+            "name": "fetch-home",
+            "ready": False,
+            "restartCount": 0,
+            "image": IMAGE_REF,
+            "imageID": "",
+            "state": {"waiting": {"reason": "ImagePullBackOff", "message": UNAUTHORIZED}},
+        }
+    ]
+    return pod
+
+
+def _cannot_start() -> list[tuple[str, dict[str, Any], str]]:
+    return [
+        ("pull-not-found", _waiting(11, "ErrImagePull", NOT_FOUND),
+         f"The image Py ({IMAGE_REF}) could not be downloaded: it does not exist in its registry."),
+        ("pull-backoff-not-found", _waiting(12, "ImagePullBackOff", NOT_FOUND),
+         f"The image Py ({IMAGE_REF}) could not be downloaded: it does not exist in its registry."),
+        ("oom", _crashing(13, exitCode=137, reason="OOMKilled"),
+         "Your server ran out of memory while starting, again after each restart."),
+        ("exit-127", _crashing(14, exitCode=127, reason="Error"),
+         "Your server stopped right after starting (exit code 127), and again each time "
+         "Kubernetes restarted it. A program it runs is missing from the image Py (is "
+         "jupyterhub-singleuser installed?)."),
+        ("exec-not-found", _crashing(15, exitCode=128, reason="StartError", message=(
+            'failed to create containerd task: exec: "jupyterhub-singleuser": executable file '
+            "not found in $PATH: unknown")),
+         "Your server stopped right after starting (exit code 128), and again each time "
+         "Kubernetes restarted it. A program it runs is missing from the image Py"),
+        ("init-pull-unauthorized", _init_pull_failure(16),
+         f"The image {IMAGE_REF} of your server's 'fetch-home' container could not be "
+         "downloaded: its registry refused to send it (no access)."),
+    ]  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("raw", "said"), [(raw, said) for _, raw, said in _cannot_start()],
+    ids=[name for name, _, _ in _cannot_start()],
+)  # fmt: skip
+def test_a_pod_that_cannot_start_reads_the_same_through_the_cache(raw, said):
+    """FracSpawner ends a spawn at once, in words, for an image its registry does not have or
+    refuses, or a server that exits at each restart (hub/progress.py `pod_failure`), reading
+    the pod the hub's watch keeps. Before, the cache kept of a container state only its
+    reason and exit code: no waiting message (which says "not found"), no lastState (exit
+    code, OOMKilled), no image, no init containers; on a real hub a missing image was never
+    recognised (the user waited start_timeout for "Timeout") and a crash loop's words lacked
+    its cause."""
+    from fracspawner.hub.progress import pod_failure
+
+    whole = pod_failure(copy.deepcopy(raw), image="Py")
+    assert whole is not None and whole.startswith(said), whole
+    cache = PodCache([copy.deepcopy(raw)])
+    assert pod_failure(cache[f"jhub/{raw['metadata']['name']}"], image="Py") == whole
+
+
+def test_a_waiting_containers_message_is_kept_bounded():
+    """A kubelet message is short, but the cache keeps no unbounded text of a pod."""
+    raw = _waiting(17, "ErrImagePull", NOT_FOUND + " " + "x" * 100_000)
+    raw["status"]["containerStatuses"][0]["lastState"] = {
+        "terminated": {"exitCode": 1, "reason": "Error", "message": "y" * 100_000}
+    }
+    read = PodCache([raw])["jhub/jupyter-user17"]["status"]["containerStatuses"][0]
+    assert read["state"]["waiting"]["message"].startswith(NOT_FOUND)
+    assert len(read["state"]["waiting"]["message"]) == 1000
+    assert len(read["lastState"]["terminated"]["message"]) == 1000
+
+
+def test_a_running_pod_is_kept_as_before():
+    """What a running pod costs is unchanged: no image, no lastState (of a container that
+    was restarted once and runs now), no message: its shape is the one kept before, so
+    thousands of running pods still share it."""
+    restarted = _pod(18)
+    restarted["status"]["containerStatuses"][0].update(
+        restartCount=1,
+        lastState={"terminated": {"exitCode": 137, "reason": "OOMKilled", "message": "m"}},
+    )
+    restarted["status"]["initContainerStatuses"] = [
+        {"name": "fetch-home", "ready": True, "restartCount": 0, "image": IMAGE_REF,
+         "state": {"terminated": {"exitCode": 0, "reason": "Completed", "message": "done"}}},
+    ]  # fmt: skip
+    cache = PodCache([_pod(3), restarted])
+    ports = ((("name", "notebook-port"), ("containerPort", 8888), ("protocol", "TCP")),)
+    assert cache._pods["jhub/jupyter-user3"].shape == (
+        "Running", "node-3", None, (("notebook", ports),),
+        (("notebook", True, 0, (("running", ()),)),), None, None,
+    )  # fmt: skip
+    status = cache["jhub/jupyter-user18"]["status"]
+    assert status["containerStatuses"] == [
+        {"name": "notebook", "ready": True, "restartCount": 1, "state": {"running": {}}}
+    ]
+    assert "initContainerStatuses" not in status

@@ -18,6 +18,7 @@ from fracspawner.hub import spawner as spawner_module
 from fracspawner.hub.progress import human_step, pod_failure, scheduling_trouble
 from fracspawner.hub.spawner import FracSpawner
 from fracspawner.hub.waiting import WaitingSpawns
+from fracspawner.k8s.podcache import PodCache
 from tests.hub_support import HubUsers, begin_spawn, refusal
 from tests.test_waiting_line import CATALOG
 
@@ -50,14 +51,21 @@ def stamp(seconds_ago: float) -> str:
     return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(time.time() - seconds_ago))
 
 
-async def spawn_with_pod(monkeypatch, admission: str, pod: dict, start_timeout: int = 300):
+async def spawn_with_pod(
+    monkeypatch, admission: str, pod: dict, start_timeout: int = 300, watch: type = dict
+):
     """A spawner admitted for 1/4 GPU on the T4, its pod (`pod`, a dict the test may change)
-    in a stand-in watch, kubespawner's `_start` waiting for ever."""
+    in a stand-in watch, kubespawner's `_start` waiting for ever. `watch`: dict holds the pod
+    whole; PodCache as the hub's pod reflector keeps it (what a real hub reads)."""
     hub = HubUsers({"FracSpawner": {"catalog": CATALOG, "admission": admission}})
     spawner = hub.spawner(hub.user("ann"))
     await begin_spawn(spawner, {"gpu": "1/4", "pool": "t4"})
     pod.setdefault("metadata", {}).setdefault("name", spawner.pod_name)
-    pods = {f"{spawner.namespace}/{spawner.pod_name}": pod}
+    if watch is PodCache:
+        pod["metadata"].setdefault("namespace", spawner.namespace)
+        pods = PodCache([pod])
+    else:
+        pods = {f"{spawner.namespace}/{spawner.pod_name}": pod}
     reflector = types.SimpleNamespace(pods=pods)
     monkeypatch.setattr(FracSpawner, "pod_reflector", property(lambda self: reflector))
 
@@ -93,12 +101,17 @@ NOT_FOUND = (
 )
 
 
+@pytest.mark.parametrize("watch", [dict, PodCache], ids=["whole", "podcache"])
 @pytest.mark.parametrize("admission", ["refuse", "wait"])
-async def test_an_image_not_in_its_registry_ends_the_spawn_at_once_in_words(monkeypatch, admission):
+async def test_an_image_not_in_its_registry_ends_the_spawn_at_once_in_words(
+    monkeypatch, admission, watch
+):
     """Before: the kubelet's back-off went on until start_timeout (5 min in z2jh), the page
     saying "could not be downloaded; retrying" and "Your server could not start: Error:
-    ImagePullBackOff", then "Spawn failed: Timeout"."""
-    spawner = await spawn_with_pod(monkeypatch, admission, pulling("ImagePullBackOff", NOT_FOUND))
+    ImagePullBackOff", then "Spawn failed: Timeout". Through a PodCache (the hub's pod watch)
+    it did so still: the cache kept no waiting message, so "not found" was never read."""
+    pulls = pulling("ImagePullBackOff", NOT_FOUND)
+    spawner = await spawn_with_pod(monkeypatch, admission, pulls, watch=watch)
     image = spawner.choice.image.display_name
     with pytest.raises(HTTPError) as caught:
         await asyncio.wait_for(spawner._start(), timeout=5)
@@ -132,15 +145,19 @@ def test_pull_events_read_as_the_image_not_as_a_failed_server():
 
 
 # ---------------------------------------------------------------- the server exits at once
-async def test_a_server_that_exits_at_once_ends_the_spawn_and_says_what_is_missing(monkeypatch):
+@pytest.mark.parametrize("watch", [dict, PodCache], ids=["whole", "podcache"])
+async def test_a_server_that_exits_at_once_ends_the_spawn_and_says_what_is_missing(
+    monkeypatch, watch
+):
     """Before: "Your server stopped right after starting; Kubernetes is retrying." until
-    start_timeout, then "Spawn failed: Timeout"."""
+    start_timeout, then "Spawn failed: Timeout". Through a PodCache the words had neither the
+    exit code nor what is missing: the cache kept no lastState."""
     pod = pulling("CrashLoopBackOff", "back-off 40s restarting failed container=notebook")
     pod["status"]["phase"] = "Running"
     pod["status"]["containerStatuses"][0]["lastState"] = {
         "terminated": {"exitCode": 127, "reason": "Error"}
     }
-    spawner = await spawn_with_pod(monkeypatch, "refuse", pod)
+    spawner = await spawn_with_pod(monkeypatch, "refuse", pod, watch=watch)
     image = spawner.choice.image.display_name
     with pytest.raises(HTTPError) as caught:
         await asyncio.wait_for(spawner._start(), timeout=5)

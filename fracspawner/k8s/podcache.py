@@ -14,7 +14,14 @@ kubespawner 7.1 reads of `pod_reflector.pods[key]` is little (kubespawner/spawne
 and FracSpawner's queue reads status.phase, spec.nodeName and metadata.creationTimestamp, and,
 while the pod waits for a node, its PodScheduled condition (status, reason, message: what the
 scheduler says, hub/spawner.py `_stuck_words`, `_unschedulable`) and spec.schedulerName where it
-is not the default one (a scheduler that is not running says nothing at all).
+is not the default one (a scheduler that is not running says nothing at all). FracSpawner's
+`_pod_failure` (hub/progress.py `pod_failure`, which ends a spawn at once for an image its
+registry does not have or refuses, or a server that exits at each restart) reads, of each of
+status.initContainerStatuses and .containerStatuses: name, state.waiting.reason and .message
+(the kubelet's "... not found", "401 Unauthorized"), image, and lastState.terminated (exitCode,
+reason such as OOMKilled, message). Those are kept only while the container waits (not for a
+running or ended one), each text cut to `_TEXT_KEPT` characters, and init containers' statuses
+only while one of them waits: a running pod is kept as it was without them.
 
 A `PodCache` keeps only those: per pod one small record (uid, pod IP and creation time as
 integers where they round-trip exactly, and a shared "shape": phase, node, deletion time,
@@ -38,6 +45,11 @@ _TIME_FORMAT = "%Y-%m-%dT%H:%M:%SZ"
 _SHAPES_LIMIT = 16384
 _DEFAULT_SCHEDULER = "default-scheduler"
 _STATE_KEPT = ("exitCode", "reason")  # of a container state: what poll (and a person) reads
+#: of a waiting container: its waiting message, image and last termination (pod_failure)
+_WAITING_KEPT = ("exitCode", "reason", "message")
+#: the most characters kept of a waiting message or a termination's message (a kubelet's are a
+#: few hundred; a container's termination message may be up to 4 kB): bounded per pod
+_TEXT_KEPT = 1000
 
 
 def pod_cache_key(pod: Mapping[str, Any]) -> str:
@@ -114,17 +126,47 @@ def _containers(spec: Mapping[str, Any]) -> tuple:
     return tuple((c.get("name"), _flat(c.get("ports"))) for c in spec.get("containers") or [])
 
 
+def _details(detail: Any, keys: tuple[str, ...]) -> tuple:
+    """Of a container state's details, `keys`, a text cut to _TEXT_KEPT characters."""
+    if not isinstance(detail, Mapping):
+        return ()
+    kept = []
+    for k in keys:
+        if k in detail:
+            value = detail[k]
+            kept.append((k, value[:_TEXT_KEPT] if isinstance(value, str) else value))
+    return tuple(kept)
+
+
+def _status(c: Mapping[str, Any]) -> tuple:
+    """One container's status: (name, ready, restartCount, state), and while it waits also
+    its image and last termination (what pod_failure reads of a pull or a crash loop)."""
+    state_of = c.get("state") or {}
+    state = tuple(
+        (kind, _details(detail, _WAITING_KEPT if kind == "waiting" else _STATE_KEPT))
+        for kind, detail in state_of.items()
+    )
+    kept = (c.get("name"), c.get("ready"), c.get("restartCount"), state)
+    if "waiting" not in state_of:
+        return kept
+    ended = (c.get("lastState") or {}).get("terminated")
+    last = _details(ended, _WAITING_KEPT) if isinstance(ended, Mapping) else None
+    return (*kept, c.get("image"), last)
+
+
 def _statuses(status: Mapping[str, Any]) -> tuple | None:
     if "containerStatuses" not in status:
         return None
-    kept = []
-    for c in status.get("containerStatuses") or []:
-        state = tuple(
-            (kind, tuple((k, detail[k]) for k in _STATE_KEPT if k in (detail or {})))
-            for kind, detail in (c.get("state") or {}).items()
-        )
-        kept.append((c.get("name"), c.get("ready"), c.get("restartCount"), state))
-    return tuple(kept)
+    return tuple(_status(c) for c in status.get("containerStatuses") or [])
+
+
+def _init_statuses(status: Mapping[str, Any]) -> tuple | None:
+    """The init containers' statuses while one of them waits (a pull, a crash loop); None
+    once they all ran (or there are none): a running pod keeps none of them."""
+    found = status.get("initContainerStatuses") or []
+    if not any(isinstance(c, Mapping) and "waiting" in (c.get("state") or {}) for c in found):
+        return None
+    return tuple(_status(c) for c in found if isinstance(c, Mapping))
 
 
 def _scheduled(status: Mapping[str, Any]) -> tuple | None:
@@ -136,10 +178,18 @@ def _scheduled(status: Mapping[str, Any]) -> tuple | None:
     return None
 
 
-def _container_status(name: Any, ready: Any, restarts: Any, state: Any) -> dict[str, Any]:
+def _container_status(
+    name: Any, ready: Any, restarts: Any, state: Any, *waiting: Any
+) -> dict[str, Any]:
     read = {"name": name, "ready": ready, "state": {k: dict(v) for k, v in state}}
     if restarts is not None:
         read["restartCount"] = restarts
+    if waiting:  # a waiting container's image and last termination
+        image, last = waiting
+        if image is not None:
+            read["image"] = image
+        if last is not None:
+            read["lastState"] = {"terminated": dict(last)}
     return read
 
 
@@ -176,6 +226,9 @@ class PodCache(Mapping[str, dict[str, Any]]):
             spec.get("schedulerName") if spec.get("schedulerName") != _DEFAULT_SCHEDULER else None,
             _scheduled(status),
         )
+        inits = _init_statuses(status)
+        if inits is not None:  # appended only then: a running pod's shape is what it was
+            shape = (*shape, inits)
         try:
             shared = self._shapes.get(shape)
         except TypeError:  # an odd, unhashable value: kept, not shared
@@ -199,7 +252,7 @@ class PodCache(Mapping[str, dict[str, Any]]):
     def __getitem__(self, key: str) -> dict[str, Any]:
         kept = self._pods[key]
         namespace, _, name = key.partition("/")
-        phase, node, deleting, containers, statuses, scheduler, scheduled = kept.shape
+        phase, node, deleting, containers, statuses, scheduler, scheduled, *inits = kept.shape
         metadata: dict[str, Any] = {"name": name, "namespace": namespace}
         if kept.uid is not None:
             metadata["uid"] = _unpack_uid(kept.uid)
@@ -219,6 +272,8 @@ class PodCache(Mapping[str, dict[str, Any]]):
         status: dict[str, Any] = {"phase": phase, "podIP": _unpack_ip(kept.ip)}
         if statuses is not None:
             status["containerStatuses"] = [_container_status(*kept) for kept in statuses]
+        if inits:
+            status["initContainerStatuses"] = [_container_status(*kept) for kept in inits[0]]
         if scheduled is not None:
             said = dict(zip(("status", "reason", "message"), scheduled, strict=True))
             status["conditions"] = [{"type": "PodScheduled", **said}]
