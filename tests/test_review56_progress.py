@@ -137,6 +137,19 @@ async def test_a_pull_that_may_pass_on_a_retry_is_not_a_failure(monkeypatch):
     await asyncio.gather(task, return_exceptions=True)
 
 
+def test_docker_hubs_ambiguous_refusal_is_not_called_a_missing_image():
+    """Docker Hub answers a private repository the node may not read as it answers one that does
+    not exist; the words said "it does not exist in its registry" for both."""
+    said = (
+        f'failed to pull and unpack image "docker.io/{IMAGE_REF}:latest": failed to resolve '
+        "reference: pull access denied, repository does not exist or may require authorization: "
+        "server message: insufficient_scope: authorization failed"
+    )
+    words = pod_failure(pulling("ImagePullBackOff", said), image="Py")
+    assert words is not None
+    assert "does not exist in its registry, or the registry refused to send it (no access)" in words
+
+
 def test_pull_events_read_as_the_image_not_as_a_failed_server():
     for message in (f'Failed to pull image "{IMAGE_REF}": not found', "Error: ErrImagePull",
                     "Error: ImagePullBackOff"):  # fmt: skip

@@ -118,6 +118,13 @@ def _is_pull_error(message: str) -> bool:
 #: a failed pull that no retry mends: the image is not there, or the node may not fetch it
 _HOPELESS_PULL = (
     (
+        # Docker Hub answers the same for a repository that does not exist and a private one
+        # the node has no credentials for (containerd: "pull access denied, repository does
+        # not exist or may require authorization"): say both, not the first half
+        re.compile(r"may require authori[sz]ation", re.I),
+        "it does not exist in its registry, or the registry refused to send it (no access)",
+    ),
+    (
         re.compile(r"not found|manifest unknown|does not exist|name unknown", re.I),
         "it does not exist in its registry",
     ),
