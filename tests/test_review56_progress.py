@@ -150,6 +150,23 @@ def test_docker_hubs_ambiguous_refusal_is_not_called_a_missing_image():
     assert "does not exist in its registry, or the registry refused to send it (no access)" in words
 
 
+def test_a_command_missing_from_the_image_under_cri_o_ends_the_spawn():
+    """CRI-O answers a command that is not in the image with CreateContainerError, which the
+    kubelet tries again for ever; it waited until start_timeout ("Timeout")."""
+    said = (
+        'container create failed: exec: "jupyterhub-singleuser": executable file not found in $PATH'
+    )
+    words = pod_failure(pulling("CreateContainerError", said), image="Py")
+    assert words == (
+        "Your server cannot start: a program it runs is missing from the image Py (is "
+        "jupyterhub-singleuser installed?). This is for an administrator to fix: choose another "
+        "image, or tell them."
+    )
+    # a config error (a missing Secret, a ConfigMap key) is another matter: not this
+    for other in ('secret "x" not found', 'error mounting "/data": no such file or directory'):
+        assert pod_failure(pulling("CreateContainerError", other)) is None, other
+
+
 def test_pull_events_read_as_the_image_not_as_a_failed_server():
     for message in (f'Failed to pull image "{IMAGE_REF}": not found', "Error: ErrImagePull",
                     "Error: ImagePullBackOff"):  # fmt: skip

@@ -139,6 +139,14 @@ _HOPELESS_PULL = (
 )
 
 
+#: a container runtime's words for a command that is not in the image
+#: (runc's `exec: "cmd": executable file not found in $PATH`, or `stat /path: no such file or
+#: directory` for a path; quotes escaped where the runtime's log line is quoted again)
+_NO_PROGRAM = re.compile(
+    r'exec: \\?"[^"]*?\\?":\s*(executable file not found|stat [^:]+: no such file or directory)'
+)
+
+
 def _statuses(pod: Mapping[str, Any]) -> list[Mapping[str, Any]]:
     status = pod.get("status") or {}
     found = [*(status.get("initContainerStatuses") or []), *(status.get("containerStatuses") or [])]
@@ -183,6 +191,17 @@ def pod_failure(
             return f"{what} could not be downloaded: {why}. {_FOR_ADMIN}"
         if reason == "CrashLoopBackOff":
             return _crash_words(status, image, main=name == main)
+        if reason in ("CreateContainerError", "RunContainerError") and _NO_PROGRAM.search(message):
+            # CRI-O refuses to create a container whose command is not in the image (containerd
+            # starts it and it ends with StartError, exit 128: a crash loop, above); the kubelet
+            # tries again for ever and the image does not change
+            who = "Your server" if name == main else f"Your server's {name!r} container"
+            named = f"the image {image}" if image and name == main else "its image"
+            return (
+                f"{who} cannot start: a program it runs is missing from {named}"
+                + (" (is jupyterhub-singleuser installed?)" if name == main else "")
+                + f". {_FOR_ADMIN}"
+            )
     return None
 
 
