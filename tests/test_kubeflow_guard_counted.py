@@ -62,6 +62,8 @@ NAMESPACE = "counted-steps"
 TOPOLOGY = {"nodes": [{"name": "cpu-1", "capacity": {"cpu": "8", "memory": "32Gi"}}]}
 #: what a counted pod's guard refuses with (admission._guard_refusal)
 REFUSED = "of a GPU pod cannot be changed or removed"
+#: the scheduler name runai_catalog's KAI pool gives its pods (pool option scheduler_name)
+KAI_RENAMED = "kai-prod"
 
 
 def runai_catalog() -> dict[str, Any]:
@@ -69,6 +71,8 @@ def runai_catalog() -> dict[str, Any]:
     data = yaml.safe_load((REPO / "examples" / "catalogs" / "runai.yaml").read_text())
     data["access"] = {"default": {"pools": "all", "max_gpu": 0.5}}
     data["kubeflow"] = {"pools": "all"}
+    # a KAI installation named otherwise (KAI's global.schedulerName): the pool's plans name it
+    data["pools"]["l40s-kai"]["options"]["scheduler_name"] = KAI_RENAMED
     return data
 
 
@@ -270,6 +274,26 @@ def test_a_gpu_less_step_for_a_fraction_scheduler_is_marked_without_the_api_serv
     assert cluster.calls == []
 
 
+def test_a_gpu_less_step_for_the_catalogs_own_kai_scheduler_name_is_marked(catalog_file):
+    """A KAI or Run:ai pool of the catalog may name its scheduler otherwise (pool option
+    scheduler_name: KAI's global.schedulerName is configurable): a pod naming that scheduler is
+    sized from its annotations when it is placed, as one naming kai-scheduler is, so one
+    created asking no GPU is marked, and a gpu-fraction added later is refused."""
+    hook, cluster = unreachable(catalog_file)
+    assert hook.catalog.pools["l40s-kai"].options["scheduler_name"] == KAI_RENAMED
+    step = for_kai(other_pod(NAMESPACE, "train-x7k2p-9", {}), KAI_RENAMED)
+    got = answer(hook, admission_review(step))
+    assert allowed(got), got
+    created = patched(step, got["response"])
+    assert created["metadata"]["labels"] == {**step["metadata"]["labels"], COUNTED: "true"}
+    raised = copy.deepcopy(created)
+    raise_fraction(raised)
+    got = answer(hook, admission_review(raised, operation="UPDATE", old=created))
+    assert not allowed(got)
+    assert message(got).startswith(f"the annotation gpu-fraction {REFUSED}"), message(got)
+    assert cluster.calls == []
+
+
 def test_a_gpu_less_step_for_the_default_scheduler_is_left_as_it_was(catalog_file):
     """The default scheduler never reads `gpu-fraction`, and a pod's schedulerName cannot
     change: nothing to mark, no patch at all."""
@@ -429,10 +453,12 @@ def test_a_pending_gpu_less_kai_pod_cannot_be_given_a_fraction(api):
     through the notebook webhook)."""
     step = for_kai(other_pod(NAMESPACE, "train-x7k2p-8", {}))
     notebook = for_kai(notebook_pod(NAMESPACE, "kai-nb"))
+    # the catalog's KAI pool names its scheduler kai-prod: a pod naming it likewise
+    renamed = for_kai(other_pod(NAMESPACE, "train-x7k2p-10", {}), KAI_RENAMED)
     merge = "application/merge-patch+json"
     paths = []
     try:
-        for pod in (step, notebook):
+        for pod in (step, notebook, renamed):
             status, created = create_pod(api, pod)
             assert status == 201, created
             path = f"/api/v1/namespaces/{NAMESPACE}/pods/{pod['metadata']['name']}"

@@ -427,13 +427,31 @@ FRACTION_SCHEDULERS = frozenset({"kai-scheduler", "runai-scheduler"})
 FRACTION_CONTAINER_ANNOTATION = "gpu-fraction-container-name"
 
 
-def sized_when_scheduled(pod: Mapping[str, Any]) -> bool:
+def sized_when_scheduled(pod: Mapping[str, Any], catalog: Catalog | None = None) -> bool:
     """Whether the pod's scheduler reads its GPU ask from the pod's annotations when it places
-    it: KAI's and Run:ai's (FRACTION_SCHEDULERS) read `gpu-fraction`/`gpu-memory` (ASK_ANNOTATIONS)
-    then, and annotations stay mutable, so a pod of theirs created asking no GPU could be given
-    one while it is Pending. A pod's schedulerName cannot change (pod update validation), so a
-    pod of any other scheduler never can."""
-    return (pod.get("spec") or {}).get("schedulerName") in FRACTION_SCHEDULERS
+    it: KAI's and Run:ai's (FRACTION_SCHEDULERS, and the name a Run:ai or KAI pool of `catalog`
+    gives its scheduler: pool option scheduler_name, as KAI's global.schedulerName may be set)
+    read `gpu-fraction`/`gpu-memory` (ASK_ANNOTATIONS) then, and annotations stay mutable, so a
+    pod of theirs created asking no GPU could be given one while it is Pending. A pod's
+    schedulerName cannot change (pod update validation), so a pod of any other scheduler never
+    can."""
+    name = (pod.get("spec") or {}).get("schedulerName")
+    if name in FRACTION_SCHEDULERS:
+        return True
+    return catalog is not None and name is not None and name in _fraction_schedulers(catalog)
+
+
+def _fraction_schedulers(catalog: Catalog) -> frozenset[str]:
+    """The scheduler names the catalog's Run:ai and KAI pools (backends.runai) give their pods."""
+    from ..backends import get_backend
+    from ..backends.runai import RunaiBackend
+
+    names = set()
+    for pool in catalog.pools.values():
+        scheduler = (pool.options or {}).get("scheduler_name")
+        if scheduler and isinstance(get_backend(pool.backend), RunaiBackend):
+            names.add(str(scheduler))
+    return frozenset(names)
 
 
 def _holds_gpu_fraction(pod: Mapping[str, Any], container: Mapping[str, Any]) -> bool:

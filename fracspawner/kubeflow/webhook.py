@@ -231,7 +231,7 @@ class Webhook:
         if not (slice_ask(pod, self.catalog, AccessRule()) if notebook else other_gpu):
             if notebook:
                 refuse_visible_gpus(pod, ns)
-            if sized_when_scheduled(pod) and LABEL_POOL not in (
+            if sized_when_scheduled(pod, self.catalog) and LABEL_POOL not in (
                 (pod.get("metadata") or {}).get("labels") or {}
             ):
                 # KAI/Run:ai size it from its annotations when they schedule it: counted as 0,
