@@ -208,6 +208,52 @@ def test_the_webhook_refuses_raising_a_counted_steps_fraction(catalog_file):
     assert message(got).startswith(f"the annotation gpu-fraction {REFUSED}"), message(got)
 
 
+# ---------------------------------------------- tolerations added later (Kueue's release)
+def tainted_catalog(folder: Path) -> Path:
+    """h100 (HAMi, untainted), which every namespace may use, and t4 (time-sliced, tainted
+    nvidia.com/gpu), which none may."""
+    data = yaml.safe_load((REPO / "examples" / "kubeflow" / "catalog.yaml").read_text())
+    data["pools"] = {name: data["pools"][name] for name in ("h100", "t4")}
+    data["access"] = {"default": {"pools": ["h100"], "max_gpu": 2}}
+    data["kubeflow"] = {"pools": "all"}
+    path = folder / "tainted.yaml"
+    path.write_text(yaml.safe_dump(data))
+    return path
+
+
+def gpu_step() -> dict[str, Any]:
+    """A step asking for nvidia.com/gpu with no node selector: it can land on h100's nodes, not
+    on t4's, whose taint it does not tolerate."""
+    return other_pod(NAMESPACE, "train-x7k2p-5", {"limits": {"nvidia.com/gpu": "1"}})
+
+
+@pytest.mark.parametrize("mode", ["notebooks", "all-pods"])
+def test_a_counted_steps_new_tolerations_are_checked_as_its_first_were(tmp_path, mode):
+    """Kueue admits a gated pod by adding its ResourceFlavor's tolerations (an UPDATE): refused
+    outright, a Kueue-managed GPU step stayed gated for ever. Under --enforce-pool-access
+    all-pods the new tolerations may not reach a pool the namespace may not use (as at CREATE);
+    under notebooks its pools are not checked at all, so neither are they now."""
+    hook = webhook(tainted_catalog(tmp_path), enforce_pool_access=mode)
+    step = gpu_step()
+    got = answer(hook, admission_review(step))
+    assert allowed(got), got
+    created = patched(step, got["response"])
+    assert created["metadata"]["labels"][COUNTED] == "true"
+    flavor = copy.deepcopy(created)
+    flavor["spec"]["tolerations"] = [
+        {"key": "kueue.x-k8s.io/flavor", "operator": "Exists", "effect": "NoSchedule"}
+    ]
+    assert allowed(answer(hook, admission_review(flavor, operation="UPDATE", old=created)))
+    t4 = copy.deepcopy(created)
+    t4["spec"]["tolerations"] = [{"key": "nvidia.com/gpu", "operator": "Exists"}]
+    got = answer(hook, admission_review(t4, operation="UPDATE", old=created))
+    if mode == "notebooks":
+        assert allowed(got)
+    else:
+        assert not allowed(got)
+        assert "t4" in message(got), message(got)
+
+
 # ------------------------------------------------- pods asking no GPU, for KAI or Run:ai
 class UnreachableCluster(FakeCluster):
     """A cluster the webhook must not read: every call is recorded and fails (a pod asking
@@ -261,16 +307,16 @@ def test_a_gpu_less_step_for_a_fraction_scheduler_is_marked_without_the_api_serv
     assert created["metadata"]["annotations"] == step["metadata"]["annotations"]
     assert created["spec"] == step["spec"]
     assert skipped(hook) == 1
-    # and the guard keeps it GPU-less: neither an ask nor a toleration can be added
-    for change, what in (
-        (raise_fraction, "annotation gpu-fraction"),
-        (tolerate_everything, "tolerations"),
-    ):
-        changed = copy.deepcopy(created)
-        change(changed)
-        got = answer(hook, admission_review(changed, operation="UPDATE", old=created))
-        assert not allowed(got)
-        assert message(got).startswith(f"the {what} {REFUSED}"), message(got)
+    # and the guard keeps it GPU-less: no ask can be added. A toleration can (Kueue adds its
+    # flavor's): under the default --enforce-pool-access notebooks its pools are not checked
+    raised = copy.deepcopy(created)
+    raise_fraction(raised)
+    got = answer(hook, admission_review(raised, operation="UPDATE", old=created))
+    assert not allowed(got)
+    assert message(got).startswith(f"the annotation gpu-fraction {REFUSED}"), message(got)
+    tolerant = copy.deepcopy(created)
+    tolerate_everything(tolerant)
+    assert allowed(answer(hook, admission_review(tolerant, operation="UPDATE", old=created)))
     assert cluster.calls == []
 
 
@@ -415,7 +461,8 @@ def api(devcluster, catalog_file, tmp_path_factory):
 def test_a_pending_steps_fraction_cannot_be_raised_past_the_quota(api):
     """The step is counted at 0.25 of the namespace's 0.5 GPU; raising its annotation to a
     whole GPU while it waits to be scheduled is refused with the guard's words, as adding a
-    toleration and removing the mark are; its own labels still change."""
+    removing the mark is; its own labels and, under the webhook's default --enforce-pool-access
+    notebooks (its pools unchecked), its tolerations still change (Kueue adds its flavor's)."""
     step = fraction_step()
     step["spec"]["schedulerName"] = "not-served"  # stays Pending: admission is under test
     status, created = create_pod(api, step)
@@ -429,19 +476,22 @@ def test_a_pending_steps_fraction_cannot_be_raised_past_the_quota(api):
     try:
         for change in (
             {"metadata": {"annotations": {"gpu-fraction": "1"}}},
-            {"spec": {"tolerations": tolerations}},
             {"metadata": {"labels": {COUNTED: None}}},
         ):
             status, body = api.request("PATCH", path, change, merge)
             words = denied(body, COUNTED_GUARD)
             assert status == 403 and words and REFUSED in words, (change, status, body)
-        status, body = api.request("PATCH", path, {"metadata": {"labels": {"mine": "x"}}}, merge)
-        assert status == 200, body
+        for change in (
+            {"metadata": {"labels": {"mine": "x"}}},
+            {"spec": {"tolerations": tolerations}},
+        ):
+            status, body = api.request("PATCH", path, change, merge)
+            assert status == 200, (change, body)
         assert created["metadata"]["labels"][COUNTED] == "true", created["metadata"]
         stored = api.get(path)
         assert stored["metadata"]["annotations"]["gpu-fraction"] == "0.25"
         assert stored["metadata"]["labels"][COUNTED] == "true"
-        assert everything not in (stored["spec"].get("tolerations") or [])
+        assert everything in (stored["spec"].get("tolerations") or [])
     finally:
         api.request("DELETE", path)
 

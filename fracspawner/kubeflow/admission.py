@@ -659,21 +659,31 @@ def _guard_refusal(what: str) -> Refusal:
     )
 
 
-def _guard_placement(old: Mapping[str, Any], new: Mapping[str, Any]) -> None:
+def _guard_placement(
+    old: Mapping[str, Any], new: Mapping[str, Any], *, tolerations: bool = True
+) -> None:
     """Refuse changing what a scheduler reads from an admitted GPU pod to size and place it:
-    the backend ask annotations and labels, and the tolerations."""
+    the backend ask annotations and labels, and (`tolerations`) the tolerations."""
     for field_, keys in (("labels", ASK_LABELS), ("annotations", ASK_ANNOTATIONS)):
         before = old.get("metadata", {}).get(field_) or {}
         after = new.get("metadata", {}).get(field_) or {}
         for key in keys:
             if before.get(key) != after.get(key):
                 raise _guard_refusal(f"{field_[:-1]} {key}")
-    if (old.get("spec") or {}).get("tolerations") != (new.get("spec") or {}).get("tolerations"):
+    if tolerations and tolerations_changed(old, new):
         raise _guard_refusal("tolerations")
 
 
+def tolerations_changed(old: Mapping[str, Any], new: Mapping[str, Any]) -> bool:
+    return (old.get("spec") or {}).get("tolerations") != (new.get("spec") or {}).get("tolerations")
+
+
 def guard_update(
-    old: Mapping[str, Any], new: Mapping[str, Any], catalog: Catalog | None = None
+    old: Mapping[str, Any],
+    new: Mapping[str, Any],
+    catalog: Catalog | None = None,
+    *,
+    counted_tolerations: bool = True,
 ) -> None:
     """Refuse changing the slice labels or quota annotations of an admitted pod: the namespace's
     quota is counted from them. On a slice pod (one carrying fracspawner.io/pool, which the
@@ -702,7 +712,9 @@ def guard_update(
         raise _guard_refusal(f"label {COUNTED_LABEL}")
     if pool is None and not counted:
         return
-    _guard_placement(old, new)
+    # a counted pod's tolerations are what its pool access was checked by, where it was
+    # (`counted_tolerations` False: the caller checks the new ones itself, or none were)
+    _guard_placement(old, new, tolerations=pool is not None or counted_tolerations)
     if catalog is not None and pool is not None and pool in catalog.pools:
         placement = pool_placement(catalog, str(pool))
         images = {
@@ -742,4 +754,5 @@ __all__ = [
     "response",
     "slice_ask",
     "target_container",
+    "tolerations_changed",
 ]

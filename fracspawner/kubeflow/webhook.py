@@ -53,6 +53,7 @@ from .admission import (
     refuse_visible_gpus,
     response,
     slice_ask,
+    tolerations_changed,
 )
 from .callers import DEFAULT_TRUSTED, PodAddresses, SourceStandings
 from .claims import DraGate, is_claim_review, review_claim
@@ -165,7 +166,10 @@ class Webhook:
         try:
             if review.operation == "UPDATE":
                 assert review.old_pod is not None
-                guard_update(review.old_pod, review.pod, self.catalog)
+                # Kueue releases a gated pod with its ResourceFlavor's tolerations (an UPDATE):
+                # a counted pod's new tolerations are checked as its first were, not refused
+                guard_update(review.old_pod, review.pod, self.catalog, counted_tolerations=False)
+                await self._recheck_pool_access(review)
                 # kubectl debug: pods/ephemeralcontainers, the whole pod with the new container
                 check_ephemeral(review.old_pod, review.pod, review.namespace)
                 patch = []
@@ -211,6 +215,26 @@ class Webhook:
         label = result if patch or unchanged is None else unchanged
         answer = response(review.uid, patch=patch, warnings=warnings)
         return self._count(review, answer, label)
+
+    async def _recheck_pool_access(self, review: Review) -> None:
+        """A counted pod that is no notebook whose tolerations change (Kueue admitting a gated
+        pod adds its flavor's): under `--enforce-pool-access all-pods` every pool the pod can
+        now reach must be one its namespace may use, as at CREATE (check_pool_access); under
+        "notebooks" its pools were never checked, and its count does not read tolerations."""
+        old, pod = review.old_pod or {}, review.pod
+        labels = (old.get("metadata") or {}).get("labels") or {}
+        if (
+            self.enforce_pool_access != "all-pods"
+            or LABEL_POOL in labels
+            or COUNTED_LABEL not in labels
+            or not tolerations_changed(old, pod)
+            or notebook_kind(pod) is not None
+        ):
+            return
+        ns = review.namespace
+        ns_labels, annotations = await self._read(self.cluster.namespace(ns))
+        rule = namespace_rule(self.catalog, ns, ns_labels, annotations)
+        check_pool_access(pod, catalog=self.catalog, rule=rule, namespace=ns)
 
     async def _create(self, review: Review, source: str = "") -> dict[str, Any]:
         ns = review.namespace
