@@ -30,6 +30,8 @@ c.KubeSpawner.slow_spawn_message_threshold = 2
 # the grace a node that has just joined has to register its GPUs (60 s): shorter here
 import fracspawner.hub.spawner as _fs_spawner
 _fs_spawner.SCHEDULER_GRACE_S = 4
+# and the one a node's GPUs have after it became Ready (10 min): the node is seconds old
+_fs_spawner.NODE_GPU_GRACE_S = 4
 """
 SAID = "None of the nodes of T4 16GB (time-sliced) offers a GPU to Kubernetes now"
 

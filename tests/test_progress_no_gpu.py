@@ -17,6 +17,7 @@ from __future__ import annotations
 import asyncio
 import copy
 import dataclasses
+import time
 
 import pytest
 
@@ -26,7 +27,7 @@ from fracspawner.hub import spawner as spawner_module
 from fracspawner.hub.progress import gpus_unoffered
 from fracspawner.hub.waiting import WaitingSpawns
 from tests.test_admission import NODES, pod
-from tests.test_review56_progress import progress_of, spawn_with_pod, unschedulable
+from tests.test_review56_progress import progress_of, spawn_with_pod, stamp, unschedulable
 from tests.test_waiting_line import CATALOG, FULL_T4, FullPool
 
 T4 = "1/4 GPU on t4"
@@ -91,7 +92,7 @@ def test_the_counts_tell_a_pool_without_gpus_from_a_full_one():
 def test_the_words():
     assert gpus_unoffered("1/4 GPU", "T4 16GB", waited=None) == (
         "Waiting for your 1/4 GPU on T4 16GB: none of the pool's nodes offers a GPU to "
-        "Kubernetes yet (a node that has just started registers its GPUs within a minute or so)."
+        "Kubernetes yet (a node that has just started registers its GPUs within minutes)."
     )
     assert gpus_unoffered("1/4 GPU", "T4 16GB", waited="2 minutes") == (
         "None of the nodes of T4 16GB offers a GPU to Kubernetes now, so your 1/4 GPU cannot be "
@@ -169,3 +170,77 @@ def test_no_node_of_the_pool_is_not_read_as_a_missing_plugin():
     this case."""
     capacity = compute_capacity(CATALOG_LOADED, [], [pod("x", None, {})])
     assert not capacity.get("t4", "1/4").unpublished
+
+
+# ------------------------------------------------- a pool with no node, or one on its way
+def plain_wait(said: str) -> bool:
+    return said.startswith(f"Waiting for a free {T4}") and "; it starts by itself" in said
+
+
+def t4_node_ready(gpus: str | None, *, ready: bool = True, since: float | None = None) -> dict:
+    """`t4_node(gpus)`, its Ready condition `ready`, turned so `since` seconds ago."""
+    node = t4_node(gpus)
+    condition = {"type": "Ready", "status": "True" if ready else "False"}
+    if since is not None:
+        condition["lastTransitionTime"] = stamp(since)
+    node["status"]["conditions"] = [condition]
+    return node
+
+
+#: nodes the cluster has, none of them the T4 pool's: an autoscaled pool scaled to zero
+NO_T4_NODE = compute_capacity(CATALOG_LOADED, [NODES[1]], [])
+#: the autoscaler's new node has joined, not Ready yet, its GPUs not registered
+T4_JOINING = compute_capacity(CATALOG_LOADED, [NODES[1], t4_node_ready(None, ready=False)], [])
+#: Ready 2 minutes ago: the GPU driver installs and the device plugin registers after that
+T4_JUST_READY = compute_capacity(CATALOG_LOADED, [t4_node_ready(None, since=120)], [])
+#: Ready for an hour and still no GPU: the plugin is not running
+T4_READY_LONG = compute_capacity(CATALOG_LOADED, [t4_node_ready(None, since=3600)], [])
+
+
+def test_the_counts_tell_a_pool_without_nodes_from_one_whose_nodes_offer_none():
+    """A pool with no ready node counts 0 of 0, as one whose plugin is gone: only the second
+    is `unoffered_since`, with the time its newest node became Ready."""
+    for snapshot in (NO_T4_NODE, T4_JOINING):
+        counts = snapshot.get("t4", "1/4")
+        assert (counts.total, counts.unoffered_since) == (0, None), counts
+    assert abs(T4_READY_LONG.get("t4", "1/4").unoffered_since - (time.time() - 3600)) < 5
+    assert PLUGIN_GONE.get("t4", "1/4").unoffered_since == 0.0  # no Ready time: long ago
+    assert FULL_T4.get("t4", "1/4").unoffered_since is None
+
+
+@pytest.mark.parametrize("snapshot", [NO_T4_NODE, T4_JOINING], ids=["no node", "not ready"])
+async def test_a_pool_with_no_ready_node_keeps_the_plain_wait(monkeypatch, snapshot):
+    """An autoscaled GPU pool at zero nodes (z2jh on GKE, EKS, AKS): the pending pod makes
+    the cluster autoscaler add one. Before: after the grace "None of the nodes of t4 offers a
+    GPU to Kubernetes now, ... This does not change by itself" and out of line."""
+    spawner = await pending(monkeypatch, snapshot, age=OLD)
+    (said,) = await progress_of(spawner, [failed_scheduling()])
+    assert plain_wait(said), said
+    assert spawner._stuck_words() is None and spawner._in_line()
+
+
+async def test_a_node_ready_minutes_ago_still_registers_its_gpus(monkeypatch):
+    """A node the autoscaler added minutes after the pod was made: its GPU driver and device
+    plugin come up minutes after it is Ready, so the grace runs from the node, not the pod."""
+    spawner = await pending(monkeypatch, T4_JUST_READY, age=OLD + 300)
+    (said,) = await progress_of(spawner, [failed_scheduling()])
+    assert said == gpus_unoffered("1/4 GPU", "t4", waited=None), said
+    assert spawner._stuck_words() is None and spawner._in_line()
+
+
+async def test_a_node_ready_long_ago_without_gpus_says_so(monkeypatch):
+    spawner = await pending(monkeypatch, T4_READY_LONG, age=OLD)
+    words = gpus_unoffered("1/4 GPU", "t4", waited="1 minute")
+    assert await progress_of(spawner, [failed_scheduling()]) == [words]
+    assert not spawner._in_line()
+
+
+async def test_a_ready_node_without_gpus_and_one_joining_is_a_wait(monkeypatch):
+    """One node of the pool publishes no GPU, another is on its way: that may change."""
+    joining = t4_node_ready("4", ready=False)
+    joining["metadata"]["name"] = "t4-new"
+    snapshot = compute_capacity(CATALOG_LOADED, [t4_node_ready(None, since=3600), joining], [])
+    spawner = await pending(monkeypatch, snapshot, age=OLD)
+    (said,) = await progress_of(spawner, [failed_scheduling()])
+    assert plain_wait(said), said
+    assert spawner._stuck_words() is None and spawner._in_line()

@@ -46,6 +46,12 @@ class OfferCapacity:
     #: allocatable, HAMi's registration, DRA ResourceSlices): the device plugin or DRA driver
     #: is not running there. Free and total are then unknown, but no GPU can be had
     unpublished: bool = False
+    #: set where ready nodes serve it and none offers a unit (total 0, or `unpublished`), and
+    #: no other node of the pool is on its way (joined, not Ready yet): the Unix time the
+    #: newest of those nodes became Ready (0.0: unknown), as a node's GPUs register minutes
+    #: after (driver, device plugin). None elsewhere: no node at all serves it (an autoscaled
+    #: pool at zero: the autoscaler adds one for a pending pod), or the counts say otherwise
+    unoffered_since: float | None = None
 
 
 UNKNOWN = OfferCapacity(None, None)

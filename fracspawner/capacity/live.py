@@ -13,6 +13,7 @@ Pure: no I/O. The watches (`watch.py`) feed it; `compute_capacity` feeds it one 
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass
@@ -377,6 +378,21 @@ class LiveCapacity:
             )
             return None
 
+    def _unoffered(self, offer: _Offer, result: OfferCapacity) -> OfferCapacity:
+        """`result`, its `unoffered_since` set unless a node of the pool is not Ready (one
+        the autoscaler has just added, or one restarting: it may come with GPUs; its taints
+        are not read, as a node not Ready is tainted so). Scans the nodes, but only for an
+        offer none of whose ready nodes offers a unit."""
+        newest = 0.0
+        for node in self.index.nodes():
+            if not selector_matches(node.labels, offer.selector):
+                continue
+            if not node.ready:
+                return result
+            if tolerates_all(node.taints, offer.tolerations):
+                newest = max(newest, node.ready_since or 0.0)
+        return dataclasses.replace(result, unoffered_since=newest)
+
     def _build(self) -> Capacity:
         pools: dict[str, dict[str, OfferCapacity]] = {name: {} for name in self.catalog.pools}
         nodes = self.index.node_count
@@ -390,6 +406,8 @@ class LiveCapacity:
             else:
                 assert offer.counter is not None
                 result = offer.counter.result(tally)
+                if result.total == 0 or result.unpublished:
+                    result = self._unoffered(offer, result)
             pools[offer.pool][offer.spec] = result
         return Capacity(
             pools=MappingProxyType({k: MappingProxyType(v) for k, v in pools.items()}),

@@ -336,8 +336,7 @@ def gpus_unoffered(offer: str, pool: str, *, dra: bool = False, waited: str | No
     if waited is None:
         return (
             f"Waiting for your {offer} on {pool}: none of the pool's nodes offers a GPU to "
-            "Kubernetes yet (a node that has just started registers its GPUs within a minute "
-            "or so)."
+            "Kubernetes yet (a node that has just started registers its GPUs within minutes)."
         )
     fix = (
         "the DRA driver on the pool's nodes is not running, or publishes none of the pool's "

@@ -99,6 +99,11 @@ _FORM_REFUSALS: dict[str, tuple[str, float]] = {}
 _REFUSAL_FORM_S = 15.0
 #: how long a pod may wait for its scheduler's first look before the user is told it has none
 SCHEDULER_GRACE_S = 60.0
+#: how long after a node became Ready its GPUs may still be missing from Kubernetes: the GPU
+#: driver installs and the device plugin registers then (GKE's driver installer, the GPU
+#: Operator's driver container: minutes), before a pool none of whose nodes offers one is
+#: said to stay so
+NODE_GPU_GRACE_S = 600.0
 #: under admission "refuse": how much later than `_start`'s own start_timeout JupyterHub's
 #: fires, so the spawn ends with fracspawner's words, not JupyterHub's bare "Timeout"
 _TIMEOUT_MARGIN_S = 10
@@ -1130,8 +1135,9 @@ class FracSpawner(KubeSpawner):
             c = conditions[0]
             if c.get("status") == "False" and c.get("reason") == "Unschedulable":
                 trouble = scheduling_trouble(str(c.get("message") or ""))
-                if trouble is None and self._gpus_unoffered():
-                    return self._unoffered_words(pod)  # None within the grace
+                since = self._gpus_unoffered() if trouble is None else None
+                if since is not None:
+                    return self._unoffered_words(pod, since)  # None within the grace
                 return trouble
             return None
         age = _pod_age(pod)
@@ -1140,32 +1146,36 @@ class FracSpawner(KubeSpawner):
         scheduler = (pod.get("spec") or {}).get("schedulerName") or "default-scheduler"
         return scheduler_absent(scheduler, _duration(age))
 
-    def _gpus_unoffered(self) -> bool:
-        """The pod watch, live and listed, says no node of the chosen pool offers a GPU to
-        Kubernetes for this offer: its total is 0 (the kubelet keeps a device plugin's resource
-        at 0 once the plugin is gone), or ready nodes serve it and none publishes what it is
-        counted from (a plugin that never registered). False where the counts cannot tell (no
-        watch, a stale one): unknown is never read as none."""
+    def _gpus_unoffered(self) -> float | None:
+        """The pod watch, live and listed, says ready nodes serve the chosen pool and none
+        offers a unit of this offer to Kubernetes: its total is 0 (the kubelet keeps a device
+        plugin's resource at 0 once the plugin is gone), or none publishes what it is counted
+        from (a plugin that never registered), and no node of the pool is on its way
+        (`OfferCapacity.unoffered_since`, returned: when the newest of them became Ready).
+        None where no node serves the pool (an autoscaled pool at zero: the pending pod makes
+        the autoscaler add one) or the counts cannot tell (no watch, a stale one): unknown is
+        never read as none."""
         choice = self.choice
         if choice is None or choice.pool is None:
-            return False
+            return None
         try:
             watcher = self._capacity_watcher()
             capacity = watcher.snapshot() if watcher is not None else None
         except Exception:  # counts are a nicety; never break progress over them
-            return False
+            return None
         if not watch_usable(capacity):
-            return False
+            return None
         counts = capacity.get(choice.pool.name, str(choice.offer or choice.slice))
-        return counts.total == 0 or counts.unpublished
+        return counts.unoffered_since
 
-    def _unoffered_words(self, pod: Mapping[str, Any] | None) -> str | None:
-        """`gpus_unoffered`'s words once the pod has waited SCHEDULER_GRACE_S (a device plugin
-        registering a few seconds after its node joined is normal); None before."""
+    def _unoffered_words(self, pod: Mapping[str, Any] | None, since: float) -> str | None:
+        """`gpus_unoffered`'s words once the pod has waited SCHEDULER_GRACE_S and the pool's
+        newest node has been Ready NODE_GPU_GRACE_S (`since`: when it became so; its GPUs
+        register minutes after); None before."""
         choice = self.choice
         assert choice is not None and choice.pool is not None
         age = _pod_age(pod) if pod is not None else None
-        if age is None or age < SCHEDULER_GRACE_S:
+        if age is None or age < SCHEDULER_GRACE_S or time.time() - since < NODE_GPU_GRACE_S:
             return None
         return gpus_unoffered(
             describe_offer(choice.offer or choice.slice),
@@ -1430,9 +1440,10 @@ class FracSpawner(KubeSpawner):
         choice = self.choice
         assert choice is not None and choice.pool is not None
         offer = choice.offer or choice.slice
-        if self._gpus_unoffered():  # not a GPU that is taken: none is offered at all
+        since = self._gpus_unoffered()
+        if since is not None:  # not a GPU that is taken: none is offered at all
             pod = self._queued_pod()
-            return self._unoffered_words(pod) or gpus_unoffered(
+            return self._unoffered_words(pod, since) or gpus_unoffered(
                 describe_offer(offer), choice.pool.display_name
             )
         words = f"Waiting for a free {describe_offer(offer)} on {choice.pool.display_name}"

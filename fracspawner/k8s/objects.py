@@ -161,6 +161,19 @@ def is_ready(node: Mapping[str, Any]) -> bool:
     return False
 
 
+def ready_since(node: Mapping[str, Any]) -> float | None:
+    """Unix seconds of the node's last Ready transition (its creationTimestamp where the
+    condition has no time); None when neither is readable."""
+    for cond in (node.get("status") or {}).get("conditions") or []:
+        if cond.get("type") == "Ready" and cond.get("lastTransitionTime"):
+            try:
+                raw = str(cond["lastTransitionTime"]).replace("Z", "+00:00")
+                return datetime.fromisoformat(raw).timestamp()
+            except ValueError:
+                break
+    return created_at(node)
+
+
 def selector_matches(node_labels: Mapping[str, str], selector: Mapping[str, Any]) -> bool:
     return all(node_labels.get(k) == str(v) for k, v in selector.items())
 

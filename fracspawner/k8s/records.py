@@ -26,6 +26,7 @@ from .objects import (
     labels,
     meta,
     quantity,
+    ready_since,
 )
 
 __all__ = ["NodeRecord", "PodRecord", "RecordKeys", "node_record", "pod_key", "pod_record"]
@@ -112,6 +113,8 @@ class NodeRecord:
     #: NoSchedule/NoExecute taints as {key, value, effect}
     taints: tuple[Mapping[str, str], ...]
     ready: bool
+    #: Unix seconds of its last Ready transition (else its creation; None: unknown)
+    ready_since: float | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -162,6 +165,7 @@ def node_record(node: Mapping[str, Any], keys: RecordKeys) -> NodeRecord:
         allocatable=_intern(alloc) if alloc else _EMPTY,
         taints=taints,
         ready=is_ready(node),
+        ready_since=ready_since(node),
     )
 
 
