@@ -18,6 +18,7 @@ import asyncio
 import copy
 import dataclasses
 import time
+import types
 
 import pytest
 
@@ -25,12 +26,15 @@ from fracspawner.backends import load_catalog
 from fracspawner.capacity import compute_capacity
 from fracspawner.hub import spawner as spawner_module
 from fracspawner.hub.progress import gpus_unoffered
+from fracspawner.hub.spawner import FracSpawner
 from fracspawner.hub.waiting import WaitingSpawns
+from tests.hub_support import HubUsers, begin_spawn
 from tests.test_admission import NODES, pod
 from tests.test_review56_progress import progress_of, spawn_with_pod, stamp, unschedulable
 from tests.test_waiting_line import CATALOG, FULL_T4, FullPool
 
 T4 = "1/4 GPU on t4"
+GPU = "nvidia.com/gpu"  # the T4 pool is time-sliced: the resource is named
 INSUFFICIENT = (
     "0/1 nodes are available: 1 Insufficient nvidia.com/gpu. preemption: 0/1 nodes are "
     "available: 1 No preemption victims found for incoming pod."
@@ -111,7 +115,7 @@ async def test_a_pool_whose_nodes_offer_no_gpu_says_so_and_leaves_the_line(monke
     spawner = await pending(monkeypatch, snapshot, age=OLD)
     (said,) = await progress_of(spawner, [failed_scheduling()])
     assert "starts by itself" not in said, said
-    words = gpus_unoffered("1/4 GPU", "t4", waited="1 minute")
+    words = gpus_unoffered("1/4 GPU", "t4", resource=GPU, waited="1 minute")
     assert await progress_of(spawner, [failed_scheduling()]) == [words]
     assert spawner._stuck_words() == words
     assert not spawner._in_line()
@@ -124,7 +128,7 @@ async def test_within_the_grace_it_waits_and_does_not_promise(monkeypatch, snaps
     spawner = await pending(monkeypatch, snapshot, age=5)
     said = await progress_of(spawner, [failed_scheduling()])
     assert "starts by itself" not in said[0], said
-    assert said == [gpus_unoffered("1/4 GPU", "t4", waited=None)]
+    assert said == [gpus_unoffered("1/4 GPU", "t4", resource=GPU, waited=None)]
     assert spawner._stuck_words() is None and spawner._in_line()
 
 
@@ -161,7 +165,7 @@ async def test_start_timeout_ends_it_in_these_words(monkeypatch, admission):
     said = str(caught.value)
     assert "offers a GPU" in said, said
     assert said.startswith("ann did not start in 1 seconds"), said
-    assert said.endswith(gpus_unoffered("1/4 GPU", "t4", waited="1 minute"))
+    assert said.endswith(gpus_unoffered("1/4 GPU", "t4", resource=GPU, waited="1 minute"))
     assert len(WaitingSpawns.shared()) == 0
 
 
@@ -224,13 +228,13 @@ async def test_a_node_ready_minutes_ago_still_registers_its_gpus(monkeypatch):
     plugin come up minutes after it is Ready, so the grace runs from the node, not the pod."""
     spawner = await pending(monkeypatch, T4_JUST_READY, age=OLD + 300)
     (said,) = await progress_of(spawner, [failed_scheduling()])
-    assert said == gpus_unoffered("1/4 GPU", "t4", waited=None), said
+    assert said == gpus_unoffered("1/4 GPU", "t4", resource=GPU, waited=None), said
     assert spawner._stuck_words() is None and spawner._in_line()
 
 
 async def test_a_node_ready_long_ago_without_gpus_says_so(monkeypatch):
     spawner = await pending(monkeypatch, T4_READY_LONG, age=OLD)
-    words = gpus_unoffered("1/4 GPU", "t4", waited="1 minute")
+    words = gpus_unoffered("1/4 GPU", "t4", resource=GPU, waited="1 minute")
     assert await progress_of(spawner, [failed_scheduling()]) == [words]
     assert not spawner._in_line()
 
@@ -244,3 +248,72 @@ async def test_a_ready_node_without_gpus_and_one_joining_is_a_wait(monkeypatch):
     (said,) = await progress_of(spawner, [failed_scheduling()])
     assert plain_wait(said), said
     assert spawner._stuck_words() is None and spawner._in_line()
+
+
+# ------------------------------------------- a MIG profile the layout lacks, a renamed resource
+MIG_CATALOG = {
+    "pools": {
+        "a100": {
+            "gpu": "A100-80GB",
+            "backend": "mig-mixed",
+            "node_selector": {"nvidia.com/gpu.product": "NVIDIA-A100-SXM4-80GB"},
+            "offers": ["mig-1g.10gb", "mig-3g.40gb"],
+        }
+    },
+    "images": CATALOG["images"],
+    "access": CATALOG["access"],
+}
+#: the A100's MIG layout is all 1g.10gb: the device plugin runs and publishes 7 of those,
+#: and no nvidia.com/mig-3g.40gb at all
+ALL_1G = copy.deepcopy(NODES[1])
+for _key in ("capacity", "allocatable"):
+    ALL_1G["status"][_key] = {"cpu": "8", "memory": "32Gi", "nvidia.com/mig-1g.10gb": "7"}
+MIG_ALL_1G = compute_capacity(load_catalog(MIG_CATALOG), [ALL_1G], [])
+MIG_ADMIN = (
+    "the GPUs' MIG layout has no 3g.40gb instance (nvidia.com/mig.config), or the device "
+    "plugin is not running"
+)
+
+
+def test_the_words_for_a_mig_profile_the_layout_lacks():
+    assert gpus_unoffered("MIG 3g.40gb", "A100", mig_profile="3g.40gb", waited="2 minutes") == (
+        "None of the nodes of A100 offers a 3g.40gb MIG instance to Kubernetes now, so your "
+        "MIG 3g.40gb cannot be reserved (your server has waited 2 minutes). This does not "
+        f"change by itself: tell an administrator (for them: {MIG_ADMIN})."
+    )
+    assert gpus_unoffered("MIG 3g.40gb", "A100", mig_profile="3g.40gb", waited=None) == (
+        "Waiting for your MIG 3g.40gb on A100: none of the pool's nodes offers a 3g.40gb MIG "
+        "instance to Kubernetes yet (a node that has just started registers its GPUs within "
+        "minutes)."
+    )
+
+
+async def test_a_mig_profile_the_layout_lacks_is_not_blamed_on_the_plugin(monkeypatch):
+    """Before: "None of the nodes of a100 offers a GPU to Kubernetes now ... (for them: the
+    GPU device plugin ... is not running or not registered with the kubelet)": false in both
+    halves, as the nodes offer 1g.10gb instances and the plugin runs."""
+    assert MIG_ALL_1G.get("a100", "mig-3g.40gb").unoffered_since is not None
+    assert MIG_ALL_1G.get("a100", "mig-1g.10gb").free == 7
+    hub = HubUsers({"FracSpawner": {"catalog": MIG_CATALOG, "admission": "wait"}})
+    spawner = hub.spawner(hub.user("ann"))
+    await begin_spawn(spawner, {"gpu": "mig-3g.40gb", "pool": "a100"})
+    raw = unschedulable(INSUFFICIENT.replace("nvidia.com/gpu", "nvidia.com/mig-3g.40gb"), OLD)
+    raw["metadata"]["name"] = spawner.pod_name
+    reflector = types.SimpleNamespace(pods={f"{spawner.namespace}/{spawner.pod_name}": raw})
+    monkeypatch.setattr(FracSpawner, "pod_reflector", property(lambda self: reflector))
+    spawner._capacity_watcher = watching(MIG_ALL_1G)
+    words = gpus_unoffered("MIG 3g.40gb", "a100", mig_profile="3g.40gb", waited="1 minute")
+    assert spawner._stuck_words() == words
+    assert "device plugin on the pool's nodes" not in words
+
+
+def test_a_time_sliced_pool_names_the_resource_it_asks_for():
+    """renameByDefault makes the plugin publish nvidia.com/gpu.shared: the pool must say so
+    (rename_by_default), or none of its nodes publishes what its pods ask for."""
+    said = gpus_unoffered("1/4 GPU", "T4", resource="nvidia.com/gpu", waited="2 minutes")
+    assert said.endswith(
+        "tell an administrator (for them: none of the pool's nodes has any nvidia.com/gpu "
+        "allocatable: the GPU device plugin there is not running or not registered with the "
+        "kubelet, or it publishes another name, as with renameByDefault, which the pool's "
+        "rename_by_default must match)."
+    ), said

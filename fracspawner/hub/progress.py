@@ -327,26 +327,53 @@ def scheduler_absent(scheduler: str, waited: str) -> str:
     )
 
 
-def gpus_unoffered(offer: str, pool: str, *, dra: bool = False, waited: str | None = None) -> str:
+def gpus_unoffered(
+    offer: str,
+    pool: str,
+    *,
+    dra: bool = False,
+    mig_profile: str | None = None,
+    resource: str | None = None,
+    waited: str | None = None,
+) -> str:
     """The scheduler's "Insufficient nvidia.com/gpu" (or a DRA claim it cannot allocate) where
-    the pod watch says no node of the pool offers a GPU to Kubernetes at all: its device plugin
-    or DRA driver is not running, not a GPU that is taken. `offer` '1/4 GPU', `pool` its
-    display name; `waited` how long the pod has waited, None within the grace a node that has
-    just joined takes to register its GPUs (then the pod still waits in line)."""
+    the pod watch says no node of the pool offers a unit of this offer to Kubernetes at all:
+    not one that is taken. `offer` '1/4 GPU', `pool` its display name; `mig_profile` where the
+    pool's backend is MIG (then a layout without that profile is as likely as a plugin that is
+    not running, and the nodes may offer GPUs of other profiles); `resource` the device
+    plugin's resource the pods ask for where the plugin may publish it under another name
+    (time-slicing, MPS: renameByDefault); `waited` how long the pod has waited, None within
+    the grace a node that has just joined takes to register its GPUs (then the pod still waits
+    in line)."""
+    what = f"a {mig_profile} MIG instance" if mig_profile else "a GPU"
     if waited is None:
         return (
-            f"Waiting for your {offer} on {pool}: none of the pool's nodes offers a GPU to "
+            f"Waiting for your {offer} on {pool}: none of the pool's nodes offers {what} to "
             "Kubernetes yet (a node that has just started registers its GPUs within minutes)."
         )
-    fix = (
-        "the DRA driver on the pool's nodes is not running, or publishes none of the pool's "
-        "devices as ResourceSlices"
-        if dra
-        else "the GPU device plugin on the pool's nodes, NVIDIA's, HAMi's or another, is not "
-        "running or not registered with the kubelet"
-    )
+    if dra:
+        fix = (
+            "the DRA driver on the pool's nodes is not running, or publishes none of the "
+            "pool's devices as ResourceSlices"
+        )
+    elif mig_profile:
+        fix = (
+            f"the GPUs' MIG layout has no {mig_profile} instance (nvidia.com/mig.config), or "
+            "the device plugin is not running"
+        )
+    elif resource:
+        fix = (
+            f"none of the pool's nodes has any {resource} allocatable: the GPU device plugin "
+            "there is not running or not registered with the kubelet, or it publishes another "
+            "name, as with renameByDefault, which the pool's rename_by_default must match"
+        )
+    else:
+        fix = (
+            "the GPU device plugin on the pool's nodes, NVIDIA's, HAMi's or another, is not "
+            "running or not registered with the kubelet"
+        )
     return (
-        f"None of the nodes of {pool} offers a GPU to Kubernetes now, so your {offer} cannot be "
-        f"reserved (your server has waited {waited}). This does not change by itself: tell an "
-        f"administrator (for them: {fix})."
+        f"None of the nodes of {pool} offers {what} to Kubernetes now, so your {offer} cannot "
+        f"be reserved (your server has waited {waited}). This does not change by itself: tell "
+        f"an administrator (for them: {fix})."
     )

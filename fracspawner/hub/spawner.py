@@ -27,6 +27,7 @@ from tornado import web
 from traitlets import Bool, Dict, Enum, Float, Integer, Unicode, default
 
 from ..backends import is_reserved_env, load_catalog, safe_env, scheduler_for
+from ..backends.nvidia import shared_resource
 from ..backends.podspec import NO_DEVICES_ENV, container_name, hide_devices, is_privileged
 from ..choice.admission import (
     ROOM_TAG_KEY_ENV,
@@ -104,6 +105,10 @@ SCHEDULER_GRACE_S = 60.0
 #: Operator's driver container: minutes), before a pool none of whose nodes offers one is
 #: said to stay so
 NODE_GPU_GRACE_S = 600.0
+#: backends whose offers are MIG profiles: a profile the GPUs' layout lacks is not offered
+_MIG_BACKENDS = frozenset({"mig-mixed", "mig-single", "gke-mig"})
+#: backends whose device plugin may publish its resource under another name (renameByDefault)
+_RENAMING_BACKENDS = frozenset({"timeslicing", "mps"})
 #: under admission "refuse": how much later than `_start`'s own start_timeout JupyterHub's
 #: fires, so the spawn ends with fracspawner's words, not JupyterHub's bare "Timeout"
 _TIMEOUT_MARGIN_S = 10
@@ -1177,11 +1182,21 @@ class FracSpawner(KubeSpawner):
         age = _pod_age(pod) if pod is not None else None
         if age is None or age < SCHEDULER_GRACE_S or time.time() - since < NODE_GPU_GRACE_S:
             return None
+        return self._unoffered_text(waited=_duration(age))
+
+    def _unoffered_text(self, waited: str | None) -> str:
+        """`gpus_unoffered` for this spawn's offer, in its backend's terms."""
+        choice = self.choice
+        assert choice is not None and choice.pool is not None
+        offer = choice.offer or choice.slice
+        backend = choice.pool.backend
         return gpus_unoffered(
-            describe_offer(choice.offer or choice.slice),
+            describe_offer(offer),
             choice.pool.display_name,
-            dra=choice.pool.backend == "dra",
-            waited=_duration(age),
+            dra=backend == "dra",
+            mig_profile=offer.profile if backend in _MIG_BACKENDS and offer.profile else None,
+            resource=shared_resource(choice.pool) if backend in _RENAMING_BACKENDS else None,
+            waited=waited,
         )
 
     # ---------------------------------------------------------------- room (issue 36, item 5)
@@ -1443,9 +1458,7 @@ class FracSpawner(KubeSpawner):
         since = self._gpus_unoffered()
         if since is not None:  # not a GPU that is taken: none is offered at all
             pod = self._queued_pod()
-            return self._unoffered_words(pod, since) or gpus_unoffered(
-                describe_offer(offer), choice.pool.display_name
-            )
+            return self._unoffered_words(pod, since) or self._unoffered_text(waited=None)
         words = f"Waiting for a free {describe_offer(offer)} on {choice.pool.display_name}"
         try:
             capacity, _ = await self._capacity_and_usage()
