@@ -340,6 +340,29 @@ def test_a_gpu_less_step_for_the_catalogs_own_kai_scheduler_name_is_marked(catal
     assert cluster.calls == []
 
 
+def test_a_fraction_container_of_the_catalogs_own_kai_scheduler_keeps_its_devices(catalog_file):
+    """KAI's binder hands the fraction container its GPU through NVIDIA_VISIBLE_DEVICES from a
+    ConfigMap; the webhook let that through only for the scheduler names kai-scheduler and
+    runai-scheduler, and refused every fraction pod of a KAI installed under another name (the
+    catalog's scheduler_name) as a container choosing GPUs through its env. Its other
+    containers are still held to the rule."""
+    from tests.test_kubeflow_webhook_visibility import kai_fraction_step
+
+    hook = webhook(catalog_file)
+    step = kai_fraction_step(namespace=NAMESPACE, schedulerName=KAI_RENAMED)
+    got = answer(hook, admission_review(step))
+    assert allowed(got), message(got)
+    sidecar = kai_fraction_step(namespace=NAMESPACE, schedulerName=KAI_RENAMED)
+    sidecar["spec"]["containers"].append(
+        {"name": "peek", "image": "busybox", "env": sidecar["spec"]["containers"][0]["env"]}
+    )
+    got = answer(hook, admission_review(sidecar))
+    assert not allowed(got) and "container peek" in message(got), got
+    # a scheduler no catalog pool names: nobody writes that ConfigMap
+    stray = kai_fraction_step(namespace=NAMESPACE, schedulerName="someone-elses")
+    assert not allowed(answer(hook, admission_review(stray)))
+
+
 def test_a_gpu_less_step_for_the_default_scheduler_is_left_as_it_was(catalog_file):
     """The default scheduler never reads `gpu-fraction`, and a pod's schedulerName cannot
     change: nothing to mark, no patch at all."""

@@ -14,7 +14,7 @@ from __future__ import annotations
 import base64
 import json
 import re
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping
 from dataclasses import dataclass, replace
 from types import MappingProxyType
 from typing import Any
@@ -37,10 +37,12 @@ from .quota import COUNTED_LABEL
 from .recognise import (
     ASK_ANNOTATIONS,
     ASK_LABELS,
+    FRACTION_SCHEDULERS,
     VISIBILITY_ENV,
     VOID,
     catalog_resources,
     containers_of,
+    fraction_schedulers,
     gpu_asks,
     gpu_container_env,
     gpu_equivalent_of_pod,
@@ -379,11 +381,12 @@ def refuse_visible_gpus(
     pod: Mapping[str, Any],
     namespace: str,
     containers: list[Mapping[str, Any]] | None = None,
+    schedulers: Collection[str] = FRACTION_SCHEDULERS,
 ) -> None:
     """Refuse a pod whose spec would let the NVIDIA container toolkit hand GPUs to a container
     that holds no GPU of its own (recognise.visibility_env): every GPU of the node, counted by
     no quota. Every pod, whatever it asks for; `containers`: only these (new ephemeral ones)."""
-    found = visibility_env(pod, containers)
+    found = visibility_env(pod, containers, schedulers)
     if found:
         raise Refusal(
             f"fracspawner refused this pod in namespace {namespace}: {'; '.join(found)}. "
@@ -462,8 +465,9 @@ def refuse_isolation_env(
             if all(catalog.pools[p].backend in _ENV_CANNOT_LOOSEN for p in pools):
                 return
     found = []
+    schedulers = fraction_schedulers(catalog)
     for container in containers_of(pod):
-        if not holds_gpu(pod, container):
+        if not holds_gpu(pod, container, schedulers):
             continue
         for entry in container.get("env") or []:
             var = str(entry.get("name", "")) if isinstance(entry, Mapping) else ""
@@ -484,7 +488,9 @@ def _void_entries(container: Mapping[str, Any]) -> list[dict[str, str]]:
     return [{"name": v, "value": VOID} for v in VISIBILITY_ENV if v not in have]
 
 
-def hide_devices_from_env(pod: Mapping[str, Any], every: bool = False) -> dict[str, Any]:
+def hide_devices_from_env(
+    pod: Mapping[str, Any], every: bool = False, schedulers: Collection[str] = FRACTION_SCHEDULERS
+) -> dict[str, Any]:
     """The pod with `NVIDIA_VISIBLE_DEVICES=void` (and NVIDIA_IMEX_CHANNELS) written into each
     init and app container that holds no GPU of its own and takes env through `envFrom`, which
     the webhook cannot read: an `env` entry wins over every envFrom source, so whatever the
@@ -500,8 +506,8 @@ def hide_devices_from_env(pod: Mapping[str, Any], every: bool = False) -> dict[s
     spec = out.get("spec") or {}
     for key in ("initContainers", "containers"):
         for container in spec.get(key) or []:
-            hidden = every and not holds_gpu(out, container)
-            if not (hidden or unreadable_env(out, container)):
+            hidden = every and not holds_gpu(out, container, schedulers)
+            if not (hidden or unreadable_env(out, container, schedulers)):
                 continue
             missing = _void_entries(container)
             if missing:
@@ -541,15 +547,20 @@ def hide_devices_from_ephemeral(
     return ops
 
 
-def check_ephemeral(old: Mapping[str, Any], new: Mapping[str, Any], namespace: str) -> None:
+def check_ephemeral(
+    old: Mapping[str, Any],
+    new: Mapping[str, Any],
+    namespace: str,
+    schedulers: Collection[str] = FRACTION_SCHEDULERS,
+) -> None:
     """Refuse ephemeral containers (kubectl debug) added to a pod that could see GPUs through
     their env: they hold no GPU resource (an ephemeral container may not set resources), so the
     device plugin gives them none, but the toolkit honours their NVIDIA_VISIBLE_DEVICES. An
     `envFrom` cannot be checked and is refused too (it could be overridden as on a create, but
     a debugging container needs no ConfigMap's env)."""
     added = [c for _, c in _added_ephemeral(old, new)]
-    refuse_visible_gpus(new, namespace, added)
-    unread = [str(c.get("name")) for c in added if unreadable_env(new, c)]
+    refuse_visible_gpus(new, namespace, added, schedulers)
+    unread = [str(c.get("name")) for c in added if unreadable_env(new, c, schedulers)]
     if unread:
         raise Refusal(
             f"fracspawner refused the ephemeral container(s) {', '.join(unread)} in namespace "

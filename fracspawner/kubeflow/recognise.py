@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import math
 import re
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Collection, Iterable, Mapping
 from dataclasses import dataclass
 from decimal import Decimal
 from typing import Any
@@ -411,7 +411,9 @@ def device_plugin_gpu(container: Mapping[str, Any]) -> dict[str, Decimal]:
     return {k: v for k, v in gpu_asks(container).items() if k not in SHAPE_ONLY}
 
 
-def _holds_gpu_resource(pod: Mapping[str, Any], container: Mapping[str, Any]) -> bool:
+def _holds_gpu_resource(
+    pod: Mapping[str, Any], container: Mapping[str, Any], schedulers: Collection[str]
+) -> bool:
     return bool(device_plugin_gpu(container))
 
 
@@ -436,17 +438,18 @@ def sized_when_scheduled(pod: Mapping[str, Any], catalog: Catalog | None = None)
     schedulerName cannot change (pod update validation), so a pod of any other scheduler never
     can."""
     name = (pod.get("spec") or {}).get("schedulerName")
-    if name in FRACTION_SCHEDULERS:
-        return True
-    return catalog is not None and name is not None and name in _fraction_schedulers(catalog)
+    return name in (FRACTION_SCHEDULERS if catalog is None else fraction_schedulers(catalog))
 
 
-def _fraction_schedulers(catalog: Catalog) -> frozenset[str]:
-    """The scheduler names the catalog's Run:ai and KAI pools (backends.runai) give their pods."""
+def fraction_schedulers(catalog: Catalog | None) -> frozenset[str]:
+    """KAI's and Run:ai's scheduler names (FRACTION_SCHEDULERS) and those the catalog's Run:ai
+    and KAI pools (backends.runai, pool option scheduler_name) give their pods."""
+    if catalog is None:
+        return FRACTION_SCHEDULERS
     from ..backends import get_backend
     from ..backends.runai import RunaiBackend
 
-    names = set()
+    names = set(FRACTION_SCHEDULERS)
     for pool in catalog.pools.values():
         scheduler = (pool.options or {}).get("scheduler_name")
         if scheduler and isinstance(get_backend(pool.backend), RunaiBackend):
@@ -454,15 +457,18 @@ def _fraction_schedulers(catalog: Catalog) -> frozenset[str]:
     return frozenset(names)
 
 
-def _holds_gpu_fraction(pod: Mapping[str, Any], container: Mapping[str, Any]) -> bool:
+def _holds_gpu_fraction(
+    pod: Mapping[str, Any], container: Mapping[str, Any], schedulers: Collection[str]
+) -> bool:
     """The fraction container of a pod KAI or Run:ai gives a GPU share (module comment above),
     with NVIDIA_VISIBLE_DEVICES as their webhook writes it (a ConfigMap key the binder fills)
-    or not yet written (their webhook may come after this one)."""
+    or not yet written (their webhook may come after this one). `schedulers`: their scheduler
+    names (fraction_schedulers: a catalog's KAI pool may name it otherwise)."""
     asks = pod_asks(pod)
     spec = pod.get("spec") or {}
     if not {"annotation gpu-fraction", "annotation gpu-memory"} & set(asks):
         return False
-    if spec.get("schedulerName") not in FRACTION_SCHEDULERS:
+    if spec.get("schedulerName") not in schedulers:
         return False
     annotations = (pod.get("metadata") or {}).get("annotations") or {}
     wanted = annotations.get(FRACTION_CONTAINER_ANNOTATION)
@@ -479,14 +485,19 @@ def _holds_gpu_fraction(pod: Mapping[str, Any], container: Mapping[str, Any]) ->
 #: "does this container hold a GPU of its own", one answer per source: device-plugin resources,
 #: a KAI/Run:ai fraction; a container any source says yes for gets its devices from that
 #: source, not its env. A new source (Dynamic Resource Allocation claims) is one more function.
-GPU_HOLDERS: list[Callable[[Mapping[str, Any], Mapping[str, Any]], bool]] = [
+GPU_HOLDERS: list[Callable[[Mapping[str, Any], Mapping[str, Any], Collection[str]], bool]] = [
     _holds_gpu_resource,
     _holds_gpu_fraction,
 ]
 
 
-def holds_gpu(pod: Mapping[str, Any], container: Mapping[str, Any]) -> bool:
-    return any(source(pod, container) for source in GPU_HOLDERS)
+def holds_gpu(
+    pod: Mapping[str, Any],
+    container: Mapping[str, Any],
+    schedulers: Collection[str] = FRACTION_SCHEDULERS,
+) -> bool:
+    """`schedulers`: the names KAI's and Run:ai's schedulers go by (fraction_schedulers)."""
+    return any(source(pod, container, schedulers) for source in GPU_HOLDERS)
 
 
 def _env(container: Mapping[str, Any]) -> dict[str, Mapping[str, Any]]:
@@ -495,7 +506,9 @@ def _env(container: Mapping[str, Any]) -> dict[str, Mapping[str, Any]]:
 
 
 def visibility_env(
-    pod: Mapping[str, Any], containers: Iterable[Mapping[str, Any]] | None = None
+    pod: Mapping[str, Any],
+    containers: Iterable[Mapping[str, Any]] | None = None,
+    schedulers: Collection[str] = FRACTION_SCHEDULERS,
 ) -> list[str]:
     """What in the pod's spec would make the NVIDIA toolkit give a container that holds no
     GPU of its own some or all of the node's GPUs: `container NAME: VAR=VALUE` entries, for
@@ -509,7 +522,7 @@ def visibility_env(
     `envFrom` is not here: the webhook overrides it (hide_devices_from_env)."""
     found = []
     for container in containers_of(pod) if containers is None else containers:
-        if holds_gpu(pod, container):
+        if holds_gpu(pod, container, schedulers):
             continue
         env = _env(container)
         name = container.get("name", "?")
@@ -569,14 +582,18 @@ def gpu_container_env(
     return found
 
 
-def unreadable_env(pod: Mapping[str, Any], container: Mapping[str, Any]) -> bool:
+def unreadable_env(
+    pod: Mapping[str, Any],
+    container: Mapping[str, Any],
+    schedulers: Collection[str] = FRACTION_SCHEDULERS,
+) -> bool:
     """Whether a container holding no GPU of its own takes env from a source the webhook
     cannot read (envFrom: a ConfigMap or Secret, which may hold NVIDIA_VISIBLE_DEVICES) and
     sets no NVIDIA_VISIBLE_DEVICES/NVIDIA_IMEX_CHANNELS of its own to override it with."""
     env = _env(container)
     return (
         bool(container.get("envFrom"))
-        and not holds_gpu(pod, container)
+        and not holds_gpu(pod, container, schedulers)
         and not all(var in env for var in VISIBILITY_ENV)
     )
 
@@ -609,6 +626,7 @@ __all__ = [
     "pool_placement",
     "pools_of_pod",
     "resources_bound",
+    "fraction_schedulers",
     "sized_when_scheduled",
     "unreadable_env",
     "visibility_env",

@@ -69,7 +69,13 @@ from .quota import (
     SharedLedger,
     reservation_key,
 )
-from .recognise import gpu_equivalent_of_pod, notebook_kind, pod_gpu_held, sized_when_scheduled
+from .recognise import (
+    fraction_schedulers,
+    gpu_equivalent_of_pod,
+    notebook_kind,
+    pod_gpu_held,
+    sized_when_scheduled,
+)
 
 PROG = "fracspawner webhook"
 log = logging.getLogger("fracspawner.webhook")
@@ -115,6 +121,9 @@ class Webhook:
         device_list_strategy: str = "envvar",
     ):
         self.catalog = catalog
+        #: KAI's and Run:ai's scheduler names, the catalog's renamed ones too: their fraction
+        #: container's NVIDIA_VISIBLE_DEVICES (their binder's ConfigMap) is its GPU
+        self.fraction_schedulers = fraction_schedulers(catalog)
         #: how the nodes' device plugin hands out devices, as the operator declares it: a
         #: GPU container may take envFrom only where that is not through its env
         self.device_list_strategy = device_list_strategy
@@ -171,7 +180,9 @@ class Webhook:
                 guard_update(review.old_pod, review.pod, self.catalog, counted_tolerations=False)
                 await self._recheck_pool_access(review)
                 # kubectl debug: pods/ephemeralcontainers, the whole pod with the new container
-                check_ephemeral(review.old_pod, review.pod, review.namespace)
+                check_ephemeral(
+                    review.old_pod, review.pod, review.namespace, self.fraction_schedulers
+                )
                 patch = []
                 if review.sub_resource == "ephemeralcontainers" and (
                     self.override_visible_devices == "all"
@@ -211,7 +222,9 @@ class Webhook:
         no GPU get their envFrom overridden (admission.hide_devices_from_env); counted as
         `result`, or `unchanged` where nothing changes."""
         every = self.override_visible_devices == "all"
-        patch = json_patch(review.pod, hide_devices_from_env(pod, every=every))
+        patch = json_patch(
+            review.pod, hide_devices_from_env(pod, every=every, schedulers=self.fraction_schedulers)
+        )
         label = result if patch or unchanged is None else unchanged
         answer = response(review.uid, patch=patch, warnings=warnings)
         return self._count(review, answer, label)
@@ -249,12 +262,12 @@ class Webhook:
         notebook = notebook_kind(pod) is not None
         other_gpu = 0.0 if notebook else gpu_equivalent_of_pod(pod, self.catalog)
         if not notebook:
-            refuse_visible_gpus(pod, ns)
+            refuse_visible_gpus(pod, ns, schedulers=self.fraction_schedulers)
             refuse_gpu_container_env(pod, ns, self.device_list_strategy)
             refuse_isolation_env(pod, ns, self.catalog)
         if not (slice_ask(pod, self.catalog, AccessRule()) if notebook else other_gpu):
             if notebook:
-                refuse_visible_gpus(pod, ns)
+                refuse_visible_gpus(pod, ns, schedulers=self.fraction_schedulers)
             if sized_when_scheduled(pod, self.catalog) and LABEL_POOL not in (
                 (pod.get("metadata") or {}).get("labels") or {}
             ):
@@ -305,7 +318,7 @@ class Webhook:
             assert admitted is not None
             # the sidecars and init containers of the mapped pod (reserved env removed), and
             # its notebook container's envFrom
-            refuse_visible_gpus(admitted.pod, ns)
+            refuse_visible_gpus(admitted.pod, ns, schedulers=self.fraction_schedulers)
             refuse_gpu_container_env(admitted.pod, ns, self.device_list_strategy)
             decided[:] = [admitted, used]
             return admitted.plan.gpu_equivalent
