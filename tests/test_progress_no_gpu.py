@@ -19,6 +19,7 @@ import copy
 import dataclasses
 import time
 import types
+from typing import Any
 
 import pytest
 
@@ -195,10 +196,14 @@ def t4_node_ready(gpus: str | None, *, ready: bool = True, since: float | None =
 NO_T4_NODE = compute_capacity(CATALOG_LOADED, [NODES[1]], [])
 #: the autoscaler's new node has joined, not Ready yet, its GPUs not registered
 T4_JOINING = compute_capacity(CATALOG_LOADED, [NODES[1], t4_node_ready(None, ready=False)], [])
-#: Ready 2 minutes ago: the GPU driver installs and the device plugin registers after that
-T4_JUST_READY = compute_capacity(CATALOG_LOADED, [t4_node_ready(None, since=120)], [])
-#: Ready for an hour and still no GPU: the plugin is not running
-T4_READY_LONG = compute_capacity(CATALOG_LOADED, [t4_node_ready(None, since=3600)], [])
+
+
+# made when the test runs, not at import: a module imported at collection may run many minutes
+# later under pytest-xdist, and "2 minutes ago" would have become 12 (past the node's grace)
+def t4_ready_for(seconds: float) -> Any:
+    """The T4 pool's one node Ready `seconds` ago, no GPU registered: 120, the GPU driver
+    installs and the device plugin registers after that; 3600, the plugin is not running."""
+    return compute_capacity(CATALOG_LOADED, [t4_node_ready(None, since=seconds)], [])
 
 
 def test_the_counts_tell_a_pool_without_nodes_from_one_whose_nodes_offer_none():
@@ -207,7 +212,9 @@ def test_the_counts_tell_a_pool_without_nodes_from_one_whose_nodes_offer_none():
     for snapshot in (NO_T4_NODE, T4_JOINING):
         counts = snapshot.get("t4", "1/4")
         assert (counts.total, counts.unoffered_since) == (0, None), counts
-    assert abs(T4_READY_LONG.get("t4", "1/4").unoffered_since - (time.time() - 3600)) < 5
+    before = time.time()
+    since = t4_ready_for(3600).get("t4", "1/4").unoffered_since
+    assert before - 3600 - 1 <= since <= time.time() - 3600  # the stamp is in whole seconds
     assert PLUGIN_GONE.get("t4", "1/4").unoffered_since == 0.0  # no Ready time: long ago
     assert FULL_T4.get("t4", "1/4").unoffered_since is None
 
@@ -226,14 +233,14 @@ async def test_a_pool_with_no_ready_node_keeps_the_plain_wait(monkeypatch, snaps
 async def test_a_node_ready_minutes_ago_still_registers_its_gpus(monkeypatch):
     """A node the autoscaler added minutes after the pod was made: its GPU driver and device
     plugin come up minutes after it is Ready, so the grace runs from the node, not the pod."""
-    spawner = await pending(monkeypatch, T4_JUST_READY, age=OLD + 300)
+    spawner = await pending(monkeypatch, t4_ready_for(120), age=OLD + 300)
     (said,) = await progress_of(spawner, [failed_scheduling()])
     assert said == gpus_unoffered("1/4 GPU", "t4", resource=GPU, waited=None), said
     assert spawner._stuck_words() is None and spawner._in_line()
 
 
 async def test_a_node_ready_long_ago_without_gpus_says_so(monkeypatch):
-    spawner = await pending(monkeypatch, T4_READY_LONG, age=OLD)
+    spawner = await pending(monkeypatch, t4_ready_for(3600), age=OLD)
     words = gpus_unoffered("1/4 GPU", "t4", resource=GPU, waited="1 minute")
     assert await progress_of(spawner, [failed_scheduling()]) == [words]
     assert not spawner._in_line()
