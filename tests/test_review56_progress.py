@@ -209,9 +209,11 @@ def test_out_of_memory_at_start_says_so():
 
 # ---------------------------------------------------------------- start_timeout (refuse)
 async def test_start_timeout_under_refuse_says_what_the_pod_was_stuck_on(monkeypatch):
-    """Before: JupyterHub's own timer fired first, and the page said "Spawn failed: Timeout"."""
+    """Before: JupyterHub's own timer fired first, and the page said "Spawn failed: Timeout".
+    The pod is past SCHEDULER_GRACE_S with no node autoscaler's word (within it, a node may
+    yet be added: tests/test_progress_autoscaler.py)."""
     pod = {
-        "metadata": {"creationTimestamp": stamp(5)},
+        "metadata": {"creationTimestamp": stamp(spawner_module.SCHEDULER_GRACE_S + 30)},
         "spec": {"schedulerName": "hami-scheduler"},
         "status": {
             "phase": "Pending",
@@ -279,8 +281,11 @@ async def progress_of(spawner, events):
 async def test_a_pod_short_of_cpu_is_not_said_to_wait_for_a_gpu_nor_in_line(monkeypatch):
     """Before: "Waiting for a free 1/4 GPU on t4 ...; it starts by itself as soon as one
     frees", and under admission "wait" it took a place in line and waited queue_timeout (30
-    min) to fail with "No 1/4 GPU on t4 freed within 30 minutes"."""
-    spawner = await spawn_with_pod(monkeypatch, "wait", unschedulable(CPU_SHORT))
+    min) to fail with "No 1/4 GPU on t4 freed within 30 minutes". Past SCHEDULER_GRACE_S
+    with no node autoscaler's word (tests/test_progress_autoscaler.py: within it, or while one
+    adds a node, a wait)."""
+    old = spawner_module.SCHEDULER_GRACE_S + 30
+    spawner = await spawn_with_pod(monkeypatch, "wait", unschedulable(CPU_SHORT, old))
     raw = {"reason": "FailedScheduling", "type": "Warning", "message": CPU_SHORT}
     said = await progress_of(spawner, [{"progress": 30, "raw_event": raw, "message": "x"}])
     assert said == [scheduling_trouble(CPU_SHORT)]

@@ -20,16 +20,22 @@ from __future__ import annotations
 import html
 import re
 from collections.abc import Iterable, Mapping
-from typing import Any
+from typing import Any, NamedTuple
 
 __all__ = [
+    "NodeAutoscaling",
     "gpus_unoffered",
     "human_step",
+    "is_autoscaler_event",
+    "node_autoscaling",
+    "node_coming",
+    "node_may_mend",
     "pod_events",
     "pod_failure",
     "progress_event",
     "scheduler_absent",
     "scheduling_trouble",
+    "scheduling_wait",
 ]
 
 #: what an administrator is asked for when a server cannot start by itself
@@ -94,6 +100,10 @@ def human_step(raw: Mapping[str, Any], *, slice_words: str = "", image: str = ""
         return f"Your server could not start: {message}" if message else "Your server failed."
     if reason == "Unhealthy":
         return "Your server is not answering its health check yet."
+    if (autoscaling := _autoscaler_event(raw)) is not None:
+        if autoscaling.adding:
+            return node_coming(autoscaling)
+        return f"No node is being added for your server ({autoscaling.who}: {autoscaling.detail})."
     if raw.get("type") == "Warning":
         return f"Kubernetes reports a problem ({reason}): {message}" if reason else message
     return message or reason
@@ -252,11 +262,9 @@ _DRA_UNREADABLE = re.compile(
 _DRA_INVALID = re.compile(r"^invalid resource pools were encountered$")
 
 
-def scheduling_trouble(message: str) -> str | None:
-    """Why the scheduler places the pod on no node, in words, where NONE of its reasons is
-    about a GPU (CPU or memory short, taints, node selectors, storage); None where any reason
-    may be the GPU (`Insufficient nvidia.com/gpu`, a DRA claim, a GPU scheduler's own words)
-    or the message is not the scheduler's usual one: then the pod waits for a GPU."""
+def _scheduling_kinds(message: str) -> tuple[set[str], str] | None:
+    """The kinds of the scheduler's reasons in `message` and the device class a DRA claim
+    names, or None where any reason may be the GPU or the message is not the usual one."""
     # the Filter reasons end at the first '.' followed by a space or the end (PostFilter
     # plugins' words follow: "still not schedulable, preemption: ..."); names hold '.' alone
     found = re.search(r"nodes are available: (.*?)\.(?=\s|$)", message or "", re.S)
@@ -281,6 +289,31 @@ def scheduling_trouble(message: str) -> str | None:
             kinds.add("placement")
         else:
             return None  # perhaps the GPU: a wait for one
+    return kinds, device_class
+
+
+def node_may_mend(message: str) -> bool:
+    """The scheduler's reasons in `message` are all ones a node that is not there yet mends:
+    the nodes that are there are other pools' (selectors, taints) or full (CPU, memory). An
+    autoscaled pool at zero nodes reads as "didn't match Pod's node affinity/selector": only
+    other pools' nodes exist."""
+    read = _scheduling_kinds(message)
+    return read is not None and bool(read[0]) and read[0] <= {"placement", "resources"}
+
+
+def scheduling_trouble(message: str, autoscaling: NodeAutoscaling | None = None) -> str | None:
+    """Why the scheduler places the pod on no node, in words, where NONE of its reasons is
+    about a GPU (CPU or memory short, taints, node selectors, storage); None where any reason
+    may be the GPU (`Insufficient nvidia.com/gpu`, a DRA claim, a GPU scheduler's own words)
+    or the message is not the scheduler's usual one: then the pod waits for a GPU.
+
+    `autoscaling`: the node autoscaler's latest word on the pod (`node_autoscaling`); where it
+    says no node is added, its reason is added to the words when short. Where it adds one,
+    `scheduling_wait` has the words: callers ask it first."""
+    read = _scheduling_kinds(message)
+    if read is None:
+        return None
+    kinds, device_class = read
     if "dra-class" in kinds:  # PreFilter's: the same for every node
         return (
             f"Your server's GPU cannot be allocated: it asks for the device class {device_class}, "
@@ -299,11 +332,16 @@ def scheduling_trouble(message: str) -> str | None:
             "its devices in a form the scheduler refuses (invalid resource pools). This does "
             "not change by itself: tell an administrator."
         )
+    said = ""
+    if autoscaling is not None and not autoscaling.adding and autoscaling.detail:
+        if len(autoscaling.detail) <= _SHORT_DETAIL:
+            who = autoscaling.who[0].upper() + autoscaling.who[1:]
+            said = f" {who} adds no node for it ({autoscaling.detail})."
     if "resources" in kinds:  # the other nodes are other pools' (their selector, taints)
         return (
             "No node for your server has the CPU or memory it asks for free right now; the "
             "GPU is not what it waits for. It starts by itself once some frees; if it does "
-            "not, tell an administrator."
+            f"not, tell an administrator.{said}"
         )
     if "storage" in kinds:
         return (
@@ -313,8 +351,107 @@ def scheduling_trouble(message: str) -> str | None:
     return (
         "No node takes your server: the pool's nodes do not match what the pod asks for "
         "(their labels or taints), or they are closed to new pods. This does not change by "
-        "itself: tell an administrator."
+        f"itself: tell an administrator.{said}"
     )
+
+
+# ---------------------------------------------------------------- a node being added
+# A node autoscaler answers a pod the scheduler finds no node for with an event on the pod:
+# - the Kubernetes cluster autoscaler (GKE's, EKS's, AKS's): "TriggeredScaleUp", "pod
+#   triggered scale-up: [{<node group> 0->1 (max: 3)}]", or "NotTriggerScaleUp", "pod didn't
+#   trigger scale-up: <reasons>" (kubernetes/autoscaler cluster-autoscaler/processors/status/
+#   eventing_scale_up_processor.go; the group as ScaleUpInfo.String() writes it,
+#   processors/nodegroupset/nodegroup_set_processor.go). It looks every scan-interval (10 s).
+# - Karpenter: "Nominated", "Pod should schedule on: nodeclaim/<name>[, node/<name>]", or a
+#   "FailedScheduling" of its own, "Failed to schedule pod, <why>" (kubernetes-sigs/karpenter
+#   pkg/controllers/provisioning/scheduling/events.go, pkg/events/reason.go).
+# Where one adds a node the pod starts by itself once it is ready: a wait, not a hopeless pod.
+_SCALE_UP = re.compile(r"\{(\S+) (\d+)->(\d+) \(max: \d+\)\}")
+_KARPENTER_FAILED = "Failed to schedule pod, "
+#: how long an autoscaler's reason may be to be added to the words
+_SHORT_DETAIL = 120
+
+
+class NodeAutoscaling(NamedTuple):
+    """A node autoscaler's latest word on a pod."""
+
+    adding: bool  # a node is being added for it
+    who: str  # "the cluster autoscaler", "Karpenter"
+    detail: str  # the node groups scaled up, the nodeclaim, or why none is added
+
+
+def _autoscaler_event(raw: Mapping[str, Any]) -> NodeAutoscaling | None:
+    reason = str(raw.get("reason") or "")
+    message = str(raw.get("message") or "").strip()
+    if reason == "TriggeredScaleUp":
+        groups = [
+            f"{g.rstrip('/').rsplit('/', 1)[-1]} from {n} to {m} nodes"
+            for g, n, m in _SCALE_UP.findall(message)
+        ]
+        return NodeAutoscaling(True, "the cluster autoscaler", ", ".join(groups))
+    if reason == "NotTriggerScaleUp":
+        why = message.removeprefix("pod didn't trigger scale-up:").strip()
+        return NodeAutoscaling(False, "the cluster autoscaler", why)
+    if reason == "Nominated" and message.startswith("Pod should schedule on:"):
+        return NodeAutoscaling(True, "Karpenter", message.split(":", 1)[1].strip())
+    if reason == "FailedScheduling" and message.startswith(_KARPENTER_FAILED):
+        return NodeAutoscaling(False, "Karpenter", message.removeprefix(_KARPENTER_FAILED))
+    return None
+
+
+def is_autoscaler_event(raw: Mapping[str, Any]) -> bool:
+    """`raw` is a node autoscaler's word on a pod (`node_autoscaling`)."""
+    return _autoscaler_event(raw) is not None
+
+
+def node_autoscaling(events: Iterable[Mapping[str, Any]]) -> NodeAutoscaling | None:
+    """The latest word of a node autoscaler among a pod's `events` (oldest first, as
+    `pod_events` gives them), or None where none has spoken (none runs, or not yet)."""
+    latest = None
+    for event in events:
+        latest = _autoscaler_event(event) or latest
+    return latest
+
+
+def node_coming(autoscaling: NodeAutoscaling, kept: str | None = None) -> str:
+    """A node autoscaler adds a node for the pod. `kept`: how long its place in line is kept
+    (admission "wait"), None where it has none."""
+    if autoscaling.who == "Karpenter":
+        doing = f"Karpenter is starting {autoscaling.detail}" if autoscaling.detail else "Karpenter"
+    elif autoscaling.detail:
+        doing = f"the cluster autoscaler is scaling up {autoscaling.detail}"
+    else:
+        doing = "the cluster autoscaler is adding it"
+    words = (
+        f"A node is being added for your server ({doing}); it starts by itself once the "
+        "node is ready, usually within a few minutes"
+    )
+    return words + (f" (your place is kept for {kept})." if kept else ".")
+
+
+def scheduling_wait(
+    message: str,
+    autoscaling: NodeAutoscaling | None,
+    *,
+    early: bool,
+    kept: str | None = None,
+) -> str | None:
+    """Words of a wait where `scheduling_trouble` would say the pod has no node for a reason a
+    new node mends (selectors, taints: a pool with no node; CPU or memory short) and a node
+    may be coming: a node autoscaler is adding one (`autoscaling`), or none has spoken yet
+    and the pod is young (`early`: an autoscaler answers within its scan interval). None
+    otherwise: the hard words stand (and where an autoscaler said it adds no node)."""
+    if not node_may_mend(message):
+        return None
+    if autoscaling is not None:
+        return node_coming(autoscaling, kept) if autoscaling.adding else None
+    if not early:
+        return None
+    if "resources" in (_scheduling_kinds(message) or ((), ""))[0]:
+        found = "No node has the CPU or memory your server asks for free right now"
+    else:
+        found = "None of the cluster's nodes now takes your server (their labels or taints)"
+    return f"{found}; checking whether the cluster adds a node for it (up to a minute)."
 
 
 def scheduler_absent(scheduler: str, waited: str) -> str:

@@ -64,11 +64,15 @@ from .form import render_form
 from .progress import (
     gpus_unoffered,
     human_step,
+    is_autoscaler_event,
+    node_autoscaling,
+    node_may_mend,
     pod_events,
     pod_failure,
     progress_event,
     scheduler_absent,
     scheduling_trouble,
+    scheduling_wait,
 )
 from .reflectors import ResumingEventReflector, ResumingPodReflector
 from .refusal import capacity_refusal, gave_up, install_log_filter, refused, start_failed
@@ -98,7 +102,9 @@ _BASELINE_NAMESPACE_KEY = "fracspawner_namespace"
 _FORM_REFUSALS: dict[str, tuple[str, float]] = {}
 #: how long after a refusal the default server's form stands in for the refused server's
 _REFUSAL_FORM_S = 15.0
-#: how long a pod may wait for its scheduler's first look before the user is told it has none
+#: how long a pod may wait for its scheduler's first look before the user is told it has none,
+#: and for a node autoscaler's first word on a pod no node takes (it looks every 10 s:
+#: cluster-autoscaler's --scan-interval) before the user is told none is added
 SCHEDULER_GRACE_S = 60.0
 #: how long after a node became Ready its GPUs may still be missing from Kubernetes: the GPU
 #: driver installs and the device plugin registers then (GKE's driver installer, the GPU
@@ -1055,7 +1061,7 @@ class FracSpawner(KubeSpawner):
                         if self.admission == "wait"
                         else ""
                     )
-                    stuck = self._stuck_words()
+                    stuck = self._stuck_words() or self._node_wait()
                     raise asyncio.TimeoutError(
                         f"{self._log_name} did not start in {self._startup_timeout} seconds"
                         f"{besides}{self._name_taken_words()}" + (f". {stuck}" if stuck else "")
@@ -1139,7 +1145,11 @@ class FracSpawner(KubeSpawner):
         if conditions:
             c = conditions[0]
             if c.get("status") == "False" and c.get("reason") == "Unschedulable":
-                trouble = scheduling_trouble(str(c.get("message") or ""))
+                message = str(c.get("message") or "")
+                if self._node_wait(message) is not None:
+                    return None  # a node is being added, or may be: a wait
+                autoscaling = node_autoscaling(self.events) if node_may_mend(message) else None
+                trouble = scheduling_trouble(message, autoscaling)
                 since = self._gpus_unoffered() if trouble is None else None
                 if since is not None:
                     return self._unoffered_words(pod, since)  # None within the grace
@@ -1150,6 +1160,38 @@ class FracSpawner(KubeSpawner):
             return None
         scheduler = (pod.get("spec") or {}).get("schedulerName") or "default-scheduler"
         return scheduler_absent(scheduler, _duration(age))
+
+    def _node_wait(self, message: str | None = None) -> str | None:
+        """Where the scheduler finds no node for this spawn's waiting pod for reasons a new node
+        mends (its pool has none: an autoscaled pool at zero; CPU or memory short): the words of
+        a wait while a node autoscaler adds a node for it (its TriggeredScaleUp or Nominated
+        event on the pod), or while none has spoken yet within SCHEDULER_GRACE_S of the pod's
+        creation; else None (hub/progress.py `scheduling_wait`). `message`: the scheduler's
+        (a FailedScheduling event's), else its PodScheduled condition's."""
+        pod = self._queued_pod()
+        if pod is None:
+            return None
+        if message is None:
+            message = next(
+                (
+                    str(c.get("message") or "")
+                    for c in (pod.get("status") or {}).get("conditions") or []
+                    if isinstance(c, Mapping)
+                    and c.get("type") == "PodScheduled"
+                    and c.get("status") == "False"
+                    and c.get("reason") == "Unschedulable"
+                ),
+                "",
+            )
+        if not node_may_mend(message):
+            return None
+        age = _pod_age(pod)
+        return scheduling_wait(
+            message,
+            node_autoscaling(self.events),
+            early=age is None or age < SCHEDULER_GRACE_S,  # unknown is never read as none
+            kept=_duration(self.queue_timeout) if self.admission == "wait" else None,
+        )
 
     def _gpus_unoffered(self) -> float | None:
         """The pod watch, live and listed, says ready nodes serve the chosen pool and none
@@ -1397,19 +1439,34 @@ class FracSpawner(KubeSpawner):
                 # the promise under the bar while the pod waits in line: the waiting line
                 # stays, with how long it has waited; other slow steps keep kubespawner's words
                 stuck = self._stuck_words() if "progress" not in event else None
+                wait = self._node_wait() if "progress" not in event and stuck is None else None
                 if stuck is not None:  # not the GPU: what it is, not "taking longer"
                     yield {"message": stuck}
+                elif wait is not None:  # a node is being added for it, or may be
+                    yield {"message": wait}
                 elif waiting is not None and self._in_line() and "progress" not in event:
                     yield {"message": await self._waiting_message(waiting, patience=True)}
                 else:
                     yield event
                 continue
-            trouble = None
-            if raw.get("reason") == "FailedScheduling":
-                trouble = scheduling_trouble(str(raw.get("message") or ""))
-            if trouble is not None:  # CPU short, a taint, a selector: not "waiting for a GPU"
+            trouble = wait = None
+            if raw.get("reason") == "FailedScheduling" and not is_autoscaler_event(raw):
+                message = str(raw.get("message") or "")
+                wait = self._node_wait(message)
+                if wait is None:
+                    autoscaling = node_autoscaling(self.events) if node_may_mend(message) else None
+                    trouble = scheduling_trouble(message, autoscaling)
+            elif is_autoscaler_event(raw):  # read with the scheduler's latest word on the pod
+                wait = self._node_wait()
+                trouble = self._stuck_words() if wait is None else None
+            if wait is not None:  # a node is being added for it, or may be: a wait
+                waiting = None
+                sentence = wait
+            elif trouble is not None:  # CPU short, a taint, a selector: not "waiting for a GPU"
                 waiting = None
                 sentence = trouble
+            elif is_autoscaler_event(raw) and waiting is not None:
+                sentence = await self._waiting_message(waiting)  # a GPU wait goes on
             elif raw.get("reason") == "FailedScheduling" and where:
                 waiting = raw
                 sentence = await self._waiting_message(raw)
