@@ -68,6 +68,7 @@ EXPECTED_SECONDS: dict[str, float] = {
             "test_nodeagent_pods.py", "test_nodeagent_containers.py", "test_nodeagent_lifecycle.py",
             "test_controlplane.py", "test_culler_placement_dra.py", "test_hub_reflectors.py",
             "test_e2e_no_gpu.py", "test_e2e_cannot_start.py", "test_kubeflow_guard_counted.py",
+            "test_e2e_autoscaler.py",
         ],
         CLUSTER,
     ),
