@@ -78,6 +78,11 @@ class NodeCount:
     held: int | None = None
 
 
+#: a node's count that could not be read (its registration in a form not understood, or the
+#: counting failed): unlike None (the node publishes nothing), it says nothing either way
+UNREADABLE = NodeCount(0, 0)
+
+
 @dataclass
 class Tally:
     """Sums over the nodes serving one offer (kept incrementally by the capacity layer)."""
@@ -89,11 +94,14 @@ class Tally:
     estimated: int = 0
     held: int = 0
     held_counted: int = 0  # nodes whose count said what is held
+    unreadable: int = 0  # nodes whose count could not be read (`UNREADABLE`)
 
     def add(self, count: NodeCount | None, sign: int = 1) -> None:
         """Add (sign 1) or take away (sign -1) one serving node's contribution."""
         self.serving += sign
-        if count is not None:
+        if count is UNREADABLE:
+            self.unreadable += sign
+        elif count is not None:
             self.seen += sign
             self.free += sign * count.free
             self.total += sign * count.total
@@ -136,7 +144,8 @@ class SummedCounter(OfferCounter):
 
     def result(self, tally: Tally) -> OfferCapacity:
         if not tally.seen:  # `result` runs only where ready nodes serve the offer
-            return OfferCapacity(None, None, self.unseen, unpublished=True)
+            # a node whose count could not be read may well offer GPUs: unknown, not none
+            return OfferCapacity(None, None, self.unseen, unpublished=not tally.unreadable)
         held = tally.held if tally.held_counted == tally.seen else None
         free = min(tally.free, tally.total)
         return OfferCapacity(free, tally.total, self.note_for(tally), held=held)

@@ -43,7 +43,15 @@ from typing import TYPE_CHECKING, ClassVar
 from ..model.slices import Slice, gpu_equivalent, slice_memory_mib
 from . import hami_devices as devices
 from .base import CHECKED, TEXT, Backend, PodPlan, option
-from .fit import CountedOffer, NodeCount, NotCountable, OfferCounter, SummedCounter, Tally
+from .fit import (
+    UNREADABLE,
+    CountedOffer,
+    NodeCount,
+    NotCountable,
+    OfferCounter,
+    SummedCounter,
+    Tally,
+)
 
 if TYPE_CHECKING:
     from ..k8s.index import NodeSlot
@@ -220,7 +228,11 @@ class HamiCounter(SummedCounter):
     def count_node(self, slot: NodeSlot) -> NodeCount | None:
         state = slot.derived("hami", lambda: _node_state(slot))
         if state is None:
-            return None
+            assert slot.node is not None
+            text = slot.node.annotations.get(devices.REGISTER_ANNOTATION)
+            # a registration in a form not understood (another HAMi version) is unknown, not
+            # a node without GPUs
+            return UNREADABLE if text and text.strip() else None
         return NodeCount(
             devices.node_tasks(state, self.req),
             devices.node_total(state, self.req),

@@ -22,7 +22,14 @@ from types import MappingProxyType
 from typing import Any
 
 from ..backends import ANNOTATION_EQUIVALENT, LABEL_GPU, LABEL_POOL, get_backend, plan_slice
-from ..backends.fit import CountedOffer, NodeCount, OfferCapacity, OfferCounter, Tally
+from ..backends.fit import (
+    UNREADABLE,
+    CountedOffer,
+    NodeCount,
+    OfferCapacity,
+    OfferCounter,
+    Tally,
+)
 from ..k8s.index import ASSIGNED_NODE_ANNOTATION, ClusterIndex, NodeSlot
 from ..k8s.objects import normalise_toleration, selector_matches, tolerates_all
 from ..k8s.records import PodRecord, RecordKeys, node_record, pod_key, pod_record
@@ -376,7 +383,7 @@ class LiveCapacity:
             log.exception(
                 "Counting %s of pool %s on node %s failed", offer.spec, offer.pool, slot.name
             )
-            return None
+            return UNREADABLE  # not "publishes nothing": what it offers is unknown
 
     def _unoffered(self, offer: _Offer, result: OfferCapacity) -> OfferCapacity:
         """`result`, its `unoffered_since` set unless a node of the pool is not Ready (one
@@ -406,7 +413,8 @@ class LiveCapacity:
             else:
                 assert offer.counter is not None
                 result = offer.counter.result(tally)
-                if result.total == 0 or result.unpublished:
+                # a node whose count could not be read may offer some: unknown is not none
+                if (result.total == 0 or result.unpublished) and not tally.unreadable:
                     result = self._unoffered(offer, result)
             pools[offer.pool][offer.spec] = result
         return Capacity(
