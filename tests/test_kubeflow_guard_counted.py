@@ -285,6 +285,22 @@ def skipped(hook: Webhook) -> float:
     return value or 0.0
 
 
+def marked_and_held(
+    hook: Webhook, pod: dict[str, Any], got: dict[str, Any], raise_ask: Any = None
+) -> dict[str, Any]:
+    """The pod as created from the webhook's answer `got`: labelled counted and nothing else
+    of its labels changed; raising its `gpu-fraction` afterwards is refused by the guard."""
+    assert allowed(got), got
+    created = patched(pod, got["response"])
+    assert created["metadata"]["labels"] == {**pod["metadata"]["labels"], COUNTED: "true"}
+    raised = copy.deepcopy(created)
+    (raise_ask or raise_fraction)(raised)
+    refused = answer(hook, admission_review(raised, operation="UPDATE", old=created))
+    assert not allowed(refused)
+    assert message(refused).startswith(f"the annotation gpu-fraction {REFUSED}"), message(refused)
+    return created
+
+
 def for_kai(pod: dict[str, Any], scheduler: str = "kai-scheduler") -> dict[str, Any]:
     pod["spec"]["schedulerName"] = scheduler
     return pod
@@ -299,21 +315,12 @@ def test_a_gpu_less_step_for_a_fraction_scheduler_is_marked_without_the_api_serv
     is read from the API server for it; it still counts as skipped (no GPU asked)."""
     hook, cluster = unreachable(catalog_file)
     step = for_kai(other_pod(NAMESPACE, "train-x7k2p-4", {}), scheduler)
-    got = answer(hook, admission_review(step))
-    assert allowed(got), got
-    assert cluster.calls == []
-    created = patched(step, got["response"])
-    assert created["metadata"]["labels"] == {**step["metadata"]["labels"], COUNTED: "true"}
+    # the guard keeps it GPU-less: no ask can be added. A toleration can (Kueue adds its
+    # flavor's): under the default --enforce-pool-access notebooks its pools are not checked
+    created = marked_and_held(hook, step, answer(hook, admission_review(step)))
     assert created["metadata"]["annotations"] == step["metadata"]["annotations"]
     assert created["spec"] == step["spec"]
     assert skipped(hook) == 1
-    # and the guard keeps it GPU-less: no ask can be added. A toleration can (Kueue adds its
-    # flavor's): under the default --enforce-pool-access notebooks its pools are not checked
-    raised = copy.deepcopy(created)
-    raise_fraction(raised)
-    got = answer(hook, admission_review(raised, operation="UPDATE", old=created))
-    assert not allowed(got)
-    assert message(got).startswith(f"the annotation gpu-fraction {REFUSED}"), message(got)
     tolerant = copy.deepcopy(created)
     tolerate_everything(tolerant)
     assert allowed(answer(hook, admission_review(tolerant, operation="UPDATE", old=created)))
@@ -328,15 +335,7 @@ def test_a_gpu_less_step_for_the_catalogs_own_kai_scheduler_name_is_marked(catal
     hook, cluster = unreachable(catalog_file)
     assert hook.catalog.pools["l40s-kai"].options["scheduler_name"] == KAI_RENAMED
     step = for_kai(other_pod(NAMESPACE, "train-x7k2p-9", {}), KAI_RENAMED)
-    got = answer(hook, admission_review(step))
-    assert allowed(got), got
-    created = patched(step, got["response"])
-    assert created["metadata"]["labels"] == {**step["metadata"]["labels"], COUNTED: "true"}
-    raised = copy.deepcopy(created)
-    raise_fraction(raised)
-    got = answer(hook, admission_review(raised, operation="UPDATE", old=created))
-    assert not allowed(got)
-    assert message(got).startswith(f"the annotation gpu-fraction {REFUSED}"), message(got)
+    marked_and_held(hook, step, answer(hook, admission_review(step)))
     assert cluster.calls == []
 
 
@@ -387,15 +386,7 @@ def test_a_notebook_without_a_slice_for_a_fraction_scheduler_is_marked(catalog_f
         for_kai(notebook_pod(NAMESPACE, "nb")),
         for_kai(workspace_pod(NAMESPACE, "ws", {})),
     ):
-        got = answer(hook, admission_review(pod))
-        assert allowed(got), got
-        created = patched(pod, got["response"])
-        assert created["metadata"]["labels"] == {**pod["metadata"]["labels"], COUNTED: "true"}
-        raised = copy.deepcopy(created)
-        raise_fraction_anywhere(raised)
-        got = answer(hook, admission_review(raised, operation="UPDATE", old=created))
-        assert not allowed(got)
-        assert message(got).startswith(f"the annotation gpu-fraction {REFUSED}"), message(got)
+        marked_and_held(hook, pod, answer(hook, admission_review(pod)), raise_fraction_anywhere)
     assert cluster.calls == []
     # a notebook naming no fraction scheduler: nothing
     plain = notebook_pod(NAMESPACE, "plain")
