@@ -57,7 +57,7 @@ PODDEFAULT_WEBHOOK = "poddefaults-webhook-mutating-webhook-configuration"
 #: this name, after PODDEFAULT_WEBHOOK's, lets us see the labels a PodDefault added even when an
 #: objectSelector keeps us from the first round; reinvocationPolicy IfNeeded covers the rest.
 WEBHOOK_NAME = "slices.webhook.fracspawner.io"
-#: the second webhook of the configuration: slice labels and quota annotations stay as admitted
+#: the guard webhook of the configuration: slice labels and quota annotations stay as admitted
 GUARD_NAME = "guard.slices.webhook.fracspawner.io"
 #: the guard for the pods the webhook marked counted (quota.COUNTED_LABEL): the GPU pods that
 #: are no notebook, and the pods without a slice that KAI or Run:ai schedules
