@@ -212,21 +212,8 @@ async def test_start_timeout_under_refuse_says_what_the_pod_was_stuck_on(monkeyp
     """Before: JupyterHub's own timer fired first, and the page said "Spawn failed: Timeout".
     The pod is past SCHEDULER_GRACE_S with no node autoscaler's word (within it, a node may
     yet be added: tests/test_progress_autoscaler.py)."""
-    pod = {
-        "metadata": {"creationTimestamp": stamp(spawner_module.SCHEDULER_GRACE_S + 30)},
-        "spec": {"schedulerName": "hami-scheduler"},
-        "status": {
-            "phase": "Pending",
-            "conditions": [
-                {
-                    "type": "PodScheduled",
-                    "status": "False",
-                    "reason": "Unschedulable",
-                    "message": NO_MATCH,
-                },
-            ],  # fmt: skip
-        },
-    }
+    pod = unschedulable(NO_MATCH, seconds_ago=spawner_module.SCHEDULER_GRACE_S + 30)
+    pod["spec"]["schedulerName"] = "hami-scheduler"
     spawner = await spawn_with_pod(monkeypatch, "refuse", pod, start_timeout=1)
     spawner.start_timeout = 1
     started = spawner.start()  # JupyterHub reads its limit after this: later than _start's own

@@ -1061,7 +1061,7 @@ class FracSpawner(KubeSpawner):
                         if self.admission == "wait"
                         else ""
                     )
-                    stuck = self._stuck_words() or self._node_wait()
+                    stuck = self._stuck_words() or self._placement()[0]
                     raise asyncio.TimeoutError(
                         f"{self._log_name} did not start in {self._startup_timeout} seconds"
                         f"{besides}{self._name_taken_words()}" + (f". {stuck}" if stuck else "")
@@ -1137,23 +1137,16 @@ class FracSpawner(KubeSpawner):
         pod = self._queued_pod()
         if pod is None:
             return None
-        conditions = [
-            c
-            for c in (pod.get("status") or {}).get("conditions") or []
-            if isinstance(c, Mapping) and c.get("type") == "PodScheduled"
-        ]
-        if conditions:
-            c = conditions[0]
-            if c.get("status") == "False" and c.get("reason") == "Unschedulable":
-                message = str(c.get("message") or "")
-                if self._node_wait(message) is not None:
-                    return None  # a node is being added, or may be: a wait
-                autoscaling = node_autoscaling(self.events) if node_may_mend(message) else None
-                trouble = scheduling_trouble(message, autoscaling)
-                since = self._gpus_unoffered() if trouble is None else None
-                if since is not None:
-                    return self._unoffered_words(pod, since)  # None within the grace
-                return trouble
+        looked, message = _pod_scheduled(pod)
+        if message is not None:
+            wait, trouble = self._placement(message)
+            if wait is not None:
+                return None  # a node is being added, or may be: a wait
+            since = self._gpus_unoffered() if trouble is None else None
+            if since is not None:
+                return self._unoffered_words(pod, since)  # None within the grace
+            return trouble
+        if looked:
             return None
         age = _pod_age(pod)
         if age is None or age < SCHEDULER_GRACE_S:
@@ -1161,37 +1154,34 @@ class FracSpawner(KubeSpawner):
         scheduler = (pod.get("spec") or {}).get("schedulerName") or "default-scheduler"
         return scheduler_absent(scheduler, _duration(age))
 
-    def _node_wait(self, message: str | None = None) -> str | None:
-        """Where the scheduler finds no node for this spawn's waiting pod for reasons a new node
-        mends (its pool has none: an autoscaled pool at zero; CPU or memory short): the words of
-        a wait while a node autoscaler adds a node for it (its TriggeredScaleUp or Nominated
-        event on the pod), or while none has spoken yet within SCHEDULER_GRACE_S of the pod's
-        creation; else None (hub/progress.py `scheduling_wait`). `message`: the scheduler's
-        (a FailedScheduling event's), else its PodScheduled condition's."""
+    def _placement(self, message: str | None = None) -> tuple[str | None, str | None]:
+        """What the scheduler's `message` (a FailedScheduling event's, else this spawn's waiting
+        pod's PodScheduled condition's) means, as (wait, trouble). `wait`: where its reasons are
+        ones a new node mends (the pool has no node: an autoscaled pool at zero; CPU or memory
+        short), the words of a wait while a node autoscaler adds a node for the pod (its
+        TriggeredScaleUp or Nominated event), or while none has spoken yet within
+        SCHEDULER_GRACE_S of the pod's creation (hub/progress.py `scheduling_wait`). Else
+        `trouble`: the words of a pod no node takes for a reason other than the GPU, with the
+        autoscaler's word (`scheduling_trouble`); (None, None): a GPU wait. The pod's events
+        are read once, and only where a new node could mend the reasons."""
         pod = self._queued_pod()
-        if pod is None:
-            return None
         if message is None:
-            message = next(
-                (
-                    str(c.get("message") or "")
-                    for c in (pod.get("status") or {}).get("conditions") or []
-                    if isinstance(c, Mapping)
-                    and c.get("type") == "PodScheduled"
-                    and c.get("status") == "False"
-                    and c.get("reason") == "Unschedulable"
-                ),
-                "",
+            message = _pod_scheduled(pod)[1] if pod is not None else None
+            if message is None:
+                return None, None
+        mends = node_may_mend(message)
+        autoscaling = node_autoscaling(self.events) if mends else None
+        if pod is not None and mends:
+            age = _pod_age(pod)
+            wait = scheduling_wait(
+                message,
+                autoscaling,
+                early=age is None or age < SCHEDULER_GRACE_S,  # unknown is never read as none
+                kept=_duration(self.queue_timeout) if self.admission == "wait" else None,
             )
-        if not node_may_mend(message):
-            return None
-        age = _pod_age(pod)
-        return scheduling_wait(
-            message,
-            node_autoscaling(self.events),
-            early=age is None or age < SCHEDULER_GRACE_S,  # unknown is never read as none
-            kept=_duration(self.queue_timeout) if self.admission == "wait" else None,
-        )
+            if wait is not None:
+                return wait, None
+        return None, scheduling_trouble(message, autoscaling)
 
     def _gpus_unoffered(self) -> float | None:
         """The pod watch, live and listed, says ready nodes serve the chosen pool and none
@@ -1439,7 +1429,7 @@ class FracSpawner(KubeSpawner):
                 # the promise under the bar while the pod waits in line: the waiting line
                 # stays, with how long it has waited; other slow steps keep kubespawner's words
                 stuck = self._stuck_words() if "progress" not in event else None
-                wait = self._node_wait() if "progress" not in event and stuck is None else None
+                wait = self._placement()[0] if "progress" not in event and stuck is None else None
                 if stuck is not None:  # not the GPU: what it is, not "taking longer"
                     yield {"message": stuck}
                 elif wait is not None:  # a node is being added for it, or may be
@@ -1451,13 +1441,9 @@ class FracSpawner(KubeSpawner):
                 continue
             trouble = wait = None
             if raw.get("reason") == "FailedScheduling" and not is_autoscaler_event(raw):
-                message = str(raw.get("message") or "")
-                wait = self._node_wait(message)
-                if wait is None:
-                    autoscaling = node_autoscaling(self.events) if node_may_mend(message) else None
-                    trouble = scheduling_trouble(message, autoscaling)
+                wait, trouble = self._placement(str(raw.get("message") or ""))
             elif is_autoscaler_event(raw):  # read with the scheduler's latest word on the pod
-                wait = self._node_wait()
+                wait = self._placement()[0]
                 trouble = self._stuck_words() if wait is None else None
             if wait is not None:  # a node is being added for it, or may be: a wait
                 waiting = None
@@ -1536,6 +1522,16 @@ class FracSpawner(KubeSpawner):
                 words += f"; waiting for {_duration(created)}"
             words += ")"
         return words + "."
+
+
+def _pod_scheduled(pod: Mapping[str, Any]) -> tuple[bool, str | None]:
+    """(whether the pod has its PodScheduled condition: a scheduler has looked at it, the
+    scheduler's message where that condition says it found no node: False, Unschedulable)."""
+    for c in (pod.get("status") or {}).get("conditions") or []:
+        if isinstance(c, Mapping) and c.get("type") == "PodScheduled":
+            unschedulable = c.get("status") == "False" and c.get("reason") == "Unschedulable"
+            return True, str(c.get("message") or "") if unschedulable else None
+    return False, None
 
 
 def _duration(seconds: float) -> str:

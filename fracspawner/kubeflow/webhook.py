@@ -245,9 +245,13 @@ class Webhook:
         ):
             return
         ns = review.namespace
-        ns_labels, annotations = await self._read(self.cluster.namespace(ns))
-        rule = namespace_rule(self.catalog, ns, ns_labels, annotations)
+        rule = await self._rule(ns)
         check_pool_access(pod, catalog=self.catalog, rule=rule, namespace=ns)
+
+    async def _rule(self, ns: str) -> AccessRule:
+        """The access rule of namespace `ns`, from its labels and annotations (an API read)."""
+        labels, annotations = await self._read(self.cluster.namespace(ns))
+        return namespace_rule(self.catalog, ns, labels, annotations)
 
     async def _create(self, review: Review, source: str = "") -> dict[str, Any]:
         ns = review.namespace
@@ -285,8 +289,7 @@ class Webhook:
                 )
                 return self._answer(review, out, "skipped")
             return self._answer(review, pod, "skipped")
-        labels, annotations = await self._read(self.cluster.namespace(ns))
-        rule = namespace_rule(self.catalog, ns, labels, annotations)
+        rule = await self._rule(ns)
         warnings: list[str] = []
         if review.dry_run and not self.detailed_refusals and rule.max_gpu is not None:
             # whoever asks may not be the API server: a dry run's answer would tell them the
